@@ -1,0 +1,188 @@
+// CUDA arrays and mipmapped arrays hold device memory sized by their
+// descriptor. We reserve the descriptor's size before creation (in bytes, not
+// bits — vCUDA's 8x error), then settle on what the driver reports through
+// cu*GetMemoryRequirements when it can tell us.
+#include <cuda.h>
+
+#include "hook/wrap.h"
+
+namespace gpuslice::hook {
+namespace {
+
+NoDestroy<limiter::AllocTable> g_arrays;  // CUarray / CUmipmappedArray handle -> counted bytes
+
+// Bytes of one element of one channel; block-compressed and planar video
+// formats are costed by their densest case so the reservation is an upper bound.
+std::uint64_t format_bytes(CUarray_format f) noexcept {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+    case CU_AD_FORMAT_UNORM_INT8X1:
+    case CU_AD_FORMAT_SNORM_INT8X1:
+    case CU_AD_FORMAT_NV12:
+    case CU_AD_FORMAT_BC1_UNORM:
+    case CU_AD_FORMAT_BC1_UNORM_SRGB:
+    case CU_AD_FORMAT_BC2_UNORM:
+    case CU_AD_FORMAT_BC2_UNORM_SRGB:
+    case CU_AD_FORMAT_BC3_UNORM:
+    case CU_AD_FORMAT_BC3_UNORM_SRGB:
+    case CU_AD_FORMAT_BC4_UNORM:
+    case CU_AD_FORMAT_BC4_SNORM:
+    case CU_AD_FORMAT_BC5_UNORM:
+    case CU_AD_FORMAT_BC5_SNORM:
+    case CU_AD_FORMAT_BC6H_UF16:
+    case CU_AD_FORMAT_BC6H_SF16:
+    case CU_AD_FORMAT_BC7_UNORM:
+    case CU_AD_FORMAT_BC7_UNORM_SRGB:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+    case CU_AD_FORMAT_UNORM_INT8X2:
+    case CU_AD_FORMAT_SNORM_INT8X2:
+    case CU_AD_FORMAT_UNORM_INT16X1:
+    case CU_AD_FORMAT_SNORM_INT16X1:
+    case CU_AD_FORMAT_P010:
+    case CU_AD_FORMAT_P016:
+    case CU_AD_FORMAT_NV16:
+    case CU_AD_FORMAT_YUY2:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+    case CU_AD_FORMAT_UNORM_INT8X4:
+    case CU_AD_FORMAT_SNORM_INT8X4:
+    case CU_AD_FORMAT_UNORM_INT16X2:
+    case CU_AD_FORMAT_SNORM_INT16X2:
+    case CU_AD_FORMAT_UNORM_INT_101010_2:
+    case CU_AD_FORMAT_P210:
+    case CU_AD_FORMAT_P216:
+    case CU_AD_FORMAT_Y210:
+    case CU_AD_FORMAT_Y216:
+    case CU_AD_FORMAT_AYUV:
+    case CU_AD_FORMAT_Y410:
+    case CU_AD_FORMAT_Y444_PLANAR8:
+    case CU_AD_FORMAT_Y444_PLANAR10:
+      return 4;
+    default:
+      return 8;  // UNORM/SNORM_INT16X4, Y416 and formats newer than this build
+  }
+}
+
+std::uint64_t mul_sat(std::uint64_t a, std::uint64_t b) noexcept {
+  std::uint64_t out;
+  return __builtin_mul_overflow(a, b, &out) ? ~std::uint64_t{0} : out;
+}
+
+std::uint64_t extent(std::uint64_t v) noexcept { return v == 0 ? 1 : v; }
+
+std::uint64_t array_bytes(std::uint64_t w, std::uint64_t h, std::uint64_t d, CUarray_format f,
+                          unsigned channels) noexcept {
+  return mul_sat(mul_sat(mul_sat(extent(w), extent(h)), extent(d)), mul_sat(channels, format_bytes(f)));
+}
+
+std::uint64_t mipmapped_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels) noexcept {
+  std::uint64_t total = 0;
+  for (unsigned l = 0; l < levels && l < 64; ++l) {
+    std::uint64_t w = d.Width >> l, h = d.Height >> l, z = d.Depth >> l;
+    if (w == 0) w = 1;
+    if (d.Height != 0 && h == 0) h = 1;
+    if (d.Depth != 0 && z == 0) z = 1;
+    std::uint64_t level = array_bytes(w, h, z, d.Format, d.NumChannels);
+    if (__builtin_add_overflow(total, level, &total)) return ~std::uint64_t{0};
+  }
+  return total;
+}
+
+// Replace the descriptor estimate by the driver's own figure when available.
+template <class Query>
+CUresult settle(Reservation& r, Query&& query, auto destroy) noexcept {
+  CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
+  CUdevice dev = ordinal_of_entry(r.entry);
+  if (dev < 0 || query(&req, dev) != CUDA_SUCCESS || req.size == 0 || req.size == r.bytes) return CUDA_SUCCESS;
+  if (req.size < r.bytes) {
+    release(r.entry, r.bytes - req.size);
+  } else if (!reserve(r.entry, req.size - r.bytes)) {
+    destroy();
+    release(r.entry, r.bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  r.bytes = req.size;
+  return CUDA_SUCCESS;
+}
+
+CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) noexcept {
+  Reservation r;
+  CUresult rc = reserve_on_current(bytes, &r);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_create();
+  if (rc == CUDA_SUCCESS && real_cuArrayGetMemoryRequirements != nullptr) {
+    CUarray a = *handle;
+    rc = settle(
+        r, [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUdevice dev) { return real_cuArrayGetMemoryRequirements(req, a, dev); },
+        [&] { real_cuArrayDestroy(a); });
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  commit(*g_arrays, rc, r, rc == CUDA_SUCCESS ? reinterpret_cast<std::uint64_t>(*handle) : 0,
+         limiter::AllocKind::array);
+  return rc;
+}
+
+}  // namespace
+}  // namespace gpuslice::hook
+
+using namespace gpuslice::hook;
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* d) {
+  if (pHandle == nullptr || d == nullptr) return real_cuArrayCreate_v2(pHandle, d);
+  return create_array(pHandle, array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels),
+                      [&] { return real_cuArrayCreate_v2(pHandle, d); });
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  if (pHandle == nullptr || d == nullptr) return real_cuArray3DCreate_v2(pHandle, d);
+  return create_array(pHandle, array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
+                      [&] { return real_cuArray3DCreate_v2(pHandle, d); });
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  return free_counted(*g_arrays, reinterpret_cast<std::uint64_t>(hArray), [&] { return real_cuArrayDestroy(hArray); });
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                                        unsigned int numLevels) {
+  if (pHandle == nullptr || d == nullptr) return real_cuMipmappedArrayCreate(pHandle, d, numLevels);
+  Reservation r;
+  CUresult rc = reserve_on_current(mipmapped_bytes(*d, numLevels), &r);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuMipmappedArrayCreate(pHandle, d, numLevels);
+  if (rc == CUDA_SUCCESS && real_cuMipmappedArrayGetMemoryRequirements != nullptr) {
+    CUmipmappedArray m = *pHandle;
+    rc = settle(
+        r,
+        [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUdevice dev) {
+          return real_cuMipmappedArrayGetMemoryRequirements(req, m, dev);
+        },
+        [&] { real_cuMipmappedArrayDestroy(m); });
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  commit(*g_arrays, rc, r, rc == CUDA_SUCCESS ? reinterpret_cast<std::uint64_t>(*pHandle) : 0,
+         gpuslice::limiter::AllocKind::mipmapped);
+  return rc;
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray h) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  return free_counted(*g_arrays, reinterpret_cast<std::uint64_t>(h), [&] { return real_cuMipmappedArrayDestroy(h); });
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuArrayCreate(CUarray*, const CUDA_ARRAY_DESCRIPTOR_v1*) {
+  return refuse_legacy("cuArrayCreate");
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuArray3DCreate(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR_v1*) {
+  return refuse_legacy("cuArray3DCreate");
+}

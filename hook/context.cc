@@ -1,0 +1,221 @@
+// Contexts hold device memory of their own (hundreds of MiB on a real GPU).
+// It is counted against the quota from creation to destruction. The driver
+// does not say how much a context holds, so we measure it: this process's
+// device usage as NVML reports it, just before and just after creation. Where
+// NVML cannot see this process (no NVML, or a pid namespace hiding the host
+// pid) the context is counted as 0 and the node agent's reconciliation adds
+// what NVML shows for the container (docs/memory.md).
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "hook/log.h"
+#include "hook/wrap.h"
+
+namespace gpuslice::hook {
+namespace {
+
+struct Counted {
+  int entry;
+  std::uint64_t bytes;
+};
+
+NoDestroy<std::mutex> g_mu;  // process-local; serialises context bookkeeping, not driver calls
+NoDestroy<std::unordered_map<CUcontext, Counted>> g_contexts;
+struct Primary {
+  int refs = 0;
+  Counted counted{-1, 0};
+};
+Primary g_primary[kMaxDevices];
+NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
+
+std::uint32_t host_pid() noexcept {
+  static std::atomic<std::uint32_t> cached{0};
+  std::uint32_t pid = cached.load(std::memory_order_relaxed);
+  if (pid != 0) return pid;
+  // NVML reports host pids: the first NSpid field is our pid in the
+  // outermost namespace this /proc can see.
+  FILE* f = std::fopen("/proc/self/status", "re");
+  if (f == nullptr) return 0;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned v = 0;
+    if (std::sscanf(line, "NSpid: %u", &v) == 1) {
+      pid = v;
+      break;
+    }
+  }
+  std::fclose(f);
+  cached.store(pid, std::memory_order_relaxed);
+  return pid;
+}
+
+// This process's device usage on `ordinal` according to NVML, or false.
+bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
+  static std::atomic<int> nvml_ready{0};  // 0 unknown, 1 usable, 2 unusable
+  int ready = nvml_ready.load(std::memory_order_acquire);
+  if (ready == 2) return false;
+  if (ready == 0) {
+    bool ok = load_nvml() && real_nvmlInit_v2 != nullptr && real_nvmlDeviceGetHandleByUUID != nullptr &&
+              real_nvmlDeviceGetComputeRunningProcesses_v3 != nullptr && real_nvmlInit_v2() == NVML_SUCCESS;
+    nvml_ready.store(ok ? 1 : 2, std::memory_order_release);
+    if (!ok) return false;
+  }
+  CUuuid u{};
+  if (real_cuDeviceGetUuid_v2(&u, ordinal) != CUDA_SUCCESS) return false;
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  char uuid[64];
+  std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  nvmlDevice_t dev{};
+  if (real_nvmlDeviceGetHandleByUUID(uuid, &dev) != NVML_SUCCESS) return false;
+  nvmlProcessInfo_t procs[256];
+  unsigned int count = 256;
+  if (real_nvmlDeviceGetComputeRunningProcesses_v3(dev, &count, procs) != NVML_SUCCESS) return false;
+  const std::uint32_t me = host_pid();
+  *out = 0;
+  for (unsigned i = 0; i < count && i < 256; ++i) {
+    if (procs[i].pid == me) {
+      *out = procs[i].usedGpuMemory;
+      return true;
+    }
+  }
+  return true;  // not listed: holds nothing yet
+}
+
+// Counts a context just created on `ordinal`; on quota overflow destroys it
+// through `destroy` and reports CUDA_ERROR_OUT_OF_MEMORY.
+template <class Destroy>
+CUresult count_new_context(CUdevice ordinal, bool measured_before, std::uint64_t before, Counted* out,
+                           Destroy&& destroy) noexcept {
+  out->entry = device_entry(ordinal);
+  out->bytes = 0;
+  if (out->entry < 0) return CUDA_SUCCESS;
+  std::uint64_t after = 0;
+  if (measured_before && nvml_usage(ordinal, &after) && after > before) out->bytes = after - before;
+  if (out->bytes != 0 && !charge(out->entry, out->bytes)) {
+    release(out->entry, out->bytes);
+    destroy();
+    GPUSLICE_LOG(info, "context on device %d needs %llu bytes beyond the container's quota", ordinal,
+                 static_cast<unsigned long long>(out->bytes));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  return CUDA_SUCCESS;
+}
+
+template <class Create>
+CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  std::uint64_t before = 0;
+  bool measured = nvml_usage(dev, &before);
+  rc = create();
+  if (rc != CUDA_SUCCESS || pctx == nullptr) return rc;
+  Counted c{};
+  CUcontext ctx = *pctx;
+  rc = count_new_context(dev, measured, before, &c, [&] { real_cuCtxDestroy_v2(ctx); });
+  if (rc != CUDA_SUCCESS || c.bytes == 0) return rc;
+  std::lock_guard<std::mutex> lock(*g_mu);
+  try {
+    (*g_contexts)[ctx] = c;
+  } catch (...) {
+    release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
+  }
+  return rc;
+}
+
+template <class Destroy>
+CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = destroy();
+  if (rc == CUDA_SUCCESS) {
+    std::lock_guard<std::mutex> lock(*g_mu);
+    auto it = g_contexts->find(ctx);
+    if (it != g_contexts->end()) {
+      release(it->second.entry, it->second.bytes);
+      g_contexts->erase(it);
+    }
+  }
+  return rc;
+}
+
+template <class Release>
+CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return real_release();
+  std::lock_guard<std::mutex> lock(*g_primary_mu);
+  rc = real_release();
+  Primary& p = g_primary[dev];
+  if (rc == CUDA_SUCCESS && p.refs > 0) {
+    p.refs = reset ? 0 : p.refs - 1;
+    if (p.refs == 0 && p.counted.bytes != 0) {
+      release(p.counted.entry, p.counted.bytes);
+      p.counted = Counted{-1, 0};
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace gpuslice::hook
+
+using namespace gpuslice::hook;
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return create_context(pctx, dev, [&] { return real_cuCtxCreate_v2(pctx, flags, dev); });
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n,
+                                                unsigned int flags, CUdevice dev) {
+  return create_context(pctx, dev, [&] { return real_cuCtxCreate_v3(pctx, params, n, flags, dev); });
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
+                                                CUdevice dev) {
+  return create_context(pctx, dev, [&] { return real_cuCtxCreate_v4(pctx, params, flags, dev); });
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext*, unsigned int, CUdevice) {
+  return refuse_legacy("cuCtxCreate");
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
+  return destroy_context(ctx, [&] { return real_cuCtxDestroy_v2(ctx); });
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) {
+  return destroy_context(ctx, [&] { return real_cuCtxDestroy(ctx); });
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (dev < 0 || static_cast<unsigned>(dev) >= gpuslice::kMaxDevices) return real_cuDevicePrimaryCtxRetain(pctx, dev);
+  std::lock_guard<std::mutex> lock(*g_primary_mu);
+  Primary& p = g_primary[dev];
+  std::uint64_t before = 0;
+  const bool first = p.refs == 0;
+  const bool measured = first && nvml_usage(dev, &before);
+  rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (first) {
+    Counted c{};
+    rc = count_new_context(dev, measured, before, &c, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
+    if (rc != CUDA_SUCCESS) return rc;
+    p.counted = c;
+  }
+  ++p.refs;
+  return rc;
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return primary_drop(dev, false, [&] { return real_cuDevicePrimaryCtxRelease_v2(dev); });
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+  return primary_drop(dev, false, [&] { return real_cuDevicePrimaryCtxRelease(dev); });
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return primary_drop(dev, true, [&] { return real_cuDevicePrimaryCtxReset_v2(dev); });
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
+  return primary_drop(dev, true, [&] { return real_cuDevicePrimaryCtxReset(dev); });
+}

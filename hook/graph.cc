@@ -1,0 +1,161 @@
+// Graph instantiation: the moment a CUDA graph's work becomes known. Each
+// instantiate wrapper walks the graph (kernel nodes, child graphs, recursively)
+// and records the executable's nominal price in limiter::graph_costs(), which
+// cuGraphLaunch (launch.cc) spends from the container's bucket. Graphs made by
+// stream capture are ordinary graphs by then, so they are priced the same way.
+// Work the walk cannot see (conditional bodies, device-side launches, nodes
+// changed after instantiation) is still charged by the controller's true-up,
+// from measured device time.
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "hook/wrap.h"
+#include "limiter/compute.h"
+#include "limiter/compute_graphs.h"
+
+using namespace gpuslice;
+using namespace gpuslice::hook;
+
+namespace {
+
+// Graph inspection entry points (not hooked), resolved on first use.
+std::atomic<decltype(&::cuGraphGetNodes)> g_get_nodes{nullptr};
+std::atomic<decltype(&::cuGraphNodeGetType)> g_node_type{nullptr};
+std::atomic<decltype(&::cuGraphKernelNodeGetParams_v2)> g_kernel_params{nullptr};
+std::atomic<decltype(&::cuGraphChildGraphNodeGetGraph)> g_child_graph{nullptr};
+
+template <class T>
+T resolve(std::atomic<T>& slot, const char* name) noexcept {
+  T p = slot.load(std::memory_order_acquire);
+  if (p == nullptr) {
+    p = reinterpret_cast<T>(real_dlsym(driver_handle(), name));
+    slot.store(p, std::memory_order_release);
+  }
+  return p;
+}
+
+constexpr int kMaxDepth = 8;
+constexpr std::size_t kStackNodes = 128;
+
+struct Walker {
+  decltype(&::cuGraphGetNodes) get_nodes;
+  decltype(&::cuGraphNodeGetType) node_type;
+  decltype(&::cuGraphKernelNodeGetParams_v2) kernel_params;
+  decltype(&::cuGraphChildGraphNodeGetGraph) child_graph;
+  std::uint64_t sm_recip;
+
+  void walk(CUgraph graph, int depth, limiter::GraphCost* cost) const noexcept {
+    std::size_t count = 0;
+    if (depth > kMaxDepth || get_nodes(graph, nullptr, &count) != CUDA_SUCCESS || count == 0) return;
+    CUgraphNode local[kStackNodes];
+    CUgraphNode* nodes = local;
+    if (count > kStackNodes) {
+      nodes = static_cast<CUgraphNode*>(std::malloc(count * sizeof(CUgraphNode)));
+      if (nodes == nullptr) return;
+    }
+    if (get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
+      for (std::size_t i = 0; i < count; ++i) visit(nodes[i], depth, cost);
+    }
+    if (nodes != local) std::free(nodes);
+  }
+
+  void visit(CUgraphNode node, int depth, limiter::GraphCost* cost) const noexcept {
+    CUgraphNodeType type;
+    if (node_type(node, &type) != CUDA_SUCCESS) return;
+    if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
+      CUDA_KERNEL_NODE_PARAMS params{};
+      std::uint64_t blocks = 1;
+      if (kernel_params(node, &params) == CUDA_SUCCESS)
+        blocks = std::uint64_t{params.gridDimX} * params.gridDimY * params.gridDimZ;
+      cost->nominal_ns += limiter::nominal_ns(blocks, sm_recip);
+      cost->kernels += 1;
+    } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && child_graph != nullptr) {
+      CUgraph child = nullptr;
+      if (child_graph(node, &child) == CUDA_SUCCESS && child != nullptr) walk(child, depth + 1, cost);
+    }
+  }
+};
+
+// SM count of the device the executable was instantiated for (the current
+// context's): the same waves arithmetic as a direct launch on it.
+std::uint64_t current_sm_reciprocal() noexcept {
+  CUdevice dev = 0;
+  int sms = 0;
+  if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+      real_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || sms <= 0)
+    sms = 1;
+  return limiter::sm_reciprocal(static_cast<std::uint32_t>(sms));
+}
+
+void price(CUgraphExec exec, CUgraph graph) noexcept {
+  if (exec == nullptr || graph == nullptr) return;
+  Walker w{resolve(g_get_nodes, "cuGraphGetNodes"), resolve(g_node_type, "cuGraphNodeGetType"),
+           resolve(g_kernel_params, "cuGraphKernelNodeGetParams_v2"),
+           resolve(g_child_graph, "cuGraphChildGraphNodeGetGraph"), current_sm_reciprocal()};
+  limiter::GraphCost cost;
+  if (w.get_nodes != nullptr && w.node_type != nullptr && w.kernel_params != nullptr) w.walk(graph, 0, &cost);
+  limiter::graph_costs().insert(reinterpret_cast<std::uintptr_t>(exec), cost);
+}
+
+CUresult priced(CUresult rc, CUgraphExec* exec, CUgraph graph) noexcept {
+  if (rc == CUDA_SUCCESS && exec != nullptr) price(*exec, graph);
+  return rc;
+}
+
+}  // namespace
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+                                                             unsigned long long flags) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphInstantiateWithFlags == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  return priced(real_cuGraphInstantiateWithFlags(exec, graph, flags), exec, graph);
+}
+// CUDA 10-11's forms (error node and log buffer), still resolvable by old runtimes.
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* exec, CUgraph graph, CUgraphNode* error_node,
+                                                    char* log, size_t log_size) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphInstantiate == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  return priced(real_cuGraphInstantiate(exec, graph, error_node, log, log_size), exec, graph);
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph graph, CUgraphNode* error_node,
+                                                       char* log, size_t log_size) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphInstantiate_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  return priced(real_cuGraphInstantiate_v2(exec, graph, error_node, log, log_size), exec, graph);
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph,
+                                                              CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphInstantiateWithParams == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  return priced(real_cuGraphInstantiateWithParams(exec, graph, params), exec, graph);
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph graph,
+                                                                   CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphInstantiateWithParams_ptsz == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  return priced(real_cuGraphInstantiateWithParams_ptsz(exec, graph, params), exec, graph);
+}
+// An update may swap the executable's kernels: price it again from the new graph.
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph,
+                                                      CUgraphExecUpdateResultInfo* info) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphExecUpdate_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  rc = real_cuGraphExecUpdate_v2(exec, graph, info);
+  if (rc == CUDA_SUCCESS) price(exec, graph);
+  return rc;
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  // Forget first: once destroyed, the driver may hand the address out again.
+  limiter::graph_costs().erase(reinterpret_cast<std::uintptr_t>(exec));
+  return real_cuGraphExecDestroy(exec);
+}

@@ -1,0 +1,135 @@
+// Linear, pitched and managed allocations: reserved against the container's
+// quota before the driver allocates, recorded by device pointer, returned to
+// the budget exactly once at free. A free of a pointer we did not count is
+// forwarded unchanged.
+#include <cuda.h>
+
+#include "hook/log.h"
+#include "hook/wrap.h"
+
+namespace gpuslice::hook {
+
+namespace {
+NoDestroy<limiter::AllocTable> g_pointers;  // device pointer -> counted bytes
+
+// cuMemAllocPitch's pitch is known only afterwards; reserve with the widest
+// alignment the driver uses for pitched rows, then settle on the real size.
+constexpr std::uint64_t kPitchAlignment = 512;
+
+std::uint64_t pitch_estimate(std::uint64_t width, std::uint64_t height) noexcept {
+  if (width > ~std::uint64_t{0} - kPitchAlignment) return ~std::uint64_t{0};
+  std::uint64_t pitch = (width + kPitchAlignment - 1) / kPitchAlignment * kPitchAlignment;
+  if (height != 0 && pitch > ~std::uint64_t{0} / height) return ~std::uint64_t{0};
+  return pitch * height;
+}
+}  // namespace
+
+CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* r) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  int entry = device_entry(ordinal);
+  if (entry < 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->entry = entry;
+  r->bytes = bytes;
+  return CUDA_SUCCESS;
+}
+
+CUresult reserve_on_current(std::uint64_t bytes, Reservation* r) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  int entry = current_device_entry(&rc);
+  if (entry < 0) return rc;
+  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->entry = entry;
+  r->bytes = bytes;
+  return CUDA_SUCCESS;
+}
+
+void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
+            limiter::AllocKind kind) noexcept {
+  if (rc != CUDA_SUCCESS) {
+    release(r.entry, r.bytes);
+    return;
+  }
+  const limiter::AllocRecord rec{r.bytes, r.entry, kind};
+  if (table.insert(key, rec)) return;
+  // The driver handed out a key we still hold a record for: we missed its
+  // free (e.g. an untracked path freed it). Settle the stale record first.
+  limiter::AllocRecord stale{};
+  if (table.erase(key, &stale)) release(stale.dev, stale.bytes);
+  if (!table.insert(key, rec)) {
+    GPUSLICE_WARN_CAPPED(3, "allocation table full; %llu bytes stay counted until the process exits",
+                         static_cast<unsigned long long>(r.bytes));
+  }
+}
+
+CUresult refuse_legacy(const char* symbol) noexcept {
+  GPUSLICE_WARN_CAPPED(5, "%s (the pre-CUDA-3.2 32-bit ABI) is refused with CUDA_ERROR_NOT_SUPPORTED: "
+                          "it would bypass the memory quota; rebuild against a current cuda.h",
+                       symbol);
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+}  // namespace gpuslice::hook
+
+using namespace gpuslice::hook;
+using gpuslice::limiter::AllocKind;
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  Reservation r;
+  CUresult rc = reserve_on_current(bytesize, &r);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuMemAlloc_v2(dptr, bytesize);
+  commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::linear);
+  return rc;
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  // Counted in full on the current device: every page may become resident
+  // there, and the driver does not tell us when it does (docs/memory.md).
+  Reservation r;
+  CUresult rc = reserve_on_current(bytesize, &r);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuMemAllocManaged(dptr, bytesize, flags);
+  commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::managed);
+  return rc;
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
+                                                    size_t Height, unsigned int ElementSizeBytes) {
+  Reservation r;
+  CUresult rc = reserve_on_current(pitch_estimate(WidthInBytes, Height), &r);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  if (rc == CUDA_SUCCESS) {
+    // Settle on what the driver really holds: the pitch it returned times the rows.
+    const std::uint64_t actual = static_cast<std::uint64_t>(*pPitch) * Height;
+    if (actual < r.bytes) {
+      release(r.entry, r.bytes - actual);
+      r.bytes = actual;
+    } else if (actual > r.bytes) {
+      if (!reserve(r.entry, actual - r.bytes)) {
+        real_cuMemFree_v2(*dptr);
+        release(r.entry, r.bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      r.bytes = actual;
+    }
+  }
+  commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::pitch);
+  return rc;
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  return free_counted(*g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); });
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1*, unsigned int) { return refuse_legacy("cuMemAlloc"); }
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr_v1*, unsigned int*, unsigned int, unsigned int,
+                                                 unsigned int) {
+  return refuse_legacy("cuMemAllocPitch");
+}

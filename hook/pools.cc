@@ -1,0 +1,230 @@
+// Stream-ordered allocation (cuMemAllocAsync, memory pools: what RAPIDS and
+// cudaMallocAsync use). A pool keeps memory reserved after a free until a
+// synchronisation point trims it to the pool's release threshold, so the
+// device holds the pool's *reserve*, not the sum of live allocations. We count
+// each pool at the reserve the driver reports (RESERVED_MEM_CURRENT):
+//  - before an allocation, reserve the growth it can cause (what does not fit
+//    in the pool's unused reserve, rounded up to the pool's 2 MiB chunk);
+//  - after it, and after every synchronisation, trim or free, settle the
+//    count on the reserve the driver reports.
+// So the quota bounds what pools hold, frees return memory when the driver
+// really lets it go, and nothing underflows (docs/memory.md).
+#include <cuda.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "hook/log.h"
+#include "hook/wrap.h"
+
+namespace gpuslice::hook {
+namespace {
+
+constexpr std::uint64_t kPoolChunk = 2ull << 20;
+
+struct PoolCount {
+  int entry;
+  std::uint64_t counted;  // bytes this process holds in the region for the pool
+};
+
+NoDestroy<std::recursive_mutex> g_mu;  // process-local; re-entered by the reclaim hook
+NoDestroy<std::unordered_map<CUmemoryPool, PoolCount>> g_pools;
+std::atomic<int> g_pool_count{0};
+[[gnu::tls_model("initial-exec")]] thread_local bool t_allocating = false;
+
+bool pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, std::uint64_t* out) noexcept {
+  cuuint64_t v = 0;
+  if (real_cuMemPoolGetAttribute == nullptr || real_cuMemPoolGetAttribute(pool, attr, &v) != CUDA_SUCCESS)
+    return false;
+  *out = v;
+  return true;
+}
+
+// Settle a pool's count on the reserve the driver reports now.
+void settle_locked(CUmemoryPool pool, PoolCount& pc) noexcept {
+  std::uint64_t reserved = 0;
+  if (!pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)) return;
+  if (reserved < pc.counted) {
+    release(pc.entry, pc.counted - reserved);
+  } else if (reserved > pc.counted && !charge(pc.entry, reserved - pc.counted)) {
+    GPUSLICE_WARN_CAPPED(3, "a memory pool grew beyond what was reserved for it; the container is over "
+                            "its quota until the pool is trimmed");
+  }
+  pc.counted = reserved;
+}
+
+PoolCount* track_locked(CUmemoryPool pool, int entry) noexcept {
+  try {
+    auto [it, inserted] = g_pools->try_emplace(pool, PoolCount{entry, 0});
+    if (inserted) g_pool_count.fetch_add(1, std::memory_order_relaxed);
+    return &it->second;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void settle_all() noexcept {
+  if (g_pool_count.load(std::memory_order_relaxed) == 0 || t_allocating) return;
+  std::lock_guard<std::recursive_mutex> lock(*g_mu);
+  for (auto& [pool, pc] : *g_pools) settle_locked(pool, pc);
+}
+
+template <class RealAlloc>
+CUresult alloc_from(CUmemoryPool pool, int entry, std::uint64_t bytes, RealAlloc&& real_alloc) noexcept {
+  std::lock_guard<std::recursive_mutex> lock(*g_mu);
+  PoolCount* pc = track_locked(pool, entry);
+  if (pc == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::uint64_t used = 0, reserved = 0;
+  std::uint64_t growth = bytes;
+  if (pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) &&
+      pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)) {
+    growth = used + bytes > reserved ? used + bytes - reserved : 0;
+  }
+  growth = (growth + kPoolChunk - 1) / kPoolChunk * kPoolChunk;
+  if (growth != 0) {
+    t_allocating = true;
+    bool ok = reserve(pc->entry, growth);
+    t_allocating = false;
+    if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
+    pc->counted += growth;
+  }
+  CUresult rc = real_alloc();
+  settle_locked(pool, *pc);
+  return rc;
+}
+
+// Registered with the runtime: before refusing any allocation, take back what
+// pools have returned to the driver since we last looked.
+struct RegisterReclaim {
+  RegisterReclaim() noexcept { set_pool_reclaim(settle_all); }
+} g_register_reclaim;
+
+CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, bool per_thread) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  CUdevice dev = 0;
+  if ((rc = real_cuCtxGetDevice(&dev)) != CUDA_SUCCESS) return rc;
+  int entry = device_entry(dev);
+  CUmemoryPool pool = nullptr;
+  if (entry < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if ((rc = real_cuDeviceGetMemPool(&pool, dev)) != CUDA_SUCCESS) return rc;
+  return alloc_from(pool, entry, bytes, [&] {
+    return per_thread ? real_cuMemAllocAsync_ptsz(dptr, bytes, stream) : real_cuMemAllocAsync(dptr, bytes, stream);
+  });
+}
+
+CUresult alloc_from_pool_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
+                               bool per_thread) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  int entry = -1;
+  {
+    std::lock_guard<std::recursive_mutex> lock(*g_mu);
+    auto it = g_pools->find(pool);
+    if (it != g_pools->end()) entry = it->second.entry;
+  }
+  if (entry < 0 && (entry = current_device_entry(&rc)) < 0) return rc;
+  return alloc_from(pool, entry, bytes, [&] {
+    return per_thread ? real_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream)
+                      : real_cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
+  });
+}
+
+}  // namespace
+}  // namespace gpuslice::hook
+
+using namespace gpuslice::hook;
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return alloc_async(dptr, bytesize, hStream, false);
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return alloc_async(dptr, bytesize, hStream, true);
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                                         CUstream hStream) {
+  return alloc_from_pool_async(dptr, bytesize, pool, hStream, false);
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                                              CUmemoryPool pool, CUstream hStream) {
+  return alloc_from_pool_async(dptr, bytesize, pool, hStream, true);
+}
+
+// A stream-ordered free returns memory to the pool, not to the device: the
+// count moves only when the driver trims the pool (settled at sync points).
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  CUresult rc = ensure_ready();
+  return rc != CUDA_SUCCESS ? rc : real_cuMemFreeAsync(dptr, hStream);
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  CUresult rc = ensure_ready();
+  return rc != CUDA_SUCCESS ? rc : real_cuMemFreeAsync_ptsz(dptr, hStream);
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuMemPoolCreate(pool, props);
+  if (rc == CUDA_SUCCESS && props != nullptr && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    int entry = device_entry(props->location.id);
+    if (entry >= 0) {
+      std::lock_guard<std::recursive_mutex> lock(*g_mu);
+      track_locked(*pool, entry);
+    }
+  }
+  return rc;
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuMemPoolDestroy(pool);
+  if (rc == CUDA_SUCCESS) {
+    std::lock_guard<std::recursive_mutex> lock(*g_mu);
+    auto it = g_pools->find(pool);
+    if (it != g_pools->end()) {
+      release(it->second.entry, it->second.counted);
+      g_pools->erase(it);
+      g_pool_count.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  return rc;
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
+  if (rc == CUDA_SUCCESS) settle_all();
+  return rc;
+}
+
+// Synchronisation points: where the driver trims pools to their release threshold.
+GPUSLICE_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuStreamSynchronize(hStream);
+  settle_all();
+  return rc;
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuStreamSynchronize_ptsz(hStream);
+  settle_all();
+  return rc;
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuCtxSynchronize();
+  settle_all();
+  return rc;
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuEventSynchronize(hEvent);
+  settle_all();
+  return rc;
+}

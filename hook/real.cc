@@ -1,0 +1,188 @@
+#include "hook/real.h"
+
+#include <atomic>
+#include <dlfcn.h>
+#include <sched.h>
+
+#include <cstring>
+
+#include "hook/log.h"
+#include "hook/runtime.h"
+
+namespace gpuslice::hook {
+
+#define GPUSLICE_CU(symbol) decltype(&::symbol) real_##symbol = nullptr;
+#define GPUSLICE_NVML(symbol) decltype(&::symbol) real_##symbol = nullptr;
+#include "hook/symbols.def"
+#define GPUSLICE_DEFINE_REAL(symbol) decltype(&::symbol) real_##symbol = nullptr;
+GPUSLICE_CU_INTERNAL(GPUSLICE_DEFINE_REAL)
+GPUSLICE_NVML_INTERNAL(GPUSLICE_DEFINE_REAL)
+#undef GPUSLICE_DEFINE_REAL
+
+namespace {
+
+struct Hook {
+  const char* name;
+  void** real;
+  void* wrapper;
+  bool nvml;
+};
+
+// One row per symbols.def entry: the name the loader resolves, where the real
+// pointer goes, and the exported wrapper that stands for it.
+const Hook kHooks[] = {
+#define GPUSLICE_CU(symbol) \
+  {#symbol, reinterpret_cast<void**>(&real_##symbol), reinterpret_cast<void*>(&::symbol), false},
+#define GPUSLICE_NVML(symbol) \
+  {#symbol, reinterpret_cast<void**>(&real_##symbol), reinterpret_cast<void*>(&::symbol), true},
+#include "hook/symbols.def"
+};
+
+struct Internal {
+  const char* name;
+  void** real;
+};
+#define GPUSLICE_INTERNAL_ROW(symbol) {#symbol, reinterpret_cast<void**>(&real_##symbol)},
+const Internal kDriverInternal[] = {GPUSLICE_CU_INTERNAL(GPUSLICE_INTERNAL_ROW)};
+const Internal kNvmlInternal[] = {GPUSLICE_NVML_INTERNAL(GPUSLICE_INTERNAL_ROW)};
+#undef GPUSLICE_INTERNAL_ROW
+
+// Where nodes install the driver when the loader's search path does not say:
+// distribution multiarch dirs, the NVIDIA container runtime's mount, WSL, and
+// the toolkit's forward-compatibility package.
+const char* const kDriverPaths[] = {
+    "libcuda.so.1",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/usr/lib/aarch64-linux-gnu/libcuda.so.1",
+    "/usr/lib64/libcuda.so.1",
+    "/usr/local/nvidia/lib64/libcuda.so.1",
+    "/usr/lib/wsl/lib/libcuda.so.1",
+    "/usr/local/cuda/compat/libcuda.so.1",
+};
+const char* const kNvmlPaths[] = {
+    "libnvidia-ml.so.1",
+    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib64/libnvidia-ml.so.1",
+    "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+    "/usr/lib/wsl/lib/libnvidia-ml.so.1",
+};
+
+enum : int { kNotLoaded = 0, kLoading = 1, kLoaded = 2, kUnavailable = 3 };
+std::atomic<int> g_driver_state{kNotLoaded};
+std::atomic<int> g_nvml_state{kNotLoaded};
+std::atomic<void*> g_driver_handle{nullptr};
+std::atomic<void*> g_nvml_handle{nullptr};
+[[gnu::tls_model("initial-exec")]] thread_local bool t_loading = false;
+
+void* open_first(const char* override_path, const limiter::OptionSource& source, const char* override_name,
+                 const char* const* paths, size_t count) noexcept {
+  if (std::strcmp(source.name, "default") != 0) {
+    void* h = dlopen(override_path, RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      const char* why = dlerror();
+      GPUSLICE_LOG(error, "%s=%s: cannot load it (%s), expected the path of the real library",
+                   override_name, override_path, why ? why : "unknown error");
+    }
+    return h;  // an explicit override never falls back to a guess
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (void* h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL)) return h;
+  }
+  return nullptr;
+}
+
+void resolve(void* handle, bool nvml) noexcept {
+  for (const Hook& h : kHooks) {
+    if (h.nvml == nvml) *h.real = real_dlsym(handle, h.name);
+  }
+  const Internal* table = nvml ? kNvmlInternal : kDriverInternal;
+  size_t n = nvml ? sizeof kNvmlInternal / sizeof *kNvmlInternal
+                  : sizeof kDriverInternal / sizeof *kDriverInternal;
+  for (size_t i = 0; i < n; ++i) *table[i].real = real_dlsym(handle, table[i].name);
+}
+
+bool load_driver_now() noexcept {
+  const Config& cfg = config();
+  void* h = open_first(cfg.options.real_libcuda, cfg.options.real_libcuda_source, "GPUSLICE_REAL_LIBCUDA", kDriverPaths,
+                       sizeof kDriverPaths / sizeof *kDriverPaths);
+  if (h == nullptr) {
+    GPUSLICE_LOG(error, "no CUDA driver found (tried libcuda.so.1 on the loader's path and the usual "
+                        "install locations); set GPUSLICE_REAL_LIBCUDA to its path");
+    return false;
+  }
+  resolve(h, false);
+  g_driver_handle.store(h, std::memory_order_release);
+  return true;
+}
+
+bool load_nvml_now() noexcept {
+  const Config& cfg = config();
+  void* h = open_first(cfg.options.real_libnvml, cfg.options.real_libnvml_source, "GPUSLICE_REAL_LIBNVML", kNvmlPaths,
+                       sizeof kNvmlPaths / sizeof *kNvmlPaths);
+  if (h == nullptr) {
+    GPUSLICE_LOG(info, "no NVML library found; NVML queries are not virtualised and context "
+                       "memory is not measured");
+    return false;
+  }
+  resolve(h, true);
+  g_nvml_handle.store(h, std::memory_order_release);
+  return true;
+}
+
+// One-time loading without a lock another thread could die holding: the
+// first thread loads, others yield until it publishes; a nested call on the
+// loading thread (the driver's constructors calling dlsym) sees "unavailable".
+bool load_once(std::atomic<int>& state, bool (*load)() noexcept) noexcept {
+  int s = state.load(std::memory_order_acquire);
+  if (s == kLoaded) return true;
+  if (s == kUnavailable || t_loading) return false;
+  int expected = kNotLoaded;
+  if (state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel)) {
+    t_loading = true;
+    bool ok = load();
+    t_loading = false;
+    state.store(ok ? kLoaded : kUnavailable, std::memory_order_release);
+    return ok;
+  }
+  while ((s = state.load(std::memory_order_acquire)) == kLoading) sched_yield();
+  return s == kLoaded;
+}
+
+}  // namespace
+
+extern "C" {
+[[gnu::visibility("hidden")]] void* (*gpuslice_real_dlsym)(void*, const char*) = nullptr;
+}
+
+bool resolve_real_dlsym() noexcept {
+  if (__atomic_load_n(&gpuslice_real_dlsym, __ATOMIC_ACQUIRE) != nullptr) return true;
+  // Skip our own exported dlsym: ask for glibc's by version. 2.34 moved it
+  // into libc; older glibc only has the 2.2.5 version.
+  void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+  if (f == nullptr) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+  __atomic_store_n(&gpuslice_real_dlsym, reinterpret_cast<void* (*)(void*, const char*)>(f), __ATOMIC_RELEASE);
+  return f != nullptr;
+}
+
+void* real_dlsym(void* handle, const char* name) noexcept {
+  if (!resolve_real_dlsym()) return nullptr;
+  return __atomic_load_n(&gpuslice_real_dlsym, __ATOMIC_ACQUIRE)(handle, name);
+}
+
+bool load_driver() noexcept { return load_once(g_driver_state, load_driver_now); }
+bool load_nvml() noexcept { return load_once(g_nvml_state, load_nvml_now); }
+void* driver_handle() noexcept { return g_driver_handle.load(std::memory_order_acquire); }
+void* nvml_handle() noexcept { return g_nvml_handle.load(std::memory_order_acquire); }
+
+void* wrapper_for_real(const void* real) noexcept {
+  if (real == nullptr) return nullptr;
+  const bool driver = g_driver_state.load(std::memory_order_acquire) == kLoaded;
+  const bool nvml = g_nvml_state.load(std::memory_order_acquire) == kLoaded;
+  for (const Hook& h : kHooks) {
+    if ((h.nvml ? nvml : driver) && *h.real == real) return h.wrapper;
+  }
+  return nullptr;
+}
+
+}  // namespace gpuslice::hook

@@ -1,0 +1,74 @@
+// Process-wide state of the preload library: the parsed options, the
+// container's region and this process's slot, and the map from CUDA device
+// ordinals to region device entries. Bootstrap is lazy (first hooked call),
+// allocation-free, thread-safe and re-entrancy-safe; after fork() the child
+// starts over with its own slot.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "gpuslice/region.h"
+#include "limiter/options.h"
+#include "shm/region_file.h"
+
+namespace gpuslice::hook {
+
+struct Config {
+  limiter::Options options;
+  bool valid;            // options parsed without error
+  shm::Error error;      // the one-line reason when !valid
+};
+
+// Options parsed once from environ (no getenv, no heap).
+const Config& config() noexcept;
+
+// The error every hooked call returns once bootstrap failed closed (bad option,
+// unusable region, full region, no driver): what the driver returns when
+// cuInit failed. Documented in the README.
+inline constexpr CUresult kFailClosed = CUDA_ERROR_NOT_INITIALIZED;
+
+struct Process {
+  Region* region;
+  std::atomic<int> slot;  // -1 before bootstrap, after fork (until re-claimed) and after exit
+  shm::ProcessIdentity self;
+};
+
+enum : int { kReadyNo = 0, kReadyYes = 1, kReadyFailed = 2 };
+extern std::atomic<int> g_ready;
+extern Process g_process;  // valid once g_ready == kReadyYes
+
+// Slow path: bootstrap (options, driver, region, slot). Returns CUDA_SUCCESS or
+// the fail-closed error.
+[[gnu::cold, gnu::noinline]] CUresult bootstrap() noexcept;
+
+// The hot-path test every accounting wrapper starts with.
+inline CUresult ensure_ready() noexcept {
+  if (__builtin_expect(g_ready.load(std::memory_order_acquire) == kReadyYes, 1)) return CUDA_SUCCESS;
+  return bootstrap();
+}
+
+// Region device entry for a CUDA device ordinal (claimed on first use with the
+// quota and SM limit configured for that ordinal), or -1.
+int device_entry(CUdevice ordinal) noexcept;
+// Region device entry of the calling thread's current context; on failure
+// returns -1 and sets *rc to the driver's error (e.g. no current context).
+int current_device_entry(CUresult* rc) noexcept;
+// CUDA ordinal of a region device entry, or -1 if this process has not mapped it.
+int ordinal_of_entry(int entry) noexcept;
+
+// Reserve/release `bytes` on a device entry for this process (limiter's
+// cross-process protocol). reserve() tries the slow reclaim paths (dead
+// processes, idle pool reserves) before refusing.
+bool reserve(int entry, std::uint64_t bytes) noexcept;
+void release(int entry, std::uint64_t bytes) noexcept;
+bool charge(int entry, std::uint64_t bytes) noexcept;
+
+// Hooks that run before an allocation is refused (pools.cc registers one that
+// trims this process's idle pool reserves back into the budget).
+using ReclaimFn = void (*)() noexcept;
+void set_pool_reclaim(ReclaimFn fn) noexcept;
+
+}  // namespace gpuslice::hook

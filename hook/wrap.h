@@ -1,0 +1,66 @@
+// Shared pieces of the accounting wrappers: the export attribute, and the
+// reserve-before / commit-or-undo-after protocol every allocation follows.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "hook/real.h"
+#include "hook/runtime.h"
+#include "limiter/alloc_table.h"
+
+#define GPUSLICE_EXPORT extern "C" [[gnu::visibility("default")]]
+
+namespace gpuslice::hook {
+
+// Process-lifetime storage: the object is never destroyed, so a CUDA call made
+// during exit (the runtime's own teardown frees memory after our static
+// destructors would have run) never touches a destroyed table.
+template <class T>
+union NoDestroy {
+  T value;
+  constexpr NoDestroy() : value() {}
+  ~NoDestroy() {}
+  T& operator*() noexcept { return value; }
+  T* operator->() noexcept { return &value; }
+};
+
+struct Reservation {
+  int entry = -1;
+  std::uint64_t bytes = 0;
+};
+
+// Reserve `bytes` on the current context's device before the real call.
+// Returns the error to hand back unchanged: bootstrap failure, no current
+// context (the driver's own error), or CUDA_ERROR_OUT_OF_MEMORY over quota.
+CUresult reserve_on_current(std::uint64_t bytes, Reservation* r) noexcept;
+// Same on an explicit device ordinal.
+CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* r) noexcept;
+
+// After the real allocation: on failure the reservation is returned; on
+// success it is recorded under `key` in `table` (a stale record for the same
+// key, from a free we never saw, is released first).
+void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
+            limiter::AllocKind kind) noexcept;
+
+// Free path: forget `key` (exactly once), run the real free, then return the
+// bytes to the budget — or put the record back if the driver refused.
+template <class RealFree>
+CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free) noexcept {
+  limiter::AllocRecord rec{};
+  const bool counted = table.erase(key, &rec);
+  CUresult rc = real_free();
+  if (counted) {
+    if (rc == CUDA_SUCCESS)
+      release(rec.dev, rec.bytes);
+    else
+      table.insert(key, rec);
+  }
+  return rc;
+}
+
+// Legacy 32-bit entry points that would let memory bypass the quota.
+[[gnu::cold]] CUresult refuse_legacy(const char* symbol) noexcept;
+
+}  // namespace gpuslice::hook

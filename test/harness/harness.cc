@@ -1,0 +1,215 @@
+#include "harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace gpuslice::test {
+
+std::string build_dir() { return GPUSLICE_TEST_BUILD_DIR; }
+std::string preload_library() { return build_dir() + "/lib/libgpuslice.so"; }
+std::string fakecuda_dir() { return build_dir() + "/fakecuda"; }
+std::string bin(const std::string& name) { return build_dir() + "/bin/" + name; }
+
+std::string Result::describe() const {
+  std::ostringstream s;
+  s << "exit=" << exit_code << " signal=" << signal << (timed_out ? " TIMED OUT" : "") << "\n--- stdout\n"
+    << out << "--- stderr\n" << err;
+  return s.str();
+}
+
+Sandbox::Sandbox() {
+  char tmpl[] = "/tmp/gpuslice-test-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+}
+
+Sandbox::~Sandbox() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+Env Sandbox::env(bool preload) const {
+  Env e{{"LD_LIBRARY_PATH", fakecuda_dir()},
+        {"FAKECUDA_STATE", path("fakecuda.state")},
+        {"GPUSLICE_REGION", path("container.region")}};
+  if (preload) e["LD_PRELOAD"] = preload_library();
+  return e;
+}
+
+Env merge(Env base, const Env& extra) {
+  for (const auto& [k, v] : extra) base[k] = v;
+  return base;
+}
+
+namespace {
+
+bool inherited(const std::string& name) {
+  static const char* const kDropped[] = {"LD_PRELOAD", "GPUSLICE_", "FAKECUDA_", "CUDA_DEVICE_"};
+  for (const char* p : kDropped)
+    if (name.rfind(p, 0) == 0) return false;
+  return true;
+}
+
+std::vector<std::string> child_environment(const Env& env) {
+  Env all;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    std::string k = kv.substr(0, eq);
+    if (inherited(k)) all[k] = kv.substr(eq + 1);
+  }
+#if defined(__SANITIZE_ADDRESS__)
+  // The preload library comes before libasan in a sanitized child: allowed.
+  all["ASAN_OPTIONS"] = "verify_asan_link_order=0:detect_leaks=0";
+#endif
+  for (const auto& [k, v] : env) {
+    if (v.empty()) all.erase(k);
+    else all[k] = v;
+  }
+  std::vector<std::string> out;
+  for (const auto& [k, v] : all) out.push_back(k + "=" + v);
+  return out;
+}
+
+pid_t start(const std::vector<std::string>& argv, const Env& env, int out_fd, int err_fd) {
+  std::vector<std::string> envs = child_environment(env);
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    if (out_fd >= 0) dup2(out_fd, 1);
+    if (err_fd >= 0) dup2(err_fd, 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    execve(cargv[0], cargv.data(), cenv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+long long now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+void finish_status(int status, Result* r) {
+  if (WIFEXITED(status)) r->exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r->signal = WTERMSIG(status);
+}
+
+}  // namespace
+
+Result run(const std::vector<std::string>& argv, const Env& env, int timeout_ms) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  pid_t pid = start(argv, env, out_pipe[1], err_pipe[1]);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  Result r;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  int open_fds = 2;
+  const long long deadline = now_ms() + timeout_ms;
+  char buf[65536];
+  while (open_fds > 0) {
+    long long left = deadline - now_ms();
+    if (left <= 0) {
+      r.timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    if (poll(fds, 2, static_cast<int>(left)) < 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else {
+        (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) close(f.fd);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  finish_status(status, &r);
+  return r;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const Env& env, const std::string& out_path) {
+  int fd = -1;
+  if (!out_path.empty()) fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  pid_t pid = start(argv, env, fd, -1);
+  if (fd >= 0) close(fd);
+  return pid;
+}
+
+Result wait(pid_t pid, const std::string& out_path, int timeout_ms) {
+  Result r;
+  int status = 0;
+  const long long deadline = now_ms() + timeout_ms;
+  while (true) {
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (now_ms() > deadline) {
+      r.timed_out = true;
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    usleep(2000);
+  }
+  finish_status(status, &r);
+  if (!out_path.empty()) {
+    std::ifstream in(out_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    r.out = ss.str();
+  }
+  return r;
+}
+
+std::vector<std::string> lines_with(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(prefix, 0) == 0) out.push_back(line);
+  return out;
+}
+
+std::string field(const std::string& line, const std::string& key) {
+  const std::string k = key + "=";
+  size_t pos = 0;
+  while ((pos = line.find(k, pos)) != std::string::npos) {
+    if (pos == 0 || line[pos - 1] == ' ') {
+      size_t end = line.find(' ', pos);
+      return line.substr(pos + k.size(), end == std::string::npos ? std::string::npos : end - pos - k.size());
+    }
+    pos += k.size();
+  }
+  return "";
+}
+
+}  // namespace gpuslice::test

@@ -1,0 +1,65 @@
+// Runs programs the way a container runs them: as a child process with
+// LD_PRELOAD=<build>/lib/libgpuslice.so and LD_LIBRARY_PATH=<build>/fakecuda,
+// a private simulated machine (FAKECUDA_STATE) and region (GPUSLICE_REGION),
+// plus whatever environment a test adds. Captures exit status and output.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gpuslice::test {
+
+std::string build_dir();
+std::string preload_library();   // <build>/lib/libgpuslice.so
+std::string fakecuda_dir();      // <build>/fakecuda
+std::string bin(const std::string& name);  // <build>/bin/<name>
+
+struct Result {
+  int exit_code = -1;   // -1 if killed by a signal
+  int signal = 0;
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+  std::string describe() const;  // for assertion messages
+};
+
+using Env = std::map<std::string, std::string>;
+
+// A fresh directory for one test's simulated machine and region; removed at the end.
+class Sandbox {
+ public:
+  Sandbox();
+  ~Sandbox();
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+  const std::string& dir() const { return dir_; }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  // Environment for a child: the simulated driver on the library path, this
+  // sandbox's machine state and region, preload on unless `preload` is false.
+  Env env(bool preload = true) const;
+
+ private:
+  std::string dir_;
+};
+
+// Runs argv with the parent's environment minus LD_PRELOAD/GPUSLICE_*/FAKECUDA_*/CUDA_DEVICE_*,
+// plus `env` (an empty value unsets). Waits up to timeout_ms, then SIGKILLs.
+Result run(const std::vector<std::string>& argv, const Env& env, int timeout_ms = 60000);
+
+// Starts argv in the background with the same environment rules; returns its pid.
+// Its stdout goes to `out_path` if non-empty.
+pid_t spawn(const std::vector<std::string>& argv, const Env& env, const std::string& out_path = "");
+// Waits for a spawned child; returns its Result (out read from out_path if given).
+Result wait(pid_t pid, const std::string& out_path = "", int timeout_ms = 60000);
+
+Env merge(Env base, const Env& extra);
+
+// Lines of `text` starting with `prefix`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& prefix);
+// Value of "key=<value>" inside a line, or "" if absent.
+std::string field(const std::string& line, const std::string& key);
+
+}  // namespace gpuslice::test

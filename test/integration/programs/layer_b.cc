@@ -1,0 +1,1 @@
+extern "C" int layered(void) { return 100; }

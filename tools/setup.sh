@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what building and testing gpuslice needs on a fresh Debian 12
+# machine of this kind (the CUDA 13 toolkit headers, CMake, GoogleTest and
+# Google Benchmark are already there), and the pinned third-party clients the
+# tests run under the library (cuda-bindings, nvidia-ml-py) into build/venv.
+# Idempotent: re-running it does nothing that is already done.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$here/build}
+
+need=()
+for pkg in nlohmann-json3-dev libcli11-dev libcpp-httplib-dev yamllint; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+venv=$build/venv
+if [ ! -x "$venv/bin/python" ]; then
+  mkdir -p "$build"
+  python3 -m venv "$venv"
+fi
+req=$here/test/clients/requirements.txt
+stamp=$venv/.requirements
+if [ -f "$req" ] && ! cmp -s "$req" "$stamp"; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
+  cp "$req" "$stamp"
+fi
