@@ -1,0 +1,182 @@
+// CUDA arrays and mipmapped arrays: opaque device memory of
+// width * max(height,1) * max(depth,1) * NumChannels * element size bytes
+// (mipmapped: the sum over levels), charged to the current context's device.
+#include <algorithm>
+
+#include "driver.h"
+
+struct CUarray_st {
+  static constexpr std::uint32_t kAlive = 0xA7A7A7A7;
+  std::atomic<std::uint32_t> magic{0};
+  CUctx_st *ctx = nullptr;
+  std::uint32_t device = 0;
+  std::uint64_t bytes = 0;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+};
+
+struct CUmipmappedArray_st {
+  static constexpr std::uint32_t kAlive = 0xB7B7B7B7;
+  std::atomic<std::uint32_t> magic{0};
+  CUctx_st *ctx = nullptr;
+  std::uint32_t device = 0;
+  std::uint64_t bytes = 0;
+  unsigned int levels = 0;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+};
+
+using namespace gpuslice::fakecuda;
+
+namespace {
+
+HandlePool<CUarray_st> g_arrays;  // runtime mutex
+HandlePool<CUmipmappedArray_st> g_mipmapped;
+
+// 0 = a format the simulator does not size (video and block-compressed formats).
+std::uint64_t element_size(CUarray_format format) {
+  switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
+  }
+}
+
+CUresult level_bytes(const CUDA_ARRAY3D_DESCRIPTOR &d, std::uint64_t *bytes) {
+  if (d.Width == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (d.NumChannels != 1 && d.NumChannels != 2 && d.NumChannels != 4) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t element = element_size(d.Format);
+  if (element == 0) return CUDA_ERROR_NOT_SUPPORTED;
+  *bytes = std::uint64_t{d.Width} * std::max<std::uint64_t>(d.Height, 1) * std::max<std::uint64_t>(d.Depth, 1) *
+           d.NumChannels * element;
+  return CUDA_SUCCESS;
+}
+
+CUresult create_array(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR &desc) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::uint64_t bytes = 0;
+  if (CUresult rc = level_bytes(desc, &bytes); rc != CUDA_SUCCESS) return rc;
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (CUresult rc = charge_device(ctx->device, bytes); rc != CUDA_SUCCESS) return rc;
+  CUarray_st *array = g_arrays.make();
+  array->ctx = ctx;
+  array->device = ctx->device;
+  array->bytes = bytes;
+  array->desc = desc;
+  *pHandle = array;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+namespace gpuslice::fakecuda {
+
+void arrays_release_context_locked(CUctx_st *ctx) {
+  g_arrays.for_each_live([&](CUarray_st *array) {
+    if (array->ctx != ctx) return;
+    uncharge_device(array->device, array->bytes);
+    g_arrays.retire(array);
+  });
+  g_mipmapped.for_each_live([&](CUmipmappedArray_st *array) {
+    if (array->ctx != ctx) return;
+    uncharge_device(array->device, array->bytes);
+    g_mipmapped.retire(array);
+  });
+}
+
+}  // namespace gpuslice::fakecuda
+
+extern "C" CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray) {
+  if (pHandle == nullptr || pAllocateArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  desc.Width = pAllocateArray->Width;
+  desc.Height = pAllocateArray->Height;
+  desc.Format = pAllocateArray->Format;
+  desc.NumChannels = pAllocateArray->NumChannels;
+  return create_array(pHandle, desc);
+}
+
+extern "C" CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray) {
+  if (pHandle == nullptr || pAllocateArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return create_array(pHandle, *pAllocateArray);
+}
+
+extern "C" CUresult cuArrayDestroy(CUarray hArray) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
+  uncharge_device(hArray->device, hArray->bytes);
+  g_arrays.retire(hArray);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *pArrayDescriptor, CUarray hArray) {
+  if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
+  if (hArray->desc.Depth != 0) return CUDA_ERROR_INVALID_VALUE;  // a 3D array: use cuArray3DGetDescriptor
+  pArrayDescriptor->Width = hArray->desc.Width;
+  pArrayDescriptor->Height = hArray->desc.Height;
+  pArrayDescriptor->Format = hArray->desc.Format;
+  pArrayDescriptor->NumChannels = hArray->desc.NumChannels;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *pArrayDescriptor, CUarray hArray) {
+  if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
+  *pArrayDescriptor = hArray->desc;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                           unsigned int numMipmapLevels) {
+  if (pHandle == nullptr || pMipmappedArrayDesc == nullptr || numMipmapLevels == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  const CUDA_ARRAY3D_DESCRIPTOR &base = *pMipmappedArrayDesc;
+  std::uint64_t largest = std::max({base.Width, base.Height, base.Depth});
+  unsigned int max_levels = 1;
+  while ((largest >> max_levels) != 0) ++max_levels;
+  if (numMipmapLevels > max_levels) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t total = 0;
+  for (unsigned int level = 0; level < numMipmapLevels; ++level) {
+    // Each level halves every present dimension, never below 1; absent ones stay 0.
+    CUDA_ARRAY3D_DESCRIPTOR d = base;
+    d.Width = std::max<std::size_t>(base.Width >> level, 1);
+    d.Height = base.Height == 0 ? 0 : std::max<std::size_t>(base.Height >> level, 1);
+    d.Depth = base.Depth == 0 ? 0 : std::max<std::size_t>(base.Depth >> level, 1);
+    std::uint64_t bytes = 0;
+    if (CUresult rc = level_bytes(d, &bytes); rc != CUDA_SUCCESS) return rc;
+    total += bytes;
+  }
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (CUresult rc = charge_device(ctx->device, total); rc != CUDA_SUCCESS) return rc;
+  CUmipmappedArray_st *array = g_mipmapped.make();
+  array->ctx = ctx;
+  array->device = ctx->device;
+  array->bytes = total;
+  array->levels = numMipmapLevels;
+  array->desc = base;
+  *pHandle = array;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(hMipmappedArray)) return CUDA_ERROR_INVALID_HANDLE;
+  uncharge_device(hMipmappedArray->device, hMipmappedArray->bytes);
+  g_mipmapped.retire(hMipmappedArray);
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,117 @@
+// FAKECUDA_* environment parsing: strict, one line per error naming the variable.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "state.h"
+
+namespace gpuslice::fakecuda {
+
+bool parse_size(const char *text, std::uint64_t &out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  errno = 0;
+  char *end = nullptr;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (errno != 0) return false;
+  struct Suffix {
+    const char *name;
+    std::uint64_t scale;
+  };
+  static constexpr Suffix kSuffixes[] = {
+      {"", 1},
+      {"B", 1},
+      {"K", 1000ull},
+      {"M", 1000ull * 1000},
+      {"G", 1000ull * 1000 * 1000},
+      {"T", 1000ull * 1000 * 1000 * 1000},
+      {"Ki", 1ull << 10},
+      {"Mi", 1ull << 20},
+      {"Gi", 1ull << 30},
+      {"Ti", 1ull << 40},
+  };
+  for (const Suffix &suffix : kSuffixes) {
+    if (std::strcmp(end, suffix.name) == 0) {
+      if (value > ~std::uint64_t{0} / suffix.scale) return false;
+      out = value * suffix.scale;
+      return true;
+    }
+  }
+  return false;
+}
+
+void state_path_from_env(char *out, std::size_t len) {
+  const char *path = std::getenv("FAKECUDA_STATE");
+  if (path != nullptr && *path != '\0') {
+    std::snprintf(out, len, "%s", path);
+  } else {
+    std::snprintf(out, len, "/dev/shm/fakecuda-%u.state", static_cast<unsigned>(getuid()));
+  }
+}
+
+namespace {
+
+bool parse_uint(const char *text, std::uint64_t lo, std::uint64_t hi, std::uint64_t &out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  errno = 0;
+  char *end = nullptr;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value < lo || value > hi) return false;
+  out = value;
+  return true;
+}
+
+}  // namespace
+
+bool parse_config(Config &config, char *error, std::size_t error_len) {
+  config = Config{};
+  const char *value = nullptr;
+  std::uint64_t number = 0;
+  if ((value = std::getenv("FAKECUDA_DEVICES")) != nullptr) {
+    if (!parse_uint(value, 0, kMaxDevices, number)) {
+      std::snprintf(error, error_len, "FAKECUDA_DEVICES='%s': expected an integer 0-%u", value, kMaxDevices);
+      return false;
+    }
+    config.devices = static_cast<std::uint32_t>(number);
+  }
+  if ((value = std::getenv("FAKECUDA_MEMORY")) != nullptr) {
+    // At most 1 PiB so that address ranges and sums never overflow.
+    if (!parse_size(value, number) || number == 0 || number > (std::uint64_t{1} << 50)) {
+      std::snprintf(error, error_len,
+                    "FAKECUDA_MEMORY='%s': expected bytes 1..1Pi with optional suffix B, K/M/G/T (base 1000) "
+                    "or Ki/Mi/Gi/Ti (base 1024)",
+                    value);
+      return false;
+    }
+    config.memory_bytes = number;
+  }
+  if ((value = std::getenv("FAKECUDA_SMS")) != nullptr) {
+    if (!parse_uint(value, 1, 4096, number)) {
+      std::snprintf(error, error_len, "FAKECUDA_SMS='%s': expected an integer 1-4096", value);
+      return false;
+    }
+    config.sms = static_cast<std::uint32_t>(number);
+  }
+  if ((value = std::getenv("FAKECUDA_CONTEXT_MEMORY")) != nullptr) {
+    if (!parse_size(value, number) || number > config.memory_bytes) {
+      std::snprintf(error, error_len,
+                    "FAKECUDA_CONTEXT_MEMORY='%s': expected bytes (suffix B, K/M/G/T or Ki/Mi/Gi/Ti) "
+                    "not above FAKECUDA_MEMORY",
+                    value);
+      return false;
+    }
+    config.context_bytes = number;
+  }
+  value = std::getenv("FAKECUDA_STATE");
+  if (value != nullptr && (*value == '\0' || std::strlen(value) >= sizeof(config.state_path) - 32)) {
+    std::snprintf(error, error_len, "FAKECUDA_STATE='%s': expected a file path shorter than %zu bytes", value,
+                  sizeof(config.state_path) - 32);
+    return false;
+  }
+  state_path_from_env(config.state_path, sizeof(config.state_path));
+  return true;
+}
+
+}  // namespace gpuslice::fakecuda

@@ -1,0 +1,209 @@
+// Process-local side of the simulated driver: the handle objects (contexts,
+// streams, events, modules, functions) and the runtime every entry point uses.
+// Shared, cross-process state lives in state.h; this is what one process's
+// driver instance keeps for itself, as the real driver does.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "state.h"
+#include "timeline.h"
+
+// Handle objects. cuda.h only declares these structs, so the fake defines them.
+// They are never freed (see HandlePool): a destroyed handle is marked dead and
+// later recycled, which makes stale handles detectable and lets the lock-free
+// launch path dereference handles without taking a lock.
+struct CUctx_st {
+  static constexpr std::uint32_t kAlive = 0xC7C7C7C7;
+  std::atomic<std::uint32_t> magic{0};
+  std::uint32_t device = 0;
+  unsigned flags = 0;
+  bool primary = false;
+  std::atomic<bool> active{false};  // primary: retained at least once; created: until destroyed
+  int retain_count = 0;             // primary only, under the runtime mutex
+  std::uint64_t id = 0;
+  std::atomic<std::uint64_t> last_end_ns{0};  // end of all work submitted in this context
+  CUstream_st *null_stream = nullptr;
+  std::size_t limits[16] = {};
+};
+
+struct CUstream_st {
+  static constexpr std::uint32_t kAlive = 0x57575757;
+  std::atomic<std::uint32_t> magic{0};
+  CUctx_st *ctx = nullptr;
+  unsigned flags = 0;
+  int priority = 0;
+  bool special = false;  // a context's legacy/null stream or a per-thread stream
+  std::uint64_t id = 0;
+  std::atomic<std::uint64_t> last_end_ns{0};
+  std::atomic<CUgraph_st *> capture{nullptr};  // graph being captured into, if any
+  std::uint64_t capture_id = 0;
+};
+
+struct CUevent_st {
+  static constexpr std::uint32_t kAlive = 0xE7E7E7E7;
+  std::atomic<std::uint32_t> magic{0};
+  CUctx_st *ctx = nullptr;
+  unsigned flags = 0;
+  std::atomic<std::uint64_t> time_ns{0};  // completion time of the recorded work; 0 = never recorded
+};
+
+struct CUmod_st;
+struct CUfunc_st {
+  static constexpr std::uint32_t kAlive = 0xF7F7F7F7;
+  std::atomic<std::uint32_t> magic{0};
+  CUmod_st *module = nullptr;
+  std::string name;
+  std::uint64_t duration_ns = 0;  // spin_<N>us runs N us; everything else 0
+  int max_dynamic_shared = 0;
+};
+
+struct CUmod_st {
+  static constexpr std::uint32_t kAlive = 0x30303030;
+  std::atomic<std::uint32_t> magic{0};
+  CUctx_st *ctx = nullptr;  // nullptr for a library's module (context-independent)
+  std::string image;
+  std::map<std::string, CUfunc_st *> functions;
+};
+
+struct CUlib_st {
+  static constexpr std::uint32_t kAlive = 0x1B1B1B1B;
+  std::atomic<std::uint32_t> magic{0};
+  CUmod_st *module = nullptr;
+};
+
+namespace gpuslice::fakecuda {
+
+// Owns every object of one handle type for the life of the process.
+template <typename T>
+class HandlePool {
+ public:
+  T *make() {
+    T *object;
+    if (!free_.empty()) {
+      object = free_.back();
+      free_.pop_back();
+      object->~T();
+      new (object) T();
+    } else {
+      all_.push_back(std::make_unique<T>());
+      object = all_.back().get();
+    }
+    object->magic.store(T::kAlive, std::memory_order_release);
+    return object;
+  }
+  void retire(T *object) {
+    object->magic.store(0, std::memory_order_release);
+    free_.push_back(object);
+  }
+  template <typename Visit>
+  void for_each_live(Visit &&visit) {
+    for (auto &object : all_) {
+      if (object->magic.load(std::memory_order_relaxed) == T::kAlive) visit(object.get());
+    }
+  }
+
+ private:
+  std::vector<std::unique_ptr<T>> all_;
+  std::vector<T *> free_;
+};
+
+template <typename T>
+inline bool alive(const T *object) {
+  return object != nullptr && object->magic.load(std::memory_order_acquire) == T::kAlive;
+}
+
+enum class InitState : int { none = 0, ok = 1, failed = 2, forked = 3 };
+
+struct Runtime {
+  std::mutex mu;  // guards every process-local registry below and in the modules
+  std::atomic<int> init_state{0};
+  CUresult init_result = CUDA_SUCCESS;
+  State *state = nullptr;
+  int slot = -1;
+  Submitter submitter{-1, 0, 0};
+  std::uint64_t next_object_id = 1;
+  HandlePool<CUctx_st> contexts;
+  HandlePool<CUstream_st> streams;
+  HandlePool<CUevent_st> events;
+  CUctx_st *primary[kMaxDevices] = {};
+  char state_path[1024] = {};
+};
+
+Runtime &runtime();
+
+inline bool initialized() {
+  return runtime().init_state.load(std::memory_order_acquire) == static_cast<int>(InitState::ok);
+}
+inline State &state() { return *runtime().state; }
+inline bool valid_device(CUdevice dev) {
+  return dev >= 0 && static_cast<std::uint32_t>(dev) < runtime().state->device_count();
+}
+
+// --- contexts (context.cc) ---
+// The calling thread's current context, or an error: INVALID_CONTEXT when none,
+// CONTEXT_IS_DESTROYED when it was destroyed (e.g. by another thread).
+CUresult current_context(CUctx_st **out);
+// Validates a context argument; nullptr means "the current one".
+CUresult resolve_context(CUcontext ctx, CUctx_st **out);
+
+// --- memory bookkeeping (memory.cc) ---
+// Charges `bytes` of device `dev` to this process if the device has room
+// (reaping dead processes first); CUDA_ERROR_OUT_OF_MEMORY otherwise.
+CUresult charge_device(std::uint32_t dev, std::uint64_t bytes);
+void uncharge_device(std::uint32_t dev, std::uint64_t bytes);
+// A fresh device address range of `bytes` (never reused).
+CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_t alignment);
+// Frees a context's linear allocations (the real driver frees everything a
+// context owns when it is destroyed). Runtime mutex held.
+void memory_release_context_locked(CUctx_st *ctx);
+void arrays_release_context_locked(CUctx_st *ctx);
+void modules_release_context_locked(CUctx_st *ctx);
+
+enum class AllocKind { linear, pitch, managed, legacy32, pool };
+// One linear allocation, keyed by its base address in memory.cc's map.
+struct Allocation {
+  std::uint64_t size = 0;  // what the caller asked for (pitch: pitch * height)
+  std::uint64_t held = 0;  // bytes charged to the device (0 for pool allocations: the pool's reserve is)
+  std::uint32_t device = 0;
+  CUctx_st *ctx = nullptr;
+  AllocKind kind = AllocKind::linear;
+  CUmemPoolHandle_st *pool = nullptr;
+};
+// Runtime mutex held for all of these.
+void register_allocation_locked(CUdeviceptr base, const Allocation &allocation);
+bool remove_allocation_locked(CUdeviceptr base, Allocation *out);
+// Gives a freed pool allocation's bytes back to its pool (pools.cc).
+void pool_return_locked(CUmemPoolHandle_st *pool, std::uint64_t size);
+// The VMM mapping containing ptr, if any (vmm.cc).
+bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *size);
+// Synchronisation points let every pool of the device trim to its release threshold.
+void pools_trim_at_sync(std::uint32_t dev);
+
+// --- streams (stream.cc) ---
+// Resolves a stream argument (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a
+// handle) against the current context. per_thread_default: the _ptsz entry point.
+CUresult resolve_stream(CUstream stream, bool per_thread_default, CUstream_st **out);
+void streams_release_context_locked(CUctx_st *ctx);
+// Sleeps (CLOCK_MONOTONIC, absolute) until `end_ns`.
+void sleep_until(std::uint64_t end_ns);
+// Records work ending at end_ns on a stream and its context.
+void note_stream_work(CUstream_st *stream, std::uint64_t end_ns);
+
+// --- launch (launch.cc) and graphs (graph.cc) ---
+CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream);
+CUresult capture_kernel_node(CUstream_st *stream, const CUDA_KERNEL_NODE_PARAMS &params);
+// A CUfunction or a CUkernel (which is the same object here).
+CUfunc_st *function_from_handle(CUfunction f);
+
+std::uint64_t next_object_id_locked();
+
+}  // namespace gpuslice::fakecuda

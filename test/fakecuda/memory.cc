@@ -1,0 +1,265 @@
+// Linear device memory: cuMemAlloc (and its 32-bit ancestor), pitched and
+// managed allocations, frees, address ranges and cuMemGetInfo. Every byte is
+// charged to the device in the shared state, so all processes see one capacity.
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+
+#include "driver.h"
+
+using namespace gpuslice::fakecuda;
+
+namespace {
+
+// Address windows, never reused: each device gets 16 TiB of UVA space; the
+// 32-bit legacy ABI gets addresses below 4 GiB.
+constexpr std::uint64_t kDeviceWindow = std::uint64_t{1} << 44;
+constexpr std::uint64_t kLegacyBase = 0x10000000ull;
+constexpr std::uint64_t kLegacyEnd = 0xF0000000ull;
+
+std::map<CUdeviceptr, Allocation> g_allocations;  // runtime mutex
+std::uint64_t g_next_address[kMaxDevices] = {};
+std::uint64_t g_next_legacy = kLegacyBase;
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
+
+CUresult alloc_common(CUdeviceptr *dptr, std::uint64_t held, std::uint64_t size, AllocKind kind) {
+  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (held == 0) return CUDA_ERROR_INVALID_VALUE;
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> guard(r.mu);
+  CUdeviceptr base = 0;
+  if (kind == AllocKind::legacy32) {
+    std::uint64_t span = round_up(held, 512);
+    if (span > kLegacyEnd - g_next_legacy) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (CUresult rc = charge_device(ctx->device, held); rc != CUDA_SUCCESS) return rc;
+    base = g_next_legacy;
+    g_next_legacy += span;
+  } else {
+    if (CUresult rc = charge_device(ctx->device, held); rc != CUDA_SUCCESS) return rc;
+    base = reserve_address(ctx->device, held, 512);
+    if (base == 0) {
+      uncharge_device(ctx->device, held);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+  Allocation allocation;
+  allocation.size = size;
+  allocation.held = held;
+  allocation.device = ctx->device;
+  allocation.ctx = ctx;
+  allocation.kind = kind;
+  g_allocations[base] = allocation;
+  *dptr = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult free_common(CUdeviceptr dptr) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dptr == 0) return CUDA_SUCCESS;
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> guard(r.mu);
+  Allocation allocation;
+  // Only the exact base of a live allocation: an interior or unknown pointer is an error.
+  if (!remove_allocation_locked(dptr, &allocation)) return CUDA_ERROR_INVALID_VALUE;
+  if (allocation.kind == AllocKind::pool) {
+    pool_return_locked(allocation.pool, allocation.size);
+  } else {
+    uncharge_device(allocation.device, allocation.held);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult get_info(std::uint64_t *free_bytes, std::uint64_t *total_bytes) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  Runtime &r = runtime();
+  State::Lock lock(*r.state);
+  if (!lock.ok()) return CUDA_ERROR_UNKNOWN;
+  r.state->reap_locked(r.slot);
+  std::uint64_t total = r.state->header().memory_bytes;
+  std::uint64_t used = r.state->device_used_locked(ctx->device);
+  *free_bytes = used < total ? total - used : 0;
+  *total_bytes = total;
+  return CUDA_SUCCESS;
+}
+
+bool find_containing_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *size) {
+  auto it = g_allocations.upper_bound(ptr);
+  if (it != g_allocations.begin()) {
+    --it;
+    std::uint64_t span = std::max<std::uint64_t>(it->second.size, 1);
+    if (ptr - it->first < span) {
+      *base = it->first;
+      *size = it->second.size;
+      return true;
+    }
+  }
+  return vmm_find_mapping_locked(ptr, base, size);
+}
+
+}  // namespace
+
+namespace gpuslice::fakecuda {
+
+CUresult charge_device(std::uint32_t dev, std::uint64_t bytes) {
+  Runtime &r = runtime();
+  State::Lock lock(*r.state);
+  if (!lock.ok()) return CUDA_ERROR_UNKNOWN;
+  // Reap before deciding: memory of dead processes is free, as on a real device.
+  r.state->reap_locked(r.slot);
+  return r.state->charge_locked(r.slot, dev, bytes, false) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void uncharge_device(std::uint32_t dev, std::uint64_t bytes) {
+  Runtime &r = runtime();
+  r.state->uncharge(r.slot, dev, bytes, false);
+}
+
+CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_t alignment) {
+  std::uint64_t window = kDeviceWindow * (dev + 1);
+  std::uint64_t &next = g_next_address[dev];
+  if (next == 0) next = window;
+  std::uint64_t base = round_up(next, std::max<std::uint64_t>(alignment, 512));
+  std::uint64_t span = round_up(bytes, 512);
+  if (base + span > window + kDeviceWindow) return 0;
+  next = base + span;
+  return base;
+}
+
+void register_allocation_locked(CUdeviceptr base, const Allocation &allocation) { g_allocations[base] = allocation; }
+
+bool remove_allocation_locked(CUdeviceptr base, Allocation *out) {
+  auto it = g_allocations.find(base);
+  if (it == g_allocations.end()) return false;
+  *out = it->second;
+  g_allocations.erase(it);
+  return true;
+}
+
+void memory_release_context_locked(CUctx_st *ctx) {
+  for (auto it = g_allocations.begin(); it != g_allocations.end();) {
+    if (it->second.ctx == ctx && it->second.kind != AllocKind::pool) {
+      uncharge_device(it->second.device, it->second.held);
+      it = g_allocations.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace gpuslice::fakecuda
+
+extern "C" CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+  return alloc_common(dptr, bytesize, bytesize, AllocKind::linear);
+}
+
+extern "C" CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr wide = 0;
+  CUresult rc = alloc_common(&wide, bytesize, bytesize, AllocKind::legacy32);
+  if (rc == CUDA_SUCCESS) *dptr = static_cast<CUdeviceptr_v1>(wide);
+  return rc;
+}
+
+extern "C" CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                       unsigned int ElementSizeBytes) {
+  if (pPitch == nullptr || WidthInBytes == 0 || Height == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t pitch = round_up(WidthInBytes, 512);
+  if (Height > ~std::uint64_t{0} / pitch) return CUDA_ERROR_OUT_OF_MEMORY;
+  CUresult rc = alloc_common(dptr, pitch * Height, pitch * Height, AllocKind::pitch);
+  if (rc == CUDA_SUCCESS) *pPitch = pitch;
+  return rc;
+}
+
+extern "C" CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+                                    unsigned int Height, unsigned int ElementSizeBytes) {
+  if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t pitch = round_up(WidthInBytes, 512);
+  CUdeviceptr wide = 0;
+  CUresult rc = alloc_common(&wide, pitch * Height, pitch * Height, AllocKind::legacy32);
+  if (rc == CUDA_SUCCESS) {
+    *dptr = static_cast<CUdeviceptr_v1>(wide);
+    *pPitch = static_cast<unsigned int>(pitch);
+  }
+  return rc;
+}
+
+extern "C" CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+  // Managed memory is counted as held by the device it was allocated from.
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+  return alloc_common(dptr, bytesize, bytesize, AllocKind::managed);
+}
+
+extern "C" CUresult cuMemFree_v2(CUdeviceptr dptr) { return free_common(dptr); }
+extern "C" CUresult cuMemFree(CUdeviceptr_v1 dptr) { return free_common(dptr); }
+
+extern "C" CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t f = 0;
+  std::uint64_t t = 0;
+  CUresult rc = get_info(&f, &t);
+  if (rc == CUDA_SUCCESS) {
+    *free = f;
+    *total = t;
+  }
+  return rc;
+}
+
+extern "C" CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
+  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t f = 0;
+  std::uint64_t t = 0;
+  CUresult rc = get_info(&f, &t);
+  if (rc == CUDA_SUCCESS) {
+    *free = static_cast<unsigned int>(std::min<std::uint64_t>(f, UINT_MAX));
+    *total = static_cast<unsigned int>(std::min<std::uint64_t>(t, UINT_MAX));
+  }
+  return rc;
+}
+
+extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  CUdeviceptr base = 0;
+  std::uint64_t size = 0;
+  if (!find_containing_locked(dptr, &base, &size)) return CUDA_ERROR_NOT_FOUND;
+  if (pbase != nullptr) *pbase = base;
+  if (psize != nullptr) *psize = size;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr) {
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult rc = cuMemGetAddressRange_v2(&base, &size, dptr);
+  if (rc != CUDA_SUCCESS) return rc;
+  if (pbase != nullptr) *pbase = static_cast<CUdeviceptr_v1>(base);
+  if (psize != nullptr) *psize = static_cast<unsigned int>(size);
+  return CUDA_SUCCESS;
+}
+
+// Page-locked host memory is host memory: it is not charged to any device.
+extern "C" CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+  if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  *pp = std::aligned_alloc(4096, round_up(bytesize, 4096));
+  return *pp != nullptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+extern "C" CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+  (void)Flags;
+  return cuMemAllocHost_v2(pp, bytesize);
+}
+
+extern "C" CUresult cuMemFreeHost(void *p) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::free(p);
+  return CUDA_SUCCESS;
+}

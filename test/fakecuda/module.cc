@@ -1,0 +1,262 @@
+// Modules, libraries and functions. A module image is treated as text: it
+// "contains" a function when the function's name appears in it. A function
+// named spin_<N>us runs for N microseconds of device time; any other takes 0.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "driver.h"
+
+using namespace gpuslice::fakecuda;
+
+namespace {
+
+HandlePool<CUmod_st> g_modules;  // runtime mutex
+HandlePool<CUfunc_st> g_functions;
+HandlePool<CUlib_st> g_libraries;
+
+std::uint64_t spin_duration_ns(const char *name) {
+  unsigned long long micros = 0;
+  int consumed = 0;
+  if (std::strncmp(name, "spin_", 5) != 0 || name[5] < '0' || name[5] > '9') return 0;
+  if (std::sscanf(name, "spin_%lluus%n", &micros, &consumed) != 1) return 0;
+  if (consumed <= 0 || name[consumed] != '\0') return 0;
+  return micros * 1000ull;
+}
+
+CUmod_st *load_locked(std::string image, CUctx_st *ctx) {
+  CUmod_st *module = g_modules.make();
+  module->ctx = ctx;
+  module->image = std::move(image);
+  return module;
+}
+
+void unload_locked(CUmod_st *module) {
+  for (auto &entry : module->functions) g_functions.retire(entry.second);
+  module->functions.clear();
+  g_modules.retire(module);
+}
+
+CUresult get_function_locked(CUmod_st *module, const char *name, CUfunc_st **out) {
+  auto it = module->functions.find(name);
+  if (it != module->functions.end()) {
+    *out = it->second;
+    return CUDA_SUCCESS;
+  }
+  if (*name == '\0' || module->image.find(name) == std::string::npos) return CUDA_ERROR_NOT_FOUND;
+  CUfunc_st *function = g_functions.make();
+  function->module = module;
+  function->name = name;
+  function->duration_ns = spin_duration_ns(name);
+  module->functions[name] = function;
+  *out = function;
+  return CUDA_SUCCESS;
+}
+
+CUresult module_load(CUmodule *module, const void *image) {
+  if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  std::string text(static_cast<const char *>(image));
+  if (text.empty()) return CUDA_ERROR_INVALID_IMAGE;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  *module = load_locked(std::move(text), ctx);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+namespace gpuslice::fakecuda {
+
+void modules_release_context_locked(CUctx_st *ctx) {
+  g_modules.for_each_live([&](CUmod_st *module) {
+    if (module->ctx == ctx) unload_locked(module);
+  });
+}
+
+CUfunc_st *function_from_handle(CUfunction f) { return alive(f) ? f : nullptr; }
+
+}  // namespace gpuslice::fakecuda
+
+extern "C" CUresult cuModuleLoadData(CUmodule *module, const void *image) { return module_load(module, image); }
+
+extern "C" CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                       CUjit_option *options, void **optionValues) {
+  if (numOptions > 0 && (options == nullptr || optionValues == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  return module_load(module, image);
+}
+
+extern "C" CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+  return module_load(module, fatCubin);
+}
+
+extern "C" CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+  if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::ifstream file(fname, std::ios::binary);
+  if (!file) return CUDA_ERROR_FILE_NOT_FOUND;
+  std::ostringstream text;
+  text << file.rdbuf();
+  std::string image = text.str();
+  return module_load(module, image.c_str());
+}
+
+extern "C" CUresult cuModuleUnload(CUmodule hmod) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(hmod) || hmod->ctx == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  unload_locked(hmod);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+  if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(hmod)) return CUDA_ERROR_INVALID_HANDLE;
+  return get_function_locked(hmod, name, hfunc);
+}
+
+extern "C" CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  *mode = CU_MODULE_LAZY_LOADING;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
+  *name = hfunc->name.c_str();
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
+  if (hmod == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
+  *hmod = hfunc->module;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
+  switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *pi = 0; break;
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *pi = 0; break;
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *pi = 0; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = 32; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION: *pi = 90; break;
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *pi = 90; break;
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *pi = 0; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *pi = hfunc->max_dynamic_shared; break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *pi = -1; break;
+    default:
+      if (attrib < 0 || attrib >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+      *pi = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
+  if (attrib == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    if (value < 0 || value > 232448) return CUDA_ERROR_INVALID_VALUE;
+    hfunc->max_dynamic_shared = value;
+  }
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+  (void)config;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  return alive(hfunc) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+extern "C" CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                                size_t dynamicSMemSize) {
+  (void)dynamicSMemSize;
+  if (numBlocks == nullptr || blockSize <= 0 || blockSize > 1024) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!alive(func)) return CUDA_ERROR_INVALID_HANDLE;
+  int warps = (blockSize + 31) / 32;
+  *numBlocks = std::min(32, 64 / warps);  // 2048 threads = 64 warps per SM, 32 blocks max
+  return CUDA_SUCCESS;
+}
+
+// Libraries are context-independent modules; a CUkernel is the same object as
+// the CUfunction it resolves to, which is what lets a CUkernel be passed where a
+// CUfunction is expected, as the driver allows.
+extern "C" CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                      void **jitOptionsValues, unsigned int numJitOptions,
+                                      CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                      unsigned int numLibraryOptions) {
+  (void)jitOptions;
+  (void)jitOptionsValues;
+  (void)numJitOptions;
+  (void)libraryOptions;
+  (void)libraryOptionValues;
+  (void)numLibraryOptions;
+  if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::string text(static_cast<const char *>(code));
+  if (text.empty()) return CUDA_ERROR_INVALID_IMAGE;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  CUlib_st *created = g_libraries.make();
+  created->module = load_locked(std::move(text), nullptr);
+  *library = created;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuLibraryUnload(CUlibrary library) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
+  unload_locked(library->module);
+  g_libraries.retire(library);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
+  if (pMod == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
+  *pMod = library->module;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+  if (pKernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
+  CUfunc_st *function = nullptr;
+  if (CUresult rc = get_function_locked(library->module, name, &function); rc != CUDA_SUCCESS) return rc;
+  *pKernel = reinterpret_cast<CUkernel>(function);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+  if (pFunc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  auto *function = reinterpret_cast<CUfunc_st *>(kernel);
+  if (!alive(function)) return CUDA_ERROR_INVALID_HANDLE;
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  *pFunc = function;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
+  return cuFuncGetName(name, reinterpret_cast<CUfunction>(hfunc));
+}

@@ -1,0 +1,290 @@
+// Stream-ordered allocation and memory pools. The model: a pool reserves device
+// memory in 2 MiB chunks (charged to the device); allocations use the reserve;
+// a free returns bytes to the pool, which keeps them reserved; at a
+// synchronisation point (stream/context/event synchronize) each pool of the
+// device trims its unused reserve down to its release threshold (default 0);
+// cuMemPoolTrimTo trims on request. Stream order itself is not modelled: an
+// allocation or free takes effect when the call is made.
+#include <algorithm>
+
+#include "driver.h"
+
+struct CUmemPoolHandle_st {
+  static constexpr std::uint32_t kAlive = 0x9B9B9B9B;
+  std::atomic<std::uint32_t> magic{0};
+  std::uint32_t device = 0;
+  bool is_default = false;
+  bool destroy_pending = false;  // destroyed with allocations outstanding
+  std::uint64_t reserved = 0;
+  std::uint64_t reserved_high = 0;
+  std::uint64_t used = 0;
+  std::uint64_t used_high = 0;
+  std::uint64_t release_threshold = 0;
+  std::uint64_t max_size = 0;  // 0 = the device's capacity
+  std::uint64_t outstanding = 0;
+  int reuse_follow_event_dependencies = 1;
+  int reuse_allow_opportunistic = 1;
+  int reuse_allow_internal_dependencies = 1;
+};
+
+using namespace gpuslice::fakecuda;
+
+namespace {
+
+constexpr std::uint64_t kChunk = std::uint64_t{2} << 20;
+
+HandlePool<CUmemPoolHandle_st> g_pools;  // runtime mutex
+CUmemPoolHandle_st *g_default_pool[kMaxDevices] = {};
+CUmemPoolHandle_st *g_current_pool[kMaxDevices] = {};
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
+
+CUmemPoolHandle_st *default_pool_locked(std::uint32_t dev) {
+  if (g_default_pool[dev] == nullptr) {
+    CUmemPoolHandle_st *pool = g_pools.make();
+    pool->device = dev;
+    pool->is_default = true;
+    g_default_pool[dev] = pool;
+  }
+  if (g_current_pool[dev] == nullptr) g_current_pool[dev] = g_default_pool[dev];
+  return g_default_pool[dev];
+}
+
+// Releases whole chunks of unused reserve while the reserve is above `keep`.
+void trim_locked(CUmemPoolHandle_st *pool, std::uint64_t keep) {
+  if (keep >= pool->reserved) return;
+  std::uint64_t target = std::max(round_up(pool->used, kChunk), round_up(keep, kChunk));
+  if (target >= pool->reserved) return;
+  uncharge_device(pool->device, pool->reserved - target);
+  pool->reserved = target;
+}
+
+void trim_device_pools_locked(std::uint32_t dev, bool to_used) {
+  g_pools.for_each_live([&](CUmemPoolHandle_st *pool) {
+    if (pool->device == dev) trim_locked(pool, to_used ? 0 : pool->release_threshold);
+  });
+}
+
+CUresult pool_alloc_locked(CUmemPoolHandle_st *pool, std::uint64_t size, CUctx_st *ctx, CUdeviceptr *out) {
+  if (pool->used + size > pool->reserved) {
+    std::uint64_t grow = round_up(pool->used + size - pool->reserved, kChunk);
+    std::uint64_t limit = pool->max_size != 0 ? pool->max_size : state().header().memory_bytes;
+    if (pool->reserved + grow > limit) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = charge_device(pool->device, grow);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+      // Like the driver, give back the unused reserve of this process's pools
+      // on the device before failing.
+      trim_device_pools_locked(pool->device, true);
+      grow = round_up(pool->used + size - pool->reserved, kChunk);
+      rc = charge_device(pool->device, grow);
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    pool->reserved += grow;
+    pool->reserved_high = std::max(pool->reserved_high, pool->reserved);
+  }
+  CUdeviceptr base = reserve_address(pool->device, size, 512);
+  if (base == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  pool->used += size;
+  pool->used_high = std::max(pool->used_high, pool->used);
+  ++pool->outstanding;
+  Allocation allocation;
+  allocation.size = size;
+  allocation.held = 0;
+  allocation.device = pool->device;
+  allocation.ctx = ctx;
+  allocation.kind = AllocKind::pool;
+  allocation.pool = pool;
+  register_allocation_locked(base, allocation);
+  *out = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemPoolHandle_st *pool, CUstream hStream, bool ptsz) {
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  CUstream_st *stream = nullptr;
+  if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (pool == nullptr) {
+    default_pool_locked(stream->ctx->device);
+    pool = g_current_pool[stream->ctx->device];
+  } else if (!alive(pool) || pool->destroy_pending) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return pool_alloc_locked(pool, bytesize, stream->ctx, dptr);
+}
+
+CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  CUstream_st *stream = nullptr;
+  if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  Allocation allocation;
+  if (!remove_allocation_locked(dptr, &allocation)) return CUDA_ERROR_INVALID_VALUE;
+  if (allocation.kind == AllocKind::pool) {
+    pool_return_locked(allocation.pool, allocation.size);
+  } else {
+    uncharge_device(allocation.device, allocation.held);  // a cuMemAlloc pointer may be freed this way too
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+namespace gpuslice::fakecuda {
+
+void pool_return_locked(CUmemPoolHandle_st *pool, std::uint64_t size) {
+  pool->used -= size;
+  --pool->outstanding;
+  if (pool->destroy_pending && pool->outstanding == 0) {
+    trim_locked(pool, 0);
+    g_pools.retire(pool);
+  }
+}
+
+void pools_trim_at_sync(std::uint32_t dev) {
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  trim_device_pools_locked(dev, false);
+}
+
+}  // namespace gpuslice::fakecuda
+
+extern "C" CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  return alloc_async(dptr, bytesize, nullptr, hStream, false);
+}
+extern "C" CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+  return alloc_async(dptr, bytesize, nullptr, hStream, true);
+}
+extern "C" CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                            CUstream hStream) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return alloc_async(dptr, bytesize, pool, hStream, false);
+}
+extern "C" CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                                 CUstream hStream) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return alloc_async(dptr, bytesize, pool, hStream, true);
+}
+extern "C" CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream, false); }
+extern "C" CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  return free_async(dptr, hStream, true);
+}
+
+extern "C" CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+  if (pool == nullptr || poolProps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  if (poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!valid_device(poolProps->location.id)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  CUmemPoolHandle_st *created = g_pools.make();
+  created->device = static_cast<std::uint32_t>(poolProps->location.id);
+  created->max_size = poolProps->maxSize;
+  *pool = created;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(pool) || pool->destroy_pending || pool->is_default) return CUDA_ERROR_INVALID_VALUE;
+  if (g_current_pool[pool->device] == pool) g_current_pool[pool->device] = g_default_pool[pool->device];
+  // Documented: with allocations outstanding the call returns at once and the
+  // pool's resources go when the last allocation is freed.
+  pool->destroy_pending = true;
+  trim_locked(pool, 0);
+  if (pool->outstanding == 0) g_pools.retire(pool);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+  if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  *pool_out = default_pool_locked(static_cast<std::uint32_t>(dev));
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  default_pool_locked(static_cast<std::uint32_t>(dev));
+  *pool = g_current_pool[dev];
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(pool) || pool->destroy_pending || pool->device != static_cast<std::uint32_t>(dev)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  default_pool_locked(static_cast<std::uint32_t>(dev));
+  g_current_pool[dev] = pool;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
+  trim_locked(pool, minBytesToKeep);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      pool->reuse_follow_event_dependencies = *static_cast<int *>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      pool->reuse_allow_opportunistic = *static_cast<int *>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      pool->reuse_allow_internal_dependencies = *static_cast<int *>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      pool->release_threshold = *static_cast<cuuint64_t *>(value);
+      return CUDA_SUCCESS;
+    // The high watermarks can only be reset, by writing 0.
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      if (*static_cast<cuuint64_t *>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
+      pool->reserved_high = pool->reserved;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      if (*static_cast<cuuint64_t *>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
+      pool->used_high = pool->used;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+extern "C" CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
+  auto *as_int = static_cast<int *>(value);
+  auto *as_u64 = static_cast<cuuint64_t *>(value);
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: *as_int = pool->reuse_follow_event_dependencies; break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: *as_int = pool->reuse_allow_opportunistic; break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *as_int = pool->reuse_allow_internal_dependencies; break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *as_u64 = pool->release_threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *as_u64 = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *as_u64 = pool->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *as_u64 = pool->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *as_u64 = pool->used_high; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,102 @@
+// Driver initialisation, version, fork handling and the process's runtime.
+#include <pthread.h>
+
+#include <cstdio>
+
+#include "driver.h"
+
+namespace gpuslice::fakecuda {
+
+Runtime &runtime() {
+  // Never destroyed: other threads may still call in while the process exits.
+  static Runtime *instance = new Runtime();
+  return *instance;
+}
+
+std::uint64_t next_object_id_locked() { return runtime().next_object_id++; }
+
+namespace {
+
+void after_fork_in_child() {
+  Runtime &r = runtime();
+  // The real driver cannot be used in a child forked after cuInit; the child
+  // also must not keep the parent's state-file descriptor open, or the parent's
+  // liveness lock would outlive the parent.
+  if (r.state != nullptr) r.state->forget_fd_after_fork();
+  if (r.init_state.load(std::memory_order_relaxed) == static_cast<int>(InitState::ok)) {
+    r.init_state.store(static_cast<int>(InitState::forked), std::memory_order_release);
+  }
+}
+
+[[gnu::constructor]] void register_fork_handler() { pthread_atfork(nullptr, nullptr, after_fork_in_child); }
+
+CUresult fail_init(Runtime &r, CUresult result) {
+  r.init_result = result;
+  r.init_state.store(static_cast<int>(InitState::failed), std::memory_order_release);
+  return result;
+}
+
+}  // namespace
+
+}  // namespace gpuslice::fakecuda
+
+using namespace gpuslice::fakecuda;
+
+extern "C" CUresult cuInit(unsigned int Flags) {
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Runtime &r = runtime();
+  auto current = static_cast<InitState>(r.init_state.load(std::memory_order_acquire));
+  if (current == InitState::ok) return CUDA_SUCCESS;
+  if (current == InitState::forked) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(r.mu);
+  current = static_cast<InitState>(r.init_state.load(std::memory_order_acquire));
+  if (current == InitState::ok) return CUDA_SUCCESS;
+  if (current != InitState::none) return current == InitState::failed ? r.init_result : CUDA_ERROR_NOT_INITIALIZED;
+
+  Config config;
+  char error[1400];
+  if (!parse_config(config, error, sizeof(error))) {
+    std::fprintf(stderr, "fakecuda: %s\n", error);
+    return fail_init(r, CUDA_ERROR_INVALID_VALUE);
+  }
+  State *state = State::open_or_create(config, error, sizeof(error));
+  if (state == nullptr) {
+    std::fprintf(stderr, "%s\n", error);
+    return fail_init(r, CUDA_ERROR_OPERATING_SYSTEM);
+  }
+  if (state->device_count() == 0) {
+    delete state;
+    return fail_init(r, CUDA_ERROR_NO_DEVICE);
+  }
+  ProcessIdentity id = current_process_identity();
+  int slot = -1;
+  {
+    State::Lock lock(*state);
+    if (lock.ok()) slot = state->claim_slot_locked(id.pid, id.host_pid, id.start_time, id.pidns_inode);
+  }
+  if (slot < 0) {
+    std::fprintf(stderr, "fakecuda: no free process slot in %s (%u in use)\n", config.state_path, kMaxSlots);
+    delete state;
+    return fail_init(r, CUDA_ERROR_OPERATING_SYSTEM);
+  }
+  r.state = state;
+  std::snprintf(r.state_path, sizeof(r.state_path), "%s", config.state_path);
+  r.slot = slot;
+  r.submitter = Submitter{slot, id.pid, id.host_pid};
+  r.init_state.store(static_cast<int>(InitState::ok), std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuDriverGetVersion(int *driverVersion) {
+  if (driverVersion == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *driverVersion = kDriverVersion;
+  return CUDA_SUCCESS;
+}
+
+// Private tables of the real driver (used by libcudart): not simulated, which is
+// why the real runtime cannot run on the fake.
+extern "C" CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+  if (ppExportTable == nullptr || pExportTableId == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *ppExportTable = nullptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}

@@ -1,0 +1,201 @@
+// The simulated machine's shared state: one file, mapped MAP_SHARED by every
+// process that loads the fake driver or the fake NVML, so all of them see one
+// set of devices, as on real hardware. Fixed-width fields only; everything a
+// second process may touch is a std::atomic (TSan-clean across processes).
+//
+// Two kinds of synchronisation, chosen per path:
+//  - memory bookkeeping (claim a process slot, charge bytes, reap the dead) takes
+//    one robust process-shared mutex: the fake is a test double and exact OOM
+//    decisions are worth a lock; a holder killed by SIGKILL is recovered through
+//    EOWNERDEAD, and every critical section leaves the state valid at each step.
+//  - the kernel timeline (timeline.h) is lock-free, because benchmarks time
+//    launches through it.
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace gpuslice::fakecuda {
+
+inline constexpr std::uint64_t kStateMagic = 0x4554415453414b46ull;  // "FKASTATE"
+inline constexpr std::uint32_t kStateAbiVersion = 1;
+inline constexpr std::uint32_t kMaxDevices = 16;
+inline constexpr std::uint32_t kMaxSlots = 512;
+// >= 10 s of back-to-back 20 us kernels (500,000) per device.
+inline constexpr std::uint64_t kRingEntries = std::uint64_t{1} << 19;
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+// One kernel on a device's timeline. Written with a per-entry sequence number
+// (odd while being written) so readers never see a torn record.
+struct RingEntry {
+  std::atomic<std::uint64_t> seq;       // 2*index+2 once entry `index` is complete
+  std::atomic<std::uint64_t> start_ns;  // CLOCK_MONOTONIC
+  std::atomic<std::uint64_t> end_ns;
+  std::atomic<std::uint64_t> pids;      // host_pid << 32 | pid (pid in the launcher's namespace)
+};
+static_assert(sizeof(RingEntry) == 32);
+
+struct alignas(64) DeviceShared {
+  alignas(64) std::atomic<std::uint64_t> busy_until_ns;  // end of the last kernel submitted (CAS)
+  alignas(64) std::atomic<std::uint64_t> ring_head;      // entries ever appended
+  std::atomic<std::uint64_t> busy_total_ns;
+  std::atomic<std::uint64_t> kernels;
+};
+
+// One process that called cuInit. Liveness is an OFD byte lock the owner holds on
+// the state file at kSlotLockBase + index: the kernel drops it when the process
+// dies, whatever its pid namespace, and pid reuse cannot fake it.
+struct alignas(64) ProcSlot {
+  std::atomic<std::uint32_t> state;       // 0 free, 1 claimed
+  std::atomic<std::uint32_t> pid;         // getpid() of the owner (its own namespace)
+  std::atomic<std::uint32_t> host_pid;    // first NSpid field: what NVML reports
+  std::atomic<std::uint32_t> generation;  // bumped at each claim
+  std::atomic<std::uint64_t> start_time;  // /proc/<pid>/stat field 22 (clock ticks)
+  std::atomic<std::uint64_t> pidns_inode; // /proc/self/ns/pid inode
+  std::atomic<std::uint64_t> alloc_bytes[kMaxDevices];    // allocations, pool reserves, VMM, arrays
+  std::atomic<std::uint64_t> context_bytes[kMaxDevices];  // FAKECUDA_CONTEXT_MEMORY per live context
+  std::atomic<std::uint32_t> contexts[kMaxDevices];       // live contexts (primary counted once)
+  std::atomic<std::uint64_t> busy_ns[kMaxDevices];        // device time submitted by this process
+};
+
+struct StateHeader {
+  std::uint64_t magic;
+  std::uint32_t abi_version;
+  std::uint32_t header_size;
+  std::uint64_t total_size;
+  std::uint32_t devices;
+  std::uint32_t sms;
+  std::uint64_t memory_bytes;   // per device
+  std::uint64_t context_bytes;  // per context
+  std::uint64_t uuid_seed;      // from the state file's path: UUIDs are stable per path
+  std::uint64_t created_mono_ns;
+  std::uint64_t ring_offset;    // byte offset of device 0's ring
+  std::uint64_t ring_entries;
+  alignas(64) pthread_mutex_t mutex;  // robust, process-shared
+  DeviceShared device[kMaxDevices];
+  ProcSlot slot[kMaxSlots];
+};
+
+inline constexpr off_t kSlotLockBase = off_t{1} << 40;
+
+struct Config {
+  std::uint32_t devices = 1;
+  std::uint64_t memory_bytes = std::uint64_t{16} << 30;
+  std::uint32_t sms = 132;
+  std::uint64_t context_bytes = 0;
+  char state_path[1024] = {};
+};
+
+// Reads FAKECUDA_* from the environment. On failure writes one line naming the
+// variable, the value and what was expected into `error` and returns false.
+bool parse_config(Config &config, char *error, std::size_t error_len);
+// Strict size parser: digits, then optional B, K/M/G/T (base 1000) or Ki/Mi/Gi/Ti (1024).
+bool parse_size(const char *text, std::uint64_t &out);
+// The path FAKECUDA_STATE names, or the per-user default.
+void state_path_from_env(char *out, std::size_t len);
+
+std::uint64_t mono_ns();
+
+// A process's mapping of the state file.
+class State {
+ public:
+  // Attaches to config.state_path, creating it race-free (built in a temporary
+  // file, then link()ed into place) if absent. nullptr + message on failure.
+  static State *open_or_create(const Config &config, char *error, std::size_t error_len);
+  // Attaches to an existing file only.
+  static State *open_existing(const char *path, char *error, std::size_t error_len);
+  ~State();
+  State(const State &) = delete;
+  State &operator=(const State &) = delete;
+
+  StateHeader &header() { return *header_; }
+  DeviceShared &device(std::uint32_t index) { return header_->device[index]; }
+  RingEntry *ring(std::uint32_t index);
+  std::uint32_t device_count() const { return header_->devices; }
+
+  // Robust-mutex guard. ok() is false only if the mutex is unrecoverable.
+  class Lock {
+   public:
+    explicit Lock(State &state);
+    ~Lock();
+    bool ok() const { return locked_; }
+    Lock(const Lock &) = delete;
+    Lock &operator=(const Lock &) = delete;
+
+   private:
+    State &state_;
+    bool locked_ = false;
+  };
+
+  // --- with Lock held ---
+  // Frees every claimed slot whose owner is gone (skipping own_slot). Returns the count.
+  int reap_locked(int own_slot);
+  // Claims a slot for this process and takes its liveness lock. -1 if none free.
+  int claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uint64_t start_time,
+                        std::uint64_t pidns_inode);
+  // Bytes held on a device by every claimed slot.
+  std::uint64_t device_used_locked(std::uint32_t dev) const;
+  // Adds `bytes` to own slot's allocation (or context) counter if the device has room.
+  bool charge_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context);
+
+  // --- lock-free ---
+  void uncharge(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context);
+  bool slot_alive(int index) const;  // owner still holds its liveness lock (not for own slot)
+  // Gives the slot back (clears counters, drops the liveness lock).
+  void release_slot(int own_slot);
+  // After fork(): the child must not keep the parent's open file description (it
+  // would keep the parent's liveness locks alive after the parent dies).
+  void forget_fd_after_fork();
+  int fd() const { return fd_; }
+
+ private:
+  State() = default;
+  static State *map_fd(int fd, char *error, std::size_t error_len);
+  int fd_ = -1;
+  StateHeader *header_ = nullptr;
+  std::size_t mapped_size_ = 0;
+};
+
+// Identity of the calling process, as recorded in its slot.
+struct ProcessIdentity {
+  std::uint32_t pid;
+  std::uint32_t host_pid;
+  std::uint64_t start_time;
+  std::uint64_t pidns_inode;
+};
+ProcessIdentity current_process_identity();
+
+}  // namespace gpuslice::fakecuda
+
+namespace gpuslice::fakecuda {
+
+// What both libraries report for every simulated device.
+inline constexpr const char *kDeviceName = "NVIDIA H100 80GB HBM3 (fakecuda)";
+inline constexpr int kDriverVersion = 13000;          // cuDriverGetVersion
+inline constexpr const char *kDriverVersionString = "580.65.06";  // nvmlSystemGetDriverVersion
+
+// 16 UUID bytes, deterministic per (state file path, device index).
+void device_uuid(const StateHeader &header, std::uint32_t dev, unsigned char out[16]);
+// NVML's spelling of the same bytes: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+void device_uuid_string(const StateHeader &header, std::uint32_t dev, char *out, std::size_t len);
+
+// One process's holdings on one device, for NVML, fakecuda-ctl and the test API.
+struct ProcessUsage {
+  std::uint32_t pid;
+  std::uint32_t host_pid;
+  std::uint32_t device;
+  std::uint32_t contexts;
+  std::uint64_t used_bytes;     // allocations + context memory
+  std::uint64_t context_bytes;  // the context-memory part of used_bytes
+  std::uint64_t busy_ns;        // device time submitted so far
+};
+// With the state Lock held, after reaping: every claimed slot that has a context
+// or memory on `dev` (every device if dev < 0). Returns how many exist; fills at most `max`.
+int collect_usage_locked(State &state, int dev, ProcessUsage *out, int max);
+
+}  // namespace gpuslice::fakecuda

@@ -1,0 +1,103 @@
+// A CUDA program for the multi-process tests. It reaches the driver the way
+// the CUDA runtime does: dlopen("libcuda.so.1"), then every entry point through
+// cuGetProcAddress_v2 by base name and ABI version.
+//   helper alloc <bytes> <count>   allocate, print "ready", wait to be killed
+//   helper allocloop <bytes>       allocate/free forever (print "ready" first)
+//   helper spin <us> <count>       launch count spin_<us>us kernels, synchronise,
+//                                  print "<pid> <start_ns> <end_ns>", exit
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+PFN_cuGetProcAddress_v12000 get_proc = nullptr;
+
+template <typename F>
+F resolve(const char *name, int version) {
+  void *fn = nullptr;
+  CUdriverProcAddressQueryResult status;
+  if (get_proc(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "helper: cannot resolve %s\n", name);
+    std::exit(3);
+  }
+  return reinterpret_cast<F>(fn);
+}
+
+unsigned long long now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+#define CHECK(call)                                                   \
+  do {                                                                \
+    CUresult rc_ = (call);                                            \
+    if (rc_ != CUDA_SUCCESS) {                                        \
+      std::fprintf(stderr, "helper: %s = %d\n", #call, (int)rc_);     \
+      return 4;                                                       \
+    }                                                                 \
+  } while (0)
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc < 3) return 2;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (lib == nullptr) return 5;
+  get_proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib, "cuGetProcAddress_v2"));
+  if (get_proc == nullptr) return 5;
+  auto init = resolve<PFN_cuInit_v2000>("cuInit", 2000);
+  auto retain = resolve<PFN_cuDevicePrimaryCtxRetain_v7000>("cuDevicePrimaryCtxRetain", 7000);
+  auto set_current = resolve<PFN_cuCtxSetCurrent_v4000>("cuCtxSetCurrent", 4000);
+  auto mem_alloc = resolve<PFN_cuMemAlloc_v3020>("cuMemAlloc", 3020);
+  auto mem_free = resolve<PFN_cuMemFree_v3020>("cuMemFree", 3020);
+  CHECK(init(0));
+  CUcontext ctx = nullptr;
+  CHECK(retain(&ctx, 0));
+  CHECK(set_current(ctx));
+  std::string command = argv[1];
+  unsigned long long value = std::strtoull(argv[2], nullptr, 10);
+  if (command == "alloc" && argc == 4) {
+    int count = std::atoi(argv[3]);
+    for (int i = 0; i < count; ++i) {
+      CUdeviceptr p = 0;
+      CHECK(mem_alloc(&p, value));
+    }
+    std::printf("ready\n");
+    std::fflush(stdout);
+    for (;;) pause();
+  }
+  if (command == "allocloop") {
+    std::printf("ready\n");
+    std::fflush(stdout);
+    for (;;) {
+      CUdeviceptr p = 0;
+      if (mem_alloc(&p, value) == CUDA_SUCCESS) mem_free(p);
+    }
+  }
+  if (command == "spin" && argc == 4) {
+    auto load = resolve<PFN_cuModuleLoadData_v2000>("cuModuleLoadData", 2000);
+    auto get_function = resolve<PFN_cuModuleGetFunction_v2000>("cuModuleGetFunction", 2000);
+    auto launch = resolve<PFN_cuLaunchKernel_v4000>("cuLaunchKernel", 4000);
+    auto synchronize = resolve<PFN_cuCtxSynchronize_v2000>("cuCtxSynchronize", 2000);
+    std::string name = "spin_" + std::to_string(value) + "us";
+    CUmodule module = nullptr;
+    CHECK(load(&module, name.c_str()));
+    CUfunction function = nullptr;
+    CHECK(get_function(&function, module, name.c_str()));
+    int count = std::atoi(argv[3]);
+    unsigned long long start = now_ns();
+    for (int i = 0; i < count; ++i) CHECK(launch(function, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
+    CHECK(synchronize());
+    std::printf("%d %llu %llu\n", static_cast<int>(getpid()), start, now_ns());
+    return 0;
+  }
+  return 2;
+}

@@ -1,0 +1,233 @@
+// Virtual memory management: physical allocations (cuMemCreate) are charged to
+// their device from creation until they are both released and unmapped
+// everywhere, as the driver documents; address reservations cost nothing.
+#include <algorithm>
+
+#include "driver.h"
+
+using namespace gpuslice::fakecuda;
+
+namespace {
+
+constexpr std::uint64_t kGranularity = std::uint64_t{2} << 20;
+// VMM reservations live above every device's cuMemAlloc window.
+constexpr std::uint64_t kVaBase = std::uint64_t{1} << 49;
+
+struct Physical {
+  std::uint32_t device = 0;
+  std::uint64_t size = 0;
+  int references = 1;  // cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease
+  int mappings = 0;
+  CUmemAllocationProp prop{};
+};
+struct Mapping {
+  std::uint64_t size = 0;
+  CUmemGenericAllocationHandle handle = 0;
+};
+
+// All under the runtime mutex.
+std::map<CUmemGenericAllocationHandle, Physical> g_physical;
+std::map<CUdeviceptr, std::uint64_t> g_reservations;  // base -> size
+std::map<CUdeviceptr, Mapping> g_mappings;             // base -> mapping
+CUmemGenericAllocationHandle g_next_handle = 0x7000;
+std::uint64_t g_next_va = kVaBase;
+
+bool valid_prop(const CUmemAllocationProp *prop) {
+  return prop != nullptr && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+         prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(prop->location.id);
+}
+
+void drop_if_unused_locked(std::map<CUmemGenericAllocationHandle, Physical>::iterator it) {
+  if (it->second.references == 0 && it->second.mappings == 0) {
+    uncharge_device(it->second.device, it->second.size);
+    g_physical.erase(it);
+  }
+}
+
+bool inside_reservation_locked(CUdeviceptr ptr, std::uint64_t size) {
+  auto it = g_reservations.upper_bound(ptr);
+  if (it == g_reservations.begin()) return false;
+  --it;
+  return ptr >= it->first && ptr + size <= it->first + it->second;
+}
+
+bool overlaps_mapping_locked(CUdeviceptr ptr, std::uint64_t size) {
+  auto it = g_mappings.lower_bound(ptr);
+  if (it != g_mappings.end() && it->first < ptr + size) return true;
+  if (it != g_mappings.begin()) {
+    --it;
+    if (it->first + it->second.size > ptr) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+namespace gpuslice::fakecuda {
+
+bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *size) {
+  auto it = g_mappings.upper_bound(ptr);
+  if (it == g_mappings.begin()) return false;
+  --it;
+  if (ptr - it->first >= it->second.size) return false;
+  *base = it->first;
+  *size = it->second.size;
+  return true;
+}
+
+}  // namespace gpuslice::fakecuda
+
+extern "C" CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                  CUmemAllocationGranularity_flags option) {
+  if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!valid_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
+  if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *granularity = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                unsigned long long flags) {
+  if (handle == nullptr || prop == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!valid_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
+  if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  auto dev = static_cast<std::uint32_t>(prop->location.id);
+  if (CUresult rc = charge_device(dev, size); rc != CUDA_SUCCESS) return rc;
+  Physical physical;
+  physical.device = dev;
+  physical.size = size;
+  physical.prop = *prop;
+  CUmemGenericAllocationHandle id = g_next_handle++;
+  g_physical[id] = physical;
+  *handle = id;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  auto it = g_physical.find(handle);
+  if (it == g_physical.end() || it->second.references == 0) return CUDA_ERROR_INVALID_VALUE;
+  --it->second.references;
+  drop_if_unused_locked(it);  // still mapped somewhere: memory stays held until unmapped
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  CUdeviceptr base = 0;
+  std::uint64_t size = 0;
+  if (!vmm_find_mapping_locked(reinterpret_cast<CUdeviceptr>(addr), &base, &size)) return CUDA_ERROR_INVALID_VALUE;
+  CUmemGenericAllocationHandle id = g_mappings[base].handle;
+  ++g_physical[id].references;
+  *handle = id;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                           CUmemGenericAllocationHandle handle) {
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  auto it = g_physical.find(handle);
+  if (it == g_physical.end()) return CUDA_ERROR_INVALID_VALUE;
+  *prop = it->second.prop;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                        unsigned long long flags) {
+  (void)addr;  // a hint the driver may ignore; so does the fake
+  if (ptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (alignment != 0 && (alignment & (alignment - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::uint64_t align = std::max<std::uint64_t>(alignment, kGranularity);
+  std::uint64_t base = (g_next_va + align - 1) / align * align;
+  // Leave a granule of guard space between reservations.
+  g_next_va = base + size + kGranularity;
+  g_reservations[base] = size;
+  *ptr = base;
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  auto it = g_reservations.find(ptr);
+  if (it == g_reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+  // The range must be unmapped first: freeing it would strand the mappings' memory.
+  if (overlaps_mapping_locked(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  g_reservations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                             unsigned long long flags) {
+  if (flags != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (size % kGranularity != 0 || offset % kGranularity != 0 || ptr % kGranularity != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  auto it = g_physical.find(handle);
+  if (it == g_physical.end() || it->second.references == 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (offset + size > it->second.size) return CUDA_ERROR_INVALID_VALUE;
+  if (!inside_reservation_locked(ptr, size) || overlaps_mapping_locked(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  ++it->second.mappings;
+  g_mappings[ptr] = Mapping{size, handle};
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  // The range must cover whole mappings: a partial unmap is an error.
+  auto first = g_mappings.lower_bound(ptr);
+  if (first != g_mappings.begin()) {
+    auto before = std::prev(first);
+    if (before->first + before->second.size > ptr) return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto last = first;
+  while (last != g_mappings.end() && last->first < ptr + size) {
+    if (last->first + last->second.size > ptr + size) return CUDA_ERROR_INVALID_VALUE;
+    ++last;
+  }
+  if (first == last) return CUDA_ERROR_INVALID_VALUE;
+  for (auto it = first; it != last;) {
+    auto physical = g_physical.find(it->second.handle);
+    --physical->second.mappings;
+    drop_if_unused_locked(physical);
+    it = g_mappings.erase(it);
+  }
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+  if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(desc[i].location.id)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  // Every byte of the range must be mapped.
+  CUdeviceptr cursor = ptr;
+  while (cursor < ptr + size) {
+    CUdeviceptr base = 0;
+    std::uint64_t length = 0;
+    if (!vmm_find_mapping_locked(cursor, &base, &length)) return CUDA_ERROR_INVALID_VALUE;
+    cursor = base + length;
+  }
+  return CUDA_SUCCESS;
+}
