@@ -119,7 +119,9 @@ TEST_P(BadInputs, FailClosedWithOneClearLineAndNoKill) {
   EXPECT_EQ(device_used(box), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Env, BadInputs, ::testing::ValuesIn(kBadInputs));
+INSTANTIATE_TEST_SUITE_P(Env, BadInputs, ::testing::ValuesIn(kBadInputs), [](const auto& info) {
+  return std::string(info.param.var) + "_" + std::to_string(info.index);
+});
 
 TEST(Processes, CorruptRegionFailsClosed) {
   Sandbox box;
