@@ -25,14 +25,11 @@ bool may_be_hooked(const char* name) noexcept {
 
 // Called by the stub. Returns the answer when *handled is set; otherwise the
 // stub jumps to glibc's dlsym with the original arguments.
-extern "C" [[gnu::visibility("hidden")]] void* gpuslice_dlsym_filter(void* handle, const char* name,
+extern "C" [[gnu::visibility("hidden"), gnu::no_sanitize_address, gnu::no_sanitize_undefined]] void* gpuslice_dlsym_filter(void* handle, const char* name,
                                                                     int* handled) noexcept {
   using namespace gpuslice::hook;
   *handled = 0;
-  if (handle == RTLD_NEXT || handle == RTLD_DEFAULT) {
-    resolve_real_dlsym();  // the stub jumps through it next
-    return nullptr;
-  }
+  if (handle == RTLD_NEXT || handle == RTLD_DEFAULT) return nullptr;  // the x86-64 stub never asks
   void* result = real_dlsym(handle, name);
   *handled = 1;
   if (result != nullptr && may_be_hooked(name)) {
@@ -48,6 +45,7 @@ extern "C" [[gnu::visibility("hidden")]] void* gpuslice_dlsym_filter(void* handl
 // relative to this library, the limitation the x86-64 stub avoids.
 extern "C" [[gnu::visibility("default")]] void* dlsym(void* handle, const char* name) noexcept {
   int handled = 0;
+  gpuslice::hook::resolve_real_dlsym();
   void* r = gpuslice_dlsym_filter(handle, name, &handled);
   return handled ? r : gpuslice::hook::real_dlsym(handle, name);
 }

@@ -194,6 +194,7 @@ bool over_queue_bound(LaunchDevice& d, std::uint64_t now) noexcept {
 [[gnu::noinline, gnu::cold]] bool check_queue(LaunchDevice& d, ThreadCounts& tc, CUstream s, bool ptsz) noexcept {
   d.submitted_count.fetch_add(tc.launches, std::memory_order_relaxed);
   d.submitted_cost.fetch_add(tc.cost, std::memory_order_relaxed);
+  d.state->launches.fetch_add(tc.launches, std::memory_order_relaxed);
   tc = ThreadCounts{};
   if (d.calibrated.load(std::memory_order_relaxed) == 0 &&
       limiter::scale_updated_ns(*d.state).load(std::memory_order_relaxed) != 0)
@@ -329,6 +330,7 @@ CUresult init_now() noexcept {
 
 struct Ticket {
   LaunchDevice* dev = nullptr;  // null: nothing to settle
+  int ordinal = 0;
   std::int64_t cost = 0;
   std::uint32_t kernels = 0;
   bool marker = false;
@@ -364,14 +366,15 @@ struct Ticket {
   tc.cost += static_cast<std::uint64_t>(cost);
   const std::uint32_t every = d.calibrated.load(std::memory_order_relaxed) != 0 ? kCheckEvery : 1;
   if (++tc.since_check >= every || tc.cost >= kCheckCostNs) t->marker = check_queue(d, tc, s, ptsz);
-  if (!limiter::spend(state, cost, kernels)) {
+  if (!limiter::spend(state, cost)) {
     if (capturing(s, ptsz)) {
-      limiter::refund(state, cost, kernels);
+      limiter::refund(state, cost);
       return CUDA_SUCCESS;
     }
     limiter::wait_for_credit(state, mono_ns, sleep_ns);
   }
   t->dev = &d;
+  t->ordinal = ordinal;
   t->cost = cost;
   t->kernels = kernels;
   return CUDA_SUCCESS;
@@ -380,7 +383,14 @@ struct Ticket {
 void settle(const Ticket& t, CUresult rc, CUstream s, bool ptsz) noexcept {
   if (t.dev == nullptr) return;
   if (rc != CUDA_SUCCESS) {
-    limiter::refund(*t.dev->state, t.cost, t.kernels);
+    // Not launched: give the price back and uncount it (this thread's counts
+    // may have been flushed since; then the statistics keep one stray launch).
+    limiter::refund(*t.dev->state, t.cost);
+    ThreadCounts& tc = t_counts[t.ordinal];
+    if (tc.launches >= t.kernels && tc.cost >= static_cast<std::uint64_t>(t.cost)) {
+      tc.launches -= t.kernels;
+      tc.cost -= static_cast<std::uint64_t>(t.cost);
+    }
     return;
   }
   if (t.marker) record_marker(*t.dev, s, ptsz);

@@ -155,14 +155,21 @@ extern "C" {
 [[gnu::visibility("hidden")]] void* (*gpuslice_real_dlsym)(void*, const char*) = nullptr;
 }
 
-bool resolve_real_dlsym() noexcept {
-  if (__atomic_load_n(&gpuslice_real_dlsym, __ATOMIC_ACQUIRE) != nullptr) return true;
-  // Skip our own exported dlsym: ask for glibc's by version. 2.34 moved it
-  // into libc; older glibc only has the 2.2.5 version.
+#if defined(__x86_64__)
+// In dlsym_x86_64.S: the sanitizer runtimes reach it before any instrumented code may run.
+extern "C" void* gpuslice_resolve_real_dlsym() noexcept;
+#else
+extern "C" void* gpuslice_resolve_real_dlsym() noexcept {
   void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (f == nullptr) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
   __atomic_store_n(&gpuslice_real_dlsym, reinterpret_cast<void* (*)(void*, const char*)>(f), __ATOMIC_RELEASE);
-  return f != nullptr;
+  return f;
+}
+#endif
+
+bool resolve_real_dlsym() noexcept {
+  if (__atomic_load_n(&gpuslice_real_dlsym, __ATOMIC_ACQUIRE) != nullptr) return true;
+  return gpuslice_resolve_real_dlsym() != nullptr;
 }
 
 void* real_dlsym(void* handle, const char* name) noexcept {
