@@ -70,9 +70,11 @@ CUresult bootstrap_now() noexcept {
 
   shm::ProcessIdentity self{};
   if (!shm::read_identity(0, &self)) {
-    GPUSLICE_LOG(error, "cannot read this process's identity from /proc/self; CUDA calls fail with "
-                        "CUDA_ERROR_NOT_INITIALIZED");
-    return fail_closed();
+    // /proc belongs to another pid namespace (or is missing): our slot's
+    // liveness is then unknown to other processes, and only the node agent
+    // (which maps namespaces) can reap it after we die. Accounting still works.
+    GPUSLICE_LOG(info, "this process's identity is not readable from /proc; if it dies without exiting, "
+                       "its memory returns through the node agent");
   }
   Region* region = g_process.region;  // kept across fork: the mapping is inherited
   if (region == nullptr) {
@@ -84,8 +86,10 @@ CUresult bootstrap_now() noexcept {
     }
   }
   int slot = shm::claim_slot(region, self);
-  if (slot < 0) {
-    limiter::reap_dead(region, self);
+  // All slots taken: reap the dead. Another live reaper may hold the reaper
+  // lock for a moment (kReapBusy), so retry a few times — never wait on it.
+  for (int attempt = 0; slot < 0 && attempt < 8; ++attempt) {
+    if (limiter::reap_dead(region, self) == limiter::kReapBusy) sched_yield();
     slot = shm::claim_slot(region, self);
   }
   if (slot < 0) {
@@ -184,8 +188,8 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
   if (slot < 0) return true;
   if (limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)) return true;
   if (ReclaimFn reclaim = g_pool_reclaim.load(std::memory_order_acquire)) {
-    reclaim();
-    if (limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)) return true;
+    reclaim();  // dead slots were already reaped by reserve(): only pools may have given memory back
+    if (limiter::try_reserve(g_process.region, slot, entry, bytes)) return true;
   }
   return false;
 }

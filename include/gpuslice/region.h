@@ -23,7 +23,8 @@ static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 enum class SmPolicy : std::uint32_t { hard = 0, elastic = 1 };
 
 // Per (container, device) state. Claimed by UUID on first use by any process
-// (uuid_state: 0 free, 1 being written, 2 published).
+// (uuid_state: 0 free, 1 being written, 2 published, 3 abandoned: its writer
+// stalled or died while writing it; never used again).
 struct alignas(64) DeviceState {
   std::atomic<std::uint32_t> uuid_state;
   std::uint32_t reserved0;
@@ -34,7 +35,10 @@ struct alignas(64) DeviceState {
   std::atomic<std::uint64_t> agent_extra_bytes;  // what NVML shows beyond our count (written by the agent)
   std::atomic<std::uint64_t> oom_refusals;   // allocations refused for quota
   std::atomic<std::uint64_t> peak_used_bytes;
-  std::uint64_t reserved1[2];
+  // Releases that asked for more than was committed, and reaper snapshots that
+  // found a negative dead contribution: each was clamped, never underflowed.
+  std::atomic<std::uint64_t> accounting_errors;
+  std::uint64_t reserved1[1];
   // --- compute (token bucket; see docs/limiter.md) ---
   alignas(64) std::atomic<std::uint32_t> sm_limit_pct;  // 0 or >=100 = unlimited
   std::atomic<std::uint32_t> sm_policy;      // SmPolicy
@@ -65,8 +69,11 @@ struct alignas(64) Slot {
   std::atomic<std::uint64_t> start_time;     // /proc/<pid>/stat field 22 (clock ticks since boot)
   std::atomic<std::uint32_t> host_pid;       // filled by the agent (0 = unknown)
   std::atomic<std::uint32_t> reserved0;
-  // Odd while an accounting operation is in flight (seqlock bracket): the
-  // reaper only trusts a snapshot in which every live slot is even and unchanged.
+  // Seqlock bracket of the accounting operations (threads of one process share
+  // the slot, so it counts): low 20 bits = operations in flight, the rest = a
+  // generation bumped by each completed one. The reaper only trusts a snapshot
+  // in which every live slot has zero in flight and is unchanged. See
+  // docs/memory-accounting.md.
   std::atomic<std::uint64_t> seq;
   std::uint64_t reserved1[3];
   std::atomic<std::uint64_t> committed_bytes[kMaxDevices];  // this process's share of DeviceState::used_bytes
@@ -87,7 +94,12 @@ struct RegionHeader {
   std::atomic<std::uint64_t> agent_heartbeat_ns;  // CLOCK_MONOTONIC of the agent's last cycle (0 = none)
   std::atomic<std::uint32_t> live_slots;     // approximate, for tools
   std::uint32_t reserved0;
-  std::uint64_t reserved1[16];
+  // Reaper lock: 0 = free, else the holder's identity packed by
+  // limiter::reaper_token (pid, pid-namespace and start-time bits) so that a
+  // dead holder is recognised and the lock taken over; nobody waits on it.
+  std::atomic<std::uint64_t> reaper_lock;
+  std::atomic<std::uint64_t> slots_reaped;   // total dead slots reclaimed
+  std::uint64_t reserved1[14];
 };
 
 struct Region {

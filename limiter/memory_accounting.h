@@ -1,0 +1,63 @@
+// Exact cross-process device-memory accounting on the shared region.
+//
+// Every byte is reserved in DeviceState::used_bytes (with the quota check)
+// *before* the real allocation, and mirrored in the owning slot's
+// committed_bytes, inside a seqlock bracket on Slot::seq. A dead process's
+// share is recovered exactly by the reaper from a consistent snapshot, whatever
+// instruction it died at. See docs/memory-accounting.md.
+//
+// Hot path: reserve and release are four atomic read-modify-writes each, no
+// syscall, no lock, no allocation. Nothing here blocks on another process.
+#pragma once
+
+#include <cstdint>
+
+#include "gpuslice/region.h"
+#include "shm/region_file.h"
+
+namespace gpuslice::limiter {
+
+// Admits `bytes` on device entry `dev` for process slot `slot`, before the real
+// allocation. On refusal, reaps dead slots once and retries once; if still
+// refused, counts DeviceState::oom_refusals and returns false.
+bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::ProcessIdentity& self) noexcept;
+// Admission only, without the reap-and-retry slow path (and without counting
+// the refusal): for callers that want to free caches first and retry.
+bool try_reserve(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
+// Undoes one successful reserve or charge (a free, or the real allocation
+// failed). Releasing more than the slot holds is clamped (never underflows)
+// and counted in DeviceState::accounting_errors.
+void release(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
+// Releases everything the slot holds on every device (exactly once per byte
+// as long as the caller's own records are not released again afterwards).
+void release_all(Region* r, int slot) noexcept;
+// Charges without a quota check (memory the driver already holds). Returns
+// false if the device is now above its quota; the caller decides.
+bool charge(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
+
+// Reaping of dead slots, exact under SIGKILL at any instruction (of the dead
+// process or of a reaper). Marks every dead slot kSlotLive->kSlotReaping, then
+// per device takes a snapshot in which every other slot is quiescent and
+// unchanged, and CASes used_bytes from the snapshot's value D to S = the sum of
+// the other slots' committed bytes; then zeroes and frees the dead slots.
+// Reapers exclude each other through RegionHeader::reaper_lock, whose holder a
+// stalled reaper never loses and a dead one does (see reaper_token).
+// Returns the number of slots freed (>= 0), or kReapBusy when another live
+// reaper holds the lock or the snapshot did not settle (bounded retries): the
+// dead slots then stay kSlotReaping and the next reaper finishes them.
+inline constexpr int kReapBusy = -1;
+int reap_dead(Region* r, const shm::ProcessIdentity& observer) noexcept;
+// The agent's form: is_dead decides each live slot (it knows host pids). The
+// reaper lock needs an identity: `self` is the caller's (read_identity(0)).
+int reap_slots(Region* r, bool (*is_dead)(const Slot&, void* ctx), void* ctx) noexcept;
+int reap_slots(Region* r, const shm::ProcessIdentity& self, bool (*is_dead)(const Slot&, void* ctx),
+               void* ctx) noexcept;
+
+// Packs an identity into the reaper lock word: pid (22 bits, the Linux
+// maximum), low 21 bits of the pid-namespace inode and of the start time.
+std::uint64_t reaper_token(const shm::ProcessIdentity& id) noexcept;
+
+std::uint64_t used_bytes(const Region* r, int dev) noexcept;   // used + agent_extra (saturating)
+std::uint64_t quota_bytes(const Region* r, int dev) noexcept;  // kUnlimited = none
+
+}  // namespace gpuslice::limiter

@@ -1,0 +1,595 @@
+// The option parser: one handler per entry of options.def (a missing handler
+// is a -Wswitch error), strict grammars, errors that name variable and value.
+#include "limiter/options.h"
+
+#include <unistd.h>
+
+#include "gpuslice/options.h"
+#include "shm/text.h"
+
+namespace gpuslice::limiter {
+namespace {
+
+using shm::Text;
+
+enum class OptionId {
+#define GPUSLICE_OPTION(id, env, type, def, range, doc) id,
+#include "gpuslice/options.def"
+#undef GPUSLICE_OPTION
+};
+
+constexpr const char* kMemoryAlias = "CUDA_DEVICE_MEMORY_LIMIT";
+constexpr const char* kSmAlias = "CUDA_DEVICE_SM_LIMIT";
+constexpr std::size_t kValueShown = 100;  // output characters of a value quoted in a message
+constexpr std::size_t kMaxRegionPath = 4000;  // attach needs room for a temporary name next to it
+
+struct Span {
+  const char* p;
+  std::size_t n;
+};
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool span_equals(Span s, const char* word, bool any_case) {
+  std::size_t i = 0;
+  for (; i < s.n; ++i) {
+    if (word[i] == '\0') return false;
+    if (any_case ? lower(s.p[i]) != lower(word[i]) : s.p[i] != word[i]) return false;
+  }
+  return word[i] == '\0';
+}
+
+std::size_t length(const char* s) {
+  std::size_t n = 0;
+  while (s[n] != '\0') ++n;
+  return n;
+}
+
+// "gpuslice: NAME='value': " -- the caller appends "<what>, expected <what>".
+Text fail(shm::Error* err, const char* name, const char* value) {
+  Text t(err->message, sizeof err->message);
+  t.str("gpuslice: ").str(name).ch('=').quoted(value, kValueShown).str(": ");
+  return t;
+}
+
+void set_source(OptionSource* s, const char* name) { shm::copy_string(s->name, sizeof s->name, name); }
+
+Text& quote_span(Text& t, Span s, std::size_t max) {
+  char shown[72];
+  const std::size_t n = s.n < sizeof shown - 1 ? s.n : sizeof shown - 1;
+  for (std::size_t i = 0; i < n; ++i) shown[i] = s.p[i];
+  shown[n] = '\0';
+  return t.quoted(shown, max);  // callers pass max < sizeof shown - 1
+}
+
+// ---- sizes ---------------------------------------------------------------
+
+enum class SizeStatus { ok, empty, not_a_number, overflow, bad_unit, fraction };
+
+struct Unit {
+  const char* suffix;
+  std::uint64_t factor;
+};
+constexpr std::uint64_t kKi = 1024;
+constexpr Unit kUnits[] = {
+    {"", 1},           {"B", 1},
+    {"K", 1000},       {"KB", 1000},        {"k", 1000},        {"kB", 1000},
+    {"M", 1000000},    {"MB", 1000000},     {"G", 1000000000},  {"GB", 1000000000},
+    {"T", 1000000000000}, {"TB", 1000000000000},
+    {"Ki", kKi},       {"KiB", kKi},        {"Mi", kKi * kKi},  {"MiB", kKi * kKi},
+    {"Gi", kKi * kKi * kKi}, {"GiB", kKi * kKi * kKi},
+    {"Ti", kKi * kKi * kKi * kKi}, {"TiB", kKi * kKi * kKi * kKi},
+};
+constexpr Unit kHamiUnits[] = {
+    {"", 1}, {"k", kKi}, {"K", kKi}, {"m", kKi * kKi}, {"M", kKi * kKi}, {"g", kKi * kKi * kKi}, {"G", kKi * kKi * kKi},
+};
+
+template <std::size_t N>
+SizeStatus parse_size_span(Span s, const Unit (&units)[N], std::uint64_t* out, Span* unit) {
+  if (s.n == 0) return SizeStatus::empty;
+  std::uint64_t v = 0;
+  std::size_t i = 0;
+  bool overflow = false;
+  for (; i < s.n && is_digit(s.p[i]); ++i) {
+    const unsigned d = static_cast<unsigned>(s.p[i] - '0');
+    if (v > (~std::uint64_t{0} - d) / 10) overflow = true;
+    v = v * 10 + d;
+  }
+  if (i == 0) return SizeStatus::not_a_number;
+  if (i < s.n && (s.p[i] == '.' || s.p[i] == ',')) return SizeStatus::fraction;
+  *unit = {s.p + i, s.n - i};
+  const Unit* found = nullptr;
+  for (const Unit& u : units) {
+    if (span_equals(*unit, u.suffix, false)) found = &u;
+  }
+  if (found == nullptr) return SizeStatus::bad_unit;
+  if (overflow || (v != 0 && found->factor > ~std::uint64_t{0} / v)) return SizeStatus::overflow;
+  *out = v * found->factor;
+  return SizeStatus::ok;
+}
+
+constexpr const char* kSizeExpected =
+    "expected a size: an integer with an optional unit B, K/M/G/T (base 1000) or Ki/Mi/Gi/Ti (base 1024), "
+    "optionally followed by B, e.g. 8Gi or 8000M";
+constexpr const char* kHamiExpected = "expected bytes or an integer with a k/m/g suffix (base 1024), e.g. 4096m";
+
+void explain_size(Text& t, SizeStatus st, Span unit, const char* expected) {
+  switch (st) {
+    case SizeStatus::ok:
+      break;
+    case SizeStatus::empty:
+      t.str("empty value, ");
+      break;
+    case SizeStatus::not_a_number:
+      t.str("not a non-negative integer, ");
+      break;
+    case SizeStatus::overflow:
+      t.str("too large (over 2^64-1 bytes), ");
+      break;
+    case SizeStatus::fraction:
+      t.str("fractions are not accepted (use a smaller unit: 1536Mi, not 1.5Gi), ");
+      break;
+    case SizeStatus::bad_unit:
+      t.str("unknown unit or trailing characters ");
+      quote_span(t, unit, 32).str(" (units are case-sensitive), ");
+      break;
+  }
+  t.str(expected);
+}
+
+// ---- percentages -----------------------------------------------------------
+
+bool parse_percent_span(Span s, std::uint32_t min, bool allow_percent_sign, std::uint32_t* out) {
+  if (allow_percent_sign && s.n > 0 && s.p[s.n - 1] == '%') --s.n;
+  if (s.n == 0 || s.n > 3) return false;
+  std::uint32_t v = 0;
+  for (std::size_t i = 0; i < s.n; ++i) {
+    if (!is_digit(s.p[i])) return false;
+    v = v * 10 + static_cast<std::uint32_t>(s.p[i] - '0');
+  }
+  if (v < min || v > 100) return false;
+  *out = v;
+  return true;
+}
+
+// ---- per-device values ------------------------------------------------------
+
+// One parsed value per device, or one for all.
+template <class T>
+struct PerDevice {
+  T value[kMaxDevices];
+  bool set[kMaxDevices];
+};
+
+// Parses one element; on failure appends "<what>, expected <what>" to t.
+template <class T>
+using ParseOne = bool (*)(Span, T*, Text&);
+
+bool parse_quota(Span s, std::uint64_t* out, Text& t) {
+  Span unit{};
+  const SizeStatus st = parse_size_span(s, kUnits, out, &unit);
+  if (st != SizeStatus::ok) {
+    explain_size(t, st, unit, kSizeExpected);
+    return false;
+  }
+  if (*out == 0) {
+    t.str("a quota of 0 bytes would refuse every allocation, expected a positive size "
+          "(unset the variable for no quota)");
+    return false;
+  }
+  return true;
+}
+
+bool parse_sm(Span s, std::uint32_t* out, Text& t) {
+  if (parse_percent_span(s, 1, true, out)) return true;
+  if (s.n == 1 && s.p[0] == '0') {
+    t.str("0% would forbid all compute, ");
+  } else if (s.n == 0) {
+    t.str("empty value, ");
+  }
+  t.str("expected an integer percentage 1-100 (optionally followed by %; 100 = unlimited)");
+  return false;
+}
+
+// "8Gi" (every device) or "0=8Gi,1=4Gi".
+template <class T>
+bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerDevice<T>* out, shm::Error* err) {
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) out->set[d] = false;
+  const std::size_t n = length(value);
+  bool list = false;
+  for (std::size_t i = 0; i < n; ++i) list = list || value[i] == '=';
+  if (!list) {
+    Text t = fail(err, name, value);
+    T v{};
+    if (!one(Span{value, n}, &v, t)) return false;
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      out->value[d] = v;
+      out->set[d] = true;
+    }
+    err->message[0] = '\0';
+    return true;
+  }
+  std::size_t pos = 0;
+  for (;;) {
+    std::size_t end = pos;
+    while (end < n && value[end] != ',') ++end;
+    const Span entry{value + pos, end - pos};
+    std::size_t eq = 0;
+    while (eq < entry.n && entry.p[eq] != '=') ++eq;
+    if (entry.n == 0) {
+      fail(err, name, value).str("empty entry in the list, expected <device>=<value> entries separated by commas");
+      return false;
+    }
+    if (eq == entry.n) {
+      Text t = fail(err, name, value);
+      t.str("entry ");
+      quote_span(t, entry, 60).str(" has no device index, expected <device>=<value> for every entry "
+                                   "(or a single value for all devices)");
+      return false;
+    }
+    std::uint32_t index = 0;
+    bool index_ok = eq > 0 && eq <= 2 && !(eq == 2 && entry.p[0] == '0');
+    for (std::size_t i = 0; i < eq && index_ok; ++i) {
+      index_ok = is_digit(entry.p[i]);
+      index = index * 10 + static_cast<std::uint32_t>(entry.p[i] - '0');
+    }
+    if (!index_ok || index >= kMaxDevices) {
+      Text t = fail(err, name, value);
+      t.str("bad device index ");
+      quote_span(t, Span{entry.p, eq}, 12).str(", expected a device index 0-").u64(kMaxDevices - 1);
+      return false;
+    }
+    if (out->set[index]) {
+      fail(err, name, value).str("device ").u64(index).str(" is listed twice, expected each device at most once");
+      return false;
+    }
+    Text t = fail(err, name, value);
+    t.str("device ").u64(index).str(": ");
+    if (!one(Span{entry.p + eq + 1, entry.n - eq - 1}, &out->value[index], t)) return false;
+    out->set[index] = true;
+    if (end == n) break;
+    pos = end + 1;
+  }
+  err->message[0] = '\0';
+  return true;
+}
+
+// ---- the environment --------------------------------------------------------
+
+// If entry is "name=value", returns value.
+const char* value_of(const char* entry, const char* name) {
+  std::size_t i = 0;
+  for (; name[i] != '\0'; ++i) {
+    if (entry[i] != name[i]) return nullptr;
+  }
+  return entry[i] == '=' ? entry + i + 1 : nullptr;
+}
+
+struct Found {
+  const char* ours[kOptionCount];
+  const char* alias_global[2];               // memory, sm
+  const char* alias_device[2][kMaxDevices];
+  const char* alias_device_name[2][kMaxDevices];
+};
+
+// "CUDA_DEVICE_MEMORY_LIMIT_<i>=v": index (or -1 if malformed: an error) and value.
+const char* per_device_alias(const char* entry, const char* alias, int* index) {
+  const std::size_t n = length(alias);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (entry[i] != alias[i]) return nullptr;
+  }
+  if (entry[n] != '_') return nullptr;
+  std::size_t i = n + 1;
+  std::uint32_t v = 0;
+  std::size_t digits = 0;
+  for (; is_digit(entry[i]); ++i, ++digits) v = v * 10 + static_cast<std::uint32_t>(entry[i] - '0');
+  const char* eq = entry + i;
+  while (*eq != '\0' && *eq != '=') ++eq;
+  if (*eq != '=') return nullptr;  // no value at all: not a variable assignment
+  const bool canonical = digits >= 1 && digits <= 2 && !(digits == 2 && entry[n + 1] == '0');
+  *index = (canonical && entry[i] == '=' && v < kMaxDevices) ? static_cast<int>(v) : -1;
+  return eq + 1;
+}
+
+bool collect(char* const* envp, Found* f, Options* out, shm::Error* err) {
+  for (std::size_t k = 0; k < kOptionCount; ++k) f->ours[k] = nullptr;
+  for (int a = 0; a < 2; ++a) {
+    f->alias_global[a] = nullptr;
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) f->alias_device[a][d] = f->alias_device_name[a][d] = nullptr;
+  }
+  if (envp == nullptr) return true;
+  const char* const aliases[2] = {kMemoryAlias, kSmAlias};
+  for (char* const* e = envp; *e != nullptr; ++e) {
+    const char* entry = *e;
+    bool known = false;
+    for (std::size_t k = 0; k < kOptionCount && !known; ++k) {
+      if (const char* v = value_of(entry, kOptions[k].env)) {
+        if (f->ours[k] == nullptr) f->ours[k] = v;  // the first wins, as with getenv
+        known = true;
+      }
+    }
+    for (int a = 0; a < 2 && !known; ++a) {
+      if (const char* v = value_of(entry, aliases[a])) {
+        if (f->alias_global[a] == nullptr) f->alias_global[a] = v;
+        known = true;
+        continue;
+      }
+      int index = 0;
+      if (const char* v = per_device_alias(entry, aliases[a], &index)) {
+        if (index < 0) {
+          Text t(err->message, sizeof err->message);
+          t.str("gpuslice: ");
+          t.str(entry, static_cast<std::size_t>(v - 1 - entry) < 60 ? static_cast<std::size_t>(v - 1 - entry) : 60);
+          t.ch('=').quoted(v, kValueShown).str(": bad device index in the variable name, expected ")
+              .str(aliases[a]).str("_<i> with i in 0-").u64(kMaxDevices - 1);
+          return false;
+        }
+        if (f->alias_device[a][index] == nullptr) {
+          f->alias_device[a][index] = v;
+          f->alias_device_name[a][index] = entry;
+        }
+        known = true;
+      }
+    }
+    bool assignment = false;
+    for (const char* c = entry; *c != '\0' && !assignment; ++c) assignment = *c == '=';
+    if (!known && assignment && shm::starts_with(entry, "GPUSLICE_") && out->unknown_variable[0] == '\0') {
+      std::size_t n = 0;
+      while (entry[n] != '\0' && entry[n] != '=' && n + 1 < sizeof out->unknown_variable) {
+        out->unknown_variable[n] = entry[n];
+        ++n;
+      }
+      out->unknown_variable[n] = '\0';
+    }
+  }
+  return true;
+}
+
+// "CUDA_DEVICE_MEMORY_LIMIT_3" from the entry "CUDA_DEVICE_MEMORY_LIMIT_3=..."
+void name_of(const char* entry, char* buf, std::size_t cap) {
+  std::size_t n = 0;
+  while (entry[n] != '\0' && entry[n] != '=' && n + 1 < cap) {
+    buf[n] = entry[n];
+    ++n;
+  }
+  buf[n] = '\0';
+}
+
+bool parse_alias_memory(Span s, std::uint64_t* out, Text& t) {
+  Span unit{};
+  const SizeStatus st = parse_size_span(s, kHamiUnits, out, &unit);
+  if (st == SizeStatus::ok) return true;
+  explain_size(t, st, unit, kHamiExpected);
+  return false;
+}
+
+bool parse_alias_sm(Span s, std::uint32_t* out, Text& t) {
+  if (parse_percent_span(s, 0, false, out)) {
+    if (*out == 0) *out = 100;  // HAMi-core: 0 = no limit
+    return true;
+  }
+  if (s.n == 0) t.str("empty value, ");
+  t.str("expected an integer 0-100 (0 = unlimited)");
+  return false;
+}
+
+// Resolves one per-device option: ours > per-device alias > global alias > default.
+template <class T>
+bool resolve_per_device(const Found& f, OptionId id, int alias, ParseOne<T> ours_one, ParseOne<T> alias_one,
+                        T* values, OptionSource* sources, shm::Error* err) {
+  const char* our_name = kOptions[static_cast<std::size_t>(id)].env;
+  const char* const alias_name = alias == 0 ? kMemoryAlias : kSmAlias;
+  PerDevice<T> ours{}, global{}, device{};
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) ours.set[d] = global.set[d] = device.set[d] = false;
+  const char* ours_value = f.ours[static_cast<std::size_t>(id)];
+  if (ours_value != nullptr && !parse_per_device(our_name, ours_value, ours_one, &ours, err)) return false;
+  if (const char* v = f.alias_global[alias]) {
+    Text t = fail(err, alias_name, v);
+    T value{};
+    if (!alias_one(Span{v, length(v)}, &value, t)) return false;
+    if (!(alias == 0 && value == 0)) {  // CUDA_DEVICE_MEMORY_LIMIT=0: not set
+      for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+        global.value[d] = value;
+        global.set[d] = true;
+      }
+    }
+  }
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    const char* v = f.alias_device[alias][d];
+    if (v == nullptr) continue;
+    char name[64];
+    name_of(f.alias_device_name[alias][d], name, sizeof name);
+    Text t = fail(err, name, v);
+    if (!alias_one(Span{v, length(v)}, &device.value[d], t)) return false;
+    device.set[d] = !(alias == 0 && device.value[d] == 0);
+  }
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    if (ours.set[d]) {
+      values[d] = ours.value[d];
+      set_source(&sources[d], our_name);
+    } else if (device.set[d]) {
+      values[d] = device.value[d];
+      name_of(f.alias_device_name[alias][d], sources[d].name, sizeof sources[d].name);
+    } else if (global.set[d]) {
+      values[d] = global.value[d];
+      set_source(&sources[d], alias_name);
+    }
+  }
+  err->message[0] = '\0';
+  return true;
+}
+
+bool parse_path(const char* name, const char* value, bool absolute, std::size_t max, char* dst, std::size_t cap,
+                shm::Error* err) {
+  const std::size_t n = shm::bounded_len(value, max + 1);
+  if (n == 0) {
+    fail(err, name, value).str("empty value, expected ").str(absolute ? "an absolute file path" : "a library path or name")
+        .str(" (unset the variable for the default)");
+    return false;
+  }
+  if (n > max || n >= cap) {
+    fail(err, name, value).str("path too long, expected at most ").u64(max).str(" bytes");
+    return false;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (static_cast<unsigned char>(value[i]) < 0x20 || value[i] == 0x7f) {
+      fail(err, name, value).str("control character in the path, expected a plain path");
+      return false;
+    }
+  }
+  if (absolute && (value[0] != '/' || value[n - 1] == '/')) {
+    fail(err, name, value).str(value[0] != '/' ? "relative path (processes with another working directory would not share it)"
+                                               : "names a directory")
+        .str(", expected an absolute file path such as /dev/shm/gpuslice.region");
+    return false;
+  }
+  shm::copy_string(dst, cap, value);
+  return true;
+}
+
+bool parse_word(const char* name, const char* value, const char* const* words, int count, const char* expected,
+                int* out, shm::Error* err) {
+  const Span s{value, length(value)};
+  for (int i = 0; i < count; ++i) {
+    if (span_equals(s, words[i], true)) {
+      *out = i;
+      return true;
+    }
+  }
+  fail(err, name, value).str(s.n == 0 ? "empty value" : "unknown value").str(", expected ").str(expected);
+  return false;
+}
+
+}  // namespace
+
+void default_options(Options* out) noexcept {
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    out->memory_limit[d] = kUnlimited;
+    out->sm_limit[d] = 100;
+    set_source(&out->memory_limit_source[d], "default");
+    set_source(&out->sm_limit_source[d], "default");
+  }
+  out->sm_policy = SmPolicy::hard;
+  Text region(out->region, sizeof out->region);
+  region.str("/dev/shm/gpuslice-").u64(getuid()).str(".region");
+  out->container_name[0] = '\0';
+  shm::copy_string(out->real_libcuda, sizeof out->real_libcuda, "libcuda.so.1");
+  shm::copy_string(out->real_libnvml, sizeof out->real_libnvml, "libnvidia-ml.so.1");
+  out->log_level = kLogWarn;
+  for (OptionSource* s : {&out->sm_policy_source, &out->region_source, &out->container_name_source,
+                          &out->real_libcuda_source, &out->real_libnvml_source, &out->log_level_source}) {
+    set_source(s, "default");
+  }
+  out->unknown_variable[0] = '\0';
+}
+
+bool parse_size(const char* text, std::uint64_t* out) noexcept {
+  if (text == nullptr) return false;
+  Span unit{};
+  std::uint64_t v = 0;
+  if (parse_size_span(Span{text, length(text)}, kUnits, &v, &unit) != SizeStatus::ok) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_hami_size(const char* text, std::uint64_t* out) noexcept {
+  if (text == nullptr) return false;
+  Span unit{};
+  std::uint64_t v = 0;
+  if (parse_size_span(Span{text, length(text)}, kHamiUnits, &v, &unit) != SizeStatus::ok) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_percent(const char* text, std::uint32_t* out) noexcept {
+  return text != nullptr && parse_percent_span(Span{text, length(text)}, 1, true, out);
+}
+
+bool parse_options(char* const* envp, Options* out, shm::Error* err) noexcept {
+  default_options(out);
+  err->message[0] = '\0';
+  Found f;
+  if (!collect(envp, &f, out, err)) return false;
+  for (std::size_t k = 0; k < kOptionCount; ++k) {
+    const auto id = static_cast<OptionId>(k);
+    const char* name = kOptions[k].env;
+    const char* value = f.ours[k];
+    bool ok = true;
+    switch (id) {
+      case OptionId::memory_limit:
+        ok = resolve_per_device<std::uint64_t>(f, id, 0, parse_quota, parse_alias_memory, out->memory_limit,
+                                               out->memory_limit_source, err);
+        break;
+      case OptionId::sm_limit:
+        ok = resolve_per_device<std::uint32_t>(f, id, 1, parse_sm, parse_alias_sm, out->sm_limit,
+                                               out->sm_limit_source, err);
+        break;
+      case OptionId::sm_policy: {
+        if (value == nullptr) break;
+        static constexpr const char* kPolicies[] = {"hard", "elastic"};
+        int policy = 0;
+        ok = parse_word(name, value, kPolicies, 2, "hard or elastic", &policy, err);
+        if (ok) {
+          out->sm_policy = policy == 0 ? SmPolicy::hard : SmPolicy::elastic;
+          set_source(&out->sm_policy_source, name);
+        }
+        break;
+      }
+      case OptionId::region:
+        if (value == nullptr) break;
+        ok = parse_path(name, value, true, kMaxRegionPath, out->region, sizeof out->region, err);
+        if (ok) set_source(&out->region_source, name);
+        break;
+      case OptionId::container_name: {
+        if (value == nullptr) break;
+        const std::size_t n = shm::bounded_len(value, sizeof out->container_name);
+        if (n == 0 || n >= sizeof out->container_name) {
+          fail(err, name, value).str(n == 0 ? "empty value" : "too long").str(", expected 1 to ")
+              .u64(sizeof out->container_name - 1).str(" printable ASCII characters (unset the variable for none)");
+          ok = false;
+          break;
+        }
+        for (std::size_t i = 0; i < n && ok; ++i) {
+          const auto c = static_cast<unsigned char>(value[i]);
+          if (c < 0x20 || c >= 0x7f) {
+            fail(err, name, value).str("character ").u64(i).str(" is not printable ASCII, expected 1 to ")
+                .u64(sizeof out->container_name - 1).str(" printable ASCII characters");
+            ok = false;
+          }
+        }
+        if (ok) {
+          shm::copy_string(out->container_name, sizeof out->container_name, value);
+          set_source(&out->container_name_source, name);
+        }
+        break;
+      }
+      case OptionId::real_libcuda:
+        if (value == nullptr) break;
+        ok = parse_path(name, value, false, sizeof out->real_libcuda - 1, out->real_libcuda, sizeof out->real_libcuda, err);
+        if (ok) set_source(&out->real_libcuda_source, name);
+        break;
+      case OptionId::real_libnvml:
+        if (value == nullptr) break;
+        ok = parse_path(name, value, false, sizeof out->real_libnvml - 1, out->real_libnvml, sizeof out->real_libnvml, err);
+        if (ok) set_source(&out->real_libnvml_source, name);
+        break;
+      case OptionId::log_level: {
+        if (value == nullptr) break;
+        static constexpr const char* kLevels[] = {"error", "warn", "info", "debug"};
+        int level = 0;
+        ok = parse_word(name, value, kLevels, 4, "error, warn, info or debug", &level, err);
+        if (ok) {
+          out->log_level = level;
+          set_source(&out->log_level_source, name);
+        }
+        break;
+      }
+    }
+    if (!ok) return false;
+  }
+  err->message[0] = '\0';
+  return true;
+}
+
+}  // namespace gpuslice::limiter

@@ -1,0 +1,73 @@
+// Parsing of gpuslice's environment options (include/gpuslice/options.def)
+// from an explicit environ-style array: no getenv, no heap, fixed buffers, so
+// that it can run first thing in the preload library's constructor.
+//
+// Grammar (strict; anything else is an error that names the variable, the
+// value and what was expected):
+//   size     <digits>[unit], unit (case-sensitive) one of
+//              B                      bytes
+//              K k M G T              base 1000   (kilo may be K or k)
+//              Ki Mi Gi Ti            base 1024
+//            each optionally followed by "B" (8GB = 8G, 8GiB = 8Gi).
+//            No sign, space, fraction or exponent; a quota of 0 is an error
+//            (it would refuse every allocation: unset the variable for none).
+//   percent  1-100, optionally followed by '%'.
+//   per device  either one value for every device, or "<i>=<value>,..." with
+//            distinct indices < kMaxDevices (CUDA ordinals as the application
+//            sees them); devices not listed keep the default.
+//   policy   hard | elastic;  level  error | warn | info | debug  (any case).
+//   Empty values are errors.
+// Aliases (HAMi-core): CUDA_DEVICE_MEMORY_LIMIT[_<i>] = bytes or k/m/g suffix
+// (base 1024, either case), 0 = not set; CUDA_DEVICE_SM_LIMIT[_<i>] = 0-100,
+// 0 = unlimited. Per device: ours > CUDA_*_<i> > CUDA_* > default.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpuslice/region.h"
+#include "shm/region_file.h"
+
+namespace gpuslice::limiter {
+
+struct OptionSource {
+  char name[64];  // the variable that set it, or "default"
+};
+
+enum LogLevel : int { kLogError = 0, kLogWarn = 1, kLogInfo = 2, kLogDebug = 3 };
+
+struct Options {  // fixed size, no heap
+  std::uint64_t memory_limit[kMaxDevices];  // kUnlimited where unset
+  std::uint32_t sm_limit[kMaxDevices];      // 100 where unset
+  SmPolicy sm_policy;
+  char region[4096];
+  char container_name[64];
+  char real_libcuda[4096];   // "libcuda.so.1" unless set
+  char real_libnvml[4096];   // "libnvidia-ml.so.1" unless set
+  int log_level;             // LogLevel
+  OptionSource memory_limit_source[kMaxDevices], sm_limit_source[kMaxDevices];
+  OptionSource sm_policy_source, region_source, container_name_source, real_libcuda_source,
+      real_libnvml_source, log_level_source;
+  // First GPUSLICE_* variable that is no option (a typo?), "" if none: worth a warning.
+  char unknown_variable[64];
+};
+
+// Parses every option from a NULL-terminated "NAME=VALUE" array (the first of
+// duplicate names wins, as with getenv). On error returns false and err holds
+// one line: "gpuslice: NAME='value': <what is wrong>, expected <what>".
+// `out` is then filled with defaults plus whatever parsed before the error.
+bool parse_options(char* const* envp, Options* out, shm::Error* err) noexcept;
+void default_options(Options* out) noexcept;
+
+bool parse_size(const char* text, std::uint64_t* out) noexcept;       // our size grammar (0 accepted)
+bool parse_hami_size(const char* text, std::uint64_t* out) noexcept;  // alias grammar
+bool parse_percent(const char* text, std::uint32_t* out) noexcept;    // 1-100[%]
+
+// The README's option table (Markdown, from options.def). Returns the length
+// written (NUL-terminated) or -1 if cap is too small.
+int format_options_markdown(char* buf, std::size_t cap) noexcept;
+// "gpuslice: NAME=value (source)" lines, one per option (per device where
+// set), for GPUSLICE_LOG_LEVEL=debug. Returns the length or -1 if cap is too small.
+int format_effective_options(const Options& o, char* buf, std::size_t cap) noexcept;
+
+}  // namespace gpuslice::limiter

@@ -1,0 +1,243 @@
+// Exact reclamation of dead processes' slots (docs/memory-accounting.md).
+//
+// Invariant: used_bytes[d] = sum over slots of what each slot added to it.
+// A slot with no operation in flight added exactly its committed_bytes[d]; a
+// dead one may have died between its two updates, so its share is unknown.
+// In a window where every other slot is quiescent and unchanged, used_bytes
+// cannot move except through the (frozen) dead slots, so one snapshot gives
+// D = used and S = sum of the others' committed, and the dead slots' share is
+// exactly D - S. The reaper CASes used D -> S: idempotent (a second reaper
+// finishing an interrupted one sets the same value) and immune to ABA (used
+// back at D means live slots' net change since the snapshot is zero).
+// Reapers exclude each other with the reaper lock; only a dead holder loses it.
+#include <sched.h>
+
+#include "limiter/memory_accounting.h"
+
+namespace gpuslice::limiter {
+namespace {
+
+constexpr std::uint64_t kPidBits = 22;
+constexpr std::uint64_t kLow21 = (std::uint64_t{1} << 21) - 1;
+constexpr int kSnapshotTries = 64;
+
+using DeadPredicate = bool (*)(const Slot&, void*);
+
+struct SlotIdentity {
+  std::uint32_t pid;
+  std::uint64_t pidns_inode;
+  std::uint64_t start_time;
+  bool operator==(const SlotIdentity&) const = default;
+};
+
+SlotIdentity identity_of(const Slot& s) { return {s.pid.load(), s.pidns_inode.load(), s.start_time.load()}; }
+
+bool slot_holds_token(const Slot& s, std::uint64_t token) {
+  const SlotIdentity id = identity_of(s);
+  return id.pid != 0 && reaper_token({id.pid, id.pidns_inode, id.start_time}) == token;
+}
+
+shm::Liveness holder_liveness(std::uint64_t token, const shm::ProcessIdentity& self) {
+  const auto pid = static_cast<std::uint32_t>(token & ((std::uint64_t{1} << kPidBits) - 1));
+  const std::uint64_t ns_bits = (token >> kPidBits) & kLow21;
+  const std::uint64_t start_bits = token >> (kPidBits + 21);
+  if (ns_bits == 0 || self.pidns_inode == 0 || ns_bits != (self.pidns_inode & kLow21)) return shm::Liveness::unknown;
+  return shm::identity_liveness(pid, self.pidns_inode, start_bits, self, kLow21);
+}
+
+class Reaper {
+ public:
+  Reaper(Region* r, const shm::ProcessIdentity& self, DeadPredicate is_dead, void* ctx)
+      : r_(r), self_(self), token_(reaper_token(self)), is_dead_(is_dead), ctx_(ctx) {}
+
+  int run() {
+    if (!lock()) return kReapBusy;
+    const int result = reap_locked();
+    std::uint64_t mine = token_;
+    r_->header.reaper_lock.compare_exchange_strong(mine, 0);
+    return result;
+  }
+
+ private:
+  bool lock() {
+    std::atomic<std::uint64_t>& lock = r_->header.reaper_lock;
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      std::uint64_t held = lock.load();
+      if (held == 0) {
+        if (lock.compare_exchange_strong(held, token_)) return true;
+        continue;
+      }
+      if (held == token_) return false;  // another thread of this process is reaping
+      if (!holder_dead(held)) return false;
+      if (lock.compare_exchange_strong(held, token_)) return true;  // the holder died mid-reap: take over
+    }
+    return false;
+  }
+
+  bool holder_dead(std::uint64_t held) {
+    const shm::Liveness l = holder_liveness(held, self_);
+    if (l != shm::Liveness::unknown) return l == shm::Liveness::dead;
+    // Another pid namespace: ask the caller's predicate about the holder's
+    // slot, if it has one (the agent maps namespaces; a process does not).
+    for (const Slot& s : r_->slots) {
+      if (s.state.load() == kSlotLive && slot_holds_token(s, held)) return is_dead_(s, ctx_);
+    }
+    return false;
+  }
+
+  bool reaping(std::uint32_t i) const { return (reaping_[i / 64] >> (i % 64)) & 1; }
+
+  // Marks dead slots kSlotReaping (each by exactly one reaper: a CAS) and
+  // adopts those an earlier reaper left behind.
+  int mark() {
+    int count = 0;
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
+      Slot& s = r_->slots[i];
+      std::uint32_t state = s.state.load();
+      // A claiming slot is judged once its pid is written (its owner may have
+      // died between claiming and publishing it).
+      if (state == kSlotLive || (state == kSlotClaiming && s.pid.load() != 0)) {
+        const SlotIdentity before = identity_of(s);
+        if (before.pid == 0 || !is_dead_(s, ctx_)) continue;
+        const std::uint32_t was = state;
+        if (!s.state.compare_exchange_strong(state, kSlotReaping)) continue;
+        // The slot may have changed hands between our reads (its owner
+        // released it and another process claimed it): then give it back.
+        if (!(identity_of(s) == before)) {
+          std::uint32_t ours = kSlotReaping;
+          s.state.compare_exchange_strong(ours, was);
+          continue;
+        }
+      } else if (state != kSlotReaping) {
+        continue;
+      }
+      reaping_[i / 64] |= std::uint64_t{1} << (i % 64);
+      ++count;
+    }
+    return count;
+  }
+
+  // One snapshot attempt; fixes the devices in `pending` it can.
+  void snapshot(std::uint32_t& pending) {
+    // Pass 1: every other slot quiescent. Seqs only grow, so equal sums
+    // before and after mean no operation started or ended in between.
+    std::uint64_t sum_before = 0;
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
+      if (reaping(i)) continue;
+      const std::uint64_t seq = r_->slots[i].seq.load();
+      if ((seq & shm::kSeqInflightMask) != 0) return;
+      sum_before += seq;
+    }
+    std::uint64_t used[kMaxDevices] = {};
+    std::uint64_t others[kMaxDevices] = {};
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      if (pending & (1u << d)) used[d] = r_->devices[d].used_bytes.load();
+    }
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
+      if (reaping(i)) continue;
+      const Slot& s = r_->slots[i];
+      for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+        if (pending & (1u << d)) others[d] += s.committed_bytes[d].load();
+      }
+    }
+    std::uint64_t sum_after = 0;
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
+      if (!reaping(i)) sum_after += r_->slots[i].seq.load();
+    }
+    if (sum_after != sum_before) return;
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      if (!(pending & (1u << d))) continue;
+      DeviceState& dev = r_->devices[d];
+      if (used[d] == others[d]) {
+        pending &= ~(1u << d);
+        continue;
+      }
+      // Dead slots never hold a negative share; if the snapshot says so the
+      // counters were damaged (e.g. by hand): the live truth wins, say so.
+      if (others[d] > used[d]) dev.accounting_errors.fetch_add(1, std::memory_order_relaxed);
+      std::uint64_t expected = used[d];
+      if (dev.used_bytes.compare_exchange_strong(expected, others[d])) pending &= ~(1u << d);
+    }
+  }
+
+  void free_slot(Slot& s) {
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      s.committed_bytes[d].store(0);
+      s.context_bytes[d].store(0);
+      s.nvml_used_bytes[d].store(0);
+    }
+    s.start_time.store(0);
+    s.pidns_inode.store(0);
+    s.pid.store(0);
+    s.host_pid.store(0);
+    // Nothing in flight for the next owner, and the value still grows.
+    s.seq.store((s.seq.load() | shm::kSeqInflightMask) + 1);
+    s.state.store(kSlotFree);
+  }
+
+  int reap_locked() {
+    if (mark() == 0) return 0;
+    std::uint32_t pending = 0;
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      if (r_->devices[d].uuid_state.load() != shm::kDeviceFree) pending |= 1u << d;
+    }
+    for (int attempt = 0; attempt < kSnapshotTries && pending != 0; ++attempt) {
+      if (attempt != 0) sched_yield();
+      snapshot(pending);
+    }
+    // Not settled (a storm of allocations): the slots stay kSlotReaping and
+    // whoever reaps next finishes them; nobody waits for us.
+    if (pending != 0) return kReapBusy;
+    int freed = 0;
+    std::uint32_t live = 0;
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
+      if (reaping(i)) {
+        free_slot(r_->slots[i]);
+        ++freed;
+      } else if (r_->slots[i].state.load(std::memory_order_relaxed) == kSlotLive) {
+        ++live;
+      }
+    }
+    r_->header.live_slots.store(live, std::memory_order_relaxed);
+    r_->header.slots_reaped.fetch_add(static_cast<std::uint64_t>(freed), std::memory_order_relaxed);
+    return freed;
+  }
+
+  Region* r_;
+  shm::ProcessIdentity self_;
+  std::uint64_t token_;
+  DeadPredicate is_dead_;
+  void* ctx_;
+  std::uint64_t reaping_[kMaxSlots / 64] = {};
+};
+
+bool dead_by_observer(const Slot& s, void* ctx) {
+  return shm::slot_liveness(s, *static_cast<const shm::ProcessIdentity*>(ctx)) == shm::Liveness::dead;
+}
+
+}  // namespace
+
+std::uint64_t reaper_token(const shm::ProcessIdentity& id) noexcept {
+  return (id.pid & ((std::uint64_t{1} << kPidBits) - 1)) | ((id.pidns_inode & kLow21) << kPidBits) |
+         ((id.start_time & kLow21) << (kPidBits + 21));
+}
+
+int reap_dead(Region* r, const shm::ProcessIdentity& observer) noexcept {
+  if (r == nullptr) return 0;
+  shm::ProcessIdentity copy = observer;
+  return Reaper(r, observer, dead_by_observer, &copy).run();
+}
+
+int reap_slots(Region* r, const shm::ProcessIdentity& self, bool (*is_dead)(const Slot&, void* ctx),
+               void* ctx) noexcept {
+  if (r == nullptr || is_dead == nullptr) return 0;
+  return Reaper(r, self, is_dead, ctx).run();
+}
+
+int reap_slots(Region* r, bool (*is_dead)(const Slot&, void* ctx), void* ctx) noexcept {
+  shm::ProcessIdentity self{};
+  shm::read_identity(0, &self);
+  return reap_slots(r, self, is_dead, ctx);
+}
+
+}  // namespace gpuslice::limiter

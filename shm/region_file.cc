@@ -1,0 +1,357 @@
+// Creating, validating and mapping the region file.
+#include "shm/region_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "shm/text.h"
+
+namespace gpuslice::shm {
+namespace {
+
+constexpr std::size_t kPathCap = 4096;
+constexpr std::size_t kRegionBytes = sizeof(Region);
+
+// Starts "gpuslice: GPUSLICE_REGION=<path>: "; the caller appends
+// "<what is wrong>, expected <what>".
+Text region_error(Error* err, const char* path) {
+  Text t(err->message, sizeof err->message);
+  t.str("gpuslice: GPUSLICE_REGION=").escaped(path, 160).str(": ");
+  return t;
+}
+
+template <class T>
+T load_field(const unsigned char* data, std::size_t offset) {
+  T v;
+  std::memcpy(&v, data + offset, sizeof v);
+  return v;
+}
+
+// data holds `avail` bytes of a file of `file_size` bytes. Appends
+// "<what is wrong>, expected <what>" to t on failure.
+bool validate_impl(const unsigned char* data, std::size_t avail, std::uint64_t file_size, Text& t) {
+  const std::uint64_t want_size = kRegionBytes;
+  if (avail < sizeof(std::uint64_t)) {
+    t.str("file holds only ").u64(file_size).str(" bytes (truncated, or not a region file), expected a gpuslice region of ")
+        .u64(want_size).str(" bytes");
+    return false;
+  }
+  const auto magic = load_field<std::uint64_t>(data, offsetof(RegionHeader, magic));
+  if (magic != kRegionMagic) {
+    t.str("bad magic ").hex(magic).str(" (not a gpuslice region; another program's file?), expected magic ")
+        .hex(kRegionMagic).str(" (\"GPUSSLCE\")");
+    return false;
+  }
+  if (avail < sizeof(RegionHeader)) {
+    t.str("truncated header: file holds ").u64(file_size).str(" bytes, expected a gpuslice region of ")
+        .u64(want_size).str(" bytes");
+    return false;
+  }
+  const auto abi = load_field<std::uint32_t>(data, offsetof(RegionHeader, abi_version));
+  if (abi != kRegionAbiVersion) {
+    t.str("region ABI version ").u64(abi).str(" (created by another gpuslice release), expected version ")
+        .u64(kRegionAbiVersion).str(": run one release per region file, or use another GPUSLICE_REGION");
+    return false;
+  }
+  const auto header_size = load_field<std::uint32_t>(data, offsetof(RegionHeader, header_size));
+  if (header_size != sizeof(RegionHeader)) {
+    t.str("header_size ").u64(header_size).str(", expected ").u64(sizeof(RegionHeader));
+    return false;
+  }
+  const auto total_size = load_field<std::uint64_t>(data, offsetof(RegionHeader, total_size));
+  if (total_size != want_size) {
+    t.str("total_size ").u64(total_size).str(", expected ").u64(want_size);
+    return false;
+  }
+  const auto max_devices = load_field<std::uint32_t>(data, offsetof(RegionHeader, max_devices));
+  if (max_devices != kMaxDevices) {
+    t.str("max_devices ").u64(max_devices).str(", expected ").u64(kMaxDevices);
+    return false;
+  }
+  const auto max_slots = load_field<std::uint32_t>(data, offsetof(RegionHeader, max_slots));
+  if (max_slots != kMaxSlots) {
+    t.str("max_slots ").u64(max_slots).str(", expected ").u64(kMaxSlots);
+    return false;
+  }
+  if (file_size != want_size) {
+    t.str("wrong size: file holds ").u64(file_size).str(" bytes, expected total_size ").u64(want_size).str(" bytes");
+    return false;
+  }
+  const unsigned char* name = data + offsetof(RegionHeader, container_name);
+  if (std::memchr(name, 0, sizeof(RegionHeader::container_name)) == nullptr) {
+    t.str("container_name is not NUL-terminated, expected at most ")
+        .u64(sizeof(RegionHeader::container_name) - 1).str(" bytes and a NUL");
+    return false;
+  }
+  return true;
+}
+
+Region* map_fd(int fd, bool writable) {
+  void* p = mmap(nullptr, kRegionBytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<Region*>(p);
+}
+
+// Validates and maps an open region file.
+Region* map_existing(int fd, const char* path, bool writable, Error* err) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    region_error(err, path).str("cannot stat: ").errno_text(errno).str(", expected a readable region file");
+    return nullptr;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    region_error(err, path).str("not a regular file, expected a gpuslice region file");
+    return nullptr;
+  }
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  if (file_size != kRegionBytes) {
+    // Never map a file of the wrong size (touching past its end raises
+    // SIGBUS): read what is there for the most useful message.
+    unsigned char head[sizeof(RegionHeader)];
+    ssize_t n = pread(fd, head, sizeof head, 0);
+    Text t = region_error(err, path);
+    if (n < 0) {
+      t.str("cannot read: ").errno_text(errno).str(", expected a readable region file");
+      return nullptr;
+    }
+    if (validate_impl(head, static_cast<std::size_t>(n), file_size, t)) {
+      t.str("wrong size ").u64(file_size).str(", expected ").u64(kRegionBytes);  // unreachable: size checked
+    }
+    return nullptr;
+  }
+  Region* r = map_fd(fd, writable);
+  if (r == nullptr) {
+    region_error(err, path).str("cannot map: ").errno_text(errno).str(", expected a mappable region file");
+    return nullptr;
+  }
+  Text t = region_error(err, path);
+  if (!validate_impl(reinterpret_cast<const unsigned char*>(r), kRegionBytes, file_size, t)) {
+    munmap(r, kRegionBytes);
+    return nullptr;
+  }
+  err->message[0] = '\0';
+  return r;
+}
+
+// Creates every missing directory of dir (like mkdir -p), mode 0755 & ~umask.
+bool make_dirs(char* dir, const char* path, Error* err) {
+  struct stat st;
+  if (stat(dir, &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return true;
+    region_error(err, path).str("its directory ").escaped(dir, 100).str(" is not a directory, expected a directory");
+    return false;
+  }
+  for (char* p = dir + 1;; ++p) {
+    if (*p != '/' && *p != '\0') continue;
+    const char saved = *p;
+    *p = '\0';
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+      const int e = errno;
+      region_error(err, path).str("cannot create directory ").escaped(dir, 100).str(": ").errno_text(e)
+          .str(", expected an existing or creatable directory");
+      *p = saved;
+      return false;
+    }
+    *p = saved;
+    if (saved == '\0') break;
+  }
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    region_error(err, path).str("its directory ").escaped(dir, 100).str(" could not be created, expected a directory");
+    return false;
+  }
+  return true;
+}
+
+std::atomic<std::uint32_t> g_temp_counter{0};
+
+void initialise(Region* r, const char* container_name) {
+  // The file is fresh (all zeros) and invisible to everybody until link().
+  RegionHeader& h = r->header;
+  h.abi_version = kRegionAbiVersion;
+  h.header_size = sizeof(RegionHeader);
+  h.total_size = kRegionBytes;
+  h.max_devices = kMaxDevices;
+  h.max_slots = kMaxSlots;
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  h.created_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
+  if (container_name != nullptr) copy_string(h.container_name, sizeof h.container_name, container_name);
+  h.magic = kRegionMagic;
+}
+
+enum class CreateResult { created, lost_race, failed };
+
+// Builds a complete region in a temporary file of the same directory and
+// publishes it with link() (atomic, fails if the name exists): nobody can
+// ever map a half-initialised region, and exactly one creator wins.
+CreateResult create_region(const char* path, const char* container_name, Error* err, Region** out) {
+  const std::size_t path_len = bounded_len(path, kPathCap);
+  char dir[kPathCap];
+  std::memcpy(dir, path, path_len + 1);
+  char* slash = nullptr;
+  for (char* p = dir; *p != '\0'; ++p) {
+    if (*p == '/') slash = p;
+  }
+  const char* base = path;
+  if (slash == nullptr) {
+    dir[0] = '.';
+    dir[1] = '\0';
+  } else {
+    base = path + (slash - dir) + 1;
+    if (slash == dir) {
+      dir[1] = '\0';
+    } else {
+      *slash = '\0';
+    }
+    if (!make_dirs(dir, path, err)) return CreateResult::failed;
+  }
+  if (*base == '\0') {
+    region_error(err, path).str("names a directory, expected a file path");
+    return CreateResult::failed;
+  }
+
+  char temp[kPathCap];
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    Text name(temp, sizeof temp);
+    name.str(dir).str("/.").str(base).ch('.').u64(static_cast<std::uint64_t>(getpid())).ch('-')
+        .u64(g_temp_counter.fetch_add(1, std::memory_order_relaxed)).str(".tmp");
+    if (name.truncated()) {
+      region_error(err, path).str("path too long for a temporary file next to it, expected at most ")
+          .u64(kPathCap - 64).str(" bytes");
+      return CreateResult::failed;
+    }
+    fd = open(temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // 0666 & ~umask
+    if (fd < 0 && errno != EEXIST) {
+      const int e = errno;
+      region_error(err, path).str("cannot create a file in ").escaped(dir, 100).str(": ").errno_text(e)
+          .str(", expected a directory writable by uid ").u64(getuid());
+      return CreateResult::failed;
+    }
+  }
+  if (fd < 0) {
+    region_error(err, path).str("cannot pick a temporary file name, expected a usable directory");
+    return CreateResult::failed;
+  }
+
+  auto fail = [&](const char* what, int e) {
+    region_error(err, path).str(what).str(": ").errno_text(e).str(", expected ").u64(kRegionBytes)
+        .str(" bytes of free space in ").escaped(dir, 100);
+    close(fd);
+    unlink(temp);
+    return CreateResult::failed;
+  };
+  // Reserve the blocks now: on a full tmpfs a sparse file would raise SIGBUS
+  // at the first touch of an unbacked page, long after start-up.
+  if (fallocate(fd, 0, 0, static_cast<off_t>(kRegionBytes)) != 0) {
+    const int e = errno;
+    if (e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) return fail("cannot allocate the region file", e);
+    if (ftruncate(fd, static_cast<off_t>(kRegionBytes)) != 0) return fail("cannot size the region file", errno);
+  }
+  Region* r = map_fd(fd, true);
+  if (r == nullptr) return fail("cannot map the new region file", errno);
+  initialise(r, container_name);
+
+  int rc = link(temp, path);
+  int link_errno = rc == 0 ? 0 : errno;
+  bool temp_consumed = false;
+  if (rc != 0 && link_errno != EEXIST) {
+    // File systems without hard links: an atomic rename that refuses to
+    // replace an existing name gives the same guarantee.
+    rc = static_cast<int>(syscall(SYS_renameat2, AT_FDCWD, temp, AT_FDCWD, path, 1u /* RENAME_NOREPLACE */));
+    if (rc == 0) temp_consumed = true;
+    if (rc != 0 && errno == EEXIST) link_errno = EEXIST;
+  }
+  if (!temp_consumed) unlink(temp);
+  close(fd);
+  if (rc == 0) {
+    *out = r;
+    return CreateResult::created;
+  }
+  munmap(r, kRegionBytes);
+  if (link_errno == EEXIST) return CreateResult::lost_race;
+  region_error(err, path).str("cannot publish the new region (link): ").errno_text(link_errno)
+      .str(", expected a file system with hard links or renameat2");
+  return CreateResult::failed;
+}
+
+Region* attach_impl(const char* path, const char* container_name, bool create, bool writable, Error* err,
+                    bool* created) {
+  if (created != nullptr) *created = false;
+  err->message[0] = '\0';
+  if (path == nullptr || *path == '\0') {
+    region_error(err, "").str("empty path, expected a region file path");
+    return nullptr;
+  }
+  if (bounded_len(path, kPathCap) >= kPathCap - 64) {
+    region_error(err, path).str("path too long, expected at most ").u64(kPathCap - 64).str(" bytes");
+    return nullptr;
+  }
+  // A creator that loses the race, or a region deleted between our open and
+  // our link, sends us round again; a few rounds settle any real race.
+  for (int round = 0; round < 8; ++round) {
+    const int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd >= 0) {
+      Region* r = map_existing(fd, path, writable, err);
+      close(fd);
+      return r;
+    }
+    const int e = errno;
+    if (e != ENOENT || !create) {
+      Text t = region_error(err, path);
+      t.str("cannot open: ").errno_text(e).str(", expected ");
+      t.str(create ? "a region file readable and writable by uid " : "an existing region file readable by uid ")
+          .u64(getuid());
+      return nullptr;
+    }
+    Region* r = nullptr;
+    switch (create_region(path, container_name, err, &r)) {
+      case CreateResult::created:
+        if (created != nullptr) *created = true;
+        err->message[0] = '\0';
+        return r;
+      case CreateResult::failed:
+        return nullptr;
+      case CreateResult::lost_race:
+        break;
+    }
+  }
+  region_error(err, path).str("the file keeps appearing and disappearing, expected a stable region file");
+  return nullptr;
+}
+
+}  // namespace
+
+Region* attach(const char* path, const char* container_name, Error* err, bool* created) noexcept {
+  return attach_impl(path, container_name, true, true, err, created);
+}
+
+Region* attach(const char* path, const char* container_name, Error* err) noexcept {
+  return attach_impl(path, container_name, true, true, err, nullptr);
+}
+
+Region* attach_existing(const char* path, bool writable, Error* err) noexcept {
+  return attach_impl(path, nullptr, false, writable, err, nullptr);
+}
+
+bool validate_header(const void* data, std::size_t size, Error* err) noexcept {
+  Text t(err->message, sizeof err->message);
+  t.str("gpuslice: region header: ");
+  if (data == nullptr) size = 0;
+  if (!validate_impl(static_cast<const unsigned char*>(data), size, size, t)) return false;
+  err->message[0] = '\0';
+  return true;
+}
+
+void detach(Region* r) noexcept {
+  if (r != nullptr) munmap(r, kRegionBytes);
+}
+
+}  // namespace gpuslice::shm

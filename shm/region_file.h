@@ -1,0 +1,96 @@
+// The shared region file of a container: create/attach, validation, process
+// slots, device entries. Everything here is heap-free, never blocks on another
+// process, never changes process state (umask, signals) and never throws.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpuslice/region.h"
+
+namespace gpuslice::shm {
+
+// One line: "gpuslice: GPUSLICE_REGION=/x/y: <what is wrong>, expected <what>".
+struct Error {
+  char message[512];
+};
+
+// Device entry states (DeviceState::uuid_state).
+inline constexpr std::uint32_t kDeviceFree = 0;
+inline constexpr std::uint32_t kDeviceWriting = 1;
+inline constexpr std::uint32_t kDevicePublished = 2;
+// The writer stalled (or died) between claiming and publishing for longer than
+// the claim timeout; a waiter retired the entry so that nobody waits again and
+// no second entry can ever be published for the same UUID (the stalled
+// writer's publish CAS fails and it rescans).
+inline constexpr std::uint32_t kDeviceAbandoned = 3;
+inline constexpr std::uint64_t kDeviceClaimTimeoutNs = 1'000'000'000;
+
+// Slot::seq: low 20 bits = accounting operations in flight (threads of one
+// process share its slot), high bits = generation, bumped as each one ends.
+inline constexpr std::uint64_t kSeqInflightMask = (std::uint64_t{1} << 20) - 1;
+inline constexpr std::uint64_t kSeqGeneration = std::uint64_t{1} << 20;
+
+// Maps the region at path, creating it if absent: the creator builds the whole
+// file in a temporary file of the same directory and link()s it into place, so
+// nobody ever sees a partial region; losers of the race unlink their temporary
+// file and map the winner's. Missing parent directories are created (0755 &
+// ~umask); the file is 0666 & ~umask. nullptr + err on failure (unwritable
+// directory, foreign or corrupt file, other ABI version, wrong size).
+// `created` (optional) tells whether this call created the file.
+Region* attach(const char* path, const char* container_name, Error* err) noexcept;
+Region* attach(const char* path, const char* container_name, Error* err, bool* created) noexcept;
+// Tools and the agent: maps an existing region only (read-only unless writable).
+Region* attach_existing(const char* path, bool writable, Error* err) noexcept;
+// Validates a region header; `size` is the number of bytes at data (the whole
+// file). The message names what is wrong and what was expected. Fuzzed.
+bool validate_header(const void* data, std::size_t size, Error* err) noexcept;
+void detach(Region* r) noexcept;
+
+struct ProcessIdentity {
+  std::uint32_t pid;
+  std::uint64_t pidns_inode;  // 0 = unknown (no /proc, or /proc of another pid namespace)
+  std::uint64_t start_time;   // clock ticks since boot; 0 = unknown
+};
+// pid 0 = the calling process. From /proc/<pid>/stat (field 22; comm may hold
+// spaces and parentheses) and stat("/proc/<pid>/ns/pid").st_ino. False if the
+// process does not exist or /proc cannot be read; for pid 0 `out` still holds
+// getpid() with unknown namespace and start time, usable for a slot whose
+// liveness then stays "unknown" to everybody but the agent.
+bool read_identity(std::uint32_t pid, ProcessIdentity* out) noexcept;
+
+// Claims a free slot lock-free (CAS kSlotFree->kSlotClaiming, identity, then
+// kSlotLive). -1 if none is free: the caller reaps (limiter::reap_dead) and
+// retries. Slots are never moved or compacted.
+int claim_slot(Region* r, const ProcessIdentity& self) noexcept;
+// Gives a slot back on a clean exit. Only frees it if no accounting operation
+// is in flight and it holds no memory; otherwise it stays live and the reaper
+// reclaims it, exactly, once the process is gone. The caller guarantees that no
+// thread of the process uses the slot afterwards (see docs/memory-accounting.md).
+void release_slot(Region* r, int slot) noexcept;
+
+enum class Liveness { alive, dead, unknown };
+// alive/dead when the slot's pid namespace is the observer's: dead if the pid
+// is gone (kill(pid,0) == ESRCH), a zombie, or another process with the same
+// pid (start time differs). unknown for another (or an unknown) pid namespace:
+// the node agent, which maps namespaces, decides those through host_pid.
+Liveness slot_liveness(const Slot& s, const ProcessIdentity& observer) noexcept;
+// The same test for a bare identity seen from observer; start_time is compared
+// as (actual & start_time_mask) (the reaper lock keeps only low bits), and 0
+// means unknown (only existence and zombie state are checked).
+Liveness identity_liveness(std::uint32_t pid, std::uint64_t pidns_inode, std::uint64_t start_time,
+                           const ProcessIdentity& observer, std::uint64_t start_time_mask = ~std::uint64_t{0}) noexcept;
+
+// Finds the device entry whose UUID matches, or claims the lowest free one
+// (uuid_state 0->1, UUID, quota, SM limit, policy, cost_scale_ppm = 1e6, then
+// 2 with release). An entry being written by another process is waited for at
+// most claim_timeout_ns (it is a handful of stores) and then abandoned. -1 if
+// all kMaxDevices entries are taken. The first process to name a UUID sets its
+// quota: later processes' *_if_new values are ignored (compare and warn).
+int device_index(Region* r, const std::uint8_t uuid[16], std::uint64_t quota_bytes_if_new,
+                 std::uint32_t sm_limit_pct_if_new, SmPolicy policy_if_new) noexcept;
+int device_index(Region* r, const std::uint8_t uuid[16], std::uint64_t quota_bytes_if_new,
+                 std::uint32_t sm_limit_pct_if_new, SmPolicy policy_if_new,
+                 std::uint64_t claim_timeout_ns) noexcept;
+
+}  // namespace gpuslice::shm

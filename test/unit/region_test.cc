@@ -1,0 +1,354 @@
+// Creating, attaching and validating the region file.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "support.h"
+
+namespace gpuslice::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.push_back(e->d_name);
+  }
+  closedir(d);
+  return names;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A valid region's bytes, from a real attach.
+std::string valid_region_bytes(const TempDir& dir) {
+  const std::string path = dir.file("template");
+  shm::Error err{};
+  Region* r = shm::attach(path.c_str(), "template", &err);
+  EXPECT_NE(r, nullptr) << err.message;
+  shm::detach(r);
+  std::string bytes = read_file(path);
+  unlink(path.c_str());
+  return bytes;
+}
+
+template <class T>
+void poke(std::string& bytes, std::size_t offset, T value) {
+  std::memcpy(bytes.data() + offset, &value, sizeof value);
+}
+
+TEST(RegionFile, CreatesAndInitialises) {
+  TempDir dir;
+  const std::string path = dir.file("sub/dir/region");  // parents are created
+  shm::Error err{};
+  bool created = false;
+  Region* r = shm::attach(path.c_str(), "my-container", &err, &created);
+  ASSERT_NE(r, nullptr) << err.message;
+  EXPECT_TRUE(created);
+  EXPECT_EQ(r->header.magic, kRegionMagic);
+  EXPECT_EQ(r->header.abi_version, kRegionAbiVersion);
+  EXPECT_EQ(r->header.header_size, sizeof(RegionHeader));
+  EXPECT_EQ(r->header.total_size, sizeof(Region));
+  EXPECT_EQ(r->header.max_devices, kMaxDevices);
+  EXPECT_EQ(r->header.max_slots, kMaxSlots);
+  EXPECT_NE(r->header.created_ns, 0u);
+  EXPECT_STREQ(r->header.container_name, "my-container");
+  EXPECT_EQ(r->slots[17].state.load(), kSlotFree);
+  EXPECT_EQ(r->devices[3].uuid_state.load(), 0u);
+
+  // A second attach maps the same file and does not create it.
+  Region* again = shm::attach(path.c_str(), "other-name", &err, &created);
+  ASSERT_NE(again, nullptr) << err.message;
+  EXPECT_FALSE(created);
+  EXPECT_STREQ(again->header.container_name, "my-container");  // recorded at creation only
+  r->devices[0].oom_refusals.fetch_add(7);
+  EXPECT_EQ(again->devices[0].oom_refusals.load(), 7u);
+  shm::detach(again);
+  shm::detach(r);
+  EXPECT_EQ(list_dir(dir.file("sub/dir")), std::vector<std::string>{"region"});  // no temporary left behind
+}
+
+TEST(RegionFile, ModeFollowsUmaskWithoutChangingIt) {
+  TempDir dir;
+  const mode_t mask = umask(022);
+  umask(mask);
+  shm::Error err{};
+  Region* r = shm::attach(dir.file("region").c_str(), "", &err);
+  ASSERT_NE(r, nullptr) << err.message;
+  shm::detach(r);
+  struct stat st;
+  ASSERT_EQ(stat(dir.file("region").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666 & ~mask);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(sizeof(Region)));
+  const mode_t after = umask(mask);
+  EXPECT_EQ(after, mask);  // the library never touched it
+}
+
+TEST(RegionFile, LongContainerNameIsTruncated) {
+  TempDir dir;
+  shm::Error err{};
+  const std::string name(200, 'n');
+  Region* r = shm::attach(dir.file("region").c_str(), name.c_str(), &err);
+  ASSERT_NE(r, nullptr) << err.message;
+  EXPECT_EQ(std::strlen(r->header.container_name), 63u);
+  shm::detach(r);
+}
+
+TEST(RegionFile, ThreadsRaceToCreate) {
+  for (int round = 0; round < 5; ++round) {
+    TempDir dir;
+    const std::string path = dir.file("region");
+    constexpr int kThreads = 12;
+    std::atomic<int> ready{0};
+    std::atomic<int> creators{0};
+    std::vector<Region*> regions(kThreads, nullptr);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] {
+        ready.fetch_add(1);
+        while (ready.load() < kThreads) {
+        }
+        shm::Error err{};
+        bool created = false;
+        regions[i] = shm::attach(path.c_str(), "race", &err, &created);
+        if (created) creators.fetch_add(1);
+        EXPECT_NE(regions[i], nullptr) << err.message;
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(creators.load(), 1);
+    for (Region* r : regions) {
+      ASSERT_NE(r, nullptr);
+      r->devices[1].oom_refusals.fetch_add(1);
+    }
+    for (Region* r : regions) EXPECT_EQ(r->devices[1].oom_refusals.load(), static_cast<std::uint64_t>(kThreads));
+    for (Region* r : regions) shm::detach(r);
+    EXPECT_EQ(list_dir(dir.path()), std::vector<std::string>{"region"});
+  }
+}
+
+TEST(RegionFile, ProcessesRaceToCreate) {
+  for (int round = 0; round < 5; ++round) {
+    TempDir dir;
+    const std::string path = dir.file("a/region");
+    constexpr int kChildren = 8;
+    Signal go;
+    std::vector<pid_t> pids;
+    for (int i = 0; i < kChildren; ++i) {
+      pids.push_back(fork_child([&] {
+        go.close_write();
+        go.wait(10000);  // all start together when the pipe closes
+        shm::Error err{};
+        bool created = false;
+        Region* r = shm::attach(path.c_str(), "race", &err, &created);
+        if (r == nullptr) return 2;
+        r->devices[2].oom_refusals.fetch_add(1);
+        shm::detach(r);
+        return created ? 1 : 0;
+      }));
+    }
+    go.close_write();  // EOF wakes every child at once
+    int creators = 0;
+    for (pid_t pid : pids) {
+      const int rc = wait_child(pid);
+      ASSERT_TRUE(rc == 0 || rc == 1) << "child failed: " << rc;
+      creators += rc;
+    }
+    EXPECT_EQ(creators, 1);
+    shm::Error err{};
+    Region* r = shm::attach_existing(path.c_str(), false, &err);
+    ASSERT_NE(r, nullptr) << err.message;
+    EXPECT_EQ(r->devices[2].oom_refusals.load(), static_cast<std::uint64_t>(kChildren));
+    shm::detach(r);
+    EXPECT_EQ(list_dir(dir.file("a")), std::vector<std::string>{"region"});
+  }
+}
+
+class RegionValidation : public ::testing::Test {
+ protected:
+  void expect_rejected(const std::string& bytes, const char* what, const char* expected) {
+    const std::string path = dir_.file("bad.region");
+    write_file(path, bytes);
+    shm::Error err{};
+    EXPECT_EQ(shm::attach(path.c_str(), "x", &err), nullptr);
+    const std::string message = err.message;
+    EXPECT_THAT(message, HasSubstr("gpuslice: GPUSLICE_REGION=" + path + ": "));
+    EXPECT_THAT(message, HasSubstr(what));
+    EXPECT_THAT(message, HasSubstr(expected));
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+    // The tools' read-only path says the same.
+    EXPECT_EQ(shm::attach_existing(path.c_str(), false, &err), nullptr);
+    EXPECT_THAT(std::string(err.message), HasSubstr(what));
+    // And the file is left alone.
+    EXPECT_EQ(read_file(path), bytes);
+  }
+  TempDir dir_;
+};
+
+TEST_F(RegionValidation, BadMagic) {
+  std::string bytes = valid_region_bytes(dir_);
+  poke<std::uint64_t>(bytes, 0, 0x1122334455667788ull);
+  expect_rejected(bytes, "bad magic 0x1122334455667788", "expected magic 0x45434c5353555047");
+}
+
+TEST_F(RegionValidation, ForeignFileOfAnySize) {
+  expect_rejected("hello, this is not a region at all", "bad magic", "expected magic");
+}
+
+TEST_F(RegionValidation, OtherAbiVersion) {
+  std::string bytes = valid_region_bytes(dir_);
+  poke<std::uint32_t>(bytes, offsetof(RegionHeader, abi_version), 2);
+  expect_rejected(bytes, "region ABI version 2", "expected version 1");
+}
+
+TEST_F(RegionValidation, Empty) { expect_rejected("", "holds only 0 bytes", "expected a gpuslice region of 463104 bytes"); }
+
+TEST_F(RegionValidation, TruncatedHeader) {
+  std::string bytes = valid_region_bytes(dir_);
+  expect_rejected(bytes.substr(0, 100), "truncated header: file holds 100 bytes", "expected a gpuslice region of 463104");
+}
+
+TEST_F(RegionValidation, TruncatedBody) {
+  std::string bytes = valid_region_bytes(dir_);
+  expect_rejected(bytes.substr(0, 4096), "wrong size: file holds 4096 bytes", "expected total_size 463104 bytes");
+}
+
+TEST_F(RegionValidation, GrownFile) {
+  std::string bytes = valid_region_bytes(dir_) + std::string(4096, '\0');
+  expect_rejected(bytes, "wrong size: file holds 467200 bytes", "expected total_size 463104");
+}
+
+TEST_F(RegionValidation, HeaderFields) {
+  const std::string good = valid_region_bytes(dir_);
+  std::string bytes = good;
+  poke<std::uint32_t>(bytes, offsetof(RegionHeader, header_size), 512);
+  expect_rejected(bytes, "header_size 512", "expected 248");
+  bytes = good;
+  poke<std::uint64_t>(bytes, offsetof(RegionHeader, total_size), 1);
+  expect_rejected(bytes, "total_size 1", "expected 463104");
+  bytes = good;
+  poke<std::uint32_t>(bytes, offsetof(RegionHeader, max_devices), 8);
+  expect_rejected(bytes, "max_devices 8", "expected 16");
+  bytes = good;
+  poke<std::uint32_t>(bytes, offsetof(RegionHeader, max_slots), 4096);
+  expect_rejected(bytes, "max_slots 4096", "expected 1024");
+  bytes = good;
+  std::memset(bytes.data() + offsetof(RegionHeader, container_name), 'x', 64);
+  expect_rejected(bytes, "container_name is not NUL-terminated", "expected at most 63 bytes");
+}
+
+TEST_F(RegionValidation, NotARegularFile) {
+  const std::string path = dir_.file("adir");
+  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
+  shm::Error err{};
+  EXPECT_EQ(shm::attach(path.c_str(), "x", &err), nullptr);
+  EXPECT_THAT(std::string(err.message), HasSubstr(path));
+  EXPECT_THAT(std::string(err.message), HasSubstr("expected"));
+}
+
+TEST_F(RegionValidation, ParentIsAFile) {
+  write_file(dir_.file("file"), "x");
+  const std::string path = dir_.file("file/region");
+  shm::Error err{};
+  EXPECT_EQ(shm::attach(path.c_str(), "x", &err), nullptr);
+  EXPECT_THAT(std::string(err.message), HasSubstr("GPUSLICE_REGION=" + path));
+  EXPECT_THAT(std::string(err.message), HasSubstr("Not a directory (ENOTDIR)"));
+}
+
+TEST_F(RegionValidation, RelativeAndEmptyPaths) {
+  shm::Error err{};
+  EXPECT_EQ(shm::attach("", "x", &err), nullptr);
+  EXPECT_THAT(std::string(err.message), HasSubstr("empty path, expected"));
+  const std::string huge = "/" + std::string(5000, 'a');
+  EXPECT_EQ(shm::attach(huge.c_str(), "x", &err), nullptr);
+  EXPECT_THAT(std::string(err.message), HasSubstr("path too long"));
+}
+
+// Root ignores directory permissions: drop to nobody in a child for the test.
+TEST_F(RegionValidation, UnwritableDirectory) {
+  const std::string locked = dir_.file("locked");
+  ASSERT_EQ(mkdir(locked.c_str(), 0755), 0);
+  const std::string path = locked + "/region";
+  std::string message;
+  if (geteuid() == 0) {
+    ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const pid_t pid = fork_child([&] {
+      close(fds[0]);
+      if (setgid(65534) != 0 || setuid(65534) != 0) return 3;
+      shm::Error err{};
+      Region* r = shm::attach(path.c_str(), "x", &err);
+      const std::size_t n = std::strlen(err.message);
+      if (write(fds[1], err.message, n) != static_cast<ssize_t>(n)) return 4;
+      return r == nullptr ? 0 : 1;
+    });
+    close(fds[1]);
+    char buf[600] = {};
+    std::size_t got = 0;
+    ssize_t n;
+    while ((n = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0) got += static_cast<std::size_t>(n);
+    close(fds[0]);
+    ASSERT_EQ(wait_child(pid), 0);
+    message = buf;
+  } else {
+    ASSERT_EQ(chmod(locked.c_str(), 0555), 0);
+    shm::Error err{};
+    EXPECT_EQ(shm::attach(path.c_str(), "x", &err), nullptr);
+    message = err.message;
+  }
+  EXPECT_THAT(message, HasSubstr("gpuslice: GPUSLICE_REGION=" + path + ": cannot create a file in " + locked));
+  EXPECT_THAT(message, HasSubstr("Permission denied (EACCES)"));
+  EXPECT_THAT(message, HasSubstr("expected a directory writable by uid"));
+}
+
+TEST(RegionFile, AttachExistingDoesNotCreate) {
+  TempDir dir;
+  const std::string path = dir.file("region");
+  shm::Error err{};
+  EXPECT_EQ(shm::attach_existing(path.c_str(), true, &err), nullptr);
+  EXPECT_THAT(std::string(err.message), HasSubstr("No such file or directory (ENOENT), expected an existing region file"));
+  EXPECT_TRUE(list_dir(dir.path()).empty());
+  Region* created = shm::attach(path.c_str(), "n", &err);
+  ASSERT_NE(created, nullptr);
+  Region* ro = shm::attach_existing(path.c_str(), false, &err);
+  ASSERT_NE(ro, nullptr) << err.message;
+  created->devices[0].used_bytes.store(42);
+  EXPECT_EQ(ro->devices[0].used_bytes.load(), 42u);
+  shm::detach(ro);
+  shm::detach(created);
+}
+
+TEST(RegionHeaderValidation, DirectCalls) {
+  TempDir dir;
+  std::string good = valid_region_bytes(dir);
+  shm::Error err{};
+  EXPECT_TRUE(shm::validate_header(good.data(), good.size(), &err)) << err.message;
+  EXPECT_STREQ(err.message, "");
+  EXPECT_FALSE(shm::validate_header(nullptr, 0, &err));
+  EXPECT_THAT(std::string(err.message), HasSubstr("gpuslice: region header: file holds only 0 bytes"));
+  for (std::size_t n : {1u, 7u, 8u, 200u, 247u, 248u, 4096u}) {
+    EXPECT_FALSE(shm::validate_header(good.data(), n, &err)) << n;
+    EXPECT_THAT(std::string(err.message), HasSubstr("expected")) << n;
+  }
+}
+
+}  // namespace
+}  // namespace gpuslice::test
