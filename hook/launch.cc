@@ -13,6 +13,8 @@
 #include <sched.h>
 #include <time.h>
 
+#include <cstdlib>
+
 #include "hook/log.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
@@ -29,7 +31,7 @@ constexpr std::uint64_t kQueueCostNs = 20'000'000;     // priced device time in 
 constexpr std::uint64_t kQueueLatencyNs = 50'000'000;  // age of the oldest unfinished marker
 constexpr std::uint64_t kQueueLaunches = 1024;         // launches in flight, once calibrated
 constexpr std::uint64_t kQueueLaunchesPrior = 4;       // ... while the price is still the prior
-constexpr std::uint32_t kCheckEvery = 8;               // launches per thread between checks
+constexpr std::uint32_t kCheckEvery = 16;              // launches per thread between checks
 constexpr std::uint64_t kCheckCostNs = 1'000'000;      // or this much priced time
 constexpr std::uint64_t kMarkerEveryNs = 1'000'000;
 constexpr std::uint64_t kQueuePollNs = 200'000;
@@ -277,9 +279,17 @@ void resolve(T* out, const char* name) noexcept {
   *out = reinterpret_cast<T>(real_dlsym(driver_handle(), name));
 }
 
+// At exit, before the libraries' static destructors (NVML's among them) run
+// under the feedback thread's feet: atexit handlers registered after start-up
+// run before the loader's destructor pass.
+void stop_feedback_at_exit() noexcept { limiter::stop_feedback_thread(); }
+
 CUresult init_now() noexcept {
-  static std::atomic<bool> atfork_registered{false};
-  if (!atfork_registered.exchange(true)) pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  static std::atomic<bool> handlers_registered{false};
+  if (!handlers_registered.exchange(true)) {
+    pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    std::atexit(stop_feedback_at_exit);
+  }
   resolve(&real_event_create, "cuEventCreate");
   resolve(&real_event_record, "cuEventRecord");
   resolve(&real_event_query, "cuEventQuery");
@@ -287,7 +297,12 @@ CUresult init_now() noexcept {
   resolve(&real_stream_is_capturing, "cuStreamIsCapturing");
   const bool markers = real_event_create && real_event_record && real_event_query && real_event_destroy;
   int count = 0;
-  if (real_cuDeviceGetCount == nullptr || real_cuDeviceGetCount(&count) != CUDA_SUCCESS) count = 0;
+  if (real_cuDeviceGetCount == nullptr || real_cuDeviceGetCount(&count) != CUDA_SUCCESS || count <= 0) {
+    // A launch before cuInit (it fails in the driver anyway): try again at
+    // the next launch rather than settle for "no devices".
+    g_init_busy.store(0, std::memory_order_release);
+    return CUDA_SUCCESS;
+  }
   if (count > static_cast<int>(kMaxDevices)) count = static_cast<int>(kMaxDevices);
   for (int ordinal = 0; ordinal < count; ++ordinal) {
     LaunchDevice& d = g_dev[ordinal];
@@ -324,7 +339,10 @@ CUresult init_now() noexcept {
   if (rc != CUDA_SUCCESS) return rc;
   int expected = 0;
   if (g_init_busy.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return init_now();
-  while (g_mode.load(std::memory_order_acquire) == kModeCold) sched_yield();  // a few driver queries
+  // Another thread is initialising (a few driver queries), or gave up
+  // because the driver has no device yet.
+  while (g_mode.load(std::memory_order_acquire) == kModeCold && g_init_busy.load(std::memory_order_acquire) != 0)
+    sched_yield();
   return CUDA_SUCCESS;
 }
 

@@ -1,0 +1,130 @@
+// The compute token bucket of a (container, device): pure logic on the shared
+// region, no driver. Tokens are nanoseconds of device time; they refill at the
+// container's share of wall-clock time and are spent by the container's
+// kernels. See docs/limiter.md for the design and its reasoning.
+//
+// Every process of the container spends from the same DeviceState, lock-free:
+// a launch is one fetch_sub on tokens_ns. A launch that drives the balance
+// below zero keeps its debit (it has reserved its place) and sleeps until the
+// refill has paid the debt back. A process killed at any instruction leaves at
+// most one launch's debit or one refill interval's credit behind: the bucket
+// stays usable and self-corrects as time passes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "gpuslice/region.h"
+
+namespace gpuslice::limiter {
+
+// --- tunables (docs/limiter.md explains each choice) ---
+// Prior device time of one wave of thread blocks, before any measurement. It
+// is deliberately cheap: an underestimate is repaid by the true-up (see
+// compute_control.h), an overestimate would be credit lost to the bucket cap.
+inline constexpr std::uint64_t kNominalWaveNs = 20'000;
+// Bucket capacity = share x this: the largest burst after an idle period
+// (30% -> 15 ms of device time), small against the one-second window.
+inline constexpr std::uint64_t kBurstWindowNs = 50'000'000;
+// Sleep bounds of a throttled launch: at least this much (so a container of
+// tiny kernels sleeps once per batch rather than once per launch, and never
+// spins), at most this much before the limit and policy are read again.
+inline constexpr std::uint64_t kMinSleepNs = 200'000;
+inline constexpr std::uint64_t kMaxSleepNs = 20'000'000;
+// Refills closer together than this are skipped (one CAS per interval).
+inline constexpr std::uint64_t kMinRefillNs = 20'000;
+inline constexpr std::uint32_t kFullPermille = 1000;
+
+// DeviceState words this layer gives a meaning to. They are reserved words of
+// the layout (plain integers there), accessed only through std::atomic_ref.
+//   reserved2     credited_ns: cumulative credit put into tokens_ns (refills and
+//                 true-up adjustments). spent = credited - tokens, which is
+//                 how the controller measures what was admitted.
+//   reserved3     elastic_permille: share granted by the elastic controller
+//                 (0 = not computed: the configured share applies).
+//   reserved4[0]  feedback_heartbeat_ns: CLOCK_MONOTONIC of the elected feedback
+//                 owner's last cycle; a stale heartbeat lets another process
+//                 take the role over.
+//   reserved4[1]  scale_updated_ns: when cost_scale_ppm was last set from a
+//                 measurement (0 = still the prior: launches are admitted
+//                 more cautiously, see docs/limiter.md "queue bound").
+inline std::atomic_ref<std::uint64_t> credited_ns(DeviceState& d) noexcept {
+  return std::atomic_ref<std::uint64_t>(d.reserved2);
+}
+inline std::atomic_ref<std::uint32_t> elastic_permille(DeviceState& d) noexcept {
+  return std::atomic_ref<std::uint32_t>(d.reserved3);
+}
+inline std::atomic_ref<std::uint64_t> feedback_heartbeat_ns(DeviceState& d) noexcept {
+  return std::atomic_ref<std::uint64_t>(d.reserved4[0]);
+}
+inline std::atomic_ref<std::uint64_t> scale_updated_ns(DeviceState& d) noexcept {
+  return std::atomic_ref<std::uint64_t>(d.reserved4[1]);
+}
+
+// True when the entry has a compute limit (1..99 %); 0 and >= 100 are unlimited.
+inline bool is_limited(const DeviceState& d) noexcept {
+  const std::uint32_t pct = d.sm_limit_pct.load(std::memory_order_relaxed);
+  return pct != 0 && pct < 100;
+}
+
+// The rate the bucket refills at, in permille of wall-clock time; 0 when
+// unlimited. Under the elastic policy the controller may grant more than the
+// configured share (never less).
+std::uint32_t refill_permille(DeviceState& d) noexcept;
+// Capacity of the bucket at a refill rate.
+std::int64_t capacity_ns(std::uint32_t permille) noexcept;
+
+// Credits the device time accrued since last_refill_ns (one CAS elects the
+// thread that credits an interval), capped at capacity.
+void refill(DeviceState& d, std::uint64_t now_ns) noexcept;
+// Adds `delta` (either sign) to the balance, keeping it at most `cap`, and
+// records what was actually added in credited_ns. Returns that amount.
+std::int64_t credit(DeviceState& d, std::int64_t delta, std::int64_t cap) noexcept;
+
+// --- the launch path ---
+// Spends `cost`: one atomic read-modify-write. True when the balance stays
+// >= 0: the launch may go at once. Otherwise the debit stands and the caller
+// must wait_for_credit() (or refund, for a launch that is not going to run).
+// (DeviceState::launches is counted by the caller, batched: it is statistics,
+// not worth a second RMW on the hot line per launch.)
+inline bool spend(DeviceState& d, std::int64_t cost) noexcept {
+  return d.tokens_ns.fetch_sub(cost, std::memory_order_relaxed) >= cost;
+}
+// Gives back a spend whose launch failed or will not run.
+inline void refund(DeviceState& d, std::int64_t cost) noexcept {
+  d.tokens_ns.fetch_add(cost, std::memory_order_relaxed);
+}
+
+using ClockFn = std::uint64_t (*)() noexcept;          // CLOCK_MONOTONIC ns
+using SleepFn = void (*)(std::uint64_t ns) noexcept;  // relative sleep, never spins
+// Sleeps until the balance is out of debt (refilling as time passes), or the
+// limit is lifted. Re-reads limit and policy at least every kMaxSleepNs.
+// Returns the nanoseconds slept (also added to DeviceState::throttled_ns).
+std::uint64_t wait_for_credit(DeviceState& d, ClockFn clock, SleepFn sleep) noexcept;
+
+// --- pricing ---
+// Reciprocal of an SM count for nominal_ns(): ceil(2^32 / sms).
+inline std::uint64_t sm_reciprocal(std::uint32_t sms) noexcept {
+  if (sms == 0) sms = 1;
+  return ((std::uint64_t{1} << 32) + sms - 1) / sms;
+}
+// Prior device time of a kernel of `blocks` thread blocks: its waves (blocks
+// over SMs, rounded up) times kNominalWaveNs. A multiply by the reciprocal,
+// not a division: an estimate one wave off for grids past 2^32 blocks is fine.
+inline std::uint64_t nominal_ns(std::uint64_t blocks, std::uint64_t sm_recip) noexcept {
+  if (blocks == 0) blocks = 1;
+  if (blocks > 0xffffffffull) blocks = 0xffffffffull;
+  const std::uint64_t waves = (((blocks - 1) * sm_recip) >> 32) + 1;
+  return waves * kNominalWaveNs;
+}
+// Price of a launch: the nominal estimate corrected by the measured scale.
+inline std::int64_t price_ns(std::uint64_t nominal, std::uint64_t scale_ppm) noexcept {
+  // Signed conversions: one instruction each on x86-64 (unsigned ones are not).
+  const double p = static_cast<double>(static_cast<std::int64_t>(nominal >> 1)) *
+                   static_cast<double>(static_cast<std::int64_t>(scale_ppm >> 1)) * 4e-6;
+  if (p < 1.0) return 1;
+  if (p > 4e15) return static_cast<std::int64_t>(4e15);  // ~46 days: far beyond any kernel
+  return static_cast<std::int64_t>(p);
+}
+
+}  // namespace gpuslice::limiter

@@ -1,0 +1,135 @@
+// Feedback controller: true-up, price scale, elastic grant, owner election.
+// See compute_control.h and docs/limiter.md.
+#include "limiter/compute_control.h"
+
+#include "limiter/compute.h"
+
+namespace gpuslice::limiter {
+namespace {
+
+// What the bucket has admitted so far (provisional prices plus true-ups less
+// refunds): every credit moves credited_ns and tokens_ns together, every
+// spend or refund moves tokens_ns alone.
+std::int64_t spent_total(DeviceState& d) noexcept {
+  const std::uint64_t credited = credited_ns(d).load(std::memory_order_relaxed);
+  const std::int64_t tokens = d.tokens_ns.load(std::memory_order_relaxed);
+  return static_cast<std::int64_t>(credited - static_cast<std::uint64_t>(tokens));
+}
+
+std::uint32_t permille_of(std::uint64_t part, std::uint64_t window) noexcept {
+  if (window == 0) return 0;
+  const std::uint64_t p = (part * kFullPermille + window / 2) / window;
+  return p > kFullPermille ? kFullPermille : static_cast<std::uint32_t>(p);
+}
+
+}  // namespace
+
+void control_begin(DeviceState& d, ControlState& s) noexcept {
+  s = ControlState{};
+  s.spent_mark = spent_total(d);
+  s.granted = elastic_permille(d).load(std::memory_order_relaxed);
+  s.primed = true;
+}
+
+std::uint32_t elastic_grant(std::uint32_t granted, std::uint32_t share, std::uint32_t busy, std::uint32_t others,
+                            std::uint32_t others_prev) noexcept {
+  if (granted < share) granted = share;
+  const std::uint32_t used = busy + others;
+  const std::uint32_t idle = used >= kFullPermille ? 0 : kFullPermille - used;
+  const std::uint32_t room =
+      others + kElasticHeadroom >= kFullPermille ? 0 : kFullPermille - others - kElasticHeadroom;
+  if (others >= kElasticOthersActive && idle < kElasticHeadroom) {
+    // The device is full and somebody else is on it. If their use grew they
+    // want more: give everything back at once (back to the share within one
+    // step). If it is steady, they are satisfied: keep at most what leaves
+    // them headroom.
+    if (others > others_prev + kElasticGrowth) return share;
+    const std::uint32_t next = granted < room ? granted : room;
+    return next > share ? next : share;
+  }
+  if (others >= kElasticOthersActive && idle < 2 * kElasticHeadroom) {
+    // Just about the headroom with a neighbour: hold (a band, so that
+    // measurement noise does not make the grant oscillate).
+    const std::uint32_t next = granted < room ? granted : room;
+    return next > share ? next : share;
+  }
+  // Idle capacity (or the device is ours alone): additive increase.
+  const std::uint32_t next = granted + kElasticStep;
+  return next > kFullPermille ? kFullPermille : next;
+}
+
+StepResult control_step(DeviceState& d, ControlState& s, const Measurement& m, std::uint64_t now_ns) noexcept {
+  StepResult r;
+  if (!s.primed) {
+    control_begin(d, s);
+    return r;
+  }
+  const std::int64_t total = spent_total(d);
+  const std::int64_t spent = total - s.spent_mark;
+  s.spent_mark = total;
+  r.busy_permille = permille_of(m.busy_ns, m.window_ns);
+  r.others_permille = permille_of(m.others_ns, m.window_ns);
+
+  // 1. True-up: refund the provisional prices of the window, charge what the
+  // container measurably used. credit() moves credited_ns with tokens_ns, so
+  // the spent total (and the next window's mark) is unaffected.
+  const std::uint32_t permille = refill_permille(d);
+  if (permille != 0) {
+    r.adjust_ns = credit(d, spent - static_cast<std::int64_t>(m.busy_ns), capacity_ns(permille));
+  }
+
+  // 2. Price scale = measured device time per nominal nanosecond, from sums
+  // decayed over a few steps: a window's misalignment (work admitted in one
+  // window runs in the next) averages out instead of jerking the price.
+  const std::uint64_t scale_prev = d.cost_scale_ppm.load(std::memory_order_relaxed);
+  r.scale_ppm = scale_prev;
+  const double units = spent > 0 && scale_prev > 0 ? static_cast<double>(spent) * 1e6 / static_cast<double>(scale_prev) : 0.0;
+  s.busy_sum = s.busy_sum * kScaleDecay + static_cast<double>(m.busy_ns);
+  s.units_sum = s.units_sum * kScaleDecay + units;
+  // Enough signal: a few hundred microseconds of device time and admissions.
+  if (s.busy_sum >= 200'000.0 && s.units_sum >= 1'000.0) {
+    double scale = s.busy_sum / s.units_sum * 1e6;
+    if (scale < static_cast<double>(kMinScalePpm)) scale = static_cast<double>(kMinScalePpm);
+    if (scale > static_cast<double>(kMaxScalePpm)) scale = static_cast<double>(kMaxScalePpm);
+    r.scale_ppm = static_cast<std::uint64_t>(scale);
+    d.cost_scale_ppm.store(r.scale_ppm, std::memory_order_relaxed);
+    scale_updated_ns(d).store(now_ns == 0 ? 1 : now_ns, std::memory_order_relaxed);
+  }
+
+  // 3. Elastic grant.
+  const std::uint32_t pct = d.sm_limit_pct.load(std::memory_order_relaxed);
+  const bool elastic = d.sm_policy.load(std::memory_order_relaxed) == static_cast<std::uint32_t>(SmPolicy::elastic);
+  if (elastic && pct != 0 && pct < 100) {
+    s.granted = elastic_grant(s.granted, pct * 10, r.busy_permille, r.others_permille, s.others_prev);
+    elastic_permille(d).store(s.granted, std::memory_order_relaxed);
+  } else {
+    s.granted = 0;
+    if (elastic_permille(d).load(std::memory_order_relaxed) != 0) elastic_permille(d).store(0, std::memory_order_relaxed);
+  }
+  r.granted_permille = s.granted;
+  s.others_prev = r.others_permille;
+  return r;
+}
+
+bool hold_feedback(DeviceState& d, std::uint32_t self, std::uint64_t now_ns) noexcept {
+  std::uint32_t owner = d.feedback_owner_pid.load(std::memory_order_acquire);
+  if (owner != self) {
+    const std::uint64_t beat = feedback_heartbeat_ns(d).load(std::memory_order_acquire);
+    const bool stale = owner == 0 || beat == 0 || (now_ns > beat && now_ns - beat > kOwnerTimeoutNs);
+    if (!stale) return false;
+    // A contender that read the same stale owner loses this CAS. One that
+    // reads the new owner before its first heartbeat may take over again:
+    // at worst two processes run one step each, which the next step absorbs.
+    if (!d.feedback_owner_pid.compare_exchange_strong(owner, self, std::memory_order_acq_rel)) return false;
+  }
+  feedback_heartbeat_ns(d).store(now_ns, std::memory_order_release);
+  return true;
+}
+
+void drop_feedback(DeviceState& d, std::uint32_t self) noexcept {
+  std::uint32_t owner = self;
+  if (d.feedback_owner_pid.compare_exchange_strong(owner, 0, std::memory_order_acq_rel))
+    feedback_heartbeat_ns(d).store(0, std::memory_order_release);
+}
+
+}  // namespace gpuslice::limiter

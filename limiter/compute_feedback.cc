@@ -1,0 +1,299 @@
+// The feedback loop and its thread. See compute_feedback.h.
+#include "limiter/compute_feedback.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <new>
+
+#include "limiter/compute.h"
+
+namespace gpuslice::limiter {
+namespace {
+
+enum class Got { none, baseline, window };
+
+// Per-process aggregation of one NVML answer (a pid may have several samples).
+struct PidUtil {
+  std::uint32_t pid;
+  std::uint32_t samples;
+  std::uint64_t util_sum;  // percent
+};
+constexpr unsigned kMaxSamples = 512;
+
+void format_uuid(const std::uint8_t* u, char* out, std::size_t cap) noexcept {
+  std::snprintf(out, cap, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+}  // namespace
+
+void FeedbackLoop::warn(const char* message) noexcept {
+  if (host_.warn != nullptr) host_.warn(message);
+}
+
+bool FeedbackLoop::nvml_ready() noexcept {
+  if (nvml_state_ == 0) {
+    nvml_state_ = 2;
+    if (host_.load_nvml != nullptr && host_.load_nvml(&nvml_) && nvml_.init != nullptr &&
+        nvml_.handle_by_uuid != nullptr && nvml_.process_utilization != nullptr && nvml_.init() == NVML_SUCCESS) {
+      nvml_state_ = 1;
+    } else {
+      warn("compute limit: no node agent and no usable NVML to measure the container's device time; "
+           "launches are priced by their estimate alone, expected NVML or the gpuslice agent");
+    }
+  }
+  return nvml_state_ == 1;
+}
+
+bool FeedbackLoop::open_device(int e) noexcept {
+  EntryFeedback& f = entries_[e];
+  if (f.nvml_device != nullptr) return true;
+  if (f.nvml_failed) return false;
+  char uuid[NVML_DEVICE_UUID_BUFFER_SIZE];
+  format_uuid(host_.region->devices[e].uuid, uuid, sizeof uuid);
+  if (nvml_.handle_by_uuid(uuid, &f.nvml_device) != NVML_SUCCESS || f.nvml_device == nullptr) {
+    f.nvml_device = nullptr;
+    f.nvml_failed = true;
+    warn("compute limit: NVML does not know a device the container uses; its launches are priced by their "
+         "estimate alone, expected NVML to see every CUDA device");
+    return false;
+  }
+  return true;
+}
+
+void FeedbackLoop::collect_pids() noexcept {
+  pid_count_ = 0;
+  const Region* r = host_.region;
+  for (const Slot& s : r->slots) {
+    if (s.state.load(std::memory_order_acquire) != kSlotLive) continue;
+    const std::uint32_t host_pid = s.host_pid.load(std::memory_order_relaxed);
+    const std::uint32_t pid = host_pid != 0 ? host_pid : s.pid.load(std::memory_order_relaxed);
+    if (pid != 0) pids_[pid_count_++] = pid;
+  }
+}
+
+bool FeedbackLoop::in_container(std::uint32_t pid) const noexcept {
+  for (std::uint32_t i = 0; i < pid_count_; ++i)
+    if (pids_[i] == pid) return true;
+  return false;
+}
+
+// NVML reports host pids; the region holds the container's own unless the
+// agent filled host_pid. If none of the container's processes is among the
+// device's NVML processes, the two disagree (a pid namespace without the
+// agent): measuring would attribute the container's time to others and the
+// true-up would refund everything, so the measurement is refused instead.
+bool FeedbackLoop::pids_match(int e) noexcept {
+  EntryFeedback& f = entries_[e];
+  if (nvml_.running_processes == nullptr) return true;
+  if (f.steps_since_check++ % 200 != 0) return f.pids_ok;
+  nvmlProcessInfo_t infos[256];
+  unsigned int count = 256;
+  if (nvml_.running_processes(f.nvml_device, &count, infos) != NVML_SUCCESS) return f.pids_ok;
+  bool ok = false;
+  for (unsigned int i = 0; i < count && i < 256 && !ok; ++i) ok = in_container(infos[i].pid);
+  if (!ok && f.pids_ok)
+    warn("compute limit: NVML's process ids are not the region's (pid namespace without the node agent); "
+         "measurements are ignored and launches priced by their estimate alone, expected the gpuslice agent "
+         "to map host pids");
+  f.pids_ok = ok;
+  return ok;
+}
+
+bool FeedbackLoop::measure_agent(int e, Measurement* out) noexcept {
+  EntryFeedback& f = entries_[e];
+  DeviceState& d = host_.region->devices[e];
+  const std::uint64_t updated = d.util_updated_ns.load(std::memory_order_acquire);
+  if (updated <= f.agent_last_ns) return false;
+  const std::uint64_t window = updated - f.agent_last_ns;
+  f.agent_last_ns = updated;
+  const std::uint64_t util = d.util_permille.load(std::memory_order_relaxed);
+  const std::uint64_t device = d.device_util_permille.load(std::memory_order_relaxed);
+  out->window_ns = window;
+  out->busy_ns = util * window / kFullPermille;
+  out->others_ns = (device > util ? device - util : 0) * window / kFullPermille;
+  return true;
+}
+
+bool FeedbackLoop::measure_nvml(int e, std::uint64_t now_ns, Measurement* out) noexcept {
+  EntryFeedback& f = entries_[e];
+  const std::uint64_t now_us = host_.real_us();
+  nvmlProcessUtilizationSample_t samples[kMaxSamples];
+  unsigned int n = kMaxSamples;
+  const nvmlReturn_t rc = nvml_.process_utilization(f.nvml_device, samples, &n, f.last_seen_us);
+  std::uint64_t end_us = now_us;
+  std::uint64_t busy_pct_us = 0, others_pct_us = 0;  // percent x microseconds
+  if (rc == NVML_ERROR_NOT_FOUND) {
+    n = 0;  // nobody ran a kernel in the window
+  } else if (rc != NVML_SUCCESS) {
+    return false;  // keep the baseline: the next window covers this one too
+  } else {
+    end_us = f.last_seen_us;
+    for (unsigned int i = 0; i < n && i < kMaxSamples; ++i)
+      if (samples[i].timeStamp > end_us) end_us = samples[i].timeStamp;
+  }
+  if (end_us <= f.last_seen_us) return false;
+  const std::uint64_t window_us = end_us - f.last_seen_us;
+  if (n != 0) {
+    collect_pids();
+    if (!pids_match(e)) {
+      f.last_seen_us = end_us;
+      return false;
+    }
+    // Average each process's samples, then weight by the window.
+    PidUtil per_pid[kMaxSamples];
+    unsigned int pids = 0;
+    for (unsigned int i = 0; i < n && i < kMaxSamples; ++i) {
+      if (samples[i].timeStamp <= f.last_seen_us) continue;
+      unsigned int j = 0;
+      while (j < pids && per_pid[j].pid != samples[i].pid) ++j;
+      if (j == pids) per_pid[pids++] = PidUtil{samples[i].pid, 0, 0};
+      per_pid[j].samples += 1;
+      per_pid[j].util_sum += samples[i].smUtil > 100 ? 100 : samples[i].smUtil;
+    }
+    for (unsigned int j = 0; j < pids; ++j) {
+      const std::uint64_t share = per_pid[j].util_sum * window_us / per_pid[j].samples;
+      (in_container(per_pid[j].pid) ? busy_pct_us : others_pct_us) += share;
+    }
+  }
+  f.last_seen_us = end_us;
+  out->window_ns = window_us * 1000;
+  out->busy_ns = busy_pct_us * 10;  // percent x us -> ns: x 1000 / 100
+  out->others_ns = others_pct_us * 10;
+  // Published for gpuslice-smi and the agent's metrics.
+  DeviceState& d = host_.region->devices[e];
+  const std::uint64_t busy_pm = out->busy_ns * kFullPermille / out->window_ns;
+  const std::uint64_t all_pm = (out->busy_ns + out->others_ns) * kFullPermille / out->window_ns;
+  d.util_permille.store(busy_pm > kFullPermille ? kFullPermille : busy_pm, std::memory_order_relaxed);
+  d.device_util_permille.store(all_pm > kFullPermille ? kFullPermille : all_pm, std::memory_order_relaxed);
+  d.util_updated_ns.store(now_ns, std::memory_order_release);
+  return true;
+}
+
+bool FeedbackLoop::measure(int e, std::uint64_t now_ns, Measurement* out) noexcept {
+  EntryFeedback& f = entries_[e];
+  const std::uint64_t beat = host_.region->header.agent_heartbeat_ns.load(std::memory_order_acquire);
+  const bool agent = beat != 0 && now_ns >= beat && now_ns - beat < kAgentFreshNs;
+  if (agent != f.from_agent) {
+    // Another source: its windows do not line up with the previous one's.
+    f.from_agent = agent;
+    f.last_seen_us = 0;
+    f.agent_last_ns = 0;
+  }
+  if (agent) {
+    if (f.agent_last_ns == 0) {
+      f.agent_last_ns = host_.region->devices[e].util_updated_ns.load(std::memory_order_acquire);
+      if (f.agent_last_ns == 0) return false;
+      control_begin(host_.region->devices[e], f.control);
+      return false;
+    }
+    return measure_agent(e, out);
+  }
+  if (!nvml_ready() || !open_device(e)) return false;
+  if (f.last_seen_us == 0) {
+    f.last_seen_us = host_.real_us();
+    control_begin(host_.region->devices[e], f.control);
+    return false;
+  }
+  return measure_nvml(e, now_ns, out);
+}
+
+void FeedbackLoop::tick() noexcept {
+  const std::uint64_t now = host_.mono_ns();
+  if (now >= next_refresh_ns_) {
+    if (host_.refresh != nullptr) host_.refresh();
+    next_refresh_ns_ = now + kRefreshNs;
+  }
+  Region* r = host_.region;
+  if (r == nullptr) return;
+  const std::uint32_t mask = host_.entries != nullptr ? host_.entries() : 0;
+  for (unsigned e = 0; e < kMaxDevices; ++e) {
+    EntryFeedback& f = entries_[e];
+    DeviceState& d = r->devices[e];
+    if (((mask >> e) & 1u) == 0 || !is_limited(d)) {
+      if (f.owner) drop_feedback(d, self_);
+      f.owner = false;
+      continue;
+    }
+    if (!hold_feedback(d, self_, now)) {
+      f.owner = false;
+      continue;
+    }
+    if (!f.owner) {
+      // Newly elected: start from a fresh baseline.
+      f.owner = true;
+      f.control = ControlState{};
+      f.last_seen_us = 0;
+      f.agent_last_ns = 0;
+      f.last_step_ns = 0;
+    }
+    if (f.control.primed && now - f.last_step_ns < kControlPeriodNs) continue;
+    Measurement m;
+    if (measure(static_cast<int>(e), now, &m)) {
+      if (f.control.primed)
+        control_step(d, f.control, m, now);
+      else
+        control_begin(d, f.control);
+    }
+    f.last_step_ns = now;
+  }
+}
+
+namespace {
+
+std::atomic<std::uint32_t> g_thread_pid{0};
+std::atomic<bool> g_stopping{false};
+FeedbackHost g_host;
+alignas(FeedbackLoop) unsigned char g_loop_storage[sizeof(FeedbackLoop)];
+
+void sleep_ns(std::uint64_t ns) noexcept {
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
+  }
+}
+
+void* feedback_main(void* arg) noexcept {
+  const auto self = static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(arg));
+  auto* loop = new (g_loop_storage) FeedbackLoop(g_host, self);
+  for (;;) {
+    if (!g_stopping.load(std::memory_order_acquire)) loop->tick();
+    sleep_ns(kFeedbackTickNs);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool ensure_feedback_thread(const FeedbackHost& host) noexcept {
+  const auto self = static_cast<std::uint32_t>(getpid());
+  std::uint32_t current = g_thread_pid.load(std::memory_order_acquire);
+  if (current == self) return true;
+  // First call in this process (or in a forked child, where the parent's
+  // thread does not exist): exactly one caller starts the thread.
+  if (!g_thread_pid.compare_exchange_strong(current, self, std::memory_order_acq_rel)) return true;
+  g_host = host;
+  pthread_attr_t attr;
+  if (pthread_attr_init(&attr) != 0) return false;
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  // Signals sent to the process must never be delivered on our thread (the
+  // application's handlers expect its own threads).
+  sigset_t all;
+  sigfillset(&all);
+  pthread_attr_setsigmask_np(&attr, &all);
+  pthread_t thread;
+  const int rc = pthread_create(&thread, &attr, feedback_main,
+                                reinterpret_cast<void*>(static_cast<std::uintptr_t>(self)));
+  pthread_attr_destroy(&attr);
+  if (rc == 0) pthread_setname_np(thread, "gpuslice-fb");
+  return rc == 0;
+}
+
+void stop_feedback_thread() noexcept { g_stopping.store(true, std::memory_order_release); }
+
+}  // namespace gpuslice::limiter

@@ -1,0 +1,71 @@
+// Graph price table. See compute_graphs.h.
+#include "limiter/compute_graphs.h"
+
+namespace gpuslice::limiter {
+
+bool GraphCostTable::insert(std::uintptr_t key, const GraphCost& cost) noexcept {
+  if (key <= kWriting) return false;
+  const unsigned h = home(key);
+  // An executable address the driver reuses after a destroy we did not see:
+  // overwrite its record in place.
+  for (unsigned i = 0; i < kProbe; ++i) {
+    Slot& s = slots_[(h + i) & (kSlots - 1)];
+    const std::uintptr_t k = s.key.load(std::memory_order_acquire);
+    if (k == key) {
+      s.nominal_ns.store(cost.nominal_ns, std::memory_order_relaxed);
+      s.kernels.store(cost.kernels, std::memory_order_relaxed);
+      return true;
+    }
+    if (k == kEmpty) break;
+  }
+  for (unsigned i = 0; i < kProbe; ++i) {
+    Slot& s = slots_[(h + i) & (kSlots - 1)];
+    std::uintptr_t k = s.key.load(std::memory_order_relaxed);
+    if (k != kEmpty && k != kTombstone) continue;
+    // Claim, fill, then publish the key (release): a reader that finds the
+    // key sees the values.
+    if (!s.key.compare_exchange_strong(k, kWriting, std::memory_order_acquire)) continue;
+    s.nominal_ns.store(cost.nominal_ns, std::memory_order_relaxed);
+    s.kernels.store(cost.kernels, std::memory_order_relaxed);
+    s.key.store(key, std::memory_order_release);
+    return true;
+  }
+  return false;
+}
+
+bool GraphCostTable::find(std::uintptr_t key, GraphCost* out) const noexcept {
+  const unsigned h = home(key);
+  for (unsigned i = 0; i < kProbe; ++i) {
+    const Slot& s = slots_[(h + i) & (kSlots - 1)];
+    const std::uintptr_t k = s.key.load(std::memory_order_acquire);
+    if (k == key) {
+      out->nominal_ns = s.nominal_ns.load(std::memory_order_relaxed);
+      out->kernels = s.kernels.load(std::memory_order_relaxed);
+      return true;
+    }
+    // A slot being written may become anything; keep probing past it.
+    if (k == kEmpty) return false;
+  }
+  return false;
+}
+
+void GraphCostTable::erase(std::uintptr_t key) noexcept {
+  const unsigned h = home(key);
+  for (unsigned i = 0; i < kProbe; ++i) {
+    Slot& s = slots_[(h + i) & (kSlots - 1)];
+    std::uintptr_t k = s.key.load(std::memory_order_acquire);
+    if (k == key) {
+      s.key.compare_exchange_strong(k, kTombstone, std::memory_order_release);
+      return;
+    }
+    if (k == kEmpty) return;
+  }
+}
+
+namespace {
+constinit GraphCostTable g_table;  // constant-initialised: no constructor to run, no heap
+}  // namespace
+
+GraphCostTable& graph_costs() noexcept { return g_table; }
+
+}  // namespace gpuslice::limiter

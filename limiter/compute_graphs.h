@@ -1,0 +1,47 @@
+// Prices of instantiated CUDA graphs, looked up by cuGraphLaunch. A graph is
+// priced once, when it is instantiated (hook/graph.cc walks its nodes): the
+// sum of its kernels' nominal device time. Process-local (graph executables
+// are), lock-free and heap-free: a fixed open-addressing table keyed by the
+// CUgraphExec pointer value.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace gpuslice::limiter {
+
+struct GraphCost {
+  std::uint64_t nominal_ns = 0;  // sum of the kernel nodes' nominal_ns()
+  std::uint32_t kernels = 0;     // kernel nodes, child graphs included
+};
+
+class GraphCostTable {
+ public:
+  static constexpr unsigned kSlots = 4096;
+  static constexpr unsigned kProbe = 64;  // bounded probing keeps lookups O(1) under churn
+
+  // Records (or replaces) the price of `key`. False when the neighbourhood is
+  // full: launches of that graph are then priced as one unknown kernel.
+  bool insert(std::uintptr_t key, const GraphCost& cost) noexcept;
+  bool find(std::uintptr_t key, GraphCost* out) const noexcept;
+  void erase(std::uintptr_t key) noexcept;
+
+ private:
+  static constexpr std::uintptr_t kEmpty = 0;
+  static constexpr std::uintptr_t kTombstone = 1;
+  static constexpr std::uintptr_t kWriting = 2;
+  struct Slot {
+    std::atomic<std::uintptr_t> key{kEmpty};
+    std::atomic<std::uint64_t> nominal_ns{0};
+    std::atomic<std::uint32_t> kernels{0};
+  };
+  static unsigned home(std::uintptr_t key) noexcept {
+    return static_cast<unsigned>(((key >> 4) * 0x9e3779b97f4a7c15ull) >> 52) & (kSlots - 1);
+  }
+  Slot slots_[kSlots];
+};
+
+// The process's table.
+GraphCostTable& graph_costs() noexcept;
+
+}  // namespace gpuslice::limiter
