@@ -1,0 +1,263 @@
+// The region directory as the agent sees it: valid regions are watched,
+// anything else is skipped with one log line and never crashes the agent
+// (garbage, truncation under a live mapping, random contents), unused regions
+// are removed after the grace period, and the agent runs without NVML.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "agent.h"
+#include "agent_test_util.h"
+#include "limiter/memory_accounting.h"
+
+using namespace std::string_literals;
+
+using namespace gpuslice;
+using namespace gpuslice::agent_test;
+using gpuslice::test::Sandbox;
+
+namespace {
+
+std::string header_bytes_with(std::uint32_t abi) {
+  RegionHeader h{};
+  h.magic = kRegionMagic;
+  h.abi_version = abi;
+  h.header_size = sizeof(RegionHeader);
+  h.total_size = sizeof(Region);
+  h.max_devices = kMaxDevices;
+  h.max_slots = kMaxSlots;
+  std::string out(reinterpret_cast<const char*>(&h), sizeof h);
+  return out;
+}
+
+int count_lines(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (std::size_t pos = 0; (pos = text.find(needle, pos)) != std::string::npos; pos += needle.size()) ++n;
+  return n;
+}
+
+TEST(AgentRegions, MalformedAndForeignFilesAreSkippedWithOneLineEach) {
+  Sandbox box;
+  const std::string dir = region_dir(box);
+  mkdir(dir.c_str(), 0755);
+  Region* good = make_region(dir + "/pod-a/c.region", "good");
+  ASSERT_NE(good, nullptr);
+  shm::detach(good);
+  write_file(dir + "/garbage.region", "this is not a region at all, just some text\n");
+  write_file(dir + "/empty.region", "");
+  write_file(dir + "/short.region", header_bytes_with(kRegionAbiVersion));  // a header and nothing else
+  std::string abi = header_bytes_with(99);
+  abi.resize(sizeof(Region), '\0');
+  write_file(dir + "/abi.region", abi);
+  std::string big = header_bytes_with(kRegionAbiVersion);
+  big.resize(sizeof(Region) + 1, '\0');
+  write_file(dir + "/big.region", big);
+  ASSERT_EQ(symlink((dir + "/pod-a/c.region").c_str(), (dir + "/link.region").c_str()), 0);
+  ASSERT_EQ(mkfifo((dir + "/pod-a/fifo.region").c_str(), 0600), 0);  // opening it must not block the agent
+  write_file(dir + "/.c.region.123-0.tmp", "a region being created");   // hidden: ignored silently
+
+  // Many rescans: still one line per bad file.
+  test::Result r = test::run({"/usr/bin/timeout", "-s", "TERM", "1", test::bin("gpuslice-agent"), "--region-dir", dir,
+                              "--no-nvml", "--interval", "10ms", "--rescan", "10ms", "--listen", "off"},
+                             {}, 20000);
+  EXPECT_EQ(r.exit_code, 124) << r.describe();  // timeout's status: the agent ran until told to stop
+  EXPECT_EQ(count_lines(r.err, "skipping"), 7) << r.err;
+  for (const char* f : {"garbage.region: bad magic", "empty.region: file holds only 0 bytes", "short.region: wrong size",
+                        "abi.region: region ABI version 99", "big.region: wrong size", "link.region: a symbolic link",
+                        "fifo.region: not a regular file"}) {
+    EXPECT_EQ(count_lines(r.err, "/"s + f), 1) << f << "\n" << r.err;
+  }
+  EXPECT_EQ(count_lines(r.err, ".tmp"), 0) << r.err;
+  EXPECT_EQ(count_lines(r.err, "watching region pod-a/c.region"), 1) << r.err;
+  EXPECT_EQ(count_lines(r.err, "stopping (signal 15)"), 1) << r.err;
+}
+
+TEST(AgentRegions, FileTruncatedUnderTheMappingIsDroppedNotFatal) {
+  Sandbox box;
+  agent::Agent a(config_for(box, false));
+  a.start();
+  const std::string path = region_dir(box) + "/t.region";
+  Region* r = make_region(path, "shrinking");
+  ASSERT_NE(r, nullptr);
+  add_device(r, 0x10, 64 * kMi);
+  add_slot(r, static_cast<std::uint32_t>(getpid()), own_pidns(), 1);  // start time 1: "pid reused", dead
+  shm::detach(r);
+  a.cycle();
+  EXPECT_EQ(a.stats().regions, 1u);
+  ASSERT_EQ(truncate(path.c_str(), 4096), 0);  // the owner shrinks it: touching the mapping raises SIGBUS
+  a.cycle();
+  EXPECT_GE(a.stats().regions_dropped_truncated, 1u);
+  EXPECT_EQ(a.stats().regions, 0u);
+  EXPECT_NE(a.metrics_text().find("gpuslice_agent_regions 0"), std::string::npos);
+  // Full size again: the header survived (the rest is zeros), so it is a
+  // valid, emptied region and is watched again.
+  ASSERT_EQ(truncate(path.c_str(), sizeof(Region)), 0);
+  a.cycle();
+  EXPECT_EQ(a.stats().regions, 1u);
+}
+
+TEST(AgentRegions, UnusedRegionIsRemovedAfterTheGracePeriodAndKeptWhileUsed) {
+  Sandbox box;
+  auto cfg = config_for(box, false);
+  cfg.grace_ns = 200'000'000;
+  agent::Agent a(cfg);
+  a.start();
+  const std::string used_path = region_dir(box) + "/pod-u/used.region";
+  const std::string idle_path = region_dir(box) + "/pod-i/idle.region";
+  Region* used = make_region(used_path, "used");
+  Region* idle = make_region(idle_path, "idle");
+  ASSERT_TRUE(used && idle);
+  shm::ProcessIdentity self{};
+  ASSERT_TRUE(shm::read_identity(0, &self));
+  ASSERT_GE(shm::claim_slot(used, self), 0);  // this process: alive
+  shm::detach(idle);
+  a.cycle();
+  EXPECT_EQ(a.stats().regions, 2u);
+  const std::string hidden = region_dir(box) + "/pod-i/.idle.region.gpuslice-removing";
+  ASSERT_TRUE(eventually([&] {
+    a.cycle();
+    return !file_exists(idle_path) && !file_exists(hidden);
+  }, 5000));
+  EXPECT_FALSE(file_exists(region_dir(box) + "/pod-i")) << "the pod's empty directory goes too";
+  EXPECT_TRUE(file_exists(used_path));
+  EXPECT_EQ(a.stats().regions_removed, 1u);
+  for (int i = 0; i < 10; ++i) a.cycle();
+  EXPECT_TRUE(file_exists(used_path)) << "a region with a live process is never removed";
+  shm::detach(used);
+}
+
+TEST(AgentRegions, RegionInUseAgainWhileBeingRemovedIsPutBack) {
+  Sandbox box;
+  auto cfg = config_for(box, false);
+  cfg.grace_ns = 1;  // as soon as it is empty
+  agent::Agent a(cfg);
+  a.start();
+  const std::string path = region_dir(box) + "/again.region";
+  const std::string hidden = region_dir(box) + "/.again.region.gpuslice-removing";
+  Region* r = make_region(path, "again");
+  ASSERT_NE(r, nullptr);
+  a.cycle();  // empty since now
+  a.cycle();  // grace over: renamed away
+  ASSERT_TRUE(file_exists(hidden));
+  ASSERT_FALSE(file_exists(path));
+  shm::ProcessIdentity self{};
+  ASSERT_TRUE(shm::read_identity(0, &self));
+  ASSERT_GE(shm::claim_slot(r, self), 0);  // a process that had it open starts using it
+  a.cycle();
+  EXPECT_TRUE(file_exists(path)) << "back under its name";
+  EXPECT_FALSE(file_exists(hidden));
+  shm::detach(r);
+}
+
+TEST(AgentRegions, RunsWithoutNvmlAndSaysSoOnce) {
+  Sandbox box;
+  const std::string dir = region_dir(box);
+  mkdir(dir.c_str(), 0755);
+  Region* r = make_region(dir + "/c.region", "no-nvml");
+  ASSERT_NE(r, nullptr);
+  const int dev = add_device(r, 0x20, 64 * kMi);
+  r->devices[dev].agent_extra_bytes.store(5 * kMi);  // left by an agent that had NVML
+  shm::detach(r);
+  test::Result res = test::run({"/usr/bin/timeout", "-s", "TERM", "0.5", test::bin("gpuslice-agent"), "--region-dir",
+                                dir, "--nvml", "/nonexistent/libnvidia-ml.so.1", "--interval", "10ms", "--listen", "off"},
+                               {}, 20000);
+  EXPECT_EQ(res.exit_code, 124) << res.describe();
+  EXPECT_EQ(count_lines(res.err, "running without NVML"), 1) << res.err;
+  r = attach(dir + "/c.region");
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->devices[dev].agent_extra_bytes.load(), 0u) << "nobody refreshes it without NVML: cleared";
+  EXPECT_NE(r->header.agent_heartbeat_ns.load(), 0u);
+  shm::detach(r);
+}
+
+// Random and half-valid region files: the agent (in this process) and
+// gpuslice-smi (a child) must survive every one of them.
+TEST(AgentRegions, HostileRegionContentsNeverCrashTheAgentOrSmi) {
+  Sandbox box;
+  auto cfg = config_for(box, true);
+  agent::Agent a(cfg);
+  a.start();
+  std::mt19937_64 rng(20240611);
+  const std::string path = region_dir(box) + "/fuzz.region";
+  std::string buf(sizeof(Region), '\0');
+  auto fill_random = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; i += 8) {
+      const std::uint64_t v = rng();
+      std::memcpy(&buf[i], &v, std::min<std::size_t>(8, to - i));
+    }
+  };
+  // A plausible NVML view naming this process and pid 1, for reconciliation paths.
+  agent::GpuSample sample;
+  sample.devices.resize(1);
+  uuid_bytes(0x40, sample.devices[0].uuid);
+  sample.devices[0].uuid_text = agent::format_uuid(sample.devices[0].uuid);
+  sample.devices[0].processes = {{static_cast<std::uint32_t>(getpid()), 10 * kMi, true}, {1, 3 * kMi, true}};
+  sample.devices[0].util_pct = {{static_cast<std::uint32_t>(getpid()), 50}};
+  sample.devices[0].util_known = sample.devices[0].processes_known = sample.devices[0].device_util_known = true;
+  const std::uint64_t ns = own_pidns();
+  int smi_runs = 0;
+  for (int iter = 0; iter < 240; ++iter) {
+    const int mode = iter % 4;
+    std::size_t size = sizeof(Region);
+    if (mode == 0) {
+      size = std::uniform_int_distribution<std::size_t>(0, 2 * sizeof(RegionHeader))(rng);
+      buf.assign(size, '\0');
+      fill_random(0, size);
+      if (size >= 8 && (rng() & 1)) std::memcpy(&buf[0], &kRegionMagic, 8);
+    } else {
+      buf.assign(sizeof(Region), '\0');
+      fill_random(0, sizeof(Region));
+      std::string h = header_bytes_with(kRegionAbiVersion);
+      std::memcpy(&buf[0], h.data(), offsetof(RegionHeader, container_name));
+      if (mode == 2) buf[offsetof(RegionHeader, container_name) + 63] = '\0';  // a valid name (of random bytes)
+      if (mode == 3) {
+        // Slots naming processes of our namespace, alive or not: the reaper runs on garbage.
+        for (std::uint32_t s = 0; s < kMaxSlots; s += 7) {
+          const std::size_t base = offsetof(Region, slots) + s * sizeof(Slot);
+          const std::uint32_t state = kSlotLive;
+          const std::uint32_t pid = (rng() & 1) ? static_cast<std::uint32_t>(getpid()) : static_cast<std::uint32_t>(rng() % 4'000'000);
+          std::memcpy(&buf[base + offsetof(Slot, state)], &state, 4);
+          std::memcpy(&buf[base + offsetof(Slot, pid)], &pid, 4);
+          std::memcpy(&buf[base + offsetof(Slot, pidns_inode)], &ns, 8);
+        }
+        const std::uint32_t published = shm::kDevicePublished;
+        std::memcpy(&buf[offsetof(Region, devices) + offsetof(DeviceState, uuid_state)], &published, 4);
+        std::memcpy(&buf[offsetof(Region, devices) + offsetof(DeviceState, uuid)], sample.devices[0].uuid, 16);
+      }
+      if (rng() % 8 == 0) buf[rng() % sizeof(RegionHeader)] ^= static_cast<char>(1u << (rng() % 8));  // header bit flip
+    }
+    unlink(path.c_str());
+    write_file(path, buf);
+    a.cycle_with(&sample);
+    if (rng() % 3 == 0) a.cycle_with(nullptr);
+    ASSERT_LT(a.metrics_text().size(), std::size_t{1} << 24);
+    if (iter % 12 == 0) {
+      ++smi_runs;
+      for (const char* format : {"--json", "--region"}) {
+        std::vector<std::string> argv{test::bin("gpuslice-smi"), "--region", path};
+        if (std::string(format) == "--json") argv.push_back("--json");
+        test::Result r = test::run(argv, {}, 20000);
+        ASSERT_TRUE(r.exit_code == 0 || r.exit_code == 2) << r.describe();
+        EXPECT_EQ(r.signal, 0) << r.describe();
+        if (r.exit_code == 0 && argv.back() == "--json") {
+          EXPECT_FALSE(nlohmann::json::parse(r.out, nullptr, false).is_discarded()) << r.out.substr(0, 400);
+        }
+        if (r.exit_code == 2) {
+          EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(smi_runs, 20);
+  // The smi view of a whole directory of bad files, too.
+  test::Result r = test::run({test::bin("gpuslice-smi"), "--region-dir", region_dir(box)}, {}, 20000);
+  EXPECT_TRUE(r.exit_code == 0) << r.describe();
+}
+
+}  // namespace

@@ -1,0 +1,218 @@
+#include "agent.h"
+
+#include <time.h>
+
+#include <algorithm>
+
+#include "limiter/memory_accounting.h"
+#include "log.h"
+#include "metrics.h"
+#include "region_io.h"
+
+using namespace std::string_literals;
+
+namespace gpuslice::agent {
+namespace {
+
+std::uint64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// The reaper asks about each live slot: dead only if this cycle found its
+// process gone and the slot still holds that same process.
+struct DeadSlots {
+  const Region* region;
+  const std::vector<char>* dead;
+  const std::vector<ProcessKey>* keys;
+};
+
+bool slot_is_dead(const Slot& s, void* ctx) {
+  const auto* d = static_cast<const DeadSlots*>(ctx);
+  const std::ptrdiff_t index = &s - d->region->slots;
+  if (index < 0 || index >= static_cast<std::ptrdiff_t>(kMaxSlots)) return false;
+  const auto i = static_cast<std::size_t>(index);
+  if (!(*d->dead)[i]) return false;
+  const ProcessKey& k = (*d->keys)[i];
+  return s.pid.load() == k.pid && s.pidns_inode.load() == k.pidns_inode && s.start_time.load() == k.start_time;
+}
+
+}  // namespace
+
+Agent::Agent(AgentConfig config)
+    : config_(std::move(config)),
+      regions_(config_.region_dir, config_.max_regions),
+      reconciler_(config_.bypass_tolerance_bytes, pidmap_.own_pidns()),
+      dead_flags_(kMaxSlots, 0),
+      dead_keys_(kMaxSlots) {
+  shm::read_identity(0, &self_);
+  pidmap_.set_unseen_grace_ns(config_.unseen_grace_ns);
+  install_fault_guard();
+}
+
+Agent::~Agent() = default;
+
+void Agent::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!config_.use_nvml) {
+    log(LogLevel::info, "running without NVML (--no-nvml): reaping and metrics only; no utilisation feedback, "
+        "no memory reconciliation");
+    return;
+  }
+  std::string why;
+  if (!nvml_.open(config_.nvml_library, &why)) {
+    log(LogLevel::warn, "running without NVML (%s): reaping and metrics only; no utilisation feedback, no memory "
+        "reconciliation", why.c_str());
+    return;
+  }
+  log(LogLevel::info, "NVML loaded from %s: %zu device(s)", config_.nvml_library.c_str(), nvml_.device_count());
+  stats_.nvml_available = true;
+  stats_.nvml_devices = nvml_.device_count();
+}
+
+void Agent::cycle() { timed_cycle(nullptr, true); }
+
+void Agent::cycle_with(const GpuSample* gpu) { timed_cycle(gpu, false); }
+
+void Agent::timed_cycle(const GpuSample* given, bool sample_nvml) {
+  const std::uint64_t cpu0 = thread_cpu_ns();
+  const std::uint64_t t0 = monotonic_ns();
+  std::lock_guard<std::mutex> lock(mu_);
+  const GpuSample* gpu = given;
+  if (sample_nvml && nvml_.available()) {
+    nvml_.sample(&gpu_);
+    gpu = &gpu_;
+  }
+  run_cycle(gpu, t0);
+  const std::uint64_t t1 = monotonic_ns();
+  stats_.last_cycle_ns = t1 - t0;
+  stats_.max_cycle_ns = std::max(stats_.max_cycle_ns, stats_.last_cycle_ns);
+  stats_.last_cycle_cpu_ns = thread_cpu_ns() - cpu0;
+  stats_.total_cycle_cpu_ns += stats_.last_cycle_cpu_ns;
+  last_cycle_end_ns_.store(t1, std::memory_order_relaxed);
+}
+
+void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
+  if (!rescanned_ || now - last_rescan_ns_ >= config_.rescan_ns) {
+    regions_.rescan();
+    rescanned_ = true;
+    last_rescan_ns_ = now;
+  }
+  const bool verify = now - last_verify_ns_ >= config_.verify_ns;
+  if (verify) last_verify_ns_ = now;
+
+  // 1. Read every region (after the NVML sample: see Reconciler::write).
+  reconciler_.begin(gpu, now);
+  pidmap_.begin_cycle(now);
+  active_.clear();
+  for (auto& t : regions_.regions()) {
+    if (t->dropped) continue;
+    if (!read_sample(t->map.get(), &t->sample, &scratch_)) {
+      ++stats_.regions_dropped_truncated;
+      regions_.drop(*t, "the file was truncated under us (SIGBUS); it is reopened if it becomes valid again");
+      continue;
+    }
+    reconciler_.match_devices(t->sample);
+    for (const SlotSample& s : t->sample.slots) pidmap_.want(s.key);
+    active_.push_back(t.get());
+  }
+
+  // 2. Host pids and liveness of every registered process.
+  pidmap_.resolve(now, verify);
+  for (TrackedRegion* t : active_) {
+    for (SlotSample& s : t->sample.slots) {
+      s.res = pidmap_.get(s.key);
+      if (s.key.pidns_inode == 0) {
+        log_once(LogLevel::warn, "no-ns:"s + t->rel,
+                 "region %s: process %u registered without its pid namespace (no /proc in the container?): the agent "
+                 "cannot map or reap it", t->rel.c_str(), s.key.pid);
+      }
+    }
+  }
+
+  // 3. Reconcile with NVML and write the results.
+  reconciler_.compute(active_);
+  for (TrackedRegion* t : active_) {
+    if (!reconciler_.write(*t, now)) {
+      ++stats_.regions_dropped_truncated;
+      regions_.drop(*t, "the file was truncated under us (SIGBUS)");
+    }
+  }
+
+  // 4. Reap dead processes' slots; remove regions unused for the grace period.
+  for (TrackedRegion* t : active_) {
+    if (t->dropped) continue;
+    const int freed = reap(*t);
+    const RegionSample& s = t->sample;
+    const bool empty = s.busy_slots == 0 || (freed > 0 && s.busy_slots == static_cast<std::uint32_t>(freed));
+    regions_.lifecycle(*t, empty, now, config_.grace_ns);
+  }
+  pidmap_.end_cycle();
+  regions_.sweep();
+
+  device_util_.clear();
+  if (gpu != nullptr) {
+    for (const GpuDevice& g : gpu->devices) {
+      device_util_.push_back({g.uuid_text, g.device_util_known ? g.device_util_pct : 0,
+                              static_cast<std::uint32_t>(g.processes.size())});
+    }
+  }
+  ++stats_.cycles;
+  stats_.regions = regions_.regions().size();
+  stats_.invalid_files = regions_.invalid_files();
+  stats_.regions_removed = regions_.removed_total();
+  stats_.pid_scans = pidmap_.full_scans();
+  stats_.bypass_reports = reconciler_.counters().bypass_reports;
+  stats_.unregistered_reports = reconciler_.counters().unregistered_reports;
+}
+
+int Agent::reap(TrackedRegion& t) {
+  bool any = t.sample.reaping_slots != 0;  // a reaper died mid-way: finish its work
+  for (const SlotSample& s : t.sample.slots) {
+    if (s.res.fate == Fate::dead) {
+      dead_flags_[static_cast<std::size_t>(s.index)] = 1;
+      dead_keys_[static_cast<std::size_t>(s.index)] = s.key;
+      any = true;
+    }
+  }
+  if (!any) return 0;
+  DeadSlots ctx{t.map.get(), &dead_flags_, &dead_keys_};
+  int freed = 0;
+  if (!guarded([&] { freed = limiter::reap_slots(t.map.get(), self_, slot_is_dead, &ctx); })) {
+    ++stats_.regions_dropped_truncated;
+    regions_.drop(t, "the file was truncated under us (SIGBUS)");
+    freed = 0;
+  }
+  for (const SlotSample& s : t.sample.slots) dead_flags_[static_cast<std::size_t>(s.index)] = 0;
+  if (freed > 0) {
+    stats_.slots_reaped += static_cast<std::uint64_t>(freed);
+    log(LogLevel::info, "region %s: reclaimed %d slot(s) of exited processes", t.rel.c_str(), freed);
+  }
+  return freed > 0 ? freed : 0;
+}
+
+std::string Agent::metrics_text() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  MetricsInput in;
+  in.stats = stats_;
+  for (const auto& t : regions_.regions()) {
+    if (!t->dropped) in.regions.push_back(t.get());
+  }
+  for (const DeviceUtil& d : device_util_) in.devices.push_back({d.uuid, d.util_pct, d.processes});
+  return render_metrics(in);
+}
+
+bool Agent::healthy() const {
+  const std::uint64_t last = last_cycle_end_ns_.load(std::memory_order_relaxed);
+  if (last == 0) return false;
+  const std::uint64_t limit = std::max<std::uint64_t>(3 * config_.interval_ns, 2'000'000'000);
+  return monotonic_ns() - last <= limit;
+}
+
+AgentStats Agent::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace gpuslice::agent

@@ -1,0 +1,110 @@
+// The node agent: one cycle every --interval over every region of the region
+// directory. Stateless: everything it needs is in the regions and in /proc, so
+// a restarted agent picks up where the previous one was.
+//
+// A cycle: rescan the directory (every --rescan), sample NVML, read each
+// region, map its processes to host pids, reconcile (memory, utilisation,
+// bypass), write the results and the heartbeat, reap the slots of dead
+// processes, and remove regions unused for --grace.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "nvml.h"
+#include "pidmap.h"
+#include "reconcile.h"
+#include "scan.h"
+#include "shm/region_file.h"
+
+namespace gpuslice::agent {
+
+inline constexpr char kDefaultRegionDir[] = "/run/gpuslice/regions";
+inline constexpr char kDefaultListen[] = "127.0.0.1:9477";
+
+struct AgentConfig {
+  std::string region_dir = kDefaultRegionDir;
+  std::uint64_t interval_ns = 100'000'000;         // one cycle
+  std::uint64_t rescan_ns = 1'000'000'000;         // directory re-read
+  std::uint64_t verify_ns = 1'000'000'000;         // /proc re-check of processes without a pidfd
+  std::uint64_t grace_ns = 300'000'000'000;        // unused region removal; 0 = never
+  std::uint64_t unseen_grace_ns = 2'000'000'000;   // a process no /proc scan finds is dead after this
+  std::uint64_t bypass_tolerance_bytes = std::uint64_t{768} << 20;
+  bool use_nvml = true;
+  std::string nvml_library = "libnvidia-ml.so.1";
+  std::size_t max_regions = 4096;
+};
+
+struct AgentStats {
+  std::uint64_t cycles = 0;
+  std::uint64_t last_cycle_ns = 0;       // wall time of the last cycle
+  std::uint64_t last_cycle_cpu_ns = 0;   // CPU time of the agent's thread in it
+  std::uint64_t max_cycle_ns = 0;
+  std::uint64_t total_cycle_cpu_ns = 0;
+  std::uint64_t slots_reaped = 0;
+  std::uint64_t regions = 0;
+  std::uint64_t invalid_files = 0;
+  std::uint64_t regions_removed = 0;
+  std::uint64_t regions_dropped_truncated = 0;
+  std::uint64_t pid_scans = 0;
+  std::uint64_t bypass_reports = 0;
+  std::uint64_t unregistered_reports = 0;
+  bool nvml_available = false;
+  std::uint64_t nvml_devices = 0;
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentConfig config);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Loads NVML unless disabled; without it the agent reaps and serves
+  // metrics only, and says so once.
+  void start();
+  // One cycle with a fresh NVML sample (if NVML is available).
+  void cycle();
+  // One cycle with the given NVML view instead (nullptr: none). Benchmarks.
+  void cycle_with(const GpuSample* gpu);
+
+  std::string metrics_text() const;
+  // The last cycle ended less than max(3 intervals, 2 s) ago.
+  bool healthy() const;
+  AgentStats stats() const;
+  const AgentConfig& config() const { return config_; }
+
+ private:
+  void timed_cycle(const GpuSample* given, bool sample_nvml);
+  void run_cycle(const GpuSample* gpu, std::uint64_t now_ns);
+  int reap(TrackedRegion& t);
+
+  mutable std::mutex mu_;  // cycles vs. /metrics scrapes
+  AgentConfig config_;
+  RegionSet regions_;
+  PidMap pidmap_;
+  Reconciler reconciler_;
+  Nvml nvml_;
+  GpuSample gpu_;
+  struct DeviceUtil {
+    std::string uuid;
+    std::uint32_t util_pct;
+    std::uint32_t processes;
+  };
+  std::vector<DeviceUtil> device_util_;  // the last NVML sample, for /metrics
+  shm::ProcessIdentity self_{};
+  std::vector<SlotSample> scratch_;
+  std::vector<TrackedRegion*> active_;
+  std::vector<char> dead_flags_;
+  std::vector<ProcessKey> dead_keys_;
+  std::uint64_t last_rescan_ns_ = 0;
+  std::uint64_t last_verify_ns_ = 0;
+  bool rescanned_ = false;
+  AgentStats stats_;
+  std::atomic<std::uint64_t> last_cycle_end_ns_{0};
+};
+
+}  // namespace gpuslice::agent

@@ -1,0 +1,93 @@
+#include "log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+#include <unordered_set>
+
+namespace gpuslice::agent {
+namespace {
+
+std::atomic<int> g_level{static_cast<int>(LogLevel::info)};
+std::atomic<const char*> g_component{"agent: "};
+std::mutex g_once_mu;
+std::unordered_set<std::string>* g_once = nullptr;  // leaked: logging may run during exit
+constexpr std::size_t kMaxOnceKeys = 4096;
+
+const char* level_name(LogLevel level) {
+  switch (level) {
+    case LogLevel::error: return "error: ";
+    case LogLevel::warn: return "warning: ";
+    case LogLevel::info: return "";
+    case LogLevel::debug: return "debug: ";
+  }
+  return "";
+}
+
+void vlog(LogLevel level, const char* format, va_list args) {
+  char line[1024];
+  int n = std::snprintf(line, sizeof line, "gpuslice: %s%s", g_component.load(), level_name(level));
+  if (n < 0) return;
+  auto used = static_cast<std::size_t>(n);
+  if (used < sizeof line) {
+    int m = std::vsnprintf(line + used, sizeof line - used, format, args);
+    if (m > 0) used += static_cast<std::size_t>(m);
+  }
+  if (used > sizeof line - 2) used = sizeof line - 2;
+  line[used++] = '\n';
+  ssize_t ignored = ::write(STDERR_FILENO, line, used);
+  (void)ignored;
+}
+
+}  // namespace
+
+void set_log_level(LogLevel level) { g_level.store(static_cast<int>(level)); }
+LogLevel log_level() { return static_cast<LogLevel>(g_level.load()); }
+void set_log_component(const char* component) { g_component.store(component); }
+
+bool parse_log_level(const std::string& text, LogLevel* out) {
+  static const std::pair<const char*, LogLevel> kLevels[] = {
+      {"error", LogLevel::error}, {"warn", LogLevel::warn}, {"info", LogLevel::info}, {"debug", LogLevel::debug}};
+  for (const auto& [name, level] : kLevels) {
+    if (text == name) {
+      *out = level;
+      return true;
+    }
+  }
+  return false;
+}
+
+void log(LogLevel level, const char* format, ...) {
+  if (static_cast<int>(level) > g_level.load(std::memory_order_relaxed)) return;
+  va_list args;
+  va_start(args, format);
+  vlog(level, format, args);
+  va_end(args);
+}
+
+bool log_once(LogLevel level, const std::string& key, const char* format, ...) {
+  if (static_cast<int>(level) > g_level.load(std::memory_order_relaxed)) return false;
+  {
+    std::lock_guard<std::mutex> lock(g_once_mu);
+    if (g_once == nullptr) g_once = new std::unordered_set<std::string>;
+    // Bounded: when full, start over (a message may then repeat once) rather
+    // than fall silent for good on a long-lived node.
+    if (g_once->size() >= kMaxOnceKeys && g_once->count(key) == 0) g_once->clear();
+    if (!g_once->insert(key).second) return false;
+  }
+  va_list args;
+  va_start(args, format);
+  vlog(level, format, args);
+  va_end(args);
+  return true;
+}
+
+void forget_once(const std::string& key) {
+  std::lock_guard<std::mutex> lock(g_once_mu);
+  if (g_once != nullptr) g_once->erase(key);
+}
+
+}  // namespace gpuslice::agent

@@ -1,0 +1,145 @@
+// gpuslice-agent: the node agent (see agent.h and docs/agent.md).
+#include <signal.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "agent.h"
+#include "http.h"
+#include "limiter/options.h"
+#include "log.h"
+#include "region_io.h"
+#include "units.h"
+
+using namespace std::string_literals;
+
+#ifndef GPUSLICE_VERSION
+#define GPUSLICE_VERSION "unknown"
+#endif
+
+using namespace gpuslice::agent;
+
+namespace {
+
+constexpr int kUsageError = 64;  // EX_USAGE
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "gpuslice-agent: %s (see --help)\n", message.c_str());
+  return kUsageError;
+}
+
+// One pidfd per watched process: make room for thousands.
+void raise_fd_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  AgentConfig cfg;
+  std::string interval = "100ms", rescan = "1s", grace = "5m", tolerance = "768Mi", listen = kDefaultListen;
+  std::string level = "info";
+  bool no_nvml = false, once = false;
+  CLI::App app{"gpuslice-agent: the gpuslice node agent. Watches every container's region, writes measured GPU "
+               "utilisation and NVML-reconciled memory into them, reaps dead processes, removes unused regions and "
+               "serves /metrics and /healthz.",
+               "gpuslice-agent"};
+  app.set_version_flag("--version", GPUSLICE_VERSION);
+  app.add_option("--region-dir", cfg.region_dir, "Directory holding the regions (<dir>/<file> or <dir>/<pod>/<file>)")
+      ->capture_default_str();
+  app.add_option("--interval", interval, "Cycle period (e.g. 100ms, 1s)")->capture_default_str();
+  app.add_option("--rescan", rescan, "How often the region directory is re-read")->capture_default_str();
+  app.add_option("--grace", grace, "Remove a region nobody has used for this long (0 = never)")->capture_default_str();
+  app.add_option("--bypass-tolerance", tolerance,
+                 "Report a process holding more than its accounted memory plus this (context memory)")
+      ->capture_default_str();
+  app.add_option("--listen", listen, "host:port for /metrics and /healthz ('off' = no HTTP endpoint)")
+      ->capture_default_str();
+  app.add_option("--nvml", cfg.nvml_library, "NVML library to dlopen")->capture_default_str();
+  app.add_flag("--no-nvml", no_nvml, "Run without NVML: reaping and metrics only");
+  app.add_option("--max-regions", cfg.max_regions, "Most regions watched at once")->capture_default_str();
+  app.add_option("--log-level", level, "error | warn | info | debug")->capture_default_str();
+  app.add_flag("--once", once, "Run one cycle, print the metrics to stdout and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return usage_error(e.what());
+  }
+  if (!parse_duration(interval, &cfg.interval_ns) || cfg.interval_ns < 1'000'000) {
+    return usage_error("--interval '"s + interval + "': expected a duration of at least 1ms (e.g. 100ms)");
+  }
+  if (!parse_duration(rescan, &cfg.rescan_ns)) return usage_error("--rescan '"s + rescan + "': expected a duration");
+  if (!parse_duration(grace, &cfg.grace_ns)) return usage_error("--grace '"s + grace + "': expected a duration or 0");
+  if (!gpuslice::limiter::parse_size(tolerance.c_str(), &cfg.bypass_tolerance_bytes)) {
+    return usage_error("--bypass-tolerance '"s + tolerance + "': expected a size (e.g. 768Mi)");
+  }
+  LogLevel log_level;
+  if (!parse_log_level(level, &log_level)) return usage_error("--log-level '"s + level + "': expected error|warn|info|debug");
+  if (cfg.max_regions == 0) return usage_error("--max-regions: expected at least 1");
+  set_log_level(log_level);
+  cfg.use_nvml = !no_nvml;
+  std::string host;
+  int port = -1;
+  if (listen != "off" && !once) {
+    std::string why;
+    if (!parse_listen(listen, &host, &port, &why)) return usage_error("--listen '"s + listen + "': " + why);
+  }
+
+  // Termination signals are taken synchronously by the main loop; blocked
+  // before any thread starts so that every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a scraper that hangs up mid-response must not kill the agent
+  raise_fd_limit();
+
+  Agent agent(cfg);
+  agent.start();
+  if (once) {
+    agent.cycle();
+    std::fputs(agent.metrics_text().c_str(), stdout);
+    return 0;
+  }
+  HttpServer http(agent);
+  if (port >= 0) {
+    std::string why;
+    if (!http.start(host, port, &why)) {
+      log(LogLevel::error, "%s", why.c_str());
+      return 1;
+    }
+    log(LogLevel::info, "serving /metrics and /healthz on %s:%d", host.c_str(), http.port());
+  }
+  log(LogLevel::info, "watching %s every %s (grace %s)", cfg.region_dir.c_str(), format_duration(cfg.interval_ns).c_str(),
+      format_duration(cfg.grace_ns).c_str());
+  std::uint64_t next = monotonic_ns();
+  for (;;) {
+    agent.cycle();
+    next += cfg.interval_ns;
+    std::uint64_t now = monotonic_ns();
+    if (next < now) next = now;  // overran: skip the missed cycles instead of bursting
+    const std::uint64_t wait = next - now;
+    timespec ts{static_cast<time_t>(wait / 1'000'000'000), static_cast<long>(wait % 1'000'000'000)};
+    const int sig = sigtimedwait(&stop_signals, nullptr, &ts);
+    if (sig == SIGINT || sig == SIGTERM) {
+      log(LogLevel::info, "stopping (signal %d)", sig);
+      break;
+    }
+  }
+  http.stop();
+  return 0;
+}

@@ -1,0 +1,230 @@
+#include "metrics.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "region_io.h"
+#include "shm/region_file.h"
+#include "view.h"
+
+using namespace std::string_literals;
+
+#ifndef GPUSLICE_VERSION
+#define GPUSLICE_VERSION "unknown"
+#endif
+
+namespace gpuslice::agent {
+namespace {
+
+// What /metrics shows of one device entry, read fresh (guarded).
+struct Row {
+  const TrackedRegion* region;
+  std::string labels;  // container="..",region="..",device="..",uuid=".."
+  DeviceView dev;
+  const DeviceStats* stats;
+  std::uint32_t processes;
+};
+
+struct RegionRow {
+  std::string labels;  // container="..",region=".."
+  std::uint32_t processes;
+  std::uint64_t heartbeat_ns;
+};
+
+class Writer {
+ public:
+  explicit Writer(std::string* out) : out_(out) {}
+  void family(const char* name, const char* type, const char* help) {
+    name_ = name;
+    *out_ += "# HELP ";
+    *out_ += name;
+    *out_ += ' ';
+    *out_ += help;
+    *out_ += "\n# TYPE ";
+    *out_ += name;
+    *out_ += ' ';
+    *out_ += type;
+    *out_ += '\n';
+  }
+  void sample(const std::string& labels, double value) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", value);
+    line(labels, buf);
+  }
+  void sample_u64(const std::string& labels, std::uint64_t value) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%" PRIu64, value);
+    line(labels, buf);
+  }
+
+ private:
+  void line(const std::string& labels, const char* value) {
+    *out_ += name_;
+    if (!labels.empty()) {
+      *out_ += '{';
+      *out_ += labels;
+      *out_ += '}';
+    }
+    *out_ += ' ';
+    *out_ += value;
+    *out_ += '\n';
+  }
+  std::string* out_;
+  const char* name_ = "";
+};
+
+std::string region_labels(const std::string& container, const std::string& rel) {
+  return "container=\""s + escape_label(container) + "\",region=\"" + escape_label(rel) + "\"";
+}
+
+}  // namespace
+
+std::string escape_label(const std::string& value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+std::string render_metrics(const MetricsInput& in) {
+  std::vector<Row> rows;
+  std::vector<RegionRow> region_rows;
+  for (const TrackedRegion* t : in.regions) {
+    const Region* r = t->map.get();
+    DeviceView devs[kMaxDevices];
+    int count = 0;
+    char name[sizeof(RegionHeader::container_name)] = {};
+    std::uint64_t heartbeat = 0;
+    const bool ok = guarded([&] {
+      std::memcpy(name, r->header.container_name, sizeof name);
+      heartbeat = r->header.agent_heartbeat_ns.load(std::memory_order_relaxed);
+      for (const DeviceSample& d : t->sample.devices) {
+        const DeviceState& s = r->devices[d.index];
+        DeviceView& v = devs[count++];
+        v.index = d.index;
+        std::memcpy(v.uuid, d.uuid, sizeof v.uuid);
+        v.quota_bytes = s.quota_bytes.load(std::memory_order_relaxed);
+        v.used_bytes = s.used_bytes.load(std::memory_order_relaxed);
+        v.agent_extra_bytes = s.agent_extra_bytes.load(std::memory_order_relaxed);
+        v.oom_refusals = s.oom_refusals.load(std::memory_order_relaxed);
+        v.peak_used_bytes = s.peak_used_bytes.load(std::memory_order_relaxed);
+        v.accounting_errors = s.accounting_errors.load(std::memory_order_relaxed);
+        v.sm_limit_pct = s.sm_limit_pct.load(std::memory_order_relaxed);
+        v.throttled_ns = s.throttled_ns.load(std::memory_order_relaxed);
+        v.launches = s.launches.load(std::memory_order_relaxed);
+        v.util_permille = s.util_permille.load(std::memory_order_relaxed);
+        v.util_updated_ns = s.util_updated_ns.load(std::memory_order_relaxed);
+      }
+    });
+    if (!ok) continue;  // truncated under us: the next cycle drops it
+    name[sizeof name - 1] = '\0';
+    const std::string base = region_labels(printable(name, sizeof name), t->rel);
+    region_rows.push_back({base, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat});
+    for (int i = 0; i < count; ++i) {
+      const int dev = devs[i].index;
+      std::uint32_t processes = 0;
+      for (const SlotSample& s : t->sample.slots) {
+        if (s.committed_bytes[dev] != 0 || s.nvml_now_bytes[dev] != 0) ++processes;
+      }
+      rows.push_back({t, base + ",device=\"" + std::to_string(dev) + "\",uuid=\"" + format_uuid(devs[i].uuid) + "\"",
+                      devs[i], &t->sample.stats[dev], processes});
+    }
+  }
+
+  std::string out;
+  out.reserve(512 + rows.size() * 1400);
+  Writer w(&out);
+  w.family("gpuslice_memory_quota_bytes", "gauge", "Device-memory quota of the container on the device (absent when unlimited).");
+  for (const Row& r : rows) {
+    if (r.dev.quota_bytes != kUnlimited) w.sample_u64(r.labels, r.dev.quota_bytes);
+  }
+  w.family("gpuslice_memory_used_bytes", "gauge", "Device memory the container uses: counted by gpuslice plus what NVML shows beyond that.");
+  for (const Row& r : rows) {
+    const std::uint64_t sum = r.dev.used_bytes + r.dev.agent_extra_bytes;
+    w.sample_u64(r.labels, sum < r.dev.used_bytes ? kUnlimited : sum);
+  }
+  w.family("gpuslice_memory_counted_bytes", "gauge", "Device memory reserved through gpuslice (DeviceState::used_bytes).");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.used_bytes);
+  w.family("gpuslice_memory_agent_extra_bytes", "gauge", "Device memory NVML shows for the container beyond what gpuslice counted (contexts, bypasses).");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.agent_extra_bytes);
+  w.family("gpuslice_memory_nvml_bytes", "gauge", "Device memory NVML reports for the container's processes (last cycle).");
+  for (const Row& r : rows) {
+    if (r.stats->nvml_known) w.sample_u64(r.labels, r.stats->nvml_bytes);
+  }
+  w.family("gpuslice_memory_peak_bytes", "gauge", "Highest device memory counted for the container.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.peak_used_bytes);
+  w.family("gpuslice_oom_refusals_total", "counter", "Allocations refused because of the quota.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oom_refusals);
+  w.family("gpuslice_accounting_errors_total", "counter", "Accounting inconsistencies detected and clamped.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.accounting_errors);
+  w.family("gpuslice_sm_limit_percent", "gauge", "Share of the device's compute time the container may use (100 = unlimited).");
+  for (const Row& r : rows) w.sample_u64(r.labels, sm_unlimited(r.dev.sm_limit_pct) ? 100 : r.dev.sm_limit_pct);
+  w.family("gpuslice_sm_utilization_ratio", "gauge", "Measured SM utilisation of the container on the device (0-1; absent before the first sample).");
+  for (const Row& r : rows) {
+    if (r.dev.util_updated_ns != 0) w.sample(r.labels, static_cast<double>(r.dev.util_permille) / 1000.0);
+  }
+  w.family("gpuslice_throttled_seconds_total", "counter", "Time the container's launching threads were held back by the SM limit.");
+  for (const Row& r : rows) w.sample(r.labels, static_cast<double>(r.dev.throttled_ns) / 1e9);
+  w.family("gpuslice_launches_total", "counter", "Kernels launched by the container.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.launches);
+  w.family("gpuslice_processes", "gauge", "Processes of the container holding memory on the device.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.processes);
+  w.family("gpuslice_bypass_suspected_processes", "gauge", "Registered processes holding more device memory than they accounted for, beyond the tolerance.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.stats->suspected);
+  w.family("gpuslice_unregistered_processes", "gauge", "Processes of the container's pid namespace using the device without gpuslice.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.stats->unregistered);
+
+  w.family("gpuslice_container_processes", "gauge", "Processes registered in the container's region.");
+  for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.processes);
+
+  w.family("gpuslice_device_sm_utilization_ratio", "gauge", "Measured SM utilisation of the whole device (0-1), from NVML.");
+  for (const MetricsDevice& d : in.devices) w.sample("uuid=\""s + escape_label(d.uuid) + "\"", d.util_pct / 100.0);
+  w.family("gpuslice_device_processes", "gauge", "Compute processes NVML lists on the device.");
+  for (const MetricsDevice& d : in.devices) w.sample_u64("uuid=\""s + escape_label(d.uuid) + "\"", d.processes);
+
+  const AgentStats& s = in.stats;
+  w.family("gpuslice_agent_info", "gauge", "The agent's version.");
+  w.sample_u64("version=\"" GPUSLICE_VERSION "\"", 1);
+  w.family("gpuslice_agent_cycles_total", "counter", "Cycles run.");
+  w.sample_u64("", s.cycles);
+  w.family("gpuslice_agent_cycle_seconds", "gauge", "Wall time of the last cycle.");
+  w.sample("", static_cast<double>(s.last_cycle_ns) / 1e9);
+  w.family("gpuslice_agent_cycle_cpu_seconds", "gauge", "CPU time of the last cycle.");
+  w.sample("", static_cast<double>(s.last_cycle_cpu_ns) / 1e9);
+  w.family("gpuslice_agent_cycle_cpu_seconds_total", "counter", "CPU time of every cycle.");
+  w.sample("", static_cast<double>(s.total_cycle_cpu_ns) / 1e9);
+  w.family("gpuslice_agent_cycle_seconds_max", "gauge", "Longest cycle so far (wall time).");
+  w.sample("", static_cast<double>(s.max_cycle_ns) / 1e9);
+  w.family("gpuslice_agent_regions", "gauge", "Regions watched.");
+  w.sample_u64("", s.regions);
+  w.family("gpuslice_agent_invalid_files", "gauge", "Files in the region directory skipped as not valid regions.");
+  w.sample_u64("", s.invalid_files);
+  w.family("gpuslice_agent_regions_removed_total", "counter", "Unused regions removed after the grace period.");
+  w.sample_u64("", s.regions_removed);
+  w.family("gpuslice_agent_regions_truncated_total", "counter", "Regions dropped because their file shrank while mapped.");
+  w.sample_u64("", s.regions_dropped_truncated);
+  w.family("gpuslice_agent_slots_reaped_total", "counter", "Slots of exited processes reclaimed by the agent.");
+  w.sample_u64("", s.slots_reaped);
+  w.family("gpuslice_agent_pid_scans_total", "counter", "Full /proc scans to map processes of other pid namespaces.");
+  w.sample_u64("", s.pid_scans);
+  w.family("gpuslice_agent_bypass_reports_total", "counter", "Registered processes reported for holding more than they accounted for.");
+  w.sample_u64("", s.bypass_reports);
+  w.family("gpuslice_agent_unregistered_reports_total", "counter", "Unregistered processes reported in a container's pid namespace.");
+  w.sample_u64("", s.unregistered_reports);
+  w.family("gpuslice_agent_nvml_available", "gauge", "1 if NVML was loaded (utilisation and reconciliation run).");
+  w.sample_u64("", s.nvml_available ? 1 : 0);
+  w.family("gpuslice_agent_heartbeat_age_seconds", "gauge", "Time since the agent's heartbeat in each region.");
+  const std::uint64_t now = monotonic_ns();
+  for (const RegionRow& r : region_rows) {
+    if (r.heartbeat_ns != 0) w.sample(r.labels, now >= r.heartbeat_ns ? static_cast<double>(now - r.heartbeat_ns) / 1e9 : 0.0);
+  }
+  return out;
+}
+
+}  // namespace gpuslice::agent

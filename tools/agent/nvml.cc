@@ -1,0 +1,241 @@
+#include "nvml.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "gpuslice/nvml_abi.h"
+#include "log.h"
+#include "region_io.h"
+
+using namespace std::string_literals;
+
+namespace gpuslice::agent {
+
+struct Nvml::Api {
+  decltype(&::nvmlInit_v2) init = nullptr;
+  decltype(&::nvmlShutdown) shutdown = nullptr;
+  decltype(&::nvmlErrorString) error_string = nullptr;
+  decltype(&::nvmlDeviceGetCount_v2) get_count = nullptr;
+  decltype(&::nvmlDeviceGetHandleByIndex_v2) get_handle = nullptr;
+  decltype(&::nvmlDeviceGetUUID) get_uuid = nullptr;
+  decltype(&::nvmlDeviceGetComputeRunningProcesses_v3) processes = nullptr;
+  decltype(&::nvmlDeviceGetProcessUtilization) process_util = nullptr;
+  decltype(&::nvmlDeviceGetUtilizationRates) util_rates = nullptr;
+
+  std::string error(nvmlReturn_t rc) const {
+    const char* text = error_string != nullptr ? error_string(rc) : nullptr;
+    return (text != nullptr ? std::string(text) : "NVML error"s) + " (" + std::to_string(rc) + ")";
+  }
+};
+
+struct Nvml::Device {
+  nvmlDevice_t handle = nullptr;
+  std::uint8_t uuid[16] = {};
+  std::string uuid_text;
+  unsigned long long last_seen_us = 0;  // newest utilisation sample consumed
+  std::vector<nvmlProcessInfo_t> process_buf;
+  std::vector<nvmlProcessUtilizationSample_t> util_buf;
+  bool util_unsupported = false;
+  bool rates_unsupported = false;
+};
+
+namespace {
+
+template <class F>
+bool resolve(void* handle, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(handle, name));
+  return *out != nullptr;
+}
+
+}  // namespace
+
+Nvml::~Nvml() {
+  for (Device* d : devices_) delete d;
+  if (api_ != nullptr && api_->shutdown != nullptr) api_->shutdown();
+  delete api_;
+  // Never dlclose()d: NVML keeps process-wide state (and threads, on real
+  // drivers) that does not expect to be unmapped; it stays loaded for the
+  // process's life, as in nvidia-smi.
+}
+
+bool Nvml::open(const std::string& library, std::string* why) {
+  void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    *why = "cannot load "s + library + ": " + (err != nullptr ? err : "dlopen failed");
+    return false;
+  }
+  auto* api = new Api;
+  const bool ok = resolve(handle, "nvmlInit_v2", &api->init) && resolve(handle, "nvmlShutdown", &api->shutdown) &&
+                  resolve(handle, "nvmlDeviceGetCount_v2", &api->get_count) &&
+                  resolve(handle, "nvmlDeviceGetHandleByIndex_v2", &api->get_handle) &&
+                  resolve(handle, "nvmlDeviceGetUUID", &api->get_uuid);
+  resolve(handle, "nvmlErrorString", &api->error_string);
+  resolve(handle, "nvmlDeviceGetComputeRunningProcesses_v3", &api->processes);
+  resolve(handle, "nvmlDeviceGetProcessUtilization", &api->process_util);
+  resolve(handle, "nvmlDeviceGetUtilizationRates", &api->util_rates);
+  if (!ok) {
+    *why = library + " lacks nvmlInit_v2/nvmlDeviceGetCount_v2/nvmlDeviceGetHandleByIndex_v2/nvmlDeviceGetUUID";
+    delete api;
+    dlclose(handle);
+    return false;
+  }
+  const nvmlReturn_t rc = api->init();
+  if (rc != NVML_SUCCESS) {
+    *why = "nvmlInit_v2: "s + api->error(rc);
+    delete api;
+    dlclose(handle);
+    return false;
+  }
+  handle_ = handle;
+  api_ = api;
+  if (!enumerate(why)) {
+    api_->shutdown();
+    delete api_;
+    api_ = nullptr;
+    dlclose(handle_);
+    handle_ = nullptr;
+    return false;
+  }
+  if (api_->processes == nullptr) log(LogLevel::warn, "%s lacks nvmlDeviceGetComputeRunningProcesses_v3: no memory reconciliation", library.c_str());
+  if (api_->process_util == nullptr) log(LogLevel::warn, "%s lacks nvmlDeviceGetProcessUtilization: no utilisation feedback", library.c_str());
+  return true;
+}
+
+bool Nvml::enumerate(std::string* why) {
+  unsigned int count = 0;
+  nvmlReturn_t rc = api_->get_count(&count);
+  if (rc != NVML_SUCCESS) {
+    *why = "nvmlDeviceGetCount_v2: "s + api_->error(rc);
+    return false;
+  }
+  for (unsigned int i = 0; i < count; ++i) {
+    auto* dev = new Device;
+    char text[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+    rc = api_->get_handle(i, &dev->handle);
+    if (rc == NVML_SUCCESS) rc = api_->get_uuid(dev->handle, text, sizeof text);
+    text[sizeof text - 1] = '\0';
+    if (rc != NVML_SUCCESS || !parse_uuid(text, dev->uuid)) {
+      log(LogLevel::warn, "NVML device %u: %s; skipped", i,
+          rc != NVML_SUCCESS ? api_->error(rc).c_str() : "unparsable UUID");
+      delete dev;
+      continue;
+    }
+    dev->uuid_text = format_uuid(dev->uuid);
+    devices_.push_back(dev);
+  }
+  return true;
+}
+
+void Nvml::sample(GpuSample* out) {
+  out->devices.resize(devices_.size());
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    Device& dev = *devices_[i];
+    GpuDevice& g = out->devices[i];
+    std::memcpy(g.uuid, dev.uuid, sizeof g.uuid);
+    g.uuid_text = dev.uuid_text;
+    sample_processes(dev, &g);
+    sample_utilisation(dev, &g);
+  }
+}
+
+void Nvml::sample_processes(Device& dev, GpuDevice* out) {
+  out->processes.clear();
+  out->processes_known = false;
+  if (api_->processes == nullptr) return;
+  if (dev.process_buf.empty()) dev.process_buf.resize(64);
+  // The list may grow between the two calls: retry a few times.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    auto count = static_cast<unsigned int>(dev.process_buf.size());
+    const nvmlReturn_t rc = api_->processes(dev.handle, &count, dev.process_buf.data());
+    if (rc == NVML_ERROR_INSUFFICIENT_SIZE) {
+      dev.process_buf.resize(std::max<std::size_t>(count + 16, dev.process_buf.size() * 2));
+      continue;
+    }
+    if (rc != NVML_SUCCESS) {
+      log_once(LogLevel::warn, "nvml-processes-"s + dev.uuid_text,
+               "nvmlDeviceGetComputeRunningProcesses_v3(%s): %s; memory reconciliation paused on this device",
+               dev.uuid_text.c_str(), api_->error(rc).c_str());
+      return;
+    }
+    count = std::min<unsigned int>(count, static_cast<unsigned int>(dev.process_buf.size()));
+    for (unsigned int k = 0; k < count; ++k) {
+      const nvmlProcessInfo_t& info = dev.process_buf[k];
+      GpuProcess p;
+      p.host_pid = info.pid;
+      p.used_known = info.usedGpuMemory != NVML_VALUE_NOT_AVAILABLE;
+      p.used_bytes = p.used_known ? info.usedGpuMemory : 0;
+      out->processes.push_back(p);
+    }
+    out->processes_known = true;
+    return;
+  }
+}
+
+void Nvml::sample_utilisation(Device& dev, GpuDevice* out) {
+  out->util_sampled_ns = 0;
+  out->util_pct.clear();
+  out->util_known = false;
+  out->device_util_known = false;
+  if (api_->process_util != nullptr && !dev.util_unsupported) {
+    // One call in the steady state: the buffer only grows when NVML says so.
+    if (dev.util_buf.empty()) dev.util_buf.resize(64);
+    unsigned int count = 0;
+    nvmlReturn_t rc = NVML_ERROR_UNKNOWN;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      count = static_cast<unsigned int>(dev.util_buf.size());
+      out->util_sampled_ns = monotonic_ns();
+      rc = api_->process_util(dev.handle, dev.util_buf.data(), &count, dev.last_seen_us);
+      if (rc != NVML_ERROR_INSUFFICIENT_SIZE) break;
+      dev.util_buf.resize(std::max<std::size_t>(count + 16, dev.util_buf.size() * 2));
+    }
+    if (rc == NVML_SUCCESS || rc == NVML_ERROR_NOT_FOUND) {
+      // NOT_FOUND: no sample newer than last_seen (nothing ran).
+      if (rc == NVML_ERROR_NOT_FOUND) count = 0;
+      count = std::min<unsigned int>(count, static_cast<unsigned int>(dev.util_buf.size()));
+      // NVML may hold several samples per process since last_seen: average them.
+      std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::uint32_t>> sums;
+      unsigned long long newest = dev.last_seen_us;
+      for (unsigned int k = 0; k < count; ++k) {
+        const nvmlProcessUtilizationSample_t& s = dev.util_buf[k];
+        auto& [sum, n] = sums[s.pid];
+        sum += std::min(s.smUtil, 100u);
+        ++n;
+        newest = std::max(newest, s.timeStamp);
+      }
+      dev.last_seen_us = newest;
+      std::uint64_t device_sum = 0;
+      for (const auto& [pid, acc] : sums) {
+        const auto pct = static_cast<std::uint32_t>((acc.first + acc.second / 2) / acc.second);
+        out->util_pct[pid] = pct;
+        device_sum += pct;
+      }
+      out->util_known = true;
+      out->device_util_pct = static_cast<std::uint32_t>(std::min<std::uint64_t>(device_sum, 100));
+      out->device_util_known = true;
+    } else if (rc == NVML_ERROR_NOT_SUPPORTED) {
+      dev.util_unsupported = true;
+      log(LogLevel::warn, "%s: per-process utilisation not supported; no utilisation feedback on this device",
+          dev.uuid_text.c_str());
+    } else {
+      log_once(LogLevel::warn, "nvml-util-"s + dev.uuid_text, "nvmlDeviceGetProcessUtilization(%s): %s",
+               dev.uuid_text.c_str(), api_->error(rc).c_str());
+    }
+  }
+  // Without per-process samples, the whole device from NVML's own counter
+  // (its window is NVML's sampling period, not our cycle).
+  if (!out->device_util_known && api_->util_rates != nullptr && !dev.rates_unsupported) {
+    nvmlUtilization_t u{};
+    const nvmlReturn_t rc = api_->util_rates(dev.handle, &u);
+    if (rc == NVML_SUCCESS) {
+      out->device_util_pct = std::min(u.gpu, 100u);
+      out->device_util_known = true;
+    } else if (rc == NVML_ERROR_NOT_SUPPORTED) {
+      dev.rates_unsupported = true;
+    }
+  }
+}
+
+}  // namespace gpuslice::agent

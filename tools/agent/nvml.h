@@ -1,0 +1,64 @@
+// NVML, loaded with dlopen at run time (never linked: the agent must start,
+// and reap, on a node whose driver is broken or absent). One sample per cycle:
+// for every device, the compute processes with their device memory and their
+// SM utilisation since the previous sample.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace gpuslice::agent {
+
+struct GpuProcess {
+  std::uint32_t host_pid = 0;   // NVML reports pids of the host (initial) pid namespace
+  std::uint64_t used_bytes = 0;  // device memory it holds (context included)
+  bool used_known = true;        // false: NVML_VALUE_NOT_AVAILABLE
+};
+
+struct GpuDevice {
+  std::uint8_t uuid[16] = {};
+  std::string uuid_text;
+  std::vector<GpuProcess> processes;
+  // host pid -> SM utilisation (percent) averaged over the samples since the
+  // previous call; pids without a sample ran no kernel.
+  std::unordered_map<std::uint32_t, std::uint32_t> util_pct;
+  bool util_known = false;             // per-process utilisation is supported and was read
+  std::uint32_t device_util_pct = 0;   // the whole device
+  bool device_util_known = false;
+  std::uint64_t util_sampled_ns = 0;   // CLOCK_MONOTONIC when NVML was asked (the window's end); 0 = unknown
+  bool processes_known = false;
+};
+
+struct GpuSample {
+  std::vector<GpuDevice> devices;
+};
+
+class Nvml {
+ public:
+  Nvml() = default;
+  ~Nvml();
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+
+  // dlopen + nvmlInit_v2 + device enumeration. false + why on failure.
+  bool open(const std::string& library, std::string* why);
+  bool available() const { return handle_ != nullptr; }
+  // One sample of every device into `out` (its buffers are reused).
+  void sample(GpuSample* out);
+  std::size_t device_count() const { return devices_.size(); }
+
+ private:
+  struct Device;
+  bool enumerate(std::string* why);
+  void sample_processes(Device& dev, GpuDevice* out);
+  void sample_utilisation(Device& dev, GpuDevice* out);
+
+  void* handle_ = nullptr;
+  struct Api;
+  Api* api_ = nullptr;
+  std::vector<Device*> devices_;
+};
+
+}  // namespace gpuslice::agent

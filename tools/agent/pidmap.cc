@@ -1,0 +1,304 @@
+#include "pidmap.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "log.h"
+
+using namespace std::string_literals;
+
+namespace gpuslice::agent {
+namespace {
+
+constexpr std::uint64_t kRescanRetryNs = 1'000'000'000;  // unresolved keys: one /proc scan per second at most
+
+// Reads a small /proc file whole; -1 on error (errno set).
+ssize_t read_small(const char* path, char* buf, std::size_t cap) {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t total = 0;
+  while (static_cast<std::size_t>(total) < cap - 1) {
+    const ssize_t n = read(fd, buf + total, cap - 1 - static_cast<std::size_t>(total));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      close(fd);
+      errno = e;
+      return -1;
+    }
+    if (n == 0) break;
+    total += n;
+  }
+  close(fd);
+  buf[total] = '\0';
+  return total;
+}
+
+// /proc/<pid>/stat: state (field 3) and start time (field 22), after the last
+// ')' because comm may contain spaces and parentheses.
+bool parse_stat(const char* text, char* state, std::uint64_t* start_time) {
+  const char* p = std::strrchr(text, ')');
+  if (p == nullptr || p[1] != ' ') return false;
+  p += 2;
+  *state = *p;
+  for (int field = 3; field < 22; ++field) {
+    p = std::strchr(p, ' ');
+    if (p == nullptr) return false;
+    ++p;
+  }
+  char* end = nullptr;
+  *start_time = std::strtoull(p, &end, 10);
+  return end != p;
+}
+
+std::uint32_t parse_last_nspid(const char* status) {
+  const char* line = std::strstr(status, "\nNSpid:");
+  if (line == nullptr) return 0;
+  const char* p = line + 7;
+  std::uint32_t last = 0;
+  while (*p != '\0' && *p != '\n') {
+    while (*p == ' ' || *p == '\t') ++p;
+    if (*p < '0' || *p > '9') break;
+    char* end = nullptr;
+    last = static_cast<std::uint32_t>(std::strtoul(p, &end, 10));
+    p = end;
+  }
+  return last;
+}
+
+int pidfd_open(std::uint32_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0u)); }
+
+}  // namespace
+
+bool read_proc_info(std::uint32_t host_pid, bool want_ns_pid, ProcInfo* out) {
+  *out = ProcInfo{};
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/ns/pid", host_pid);
+  struct stat st {};
+  if (stat(path, &st) == 0) {
+    out->pidns_inode = st.st_ino;
+  } else if (errno == ENOENT || errno == ESRCH) {
+    return false;
+  }  // else (EACCES: no ptrace access): namespace unknown
+  char buf[4096];
+  std::snprintf(path, sizeof path, "/proc/%u/stat", host_pid);
+  if (read_small(path, buf, sizeof buf) < 0) return false;
+  char state = '?';
+  if (!parse_stat(buf, &state, &out->start_time)) return false;
+  out->zombie = state == 'Z' || state == 'X';
+  if (want_ns_pid) {
+    std::snprintf(path, sizeof path, "/proc/%u/status", host_pid);
+    if (read_small(path, buf + 1, sizeof buf - 1) < 0) return false;
+    buf[0] = '\n';  // so that the first line matches "\nNSpid:" too
+    out->ns_pid = parse_last_nspid(buf);
+  }
+  return true;
+}
+
+PidMap::PidMap() {
+  struct stat st {};
+  if (stat("/proc/self/ns/pid", &st) == 0) own_pidns_ = st.st_ino;
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) pidfds_work_ = false;
+}
+
+PidMap::~PidMap() {
+  for (auto& [key, e] : entries_) unwatch(e);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+void PidMap::begin_cycle(std::uint64_t now_ns) {
+  exits_this_cycle_ = 0;
+  last_now_ns_ = now_ns;
+  if (epoll_fd_ < 0 || watch_ids_.empty()) return;
+  epoll_event events[256];
+  for (;;) {
+    const int n = epoll_wait(epoll_fd_, events, 256, 0);
+    if (n <= 0) break;
+    for (int i = 0; i < n; ++i) {
+      auto it = watch_ids_.find(events[i].data.u64);
+      if (it == watch_ids_.end()) continue;
+      auto entry = entries_.find(it->second);
+      if (entry != entries_.end()) {
+        entry->second.res.fate = Fate::dead;
+        unwatch(entry->second);
+        ++exits_this_cycle_;
+      }
+    }
+    if (n < 256) break;
+  }
+}
+
+void PidMap::want(const ProcessKey& key) {
+  auto [it, inserted] = entries_.try_emplace(key);
+  if (inserted) it->second.first_seen_ns = last_now_ns_;
+  it->second.wanted = true;
+}
+
+void PidMap::resolve(std::uint64_t now_ns, bool verify_all) {
+  std::unordered_set<std::uint64_t> namespaces;
+  bool fresh = false;
+  for (auto& [key, e] : entries_) {
+    if (!e.wanted) continue;
+    if (e.res.fate == Fate::alive) {
+      if (verify_all && e.pidfd < 0) verify(key, e);
+      continue;
+    }
+    if (e.res.fate == Fate::dead || key.pidns_inode == 0 || key.pid == 0) continue;
+    if (key.pidns_inode == own_pidns_) {
+      resolve_own(key, e);
+      continue;
+    }
+    namespaces.insert(key.pidns_inode);
+    if (e.first_seen_ns > last_scan_ns_ || full_scans_ == 0) fresh = true;
+  }
+  if (namespaces.empty()) return;
+  if (!fresh && now_ns - last_scan_ns_ < kRescanRetryNs) return;
+  full_scan(namespaces);
+  last_scan_ns_ = now_ns;
+  for (auto& [key, e] : entries_) {
+    if (e.wanted && e.res.fate == Fate::unknown && key.pidns_inode != 0 && key.pid != 0 &&
+        key.pidns_inode != own_pidns_) {
+      settle_from_index(key, e, now_ns);
+    }
+  }
+}
+
+Resolution PidMap::get(const ProcessKey& key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? Resolution{} : it->second.res;
+}
+
+void PidMap::end_cycle() {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (!it->second.wanted) {
+      unwatch(it->second);
+      it = entries_.erase(it);
+    } else {
+      it->second.wanted = false;
+      ++it;
+    }
+  }
+}
+
+void PidMap::resolve_own(const ProcessKey& key, Entry& e) {
+  ProcInfo info;
+  if (!read_proc_info(key.pid, false, &info)) {
+    e.res = {0, Fate::dead};  // our namespace: the pid is authoritative
+    return;
+  }
+  if (info.pidns_inode == 0) return;  // no access to its namespace: cannot tell
+  if (info.pidns_inode != own_pidns_ || (key.start_time != 0 && info.start_time != key.start_time) || info.zombie) {
+    e.res = {0, Fate::dead};  // gone, or the pid now belongs to another process
+    return;
+  }
+  e.res = {key.pid, Fate::alive};
+  watch(e, key);
+}
+
+void PidMap::full_scan(const std::unordered_set<std::uint64_t>& namespaces) {
+  ++full_scans_;
+  index_.clear();
+  DIR* dir = opendir("/proc");
+  if (dir == nullptr) return;
+  char path[64];
+  while (dirent* d = readdir(dir)) {
+    if (d->d_name[0] < '1' || d->d_name[0] > '9') continue;
+    char* end = nullptr;
+    const unsigned long pid = std::strtoul(d->d_name, &end, 10);
+    if (*end != '\0' || pid == 0 || pid > 0x7fffffff) continue;
+    std::snprintf(path, sizeof path, "/proc/%lu/ns/pid", pid);
+    struct stat st {};
+    if (stat(path, &st) != 0) continue;
+    if (seen_namespaces_.size() < 65536) seen_namespaces_.insert(st.st_ino);
+    if (namespaces.count(st.st_ino) == 0) continue;
+    ProcInfo info;
+    if (!read_proc_info(static_cast<std::uint32_t>(pid), true, &info) || info.zombie) continue;
+    if (info.pidns_inode != st.st_ino || info.ns_pid == 0) continue;  // changed under us
+    index_[{info.pidns_inode, info.ns_pid}] = {static_cast<std::uint32_t>(pid), info.start_time};
+  }
+  closedir(dir);
+}
+
+void PidMap::settle_from_index(const ProcessKey& key, Entry& e, std::uint64_t now_ns) {
+  auto it = index_.find({key.pidns_inode, key.pid});
+  if (it != index_.end() && (key.start_time == 0 || it->second.start_time == key.start_time)) {
+    e.res = {it->second.host_pid, Fate::alive};
+    e.scans_missed = 0;
+    watch(e, key);
+    return;
+  }
+  ++e.scans_missed;
+  // Only a namespace we can see (we are in the initial one, or a scan found
+  // it before) lets absence mean death; otherwise the agent is blind to it.
+  const bool visible = in_initial_namespace() || seen_namespaces_.count(key.pidns_inode) != 0;
+  if (visible && e.scans_missed >= 2 && now_ns - e.first_seen_ns >= unseen_grace_ns_) e.res = {0, Fate::dead};
+  if (!visible && e.scans_missed == 2) {
+    log_once(LogLevel::warn, "invisible-ns:"s + std::to_string(key.pidns_inode),
+             "no process of pid namespace %llu is visible in /proc: its processes cannot be mapped to host pids or "
+             "reaped by the agent (run the agent in the host pid namespace: hostPID: true)",
+             static_cast<unsigned long long>(key.pidns_inode));
+  }
+}
+
+void PidMap::watch(Entry& e, const ProcessKey& key) {
+  if (!pidfds_work_ || e.pidfd >= 0) return;
+  const int fd = pidfd_open(e.res.host_pid);
+  if (fd < 0) {
+    if (errno == ENOSYS || errno == EINVAL) {
+      pidfds_work_ = false;
+      log(LogLevel::info, "pidfd_open unavailable (%s): process exits are checked in /proc at reap time",
+          std::strerror(errno));
+    } else if (errno == ESRCH) {
+      e.res = {0, Fate::dead};
+    }
+    return;
+  }
+  // The pid may have been recycled between the lookup and pidfd_open: the
+  // pidfd is for the right process only if the start time still matches.
+  ProcInfo info;
+  if (!read_proc_info(e.res.host_pid, false, &info) || (key.start_time != 0 && info.start_time != key.start_time) ||
+      info.zombie) {
+    close(fd);
+    e.res = {0, Fate::dead};
+    return;
+  }
+  const std::uint64_t id = next_watch_id_++;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = id;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    close(fd);
+    return;
+  }
+  e.pidfd = fd;
+  e.watch_id = id;
+  watch_ids_[id] = key;
+}
+
+void PidMap::unwatch(Entry& e) {
+  if (e.pidfd < 0) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, e.pidfd, nullptr);
+  close(e.pidfd);
+  e.pidfd = -1;
+  watch_ids_.erase(e.watch_id);
+}
+
+void PidMap::verify(const ProcessKey& key, Entry& e) {
+  ProcInfo info;
+  if (!read_proc_info(e.res.host_pid, false, &info) || info.zombie ||
+      (key.start_time != 0 && info.start_time != key.start_time)) {
+    e.res = {0, Fate::dead};
+  }
+}
+
+}  // namespace gpuslice::agent

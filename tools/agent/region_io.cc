@@ -1,0 +1,244 @@
+#include "region_io.h"
+
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "shm/region_file.h"
+
+namespace gpuslice::agent {
+namespace {
+
+thread_local sigjmp_buf* t_guard = nullptr;
+struct sigaction g_previous_sigbus;
+std::once_flag g_guard_once;
+
+void on_sigbus(int sig, siginfo_t* info, void* uctx) {
+  if (sigjmp_buf* guard = t_guard; guard != nullptr) {
+    t_guard = nullptr;
+    siglongjmp(*guard, 1);
+  }
+  // Not ours: behave as if we had never been installed.
+  if (g_previous_sigbus.sa_flags & SA_SIGINFO) {
+    if (g_previous_sigbus.sa_sigaction != nullptr) {
+      g_previous_sigbus.sa_sigaction(sig, info, uctx);
+      return;
+    }
+  } else if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN) {
+    g_previous_sigbus.sa_handler(sig);
+    return;
+  }
+  signal(SIGBUS, SIG_DFL);
+  raise(SIGBUS);
+}
+
+// validate_header's messages start "gpuslice: region header: ".
+std::string strip_prefix(const char* message) {
+  static const char kPrefix[] = "gpuslice: region header: ";
+  if (std::strncmp(message, kPrefix, sizeof kPrefix - 1) == 0) return message + sizeof kPrefix - 1;
+  return message;
+}
+
+std::string errno_message(const char* what, int err) {
+  return std::string(what) + ": " + std::strerror(err);
+}
+
+}  // namespace
+
+void install_fault_guard() {
+  std::call_once(g_guard_once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+}
+
+bool run_guarded(void (*fn)(void*), void* ctx) noexcept {
+  install_fault_guard();
+  sigjmp_buf buf;
+  sigjmp_buf* const outer = t_guard;
+  if (sigsetjmp(buf, 1) != 0) {
+    t_guard = outer;
+    return false;
+  }
+  t_guard = &buf;
+  fn(ctx);
+  t_guard = outer;
+  return true;
+}
+
+MappedRegion::~MappedRegion() { reset(); }
+
+MappedRegion::MappedRegion(MappedRegion&& other) noexcept
+    : region_(other.region_), fd_(other.fd_), writable_(other.writable_), device_(other.device_), inode_(other.inode_) {
+  other.region_ = nullptr;
+  other.fd_ = -1;
+}
+
+MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
+  if (this != &other) {
+    reset();
+    region_ = other.region_;
+    fd_ = other.fd_;
+    writable_ = other.writable_;
+    device_ = other.device_;
+    inode_ = other.inode_;
+    other.region_ = nullptr;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+void MappedRegion::adopt(Region* region, int fd, bool writable, dev_t device, ino_t inode) {
+  reset();
+  region_ = region;
+  fd_ = fd;
+  writable_ = writable;
+  device_ = device;
+  inode_ = inode;
+}
+
+void MappedRegion::reset() {
+  if (region_ != nullptr) munmap(region_, sizeof(Region));
+  if (fd_ >= 0) close(fd_);
+  region_ = nullptr;
+  fd_ = -1;
+}
+
+bool MappedRegion::unlinked() const {
+  struct stat st {};
+  return fd_ >= 0 && fstat(fd_, &st) == 0 && st.st_nlink == 0;
+}
+
+bool open_region(int dirfd, const char* name, bool writable, bool follow_symlinks, MappedRegion* out,
+                 std::string* why, bool* missing) {
+  out->reset();
+  if (missing != nullptr) *missing = false;
+  int flags = (writable ? O_RDWR : O_RDONLY) | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;
+  if (!follow_symlinks) flags |= O_NOFOLLOW;
+  const int fd = openat(dirfd, name, flags);
+  if (fd < 0) {
+    const int err = errno;
+    if (missing != nullptr) *missing = err == ENOENT;
+    if (err == ELOOP && !follow_symlinks) {
+      *why = "is a symbolic link, expected a regular region file (links are not followed)";
+    } else {
+      *why = errno_message(writable ? "cannot open for writing" : "cannot open", err) +
+             (err == ENOENT ? ", expected an existing region file" : ", expected a readable region file");
+    }
+    return false;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    *why = errno_message("cannot stat", errno) + ", expected a readable region file";
+    close(fd);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *why = "not a regular file, expected a gpuslice region file";
+    close(fd);
+    return false;
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size != sizeof(Region)) {
+    // Never map a file of the wrong size: read its head for the best message.
+    unsigned char head[sizeof(RegionHeader)] = {};
+    const ssize_t n = pread(fd, head, sizeof head, 0);
+    close(fd);
+    shm::Error err{};
+    char size_message[160];
+    std::snprintf(size_message, sizeof size_message, "wrong size: file holds %llu bytes, expected %zu bytes",
+                  static_cast<unsigned long long>(size), sizeof(Region));
+    if (n < 0) {
+      *why = errno_message("cannot read", errno) + ", expected a readable region file";
+    } else if (!shm::validate_header(head, static_cast<std::size_t>(n), &err) &&
+               std::strstr(err.message, ": wrong size") == nullptr) {
+      *why = strip_prefix(err.message);  // not even a good header: say what is wrong with it
+    } else {
+      *why = size_message;
+    }
+    return false;
+  }
+  void* p = mmap(nullptr, sizeof(Region), writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    *why = errno_message("cannot map", errno) + ", expected a mappable region file";
+    close(fd);
+    return false;
+  }
+  MappedRegion mapped;
+  mapped.adopt(static_cast<Region*>(p), fd, writable, st.st_dev, st.st_ino);
+  if (!revalidate(mapped.get(), why)) return false;
+  *out = std::move(mapped);
+  return true;
+}
+
+bool revalidate(const Region* r, std::string* why) {
+  shm::Error err{};
+  bool valid = false;
+  if (!guarded([&] { valid = shm::validate_header(r, sizeof(Region), &err); })) {
+    *why = "the file shrank while mapped (truncated by its owner?), expected a region file of fixed size";
+    return false;
+  }
+  if (!valid) *why = strip_prefix(err.message);
+  return valid;
+}
+
+std::string format_uuid(const std::uint8_t uuid[16]) {
+  char text[48];
+  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                uuid[0], uuid[1], uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9], uuid[10],
+                uuid[11], uuid[12], uuid[13], uuid[14], uuid[15]);
+  return text;
+}
+
+bool parse_uuid(const char* text, std::uint8_t out[16]) {
+  if (text == nullptr) return false;
+  if (std::strncmp(text, "GPU-", 4) == 0) text += 4;
+  int digits = 0;
+  for (const char* p = text; *p != '\0'; ++p) {
+    if (*p == '-') continue;
+    int v = (*p >= '0' && *p <= '9')   ? *p - '0'
+            : (*p >= 'a' && *p <= 'f') ? *p - 'a' + 10
+            : (*p >= 'A' && *p <= 'F') ? *p - 'A' + 10
+                                       : -1;
+    if (v < 0 || digits >= 32) return false;
+    if (digits % 2 == 0) out[digits / 2] = static_cast<std::uint8_t>(v << 4);
+    else out[digits / 2] = static_cast<std::uint8_t>(out[digits / 2] | v);
+    ++digits;
+  }
+  return digits == 32;
+}
+
+std::string printable(const char* data, std::size_t max_bytes) {
+  std::string out;
+  for (std::size_t i = 0; i < max_bytes && data[i] != '\0'; ++i) {
+    const auto c = static_cast<unsigned char>(data[i]);
+    if (c < 0x20 || c >= 0x7f || c == '\\') {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\x%02x", c);
+      out += esc;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace gpuslice::agent

@@ -1,0 +1,289 @@
+#include "scan.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "log.h"
+
+using namespace std::string_literals;
+
+namespace gpuslice::agent {
+namespace {
+
+constexpr unsigned kRenameNoReplace = 1;  // RENAME_NOREPLACE
+
+int rename_noreplace(int dirfd, const char* from, const char* to) {
+  return static_cast<int>(syscall(SYS_renameat2, dirfd, from, dirfd, to, kRenameNoReplace));
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const std::size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+std::string join(const std::string& sub, const std::string& name) { return sub.empty() ? name : sub + "/" + name; }
+
+std::int64_t mtime_ns(const struct stat& st) {
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+// Visits the entries of an open directory (takes ownership of fd); at most
+// `limit` entries, so a directory stuffed with millions of files cannot stall
+// a cycle.
+template <class F>
+void for_each_entry(int fd, std::size_t limit, F&& visit) {
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    close(fd);
+    return;
+  }
+  std::size_t n = 0;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    if (++n > limit) {
+      log_once(LogLevel::warn, "too-many-entries", "a directory below the region directory holds more than %zu entries; "
+               "the rest are ignored", limit);
+      break;
+    }
+    visit(dirfd(d), e);
+  }
+  closedir(d);
+}
+
+}  // namespace
+
+RegionSet::RegionSet(std::string dir, std::size_t max_regions) : dir_(std::move(dir)), max_regions_(max_regions) {}
+
+RegionSet::~RegionSet() = default;
+
+int RegionSet::open_sub(const std::string& sub) const {
+  const int root = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0 || sub.empty()) return root;
+  const int fd = openat(root, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  close(root);
+  return fd;
+}
+
+bool RegionSet::rescan() {
+  const int root = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) {
+    if (!dir_error_logged_) {
+      log(LogLevel::warn, "cannot read the region directory %s: %s; waiting for it", dir_.c_str(), std::strerror(errno));
+      dir_error_logged_ = true;
+    }
+    return false;
+  }
+  if (dir_error_logged_) log(LogLevel::info, "region directory %s is readable again", dir_.c_str());
+  dir_error_logged_ = false;
+  std::unordered_map<std::string, bool> seen;
+  const std::size_t limit = 4 * max_regions_ + 64;
+  for_each_entry(root, limit, [&](int rootfd, dirent* e) {
+    if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN) {
+      struct stat st {};
+      if (fstatat(rootfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+      if (S_ISDIR(st.st_mode)) {
+        if (e->d_name[0] == '.') return;
+        const int sub = openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+        if (sub < 0) return;
+        const std::string subname = e->d_name;
+        for_each_entry(sub, limit, [&](int subfd, dirent* f) { consider(subfd, subname, f->d_name, seen); });
+        return;
+      }
+    }
+    consider(rootfd, "", e->d_name, seen);
+  });
+  for (auto& t : regions_) {
+    if (!t->dropped && seen.count(join(t->sub, t->current)) == 0) {
+      if (!log_once(LogLevel::info, "gone:"s + t->rel, "region %s is gone", t->rel.c_str())) {
+        log(LogLevel::debug, "region %s is gone", t->rel.c_str());
+      }
+      t->dropped = true;
+    }
+  }
+  for (auto it = bad_.begin(); it != bad_.end();) {
+    if (seen.count(it->first) == 0) {
+      forget_once("skip:"s + it->first);
+      it = bad_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  sweep();
+  return true;
+}
+
+void RegionSet::consider(int dirfd, const std::string& sub, const char* name,
+                         std::unordered_map<std::string, bool>& seen) {
+  std::string file = name;
+  const bool hidden = file[0] == '.';
+  if (hidden && !ends_with(file, kRemovingSuffix)) return;  // temporary files of region creation, editors, ...
+  const std::string rel = join(sub, file);
+  struct stat st {};
+  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  seen[rel] = true;
+  if (!S_ISREG(st.st_mode)) {
+    if (!S_ISDIR(st.st_mode)) {
+      log_once(LogLevel::warn, "skip:"s + rel, "skipping %s/%s: %s, expected a regular region file", dir_.c_str(),
+               rel.c_str(), S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : "not a regular file");
+    }
+    return;
+  }
+  if (auto it = by_rel_.find(rel); it != by_rel_.end()) {
+    TrackedRegion& t = *it->second;
+    if (t.map.device() == st.st_dev && t.map.inode() == st.st_ino && !t.map.unlinked()) return;
+    drop(t, "replaced by another file");
+    sweep();
+  }
+  if (auto it = bad_.find(rel); it != bad_.end()) {
+    const BadFile& b = it->second;
+    if (b.dev == st.st_dev && b.ino == st.st_ino && b.size == st.st_size && b.mtime_ns == mtime_ns(st)) return;
+  }
+  if (regions_.size() >= max_regions_) {
+    log_once(LogLevel::warn, "max-regions", "more than %zu regions below %s; the rest are not watched (--max-regions)",
+             max_regions_, dir_.c_str());
+    return;
+  }
+  MappedRegion map;
+  std::string why;
+  if (!open_region(dirfd, name, true, false, &map, &why)) {
+    bad_[rel] = {st.st_dev, st.st_ino, st.st_size, mtime_ns(st)};
+    log_once(LogLevel::warn, "skip:"s + rel, "skipping %s/%s: %s", dir_.c_str(), rel.c_str(), why.c_str());
+    return;
+  }
+  bad_.erase(rel);
+  forget_once("skip:"s + rel);
+  auto t = std::make_unique<TrackedRegion>();
+  t->sub = sub;
+  t->current = file;
+  t->name = file;
+  if (hidden) {
+    // Left by an agent that died between renaming and unlinking it.
+    t->name = file.substr(1, file.size() - 1 - (sizeof kRemovingSuffix - 1));
+    t->removing = true;
+  }
+  t->rel = join(sub, t->name);
+  t->map = std::move(map);
+  char container[sizeof(RegionHeader::container_name)] = {};
+  guarded([&] { std::memcpy(container, t->map.get()->header.container_name, sizeof container); });
+  container[sizeof container - 1] = '\0';
+  // Info the first time a path is watched; a container that keeps replacing
+  // its file only shows up at debug level.
+  const std::string name_text = printable(container, sizeof container);
+  if (!log_once(LogLevel::info, "watch:"s + t->rel, "watching region %s (container \"%s\")", t->rel.c_str(),
+                name_text.c_str())) {
+    log(LogLevel::debug, "watching region %s (container \"%s\")", t->rel.c_str(), name_text.c_str());
+  }
+  by_rel_[rel] = t.get();
+  regions_.push_back(std::move(t));
+}
+
+void RegionSet::drop(TrackedRegion& t, const std::string& why) {
+  if (t.dropped) return;
+  t.dropped = true;
+  if (!log_once(LogLevel::info, "drop:"s + t.rel, "no longer watching region %s: %s", t.rel.c_str(), why.c_str())) {
+    log(LogLevel::debug, "no longer watching region %s: %s", t.rel.c_str(), why.c_str());
+  }
+}
+
+void RegionSet::sweep() {
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    if ((*it)->dropped) {
+      auto key = by_rel_.find(join((*it)->sub, (*it)->current));
+      if (key != by_rel_.end() && key->second == it->get()) by_rel_.erase(key);
+      it = regions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void RegionSet::lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, std::uint64_t grace_ns) {
+  if (t.dropped) return;
+  if (!empty) {
+    t.empty_since_ns = 0;
+    if (t.removing) {
+      const int dirfd = open_sub(t.sub);
+      if (dirfd >= 0) {
+        restore(t, dirfd);
+        close(dirfd);
+      }
+    }
+    return;
+  }
+  if (t.empty_since_ns == 0) t.empty_since_ns = now_ns;
+  if (grace_ns == 0) return;  // never remove
+  if (!t.removing && now_ns - t.empty_since_ns < grace_ns) return;
+  const int dirfd = open_sub(t.sub);
+  if (dirfd < 0) return;
+  struct stat st {};
+  if (fstatat(dirfd, t.current.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_dev != t.map.device() ||
+      st.st_ino != t.map.inode()) {
+    close(dirfd);
+    drop(t, "replaced while empty");
+    return;
+  }
+  if (t.removing) {
+    // Renamed at least one cycle ago and still unused: nobody can reach it by
+    // name any more, so nobody can start using it.
+    remove_now(t, dirfd);
+  } else if (t.current != t.name) {
+    t.removing = true;  // already under a hidden name (its name was taken by a new region)
+  } else {
+    const std::string hidden = "."s + t.name + kRemovingSuffix;
+    if (rename_noreplace(dirfd, t.current.c_str(), hidden.c_str()) == 0) {
+      by_rel_.erase(join(t.sub, t.current));
+      t.current = hidden;
+      t.removing = true;
+      by_rel_[join(t.sub, t.current)] = &t;
+    } else {
+      log_once(LogLevel::warn, "rename:"s + t.rel, "cannot remove unused region %s: rename: %s", t.rel.c_str(),
+               std::strerror(errno));
+    }
+  }
+  close(dirfd);
+}
+
+void RegionSet::remove_now(TrackedRegion& t, int dirfd) {
+  if (unlinkat(dirfd, t.current.c_str(), 0) != 0) {
+    log_once(LogLevel::warn, "unlink:"s + t.rel, "cannot remove unused region %s: %s", t.rel.c_str(),
+             std::strerror(errno));
+    return;
+  }
+  ++removed_total_;
+  log(LogLevel::info, "removed region %s: no process used it for the grace period", t.rel.c_str());
+  by_rel_.erase(join(t.sub, t.current));
+  t.dropped = true;
+  if (!t.sub.empty()) {
+    // The pod's directory too, once empty (fails harmlessly while it is a
+    // mount point or holds anything).
+    const int root = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (root >= 0) {
+      unlinkat(root, t.sub.c_str(), AT_REMOVEDIR);
+      close(root);
+    }
+  }
+}
+
+void RegionSet::restore(TrackedRegion& t, int dirfd) {
+  t.removing = false;
+  if (t.current == t.name) return;
+  if (rename_noreplace(dirfd, t.current.c_str(), t.name.c_str()) == 0) {
+    by_rel_.erase(join(t.sub, t.current));
+    t.current = t.name;
+    by_rel_[join(t.sub, t.current)] = &t;
+    log(LogLevel::info, "region %s is in use again; kept", t.rel.c_str());
+    return;
+  }
+  // A new process created a fresh region under the name meanwhile: both are
+  // real now. The old one is watched (and removed once unused) as it is.
+  log(LogLevel::warn, "region %s was re-created while its unused predecessor was being removed, and a process "
+      "attached to the old one; it keeps the old file's quota until it exits", t.rel.c_str());
+}
+
+}  // namespace gpuslice::agent

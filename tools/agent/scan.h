@@ -1,0 +1,87 @@
+// The region directory: finds region files, validates and maps them, notices
+// files that appear, vanish or are replaced, and removes regions nobody has
+// used for a grace period.
+//
+// Layout: <dir>/<name> and <dir>/<sub>/<name> (one subdirectory per pod, as
+// deploy/ mounts it). Hidden files are skipped (a region being created is a
+// hidden temporary file until it is complete), except our own
+// ".<name>.gpuslice-removing". Symbolic links are never followed and nothing
+// is opened in a way that could block, because a container owns its
+// subdirectory and may plant anything there.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "region_io.h"
+#include "sample.h"
+
+namespace gpuslice::agent {
+
+inline constexpr char kRemovingSuffix[] = ".gpuslice-removing";
+
+struct TrackedRegion {
+  std::string rel;       // path below the region directory, as shown ("pod/c.region")
+  std::string sub;       // subdirectory ("" for the top level)
+  std::string name;      // the file's name as processes open it
+  std::string current;   // its name now (the hidden one while being removed)
+  MappedRegion map;
+  std::uint64_t empty_since_ns = 0;  // 0 while some slot is in use
+  bool removing = false;             // renamed to the hidden name; unlinked if still empty next cycle
+  bool dropped = false;              // forgotten at the end of the cycle
+  RegionSample sample;
+};
+
+class RegionSet {
+ public:
+  RegionSet(std::string dir, std::size_t max_regions);
+  ~RegionSet();
+  RegionSet(const RegionSet&) = delete;
+  RegionSet& operator=(const RegionSet&) = delete;
+
+  // Re-reads the directory. false if the directory itself cannot be read
+  // (logged once; the regions already mapped stay).
+  bool rescan();
+  std::vector<std::unique_ptr<TrackedRegion>>& regions() { return regions_; }
+  const std::vector<std::unique_ptr<TrackedRegion>>& regions() const { return regions_; }
+  // Forgets regions marked dropped.
+  void sweep();
+  void drop(TrackedRegion& t, const std::string& why);
+
+  // Once per cycle per region: empty = no slot in use. Removes the file once it
+  // has been empty for grace_ns (0 = never): renames it to a hidden name first
+  // (new processes then create a fresh region instead of attaching to it), and
+  // unlinks it one cycle later if still nobody uses it; otherwise puts it back.
+  void lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, std::uint64_t grace_ns);
+
+  const std::string& dir() const { return dir_; }
+  std::size_t invalid_files() const { return bad_.size(); }
+  std::uint64_t removed_total() const { return removed_total_; }
+
+ private:
+  struct BadFile {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    std::int64_t mtime_ns;
+  };
+  void consider(int dirfd, const std::string& sub, const char* name, std::unordered_map<std::string, bool>& seen);
+  int open_sub(const std::string& sub) const;
+  void remove_now(TrackedRegion& t, int dirfd);
+  void restore(TrackedRegion& t, int dirfd);
+
+  std::string dir_;
+  std::size_t max_regions_;
+  std::vector<std::unique_ptr<TrackedRegion>> regions_;
+  std::unordered_map<std::string, TrackedRegion*> by_rel_;
+  std::unordered_map<std::string, BadFile> bad_;
+  std::uint64_t removed_total_ = 0;
+  bool dir_error_logged_ = false;
+};
+
+}  // namespace gpuslice::agent

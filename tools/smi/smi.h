@@ -1,0 +1,59 @@
+// gpuslice-smi: what the regions hold, as a table (like nvidia-smi) or JSON;
+// `set` changes a running container's limits; `options` lists the environment
+// options. See docs/agent.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "view.h"
+
+namespace gpuslice::smi {
+
+// Exit codes.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;     // could not do what was asked (e.g. write refused)
+inline constexpr int kExitNoRegion = 2;   // the region is missing or not a valid region
+inline constexpr int kExitUsage = 64;     // bad command line (EX_USAGE)
+
+struct Shown {
+  std::string path;  // as given, or relative to --region-dir
+  agent::RegionView view;
+};
+
+struct Snapshot {
+  std::vector<Shown> regions;
+  std::uint64_t now_ns = 0;  // CLOCK_MONOTONIC when taken (for ages)
+};
+
+// The region a process of this container uses: GPUSLICE_REGION, else the
+// documented default (/dev/shm/gpuslice-<uid>.region).
+std::string default_region_path();
+
+// Reads one region (read-only). false + one-line message ("gpuslice-smi:
+// PATH: <what is wrong>, expected ...").
+bool read_region(const std::string& path, Shown* out, std::string* error);
+// Reads every valid region below dir (depth 2, like the agent). Invalid files
+// are listed in `skipped` as messages. false + message if dir is unreadable.
+bool read_region_dir(const std::string& dir, std::vector<Shown>* out, std::vector<std::string>* skipped,
+                     std::string* error);
+
+std::string render_table(const Snapshot& s);
+std::string render_json(const Snapshot& s);  // one line
+
+std::string render_options_text();
+std::string render_options_json();
+std::string render_options_markdown();
+
+struct SetRequest {
+  std::string region;
+  std::string device;   // "" = every device entry; digits = entry index; else a UUID
+  std::string memory;   // "" = unchanged; size or "unlimited"
+  std::string sm_limit; // "" = unchanged; 1-100[%] or "unlimited"
+  std::string policy;   // "" = unchanged; hard | elastic
+};
+// Applies the request; prints what changed on stdout; returns an exit code.
+int run_set(const SetRequest& req);
+
+}  // namespace gpuslice::smi
