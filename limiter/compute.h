@@ -35,31 +35,15 @@ inline constexpr std::uint64_t kMaxSleepNs = 20'000'000;
 inline constexpr std::uint64_t kMinRefillNs = 20'000;
 inline constexpr std::uint32_t kFullPermille = 1000;
 
-// DeviceState words this layer gives a meaning to. They are reserved words of
-// the layout (plain integers there), accessed only through std::atomic_ref.
-//   reserved2     credited_ns: cumulative credit put into tokens_ns (refills and
-//                 true-up adjustments). spent = credited - tokens, which is
-//                 how the controller measures what was admitted.
-//   reserved3     elastic_permille: share granted by the elastic controller
-//                 (0 = not computed: the configured share applies).
-//   reserved4[0]  feedback_heartbeat_ns: CLOCK_MONOTONIC of the elected feedback
-//                 owner's last cycle; a stale heartbeat lets another process
-//                 take the role over.
-//   reserved4[1]  scale_updated_ns: when cost_scale_ppm was last set from a
-//                 measurement (0 = still the prior: launches are admitted
-//                 more cautiously, see docs/limiter.md "queue bound").
-inline std::atomic_ref<std::uint64_t> credited_ns(DeviceState& d) noexcept {
-  return std::atomic_ref<std::uint64_t>(d.reserved2);
-}
-inline std::atomic_ref<std::uint32_t> elastic_permille(DeviceState& d) noexcept {
-  return std::atomic_ref<std::uint32_t>(d.reserved3);
-}
-inline std::atomic_ref<std::uint64_t> feedback_heartbeat_ns(DeviceState& d) noexcept {
-  return std::atomic_ref<std::uint64_t>(d.reserved4[0]);
-}
-inline std::atomic_ref<std::uint64_t> scale_updated_ns(DeviceState& d) noexcept {
-  return std::atomic_ref<std::uint64_t>(d.reserved4[1]);
-}
+// DeviceState words of this layer (see region.h and docs/limiter.md): the
+// cumulative credit (spent = credited - tokens, how the controller measures
+// what was admitted), the elastic grant, the feedback owner's heartbeat (a
+// stale one lets another process take the role over) and when the cost scale
+// was last measured (0 = still the prior: launches are admitted cautiously).
+inline std::atomic<std::uint64_t>& credited_ns(DeviceState& d) noexcept { return d.credited_ns; }
+inline std::atomic<std::uint32_t>& elastic_permille(DeviceState& d) noexcept { return d.elastic_permille; }
+inline std::atomic<std::uint64_t>& feedback_heartbeat_ns(DeviceState& d) noexcept { return d.feedback_heartbeat_ns; }
+inline std::atomic<std::uint64_t>& scale_updated_ns(DeviceState& d) noexcept { return d.scale_updated_ns; }
 
 // True when the entry has a compute limit (1..99 %); 0 and >= 100 are unlimited.
 inline bool is_limited(const DeviceState& d) noexcept {

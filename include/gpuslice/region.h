@@ -42,20 +42,22 @@ struct alignas(64) DeviceState {
   // --- compute (token bucket; see docs/limiter.md) ---
   alignas(64) std::atomic<std::uint32_t> sm_limit_pct;  // 0 or >=100 = unlimited
   std::atomic<std::uint32_t> sm_policy;      // SmPolicy
-  std::atomic<std::int64_t> tokens_ns;       // device-time credit, may go negative by at most one launch
+  std::atomic<std::int64_t> tokens_ns;       // device-time credit; negative = debt of admitted launches, repaid by refill
   std::atomic<std::uint64_t> last_refill_ns; // CLOCK_MONOTONIC ns of the last refill
   std::atomic<std::uint64_t> cost_scale_ppm; // controller's correction to the launch-cost estimate (1e6 = 1.0)
   std::atomic<std::uint64_t> throttled_ns;   // total time launching threads slept
   std::atomic<std::uint64_t> launches;       // kernels launched by the container
   std::atomic<std::uint64_t> queued_ns;      // estimated un-run device time queued (bounded)
-  std::uint64_t reserved2;
+  std::atomic<std::uint64_t> credited_ns;      // cumulative credit put into tokens_ns (spent = credited - tokens)
   // --- feedback (written by the agent, or by the elected process) ---
   alignas(64) std::atomic<std::uint64_t> util_permille;     // measured SM utilisation of the container, 0..1000
   std::atomic<std::uint64_t> util_updated_ns;  // CLOCK_MONOTONIC ns of the last sample
   std::atomic<std::uint64_t> device_util_permille;  // whole device (for elastic policy)
   std::atomic<std::uint32_t> feedback_owner_pid;    // elected sampler when no agent runs
-  std::uint32_t reserved3;
-  std::uint64_t reserved4[4];
+  std::atomic<std::uint32_t> elastic_permille;  // share granted by the elastic controller (0 = configured share)
+  std::atomic<std::uint64_t> feedback_heartbeat_ns;  // last cycle of the elected feedback owner
+  std::atomic<std::uint64_t> scale_updated_ns;       // when cost_scale_ppm was last measured (0 = prior)
+  std::uint64_t reserved4[2];
 };
 static_assert(sizeof(DeviceState) == 256);
 

@@ -73,13 +73,15 @@ TEST(RegionLayout, DeviceState) {
   EXPECT_FIELD(DeviceState, throttled_ns, 160, 8);
   EXPECT_FIELD(DeviceState, launches, 168, 8);
   EXPECT_FIELD(DeviceState, queued_ns, 176, 8);
-  EXPECT_FIELD(DeviceState, reserved2, 184, 8);
+  EXPECT_FIELD(DeviceState, credited_ns, 184, 8);
   EXPECT_FIELD(DeviceState, util_permille, 192, 8);
   EXPECT_FIELD(DeviceState, util_updated_ns, 200, 8);
   EXPECT_FIELD(DeviceState, device_util_permille, 208, 8);
   EXPECT_FIELD(DeviceState, feedback_owner_pid, 216, 4);
-  EXPECT_FIELD(DeviceState, reserved3, 220, 4);
-  EXPECT_FIELD(DeviceState, reserved4, 224, 32);
+  EXPECT_FIELD(DeviceState, elastic_permille, 220, 4);
+  EXPECT_FIELD(DeviceState, feedback_heartbeat_ns, 224, 8);
+  EXPECT_FIELD(DeviceState, scale_updated_ns, 232, 8);
+  EXPECT_FIELD(DeviceState, reserved4, 240, 16);
 }
 
 TEST(RegionLayout, Slot) {
