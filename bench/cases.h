@@ -1,0 +1,24 @@
+// The microbenchmark cases: each call measured through the driver's own entry
+// point ("native") and through libgpuslice.so's wrapper ("gpuslice"), at
+// 1, 2, 8 and 32 threads, in the same process.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fixture.h"
+
+namespace gpuslice::microbench {
+
+struct CaseSet {
+  std::vector<std::string> calls;  // case names, e.g. "cuLaunchKernel"
+  std::vector<int> threads;
+};
+
+// Every case name, in table order.
+const std::vector<std::string>& all_cases();
+
+// Registers `set` with Google Benchmark as "<call>/<native|gpuslice>/threads:N".
+void register_cases(Fixture& fixture, const CaseSet& set);
+
+}  // namespace gpuslice::microbench

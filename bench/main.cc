@@ -1,0 +1,340 @@
+// gpuslice-microbench: ns per call of libgpuslice.so's wrappers against the
+// simulated driver's own entry points, in the same process (fixture.h).
+//
+// The library reads its options once, at its first hooked call, so each
+// configuration (no limits; SM limit + memory quota; 8 processes on one
+// region) runs in a child process started with that environment. The parent
+// gathers the children's Google Benchmark JSON into one table (results.h).
+//
+//   gpuslice-microbench                 all configurations, markdown table
+//   gpuslice-microbench --min-time 0.5 --repetitions 3 --json-file out.json
+#include <benchmark/benchmark.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cases.h"
+#include "fixture.h"
+#include "results.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+using namespace gpuslice::microbench;
+
+namespace {
+
+const std::vector<int> kThreads{1, 2, 8, 32};
+constexpr int kProcesses = 8;
+constexpr const char* kSmLimit = "90";  // kernels take 0 us: the bucket never runs dry
+constexpr const char* kMemoryLimit = "8Gi";
+constexpr std::size_t kMemoryLimitBytes = std::size_t{8} << 30;
+
+struct Options {
+  std::string driver;   // the simulated libcuda.so.1
+  std::string library;  // libgpuslice.so
+  double min_time = 0.2;
+  int repetitions = 1;
+  bool verbose = false;
+  std::string json_file;
+  // child only
+  bool child = false;
+  std::string cases;
+  std::string threads;
+  std::string out;
+  bool expect_quota = false;
+  bool calibrate = false;
+};
+
+[[noreturn]] void usage(const char* why, int status = 2) {
+  std::fprintf(status == 0 ? stdout : stderr,
+               "gpuslice-microbench: %s\n"
+               "usage: gpuslice-microbench [--min-time SECONDS] [--repetitions N] [--json-file FILE] [--verbose]\n"
+               "                           [--driver PATH/libcuda.so.1] [--lib PATH/libgpuslice.so]\n"
+               "  --driver defaults to <exe dir>/../fakecuda/libcuda.so.1 (the simulated driver), --lib to\n"
+               "  <exe dir>/../lib/libgpuslice.so. Prints markdown tables (docs/benchmarks.md).\n",
+               why);
+  std::exit(status);
+}
+
+std::vector<std::string> split(const std::string& text, char by) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, by);) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::string seconds(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
+std::string join(const std::vector<std::string>& items, char by) {
+  std::string out;
+  for (const std::string& item : items) out += (out.empty() ? "" : std::string(1, by)) + item;
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  const fs::path dir = fs::read_symlink("/proc/self/exe").parent_path();
+  o.driver = (dir / ".." / "fakecuda" / "libcuda.so.1").lexically_normal().string();
+  o.library = (dir / ".." / "lib" / "libgpuslice.so").lexically_normal().string();
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
+      return argv[++i];
+    };
+    if (arg == "--driver") o.driver = value();
+    else if (arg == "--lib") o.library = value();
+    else if (arg == "--min-time") o.min_time = std::atof(value().c_str());
+    else if (arg == "--repetitions") o.repetitions = std::atoi(value().c_str());
+    else if (arg == "--json-file") o.json_file = value();
+    else if (arg == "--verbose" || arg == "-v") o.verbose = true;
+    else if (arg == "--child") o.child = true;
+    else if (arg == "--cases") o.cases = value();
+    else if (arg == "--threads") o.threads = value();
+    else if (arg == "--out") o.out = value();
+    else if (arg == "--expect-quota") o.expect_quota = true;
+    else if (arg == "--calibrate") o.calibrate = true;
+    else if (arg == "--help" || arg == "-h") usage("ns per call of libgpuslice.so's wrappers against the driver's", 0);
+    else usage(("unknown argument " + arg).c_str());
+  }
+  if (o.min_time <= 0 || o.repetitions < 1) usage("--min-time must be > 0 and --repetitions >= 1");
+  return o;
+}
+
+// --- child: one configuration, environment already set by the parent ---------
+
+int child_main(const Options& o, const char* argv0) {
+  static Fixture fixture;  // outlives the benchmarks
+  try {
+    setup_fixture(fixture, o.driver, o.library);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpuslice-microbench: %s\n", e.what());
+    return 1;
+  }
+  // A wrapper that silently ignored the configuration would make the limited
+  // rows measure the unlimited path: check the quota is what cuMemGetInfo shows.
+  if (o.expect_quota && fixture.quota_seen != kMemoryLimitBytes) {
+    std::fprintf(stderr, "gpuslice-microbench: quota not in effect (cuMemGetInfo total %zu, expected %zu)\n",
+                 fixture.quota_seen, kMemoryLimitBytes);
+    return 1;
+  }
+  if (o.calibrate) {
+    const double ns = start_calibration_load(fixture, 1.0);
+    std::fprintf(stderr, "gpuslice-microbench: after calibration, %.0f wall ns per wrapped empty launch%s\n", ns,
+                 ns > 5000 ? " (the limiter did NOT calibrate: these rows measure its cautious start)" : "");
+  }
+  CaseSet set;
+  set.calls = split(o.cases, ',');
+  for (const std::string& t : split(o.threads, ',')) set.threads.push_back(std::atoi(t.c_str()));
+  register_cases(fixture, set);
+  std::vector<std::string> args{argv0, "--benchmark_out=" + o.out, "--benchmark_out_format=json",
+                                "--benchmark_min_time=" + seconds(o.min_time)};
+  if (o.repetitions > 1) {
+    args.push_back("--benchmark_repetitions=" + std::to_string(o.repetitions));
+    args.push_back("--benchmark_report_aggregates_only=true");
+    // Repetitions of all cases in random order: a burst of load from another
+    // process on the machine then spreads over native and wrapped alike.
+    args.push_back("--benchmark_enable_random_interleaving=true");
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  int argc = static_cast<int>(argv.size());
+  argv.push_back(nullptr);
+  benchmark::Initialize(&argc, argv.data());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  stop_calibration_load(fixture);
+  return 0;
+}
+
+// --- parent -------------------------------------------------------------------
+
+struct Config {
+  std::string name;
+  std::vector<std::string> calls;
+  std::vector<int> threads;
+  bool limits;
+  bool calibrate;
+  int processes;
+};
+
+struct Child {
+  pid_t pid;
+  std::string out;
+  std::string log;
+};
+
+std::string private_dir() {
+  std::string pattern = (access("/dev/shm", W_OK) == 0 ? std::string("/dev/shm") : fs::temp_directory_path().string()) +
+                        "/gpuslice-microbench.XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a private directory");
+  return pattern;
+}
+
+Child spawn_child(const Options& o, const Config& c, const std::string& dir, int index) {
+  const std::string tag = c.name + "." + std::to_string(index);
+  Child child{-1, dir + "/" + tag + ".json", dir + "/" + tag + ".log"};
+  std::vector<std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    if (name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH" || name == "FAKECUDA_STATE" ||
+        (name.rfind("GPUSLICE_", 0) == 0 && name != "GPUSLICE_LOG_LEVEL") || name.rfind("CUDA_DEVICE_", 0) == 0) {
+      continue;
+    }
+    vars.push_back(entry);
+  }
+  const std::string fake_dir = fs::path(o.driver).parent_path().string();
+  vars.push_back("LD_LIBRARY_PATH=" + fake_dir);
+  vars.push_back("GPUSLICE_REAL_LIBCUDA=" + o.driver);
+  vars.push_back("GPUSLICE_REAL_LIBNVML=" + fake_dir + "/libnvidia-ml.so.1");
+  // The processes of one configuration share its region and its simulated device.
+  vars.push_back("GPUSLICE_REGION=" + dir + "/" + c.name + ".region");
+  vars.push_back("FAKECUDA_STATE=" + dir + "/" + c.name + ".state");
+  if (c.limits) {
+    vars.push_back(std::string("GPUSLICE_SM_LIMIT=") + kSmLimit);
+    vars.push_back(std::string("GPUSLICE_MEMORY_LIMIT=") + kMemoryLimit);
+  }
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+
+  std::vector<std::string> threads;
+  for (int t : c.threads) threads.push_back(std::to_string(t));
+  std::vector<std::string> args{fs::read_symlink("/proc/self/exe").string(), "--child", "--driver", o.driver, "--lib",
+                                o.library, "--cases", join(c.calls, ','), "--threads", join(threads, ','), "--out",
+                                child.out, "--min-time", seconds(o.min_time), "--repetitions",
+                                std::to_string(o.repetitions)};
+  if (c.limits) args.push_back("--expect-quota");
+  if (c.calibrate) args.push_back("--calibrate");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, child.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  int rc = posix_spawn(&child.pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error(std::string("cannot start a child: ") + std::strerror(rc));
+  return child;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs the configuration's processes together; false if one failed.
+bool run_config(const Options& o, const Config& c, const std::string& dir, Results& results) {
+  std::fprintf(stderr, "gpuslice-microbench: %s (%d process%s)\n", c.name.c_str(), c.processes,
+               c.processes == 1 ? "" : "es");
+  std::vector<Child> children;
+  for (int i = 0; i < c.processes; ++i) children.push_back(spawn_child(o, c, dir, i));
+  bool ok = true;
+  for (const Child& child : children) {
+    int status = 0;
+    while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    const std::string log = slurp(child.log);
+    if (o.verbose) std::fprintf(stderr, "%s", log.c_str());
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !add_results(results, c.name, slurp(child.out))) {
+      std::fprintf(stderr, "gpuslice-microbench: %s failed:\n%s\n", c.name.c_str(), log.c_str());
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+std::string machine() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string model = "unknown CPU";
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return model + ", " + std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " CPUs online";
+}
+
+int parent_main(const Options& o) {
+  if (!fs::exists(o.driver)) {
+    usage(("no driver at " + o.driver + " (build the simulated one with GPUSLICE_BUILD_TESTS=ON, or pass --driver)").c_str());
+  }
+  if (!fs::exists(o.library)) usage(("no libgpuslice.so at " + o.library).c_str());
+  const std::vector<std::string>& calls = all_cases();
+  std::vector<std::string> limited_calls;
+  for (const std::string& call : calls) {
+    if (call != "cuGetProcAddress") limited_calls.push_back(call);  // not affected by limits
+  }
+  const std::vector<std::string> launch_calls{"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"};
+  const std::vector<std::string> shared_calls{"cuLaunchKernel", "cuMemAlloc+cuMemFree"};
+  // "limited": the brief's case, empty kernels only, which leaves the compute
+  // limiter in its uncalibrated start; "calibrated": the same with a light
+  // real load so that it reaches its steady state (fixture.h).
+  const std::vector<Config> configs{
+      {"unlimited", calls, kThreads, false, false, 1},
+      {"limited", limited_calls, kThreads, true, false, 1},
+      {"calibrated", launch_calls, kThreads, true, true, 1},
+      {"procs8", shared_calls, {1}, false, false, kProcesses},
+      {"procs8_limited", shared_calls, {1}, true, true, kProcesses},
+  };
+  std::string dir;
+  try {
+    dir = private_dir();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpuslice-microbench: %s\n", e.what());
+    return 1;
+  }
+  Results results;
+  bool ok = true;
+  for (const Config& c : configs) ok = run_config(o, c, dir, results) && ok;
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+
+  TableInfo info;
+  info.machine = machine();
+  info.command = "gpuslice-microbench --min-time " + seconds(o.min_time) + " --repetitions " +
+                 std::to_string(o.repetitions);
+  info.limits = std::string("GPUSLICE_SM_LIMIT=") + kSmLimit + " GPUSLICE_MEMORY_LIMIT=" + kMemoryLimit;
+  void* driver = dlopen(o.driver.c_str(), RTLD_LAZY | RTLD_LOCAL);
+  info.simulated = driver == nullptr || dlsym(driver, "fakecuda_busy_ns") != nullptr;
+  info.min_time = o.min_time;
+  info.repetitions = o.repetitions;
+  print_tables(results, calls, kThreads, info, stdout);
+  if (!o.json_file.empty()) {
+    std::ofstream out(o.json_file);
+    out << results_json(results, info).dump(2) << "\n";
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = parse(argc, argv);
+  return options.child ? child_main(options, argv[0]) : parent_main(options);
+}

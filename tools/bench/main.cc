@@ -1,0 +1,207 @@
+// gpuslice-bench: what gpuslice costs and how well it isolates, measured on
+// the GPU at hand (or on the simulated driver when there is none), natively
+// and under libgpuslice.so in one run. See docs/benchmarks.md.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels.h"
+#include "report.h"
+#include "scenarios.h"
+#include "setup.h"
+#include "spawn.h"
+#include "worker.h"
+
+using namespace gpuslice::bench;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+const char* const kSections[] = {"launch", "memory", "quota", "sweep", "tenants", "noisy"};
+
+int worker_main(const std::string& spec_text) {
+  try {
+    json result = run_worker(json::parse(spec_text));
+    std::cout << result.dump() << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cout << json{{"error", e.what()}}.dump() << std::endl;
+    return 1;
+  }
+}
+
+// Every "error" in the report, with where it is ("compute_sweep/points/3").
+void collect_errors(const json& node, const std::string& where, json& errors) {
+  if (node.is_object()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (it.key() == "error" || it.key() == "native_error") {
+        errors.push_back(json{{"where", where}, {"error", it.value()}});
+      } else {
+        collect_errors(it.value(), where.empty() ? it.key() : where + "/" + it.key(), errors);
+      }
+    }
+  } else if (node.is_array()) {
+    for (std::size_t i = 0; i < node.size(); ++i) collect_errors(node[i], where + "/" + std::to_string(i), errors);
+  }
+}
+
+Plan make_plan(bool quick) {
+  Plan plan;
+  plan.quick = quick;
+  if (quick) {
+    plan.sweep_limits = {10, 50, 90};
+    plan.quotas_mib = {256};
+    plan.shared_quota_mib = 256;
+    plan.window_s = 0.4;
+    plan.warmup_s = 0.3;
+    plan.launch_batches = 50;
+    plan.memory_batches = 40;
+  } else {
+    plan.sweep_limits = {10, 20, 30, 40, 50, 60, 70, 80, 90};
+    plan.quotas_mib = {256, 1024, 4096};
+  }
+  return plan;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "gpuslice-bench: launch/allocation overhead, memory-quota accuracy and compute-limit accuracy of\n"
+      "libgpuslice.so, measured natively and under the library in one run. Runs on a real GPU, or on the\n"
+      "simulated driver built next to it when no NVIDIA driver is installed."};
+  std::string worker_spec;
+  bool quick = false;
+  bool as_json = false;
+  bool quiet = false;
+  bool verbose = false;
+  bool keep = false;
+  std::string library;
+  std::string json_file;
+  std::vector<std::string> only;
+  std::vector<int> sweep;
+  unsigned kernel_us = 0;
+  double window_s = 0;
+  bool print_ptx = false;
+  app.add_option("--worker", worker_spec, "internal: run one measurement from a JSON spec")->group("");
+  app.add_flag("--print-ptx", print_ptx, "print the kernels' PTX (for ptxas; the spin kernel per --kernel-us)")
+      ->group("");
+  app.add_flag("--quick", quick, "a few seconds: short windows, 3 sweep points (the CTest smoke test)");
+  app.add_flag("--json", as_json, "print the JSON report on stdout instead of the table");
+  app.add_option("--json-file", json_file, "also write the JSON report to this file");
+  app.add_option("--lib", library, "libgpuslice.so to measure [default: $GPUSLICE_BENCH_LIB or <exe dir>/../lib]");
+  std::string driver_name = "auto";
+  app.add_option("--driver", driver_name,
+                 "auto: the installed driver, else the simulated one next to this binary; real: fail without an "
+                 "NVIDIA driver; simulated: the simulated one even on a GPU machine [auto]")
+      ->check(CLI::IsMember({"auto", "real", "simulated"}));
+  app.add_option("--only", only, "sections to run: launch memory quota sweep tenants noisy")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"launch", "memory", "quota", "sweep", "tenants", "noisy"}));
+  app.add_option("--sweep", sweep, "SM limits for the compute sweep, e.g. 10,50,90")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 99));
+  app.add_option("--kernel-us", kernel_us, "spin kernel length in microseconds [1000]")->check(CLI::Range(10u, 100000u));
+  app.add_option("--window", window_s, "compute measurement window in seconds [1.5, --quick 0.4]")
+      ->check(CLI::Range(0.05, 60.0));
+  app.add_flag("--quiet,-q", quiet, "no progress lines on stderr");
+  app.add_flag("--verbose,-v", verbose, "echo the workers' stderr (gpuslice's own log lines)");
+  app.add_flag("--keep-temp", keep, "keep the private directory of regions and simulated devices");
+  app.set_version_flag("--version", kVersion);
+  CLI11_PARSE(app, argc, argv);
+
+  if (!worker_spec.empty()) return worker_main(worker_spec);
+  if (print_ptx) {
+    std::cout << kernels_ptx({kernel_us != 0 ? kernel_us : 1000u});
+    return 0;
+  }
+
+  const DriverMode driver_mode = driver_name == "real"        ? DriverMode::real
+                                : driver_name == "simulated" ? DriverMode::simulated
+                                                             : DriverMode::automatic;
+  Plan plan = make_plan(quick);
+  for (const char* s : kSections) plan.sections.insert(s);
+  if (!only.empty()) plan.sections = std::set<std::string>(only.begin(), only.end());
+  if (!sweep.empty()) plan.sweep_limits = sweep;
+  if (kernel_us != 0) plan.kernel_us = kernel_us;
+  if (window_s != 0) plan.window_s = window_s;
+
+  BenchContext context;
+  DriverChoice driver;
+  try {
+    context.exe = self_exe();
+    context.library = find_library(library);
+    driver = choose_driver(driver_mode);
+    context.ld_library_path = driver.ld_library_path;
+    context.tmp_dir = make_private_dir();
+    context.verbose = verbose;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpuslice-bench: %s\n", e.what());
+    return 1;
+  }
+  if (!driver.notice.empty() && !quiet) std::fprintf(stderr, "%s\n", driver.notice.c_str());
+
+  Workers workers(context);
+  json report{{"tool", "gpuslice-bench"}, {"version", kVersion}, {"quick", quick},
+              {"driver", driver.description}, {"library", context.library}};
+  int status = 0;
+  try {
+    json probe = workers.run(json{{"task", "probe"}}, WorkerEnv{false, {{"FAKECUDA_STATE", workers.fresh_path("probe")}}});
+    if (probe.contains("error")) {
+      std::fprintf(stderr, "gpuslice-bench: cannot use the driver: %s\n", probe["error"].get<std::string>().c_str());
+      remove_tree(context.tmp_dir);
+      return 1;
+    }
+    report["device"] = probe["simulated"].get<bool>() ? "simulated" : "gpu";
+    report["device_name"] = probe["device_name"];
+    report["driver_version"] = probe["driver_version"];
+    report["total_bytes"] = probe["total_bytes"];
+    report["sms"] = probe["sms"];
+    if (!quiet) {
+      std::fprintf(stderr, "gpuslice-bench: %s (%s)\n", probe["device_name"].get<std::string>().c_str(),
+                   probe["simulated"].get<bool>() ? "simulated driver, no GPU" : "real GPU");
+    }
+
+    Progress progress(plan_steps(plan), quiet);
+    if (plan.sections.count("launch")) report["launch"] = measure_launch(workers, plan, progress);
+    if (plan.sections.count("memory")) report["memory"] = measure_memory(workers, plan, progress);
+    if (plan.sections.count("quota")) report["quota"] = measure_quota(workers, plan, progress);
+    if (plan.sections.count("sweep")) report["compute_sweep"] = measure_sweep(workers, plan, progress);
+    if (plan.sections.count("tenants")) report["tenants"] = measure_tenants(workers, plan, progress);
+    if (plan.sections.count("noisy")) report["noisy_neighbour"] = measure_noisy(workers, plan, progress);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpuslice-bench: %s\n", e.what());
+    report["fatal"] = e.what();
+    status = 1;
+  }
+  json errors = json::array();
+  collect_errors(report, "", errors);
+  report["errors"] = errors;
+  if (!errors.empty()) status = 1;
+
+  if (as_json) {
+    std::cout << report.dump(2) << std::endl;
+  } else {
+    print_table(report, stdout);
+  }
+  if (!json_file.empty()) {
+    std::FILE* f = std::fopen(json_file.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "gpuslice-bench: cannot write %s\n", json_file.c_str());
+      status = 1;
+    } else {
+      std::fprintf(f, "%s\n", report.dump(2).c_str());
+      std::fclose(f);
+    }
+  }
+  if (keep) {
+    std::fprintf(stderr, "gpuslice-bench: kept %s\n", context.tmp_dir.c_str());
+  } else {
+    remove_tree(context.tmp_dir);
+  }
+  return status;
+}
