@@ -200,31 +200,26 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBy
 }
 
 // Synchronisation points: where the driver trims pools to their release threshold.
-GPUSLICE_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+namespace {
+template <class Sync>
+CUresult sync_then_settle(Sync&& sync) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  rc = real_cuStreamSynchronize(hStream);
+  rc = sync();
   settle_all();
   return rc;
+}
+}  // namespace
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+  return sync_then_settle([&] { return real_cuStreamSynchronize(hStream); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
-  rc = real_cuStreamSynchronize_ptsz(hStream);
-  settle_all();
-  return rc;
+  return sync_then_settle([&] { return real_cuStreamSynchronize_ptsz(hStream); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
-  rc = real_cuCtxSynchronize();
-  settle_all();
-  return rc;
+  return sync_then_settle([] { return real_cuCtxSynchronize(); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
-  rc = real_cuEventSynchronize(hEvent);
-  settle_all();
-  return rc;
+  return sync_then_settle([&] { return real_cuEventSynchronize(hEvent); });
 }
