@@ -86,8 +86,11 @@ StepResult control_step(DeviceState& d, ControlState& s, const Measurement& m, s
   const double units = spent > 0 && scale_prev > 0 ? static_cast<double>(spent) * 1e6 / static_cast<double>(scale_prev) : 0.0;
   s.busy_sum = s.busy_sum * kScaleDecay + static_cast<double>(m.busy_ns);
   s.units_sum = s.units_sum * kScaleDecay + units;
-  // Enough signal: a few hundred microseconds of device time and admissions.
-  if (s.busy_sum >= 200'000.0 && s.units_sum >= 1'000.0) {
+  // Enough signal: a few hundred microseconds of device time and admissions —
+  // or a lot admitted (10 ms at the nominal price) that measurably used almost
+  // no device time: kernels far cheaper than the prior, which would otherwise
+  // never calibrate and keep every launch on the cautious path.
+  if ((s.busy_sum >= 200'000.0 && s.units_sum >= 1'000.0) || s.units_sum >= 10'000'000.0) {
     double scale = s.busy_sum / s.units_sum * 1e6;
     if (scale < static_cast<double>(kMinScalePpm)) scale = static_cast<double>(kMinScalePpm);
     if (scale > static_cast<double>(kMaxScalePpm)) scale = static_cast<double>(kMaxScalePpm);

@@ -79,6 +79,21 @@ TEST(ComputeControl, ScaleIgnoresWindowsWithoutSignal) {
   EXPECT_EQ(scale_updated_ns(*d).load(), 0u);
 }
 
+TEST(ComputeControl, KernelsFarCheaperThanThePriorStillCalibrate) {
+  // Thousands of launches admitted at the nominal price, almost no device time
+  // measured: the scale drops (clamped) instead of staying at the prior forever.
+  auto d = state(90);
+  ControlState s;
+  control_begin(*d, s);
+  for (int i = 0; i < 5; ++i) {
+    spend(*d, price_ns(5'000'000, d->cost_scale_ppm.load()));  // 5 ms nominal per window
+    control_step(*d, s, Measurement{50'000'000, 1'000, 0}, 10 + i);  // 1 us measured
+  }
+  EXPECT_NE(scale_updated_ns(*d).load(), 0u);
+  EXPECT_LT(d->cost_scale_ppm.load(), 10'000u);
+  EXPECT_GE(d->cost_scale_ppm.load(), kMinScalePpm);
+}
+
 TEST(ComputeControl, UnlimitedEntriesAreNotTrued) {
   auto d = state(100);
   ControlState s;
