@@ -14,6 +14,7 @@
 
 #include "hook/log.h"
 #include "hook/wrap.h"
+#include "shm/uuid.h"
 
 namespace gpuslice::hook {
 namespace {
@@ -66,10 +67,8 @@ bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
   }
   CUuuid u{};
   if (real_cuDeviceGetUuid_v2(&u, ordinal) != CUDA_SUCCESS) return false;
-  const unsigned char* b = reinterpret_cast<const unsigned char*>(u.bytes);
-  char uuid[64];
-  std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  char uuid[shm::kUuidTextSize];
+  shm::format_uuid(reinterpret_cast<const std::uint8_t*>(u.bytes), uuid);
   nvmlDevice_t dev{};
   if (real_nvmlDeviceGetHandleByUUID(uuid, &dev) != NVML_SUCCESS) return false;
   nvmlProcessInfo_t procs[256];

@@ -9,34 +9,19 @@
 
 #include "hook/wrap.h"
 #include "limiter/memory_accounting.h"
+#include "shm/uuid.h"
 
 using namespace gpuslice;
 using namespace gpuslice::hook;
 
 namespace {
 
-// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -> 16 bytes.
-bool parse_uuid(const char* text, unsigned char out[16]) noexcept {
-  if (std::strncmp(text, "GPU-", 4) == 0) text += 4;
-  int n = 0;
-  for (const char* p = text; *p != '\0' && n < 32; ++p) {
-    if (*p == '-') continue;
-    int v = (*p >= '0' && *p <= '9') ? *p - '0' : (*p >= 'a' && *p <= 'f') ? *p - 'a' + 10
-                                                  : (*p >= 'A' && *p <= 'F') ? *p - 'A' + 10 : -1;
-    if (v < 0) return false;
-    if (n % 2 == 0) out[n / 2] = static_cast<unsigned char>(v << 4);
-    else out[n / 2] |= static_cast<unsigned char>(v);
-    ++n;
-  }
-  return n == 32;
-}
-
 // Region entry of an NVML device, or -1 when CUDA does not see it.
 int entry_of(nvmlDevice_t device) noexcept {
   if (real_nvmlDeviceGetUUID == nullptr) return -1;
   char text[96] = {};
-  unsigned char want[16];
-  if (real_nvmlDeviceGetUUID(device, text, sizeof text) != NVML_SUCCESS || !parse_uuid(text, want)) return -1;
+  std::uint8_t want[16];
+  if (real_nvmlDeviceGetUUID(device, text, sizeof text) != NVML_SUCCESS || !shm::parse_uuid(text, want)) return -1;
   // NVML does not need cuInit, but ordinals do; cuInit is idempotent.
   if (real_cuInit(0) != CUDA_SUCCESS) return -1;
   int count = 0;

@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <new>
 
 #include "limiter/compute.h"
+#include "shm/uuid.h"
 
 namespace gpuslice::limiter {
 namespace {
@@ -24,11 +24,6 @@ struct PidUtil {
   std::uint64_t util_sum;  // percent
 };
 constexpr unsigned kMaxSamples = 512;
-
-void format_uuid(const std::uint8_t* u, char* out, std::size_t cap) noexcept {
-  std::snprintf(out, cap, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-}
 
 }  // namespace
 
@@ -54,8 +49,8 @@ bool FeedbackLoop::open_device(int e) noexcept {
   EntryFeedback& f = entries_[e];
   if (f.nvml_device != nullptr) return true;
   if (f.nvml_failed) return false;
-  char uuid[NVML_DEVICE_UUID_BUFFER_SIZE];
-  format_uuid(host_.region->devices[e].uuid, uuid, sizeof uuid);
+  char uuid[shm::kUuidTextSize];
+  shm::format_uuid(host_.region->devices[e].uuid, uuid);
   if (nvml_.handle_by_uuid(uuid, &f.nvml_device) != NVML_SUCCESS || f.nvml_device == nullptr) {
     f.nvml_device = nullptr;
     f.nvml_failed = true;

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "shm/region_file.h"
+#include "shm/uuid.h"
 
 namespace gpuslice::agent {
 namespace {
@@ -195,30 +196,12 @@ bool revalidate(const Region* r, std::string* why) {
 }
 
 std::string format_uuid(const std::uint8_t uuid[16]) {
-  char text[48];
-  std::snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                uuid[0], uuid[1], uuid[2], uuid[3], uuid[4], uuid[5], uuid[6], uuid[7], uuid[8], uuid[9], uuid[10],
-                uuid[11], uuid[12], uuid[13], uuid[14], uuid[15]);
+  char text[shm::kUuidTextSize];
+  shm::format_uuid(uuid, text);
   return text;
 }
 
-bool parse_uuid(const char* text, std::uint8_t out[16]) {
-  if (text == nullptr) return false;
-  if (std::strncmp(text, "GPU-", 4) == 0) text += 4;
-  int digits = 0;
-  for (const char* p = text; *p != '\0'; ++p) {
-    if (*p == '-') continue;
-    int v = (*p >= '0' && *p <= '9')   ? *p - '0'
-            : (*p >= 'a' && *p <= 'f') ? *p - 'a' + 10
-            : (*p >= 'A' && *p <= 'F') ? *p - 'A' + 10
-                                       : -1;
-    if (v < 0 || digits >= 32) return false;
-    if (digits % 2 == 0) out[digits / 2] = static_cast<std::uint8_t>(v << 4);
-    else out[digits / 2] = static_cast<std::uint8_t>(out[digits / 2] | v);
-    ++digits;
-  }
-  return digits == 32;
-}
+bool parse_uuid(const char* text, std::uint8_t out[16]) { return shm::parse_uuid(text, out); }
 
 std::string printable(const char* data, std::size_t max_bytes) {
   std::string out;
