@@ -12,14 +12,6 @@ namespace {
 
 using shm::Text;
 
-enum class OptionId {
-#define GPUSLICE_OPTION(id, env, type, def, range, doc) id,
-#include "gpuslice/options.def"
-#undef GPUSLICE_OPTION
-};
-
-constexpr const char* kMemoryAlias = "CUDA_DEVICE_MEMORY_LIMIT";
-constexpr const char* kSmAlias = "CUDA_DEVICE_SM_LIMIT";
 constexpr std::size_t kValueShown = 100;  // output characters of a value quoted in a message
 constexpr std::size_t kMaxRegionPath = 4000;  // attach needs room for a temporary name next to it
 
@@ -178,6 +170,10 @@ bool parse_quota(Span s, std::uint64_t* out, Text& t) {
           "(unset the variable for no quota)");
     return false;
   }
+  if (*out == kUnlimited) {  // the region's word for "no quota": never a quota by accident
+    t.str("2^64-1 bytes is not a quota, expected a smaller size (unset the variable for no quota)");
+    return false;
+  }
   return true;
 }
 
@@ -255,6 +251,186 @@ bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerD
   return true;
 }
 
+bool parse_path(const char* name, const char* value, bool absolute, std::size_t max, char* dst, std::size_t cap,
+                shm::Error* err) {
+  const std::size_t n = shm::bounded_len(value, max + 1);
+  if (n == 0) {
+    fail(err, name, value).str("empty value, expected ").str(absolute ? "an absolute file path" : "a library path or name")
+        .str(" (unset the variable for the default)");
+    return false;
+  }
+  if (n > max || n >= cap) {
+    fail(err, name, value).str("path too long, expected at most ").u64(max).str(" bytes");
+    return false;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (static_cast<unsigned char>(value[i]) < 0x20 || value[i] == 0x7f) {
+      fail(err, name, value).str("control character in the path, expected a plain path");
+      return false;
+    }
+  }
+  if (absolute && (value[0] != '/' || value[n - 1] == '/')) {
+    fail(err, name, value).str(value[0] != '/' ? "relative path (processes with another working directory would not share it)"
+                                               : "names a directory")
+        .str(", expected an absolute file path such as /dev/shm/gpuslice.region");
+    return false;
+  }
+  shm::copy_string(dst, cap, value);
+  return true;
+}
+
+// ---- words, flags, durations -------------------------------------------------
+
+// The words of a choice: the range column "a | b | c (remark)".
+// Returns the index of `value` among them (any case) or -1.
+int word_index(const char* range, Span value) {
+  int index = 0;
+  const char* p = range;
+  for (;;) {
+    const char* end = p;
+    while (*end != '\0' && *end != ' ') ++end;
+    if (end > p && value.n > 0) {
+      const Span word{p, static_cast<std::size_t>(end - p)};
+      if (word.n == value.n) {
+        bool same = true;
+        for (std::size_t i = 0; i < word.n && same; ++i) same = lower(word.p[i]) == lower(value.p[i]);
+        if (same) return index;
+      }
+    }
+    // Next word follows " | "; anything else ends the list.
+    if (end[0] == ' ' && end[1] == '|' && end[2] == ' ') {
+      p = end + 3;
+      ++index;
+      continue;
+    }
+    return -1;
+  }
+}
+
+// "hard or elastic" from "hard | elastic (any case)".
+Text& list_words(Text& t, const char* range) {
+  const char* p = range;
+  for (;;) {
+    const char* end = p;
+    while (*end != '\0' && *end != ' ') ++end;
+    t.str(p, static_cast<std::size_t>(end - p));
+    if (end[0] == ' ' && end[1] == '|' && end[2] == ' ') {
+      p = end + 3;
+      const char* next = p;
+      while (*next != '\0' && *next != ' ') ++next;
+      const bool last = !(next[0] == ' ' && next[1] == '|');
+      t.str(last ? " or " : ", ");
+      continue;
+    }
+    return t;
+  }
+}
+
+bool parse_flag_span(Span s, bool* out) {
+  static constexpr const char* kTrue[] = {"true", "1", "yes", "on"};
+  static constexpr const char* kFalse[] = {"false", "0", "no", "off"};
+  for (const char* w : kTrue) {
+    if (span_equals(s, w, true)) return *out = true, true;
+  }
+  for (const char* w : kFalse) {
+    if (span_equals(s, w, true)) return *out = false, true;
+  }
+  return false;
+}
+
+constexpr std::uint64_t kMaxDurationMs = 3600000;  // one hour
+
+bool parse_duration_span(Span s, std::uint32_t* out) {
+  std::uint64_t v = 0;
+  std::size_t i = 0;
+  for (; i < s.n && is_digit(s.p[i]); ++i) {
+    v = v * 10 + static_cast<std::uint64_t>(s.p[i] - '0');
+    if (v > kMaxDurationMs * 1000) return false;
+  }
+  if (i == 0) return false;
+  const Span unit{s.p + i, s.n - i};
+  if (span_equals(unit, "s", false)) {
+    v *= 1000;
+  } else if (!span_equals(unit, "", false) && !span_equals(unit, "ms", false)) {
+    return false;
+  }
+  if (v > kMaxDurationMs) return false;
+  *out = static_cast<std::uint32_t>(v);
+  return true;
+}
+
+// ---- one value of each type ---------------------------------------------------
+
+// Parses `value` for option `info` into `dst`; on failure appends
+// "<what>, expected <what>" to t.
+template <OptionType T>
+struct Scalar;
+
+template <>
+struct Scalar<OptionType::policy> {
+  static bool parse(const OptionInfo& info, Span v, SmPolicy* dst, Text& t) {
+    const int i = word_index(info.range, v);
+    if (i < 0) return list_words(t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected "), info.range), false;
+    *dst = static_cast<SmPolicy>(i);
+    return true;
+  }
+};
+template <>
+struct Scalar<OptionType::level> {
+  static bool parse(const OptionInfo& info, Span v, int* dst, Text& t) {
+    const int i = word_index(info.range, v);
+    if (i < 0) return list_words(t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected "), info.range), false;
+    *dst = i;
+    return true;
+  }
+};
+template <>
+struct Scalar<OptionType::choice> : Scalar<OptionType::level> {};
+template <>
+struct Scalar<OptionType::flag> {
+  static bool parse(const OptionInfo&, Span v, bool* dst, Text& t) {
+    if (parse_flag_span(v, dst)) return true;
+    t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected true or false (also 1/0, yes/no, on/off)");
+    return false;
+  }
+};
+template <>
+struct Scalar<OptionType::duration_ms> {
+  static bool parse(const OptionInfo&, Span v, std::uint32_t* dst, Text& t) {
+    if (parse_duration_span(v, dst)) return true;
+    t.str(v.n == 0 ? "empty value" : "not a duration")
+        .str(", expected milliseconds 0-3600000, or a number followed by ms or s (at most 3600s), e.g. 30s");
+    return false;
+  }
+};
+
+constexpr std::size_t kMaxRegionPathLength = kMaxRegionPath;
+
+bool parse_path_into(const OptionInfo& info, const char* value, char* dst, std::size_t cap, shm::Error* err,
+                     const char* name) {
+  const bool absolute = shm::starts_with(info.range, "absolute");
+  return parse_path(name, value, absolute, absolute ? kMaxRegionPathLength : cap - 1, dst, cap, err);
+}
+
+bool parse_name_into(const char* name, const char* value, char* dst, std::size_t cap, shm::Error* err) {
+  const std::size_t n = shm::bounded_len(value, cap);
+  if (n == 0 || n >= cap) {
+    fail(err, name, value).str(n == 0 ? "empty value" : "too long").str(", expected 1 to ").u64(cap - 1)
+        .str(" printable ASCII characters (unset the variable for none)");
+    return false;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    if (c < 0x20 || c >= 0x7f) {
+      fail(err, name, value).str("character ").u64(i).str(" is not printable ASCII, expected 1 to ").u64(cap - 1)
+          .str(" printable ASCII characters");
+      return false;
+    }
+  }
+  shm::copy_string(dst, cap, value);
+  return true;
+}
+
 // ---- the environment --------------------------------------------------------
 
 // If entry is "name=value", returns value.
@@ -268,9 +444,9 @@ const char* value_of(const char* entry, const char* name) {
 
 struct Found {
   const char* ours[kOptionCount];
-  const char* alias_global[2];               // memory, sm
-  const char* alias_device[2][kMaxDevices];
-  const char* alias_device_name[2][kMaxDevices];
+  const char* alias[kOptionAliasCount];  // the global (or only) form
+  const char* alias_device[kOptionAliasCount][kMaxDevices];
+  const char* alias_device_name[kOptionAliasCount][kMaxDevices];
 };
 
 // "CUDA_DEVICE_MEMORY_LIMIT_<i>=v": index (or -1 if malformed: an error) and value.
@@ -294,12 +470,11 @@ const char* per_device_alias(const char* entry, const char* alias, int* index) {
 
 bool collect(char* const* envp, Found* f, Options* out, shm::Error* err) {
   for (std::size_t k = 0; k < kOptionCount; ++k) f->ours[k] = nullptr;
-  for (int a = 0; a < 2; ++a) {
-    f->alias_global[a] = nullptr;
+  for (std::size_t a = 0; a < kOptionAliasCount; ++a) {
+    f->alias[a] = nullptr;
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) f->alias_device[a][d] = f->alias_device_name[a][d] = nullptr;
   }
   if (envp == nullptr) return true;
-  const char* const aliases[2] = {kMemoryAlias, kSmAlias};
   for (char* const* e = envp; *e != nullptr; ++e) {
     const char* entry = *e;
     bool known = false;
@@ -309,20 +484,22 @@ bool collect(char* const* envp, Found* f, Options* out, shm::Error* err) {
         known = true;
       }
     }
-    for (int a = 0; a < 2 && !known; ++a) {
-      if (const char* v = value_of(entry, aliases[a])) {
-        if (f->alias_global[a] == nullptr) f->alias_global[a] = v;
+    for (std::size_t a = 0; a < kOptionAliasCount && !known; ++a) {
+      const OptionAlias& alias = kOptionAliases[a];
+      if (const char* v = value_of(entry, alias.env)) {
+        if (f->alias[a] == nullptr) f->alias[a] = v;
         known = true;
         continue;
       }
+      if (!alias.per_device) continue;
       int index = 0;
-      if (const char* v = per_device_alias(entry, aliases[a], &index)) {
+      if (const char* v = per_device_alias(entry, alias.env, &index)) {
         if (index < 0) {
           Text t(err->message, sizeof err->message);
           t.str("gpuslice: ");
           t.str(entry, static_cast<std::size_t>(v - 1 - entry) < 60 ? static_cast<std::size_t>(v - 1 - entry) : 60);
           t.ch('=').quoted(v, kValueShown).str(": bad device index in the variable name, expected ")
-              .str(aliases[a]).str("_<i> with i in 0-").u64(kMaxDevices - 1);
+              .str(alias.env).str("_<i> with i in 0-").u64(kMaxDevices - 1);
           return false;
         }
         if (f->alias_device[a][index] == nullptr) {
@@ -359,7 +536,11 @@ void name_of(const char* entry, char* buf, std::size_t cap) {
 bool parse_alias_memory(Span s, std::uint64_t* out, Text& t) {
   Span unit{};
   const SizeStatus st = parse_size_span(s, kHamiUnits, out, &unit);
-  if (st == SizeStatus::ok) return true;
+  if (st == SizeStatus::ok) {
+    if (*out != kUnlimited) return true;
+    t.str("2^64-1 bytes is not a quota, expected a smaller size (or 0 for none)");
+    return false;
+  }
   explain_size(t, st, unit, kHamiExpected);
   return false;
 }
@@ -374,114 +555,263 @@ bool parse_alias_sm(Span s, std::uint32_t* out, Text& t) {
   return false;
 }
 
-// Resolves one per-device option: ours > per-device alias > global alias > default.
-template <class T>
-bool resolve_per_device(const Found& f, OptionId id, int alias, ParseOne<T> ours_one, ParseOne<T> alias_one,
-                        T* values, OptionSource* sources, shm::Error* err) {
-  const char* our_name = kOptions[static_cast<std::size_t>(id)].env;
-  const char* const alias_name = alias == 0 ? kMemoryAlias : kSmAlias;
-  PerDevice<T> ours{}, global{}, device{};
-  for (std::uint32_t d = 0; d < kMaxDevices; ++d) ours.set[d] = global.set[d] = device.set[d] = false;
-  const char* ours_value = f.ours[static_cast<std::size_t>(id)];
-  if (ours_value != nullptr && !parse_per_device(our_name, ours_value, ours_one, &ours, err)) return false;
-  if (const char* v = f.alias_global[alias]) {
-    Text t = fail(err, alias_name, v);
-    T value{};
-    if (!alias_one(Span{v, length(v)}, &value, t)) return false;
-    if (!(alias == 0 && value == 0)) {  // CUDA_DEVICE_MEMORY_LIMIT=0: not set
+std::size_t option_index(const char* env) {
+  for (std::size_t k = 0; k < kOptionCount; ++k) {
+    if (shm::starts_with(kOptions[k].env, env) && length(kOptions[k].env) == length(env)) return k;
+  }
+  return kOptionCount;
+}
+
+// The alias (index into kOptionAliases) of option k that the environment set,
+// per form; kOptionAliasCount if none.
+std::size_t alias_of(const Found& f, std::size_t k, bool per_device) {
+  for (std::size_t a = 0; a < kOptionAliasCount; ++a) {
+    if (option_index(kOptionAliases[a].target) != k || kOptionAliases[a].per_device != per_device) continue;
+    if (f.alias[a] != nullptr) return a;
+    if (per_device) {
       for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-        global.value[d] = value;
-        global.set[d] = true;
+        if (f.alias_device[a][d] != nullptr) return a;
+      }
+    }
+  }
+  return kOptionAliasCount;
+}
+
+// A scalar alias's value translated through its map into our grammar, in buf.
+// Returns false (err set) for a value the map does not know; *empty when the
+// map says "not set".
+bool map_alias(const OptionAlias& alias, const char* value, char* buf, std::size_t cap, bool* empty, shm::Error* err) {
+  *empty = false;
+  if (alias.map == nullptr) {
+    shm::copy_string(buf, cap, value);
+    return true;
+  }
+  const Span v{value, length(value)};
+  for (const char* p = alias.map; *p != '\0';) {
+    const char* eq = p;
+    while (*eq != '=') ++eq;
+    const char* end = eq + 1;
+    while (*end != '\0' && *end != ',') ++end;
+    {
+      const Span key{p, static_cast<std::size_t>(eq - p)};
+      bool same = key.n == v.n;
+      for (std::size_t i = 0; i < key.n && same; ++i) same = lower(key.p[i]) == lower(v.p[i]);
+      if (same) {
+        const std::size_t n = static_cast<std::size_t>(end - eq - 1);
+        shm::copy_string(buf, n + 1 < cap ? n + 1 : cap, eq + 1);
+        *empty = n == 0;
+        return true;
+      }
+    }
+    p = *end == ',' ? end + 1 : end;
+  }
+  Text t = fail(err, alias.env, value);
+  t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected one of ");
+  for (const char* p = alias.map; *p != '\0';) {
+    const char* eq = p;
+    while (*eq != '=') ++eq;
+    t.str(p, static_cast<std::size_t>(eq - p));
+    while (*eq != '\0' && *eq != ',') ++eq;
+    if (*eq == ',') t.str(", ");
+    p = *eq == ',' ? eq + 1 : eq;
+  }
+  t.str(" (").str(alias.doc).ch(')');
+  return false;
+}
+
+// The default column of options.def: the value, optionally followed by a
+// remark in parentheses; `<uid>` stands for the real user id.
+void default_text(const OptionInfo& info, char* buf, std::size_t cap) {
+  Text t(buf, cap);
+  for (const char* p = info.default_value; *p != '\0'; ++p) {
+    if (p[0] == ' ' && p[1] == '(') break;
+    if (shm::starts_with(p, "<uid>")) {
+      t.u64(getuid());
+      p += 4;
+      continue;
+    }
+    t.ch(*p);
+  }
+}
+
+// ---- resolving one option of each type ---------------------------------------
+
+template <OptionType T>
+struct Resolve {  // scalar words, flags and durations
+  using Value = typename OptionStorage<T>::value;
+  static bool run(const Found& f, std::size_t k, Value& dst, OptionSource& src, shm::Error* err) {
+    const OptionInfo& info = kOptions[k];
+    char text[128];
+    default_text(info, text, sizeof text);
+    Text ignored(err->message, sizeof err->message);
+    if (!Scalar<T>::parse(info, Span{text, length(text)}, &dst, ignored)) {
+      fail(err, info.env, text).str("options.def default does not parse (a bug in the table)");
+      return false;
+    }
+    set_source(&src, "default");
+    const char* value = f.ours[k];
+    const char* from = info.env;
+    char mapped[128];
+    if (value == nullptr) {
+      const std::size_t a = alias_of(f, k, false);
+      if (a == kOptionAliasCount) return true;
+      bool empty = false;
+      if (!map_alias(kOptionAliases[a], f.alias[a], mapped, sizeof mapped, &empty, err)) return false;
+      if (empty) return true;
+      value = mapped;
+      from = kOptionAliases[a].env;
+    }
+    Text t = fail(err, from, value == mapped ? f.alias[alias_of(f, k, false)] : value);
+    if (!Scalar<T>::parse(info, Span{value, length(value)}, &dst, t)) return false;
+    set_source(&src, from);
+    return true;
+  }
+};
+
+template <OptionType T>
+struct ResolveText {  // paths and names
+  template <std::size_t N>
+  static bool run(const Found& f, std::size_t k, char (&dst)[N], OptionSource& src, shm::Error* err) {
+    const OptionInfo& info = kOptions[k];
+    default_text(info, dst, N);
+    set_source(&src, "default");
+    const char* value = f.ours[k];
+    const char* from = info.env;
+    char mapped[N];
+    if (value == nullptr) {
+      const std::size_t a = alias_of(f, k, false);
+      if (a == kOptionAliasCount) return true;
+      bool empty = false;
+      if (!map_alias(kOptionAliases[a], f.alias[a], mapped, N, &empty, err)) return false;
+      if (empty) return true;
+      value = mapped;
+      from = kOptionAliases[a].env;
+    }
+    const bool ok = T == OptionType::path ? parse_path_into(info, value, dst, N, err, from)
+                                          : parse_name_into(from, value, dst, N, err);
+    if (ok) set_source(&src, from);
+    return ok;
+  }
+};
+template <>
+struct Resolve<OptionType::path> : ResolveText<OptionType::path> {};
+template <>
+struct Resolve<OptionType::name> : ResolveText<OptionType::name> {};
+
+// Per-device options: ours > per-device alias > global alias > default.
+template <class V>
+bool resolve_per_device(const Found& f, std::size_t k, ParseOne<V> ours_one, ParseOne<V> alias_one, V default_value,
+                        V (&values)[kMaxDevices], OptionSource (&sources)[kMaxDevices], shm::Error* err) {
+  const char* our_name = kOptions[k].env;
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    values[d] = default_value;
+    set_source(&sources[d], "default");
+  }
+  PerDevice<V> ours{}, global{}, device{};
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) ours.set[d] = global.set[d] = device.set[d] = false;
+  const char* ours_value = f.ours[k];
+  if (ours_value != nullptr && !parse_per_device(our_name, ours_value, ours_one, &ours, err)) return false;
+  const std::size_t a = alias_of(f, k, true);
+  if (a != kOptionAliasCount) {
+    const char* alias_name = kOptionAliases[a].env;
+    if (const char* v = f.alias[a]) {
+      Text t = fail(err, alias_name, v);
+      V value{};
+      if (!alias_one(Span{v, length(v)}, &value, t)) return false;
+      if (value != 0) {  // CUDA_DEVICE_MEMORY_LIMIT=0: not set
+        for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+          global.value[d] = value;
+          global.set[d] = true;
+        }
+      }
+    }
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      const char* v = f.alias_device[a][d];
+      if (v == nullptr) continue;
+      char name[64];
+      name_of(f.alias_device_name[a][d], name, sizeof name);
+      Text t = fail(err, name, v);
+      if (!alias_one(Span{v, length(v)}, &device.value[d], t)) return false;
+      device.set[d] = device.value[d] != 0;
+    }
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      if (ours.set[d]) continue;
+      if (device.set[d]) {
+        values[d] = device.value[d];
+        name_of(f.alias_device_name[a][d], sources[d].name, sizeof sources[d].name);
+      } else if (global.set[d]) {
+        values[d] = global.value[d];
+        set_source(&sources[d], alias_name);
       }
     }
   }
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-    const char* v = f.alias_device[alias][d];
-    if (v == nullptr) continue;
-    char name[64];
-    name_of(f.alias_device_name[alias][d], name, sizeof name);
-    Text t = fail(err, name, v);
-    if (!alias_one(Span{v, length(v)}, &device.value[d], t)) return false;
-    device.set[d] = !(alias == 0 && device.value[d] == 0);
-  }
-  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-    if (ours.set[d]) {
-      values[d] = ours.value[d];
-      set_source(&sources[d], our_name);
-    } else if (device.set[d]) {
-      values[d] = device.value[d];
-      name_of(f.alias_device_name[alias][d], sources[d].name, sizeof sources[d].name);
-    } else if (global.set[d]) {
-      values[d] = global.value[d];
-      set_source(&sources[d], alias_name);
-    }
+    if (!ours.set[d]) continue;
+    values[d] = ours.value[d];
+    set_source(&sources[d], our_name);
   }
   err->message[0] = '\0';
   return true;
 }
 
-bool parse_path(const char* name, const char* value, bool absolute, std::size_t max, char* dst, std::size_t cap,
-                shm::Error* err) {
-  const std::size_t n = shm::bounded_len(value, max + 1);
-  if (n == 0) {
-    fail(err, name, value).str("empty value, expected ").str(absolute ? "an absolute file path" : "a library path or name")
-        .str(" (unset the variable for the default)");
-    return false;
+template <>
+struct Resolve<OptionType::per_device_size> {
+  static bool run(const Found& f, std::size_t k, std::uint64_t (&dst)[kMaxDevices], OptionSource (&src)[kMaxDevices],
+                  shm::Error* err) {
+    return resolve_per_device<std::uint64_t>(f, k, parse_quota, parse_alias_memory, kUnlimited, dst, src, err);
   }
-  if (n > max || n >= cap) {
-    fail(err, name, value).str("path too long, expected at most ").u64(max).str(" bytes");
-    return false;
+};
+template <>
+struct Resolve<OptionType::per_device_percent> {
+  static bool run(const Found& f, std::size_t k, std::uint32_t (&dst)[kMaxDevices], OptionSource (&src)[kMaxDevices],
+                  shm::Error* err) {
+    char text[16];
+    default_text(kOptions[k], text, sizeof text);
+    std::uint32_t def = 100;
+    parse_percent_span(Span{text, length(text)}, 1, true, &def);
+    return resolve_per_device<std::uint32_t>(f, k, parse_sm, parse_alias_sm, def, dst, src, err);
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    if (static_cast<unsigned char>(value[i]) < 0x20 || value[i] == 0x7f) {
-      fail(err, name, value).str("control character in the path, expected a plain path");
-      return false;
+};
+
+// HAMi's GPU_CORE_UTILIZATION_POLICY=disable: no SM limit from its own aliases.
+void apply_core_policy_disable(const Found& f, Options* out) {
+  for (std::size_t a = 0; a < kOptionAliasCount; ++a) {
+    const OptionAlias& alias = kOptionAliases[a];
+    if (!span_equals(Span{alias.env, length(alias.env)}, "GPU_CORE_UTILIZATION_POLICY", false)) continue;
+    if (f.alias[a] == nullptr || !span_equals(Span{f.alias[a], length(f.alias[a])}, "disable", true)) return;
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      if (shm::starts_with(out->sm_limit_source[d].name, "CUDA_DEVICE_SM_LIMIT")) {
+        out->sm_limit[d] = 100;
+        set_source(&out->sm_limit_source[d], alias.env);
+      }
     }
   }
-  if (absolute && (value[0] != '/' || value[n - 1] == '/')) {
-    fail(err, name, value).str(value[0] != '/' ? "relative path (processes with another working directory would not share it)"
-                                               : "names a directory")
-        .str(", expected an absolute file path such as /dev/shm/gpuslice.region");
-    return false;
-  }
-  shm::copy_string(dst, cap, value);
-  return true;
 }
 
-bool parse_word(const char* name, const char* value, const char* const* words, int count, const char* expected,
-                int* out, shm::Error* err) {
-  const Span s{value, length(value)};
-  for (int i = 0; i < count; ++i) {
-    if (span_equals(s, words[i], true)) {
-      *out = i;
-      return true;
-    }
-  }
-  fail(err, name, value).str(s.n == 0 ? "empty value" : "unknown value").str(", expected ").str(expected);
-  return false;
+enum class OptionId {
+#define GPUSLICE_OPTION(id, env, type, def, range, doc) id,
+#include "gpuslice/options.def"
+#undef GPUSLICE_OPTION
+};
+
+bool resolve_all(const Found& f, Options* out, shm::Error* err) {
+#define GPUSLICE_OPTION(id, env, kind, def, range, doc)                                                          \
+  if (!Resolve<OptionType::kind>::run(f, static_cast<std::size_t>(OptionId::id), out->id, out->id##_source, err)) \
+    return false;
+#include "gpuslice/options.def"
+#undef GPUSLICE_OPTION
+  apply_core_policy_disable(f, out);
+  return true;
 }
 
 }  // namespace
 
 void default_options(Options* out) noexcept {
-  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-    out->memory_limit[d] = kUnlimited;
-    out->sm_limit[d] = 100;
-    set_source(&out->memory_limit_source[d], "default");
-    set_source(&out->sm_limit_source[d], "default");
-  }
-  out->sm_policy = SmPolicy::hard;
-  Text region(out->region, sizeof out->region);
-  region.str("/dev/shm/gpuslice-").u64(getuid()).str(".region");
-  out->container_name[0] = '\0';
-  shm::copy_string(out->real_libcuda, sizeof out->real_libcuda, "libcuda.so.1");
-  shm::copy_string(out->real_libnvml, sizeof out->real_libnvml, "libnvidia-ml.so.1");
-  out->log_level = kLogWarn;
-  for (OptionSource* s : {&out->sm_policy_source, &out->region_source, &out->container_name_source,
-                          &out->real_libcuda_source, &out->real_libnvml_source, &out->log_level_source}) {
-    set_source(s, "default");
-  }
+  Found f;
+  shm::Error err;
   out->unknown_variable[0] = '\0';
+  collect(nullptr, &f, out, &err);
+  resolve_all(f, out, &err);  // the table's defaults always parse (tested)
 }
 
 bool parse_size(const char* text, std::uint64_t* out) noexcept {
@@ -511,83 +841,7 @@ bool parse_options(char* const* envp, Options* out, shm::Error* err) noexcept {
   err->message[0] = '\0';
   Found f;
   if (!collect(envp, &f, out, err)) return false;
-  for (std::size_t k = 0; k < kOptionCount; ++k) {
-    const auto id = static_cast<OptionId>(k);
-    const char* name = kOptions[k].env;
-    const char* value = f.ours[k];
-    bool ok = true;
-    switch (id) {
-      case OptionId::memory_limit:
-        ok = resolve_per_device<std::uint64_t>(f, id, 0, parse_quota, parse_alias_memory, out->memory_limit,
-                                               out->memory_limit_source, err);
-        break;
-      case OptionId::sm_limit:
-        ok = resolve_per_device<std::uint32_t>(f, id, 1, parse_sm, parse_alias_sm, out->sm_limit,
-                                               out->sm_limit_source, err);
-        break;
-      case OptionId::sm_policy: {
-        if (value == nullptr) break;
-        static constexpr const char* kPolicies[] = {"hard", "elastic"};
-        int policy = 0;
-        ok = parse_word(name, value, kPolicies, 2, "hard or elastic", &policy, err);
-        if (ok) {
-          out->sm_policy = policy == 0 ? SmPolicy::hard : SmPolicy::elastic;
-          set_source(&out->sm_policy_source, name);
-        }
-        break;
-      }
-      case OptionId::region:
-        if (value == nullptr) break;
-        ok = parse_path(name, value, true, kMaxRegionPath, out->region, sizeof out->region, err);
-        if (ok) set_source(&out->region_source, name);
-        break;
-      case OptionId::container_name: {
-        if (value == nullptr) break;
-        const std::size_t n = shm::bounded_len(value, sizeof out->container_name);
-        if (n == 0 || n >= sizeof out->container_name) {
-          fail(err, name, value).str(n == 0 ? "empty value" : "too long").str(", expected 1 to ")
-              .u64(sizeof out->container_name - 1).str(" printable ASCII characters (unset the variable for none)");
-          ok = false;
-          break;
-        }
-        for (std::size_t i = 0; i < n && ok; ++i) {
-          const auto c = static_cast<unsigned char>(value[i]);
-          if (c < 0x20 || c >= 0x7f) {
-            fail(err, name, value).str("character ").u64(i).str(" is not printable ASCII, expected 1 to ")
-                .u64(sizeof out->container_name - 1).str(" printable ASCII characters");
-            ok = false;
-          }
-        }
-        if (ok) {
-          shm::copy_string(out->container_name, sizeof out->container_name, value);
-          set_source(&out->container_name_source, name);
-        }
-        break;
-      }
-      case OptionId::real_libcuda:
-        if (value == nullptr) break;
-        ok = parse_path(name, value, false, sizeof out->real_libcuda - 1, out->real_libcuda, sizeof out->real_libcuda, err);
-        if (ok) set_source(&out->real_libcuda_source, name);
-        break;
-      case OptionId::real_libnvml:
-        if (value == nullptr) break;
-        ok = parse_path(name, value, false, sizeof out->real_libnvml - 1, out->real_libnvml, sizeof out->real_libnvml, err);
-        if (ok) set_source(&out->real_libnvml_source, name);
-        break;
-      case OptionId::log_level: {
-        if (value == nullptr) break;
-        static constexpr const char* kLevels[] = {"error", "warn", "info", "debug"};
-        int level = 0;
-        ok = parse_word(name, value, kLevels, 4, "error, warn, info or debug", &level, err);
-        if (ok) {
-          out->log_level = level;
-          set_source(&out->log_level_source, name);
-        }
-        break;
-      }
-    }
-    if (!ok) return false;
-  }
+  if (!resolve_all(f, out, err)) return false;
   err->message[0] = '\0';
   return true;
 }

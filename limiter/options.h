@@ -15,16 +15,20 @@
 //   per device  either one value for every device, or "<i>=<value>,..." with
 //            distinct indices < kMaxDevices (CUDA ordinals as the application
 //            sees them); devices not listed keep the default.
-//   policy   hard | elastic;  level  error | warn | info | debug  (any case).
+//   words    (policy, level, choice) one of the words the range column lists, any case.
+//   flag     true | false | 1 | 0 | yes | no | on | off (any case).
+//   duration <digits>[ms|s], within the range column's bounds.
 //   Empty values are errors.
-// Aliases (HAMi-core): CUDA_DEVICE_MEMORY_LIMIT[_<i>] = bytes or k/m/g suffix
-// (base 1024, either case), 0 = not set; CUDA_DEVICE_SM_LIMIT[_<i>] = 0-100,
-// 0 = unlimited. Per device: ours > CUDA_*_<i> > CUDA_* > default.
+// Aliases (HAMi-core, gpuslice/options.h kOptionAliases): CUDA_DEVICE_MEMORY_LIMIT[_<i>]
+// = bytes or k/m/g suffix (base 1024, either case), 0 = not set;
+// CUDA_DEVICE_SM_LIMIT[_<i>] = 0-100, 0 = unlimited; scalar aliases map
+// their values onto ours. Ours > CUDA_*_<i> > CUDA_* > default.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "gpuslice/options.h"
 #include "gpuslice/region.h"
 #include "shm/region_file.h"
 
@@ -35,19 +39,65 @@ struct OptionSource {
 };
 
 enum LogLevel : int { kLogError = 0, kLogWarn = 1, kLogInfo = 2, kLogDebug = 3 };
+enum Priority : int { kPriorityHigh = 0, kPriorityNormal = 1, kPriorityLow = 2 };
+enum Oversubscribe : int { kOversubscribeFail = 0, kOversubscribeSpill = 1, kOversubscribeWait = 2 };
 
-struct Options {  // fixed size, no heap
-  std::uint64_t memory_limit[kMaxDevices];  // kUnlimited where unset
-  std::uint32_t sm_limit[kMaxDevices];      // 100 where unset
-  SmPolicy sm_policy;
-  char region[4096];
-  char container_name[64];
-  char real_libcuda[4096];   // "libcuda.so.1" unless set
-  char real_libnvml[4096];   // "libnvidia-ml.so.1" unless set
-  int log_level;             // LogLevel
-  OptionSource memory_limit_source[kMaxDevices], sm_limit_source[kMaxDevices];
-  OptionSource sm_policy_source, region_source, container_name_source, real_libcuda_source,
-      real_libnvml_source, log_level_source;
+// How an option of each type is stored (fixed size, no heap).
+template <OptionType>
+struct OptionStorage;
+template <>
+struct OptionStorage<OptionType::per_device_size> {
+  using value = std::uint64_t[kMaxDevices];  // kUnlimited where unset
+  using source = OptionSource[kMaxDevices];
+};
+template <>
+struct OptionStorage<OptionType::per_device_percent> {
+  using value = std::uint32_t[kMaxDevices];
+  using source = OptionSource[kMaxDevices];
+};
+template <>
+struct OptionStorage<OptionType::policy> {
+  using value = SmPolicy;
+  using source = OptionSource;
+};
+template <>
+struct OptionStorage<OptionType::level> {
+  using value = int;  // LogLevel
+  using source = OptionSource;
+};
+template <>
+struct OptionStorage<OptionType::choice> {
+  using value = int;  // index of the word in the range column (Priority, Oversubscribe)
+  using source = OptionSource;
+};
+template <>
+struct OptionStorage<OptionType::flag> {
+  using value = bool;
+  using source = OptionSource;
+};
+template <>
+struct OptionStorage<OptionType::duration_ms> {
+  using value = std::uint32_t;
+  using source = OptionSource;
+};
+template <>
+struct OptionStorage<OptionType::path> {
+  using value = char[4096];
+  using source = OptionSource;
+};
+template <>
+struct OptionStorage<OptionType::name> {
+  using value = char[64];
+  using source = OptionSource;
+};
+
+// One field `<id>` and one `<id>_source` per entry of options.def.
+struct Options {
+#define GPUSLICE_OPTION(id, env, kind, def, range, doc) \
+  OptionStorage<OptionType::kind>::value id;           \
+  OptionStorage<OptionType::kind>::source id##_source;
+#include "gpuslice/options.def"
+#undef GPUSLICE_OPTION
   // First GPUSLICE_* variable that is no option (a typo?), "" if none: worth a warning.
   char unknown_variable[64];
 };

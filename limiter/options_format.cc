@@ -69,45 +69,89 @@ int format_options_markdown(char* buf, std::size_t cap) noexcept {
   return finish(t);
 }
 
-static_assert(kOptionCount == 8, "a new option in options.def: print it in format_effective_options");
+namespace {
+
+// The word of index i in a range column "a | b | c (remark)".
+Text& word(Text& t, const char* range, int i) {
+  const char* p = range;
+  for (int k = 0;; ++k) {
+    const char* end = p;
+    while (*end != '\0' && *end != ' ') ++end;
+    if (k == i) return t.str(p, static_cast<std::size_t>(end - p));
+    if (!(end[0] == ' ' && end[1] == '|' && end[2] == ' ')) return t.ch('?');
+    p = end + 3;
+  }
+}
+
+template <class V>
+void per_device(Text& t, const OptionInfo& info, const V (&values)[kMaxDevices], const OptionSource (&src)[kMaxDevices],
+                bool size) {
+  bool any = false;
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    if (is_default(src[d])) continue;
+    any = true;
+    line(t, info.env).ch('[').u64(d).str("]=");
+    if (size) {
+      t.size(values[d]).str(" (").u64(values[d]).str(" bytes)");
+    } else {
+      t.u64(values[d]);
+    }
+    tail(t, src[d]);
+  }
+  if (!any || !all_set(src)) {
+    line(t, info.env).str(any ? "[other devices]" : "").ch('=');
+    if (size && values[0] == kUnlimited) {
+      t.str("unlimited");
+    } else if (!any) {
+      if (size) t.size(values[0]); else t.u64(values[0]);
+    } else {
+      t.str(info.default_value);
+    }
+    t.str(" (default)\n");
+  }
+}
+
+template <OptionType T>
+struct Print {
+  template <class V, class S>
+  static void run(Text& t, const OptionInfo& info, const V& value, const S& src) {
+    line(t, info.env).ch('=');
+    if constexpr (T == OptionType::policy || T == OptionType::level || T == OptionType::choice) {
+      word(t, info.range, static_cast<int>(value));
+    } else if constexpr (T == OptionType::flag) {
+      t.str(value ? "true" : "false");
+    } else if constexpr (T == OptionType::duration_ms) {
+      t.u64(value).str("ms");
+    } else {
+      t.escaped(value, sizeof value);
+    }
+    tail(t, src);
+  }
+};
+template <>
+struct Print<OptionType::per_device_size> {
+  static void run(Text& t, const OptionInfo& info, const std::uint64_t (&v)[kMaxDevices],
+                  const OptionSource (&s)[kMaxDevices]) {
+    per_device(t, info, v, s, true);
+  }
+};
+template <>
+struct Print<OptionType::per_device_percent> {
+  static void run(Text& t, const OptionInfo& info, const std::uint32_t (&v)[kMaxDevices],
+                  const OptionSource (&s)[kMaxDevices]) {
+    per_device(t, info, v, s, false);
+  }
+};
+
+}  // namespace
 
 int format_effective_options(const Options& o, char* buf, std::size_t cap) noexcept {
   Text t(buf, cap);
-  bool any = false;
-  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-    if (is_default(o.memory_limit_source[d])) continue;
-    any = true;
-    line(t, "GPUSLICE_MEMORY_LIMIT").ch('[').u64(d).str("]=");
-    t.size(o.memory_limit[d]).str(" (").u64(o.memory_limit[d]).str(" bytes)");
-    tail(t, o.memory_limit_source[d]);
-  }
-  if (!any || !all_set(o.memory_limit_source)) {
-    line(t, "GPUSLICE_MEMORY_LIMIT").str(any ? "[other devices]" : "").str("=unlimited (default)\n");
-  }
-  any = false;
-  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-    if (is_default(o.sm_limit_source[d])) continue;
-    any = true;
-    line(t, "GPUSLICE_SM_LIMIT").ch('[').u64(d).str("]=").u64(o.sm_limit[d]);
-    tail(t, o.sm_limit_source[d]);
-  }
-  if (!any || !all_set(o.sm_limit_source)) {
-    line(t, "GPUSLICE_SM_LIMIT").str(any ? "[other devices]" : "").str("=100 (default)\n");
-  }
-  line(t, "GPUSLICE_SM_POLICY").ch('=').str(o.sm_policy == SmPolicy::hard ? "hard" : "elastic");
-  tail(t, o.sm_policy_source);
-  line(t, "GPUSLICE_REGION").ch('=').escaped(o.region, sizeof o.region);
-  tail(t, o.region_source);
-  line(t, "GPUSLICE_CONTAINER_NAME").ch('=').escaped(o.container_name, sizeof o.container_name);
-  tail(t, o.container_name_source);
-  line(t, "GPUSLICE_REAL_LIBCUDA").ch('=').escaped(o.real_libcuda, sizeof o.real_libcuda);
-  tail(t, o.real_libcuda_source);
-  line(t, "GPUSLICE_REAL_LIBNVML").ch('=').escaped(o.real_libnvml, sizeof o.real_libnvml);
-  tail(t, o.real_libnvml_source);
-  static constexpr const char* kLevels[] = {"error", "warn", "info", "debug"};
-  line(t, "GPUSLICE_LOG_LEVEL").ch('=')
-      .str(o.log_level >= 0 && o.log_level <= 3 ? kLevels[o.log_level] : "?");
-  tail(t, o.log_level_source);
+  std::size_t k = 0;
+#define GPUSLICE_OPTION(id, env, kind, def, range, doc) \
+  Print<OptionType::kind>::run(t, kOptions[k++], o.id, o.id##_source);
+#include "gpuslice/options.def"
+#undef GPUSLICE_OPTION
   if (o.unknown_variable[0] != '\0') {
     t.str("gpuslice: ").escaped(o.unknown_variable).str(" is not a gpuslice option (ignored; a typo?)\n");
   }

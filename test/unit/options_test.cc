@@ -374,7 +374,6 @@ TEST(FormatOptions, MarkdownTableCoversTheTable) {
 }
 
 TEST(OptionTable, ConstexprView) {
-  static_assert(kOptionCount == 8);
   static_assert(kOptions[0].type == OptionType::per_device_size);
   EXPECT_STREQ(kOptions[0].env, "GPUSLICE_MEMORY_LIMIT");
   EXPECT_STREQ(kOptions[0].id, "memory_limit");
@@ -384,6 +383,121 @@ TEST(OptionTable, ConstexprView) {
     EXPECT_NE(std::string(o.doc), "");
     EXPECT_NE(std::string(o.range), "");
   }
+}
+
+
+// ---- options added with the generated table ----
+
+TEST(NewOptions, DefaultsComeFromTheTable) {
+  const Parsed p = parse({});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.priority, kPriorityNormal);
+  EXPECT_EQ(p.options.oversubscribe, kOversubscribeFail);
+  EXPECT_EQ(p.options.oversubscribe_wait, 30000u);
+  EXPECT_FALSE(p.options.passthrough);
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) EXPECT_EQ(p.options.memory_resident[d], kUnlimited);
+  EXPECT_STREQ(p.options.real_libcuda, "libcuda.so.1");  // the remark in parentheses is not part of the value
+  EXPECT_EQ(std::string(p.options.region), "/dev/shm/gpuslice-" + std::to_string(getuid()) + ".region");
+  EXPECT_STREQ(p.options.priority_source.name, "default");
+}
+
+TEST(NewOptions, WordsAnyCaseAndErrorsListTheWords) {
+  Parsed p = parse({"GPUSLICE_PRIORITY=HIGH", "GPUSLICE_OVERSUBSCRIBE=Wait", "GPUSLICE_OVERSUBSCRIBE_WAIT=2s",
+                    "GPUSLICE_PASSTHROUGH=yes"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.priority, kPriorityHigh);
+  EXPECT_EQ(p.options.oversubscribe, kOversubscribeWait);
+  EXPECT_EQ(p.options.oversubscribe_wait, 2000u);
+  EXPECT_TRUE(p.options.passthrough);
+  EXPECT_STREQ(p.options.priority_source.name, "GPUSLICE_PRIORITY");
+  p = parse({"GPUSLICE_PRIORITY=urgent"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("GPUSLICE_PRIORITY='urgent': unknown value, expected high, normal or low"));
+  p = parse({"GPUSLICE_OVERSUBSCRIBE_WAIT=3601s"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("GPUSLICE_OVERSUBSCRIBE_WAIT='3601s': not a duration"));
+  p = parse({"GPUSLICE_OVERSUBSCRIBE_WAIT=250"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.oversubscribe_wait, 250u);
+  p = parse({"GPUSLICE_PASSTHROUGH=maybe"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("GPUSLICE_PASSTHROUGH='maybe'"));
+  p = parse({"GPUSLICE_MEMORY_RESIDENT=0=2Gi"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.memory_resident[0], 2 * kGi);
+  EXPECT_EQ(p.options.memory_resident[1], kUnlimited);
+}
+
+TEST(NewOptions, AllOnesIsNotAQuota) {
+  Parsed p = parse({"GPUSLICE_MEMORY_LIMIT=18446744073709551615"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("GPUSLICE_MEMORY_LIMIT='18446744073709551615': 2^64-1 bytes is not a quota"));
+  p = parse({"CUDA_DEVICE_MEMORY_LIMIT_0=18446744073709551615"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("CUDA_DEVICE_MEMORY_LIMIT_0="));
+}
+
+TEST(HamiAliases, ScalarAliasesMapOntoOurs) {
+  Parsed p = parse({"CUDA_TASK_PRIORITY=0", "CUDA_OVERSUBSCRIBE=true", "CUDA_DISABLE_CONTROL=true",
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/a.cache", "LIBCUDA_LOG_LEVEL=4",
+                    "GPU_CORE_UTILIZATION_POLICY=force"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.priority, kPriorityHigh);
+  EXPECT_STREQ(p.options.priority_source.name, "CUDA_TASK_PRIORITY");
+  EXPECT_EQ(p.options.oversubscribe, kOversubscribeSpill);
+  EXPECT_TRUE(p.options.passthrough);
+  EXPECT_STREQ(p.options.region, "/usr/local/vgpu/a.cache");
+  EXPECT_STREQ(p.options.region_source.name, "CUDA_DEVICE_MEMORY_SHARED_CACHE");
+  EXPECT_EQ(p.options.log_level, kLogDebug);
+  EXPECT_EQ(p.options.sm_policy, SmPolicy::hard);
+
+  p = parse({"CUDA_TASK_PRIORITY=1", "CUDA_OVERSUBSCRIBE=FALSE", "GPU_CORE_UTILIZATION_POLICY=default",
+             "LIBCUDA_LOG_LEVEL=0"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.priority, kPriorityLow);
+  EXPECT_EQ(p.options.oversubscribe, kOversubscribeFail);  // false = not set
+  EXPECT_STREQ(p.options.oversubscribe_source.name, "default");
+  EXPECT_EQ(p.options.sm_policy, SmPolicy::elastic);
+  EXPECT_EQ(p.options.log_level, kLogError);
+}
+
+TEST(HamiAliases, OursWinAndBadValuesNameTheAlias) {
+  Parsed p = parse({"CUDA_TASK_PRIORITY=0", "GPUSLICE_PRIORITY=low"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.priority, kPriorityLow);
+  p = parse({"CUDA_TASK_PRIORITY=7"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("CUDA_TASK_PRIORITY='7': unknown value, expected one of 0, 1"));
+  p = parse({"CUDA_DEVICE_MEMORY_SHARED_CACHE=relative.cache"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("CUDA_DEVICE_MEMORY_SHARED_CACHE='relative.cache': relative path"));
+  p = parse({"GPU_CORE_UTILIZATION_POLICY=sometimes"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("GPU_CORE_UTILIZATION_POLICY='sometimes'"));
+}
+
+TEST(HamiAliases, CorePolicyDisableLiftsOnlyTheAliasSmLimit) {
+  Parsed p = parse({"GPU_CORE_UTILIZATION_POLICY=disable", "CUDA_DEVICE_SM_LIMIT=30"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.sm_limit[0], 100u);
+  EXPECT_STREQ(p.options.sm_limit_source[0].name, "GPU_CORE_UTILIZATION_POLICY");
+  p = parse({"GPU_CORE_UTILIZATION_POLICY=disable", "GPUSLICE_SM_LIMIT=30"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.sm_limit[0], 30u);
+}
+
+TEST(FormatOptions, EveryNewOptionIsPrinted) {
+  const Parsed p = parse({"GPUSLICE_PRIORITY=low", "GPUSLICE_OVERSUBSCRIBE_WAIT=1500ms"});
+  ASSERT_TRUE(p.ok) << p.error;
+  char buf[16384];
+  const int n = format_effective_options(p.options, buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  const std::string text(buf, static_cast<std::size_t>(n));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PRIORITY=low (GPUSLICE_PRIORITY)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE=fail (default)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE_WAIT=1500ms (GPUSLICE_OVERSUBSCRIBE_WAIT)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PASSTHROUGH=false (default)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_RESIDENT=unlimited (default)\n"));
 }
 
 }  // namespace
