@@ -1,0 +1,105 @@
+// Priority between tenants: the decisions. See priority.h and docs/priority.md.
+#include "limiter/priority.h"
+
+namespace gpuslice::limiter {
+
+namespace {
+
+bool equals_nocase(const char* a, const char* b) noexcept {
+  for (; *a != 0 && *b != 0; ++a, ++b) {
+    char c = *a;
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != *b) return false;
+  }
+  return *a == 0 && *b == 0;
+}
+
+}  // namespace
+
+bool parse_priority(const char* text, Priority* out) noexcept {
+  if (text == nullptr) return false;
+  if (equals_nocase(text, "high")) *out = Priority::high;
+  else if (equals_nocase(text, "normal")) *out = Priority::normal;
+  else if (equals_nocase(text, "low")) *out = Priority::low;
+  else return false;
+  return true;
+}
+
+bool parse_hami_priority(const char* text, Priority* out) noexcept {
+  if (text == nullptr || text[0] == 0 || text[1] != 0) return false;
+  if (text[0] == '0') *out = Priority::high;
+  else if (text[0] == '1') *out = Priority::low;
+  else return false;
+  return true;
+}
+
+const char* priority_name(Priority p) noexcept {
+  switch (p) {
+    case Priority::high: return "high";
+    case Priority::normal: return "normal";
+    case Priority::low: return "low";
+    case Priority::unset: break;
+  }
+  return "unset";
+}
+
+Priority priority_from_word(std::uint32_t word, Priority fallback) noexcept {
+  if (word >= static_cast<std::uint32_t>(Priority::low) && word <= static_cast<std::uint32_t>(Priority::high))
+    return static_cast<Priority>(word);
+  return fallback;
+}
+
+std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t now_ns) noexcept {
+  const std::uint64_t until = now_ns + kLingerNs;
+  if (published_until_ns != 0 && until < published_until_ns + kPublishSlackNs) return 0;
+  return until;
+}
+
+bool peer_active(const PeerSample& p, std::uint64_t now_ns) noexcept {
+  // A word far in the future is not believed: no file can hold others for
+  // longer than kMaxAheadNs past its writer's last store.
+  return p.active_until_ns > now_ns && p.active_until_ns - now_ns <= kMaxAheadNs;
+}
+
+bool peer_present(const PeerSample& p, std::uint64_t now_ns) noexcept {
+  if (peer_active(p, now_ns)) return true;
+  if (p.last_launch_ns == 0 || p.last_launch_ns > now_ns + kMaxAheadNs) return false;
+  return p.last_launch_ns > now_ns || now_ns - p.last_launch_ns < kPresentNs;
+}
+
+Verdict judge(Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept {
+  Verdict v = Verdict::free;
+  for (std::size_t i = 0; i < count; ++i) {
+    const PeerSample& p = peers[i];
+    if (static_cast<std::uint32_t>(p.level) <= static_cast<std::uint32_t>(self)) continue;
+    if (peer_active(p, now_ns)) return Verdict::held;
+    if (peer_present(p, now_ns)) v = Verdict::bounded;
+  }
+  return v;
+}
+
+bool engaged(Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (peers[i].level != self && peer_present(peers[i], now_ns)) return true;
+  }
+  return false;
+}
+
+void observe_completion(InflightEstimate& e, std::uint64_t launched_ns, std::uint64_t done_ns) noexcept {
+  // Queued behind the previous one: it started when that one completed.
+  const std::uint64_t began = e.last_done_ns > launched_ns ? e.last_done_ns : launched_ns;
+  e.last_done_ns = done_ns;
+  if (done_ns <= began) return;
+  const std::uint64_t sample = done_ns - began;
+  e.avg_ns = e.avg_ns == 0 ? sample : (3 * e.avg_ns + sample) / 4;
+}
+
+std::uint32_t bound_launches(const InflightEstimate& e) noexcept {
+  if (e.avg_ns == 0) return kMinBoundLaunches;
+  const std::uint64_t n = kBoundWorkNs / e.avg_ns;
+  if (n < kMinBoundLaunches) return kMinBoundLaunches;
+  if (n > kMaxBoundLaunches) return kMaxBoundLaunches;
+  return static_cast<std::uint32_t>(n);
+}
+
+}  // namespace gpuslice::limiter

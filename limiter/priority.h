@@ -1,0 +1,98 @@
+// Priority between tenants: the pure decisions, no driver, no files, an
+// injected clock (docs/priority.md). The preload library (hook/priority.cc)
+// feeds them what the priority board holds (shm/priority_board.h).
+//
+// Per device, a container is
+//   - *active* while its published active_until_ns is in the future: it
+//     launched within the last kLingerNs (its work is then queued or running);
+//   - *present* while it launched within the last kPresentNs.
+// A container with a higher-priority neighbour that is
+//   - active: is HELD: its new launches wait (bounded sleeps) until no higher
+//     neighbour is active;
+//   - only present: is BOUNDED: it keeps at most about kBoundWorkNs of work in
+//     flight, so that a higher neighbour's next burst waits behind at most that;
+//   - absent: is FREE: nothing is done (for a normal container, not even the
+//     slow path).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpuslice/priority_board.h"
+
+namespace gpuslice::limiter {
+
+// --- tunables (docs/priority.md explains each) ---
+// A container stays active this long after its latest launch: covers the work
+// it queued (a burst of short kernels) and the gap between a synchronize and
+// its next launch. Also the longest a killed process can keep others held.
+inline constexpr std::uint64_t kLingerNs = 3'000'000;
+// A publication is skipped unless it extends active_until by at least this
+// much: at most ~2000 writes per second per process, whatever the launch rate.
+inline constexpr std::uint64_t kPublishSlackNs = 500'000;
+// An active_until further ahead than this is not believed (a corrupt word, a
+// clock of another time namespace): it cannot hold anyone.
+inline constexpr std::uint64_t kMaxAheadNs = kLingerNs + kPublishSlackNs + 1'000'000;
+// A neighbour counts as present this long after its latest launch.
+inline constexpr std::uint64_t kPresentNs = 30'000'000'000;
+// A held launch sleeps this long between looks at the board (reaction and
+// release within a few of these).
+inline constexpr std::uint64_t kHoldPollNs = 250'000;
+// The held/free verdict is re-read from the board at most this often per
+// process on the launch path.
+inline constexpr std::uint64_t kRecheckNs = 200'000;
+// Board directories are rescanned for new files this often.
+inline constexpr std::uint64_t kRescanNs = 100'000'000;
+// In-flight bound of a lower-priority container next to a present
+// higher-priority one: about this much device time...
+inline constexpr std::uint64_t kBoundWorkNs = 1'000'000;
+// ... as a number of launches, between these (before any measurement: 1).
+inline constexpr std::uint32_t kMinBoundLaunches = 1;
+inline constexpr std::uint32_t kMaxBoundLaunches = 16;
+
+// "high" | "normal" | "low" (any case). False for anything else.
+bool parse_priority(const char* text, Priority* out) noexcept;
+// HAMi's CUDA_TASK_PRIORITY: "0" = high, "1" = low (its only two values).
+bool parse_hami_priority(const char* text, Priority* out) noexcept;
+const char* priority_name(Priority p) noexcept;  // "high", "normal", "low", "unset"
+// A region word as a level: unset and garbage read as `fallback`.
+Priority priority_from_word(std::uint32_t word, Priority fallback) noexcept;
+
+// --- writer side ---
+// The active_until to publish after a launch at now_ns, or 0 when the one
+// already published is recent enough (no write).
+std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t now_ns) noexcept;
+
+// --- reader side ---
+struct PeerSample {
+  Priority level;                 // from the board directory the file is in
+  std::uint64_t active_until_ns;  // as read
+  std::uint64_t last_launch_ns;   // as read
+};
+
+enum class Verdict : int { free = 0, bounded = 1, held = 2 };
+
+bool peer_active(const PeerSample& p, std::uint64_t now_ns) noexcept;
+bool peer_present(const PeerSample& p, std::uint64_t now_ns) noexcept;
+// What `self` must do on this device given its neighbours.
+Verdict judge(Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
+// Whether a container at `self` must take the launch slow path on a device
+// with these neighbours: any neighbour of another level present (a lower one
+// must see our activity, a higher one may hold us).
+bool engaged(Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
+
+// --- in-flight bound ---
+// Device time per launch of this process, learnt from how long it waited for
+// its own markers. Only ever used by one thread at a time.
+struct InflightEstimate {
+  std::uint64_t avg_ns = 0;        // 0: nothing measured yet
+  std::uint64_t last_done_ns = 0;  // when the previous waited-for marker completed
+};
+// A marker that follows a launch issued at launched_ns was waited for and
+// completed at done_ns: that launch ran from max(launched_ns, the previous
+// waited-for completion) to done_ns.
+void observe_completion(InflightEstimate& e, std::uint64_t launched_ns, std::uint64_t done_ns) noexcept;
+// Launches the process may keep in flight while bounded.
+std::uint32_t bound_launches(const InflightEstimate& e) noexcept;
+
+}  // namespace gpuslice::limiter
