@@ -101,7 +101,12 @@ struct RegionHeader {
   // dead holder is recognised and the lock taken over; nobody waits on it.
   std::atomic<std::uint64_t> reaper_lock;
   std::atomic<std::uint64_t> slots_reaped;   // total dead slots reclaimed
-  std::uint64_t reserved1[14];
+  // --- priority between tenants (docs/priority.md) ---
+  std::atomic<std::uint32_t> priority;       // gpuslice::Priority: 0 = not recorded yet, 1 low, 2 normal, 3 high
+  std::uint32_t reserved2;
+  std::atomic<std::uint64_t> priority_held_ns;        // total time the container's launches were held
+  std::atomic<std::uint64_t> priority_held_until_ns;  // CLOCK_MONOTONIC: held now if in the future
+  std::uint64_t reserved1[11];
 };
 
 struct Region {

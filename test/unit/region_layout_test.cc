@@ -51,7 +51,11 @@ TEST(RegionLayout, Header) {
   EXPECT_FIELD(RegionHeader, reserved0, 116, 4);
   EXPECT_FIELD(RegionHeader, reaper_lock, 120, 8);
   EXPECT_FIELD(RegionHeader, slots_reaped, 128, 8);
-  EXPECT_FIELD(RegionHeader, reserved1, 136, 112);
+  EXPECT_FIELD(RegionHeader, priority, 136, 4);
+  EXPECT_FIELD(RegionHeader, reserved2, 140, 4);
+  EXPECT_FIELD(RegionHeader, priority_held_ns, 144, 8);
+  EXPECT_FIELD(RegionHeader, priority_held_until_ns, 152, 8);
+  EXPECT_FIELD(RegionHeader, reserved1, 160, 88);
 }
 
 TEST(RegionLayout, DeviceState) {
