@@ -63,12 +63,71 @@ bool parse_uint(const char *text, std::uint64_t lo, std::uint64_t hi, std::uint6
   return true;
 }
 
+
+// One timing knob: FAKECUDA_<name>, an integer in [lo, hi] times `scale`.
+bool parse_knob(const char *name, std::uint64_t lo, std::uint64_t hi, std::uint64_t scale, const char *unit,
+                std::uint64_t &out, char *error, std::size_t error_len) {
+  const char *value = std::getenv(name);
+  if (value == nullptr) return true;
+  std::uint64_t number = 0;
+  if (!parse_uint(value, lo, hi, number)) {
+    std::snprintf(error, error_len, "%s='%s': expected an integer %llu-%llu (%s)", name, value,
+                  static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi), unit);
+    return false;
+  }
+  out = number * scale;
+  return true;
+}
+
+// FAKECUDA_PROFILE picks every timing knob's default (README "Profiles"); each
+// knob's own variable overrides it.
+bool parse_timing(Config &config, char *error, std::size_t error_len) {
+  const char *value = std::getenv("FAKECUDA_PROFILE");
+  if (value != nullptr && std::strcmp(value, "ideal") != 0) {
+    if (std::strcmp(value, "realistic") != 0) {
+      std::snprintf(error, error_len, "FAKECUDA_PROFILE='%s': expected ideal or realistic", value);
+      return false;
+    }
+    config.profile = Profile::realistic;
+    config.jitter_pct = 10;
+    config.nvml_period_ns = 166ull * 1000 * 1000;
+    config.timeslice_ns = 2ull * 1000 * 1000;
+    config.launch_cost_ns = 3ull * 1000;
+    config.queue_depth = 1024;
+    config.context_bytes = std::uint64_t{512} << 20;
+  }
+  std::uint64_t number = config.jitter_pct;
+  if (!parse_knob("FAKECUDA_JITTER_PCT", 0, 50, 1, "percent", number, error, error_len)) return false;
+  config.jitter_pct = static_cast<std::uint32_t>(number);
+  if (!parse_knob("FAKECUDA_SEED", 0, ~std::uint64_t{0}, 1, "any 64-bit seed", config.seed, error, error_len) ||
+      !parse_knob("FAKECUDA_NVML_PERIOD_MS", 0, 10000, 1000000, "milliseconds, 0 = exact windows",
+                  config.nvml_period_ns, error, error_len) ||
+      !parse_knob("FAKECUDA_LAUNCH_COST_US", 0, 1000, 1000, "microseconds", config.launch_cost_ns, error,
+                  error_len)) {
+    return false;
+  }
+  // Time-slicing and the hardware queue are the realistic scheduler's.
+  const char *scheduler_only[] = {"FAKECUDA_TIMESLICE_US", "FAKECUDA_QUEUE_DEPTH"};
+  for (const char *name : scheduler_only) {
+    if (config.profile == Profile::ideal && std::getenv(name) != nullptr) {
+      std::snprintf(error, error_len, "%s='%s': expected only with FAKECUDA_PROFILE=realistic", name,
+                    std::getenv(name));
+      return false;
+    }
+  }
+  return parse_knob("FAKECUDA_TIMESLICE_US", 1, 1000000, 1000, "microseconds", config.timeslice_ns, error,
+                    error_len) &&
+         parse_knob("FAKECUDA_QUEUE_DEPTH", 1, 4096, 1, "pending launches per stream", config.queue_depth, error,
+                    error_len);
+}
+
 }  // namespace
 
 bool parse_config(Config &config, char *error, std::size_t error_len) {
   config = Config{};
   const char *value = nullptr;
   std::uint64_t number = 0;
+  if (!parse_timing(config, error, error_len)) return false;
   if ((value = std::getenv("FAKECUDA_DEVICES")) != nullptr) {
     if (!parse_uint(value, 0, kMaxDevices, number)) {
       std::snprintf(error, error_len, "FAKECUDA_DEVICES='%s': expected an integer 0-%u", value, kMaxDevices);

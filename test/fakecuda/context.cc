@@ -66,7 +66,10 @@ CUresult create_context(CUcontext *pctx, unsigned int flags, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-void wait_idle(CUctx_st *ctx) { sleep_until(ctx->last_end_ns.load(std::memory_order_acquire)); }
+void wait_idle(CUctx_st *ctx) {
+  if (realistic()) return sched_context_wait(ctx);
+  sleep_until(ctx->last_end_ns.load(std::memory_order_acquire));
+}
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "state.h"
+#include "scheduler.h"
 #include "timeline.h"
 
 // Handle objects. cuda.h only declares these structs, so the fake defines them.
@@ -31,6 +32,7 @@ struct CUctx_st {
   int retain_count = 0;             // primary only, under the runtime mutex
   std::uint64_t id = 0;
   std::atomic<std::uint64_t> last_end_ns{0};  // end of all work submitted in this context
+  std::atomic<std::uint64_t> last_ticket{0};  // realistic profile: newest scheduler ticket of this context
   CUstream_st *null_stream = nullptr;
   std::size_t limits[16] = {};
 };
@@ -44,6 +46,7 @@ struct CUstream_st {
   bool special = false;  // a context's legacy/null stream or a per-thread stream
   std::uint64_t id = 0;
   std::atomic<std::uint64_t> last_end_ns{0};
+  std::atomic<std::uint64_t> last_ticket{0};  // realistic profile: newest scheduler ticket on this stream
   std::atomic<CUgraph_st *> capture{nullptr};  // graph being captured into, if any
   std::uint64_t capture_id = 0;
 };
@@ -54,6 +57,8 @@ struct CUevent_st {
   CUctx_st *ctx = nullptr;
   unsigned flags = 0;
   std::atomic<std::uint64_t> time_ns{0};  // completion time of the recorded work; 0 = never recorded
+  std::atomic<std::uint64_t> ticket{0};   // realistic profile: the marker's ticket until time_ns is known
+  std::uint32_t device = 0;
 };
 
 struct CUmod_st;
@@ -199,7 +204,20 @@ void sleep_until(std::uint64_t end_ns);
 void note_stream_work(CUstream_st *stream, std::uint64_t end_ns);
 
 // --- launch (launch.cc) and graphs (graph.cc) ---
-CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream);
+CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream, std::uint64_t blocks);
+
+// --- the realistic profile's scheduler, driver side (scheduler_driver.cc) ---
+inline bool realistic() { return sched_enabled(runtime().state->header()); }
+// Queues a kernel (blocking while the stream's hardware queue is full).
+CUresult sched_launch(CUstream_st *stream, std::uint64_t duration_ns, std::uint64_t blocks);
+bool sched_stream_idle(CUstream_st *stream);  // everything submitted to it has run
+void sched_stream_wait(CUstream_st *stream);
+void sched_context_wait(CUctx_st *ctx);
+// Events are zero-length markers; a stream wait is a zero-length entry that waits on one.
+void sched_event_record(CUevent_st *event, CUstream_st *stream);
+bool sched_event_done(CUevent_st *event);  // also resolves event->time_ns
+void sched_event_wait(CUevent_st *event);
+void sched_stream_wait_event(CUstream_st *stream, CUevent_st *event);
 CUresult capture_kernel_node(CUstream_st *stream, const CUDA_KERNEL_NODE_PARAMS &params);
 // A CUfunction or a CUkernel (which is the same object here).
 CUfunc_st *function_from_handle(CUfunction f);

@@ -93,7 +93,7 @@ CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool ptsz) {
       params.blockDimX = params.blockDimY = params.blockDimZ = 1;
       if (CUresult rc = capture_kernel_node(stream, params); rc != CUDA_SUCCESS) return rc;
     } else {
-      launch_on_stream(function, stream);
+      launch_on_stream(function, stream, 1);  // graph nodes keep no grid: one block each
     }
   }
   return CUDA_SUCCESS;

@@ -64,7 +64,7 @@ inline CUresult launch(CUfunction f, const Launch &l, bool ptsz, bool cooperativ
   CUctx_st *owner = function->module != nullptr ? function->module->ctx : nullptr;
   if (owner != nullptr && owner != stream->ctx) return CUDA_ERROR_INVALID_HANDLE;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return capture(function, l, stream);
-  return launch_on_stream(function, stream);
+  return launch_on_stream(function, stream, std::uint64_t{l.grid[0]} * l.grid[1] * l.grid[2]);
 }
 
 Launch from_args(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
@@ -89,8 +89,16 @@ CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **kernelPara
 
 namespace gpuslice::fakecuda {
 
-CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream) {
-  std::uint64_t end = timeline_submit(state(), stream->ctx->device, function->duration_ns, runtime().submitter);
+CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream, std::uint64_t blocks) {
+  const StateHeader &header = state().header();
+  if (header.profile != 0) [[unlikely]] return sched_launch(stream, function->duration_ns, blocks);
+  std::uint64_t duration = function->duration_ns;
+  if (header.jitter_pct != 0 || header.launch_cost_ns != 0) [[unlikely]] {
+    const std::uint32_t dev = stream->ctx->device;
+    duration = jittered_ns(header, dev, state().device(dev).kernels.load(std::memory_order_relaxed), duration) +
+               header.launch_cost_ns;
+  }
+  std::uint64_t end = timeline_submit(state(), stream->ctx->device, duration, runtime().submitter);
   note_stream_work(stream, end);
   return CUDA_SUCCESS;
 }

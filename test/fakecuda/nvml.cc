@@ -10,6 +10,7 @@
 
 #include "gpuslice/nvml_abi.h"
 #include "state.h"
+#include "scheduler.h"
 #include "timeline.h"
 
 struct nvmlDevice_st {
@@ -124,6 +125,87 @@ nvmlReturn_t memory_used(nvmlDevice_t device, std::uint64_t *total, std::uint64_
   *total = state->header().memory_bytes;
   *used = state->device_used_locked(dev);
   return NVML_SUCCESS;
+}
+
+constexpr unsigned kMaxSamples = 1024;
+constexpr std::uint64_t kSampleBuffer = 10;  // periods the periodic model keeps (README)
+
+// Ideal profile: one sample per process over the exact window since
+// lastSeenTimeStamp (or the last second), stamped now.
+unsigned exact_samples(State &state, std::uint32_t dev, unsigned long long last_seen,
+                       nvmlProcessUtilizationSample_t *samples) {
+  // NVML timestamps are CPU (wall-clock) microseconds; the timeline is CLOCK_MONOTONIC.
+  const std::uint64_t now_mono = mono_ns();
+  const std::uint64_t now_real = realtime_ns();
+  std::uint64_t t0 = now_mono - kDefaultWindowNs;
+  if (last_seen != 0) {
+    std::uint64_t last_real = last_seen * 1000ull;
+    std::uint64_t ago = now_real > last_real ? now_real - last_real : 0;
+    t0 = ago < now_mono ? now_mono - ago : 0;
+  }
+  const std::uint64_t window = now_mono > t0 ? now_mono - t0 : 1;
+  unsigned count = 0;
+  timeline_busy_by_process(state, dev, t0, now_mono, [&](std::uint32_t host_pid, std::uint64_t busy) {
+    if (count >= kMaxSamples) return;
+    std::uint64_t percent = (busy * 100 + window / 2) / window;
+    samples[count++] = nvmlProcessUtilizationSample_t{
+        host_pid, now_real / 1000ull, static_cast<unsigned int>(percent > 100 ? 100 : percent), 0, 0, 0};
+  });
+  return count;
+}
+
+// Periodic model: the driver samples on its own period P from the state's
+// creation; sample k covers [origin + kP, origin + (k+1)P), exists once that
+// period has ended, and is stamped with its end (CPU microseconds). One sample
+// per process with a non-zero integer percent, for each of the last
+// kSampleBuffer periods whose stamp is newer than last_seen.
+unsigned periodic_samples(State &state, std::uint32_t dev, unsigned long long last_seen,
+                          nvmlProcessUtilizationSample_t *samples) {
+  const StateHeader &header = state.header();
+  const std::uint64_t period = header.nvml_period_ns;
+  const std::uint64_t origin = header.created_mono_ns;
+  const std::uint64_t now = mono_ns();
+  const std::uint64_t completed = (now - origin) / period;  // periods that have ended
+  if (completed == 0) return 0;
+  const std::uint64_t first = completed > kSampleBuffer ? completed - kSampleBuffer : 0;
+  constexpr int kMaxPids = 64;
+  std::uint32_t pids[kMaxPids];
+  std::uint64_t busy[kMaxPids][kSampleBuffer] = {};
+  int pid_count = 0;
+  const std::uint64_t t0 = origin + first * period;
+  const std::uint64_t t1 = origin + completed * period;
+  timeline_for_each(state, dev, [&](std::uint64_t start, std::uint64_t end, std::uint64_t packed) {
+    std::uint64_t lo = start > t0 ? start : t0;
+    std::uint64_t hi = end < t1 ? end : t1;
+    if (hi <= lo) return;
+    auto host = static_cast<std::uint32_t>(packed >> 32);
+    int p = 0;
+    while (p < pid_count && pids[p] != host) ++p;
+    if (p == pid_count) {
+      if (pid_count == kMaxPids) return;
+      pids[pid_count++] = host;
+    }
+    // Split the interval over the periods it overlaps.
+    while (lo < hi) {
+      std::uint64_t k = (lo - origin) / period;
+      std::uint64_t period_end = origin + (k + 1) * period;
+      std::uint64_t piece_end = hi < period_end ? hi : period_end;
+      busy[p][k - first] += piece_end - lo;
+      lo = piece_end;
+    }
+  });
+  unsigned count = 0;
+  for (std::uint64_t k = first; k < completed; ++k) {
+    const std::uint64_t stamp_us = (header.created_real_ns + (k + 1) * period) / 1000ull;
+    if (stamp_us <= last_seen) continue;
+    for (int p = 0; p < pid_count && count < kMaxSamples; ++p) {
+      std::uint64_t percent = (busy[p][k - first] * 100 + period / 2) / period;
+      if (percent == 0) continue;
+      samples[count++] = nvmlProcessUtilizationSample_t{
+          pids[p], stamp_us, static_cast<unsigned int>(percent > 100 ? 100 : percent), 0, 0, 0};
+    }
+  }
+  return count;
 }
 
 }  // namespace
@@ -290,25 +372,12 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
   State *state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
-  // NVML timestamps are CPU (wall-clock) microseconds; the timeline is CLOCK_MONOTONIC.
-  const std::uint64_t now_mono = mono_ns();
-  const std::uint64_t now_real = realtime_ns();
-  std::uint64_t t0 = now_mono - kDefaultWindowNs;
-  if (lastSeenTimeStamp != 0) {
-    std::uint64_t last_real = lastSeenTimeStamp * 1000ull;
-    std::uint64_t ago = now_real > last_real ? now_real - last_real : 0;
-    t0 = ago < now_mono ? now_mono - ago : 0;
-  }
-  const std::uint64_t window = now_mono > t0 ? now_mono - t0 : 1;
-  nvmlProcessUtilizationSample_t samples[256];
-  unsigned int count = 0;
-  timeline_busy_by_process(*state, dev, t0, now_mono, [&](std::uint32_t host_pid, std::uint64_t busy) {
-    if (count >= 256) return;
-    std::uint64_t percent = (busy * 100 + window / 2) / window;
-    samples[count++] = nvmlProcessUtilizationSample_t{
-        host_pid, now_real / 1000ull, static_cast<unsigned int>(percent > 100 ? 100 : percent), 0, 0, 0};
-  });
-  if (count == 0) return NVML_ERROR_NOT_FOUND;  // no process ran a kernel in the window
+  sched_catch_up(*state);
+  nvmlProcessUtilizationSample_t samples[kMaxSamples];
+  unsigned int count = state->header().nvml_period_ns != 0
+                           ? periodic_samples(*state, dev, lastSeenTimeStamp, samples)
+                           : exact_samples(*state, dev, lastSeenTimeStamp, samples);
+  if (count == 0) return NVML_ERROR_NOT_FOUND;  // no valid sample newer than lastSeenTimeStamp
   if (utilization == nullptr || *processSamplesCount < count) {
     *processSamplesCount = count;
     return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -324,8 +393,16 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
   std::uint64_t now = mono_ns();
-  std::uint64_t busy = timeline_busy_ns(*state, dev, 0, now - kDefaultWindowNs, now);
-  std::uint64_t percent = (busy * 100 + kDefaultWindowNs / 2) / kDefaultWindowNs;
+  // Exact: the last second up to now. Periodic: the last completed sample period.
+  std::uint64_t window = kDefaultWindowNs;
+  std::uint64_t end = now;
+  if (const std::uint64_t period = state->header().nvml_period_ns; period != 0) {
+    const std::uint64_t origin = state->header().created_mono_ns;
+    window = period;
+    end = origin + (now - origin) / period * period;
+  }
+  std::uint64_t busy = end > window ? timeline_busy_ns(*state, dev, 0, end - window, end) : 0;
+  std::uint64_t percent = (busy * 100 + window / 2) / window;
   utilization->gpu = static_cast<unsigned int>(percent > 100 ? 100 : percent);
   utilization->memory = 0;  // memory traffic is not simulated
   return NVML_SUCCESS;

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <new>
 
+#include "scheduler.h"
+
 namespace gpuslice::fakecuda {
 
 std::uint64_t mono_ns() {
@@ -32,9 +34,15 @@ std::uint64_t fnv1a(const char *text) {
   return hash;
 }
 
-std::size_t total_size_for(std::uint32_t devices) {
-  std::size_t ring_offset = (sizeof(StateHeader) + 4095) & ~std::size_t{4095};
-  return ring_offset + std::size_t{devices} * kRingEntries * sizeof(RingEntry);
+std::size_t ring_offset() { return (sizeof(StateHeader) + 4095) & ~std::size_t{4095}; }
+std::size_t sched_offset_for(std::uint32_t devices) {
+  return ring_offset() + std::size_t{devices} * kRingEntries * sizeof(RingEntry);
+}
+// The scheduler's tables exist only in realistic-profile files.
+std::size_t total_size_for(const Config &config) {
+  std::size_t total = sched_offset_for(config.devices);
+  if (config.profile == Profile::realistic) total += sched_bytes(config.devices);
+  return total;
 }
 
 bool slot_lock(int fd, int index, short type, int cmd) {
@@ -114,7 +122,7 @@ State *State::open_or_create(const Config &config, char *error, std::size_t erro
                     std::strerror(errno));
       return nullptr;
     }
-    std::size_t total = total_size_for(config.devices);
+    std::size_t total = total_size_for(config);
     void *map = MAP_FAILED;
     if (ftruncate(temp_fd, static_cast<off_t>(total)) == 0) {
       map = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, temp_fd, 0);
@@ -136,8 +144,22 @@ State *State::open_or_create(const Config &config, char *error, std::size_t erro
     header->context_bytes = config.context_bytes;
     header->uuid_seed = fnv1a(config.state_path);
     header->created_mono_ns = mono_ns();
-    header->ring_offset = (sizeof(StateHeader) + 4095) & ~std::size_t{4095};
+    {
+      timespec real{};
+      clock_gettime(CLOCK_REALTIME, &real);
+      header->created_real_ns = static_cast<std::uint64_t>(real.tv_sec) * 1000000000ull +
+                                static_cast<std::uint64_t>(real.tv_nsec);
+    }
+    header->ring_offset = ring_offset();
     header->ring_entries = kRingEntries;
+    header->profile = static_cast<std::uint32_t>(config.profile);
+    header->jitter_pct = config.jitter_pct;
+    header->seed = config.seed;
+    header->nvml_period_ns = config.nvml_period_ns;
+    header->timeslice_ns = config.timeslice_ns;
+    header->launch_cost_ns = config.launch_cost_ns;
+    header->queue_depth = config.queue_depth;
+    header->sched_offset = sched_offset_for(config.devices);
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);

@@ -21,7 +21,7 @@
 namespace gpuslice::fakecuda {
 
 inline constexpr std::uint64_t kStateMagic = 0x4554415453414b46ull;  // "FKASTATE"
-inline constexpr std::uint32_t kStateAbiVersion = 1;
+inline constexpr std::uint32_t kStateAbiVersion = 2;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 512;
 // >= 10 s of back-to-back 20 us kernels (500,000) per device.
@@ -74,8 +74,18 @@ struct StateHeader {
   std::uint64_t context_bytes;  // per context
   std::uint64_t uuid_seed;      // from the state file's path: UUIDs are stable per path
   std::uint64_t created_mono_ns;
+  std::uint64_t created_real_ns;  // CLOCK_REALTIME at the same instant: NVML sample timestamps
   std::uint64_t ring_offset;    // byte offset of device 0's ring
   std::uint64_t ring_entries;
+  // Timing model (README "Profiles"); fixed by the file's creator like the rest.
+  std::uint32_t profile;          // Profile
+  std::uint32_t jitter_pct;       // each kernel's run time varies uniformly by +-jitter_pct %
+  std::uint64_t seed;             // jitter's seed
+  std::uint64_t nvml_period_ns;   // NVML sample period; 0 = exact windows (ideal)
+  std::uint64_t timeslice_ns;     // realistic scheduler's slice between contexts
+  std::uint64_t launch_cost_ns;   // device time a launch takes before its kernel runs
+  std::uint64_t queue_depth;      // pending launches per stream before a launch blocks; 0 = unbounded
+  std::uint64_t sched_offset;     // byte offset of device 0's scheduler (realistic profile only)
   alignas(64) pthread_mutex_t mutex;  // robust, process-shared
   DeviceShared device[kMaxDevices];
   ProcSlot slot[kMaxSlots];
@@ -83,7 +93,16 @@ struct StateHeader {
 
 inline constexpr off_t kSlotLockBase = off_t{1} << 40;
 
+enum class Profile : std::uint32_t { ideal = 0, realistic = 1 };
+
 struct Config {
+  Profile profile = Profile::ideal;
+  std::uint32_t jitter_pct = 0;
+  std::uint64_t seed = 1;
+  std::uint64_t nvml_period_ns = 0;
+  std::uint64_t timeslice_ns = 0;
+  std::uint64_t launch_cost_ns = 0;
+  std::uint64_t queue_depth = 0;
   std::uint32_t devices = 1;
   std::uint64_t memory_bytes = std::uint64_t{16} << 30;
   std::uint32_t sms = 132;

@@ -57,7 +57,11 @@ CUresult stream_synchronize(CUstream hStream, bool ptsz) {
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  sleep_until(stream_end(stream));
+  if (realistic()) {
+    sched_stream_wait(stream);
+  } else {
+    sleep_until(stream_end(stream));
+  }
   pools_trim_at_sync(stream->ctx->device);
   return CUDA_SUCCESS;
 }
@@ -67,6 +71,7 @@ CUresult stream_query(CUstream hStream, bool ptsz) {
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (realistic()) return sched_stream_idle(stream) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   return mono_ns() >= stream_end(stream) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -94,6 +99,10 @@ CUresult stream_wait_event(CUstream hStream, CUevent hEvent, bool ptsz) {
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
+  if (realistic()) {
+    sched_stream_wait_event(stream, hEvent);
+    return CUDA_SUCCESS;
+  }
   note_stream_work(stream, hEvent->time_ns.load(std::memory_order_acquire));
   return CUDA_SUCCESS;
 }
@@ -104,6 +113,10 @@ CUresult event_record(CUevent hEvent, CUstream hStream, bool ptsz) {
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_SUCCESS;  // not part of the graph model
+  if (realistic()) {
+    sched_event_record(hEvent, stream);
+    return CUDA_SUCCESS;
+  }
   // The event completes when the stream reaches it: after its queued work, or now.
   std::uint64_t now = mono_ns();
   std::uint64_t end = stream_end(stream);
@@ -116,6 +129,7 @@ CUresult elapsed_time(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!alive(hStart) || !alive(hEnd)) return CUDA_ERROR_INVALID_HANDLE;
   if (((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING) != 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (realistic() && (!sched_event_done(hStart) || !sched_event_done(hEnd))) return CUDA_ERROR_NOT_READY;
   std::uint64_t start = hStart->time_ns.load(std::memory_order_acquire);
   std::uint64_t end = hEnd->time_ns.load(std::memory_order_acquire);
   if (start == 0 || end == 0) return CUDA_ERROR_INVALID_HANDLE;
@@ -290,6 +304,7 @@ extern "C" CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream
 extern "C" CUresult cuEventQuery(CUevent hEvent) {
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
+  if (realistic()) return sched_event_done(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   std::uint64_t time = hEvent->time_ns.load(std::memory_order_acquire);
   return time == 0 || mono_ns() >= time ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -297,7 +312,11 @@ extern "C" CUresult cuEventQuery(CUevent hEvent) {
 extern "C" CUresult cuEventSynchronize(CUevent hEvent) {
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
-  sleep_until(hEvent->time_ns.load(std::memory_order_acquire));
+  if (realistic()) {
+    sched_event_wait(hEvent);
+  } else {
+    sleep_until(hEvent->time_ns.load(std::memory_order_acquire));
+  }
   if (alive(hEvent->ctx)) pools_trim_at_sync(hEvent->ctx->device);
   return CUDA_SUCCESS;
 }

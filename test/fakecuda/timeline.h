@@ -20,6 +20,9 @@ struct Submitter {
 // only after everything submitted before it.
 std::uint64_t timeline_submit(State &state, std::uint32_t dev, std::uint64_t duration_ns, const Submitter &who);
 
+// Appends one busy interval [start, end) of `pids` (host_pid << 32 | pid) to the ring.
+void timeline_append(State &state, std::uint32_t dev, std::uint64_t start, std::uint64_t end, std::uint64_t pids);
+
 // Device time inside [t0, t1) spent on kernels of `pid` (matched against the
 // recorded pid or host pid; 0 = every process).
 std::uint64_t timeline_busy_ns(State &state, std::uint32_t dev, std::uint32_t pid, std::uint64_t t0, std::uint64_t t1);
