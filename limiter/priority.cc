@@ -1,4 +1,4 @@
-// Priority between tenants: the decisions. See priority.h and docs/priority.md.
+// gpuslice::Priority between tenants: the decisions. See priority.h and docs/priority.md.
 #include "limiter/priority.h"
 
 namespace gpuslice::limiter {
@@ -16,36 +16,36 @@ bool equals_nocase(const char* a, const char* b) noexcept {
 
 }  // namespace
 
-bool parse_priority(const char* text, Priority* out) noexcept {
+bool parse_priority(const char* text, gpuslice::Priority* out) noexcept {
   if (text == nullptr) return false;
-  if (equals_nocase(text, "high")) *out = Priority::high;
-  else if (equals_nocase(text, "normal")) *out = Priority::normal;
-  else if (equals_nocase(text, "low")) *out = Priority::low;
+  if (equals_nocase(text, "high")) *out = gpuslice::Priority::high;
+  else if (equals_nocase(text, "normal")) *out = gpuslice::Priority::normal;
+  else if (equals_nocase(text, "low")) *out = gpuslice::Priority::low;
   else return false;
   return true;
 }
 
-bool parse_hami_priority(const char* text, Priority* out) noexcept {
+bool parse_hami_priority(const char* text, gpuslice::Priority* out) noexcept {
   if (text == nullptr || text[0] == 0 || text[1] != 0) return false;
-  if (text[0] == '0') *out = Priority::high;
-  else if (text[0] == '1') *out = Priority::low;
+  if (text[0] == '0') *out = gpuslice::Priority::high;
+  else if (text[0] == '1') *out = gpuslice::Priority::low;
   else return false;
   return true;
 }
 
-const char* priority_name(Priority p) noexcept {
+const char* priority_name(gpuslice::Priority p) noexcept {
   switch (p) {
-    case Priority::high: return "high";
-    case Priority::normal: return "normal";
-    case Priority::low: return "low";
-    case Priority::unset: break;
+    case gpuslice::Priority::high: return "high";
+    case gpuslice::Priority::normal: return "normal";
+    case gpuslice::Priority::low: return "low";
+    case gpuslice::Priority::unset: break;
   }
   return "unset";
 }
 
-Priority priority_from_word(std::uint32_t word, Priority fallback) noexcept {
-  if (word >= static_cast<std::uint32_t>(Priority::low) && word <= static_cast<std::uint32_t>(Priority::high))
-    return static_cast<Priority>(word);
+gpuslice::Priority priority_from_word(std::uint32_t word, gpuslice::Priority fallback) noexcept {
+  if (word >= static_cast<std::uint32_t>(gpuslice::Priority::low) && word <= static_cast<std::uint32_t>(gpuslice::Priority::high))
+    return static_cast<gpuslice::Priority>(word);
   return fallback;
 }
 
@@ -67,7 +67,7 @@ bool peer_present(const PeerSample& p, std::uint64_t now_ns) noexcept {
   return p.last_launch_ns > now_ns || now_ns - p.last_launch_ns < kPresentNs;
 }
 
-Verdict judge(Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept {
+Verdict judge(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept {
   Verdict v = Verdict::free;
   for (std::size_t i = 0; i < count; ++i) {
     const PeerSample& p = peers[i];
@@ -78,7 +78,7 @@ Verdict judge(Priority self, const PeerSample* peers, std::size_t count, std::ui
   return v;
 }
 
-bool engaged(Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept {
+bool engaged(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept {
   for (std::size_t i = 0; i < count; ++i) {
     if (peers[i].level != self && peer_present(peers[i], now_ns)) return true;
   }
@@ -89,6 +89,7 @@ void observe_completion(InflightEstimate& e, std::uint64_t launched_ns, std::uin
   // Queued behind the previous one: it started when that one completed.
   const std::uint64_t began = e.last_done_ns > launched_ns ? e.last_done_ns : launched_ns;
   e.last_done_ns = done_ns;
+  if (launched_ns == 0) return;  // the first launch: no start to measure from
   if (done_ns <= began) return;
   const std::uint64_t sample = done_ns - began;
   e.avg_ns = e.avg_ns == 0 ? sample : (3 * e.avg_ns + sample) / 4;

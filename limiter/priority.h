@@ -1,4 +1,4 @@
-// Priority between tenants: the pure decisions, no driver, no files, an
+// gpuslice::Priority between tenants: the pure decisions, no driver, no files, an
 // injected clock (docs/priority.md). The preload library (hook/priority.cc)
 // feeds them what the priority board holds (shm/priority_board.h).
 //
@@ -51,12 +51,12 @@ inline constexpr std::uint32_t kMinBoundLaunches = 1;
 inline constexpr std::uint32_t kMaxBoundLaunches = 16;
 
 // "high" | "normal" | "low" (any case). False for anything else.
-bool parse_priority(const char* text, Priority* out) noexcept;
+bool parse_priority(const char* text, gpuslice::Priority* out) noexcept;
 // HAMi's CUDA_TASK_PRIORITY: "0" = high, "1" = low (its only two values).
-bool parse_hami_priority(const char* text, Priority* out) noexcept;
-const char* priority_name(Priority p) noexcept;  // "high", "normal", "low", "unset"
+bool parse_hami_priority(const char* text, gpuslice::Priority* out) noexcept;
+const char* priority_name(gpuslice::Priority p) noexcept;  // "high", "normal", "low", "unset"
 // A region word as a level: unset and garbage read as `fallback`.
-Priority priority_from_word(std::uint32_t word, Priority fallback) noexcept;
+gpuslice::Priority priority_from_word(std::uint32_t word, gpuslice::Priority fallback) noexcept;
 
 // --- writer side ---
 // The active_until to publish after a launch at now_ns, or 0 when the one
@@ -65,7 +65,7 @@ std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t n
 
 // --- reader side ---
 struct PeerSample {
-  Priority level;                 // from the board directory the file is in
+  gpuslice::Priority level;                 // from the board directory the file is in
   std::uint64_t active_until_ns;  // as read
   std::uint64_t last_launch_ns;   // as read
 };
@@ -75,11 +75,11 @@ enum class Verdict : int { free = 0, bounded = 1, held = 2 };
 bool peer_active(const PeerSample& p, std::uint64_t now_ns) noexcept;
 bool peer_present(const PeerSample& p, std::uint64_t now_ns) noexcept;
 // What `self` must do on this device given its neighbours.
-Verdict judge(Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
+Verdict judge(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
 // Whether a container at `self` must take the launch slow path on a device
 // with these neighbours: any neighbour of another level present (a lower one
 // must see our activity, a higher one may hold us).
-bool engaged(Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
+bool engaged(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
 
 // --- in-flight bound ---
 // Device time per launch of this process, learnt from how long it waited for

@@ -1,0 +1,393 @@
+// Priority between tenants on the launch path. See hook/priority.h,
+// limiter/priority.h (the decisions) and docs/priority.md (the design).
+//
+// Per device this process keeps: its container's activity file on the board
+// (written with pwrite, at most every kPublishSlackNs), the neighbours' files
+// of the other levels (read with pread, at most every kRecheckNs per launch
+// path, rescanned every kRescanNs) and, while a higher-priority neighbour is
+// present, a ring of event markers recorded in front of its launches that
+// bounds how much of its work is queued on the device.
+#include "hook/priority.h"
+
+#include <pthread.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "gpuslice/priority_board.h"
+#include "hook/log.h"
+#include "hook/real.h"
+#include "hook/runtime.h"
+#include "limiter/priority.h"
+#include "shm/priority_board.h"
+#include "shm/text.h"
+#include "shm/uuid.h"
+
+extern char** environ;
+
+namespace gpuslice::hook {
+namespace {
+
+using limiter::Verdict;
+
+constexpr int kMaxPeers = 32;
+constexpr unsigned kRing = 32;  // > kMaxBoundLaunches
+constexpr std::uint64_t kLockPollNs = 20'000;
+static_assert(kRing > limiter::kMaxBoundLaunches);
+
+struct Marker {
+  CUevent event;
+  std::uint64_t launched_ns;  // when the launch this marker follows was issued
+};
+
+struct alignas(64) PrioDevice {
+  std::atomic<int> engaged{0};
+  std::atomic<int> verdict{0};  // limiter::Verdict
+  std::atomic<std::uint64_t> checked_ns{0};
+  std::atomic<std::uint64_t> published_until{0};
+  // Board state (board_lock).
+  std::atomic<std::uint32_t> board_lock{0};
+  bool named = false;
+  char uuid[shm::kUuidTextSize] = {};
+  char own_name[shm::kBoardNameMax] = {};
+  int own_fd = -1;
+  Priority own_level = Priority::unset;
+  shm::PeerFile peers[kMaxPeers];
+  int peer_count = 0;
+  std::uint64_t scanned_ns = 0;
+  std::uint64_t held_ns = 0, holds = 0;
+  // Markers (ring_lock).
+  std::atomic<std::uint32_t> ring_lock{0};
+  unsigned head = 0, tail = 0;
+  Marker ring[kRing] = {};
+  limiter::InflightEstimate estimate;
+  std::uint64_t last_launch_ns = 0;
+};
+PrioDevice g_prio[kMaxDevices];
+
+std::atomic<std::uint32_t> g_level{static_cast<std::uint32_t>(Priority::normal)};
+std::atomic<int> g_setup{0};  // 0 not yet, 1 done
+char g_board[shm::kBoardPathMax];
+Priority g_env_level = Priority::normal;
+std::uint64_t g_region_dev = 0, g_region_ino = 0;
+
+struct EventApi {
+  decltype(&::cuEventCreate) create = nullptr;
+  decltype(&::cuEventRecord) record = nullptr;
+  decltype(&::cuEventQuery) query = nullptr;
+  decltype(&::cuEventSynchronize) synchronize = nullptr;
+  decltype(&::cuEventDestroy_v2) destroy = nullptr;
+  decltype(&::cuStreamIsCapturing) is_capturing = nullptr;
+  bool usable() const { return create && record && query && synchronize && destroy; }
+} g_events;
+
+std::uint64_t mono_ns() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+void sleep_ns(std::uint64_t ns) noexcept {
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
+  }
+}
+
+// Short critical sections only; a waiter sleeps, never spins.
+void lock(std::atomic<std::uint32_t>& l) noexcept {
+  for (;;) {
+    std::uint32_t expected = 0;
+    if (l.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return;
+    sleep_ns(kLockPollNs);
+  }
+}
+void unlock(std::atomic<std::uint32_t>& l) noexcept { l.store(0, std::memory_order_release); }
+
+Priority level_of_option(int index) noexcept {
+  switch (index) {
+    case limiter::kPriorityHigh: return Priority::high;
+    case limiter::kPriorityLow: return Priority::low;
+    default: return Priority::normal;
+  }
+}
+
+// The board directory. Not in the option table yet: read here, from environ,
+// like the table's parser does (no getenv, no heap).
+void read_board_path() noexcept {
+  const char* value = nullptr;
+  static const char kName[] = "GPUSLICE_PRIORITY_BOARD=";
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (std::strncmp(*e, kName, sizeof kName - 1) == 0) {
+      value = *e + sizeof kName - 1;
+      break;
+    }
+  }
+  if (value == nullptr || value[0] != '/' || !shm::copy_string(g_board, sizeof g_board, value)) {
+    if (value != nullptr)
+      GPUSLICE_LOG(warn, "GPUSLICE_PRIORITY_BOARD: expected an absolute directory path; using %s",
+                   shm::kDefaultPriorityBoard);
+    shm::copy_string(g_board, sizeof g_board, shm::kDefaultPriorityBoard);
+  }
+}
+
+template <class T>
+void resolve(T* out, const char* name) noexcept {
+  *out = reinterpret_cast<T>(real_dlsym(driver_handle(), name));
+}
+
+void after_fork_in_child() noexcept {
+  // CUDA does not survive fork(): the child's markers are gone. The board
+  // files stay open (they are the same container's and neighbours' files).
+  for (PrioDevice& p : g_prio) {
+    p.ring_lock.store(0, std::memory_order_relaxed);
+    p.board_lock.store(0, std::memory_order_relaxed);
+    p.head = p.tail = 0;
+    for (Marker& m : p.ring) m = Marker{};
+    p.estimate = limiter::InflightEstimate{};
+    p.last_launch_ns = 0;
+  }
+}
+
+void setup_once() noexcept {
+  read_board_path();
+  g_env_level = config().valid ? level_of_option(config().options.priority) : Priority::normal;
+  struct stat st;
+  if (stat(config().options.region, &st) == 0) {
+    g_region_dev = static_cast<std::uint64_t>(st.st_dev);
+    g_region_ino = static_cast<std::uint64_t>(st.st_ino);
+  }
+  resolve(&g_events.create, "cuEventCreate");
+  resolve(&g_events.record, "cuEventRecord");
+  resolve(&g_events.query, "cuEventQuery");
+  resolve(&g_events.synchronize, "cuEventSynchronize");
+  resolve(&g_events.destroy, "cuEventDestroy_v2");
+  resolve(&g_events.is_capturing, "cuStreamIsCapturing");
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
+}
+
+// The container's level: the region's word (the agent or gpuslice-smi may
+// change it); the first process records its GPUSLICE_PRIORITY there.
+Priority current_level(Region* r) noexcept {
+  std::uint32_t word = r->header.priority.load(std::memory_order_relaxed);
+  if (word == 0) {
+    r->header.priority.compare_exchange_strong(word, static_cast<std::uint32_t>(g_env_level),
+                                               std::memory_order_relaxed);
+    word = r->header.priority.load(std::memory_order_relaxed);
+  }
+  return limiter::priority_from_word(word, g_env_level);
+}
+
+void unlink_own(PrioDevice& p) noexcept {
+  char path[shm::kBoardPathMax];
+  shm::Text t(path, sizeof path);
+  t.str(g_board).ch('/').str(shm::level_directory(p.own_level)).ch('/').str(p.own_name);
+  if (!t.truncated()) unlink(path);
+}
+
+// board_lock held. Opens this container's file at `self` (moving it if the
+// level changed) when it must publish.
+void ensure_own_file(PrioDevice& p, Priority self, bool publish) noexcept {
+  if (p.own_fd >= 0 && p.own_level != self) {
+    close(p.own_fd);
+    p.own_fd = -1;
+    unlink_own(p);  // else it would still count at its old level for kPresentNs
+    p.published_until.store(0, std::memory_order_relaxed);
+  }
+  if (p.own_fd >= 0 || !publish || !p.named) return;
+  shm::Error err;
+  p.own_fd = shm::open_own_activity(g_board, self, p.own_name, config().options.container_name, &err);
+  if (p.own_fd < 0) {
+    GPUSLICE_WARN_CAPPED(2, "%s; this container's priority %s is not published (neighbours do not see it)",
+                         err.message + 10 /* without "gpuslice: " */, limiter::priority_name(self));
+    return;
+  }
+  p.own_level = self;
+}
+
+// board_lock held. Rescans when due, reads the neighbours and decides.
+Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged) noexcept {
+  if (p.scanned_ns == 0 || now - p.scanned_ns >= limiter::kRescanNs) {
+    p.scanned_ns = now;
+    for (Priority level : {Priority::high, Priority::normal, Priority::low}) {
+      if (level == self) continue;
+      shm::scan_level(g_board, level, p.uuid, nullptr, p.peers, &p.peer_count, kMaxPeers);
+    }
+    // Files of our own level are not neighbours that matter: drop them if
+    // the level changed since they were opened.
+    int kept = 0;
+    for (int i = 0; i < p.peer_count; ++i) {
+      if (p.peers[i].level == self) {
+        close(p.peers[i].fd);
+      } else {
+        p.peers[kept++] = p.peers[i];
+      }
+    }
+    p.peer_count = kept;
+  }
+  limiter::PeerSample samples[kMaxPeers];
+  std::size_t n = 0;
+  for (int i = 0; i < p.peer_count; ++i) {
+    PriorityActivity rec;
+    if (!shm::read_activity(p.peers[i].fd, &rec)) continue;
+    // The level is the directory's, never what the file says about itself.
+    samples[n++] = limiter::PeerSample{p.peers[i].level, rec.active_until_ns, rec.last_launch_ns};
+  }
+  *engaged = self != Priority::normal || limiter::engaged(self, samples, n, now);
+  const Verdict v = limiter::judge(self, samples, n, now);
+  p.verdict.store(static_cast<int>(v), std::memory_order_relaxed);
+  p.checked_ns.store(now, std::memory_order_relaxed);
+  return v;
+}
+
+Verdict recheck(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
+  lock(p.board_lock);
+  bool engaged = true;
+  const Verdict v = evaluate(p, self, now, &engaged);
+  unlock(p.board_lock);
+  return v;
+}
+
+void publish(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
+  const std::uint64_t until = limiter::next_publication(p.published_until.load(std::memory_order_relaxed), now);
+  if (until == 0) return;
+  lock(p.board_lock);
+  ensure_own_file(p, self, true);
+  if (p.own_fd >= 0 && shm::write_activity(p.own_fd, until, now))
+    p.published_until.store(until, std::memory_order_relaxed);
+  unlock(p.board_lock);
+}
+
+CUstream target_stream(CUstream s, bool ptsz) noexcept { return ptsz && s == nullptr ? CU_STREAM_PER_THREAD : s; }
+
+bool capturing(CUstream s) noexcept {
+  if (g_events.is_capturing == nullptr) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return g_events.is_capturing(s, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+// Records a marker in front of this launch (it completes when everything
+// queued before on the stream has run) and waits, with the driver's blocking
+// synchronisation, until at most bound_launches() - 1 markers are pending:
+// then at most that many launches of ours are queued on the device.
+void bound_inflight(PrioDevice& p, CUstream s, bool ptsz) noexcept {
+  if (!g_events.usable()) return;
+  const CUstream stream = target_stream(s, ptsz);
+  lock(p.ring_lock);
+  if (capturing(stream)) {  // the launch does not run; a record would become a graph node
+    unlock(p.ring_lock);
+    return;
+  }
+  while (p.head != p.tail) {
+    Marker& m = p.ring[p.head % kRing];
+    const CUresult rc = g_events.query(m.event);
+    if (rc == CUDA_ERROR_NOT_READY) break;
+    if (rc != CUDA_SUCCESS) {  // its context is gone: so is the work behind it
+      m.event = nullptr;
+    }
+    ++p.head;
+  }
+  if (p.tail - p.head < kRing) {
+    Marker& m = p.ring[p.tail % kRing];
+    if (m.event == nullptr &&
+        g_events.create(&m.event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS)
+      m.event = nullptr;
+    if (m.event != nullptr && g_events.record(m.event, stream) == CUDA_SUCCESS) {
+      m.launched_ns = p.last_launch_ns;
+      ++p.tail;
+    } else if (m.event != nullptr) {
+      // E.g. an event of another context than the stream's: the next marker
+      // is created in the context current then.
+      g_events.destroy(m.event);
+      m.event = nullptr;
+    }
+  }
+  const unsigned bound = limiter::bound_launches(p.estimate);
+  while (p.tail - p.head > bound - 1) {
+    Marker& m = p.ring[p.head % kRing];
+    CUresult rc = g_events.query(m.event);
+    if (rc == CUDA_ERROR_NOT_READY) {
+      rc = g_events.synchronize(m.event);
+      if (rc == CUDA_SUCCESS) limiter::observe_completion(p.estimate, m.launched_ns, mono_ns());
+    }
+    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) m.event = nullptr;
+    ++p.head;
+  }
+  p.last_launch_ns = mono_ns();
+  unlock(p.ring_lock);
+}
+
+[[gnu::noinline, gnu::cold]] void admit_slow(PrioDevice& p, CUstream s, bool ptsz) noexcept {
+  const Priority self = static_cast<Priority>(g_level.load(std::memory_order_relaxed));
+  std::uint64_t now = mono_ns();
+  publish(p, self, now);
+  if (self == Priority::high) return;  // nobody above
+  Verdict v = static_cast<Verdict>(p.verdict.load(std::memory_order_relaxed));
+  if (now - p.checked_ns.load(std::memory_order_relaxed) >= limiter::kRecheckNs) v = recheck(p, self, now);
+  if (v == Verdict::held) {
+    Region* r = g_process.region;
+    const std::uint64_t began = now;
+    while (v == Verdict::held) {
+      r->header.priority_held_until_ns.store(now + 2 * limiter::kHoldPollNs, std::memory_order_relaxed);
+      sleep_ns(limiter::kHoldPollNs);
+      now = mono_ns();
+      v = recheck(p, self, now);
+    }
+    const std::uint64_t held = now - began;
+    r->header.priority_held_ns.fetch_add(held, std::memory_order_relaxed);
+    lock(p.board_lock);
+    p.held_ns += held;
+    ++p.holds;
+    if (p.own_fd >= 0) shm::write_held(p.own_fd, p.held_ns, p.holds);
+    unlock(p.board_lock);
+    publish(p, self, now);
+  }
+  if (v != Verdict::free) bound_inflight(p, s, ptsz);
+}
+
+}  // namespace
+
+bool priority_refresh() noexcept {
+  if (g_ready.load(std::memory_order_acquire) != kReadyYes || !config().valid) return false;
+  int expected = 0;
+  if (g_setup.load(std::memory_order_acquire) == 0 && g_setup.compare_exchange_strong(expected, 2)) {
+    setup_once();
+    g_setup.store(1, std::memory_order_release);
+  }
+  if (g_setup.load(std::memory_order_acquire) != 1) return false;  // another thread is setting up
+  Region* r = g_process.region;
+  const Priority self = current_level(r);
+  g_level.store(static_cast<std::uint32_t>(self), std::memory_order_relaxed);
+  const std::uint64_t now = mono_ns();
+  bool any = false;
+  for (std::uint32_t entry = 0; entry < kMaxDevices; ++entry) {
+    const int ordinal = ordinal_of_entry(static_cast<int>(entry));
+    if (ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) continue;
+    PrioDevice& p = g_prio[ordinal];
+    lock(p.board_lock);
+    if (!p.named) {
+      shm::format_uuid(r->devices[entry].uuid, p.uuid);
+      p.named = shm::activity_name(p.uuid, g_region_dev, g_region_ino, p.own_name);
+    }
+    p.scanned_ns = 0;  // rescan now
+    bool engaged = false;
+    evaluate(p, self, now, &engaged);
+    // A high or low container publishes always (its neighbours must find it
+    // even before it finds them); a normal one only next to another level.
+    ensure_own_file(p, self, engaged);
+    unlock(p.board_lock);
+    p.engaged.store(engaged ? 1 : 0, std::memory_order_relaxed);
+    any = any || engaged;
+  }
+  return any;
+}
+
+void priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept {
+  if (static_cast<unsigned>(ordinal) >= kMaxDevices) return;
+  PrioDevice& p = g_prio[ordinal];
+  if (p.engaged.load(std::memory_order_relaxed) == 0) return;
+  admit_slow(p, stream, ptsz);
+}
+
+}  // namespace gpuslice::hook
