@@ -1,0 +1,174 @@
+// Priority between tenants: the decisions (limiter/priority.h) with an
+// injected clock, and the option with its HAMi alias. No driver, no files.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "limiter/options.h"
+#include "limiter/priority.h"
+
+namespace {
+
+using gpuslice::Priority;
+using namespace gpuslice::limiter;
+
+constexpr std::uint64_t kMs = 1'000'000;
+constexpr std::uint64_t kT0 = 1'000'000 * kMs;  // an arbitrary CLOCK_MONOTONIC instant
+
+// A neighbour that launched at `at` and published as the library does.
+PeerSample launched(Priority level, std::uint64_t at) {
+  return PeerSample{level, next_publication(0, at), at};
+}
+
+TEST(PriorityParse, WordsAnyCase) {
+  Priority p = Priority::unset;
+  EXPECT_TRUE(parse_priority("high", &p));
+  EXPECT_EQ(p, Priority::high);
+  EXPECT_TRUE(parse_priority("LOW", &p));
+  EXPECT_EQ(p, Priority::low);
+  EXPECT_TRUE(parse_priority("Normal", &p));
+  EXPECT_EQ(p, Priority::normal);
+  EXPECT_FALSE(parse_priority("urgent", &p));
+  EXPECT_FALSE(parse_priority("", &p));
+  EXPECT_FALSE(parse_priority("high ", &p));
+}
+
+TEST(PriorityParse, HamiMeaning) {
+  Priority p = Priority::unset;
+  EXPECT_TRUE(parse_hami_priority("0", &p));
+  EXPECT_EQ(p, Priority::high);
+  EXPECT_TRUE(parse_hami_priority("1", &p));
+  EXPECT_EQ(p, Priority::low);
+  EXPECT_FALSE(parse_hami_priority("2", &p));
+  EXPECT_FALSE(parse_hami_priority("01", &p));
+}
+
+TEST(PriorityParse, RegionWord) {
+  EXPECT_EQ(priority_from_word(0, Priority::low), Priority::low);  // not recorded yet: the environment's
+  EXPECT_EQ(priority_from_word(3, Priority::low), Priority::high);
+  EXPECT_EQ(priority_from_word(77, Priority::normal), Priority::normal);  // garbage
+}
+
+// The option table's GPUSLICE_PRIORITY and HAMi's CUDA_TASK_PRIORITY alias.
+int parsed_priority(std::vector<std::string> vars, bool* ok) {
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  static Options options;
+  gpuslice::shm::Error err{};
+  *ok = parse_options(envp.data(), &options, &err);
+  return options.priority;
+}
+
+TEST(PriorityOption, DefaultAndAlias) {
+  bool ok = false;
+  EXPECT_EQ(parsed_priority({}, &ok), kPriorityNormal);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(parsed_priority({"GPUSLICE_PRIORITY=low"}, &ok), kPriorityLow);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=0"}, &ok), kPriorityHigh);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1"}, &ok), kPriorityLow);
+  EXPECT_TRUE(ok);
+  // Ours wins over the alias.
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1", "GPUSLICE_PRIORITY=high"}, &ok), kPriorityHigh);
+  EXPECT_TRUE(ok);
+  parsed_priority({"GPUSLICE_PRIORITY=urgent"}, &ok);
+  EXPECT_FALSE(ok);
+}
+
+TEST(PriorityJudge, HeldWhileHigherActive) {
+  const PeerSample high = launched(Priority::high, kT0);
+  EXPECT_EQ(judge(Priority::low, &high, 1, kT0 + 1 * kMs), Verdict::held);
+  EXPECT_EQ(judge(Priority::normal, &high, 1, kT0 + 1 * kMs), Verdict::held);
+  // Nobody holds a high container, nor one of the same level.
+  EXPECT_EQ(judge(Priority::high, &high, 1, kT0 + 1 * kMs), Verdict::free);
+  const PeerSample low = launched(Priority::low, kT0);
+  EXPECT_EQ(judge(Priority::low, &low, 1, kT0 + 1 * kMs), Verdict::free);
+  EXPECT_EQ(judge(Priority::high, &low, 1, kT0 + 1 * kMs), Verdict::free);
+}
+
+TEST(PriorityJudge, ReleasedAfterTheLingerThenBounded) {
+  const PeerSample high = launched(Priority::high, kT0);
+  EXPECT_EQ(judge(Priority::low, &high, 1, kT0 + kLingerNs - 1), Verdict::held);
+  // Idle for the linger: released, but its next burst is near: bounded.
+  EXPECT_EQ(judge(Priority::low, &high, 1, kT0 + kLingerNs), Verdict::bounded);
+  EXPECT_EQ(judge(Priority::low, &high, 1, kT0 + kPresentNs - 1), Verdict::bounded);
+  // Gone for good: free.
+  EXPECT_EQ(judge(Priority::low, &high, 1, kT0 + kPresentNs), Verdict::free);
+}
+
+TEST(PriorityJudge, KilledHolderReleasesWithinTheLinger) {
+  // A process killed right after publishing cannot hold anyone longer than
+  // what it published: kLingerNs after its last launch (a few ms).
+  const PeerSample dead = launched(Priority::high, kT0);
+  EXPECT_LE(dead.active_until_ns - kT0, kLingerNs);
+  EXPECT_NE(judge(Priority::low, &dead, 1, kT0 + kLingerNs), Verdict::held);
+  EXPECT_LE(kLingerNs, 5 * kMs);
+}
+
+TEST(PriorityJudge, FarFutureWordIsNotBelieved) {
+  // A corrupt word, or a clock of another time namespace, holds nobody.
+  const PeerSample liar{Priority::high, kT0 + 10'000 * kMs, kT0};
+  EXPECT_FALSE(peer_active(liar, kT0));
+  EXPECT_NE(judge(Priority::low, &liar, 1, kT0), Verdict::held);
+  const PeerSample edge{Priority::high, kT0 + kMaxAheadNs, kT0};
+  EXPECT_TRUE(peer_active(edge, kT0));
+}
+
+TEST(PriorityJudge, AnyActiveHigherHolds) {
+  std::vector<PeerSample> peers = {launched(Priority::low, kT0 + 5 * kMs), launched(Priority::normal, kT0),
+                                   launched(Priority::high, kT0 + 5 * kMs)};
+  EXPECT_EQ(judge(Priority::low, peers.data(), peers.size(), kT0 + 6 * kMs), Verdict::held);
+  EXPECT_EQ(judge(Priority::normal, peers.data(), peers.size(), kT0 + 6 * kMs), Verdict::held);
+  peers.pop_back();
+  // The normal one is idle (past its linger) but present: the low one is bounded.
+  EXPECT_EQ(judge(Priority::low, peers.data(), peers.size(), kT0 + 6 * kMs), Verdict::bounded);
+  EXPECT_EQ(judge(Priority::normal, peers.data(), peers.size(), kT0 + 6 * kMs), Verdict::free);
+}
+
+TEST(PriorityEngaged, NormalOnlyNextToAnotherLevel) {
+  const PeerSample normal = launched(Priority::normal, kT0);
+  const PeerSample low = launched(Priority::low, kT0);
+  EXPECT_FALSE(engaged(Priority::normal, nullptr, 0, kT0));
+  EXPECT_FALSE(engaged(Priority::normal, &normal, 1, kT0));
+  EXPECT_TRUE(engaged(Priority::normal, &low, 1, kT0));
+  EXPECT_FALSE(engaged(Priority::normal, &low, 1, kT0 + kPresentNs));  // long gone
+}
+
+TEST(PriorityPublish, RateLimited) {
+  const std::uint64_t first = next_publication(0, kT0);
+  EXPECT_EQ(first, kT0 + kLingerNs);
+  EXPECT_EQ(next_publication(first, kT0 + kPublishSlackNs / 2), 0u);  // recent enough: no write
+  EXPECT_EQ(next_publication(first, kT0 + kPublishSlackNs), kT0 + kPublishSlackNs + kLingerNs);
+}
+
+TEST(PriorityBound, LearnsTheLaunchCost) {
+  InflightEstimate e;
+  EXPECT_EQ(bound_launches(e), kMinBoundLaunches);  // nothing measured: one at a time
+  // 100 us launches, each queued behind the previous one.
+  std::uint64_t t = kT0;
+  observe_completion(e, 0, t);  // the first launch: no start known
+  EXPECT_EQ(e.avg_ns, 0u);
+  for (int i = 0; i < 20; ++i) {
+    observe_completion(e, t - 50'000, t + 100'000);
+    t += 100'000;
+  }
+  EXPECT_EQ(e.avg_ns, 100'000u);
+  EXPECT_EQ(bound_launches(e), 10u);  // 1 ms of work
+  // Long kernels: one at a time.
+  for (int i = 0; i < 20; ++i) {
+    observe_completion(e, t, t + 5 * kMs);
+    t += 6 * kMs;
+  }
+  EXPECT_EQ(bound_launches(e), kMinBoundLaunches);
+  // Tiny kernels: capped.
+  for (int i = 0; i < 40; ++i) {
+    observe_completion(e, t, t + 2'000);
+    t += 3'000;
+  }
+  EXPECT_EQ(bound_launches(e), kMaxBoundLaunches);
+}
+
+}  // namespace
