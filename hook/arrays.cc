@@ -134,13 +134,13 @@ CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) 
 using namespace gpuslice::hook;
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* d) {
-  if (pHandle == nullptr || d == nullptr) return real_cuArrayCreate_v2(pHandle, d);
+  if (pHandle == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;  // as the driver, loaded or not
   return create_array(pHandle, array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels),
                       [&] { return real_cuArrayCreate_v2(pHandle, d); });
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d) {
-  if (pHandle == nullptr || d == nullptr) return real_cuArray3DCreate_v2(pHandle, d);
+  if (pHandle == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return create_array(pHandle, array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
                       [&] { return real_cuArray3DCreate_v2(pHandle, d); });
 }
@@ -153,7 +153,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray) {
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d,
                                                         unsigned int numLevels) {
-  if (pHandle == nullptr || d == nullptr) return real_cuMipmappedArrayCreate(pHandle, d, numLevels);
+  if (pHandle == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Reservation r;
   CUresult rc = reserve_on_current(mipmapped_bytes(*d, numLevels), &r);
   if (rc != CUDA_SUCCESS) return rc;

@@ -16,9 +16,13 @@
 
 namespace {
 
+// Driver and NVML entry points are named cu[A-Z]… and nvml[A-Z]…: only
+// those may load a library. libc's cuserid, libcurl's curl_* or a program's
+// own nvmlish helper never do.
+bool is_upper(char c) noexcept { return c >= 'A' && c <= 'Z'; }
 bool may_be_hooked(const char* name) noexcept {
-  return name != nullptr && ((name[0] == 'c' && name[1] == 'u') ||
-                             (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l'));
+  return name != nullptr && ((name[0] == 'c' && name[1] == 'u' && is_upper(name[2])) ||
+                             (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l' && is_upper(name[4])));
 }
 
 }  // namespace

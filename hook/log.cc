@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <unistd.h>
 
 namespace gpuslice::hook {
@@ -20,6 +21,14 @@ void log_write(LogLevel level, const char* fmt, ...) noexcept {
   va_end(args);
   size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
   if (len > sizeof line - 2) len = sizeof line - 2;
+  // Messages built for tools (shm::Error, option errors) carry their own
+  // "gpuslice: " prefix: one per line is enough.
+  static constexpr char kPrefix[] = "gpuslice: ";
+  constexpr size_t kPrefixLen = sizeof kPrefix - 1;
+  if (len >= static_cast<size_t>(n) + kPrefixLen && std::memcmp(line + n, kPrefix, kPrefixLen) == 0) {
+    std::memmove(line + n, line + n + kPrefixLen, len - static_cast<size_t>(n) - kPrefixLen);
+    len -= kPrefixLen;
+  }
   line[len++] = '\n';
   ssize_t ignored = ::write(STDERR_FILENO, line, len);
   (void)ignored;

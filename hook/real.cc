@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <dlfcn.h>
-#include <sched.h>
 
 #include <cstring>
 
@@ -75,13 +74,18 @@ std::atomic<void*> g_driver_handle{nullptr};
 std::atomic<void*> g_nvml_handle{nullptr};
 [[gnu::tls_model("initial-exec")]] thread_local bool t_loading = false;
 
+// Threads that fail to load at the same moment report it once.
+bool first_report(std::atomic<bool>& reported) noexcept { return !reported.exchange(true); }
+
 void* open_first(const char* override_path, const limiter::OptionSource& source, const char* override_name,
                  const char* const* paths, size_t count) noexcept {
   if (std::strcmp(source.name, "default") != 0) {
     void* h = dlopen(override_path, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
+    static std::atomic<bool> reported[2];
+    if (h == nullptr && first_report(reported[override_name[14] == 'N'])) {  // GPUSLICE_REAL_LIB{CUDA,NVML}
       const char* why = dlerror();
-      GPUSLICE_LOG(error, "%s=%s: cannot load it (%s), expected the path of the real library",
+      GPUSLICE_LOG(error, "%s=%s: cannot load it (%s), expected the path of the real library; CUDA calls fail "
+                          "with CUDA_ERROR_NOT_INITIALIZED",
                    override_name, override_path, why ? why : "unknown error");
     }
     return h;  // an explicit override never falls back to a guess
@@ -92,25 +96,35 @@ void* open_first(const char* override_path, const limiter::OptionSource& source,
   return nullptr;
 }
 
+// Several threads may resolve at once (see load_once): the first value
+// wins and the others only read it, so a pointer is written exactly once.
+void publish(void** slot, void* value) noexcept {
+  void* expected = nullptr;
+  if (value != nullptr)
+    __atomic_compare_exchange_n(slot, &expected, value, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
 void resolve(void* handle, bool nvml) noexcept {
   for (const Hook& h : kHooks) {
-    if (h.nvml == nvml) *h.real = real_dlsym(handle, h.name);
+    if (h.nvml == nvml) publish(h.real, real_dlsym(handle, h.name));
   }
   const Internal* table = nvml ? kNvmlInternal : kDriverInternal;
   size_t n = nvml ? sizeof kNvmlInternal / sizeof *kNvmlInternal
                   : sizeof kDriverInternal / sizeof *kDriverInternal;
-  for (size_t i = 0; i < n; ++i) *table[i].real = real_dlsym(handle, table[i].name);
+  for (size_t i = 0; i < n; ++i) publish(table[i].real, real_dlsym(handle, table[i].name));
 }
+
 
 bool load_driver_now() noexcept {
   const Config& cfg = config();
   void* h = open_first(cfg.options.real_libcuda, cfg.options.real_libcuda_source, "GPUSLICE_REAL_LIBCUDA", kDriverPaths,
                        sizeof kDriverPaths / sizeof *kDriverPaths);
-  if (h == nullptr) {
+  static std::atomic<bool> reported{false};
+  if (h == nullptr && std::strcmp(cfg.options.real_libcuda_source.name, "default") == 0 && first_report(reported)) {
     GPUSLICE_LOG(error, "no CUDA driver found (tried libcuda.so.1 on the loader's path and the usual "
                         "install locations); set GPUSLICE_REAL_LIBCUDA to its path");
-    return false;
   }
+  if (h == nullptr) return false;
   resolve(h, false);
   g_driver_handle.store(h, std::memory_order_release);
   return true;
@@ -120,9 +134,11 @@ bool load_nvml_now() noexcept {
   const Config& cfg = config();
   void* h = open_first(cfg.options.real_libnvml, cfg.options.real_libnvml_source, "GPUSLICE_REAL_LIBNVML", kNvmlPaths,
                        sizeof kNvmlPaths / sizeof *kNvmlPaths);
+  static std::atomic<bool> reported{false};
   if (h == nullptr) {
-    GPUSLICE_LOG(info, "no NVML library found; NVML queries are not virtualised and context "
-                       "memory is not measured");
+    if (std::strcmp(cfg.options.real_libnvml_source.name, "default") == 0 && first_report(reported))
+      GPUSLICE_LOG(info, "no NVML library found; NVML queries are not virtualised and context "
+                         "memory is not measured");
     return false;
   }
   resolve(h, true);
@@ -130,23 +146,30 @@ bool load_nvml_now() noexcept {
   return true;
 }
 
-// One-time loading without a lock another thread could die holding: the
-// first thread loads, others yield until it publishes; a nested call on the
-// loading thread (the driver's constructors calling dlsym) sees "unavailable".
+// Loading never waits for another thread. A thread that finds the load in
+// progress elsewhere may hold the loader lock (a library constructor calling
+// cuInit, or looking a driver name up with dlsym) while the loading thread
+// waits for that lock inside dlopen: waiting would deadlock. So every thread
+// loads for itself: dlopen is reference-counted and recursive under the
+// loader lock, both get the same handle, and publish() keeps each pointer
+// written once. A nested call on a loading thread (the driver's constructors
+// calling dlsym) sees "unavailable".
 bool load_once(std::atomic<int>& state, bool (*load)() noexcept) noexcept {
   int s = state.load(std::memory_order_acquire);
   if (s == kLoaded) return true;
   if (s == kUnavailable || t_loading) return false;
   int expected = kNotLoaded;
-  if (state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel)) {
-    t_loading = true;
-    bool ok = load();
-    t_loading = false;
-    state.store(ok ? kLoaded : kUnavailable, std::memory_order_release);
-    return ok;
+  state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel);
+  t_loading = true;
+  const bool ok = load();
+  t_loading = false;
+  if (ok) {
+    state.store(kLoaded, std::memory_order_release);
+    return true;
   }
-  while ((s = state.load(std::memory_order_acquire)) == kLoading) sched_yield();
-  return s == kLoaded;
+  expected = kLoading;  // never overwrite another thread's success
+  state.compare_exchange_strong(expected, kUnavailable, std::memory_order_acq_rel);
+  return state.load(std::memory_order_acquire) == kLoaded;
 }
 
 }  // namespace

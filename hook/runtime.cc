@@ -2,9 +2,11 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <new>
 
 #include "hook/log.h"
 #include "hook/real.h"
@@ -26,6 +28,24 @@ std::atomic<bool> g_atfork_registered{false};
 std::atomic<ReclaimFn> g_pool_reclaim{nullptr};
 [[gnu::tls_model("initial-exec")]] thread_local bool t_booting = false;
 
+// Ownership of the slot across process creation. The word lives in a page
+// the kernel zeroes in every child it forks (MADV_WIPEONFORK), however the
+// child was made: fork() with its handlers, _Fork(), raw clone(). A child
+// that finds it zero holds its parent's slot and must claim its own before
+// accounting anything. Kernels before 4.14 lack the advice: the word then
+// stays in ordinary memory and only fork() (through pthread_atfork) and the
+// exit path's pid check protect the parent's slot (docs/security.md).
+enum : std::uint32_t { kSlotNotOurs = 0, kSlotAdopting = 1, kSlotOurs = 2 };
+std::atomic<std::uint32_t> g_fallback_owner{kSlotNotOurs};
+std::atomic<std::atomic<std::uint32_t>*> g_owner{&g_fallback_owner};
+
+// Set once the exit-time release ran: later allocations (other libraries'
+// destructors, threads still running during exit) are refused, not left
+// unlimited. Threads inside reserve()/charge() are counted so that the slot
+// is only given back when none of them can still write to it.
+std::atomic<bool> g_exited{false};
+std::atomic<int> g_accounting_calls{0};
+
 // ordinal -> region entry + 1 (0 = not mapped yet), and the reverse map.
 std::atomic<int> g_entry_of_ordinal[kMaxDevices];
 std::atomic<int> g_ordinal_of_entry[kMaxDevices];
@@ -35,7 +55,22 @@ std::atomic<int> g_ordinal_of_entry[kMaxDevices];
 void after_fork_in_child() noexcept {
   g_process.slot.store(-1, std::memory_order_relaxed);
   g_boot_busy.store(0, std::memory_order_relaxed);
+  g_accounting_calls.store(0, std::memory_order_relaxed);
   if (g_ready.load(std::memory_order_relaxed) == kReadyYes) g_ready.store(kReadyNo, std::memory_order_release);
+}
+
+// The owner word, mapped once: a private anonymous page with MADV_WIPEONFORK.
+void map_owner_word() noexcept {
+  if (g_owner.load(std::memory_order_acquire) != &g_fallback_owner) return;
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) return;
+  if (madvise(page, 4096, MADV_WIPEONFORK) != 0) {
+    munmap(page, 4096);
+    return;
+  }
+  auto* word = new (page) std::atomic<std::uint32_t>{kSlotNotOurs};
+  std::atomic<std::uint32_t>* expected = &g_fallback_owner;
+  if (!g_owner.compare_exchange_strong(expected, word, std::memory_order_acq_rel)) munmap(page, 4096);
 }
 
 void log_effective_options(const limiter::Options& o) noexcept {
@@ -59,15 +94,12 @@ CUresult fail_closed() noexcept {
   return kFailClosed;
 }
 
-CUresult bootstrap_now() noexcept {
+// Claims this process's slot: runs on one thread at a time. Nothing here
+// takes the loader lock (no dlopen/dlsym), so a thread waiting for it never
+// waits on a thread that waits for the loader.
+CUresult claim_now() noexcept {
   const Config& cfg = config();
-  if (!cfg.valid) {
-    GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED", cfg.error.message);
-    return fail_closed();
-  }
   log_effective_options(cfg.options);
-  if (!load_driver()) return fail_closed();
-
   shm::ProcessIdentity self{};
   if (!shm::read_identity(0, &self)) {
     // /proc belongs to another pid namespace (or is missing): our slot's
@@ -102,7 +134,27 @@ CUresult bootstrap_now() noexcept {
   g_process.self = self;
   g_process.slot.store(slot, std::memory_order_release);
   if (!g_atfork_registered.exchange(true)) pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  map_owner_word();
+  g_owner.load(std::memory_order_acquire)->store(kSlotOurs, std::memory_order_release);
   g_ready.store(kReadyYes, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+// Steps that every thread may run for itself, without waiting for another
+// thread: parsing the options (pure computation) and loading the libraries
+// (dlopen is reference-counted and recursive under the loader lock).
+CUresult prepare() noexcept {
+  const Config& cfg = config();
+  if (!cfg.valid) {
+    static std::atomic<bool> reported{false};
+    if (!reported.exchange(true))
+      GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED", cfg.error.message);
+    return kFailClosed;
+  }
+  if (!load_driver()) return kFailClosed;
+  // An explicit NVML path that cannot be used fails closed like an explicit
+  // driver path: the context memory it measures would go uncounted.
+  if (std::strcmp(cfg.options.real_libnvml_source.name, "default") != 0 && !load_nvml()) return kFailClosed;
   return CUDA_SUCCESS;
 }
 
@@ -121,18 +173,30 @@ const Config& config() noexcept {
   return g_config;
 }
 
+// Bootstrap never waits on something that can wait on it. The thread that
+// finds bootstrap in progress elsewhere may hold the loader lock (a library
+// constructor calling cuInit, or dlsym of a driver name) while the other
+// thread sits in dlopen of the driver waiting for that lock: so loading is
+// done by every thread for itself (prepare), and only the slot claim — a
+// handful of syscalls, no loader — is done once while others yield.
 CUresult bootstrap() noexcept {
   int s = g_ready.load(std::memory_order_acquire);
   if (s == kReadyYes) return CUDA_SUCCESS;
   if (s == kReadyFailed) return kFailClosed;
   if (t_booting) return kFailClosed;  // re-entered from inside bootstrap: not ready yet
+  t_booting = true;
+  CUresult rc = prepare();
+  if (rc != CUDA_SUCCESS) {
+    t_booting = false;
+    return fail_closed();
+  }
   int expected = 0;
   if (g_boot_busy.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
-    t_booting = true;
-    CUresult rc = bootstrap_now();
+    rc = claim_now();
     t_booting = false;
     return rc;
   }
+  t_booting = false;
   while ((s = g_ready.load(std::memory_order_acquire)) == kReadyNo) sched_yield();
   return s == kReadyYes ? CUDA_SUCCESS : kFailClosed;
 }
@@ -181,11 +245,57 @@ int ordinal_of_entry(int entry) noexcept {
   return g_ordinal_of_entry[entry].load(std::memory_order_acquire) - 1;
 }
 
-// A slot of -1 here means the process is past its exit-time release: what
-// the runtime frees during teardown is no longer the container's concern.
+namespace {
+
+// A child the kernel forked without our fork handler (_Fork, raw clone)
+// still holds its parent's slot index: it claims its own (one thread does,
+// the others yield; the claim takes no loader lock) before any accounting.
+[[gnu::cold, gnu::noinline]] bool adopt_as_new_process() noexcept {
+  std::atomic<std::uint32_t>* owner = g_owner.load(std::memory_order_acquire);
+  std::uint32_t expected = kSlotNotOurs;
+  if (owner->compare_exchange_strong(expected, kSlotAdopting, std::memory_order_acq_rel)) {
+    after_fork_in_child();
+    g_ready.store(kReadyNo, std::memory_order_release);
+    const bool ok = bootstrap() == CUDA_SUCCESS;
+    if (!ok) owner->store(kSlotOurs, std::memory_order_release);  // failed closed: slot stays -1
+    return ok;
+  }
+  while (owner->load(std::memory_order_acquire) == kSlotAdopting) sched_yield();
+  return g_ready.load(std::memory_order_acquire) == kReadyYes;
+}
+
+// The slot this process may account on, or -1. Hot path: two loads.
+inline int own_slot() noexcept {
+  if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs, 0) &&
+      !adopt_as_new_process())
+    return -1;
+  return g_process.slot.load(std::memory_order_acquire);
+}
+
+// Brackets an operation that may add to the slot (see release_at_exit).
+struct AddingCall {
+  AddingCall() noexcept { g_accounting_calls.fetch_add(1, std::memory_order_seq_cst); }
+  ~AddingCall() { g_accounting_calls.fetch_sub(1, std::memory_order_release); }
+  AddingCall(const AddingCall&) = delete;
+  AddingCall& operator=(const AddingCall&) = delete;
+};
+
+bool refused_after_exit() noexcept {
+  if (!g_exited.load(std::memory_order_seq_cst)) return false;
+  GPUSLICE_WARN_CAPPED(1, "an allocation during process exit, after gpuslice released this process's memory, "
+                          "is refused with CUDA_ERROR_OUT_OF_MEMORY");
+  return true;
+}
+
+}  // namespace
+
+// No slot (bootstrap failed closed, or the process is past its exit-time
+// release) means no admission: memory is never handed out uncounted.
 bool reserve(int entry, std::uint64_t bytes) noexcept {
-  int slot = g_process.slot.load(std::memory_order_relaxed);
-  if (slot < 0) return true;
+  AddingCall bracket;
+  if (refused_after_exit()) return false;
+  int slot = own_slot();
+  if (slot < 0) return false;
   if (limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)) return true;
   if (ReclaimFn reclaim = g_pool_reclaim.load(std::memory_order_acquire)) {
     reclaim();  // dead slots were already reaped by reserve(): only pools may have given memory back
@@ -194,27 +304,42 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
   return false;
 }
 
+// After the exit-time release (or in a child that never owned the slot)
+// there is nothing of ours left to give back.
 void release(int entry, std::uint64_t bytes) noexcept {
-  int slot = g_process.slot.load(std::memory_order_relaxed);
+  if (g_exited.load(std::memory_order_acquire)) return;
+  if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
+  int slot = g_process.slot.load(std::memory_order_acquire);
   if (slot >= 0) limiter::release(g_process.region, slot, entry, bytes);
 }
 
 bool charge(int entry, std::uint64_t bytes) noexcept {
-  int slot = g_process.slot.load(std::memory_order_relaxed);
-  return slot < 0 || limiter::charge(g_process.region, slot, entry, bytes);
+  AddingCall bracket;
+  if (refused_after_exit()) return false;
+  int slot = own_slot();
+  return slot >= 0 && limiter::charge(g_process.region, slot, entry, bytes);
 }
 
 void set_pool_reclaim(ReclaimFn fn) noexcept { g_pool_reclaim.store(fn, std::memory_order_release); }
 
 // At a clean exit the driver frees everything this process held: return it to
 // the container's budget now instead of waiting for a reaper.
+// Only the process that claimed the slot may do this: a child made by vfork,
+// _Fork or clone that calls exit() runs this destructor too (a vfork child
+// even in its parent's memory), so it checks ownership and the pid before it
+// writes anything. Allocations after this point are refused (reserve()); the
+// slot itself is given back only when no thread is inside reserve()/charge(),
+// otherwise it stays live and the reaper settles it after the process ended.
 [[gnu::destructor]] static void release_at_exit() noexcept {
   if (g_ready.load(std::memory_order_acquire) != kReadyYes) return;
+  if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
+  if (static_cast<std::uint32_t>(getpid()) != g_process.self.pid) return;
   Region* r = g_process.region;
-  int slot = g_process.slot.exchange(-1, std::memory_order_acq_rel);
+  int slot = g_process.slot.load(std::memory_order_acquire);
   if (r == nullptr || slot < 0) return;
+  g_exited.store(true, std::memory_order_seq_cst);
   limiter::release_all(r, slot);
-  shm::release_slot(r, slot);
+  if (g_accounting_calls.load(std::memory_order_seq_cst) == 0) shm::release_slot(r, slot);
 }
 
 }  // namespace gpuslice::hook
