@@ -146,7 +146,7 @@ TEST(PriorityPublish, RateLimited) {
 
 TEST(PriorityBound, LearnsTheLaunchCost) {
   InflightEstimate e;
-  EXPECT_EQ(bound_launches(e), kMinBoundLaunches);  // nothing measured: one at a time
+  EXPECT_EQ(bound_launches(e), kMinBoundLaunches);  // nothing measured: the minimum
   // 100 us launches, each queued behind the previous one.
   std::uint64_t t = kT0;
   observe_completion(e, 0, t);  // the first launch: no start known
@@ -157,7 +157,7 @@ TEST(PriorityBound, LearnsTheLaunchCost) {
   }
   EXPECT_EQ(e.avg_ns, 100'000u);
   EXPECT_EQ(bound_launches(e), 10u);  // 1 ms of work
-  // Long kernels: one at a time.
+  // Long kernels: the minimum.
   for (int i = 0; i < 20; ++i) {
     observe_completion(e, t, t + 5 * kMs);
     t += 6 * kMs;
