@@ -89,14 +89,45 @@ std::uint64_t current_sm_reciprocal() noexcept {
   return limiter::sm_reciprocal(static_cast<std::uint32_t>(sms));
 }
 
+Walker make_walker() noexcept {
+  return Walker{resolve(g_get_nodes, "cuGraphGetNodes"), resolve(g_node_type, "cuGraphNodeGetType"),
+                resolve(g_kernel_params, "cuGraphKernelNodeGetParams_v2"),
+                resolve(g_child_graph, "cuGraphChildGraphNodeGetGraph"), current_sm_reciprocal()};
+}
+bool usable(const Walker& w) noexcept {
+  return w.get_nodes != nullptr && w.node_type != nullptr && w.kernel_params != nullptr;
+}
+
 void price(CUgraphExec exec, CUgraph graph) noexcept {
   if (exec == nullptr || graph == nullptr) return;
-  Walker w{resolve(g_get_nodes, "cuGraphGetNodes"), resolve(g_node_type, "cuGraphNodeGetType"),
-           resolve(g_kernel_params, "cuGraphKernelNodeGetParams_v2"),
-           resolve(g_child_graph, "cuGraphChildGraphNodeGetGraph"), current_sm_reciprocal()};
+  const Walker w = make_walker();
   limiter::GraphCost cost;
-  if (w.get_nodes != nullptr && w.node_type != nullptr && w.kernel_params != nullptr) w.walk(graph, 0, &cost);
+  if (usable(w)) w.walk(graph, 0, &cost);
   limiter::graph_costs().insert(reinterpret_cast<std::uintptr_t>(exec), cost);
+}
+
+// After cuGraphExec*NodeSetParams succeeded: `node` now costs `now` in `exec`.
+// What it cost before is its last such change, else what the source graph
+// holds (the executable was instantiated, or updated, from it).
+void reprice_node(CUgraphExec exec, CUgraphNode node, const limiter::GraphCost& now) noexcept {
+  limiter::GraphCost cost;
+  const auto exec_key = reinterpret_cast<std::uintptr_t>(exec);
+  if (!limiter::graph_costs().find(exec_key, &cost)) return;  // unpriced: launched at the prior
+  const std::uintptr_t key = limiter::node_key(exec_key, reinterpret_cast<std::uintptr_t>(node));
+  limiter::GraphCost before;
+  if (!limiter::graph_node_costs().find(key, &before)) {
+    const Walker w = make_walker();
+    if (usable(w)) w.visit(node, 0, &before);
+  }
+  limiter::graph_costs().insert(exec_key, limiter::reprice(cost, before, now));
+  limiter::graph_node_costs().insert(key, now);
+}
+
+limiter::GraphCost kernel_cost(unsigned gx, unsigned gy, unsigned gz) noexcept {
+  limiter::GraphCost c;
+  c.nominal_ns = limiter::nominal_ns(std::uint64_t{gx} * gy * gz, current_sm_reciprocal());
+  c.kernels = 1;
+  return c;
 }
 
 CUresult priced(CUresult rc, CUgraphExec* exec, CUgraph graph) noexcept {
@@ -158,4 +189,45 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
   // Forget first: once destroyed, the driver may hand the address out again.
   limiter::graph_costs().erase(reinterpret_cast<std::uintptr_t>(exec));
   return real_cuGraphExecDestroy(exec);
+}
+
+// Kernel node parameters changed in an executable: its price changes with the grid.
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                                const CUDA_KERNEL_NODE_PARAMS_v1* params) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphExecKernelNodeSetParams == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  rc = real_cuGraphExecKernelNodeSetParams(exec, node, params);
+  if (rc == CUDA_SUCCESS && params != nullptr)
+    reprice_node(exec, node, kernel_cost(params->gridDimX, params->gridDimY, params->gridDimZ));
+  return rc;
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                                                   const CUDA_KERNEL_NODE_PARAMS_v2* params) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphExecKernelNodeSetParams_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  rc = real_cuGraphExecKernelNodeSetParams_v2(exec, node, params);
+  if (rc == CUDA_SUCCESS && params != nullptr)
+    reprice_node(exec, node, kernel_cost(params->gridDimX, params->gridDimY, params->gridDimZ));
+  return rc;
+}
+// The generic form: kernel nodes by their grid, child graph nodes by walking
+// the new child graph; other node types hold no kernels.
+GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                                          CUgraphNodeParams* params) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGraphExecNodeSetParams == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  rc = real_cuGraphExecNodeSetParams(exec, node, params);
+  if (rc != CUDA_SUCCESS || params == nullptr) return rc;
+  if (params->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+    reprice_node(exec, node, kernel_cost(params->kernel.gridDimX, params->kernel.gridDimY, params->kernel.gridDimZ));
+  } else if (params->type == CU_GRAPH_NODE_TYPE_GRAPH && params->graph.graph != nullptr) {
+    const Walker w = make_walker();
+    limiter::GraphCost now;
+    if (usable(w)) w.walk(params->graph.graph, 1, &now);
+    reprice_node(exec, node, now);
+  }
+  return rc;
 }

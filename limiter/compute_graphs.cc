@@ -64,8 +64,10 @@ void GraphCostTable::erase(std::uintptr_t key) noexcept {
 
 namespace {
 constinit GraphCostTable g_table;  // constant-initialised: no constructor to run, no heap
+constinit GraphCostTable g_node_table;
 }  // namespace
 
 GraphCostTable& graph_costs() noexcept { return g_table; }
+GraphCostTable& graph_node_costs() noexcept { return g_node_table; }
 
 }  // namespace gpuslice::limiter

@@ -44,4 +44,23 @@ class GraphCostTable {
 // The process's table.
 GraphCostTable& graph_costs() noexcept;
 
+// Node parameters changed inside an executable (cuGraphExec*NodeSetParams)
+// change its price: the node's price in that executable, keyed by
+// node_key(exec, node), so that a second change replaces the first one's
+// price instead of adding to it. (A key collision or a record outliving its
+// executable misprices one node; the controller's true-up charges measured
+// device time whatever the price was.)
+GraphCostTable& graph_node_costs() noexcept;
+inline std::uintptr_t node_key(std::uintptr_t exec, std::uintptr_t node) noexcept {
+  const std::uintptr_t k = (exec * 0x9e3779b97f4a7c15ull) ^ (node + (node << 17) + 0x632be59bd9b4e019ull);
+  return k <= 2 ? k + 3 : k;  // never one of the table's reserved keys
+}
+// Replaces one node's price `old_node` by `new_node` in an executable's cost.
+inline GraphCost reprice(GraphCost cost, const GraphCost& old_node, const GraphCost& new_node) noexcept {
+  cost.nominal_ns = (cost.nominal_ns >= old_node.nominal_ns ? cost.nominal_ns - old_node.nominal_ns : 0) +
+                    new_node.nominal_ns;
+  cost.kernels = (cost.kernels >= old_node.kernels ? cost.kernels - old_node.kernels : 0) + new_node.kernels;
+  return cost;
+}
+
 }  // namespace gpuslice::limiter

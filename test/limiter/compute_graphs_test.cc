@@ -57,3 +57,33 @@ TEST(GraphCosts, ConcurrentInsertFindErase) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(mismatches.load(), 0);
 }
+
+// cuGraphExec*NodeSetParams: a node's new price replaces its old one in the
+// executable's cost; a second change replaces the first instead of adding.
+TEST(GraphCosts, NodeChangesReplaceTheNodesPrice) {
+  auto execs = std::make_unique<GraphCostTable>();
+  auto nodes = std::make_unique<GraphCostTable>();
+  const std::uintptr_t exec = 0x7000, node = 0x9000;
+  execs->insert(exec, GraphCost{300, 3});  // three nodes of 100
+  auto set_node = [&](GraphCost now) {
+    GraphCost cost, before{100, 1};
+    ASSERT_TRUE(execs->find(exec, &cost));
+    const std::uintptr_t key = node_key(exec, node);
+    nodes->find(key, &before);
+    execs->insert(exec, reprice(cost, before, now));
+    nodes->insert(key, now);
+  };
+  set_node(GraphCost{1000, 1});
+  GraphCost c;
+  ASSERT_TRUE(execs->find(exec, &c));
+  EXPECT_EQ(c.nominal_ns, 1200u);
+  set_node(GraphCost{1000, 1});
+  ASSERT_TRUE(execs->find(exec, &c));
+  EXPECT_EQ(c.nominal_ns, 1200u) << "the same change twice is charged once";
+  set_node(GraphCost{50, 1});
+  ASSERT_TRUE(execs->find(exec, &c));
+  EXPECT_EQ(c.nominal_ns, 250u);
+  EXPECT_EQ(c.kernels, 3u);
+  EXPECT_NE(node_key(exec, node), node_key(node, exec));
+  EXPECT_GT(node_key(0, 0), 2u);
+}

@@ -99,5 +99,25 @@ int main(int argc, char **argv) {
     std::printf("%d %llu %llu\n", static_cast<int>(getpid()), start, now_ns());
     return 0;
   }
+  // Queues `count` kernels of `value` us and leaves without synchronising:
+  // "exit" returns from main (the driver's teardown runs), "hang" waits to be killed.
+  if ((command == "launchexit" || command == "launchhang") && argc == 4) {
+    auto load = resolve<PFN_cuModuleLoadData_v2000>("cuModuleLoadData", 2000);
+    auto get_function = resolve<PFN_cuModuleGetFunction_v2000>("cuModuleGetFunction", 2000);
+    auto launch = resolve<PFN_cuLaunchKernel_v4000>("cuLaunchKernel", 4000);
+    std::string name = "spin_" + std::to_string(value) + "us";
+    CUmodule module = nullptr;
+    CHECK(load(&module, name.c_str()));
+    CUfunction function = nullptr;
+    CHECK(get_function(&function, module, name.c_str()));
+    int count = std::atoi(argv[3]);
+    for (int i = 0; i < count; ++i) CHECK(launch(function, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
+    std::printf("%d\n", static_cast<int>(getpid()));
+    std::fflush(stdout);
+    if (command == "launchhang") {
+      for (;;) pause();
+    }
+    return 0;
+  }
   return 2;
 }

@@ -1,0 +1,133 @@
+// The launch path's shared pieces (hook/launch*.cc): the mode every launch
+// wrapper tests first, the per-device state, and admission. docs/limiter.md
+// has the design.
+//   launch.cc           admission: which device a launch runs on, its price, the bucket
+//   launch_queue.cc     the queue bound (event markers behind the launches)
+//   launch_init.cc      first-launch initialisation, fork, the feedback thread's wiring
+//   launch_wrappers.cc  the exported launch entry points
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "gpuslice/region.h"
+
+namespace gpuslice::hook::launch {
+
+enum : int { kModeCold = 0, kModeUnlimited = 1, kModeLimited = 2 };
+// kModeUnlimited only once bootstrap succeeded and every visible device is
+// unlimited: then the wrappers call the driver straight away.
+extern std::atomic<int> g_mode;
+extern std::atomic<int> g_single_ordinal;  // the ordinal when the process sees one device
+extern std::atomic<std::uint32_t> g_used_entries;  // entries launched on (feedback thread's work list)
+
+struct Marker {
+  CUevent event;
+  std::uint64_t recorded_ns;
+  std::uint64_t count;  // submitted_count when recorded
+  std::uint64_t cost;   // submitted_cost when recorded
+};
+inline constexpr unsigned kMarkers = 32;
+
+struct alignas(64) LaunchDevice {
+  // Read by every limited launch.
+  std::atomic<int> limited{0};
+  std::atomic<int> calibrated{0};
+  std::atomic<int> used{0};
+  int entry = -1;
+  DeviceState* state = nullptr;
+  std::uint64_t sm_recip = 1;
+  // Queue bound, process-local. Counters flushed from threads at checks.
+  alignas(64) std::atomic<std::uint64_t> submitted_count{0};
+  std::atomic<std::uint64_t> submitted_cost{0};
+  std::atomic<std::uint64_t> completed_count{0};
+  std::atomic<std::uint64_t> completed_cost{0};
+  std::atomic<std::uint64_t> oldest_pending_ns{0};  // 0 = no marker outstanding
+  std::atomic<std::uint64_t> last_marker_ns{0};
+  std::atomic<std::uint32_t> ring_lock{0};
+  std::uint32_t head = 0, tail = 0;  // ring_lock
+  Marker ring[kMarkers] = {};        // ring_lock
+};
+extern LaunchDevice g_dev[kMaxDevices];
+
+struct ThreadCounts {
+  std::uint32_t launches;
+  std::uint32_t since_check;
+  std::uint64_t cost;
+};
+[[gnu::tls_model("initial-exec")]] extern thread_local ThreadCounts t_counts[kMaxDevices];
+
+std::uint64_t mono_ns() noexcept;
+void sleep_ns(std::uint64_t ns) noexcept;
+
+// --- queue bound (launch_queue.cc) ---
+// Driver entry points used for markers only (not hooked); resolved at init.
+struct MarkerApi {
+  decltype(&::cuEventCreate) event_create = nullptr;
+  decltype(&::cuEventRecord) event_record = nullptr;
+  decltype(&::cuEventQuery) event_query = nullptr;
+  decltype(&::cuEventDestroy_v2) event_destroy = nullptr;
+  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
+};
+extern MarkerApi g_marker_api;
+// Launches into a capturing stream do not run: they are neither throttled nor
+// followed by a marker (an event record would become a node of the user's graph).
+bool capturing(CUstream s, bool ptsz) noexcept;
+// Every few launches per thread: publish this thread's counts, retire markers,
+// sleep while the queue is over its bound; true when a marker is due behind this launch.
+[[gnu::noinline, gnu::cold]] bool check_queue(LaunchDevice& d, ThreadCounts& tc, CUstream s, bool ptsz) noexcept;
+void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept;
+// Without a marker nothing tells us when the work completes.
+void forget_queue(LaunchDevice& d) noexcept;
+void reset_queue_after_fork(LaunchDevice& d) noexcept;
+
+// --- initialisation (launch_init.cc) ---
+[[gnu::noinline, gnu::cold]] CUresult init_launch_path() noexcept;
+
+// --- admission (launch.cc) ---
+struct Ticket {
+  LaunchDevice* dev = nullptr;  // null: nothing to settle
+  int ordinal = 0;
+  std::int64_t cost = 0;
+  std::uint32_t kernels = 0;
+  bool marker = false;
+};
+
+// Admission of one launch (or one graph) on stream `s`: `work` is a block
+// count, or when `nominal` is set an already-computed nominal_ns. The launch
+// is charged to the stream's device. Returns the error to hand back (bootstrap
+// failed), else CUDA_SUCCESS with *t filled when charged.
+[[gnu::noinline]] CUresult admit(std::uint64_t work, bool nominal, std::uint32_t kernels, CUstream s, bool ptsz,
+                                 Ticket* t) noexcept;
+void settle(const Ticket& t, CUresult rc, CUstream s, bool ptsz) noexcept;
+// The device ordinal a launch on `s` runs on (cached per stream), or -1 when
+// the driver cannot tell (no current context for a default stream).
+int stream_ordinal(CUstream s, bool ptsz) noexcept;
+// A stream handle the driver destroyed: its address may come back as a
+// stream of another device.
+void forget_stream(CUstream s) noexcept;
+// Every stream of a destroyed context is gone too.
+void forget_all_streams() noexcept;
+
+inline bool unlimited() noexcept {
+  return __builtin_expect(g_mode.load(std::memory_order_acquire) == kModeUnlimited, 1);
+}
+
+inline std::uint64_t blocks(unsigned gx, unsigned gy, unsigned gz) noexcept {
+  return std::uint64_t{gx} * gy * gz;
+}
+
+template <class Launch>
+CUresult gated(std::uint64_t work, bool nominal, std::uint32_t kernels, CUstream s, bool ptsz,
+               Launch&& launch) noexcept {
+  Ticket t;
+  CUresult rc = admit(work, nominal, kernels, s, ptsz, &t);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = launch();
+  settle(t, rc, s, ptsz);
+  return rc;
+}
+
+}  // namespace gpuslice::hook::launch

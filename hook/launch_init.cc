@@ -1,0 +1,163 @@
+// The launch path's initialisation (first limited-or-not launch), its reset
+// in a forked child, and the wiring of the compute feedback thread
+// (limiter/compute_feedback.h): the caches it refreshes and NVML.
+#include <cuda.h>
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+
+#include <cstdlib>
+
+#include "hook/launch.h"
+#include "hook/log.h"
+#include "hook/wrap.h"
+#include "limiter/compute.h"
+#include "limiter/compute_feedback.h"
+
+namespace gpuslice::hook::launch {
+namespace {
+
+std::atomic<int> g_init_busy{0};
+
+std::uint64_t real_us() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
+}
+
+// --- caches refreshed by the feedback thread ---
+// Re-reads each mapped device's limit; true if any is limited.
+bool update_caches() noexcept {
+  bool any = false;
+  for (LaunchDevice& d : g_dev) {
+    if (d.state == nullptr) continue;
+    const bool limited = limiter::is_limited(*d.state);
+    d.limited.store(limited ? 1 : 0, std::memory_order_relaxed);
+    d.calibrated.store(limiter::scale_updated_ns(*d.state).load(std::memory_order_relaxed) != 0 ? 1 : 0,
+                       std::memory_order_relaxed);
+    any = any || limited;
+  }
+  return any;
+}
+
+void refresh_caches() noexcept {
+  const bool any = update_caches();
+  // Only ever moves between the two initialised modes: a forked child resets
+  // to cold itself, and has no feedback thread until it initialises again.
+  int mode = g_mode.load(std::memory_order_relaxed);
+  if (mode != kModeCold)
+    g_mode.compare_exchange_strong(mode, any ? kModeLimited : kModeUnlimited, std::memory_order_release);
+}
+
+std::uint32_t used_entries() noexcept { return g_used_entries.load(std::memory_order_relaxed); }
+
+void warn_feedback(const char* message) noexcept { GPUSLICE_WARN_CAPPED(4, "%s", message); }
+
+bool load_nvml_api(limiter::NvmlApi* api) noexcept {
+  if (!load_nvml()) return false;
+  void* h = nvml_handle();
+  api->init = real_nvmlInit_v2;
+  api->handle_by_uuid = real_nvmlDeviceGetHandleByUUID;
+  api->running_processes = real_nvmlDeviceGetComputeRunningProcesses_v3;
+  api->process_utilization = reinterpret_cast<decltype(api->process_utilization)>(
+      real_dlsym(h, "nvmlDeviceGetProcessUtilization"));
+  return api->init != nullptr && api->handle_by_uuid != nullptr && api->process_utilization != nullptr;
+}
+
+void after_fork_in_child() noexcept {
+  // CUDA does not survive fork(): the child starts the launch path afresh
+  // (and with it its own feedback thread) on its first launch.
+  g_mode.store(kModeCold, std::memory_order_relaxed);
+  g_init_busy.store(0, std::memory_order_relaxed);
+  for (LaunchDevice& d : g_dev) reset_queue_after_fork(d);
+  forget_all_streams();
+}
+
+template <class T>
+void resolve(T* out, const char* name) noexcept {
+  *out = reinterpret_cast<T>(real_dlsym(driver_handle(), name));
+}
+
+// At exit, before the libraries' static destructors (NVML's among them) run
+// under the feedback thread's feet: atexit handlers registered after start-up
+// run before the loader's destructor pass.
+void stop_feedback_at_exit() noexcept { limiter::stop_feedback_thread(); }
+
+CUresult init_now() noexcept {
+  static std::atomic<bool> handlers_registered{false};
+  if (!handlers_registered.exchange(true)) {
+    pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    std::atexit(stop_feedback_at_exit);
+  }
+  MarkerApi& m = g_marker_api;
+  resolve(&m.event_create, "cuEventCreate");
+  resolve(&m.event_record, "cuEventRecord");
+  resolve(&m.event_query, "cuEventQuery");
+  resolve(&m.event_destroy, "cuEventDestroy_v2");
+  resolve(&m.stream_is_capturing, "cuStreamIsCapturing");
+  const bool markers = m.event_create && m.event_record && m.event_query && m.event_destroy;
+  int count = 0;
+  if (real_cuDeviceGetCount == nullptr || real_cuDeviceGetCount(&count) != CUDA_SUCCESS || count <= 0) {
+    // A launch before cuInit (it fails in the driver anyway): try again at
+    // the next launch rather than settle for "no devices".
+    g_init_busy.store(0, std::memory_order_release);
+    return CUDA_SUCCESS;
+  }
+  if (count > static_cast<int>(kMaxDevices)) count = static_cast<int>(kMaxDevices);
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    LaunchDevice& d = g_dev[ordinal];
+    const int entry = device_entry(ordinal);
+    if (entry < 0) continue;
+    int sms = 0;
+    if (real_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal) != CUDA_SUCCESS || sms <= 0)
+      sms = 1;
+    d.sm_recip = limiter::sm_reciprocal(static_cast<std::uint32_t>(sms));
+    d.entry = entry;
+    d.state = &g_process.region->devices[entry];
+    if (!markers) forget_queue(d);
+  }
+  if (!markers) GPUSLICE_LOG(warn, "the driver has no usable event API; the compute limiter runs without its queue bound");
+  g_single_ordinal.store(count == 1 ? 0 : -1, std::memory_order_relaxed);
+  // Publishes everything above to the launching threads (they acquire g_mode).
+  g_mode.store(update_caches() ? kModeLimited : kModeUnlimited, std::memory_order_release);
+  limiter::FeedbackHost host;
+  host.region = g_process.region;
+  host.load_nvml = load_nvml_api;
+  host.refresh = refresh_caches;
+  host.entries = used_entries;
+  host.warn = warn_feedback;
+  host.mono_ns = mono_ns;
+  host.real_us = real_us;
+  if (!limiter::ensure_feedback_thread(host))
+    GPUSLICE_LOG(warn, "cannot start the compute feedback thread; limits hold on estimates alone and run-time "
+                       "limit changes are not seen");
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+std::uint64_t mono_ns() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+void sleep_ns(std::uint64_t ns) noexcept {
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
+  }
+}
+
+CUresult init_launch_path() noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  int expected = 0;
+  if (g_init_busy.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return init_now();
+  // Another thread is initialising (a few driver queries), or gave up
+  // because the driver has no device yet.
+  while (g_mode.load(std::memory_order_acquire) == kModeCold && g_init_busy.load(std::memory_order_acquire) != 0)
+    sched_yield();
+  return CUDA_SUCCESS;
+}
+
+}  // namespace gpuslice::hook::launch

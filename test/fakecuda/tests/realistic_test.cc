@@ -1,0 +1,309 @@
+// The realistic profile (README "Realistic profile"): strict knobs, time-slicing
+// between contexts, concurrency inside a context, jitter, launch cost, the
+// per-stream hardware queue, periodic NVML samples, context memory, dropped work
+// of exited processes. Device times are read from events, which carry simulated
+// completion times, so most checks are exact whatever the machine's load.
+#include <time.h>
+
+#include <algorithm>
+
+#include "common.h"
+#include "gpuslice/nvml_abi.h"
+
+using namespace fakecuda_test;
+
+namespace {
+
+constexpr const char *kImage = ".entry spin_20000us\n.entry spin_10000us\n.entry spin_5000us\n.entry spin_1000us\n";
+
+class Realistic : public FakeCuda {
+ protected:
+  void SetUp() override {
+    FakeCuda::SetUp();
+    setenv("FAKECUDA_PROFILE", "realistic", 1);
+    // Exact arithmetic unless a test asks for jitter or launch cost.
+    setenv("FAKECUDA_JITTER_PCT", "0", 1);
+    setenv("FAKECUDA_LAUNCH_COST_US", "0", 1);
+    setenv("FAKECUDA_TIMESLICE_US", "2000", 1);
+  }
+  CUfunction Function(const char *name) {
+    if (module_ == nullptr) {
+      EXPECT_CU(cuModuleLoadData(&module_, kImage));
+    }
+    CUfunction f = nullptr;
+    EXPECT_CU(cuModuleGetFunction(&f, module_, name));
+    return f;
+  }
+  CUmodule module_ = nullptr;
+};
+
+CUresult Launch(CUfunction f, CUstream stream, unsigned blocks = 1) {
+  return cuLaunchKernel(f, blocks, 1, 1, 128, 1, 1, 0, stream, nullptr, nullptr);
+}
+
+CUevent Record(CUstream stream) {
+  CUevent event = nullptr;
+  EXPECT_CU(cuEventCreate(&event, 0));
+  EXPECT_CU(cuEventRecord(event, stream));
+  return event;
+}
+
+float Ms(CUevent a, CUevent b) {
+  float ms = -1;
+  EXPECT_CU(cuEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+std::uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+TEST_F(Realistic, BadKnobIsRefusedNamingTheVariable) {
+  setenv("FAKECUDA_TIMESLICE_US", "2ms", 1);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(cuInit(0), CUDA_ERROR_INVALID_VALUE);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("FAKECUDA_TIMESLICE_US='2ms'"), std::string::npos) << err;
+}
+
+TEST_F(FakeCuda, UnknownProfileIsRefused) {
+  setenv("FAKECUDA_PROFILE", "fast", 1);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(cuInit(0), CUDA_ERROR_INVALID_VALUE);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("FAKECUDA_PROFILE='fast': expected ideal or realistic"), std::string::npos) << err;
+}
+
+TEST_F(FakeCuda, SchedulerKnobNeedsTheRealisticProfile) {
+  setenv("FAKECUDA_PROFILE", "ideal", 1);
+  setenv("FAKECUDA_QUEUE_DEPTH", "8", 1);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(cuInit(0), CUDA_ERROR_INVALID_VALUE);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("FAKECUDA_QUEUE_DEPTH='8': expected only with FAKECUDA_PROFILE=realistic"), std::string::npos)
+      << err;
+}
+
+TEST_F(Realistic, ContextsHoldMemoryByDefault) {
+  unsetenv("FAKECUDA_CONTEXT_MEMORY");
+  InitWithContext();
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 512 * kMiB);
+}
+
+// Occupies `stream` with a 20 ms kernel on every SM and returns an event at its
+// end: work queued behind it starts at one simulated instant whatever the
+// wall-clock gaps between the launch calls (as long as they total under 20 ms).
+CUevent Gate(CUfunction spin20ms, CUstream stream) {
+  EXPECT_CU(Launch(spin20ms, stream, 4096));
+  return Record(stream);
+}
+
+// Two contexts with a 20 ms kernel each, released at one instant: the device
+// alternates on 2 ms slices, so both end within one slice of the 40 ms mark;
+// run to completion in order (the ideal profile), the first would end at 20 ms.
+TEST_F(Realistic, ContextsShareTheDeviceOnTimeSlices) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  CUcontext a = nullptr, b = nullptr;
+  InitWithContext(&a);
+  CUfunction fa = Function("spin_20000us");
+  CUfunction gate_kernel = Function("spin_20000us");
+  CUstream sa = nullptr, sb = nullptr;
+  ASSERT_CU(cuStreamCreate(&sa, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuCtxCreate(&b, nullptr, 0, 0));  // now current
+  CUmodule mb = nullptr;
+  ASSERT_CU(cuModuleLoadData(&mb, kImage));
+  CUfunction fb = nullptr;
+  ASSERT_CU(cuModuleGetFunction(&fb, mb, "spin_20000us"));
+  ASSERT_CU(cuStreamCreate(&sb, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuCtxSetCurrent(a));
+  CUevent gate = Gate(gate_kernel, sa);
+  ASSERT_CU(Launch(fa, sa));
+  CUevent a_end = Record(sa);
+  ASSERT_CU(cuCtxSetCurrent(b));
+  ASSERT_CU(cuStreamWaitEvent(sb, gate, 0));
+  ASSERT_CU(Launch(fb, sb));
+  CUevent b_end = Record(sb);
+  ASSERT_CU(cuStreamSynchronize(sb));
+  ASSERT_CU(cuCtxSetCurrent(a));
+  ASSERT_CU(cuStreamSynchronize(sa));
+  float a_ms = Ms(gate, a_end);
+  float b_ms = Ms(gate, b_end);
+  EXPECT_NEAR(std::max(a_ms, b_ms), 40.0f, 0.01f) << "the device is never idle";
+  EXPECT_GE(std::min(a_ms, b_ms), 40.0f - 2.0f - 0.01f) << "A was not preempted: a=" << a_ms << " b=" << b_ms;
+}
+
+TEST_F(Realistic, StreamsOfOneContextRunTogetherWhenTheirBlocksFit) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  setenv("FAKECUDA_SMS", "100", 1);
+  InitWithContext();
+  CUfunction f = Function("spin_10000us");
+  CUfunction gate_kernel = Function("spin_20000us");
+  CUstream s1 = nullptr, s2 = nullptr;
+  ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+  // 40 + 60 blocks fit on 100 SMs: both run at once.
+  CUevent start = Gate(gate_kernel, s1);
+  ASSERT_CU(cuStreamWaitEvent(s2, start, 0));
+  ASSERT_CU(Launch(f, s1, 40));
+  ASSERT_CU(Launch(f, s2, 60));
+  CUevent end1 = Record(s1);
+  CUevent end2 = Record(s2);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_NEAR(Ms(start, end1), 10.0f, 0.01f);
+  EXPECT_NEAR(Ms(start, end2), 10.0f, 0.01f);
+  // 60 + 60 blocks do not fit: the second waits for the first.
+  CUevent again = Gate(gate_kernel, s1);
+  ASSERT_CU(cuStreamWaitEvent(s2, again, 0));
+  ASSERT_CU(Launch(f, s1, 60));
+  ASSERT_CU(Launch(f, s2, 60));
+  CUevent end3 = Record(s2);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_NEAR(Ms(again, end3), 20.0f, 0.01f);
+  // One stream keeps its order: two 40-block kernels run one after the other.
+  CUevent seq0 = Gate(gate_kernel, s1);
+  ASSERT_CU(Launch(f, s1, 40));
+  ASSERT_CU(Launch(f, s1, 40));
+  CUevent seq1 = Record(s1);
+  ASSERT_CU(cuStreamSynchronize(s1));
+  EXPECT_NEAR(Ms(seq0, seq1), 20.0f, 0.01f);
+}
+
+TEST_F(Realistic, JitterIsBoundedAndLaunchesCostDeviceTime) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  setenv("FAKECUDA_JITTER_PCT", "10", 1);
+  setenv("FAKECUDA_LAUNCH_COST_US", "5", 1);
+  setenv("FAKECUDA_SEED", "42", 1);
+  InitWithContext();
+  CUfunction f = Function("spin_1000us");
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, 0));
+  std::vector<CUevent> marks{Gate(Function("spin_20000us"), s)};
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_CU(Launch(f, s));
+    marks.push_back(Record(s));
+  }
+  ASSERT_CU(cuStreamSynchronize(s));
+  float lo = 1e9f, hi = 0, sum = 0;
+  for (std::size_t i = 1; i < marks.size(); ++i) {
+    float ms = Ms(marks[i - 1], marks[i]);
+    lo = std::min(lo, ms);
+    hi = std::max(hi, ms);
+    sum += ms;
+  }
+  EXPECT_GE(lo, 0.9f + 0.005f - 0.001f);
+  EXPECT_LE(hi, 1.1f + 0.005f + 0.001f);
+  EXPECT_GT(hi - lo, 0.02f) << "run times should vary";
+  EXPECT_NEAR(sum / 20, 1.005f, 0.05f);
+}
+
+// Launch cost without jitter: every kernel takes exactly its time plus the cost.
+TEST_F(Realistic, LaunchCostIsExact) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  setenv("FAKECUDA_LAUNCH_COST_US", "7", 1);
+  InitWithContext();
+  CUfunction f = Function("spin_1000us");
+  CUevent a = Gate(Function("spin_20000us"), nullptr);
+  for (int i = 0; i < 4; ++i) ASSERT_CU(Launch(f, nullptr));
+  CUevent b = Record(nullptr);
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_NEAR(Ms(a, b), 4 * 1.007f, 0.002f);
+}
+
+// A stream holds at most FAKECUDA_QUEUE_DEPTH pending launches; the next blocks.
+TEST_F(Realistic, FullHardwareQueueBlocksTheLaunch) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  setenv("FAKECUDA_QUEUE_DEPTH", "2", 1);
+  InitWithContext();
+  CUfunction f = Function("spin_20000us");
+  std::uint64_t t0 = NowNs();
+  for (int i = 0; i < 6; ++i) ASSERT_CU(Launch(f, nullptr));
+  std::uint64_t waited = NowNs() - t0;
+  // The 6th launch can only enter once 4 kernels (20 ms) have run.
+  EXPECT_GE(waited, 20000000ull - 100000ull);
+  ASSERT_CU(cuCtxSynchronize());
+}
+
+unsigned long long RealtimeMicros() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return ts.tv_sec * 1000000ull + ts.tv_nsec / 1000;
+}
+
+// NVML samples on its own period: integer percents, one timestamp per period,
+// only periods that have ended, NOT_FOUND for anything newer than the last.
+TEST_F(Realistic, NvmlSamplesOnItsOwnPeriod) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  setenv("FAKECUDA_NVML_PERIOD_MS", "20", 1);
+  InitWithContext();
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t device = nullptr;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &device), NVML_SUCCESS);
+  CUfunction f = Function("spin_10000us");
+  for (int i = 0; i < 5; ++i) ASSERT_CU(Launch(f, nullptr));  // 50 ms of work
+  ASSERT_CU(cuCtxSynchronize());
+  struct timespec pause_for{0, 45000000};  // two more periods end
+  nanosleep(&pause_for, nullptr);
+  nvmlProcessUtilizationSample_t samples[64];
+  unsigned count = 64;
+  ASSERT_EQ(nvmlDeviceGetProcessUtilization(device, samples, &count, 0), NVML_SUCCESS);
+  ASSERT_GT(count, 0u);
+  unsigned long long now_us = RealtimeMicros();
+  unsigned long long last = 0;
+  double busy_ms = 0;
+  for (unsigned i = 0; i < count; ++i) {
+    EXPECT_EQ(samples[i].pid, static_cast<unsigned>(getpid()));
+    EXPECT_LE(samples[i].timeStamp, now_us) << "a sample of a period that has not ended";
+    EXPECT_GE(samples[i].smUtil, 1u);
+    EXPECT_LE(samples[i].smUtil, 100u);
+    if (last != 0) {
+      EXPECT_GT(samples[i].timeStamp, last);
+      EXPECT_EQ((samples[i].timeStamp - last) % 20000, 0u) << "stamps are period ends";
+    }
+    last = samples[i].timeStamp;
+    busy_ms += samples[i].smUtil * 20.0 / 100.0;
+  }
+  // 50 ms of work in at most 4 periods, each rounded to a whole percent (0.1 ms).
+  EXPECT_NEAR(busy_ms, 50.0, 0.5);
+  unsigned again = 64;
+  EXPECT_EQ(nvmlDeviceGetProcessUtilization(device, samples, &again, last), NVML_ERROR_NOT_FOUND);
+  // Utilisation rates cover the last full period: a long kernel fills it.
+  CUfunction g = Function("spin_20000us");
+  for (int i = 0; i < 10; ++i) ASSERT_CU(Launch(g, nullptr));  // 200 ms
+  nanosleep(&pause_for, nullptr);
+  nvmlUtilization_t rates{};
+  ASSERT_EQ(nvmlDeviceGetUtilizationRates(device, &rates), NVML_SUCCESS);
+  EXPECT_EQ(rates.gpu, 100u);
+  nvmlShutdown();
+}
+
+// The driver discards the queued work of a process that exits (normally or
+// killed): it is never run, nor charged, and does not delay anyone else.
+void ExpectQueuedWorkDropped(const char *how) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  ASSERT_CU(cuInit(0));
+  Child child = Child::Spawn({how, "200000", "5"});  // 1 s of kernels, never synchronised
+  int pid = std::atoi(child.ReadLine().c_str());
+  ASSERT_GT(pid, 0);
+  if (std::string(how) == "launchhang") {
+    child.Kill();
+  } else {
+    ASSERT_EQ(child.Wait(), 0);
+  }
+  CUcontext ctx = nullptr;
+  ASSERT_CU(cuCtxCreate(&ctx, nullptr, 0, 0));
+  CUmodule module = nullptr;
+  ASSERT_CU(cuModuleLoadData(&module, kImage));
+  CUfunction f = nullptr;
+  ASSERT_CU(cuModuleGetFunction(&f, module, "spin_1000us"));
+  ASSERT_CU(Launch(f, nullptr));
+  ASSERT_CU(cuCtxSynchronize());
+  std::uint64_t child_busy = fakecuda_busy_ns(0, pid, 0, ~0ull);
+  EXPECT_LT(child_busy, 1000000000ull) << "the exited process's 1 s of kernels ran";
+}
+
+TEST_F(Realistic, QueuedWorkOfAnExitedProcessIsDropped) { ExpectQueuedWorkDropped("launchexit"); }
+TEST_F(Realistic, QueuedWorkOfAKilledProcessIsDropped) { ExpectQueuedWorkDropped("launchhang"); }
+
+}  // namespace

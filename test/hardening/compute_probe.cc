@@ -1,0 +1,230 @@
+// compute_probe: drives the launch paths the compute limiter must not let
+// escape, for the test/hardening/compute_*_test.cc tests. Links the simulated
+// driver directly (as an application links libcuda); the preload library
+// interposes at run time. One operation per run:
+//
+//   compute_probe stream-device other-current|no-context KERNEL_US MAX_LAUNCHES SECONDS
+//       Launches a context-less kernel (cuLibraryGetKernel) into a stream of
+//       device 1 while device 0's context is current (other-current) or while
+//       no context is current (no-context), as fast as it can, never waiting.
+//       Prints "probe start_ns=.. end_ns=.. launches=.. errors=..".
+//   compute_probe null-config
+//       cuLaunchKernelEx(NULL, ...) and _ptsz as the first CUDA calls, then
+//       through cuGetProcAddress. Prints "null <how> rc=<n>" per call.
+//   compute_probe entry-points
+//       Resolves each deprecated/graph-update entry point through
+//       cuGetProcAddress and dlsym, prints "entry <name> via=<how> in=<file>".
+//   compute_probe legacy-launch NAME KERNEL_US LAUNCHES
+//       Launches LAUNCHES kernels through cuLaunch / cuLaunchGrid /
+//       cuLaunchGridAsync / multi-device, as fast as it can. Prints
+//       "probe ... first_rc=<n>".
+//   compute_probe churn KERNEL_US KERNELS
+//       Launches KERNELS kernels and exits at once, without synchronising.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+std::uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+void check(CUresult rc, const char* what) {
+  if (rc != CUDA_SUCCESS) {
+    std::fprintf(stderr, "compute_probe: %s failed: %d\n", what, static_cast<int>(rc));
+    std::exit(2);
+  }
+}
+
+std::string kernel_name(unsigned us) { return "spin_" + std::to_string(us) + "us"; }
+
+CUkernel library_kernel(unsigned us) {
+  const std::string name = kernel_name(us);
+  CUlibrary lib = nullptr;
+  check(cuLibraryLoadData(&lib, name.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+  CUkernel k = nullptr;
+  check(cuLibraryGetKernel(&k, lib, name.c_str()), "cuLibraryGetKernel");
+  return k;
+}
+
+void* proc(const char* name, int version = 13000) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult status;
+  if (cuGetProcAddress_v2(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) return nullptr;
+  return p;
+}
+
+const char* file_of(void* p) {
+  Dl_info info;
+  if (p == nullptr || dladdr(p, &info) == 0 || info.dli_fname == nullptr) return "none";
+  const char* slash = std::strrchr(info.dli_fname, '/');
+  return slash != nullptr ? slash + 1 : info.dli_fname;
+}
+
+int stream_device(int argc, char** argv) {
+  if (argc != 6) return 64;
+  const std::string mode = argv[2];
+  const unsigned us = static_cast<unsigned>(std::atoi(argv[3]));
+  const long max_launches = std::atol(argv[4]);
+  const double seconds = std::atof(argv[5]);
+  check(cuInit(0), "cuInit");
+  CUdevice d0 = 0, d1 = 0;
+  check(cuDeviceGet(&d0, 0), "cuDeviceGet 0");
+  check(cuDeviceGet(&d1, 1), "cuDeviceGet 1");
+  CUcontext c0 = nullptr, c1 = nullptr;
+  check(cuDevicePrimaryCtxRetain(&c0, d0), "retain 0");
+  check(cuDevicePrimaryCtxRetain(&c1, d1), "retain 1");
+  check(cuCtxSetCurrent(c1), "set 1");
+  CUstream s1 = nullptr;
+  check(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), "cuStreamCreate on device 1");
+  CUkernel k = library_kernel(us);
+  check(cuCtxSetCurrent(mode == "no-context" ? nullptr : c0), "cuCtxSetCurrent");
+  const std::uint64_t start = now_ns();
+  const std::uint64_t stop = start + static_cast<std::uint64_t>(seconds * 1e9);
+  long launches = 0, errors = 0;
+  std::uint64_t end = start;
+  while (launches < max_launches && (end = now_ns()) < stop) {
+    if (cuLaunchKernel(reinterpret_cast<CUfunction>(k), 1, 1, 1, 1, 1, 1, 0, s1, nullptr, nullptr) == CUDA_SUCCESS)
+      ++launches;
+    else
+      ++errors;
+  }
+  std::printf("probe pid=%d start_ns=%llu end_ns=%llu launches=%ld errors=%ld\n", static_cast<int>(getpid()),
+              static_cast<unsigned long long>(start), static_cast<unsigned long long>(now_ns()), launches, errors);
+  std::fflush(stdout);
+  return 0;
+}
+
+int null_config() {
+  // First CUDA calls of the process: nothing is loaded yet.
+  std::printf("null direct rc=%d\n", static_cast<int>(cuLaunchKernelEx(nullptr, nullptr, nullptr, nullptr)));
+  std::printf("null direct_ptsz rc=%d\n", static_cast<int>(cuLaunchKernelEx_ptsz(nullptr, nullptr, nullptr, nullptr)));
+  std::printf("null multi_device rc=%d\n",
+              static_cast<int>(cuLaunchCooperativeKernelMultiDevice(nullptr, 1, 0)));
+  const CUresult init = cuInit(0);
+  std::printf("init rc=%d\n", static_cast<int>(init));
+  if (init == CUDA_SUCCESS) {
+    using Ex = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+    auto ex = reinterpret_cast<Ex>(proc("cuLaunchKernelEx", 12000));
+    if (ex != nullptr) std::printf("null procaddr rc=%d\n", static_cast<int>(ex(nullptr, nullptr, nullptr, nullptr)));
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+int entry_points() {
+  check(cuInit(0), "cuInit");
+  const struct {
+    const char* name;
+    int version;
+  } names[] = {{"cuLaunch", 2000},
+               {"cuLaunchGrid", 2000},
+               {"cuLaunchGridAsync", 2000},
+               {"cuLaunchCooperativeKernelMultiDevice", 9000},
+               {"cuGraphExecKernelNodeSetParams", 10010},
+               {"cuGraphExecKernelNodeSetParams", 12000},
+               {"cuGraphExecNodeSetParams", 12020}};
+  for (const auto& n : names) {
+    std::printf("entry %s@%d via=procaddr in=%s\n", n.name, n.version, file_of(proc(n.name, n.version)));
+    std::printf("entry %s@%d via=dlsym in=%s\n", n.name, n.version, file_of(dlsym(RTLD_DEFAULT, n.name)));
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+int legacy_launch(int argc, char** argv) {
+  if (argc != 5) return 64;
+  const std::string name = argv[2];
+  const unsigned us = static_cast<unsigned>(std::atoi(argv[3]));
+  const long count = std::atol(argv[4]);
+  check(cuInit(0), "cuInit");
+  CUdevice dev = 0;
+  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, dev), "retain");
+  check(cuCtxSetCurrent(ctx), "set");
+  CUmodule module = nullptr;
+  const std::string kname = kernel_name(us);
+  check(cuModuleLoadData(&module, kname.c_str()), "cuModuleLoadData");
+  CUfunction f = nullptr;
+  check(cuModuleGetFunction(&f, module, kname.c_str()), "cuModuleGetFunction");
+  using Launch = CUresult (*)(CUfunction);
+  using Grid = CUresult (*)(CUfunction, int, int);
+  using GridAsync = CUresult (*)(CUfunction, int, int, CUstream);
+  using Multi = CUresult (*)(CUDA_LAUNCH_PARAMS*, unsigned, unsigned);
+  void* p = proc(name.c_str(), name == "cuLaunchCooperativeKernelMultiDevice" ? 9000 : 2000);
+  if (p == nullptr) return 3;
+  CUDA_LAUNCH_PARAMS params{};
+  params.function = f;
+  params.gridDimX = params.gridDimY = params.gridDimZ = 1;
+  params.blockDimX = params.blockDimY = params.blockDimZ = 1;
+  params.hStream = nullptr;
+  const std::uint64_t start = now_ns();
+  long launches = 0, errors = 0;
+  int first_rc = -1;
+  for (long i = 0; i < count; ++i) {
+    CUresult rc;
+    if (name == "cuLaunch")
+      rc = reinterpret_cast<Launch>(p)(f);
+    else if (name == "cuLaunchGrid")
+      rc = reinterpret_cast<Grid>(p)(f, 1, 1);
+    else if (name == "cuLaunchGridAsync")
+      rc = reinterpret_cast<GridAsync>(p)(f, 1, 1, nullptr);
+    else
+      rc = reinterpret_cast<Multi>(p)(&params, 1, 0);
+    if (first_rc < 0) first_rc = static_cast<int>(rc);
+    (rc == CUDA_SUCCESS ? launches : errors) += 1;
+  }
+  std::printf("probe pid=%d start_ns=%llu end_ns=%llu launches=%ld errors=%ld first_rc=%d\n",
+              static_cast<int>(getpid()), static_cast<unsigned long long>(start),
+              static_cast<unsigned long long>(now_ns()), launches, errors, first_rc);
+  std::fflush(stdout);
+  return 0;
+}
+
+int churn(int argc, char** argv) {
+  if (argc != 4) return 64;
+  const unsigned us = static_cast<unsigned>(std::atoi(argv[2]));
+  const long kernels = std::atol(argv[3]);
+  check(cuInit(0), "cuInit");
+  CUdevice dev = 0;
+  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, dev), "retain");
+  check(cuCtxSetCurrent(ctx), "set");
+  CUmodule module = nullptr;
+  const std::string kname = kernel_name(us);
+  check(cuModuleLoadData(&module, kname.c_str()), "cuModuleLoadData");
+  CUfunction f = nullptr;
+  check(cuModuleGetFunction(&f, module, kname.c_str()), "cuModuleGetFunction");
+  long launched = 0;
+  for (long i = 0; i < kernels; ++i)
+    if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr) == CUDA_SUCCESS) ++launched;
+  std::printf("churn pid=%d launched=%ld\n", static_cast<int>(getpid()), launched);
+  std::fflush(stdout);
+  return 0;  // no synchronisation: the work is still queued
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 64;
+  const std::string op = argv[1];
+  if (op == "stream-device") return stream_device(argc, argv);
+  if (op == "null-config") return null_config();
+  if (op == "entry-points") return entry_points();
+  if (op == "legacy-launch") return legacy_launch(argc, argv);
+  if (op == "churn") return churn(argc, argv);
+  std::fprintf(stderr, "compute_probe: unknown operation '%s', expected stream-device, null-config, entry-points, "
+                       "legacy-launch or churn\n", op.c_str());
+  return 64;
+}
