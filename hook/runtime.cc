@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -45,6 +46,22 @@ std::atomic<std::atomic<std::uint32_t>*> g_owner{&g_fallback_owner};
 // is only given back when none of them can still write to it.
 std::atomic<bool> g_exited{false};
 std::atomic<int> g_accounting_calls{0};
+
+// The region file stays open to be looked at: a file shrunk under our shared
+// mapping raises SIGBUS at the next touch, and the library installs no signal
+// handler. region_intact() looks (fstat) at most once per coarse clock tick.
+std::atomic<int> g_region_fd{-1};
+std::atomic<std::int64_t> g_region_checked_tick{-1};
+std::atomic<bool> g_region_lost{false};
+
+[[gnu::cold, gnu::noinline]] bool region_file_check(int fd) noexcept {
+  shm::Error err{};
+  if (shm::mapped_file_intact(fd, config().options.region, &err)) return true;
+  if (!g_region_lost.exchange(true, std::memory_order_acq_rel))
+    GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED from now on", err.message);
+  g_ready.store(kReadyFailed, std::memory_order_release);
+  return false;
+}
 
 // ordinal -> region entry + 1 (0 = not mapped yet), and the reverse map.
 std::atomic<int> g_entry_of_ordinal[kMaxDevices];
@@ -111,7 +128,9 @@ CUresult claim_now() noexcept {
   Region* region = g_process.region;  // kept across fork: the mapping is inherited
   if (region == nullptr) {
     shm::Error err{};
-    region = shm::attach(cfg.options.region, cfg.options.container_name, &err);
+    int fd = -1;
+    region = shm::attach(cfg.options.region, cfg.options.container_name, &err, nullptr, &fd);
+    g_region_fd.store(fd, std::memory_order_release);
     if (region == nullptr) {
       GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED", err.message);
       return fail_closed();
@@ -201,8 +220,21 @@ CUresult bootstrap() noexcept {
   return s == kReadyYes ? CUDA_SUCCESS : kFailClosed;
 }
 
+bool region_intact(bool force) noexcept {
+  if (__builtin_expect(g_region_lost.load(std::memory_order_relaxed), 0)) return false;
+  const int fd = g_region_fd.load(std::memory_order_relaxed);
+  if (fd < 0) return true;
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // vDSO: no syscall
+  const std::int64_t tick = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  if (!force && g_region_checked_tick.load(std::memory_order_relaxed) == tick) return true;
+  g_region_checked_tick.store(tick, std::memory_order_relaxed);
+  return region_file_check(fd);
+}
+
 int device_entry(CUdevice ordinal) noexcept {
   if (ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return -1;
+  if (!region_intact()) return -1;
   int v = g_entry_of_ordinal[ordinal].load(std::memory_order_acquire);
   if (__builtin_expect(v > 0, 1)) return v - 1;
   if (real_cuDeviceGetUuid_v2 == nullptr) return -1;
@@ -293,7 +325,7 @@ bool refused_after_exit() noexcept {
 // release) means no admission: memory is never handed out uncounted.
 bool reserve(int entry, std::uint64_t bytes) noexcept {
   AddingCall bracket;
-  if (refused_after_exit()) return false;
+  if (refused_after_exit() || !region_intact()) return false;
   int slot = own_slot();
   if (slot < 0) return false;
   if (limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)) return true;
@@ -307,7 +339,7 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
 // After the exit-time release (or in a child that never owned the slot)
 // there is nothing of ours left to give back.
 void release(int entry, std::uint64_t bytes) noexcept {
-  if (g_exited.load(std::memory_order_acquire)) return;
+  if (g_exited.load(std::memory_order_acquire) || !region_intact()) return;
   if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
   int slot = g_process.slot.load(std::memory_order_acquire);
   if (slot >= 0) limiter::release(g_process.region, slot, entry, bytes);
@@ -315,7 +347,7 @@ void release(int entry, std::uint64_t bytes) noexcept {
 
 bool charge(int entry, std::uint64_t bytes) noexcept {
   AddingCall bracket;
-  if (refused_after_exit()) return false;
+  if (refused_after_exit() || !region_intact()) return false;
   int slot = own_slot();
   return slot >= 0 && limiter::charge(g_process.region, slot, entry, bytes);
 }
@@ -336,7 +368,7 @@ void set_pool_reclaim(ReclaimFn fn) noexcept { g_pool_reclaim.store(fn, std::mem
   if (static_cast<std::uint32_t>(getpid()) != g_process.self.pid) return;
   Region* r = g_process.region;
   int slot = g_process.slot.load(std::memory_order_acquire);
-  if (r == nullptr || slot < 0) return;
+  if (r == nullptr || slot < 0 || !region_intact(true)) return;
   g_exited.store(true, std::memory_order_seq_cst);
   limiter::release_all(r, slot);
   if (g_accounting_calls.load(std::memory_order_seq_cst) == 0) shm::release_slot(r, slot);

@@ -50,6 +50,14 @@ inline CUresult ensure_ready() noexcept {
   return bootstrap();
 }
 
+// Whether the region file still has a region's size and magic (someone may
+// truncate it under our mapping: touching it then raises SIGBUS). Looks at
+// the file at most once per coarse clock tick (a few ms) unless `force`; on
+// the first failure logs one error line and fails closed (g_ready). Call it
+// on a slow path before touching the region; the accounting calls below and
+// device_entry() already do.
+bool region_intact(bool force = false) noexcept;
+
 // Region device entry for a CUDA device ordinal (claimed on first use with the
 // quota and SM limit configured for that ordinal), or -1.
 int device_entry(CUdevice ordinal) noexcept;

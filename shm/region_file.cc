@@ -140,7 +140,10 @@ Region* map_existing(int fd, const char* path, bool writable, Error* err) {
   return r;
 }
 
-// Creates every missing directory of dir (like mkdir -p), mode 0755 & ~umask.
+// Creates every missing directory of dir (like mkdir -p). A directory we
+// create is made 01777 (like /tmp) with chmod, not through the umask: every
+// user of the container may create the region in it, none may remove
+// another's files (docs/security.md, "Who shares a region").
 bool make_dirs(char* dir, const char* path, Error* err) {
   struct stat st;
   if (stat(dir, &st) == 0) {
@@ -152,7 +155,9 @@ bool make_dirs(char* dir, const char* path, Error* err) {
     if (*p != '/' && *p != '\0') continue;
     const char saved = *p;
     *p = '\0';
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir(dir, 0755) == 0) {
+      chmod(dir, 01777);  // best effort: a directory we cannot open up still serves its creator
+    } else if (errno != EEXIST) {
       const int e = errno;
       region_error(err, path).str("cannot create directory ").escaped(dir, 100).str(": ").errno_text(e)
           .str(", expected an existing or creatable directory");
@@ -191,7 +196,7 @@ enum class CreateResult { created, lost_race, failed };
 // Builds a complete region in a temporary file of the same directory and
 // publishes it with link() (atomic, fails if the name exists): nobody can
 // ever map a half-initialised region, and exactly one creator wins.
-CreateResult create_region(const char* path, const char* container_name, Error* err, Region** out) {
+CreateResult create_region(const char* path, const char* container_name, Error* err, Region** out, int* keep_fd) {
   const std::size_t path_len = bounded_len(path, kPathCap);
   char dir[kPathCap];
   std::memcpy(dir, path, path_len + 1);
@@ -228,7 +233,7 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
           .u64(kPathCap - 64).str(" bytes");
       return CreateResult::failed;
     }
-    fd = open(temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // 0666 & ~umask
+    fd = open(temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 && errno != EEXIST) {
       const int e = errno;
       region_error(err, path).str("cannot create a file in ").escaped(dir, 100).str(": ").errno_text(e)
@@ -248,6 +253,18 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
     unlink(temp);
     return CreateResult::failed;
   };
+  // Every process of the container shares the region whatever its uid or
+  // umask (a root entrypoint that drops to a user is the common case): the
+  // mode is set explicitly, never through the process's umask, which the
+  // library does not touch.
+  if (fchmod(fd, 0666) != 0) {
+    const int e = errno;
+    region_error(err, path).str("cannot make the new region file 0666: ").errno_text(e)
+        .str(", expected a file system with Unix permissions");
+    close(fd);
+    unlink(temp);
+    return CreateResult::failed;
+  }
   // Reserve the blocks now: on a full tmpfs a sparse file would raise SIGBUS
   // at the first touch of an unbacked page, long after start-up.
   if (fallocate(fd, 0, 0, static_cast<off_t>(kRegionBytes)) != 0) {
@@ -270,7 +287,11 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
     if (rc != 0 && errno == EEXIST) link_errno = EEXIST;
   }
   if (!temp_consumed) unlink(temp);
-  close(fd);
+  if (rc == 0 && keep_fd != nullptr) {
+    *keep_fd = fd;
+  } else {
+    close(fd);
+  }
   if (rc == 0) {
     *out = r;
     return CreateResult::created;
@@ -283,8 +304,9 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
 }
 
 Region* attach_impl(const char* path, const char* container_name, bool create, bool writable, Error* err,
-                    bool* created) {
+                    bool* created, int* keep_fd = nullptr) {
   if (created != nullptr) *created = false;
+  if (keep_fd != nullptr) *keep_fd = -1;
   err->message[0] = '\0';
   if (path == nullptr || *path == '\0') {
     region_error(err, "").str("empty path, expected a region file path");
@@ -300,7 +322,11 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
     const int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd >= 0) {
       Region* r = map_existing(fd, path, writable, err);
-      close(fd);
+      if (r != nullptr && keep_fd != nullptr) {
+        *keep_fd = fd;
+      } else {
+        close(fd);
+      }
       return r;
     }
     const int e = errno;
@@ -312,7 +338,7 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
       return nullptr;
     }
     Region* r = nullptr;
-    switch (create_region(path, container_name, err, &r)) {
+    switch (create_region(path, container_name, err, &r, keep_fd)) {
       case CreateResult::created:
         if (created != nullptr) *created = true;
         err->message[0] = '\0';
@@ -335,6 +361,27 @@ Region* attach(const char* path, const char* container_name, Error* err, bool* c
 
 Region* attach(const char* path, const char* container_name, Error* err) noexcept {
   return attach_impl(path, container_name, true, true, err, nullptr);
+}
+
+Region* attach(const char* path, const char* container_name, Error* err, bool* created, int* fd) noexcept {
+  return attach_impl(path, container_name, true, true, err, created, fd);
+}
+
+bool mapped_file_intact(int fd, const char* path, Error* err) noexcept {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return true;  // cannot tell: the mapping itself is unaffected by an fstat failure
+  if (static_cast<std::uint64_t>(st.st_size) != kRegionBytes) {
+    region_error(err, path).str("the file was truncated to ").u64(static_cast<std::uint64_t>(st.st_size))
+        .str(" bytes while in use, expected ").u64(kRegionBytes).str(" bytes");
+    return false;
+  }
+  std::uint64_t magic = 0;
+  if (pread(fd, &magic, sizeof magic, 0) == static_cast<ssize_t>(sizeof magic) && magic != kRegionMagic) {
+    region_error(err, path).str("the file was truncated and overwritten while in use (magic ").hex(magic)
+        .str("), expected magic ").hex(kRegionMagic);
+    return false;
+  }
+  return true;
 }
 
 Region* attach_existing(const char* path, bool writable, Error* err) noexcept {

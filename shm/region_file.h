@@ -34,12 +34,20 @@ inline constexpr std::uint64_t kSeqGeneration = std::uint64_t{1} << 20;
 // Maps the region at path, creating it if absent: the creator builds the whole
 // file in a temporary file of the same directory and link()s it into place, so
 // nobody ever sees a partial region; losers of the race unlink their temporary
-// file and map the winner's. Missing parent directories are created (0755 &
-// ~umask); the file is 0666 & ~umask. nullptr + err on failure (unwritable
+// file and map the winner's. Missing parent directories are created 01777;
+// the file is 0666 (set with fchmod/chmod, whatever the umask: every user of
+// the container shares it, docs/security.md). nullptr + err on failure (unwritable
 // directory, foreign or corrupt file, other ABI version, wrong size).
 // `created` (optional) tells whether this call created the file.
 Region* attach(const char* path, const char* container_name, Error* err) noexcept;
 Region* attach(const char* path, const char* container_name, Error* err, bool* created) noexcept;
+// Same, and keeps the file open (O_CLOEXEC) in *fd for mapped_file_intact().
+Region* attach(const char* path, const char* container_name, Error* err, bool* created, int* fd) noexcept;
+// Whether the mapped file (fd from attach) still has a region's size and
+// magic. A file shrunk under a MAP_SHARED mapping raises SIGBUS at the next
+// touch of a page past its end; without a signal handler (the library installs
+// none) the only defence is to look before touching (docs/security.md).
+bool mapped_file_intact(int fd, const char* path, Error* err) noexcept;
 // Tools and the agent: maps an existing region only (read-only unless writable).
 Region* attach_existing(const char* path, bool writable, Error* err) noexcept;
 // Validates a region header; `size` is the number of bytes at data (the whole

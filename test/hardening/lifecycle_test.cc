@@ -4,9 +4,12 @@
 // region file truncated under the processes, region permissions, and lookups
 // of names that are not driver entry points.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "harness.h"
@@ -26,6 +29,13 @@ std::string value(const Result& r, const std::string& op, const std::string& key
     if (!v.empty()) return v;
   }
   return "";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 Env limited(const Sandbox& box, const Env& extra = {}) {
@@ -100,7 +110,7 @@ TEST(Lifecycle, NullArrayOutParametersAsFirstCallAreInvalidValue) {
 
 // --- 4. a region file truncated while in use ---
 
-TEST(Lifecycle, DISABLED_TruncatedRegionFailsClosedInsteadOfSigbus) {
+TEST(Lifecycle, TruncatedRegionFailsClosedInsteadOfSigbus) {
   Sandbox box;
   Result r = run({bin("lifecycle_probe"), "truncate"}, limited(box));
   ASSERT_EQ(r.signal, 0) << "killed by a signal (SIGBUS)\n" << r.describe();
@@ -115,10 +125,10 @@ TEST(Lifecycle, DISABLED_TruncatedRegionFailsClosedInsteadOfSigbus) {
 
 // --- 5. region permissions ---
 
-TEST(Lifecycle, DISABLED_RegionIsSharedWithAnotherUserWhateverTheUmask) {
+TEST(Lifecycle, RegionIsSharedWithAnotherUserWhateverTheUmask) {
   Sandbox box;
   Env env = limited(box);
-  Result r = run({"/bin/sh", "-c", "umask 077; exec \"$0\" share 6291456", bin("lifecycle_probe")}, env);
+  Result r = run({"/bin/sh", "-c", "umask 077; exec \"$0\" share 1024", bin("lifecycle_probe")}, env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   ASSERT_EQ(value(r, "share", "rc"), "0") << r.describe();
   struct stat st {};
@@ -128,10 +138,21 @@ TEST(Lifecycle, DISABLED_RegionIsSharedWithAnotherUserWhateverTheUmask) {
   // The simulated machine's own files are not gpuslice's business: open them up.
   ASSERT_EQ(chmod(box.dir().c_str(), 0777), 0);
   ASSERT_EQ(chmod(box.path("fakecuda.state").c_str(), 0666), 0);
+  // root's entrypoint holds 6 MiB while a process that dropped to uid 65534 asks.
+  const std::string held = box.path("root.out");
+  pid_t root = spawn({bin("lifecycle_probe"), "share", std::to_string(6 * kMi), "-", "20000"}, env, held);
+  std::string seen;
+  for (int i = 0; i < 1000 && seen.find("rc=") == std::string::npos; ++i) {
+    usleep(10 * 1000);
+    seen = read_file(held);
+  }
+  ASSERT_NE(seen.find("share uid=0 rc=0"), std::string::npos) << seen;
   Result user = run({bin("lifecycle_probe"), "share", std::to_string(4 * kMi), "65534"}, env);
+  Result fits = run({bin("lifecycle_probe"), "share", std::to_string(2 * kMi), "65534"}, env);
+  kill(root, SIGKILL);
+  wait(root, held);
   ASSERT_EQ(user.exit_code, 0) << user.describe();
   EXPECT_EQ(value(user, "share", "rc"), "2") << "one quota for both users: 6 + 4 MiB > 8 MiB\n" << user.describe();
-  Result fits = run({bin("lifecycle_probe"), "share", std::to_string(2 * kMi), "65534"}, env);
   EXPECT_EQ(value(fits, "share", "rc"), "0") << fits.describe();
 }
 

@@ -9,7 +9,8 @@
 //                         quota and dies; then the parent fills up
 //   hold BYTES            allocates BYTES and returns from main holding them
 //   truncate              allocates, truncates the region file, allocates again
-//   share BYTES [UID]     (as UID when given) allocates BYTES, prints rc
+//   share BYTES [UID|-] [HOLD_MS]  (as UID when given) allocates BYTES, prints
+//                         rc, then holds it HOLD_MS before exiting
 #include <cuda.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -131,14 +132,16 @@ int truncate_region() {
   return 0;
 }
 
-int share(unsigned long long bytes, const char* uid) {
-  if (uid != nullptr) {
+int share(unsigned long long bytes, const char* uid, int hold_ms) {
+  if (uid != nullptr && std::strcmp(uid, "-") != 0) {
     const auto id = static_cast<uid_t>(std::strtoul(uid, nullptr, 10));
     if (setresgid(id, id, id) != 0 || setresuid(id, id, id) != 0) return 7;
   }
   if (init_context() != CUDA_SUCCESS) return 3;
   CUdeviceptr p = 0;
   std::printf("share uid=%u rc=%d\n", static_cast<unsigned>(getuid()), cuMemAlloc(&p, bytes));
+  std::fflush(stdout);
+  if (hold_ms > 0) usleep(static_cast<useconds_t>(hold_ms) * 1000);
   return 0;
 }
 
@@ -159,6 +162,6 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "hold") == 0 && argc > 2) return hold(std::strtoull(argv[2], nullptr, 0));
   if (std::strcmp(mode, "truncate") == 0) return truncate_region();
   if (std::strcmp(mode, "share") == 0 && argc > 2)
-    return share(std::strtoull(argv[2], nullptr, 0), argc > 3 ? argv[3] : nullptr);
+    return share(std::strtoull(argv[2], nullptr, 0), argc > 3 ? argv[3] : nullptr, argc > 4 ? std::atoi(argv[4]) : 0);
   return 2;
 }
