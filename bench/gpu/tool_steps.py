@@ -1,0 +1,283 @@
+"""The steps that run built programs: machine facts, the simulator conformance
+tests, gpuslice-bench, gpuslice-microbench, and NVML / nvidia-smi under the
+library. Each writes <work>/<step>.json (common.Step.finish).
+
+  python3 bench/gpu/tool_steps.py STEP --build B --work W --budget S [--simulated]
+"""
+
+import json
+import os
+import re
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+from common import GIB, MIB  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+QUOTA = "4Gi"
+QUOTA_BYTES = 4 * GIB
+
+
+def probe(step, name, env, timeout=30):
+    code, out, err = common.run([sys.executable, os.path.join(HERE, "probes.py"), name], env, timeout,
+                                log=os.path.join(step.scratch, "probes.log"))
+    record = common.last_json_line(out)
+    if record is None:
+        record = {"error": "probe %s printed no result (exit %s): %s" % (name, code, common.tail(err, 5))}
+    return record
+
+
+def git_commit(source):
+    if shutil.which("git") is None:
+        return None
+    code, out, _ = common.run(["git", "-C", source, "rev-parse", "HEAD"], None, 10)
+    return out.strip() if code == 0 and out.strip() else None
+
+
+# --- facts ---------------------------------------------------------------------
+
+def step_facts(step):
+    facts = {"uname": os.uname().release, "python": sys.version.split()[0], "cpus": os.cpu_count()}
+    with open("/proc/cpuinfo") as cpuinfo:
+        facts["cpu"] = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "?")
+    commit_file = os.path.join(step.build, "COMMIT")
+    facts["build_commit"] = open(commit_file).read().strip() if os.path.exists(commit_file) else None
+    facts["source_commit"] = git_commit(step.args.source)
+    # Do the carried binaries run here (glibc, libstdc++)?
+    code, out, err = common.run([step.bin("gpuslice-bench"), "--version"], step.base_env(), 20)
+    facts["binaries_run"] = code == 0
+    if code != 0:
+        facts["binaries_error"] = common.tail(out + err, 8)
+        ldd = shutil.which("ldd")
+        if ldd:
+            facts["ldd"] = common.tail(common.run([ldd, step.bin("gpuslice-bench")], None, 10)[1], 20)
+    facts["driver_api"] = probe(step, "driver", step.native_env())
+    if step.simulated:
+        facts["device"] = "simulated driver (test/fakecuda), no GPU"
+    else:
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            code, out, err = common.run([smi, "--query-gpu=name,driver_version,memory.total,memory.used,"
+                                        "compute_cap,clocks.max.sm,mig.mode.current",
+                                         "--format=csv,noheader"], None, 20)
+            facts["nvidia_smi_query"] = out.strip() or err.strip()
+            code, out, err = common.run([smi], None, 20)
+            match = re.search(r"CUDA Version:\s*([0-9.]+)", out)
+            facts["cuda_driver_version"] = match.group(1) if match else None
+            facts["nvidia_smi"] = common.tail(out, 30)
+            code, out, _ = common.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                                      None, 20)
+            facts["other_compute_processes"] = out.strip()
+        else:
+            facts["nvidia_smi_query"] = "nvidia-smi not found"
+        nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc")
+                                         else None)
+        if nvcc:
+            out = common.run([nvcc, "--version"], None, 20)[1]
+            facts["nvcc"] = out.strip().splitlines()[-1] if out.strip() else None
+        facts["python_packages"] = package_versions()
+        code, out, err = common.run([sys.executable, "-c", "import torch, json; print(json.dumps({'torch': "
+                                     "torch.__version__, 'cuda': torch.version.cuda, 'available': "
+                                     "torch.cuda.is_available()}))"], step.native_env(), min(60, step.left()))
+        facts["torch"] = common.last_json_line(out) or {"error": common.tail(err, 3)}
+    ok = "error" not in facts["driver_api"] and facts["binaries_run"]
+    return step.finish("ok" if ok else "fail", facts, None,
+                       message="" if ok else "driver or built binaries unusable: see results")
+
+
+def package_versions():
+    from importlib import metadata
+    out = {}
+    for name in ("torch", "jax", "jaxlib", "jax-cuda13-plugin", "cupy-cuda13x", "numba", "numba-cuda", "cuda-core",
+                 "cuda-bindings", "triton", "nvidia-ml-py"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+# --- conformance -----------------------------------------------------------------
+
+def step_conformance(step):
+    ctest = shutil.which("ctest")
+    if ctest is None:
+        return step.finish("skipped", message="skipped: ctest not installed")
+    if not os.path.exists(os.path.join(step.build, "CTestTestfile.cmake")):
+        return step.finish("skipped", message="skipped: %s holds no CTest files" % step.build)
+    code, out, err = common.run([ctest, "--test-dir", step.build, "-N", "-L", "conformance"], step.base_env(), 30)
+    match = re.search(r"Total Tests:\s*(\d+)", out)
+    listed = int(match.group(1)) if match else 0
+    if listed == 0:
+        return step.finish("skipped", {"listing": common.tail(out + err, 5)},
+                           message="skipped: no test labelled 'conformance' in this build")
+    env = step.base_env()
+    env.pop("FAKECUDA_STATE", None)
+    if not step.simulated:
+        env["GPUSLICE_TEST_REAL_DRIVER"] = "1"
+    per_test = max(10, int(step.left() - 10))
+    code, out, err = common.run([ctest, "--test-dir", step.build, "-L", "conformance", "--output-on-failure",
+                                 "--timeout", str(per_test)], env, step.left() - 3,
+                                log=os.path.join(step.scratch, "ctest.log"))
+    summary = re.search(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", out)
+    results = {"listed": listed, "real_driver": not step.simulated, "exit": code, "output_tail": common.tail(out, 40)}
+    if summary:
+        results.update({"failed": int(summary.group(2)), "total": int(summary.group(3))})
+    if code is None:
+        return step.finish("timeout", results, message="ctest ran past the step's budget")
+    return step.finish("ok" if code == 0 else "fail", results,
+                       message="" if code == 0 else "%s of %s conformance tests failed" %
+                       (results.get("failed", "?"), results.get("total", listed)))
+
+
+# --- gpuslice-bench ------------------------------------------------------------------
+
+def bench_summary(report):
+    """The figures docs/results-gpu.md tabulates, from one gpuslice-bench report."""
+    def get(*path):
+        node = report
+        for key in path:
+            if isinstance(node, dict) and key in node:
+                node = node[key]
+            elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+                node = node[key]
+            else:
+                return None
+        return node
+
+    out = {"device": report.get("device"), "device_name": report.get("device_name"),
+           "errors": len(report.get("errors", []))}
+    for name, section, field in (("launch_added_ns", "launch", "call_ns"), ("alloc_added_ns", "memory", "alloc_ns")):
+        native, wrapped = get(section, "native", field), get(section, "gpuslice", field)
+        if isinstance(native, (int, float)) and isinstance(wrapped, (int, float)):
+            out[name] = round(wrapped - native, 1)
+    out["quota_accuracy"] = [row.get("accuracy") for row in get("quota", "single") or []]
+    out["quota_shared_over_bytes"] = get("quota", "shared", "over_quota_bytes")
+    out["sweep_kernel_us"] = get("compute_sweep", "kernel_us")
+    out["sweep_mean_abs_error_points"] = get("compute_sweep", "mean_abs_error_points")
+    out["sweep_max_abs_error_points"] = get("compute_sweep", "max_abs_error_points")
+    out["sweep_points"] = [{"limit": p.get("limit"), "share": p.get("share"), "verdict": p.get("verdict")}
+                           for p in get("compute_sweep", "points") or []]
+    out["tenants_jain"] = get("tenants", "gpuslice", "jain")
+    out["noisy_slowdown"] = get("noisy_neighbour", "gpuslice", "slowdown")
+    return out
+
+
+def quota_loaded(report):
+    """gpuslice was in effect if cuMemGetInfo showed each quota as the total."""
+    rows = (report.get("quota") or {}).get("single") or []
+    seen = [(row.get("quota_bytes"), row.get("total_seen")) for row in rows if "total_seen" in row]
+    if not seen:
+        return None, "no quota row to check"
+    loaded = all(quota == total for quota, total in seen)
+    return loaded, "cuMemGetInfo total == quota in %d/%d quota runs" % (
+        sum(quota == total for quota, total in seen), len(seen))
+
+
+def step_bench(step):
+    driver = "simulated" if step.simulated else "real"
+    runs = [("1ms", [], 0.68), ("50us", ["--only", "sweep,tenants", "--kernel-us", "50"], 1.0)]
+    if step.simulated:
+        runs = [("1ms", ["--quick"], 0.6), ("50us", ["--quick", "--only", "quota,sweep", "--kernel-us", "50"], 1.0)]
+    results, statuses, loaded_all, evidence = {}, [], [], []
+    for tag, extra, share in runs:
+        path = os.path.join(step.scratch, "bench-%s.json" % tag)
+        timeout = step.left() * share - 2
+        if timeout < 10:
+            results[tag] = {"skipped": "no time left in the step's budget"}
+            statuses.append("timeout")
+            continue
+        code, out, err = common.run([step.bin("gpuslice-bench"), "--driver", driver, "--quiet", "--json-file", path]
+                                    + extra, step.base_env(), timeout, log=os.path.join(step.scratch, "bench.log"))
+        if not os.path.exists(path):
+            results[tag] = {"exit": code, "error": common.tail(err, 10) or "no report written"}
+            statuses.append("timeout" if code is None else "fail")
+            continue
+        with open(path) as f:
+            report = json.load(f)
+        results[tag] = bench_summary(report)
+        results[tag]["exit"] = code
+        results[tag]["table"] = out[-6000:]
+        loaded, why = quota_loaded(report)
+        if loaded is not None:
+            loaded_all.append(loaded)
+            evidence.append("%s: %s" % (tag, why))
+        wrong_device = report.get("device") != ("simulated" if step.simulated else "gpu")
+        if wrong_device:
+            results[tag]["error"] = "ran on %s, expected %s" % (report.get("device"), driver)
+        statuses.append("ok" if code == 0 and not wrong_device else "fail")
+    loaded = all(loaded_all) if loaded_all else None
+    status = "ok" if all(s == "ok" for s in statuses) and loaded is not False else \
+        ("timeout" if "timeout" in statuses else "fail")
+    return step.finish(status, results, loaded, "; ".join(evidence) or "no quota run finished",
+                       message="" if status == "ok" else "see results: %s" % ", ".join(statuses))
+
+
+# --- gpuslice-microbench -----------------------------------------------------------------
+
+def step_microbench(step):
+    argv = [step.bin("gpuslice-microbench"), "--json-file", os.path.join(step.scratch, "microbench.json")]
+    if step.simulated:
+        argv += ["--min-time", "0.01"]
+    else:
+        found = probe(step, "libcuda", step.native_env())
+        if "path" not in found:
+            return step.finish("fail", found, message="cannot locate the real libcuda.so.1: %s" % found.get("error"))
+        argv += ["--driver", found["path"], "--min-time", "0.05"]
+    code, out, err = common.run(argv, step.base_env(), step.left() - 2, log=os.path.join(step.scratch, "micro.log"))
+    path = argv[2]
+    results = {"exit": code, "table": out[-8000:]}
+    if os.path.exists(path):
+        with open(path) as f:
+            report = json.load(f)
+        results["simulated_driver"] = report.get("simulated")
+        results["rows"] = len(report.get("results", []))
+    if code is None:
+        return step.finish("timeout", results, message="gpuslice-microbench ran past the step's budget")
+    # Its limited configurations refuse to run if cuMemGetInfo does not show the quota.
+    loaded = code == 0 and "quota not in effect" not in err
+    if code != 0:
+        results["stderr"] = common.tail(err, 20)
+    wrong = results.get("simulated_driver") is not None and results["simulated_driver"] != step.simulated
+    status = "ok" if code == 0 and not wrong else "fail"
+    return step.finish(status, results, loaded,
+                       "the limited configurations check cuMemGetInfo total == 8Gi before measuring",
+                       message="" if status == "ok" else "exit %s%s" % (code, ", wrong driver" if wrong else ""))
+
+
+# --- NVML and nvidia-smi under the library ---------------------------------------------------
+
+def step_nvml(step):
+    env = step.gpuslice_env("nvml", GPUSLICE_MEMORY_LIMIT=QUOTA)
+    results = {"quota_bytes": QUOTA_BYTES, "native": probe(step, "nvml", step.native_env()),
+               "gpuslice": probe(step, "nvml", env)}
+    checks = [results["gpuslice"].get("total") == QUOTA_BYTES]
+    evidence = ["nvmlDeviceGetMemoryInfo total %s (quota %d)" % (results["gpuslice"].get("total"), QUOTA_BYTES)]
+    smi = shutil.which("nvidia-smi")
+    if step.simulated:
+        results["nvidia_smi"] = "skipped: --simulated (no nvidia-smi for the simulated driver)"
+    elif smi is None:
+        results["nvidia_smi"] = "skipped: nvidia-smi not found"
+    else:
+        query = [smi, "--query-gpu=memory.total,memory.used,memory.free", "--format=csv,noheader,nounits"]
+        code, native_out, _ = common.run(query, step.native_env(), 20)
+        code, out, err = common.run(query, env, 20, log=os.path.join(step.scratch, "smi.log"))
+        fields = [f.strip() for f in out.strip().split(",")] if code == 0 else []
+        total_mib = int(fields[0]) if fields and fields[0].isdigit() else None
+        results["nvidia_smi"] = {"native": native_out.strip(), "gpuslice": out.strip() or common.tail(err, 3),
+                                 "total_mib": total_mib}
+        checks.append(total_mib == QUOTA_BYTES // MIB)
+        evidence.append("nvidia-smi memory.total %s MiB" % total_mib)
+    loaded = all(checks)
+    return step.finish("ok" if loaded else "fail", results, loaded, "; ".join(evidence),
+                       message="" if loaded else "NVML under the library does not show the quota")
+
+
+STEPS = {"facts": step_facts, "conformance": step_conformance, "bench": step_bench,
+         "microbench": step_microbench, "nvml": step_nvml}
+
+if __name__ == "__main__":
+    sys.exit(common.main_dispatch(STEPS))
