@@ -5,11 +5,22 @@
 // NVML cannot see this process (no NVML, or a pid namespace hiding the host
 // pid) the context is counted as 0 and the node agent's reconciliation adds
 // what NVML shows for the container (docs/memory.md).
+//
+// The difference is exact only if nothing else in this process allocated or
+// freed device memory meanwhile. Creations are serialised, and every counting
+// operation (g_counting_ops, wrap.h) is bracketed: a measurement that no
+// operation overlapped is exact and remembered per device; an overlapped one
+// uses the remembered size of a context on that device, or, for the first,
+// the difference corrected by what this process's counted allocations moved.
+// Destroying a context (or the last release / reset of a primary context)
+// frees everything it owned; the counted allocations the driver no longer
+// knows are then released (memory.cc sweep_implicitly_freed).
 #include <cuda.h>
 
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <sched.h>
 #include <unordered_map>
 
 #include "hook/log.h"
@@ -32,6 +43,22 @@ struct Primary {
 };
 Primary g_primary[kMaxDevices];
 NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
+NoDestroy<std::mutex> g_create_mu;   // one measured context creation at a time (taken after g_primary_mu)
+std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measurement per device, 0 = none
+
+struct Measure {
+  bool nvml;                  // before was read
+  std::uint64_t before;       // NVML usage of this process
+  std::uint64_t ops;          // g_counting_ops when it was read
+  std::uint64_t committed;    // this process's counted bytes on the device
+  bool quiet;                 // no counting operation was in flight at the start
+};
+
+std::uint64_t committed_on(int entry) noexcept {
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  if (entry < 0 || slot < 0 || g_process.region == nullptr) return 0;
+  return g_process.region->slots[slot].committed_bytes[entry].load(std::memory_order_acquire);
+}
 
 std::uint32_t host_pid() noexcept {
   static std::atomic<std::uint32_t> cached{0};
@@ -85,16 +112,46 @@ bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
   return true;  // not listed: holds nothing yet
 }
 
+Measure measure_before(CUdevice ordinal) noexcept {
+  Measure m{};
+  // Let operations already in flight finish (bounded: they take microseconds).
+  for (int i = 0; i < 1000 && (g_counting_ops.load(std::memory_order_seq_cst) & 0xffffffffu) != 0; ++i)
+    sched_yield();
+  m.ops = g_counting_ops.load(std::memory_order_seq_cst);
+  m.quiet = (m.ops & 0xffffffffu) == 0;
+  m.committed = committed_on(device_entry(ordinal));
+  m.nvml = nvml_usage(ordinal, &m.before);
+  return m;
+}
+
+// The context's bytes from the measurement around its creation.
+std::uint64_t context_bytes(CUdevice ordinal, int entry, const Measure& m) noexcept {
+  std::uint64_t after = 0;
+  if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
+  const bool exact = m.quiet && g_counting_ops.load(std::memory_order_seq_cst) == m.ops;
+  const std::uint64_t raw = after > m.before ? after - m.before : 0;
+  std::atomic<std::uint64_t>& known = g_context_size[ordinal];
+  if (exact) {
+    if (raw != 0) known.store(raw, std::memory_order_relaxed);
+    return raw;
+  }
+  if (const std::uint64_t k = known.load(std::memory_order_relaxed); k != 0) return k;
+  // First context of the device, measured while other threads allocated:
+  // take out what our own counted operations moved meanwhile.
+  const std::uint64_t committed = committed_on(entry);
+  const std::int64_t moved = static_cast<std::int64_t>(committed - m.committed);
+  const std::int64_t corrected = static_cast<std::int64_t>(raw) - moved;
+  return corrected > 0 ? static_cast<std::uint64_t>(corrected) : 0;
+}
+
 // Counts a context just created on `ordinal`; on quota overflow destroys it
 // through `destroy` and reports CUDA_ERROR_OUT_OF_MEMORY.
 template <class Destroy>
-CUresult count_new_context(CUdevice ordinal, bool measured_before, std::uint64_t before, Counted* out,
-                           Destroy&& destroy) noexcept {
+CUresult count_new_context(CUdevice ordinal, const Measure& m, Counted* out, Destroy&& destroy) noexcept {
   out->entry = device_entry(ordinal);
   out->bytes = 0;
-  if (out->entry < 0) return CUDA_SUCCESS;
-  std::uint64_t after = 0;
-  if (measured_before && nvml_usage(ordinal, &after) && after > before) out->bytes = after - before;
+  if (out->entry < 0 || ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return CUDA_SUCCESS;
+  out->bytes = context_bytes(ordinal, out->entry, m);
   if (out->bytes != 0 && !charge(out->entry, out->bytes)) {
     release(out->entry, out->bytes);
     destroy();
@@ -109,13 +166,13 @@ template <class Create>
 CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  std::uint64_t before = 0;
-  bool measured = nvml_usage(dev, &before);
+  std::lock_guard<std::mutex> creating(*g_create_mu);
+  const Measure m = measure_before(dev);
   rc = create();
   if (rc != CUDA_SUCCESS || pctx == nullptr) return rc;
   Counted c{};
   CUcontext ctx = *pctx;
-  rc = count_new_context(dev, measured, before, &c, [&] { real_cuCtxDestroy_v2(ctx); });
+  rc = count_new_context(dev, m, &c, [&] { real_cuCtxDestroy_v2(ctx); });
   if (rc != CUDA_SUCCESS || c.bytes == 0) return rc;
   std::lock_guard<std::mutex> lock(*g_mu);
   try {
@@ -139,6 +196,7 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
       g_contexts->erase(it);
     }
   }
+  if (rc == CUDA_SUCCESS) sweep_implicitly_freed();  // what the context owned went with it
   return rc;
 }
 
@@ -157,6 +215,8 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
       p.counted = Counted{-1, 0};
     }
   }
+  // A reset, or the last release, destroys the primary context and all it owned.
+  if (rc == CUDA_SUCCESS && (reset || p.refs == 0)) sweep_implicitly_freed();
   return rc;
 }
 
@@ -192,14 +252,18 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
   if (dev < 0 || static_cast<unsigned>(dev) >= gpuslice::kMaxDevices) return real_cuDevicePrimaryCtxRetain(pctx, dev);
   std::lock_guard<std::mutex> lock(*g_primary_mu);
   Primary& p = g_primary[dev];
-  std::uint64_t before = 0;
   const bool first = p.refs == 0;
-  const bool measured = first && nvml_usage(dev, &before);
+  std::unique_lock<std::mutex> creating(*g_create_mu, std::defer_lock);
+  Measure m{};
+  if (first) {
+    creating.lock();
+    m = measure_before(dev);
+  }
   rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
   if (rc != CUDA_SUCCESS) return rc;
   if (first) {
     Counted c{};
-    rc = count_new_context(dev, measured, before, &c, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
+    rc = count_new_context(dev, m, &c, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
     if (rc != CUDA_SUCCESS) return rc;
     p.counted = c;
   }

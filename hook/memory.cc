@@ -9,6 +9,8 @@
 
 namespace gpuslice::hook {
 
+alignas(64) std::atomic<std::uint64_t> g_counting_ops{0};
+
 namespace {
 NoDestroy<limiter::AllocTable> g_pointers;  // device pointer -> counted bytes
 
@@ -64,6 +66,34 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
   }
 }
 
+limiter::AllocTable& linear_table() noexcept { return *g_pointers; }
+
+void sweep_implicitly_freed() noexcept {
+  if (real_cuMemGetAddressRange_v2 == nullptr) return;
+  // Collect in batches on the stack (the table must not be changed while it is
+  // walked), then release what the driver says no longer exists.
+  constexpr std::size_t kBatch = 256;
+  std::uint64_t gone[kBatch];
+  for (;;) {
+    std::size_t n = 0;
+    bool more = false;
+    g_pointers->for_each([&](std::uint64_t key, const limiter::AllocRecord&) {
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      const CUresult rc = real_cuMemGetAddressRange_v2(&base, &size, key);
+      // Only "no such allocation" means freed; any other error (no current
+      // context, ...) keeps the count: never release what may still be held.
+      if (rc != CUDA_ERROR_NOT_FOUND && rc != CUDA_ERROR_INVALID_VALUE) return;
+      if (n < kBatch) gone[n++] = key; else more = true;
+    });
+    for (std::size_t i = 0; i < n; ++i) {
+      limiter::AllocRecord rec{};
+      if (g_pointers->erase(gone[i], &rec)) release(rec.dev, rec.bytes);
+    }
+    if (!more) return;
+  }
+}
+
 CUresult refuse_legacy(const char* symbol) noexcept {
   GPUSLICE_WARN_CAPPED(5, "%s (the pre-CUDA-3.2 32-bit ABI) is refused with CUDA_ERROR_NOT_SUPPORTED: "
                           "it would bypass the memory quota; rebuild against a current cuda.h",
@@ -77,6 +107,7 @@ using namespace gpuslice::hook;
 using gpuslice::limiter::AllocKind;
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  CountingOp op;
   Reservation r;
   CUresult rc = reserve_on_current(bytesize, &r);
   if (rc != CUDA_SUCCESS) return rc;
@@ -86,6 +117,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesiz
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  CountingOp op;
   // Counted in full on the current device: every page may become resident
   // there, and the driver does not tell us when it does (docs/memory.md).
   Reservation r;
@@ -98,6 +130,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byt
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
                                                     size_t Height, unsigned int ElementSizeBytes) {
+  CountingOp op;
   Reservation r;
   CUresult rc = reserve_on_current(pitch_estimate(WidthInBytes, Height), &r);
   if (rc != CUDA_SUCCESS) return rc;
@@ -124,7 +157,9 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  return free_counted(*g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); });
+  rc = free_counted(*g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); });
+  if (rc == CUDA_SUCCESS) pool_pointer_freed(dptr);
+  return rc;
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1*, unsigned int) { return refuse_legacy("cuMemAlloc"); }

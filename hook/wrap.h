@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "hook/real.h"
@@ -24,6 +25,19 @@ union NoDestroy {
   ~NoDestroy() {}
   T& operator*() noexcept { return value; }
   T* operator->() noexcept { return &value; }
+};
+
+// Counting operations of this process (allocation or free, from before the
+// driver call until the count is settled): in flight in the low 32 bits,
+// finished in the high 32. A context's memory is measured as NVML's usage of
+// this process after minus before its creation, which is exact only if no
+// counting operation overlapped: context.cc checks this word did not change.
+extern std::atomic<std::uint64_t> g_counting_ops;
+struct CountingOp {
+  CountingOp() noexcept { g_counting_ops.fetch_add(1, std::memory_order_seq_cst); }
+  ~CountingOp() { g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst); }
+  CountingOp(const CountingOp&) = delete;
+  CountingOp& operator=(const CountingOp&) = delete;
 };
 
 struct Reservation {
@@ -48,6 +62,7 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
 // bytes to the budget — or put the record back if the driver refused.
 template <class RealFree>
 CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free) noexcept {
+  CountingOp op;
   limiter::AllocRecord rec{};
   const bool counted = table.erase(key, &rec);
   CUresult rc = real_free();
@@ -59,6 +74,17 @@ CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& 
   }
   return rc;
 }
+
+// The table of linear/pitched/managed allocations (memory.cc): cuMemFreeAsync
+// frees those too.
+limiter::AllocTable& linear_table() noexcept;
+// A device pointer was freed through any entry point: pools.cc settles pools
+// destroyed with allocations outstanding. One relaxed load when no pool is known.
+void pool_pointer_freed(CUdeviceptr dptr) noexcept;
+// After the driver freed memory implicitly (context destroyed, primary context
+// reset or released for the last time): release every counted allocation the
+// driver no longer knows (memory.cc).
+void sweep_implicitly_freed() noexcept;
 
 // Legacy 32-bit entry points that would let memory bypass the quota.
 [[gnu::cold]] CUresult refuse_legacy(const char* symbol) noexcept;

@@ -129,7 +129,7 @@ TEST(ParseOptions, Defaults) {
     EXPECT_STREQ(p.options.sm_limit_source[d].name, "default");
   }
   EXPECT_EQ(p.options.sm_policy, SmPolicy::hard);
-  EXPECT_EQ(std::string(p.options.region), "/dev/shm/gpuslice-" + std::to_string(getuid()) + ".region");
+  EXPECT_EQ(std::string(p.options.region), "/dev/shm/gpuslice.region");  // one per container, not per uid
   EXPECT_STREQ(p.options.container_name, "");
   EXPECT_STREQ(p.options.real_libcuda, "libcuda.so.1");
   EXPECT_STREQ(p.options.real_libnvml, "libnvidia-ml.so.1");
@@ -355,7 +355,7 @@ TEST(FormatOptions, EffectiveValuesWithSources) {
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[other devices]=unlimited (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_SM_LIMIT=100 (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_LOG_LEVEL=debug (GPUSLICE_LOG_LEVEL)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_REGION=/dev/shm/gpuslice-"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_REGION=/dev/shm/gpuslice.region"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_TYPO is not a gpuslice option"));
   for (std::size_t i = 0; i < kOptionCount; ++i) EXPECT_THAT(text, HasSubstr(kOptions[i].env));
   EXPECT_EQ(format_effective_options(p.options, buf, 64), -1);
@@ -397,7 +397,7 @@ TEST(NewOptions, DefaultsComeFromTheTable) {
   EXPECT_FALSE(p.options.passthrough);
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) EXPECT_EQ(p.options.memory_resident[d], kUnlimited);
   EXPECT_STREQ(p.options.real_libcuda, "libcuda.so.1");  // the remark in parentheses is not part of the value
-  EXPECT_EQ(std::string(p.options.region), "/dev/shm/gpuslice-" + std::to_string(getuid()) + ".region");
+  EXPECT_EQ(std::string(p.options.region), "/dev/shm/gpuslice.region");  // one per container, not per uid
   EXPECT_STREQ(p.options.priority_source.name, "default");
 }
 

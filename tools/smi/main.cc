@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   std::string region, region_dir, watch_value;
   bool json = false;
   long count = 0;
-  app.add_option("--region", region, "Region file to show (default: $GPUSLICE_REGION, else /dev/shm/gpuslice-<uid>.region)");
+  app.add_option("--region", region, "Region file to show (default: $GPUSLICE_REGION, else /dev/shm/gpuslice.region)");
   app.add_option("--region-dir", region_dir, "Show every region below this directory (the node's view)");
   app.add_flag("--json", json, "One JSON document (per refresh) instead of the table");
   CLI::Option* watch = app.add_option("--watch", watch_value, "Refresh every INTERVAL (seconds or e.g. 500ms; default 1s)")

@@ -28,7 +28,7 @@ struct Snapshot {
 };
 
 // The region a process of this container uses: GPUSLICE_REGION, else the
-// documented default (/dev/shm/gpuslice-<uid>.region).
+// documented default (/dev/shm/gpuslice.region).
 std::string default_region_path();
 
 // Reads one region (read-only). false + one-line message ("gpuslice-smi:

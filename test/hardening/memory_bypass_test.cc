@@ -1,0 +1,135 @@
+// Issue 9, memory: ways around the quota (VMM references, pools of other
+// devices, destroyed pools) and legitimate programs refused (memory the
+// driver freed implicitly stayed counted), each run as a real program under
+// the preload library against the simulated driver (memory_probe.cc).
+#include <cuda.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "harness.h"
+
+namespace gpuslice::test {
+namespace {
+
+constexpr unsigned long long kMi = 1ull << 20;
+
+Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
+  args.insert(args.begin(), bin("memory_probe"));
+  return run(args, merge(box.env(), extra), 120000);
+}
+
+int field_int(const Result& r, const std::string& op, const std::string& key) {
+  auto lines = lines_with(r.out, op + " ");
+  if (lines.empty()) return -1;
+  const std::string v = field(lines.front(), key);
+  return v.empty() ? -1 : std::stoi(v);
+}
+unsigned long long field_u64(const Result& r, const std::string& op, const std::string& key) {
+  auto lines = lines_with(r.out, op + " ");
+  if (lines.empty()) return ~0ull;
+  const std::string v = field(lines.front(), key);
+  return v.empty() ? ~0ull : std::stoull(v);
+}
+
+const Env kQuota1Gi{{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "16Gi"}};
+
+// cuMemRetainAllocationHandle adds a reference: releasing twice must not
+// uncount memory a mapping still holds. 8 x 512 MiB under 1 GiB: only 2 fit.
+TEST(MemoryBypass, VmmRetainedHandleReleasedTwiceStaysCounted) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"vmm-retain", "512", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "vmm-retain", "succeeded"), 2) << r.out;
+  EXPECT_EQ(field_int(r, "vmm-retain", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(field_u64(r, "vmm-retain", "counted"), 1024 * kMi) << r.out;
+}
+
+// An import of this process's own export is another reference to the same memory.
+TEST(MemoryBypass, VmmReimportedHandleKeepsMemoryCounted) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"vmm-import", "512", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  if (!lines_with(r.out, "vmm-import unsupported").empty())
+    GTEST_SKIP() << "the simulated driver does not export/import shareable handles: " << r.out;
+  EXPECT_EQ(field_int(r, "vmm-import", "succeeded"), 2) << r.out;
+  EXPECT_EQ(field_u64(r, "vmm-import", "counted"), 1024 * kMi) << r.out;
+}
+
+// cuMemPoolDestroy with an allocation outstanding: the driver frees the pool
+// with its last allocation, so the count stays until then.
+TEST(MemoryBypass, DestroyedPoolStaysCountedUntilItsLastAllocationIsFreed) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"pool-destroy-live", "900", "6"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "pool-destroy-live", "succeeded"), 1) << r.out;
+  EXPECT_EQ(field_int(r, "pool-destroy-live", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(field_int(r, "after-free", "rc"), CUDA_SUCCESS) << r.out;
+}
+
+// A stream-ordered allocation's device is the stream's (or the pool's), not
+// the current context's: per-device quotas 0=8Gi,1=1Gi.
+TEST(MemoryBypass, AllocAsyncOnAnotherDevicesStreamIsChargedThere) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "0=8Gi,1=1Gi"}, {"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_MEMORY", "16Gi"}},
+                   {"pool-other-device", "900", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "pool-other-device", "succeeded"), 1) << r.out;
+  EXPECT_LT(field_u64(r, "pool-other-device", "device1_used"), 1024 * kMi) << r.out;
+}
+
+TEST(MemoryBypass, AllocFromAnotherDevicesPoolIsChargedToThatDevice) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "0=8Gi,1=1Gi"}, {"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_MEMORY", "16Gi"}},
+                   {"pool-foreign-pool", "900", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "pool-foreign-pool", "succeeded"), 1) << r.out;
+  EXPECT_LT(field_u64(r, "pool-foreign-pool", "device1_used"), 1024 * kMi) << r.out;
+}
+
+// A failed cuMemAllocFromPoolAsync returns the driver's error and leaves the count as it was.
+TEST(MemoryRefused, FailedAllocFromPoolLeavesTheCountUnchanged) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"pool-failed", "900"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(field_int(r, "pool-failed", "null_rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_NE(field_int(r, "pool-failed", "destroyed_rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(field_u64(r, "pool-failed", "after"), field_u64(r, "pool-failed", "before")) << r.out;
+}
+
+// Memory the driver frees implicitly is released with it.
+TEST(MemoryRefused, FreeAsyncOfCuMemAllocMemoryReleasesIt) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"free-async-linear", "900", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "free-async-linear", "succeeded"), 4) << r.out;
+}
+
+TEST(MemoryRefused, DestroyedContextReleasesWhatItOwned) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"ctx-destroy-live", "700", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "ctx-destroy-live", "succeeded"), 4) << r.out;
+}
+
+TEST(MemoryRefused, PrimaryContextResetReleasesWhatItOwned) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"primary-reset-live", "700", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "primary-reset-live", "succeeded"), 4) << r.out;
+}
+
+// Context memory measured while another thread allocates and frees: what
+// gpuslice counts equals what the device holds for the process, every time.
+TEST(MemoryBypass, ContextMemoryIsExactWhileAnotherThreadAllocates) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "12Gi"}, {"FAKECUDA_MEMORY", "16Gi"},
+                         {"FAKECUDA_CONTEXT_MEMORY", "256Mi"}},
+                   {"ctx-race", "300"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "ctx-race", "tries"), 300) << r.out;
+  EXPECT_EQ(field_int(r, "ctx-race", "mismatches"), 0) << r.out;
+}
+
+}  // namespace
+}  // namespace gpuslice::test

@@ -1,0 +1,310 @@
+// memory_probe: drives the device-memory paths an attacker (or an unusual but
+// legitimate program) used to get around the quota or to be refused wrongly,
+// for test/hardening/memory_bypass_test.cc. Links the simulated driver
+// directly, as an application links libcuda; the preload library interposes
+// at run time. One scenario per run; every scenario prints "key=value" lines
+// and exits 0 when its CUDA calls behaved as documented (the test judges the
+// numbers), 2 when a setup call failed.
+//
+//   memory_probe vmm-retain MIB ROUNDS      create+map, retain, release twice (mapping holds it)
+//   memory_probe vmm-import MIB ROUNDS      create+map, export fd, import, release all handles
+//   memory_probe pool-destroy-live MIB ROUNDS  allocate from a new pool, destroy it with the allocation live
+//   memory_probe pool-other-device MIB ROUNDS  cuMemAllocAsync on a device-1 stream, device 0 current
+//   memory_probe pool-foreign-pool MIB ROUNDS  cuMemAllocFromPoolAsync from device 1's pool, device-0 stream
+//   memory_probe pool-failed MIB            failed cuMemAllocFromPoolAsync (NULL, destroyed pool), then MIB
+//   memory_probe free-async-linear MIB ROUNDS  cuMemAlloc, cuMemFreeAsync, sync, again
+//   memory_probe ctx-destroy-live MIB ROUNDS   cuCtxCreate, cuMemAlloc, cuCtxDestroy, again
+//   memory_probe primary-reset-live MIB ROUNDS primary retain, cuMemAlloc, cuDevicePrimaryCtxReset, again
+//   memory_probe ctx-race TRIES             contexts created while another thread allocates and frees
+#include <cuda.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "fakecuda_query.h"
+
+namespace {
+
+constexpr std::size_t kMi = std::size_t{1} << 20;
+
+void check(CUresult rc, const char* what) {
+  if (rc != CUDA_SUCCESS) {
+    std::fprintf(stderr, "memory_probe: %s failed: %d\n", what, static_cast<int>(rc));
+    std::exit(2);
+  }
+}
+
+CUcontext primary(CUdevice dev) {
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  return ctx;
+}
+
+// cuMemGetInfo under gpuslice: total = the quota, used = what is counted.
+std::size_t counted_used() {
+  size_t free_b = 0, total = 0;
+  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
+  return total - free_b;
+}
+
+CUmemAllocationProp device_prop(int dev) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+// Creates `bytes` of physical memory and maps it at a fresh reservation.
+CUresult create_and_map(std::size_t bytes, CUmemGenericAllocationHandle* h, CUdeviceptr* va) {
+  const CUmemAllocationProp prop = device_prop(0);
+  CUresult rc = cuMemCreate(h, bytes, &prop, 0);
+  if (rc != CUDA_SUCCESS) return rc;
+  check(cuMemAddressReserve(va, bytes, 0, 0, 0), "cuMemAddressReserve");
+  check(cuMemMap(*va, bytes, 0, *h, 0), "cuMemMap");
+  return CUDA_SUCCESS;
+}
+
+void report(const char* name, int ok, int rounds, CUresult last) {
+  std::printf("%s succeeded=%d rounds=%d last_rc=%d counted=%zu\n", name, ok, rounds, static_cast<int>(last),
+              counted_used());
+}
+
+int vmm_retain(std::size_t bytes, int rounds) {
+  cuCtxSetCurrent(primary(0));
+  int ok = 0;
+  CUresult last = CUDA_SUCCESS;
+  for (int i = 0; i < rounds; ++i) {
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    if ((last = create_and_map(bytes, &h, &va)) != CUDA_SUCCESS) continue;
+    ++ok;
+    CUmemGenericAllocationHandle again = 0;
+    check(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va)), "cuMemRetainAllocationHandle");
+    check(cuMemRelease(again), "cuMemRelease (retained)");
+    check(cuMemRelease(h), "cuMemRelease");  // the mapping still holds the memory
+  }
+  report("vmm-retain", ok, rounds, last);
+  return 0;
+}
+
+int vmm_import(std::size_t bytes, int rounds) {
+  cuCtxSetCurrent(primary(0));
+  int ok = 0;
+  CUresult last = CUDA_SUCCESS;
+  for (int i = 0; i < rounds; ++i) {
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    if ((last = create_and_map(bytes, &h, &va)) != CUDA_SUCCESS) continue;
+    ++ok;
+    int fd = -1;
+    CUresult rc = cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (rc != CUDA_SUCCESS) {
+      std::printf("vmm-import unsupported rc=%d\n", static_cast<int>(rc));
+      return 0;
+    }
+    CUmemGenericAllocationHandle imported = 0;
+    rc = cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (rc != CUDA_SUCCESS) {
+      std::printf("vmm-import unsupported rc=%d\n", static_cast<int>(rc));
+      return 0;
+    }
+    close(fd);
+    check(cuMemUnmap(va, bytes), "cuMemUnmap");
+    check(cuMemRelease(h), "cuMemRelease");  // the imported handle still holds the memory
+  }
+  report("vmm-import", ok, rounds, last);
+  return 0;
+}
+
+int pool_destroy_live(std::size_t bytes, int rounds) {
+  cuCtxSetCurrent(primary(0));
+  int ok = 0;
+  CUresult last = CUDA_SUCCESS;
+  CUdeviceptr first = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CUmemoryPool pool = nullptr;
+    check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+    CUdeviceptr p = 0;
+    last = cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr);
+    if (last == CUDA_SUCCESS) {
+      ++ok;
+      check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+      if (first == 0) first = p;
+    }
+    check(cuMemPoolDestroy(pool), "cuMemPoolDestroy");  // the allocation stays live
+  }
+  report("pool-destroy-live", ok, rounds, last);
+  // Freeing the last outstanding allocation frees the destroyed pool.
+  if (first != 0) {
+    check(cuMemFreeAsync(first, nullptr), "cuMemFreeAsync");
+    check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  }
+  CUdeviceptr again = 0;
+  const CUresult rc = cuMemAlloc(&again, bytes);
+  std::printf("after-free rc=%d counted=%zu\n", static_cast<int>(rc), counted_used());
+  return 0;
+}
+
+// A stream of device 1, created in device 1's primary context; device 0's is current after.
+CUstream stream_of(int dev, CUcontext* ctx) {
+  *ctx = primary(dev);
+  check(cuCtxSetCurrent(*ctx), "cuCtxSetCurrent");
+  CUstream s = nullptr;
+  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  return s;
+}
+
+int pool_other_device(std::size_t bytes, int rounds, bool foreign_pool) {
+  CUcontext ctx0 = nullptr, ctx1 = nullptr;
+  CUstream s1 = stream_of(1, &ctx1);
+  CUstream s0 = stream_of(0, &ctx0);  // device 0 current from here on
+  CUmemoryPool pool1 = nullptr;
+  if (foreign_pool) check(cuDeviceGetDefaultMemPool(&pool1, 1), "cuDeviceGetDefaultMemPool");
+  int ok = 0;
+  CUresult last = CUDA_SUCCESS;
+  for (int i = 0; i < rounds; ++i) {
+    CUdeviceptr p = 0;
+    last = foreign_pool ? cuMemAllocFromPoolAsync(&p, bytes, pool1, s0) : cuMemAllocAsync(&p, bytes, s1);
+    if (last == CUDA_SUCCESS) ++ok;
+    cuStreamSynchronize(foreign_pool ? s0 : s1);
+  }
+  std::printf("%s succeeded=%d rounds=%d last_rc=%d device1_used=%llu\n",
+              foreign_pool ? "pool-foreign-pool" : "pool-other-device", ok, rounds, static_cast<int>(last),
+              static_cast<unsigned long long>(fakecuda_process_used_bytes(1, 0) - fakecuda_process_context_bytes(1, 0)));
+  return 0;
+}
+
+int pool_failed(std::size_t bytes) {
+  cuCtxSetCurrent(primary(0));
+  const std::size_t before = counted_used();
+  CUdeviceptr p = 0;
+  const CUresult null_rc = cuMemAllocFromPoolAsync(&p, bytes, nullptr, nullptr);
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  CUmemoryPool pool = nullptr;
+  check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+  check(cuMemPoolDestroy(pool), "cuMemPoolDestroy");
+  const CUresult destroyed_rc = cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr);
+  std::printf("pool-failed null_rc=%d destroyed_rc=%d before=%zu after=%zu\n", static_cast<int>(null_rc),
+              static_cast<int>(destroyed_rc), before, counted_used());
+  return 0;
+}
+
+int free_async_linear(std::size_t bytes, int rounds) {
+  cuCtxSetCurrent(primary(0));
+  int ok = 0;
+  CUresult last = CUDA_SUCCESS;
+  for (int i = 0; i < rounds; ++i) {
+    CUdeviceptr p = 0;
+    if ((last = cuMemAlloc(&p, bytes)) != CUDA_SUCCESS) continue;
+    ++ok;
+    check(cuMemFreeAsync(p, nullptr), "cuMemFreeAsync");
+    check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  }
+  report("free-async-linear", ok, rounds, last);
+  return 0;
+}
+
+int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset) {
+  int ok = 0;
+  CUresult last = CUDA_SUCCESS;
+  for (int i = 0; i < rounds; ++i) {
+    CUcontext ctx = nullptr;
+    if (primary_reset) {
+      ctx = primary(0);
+      check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    } else {
+      check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+    }
+    CUdeviceptr p = 0;
+    if ((last = cuMemAlloc(&p, bytes)) == CUDA_SUCCESS) ++ok;
+    if (primary_reset) {
+      check(cuDevicePrimaryCtxReset(0), "cuDevicePrimaryCtxReset");
+    } else {
+      check(cuCtxDestroy(ctx), "cuCtxDestroy");
+    }
+  }
+  std::printf("%s succeeded=%d rounds=%d last_rc=%d\n", primary_reset ? "primary-reset-live" : "ctx-destroy-live", ok,
+              rounds, static_cast<int>(last));
+  return 0;
+}
+
+// Creates and destroys contexts while another thread allocates and frees;
+// after each creation (the other thread paused) compares what gpuslice counts
+// with what the simulated device holds for this process.
+int ctx_race(int tries) {
+  cuCtxSetCurrent(primary(0));
+  CUcontext main_ctx = nullptr;
+  cuCtxGetCurrent(&main_ctx);
+  std::atomic<bool> stop{false}, pause{false};
+  std::atomic<int> paused{0};
+  std::thread churn([&] {
+    cuCtxSetCurrent(main_ctx);
+    while (!stop.load()) {
+      if (pause.load()) {
+        paused.store(1);
+        while (pause.load() && !stop.load()) std::this_thread::yield();
+        paused.store(0);
+        continue;
+      }
+      CUdeviceptr p = 0;
+      if (cuMemAlloc(&p, 64 * kMi) == CUDA_SUCCESS) cuMemFree(p);
+    }
+  });
+  int mismatches = 0;
+  for (int i = 0; i < tries; ++i) {
+    CUcontext ctx = nullptr;
+    check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+    pause.store(true);
+    while (paused.load() == 0) std::this_thread::yield();
+    const std::size_t counted = counted_used();
+    const std::uint64_t held = fakecuda_process_used_bytes(0, 0);
+    if (counted != held) ++mismatches;
+    pause.store(false);
+    while (paused.load() != 0) std::this_thread::yield();
+    check(cuCtxDestroy(ctx), "cuCtxDestroy");
+    cuCtxSetCurrent(main_ctx);
+  }
+  stop.store(true);
+  churn.join();
+  std::printf("ctx-race tries=%d mismatches=%d\n", tries, mismatches);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: memory_probe SCENARIO ARGS...\n");
+    return 64;
+  }
+  check(cuInit(0), "cuInit");
+  const std::string what = argv[1];
+  const std::size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;
+  const int rounds = argc > 3 ? std::atoi(argv[3]) : 1;
+  if (what == "vmm-retain") return vmm_retain(mib * kMi, rounds);
+  if (what == "vmm-import") return vmm_import(mib * kMi, rounds);
+  if (what == "pool-destroy-live") return pool_destroy_live(mib * kMi, rounds);
+  if (what == "pool-other-device") return pool_other_device(mib * kMi, rounds, false);
+  if (what == "pool-foreign-pool") return pool_other_device(mib * kMi, rounds, true);
+  if (what == "pool-failed") return pool_failed(mib * kMi);
+  if (what == "free-async-linear") return free_async_linear(mib * kMi, rounds);
+  if (what == "ctx-destroy-live") return ctx_destroy_live(mib * kMi, rounds, false);
+  if (what == "primary-reset-live") return ctx_destroy_live(mib * kMi, rounds, true);
+  if (what == "ctx-race") return ctx_race(static_cast<int>(mib));
+  std::fprintf(stderr, "memory_probe: unknown scenario %s\n", what.c_str());
+  return 64;
+}
