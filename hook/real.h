@@ -21,7 +21,8 @@ namespace gpuslice::hook {
   X(cuDeviceGetCount)                  \
   X(cuDeviceGetUuid_v2)                \
   X(cuDeviceGetAttribute)              \
-  X(cuDeviceGetMemPool)                \
+  X(cuMemGetAddressRange_v2)           \
+  X(cuMemGetAllocationPropertiesFromHandle) \
   X(cuMemPoolGetAttribute)             \
   X(cuArrayGetMemoryRequirements)      \
   X(cuMipmappedArrayGetMemoryRequirements)
