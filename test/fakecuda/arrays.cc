@@ -57,7 +57,7 @@ CUresult level_bytes(const CUDA_ARRAY3D_DESCRIPTOR &d, std::uint64_t *bytes) {
 }
 
 CUresult create_array(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR &desc) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::uint64_t bytes = 0;
   if (CUresult rc = level_bytes(desc, &bytes); rc != CUDA_SUCCESS) return rc;
   CUctx_st *ctx = nullptr;
@@ -108,7 +108,7 @@ extern "C" CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESC
 }
 
 extern "C" CUresult cuArrayDestroy(CUarray hArray) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
   uncharge_device(hArray->device, hArray->bytes);
@@ -118,7 +118,7 @@ extern "C" CUresult cuArrayDestroy(CUarray hArray) {
 
 extern "C" CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *pArrayDescriptor, CUarray hArray) {
   if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
   if (hArray->desc.Depth != 0) return CUDA_ERROR_INVALID_VALUE;  // a 3D array: use cuArray3DGetDescriptor
@@ -131,7 +131,7 @@ extern "C" CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *pArrayDescrip
 
 extern "C" CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *pArrayDescriptor, CUarray hArray) {
   if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
   *pArrayDescriptor = hArray->desc;
@@ -141,7 +141,7 @@ extern "C" CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *pArrayDes
 extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
                                            unsigned int numMipmapLevels) {
   if (pHandle == nullptr || pMipmappedArrayDesc == nullptr || numMipmapLevels == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   const CUDA_ARRAY3D_DESCRIPTOR &base = *pMipmappedArrayDesc;
   std::uint64_t largest = std::max({base.Width, base.Height, base.Depth});
   unsigned int max_levels = 1;
@@ -173,7 +173,7 @@ extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA
 }
 
 extern "C" CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hMipmappedArray)) return CUDA_ERROR_INVALID_HANDLE;
   uncharge_device(hMipmappedArray->device, hMipmappedArray->bytes);

@@ -3,6 +3,7 @@
 // device (a primary one while retained), and destroying a context frees what it
 // owns, as the real driver does.
 #include <algorithm>
+#include <type_traits>
 
 #include "driver.h"
 
@@ -10,7 +11,34 @@ using namespace gpuslice::fakecuda;
 
 namespace {
 
-thread_local std::vector<CUctx_st *> t_stack;
+// The calling thread's context stack. Trivially destructible on purpose: a
+// std::vector here was destroyed with the thread's TLS at exit, and a CUDA call
+// from a later destructor then crashed (issue 9); this one stays valid.
+class ContextStack {
+ public:
+  bool empty() const { return size_ == 0; }
+  CUctx_st *&back() { return entries_[size_ - 1]; }
+  bool push_back(CUctx_st *ctx) {
+    if (size_ == kDepth) return false;
+    entries_[size_++] = ctx;
+    return true;
+  }
+  void pop_back() { --size_; }
+  void remove(CUctx_st *ctx) {
+    unsigned out = 0;
+    for (unsigned i = 0; i < size_; ++i) {
+      if (entries_[i] != ctx) entries_[out++] = entries_[i];
+    }
+    size_ = out;
+  }
+
+ private:
+  static constexpr unsigned kDepth = 256;
+  CUctx_st *entries_[kDepth];
+  unsigned size_;
+};
+static_assert(std::is_trivially_destructible_v<ContextStack>);
+thread_local ContextStack t_stack;
 
 CUresult charge_context(std::uint32_t dev) {
   Runtime &r = runtime();
@@ -49,7 +77,7 @@ void teardown_context_locked(CUctx_st *ctx) {
 
 CUresult create_context(CUcontext *pctx, unsigned int flags, CUdevice dev) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime &r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
@@ -118,7 +146,7 @@ extern "C" CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreate
 }
 
 extern "C" CUresult cuCtxDestroy_v2(CUcontext ctx) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(ctx) || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
   wait_idle(ctx);
   Runtime &r = runtime();
@@ -130,7 +158,7 @@ extern "C" CUresult cuCtxDestroy_v2(CUcontext ctx) {
   }
   // Only the calling thread's stack is popped; other threads keep a stale handle
   // and get CUDA_ERROR_CONTEXT_IS_DESTROYED, as with the real driver.
-  t_stack.erase(std::remove(t_stack.begin(), t_stack.end(), ctx), t_stack.end());
+  t_stack.remove(ctx);
   return CUDA_SUCCESS;
 }
 
@@ -138,7 +166,7 @@ extern "C" CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
 extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime &r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
@@ -162,7 +190,7 @@ extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 namespace {
 
 CUresult primary_release(CUdevice dev, bool reset) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime &r = runtime();
   CUctx_st *primary = nullptr;
@@ -192,7 +220,7 @@ extern "C" CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return primary_relea
 
 extern "C" CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime &r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
@@ -205,7 +233,7 @@ extern "C" CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags
 namespace {
 
 CUresult primary_set_flags(CUdevice dev, unsigned int flags, bool allow_active) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   if ((flags & ~0xFFu) != 0) return CUDA_ERROR_INVALID_VALUE;
   Runtime &r = runtime();
@@ -234,13 +262,13 @@ extern "C" CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
 
 extern "C" CUresult cuCtxGetCurrent(CUcontext *pctx) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   *pctx = t_stack.empty() ? nullptr : t_stack.back();
   return CUDA_SUCCESS;
 }
 
 extern "C" CUresult cuCtxSetCurrent(CUcontext ctx) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (ctx == nullptr) {
     if (!t_stack.empty()) t_stack.pop_back();
     return CUDA_SUCCESS;
@@ -255,15 +283,15 @@ extern "C" CUresult cuCtxSetCurrent(CUcontext ctx) {
 }
 
 extern "C" CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-  t_stack.push_back(ctx);
-  return CUDA_SUCCESS;
+  // The fake's stack holds 256 contexts per thread; deeper is refused.
+  return t_stack.push_back(ctx) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 extern "C" CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
 
 extern "C" CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
   if (pctx != nullptr) *pctx = t_stack.back();
   t_stack.pop_back();
@@ -273,7 +301,7 @@ extern "C" CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2
 
 extern "C" CUresult cuCtxGetDevice(CUdevice *device) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   *device = static_cast<CUdevice>(ctx->device);
@@ -282,7 +310,7 @@ extern "C" CUresult cuCtxGetDevice(CUdevice *device) {
 
 extern "C" CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   *device = static_cast<CUdevice>(resolved->device);
@@ -290,7 +318,7 @@ extern "C" CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
 }
 
 extern "C" CUresult cuCtxSynchronize_v2(CUcontext ctx) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   wait_idle(resolved);
@@ -302,7 +330,7 @@ extern "C" CUresult cuCtxSynchronize(void) { return cuCtxSynchronize_v2(nullptr)
 
 extern "C" CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
   if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   *version = 3020;  // every context created through the _v2+ API reports 3020
@@ -311,7 +339,7 @@ extern "C" CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
 
 extern "C" CUresult cuCtxGetFlags(unsigned int *flags) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   *flags = ctx->flags;
@@ -320,7 +348,7 @@ extern "C" CUresult cuCtxGetFlags(unsigned int *flags) {
 
 extern "C" CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId) {
   if (ctxId == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   *ctxId = resolved->id;
@@ -328,7 +356,7 @@ extern "C" CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId) {
 }
 
 extern "C" CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (leastPriority != nullptr) *leastPriority = 0;
   if (greatestPriority != nullptr) *greatestPriority = -5;
   return CUDA_SUCCESS;
@@ -340,7 +368,7 @@ constexpr std::size_t kDefaultLimits[] = {1024, 1 << 20, 8 << 20, 2, 2048, 32, 0
 
 extern "C" CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
   if (pvalue == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (limit < 0 || limit >= CU_LIMIT_MAX) return CUDA_ERROR_UNSUPPORTED_LIMIT;
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
@@ -349,7 +377,7 @@ extern "C" CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
 }
 
 extern "C" CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (limit < 0 || limit >= CU_LIMIT_MAX) return CUDA_ERROR_UNSUPPORTED_LIMIT;
   if (limit == CU_LIMIT_SHMEM_SIZE || limit == CU_LIMIT_CIG_ENABLED) return CUDA_ERROR_INVALID_VALUE;
   CUctx_st *ctx = nullptr;

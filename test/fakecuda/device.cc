@@ -13,7 +13,7 @@ namespace {
 
 #define FC_REQUIRE_DEVICE(dev)                                   \
   do {                                                           \
-    if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;       \
+    if (!initialized()) return uninitialized_error();       \
     if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;    \
   } while (0)
 
@@ -80,7 +80,7 @@ int attribute_value(CUdevice_attribute attribute, CUdevice dev, const StateHeade
 
 extern "C" CUresult cuDeviceGetCount(int *count) {
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   *count = static_cast<int>(state().device_count());
   return CUDA_SUCCESS;
 }

@@ -126,7 +126,7 @@ inline bool alive(const T *object) {
   return object != nullptr && object->magic.load(std::memory_order_acquire) == T::kAlive;
 }
 
-enum class InitState : int { none = 0, ok = 1, failed = 2, forked = 3 };
+enum class InitState : int { none = 0, ok = 1, failed = 2, forked = 3, deinitialized = 4 };
 
 struct Runtime {
   std::mutex mu;  // guards every process-local registry below and in the modules
@@ -148,6 +148,13 @@ Runtime &runtime();
 inline bool initialized() {
   return runtime().init_state.load(std::memory_order_acquire) == static_cast<int>(InitState::ok);
 }
+// What an entry point returns when the driver is not usable: after the
+// driver's exit-time teardown, CUDA_ERROR_DEINITIALIZED ("driver shutting down").
+inline CUresult uninitialized_error() {
+  return runtime().init_state.load(std::memory_order_acquire) == static_cast<int>(InitState::deinitialized)
+             ? CUDA_ERROR_DEINITIALIZED
+             : CUDA_ERROR_NOT_INITIALIZED;
+}
 inline State &state() { return *runtime().state; }
 inline bool valid_device(CUdevice dev) {
   return dev >= 0 && static_cast<std::uint32_t>(dev) < runtime().state->device_count();
@@ -165,7 +172,7 @@ CUresult resolve_context(CUcontext ctx, CUctx_st **out);
 // (reaping dead processes first); CUDA_ERROR_OUT_OF_MEMORY otherwise.
 CUresult charge_device(std::uint32_t dev, std::uint64_t bytes);
 void uncharge_device(std::uint32_t dev, std::uint64_t bytes);
-// A fresh device address range of `bytes` (never reused).
+// A device address range of `bytes`: a freed one that fits, else a fresh one.
 CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_t alignment);
 // Frees a context's linear allocations (the real driver frees everything a
 // context owns when it is destroyed). Runtime mutex held.

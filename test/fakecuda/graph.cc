@@ -66,7 +66,7 @@ CUresult add_node_locked(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraph
 
 CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph) {
   if (phGraphExec == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hGraph)) return CUDA_ERROR_INVALID_VALUE;
   CUgraphExec_st *exec = g_execs.make();
@@ -78,7 +78,7 @@ CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph) {
 }
 
 CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool ptsz) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hGraphExec)) return CUDA_ERROR_INVALID_VALUE;
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
@@ -100,7 +100,7 @@ CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool ptsz) {
 }
 
 CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode, bool ptsz) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
       mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -118,7 +118,7 @@ CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode, bool ptsz) {
 
 CUresult end_capture(CUstream hStream, CUgraph *phGraph, bool ptsz) {
   if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -131,7 +131,7 @@ CUresult end_capture(CUstream hStream, CUgraph *phGraph, bool ptsz) {
 
 CUresult is_capturing(CUstream hStream, CUstreamCaptureStatus *captureStatus, bool ptsz) {
   if (captureStatus == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   *captureStatus = stream->capture.load(std::memory_order_acquire) != nullptr ? CU_STREAM_CAPTURE_STATUS_ACTIVE
@@ -162,14 +162,14 @@ static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v1) <= sizeof(CUDA_KERNEL_NODE_PARA
 
 extern "C" CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
   if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   *phGraph = g_graphs.make();
   return CUDA_SUCCESS;
 }
 
 extern "C" CUresult cuGraphDestroy(CUgraph hGraph) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hGraph)) return CUDA_ERROR_INVALID_VALUE;
   for (CUgraphNode_st *node : hGraph->nodes) g_nodes.retire(node);
@@ -181,7 +181,7 @@ extern "C" CUresult cuGraphDestroy(CUgraph hGraph) {
 extern "C" CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                             size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS *nodeParams) {
   if (phGraphNode == nullptr || nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   return add_node_locked(phGraphNode, hGraph, dependencies, numDependencies, CU_GRAPH_NODE_TYPE_KERNEL, nodeParams);
 }
@@ -196,14 +196,14 @@ extern "C" CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGrap
 extern "C" CUresult cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                         size_t numDependencies) {
   if (phGraphNode == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   return add_node_locked(phGraphNode, hGraph, dependencies, numDependencies, CU_GRAPH_NODE_TYPE_EMPTY, nullptr);
 }
 
 extern "C" CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes) {
   if (numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hGraph)) return CUDA_ERROR_INVALID_VALUE;
   if (nodes == nullptr) {
@@ -218,7 +218,7 @@ extern "C" CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *
 
 extern "C" CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type) {
   if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hNode)) return CUDA_ERROR_INVALID_VALUE;
   *type = hNode->type;
   return CUDA_SUCCESS;
@@ -226,7 +226,7 @@ extern "C" CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
 
 extern "C" CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *nodeParams) {
   if (nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hNode) || hNode->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
   *nodeParams = hNode->params;
   if (nodeParams->func == nullptr) nodeParams->func = reinterpret_cast<CUfunction>(nodeParams->kern);
@@ -273,7 +273,7 @@ extern "C" CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, 
 }
 
 extern "C" CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hGraphExec)) return CUDA_ERROR_INVALID_VALUE;
   hGraphExec->kernels.clear();

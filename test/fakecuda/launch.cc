@@ -54,7 +54,7 @@ CUresult validate(const CUfunc_st *function, const Launch &l, bool cooperative) 
 }
 
 inline CUresult launch(CUfunction f, const Launch &l, bool ptsz, bool cooperative) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUfunc_st *function = function_from_handle(f);
   if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult rc = validate(function, l, cooperative); rc != CUDA_SUCCESS) return rc;

@@ -11,21 +11,30 @@ using namespace gpuslice::fakecuda;
 
 namespace {
 
-// Address windows, never reused: each device gets 16 TiB of UVA space; the
-// 32-bit legacy ABI gets addresses below 4 GiB.
+// Address windows: each device gets 16 TiB of UVA space; the 32-bit legacy ABI
+// gets addresses below 4 GiB (never reused). A freed device range is reused by
+// the next allocation that fits in it, as the real driver reuses addresses.
 constexpr std::uint64_t kDeviceWindow = std::uint64_t{1} << 44;
 constexpr std::uint64_t kLegacyBase = 0x10000000ull;
 constexpr std::uint64_t kLegacyEnd = 0xF0000000ull;
 
 std::map<CUdeviceptr, Allocation> g_allocations;  // runtime mutex
 std::uint64_t g_next_address[kMaxDevices] = {};
+std::multimap<std::uint64_t, CUdeviceptr> g_free_ranges[kMaxDevices];  // span -> base; runtime mutex
 std::uint64_t g_next_legacy = kLegacyBase;
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
 
+// The range an allocation took from reserve_address (linear: `held`, pool: `size`).
+void release_address_locked(CUdeviceptr base, const Allocation &allocation) {
+  if (allocation.kind == AllocKind::legacy32) return;
+  std::uint64_t bytes = allocation.kind == AllocKind::pool ? allocation.size : allocation.held;
+  g_free_ranges[allocation.device].emplace(round_up(bytes, 512), base);
+}
+
 CUresult alloc_common(CUdeviceptr *dptr, std::uint64_t held, std::uint64_t size, AllocKind kind) {
   if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (held == 0) return CUDA_ERROR_INVALID_VALUE;
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
@@ -58,7 +67,7 @@ CUresult alloc_common(CUdeviceptr *dptr, std::uint64_t held, std::uint64_t size,
 }
 
 CUresult free_common(CUdeviceptr dptr) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (dptr == 0) return CUDA_SUCCESS;
   Runtime &r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
@@ -74,7 +83,7 @@ CUresult free_common(CUdeviceptr dptr) {
 }
 
 CUresult get_info(std::uint64_t *free_bytes, std::uint64_t *total_bytes) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   Runtime &r = runtime();
@@ -121,11 +130,21 @@ void uncharge_device(std::uint32_t dev, std::uint64_t bytes) {
 }
 
 CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_t alignment) {
+  std::uint64_t span = round_up(bytes, 512);
+  // Smallest freed range that fits (best fit); its tail goes back to the list.
+  auto &free_ranges = g_free_ranges[dev];
+  for (auto it = free_ranges.lower_bound(span); it != free_ranges.end(); ++it) {
+    CUdeviceptr base = it->second;
+    if (base % std::max<std::uint64_t>(alignment, 512) != 0) continue;
+    std::uint64_t rest = it->first - span;
+    free_ranges.erase(it);
+    if (rest > 0) free_ranges.emplace(rest, base + span);
+    return base;
+  }
   std::uint64_t window = kDeviceWindow * (dev + 1);
   std::uint64_t &next = g_next_address[dev];
   if (next == 0) next = window;
   std::uint64_t base = round_up(next, std::max<std::uint64_t>(alignment, 512));
-  std::uint64_t span = round_up(bytes, 512);
   if (base + span > window + kDeviceWindow) return 0;
   next = base + span;
   return base;
@@ -137,6 +156,7 @@ bool remove_allocation_locked(CUdeviceptr base, Allocation *out) {
   auto it = g_allocations.find(base);
   if (it == g_allocations.end()) return false;
   *out = it->second;
+  release_address_locked(it->first, it->second);
   g_allocations.erase(it);
   return true;
 }
@@ -145,6 +165,7 @@ void memory_release_context_locked(CUctx_st *ctx) {
   for (auto it = g_allocations.begin(); it != g_allocations.end();) {
     if (it->second.ctx == ctx && it->second.kind != AllocKind::pool) {
       uncharge_device(it->second.device, it->second.held);
+      release_address_locked(it->first, it->second);
       it = g_allocations.erase(it);
     } else {
       ++it;
@@ -225,7 +246,7 @@ extern "C" CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
 }
 
 extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   CUdeviceptr base = 0;
   std::uint64_t size = 0;
@@ -248,7 +269,7 @@ extern "C" CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *ps
 // Page-locked host memory is host memory: it is not charged to any device.
 extern "C" CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
   if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   *pp = std::aligned_alloc(4096, round_up(bytesize, 4096));
   return *pp != nullptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -259,7 +280,7 @@ extern "C" CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flag
 }
 
 extern "C" CUresult cuMemFreeHost(void *p) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::free(p);
   return CUDA_SUCCESS;
 }

@@ -58,7 +58,7 @@ CUresult get_function_locked(CUmod_st *module, const char *name, CUfunc_st **out
 
 CUresult module_load(CUmodule *module, const void *image) {
   if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::string text(static_cast<const char *>(image));
@@ -96,7 +96,7 @@ extern "C" CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin
 
 extern "C" CUresult cuModuleLoad(CUmodule *module, const char *fname) {
   if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::ifstream file(fname, std::ios::binary);
   if (!file) return CUDA_ERROR_FILE_NOT_FOUND;
   std::ostringstream text;
@@ -106,7 +106,7 @@ extern "C" CUresult cuModuleLoad(CUmodule *module, const char *fname) {
 }
 
 extern "C" CUresult cuModuleUnload(CUmodule hmod) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hmod) || hmod->ctx == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   unload_locked(hmod);
@@ -115,7 +115,7 @@ extern "C" CUresult cuModuleUnload(CUmodule hmod) {
 
 extern "C" CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
   if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(hmod)) return CUDA_ERROR_INVALID_HANDLE;
   return get_function_locked(hmod, name, hfunc);
@@ -123,14 +123,14 @@ extern "C" CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
 
 extern "C" CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   *mode = CU_MODULE_LAZY_LOADING;
   return CUDA_SUCCESS;
 }
 
 extern "C" CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
   *name = hfunc->name.c_str();
   return CUDA_SUCCESS;
@@ -138,7 +138,7 @@ extern "C" CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
 
 extern "C" CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
   if (hmod == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
   *hmod = hfunc->module;
   return CUDA_SUCCESS;
@@ -146,7 +146,7 @@ extern "C" CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
 
 extern "C" CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
   if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
   switch (attrib) {
     case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
@@ -167,7 +167,7 @@ extern "C" CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUf
 }
 
 extern "C" CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
   if (attrib == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
     if (value < 0 || value > 232448) return CUDA_ERROR_INVALID_VALUE;
@@ -178,7 +178,7 @@ extern "C" CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute at
 
 extern "C" CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
   (void)config;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   return alive(hfunc) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
@@ -186,7 +186,7 @@ extern "C" CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, 
                                                                 size_t dynamicSMemSize) {
   (void)dynamicSMemSize;
   if (numBlocks == nullptr || blockSize <= 0 || blockSize > 1024) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(func)) return CUDA_ERROR_INVALID_HANDLE;
   int warps = (blockSize + 31) / 32;
   *numBlocks = std::min(32, 64 / warps);  // 2048 threads = 64 warps per SM, 32 blocks max
@@ -207,7 +207,7 @@ extern "C" CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
   (void)libraryOptionValues;
   (void)numLibraryOptions;
   if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::string text(static_cast<const char *>(code));
   if (text.empty()) return CUDA_ERROR_INVALID_IMAGE;
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -218,7 +218,7 @@ extern "C" CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
 }
 
 extern "C" CUresult cuLibraryUnload(CUlibrary library) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
   unload_locked(library->module);
@@ -228,7 +228,7 @@ extern "C" CUresult cuLibraryUnload(CUlibrary library) {
 
 extern "C" CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
   if (pMod == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
   *pMod = library->module;
@@ -237,7 +237,7 @@ extern "C" CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
 
 extern "C" CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
   if (pKernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
   CUfunc_st *function = nullptr;
@@ -248,7 +248,7 @@ extern "C" CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, con
 
 extern "C" CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
   if (pFunc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   auto *function = reinterpret_cast<CUfunc_st *>(kernel);
   if (!alive(function)) return CUDA_ERROR_INVALID_HANDLE;
   CUctx_st *ctx = nullptr;

@@ -101,7 +101,7 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st *pool, std::uint64_t size, CUctx_s
 
 CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemPoolHandle_st *pool, CUstream hStream, bool ptsz) {
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -115,7 +115,7 @@ CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemPoolHandle_st *poo
 }
 
 CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -172,7 +172,7 @@ extern "C" CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 
 extern "C" CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
   if (pool == nullptr || poolProps == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
   if (poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_NOT_SUPPORTED;
   if (!valid_device(poolProps->location.id)) return CUDA_ERROR_INVALID_VALUE;
@@ -185,7 +185,7 @@ extern "C" CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *po
 }
 
 extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending || pool->is_default) return CUDA_ERROR_INVALID_VALUE;
   if (g_current_pool[pool->device] == pool) g_current_pool[pool->device] = g_default_pool[pool->device];
@@ -199,7 +199,7 @@ extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 
 extern "C" CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
   if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> guard(runtime().mu);
   *pool_out = default_pool_locked(static_cast<std::uint32_t>(dev));
@@ -208,7 +208,7 @@ extern "C" CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice d
 
 extern "C" CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> guard(runtime().mu);
   default_pool_locked(static_cast<std::uint32_t>(dev));
@@ -217,7 +217,7 @@ extern "C" CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
 }
 
 extern "C" CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending || pool->device != static_cast<std::uint32_t>(dev)) {
@@ -229,7 +229,7 @@ extern "C" CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
 }
 
 extern "C" CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
   trim_locked(pool, minBytesToKeep);
@@ -238,7 +238,7 @@ extern "C" CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
 
 extern "C" CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
   switch (attr) {
@@ -270,7 +270,7 @@ extern "C" CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute
 
 extern "C" CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
   auto *as_int = static_cast<int *>(value);

@@ -2,6 +2,7 @@
 #include <pthread.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "driver.h"
 
@@ -30,6 +31,22 @@ void after_fork_in_child() {
 
 [[gnu::constructor]] void register_fork_handler() { pthread_atfork(nullptr, nullptr, after_fork_in_child); }
 
+// The driver's exit-time teardown, registered with atexit by cuInit (so it runs
+// after atexit handlers registered later, before every ELF destructor) and also
+// run if the library is unloaded: the process's memory is freed and its queued
+// kernels are discarded, as when a real process exits; calls made afterwards
+// (from destructors, other libraries' exit paths) return
+// CUDA_ERROR_DEINITIALIZED ("driver shutting down") instead of crashing.
+[[gnu::destructor]] void driver_teardown() {
+  Runtime &r = runtime();
+  int expected = static_cast<int>(InitState::ok);
+  if (!r.init_state.compare_exchange_strong(expected, static_cast<int>(InitState::deinitialized),
+                                            std::memory_order_acq_rel)) {
+    return;
+  }
+  if (r.state != nullptr) r.state->release_slot(r.slot);
+}
+
 CUresult fail_init(Runtime &r, CUresult result) {
   r.init_result = result;
   r.init_state.store(static_cast<int>(InitState::failed), std::memory_order_release);
@@ -48,10 +65,11 @@ extern "C" CUresult cuInit(unsigned int Flags) {
   auto current = static_cast<InitState>(r.init_state.load(std::memory_order_acquire));
   if (current == InitState::ok) return CUDA_SUCCESS;
   if (current == InitState::forked) return CUDA_ERROR_NOT_INITIALIZED;
+  if (current == InitState::deinitialized) return CUDA_ERROR_DEINITIALIZED;
   std::lock_guard<std::mutex> guard(r.mu);
   current = static_cast<InitState>(r.init_state.load(std::memory_order_acquire));
   if (current == InitState::ok) return CUDA_SUCCESS;
-  if (current != InitState::none) return current == InitState::failed ? r.init_result : CUDA_ERROR_NOT_INITIALIZED;
+  if (current != InitState::none) return current == InitState::failed ? r.init_result : uninitialized_error();
 
   Config config;
   char error[1400];
@@ -83,6 +101,7 @@ extern "C" CUresult cuInit(unsigned int Flags) {
   std::snprintf(r.state_path, sizeof(r.state_path), "%s", config.state_path);
   r.slot = slot;
   r.submitter = Submitter{slot, id.pid, id.host_pid};
+  std::atexit(driver_teardown);
   r.init_state.store(static_cast<int>(InitState::ok), std::memory_order_release);
   return CUDA_SUCCESS;
 }

@@ -82,12 +82,16 @@ std::uint64_t submit(CUstream_st *stream, const SchedEntry &entry) {
     {
       State::Lock lock(s);
       if (!lock.ok()) return 0;
-      sched_advance_locked(s, dev, mono_ns());
+      const std::uint64_t now = mono_ns();
+      sched_advance_locked(s, dev, now);
       // The stream's hardware queue: a launch beyond `depth` pending ones blocks.
       SchedPending queued = sched_pending_locked(s, dev, SchedMatch::stream, entry.stream_key, ~std::uint64_t{0});
       if (depth == 0 || queued.entries < depth) {
         std::uint64_t ticket = sched_submit_locked(s, dev, entry);
         if (ticket != 0) {
+          // Zero-length work (an event on an idle stream) completes now, not at
+          // whichever call next advances the device.
+          if (entry.remaining_ns == 0) sched_advance_locked(s, dev, now);
           note_ticket(stream, ticket);
           return ticket;
         }

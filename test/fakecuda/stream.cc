@@ -53,7 +53,7 @@ std::uint64_t stream_end(const CUstream_st *stream) {
 }
 
 CUresult stream_synchronize(CUstream hStream, bool ptsz) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -67,7 +67,7 @@ CUresult stream_synchronize(CUstream hStream, bool ptsz) {
 }
 
 CUresult stream_query(CUstream hStream, bool ptsz) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -79,7 +79,7 @@ CUresult stream_create(CUstream *phStream, unsigned int flags, int priority) {
   if (phStream == nullptr || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   Runtime &r = runtime();
@@ -95,7 +95,7 @@ CUresult stream_create(CUstream *phStream, unsigned int flags, int priority) {
 }
 
 CUresult stream_wait_event(CUstream hStream, CUevent hEvent, bool ptsz) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
@@ -108,7 +108,7 @@ CUresult stream_wait_event(CUstream hStream, CUevent hEvent, bool ptsz) {
 }
 
 CUresult event_record(CUevent hEvent, CUstream hStream, bool ptsz) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
@@ -126,7 +126,7 @@ CUresult event_record(CUevent hEvent, CUstream hStream, bool ptsz) {
 
 CUresult elapsed_time(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
   if (pMilliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hStart) || !alive(hEnd)) return CUDA_ERROR_INVALID_HANDLE;
   if (((hStart->flags | hEnd->flags) & CU_EVENT_DISABLE_TIMING) != 0) return CUDA_ERROR_INVALID_HANDLE;
   if (realistic() && (!sched_event_done(hStart) || !sched_event_done(hEnd))) return CUDA_ERROR_NOT_READY;
@@ -193,7 +193,7 @@ extern "C" CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int 
 }
 
 extern "C" CUresult cuStreamDestroy_v2(CUstream hStream) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   Runtime &r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   if (!alive(hStream) || hStream->special) return CUDA_ERROR_INVALID_HANDLE;
@@ -219,7 +219,7 @@ extern "C" CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, uns
 
 extern "C" CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *pctx = stream->ctx;
@@ -228,7 +228,7 @@ extern "C" CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
 
 extern "C" CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *flags = stream->flags;
@@ -237,7 +237,7 @@ extern "C" CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
 
 extern "C" CUresult cuStreamGetPriority(CUstream hStream, int *priority) {
   if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *priority = stream->priority;
@@ -246,7 +246,7 @@ extern "C" CUresult cuStreamGetPriority(CUstream hStream, int *priority) {
 
 extern "C" CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId) {
   if (streamId == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *streamId = stream->id;
@@ -255,7 +255,7 @@ extern "C" CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId
 
 extern "C" CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *device = static_cast<CUdevice>(stream->ctx->device);
@@ -266,7 +266,7 @@ extern "C" CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
   constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if (phEvent == nullptr || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   Runtime &r = runtime();
@@ -279,7 +279,7 @@ extern "C" CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 }
 
 extern "C" CUresult cuEventDestroy_v2(CUevent hEvent) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   Runtime &r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
@@ -302,7 +302,7 @@ extern "C" CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream
 }
 
 extern "C" CUresult cuEventQuery(CUevent hEvent) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
   if (realistic()) return sched_event_done(hEvent) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   std::uint64_t time = hEvent->time_ns.load(std::memory_order_acquire);
@@ -310,7 +310,7 @@ extern "C" CUresult cuEventQuery(CUevent hEvent) {
 }
 
 extern "C" CUresult cuEventSynchronize(CUevent hEvent) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
   if (realistic()) {
     sched_event_wait(hEvent);

@@ -80,7 +80,7 @@ bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *
 extern "C" CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                                   CUmemAllocationGranularity_flags option) {
   if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
   if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -92,7 +92,7 @@ extern "C" CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUm
 extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                 unsigned long long flags) {
   if (handle == nullptr || prop == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (!valid_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
   if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -109,7 +109,7 @@ extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
 }
 
 extern "C" CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   auto it = g_physical.find(handle);
   if (it == g_physical.end() || it->second.references == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -120,7 +120,7 @@ extern "C" CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 extern "C" CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   CUdeviceptr base = 0;
   std::uint64_t size = 0;
@@ -134,7 +134,7 @@ extern "C" CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *ha
 extern "C" CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
                                                            CUmemGenericAllocationHandle handle) {
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   auto it = g_physical.find(handle);
   if (it == g_physical.end()) return CUDA_ERROR_INVALID_VALUE;
@@ -146,7 +146,7 @@ extern "C" CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al
                                         unsigned long long flags) {
   (void)addr;  // a hint the driver may ignore; so does the fake
   if (ptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
   if (alignment != 0 && (alignment & (alignment - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -160,7 +160,7 @@ extern "C" CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t al
 }
 
 extern "C" CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   auto it = g_reservations.find(ptr);
   if (it == g_reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
@@ -173,7 +173,7 @@ extern "C" CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                              unsigned long long flags) {
   if (flags != 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   if (size % kGranularity != 0 || offset % kGranularity != 0 || ptr % kGranularity != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -189,7 +189,7 @@ extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
 
 extern "C" CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   if (size == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   // The range must cover whole mappings: a partial unmap is an error.
   auto first = g_mappings.lower_bound(ptr);
@@ -214,7 +214,7 @@ extern "C" CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 
 extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
   if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!initialized()) return uninitialized_error();
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(desc[i].location.id)) {
       return CUDA_ERROR_INVALID_VALUE;

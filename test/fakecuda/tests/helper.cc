@@ -5,6 +5,11 @@
 //   helper allocloop <bytes>       allocate/free forever (print "ready" first)
 //   helper spin <us> <count>       launch count spin_<us>us kernels, synchronise,
 //                                  print "<pid> <start_ns> <end_ns>", exit
+//   helper launchexit <us> <count> launch count kernels, print "<pid>", exit unsynchronised
+//   helper launchhang <us> <count> the same, then wait to be killed
+//   helper teardown <bytes> 0      exit; a destructor that runs after the driver's
+//                                  (the driver was dlopen'ed later) allocates and
+//                                  prints "late <CUresult>"
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
@@ -44,6 +49,18 @@ unsigned long long now_ns() {
       return 4;                                                       \
     }                                                                 \
   } while (0)
+
+// Called from this program's ELF destructor, which runs after the destructors
+// of libraries it dlopen'ed (libcuda), as another library's would.
+PFN_cuMemAlloc_v3020 g_late_alloc = nullptr;
+unsigned long long g_late_bytes = 0;
+
+[[gnu::destructor]] void allocate_after_teardown() {
+  if (g_late_alloc == nullptr) return;
+  CUdeviceptr p = 0;
+  std::printf("late %d\n", static_cast<int>(g_late_alloc(&p, g_late_bytes)));
+  std::fflush(stdout);
+}
 
 }  // namespace
 
@@ -101,6 +118,13 @@ int main(int argc, char **argv) {
   }
   // Queues `count` kernels of `value` us and leaves without synchronising:
   // "exit" returns from main (the driver's teardown runs), "hang" waits to be killed.
+  if (command == "teardown") {
+    g_late_alloc = mem_alloc;
+    g_late_bytes = value;
+    std::printf("ready\n");
+    std::fflush(stdout);
+    return 0;
+  }
   if ((command == "launchexit" || command == "launchhang") && argc == 4) {
     auto load = resolve<PFN_cuModuleLoadData_v2000>("cuModuleLoadData", 2000);
     auto get_function = resolve<PFN_cuModuleGetFunction_v2000>("cuModuleGetFunction", 2000);
