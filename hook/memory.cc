@@ -69,6 +69,7 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
 limiter::AllocTable& linear_table() noexcept { return *g_pointers; }
 
 void sweep_implicitly_freed() noexcept {
+  sweep_implicitly_freed_arrays();
   if (real_cuMemGetAddressRange_v2 == nullptr) return;
   // Collect in batches on the stack (the table must not be changed while it is
   // walked), then release what the driver says no longer exists.

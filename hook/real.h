@@ -23,6 +23,8 @@ namespace gpuslice::hook {
   X(cuDeviceGetAttribute)              \
   X(cuMemGetAddressRange_v2)           \
   X(cuMemGetAllocationPropertiesFromHandle) \
+  X(cuArray3DGetDescriptor_v2)         \
+  X(cuMipmappedArrayGetLevel)          \
   X(cuMemPoolGetAttribute)             \
   X(cuArrayGetMemoryRequirements)      \
   X(cuMipmappedArrayGetMemoryRequirements)

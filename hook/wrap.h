@@ -85,6 +85,7 @@ void pool_pointer_freed(CUdeviceptr dptr) noexcept;
 // reset or released for the last time): release every counted allocation the
 // driver no longer knows (memory.cc).
 void sweep_implicitly_freed() noexcept;
+void sweep_implicitly_freed_arrays() noexcept;  // arrays.cc
 
 // Legacy 32-bit entry points that would let memory bypass the quota.
 [[gnu::cold]] CUresult refuse_legacy(const char* symbol) noexcept;

@@ -112,6 +112,13 @@ TEST(MemoryRefused, DestroyedContextReleasesWhatItOwned) {
   EXPECT_EQ(field_int(r, "ctx-destroy-live", "succeeded"), 4) << r.out;
 }
 
+TEST(MemoryRefused, DestroyedContextReleasesItsArrays) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"ctx-destroy-live-array", "700", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "ctx-destroy-live-array", "succeeded"), 4) << r.out;
+}
+
 TEST(MemoryRefused, PrimaryContextResetReleasesWhatItOwned) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"primary-reset-live", "700", "4"});

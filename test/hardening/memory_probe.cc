@@ -15,6 +15,7 @@
 //   memory_probe free-async-linear MIB ROUNDS  cuMemAlloc, cuMemFreeAsync, sync, again
 //   memory_probe ctx-destroy-live MIB ROUNDS   cuCtxCreate, cuMemAlloc, cuCtxDestroy, again
 //   memory_probe primary-reset-live MIB ROUNDS primary retain, cuMemAlloc, cuDevicePrimaryCtxReset, again
+//   memory_probe ctx-destroy-live-array MIB ROUNDS  cuCtxCreate, cuArrayCreate, cuCtxDestroy, again
 //   memory_probe ctx-race TRIES             contexts created while another thread allocates and frees
 #include <cuda.h>
 #include <unistd.h>
@@ -218,7 +219,7 @@ int free_async_linear(std::size_t bytes, int rounds) {
   return 0;
 }
 
-int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset) {
+int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset, bool arrays) {
   int ok = 0;
   CUresult last = CUDA_SUCCESS;
   for (int i = 0; i < rounds; ++i) {
@@ -229,15 +230,27 @@ int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset) {
     } else {
       check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
     }
-    CUdeviceptr p = 0;
-    if ((last = cuMemAlloc(&p, bytes)) == CUDA_SUCCESS) ++ok;
+    if (arrays) {
+      // A 2D float array of about `bytes`.
+      CUDA_ARRAY_DESCRIPTOR d{};
+      d.Width = 16384;
+      d.Height = bytes / (16384 * 4);
+      d.Format = CU_AD_FORMAT_FLOAT;
+      d.NumChannels = 1;
+      CUarray a = nullptr;
+      if ((last = cuArrayCreate(&a, &d)) == CUDA_SUCCESS) ++ok;
+    } else {
+      CUdeviceptr p = 0;
+      if ((last = cuMemAlloc(&p, bytes)) == CUDA_SUCCESS) ++ok;
+    }
     if (primary_reset) {
       check(cuDevicePrimaryCtxReset(0), "cuDevicePrimaryCtxReset");
     } else {
       check(cuCtxDestroy(ctx), "cuCtxDestroy");
     }
   }
-  std::printf("%s succeeded=%d rounds=%d last_rc=%d\n", primary_reset ? "primary-reset-live" : "ctx-destroy-live", ok,
+  std::printf("%s%s succeeded=%d rounds=%d last_rc=%d\n", primary_reset ? "primary-reset-live" : "ctx-destroy-live",
+              arrays ? "-array" : "", ok,
               rounds, static_cast<int>(last));
   return 0;
 }
@@ -302,8 +315,9 @@ int main(int argc, char** argv) {
   if (what == "pool-foreign-pool") return pool_other_device(mib * kMi, rounds, true);
   if (what == "pool-failed") return pool_failed(mib * kMi);
   if (what == "free-async-linear") return free_async_linear(mib * kMi, rounds);
-  if (what == "ctx-destroy-live") return ctx_destroy_live(mib * kMi, rounds, false);
-  if (what == "primary-reset-live") return ctx_destroy_live(mib * kMi, rounds, true);
+  if (what == "ctx-destroy-live") return ctx_destroy_live(mib * kMi, rounds, false, false);
+  if (what == "ctx-destroy-live-array") return ctx_destroy_live(mib * kMi, rounds, false, true);
+  if (what == "primary-reset-live") return ctx_destroy_live(mib * kMi, rounds, true, false);
   if (what == "ctx-race") return ctx_race(static_cast<int>(mib));
   std::fprintf(stderr, "memory_probe: unknown scenario %s\n", what.c_str());
   return 64;
