@@ -70,18 +70,33 @@ fi
     mkdir -p "$bundle/$(dirname "$f")" && cp "$build/$f" "$bundle/$f"
   done
 find "$bundle/bin" "$bundle/lib" "$bundle/fakecuda" -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
+# Shared libraries beyond libc/libstdc++/libgcc (libbenchmark): into syslib/,
+# which run.sh puts on LD_LIBRARY_PATH.
+mkdir -p "$bundle/syslib"
+find "$bundle/bin" "$bundle/lib" "$bundle/fakecuda" -type f -exec ldd {} + 2>/dev/null |
+  awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
+  while read -r name path; do
+    case "$name" in
+      libc.so.*|libm.so.*|libstdc++.so.*|libgcc_s.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*) ;;
+      *) case "$path" in "$(cd "$build" && pwd)"/*) ;; *) cp -L "$path" "$bundle/syslib/$name" ;; esac ;;
+    esac
+  done
 
-commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
+commit=unknown
+if head=$(git rev-parse HEAD 2>/dev/null); then
+  commit=$head
+  git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
+fi
 echo "$commit" > "$bundle/COMMIT"
 # Source first: the build folder may lie inside it.
 printf 'source=%s\nbuild=%s\n' "$PWD" "$(cd "$build" && pwd)" > "$bundle/ORIGIN"
 
 bundle_kib=$(du -sk "$bundle" | cut -f1)
-tree_kib=$(git ls-files -z | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1)
+tree_kib=$( (git ls-files -z 2>/dev/null || true) | xargs -0 -r du -ck 2>/dev/null | tail -1 | cut -f1)
+tree_kib=${tree_kib:-0}
 echo "pack.sh: $bundle: ${bundle_kib} KiB; tracked tree about ${tree_kib} KiB; device limit 65536 KiB in all"
 [ $((bundle_kib + tree_kib)) -lt 60000 ] || echo "pack.sh: warning: close to or over the 64 MiB the device tool carries" >&2
-newest=$(find "$bundle/bin" "$bundle/lib" "$bundle/fakecuda" -type f -exec objdump -T {} + 2>/dev/null |
+newest=$(find "$bundle/bin" "$bundle/lib" "$bundle/fakecuda" "$bundle/syslib" -type f -exec objdump -T {} + 2>/dev/null |
   grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
 echo "pack.sh: the newest glibc symbol version the bundle needs: $newest (the GPU machine's glibc must be as new)"
 echo "pack.sh: now call the device tool: command 'bash bench/gpu/run.sh --out \$OUT', carry [\"$bundle\"], timeout_s 600"

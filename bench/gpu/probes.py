@@ -4,7 +4,7 @@ really in effect in a process configured like the one measured.
 
   probes.py driver     cuMemGetInfo / cuDeviceTotalMem through dlopen("libcuda.so.1")
   probes.py nvml       nvmlDeviceGetMemoryInfo through dlopen("libnvidia-ml.so.1")
-  probes.py libcuda    the path of the libcuda.so.1 the loader finds (no preload)
+  probes.py libcuda    the files of libcuda.so.1 and libnvidia-ml.so.1 the loader finds (no preload)
 """
 
 import os
@@ -34,13 +34,25 @@ def probe_nvml():
 
 
 def probe_libcuda():
+    """The files the loader finds for libcuda.so.1 and libnvidia-ml.so.1."""
+    import ctypes
     cudrv.Driver()
+    out = {}
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as e:
+        out["nvml_error"] = str(e)
     with open("/proc/self/maps") as maps:
         for line in maps:
-            path = line.split()[-1] if len(line.split()) >= 6 else ""
-            if os.path.basename(path).startswith("libcuda.so"):
-                return {"path": os.path.realpath(path), "loader_path": path}
-    return {"error": "libcuda.so.1 loaded but not found in /proc/self/maps"}
+            fields = line.split()
+            name = os.path.basename(fields[-1]) if len(fields) >= 6 else ""
+            if name.startswith("libcuda.so"):
+                out["path"] = fields[-1]
+            elif name.startswith("libnvidia-ml.so"):
+                out["nvml_path"] = fields[-1]
+    if "path" not in out:
+        out["error"] = "libcuda.so.1 loaded but not found in /proc/self/maps"
+    return out
 
 
 def main():

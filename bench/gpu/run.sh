@@ -92,6 +92,11 @@ if [ "$simulated" = 1 ] && [ ! -e "$build/fakecuda/libcuda.so.1" ]; then
   die "--simulated needs the simulated driver at $build/fakecuda/libcuda.so.1 (build with GPUSLICE_BUILD_TESTS=ON)"
 fi
 
+# Libraries the bundle carries because the GPU machine lacks them (pack.sh).
+if [ -d "$build/syslib" ]; then
+  export LD_LIBRARY_PATH="$build/syslib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
 # A packed bundle's CTest files and test programs name the folders it was built
 # in: recreate those paths as links when they do not exist here.
 if [ -f "$build/ORIGIN" ]; then

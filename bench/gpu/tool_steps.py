@@ -84,6 +84,8 @@ def step_facts(step):
                                      "torch.cuda.is_available()}))"], step.native_env(), min(60, step.left()))
         facts["torch"] = common.last_json_line(out) or {"error": common.tail(err, 3)}
     ok = "error" not in facts["driver_api"] and facts["binaries_run"]
+    if not step.simulated and "fakecuda" in facts["driver_api"].get("name", ""):
+        ok = False  # the loader found the simulated driver: nothing here would be a GPU figure
     return step.finish("ok" if ok else "fail", facts, None,
                        message="" if ok else "driver or built binaries unusable: see results")
 
@@ -218,6 +220,23 @@ def step_bench(step):
 
 # --- gpuslice-microbench -----------------------------------------------------------------
 
+def driver_folder(step, found):
+    """gpuslice-microbench starts its children with LD_LIBRARY_PATH set to the
+    folder of --driver alone: give it a folder holding links to the real driver,
+    the real NVML and the libraries the bundle carries (syslib/: libbenchmark)."""
+    folder = os.path.join(step.scratch, "driver")
+    os.makedirs(folder, exist_ok=True)
+    links = {"libcuda.so.1": found["path"]}
+    if found.get("nvml_path"):
+        links["libnvidia-ml.so.1"] = found["nvml_path"]
+    syslib = os.path.join(step.build, "syslib")
+    if os.path.isdir(syslib):
+        links.update({name: os.path.join(syslib, name) for name in os.listdir(syslib)})
+    for name, target in links.items():
+        os.symlink(target, os.path.join(folder, name))
+    return os.path.join(folder, "libcuda.so.1")
+
+
 def step_microbench(step):
     argv = [step.bin("gpuslice-microbench"), "--json-file", os.path.join(step.scratch, "microbench.json")]
     if step.simulated:
@@ -226,7 +245,7 @@ def step_microbench(step):
         found = probe(step, "libcuda", step.native_env())
         if "path" not in found:
             return step.finish("fail", found, message="cannot locate the real libcuda.so.1: %s" % found.get("error"))
-        argv += ["--driver", found["path"], "--min-time", "0.05"]
+        argv += ["--driver", driver_folder(step, found), "--min-time", "0.03"]
     code, out, err = common.run(argv, step.base_env(), step.left() - 2, log=os.path.join(step.scratch, "micro.log"))
     path = argv[2]
     results = {"exit": code, "table": out[-8000:]}
