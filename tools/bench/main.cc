@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "kernels.h"
+#include "priority.h"
 #include "report.h"
 #include "scenarios.h"
 #include "setup.h"
@@ -21,11 +22,12 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kVersion = "0.1.0";
-const char* const kSections[] = {"launch", "memory", "quota", "sweep", "tenants", "noisy"};
+const char* const kSections[] = {"launch", "memory", "quota", "sweep", "tenants", "noisy", "priority"};
 
 int worker_main(const std::string& spec_text) {
   try {
-    json result = run_worker(json::parse(spec_text));
+    const json spec = json::parse(spec_text);
+    json result = spec.value("task", std::string()) == "burst" ? run_burst_worker(spec) : run_worker(spec);
     std::cout << result.dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {
@@ -99,9 +101,9 @@ int main(int argc, char** argv) {
                  "auto: the installed driver, else the simulated one next to this binary; real: fail without an "
                  "NVIDIA driver; simulated: the simulated one even on a GPU machine [auto]")
       ->check(CLI::IsMember({"auto", "real", "simulated"}));
-  app.add_option("--only", only, "sections to run: launch memory quota sweep tenants noisy")
+  app.add_option("--only", only, "sections to run: launch memory quota sweep tenants noisy priority")
       ->delimiter(',')
-      ->check(CLI::IsMember({"launch", "memory", "quota", "sweep", "tenants", "noisy"}));
+      ->check(CLI::IsMember({"launch", "memory", "quota", "sweep", "tenants", "noisy", "priority"}));
   app.add_option("--sweep", sweep, "SM limits for the compute sweep, e.g. 10,50,90")
       ->delimiter(',')
       ->check(CLI::Range(1, 99));
@@ -166,13 +168,14 @@ int main(int argc, char** argv) {
                    probe["simulated"].get<bool>() ? "simulated driver, no GPU" : "real GPU");
     }
 
-    Progress progress(plan_steps(plan), quiet);
+    Progress progress(plan_steps(plan) + priority_steps(plan), quiet);
     if (plan.sections.count("launch")) report["launch"] = measure_launch(workers, plan, progress);
     if (plan.sections.count("memory")) report["memory"] = measure_memory(workers, plan, progress);
     if (plan.sections.count("quota")) report["quota"] = measure_quota(workers, plan, progress);
     if (plan.sections.count("sweep")) report["compute_sweep"] = measure_sweep(workers, plan, progress);
     if (plan.sections.count("tenants")) report["tenants"] = measure_tenants(workers, plan, progress);
     if (plan.sections.count("noisy")) report["noisy_neighbour"] = measure_noisy(workers, plan, progress);
+    if (plan.sections.count("priority")) report["priority"] = measure_priority(workers, plan, progress);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpuslice-bench: %s\n", e.what());
     report["fatal"] = e.what();
@@ -187,6 +190,7 @@ int main(int argc, char** argv) {
     std::cout << report.dump(2) << std::endl;
   } else {
     print_table(report, stdout);
+    print_priority_table(report, stdout);
   }
   if (!json_file.empty()) {
     std::FILE* f = std::fopen(json_file.c_str(), "w");
