@@ -83,6 +83,10 @@ std::uint32_t host_pid() noexcept {
 
 // This process's device usage on `ordinal` according to NVML, or false.
 bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
+  // No memory quota on this device: nothing to enforce, NVML stays untouched (issue 9).
+  const int entry = device_entry(ordinal);
+  if (entry < 0 || g_process.region->devices[entry].quota_bytes.load(std::memory_order_relaxed) == kUnlimited)
+    return false;
   static std::atomic<int> nvml_ready{0};  // 0 unknown, 1 usable, 2 unusable
   int ready = nvml_ready.load(std::memory_order_acquire);
   if (ready == 2) return false;

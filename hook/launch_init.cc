@@ -119,7 +119,10 @@ CUresult init_now() noexcept {
   if (!markers) GPUSLICE_LOG(warn, "the driver has no usable event API; the compute limiter runs without its queue bound");
   g_single_ordinal.store(count == 1 ? 0 : -1, std::memory_order_relaxed);
   // Publishes everything above to the launching threads (they acquire g_mode).
-  g_mode.store(update_caches() ? kModeLimited : kModeUnlimited, std::memory_order_release);
+  const bool limited = update_caches();
+  g_mode.store(limited ? kModeLimited : kModeUnlimited, std::memory_order_release);
+  // No compute limit on any device: no feedback thread and no NVML (issue 9).
+  if (!limited) return CUDA_SUCCESS;
   limiter::FeedbackHost host;
   host.region = g_process.region;
   host.load_nvml = load_nvml_api;

@@ -168,6 +168,22 @@ TEST(Lifecycle, NamesThatAreNotEntryPointsDoNotLoadTheDriver) {
   EXPECT_EQ(r.err.find("gpuslice:"), std::string::npos) << r.describe();
 }
 
+TEST(Lifecycle, WithoutLimitsNoThreadAndNoNvml) {
+  Sandbox box;
+  Result r = run({bin("lifecycle_probe"), "quiet"}, box.env());
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(value(r, "quiet", "alloc_rc"), "0") << r.describe();
+  EXPECT_EQ(value(r, "quiet", "launched"), "20") << r.describe();
+  EXPECT_EQ(value(r, "quiet", "feedback_thread"), "0") << r.describe();
+  EXPECT_EQ(value(r, "quiet", "nvml_loaded"), "0") << r.describe();
+  // The control: with limits the thread (compute) and NVML (context memory) are what enforce them.
+  Sandbox other;
+  Result limited_run = run({bin("lifecycle_probe"), "quiet"},
+                           merge(other.env(), {{"GPUSLICE_SM_LIMIT", "50"}, {"GPUSLICE_MEMORY_LIMIT", "8Mi"}}));
+  EXPECT_EQ(value(limited_run, "quiet", "nvml_loaded"), "1") << limited_run.describe();
+  EXPECT_EQ(value(limited_run, "quiet", "feedback_thread"), "1") << limited_run.describe();
+}
+
 TEST(Lifecycle, ErrorLinesCarryOnePrefix) {
   Sandbox box;
   for (const Env& extra : {Env{{"GPUSLICE_MEMORY_LIMIT", "lots"}}, Env{{"GPUSLICE_REGION", "/proc/none/x.region"}}}) {

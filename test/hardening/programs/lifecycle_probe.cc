@@ -9,9 +9,12 @@
 //                         quota and dies; then the parent fills up
 //   hold BYTES            allocates BYTES and returns from main holding them
 //   truncate              allocates, truncates the region file, allocates again
+//   quiet                 context, allocation, 20 launches, synchronise; then
+//                         reports gpuslice's thread and whether NVML got loaded
 //   share BYTES [UID|-] [HOLD_MS]  (as UID when given) allocates BYTES, prints
 //                         rc, then holds it HOLD_MS before exiting
 #include <cuda.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -132,6 +135,45 @@ int truncate_region() {
   return 0;
 }
 
+bool has_thread(const char* name) {
+  // /proc/<pid>/task/<tid>/comm of every thread of this process.
+  char path[384];
+  char self_task[64];
+  std::snprintf(self_task, sizeof self_task, "/proc/%d/task", static_cast<int>(getpid()));
+  DIR* dir = opendir(self_task);
+  if (dir == nullptr) return false;
+  bool found = false;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::snprintf(path, sizeof path, "%s/%s/comm", self_task, e->d_name);
+    FILE* f = std::fopen(path, "re");
+    if (f == nullptr) continue;
+    char comm[32] = {};
+    if (std::fgets(comm, sizeof comm, f) != nullptr && std::strncmp(comm, name, std::strlen(name)) == 0) found = true;
+    std::fclose(f);
+  }
+  closedir(dir);
+  return found;
+}
+
+int quiet() {
+  if (init_context() != CUDA_SUCCESS) return 3;
+  CUdeviceptr p = 0;
+  const CUresult alloc_rc = cuMemAlloc(&p, kMi);
+  CUmodule module = nullptr;
+  CUfunction f = nullptr;
+  if (cuModuleLoadData(&module, "spin_10us") != CUDA_SUCCESS || cuModuleGetFunction(&f, module, "spin_10us") != CUDA_SUCCESS)
+    return 4;
+  int launched = 0;
+  for (int i = 0; i < 20; ++i)
+    if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr) == CUDA_SUCCESS) ++launched;
+  cuCtxSynchronize();
+  usleep(50 * 1000);  // a feedback thread, if any, has started by now
+  std::printf("quiet alloc_rc=%d launched=%d feedback_thread=%d nvml_loaded=%d\n", alloc_rc, launched,
+              has_thread("gpuslice"), dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD) != nullptr);
+  return 0;
+}
+
 int share(unsigned long long bytes, const char* uid, int hold_ms) {
   if (uid != nullptr && std::strcmp(uid, "-") != 0) {
     const auto id = static_cast<uid_t>(std::strtoul(uid, nullptr, 10));
@@ -161,6 +203,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "fork-inherit") == 0 && argc > 2) return fork_inherit(argv[2]);
   if (std::strcmp(mode, "hold") == 0 && argc > 2) return hold(std::strtoull(argv[2], nullptr, 0));
   if (std::strcmp(mode, "truncate") == 0) return truncate_region();
+  if (std::strcmp(mode, "quiet") == 0) return quiet();
   if (std::strcmp(mode, "share") == 0 && argc > 2)
     return share(std::strtoull(argv[2], nullptr, 0), argc > 3 ? argv[3] : nullptr, argc > 4 ? std::atoi(argv[4]) : 0);
   return 2;
