@@ -56,9 +56,9 @@ command -v "$python" >/dev/null || die "$python not found (set PYTHON)"
 
 # Steps in order, with their budgets in seconds: real GPU, then --simulated.
 steps=(facts conformance bench microbench nvml frameworks compute concurrency)
-declare -A real_budget=([facts]=35 [conformance]=40 [bench]=115 [microbench]=40 [nvml]=15
-                        [frameworks]=105 [compute]=125 [concurrency]=45)
-declare -A sim_budget=([facts]=15 [conformance]=30 [bench]=35 [microbench]=25 [nvml]=10
+declare -A real_budget=([facts]=25 [conformance]=35 [bench]=130 [microbench]=35 [nvml]=15
+                        [frameworks]=100 [compute]=125 [concurrency]=45)
+declare -A sim_budget=([facts]=15 [conformance]=30 [bench]=45 [microbench]=25 [nvml]=10
                        [frameworks]=5 [compute]=5 [concurrency]=25)
 declare -A module=([facts]=tool_steps [conformance]=tool_steps [bench]=tool_steps [microbench]=tool_steps
                    [nvml]=tool_steps [frameworks]=memory_steps [compute]=compute_steps

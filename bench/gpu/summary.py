@@ -40,20 +40,25 @@ def loaded_text(record):
 
 
 def bench_lines(results):
+    labels = [("launch_added_ns", "launch +%s ns"), ("alloc_added_ns", "alloc +%s ns"),
+              ("quota_shared_over_bytes", "racing processes over the quota by %s bytes"),
+              ("sweep_mean_abs_error_points", "sweep mean |error| %.2f pt"),
+              ("sweep_max_abs_error_points", "max %.2f pt"), ("tenants_jain", "two-tenant Jain %.3f"),
+              ("noisy_slowdown", "noisy-neighbour slowdown %.3f")]
     lines = []
     for tag, r in results.items():
         if not isinstance(r, dict) or "device" not in r:
-            lines.append("- `%s`: %s" % (tag, r.get("error") or r.get("skipped") if isinstance(r, dict) else r))
+            lines.append("- `%s`: %s" % (tag, r.get("error") if isinstance(r, dict) else r))
             continue
-        sweep = ", ".join("%s%%→%s" % (p["limit"], fmt(p["share"] and round(p["share"] * 100, 1)))
-                          for p in r.get("sweep_points", []))
-        lines.append("- `%s` kernels on %s (%s): launch +%s ns, alloc +%s ns, quota usable/quota %s, "
-                     "sweep mean |error| %s pt (%s), two-tenant Jain %s, noisy-neighbour slowdown %s"
-                     % (tag, r.get("device_name"), r.get("device"), fmt(r.get("launch_added_ns")),
-                        fmt(r.get("alloc_added_ns")),
-                        ", ".join(fmt(a, "%.4f") for a in r.get("quota_accuracy", [])) or "—",
-                        fmt(r.get("sweep_mean_abs_error_points"), "%.2f"), sweep or "—",
-                        fmt(r.get("tenants_jain"), "%.3f"), fmt(r.get("noisy_slowdown"), "%.3f")))
+        parts = [pattern % r[key] for key, pattern in labels if r.get(key) is not None]
+        if r.get("quota_accuracy"):
+            parts.append("quota usable/quota " + ", ".join(fmt(a, "%.4f") for a in r["quota_accuracy"]))
+        if r.get("sweep_points"):
+            parts.append("%s us kernels: " % r.get("sweep_kernel_us") + ", ".join(
+                "%s%%→%s" % (p["limit"], fmt(p["share"] and round(p["share"] * 100, 1)))
+                for p in r["sweep_points"]))
+        lines.append("- `%s` on %s (%s): %s%s" % (tag, r.get("device_name"), r.get("device"), "; ".join(parts),
+                                                  " — " + r["error"] if r.get("error") else ""))
     return lines
 
 
