@@ -111,6 +111,30 @@ CUresult fail_closed() noexcept {
   return kFailClosed;
 }
 
+// A slot with our own identity (pid, pid namespace, start time: nobody else
+// can hold all three) was claimed by a previous image of this very process,
+// before it called execve: no destructor ran, and its memory went with its
+// address space. Reaped exactly, or it would stay charged while we live.
+bool held_by_previous_image(const Slot& s, void* ctx) noexcept {
+  const auto* self = static_cast<const shm::ProcessIdentity*>(ctx);
+  return s.pid.load(std::memory_order_relaxed) == self->pid &&
+         s.start_time.load(std::memory_order_relaxed) == self->start_time &&
+         s.pidns_inode.load(std::memory_order_relaxed) == self->pidns_inode;
+}
+
+void reap_previous_image(Region* region, const shm::ProcessIdentity& self) noexcept {
+  if (self.start_time == 0 || self.pidns_inode == 0) return;  // identity unknown: the agent reaps it
+  shm::ProcessIdentity id = self;
+  bool found = false;
+  for (const Slot& s : region->slots)
+    found = found || (s.state.load(std::memory_order_acquire) == kSlotLive && held_by_previous_image(s, &id));
+  if (!found) return;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (limiter::reap_slots(region, self, held_by_previous_image, &id) != limiter::kReapBusy) return;
+    sched_yield();
+  }
+}
+
 // Claims this process's slot: runs on one thread at a time. Nothing here
 // takes the loader lock (no dlopen/dlsym), so a thread waiting for it never
 // waits on a thread that waits for the loader.
@@ -129,13 +153,17 @@ CUresult claim_now() noexcept {
   if (region == nullptr) {
     shm::Error err{};
     int fd = -1;
-    region = shm::attach(cfg.options.region, cfg.options.container_name, &err, nullptr, &fd);
+    // GPUSLICE_PASSTHROUGH (HAMi's CUDA_DISABLE_CONTROL): no limits (the
+    // parser cleared them) and nothing shared: a private region, no file.
+    region = cfg.options.passthrough ? shm::create_private(cfg.options.container_name, &err)
+                                     : shm::attach(cfg.options.region, cfg.options.container_name, &err, nullptr, &fd);
     g_region_fd.store(fd, std::memory_order_release);
     if (region == nullptr) {
       GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED", err.message);
       return fail_closed();
     }
   }
+  reap_previous_image(region, self);
   int slot = shm::claim_slot(region, self);
   // All slots taken: reap the dead. Another live reaper may hold the reaper
   // lock for a moment (kReapBusy), so retry a few times — never wait on it.

@@ -95,6 +95,14 @@ TEST(Lifecycle, AllocationsAfterTheExitReleaseAreRefused) {
       << "a destructor that runs after gpuslice's own must not allocate unlimited\n" << r.describe();
 }
 
+TEST(Lifecycle, ExecLeavesNothingChargedToTheNewImage) {
+  Sandbox box;
+  Result r = run({bin("lifecycle_probe"), "exec"}, limited(box));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(value(r, "fill", "bytes"), std::to_string(8 * kMi))
+      << "the image before execve held 6 MiB; its memory went with it\n" << r.describe();
+}
+
 // --- 3. NULL out-parameters as the first call ---
 
 TEST(Lifecycle, NullArrayOutParametersAsFirstCallAreInvalidValue) {

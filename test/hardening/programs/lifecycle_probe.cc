@@ -7,6 +7,8 @@
 //                         vfork, clone) calls exit(); then the parent fills up
 //   fork-inherit VARIANT  parent bootstraps without CUDA; the child fills the
 //                         quota and dies; then the parent fills up
+//   exec                  holds 6 MiB, then execs itself as "fill"
+//   fill                  fills the quota 1 MiB at a time, prints the total
 //   hold BYTES            allocates BYTES and returns from main holding them
 //   truncate              allocates, truncates the region file, allocates again
 //   quiet                 context, allocation, 20 launches, synchronise; then
@@ -204,6 +206,21 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "hold") == 0 && argc > 2) return hold(std::strtoull(argv[2], nullptr, 0));
   if (std::strcmp(mode, "truncate") == 0) return truncate_region();
   if (std::strcmp(mode, "quiet") == 0) return quiet();
+  if (std::strcmp(mode, "fill") == 0) {
+    if (init_context() != CUDA_SUCCESS) return 3;
+    std::printf("fill bytes=%llu\n", fill(kMi));
+    return 0;
+  }
+  if (std::strcmp(mode, "exec") == 0) {
+    if (init_context() != CUDA_SUCCESS) return 3;
+    CUdeviceptr p = 0;
+    for (int i = 0; i < 6; ++i)
+      if (cuMemAlloc(&p, kMi) != CUDA_SUCCESS) return 4;
+    std::fflush(stdout);
+    char* const args[] = {argv[0], const_cast<char*>("fill"), nullptr};
+    execv("/proc/self/exe", args);
+    return 5;
+  }
   if (std::strcmp(mode, "share") == 0 && argc > 2)
     return share(std::strtoull(argv[2], nullptr, 0), argc > 3 ? argv[3] : nullptr, argc > 4 ? std::atoi(argv[4]) : 0);
   return 2;
