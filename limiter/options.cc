@@ -801,6 +801,22 @@ bool resolve_all(const Found& f, Options* out, shm::Error* err) {
 #include "gpuslice/options.def"
 #undef GPUSLICE_OPTION
   apply_core_policy_disable(f, out);
+  if (out->passthrough) {
+    // Everything passes through: no limit of any kind applies.
+    const char* why = out->passthrough_source.name;
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      out->memory_limit[d] = kUnlimited;
+      out->memory_resident[d] = kUnlimited;
+      out->sm_limit[d] = 100;
+      set_source(&out->memory_limit_source[d], why);
+      set_source(&out->memory_resident_source[d], why);
+      set_source(&out->sm_limit_source[d], why);
+    }
+    out->priority = kPriorityNormal;
+    out->oversubscribe = kOversubscribeFail;
+    set_source(&out->priority_source, why);
+    set_source(&out->oversubscribe_source, why);
+  }
   return true;
 }
 

@@ -355,6 +355,18 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
 
 }  // namespace
 
+Region* create_private(const char* container_name, Error* err) noexcept {
+  void* p = mmap(nullptr, kRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    Text t(err->message, sizeof err->message);
+    t.str("gpuslice: cannot map a private region: ").errno_text(errno);
+    return nullptr;
+  }
+  Region* r = static_cast<Region*>(p);
+  initialise(r, container_name);
+  return r;
+}
+
 Region* attach(const char* path, const char* container_name, Error* err, bool* created) noexcept {
   return attach_impl(path, container_name, true, true, err, created);
 }

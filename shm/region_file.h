@@ -43,6 +43,10 @@ Region* attach(const char* path, const char* container_name, Error* err) noexcep
 Region* attach(const char* path, const char* container_name, Error* err, bool* created) noexcept;
 // Same, and keeps the file open (O_CLOEXEC) in *fd for mapped_file_intact().
 Region* attach(const char* path, const char* container_name, Error* err, bool* created, int* fd) noexcept;
+// A region private to this process (and the children it forks), in anonymous
+// shared memory: what GPUSLICE_PASSTHROUGH accounts into, so that nothing is
+// shared and no file is created.
+Region* create_private(const char* container_name, Error* err) noexcept;
 // Whether the mapped file (fd from attach) still has a region's size and
 // magic. A file shrunk under a MAP_SHARED mapping raises SIGBUS at the next
 // touch of a page past its end; without a signal handler (the library installs

@@ -2,6 +2,7 @@
 // driver: fill to the quota exactly, then CUDA_ERROR_OUT_OF_MEMORY; free and
 // refill; the queries report the quota; the simulated device agrees.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "probe.h"
 
@@ -81,6 +82,20 @@ TEST(MemoryQuota, UnlimitedReportsTheRealCard) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "meminfo", "total"), std::to_string(1024 * kMi));
   EXPECT_EQ(value(r, "totalmem", "bytes"), std::to_string(1024 * kMi));
+}
+
+// GPUSLICE_PASSTHROUGH / HAMi's CUDA_DISABLE_CONTROL=true: loaded, limits
+// ignored, the real card reported, and no region file created.
+TEST(MemoryQuota, PassthroughForwardsEverythingAndSharesNothing) {
+  Sandbox box;
+  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "100Mi"}, {"FAKECUDA_MEMORY", "1Gi"},
+                              {"CUDA_DISABLE_CONTROL", "true"}});
+  Result r = probe(Path::direct, env, {"init", "ctx", "0", "alloc", std::to_string(300 * kMi), "meminfo"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(value(r, "alloc", "rc"), "0") << r.out;
+  EXPECT_EQ(value(r, "meminfo", "total"), std::to_string(1024 * kMi));
+  const std::string region = env.at("GPUSLICE_REGION");
+  EXPECT_NE(access(region.c_str(), F_OK), 0) << "passthrough created the region file " << region;
 }
 
 TEST(MemoryQuota, NullArgumentsBehaveAsTheDriver) {

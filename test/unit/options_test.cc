@@ -402,13 +402,13 @@ TEST(NewOptions, DefaultsComeFromTheTable) {
 }
 
 TEST(NewOptions, WordsAnyCaseAndErrorsListTheWords) {
-  Parsed p = parse({"GPUSLICE_PRIORITY=HIGH", "GPUSLICE_OVERSUBSCRIBE=Wait", "GPUSLICE_OVERSUBSCRIBE_WAIT=2s",
-                    "GPUSLICE_PASSTHROUGH=yes"});
+  Parsed p = parse({"GPUSLICE_PRIORITY=HIGH", "GPUSLICE_OVERSUBSCRIBE=Wait", "GPUSLICE_OVERSUBSCRIBE_WAIT=2s"});
   ASSERT_TRUE(p.ok) << p.error;
   EXPECT_EQ(p.options.priority, kPriorityHigh);
   EXPECT_EQ(p.options.oversubscribe, kOversubscribeWait);
   EXPECT_EQ(p.options.oversubscribe_wait, 2000u);
-  EXPECT_TRUE(p.options.passthrough);
+  EXPECT_FALSE(p.options.passthrough);
+  EXPECT_TRUE(parse({"GPUSLICE_PASSTHROUGH=yes"}).options.passthrough);
   EXPECT_STREQ(p.options.priority_source.name, "GPUSLICE_PRIORITY");
   p = parse({"GPUSLICE_PRIORITY=urgent"});
   EXPECT_FALSE(p.ok);
@@ -438,14 +438,14 @@ TEST(NewOptions, AllOnesIsNotAQuota) {
 }
 
 TEST(HamiAliases, ScalarAliasesMapOntoOurs) {
-  Parsed p = parse({"CUDA_TASK_PRIORITY=0", "CUDA_OVERSUBSCRIBE=true", "CUDA_DISABLE_CONTROL=true",
+  Parsed p = parse({"CUDA_TASK_PRIORITY=0", "CUDA_OVERSUBSCRIBE=true",
                     "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/a.cache", "LIBCUDA_LOG_LEVEL=4",
                     "GPU_CORE_UTILIZATION_POLICY=force"});
   ASSERT_TRUE(p.ok) << p.error;
   EXPECT_EQ(p.options.priority, kPriorityHigh);
   EXPECT_STREQ(p.options.priority_source.name, "CUDA_TASK_PRIORITY");
   EXPECT_EQ(p.options.oversubscribe, kOversubscribeSpill);
-  EXPECT_TRUE(p.options.passthrough);
+  EXPECT_FALSE(p.options.passthrough);
   EXPECT_STREQ(p.options.region, "/usr/local/vgpu/a.cache");
   EXPECT_STREQ(p.options.region_source.name, "CUDA_DEVICE_MEMORY_SHARED_CACHE");
   EXPECT_EQ(p.options.log_level, kLogDebug);
@@ -484,6 +484,17 @@ TEST(HamiAliases, CorePolicyDisableLiftsOnlyTheAliasSmLimit) {
   p = parse({"GPU_CORE_UTILIZATION_POLICY=disable", "GPUSLICE_SM_LIMIT=30"});
   ASSERT_TRUE(p.ok) << p.error;
   EXPECT_EQ(p.options.sm_limit[0], 30u);
+}
+
+TEST(NewOptions, PassthroughClearsEveryLimit) {
+  const Parsed p = parse({"CUDA_DISABLE_CONTROL=true", "GPUSLICE_MEMORY_LIMIT=1Gi", "GPUSLICE_SM_LIMIT=20",
+                          "GPUSLICE_PRIORITY=low"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_TRUE(p.options.passthrough);
+  EXPECT_EQ(p.options.memory_limit[0], kUnlimited);
+  EXPECT_EQ(p.options.sm_limit[0], 100u);
+  EXPECT_EQ(p.options.priority, kPriorityNormal);
+  EXPECT_STREQ(p.options.memory_limit_source[0].name, "CUDA_DISABLE_CONTROL");
 }
 
 TEST(FormatOptions, EveryNewOptionIsPrinted) {
