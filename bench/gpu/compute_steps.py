@@ -106,6 +106,9 @@ def loop_main(argv):
         step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+    if not times:
+        common.emit({"error": "no step finished in the %.1f s window" % args.seconds})
+        return 1
     times.sort()
     common.emit({"mode": args.mode, "steps": len(times), "median_ms": statistics.median(times) * 1e3,
                  "p10_ms": times[len(times) // 10] * 1e3, "p90_ms": times[(len(times) * 9) // 10] * 1e3,

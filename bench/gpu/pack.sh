@@ -39,14 +39,12 @@ grep -q '^GPUSLICE_SANITIZE:STRING=$' "$build/CMakeCache.txt" ||
   die "$build is a sanitizer build; pack a plain Release build"
 
 targets=(gpuslice fakecuda fakecuda_nvml fakecuda-ctl gpuslice-bench gpuslice-microbench gpuslice-smi)
-# The programs of the tests labelled 'conformance' (their target is their file name).
-while read -r exe; do
-  [ -n "$exe" ] && targets+=("$(basename "$exe")")
-done < <(ctest --test-dir "$build" -N -L conformance --show-only=json-v1 2>/dev/null |
-         python3 -c 'import json,sys
-for t in json.load(sys.stdin).get("tests", []):
-    c = t.get("command") or []
-    if c and "/bin/" in c[0]: print(c[0])' 2>/dev/null | sort -u)
+# The programs of the conformance tests (their tests are discovered when they
+# are built, so ask the build system for the targets, not CTest).
+while read -r t; do
+  [ -n "$t" ] && targets+=("$t")
+done < <(cmake --build "$build" --target help 2>/dev/null |
+         sed -n 's/^\.\.\. //; s/:.*$//; s/ .*$//; /conformance/p' | sort -u)
 if [ "$all" = 1 ]; then
   nice cmake --build "$build" -j"$jobs"
 else
@@ -64,8 +62,9 @@ else
     [ -f "$build/bin/$t" ] && cp -a "$build/bin/$t" "$bundle/bin/"
   done
 fi
-# CTest files, in their folders.
-(cd "$build" && find . -name CTestTestfile.cmake -print0) |
+# CTest files, in their folders, with the test lists gtest_discover_tests wrote.
+(cd "$build" && find . -path '*/CMakeFiles' -prune -o \
+   \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' \) -print0) |
   while IFS= read -r -d '' f; do
     mkdir -p "$bundle/$(dirname "$f")" && cp "$build/$f" "$bundle/$f"
   done
