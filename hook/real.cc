@@ -115,6 +115,18 @@ void resolve(void* handle, bool nvml) noexcept {
 }
 
 
+// A library that loads but is not the one we need (a wrong path in an
+// override): refused as a whole, never half-resolved with null entry points.
+bool exports(void* handle, const char* symbol, const char* variable, const char* path, const char* what) noexcept {
+  if (real_dlsym(handle, symbol) != nullptr) return true;
+  static std::atomic<bool> reported{false};
+  if (first_report(reported))
+    GPUSLICE_LOG(error, "%s=%s: the library has no %s, expected %s; CUDA calls fail with "
+                        "CUDA_ERROR_NOT_INITIALIZED",
+                 variable, path, symbol, what);
+  return false;
+}
+
 bool load_driver_now() noexcept {
   const Config& cfg = config();
   void* h = open_first(cfg.options.real_libcuda, cfg.options.real_libcuda_source, "GPUSLICE_REAL_LIBCUDA", kDriverPaths,
@@ -124,7 +136,8 @@ bool load_driver_now() noexcept {
     GPUSLICE_LOG(error, "no CUDA driver found (tried libcuda.so.1 on the loader's path and the usual "
                         "install locations); set GPUSLICE_REAL_LIBCUDA to its path");
   }
-  if (h == nullptr) return false;
+  if (h == nullptr || !exports(h, "cuInit", "GPUSLICE_REAL_LIBCUDA", cfg.options.real_libcuda, "the CUDA driver"))
+    return false;
   resolve(h, false);
   g_driver_handle.store(h, std::memory_order_release);
   return true;
@@ -141,6 +154,7 @@ bool load_nvml_now() noexcept {
                          "memory is not measured");
     return false;
   }
+  if (!exports(h, "nvmlInit_v2", "GPUSLICE_REAL_LIBNVML", cfg.options.real_libnvml, "NVML")) return false;
   resolve(h, true);
   g_nvml_handle.store(h, std::memory_order_release);
   return true;

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "harness.h"
 
@@ -202,15 +204,19 @@ TEST(Lifecycle, ErrorLinesCarryOnePrefix) {
   }
 }
 
-TEST(Lifecycle, UnusableRealLibnvmlFailsClosed) {
+TEST(Lifecycle, UnusableRealLibrariesFailClosed) {
   Sandbox box;
-  Result r = run({bin("lifecycle_probe"), "hold", "1024"},
-                 limited(box, {{"GPUSLICE_REAL_LIBNVML", box.path("missing/libnvidia-ml.so.1")}}));
-  EXPECT_EQ(r.exit_code, 3) << "cuInit fails closed\n" << r.describe();
-  auto errors = lines_with(r.err, "gpuslice: error: ");
-  ASSERT_EQ(errors.size(), 1u) << r.describe();
-  EXPECT_NE(errors[0].find("GPUSLICE_REAL_LIBNVML=" + box.path("missing/libnvidia-ml.so.1")), std::string::npos)
-      << r.describe();
+  // Missing, and present but not what the variable names (libc loads, exports neither).
+  for (const auto& [variable, path] : std::vector<std::pair<std::string, std::string>>{
+           {"GPUSLICE_REAL_LIBNVML", box.path("missing/libnvidia-ml.so.1")},
+           {"GPUSLICE_REAL_LIBNVML", "libc.so.6"},
+           {"GPUSLICE_REAL_LIBCUDA", "libc.so.6"}}) {
+    Result r = run({bin("lifecycle_probe"), "hold", "1024"}, limited(box, {{variable, path}}));
+    EXPECT_EQ(r.exit_code, 3) << "cuInit fails closed\n" << r.describe();
+    auto errors = lines_with(r.err, "gpuslice: error: ");
+    ASSERT_EQ(errors.size(), 1u) << r.describe();
+    EXPECT_NE(errors[0].find(variable + "=" + path), std::string::npos) << r.describe();
+  }
 }
 
 }  // namespace
