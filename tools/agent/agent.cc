@@ -38,11 +38,20 @@ bool slot_is_dead(const Slot& s, void* ctx) {
   return s.pid.load() == k.pid && s.pidns_inode.load() == k.pidns_inode && s.start_time.load() == k.start_time;
 }
 
+std::vector<RegionRoot> region_roots(const AgentConfig& c) {
+  std::vector<RegionRoot> roots{{c.region_dir, Layout::gpuslice}};
+  if (!c.hami_root.empty()) {
+    roots.push_back({c.hami_root + "/containers", Layout::hami_containers});
+    roots.push_back({c.hami_root + "/claims", Layout::hami_claims});
+  }
+  return roots;
+}
+
 }  // namespace
 
 Agent::Agent(AgentConfig config)
     : config_(std::move(config)),
-      regions_(config_.region_dir, config_.max_regions),
+      regions_(region_roots(config_), config_.max_regions),
       reconciler_(config_.bypass_tolerance_bytes, pidmap_.own_pidns()),
       dead_flags_(kMaxSlots, 0),
       dead_keys_(kMaxSlots) {

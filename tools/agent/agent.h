@@ -27,6 +27,10 @@ inline constexpr char kDefaultListen[] = "127.0.0.1:9477";
 
 struct AgentConfig {
   std::string region_dir = kDefaultRegionDir;
+  // HAMi's host directory (<hook path>/vgpu, /usr/local/vgpu by default in
+  // HAMi): its containers/<pod-uid>_<container>/ and claims/<claim-uid>/
+  // subdirectories are watched too (layout.h). Empty = not watched.
+  std::string hami_root;
   std::uint64_t interval_ns = 100'000'000;         // one cycle
   std::uint64_t rescan_ns = 1'000'000'000;         // directory re-read
   std::uint64_t verify_ns = 1'000'000'000;         // /proc re-check of processes without a pidfd

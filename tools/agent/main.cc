@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", GPUSLICE_VERSION);
   app.add_option("--region-dir", cfg.region_dir, "Directory holding the regions (<dir>/<file> or <dir>/<pod>/<file>)")
       ->capture_default_str();
+  app.add_option("--hami-root", cfg.hami_root,
+                 "Also watch HAMi's host directory (<hook path>/vgpu, e.g. /usr/local/vgpu): "
+                 "<root>/containers/<pod-uid>_<container>/ and <root>/claims/<claim-uid>/");
   app.add_option("--interval", interval, "Cycle period (e.g. 100ms, 1s)")->capture_default_str();
   app.add_option("--rescan", rescan, "How often the region directory is re-read")->capture_default_str();
   app.add_option("--grace", grace, "Remove a region nobody has used for this long (0 = never)")->capture_default_str();
@@ -89,6 +92,10 @@ int main(int argc, char** argv) {
   LogLevel log_level;
   if (!parse_log_level(level, &log_level)) return usage_error("--log-level '"s + level + "': expected error|warn|info|debug");
   if (cfg.max_regions == 0) return usage_error("--max-regions: expected at least 1");
+  if (!cfg.hami_root.empty() && cfg.hami_root[0] != '/') {
+    return usage_error("--hami-root '"s + cfg.hami_root + "': expected an absolute directory (e.g. /usr/local/vgpu)");
+  }
+  while (cfg.hami_root.size() > 1 && cfg.hami_root.back() == '/') cfg.hami_root.pop_back();
   set_log_level(log_level);
   cfg.use_nvml = !no_nvml;
   std::string host;
@@ -124,7 +131,8 @@ int main(int argc, char** argv) {
     }
     log(LogLevel::info, "serving /metrics and /healthz on %s:%d", host.c_str(), http.port());
   }
-  log(LogLevel::info, "watching %s every %s (grace %s)", cfg.region_dir.c_str(), format_duration(cfg.interval_ns).c_str(),
+  log(LogLevel::info, "watching %s%s%s every %s (grace %s)", cfg.region_dir.c_str(),
+      cfg.hami_root.empty() ? "" : " and HAMi's ", cfg.hami_root.c_str(), format_duration(cfg.interval_ns).c_str(),
       format_duration(cfg.grace_ns).c_str());
   std::uint64_t next = monotonic_ns();
   for (;;) {

@@ -78,6 +78,16 @@ std::string region_labels(const std::string& container, const std::string& rel) 
   return "container=\""s + escape_label(container) + "\",region=\"" + escape_label(rel) + "\"";
 }
 
+// Kubernetes owner labels, after the others (label names as kube-state-metrics
+// and cAdvisor spell them: snake_case, "uid" for an object's UID). Only those
+// known are written: an empty label is an absent one in Prometheus.
+std::string owner_labels_text(const OwnerLabels& o) {
+  std::string out;
+  if (!o.pod_uid.empty()) out += ",pod_uid=\"" + escape_label(o.pod_uid) + "\"";
+  if (!o.claim_uid.empty()) out += ",claim_uid=\"" + escape_label(o.claim_uid) + "\"";
+  return out;
+}
+
 }  // namespace
 
 std::string escape_label(const std::string& value) {
@@ -124,15 +134,20 @@ std::string render_metrics(const MetricsInput& in) {
     });
     if (!ok) continue;  // truncated under us: the next cycle drops it
     name[sizeof name - 1] = '\0';
-    const std::string base = region_labels(printable(name, sizeof name), t->rel);
-    region_rows.push_back({base, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat});
+    // The name the container gave itself (GPUSLICE_CONTAINER_NAME) wins; HAMi
+    // sets none, and its directory names the container instead.
+    std::string container = printable(name, sizeof name);
+    if (container.empty()) container = t->owner.container;
+    const std::string base = region_labels(container, t->rel);
+    const std::string owner = owner_labels_text(t->owner);
+    region_rows.push_back({base + owner, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat});
     for (int i = 0; i < count; ++i) {
       const int dev = devs[i].index;
       std::uint32_t processes = 0;
       for (const SlotSample& s : t->sample.slots) {
         if (s.committed_bytes[dev] != 0 || s.nvml_now_bytes[dev] != 0) ++processes;
       }
-      rows.push_back({t, base + ",device=\"" + std::to_string(dev) + "\",uuid=\"" + format_uuid(devs[i].uuid) + "\"",
+      rows.push_back({t, base + ",device=\"" + std::to_string(dev) + "\",uuid=\"" + format_uuid(devs[i].uuid) + "\"" + owner,
                       devs[i], &t->sample.stats[dev], processes});
     }
   }

@@ -58,48 +58,39 @@ void for_each_entry(int fd, std::size_t limit, F&& visit) {
 
 }  // namespace
 
-RegionSet::RegionSet(std::string dir, std::size_t max_regions) : dir_(std::move(dir)), max_regions_(max_regions) {}
+RegionSet::RegionSet(std::string dir, std::size_t max_regions)
+    : RegionSet(std::vector<RegionRoot>{RegionRoot{std::move(dir), Layout::gpuslice}}, max_regions) {}
+
+RegionSet::RegionSet(std::vector<RegionRoot> roots, std::size_t max_regions)
+    : roots_(std::move(roots)), max_regions_(max_regions), dir_error_logged_(roots_.size(), 0) {}
 
 RegionSet::~RegionSet() = default;
 
-int RegionSet::open_sub(const std::string& sub) const {
-  const int root = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (root < 0 || sub.empty()) return root;
-  const int fd = openat(root, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  close(root);
+std::string RegionSet::key(std::size_t root, const std::string& sub, const std::string& name) const {
+  return roots_[root].dir + "/" + join(sub, name);
+}
+
+int RegionSet::open_sub(std::size_t root, const std::string& sub) const {
+  const int rootfd = open(roots_[root].dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (rootfd < 0 || sub.empty()) return rootfd;
+  const int fd = openat(rootfd, sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  close(rootfd);
   return fd;
 }
 
 bool RegionSet::rescan() {
-  const int root = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (root < 0) {
-    if (!dir_error_logged_) {
-      log(LogLevel::warn, "cannot read the region directory %s: %s; waiting for it", dir_.c_str(), std::strerror(errno));
-      dir_error_logged_ = true;
-    }
-    return false;
-  }
-  if (dir_error_logged_) log(LogLevel::info, "region directory %s is readable again", dir_.c_str());
-  dir_error_logged_ = false;
   std::unordered_map<std::string, bool> seen;
-  const std::size_t limit = 4 * max_regions_ + 64;
-  for_each_entry(root, limit, [&](int rootfd, dirent* e) {
-    if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN) {
-      struct stat st {};
-      if (fstatat(rootfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
-      if (S_ISDIR(st.st_mode)) {
-        if (e->d_name[0] == '.') return;
-        const int sub = openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-        if (sub < 0) return;
-        const std::string subname = e->d_name;
-        for_each_entry(sub, limit, [&](int subfd, dirent* f) { consider(subfd, subname, f->d_name, seen); });
-        return;
-      }
+  bool all = true;
+  std::vector<char> unreadable(roots_.size(), 0);
+  for (std::size_t r = 0; r < roots_.size(); ++r) {
+    if (!scan_root(r, seen)) {
+      all = false;
+      unreadable[r] = 1;
     }
-    consider(rootfd, "", e->d_name, seen);
-  });
+  }
   for (auto& t : regions_) {
-    if (!t->dropped && seen.count(join(t->sub, t->current)) == 0) {
+    // An unreadable root keeps its regions mapped (as documented in rescan()).
+    if (!t->dropped && !unreadable[t->root] && seen.count(key(t->root, t->sub, t->current)) == 0) {
       if (!log_once(LogLevel::info, "gone:"s + t->rel, "region %s is gone", t->rel.c_str())) {
         log(LogLevel::debug, "region %s is gone", t->rel.c_str());
       }
@@ -115,21 +106,62 @@ bool RegionSet::rescan() {
     }
   }
   sweep();
+  return all;
+}
+
+bool RegionSet::scan_root(std::size_t r, std::unordered_map<std::string, bool>& seen) {
+  const std::string& dir = roots_[r].dir;
+  const int root = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) {
+    if (!dir_error_logged_[r]) {
+      // HAMi's directories appear with the first HAMi container or claim.
+      log(roots_[r].layout == Layout::gpuslice ? LogLevel::warn : LogLevel::info,
+          "cannot read the region directory %s (%s layout): %s; waiting for it", dir.c_str(),
+          layout_name(roots_[r].layout), std::strerror(errno));
+      dir_error_logged_[r] = 1;
+    }
+    return false;
+  }
+  if (dir_error_logged_[r]) log(LogLevel::info, "region directory %s is readable again", dir.c_str());
+  dir_error_logged_[r] = 0;
+  const std::size_t limit = 4 * max_regions_ + 64;
+  for_each_entry(root, limit, [&](int rootfd, dirent* e) {
+    if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN) {
+      struct stat st {};
+      if (fstatat(rootfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+      if (S_ISDIR(st.st_mode)) {
+        if (e->d_name[0] == '.') return;
+        const int sub = openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+        if (sub < 0) return;
+        const std::string subname = e->d_name;
+        for_each_entry(sub, limit, [&](int subfd, dirent* f) { consider(r, subfd, subname, f->d_name, seen); });
+        return;
+      }
+    }
+    consider(r, rootfd, "", e->d_name, seen);
+  });
   return true;
 }
 
-void RegionSet::consider(int dirfd, const std::string& sub, const char* name,
+void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const char* name,
                          std::unordered_map<std::string, bool>& seen) {
   std::string file = name;
   const bool hidden = file[0] == '.';
   if (hidden && !ends_with(file, kRemovingSuffix)) return;  // temporary files of region creation, editors, ...
-  const std::string rel = join(sub, file);
+  // In HAMi's directories only the shared-cache files can be regions: the
+  // container runtime also leaves there the empty mount point of
+  // /usr/local/vgpu/libvgpu.so (HAMi mounts the library inside that directory).
+  if (roots_[r].layout != Layout::gpuslice && !ends_with(file, ".cache") &&
+      !(hidden && ends_with(file, (std::string(".cache") + kRemovingSuffix).c_str()))) {
+    return;
+  }
+  const std::string rel = key(r, sub, file);  // the full path
   struct stat st {};
   if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
   seen[rel] = true;
   if (!S_ISREG(st.st_mode)) {
     if (!S_ISDIR(st.st_mode)) {
-      log_once(LogLevel::warn, "skip:"s + rel, "skipping %s/%s: %s, expected a regular region file", dir_.c_str(),
+      log_once(LogLevel::warn, "skip:"s + rel, "skipping %s: %s, expected a regular region file",
                rel.c_str(), S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : "not a regular file");
     }
     return;
@@ -146,19 +178,21 @@ void RegionSet::consider(int dirfd, const std::string& sub, const char* name,
   }
   if (regions_.size() >= max_regions_) {
     log_once(LogLevel::warn, "max-regions", "more than %zu regions below %s; the rest are not watched (--max-regions)",
-             max_regions_, dir_.c_str());
+             max_regions_, roots_[r].dir.c_str());
     return;
   }
   MappedRegion map;
   std::string why;
   if (!open_region(dirfd, name, true, false, &map, &why)) {
     bad_[rel] = {st.st_dev, st.st_ino, st.st_size, mtime_ns(st)};
-    log_once(LogLevel::warn, "skip:"s + rel, "skipping %s/%s: %s", dir_.c_str(), rel.c_str(), why.c_str());
+    log_once(LogLevel::warn, "skip:"s + rel, "skipping %s: %s", rel.c_str(), why.c_str());
     return;
   }
   bad_.erase(rel);
   forget_once("skip:"s + rel);
   auto t = std::make_unique<TrackedRegion>();
+  t->root = r;
+  t->owner = owner_labels(roots_[r].layout, sub);
   t->sub = sub;
   t->current = file;
   t->name = file;
@@ -167,7 +201,9 @@ void RegionSet::consider(int dirfd, const std::string& sub, const char* name,
     t->name = file.substr(1, file.size() - 1 - (sizeof kRemovingSuffix - 1));
     t->removing = true;
   }
-  t->rel = join(sub, t->name);
+  // gpuslice's layout shows paths below --region-dir, as before; other roots
+  // show the full path, which cannot be mistaken for one of ours.
+  t->rel = roots_[r].layout == Layout::gpuslice && r == 0 ? join(sub, t->name) : key(r, sub, t->name);
   t->map = std::move(map);
   char container[sizeof(RegionHeader::container_name)] = {};
   guarded([&] { std::memcpy(container, t->map.get()->header.container_name, sizeof container); });
@@ -194,8 +230,8 @@ void RegionSet::drop(TrackedRegion& t, const std::string& why) {
 void RegionSet::sweep() {
   for (auto it = regions_.begin(); it != regions_.end();) {
     if ((*it)->dropped) {
-      auto key = by_rel_.find(join((*it)->sub, (*it)->current));
-      if (key != by_rel_.end() && key->second == it->get()) by_rel_.erase(key);
+      auto found = by_rel_.find(key((*it)->root, (*it)->sub, (*it)->current));
+      if (found != by_rel_.end() && found->second == it->get()) by_rel_.erase(found);
       it = regions_.erase(it);
     } else {
       ++it;
@@ -208,7 +244,7 @@ void RegionSet::lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, st
   if (!empty) {
     t.empty_since_ns = 0;
     if (t.removing) {
-      const int dirfd = open_sub(t.sub);
+      const int dirfd = open_sub(t.root, t.sub);
       if (dirfd >= 0) {
         restore(t, dirfd);
         close(dirfd);
@@ -219,7 +255,7 @@ void RegionSet::lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, st
   if (t.empty_since_ns == 0) t.empty_since_ns = now_ns;
   if (grace_ns == 0) return;  // never remove
   if (!t.removing && now_ns - t.empty_since_ns < grace_ns) return;
-  const int dirfd = open_sub(t.sub);
+  const int dirfd = open_sub(t.root, t.sub);
   if (dirfd < 0) return;
   struct stat st {};
   if (fstatat(dirfd, t.current.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_dev != t.map.device() ||
@@ -237,10 +273,10 @@ void RegionSet::lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, st
   } else {
     const std::string hidden = "."s + t.name + kRemovingSuffix;
     if (rename_noreplace(dirfd, t.current.c_str(), hidden.c_str()) == 0) {
-      by_rel_.erase(join(t.sub, t.current));
+      by_rel_.erase(key(t.root, t.sub, t.current));
       t.current = hidden;
       t.removing = true;
-      by_rel_[join(t.sub, t.current)] = &t;
+      by_rel_[key(t.root, t.sub, t.current)] = &t;
     } else {
       log_once(LogLevel::warn, "rename:"s + t.rel, "cannot remove unused region %s: rename: %s", t.rel.c_str(),
                std::strerror(errno));
@@ -257,12 +293,12 @@ void RegionSet::remove_now(TrackedRegion& t, int dirfd) {
   }
   ++removed_total_;
   log(LogLevel::info, "removed region %s: no process used it for the grace period", t.rel.c_str());
-  by_rel_.erase(join(t.sub, t.current));
+  by_rel_.erase(key(t.root, t.sub, t.current));
   t.dropped = true;
-  if (!t.sub.empty()) {
+  if (!t.sub.empty() && removes_empty_subdirs(roots_[t.root].layout)) {
     // The pod's directory too, once empty (fails harmlessly while it is a
-    // mount point or holds anything).
-    const int root = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    // mount point or holds anything). HAMi's directories are HAMi's.
+    const int root = open(roots_[t.root].dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (root >= 0) {
       unlinkat(root, t.sub.c_str(), AT_REMOVEDIR);
       close(root);
@@ -274,9 +310,9 @@ void RegionSet::restore(TrackedRegion& t, int dirfd) {
   t.removing = false;
   if (t.current == t.name) return;
   if (rename_noreplace(dirfd, t.current.c_str(), t.name.c_str()) == 0) {
-    by_rel_.erase(join(t.sub, t.current));
+    by_rel_.erase(key(t.root, t.sub, t.current));
     t.current = t.name;
-    by_rel_[join(t.sub, t.current)] = &t;
+    by_rel_[key(t.root, t.sub, t.current)] = &t;
     log(LogLevel::info, "region %s is in use again; kept", t.rel.c_str());
     return;
   }

@@ -2,8 +2,8 @@
 // files that appear, vanish or are replaced, and removes regions nobody has
 // used for a grace period.
 //
-// Layout: <dir>/<name> and <dir>/<sub>/<name> (one subdirectory per pod, as
-// deploy/ mounts it). Hidden files are skipped (a region being created is a
+// Layout: one or more roots (layout.h), each <root>/<name> and
+// <root>/<sub>/<name> (one subdirectory per pod, container or claim). Hidden files are skipped (a region being created is a
 // hidden temporary file until it is complete), except our own
 // ".<name>.gpuslice-removing". Symbolic links are never followed and nothing
 // is opened in a way that could block, because a container owns its
@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "layout.h"
 #include "region_io.h"
 #include "sample.h"
 
@@ -25,8 +26,16 @@ namespace gpuslice::agent {
 
 inline constexpr char kRemovingSuffix[] = ".gpuslice-removing";
 
+// A directory of regions and how its subdirectories are named.
+struct RegionRoot {
+  std::string dir;
+  Layout layout = Layout::gpuslice;
+};
+
 struct TrackedRegion {
-  std::string rel;       // path below the region directory, as shown ("pod/c.region")
+  std::string rel;       // as shown: below --region-dir for gpuslice's layout ("pod/c.region"), else the full path
+  std::size_t root = 0;  // index into the set's roots
+  OwnerLabels owner;     // pod/container/claim from the path (layout.h)
   std::string sub;       // subdirectory ("" for the top level)
   std::string name;      // the file's name as processes open it
   std::string current;   // its name now (the hidden one while being removed)
@@ -39,13 +48,14 @@ struct TrackedRegion {
 
 class RegionSet {
  public:
-  RegionSet(std::string dir, std::size_t max_regions);
+  RegionSet(std::string dir, std::size_t max_regions);  // one root in gpuslice's layout
+  RegionSet(std::vector<RegionRoot> roots, std::size_t max_regions);
   ~RegionSet();
   RegionSet(const RegionSet&) = delete;
   RegionSet& operator=(const RegionSet&) = delete;
 
-  // Re-reads the directory. false if the directory itself cannot be read
-  // (logged once; the regions already mapped stay).
+  // Re-reads every root. false if some root cannot be read (logged once per
+  // root; the regions already mapped stay).
   bool rescan();
   std::vector<std::unique_ptr<TrackedRegion>>& regions() { return regions_; }
   const std::vector<std::unique_ptr<TrackedRegion>>& regions() const { return regions_; }
@@ -59,7 +69,8 @@ class RegionSet {
   // unlinks it one cycle later if still nobody uses it; otherwise puts it back.
   void lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, std::uint64_t grace_ns);
 
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return roots_.front().dir; }
+  const std::vector<RegionRoot>& roots() const { return roots_; }
   std::size_t invalid_files() const { return bad_.size(); }
   std::uint64_t removed_total() const { return removed_total_; }
 
@@ -70,18 +81,22 @@ class RegionSet {
     off_t size;
     std::int64_t mtime_ns;
   };
-  void consider(int dirfd, const std::string& sub, const char* name, std::unordered_map<std::string, bool>& seen);
-  int open_sub(const std::string& sub) const;
+  bool scan_root(std::size_t root, std::unordered_map<std::string, bool>& seen);
+  void consider(std::size_t root, int dirfd, const std::string& sub, const char* name,
+                std::unordered_map<std::string, bool>& seen);
+  int open_sub(std::size_t root, const std::string& sub) const;
+  // The file's full path: the key of by_rel_, bad_ and a rescan's "seen".
+  std::string key(std::size_t root, const std::string& sub, const std::string& name) const;
   void remove_now(TrackedRegion& t, int dirfd);
   void restore(TrackedRegion& t, int dirfd);
 
-  std::string dir_;
+  std::vector<RegionRoot> roots_;
   std::size_t max_regions_;
   std::vector<std::unique_ptr<TrackedRegion>> regions_;
-  std::unordered_map<std::string, TrackedRegion*> by_rel_;
+  std::unordered_map<std::string, TrackedRegion*> by_rel_;  // by key()
   std::unordered_map<std::string, BadFile> bad_;
   std::uint64_t removed_total_ = 0;
-  bool dir_error_logged_ = false;
+  std::vector<char> dir_error_logged_;  // per root
 };
 
 }  // namespace gpuslice::agent
