@@ -1,0 +1,124 @@
+// gpuslice-cdi: prints (or writes) the CDI spec that injects gpuslice into a
+// container with the given limits. See cdi_spec.h and docs/deploy.md.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cdi_spec.h"
+
+#ifndef GPUSLICE_VERSION
+#define GPUSLICE_VERSION "unknown"
+#endif
+
+using namespace std::string_literals;
+
+namespace {
+
+constexpr int kUsageError = 64;  // EX_USAGE
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "gpuslice-cdi: %s (see --help)\n", message.c_str());
+  return kUsageError;
+}
+
+// Write then rename: a runtime watching the CDI directory never reads half a file.
+bool write_atomically(const std::string& path, const std::string& text, std::string* why) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    *why = tmp + ": " + std::strerror(errno);
+    return false;
+  }
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      *why = tmp + ": " + std::strerror(errno);
+      close(fd);
+      unlink(tmp.c_str());
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp.c_str(), path.c_str()) != 0) {
+    *why = path + ": " + std::strerror(errno);
+    unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gpuslice::cdi::SliceRequest req;
+  std::string inject = "ld.so.preload", output;
+  std::vector<std::string> annotations;
+  CLI::App app{"gpuslice-cdi: emits a CDI spec (JSON, cdiVersion "s + gpuslice::cdi::kCdiVersion +
+                   ") whose device injects gpuslice with the given limits: environment, library, region "
+                   "directory and /etc/ld.so.preload.",
+               "gpuslice-cdi"};
+  app.set_version_flag("--version", GPUSLICE_VERSION);
+  app.add_option("--name", req.device_name, "CDI device name (e.g. the ResourceClaim's UID)")->required();
+  app.add_option("--kind", req.kind, "CDI kind <vendor>/<class>")->capture_default_str();
+  app.add_option("--memory", req.memory_limit, "Device-memory quota: 8Gi, or per device 0=8Gi,1=4Gi");
+  app.add_option("--sm-limit", req.sm_limit, "Compute share 1-100, or per device 0=30,1=50");
+  app.add_option("--sm-policy", req.sm_policy, "hard | elastic");
+  app.add_option("--priority", req.priority, "high | normal | low");
+  app.add_option("--container-name", req.container_name, "Name shown in metrics (1-63 printable characters)");
+  app.add_option("--region-host-dir", req.region_host_dir,
+                 "Host directory of the region, below the agent's --region-dir (e.g. /run/gpuslice/regions/<uid>)")
+      ->required();
+  app.add_option("--region-dir", req.region_container_dir, "Where the container sees it")->capture_default_str();
+  app.add_option("--region-file", req.region_file, "The region's file name")->capture_default_str();
+  app.add_option("--library-host", req.library_host, "libgpuslice.so on the host")->capture_default_str();
+  app.add_option("--library", req.library_container, "Its path in the container")->capture_default_str();
+  app.add_option("--inject", inject, "ld.so.preload (mount a preload file; survives a cleared environment) | env "
+                 "(LD_PRELOAD)")->capture_default_str();
+  app.add_option("--preload-host-file", req.preload_host_file,
+                 "Host file naming the library (one line), mounted at /etc/ld.so.preload");
+  app.add_option("--annotation", annotations, "key=value added to the spec's annotations (repeatable)");
+  app.add_option("--output", output, "Write the spec here (atomically) instead of stdout, e.g. /var/run/cdi/gpuslice-<name>.json");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return usage_error(e.what());
+  }
+  if (inject == "ld.so.preload") {
+    req.inject = gpuslice::cdi::Inject::preload_file;
+  } else if (inject == "env") {
+    req.inject = gpuslice::cdi::Inject::env;
+  } else {
+    return usage_error("--inject '"s + inject + "': expected ld.so.preload or env");
+  }
+  for (const std::string& a : annotations) {
+    const std::size_t eq = a.find('=');
+    if (eq == std::string::npos || eq == 0) return usage_error("--annotation '"s + a + "': expected key=value");
+    req.annotations[a.substr(0, eq)] = a.substr(eq + 1);
+  }
+  std::string why;
+  if (!gpuslice::cdi::validate(req, &why)) return usage_error(why);
+  const std::string text = gpuslice::cdi::build_spec(req).dump(2) + "\n";
+  if (output.empty()) {
+    std::fputs(text.c_str(), stdout);
+    return 0;
+  }
+  if (!write_atomically(output, text, &why)) {
+    std::fprintf(stderr, "gpuslice-cdi: cannot write the spec: %s\n", why.c_str());
+    return 1;
+  }
+  std::printf("%s\n", gpuslice::cdi::qualified_name(req).c_str());
+  return 0;
+}
