@@ -62,13 +62,17 @@ else
     [ -f "$build/bin/$t" ] && cp -a "$build/bin/$t" "$bundle/bin/"
   done
 fi
-# CTest files, in their folders, with the test lists gtest_discover_tests wrote.
+find "$bundle/bin" "$bundle/lib" "$bundle/fakecuda" -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
+# CTest files, in their folders, with the test lists gtest_discover_tests
+# writes (PRE_TEST mode: at the first ctest run, so run one now). A list older
+# than its program is rediscovered with this machine's CMake modules, which the
+# GPU machine lacks: the lists are copied after the programs (and run.sh touches them).
+ctest --test-dir "$build" -N > /dev/null 2>&1 || true
 (cd "$build" && find . -path '*/CMakeFiles' -prune -o \
    \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' \) -print0) |
   while IFS= read -r -d '' f; do
     mkdir -p "$bundle/$(dirname "$f")" && cp "$build/$f" "$bundle/$f"
   done
-find "$bundle/bin" "$bundle/lib" "$bundle/fakecuda" -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
 # Shared libraries beyond libc/libstdc++/libgcc (libbenchmark): into syslib/,
 # which run.sh puts on LD_LIBRARY_PATH.
 mkdir -p "$bundle/syslib"

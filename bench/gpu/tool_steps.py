@@ -110,6 +110,14 @@ def step_conformance(step):
         return step.finish("skipped", message="skipped: ctest not installed")
     if not os.path.exists(os.path.join(step.build, "CTestTestfile.cmake")):
         return step.finish("skipped", message="skipped: %s holds no CTest files" % step.build)
+    if os.path.exists(os.path.join(step.build, "ORIGIN")):
+        # A carried bundle (pack.sh): its discovered test lists must look newer
+        # than the programs, or CTest rediscovers them with the build machine's
+        # CMake modules, which are not here.
+        for folder, _, files in os.walk(step.build):
+            for name in files:
+                if name.endswith("_tests.cmake"):
+                    os.utime(os.path.join(folder, name))
     code, out, err = common.run([ctest, "--test-dir", step.build, "-N", "-L", "conformance"], step.base_env(), 30)
     match = re.search(r"Total Tests:\s*(\d+)", out)
     listed = int(match.group(1)) if match else 0
