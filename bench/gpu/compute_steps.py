@@ -14,6 +14,7 @@ proves the library was in effect.
 """
 
 import argparse
+import importlib.util
 import os
 import statistics
 import subprocess
@@ -121,7 +122,7 @@ def step_compute(step):
     if step.simulated:
         return step.finish("skipped", message="skipped: --simulated: PyTorch needs the real CUDA runtime; "
                            "the simulated compute limiter is measured by gpuslice-bench's sweep")
-    if common.lazy_import("torch") is None:
+    if importlib.util.find_spec("torch") is None:  # the probes import it; this process need not
         return step.finish("skipped", message="skipped: torch not installed")
     # 8 process slots of (import + warm-up + window); keep ~10% for the rest.
     window = max(2.0, min(8.0, step.left() * 0.9 / 8 - 8))
@@ -210,5 +211,9 @@ def report(step, runs, window):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "loop":
-        sys.exit(loop_main(sys.argv[2:]))
+        try:
+            sys.exit(loop_main(sys.argv[2:]))
+        except Exception as e:  # one JSON line either way: the step reads it
+            common.emit({"error": "%s: %s" % (type(e).__name__, str(e)[:400])})
+            raise
     sys.exit(common.main_dispatch({"compute": step_compute}))

@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
     --skip) [ $# -ge 2 ] || die "--skip needs step names"; skip=$2; shift ;;
     --total) [ $# -ge 2 ] || die "--total needs seconds"; total=$2; shift ;;
     --keep-work) keep=1 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift

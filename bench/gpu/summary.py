@@ -119,7 +119,7 @@ def render(records, simulated, started):
             fmt(r.get("duration_s")), (r.get("message") or "").replace("|", "/").replace("\n", " ")[:300]))
     for r in records:
         results = r.get("results") or {}
-        if r.get("status") in ("pending", "skipped") or not results:
+        if r.get("status") in ("pending", "skipped", "error") or not results:
             continue
         if r["step"] == "bench":
             lines += ["", "## gpuslice-bench", ""] + bench_lines(results)
