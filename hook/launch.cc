@@ -11,6 +11,7 @@
 // is in debt, sleeps; every few launches it also checks the queue bound
 // (launch_queue.cc). docs/limiter.md has the design.
 #include "hook/launch.h"
+#include "hook/priority.h"
 
 #include <cuda.h>
 
@@ -152,6 +153,7 @@ CUresult admit(std::uint64_t work, bool nominal, std::uint32_t kernels, CUstream
   }
   if (static_cast<unsigned>(ordinal) >= kMaxDevices) return CUDA_SUCCESS;
   LaunchDevice& d = g_dev[ordinal];
+  priority_admit(ordinal, s, ptsz);
   if (d.limited.load(std::memory_order_relaxed) == 0) return CUDA_SUCCESS;
   if (__builtin_expect(d.used.load(std::memory_order_relaxed) == 0, 0)) {
     d.used.store(1, std::memory_order_relaxed);

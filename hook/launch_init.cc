@@ -10,6 +10,7 @@
 
 #include "hook/launch.h"
 #include "hook/log.h"
+#include "hook/priority.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_feedback.h"
@@ -37,6 +38,7 @@ bool update_caches() noexcept {
                        std::memory_order_relaxed);
     any = any || limited;
   }
+  if (priority_refresh()) any = true;  // priority needs admission even without a limit (docs/priority.md)
   return any;
 }
 
@@ -122,7 +124,7 @@ CUresult init_now() noexcept {
   const bool limited = update_caches();
   g_mode.store(limited ? kModeLimited : kModeUnlimited, std::memory_order_release);
   // No compute limit on any device: no feedback thread and no NVML (issue 9).
-  if (!limited) return CUDA_SUCCESS;
+  if (!limited && !priority_board_present()) return CUDA_SUCCESS;
   limiter::FeedbackHost host;
   host.region = g_process.region;
   host.load_nvml = load_nvml_api;

@@ -38,16 +38,25 @@ constexpr unsigned kRing = 32;  // > kMaxBoundLaunches
 constexpr std::uint64_t kLockPollNs = 20'000;
 static_assert(kRing > limiter::kMaxBoundLaunches);
 
+// A marker is recorded in front of each launch. `sample`: it was recorded
+// right after the previous launch on the same stream, and that launch was
+// queued behind earlier work: the time between the two markers is then that
+// launch's device time.
 struct Marker {
   CUevent event;
-  std::uint64_t launched_ns;  // when the launch this marker follows was issued
+  CUstream stream;
+  bool sample;
 };
+// "Right after": the marker of the next launch comes within this of the previous launch.
+constexpr std::uint64_t kAdjacentNs = 100'000;
 
 struct alignas(64) PrioDevice {
   std::atomic<int> engaged{0};
   std::atomic<int> verdict{0};  // limiter::Verdict
   std::atomic<std::uint64_t> checked_ns{0};
   std::atomic<std::uint64_t> published_until{0};
+  std::atomic<std::uint64_t> horizon{0};     // when our queued work should be done (ring_lock writes)
+  std::atomic<int> lower_present{0};         // a lower-priority neighbour is present
   // Board state (board_lock).
   std::atomic<std::uint32_t> board_lock{0};
   bool named = false;
@@ -65,6 +74,8 @@ struct alignas(64) PrioDevice {
   Marker ring[kRing] = {};
   limiter::InflightEstimate estimate;
   std::uint64_t last_launch_ns = 0;
+  CUstream last_stream = nullptr;
+  bool last_queued = false;  // the previous launch was queued behind earlier work
 };
 PrioDevice g_prio[kMaxDevices];
 
@@ -80,6 +91,7 @@ struct EventApi {
   decltype(&::cuEventQuery) query = nullptr;
   decltype(&::cuEventSynchronize) synchronize = nullptr;
   decltype(&::cuEventDestroy_v2) destroy = nullptr;
+  decltype(&::cuEventElapsedTime) elapsed = nullptr;
   decltype(&::cuStreamIsCapturing) is_capturing = nullptr;
   bool usable() const { return create && record && query && synchronize && destroy; }
 } g_events;
@@ -147,6 +159,9 @@ void after_fork_in_child() noexcept {
     for (Marker& m : p.ring) m = Marker{};
     p.estimate = limiter::InflightEstimate{};
     p.last_launch_ns = 0;
+    p.last_stream = nullptr;
+    p.last_queued = false;
+    p.horizon.store(0, std::memory_order_relaxed);
   }
 }
 
@@ -163,6 +178,7 @@ void setup_once() noexcept {
   resolve(&g_events.query, "cuEventQuery");
   resolve(&g_events.synchronize, "cuEventSynchronize");
   resolve(&g_events.destroy, "cuEventDestroy_v2");
+  resolve(&g_events.elapsed, "cuEventElapsedTime");
   resolve(&g_events.is_capturing, "cuStreamIsCapturing");
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
 }
@@ -235,6 +251,11 @@ Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged)
     samples[n++] = limiter::PeerSample{p.peers[i].level, rec.active_until_ns, rec.last_launch_ns};
   }
   *engaged = self != Priority::normal || limiter::engaged(self, samples, n, now);
+  bool lower = false;
+  for (std::size_t i = 0; i < n; ++i)
+    lower = lower || (static_cast<std::uint32_t>(samples[i].level) < static_cast<std::uint32_t>(self) &&
+                      limiter::peer_present(samples[i], now));
+  p.lower_present.store(lower ? 1 : 0, std::memory_order_relaxed);
   const Verdict v = limiter::judge(self, samples, n, now);
   p.verdict.store(static_cast<int>(v), std::memory_order_relaxed);
   p.checked_ns.store(now, std::memory_order_relaxed);
@@ -250,7 +271,8 @@ Verdict recheck(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
 }
 
 void publish(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
-  const std::uint64_t until = limiter::next_publication(p.published_until.load(std::memory_order_relaxed), now);
+  const std::uint64_t until = limiter::next_publication(p.published_until.load(std::memory_order_relaxed),
+                                                        p.horizon.load(std::memory_order_relaxed), now);
   if (until == 0) return;
   lock(p.board_lock);
   ensure_own_file(p, self, true);
@@ -267,11 +289,37 @@ bool capturing(CUstream s) noexcept {
   return g_events.is_capturing(s, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+// ring_lock held. Retires the head marker (waiting for it when `wait`);
+// learns the device time of the launch in front of it when it can.
+bool retire_head(PrioDevice& p, bool wait) noexcept {
+  Marker& m = p.ring[p.head % kRing];
+  CUresult rc = g_events.query(m.event);
+  if (rc == CUDA_ERROR_NOT_READY) {
+    if (!wait) return false;
+    rc = g_events.synchronize(m.event);
+  }
+  if (rc != CUDA_SUCCESS) {  // its context is gone: so is the work behind it
+    if (m.event != nullptr) g_events.destroy(m.event);
+    m.event = nullptr;
+  } else if (m.sample && g_events.elapsed != nullptr) {
+    // The marker before it is complete too (same stream, recorded earlier),
+    // and still alive: the ring never reuses the slot behind the head.
+    const Marker& prev = p.ring[(p.head + kRing - 1) % kRing];
+    float ms = 0;
+    if (prev.event != nullptr && g_events.elapsed(&ms, prev.event, m.event) == CUDA_SUCCESS && ms > 0)
+      limiter::observe_launch(p.estimate, static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6));
+  }
+  ++p.head;
+  return true;
+}
+
 // Records a marker in front of this launch (it completes when everything
-// queued before on the stream has run) and waits, with the driver's blocking
-// synchronisation, until at most bound_launches() - 1 markers are pending:
-// then at most that many launches of ours are queued on the device.
-void bound_inflight(PrioDevice& p, CUstream s, bool ptsz) noexcept {
+// queued before on the stream has run), learns launch costs from completed
+// markers, and when `bound`, waits with the driver's blocking synchronisation
+// until at most bound_launches() - 1 markers are pending: then at most that
+// many launches of ours are queued on the device. Extends the horizon (when
+// our queued work should be done) by this launch's expected device time.
+void marker_step(PrioDevice& p, CUstream s, bool ptsz, bool bound) noexcept {
   if (!g_events.usable()) return;
   const CUstream stream = target_stream(s, ptsz);
   lock(p.ring_lock);
@@ -279,52 +327,50 @@ void bound_inflight(PrioDevice& p, CUstream s, bool ptsz) noexcept {
     unlock(p.ring_lock);
     return;
   }
-  while (p.head != p.tail) {
-    Marker& m = p.ring[p.head % kRing];
-    const CUresult rc = g_events.query(m.event);
-    if (rc == CUDA_ERROR_NOT_READY) break;
-    if (rc != CUDA_SUCCESS) {  // its context is gone: so is the work behind it
-      m.event = nullptr;
-    }
-    ++p.head;
+  while (p.head != p.tail && retire_head(p, false)) {
   }
-  if (p.tail - p.head < kRing) {
+  std::uint64_t now = mono_ns();
+  if (p.tail - p.head < kRing - 1) {
     Marker& m = p.ring[p.tail % kRing];
-    if (m.event == nullptr &&
-        g_events.create(&m.event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS)
-      m.event = nullptr;
+    if (m.event == nullptr && g_events.create(&m.event, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS) m.event = nullptr;
     if (m.event != nullptr && g_events.record(m.event, stream) == CUDA_SUCCESS) {
-      m.launched_ns = p.last_launch_ns;
+      m.stream = stream;
+      m.sample = p.last_queued && p.last_stream == stream && p.last_launch_ns != 0 &&
+                 now - p.last_launch_ns < kAdjacentNs;
       ++p.tail;
+      // Pending right after its record: this launch will queue behind earlier work.
+      p.last_queued = g_events.query(m.event) == CUDA_ERROR_NOT_READY;
     } else if (m.event != nullptr) {
       // E.g. an event of another context than the stream's: the next marker
       // is created in the context current then.
       g_events.destroy(m.event);
       m.event = nullptr;
+      p.last_queued = false;
     }
   }
-  const unsigned bound = limiter::bound_launches(p.estimate);
-  while (p.tail - p.head > bound - 1) {
-    Marker& m = p.ring[p.head % kRing];
-    CUresult rc = g_events.query(m.event);
-    if (rc == CUDA_ERROR_NOT_READY) {
-      rc = g_events.synchronize(m.event);
-      if (rc == CUDA_SUCCESS) limiter::observe_completion(p.estimate, m.launched_ns, mono_ns());
-    }
-    if (rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_READY) m.event = nullptr;
-    ++p.head;
+  if (bound) {
+    const unsigned limit = limiter::bound_launches(p.estimate);
+    while (p.tail - p.head > limit - 1) retire_head(p, true);
+    now = mono_ns();
   }
-  p.last_launch_ns = mono_ns();
+  p.horizon.store(limiter::extend_horizon(p.horizon.load(std::memory_order_relaxed), now, p.estimate.avg_ns),
+                  std::memory_order_relaxed);
+  p.last_launch_ns = now;
+  p.last_stream = stream;
   unlock(p.ring_lock);
 }
 
 [[gnu::noinline, gnu::cold]] void admit_slow(PrioDevice& p, CUstream s, bool ptsz) noexcept {
-  const Priority self = static_cast<Priority>(g_level.load(std::memory_order_relaxed));
+  // The level may have been changed at run time (gpuslice-smi set --priority).
+  const Priority self = current_level(g_process.region);
+  g_level.store(static_cast<std::uint32_t>(self), std::memory_order_relaxed);
   std::uint64_t now = mono_ns();
-  publish(p, self, now);
-  if (self == Priority::high) return;  // nobody above
   Verdict v = static_cast<Verdict>(p.verdict.load(std::memory_order_relaxed));
-  if (now - p.checked_ns.load(std::memory_order_relaxed) >= limiter::kRecheckNs) v = recheck(p, self, now);
+  // A high container only needs the board to know whether a lower one is
+  // present (then its markers measure what it queues): every rescan period.
+  const std::uint64_t every = self == Priority::high ? limiter::kRescanNs : limiter::kRecheckNs;
+  if (now - p.checked_ns.load(std::memory_order_relaxed) >= every) v = recheck(p, self, now);
+  if (self == Priority::high) v = Verdict::free;
   if (v == Verdict::held) {
     Region* r = g_process.region;
     const std::uint64_t began = now;
@@ -341,9 +387,12 @@ void bound_inflight(PrioDevice& p, CUstream s, bool ptsz) noexcept {
     ++p.holds;
     if (p.own_fd >= 0) shm::write_held(p.own_fd, p.held_ns, p.holds);
     unlock(p.board_lock);
-    publish(p, self, now);
   }
-  if (v != Verdict::free) bound_inflight(p, s, ptsz);
+  // Markers while somebody cares: a higher neighbour (our queue must stay
+  // short) or a lower one (our activity must cover our queued work).
+  if (v != Verdict::free || p.lower_present.load(std::memory_order_relaxed) != 0)
+    marker_step(p, s, ptsz, v != Verdict::free);
+  publish(p, self, mono_ns());
 }
 
 }  // namespace
@@ -381,6 +430,12 @@ bool priority_refresh() noexcept {
     any = any || engaged;
   }
   return any;
+}
+
+bool priority_board_present() noexcept {
+  if (g_setup.load(std::memory_order_acquire) != 1) return false;
+  struct stat st;
+  return stat(g_board, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 void priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept {

@@ -16,6 +16,10 @@
 namespace gpuslice::hook {
 
 bool priority_refresh() noexcept;
+// True when this node uses priorities (the board directory exists): then a
+// process needs the background refresh even without a compute limit, to
+// notice a neighbour of another level appearing.
+bool priority_board_present() noexcept;
 void priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept;
 
 }  // namespace gpuslice::hook

@@ -49,8 +49,14 @@ gpuslice::Priority priority_from_word(std::uint32_t word, gpuslice::Priority fal
   return fallback;
 }
 
-std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t now_ns) noexcept {
-  const std::uint64_t until = now_ns + kLingerNs;
+std::uint64_t extend_horizon(std::uint64_t horizon_ns, std::uint64_t now_ns, std::uint64_t launch_ns) noexcept {
+  return (horizon_ns > now_ns ? horizon_ns : now_ns) + launch_ns;
+}
+
+std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t horizon_ns,
+                               std::uint64_t now_ns) noexcept {
+  std::uint64_t until = (horizon_ns > now_ns ? horizon_ns : now_ns) + kLingerNs;
+  if (until > now_ns + kMaxPublishAheadNs) until = now_ns + kMaxPublishAheadNs;
   if (published_until_ns != 0 && until < published_until_ns + kPublishSlackNs) return 0;
   return until;
 }
@@ -85,14 +91,17 @@ bool engaged(gpuslice::Priority self, const PeerSample* peers, std::size_t count
   return false;
 }
 
-void observe_completion(InflightEstimate& e, std::uint64_t launched_ns, std::uint64_t done_ns) noexcept {
-  // Queued behind the previous one: it started when that one completed.
-  const std::uint64_t began = e.last_done_ns > launched_ns ? e.last_done_ns : launched_ns;
-  e.last_done_ns = done_ns;
-  if (launched_ns == 0) return;  // the first launch: no start to measure from
-  if (done_ns <= began) return;
-  const std::uint64_t sample = done_ns - began;
-  e.avg_ns = e.avg_ns == 0 ? sample : (3 * e.avg_ns + sample) / 4;
+void observe_launch(InflightEstimate& e, std::uint64_t duration_ns) noexcept {
+  if (duration_ns == 0) return;
+  if (e.avg_ns == 0) {
+    e.avg_ns = duration_ns;
+    return;
+  }
+  // One sample counts at most double: a launch that shared the device with
+  // another tenant's (time-sliced, or queued in between) must not inflate the
+  // estimate, and with it how long a high one holds the others.
+  if (duration_ns > 2 * e.avg_ns) duration_ns = 2 * e.avg_ns;
+  e.avg_ns = (3 * e.avg_ns + duration_ns) / 4;
 }
 
 std::uint32_t bound_launches(const InflightEstimate& e) noexcept {

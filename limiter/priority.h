@@ -3,8 +3,9 @@
 // feeds them what the priority board holds (shm/priority_board.h).
 //
 // Per device, a container is
-//   - *active* while its published active_until_ns is in the future: it
-//     launched within the last kLingerNs (its work is then queued or running);
+//   - *active* while its published active_until_ns is in the future: until
+//     kLingerNs after the work it has queued is expected to have run (its
+//     launches' measured device time), at most kMaxPublishAheadNs ahead;
 //   - *present* while it launched within the last kPresentNs.
 // A container with a higher-priority neighbour that is
 //   - active: is HELD: its new launches wait (bounded sleeps) until no higher
@@ -23,16 +24,20 @@
 namespace gpuslice::limiter {
 
 // --- tunables (docs/priority.md explains each) ---
-// A container stays active this long after its latest launch: covers the work
-// it queued (a burst of short kernels) and the gap between a synchronize and
-// its next launch. Also the longest a killed process can keep others held.
+// A container stays active this long after its queued work is expected to
+// have run (or after its latest launch, before any measurement): covers the
+// lower tenants' bounded work queued ahead of it (not in its own estimate),
+// the estimate's error and the gap between a synchronize and the next launch.
 inline constexpr std::uint64_t kLingerNs = 3'000'000;
+// It never publishes activity further ahead than this: the longest a killed
+// process (whose queued work dies with its context) can keep others held.
+inline constexpr std::uint64_t kMaxPublishAheadNs = 8'000'000;
 // A publication is skipped unless it extends active_until by at least this
 // much: at most ~2000 writes per second per process, whatever the launch rate.
 inline constexpr std::uint64_t kPublishSlackNs = 500'000;
 // An active_until further ahead than this is not believed (a corrupt word, a
 // clock of another time namespace): it cannot hold anyone.
-inline constexpr std::uint64_t kMaxAheadNs = kLingerNs + kPublishSlackNs + 1'000'000;
+inline constexpr std::uint64_t kMaxAheadNs = kMaxPublishAheadNs + 2'000'000;
 // A neighbour counts as present this long after its latest launch.
 inline constexpr std::uint64_t kPresentNs = 30'000'000'000;
 // A held launch sleeps this long between looks at the board (reaction and
@@ -62,9 +67,14 @@ const char* priority_name(gpuslice::Priority p) noexcept;  // "high", "normal", 
 gpuslice::Priority priority_from_word(std::uint32_t word, gpuslice::Priority fallback) noexcept;
 
 // --- writer side ---
-// The active_until to publish after a launch at now_ns, or 0 when the one
-// already published is recent enough (no write).
-std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t now_ns) noexcept;
+// When the work this process has queued is expected to be done: each launch
+// at now_ns adds its measured device time (0 before any measurement) behind
+// what is already queued.
+std::uint64_t extend_horizon(std::uint64_t horizon_ns, std::uint64_t now_ns, std::uint64_t launch_ns) noexcept;
+// The active_until to publish after a launch at now_ns with that horizon, or
+// 0 when the one already published is recent enough (no write).
+std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t horizon_ns,
+                               std::uint64_t now_ns) noexcept;
 
 // --- reader side ---
 struct PeerSample {
@@ -85,16 +95,13 @@ Verdict judge(gpuslice::Priority self, const PeerSample* peers, std::size_t coun
 bool engaged(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
 
 // --- in-flight bound ---
-// Device time per launch of this process, learnt from how long it waited for
-// its own markers. Only ever used by one thread at a time.
+// Device time per launch of this process, measured between event markers
+// (hook/priority.cc). Only ever used by one thread at a time.
 struct InflightEstimate {
-  std::uint64_t avg_ns = 0;        // 0: nothing measured yet
-  std::uint64_t last_done_ns = 0;  // when the previous waited-for marker completed
+  std::uint64_t avg_ns = 0;  // 0: nothing measured yet
 };
-// A marker that follows a launch issued at launched_ns was waited for and
-// completed at done_ns: that launch ran from max(launched_ns, the previous
-// waited-for completion) to done_ns.
-void observe_completion(InflightEstimate& e, std::uint64_t launched_ns, std::uint64_t done_ns) noexcept;
+// One launch took duration_ns of device time (queued behind the previous).
+void observe_launch(InflightEstimate& e, std::uint64_t duration_ns) noexcept;
 // Launches the process may keep in flight while bounded.
 std::uint32_t bound_launches(const InflightEstimate& e) noexcept;
 

@@ -16,9 +16,9 @@ using namespace gpuslice::limiter;
 constexpr std::uint64_t kMs = 1'000'000;
 constexpr std::uint64_t kT0 = 1'000'000 * kMs;  // an arbitrary CLOCK_MONOTONIC instant
 
-// A neighbour that launched at `at` and published as the library does.
+// A neighbour that launched at `at` (nothing measured yet) and published as the library does.
 PeerSample launched(Priority level, std::uint64_t at) {
-  return PeerSample{level, next_publication(0, at), at};
+  return PeerSample{level, next_publication(0, extend_horizon(0, at, 0), at), at};
 }
 
 TEST(PriorityParse, WordsAnyCase) {
@@ -99,13 +99,27 @@ TEST(PriorityJudge, ReleasedAfterTheLingerThenBounded) {
   EXPECT_EQ(judge(Priority::low, &high, 1, kT0 + kPresentNs), Verdict::free);
 }
 
-TEST(PriorityJudge, KilledHolderReleasesWithinTheLinger) {
+TEST(PriorityJudge, KilledHolderReleasesWithinAFewMs) {
   // A process killed right after publishing cannot hold anyone longer than
-  // what it published: kLingerNs after its last launch (a few ms).
-  const PeerSample dead = launched(Priority::high, kT0);
-  EXPECT_LE(dead.active_until_ns - kT0, kLingerNs);
-  EXPECT_NE(judge(Priority::low, &dead, 1, kT0 + kLingerNs), Verdict::held);
-  EXPECT_LE(kLingerNs, 5 * kMs);
+  // what it published, and it never publishes more than kMaxPublishAheadNs
+  // ahead, however much work it had queued (that work dies with it).
+  std::uint64_t horizon = 0;
+  for (int i = 0; i < 1000; ++i) horizon = extend_horizon(horizon, kT0, 5 * kMs);  // 5 s queued
+  const PeerSample dead{Priority::high, next_publication(0, horizon, kT0), kT0};
+  EXPECT_EQ(dead.active_until_ns - kT0, kMaxPublishAheadNs);
+  EXPECT_EQ(judge(Priority::low, &dead, 1, kT0 + kMaxPublishAheadNs - 1), Verdict::held);
+  EXPECT_NE(judge(Priority::low, &dead, 1, kT0 + kMaxPublishAheadNs), Verdict::held);
+  EXPECT_LE(kMaxPublishAheadNs, 10 * kMs);
+}
+
+TEST(PriorityPublish, ActiveCoversQueuedWork) {
+  // 20 launches of 200 us at once: active until they should have run, plus the linger.
+  std::uint64_t horizon = 0;
+  for (int i = 0; i < 20; ++i) horizon = extend_horizon(horizon, kT0, 200'000);
+  EXPECT_EQ(horizon, kT0 + 4 * kMs);
+  EXPECT_EQ(next_publication(0, horizon, kT0), kT0 + 4 * kMs + kLingerNs);
+  // Work done long ago does not count: the horizon restarts from now.
+  EXPECT_EQ(extend_horizon(horizon, kT0 + 100 * kMs, 200'000), kT0 + 100 * kMs + 200'000);
 }
 
 TEST(PriorityJudge, FarFutureWordIsNotBelieved) {
@@ -138,37 +152,27 @@ TEST(PriorityEngaged, NormalOnlyNextToAnotherLevel) {
 }
 
 TEST(PriorityPublish, RateLimited) {
-  const std::uint64_t first = next_publication(0, kT0);
+  const std::uint64_t first = next_publication(0, 0, kT0);
   EXPECT_EQ(first, kT0 + kLingerNs);
-  EXPECT_EQ(next_publication(first, kT0 + kPublishSlackNs / 2), 0u);  // recent enough: no write
-  EXPECT_EQ(next_publication(first, kT0 + kPublishSlackNs), kT0 + kPublishSlackNs + kLingerNs);
+  EXPECT_EQ(next_publication(first, 0, kT0 + kPublishSlackNs / 2), 0u);  // recent enough: no write
+  EXPECT_EQ(next_publication(first, 0, kT0 + kPublishSlackNs), kT0 + kPublishSlackNs + kLingerNs);
 }
 
 TEST(PriorityBound, LearnsTheLaunchCost) {
   InflightEstimate e;
   EXPECT_EQ(bound_launches(e), kMinBoundLaunches);  // nothing measured: the minimum
-  // 100 us launches, each queued behind the previous one.
-  std::uint64_t t = kT0;
-  observe_completion(e, 0, t);  // the first launch: no start known
+  observe_launch(e, 0);                              // no information
   EXPECT_EQ(e.avg_ns, 0u);
-  for (int i = 0; i < 20; ++i) {
-    observe_completion(e, t - 50'000, t + 100'000);
-    t += 100'000;
-  }
+  for (int i = 0; i < 20; ++i) observe_launch(e, 100'000);
   EXPECT_EQ(e.avg_ns, 100'000u);
   EXPECT_EQ(bound_launches(e), 10u);  // 1 ms of work
-  // Long kernels: the minimum.
-  for (int i = 0; i < 20; ++i) {
-    observe_completion(e, t, t + 5 * kMs);
-    t += 6 * kMs;
-  }
-  EXPECT_EQ(bound_launches(e), kMinBoundLaunches);
-  // Tiny kernels: capped.
-  for (int i = 0; i < 40; ++i) {
-    observe_completion(e, t, t + 2'000);
-    t += 3'000;
-  }
-  EXPECT_EQ(bound_launches(e), kMaxBoundLaunches);
+  // An outlier (the launch shared the device) moves the estimate by a quarter of double at most.
+  observe_launch(e, 50 * kMs);
+  EXPECT_EQ(e.avg_ns, 125'000u);
+  for (int i = 0; i < 40; ++i) observe_launch(e, 5 * kMs);
+  EXPECT_EQ(bound_launches(e), kMinBoundLaunches);  // long kernels: the minimum
+  for (int i = 0; i < 40; ++i) observe_launch(e, 2'000);
+  EXPECT_EQ(bound_launches(e), kMaxBoundLaunches);  // tiny kernels: capped
 }
 
 }  // namespace
