@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include "hook/log.h"
+#include "hook/oversub.h"
 #include "hook/wrap.h"
 
 namespace gpuslice::hook {
@@ -107,11 +108,45 @@ CUresult refuse_legacy(const char* symbol) noexcept {
 using namespace gpuslice::hook;
 using gpuslice::limiter::AllocKind;
 
+namespace {
+// Spill: managed memory that prefers to live on the host; the device pages it
+// in on access (docs/memory.md).
+CUresult spill_managed(CUdeviceptr* dptr, std::uint64_t bytes) noexcept {
+  CUresult rc = real_cuMemAllocManaged(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+  if (rc == CUDA_SUCCESS && real_cuMemAdvise_v2 != nullptr) {
+    CUmemLocation host{};
+    host.type = CU_MEM_LOCATION_TYPE_HOST;
+    real_cuMemAdvise_v2(*dptr, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host);  // advice only
+  }
+  return rc;
+}
+
+struct LinearAlloc {
+  CUdeviceptr* dptr;
+  std::uint64_t bytes;
+};
+}  // namespace
+
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   CountingOp op;
   Reservation r;
   CUresult rc = reserve_on_current(bytesize, &r);
   if (rc != CUDA_SUCCESS) return rc;
+  if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr) {
+    LinearAlloc a{dptr, bytesize};
+    std::uint64_t* key = reinterpret_cast<std::uint64_t*>(dptr);
+    return alloc_oversubscribed(
+        *g_pointers, r, key, AllocKind::linear,
+        [](void* c) noexcept {
+          auto* p = static_cast<LinearAlloc*>(c);
+          return real_cuMemAlloc_v2(p->dptr, p->bytes);
+        },
+        [](void* c) noexcept {
+          auto* p = static_cast<LinearAlloc*>(c);
+          return spill_managed(p->dptr, p->bytes);
+        },
+        &a);
+  }
   rc = real_cuMemAlloc_v2(dptr, bytesize);
   commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::linear);
   return rc;
@@ -135,6 +170,30 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
   Reservation r;
   CUresult rc = reserve_on_current(pitch_estimate(WidthInBytes, Height), &r);
   if (rc != CUDA_SUCCESS) return rc;
+  if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr && pPitch != nullptr && Height != 0) {
+    // Counted at the 512-byte-aligned estimate (at most 511 bytes a row above
+    // the driver's pitch); spilled rows use that pitch.
+    struct PitchAlloc {
+      CUdeviceptr* dptr;
+      size_t* pitch;
+      size_t width, height;
+      unsigned elem;
+      std::uint64_t bytes;
+    } a{dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, r.bytes};
+    return alloc_oversubscribed(
+        *g_pointers, r, reinterpret_cast<std::uint64_t*>(dptr), AllocKind::pitch,
+        [](void* c) noexcept {
+          auto* p = static_cast<PitchAlloc*>(c);
+          return real_cuMemAllocPitch_v2(p->dptr, p->pitch, p->width, p->height, p->elem);
+        },
+        [](void* c) noexcept {
+          auto* p = static_cast<PitchAlloc*>(c);
+          const CUresult rc = spill_managed(p->dptr, p->bytes);
+          if (rc == CUDA_SUCCESS) *p->pitch = static_cast<size_t>(p->bytes / p->height);
+          return rc;
+        },
+        &a);
+  }
   rc = real_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   if (rc == CUDA_SUCCESS) {
     // Settle on what the driver really holds: the pitch it returned times the rows.

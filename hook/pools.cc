@@ -23,6 +23,7 @@
 
 #include "hook/launch.h"
 #include "hook/log.h"
+#include "hook/oversub.h"
 #include "hook/wrap.h"
 
 namespace gpuslice::hook {
@@ -121,6 +122,10 @@ CUresult alloc_from(CUmemoryPool pool, int entry, std::uint64_t bytes, CUdevicep
     bool ok = reserve(pc->entry, growth);
     t_allocating = false;
     if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!resident_admits(pc->entry)) {  // over the device-resident allowance: pool memory cannot spill
+      release(pc->entry, growth);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     pc->counted += growth;
   }
   CUresult rc = real_alloc();

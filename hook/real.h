@@ -25,6 +25,7 @@ namespace gpuslice::hook {
   X(cuMemGetAllocationPropertiesFromHandle) \
   X(cuArray3DGetDescriptor_v2)         \
   X(cuMipmappedArrayGetLevel)          \
+  X(cuMemAdvise_v2)                    \
   X(cuMemPoolGetAttribute)             \
   X(cuArrayGetMemoryRequirements)      \
   X(cuMipmappedArrayGetMemoryRequirements)
@@ -42,6 +43,9 @@ GPUSLICE_NVML_INTERNAL(GPUSLICE_DECLARE_REAL)
 // glibc's dlsym, found with dlvsym so that our own exported dlsym is skipped.
 // Written before the first jump through it (dlsym.cc); read by the asm stub.
 extern "C" void* (*gpuslice_real_dlsym)(void*, const char*);
+// On the driver's handle, the names resolved at load time (hooked, internal,
+// and the few other layers ask for: real.cc kByName) are answered from our
+// table without glibc's dlsym, which takes the loader lock.
 void* real_dlsym(void* handle, const char* name) noexcept;
 // Resolves gpuslice_real_dlsym without looking anything up; false if glibc has none.
 bool resolve_real_dlsym() noexcept;

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "hook/oversub.h"
 #include "hook/wrap.h"
 
 namespace gpuslice::hook {
@@ -118,6 +119,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handl
   Reservation r;
   CUresult rc = reserve_on_ordinal(prop->location.id, size, &r);
   if (rc != CUDA_SUCCESS) return rc;
+  if (!resident_admits(r.entry)) {  // over the device-resident allowance: VMM memory cannot spill
+    release(r.entry, r.bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   rc = real_cuMemCreate(handle, size, prop, flags);
   if (rc != CUDA_SUCCESS) {
     release(r.entry, r.bytes);

@@ -58,6 +58,11 @@ CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* 
 void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
             limiter::AllocKind kind) noexcept;
 
+// A counted allocation went back to the driver: spilled bytes stop counting
+// as spilled, and allocations of the container waiting for memory are woken
+// (oversub.cc).
+void oversub_freed(int entry, limiter::AllocKind kind, std::uint64_t bytes) noexcept;
+
 // Free path: forget `key` (exactly once), run the real free, then return the
 // bytes to the budget — or put the record back if the driver refused.
 template <class RealFree>
@@ -67,9 +72,10 @@ CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& 
   const bool counted = table.erase(key, &rec);
   CUresult rc = real_free();
   if (counted) {
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
       release(rec.dev, rec.bytes);
-    else
+      oversub_freed(rec.dev, rec.kind, rec.bytes);
+    } else
       table.insert(key, rec);
   }
   return rc;

@@ -18,7 +18,7 @@
 
 namespace gpuslice::limiter {
 
-enum class AllocKind : std::uint8_t { linear, pitch, managed, async, vmm, array, mipmapped, pool, context };
+enum class AllocKind : std::uint8_t { linear, pitch, managed, async, vmm, array, mipmapped, pool, context, spilled };
 
 struct AllocRecord {
   std::uint64_t bytes;

@@ -145,6 +145,12 @@ void release_all(Region* r, int slot) noexcept {
     } while (!d.used_bytes.compare_exchange_weak(used, used - sub));
     if (sub != take) d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
     s.context_bytes[dev].store(0, std::memory_order_relaxed);
+    // Spilled bytes are part of what was just released.
+    if (const std::uint64_t sp = s.spilled_bytes[dev].exchange(0); sp != 0) {
+      std::uint64_t cur = d.spilled_bytes.load(std::memory_order_relaxed);
+      while (!d.spilled_bytes.compare_exchange_weak(cur, cur > sp ? cur - sp : 0)) {
+      }
+    }
   }
 }
 

@@ -1,0 +1,164 @@
+// Memory oversubscription: the policies of oversub.h.
+#include "hook/oversub.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hook/log.h"
+
+namespace gpuslice::hook {
+
+std::atomic<int> g_oversub_state{0};
+
+namespace {
+
+constexpr std::uint64_t kWaitSliceNs = 20'000'000;  // re-try at least this often: frees elsewhere wake nobody
+
+std::uint64_t now_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+DeviceState& device(int entry) noexcept { return g_process.region->devices[entry]; }
+
+// Publishes this process's settings for the device in the region (the first
+// process to set them wins, like the quota), so that smi and the agent show them.
+void publish(int entry) noexcept {
+  const limiter::Options& o = config().options;
+  const int ordinal = ordinal_of_entry(entry);
+  DeviceState& d = device(entry);
+  if (ordinal >= 0) {
+    std::uint64_t expected = 0;
+    const std::uint64_t allowance = o.memory_resident[ordinal];
+    if (allowance != kUnlimited) d.resident_limit_bytes.compare_exchange_strong(expected, allowance);
+  }
+  std::uint32_t none = 0;
+  if (o.oversubscribe != limiter::kOversubscribeFail)
+    d.oversub_policy.compare_exchange_strong(none, static_cast<std::uint32_t>(o.oversubscribe));
+}
+
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen, std::uint64_t ns) noexcept {
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000ull), static_cast<long>(ns % 1'000'000'000ull)};
+  // Shared futex (no FUTEX_PRIVATE_FLAG): the word is in the region, mapped by every process.
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, 0x7fffffff, nullptr, nullptr, 0);
+}
+
+// Sleeps until memory of the container is freed, a slice passes or the
+// deadline does. Returns false once the deadline has passed.
+bool wait_for_memory(int entry, std::uint64_t deadline, bool* counted) noexcept {
+  DeviceState& d = device(entry);
+  const std::uint64_t now = now_ns();
+  if (now >= deadline) return false;
+  if (!*counted) {
+    d.oversub_waits.fetch_add(1, std::memory_order_relaxed);
+    *counted = true;
+  }
+  d.oversub_waiting.fetch_add(1, std::memory_order_seq_cst);
+  const std::uint32_t seen = d.free_generation.load(std::memory_order_seq_cst);
+  const std::uint64_t left = deadline - now;
+  futex_wait(&d.free_generation, seen, left < kWaitSliceNs ? left : kWaitSliceNs);
+  d.oversub_waiting.fetch_sub(1, std::memory_order_seq_cst);
+  d.oversub_wait_ns.fetch_add(now_ns() - now, std::memory_order_relaxed);
+  return true;
+}
+
+}  // namespace
+
+bool oversub_init() noexcept {
+  const limiter::Options& o = config().options;
+  bool on = o.oversubscribe != limiter::kOversubscribeFail;
+  for (std::uint32_t d = 0; d < kMaxDevices && !on; ++d) on = o.memory_resident[d] != kUnlimited;
+  g_oversub_state.store(on ? 2 : 1, std::memory_order_relaxed);
+  return on;
+}
+
+bool over_allowance(int entry) noexcept {
+  publish(entry);
+  DeviceState& d = device(entry);
+  const std::uint64_t limit = d.resident_limit_bytes.load(std::memory_order_relaxed);
+  if (limit == 0 || limit == kUnlimited) return false;
+  const std::uint64_t used = d.used_bytes.load(std::memory_order_acquire);
+  const std::uint64_t spilled = d.spilled_bytes.load(std::memory_order_acquire);
+  return used > spilled && used - spilled > limit;
+}
+
+CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, std::uint64_t* key,
+                              limiter::AllocKind kind, RealAllocFn real_alloc, RealAllocFn spill,
+                              void* ctx) noexcept {
+  const limiter::Options& o = config().options;
+  const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
+  bool waited = false;
+  for (;;) {
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!over_allowance(r.entry)) {
+      rc = real_alloc(ctx);
+      if (rc != CUDA_ERROR_OUT_OF_MEMORY) {
+        commit(table, rc, r, rc == CUDA_SUCCESS ? *key : 0, kind);
+        return rc;
+      }
+    }
+    // The device (or the container's allowance on it) is full.
+    if (o.oversubscribe == limiter::kOversubscribeSpill && spill != nullptr) {
+      rc = spill(ctx);
+      if (rc == CUDA_SUCCESS) {
+        DeviceState& d = device(r.entry);
+        d.spilled_bytes.fetch_add(r.bytes, std::memory_order_acq_rel);
+        d.spills.fetch_add(1, std::memory_order_relaxed);
+        const int slot = g_process.slot.load(std::memory_order_acquire);
+        if (slot >= 0) g_process.region->slots[slot].spilled_bytes[r.entry].fetch_add(r.bytes, std::memory_order_acq_rel);
+        commit(table, rc, r, *key, limiter::AllocKind::spilled);
+        return rc;
+      }
+    } else if (o.oversubscribe == limiter::kOversubscribeWait) {
+      if (wait_for_memory(r.entry, deadline, &waited)) continue;
+      device(r.entry).oversub_timeouts.fetch_add(1, std::memory_order_relaxed);
+    }
+    release(r.entry, r.bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+bool resident_admits(int entry) noexcept {
+  if (!oversubscribing()) return true;
+  const limiter::Options& o = config().options;
+  const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
+  bool waited = false;
+  while (over_allowance(entry)) {
+    if (o.oversubscribe != limiter::kOversubscribeWait || !wait_for_memory(entry, deadline, &waited)) {
+      if (o.oversubscribe == limiter::kOversubscribeWait) device(entry).oversub_timeouts.fetch_add(1);
+      return false;
+    }
+  }
+  return true;
+}
+
+void oversub_freed(int entry, limiter::AllocKind kind, std::uint64_t bytes) noexcept {
+  if (entry < 0 || g_process.region == nullptr) return;
+  DeviceState& d = device(entry);
+  if (kind == limiter::AllocKind::spilled) {
+    // Clamped: the reaper may have recovered a dead process's share meanwhile.
+    std::uint64_t cur = d.spilled_bytes.load(std::memory_order_relaxed);
+    while (!d.spilled_bytes.compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0)) {
+    }
+    const int slot = g_process.slot.load(std::memory_order_acquire);
+    if (slot >= 0) {
+      auto& mine = g_process.region->slots[slot].spilled_bytes[entry];
+      std::uint64_t m = mine.load(std::memory_order_relaxed);
+      while (!mine.compare_exchange_weak(m, m > bytes ? m - bytes : 0)) {
+      }
+    }
+  }
+  if (d.oversub_waiting.load(std::memory_order_seq_cst) != 0) {
+    d.free_generation.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(&d.free_generation);
+  }
+}
+
+}  // namespace gpuslice::hook
