@@ -43,6 +43,18 @@ struct Internal {
 };
 #define GPUSLICE_INTERNAL_ROW(symbol) {#symbol, reinterpret_cast<void**>(&real_##symbol)},
 const Internal kDriverInternal[] = {GPUSLICE_CU_INTERNAL(GPUSLICE_INTERNAL_ROW)};
+// Entry points other layers look up at run time with
+// real_dlsym(driver_handle(), name): resolved with the rest, so that those
+// lookups never take the loader lock (another thread may be waiting on the
+// caller while holding it: a library constructor making CUDA calls).
+constexpr const char* kByName[] = {
+    "cuEventCreate",       "cuEventRecord",          "cuEventQuery",        "cuEventSynchronize",
+    "cuEventDestroy_v2",   "cuEventElapsedTime",     "cuStreamIsCapturing", "cuStreamGetDevice",
+    "cuStreamGetCtx",      "cuCtxPushCurrent_v2",    "cuCtxPopCurrent_v2",  "cuGraphGetNodes",
+    "cuGraphNodeGetType",  "cuGraphKernelNodeGetParams_v2", "cuGraphChildGraphNodeGetGraph",
+};
+constexpr std::size_t kByNameCount = sizeof kByName / sizeof *kByName;
+void* g_by_name[kByNameCount] = {};
 const Internal kNvmlInternal[] = {GPUSLICE_NVML_INTERNAL(GPUSLICE_INTERNAL_ROW)};
 #undef GPUSLICE_INTERNAL_ROW
 
@@ -112,6 +124,8 @@ void resolve(void* handle, bool nvml) noexcept {
   size_t n = nvml ? sizeof kNvmlInternal / sizeof *kNvmlInternal
                   : sizeof kDriverInternal / sizeof *kDriverInternal;
   for (size_t i = 0; i < n; ++i) publish(table[i].real, real_dlsym(handle, table[i].name));
+  if (!nvml)
+    for (std::size_t i = 0; i < kByNameCount; ++i) publish(&g_by_name[i], real_dlsym(handle, kByName[i]));
 }
 
 
@@ -186,6 +200,17 @@ bool load_once(std::atomic<int>& state, bool (*load)() noexcept) noexcept {
   return state.load(std::memory_order_acquire) == kLoaded;
 }
 
+// A name resolved at load time, or nullptr (then glibc's dlsym answers).
+void* preresolved(const char* name) noexcept {
+  for (std::size_t i = 0; i < kByNameCount; ++i)
+    if (std::strcmp(kByName[i], name) == 0) return __atomic_load_n(&g_by_name[i], __ATOMIC_ACQUIRE);
+  for (const Internal& row : kDriverInternal)
+    if (std::strcmp(row.name, name) == 0) return __atomic_load_n(row.real, __ATOMIC_ACQUIRE);
+  for (const Hook& h : kHooks)
+    if (!h.nvml && std::strcmp(h.name, name) == 0) return __atomic_load_n(h.real, __ATOMIC_ACQUIRE);
+  return nullptr;
+}
+
 }  // namespace
 
 extern "C" {
@@ -210,6 +235,12 @@ bool resolve_real_dlsym() noexcept {
 }
 
 void* real_dlsym(void* handle, const char* name) noexcept {
+  // The driver's own entry points, once loaded, come from our table: glibc's
+  // dlsym takes the loader lock, and a caller of ours may hold it.
+  if (handle != nullptr && name != nullptr && g_driver_state.load(std::memory_order_acquire) == kLoaded &&
+      handle == g_driver_handle.load(std::memory_order_acquire)) {
+    if (void* p = preresolved(name)) return p;
+  }
   if (!resolve_real_dlsym()) return nullptr;
   return __atomic_load_n(&gpuslice_real_dlsym, __ATOMIC_ACQUIRE)(handle, name);
 }

@@ -50,7 +50,8 @@ class LifecycleDeadlock : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LifecycleDeadlock, ConstructorCallingTheDriverDuringAnotherThreadsBootstrapDoesNotHang) {
   Sandbox box;
-  Result r = run({bin("lifecycle_probe"), "deadlock", lib("lifecycle_ctor_lib")},
+  const std::string mode = std::string(GetParam()) == "launch" ? "deadlock-launch" : "deadlock";
+  Result r = run({bin("lifecycle_probe"), mode, lib("lifecycle_ctor_lib")},
                  limited(box, {{"LIFECYCLE_CTOR", GetParam()}}), 30000);
   ASSERT_FALSE(r.timed_out) << "deadlock: the constructor waits on bootstrap, bootstrap on the loader lock\n"
                             << r.describe();
@@ -60,7 +61,7 @@ TEST_P(LifecycleDeadlock, ConstructorCallingTheDriverDuringAnotherThreadsBootstr
   EXPECT_EQ(value(r, "deadlock", "thread_rc"), "0") << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(Lifecycle, LifecycleDeadlock, ::testing::Values("cuinit", "dlsym"));
+INSTANTIATE_TEST_SUITE_P(Lifecycle, LifecycleDeadlock, ::testing::Values("cuinit", "dlsym", "launch"));
 
 // --- 2. fork variants, exit ---
 

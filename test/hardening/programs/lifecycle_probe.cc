@@ -2,6 +2,7 @@
 // (test/hardening/lifecycle_test.cc). Each prints "<mode> key=value" lines.
 //   deadlock LIB          thread A makes the first CUDA call while the main
 //                         thread dlopens LIB, whose constructor calls the driver
+//   deadlock-launch LIB   the same with the first kernel launch
 //   null-arrays           cu*ArrayCreate with NULL out-parameters, first call
 //   fork-exit VARIANT     parent holds 6 MiB; a child made by VARIANT (_Fork,
 //                         vfork, clone) calls exit(); then the parent fills up
@@ -35,6 +36,8 @@ extern "C" {
 // Shared with the deadlock library's constructor (dlsym(RTLD_DEFAULT, ...)).
 [[gnu::visibility("default")]] std::atomic<int> lifecycle_thread_tid{0};
 [[gnu::visibility("default")]] std::atomic<int> lifecycle_in_ctor{0};
+[[gnu::visibility("default")]] std::atomic<int> lifecycle_thread_done{0};
+[[gnu::visibility("default")]] CUfunction lifecycle_function = nullptr;
 }
 
 namespace {
@@ -63,14 +66,27 @@ pid_t make_child(const char* variant) {
   return fork();
 }
 
-int deadlock(const char* lib) {
+// launch=false: thread A makes the process's first CUDA call (cuInit);
+// launch=true: the process has a context, and A makes its first launch.
+int deadlock(const char* lib, bool launch) {
   std::atomic<int> thread_rc{-1};
+  CUcontext ctx = nullptr;
+  if (launch) {
+    CUmodule module = nullptr;
+    if (init_context() != CUDA_SUCCESS || cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+        cuModuleLoadData(&module, "spin_10us") != CUDA_SUCCESS ||
+        cuModuleGetFunction(&lifecycle_function, module, "spin_10us") != CUDA_SUCCESS)
+      return 3;
+  }
   std::thread a([&] {
     lifecycle_thread_tid.store(static_cast<int>(syscall(SYS_gettid)));
-    // Start the process's first CUDA call once the constructor holds the
-    // loader lock (spinning, so that "sleeping" means blocked in the call).
+    if (launch) cuCtxSetCurrent(ctx);
+    // Start the call once the constructor holds the loader lock (spinning,
+    // so that "sleeping" means blocked in the call).
     while (lifecycle_in_ctor.load() == 0) sched_yield();
-    thread_rc.store(cuInit(0));
+    thread_rc.store(launch ? cuLaunchKernel(lifecycle_function, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr)
+                           : cuInit(0));
+    lifecycle_thread_done.store(1);
   });
   void* h = dlopen(lib, RTLD_NOW);
   a.join();
@@ -195,7 +211,8 @@ int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 2) return 2;
   const char* mode = argv[1];
-  if (std::strcmp(mode, "deadlock") == 0 && argc > 2) return deadlock(argv[2]);
+  if (std::strcmp(mode, "deadlock") == 0 && argc > 2) return deadlock(argv[2], false);
+  if (std::strcmp(mode, "deadlock-launch") == 0 && argc > 2) return deadlock(argv[2], true);
   if (std::strcmp(mode, "null-arrays") == 0) {
     std::printf("null-arrays array=%d array3d=%d mipmapped=%d\n", cuArrayCreate(nullptr, nullptr),
                 cuArray3DCreate(nullptr, nullptr), cuMipmappedArrayCreate(nullptr, nullptr, 1));
