@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 MUST_PASS_LOADED = ["bench", "microbench", "nvml", "concurrency"]
-MUST_SKIP = ["frameworks", "compute"]
+MUST_SKIP = ["compute"]
 
 
 def run_script(args, timeout):
@@ -60,6 +60,16 @@ def main():
                 name, r.get("status"), r.get("gpuslice_loaded"), r.get("simulated"), r.get("message")))
     if steps.get("facts", {}).get("status") != "ok":
         problems.append("facts: %s" % steps.get("facts"))
+    # PyTorch, JAX and CuPy need the CUDA runtime: skipped, saying why; numba-cuda
+    # and cuda-core run on the simulated driver where installed, else are skipped.
+    fw = steps.get("frameworks", {})
+    for name, r in (fw.get("results") or {}).items():
+        runtime = name not in ("numba", "cuda_core")
+        if (runtime and "skipped: --simulated" not in r.get("note", "")) or \
+                (not runtime and r.get("status") not in ("ok", "skipped")):
+            problems.append("frameworks/%s: %s: %s" % (name, r.get("status"), r.get("note")))
+    if fw.get("status") not in ("ok", "skipped") or len(fw.get("results") or {}) != 7:
+        problems.append("frameworks: %s: %s" % (fw.get("status"), fw.get("message")))
     for name in MUST_SKIP:
         r = steps.get(name, {})
         if r.get("status") != "skipped" or "skipped: --simulated" not in r.get("message", ""):
