@@ -124,8 +124,9 @@ def step_compute(step):
                            "the simulated compute limiter is measured by gpuslice-bench's sweep")
     if importlib.util.find_spec("torch") is None:  # the probes import it; this process need not
         return step.finish("skipped", message="skipped: torch not installed")
-    # 8 process slots of (import + warm-up + window); keep ~10% for the rest.
-    window = max(2.0, min(8.0, step.left() * 0.9 / 8 - 8))
+    # 7 process slots, each about 14 s of import, CUDA and cuBLAS start-up and
+    # warm-up before its window (the pair runs side by side).
+    window = max(2.0, min(8.0, step.left() / 7 - 14))
     warmup = 2.0
     me = os.path.abspath(__file__)
     loop = [sys.executable, me, "loop", "--warmup", str(warmup), "--seconds", str(window)]
@@ -157,7 +158,7 @@ def step_compute(step):
             runs[tag] = {"error": "no time left in the step's budget"}
             return
         proc, log = start(tag, env, mode)
-        collect(tag, proc, log, step.left() - 2)
+        collect(tag, proc, log, min(step.left() - 2, window + 50))
 
     def limited(tag, sm, **extra):
         env = step.gpuslice_env("compute-" + tag, GPUSLICE_MEMORY_LIMIT=CHECK_QUOTA, **extra)
@@ -169,17 +170,17 @@ def step_compute(step):
     one("unlimited", limited("unlimited", None))
     for sm in (25, 50, 75):
         one("sm%d" % sm, limited("sm%d" % sm, sm))
+    one("graph_native", step.native_env(), "graph")
+    one("graph_sm50", limited("graph_sm50", 50), "graph")
     if step.left() > window + 25:
         barrier = os.path.join(step.scratch, "barrier")
         os.makedirs(barrier, exist_ok=True)
         pair = [("pair_sm30", 30), ("pair_sm60", 60)]
         procs = [(tag,) + start(tag, limited(tag, sm), barrier=barrier, parties=2) for tag, sm in pair]
         for tag, proc, log in procs:
-            collect(tag, proc, log, step.left() - 2)
+            collect(tag, proc, log, min(step.left() - 2, window + 50))
     else:
         runs["pair_sm30"] = runs["pair_sm60"] = {"error": "no time left in the step's budget"}
-    one("graph_native", step.native_env(), "graph")
-    one("graph_sm50", limited("graph_sm50", 50), "graph")
     return report(step, runs, window)
 
 
