@@ -15,6 +15,8 @@ namespace {
 struct RawHeader {
   char name[sizeof(RegionHeader::container_name)];
   std::uint64_t created_ns, heartbeat_ns, slots_reaped;
+  std::uint32_t priority;
+  std::uint64_t priority_held_ns, priority_held_until_ns;
 };
 
 void copy_device(const DeviceState& d, int index, DeviceView* v) {
@@ -74,6 +76,9 @@ bool take_view(const Region* r, RegionView* out) {
     raw.created_ns = r->header.created_ns;
     raw.heartbeat_ns = r->header.agent_heartbeat_ns.load(std::memory_order_relaxed);
     raw.slots_reaped = r->header.slots_reaped.load(std::memory_order_relaxed);
+    raw.priority = r->header.priority.load(std::memory_order_relaxed);
+    raw.priority_held_ns = r->header.priority_held_ns.load(std::memory_order_relaxed);
+    raw.priority_held_until_ns = r->header.priority_held_until_ns.load(std::memory_order_relaxed);
     for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
       const DeviceState& d = r->devices[i];
       if (d.uuid_state.load(std::memory_order_acquire) != shm::kDevicePublished) continue;
@@ -94,6 +99,9 @@ bool take_view(const Region* r, RegionView* out) {
   out->created_ns = raw.created_ns;
   out->agent_heartbeat_ns = raw.heartbeat_ns;
   out->slots_reaped = raw.slots_reaped;
+  out->priority = raw.priority;
+  out->priority_held_ns = raw.priority_held_ns;
+  out->priority_held_until_ns = raw.priority_held_until_ns;
   return true;
 }
 

@@ -47,6 +47,9 @@ struct RegionView {
   std::uint64_t created_ns = 0;
   std::uint64_t agent_heartbeat_ns = 0;
   std::uint64_t slots_reaped = 0;
+  std::uint32_t priority = 0;                // gpuslice::Priority word (0 = not recorded yet)
+  std::uint64_t priority_held_ns = 0;        // total time launches were held by higher priority
+  std::uint64_t priority_held_until_ns = 0;  // held now if in the future (CLOCK_MONOTONIC)
   std::vector<DeviceView> devices;  // published entries, by index
   std::vector<SlotView> slots;      // slots that are not free, by index
 

@@ -76,6 +76,9 @@ std::string render_json(const Snapshot& s) {
                                       ? json(s.now_ns - r.view.agent_heartbeat_ns)
                                       : json(nullptr);
     j["slots_reaped"] = r.view.slots_reaped;
+    j["priority"] = priority_text(r.view);
+    j["priority_held"] = priority_held(r.view, s.now_ns);
+    j["priority_held_ns"] = r.view.priority_held_ns;
     json devices = json::array();
     for (const agent::DeviceView& d : r.view.devices) devices.push_back(device_json(d, r.view, s.now_ns));
     j["devices"] = devices;

@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   set_cmd->add_option("--memory", set.memory, "Memory quota: size (8Gi, 500M, ...) or 'unlimited'");
   set_cmd->add_option("--sm-limit", set.sm_limit, "Compute share 1-100 (%) or 'unlimited'");
   set_cmd->add_option("--sm-policy", set.policy, "hard | elastic");
+  set_cmd->add_option("--priority", set.priority, "high | normal | low (the whole container; docs/priority.md)");
 
   bool options_json = false, options_markdown = false;
   CLI::App* options_cmd = app.add_subcommand("options", "List every environment option with its default and doc");

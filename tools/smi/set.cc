@@ -102,7 +102,14 @@ int run_set(const SetRequest& req) {
     else if (req.policy == "elastic") v.sm_policy = SmPolicy::elastic;
     else return usage("--sm-policy '"s + req.policy + "': expected hard or elastic");
   }
-  if (!v.memory && !v.sm && !v.policy) return usage("nothing to change: give --memory, --sm-limit and/or --sm-policy");
+  if (!v.memory && !v.sm && !v.policy) {
+    if (!req.priority.empty()) return run_set_priority(req.region, req.priority);
+    return usage("nothing to change: give --memory, --sm-limit, --sm-policy and/or --priority");
+  }
+  if (!req.priority.empty()) {
+    const int rc = run_set_priority(req.region, req.priority);
+    if (rc != kExitOk) return rc;
+  }
   std::uint8_t uuid[16];
   const bool by_uuid = !req.device.empty() && !all_digits(req.device);
   if (by_uuid && !agent::parse_uuid(req.device.c_str(), uuid)) {

@@ -40,6 +40,10 @@ bool read_region_dir(const std::string& dir, std::vector<Shown>* out, std::vecto
                      std::string* error);
 
 std::string render_table(const Snapshot& s);
+// A region's priority ("high", "normal", "low"; "normal" before any process
+// recorded one) and whether its launches are being held right now.
+std::string priority_text(const agent::RegionView& v);
+bool priority_held(const agent::RegionView& v, std::uint64_t now_ns);
 std::string render_json(const Snapshot& s);  // one line
 
 std::string render_options_text();
@@ -52,8 +56,11 @@ struct SetRequest {
   std::string memory;   // "" = unchanged; size or "unlimited"
   std::string sm_limit; // "" = unchanged; 1-100[%] or "unlimited"
   std::string policy;   // "" = unchanged; hard | elastic
+  std::string priority; // "" = unchanged; high | normal | low (the whole container)
 };
 // Applies the request; prints what changed on stdout; returns an exit code.
 int run_set(const SetRequest& req);
+// `set --priority`: rewrites the region's priority word (priority.cc).
+int run_set_priority(const std::string& region, const std::string& level);
 
 }  // namespace gpuslice::smi

@@ -89,8 +89,13 @@ std::string seconds(std::uint64_t ns) {
   return buf;
 }
 
-std::string container_label(const Shown& s) {
-  return s.view.container_name.empty() ? s.path : s.view.container_name;
+// The name, and the priority when it is not the default ("train [low, held]").
+std::string container_label(const Shown& s, std::uint64_t now_ns) {
+  std::string label = s.view.container_name.empty() ? s.path : s.view.container_name;
+  const std::string level = priority_text(s.view);
+  const bool held = priority_held(s.view, now_ns);
+  if (level != "normal" || held) label += " ["s + level + (held ? ", held]" : "]");
+  return label;
 }
 
 std::uint64_t used_total(const DeviceView& d) {
@@ -167,7 +172,7 @@ std::string render_table(const Snapshot& s) {
         util = pct(d->util_permille);
       }
       const std::string memory = format_bytes(used) + " / " + (limited ? format_bytes(d->quota_bytes) : "-");
-      out += row(cols, {container_label(*r), memory, mem_pct, sm, util, seconds(d->throttled_ns),
+      out += row(cols, {container_label(*r, s.now_ns), memory, mem_pct, sm, util, seconds(d->throttled_ns),
                         std::to_string(d->oom_refusals), std::to_string(r->view.processes_on(d->index))});
     }
     out += rule(cols, '-', '+');
@@ -191,13 +196,13 @@ std::string render_table(const Snapshot& s) {
       for (const DeviceView& d : r.view.devices) {
         const int i = d.index;
         if (p.committed_bytes[i] == 0 && p.nvml_used_bytes[i] == 0) continue;
-        out += row(pcols, {agent::format_uuid(d.uuid).substr(0, 12), container_label(r), std::to_string(p.pid), host,
+        out += row(pcols, {agent::format_uuid(d.uuid).substr(0, 12), container_label(r, s.now_ns), std::to_string(p.pid), host,
                            format_bytes(p.committed_bytes[i]), format_bytes(p.context_bytes[i]),
                            p.nvml_used_bytes[i] != 0 ? format_bytes(p.nvml_used_bytes[i]) : "-"});
         shown = any = true;
       }
       if (!shown) {
-        out += row(pcols, {"-", container_label(r), std::to_string(p.pid), host, "0B", "0B", "-"});
+        out += row(pcols, {"-", container_label(r, s.now_ns), std::to_string(p.pid), host, "0B", "0B", "-"});
         any = true;
       }
     }

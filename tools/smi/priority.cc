@@ -1,0 +1,51 @@
+// gpuslice-smi and priority between tenants (docs/priority.md): the
+// container's level as shown, and `set --priority`, which rewrites
+// RegionHeader::priority. Every process of the container re-reads the word on
+// its next launch and moves its activity file to that level's board directory
+// (which the deployment may keep it out of: the board, not this word, is what
+// neighbours trust).
+#include <fcntl.h>
+
+#include <cstdio>
+
+#include "gpuslice/priority_board.h"
+#include "limiter/priority.h"
+#include "region_io.h"
+#include "smi.h"
+
+using namespace std::string_literals;
+
+namespace gpuslice::smi {
+
+std::string priority_text(const agent::RegionView& v) {
+  return limiter::priority_name(limiter::priority_from_word(v.priority, Priority::normal));
+}
+
+bool priority_held(const agent::RegionView& v, std::uint64_t now_ns) { return v.priority_held_until_ns > now_ns; }
+
+int run_set_priority(const std::string& region, const std::string& text) {
+  Priority level = Priority::normal;
+  if (!limiter::parse_priority(text.c_str(), &level)) {
+    std::fprintf(stderr, "gpuslice-smi: set: --priority '%s': expected high, normal or low\n", text.c_str());
+    return kExitUsage;
+  }
+  agent::MappedRegion map;
+  std::string why;
+  if (!agent::open_region(AT_FDCWD, region.c_str(), true, true, &map, &why)) {
+    std::fprintf(stderr, "gpuslice-smi: %s: %s\n", region.c_str(), why.c_str());
+    return kExitNoRegion;
+  }
+  Region* r = map.get();
+  std::uint32_t old = 0;
+  if (!agent::guarded([&] { old = r->header.priority.exchange(static_cast<std::uint32_t>(level)); })) {
+    std::fprintf(stderr, "gpuslice-smi: %s: the file shrank while being written, expected a region of fixed size\n",
+                 region.c_str());
+    return kExitNoRegion;
+  }
+  std::printf("gpuslice-smi: %s: priority %s -> %s\n", region.c_str(),
+              limiter::priority_name(limiter::priority_from_word(old, Priority::normal)),
+              limiter::priority_name(level));
+  return kExitOk;
+}
+
+}  // namespace gpuslice::smi
