@@ -140,6 +140,11 @@ TEST(Oversubscribe, SpillBeyondTheResidentAllowanceWithinTheQuota) {
     EXPECT_EQ(v.dev().spills.load(), 2u);
     EXPECT_EQ(v.dev().resident_limit_bytes.load(), 256 * kMi);
   }
+  // Visible to operators: gpuslice-smi's JSON.
+  Result smi = run({bin("gpuslice-smi"), "--region", env["GPUSLICE_REGION"], "--json"}, {});
+  ASSERT_EQ(smi.exit_code, 0) << smi.describe();
+  EXPECT_NE(smi.out.find("\"spilled_bytes\":" + std::to_string(700 * kMi)), std::string::npos) << smi.out;
+  EXPECT_NE(smi.out.find("\"oversubscribe\":\"spill\""), std::string::npos) << smi.out;
   run({"/usr/bin/touch", hold}, {});
   Result r = wait(pid, box.path("out"));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
