@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "gpuslice/options.h"
+#include "limiter/options_env.h"
 #include "shm/text.h"
 
 namespace gpuslice::limiter {
@@ -431,107 +432,11 @@ bool parse_name_into(const char* name, const char* value, char* dst, std::size_t
   return true;
 }
 
-// ---- the environment --------------------------------------------------------
+// ---- the environment: options_env.cc ----------------------------------------
 
-// If entry is "name=value", returns value.
-const char* value_of(const char* entry, const char* name) {
-  std::size_t i = 0;
-  for (; name[i] != '\0'; ++i) {
-    if (entry[i] != name[i]) return nullptr;
-  }
-  return entry[i] == '=' ? entry + i + 1 : nullptr;
-}
+using env::Found;
+using env::name_of;
 
-struct Found {
-  const char* ours[kOptionCount];
-  const char* alias[kOptionAliasCount];  // the global (or only) form
-  const char* alias_device[kOptionAliasCount][kMaxDevices];
-  const char* alias_device_name[kOptionAliasCount][kMaxDevices];
-};
-
-// "CUDA_DEVICE_MEMORY_LIMIT_<i>=v": index (or -1 if malformed: an error) and value.
-const char* per_device_alias(const char* entry, const char* alias, int* index) {
-  const std::size_t n = length(alias);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (entry[i] != alias[i]) return nullptr;
-  }
-  if (entry[n] != '_') return nullptr;
-  std::size_t i = n + 1;
-  std::uint32_t v = 0;
-  std::size_t digits = 0;
-  for (; is_digit(entry[i]); ++i, ++digits) v = v * 10 + static_cast<std::uint32_t>(entry[i] - '0');
-  const char* eq = entry + i;
-  while (*eq != '\0' && *eq != '=') ++eq;
-  if (*eq != '=') return nullptr;  // no value at all: not a variable assignment
-  const bool canonical = digits >= 1 && digits <= 2 && !(digits == 2 && entry[n + 1] == '0');
-  *index = (canonical && entry[i] == '=' && v < kMaxDevices) ? static_cast<int>(v) : -1;
-  return eq + 1;
-}
-
-bool collect(char* const* envp, Found* f, Options* out, shm::Error* err) {
-  for (std::size_t k = 0; k < kOptionCount; ++k) f->ours[k] = nullptr;
-  for (std::size_t a = 0; a < kOptionAliasCount; ++a) {
-    f->alias[a] = nullptr;
-    for (std::uint32_t d = 0; d < kMaxDevices; ++d) f->alias_device[a][d] = f->alias_device_name[a][d] = nullptr;
-  }
-  if (envp == nullptr) return true;
-  for (char* const* e = envp; *e != nullptr; ++e) {
-    const char* entry = *e;
-    bool known = false;
-    for (std::size_t k = 0; k < kOptionCount && !known; ++k) {
-      if (const char* v = value_of(entry, kOptions[k].env)) {
-        if (f->ours[k] == nullptr) f->ours[k] = v;  // the first wins, as with getenv
-        known = true;
-      }
-    }
-    for (std::size_t a = 0; a < kOptionAliasCount && !known; ++a) {
-      const OptionAlias& alias = kOptionAliases[a];
-      if (const char* v = value_of(entry, alias.env)) {
-        if (f->alias[a] == nullptr) f->alias[a] = v;
-        known = true;
-        continue;
-      }
-      if (!alias.per_device) continue;
-      int index = 0;
-      if (const char* v = per_device_alias(entry, alias.env, &index)) {
-        if (index < 0) {
-          Text t(err->message, sizeof err->message);
-          t.str("gpuslice: ");
-          t.str(entry, static_cast<std::size_t>(v - 1 - entry) < 60 ? static_cast<std::size_t>(v - 1 - entry) : 60);
-          t.ch('=').quoted(v, kValueShown).str(": bad device index in the variable name, expected ")
-              .str(alias.env).str("_<i> with i in 0-").u64(kMaxDevices - 1);
-          return false;
-        }
-        if (f->alias_device[a][index] == nullptr) {
-          f->alias_device[a][index] = v;
-          f->alias_device_name[a][index] = entry;
-        }
-        known = true;
-      }
-    }
-    bool assignment = false;
-    for (const char* c = entry; *c != '\0' && !assignment; ++c) assignment = *c == '=';
-    if (!known && assignment && shm::starts_with(entry, "GPUSLICE_") && out->unknown_variable[0] == '\0') {
-      std::size_t n = 0;
-      while (entry[n] != '\0' && entry[n] != '=' && n + 1 < sizeof out->unknown_variable) {
-        out->unknown_variable[n] = entry[n];
-        ++n;
-      }
-      out->unknown_variable[n] = '\0';
-    }
-  }
-  return true;
-}
-
-// "CUDA_DEVICE_MEMORY_LIMIT_3" from the entry "CUDA_DEVICE_MEMORY_LIMIT_3=..."
-void name_of(const char* entry, char* buf, std::size_t cap) {
-  std::size_t n = 0;
-  while (entry[n] != '\0' && entry[n] != '=' && n + 1 < cap) {
-    buf[n] = entry[n];
-    ++n;
-  }
-  buf[n] = '\0';
-}
 
 bool parse_alias_memory(Span s, std::uint64_t* out, Text& t) {
   Span unit{};
@@ -826,7 +731,7 @@ void default_options(Options* out) noexcept {
   Found f;
   shm::Error err;
   out->unknown_variable[0] = '\0';
-  collect(nullptr, &f, out, &err);
+  env::collect(nullptr, &f, out, &err);
   resolve_all(f, out, &err);  // the table's defaults always parse (tested)
 }
 
@@ -856,7 +761,7 @@ bool parse_options(char* const* envp, Options* out, shm::Error* err) noexcept {
   default_options(out);
   err->message[0] = '\0';
   Found f;
-  if (!collect(envp, &f, out, err)) return false;
+  if (!env::collect(envp, &f, out, err)) return false;
   if (!resolve_all(f, out, err)) return false;
   err->message[0] = '\0';
   return true;
