@@ -95,10 +95,17 @@ bool parse_timing(Config &config, char *error, std::size_t error_len) {
     config.launch_cost_ns = 3ull * 1000;
     config.queue_depth = 1024;
     config.context_bytes = std::uint64_t{512} << 20;
+    config.module_memory = 1;
   }
   std::uint64_t number = config.jitter_pct;
   if (!parse_knob("FAKECUDA_JITTER_PCT", 0, 50, 1, "percent", number, error, error_len)) return false;
   config.jitter_pct = static_cast<std::uint32_t>(number);
+  number = config.module_memory;
+  if (!parse_knob("FAKECUDA_MODULE_MEMORY", 0, 1, 1, "1 = modules hold device memory, 0 = none", number, error,
+                  error_len)) {
+    return false;
+  }
+  config.module_memory = static_cast<std::uint32_t>(number);
   if (!parse_knob("FAKECUDA_SEED", 0, ~std::uint64_t{0}, 1, "any 64-bit seed", config.seed, error, error_len) ||
       !parse_knob("FAKECUDA_NVML_PERIOD_MS", 0, 10000, 1000000, "milliseconds, 0 = exact windows",
                   config.nvml_period_ns, error, error_len) ||

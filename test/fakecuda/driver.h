@@ -77,6 +77,17 @@ struct CUmod_st {
   CUctx_st *ctx = nullptr;  // nullptr for a library's module (context-independent)
   std::string image;
   std::map<std::string, CUfunc_st *> functions;
+  // Device memory the loaded image holds (globals + code, README "Modules").
+  struct Global {
+    std::uint64_t offset;
+    std::uint64_t size;
+  };
+  std::map<std::string, Global> globals;
+  std::uint64_t globals_bytes = 0;
+  bool placed = false;  // memory charged on `device`
+  std::uint32_t device = 0;
+  std::uint64_t held = 0;
+  CUdeviceptr globals_base = 0;
 };
 
 struct CUlib_st {

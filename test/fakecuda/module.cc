@@ -27,14 +27,83 @@ std::uint64_t spin_duration_ns(const char *name) {
   return micros * 1000ull;
 }
 
+std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
+
+bool starts_statement(const std::string &text, std::size_t at) {
+  if (at == 0) return true;
+  char c = text[at - 1];
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ';' || c == '{' || c == '}';
+}
+
+// PTX global declarations: `.global [.align A] .<b|u|s|f><bits> name[N]...;`
+// (`ld.global` and friends are instructions, not declarations). Lays them out
+// in order, each aligned, and returns the total size.
+std::uint64_t parse_globals(const std::string &text, std::map<std::string, CUmod_st::Global> &out) {
+  std::uint64_t total = 0;
+  for (std::size_t pos = text.find(".global"); pos != std::string::npos; pos = text.find(".global", pos + 7)) {
+    std::size_t after = pos + 7;
+    if (!starts_statement(text, pos) || after >= text.size() || (text[after] != ' ' && text[after] != '\t')) {
+      continue;
+    }
+    std::size_t end = text.find(';', after);
+    if (end == std::string::npos) break;
+    std::istringstream decl(text.substr(after, end - after));
+    std::string token, name;
+    std::uint64_t element = 0, align = 1;
+    while (decl >> token) {
+      if (token == ".align") {
+        decl >> align;
+      } else if (token.size() > 2 && token[0] == '.' && std::strchr("busf", token[1]) != nullptr &&
+                 token[2] >= '0' && token[2] <= '9') {
+        element = std::strtoull(token.c_str() + 2, nullptr, 10) / 8;
+      } else if (token[0] != '.') {
+        name = token;
+        break;
+      }
+    }
+    if (element == 0 || name.empty()) continue;
+    std::uint64_t count = 1;
+    std::size_t bracket = name.find('[');
+    std::string base = name.substr(0, bracket);
+    while (bracket != std::string::npos) {
+      count *= std::strtoull(name.c_str() + bracket + 1, nullptr, 10);
+      bracket = name.find('[', bracket + 1);
+    }
+    if (align == 0 || (align & (align - 1)) != 0) align = 1;
+    total = round_up(total, align);
+    out[base] = CUmod_st::Global{total, element * count};
+    total += element * count;
+  }
+  return total;
+}
+
+// Charges the module's memory on `dev`: its globals plus the image (code),
+// rounded up to 64 KiB. OUT_OF_MEMORY when the device is full.
+CUresult place_locked(CUmod_st *module, std::uint32_t dev) {
+  if (module->placed) return CUDA_SUCCESS;
+  std::uint64_t held = 0;
+  if (state().header().module_memory != 0) held = round_up(module->globals_bytes + module->image.size(), 64 * 1024);
+  if (held > 0) {
+    if (CUresult rc = charge_device(dev, held); rc != CUDA_SUCCESS) return rc;
+  }
+  module->device = dev;
+  module->held = held;
+  module->globals_base = reserve_address(dev, module->globals_bytes > 0 ? module->globals_bytes : 1, 512);
+  module->placed = true;
+  return CUDA_SUCCESS;
+}
+
 CUmod_st *load_locked(std::string image, CUctx_st *ctx) {
   CUmod_st *module = g_modules.make();
   module->ctx = ctx;
   module->image = std::move(image);
+  module->globals_bytes = parse_globals(module->image, module->globals);
   return module;
 }
 
 void unload_locked(CUmod_st *module) {
+  if (module->placed) uncharge_device(module->device, module->held);
+  module->placed = false;
   for (auto &entry : module->functions) g_functions.retire(entry.second);
   module->functions.clear();
   g_modules.retire(module);
@@ -64,7 +133,20 @@ CUresult module_load(CUmodule *module, const void *image) {
   std::string text(static_cast<const char *>(image));
   if (text.empty()) return CUDA_ERROR_INVALID_IMAGE;
   std::lock_guard<std::mutex> guard(runtime().mu);
-  *module = load_locked(std::move(text), ctx);
+  CUmod_st *loaded = load_locked(std::move(text), ctx);
+  if (CUresult rc = place_locked(loaded, ctx->device); rc != CUDA_SUCCESS) {
+    unload_locked(loaded);
+    return rc;
+  }
+  *module = loaded;
+  return CUDA_SUCCESS;
+}
+
+CUresult get_global(CUdeviceptr *dptr, size_t *bytes, CUmod_st *module, const char *name) {
+  auto it = module->globals.find(name);
+  if (it == module->globals.end()) return CUDA_ERROR_NOT_FOUND;
+  if (dptr != nullptr) *dptr = module->globals_base + it->second.offset;
+  if (bytes != nullptr) *bytes = it->second.size;
   return CUDA_SUCCESS;
 }
 
@@ -211,10 +293,39 @@ extern "C" CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
   std::string text(static_cast<const char *>(code));
   if (text.empty()) return CUDA_ERROR_INVALID_IMAGE;
   std::lock_guard<std::mutex> guard(runtime().mu);
+  CUmod_st *module = load_locked(std::move(text), nullptr);
+  // Loaded into the current context's device now; with no context current, on
+  // first use of a global (the real driver loads libraries lazily too).
+  CUctx_st *ctx = nullptr;
+  if (current_context(&ctx) == CUDA_SUCCESS) {
+    if (CUresult rc = place_locked(module, ctx->device); rc != CUDA_SUCCESS) {
+      unload_locked(module);
+      return rc;
+    }
+  }
   CUlib_st *created = g_libraries.make();
-  created->module = load_locked(std::move(text), nullptr);
+  created->module = module;
   *library = created;
   return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return uninitialized_error();
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = place_locked(library->module, ctx->device); rc != CUDA_SUCCESS) return rc;
+  return get_global(dptr, bytes, library->module, name);
+}
+
+extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return uninitialized_error();
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(hmod)) return CUDA_ERROR_INVALID_HANDLE;
+  return get_global(dptr, bytes, hmod, name);
 }
 
 extern "C" CUresult cuLibraryUnload(CUlibrary library) {

@@ -154,6 +154,7 @@ State *State::open_or_create(const Config &config, char *error, std::size_t erro
     header->ring_entries = kRingEntries;
     header->profile = static_cast<std::uint32_t>(config.profile);
     header->jitter_pct = config.jitter_pct;
+    header->module_memory = config.module_memory;
     header->seed = config.seed;
     header->nvml_period_ns = config.nvml_period_ns;
     header->timeslice_ns = config.timeslice_ns;

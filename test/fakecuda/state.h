@@ -80,6 +80,8 @@ struct StateHeader {
   // Timing model (README "Profiles"); fixed by the file's creator like the rest.
   std::uint32_t profile;          // Profile
   std::uint32_t jitter_pct;       // each kernel's run time varies uniformly by +-jitter_pct %
+  std::uint32_t module_memory;    // 1: loaded modules hold device memory (globals + code)
+  std::uint32_t reserved0;
   std::uint64_t seed;             // jitter's seed
   std::uint64_t nvml_period_ns;   // NVML sample period; 0 = exact windows (ideal)
   std::uint64_t timeslice_ns;     // realistic scheduler's slice between contexts
@@ -98,6 +100,7 @@ enum class Profile : std::uint32_t { ideal = 0, realistic = 1 };
 struct Config {
   Profile profile = Profile::ideal;
   std::uint32_t jitter_pct = 0;
+  std::uint32_t module_memory = 0;
   std::uint64_t seed = 1;
   std::uint64_t nvml_period_ns = 0;
   std::uint64_t timeslice_ns = 0;

@@ -326,3 +326,63 @@ TEST_F(Realistic, QueuedWorkOfAnExitedProcessIsDropped) { ExpectQueuedWorkDroppe
 TEST_F(Realistic, QueuedWorkOfAKilledProcessIsDropped) { ExpectQueuedWorkDropped("launchhang"); }
 
 }  // namespace
+
+namespace {
+
+// Modules hold device memory for their globals and code (realistic profile):
+// what `.global` declarations in the image add up to, plus the image, rounded
+// up to 64 KiB; freed with the module. Libraries likewise, on the current
+// context's device. NVML's per-process figure includes it.
+TEST_F(Realistic, ModulesHoldMemoryForGlobalsAndCode) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  InitWithContext();
+  const std::string image =
+      ".version 7.0\n.target sm_75\n.address_size 64\n"
+      ".visible .global .align 8 .b8 buf[1048576];\n"
+      ".global .u32 counters[16];\n"
+      ".visible .entry k() { ld.global.u32 %r1, [counters]; ret; }\n";
+  const unsigned long long expected = (1048576ull + 64 + image.size() + 65535) / 65536 * 65536;
+  CUmodule module = nullptr;
+  ASSERT_CU(cuModuleLoadData(&module, image.c_str()));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected);
+  CUdeviceptr buf = 0, counters = 0;
+  size_t size = 0;
+  ASSERT_CU(cuModuleGetGlobal(&buf, &size, module, "buf"));
+  EXPECT_EQ(size, 1048576u);
+  ASSERT_CU(cuModuleGetGlobal(&counters, &size, module, "counters"));
+  EXPECT_EQ(size, 64u);
+  EXPECT_EQ(counters, buf + 1048576);
+  EXPECT_EQ(cuModuleGetGlobal(&buf, &size, module, "absent"), CUDA_ERROR_NOT_FOUND);
+  CUlibrary library = nullptr;
+  ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 2 * expected);
+  ASSERT_CU(cuLibraryGetGlobal(&buf, &size, library, "buf"));
+  EXPECT_EQ(size, 1048576u);
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t device = nullptr;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &device), NVML_SUCCESS);
+  nvmlProcessInfo_t infos[8];
+  unsigned count = 8;
+  ASSERT_EQ(nvmlDeviceGetComputeRunningProcesses_v3(device, &count, infos), NVML_SUCCESS);
+  ASSERT_EQ(count, 1u);
+  EXPECT_EQ(infos[0].usedGpuMemory, 2 * expected);
+  nvmlShutdown();
+  ASSERT_CU(cuModuleUnload(module));
+  ASSERT_CU(cuLibraryUnload(library));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+}
+
+TEST_F(FakeCuda, IdealModulesHoldNoMemory) {
+  unsetenv("FAKECUDA_PROFILE");
+  unsetenv("FAKECUDA_MODULE_MEMORY");
+  InitWithContext();
+  CUmodule module = nullptr;
+  ASSERT_CU(cuModuleLoadData(&module, ".global .b8 buf[1048576];\n.entry noop\n"));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  CUdeviceptr buf = 0;
+  size_t size = 0;
+  ASSERT_CU(cuModuleGetGlobal(&buf, &size, module, "buf"));
+  EXPECT_EQ(size, 1048576u);
+}
+
+}  // namespace
