@@ -40,7 +40,7 @@ def loaded_text(record):
 
 
 def bench_lines(results):
-    labels = [("launch_added_ns", "launch +%s ns"), ("alloc_added_ns", "alloc +%s ns"),
+    labels = [("launch_added_ns", "launch %+.1f ns"), ("alloc_added_ns", "alloc %+.1f ns"),
               ("quota_shared_over_bytes", "racing processes over the quota by %s bytes"),
               ("sweep_mean_abs_error_points", "sweep mean |error| %.2f pt"),
               ("sweep_max_abs_error_points", "max %.2f pt"), ("tenants_jain", "two-tenant Jain %.3f"),
