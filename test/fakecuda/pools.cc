@@ -14,6 +14,7 @@ struct CUmemPoolHandle_st {
   std::atomic<std::uint32_t> magic{0};
   std::uint32_t device = 0;
   bool is_default = false;
+  bool host = false;  // CU_MEM_LOCATION_TYPE_HOST[_NUMA]: holds no device memory
   bool destroy_pending = false;  // destroyed with allocations outstanding
   std::uint64_t reserved = 0;
   std::uint64_t reserved_high = 0;
@@ -55,7 +56,7 @@ void trim_locked(CUmemPoolHandle_st *pool, std::uint64_t keep) {
   if (keep >= pool->reserved) return;
   std::uint64_t target = std::max(round_up(pool->used, kChunk), round_up(keep, kChunk));
   if (target >= pool->reserved) return;
-  uncharge_device(pool->device, pool->reserved - target);
+  if (!pool->host) uncharge_device(pool->device, pool->reserved - target);
   pool->reserved = target;
 }
 
@@ -70,7 +71,7 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st *pool, std::uint64_t size, CUctx_s
     std::uint64_t grow = round_up(pool->used + size - pool->reserved, kChunk);
     std::uint64_t limit = pool->max_size != 0 ? pool->max_size : state().header().memory_bytes;
     if (pool->reserved + grow > limit) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = charge_device(pool->device, grow);
+    CUresult rc = pool->host ? CUDA_SUCCESS : charge_device(pool->device, grow);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
       // Like the driver, give back the unused reserve of this process's pools
       // on the device before failing.
@@ -174,11 +175,16 @@ extern "C" CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *po
   if (pool == nullptr || poolProps == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-  if (poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_NOT_SUPPORTED;
-  if (!valid_device(poolProps->location.id)) return CUDA_ERROR_INVALID_VALUE;
+  // Host-located pools (pinned host memory, CUDA 12.2+) hold no device memory.
+  const CUmemLocationType where = poolProps->location.type;
+  const bool host = where == CU_MEM_LOCATION_TYPE_HOST || where == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  if (!host && where != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!host && !valid_device(poolProps->location.id)) return CUDA_ERROR_INVALID_VALUE;
+  if (where == CU_MEM_LOCATION_TYPE_HOST_NUMA && poolProps->location.id < 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> guard(runtime().mu);
   CUmemPoolHandle_st *created = g_pools.make();
-  created->device = static_cast<std::uint32_t>(poolProps->location.id);
+  created->host = host;
+  created->device = host ? 0 : static_cast<std::uint32_t>(poolProps->location.id);
   created->max_size = poolProps->maxSize;
   *pool = created;
   return CUDA_SUCCESS;
@@ -188,7 +194,7 @@ extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending || pool->is_default) return CUDA_ERROR_INVALID_VALUE;
-  if (g_current_pool[pool->device] == pool) g_current_pool[pool->device] = g_default_pool[pool->device];
+  if (!pool->host && g_current_pool[pool->device] == pool) g_current_pool[pool->device] = g_default_pool[pool->device];
   // Documented: with allocations outstanding the call returns at once and the
   // pool's resources go when the last allocation is freed.
   pool->destroy_pending = true;
@@ -220,7 +226,7 @@ extern "C" CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> guard(runtime().mu);
-  if (!alive(pool) || pool->destroy_pending || pool->device != static_cast<std::uint32_t>(dev)) {
+  if (!alive(pool) || pool->destroy_pending || pool->host || pool->device != static_cast<std::uint32_t>(dev)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   default_pool_locked(static_cast<std::uint32_t>(dev));

@@ -1,6 +1,9 @@
 // Virtual memory management: physical allocations (cuMemCreate) are charged to
 // their device from creation until they are both released and unmapped
 // everywhere, as the driver documents; address reservations cost nothing.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "driver.h"
@@ -18,8 +21,21 @@ struct Physical {
   std::uint64_t size = 0;
   int references = 1;  // cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease
   int mappings = 0;
+  bool charged = true;  // false: host-located, or imported from another process
   CUmemAllocationProp prop{};
 };
+
+// What an exported POSIX file descriptor carries (a memfd): enough for an
+// importer to find the allocation again.
+struct ExportRecord {
+  std::uint64_t magic;
+  std::uint32_t exporter_pid;
+  std::uint32_t device;
+  std::uint64_t handle;
+  std::uint64_t size;
+  CUmemAllocationProp prop;
+};
+constexpr std::uint64_t kExportMagic = 0x54524f50584b4146ull;  // "FAKXPORT"
 struct Mapping {
   std::uint64_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
@@ -32,14 +48,22 @@ std::map<CUdeviceptr, Mapping> g_mappings;             // base -> mapping
 CUmemGenericAllocationHandle g_next_handle = 0x7000;
 std::uint64_t g_next_va = kVaBase;
 
+bool host_located(const CUmemAllocationProp &prop) {
+  return prop.location.type == CU_MEM_LOCATION_TYPE_HOST || prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+}
+
+// Device memory, or pinned host memory (CU_MEM_LOCATION_TYPE_HOST[_NUMA], CUDA
+// 12.2+), which holds no device memory.
 bool valid_prop(const CUmemAllocationProp *prop) {
-  return prop != nullptr && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
-         prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(prop->location.id);
+  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return false;
+  if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST) return true;
+  if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) return prop->location.id >= 0;
+  return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(prop->location.id);
 }
 
 void drop_if_unused_locked(std::map<CUmemGenericAllocationHandle, Physical>::iterator it) {
   if (it->second.references == 0 && it->second.mappings == 0) {
-    uncharge_device(it->second.device, it->second.size);
+    if (it->second.charged) uncharge_device(it->second.device, it->second.size);
     g_physical.erase(it);
   }
 }
@@ -96,11 +120,15 @@ extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
   if (!valid_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
   if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> guard(runtime().mu);
-  auto dev = static_cast<std::uint32_t>(prop->location.id);
-  if (CUresult rc = charge_device(dev, size); rc != CUDA_SUCCESS) return rc;
+  const bool host = host_located(*prop);
+  auto dev = host ? 0u : static_cast<std::uint32_t>(prop->location.id);
+  if (!host) {
+    if (CUresult rc = charge_device(dev, size); rc != CUDA_SUCCESS) return rc;
+  }
   Physical physical;
   physical.device = dev;
   physical.size = size;
+  physical.charged = !host;
   physical.prop = *prop;
   CUmemGenericAllocationHandle id = g_next_handle++;
   g_physical[id] = physical;
@@ -229,5 +257,62 @@ extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
     if (!vmm_find_mapping_locked(cursor, &base, &length)) return CUDA_ERROR_INVALID_VALUE;
     cursor = base + length;
   }
+  return CUDA_SUCCESS;
+}
+
+// Export as a POSIX file descriptor (the only handle type modelled), allowed
+// only if the allocation asked for it in requestedHandleTypes.
+extern "C" CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                                 CUmemAllocationHandleType handleType, unsigned long long flags) {
+  if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return uninitialized_error();
+  if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  auto it = g_physical.find(handle);
+  if (it == g_physical.end() || it->second.references == 0) return CUDA_ERROR_INVALID_VALUE;
+  if ((it->second.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  ExportRecord record{kExportMagic, static_cast<std::uint32_t>(getpid()), it->second.device, handle,
+                      it->second.size, it->second.prop};
+  int fd = memfd_create("fakecuda-vmm-export", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (pwrite(fd, &record, sizeof(record), 0) != static_cast<ssize_t>(sizeof(record))) {
+    close(fd);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  *static_cast<int *>(shareableHandle) = fd;
+  return CUDA_SUCCESS;
+}
+
+// Import: in the exporting process, the same allocation with one more
+// reference (as cuMemRetainAllocationHandle); in another process, a new handle
+// to the same memory, which stays charged to the exporter only.
+extern "C" CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                   CUmemAllocationHandleType shHandleType) {
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return uninitialized_error();
+  if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(osHandle));
+  ExportRecord record{};
+  if (pread(fd, &record, sizeof(record), 0) != static_cast<ssize_t>(sizeof(record)) || record.magic != kExportMagic) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (record.exporter_pid == static_cast<std::uint32_t>(getpid())) {
+    auto it = g_physical.find(record.handle);
+    if (it == g_physical.end()) return CUDA_ERROR_INVALID_VALUE;
+    ++it->second.references;
+    *handle = record.handle;
+    return CUDA_SUCCESS;
+  }
+  Physical physical;
+  physical.device = record.device;
+  physical.size = record.size;
+  physical.charged = false;
+  physical.prop = record.prop;
+  CUmemGenericAllocationHandle id = g_next_handle++;
+  g_physical[id] = physical;
+  *handle = id;
   return CUDA_SUCCESS;
 }
