@@ -56,14 +56,14 @@ command -v "$python" >/dev/null || die "$python not found (set PYTHON)"
 
 # Steps in order, with their budgets in seconds: real GPU, then --simulated.
 steps=(facts conformance bench microbench nvml frameworks compute concurrency)
-declare -A real_budget=([facts]=25 [conformance]=30 [bench]=125 [microbench]=30 [nvml]=15
-                        [frameworks]=100 [compute]=140 [concurrency]=45)
-declare -A sim_budget=([facts]=15 [conformance]=30 [bench]=60 [microbench]=40 [nvml]=10
+declare -A real_budget=([facts]=25 [conformance]=30 [bench]=140 [microbench]=30 [nvml]=15
+                        [frameworks]=90 [compute]=140 [concurrency]=45)
+declare -A sim_budget=([facts]=15 [conformance]=30 [bench]=75 [microbench]=40 [nvml]=10
                        [frameworks]=30 [compute]=5 [concurrency]=30)
 declare -A module=([facts]=tool_steps [conformance]=tool_steps [bench]=tool_steps [microbench]=tool_steps
                    [nvml]=tool_steps [frameworks]=memory_steps [compute]=compute_steps
                    [concurrency]=concurrency)
-if [ "$simulated" = 1 ]; then total=${total:-230}; else total=${total:-530}; fi
+if [ "$simulated" = 1 ]; then total=${total:-240}; else total=${total:-530}; fi
 case "$total" in ''|*[!0-9]*) die "--total must be whole seconds, not '$total'" ;; esac
 
 for list in "$only" "$skip"; do

@@ -44,7 +44,9 @@ def bench_lines(results):
               ("quota_shared_over_bytes", "racing processes over the quota by %s bytes"),
               ("sweep_mean_abs_error_points", "sweep mean |error| %.2f pt"),
               ("sweep_max_abs_error_points", "max %.2f pt"), ("tenants_jain", "two-tenant Jain %.3f"),
-              ("noisy_slowdown", "noisy-neighbour slowdown %.3f")]
+              ("noisy_slowdown", "noisy-neighbour slowdown %.3f"),
+              ("p99_ratio_native", "inference p99 next to training / alone: native %.2fx"),
+              ("p99_ratio_gpuslice", "gpuslice %.2fx"), ("training_harvest_gpuslice", "training harvest %.3f")]
     lines = []
     for tag, r in results.items():
         if not isinstance(r, dict) or "device" not in r:

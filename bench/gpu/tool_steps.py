@@ -209,18 +209,37 @@ BENCH_PARTS = [
     ("overhead", ["--only", "launch,memory,quota"], 20),
     ("sweep-1ms", ["--only", "sweep"], 30),
     ("isolation", ["--only", "tenants,noisy"], 20),
+    ("priority", ["--only", "priority"], 20),  # where this gpuslice-bench has the section
     ("sweep-50us", ["--only", "sweep", "--kernel-us", "50", "--window", "1.0"], 24),
 ]
+
+
+def priority_summary(section):
+    """p99 latency of the inference tenant next to training over its p99 alone."""
+    def p99(case):
+        return ((section.get(case) or {}).get("latency") or {}).get("p99_ms")
+
+    out = {}
+    for side in ("native", "gpuslice"):
+        alone, shared = p99("alone_" + side), p99("neighbour_" + side)
+        if alone and shared:
+            out["p99_ratio_" + side] = round(shared / alone, 3)
+    harvest = (section.get("neighbour_gpuslice") or {}).get("harvest")
+    if harvest is not None:
+        out["training_harvest_gpuslice"] = round(harvest, 4)
+    return out
 
 
 def step_bench(step):
     driver = "simulated" if step.simulated else "real"
     results, statuses, loaded_all, evidence = {}, [], [], []
-    for index, (tag, extra, weight) in enumerate(BENCH_PARTS):
+    help_text = common.run([step.bin("gpuslice-bench"), "--help"], step.base_env(), 20)[1]
+    parts = [p for p in BENCH_PARTS if p[0] != "priority" or "priority" in help_text]
+    for index, (tag, extra, weight) in enumerate(parts):
         if step.simulated:
             extra = ["--quick"] + [a for a in extra if a not in ("--window", "1.0")]
         path = os.path.join(step.scratch, "bench-%s.json" % tag)
-        timeout = step.left() * weight / sum(w for _, _, w in BENCH_PARTS[index:]) - 1
+        timeout = step.left() * weight / sum(w for _, _, w in parts[index:]) - 1
         if timeout < 5:
             results[tag] = {"error": "not run: no time left in the step's budget"}
             statuses.append("timeout")
@@ -235,6 +254,8 @@ def step_bench(step):
         with open(path) as f:
             report = json.load(f)
         results[tag] = {k: v for k, v in bench_summary(report).items() if v not in (None, [])}
+        if isinstance(report.get("priority"), dict):
+            results[tag].update(priority_summary(report["priority"]))
         results[tag]["exit"] = code
         results[tag]["table"] = out[-6000:]
         loaded, why = quota_loaded(report)
@@ -250,7 +271,7 @@ def step_bench(step):
         ("timeout" if "timeout" in statuses else "fail")
     return step.finish(status, results, loaded, "; ".join(evidence) or "no quota run finished",
                        message="" if status == "ok" else "parts: %s" % ", ".join(
-                           "%s %s" % (tag, st) for (tag, _, _), st in zip(BENCH_PARTS, statuses)))
+                           "%s %s" % (tag, st) for (tag, _, _), st in zip(parts, statuses)))
 
 
 # --- gpuslice-microbench -----------------------------------------------------------------
