@@ -95,7 +95,9 @@ class Step:
             json.dump(record, out, indent=2, default=str)
             out.write("\n")
         os.replace(path + ".tmp", path)
-        print("step %s: %s%s" % (self.name, status, (": " + message) if message else ""), flush=True)
+        shown = {True: "yes", False: "NO", None: "n/a"}.get(loaded, str(loaded))
+        print("step %s: %s, gpuslice loaded: %s%s" % (self.name, status, shown, (" — " + message) if message else ""),
+              flush=True)
         return 0 if status in ("ok", "skipped") else 1
 
 
