@@ -91,6 +91,22 @@ TEST(CdiSpec, CarriesLimitsPriorityRegionAndMounts) {
   EXPECT_EQ(spec["annotations"]["gpuslice.io/claim"], "default/train-gpu");
 }
 
+TEST(CdiSpec, DefaultPreloadFileIsTheOneTheAgentDaemonSetWrites) {
+  SliceRequest r;
+  r.device_name = "slice-a";
+  r.region_host_dir = "/run/gpuslice/regions/a";
+  std::string why;
+  ASSERT_TRUE(gpuslice::cdi::validate(r, &why)) << why;
+  const json spec = gpuslice::cdi::build_spec(r);
+  const json& mounts = spec["devices"][0]["containerEdits"]["mounts"];
+  ASSERT_EQ(mounts.size(), 3u);
+  EXPECT_EQ(mounts[2]["hostPath"], "/usr/local/gpuslice/lib/ld.so.preload");  // deploy/kubernetes/agent-daemonset.yaml
+  EXPECT_EQ(mounts[2]["containerPath"], "/etc/ld.so.preload");
+  EXPECT_TRUE(has(env_of(spec), "GPUSLICE_REGION=/run/gpuslice/slice.region"));
+  EXPECT_EQ(env_of(spec).size(), 1u) << "nothing but the region when no limit is asked for";
+  EXPECT_FALSE(spec.contains("annotations"));
+}
+
 TEST(CdiSpec, EnvInjectionSetsLdPreloadAndMountsNoPreloadFile) {
   SliceRequest r = claim_request();
   r.inject = gpuslice::cdi::Inject::env;
@@ -124,6 +140,7 @@ TEST(CdiSpec, BadInputIsRefusedNamingTheField) {
       {[](SliceRequest& r) { r.region_host_dir = "run/gpuslice"; }, "region host directory"},
       {[](SliceRequest& r) { r.region_file = "../x"; }, "region file"},
       {[](SliceRequest& r) { r.preload_host_file.clear(); }, "ld.so.preload"},
+      {[](SliceRequest& r) { r.preload_host_file = "ld.so.preload"; }, "ld.so.preload"},
       {[](SliceRequest& r) { r.container_name = std::string(64, 'c'); }, "container name"},
   };
   for (const Case& c : cases) {

@@ -37,7 +37,9 @@ struct SliceRequest {
   std::string library_host = "/usr/local/gpuslice/lib/libgpuslice.so";
   std::string library_container = "/usr/local/gpuslice/lib/libgpuslice.so";
   Inject inject = Inject::preload_file;
-  std::string preload_host_file;  // a host file holding library_container's path (Inject::preload_file)
+  // A host file holding library_container's path (Inject::preload_file);
+  // deploy/'s agent DaemonSet writes this one.
+  std::string preload_host_file = "/usr/local/gpuslice/lib/ld.so.preload";
   std::map<std::string, std::string> annotations;
 };
 

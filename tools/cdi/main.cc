@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
   app.add_option("--inject", inject, "ld.so.preload (mount a preload file; survives a cleared environment) | env "
                  "(LD_PRELOAD)")->capture_default_str();
   app.add_option("--preload-host-file", req.preload_host_file,
-                 "Host file naming the library (one line), mounted at /etc/ld.so.preload");
+                 "Host file naming the library (one line), mounted at /etc/ld.so.preload")
+      ->capture_default_str();
   app.add_option("--annotation", annotations, "key=value added to the spec's annotations (repeatable)");
   app.add_option("--output", output, "Write the spec here (atomically) instead of stdout, e.g. /var/run/cdi/gpuslice-<name>.json");
   try {
