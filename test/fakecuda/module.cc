@@ -309,6 +309,21 @@ extern "C" CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
   return CUDA_SUCCESS;
 }
 
+extern "C" CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                                          void **jitOptionsValues, unsigned int numJitOptions,
+                                          CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                          unsigned int numLibraryOptions) {
+  if (library == nullptr || fileName == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return uninitialized_error();
+  std::ifstream file(fileName, std::ios::binary);
+  if (!file) return CUDA_ERROR_FILE_NOT_FOUND;
+  std::ostringstream text;
+  text << file.rdbuf();
+  std::string image = text.str();
+  return cuLibraryLoadData(library, image.c_str(), jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                           libraryOptionValues, numLibraryOptions);
+}
+
 extern "C" CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();

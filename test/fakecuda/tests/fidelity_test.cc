@@ -95,4 +95,26 @@ TEST_F(FakeCuda, FunctionOfAnotherContextIsRefused) {
   EXPECT_EQ(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s1, nullptr, nullptr), CUDA_ERROR_INVALID_HANDLE);
 }
 
+// CUDA 12's loading path from a file (cuLibraryLoadFromFile), then
+// cuLibraryGetKernel / cuKernelGetFunction, as the CUDA 12+ runtime does.
+TEST_F(FakeCuda, LibraryLoadsFromAFile) {
+  InitWithContext();
+  char path[] = "/tmp/fakecuda-library-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, kImage, strlen(kImage)), static_cast<ssize_t>(strlen(kImage)));
+  close(fd);
+  CUlibrary library = nullptr;
+  ASSERT_CU(cuLibraryLoadFromFile(&library, path, nullptr, nullptr, 0, nullptr, nullptr, 0));
+  unlink(path);
+  CUkernel kernel = nullptr;
+  ASSERT_CU(cuLibraryGetKernel(&kernel, library, "spin_1000us"));
+  CUfunction function = nullptr;
+  ASSERT_CU(cuKernelGetFunction(&function, kernel));
+  EXPECT_CU(cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr));
+  EXPECT_CU(cuCtxSynchronize());
+  EXPECT_EQ(cuLibraryLoadFromFile(&library, "/nonexistent/lib", nullptr, nullptr, 0, nullptr, nullptr, 0),
+            CUDA_ERROR_FILE_NOT_FOUND);
+}
+
 }  // namespace
