@@ -11,7 +11,7 @@
 namespace gpuslice {
 
 inline constexpr std::uint64_t kRegionMagic = 0x45434c5353555047ull;  // "GPUSSLCE" little-endian
-inline constexpr std::uint32_t kRegionAbiVersion = 1;
+inline constexpr std::uint32_t kRegionAbiVersion = 2;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 1024;
 inline constexpr std::uint64_t kUnlimited = ~std::uint64_t{0};
@@ -25,64 +25,105 @@ enum class SmPolicy : std::uint32_t { hard = 0, elastic = 1 };
 // Per (container, device) state. Claimed by UUID on first use by any process
 // (uuid_state: 0 free, 1 being written, 2 published, 3 abandoned: its writer
 // stalled or died while writing it; never used again).
+// One cache line per access pattern (ABI v2): read-mostly configuration; the
+// memory counters every allocation writes; the token bucket every limited
+// launch writes; batched statistics; what the feedback owner and the agent
+// write; then room for later fields (priority, memory oversubscription), so
+// that adding them needs no ABI bump.
 struct alignas(64) DeviceState {
+  // --- line 0: identity and configuration, read by every call, written rarely ---
   std::atomic<std::uint32_t> uuid_state;
   std::uint32_t reserved0;
   std::uint8_t uuid[16];                     // CUuuid / NVML UUID bytes
-  // --- memory ---
   std::atomic<std::uint64_t> quota_bytes;    // kUnlimited = no quota
-  std::atomic<std::uint64_t> used_bytes;     // bytes reserved by live+unreaped slots (= sum of slot committed)
-  std::atomic<std::uint64_t> agent_extra_bytes;  // what NVML shows beyond our count (written by the agent)
-  std::atomic<std::uint64_t> oom_refusals;   // allocations refused for quota
+  std::atomic<std::uint32_t> sm_limit_pct;   // 0 or >=100 = unlimited
+  std::atomic<std::uint32_t> sm_policy;      // SmPolicy
+  std::atomic<std::uint64_t> cost_scale_ppm; // controller's correction to the launch-cost estimate (1e6 = 1.0)
+  std::atomic<std::uint64_t> scale_updated_ns;  // when cost_scale_ppm was last measured (0 = prior)
+  std::atomic<std::uint32_t> elastic_permille;  // share granted by the elastic controller (0 = configured share)
+  std::uint32_t reserved1;
+  // --- line 1: memory, written by every allocation and free ---
+  alignas(64) std::atomic<std::uint64_t> used_bytes;  // bytes reserved by live+unreaped slots (= sum of slot committed)
   std::atomic<std::uint64_t> peak_used_bytes;
+  std::atomic<std::uint64_t> oom_refusals;   // allocations refused for quota
   // Releases that asked for more than was committed, and reaper snapshots that
   // found a negative dead contribution: each was clamped, never underflowed.
   std::atomic<std::uint64_t> accounting_errors;
-  std::uint64_t reserved1[1];
-  // --- compute (token bucket; see docs/limiter.md) ---
-  alignas(64) std::atomic<std::uint32_t> sm_limit_pct;  // 0 or >=100 = unlimited
-  std::atomic<std::uint32_t> sm_policy;      // SmPolicy
-  std::atomic<std::int64_t> tokens_ns;       // device-time credit; negative = debt of admitted launches, repaid by refill
+  std::uint64_t reserved2[4];
+  // --- line 2: the token bucket (docs/limiter.md), written by every limited launch ---
+  alignas(64) std::atomic<std::int64_t> tokens_ns;  // device-time credit; negative = debt of admitted launches, repaid by refill
   std::atomic<std::uint64_t> last_refill_ns; // CLOCK_MONOTONIC ns of the last refill
-  std::atomic<std::uint64_t> cost_scale_ppm; // controller's correction to the launch-cost estimate (1e6 = 1.0)
-  std::atomic<std::uint64_t> throttled_ns;   // total time launching threads slept
+  std::atomic<std::uint64_t> credited_ns;    // cumulative credit put into tokens_ns (spent = credited - tokens)
+  std::uint64_t reserved3[5];
+  // --- line 3: statistics, batched adds ---
+  alignas(64) std::atomic<std::uint64_t> throttled_ns;  // total time launching threads slept
   std::atomic<std::uint64_t> launches;       // kernels launched by the container
-  std::atomic<std::uint64_t> queued_ns;      // estimated un-run device time queued (bounded)
-  std::atomic<std::uint64_t> credited_ns;      // cumulative credit put into tokens_ns (spent = credited - tokens)
-  // --- feedback (written by the agent, or by the elected process) ---
-  alignas(64) std::atomic<std::uint64_t> util_permille;     // measured SM utilisation of the container, 0..1000
+  std::uint64_t reserved4[6];
+  // --- line 4: feedback (written by the agent, or by the elected process) ---
+  alignas(64) std::atomic<std::uint64_t> util_permille;  // measured SM utilisation of the container, 0..1000
   std::atomic<std::uint64_t> util_updated_ns;  // CLOCK_MONOTONIC ns of the last sample
   std::atomic<std::uint64_t> device_util_permille;  // whole device (for elastic policy)
   std::atomic<std::uint32_t> feedback_owner_pid;    // elected sampler when no agent runs
-  std::atomic<std::uint32_t> elastic_permille;  // share granted by the elastic controller (0 = configured share)
+  std::uint32_t reserved5;
   std::atomic<std::uint64_t> feedback_heartbeat_ns;  // last cycle of the elected feedback owner
-  std::atomic<std::uint64_t> scale_updated_ns;       // when cost_scale_ppm was last measured (0 = prior)
-  std::uint64_t reserved4[2];
+  std::atomic<std::uint64_t> agent_extra_bytes;  // what NVML shows beyond our count (written by the agent)
+  std::uint64_t reserved6[2];
+  // --- line 5: memory oversubscription (GPUSLICE_OVERSUBSCRIBE, docs/memory.md) ---
+  alignas(64) std::atomic<std::uint64_t> resident_limit_bytes;  // device-resident allowance; 0 or kUnlimited = the quota
+  std::atomic<std::uint64_t> spilled_bytes;           // part of used_bytes served as host-resident managed memory
+  std::atomic<std::uint64_t> oversub_waits;           // allocations that waited for device memory
+  std::atomic<std::uint64_t> oversub_wait_ns;         // total time they waited
+  std::atomic<std::uint64_t> oversub_timeouts;        // waits that ended in out-of-memory
+  std::atomic<std::uint32_t> oversub_waiting;         // allocations waiting now
+  std::atomic<std::uint32_t> free_generation;         // bumped by every release: waiters sleep on it (futex)
+  std::atomic<std::uint32_t> oversub_policy;          // 0 fail, 1 spill, 2 wait (as the first process set it)
+  std::uint32_t reserved7;
+  std::atomic<std::uint64_t> spills;                  // allocations served by spilling
+  // --- lines 6-7: reserved for later fields (per-device priority), zero until then ---
+  alignas(64) std::uint64_t reserved_future[16];
 };
-static_assert(sizeof(DeviceState) == 256);
+static_assert(sizeof(DeviceState) == 512);
 
 // Per-process slot. Claimed by CAS on state, never moved or compacted.
 enum SlotState : std::uint32_t { kSlotFree = 0, kSlotClaiming = 1, kSlotLive = 2, kSlotReaping = 3 };
 
 struct alignas(64) Slot {
+  // --- line 0: identity, written when claimed (host_pid: by the agent) ---
   std::atomic<std::uint32_t> state;          // SlotState
   std::atomic<std::uint32_t> pid;            // pid in the owner's pid namespace
   std::atomic<std::uint64_t> pidns_inode;    // st_ino of /proc/<pid>/ns/pid
   std::atomic<std::uint64_t> start_time;     // /proc/<pid>/stat field 22 (clock ticks since boot)
   std::atomic<std::uint32_t> host_pid;       // filled by the agent (0 = unknown)
   std::atomic<std::uint32_t> reserved0;
+  std::uint64_t reserved1[4];
+  // --- line 1: written by every accounting operation of the process ---
   // Seqlock bracket of the accounting operations (threads of one process share
   // the slot, so it counts): low 20 bits = operations in flight, the rest = a
   // generation bumped by each completed one. The reaper only trusts a snapshot
   // in which every live slot has zero in flight and is unchanged. See
   // docs/memory-accounting.md.
-  std::atomic<std::uint64_t> seq;
-  std::uint64_t reserved1[3];
+  alignas(64) std::atomic<std::uint64_t> seq;
+  std::uint64_t reserved2[7];
   std::atomic<std::uint64_t> committed_bytes[kMaxDevices];  // this process's share of DeviceState::used_bytes
   std::atomic<std::uint64_t> context_bytes[kMaxDevices];    // part of committed_bytes held by contexts
   std::atomic<std::uint64_t> nvml_used_bytes[kMaxDevices];  // what NVML says it holds (agent)
+  // Part of committed_bytes served as host-resident managed memory (spilled);
+  // the reaper subtracts a dead process's from DeviceState::spilled_bytes.
+  std::atomic<std::uint64_t> spilled_bytes[kMaxDevices];
 };
 static_assert(sizeof(Slot) % 64 == 0);
+
+// A process of the container that exited recently (ring, oldest overwritten):
+// its kernels may still be queued or running on the devices, and the compute
+// feedback keeps attributing their device time to the container
+// (limiter/compute_feedback.h). Written by the exiting process; a record whose
+// seq is odd is being written.
+struct alignas(16) DepartedProcess {
+  std::atomic<std::uint32_t> pid;            // as NVML reports it (the host pid when known)
+  std::atomic<std::uint32_t> seq;            // odd while being written
+  std::atomic<std::uint64_t> departed_ns;    // CLOCK_MONOTONIC at exit
+};
+inline constexpr std::uint32_t kMaxDeparted = 64;
 
 struct RegionHeader {
   std::uint64_t magic;                       // kRegionMagic, published last by the creator
@@ -106,16 +147,20 @@ struct RegionHeader {
   std::uint32_t reserved2;
   std::atomic<std::uint64_t> priority_held_ns;        // total time the container's launches were held
   std::atomic<std::uint64_t> priority_held_until_ns;  // CLOCK_MONOTONIC: held now if in the future
-  std::uint64_t reserved1[11];
+  std::atomic<std::uint64_t> departed_next;  // departed[] records written so far (next one: % kMaxDeparted)
+  // Reserved for later header fields (ABI v2 leaves room), zero until then.
+  std::uint64_t reserved1[43];
 };
 
 struct Region {
   RegionHeader header;
   alignas(64) DeviceState devices[kMaxDevices];
   alignas(64) Slot slots[kMaxSlots];
+  alignas(64) DepartedProcess departed[kMaxDeparted];
 };
 
 static_assert(offsetof(Region, header) == 0);
 static_assert(sizeof(RegionHeader) % 8 == 0);
+static_assert(sizeof(RegionHeader) == 512);
 
 }  // namespace gpuslice

@@ -3,9 +3,17 @@
 // change bumps kRegionAbiVersion and updates this file in the same commit.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "gpuslice/region.h"
+#include "shm/region_file.h"
 
 namespace gpuslice {
 namespace {
@@ -16,7 +24,8 @@ namespace {
 
 TEST(RegionLayout, Constants) {
   EXPECT_EQ(kRegionMagic, 0x45434c5353555047ull);
-  EXPECT_EQ(kRegionAbiVersion, 1u);
+  EXPECT_EQ(kRegionAbiVersion, 2u);
+  EXPECT_EQ(kMaxDeparted, 64u);
   EXPECT_EQ(kMaxDevices, 16u);
   EXPECT_EQ(kMaxSlots, 1024u);
   EXPECT_EQ(kUnlimited, ~std::uint64_t{0});
@@ -29,12 +38,13 @@ TEST(RegionLayout, Constants) {
 }
 
 TEST(RegionLayout, Sizes) {
-  EXPECT_EQ(sizeof(RegionHeader), 248u);
-  EXPECT_EQ(sizeof(DeviceState), 256u);
+  EXPECT_EQ(sizeof(RegionHeader), 512u);
+  EXPECT_EQ(sizeof(DeviceState), 512u);
   EXPECT_EQ(alignof(DeviceState), 64u);
-  EXPECT_EQ(sizeof(Slot), 448u);
+  EXPECT_EQ(sizeof(Slot), 640u);
   EXPECT_EQ(alignof(Slot), 64u);
-  EXPECT_EQ(sizeof(Region), 463104u);
+  EXPECT_EQ(sizeof(DepartedProcess), 16u);
+  EXPECT_EQ(sizeof(Region), 665088u);
 }
 
 TEST(RegionLayout, Header) {
@@ -55,7 +65,8 @@ TEST(RegionLayout, Header) {
   EXPECT_FIELD(RegionHeader, reserved2, 140, 4);
   EXPECT_FIELD(RegionHeader, priority_held_ns, 144, 8);
   EXPECT_FIELD(RegionHeader, priority_held_until_ns, 152, 8);
-  EXPECT_FIELD(RegionHeader, reserved1, 160, 88);
+  EXPECT_FIELD(RegionHeader, departed_next, 160, 8);
+  EXPECT_FIELD(RegionHeader, reserved1, 168, 344);
 }
 
 TEST(RegionLayout, DeviceState) {
@@ -63,29 +74,42 @@ TEST(RegionLayout, DeviceState) {
   EXPECT_FIELD(DeviceState, reserved0, 4, 4);
   EXPECT_FIELD(DeviceState, uuid, 8, 16);
   EXPECT_FIELD(DeviceState, quota_bytes, 24, 8);
-  EXPECT_FIELD(DeviceState, used_bytes, 32, 8);
-  EXPECT_FIELD(DeviceState, agent_extra_bytes, 40, 8);
-  EXPECT_FIELD(DeviceState, oom_refusals, 48, 8);
-  EXPECT_FIELD(DeviceState, peak_used_bytes, 56, 8);
-  EXPECT_FIELD(DeviceState, accounting_errors, 64, 8);
-  EXPECT_FIELD(DeviceState, reserved1, 72, 8);
-  EXPECT_FIELD(DeviceState, sm_limit_pct, 128, 4);
-  EXPECT_FIELD(DeviceState, sm_policy, 132, 4);
-  EXPECT_FIELD(DeviceState, tokens_ns, 136, 8);
-  EXPECT_FIELD(DeviceState, last_refill_ns, 144, 8);
-  EXPECT_FIELD(DeviceState, cost_scale_ppm, 152, 8);
-  EXPECT_FIELD(DeviceState, throttled_ns, 160, 8);
-  EXPECT_FIELD(DeviceState, launches, 168, 8);
-  EXPECT_FIELD(DeviceState, queued_ns, 176, 8);
-  EXPECT_FIELD(DeviceState, credited_ns, 184, 8);
-  EXPECT_FIELD(DeviceState, util_permille, 192, 8);
-  EXPECT_FIELD(DeviceState, util_updated_ns, 200, 8);
-  EXPECT_FIELD(DeviceState, device_util_permille, 208, 8);
-  EXPECT_FIELD(DeviceState, feedback_owner_pid, 216, 4);
-  EXPECT_FIELD(DeviceState, elastic_permille, 220, 4);
-  EXPECT_FIELD(DeviceState, feedback_heartbeat_ns, 224, 8);
-  EXPECT_FIELD(DeviceState, scale_updated_ns, 232, 8);
-  EXPECT_FIELD(DeviceState, reserved4, 240, 16);
+  EXPECT_FIELD(DeviceState, sm_limit_pct, 32, 4);
+  EXPECT_FIELD(DeviceState, sm_policy, 36, 4);
+  EXPECT_FIELD(DeviceState, cost_scale_ppm, 40, 8);
+  EXPECT_FIELD(DeviceState, scale_updated_ns, 48, 8);
+  EXPECT_FIELD(DeviceState, elastic_permille, 56, 4);
+  EXPECT_FIELD(DeviceState, reserved1, 60, 4);
+  EXPECT_FIELD(DeviceState, used_bytes, 64, 8);
+  EXPECT_FIELD(DeviceState, peak_used_bytes, 72, 8);
+  EXPECT_FIELD(DeviceState, oom_refusals, 80, 8);
+  EXPECT_FIELD(DeviceState, accounting_errors, 88, 8);
+  EXPECT_FIELD(DeviceState, reserved2, 96, 32);
+  EXPECT_FIELD(DeviceState, tokens_ns, 128, 8);
+  EXPECT_FIELD(DeviceState, last_refill_ns, 136, 8);
+  EXPECT_FIELD(DeviceState, credited_ns, 144, 8);
+  EXPECT_FIELD(DeviceState, reserved3, 152, 40);
+  EXPECT_FIELD(DeviceState, throttled_ns, 192, 8);
+  EXPECT_FIELD(DeviceState, launches, 200, 8);
+  EXPECT_FIELD(DeviceState, reserved4, 208, 48);
+  EXPECT_FIELD(DeviceState, util_permille, 256, 8);
+  EXPECT_FIELD(DeviceState, util_updated_ns, 264, 8);
+  EXPECT_FIELD(DeviceState, device_util_permille, 272, 8);
+  EXPECT_FIELD(DeviceState, feedback_owner_pid, 280, 4);
+  EXPECT_FIELD(DeviceState, reserved5, 284, 4);
+  EXPECT_FIELD(DeviceState, feedback_heartbeat_ns, 288, 8);
+  EXPECT_FIELD(DeviceState, agent_extra_bytes, 296, 8);
+  EXPECT_FIELD(DeviceState, reserved6, 304, 16);
+  EXPECT_FIELD(DeviceState, resident_limit_bytes, 320, 8);
+  EXPECT_FIELD(DeviceState, spilled_bytes, 328, 8);
+  EXPECT_FIELD(DeviceState, oversub_waits, 336, 8);
+  EXPECT_FIELD(DeviceState, oversub_wait_ns, 344, 8);
+  EXPECT_FIELD(DeviceState, oversub_timeouts, 352, 8);
+  EXPECT_FIELD(DeviceState, oversub_waiting, 360, 4);
+  EXPECT_FIELD(DeviceState, free_generation, 364, 4);
+  EXPECT_FIELD(DeviceState, oversub_policy, 368, 4);
+  EXPECT_FIELD(DeviceState, spills, 376, 8);
+  EXPECT_FIELD(DeviceState, reserved_future, 384, 128);
 }
 
 TEST(RegionLayout, Slot) {
@@ -95,17 +119,81 @@ TEST(RegionLayout, Slot) {
   EXPECT_FIELD(Slot, start_time, 16, 8);
   EXPECT_FIELD(Slot, host_pid, 24, 4);
   EXPECT_FIELD(Slot, reserved0, 28, 4);
-  EXPECT_FIELD(Slot, seq, 32, 8);
-  EXPECT_FIELD(Slot, reserved1, 40, 24);
-  EXPECT_FIELD(Slot, committed_bytes, 64, 128);
-  EXPECT_FIELD(Slot, context_bytes, 192, 128);
-  EXPECT_FIELD(Slot, nvml_used_bytes, 320, 128);
+  EXPECT_FIELD(Slot, reserved1, 32, 32);
+  EXPECT_FIELD(Slot, seq, 64, 8);
+  EXPECT_FIELD(Slot, reserved2, 72, 56);
+  EXPECT_FIELD(Slot, committed_bytes, 128, 128);
+  EXPECT_FIELD(Slot, context_bytes, 256, 128);
+  EXPECT_FIELD(Slot, nvml_used_bytes, 384, 128);
+  EXPECT_FIELD(Slot, spilled_bytes, 512, 128);
+}
+
+TEST(RegionLayout, DepartedProcess) {
+  EXPECT_FIELD(DepartedProcess, pid, 0, 4);
+  EXPECT_FIELD(DepartedProcess, seq, 4, 4);
+  EXPECT_FIELD(DepartedProcess, departed_ns, 8, 8);
 }
 
 TEST(RegionLayout, Region) {
-  EXPECT_FIELD(Region, header, 0, 248);
-  EXPECT_FIELD(Region, devices, 256, 4096);
-  EXPECT_FIELD(Region, slots, 4352, 458752);
+  EXPECT_FIELD(Region, header, 0, 512);
+  EXPECT_FIELD(Region, devices, 512, 8192);
+  EXPECT_FIELD(Region, slots, 8704, 655360);
+  EXPECT_FIELD(Region, departed, 664064, 1024);
+}
+
+// ABI v2's reason to exist: words written on different paths never share a
+// cache line with words read or written on the hot paths.
+TEST(RegionLayout, HotWordsHaveTheirOwnCacheLines) {
+  auto line = [](std::size_t offset) { return offset / 64; };
+  const std::size_t tokens = line(offsetof(DeviceState, tokens_ns));
+  EXPECT_NE(tokens, line(offsetof(DeviceState, cost_scale_ppm)));
+  EXPECT_NE(tokens, line(offsetof(DeviceState, sm_limit_pct)));
+  EXPECT_NE(tokens, line(offsetof(DeviceState, launches)));
+  EXPECT_NE(tokens, line(offsetof(DeviceState, used_bytes)));
+  const std::size_t used = line(offsetof(DeviceState, used_bytes));
+  EXPECT_NE(used, line(offsetof(DeviceState, agent_extra_bytes)));
+  EXPECT_NE(used, line(offsetof(DeviceState, util_permille)));
+  EXPECT_NE(used, line(offsetof(DeviceState, quota_bytes)));
+  EXPECT_NE(line(offsetof(Slot, seq)), line(offsetof(Slot, pid)));
+  EXPECT_NE(line(offsetof(Slot, seq)), line(offsetof(Slot, host_pid)));
+}
+
+// A region written by the previous release (ABI v1) is refused by everybody
+// who maps regions through shm/ (the library, the agent, gpuslice-smi), with
+// one line naming the file and both versions.
+TEST(RegionLayout, VersionOneRegionIsRefusedNamingTheFileAndBothVersions) {
+  char dir[] = "/tmp/gpuslice-layout-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/v1.region";
+  // v1's header: same magic and first words, abi_version 1, 248-byte header.
+  std::vector<unsigned char> file(sizeof(Region), 0);
+  RegionHeader h{};
+  h.magic = kRegionMagic;
+  h.abi_version = 1;
+  h.header_size = 248;
+  h.total_size = 463104;
+  h.max_devices = kMaxDevices;
+  h.max_slots = kMaxSlots;
+  std::memcpy(file.data(), &h, sizeof h);
+  const int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, file.data(), 463104), 463104);
+  close(fd);
+  for (bool writable : {false, true}) {
+    shm::Error err{};
+    Region* r = shm::attach_existing(path.c_str(), writable, &err);
+    EXPECT_EQ(r, nullptr);
+    if (r != nullptr) shm::detach(r);
+    const std::string message = err.message;
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find("version 1"), std::string::npos) << message;
+    EXPECT_NE(message.find("expected version 2"), std::string::npos) << message;
+  }
+  shm::Error err{};
+  EXPECT_EQ(shm::attach(path.c_str(), "c", &err), nullptr);
+  EXPECT_NE(std::string(err.message).find("expected version 2"), std::string::npos) << err.message;
+  unlink(path.c_str());
+  rmdir(dir);
 }
 
 // Every shared field is a lock-free atomic of a fixed width (or plain bytes

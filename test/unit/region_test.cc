@@ -215,35 +215,35 @@ TEST_F(RegionValidation, ForeignFileOfAnySize) {
 
 TEST_F(RegionValidation, OtherAbiVersion) {
   std::string bytes = valid_region_bytes(dir_);
-  poke<std::uint32_t>(bytes, offsetof(RegionHeader, abi_version), 2);
-  expect_rejected(bytes, "region ABI version 2", "expected version 1");
+  poke<std::uint32_t>(bytes, offsetof(RegionHeader, abi_version), 3);
+  expect_rejected(bytes, "region ABI version 3", "expected version 2");
 }
 
-TEST_F(RegionValidation, Empty) { expect_rejected("", "holds only 0 bytes", "expected a gpuslice region of 463104 bytes"); }
+TEST_F(RegionValidation, Empty) { expect_rejected("", "holds only 0 bytes", "expected a gpuslice region of 665088 bytes"); }
 
 TEST_F(RegionValidation, TruncatedHeader) {
   std::string bytes = valid_region_bytes(dir_);
-  expect_rejected(bytes.substr(0, 100), "truncated header: file holds 100 bytes", "expected a gpuslice region of 463104");
+  expect_rejected(bytes.substr(0, 100), "truncated header: file holds 100 bytes", "expected a gpuslice region of 665088");
 }
 
 TEST_F(RegionValidation, TruncatedBody) {
   std::string bytes = valid_region_bytes(dir_);
-  expect_rejected(bytes.substr(0, 4096), "wrong size: file holds 4096 bytes", "expected total_size 463104 bytes");
+  expect_rejected(bytes.substr(0, 4096), "wrong size: file holds 4096 bytes", "expected total_size 665088 bytes");
 }
 
 TEST_F(RegionValidation, GrownFile) {
   std::string bytes = valid_region_bytes(dir_) + std::string(4096, '\0');
-  expect_rejected(bytes, "wrong size: file holds 467200 bytes", "expected total_size 463104");
+  expect_rejected(bytes, "wrong size: file holds 669184 bytes", "expected total_size 665088");
 }
 
 TEST_F(RegionValidation, HeaderFields) {
   const std::string good = valid_region_bytes(dir_);
   std::string bytes = good;
-  poke<std::uint32_t>(bytes, offsetof(RegionHeader, header_size), 512);
-  expect_rejected(bytes, "header_size 512", "expected 248");
+  poke<std::uint32_t>(bytes, offsetof(RegionHeader, header_size), 1024);
+  expect_rejected(bytes, "header_size 1024", "expected 512");
   bytes = good;
   poke<std::uint64_t>(bytes, offsetof(RegionHeader, total_size), 1);
-  expect_rejected(bytes, "total_size 1", "expected 463104");
+  expect_rejected(bytes, "total_size 1", "expected 665088");
   bytes = good;
   poke<std::uint32_t>(bytes, offsetof(RegionHeader, max_devices), 8);
   expect_rejected(bytes, "max_devices 8", "expected 16");

@@ -42,7 +42,7 @@ std::string mutate(std::string s, std::mt19937_64& rng, const std::vector<std::s
         break;
       case 6:  // overwrite 8 bytes with an interesting integer
         if (s.size() >= 8) {
-          static const std::uint64_t kInts[] = {0, 1, 2, 0xffffffffffffffffull, 463104, 248, 16, 1024};
+          static const std::uint64_t kInts[] = {0, 1, 2, 0xffffffffffffffffull, 665088, 512, 16, 1024};
           const std::uint64_t v = kInts[rng() % 8];
           std::memcpy(&s[(pos / 8 * 8) % (s.size() - 7)], &v, 8);
         }
