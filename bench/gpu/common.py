@@ -101,12 +101,23 @@ class Step:
         return 0 if status in ("ok", "skipped") else 1
 
 
+def spawn(argv, **kwargs):
+    """Popen in a process group of its own, its id noted in $GPUSLICE_GPU_PIDS
+    (set by run.sh), which kills what is left of a step's groups after it."""
+    proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+    pids = os.environ.get("GPUSLICE_GPU_PIDS")
+    if pids:
+        with open(pids, "a") as f:
+            f.write("%d\n" % proc.pid)
+    return proc
+
+
 def run(argv, env, timeout, cwd=None, log=None):
     """Runs argv in a process group of its own; kills the whole group at the
     timeout. Returns (returncode or None on timeout, stdout text, stderr text)."""
     timeout = max(1.0, timeout)
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace")
+    proc = spawn(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 stdin=subprocess.DEVNULL, text=True, errors="replace")
     try:
         out, err = proc.communicate(timeout=timeout)
         code = proc.returncode

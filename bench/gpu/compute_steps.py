@@ -137,8 +137,7 @@ def step_compute(step):
         if barrier:
             argv += ["--barrier", barrier, "--parties", str(parties)]
         log = open(os.path.join(step.scratch, tag + ".log"), "w")
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                start_new_session=True, text=True)
+        proc = common.spawn(argv, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True)
         return proc, log
 
     def collect(tag, proc, log, timeout):

@@ -120,9 +120,9 @@ def step_concurrency(step):
     me = os.path.abspath(__file__)
     barrier = os.path.join(step.scratch, "barrier")
     os.makedirs(barrier, exist_ok=True)
-    procs = [subprocess.Popen([sys.executable, me, "worker", str(seconds), barrier], env=env, stdout=subprocess.PIPE,
-                              stderr=open(os.path.join(step.scratch, "worker%d.log" % i), "w"),
-                              stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+    procs = [common.spawn([sys.executable, me, "worker", str(seconds), barrier], env=env, stdout=subprocess.PIPE,
+                          stderr=open(os.path.join(step.scratch, "worker%d.log" % i), "w"),
+                          stdin=subprocess.DEVNULL, text=True)
              for i in range(PROCESSES)]
     pids = [p.pid for p in procs]
     deadline = time.monotonic() + seconds + 45  # start-up, the barrier (30 s at most), the window

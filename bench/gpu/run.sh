@@ -135,6 +135,8 @@ placeholder() {  # step status message
 }
 
 status=0
+export GPUSLICE_GPU_PIDS="$work/pids"
+: > "$GPUSLICE_GPU_PIDS"
 for s in "${selected[@]}"; do
   if [ "$simulated" = 1 ]; then budget=${sim_budget[$s]}; else budget=${real_budget[$s]}; fi
   left=$((deadline - $(date +%s) - 5))
@@ -158,6 +160,12 @@ for s in "${selected[@]}"; do
       placeholder "$s" error "exited $rc without a result"
     fi
   fi
+  # What the step started and left running (it was killed, or a child hung)
+  # must not load the GPU under the next step: its process groups, by id.
+  while read -r pid; do
+    kill -KILL -- "-$pid" 2>/dev/null
+  done < "$work/pids"
+  : > "$work/pids"
   [ "$rc" = 0 ] || status=1
   echo "=== $s done in $(( $(date +%s) - t0 ))s (exit $rc)"
   summarize
