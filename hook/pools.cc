@@ -20,6 +20,7 @@
 
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "hook/launch.h"
 #include "hook/log.h"
@@ -41,6 +42,7 @@ struct PoolCount {
 NoDestroy<std::recursive_mutex> g_mu;  // process-local; re-entered by the reclaim hook
 NoDestroy<std::unordered_map<CUmemoryPool, PoolCount>> g_pools;
 NoDestroy<std::unordered_map<CUdeviceptr, CUmemoryPool>> g_pool_pointers;  // live allocations -> their pool
+NoDestroy<std::unordered_set<CUmemoryPool>> g_host_pools;  // host-located pools: never charged
 std::atomic<int> g_pool_count{0};
 [[gnu::tls_model("initial-exec")]] thread_local bool t_allocating = false;
 
@@ -188,6 +190,7 @@ CUresult alloc_from_pool_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool poo
   int entry = -1;
   {
     std::lock_guard<std::recursive_mutex> lock(*g_mu);
+    if (g_host_pools->count(pool) != 0) return real();  // host memory: nothing on a device
     auto it = g_pools->find(pool);
     if (it != g_pools->end()) entry = it->second.entry;
   }
@@ -284,11 +287,20 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmem
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   rc = real_cuMemPoolCreate(pool, props);
-  if (rc == CUDA_SUCCESS && props != nullptr && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+  if (rc != CUDA_SUCCESS || props == nullptr || pool == nullptr) return rc;
+  if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
     int entry = device_entry(props->location.id);
     if (entry >= 0) {
       std::lock_guard<std::recursive_mutex> lock(*g_mu);
       track_locked(*pool, entry);
+    }
+  } else {
+    // Host-located (CUDA 13: HOST, HOST_NUMA, HOST_NUMA_CURRENT): its memory
+    // is not on any device, and allocations from it are never charged.
+    try {
+      std::lock_guard<std::recursive_mutex> lock(*g_mu);
+      g_host_pools->insert(*pool);
+    } catch (...) {
     }
   }
   return rc;
@@ -301,6 +313,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   auto it = g_pools->find(pool);
   if (it != g_pools->end()) settle_locked(pool, it->second);  // last look at its reserve
   rc = real_cuMemPoolDestroy(pool);
+  if (rc == CUDA_SUCCESS) g_host_pools->erase(pool);
   if (rc == CUDA_SUCCESS && it != g_pools->end()) {
     if (it->second.outstanding == 0) {
       release(it->second.entry, it->second.counted);

@@ -97,6 +97,16 @@ TEST(MemoryRefused, FailedAllocFromPoolLeavesTheCountUnchanged) {
   EXPECT_EQ(field_u64(r, "pool-failed", "after"), field_u64(r, "pool-failed", "before")) << r.out;
 }
 
+// Host-located pool and VMM memory is not on the device: never charged.
+TEST(MemoryRefused, HostLocatedPoolAndVmmMemoryIsNotCharged) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"host-located", "600", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "host-located", "pool_ok"), 3) << r.out;
+  EXPECT_EQ(field_int(r, "host-located", "vmm_ok"), 3) << r.out;
+  EXPECT_EQ(field_u64(r, "host-located", "counted"), 0u) << r.out;
+}
+
 // Memory the driver frees implicitly is released with it.
 TEST(MemoryRefused, FreeAsyncOfCuMemAllocMemoryReleasesIt) {
   Sandbox box;

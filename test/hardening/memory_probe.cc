@@ -11,6 +11,7 @@
 //   memory_probe pool-destroy-live MIB ROUNDS  allocate from a new pool, destroy it with the allocation live
 //   memory_probe pool-other-device MIB ROUNDS  cuMemAllocAsync on a device-1 stream, device 0 current
 //   memory_probe pool-foreign-pool MIB ROUNDS  cuMemAllocFromPoolAsync from device 1's pool, device-0 stream
+//   memory_probe host-located MIB ROUNDS  host-located pool and VMM allocations (never charged)
 //   memory_probe pool-failed MIB            failed cuMemAllocFromPoolAsync (NULL, destroyed pool), then MIB
 //   memory_probe free-async-linear MIB ROUNDS  cuMemAlloc, cuMemFreeAsync, sync, again
 //   memory_probe ctx-destroy-live MIB ROUNDS   cuCtxCreate, cuMemAlloc, cuCtxDestroy, again
@@ -187,6 +188,29 @@ int pool_other_device(std::size_t bytes, int rounds, bool foreign_pool) {
   return 0;
 }
 
+// Host-located pools and VMM memory (CUDA 13) hold nothing on a device.
+int host_located(std::size_t bytes, int rounds) {
+  cuCtxSetCurrent(primary(0));
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_HOST;
+  CUmemoryPool pool = nullptr;
+  check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate (host)");
+  int pool_ok = 0, vmm_ok = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUdeviceptr p = 0;
+    if (cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr) == CUDA_SUCCESS) ++pool_ok;
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    CUmemGenericAllocationHandle h = 0;
+    if (cuMemCreate(&h, bytes, &prop, 0) == CUDA_SUCCESS) ++vmm_ok;
+  }
+  cuStreamSynchronize(nullptr);
+  std::printf("host-located pool_ok=%d vmm_ok=%d rounds=%d counted=%zu\n", pool_ok, vmm_ok, rounds, counted_used());
+  return 0;
+}
+
 int pool_failed(std::size_t bytes) {
   cuCtxSetCurrent(primary(0));
   const std::size_t before = counted_used();
@@ -314,6 +338,7 @@ int main(int argc, char** argv) {
   if (what == "pool-other-device") return pool_other_device(mib * kMi, rounds, false);
   if (what == "pool-foreign-pool") return pool_other_device(mib * kMi, rounds, true);
   if (what == "pool-failed") return pool_failed(mib * kMi);
+  if (what == "host-located") return host_located(mib * kMi, rounds);
   if (what == "free-async-linear") return free_async_linear(mib * kMi, rounds);
   if (what == "ctx-destroy-live") return ctx_destroy_live(mib * kMi, rounds, false, false);
   if (what == "ctx-destroy-live-array") return ctx_destroy_live(mib * kMi, rounds, false, true);
