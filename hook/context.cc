@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include "hook/log.h"
+#include "hook/measure.h"
 #include "hook/wrap.h"
 #include "shm/uuid.h"
 
@@ -46,13 +47,6 @@ NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so re
 NoDestroy<std::mutex> g_create_mu;   // one measured context creation at a time (taken after g_primary_mu)
 std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measurement per device, 0 = none
 
-struct Measure {
-  bool nvml;                  // before was read
-  std::uint64_t before;       // NVML usage of this process
-  std::uint64_t ops;          // g_counting_ops when it was read
-  std::uint64_t committed;    // this process's counted bytes on the device
-  bool quiet;                 // no counting operation was in flight at the start
-};
 
 std::uint64_t committed_on(int entry) noexcept {
   const int slot = g_process.slot.load(std::memory_order_acquire);
@@ -116,38 +110,6 @@ bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
   return true;  // not listed: holds nothing yet
 }
 
-Measure measure_before(CUdevice ordinal) noexcept {
-  Measure m{};
-  // Let operations already in flight finish (bounded: they take microseconds).
-  for (int i = 0; i < 1000 && (g_counting_ops.load(std::memory_order_seq_cst) & 0xffffffffu) != 0; ++i)
-    sched_yield();
-  m.ops = g_counting_ops.load(std::memory_order_seq_cst);
-  m.quiet = (m.ops & 0xffffffffu) == 0;
-  m.committed = committed_on(device_entry(ordinal));
-  m.nvml = nvml_usage(ordinal, &m.before);
-  return m;
-}
-
-// The context's bytes from the measurement around its creation.
-std::uint64_t context_bytes(CUdevice ordinal, int entry, const Measure& m) noexcept {
-  std::uint64_t after = 0;
-  if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
-  const bool exact = m.quiet && g_counting_ops.load(std::memory_order_seq_cst) == m.ops;
-  const std::uint64_t raw = after > m.before ? after - m.before : 0;
-  std::atomic<std::uint64_t>& known = g_context_size[ordinal];
-  if (exact) {
-    if (raw != 0) known.store(raw, std::memory_order_relaxed);
-    return raw;
-  }
-  if (const std::uint64_t k = known.load(std::memory_order_relaxed); k != 0) return k;
-  // First context of the device, measured while other threads allocated:
-  // take out what our own counted operations moved meanwhile.
-  const std::uint64_t committed = committed_on(entry);
-  const std::int64_t moved = static_cast<std::int64_t>(committed - m.committed);
-  const std::int64_t corrected = static_cast<std::int64_t>(raw) - moved;
-  return corrected > 0 ? static_cast<std::uint64_t>(corrected) : 0;
-}
-
 // Counts a context just created on `ordinal`; on quota overflow destroys it
 // through `destroy` and reports CUDA_ERROR_OUT_OF_MEMORY.
 template <class Destroy>
@@ -155,7 +117,7 @@ CUresult count_new_context(CUdevice ordinal, const Measure& m, Counted* out, Des
   out->entry = device_entry(ordinal);
   out->bytes = 0;
   if (out->entry < 0 || ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return CUDA_SUCCESS;
-  out->bytes = context_bytes(ordinal, out->entry, m);
+  out->bytes = measured_bytes(ordinal, out->entry, m, &g_context_size[ordinal]);
   if (out->bytes != 0 && !charge(out->entry, out->bytes)) {
     release(out->entry, out->bytes);
     destroy();
@@ -225,6 +187,42 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
 }
 
 }  // namespace
+
+std::mutex& measure_mutex() noexcept { return *g_create_mu; }
+
+Measure measure_before(CUdevice ordinal) noexcept {
+  Measure m{};
+  // Let operations already in flight finish (bounded: they take microseconds).
+  for (int i = 0; i < 1000 && (g_counting_ops.load(std::memory_order_seq_cst) & 0xffffffffu) != 0; ++i)
+    sched_yield();
+  m.ops = g_counting_ops.load(std::memory_order_seq_cst);
+  m.quiet = (m.ops & 0xffffffffu) == 0;
+  m.committed = committed_on(device_entry(ordinal));
+  m.nvml = nvml_usage(ordinal, &m.before);
+  return m;
+}
+
+std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
+                             std::atomic<std::uint64_t>* remembered) noexcept {
+  std::uint64_t after = 0;
+  if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
+  const bool exact = m.quiet && g_counting_ops.load(std::memory_order_seq_cst) == m.ops;
+  const std::uint64_t raw = after > m.before ? after - m.before : 0;
+  if (exact) {
+    if (raw != 0 && remembered != nullptr) remembered->store(raw, std::memory_order_relaxed);
+    return raw;
+  }
+  if (remembered != nullptr) {
+    if (const std::uint64_t k = remembered->load(std::memory_order_relaxed); k != 0) return k;
+  }
+  // Measured while other threads allocated, with nothing remembered: take
+  // out what our own counted operations moved meanwhile.
+  const std::uint64_t committed = committed_on(entry);
+  const std::int64_t moved = static_cast<std::int64_t>(committed - m.committed);
+  const std::int64_t corrected = static_cast<std::int64_t>(raw) - moved;
+  return corrected > 0 ? static_cast<std::uint64_t>(corrected) : 0;
+}
+
 }  // namespace gpuslice::hook
 
 using namespace gpuslice::hook;

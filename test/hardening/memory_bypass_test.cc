@@ -107,6 +107,25 @@ TEST(MemoryRefused, HostLocatedPoolAndVmmMemoryIsNotCharged) {
   EXPECT_EQ(field_u64(r, "host-located", "counted"), 0u) << r.out;
 }
 
+// Module and library memory (realistic profile: globals + code held on the
+// device) is counted while loaded; a load beyond the quota fails.
+TEST(MemoryBypass, ModuleMemoryIsCountedWhileLoaded) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "16Gi"}, {"FAKECUDA_MODULE_MEMORY", "1"}},
+                   {"module-memory", "600"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "module", "rc1"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(field_int(r, "module", "rc2"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(field_int(r, "module", "rc3"), CUDA_SUCCESS) << r.out;
+  const auto before = field_u64(r, "module", "before");
+  EXPECT_GE(field_u64(r, "module", "loaded") - before, 600 * kMi) << r.out;
+  EXPECT_EQ(field_u64(r, "module", "second"), field_u64(r, "module", "loaded")) << r.out;
+  EXPECT_EQ(field_u64(r, "module", "unloaded"), before) << r.out;
+  EXPECT_GE(field_u64(r, "module", "library") - before, 600 * kMi) << r.out;
+  EXPECT_EQ(field_u64(r, "module", "after"), before) << r.out;
+  EXPECT_EQ(field_u64(r, "module", "after"), field_u64(r, "module", "held")) << r.out;  // exact: counted == held
+}
+
 // Memory the driver frees implicitly is released with it.
 TEST(MemoryRefused, FreeAsyncOfCuMemAllocMemoryReleasesIt) {
   Sandbox box;

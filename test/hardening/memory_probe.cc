@@ -12,6 +12,7 @@
 //   memory_probe pool-other-device MIB ROUNDS  cuMemAllocAsync on a device-1 stream, device 0 current
 //   memory_probe pool-foreign-pool MIB ROUNDS  cuMemAllocFromPoolAsync from device 1's pool, device-0 stream
 //   memory_probe host-located MIB ROUNDS  host-located pool and VMM allocations (never charged)
+//   memory_probe module-memory MIB        modules/libraries with a MIB global, loaded and unloaded
 //   memory_probe pool-failed MIB            failed cuMemAllocFromPoolAsync (NULL, destroyed pool), then MIB
 //   memory_probe free-async-linear MIB ROUNDS  cuMemAlloc, cuMemFreeAsync, sync, again
 //   memory_probe ctx-destroy-live MIB ROUNDS   cuCtxCreate, cuMemAlloc, cuCtxDestroy, again
@@ -211,6 +212,28 @@ int host_located(std::size_t bytes, int rounds) {
   return 0;
 }
 
+// Modules and libraries hold memory for their globals: counted while loaded.
+int module_memory(std::size_t bytes) {
+  cuCtxSetCurrent(primary(0));
+  const std::string image = ".global .align 8 .b8 big[" + std::to_string(bytes) + "];\n.entry k\n";
+  const std::size_t before = counted_used();
+  CUmodule m1 = nullptr, m2 = nullptr;
+  const CUresult rc1 = cuModuleLoadData(&m1, image.c_str());
+  const std::size_t loaded = counted_used();
+  const CUresult rc2 = cuModuleLoadData(&m2, image.c_str());
+  const std::size_t second = counted_used();
+  if (rc1 == CUDA_SUCCESS) check(cuModuleUnload(m1), "cuModuleUnload");
+  const std::size_t unloaded = counted_used();
+  CUlibrary lib = nullptr;
+  const CUresult rc3 = cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  const std::size_t library = counted_used();
+  if (rc3 == CUDA_SUCCESS) check(cuLibraryUnload(lib), "cuLibraryUnload");
+  std::printf("module rc1=%d rc2=%d rc3=%d before=%zu loaded=%zu second=%zu unloaded=%zu library=%zu after=%zu held=%llu\n",
+              static_cast<int>(rc1), static_cast<int>(rc2), static_cast<int>(rc3), before, loaded, second, unloaded,
+              library, counted_used(), static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)));
+  return 0;
+}
+
 int pool_failed(std::size_t bytes) {
   cuCtxSetCurrent(primary(0));
   const std::size_t before = counted_used();
@@ -339,6 +362,7 @@ int main(int argc, char** argv) {
   if (what == "pool-foreign-pool") return pool_other_device(mib * kMi, rounds, true);
   if (what == "pool-failed") return pool_failed(mib * kMi);
   if (what == "host-located") return host_located(mib * kMi, rounds);
+  if (what == "module-memory") return module_memory(mib * kMi);
   if (what == "free-async-linear") return free_async_linear(mib * kMi, rounds);
   if (what == "ctx-destroy-live") return ctx_destroy_live(mib * kMi, rounds, false, false);
   if (what == "ctx-destroy-live-array") return ctx_destroy_live(mib * kMi, rounds, false, true);
