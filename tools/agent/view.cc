@@ -26,6 +26,14 @@ void copy_device(const DeviceState& d, int index, DeviceView* v) {
   v->used_bytes = d.used_bytes.load(std::memory_order_relaxed);
   v->agent_extra_bytes = d.agent_extra_bytes.load(std::memory_order_relaxed);
   v->oom_refusals = d.oom_refusals.load(std::memory_order_relaxed);
+  v->resident_limit_bytes = d.resident_limit_bytes.load(std::memory_order_relaxed);
+  v->spilled_bytes = d.spilled_bytes.load(std::memory_order_relaxed);
+  v->spills = d.spills.load(std::memory_order_relaxed);
+  v->oversub_waits = d.oversub_waits.load(std::memory_order_relaxed);
+  v->oversub_wait_ns = d.oversub_wait_ns.load(std::memory_order_relaxed);
+  v->oversub_timeouts = d.oversub_timeouts.load(std::memory_order_relaxed);
+  v->oversub_waiting = d.oversub_waiting.load(std::memory_order_relaxed);
+  v->oversub_policy = d.oversub_policy.load(std::memory_order_relaxed);
   v->peak_used_bytes = d.peak_used_bytes.load(std::memory_order_relaxed);
   v->accounting_errors = d.accounting_errors.load(std::memory_order_relaxed);
   v->sm_limit_pct = d.sm_limit_pct.load(std::memory_order_relaxed);

@@ -28,6 +28,15 @@ struct DeviceView {
   std::uint64_t util_updated_ns = 0;
   std::uint64_t device_util_permille = 0;
   std::uint32_t feedback_owner_pid = 0;
+  // Memory oversubscription (docs/memory.md).
+  std::uint64_t resident_limit_bytes = 0;  // 0 or kUnlimited = the quota
+  std::uint64_t spilled_bytes = 0;
+  std::uint64_t spills = 0;
+  std::uint64_t oversub_waits = 0;
+  std::uint64_t oversub_wait_ns = 0;
+  std::uint64_t oversub_timeouts = 0;
+  std::uint32_t oversub_waiting = 0;
+  std::uint32_t oversub_policy = 0;  // 0 fail, 1 spill, 2 wait
 };
 
 struct SlotView {

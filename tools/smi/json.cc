@@ -27,6 +27,15 @@ json device_json(const agent::DeviceView& d, const agent::RegionView& v, std::ui
       {"peak_bytes", d.peak_used_bytes},
       {"oom_refusals", d.oom_refusals},
       {"accounting_errors", d.accounting_errors},
+      {"resident_limit_bytes", d.resident_limit_bytes == 0 || d.resident_limit_bytes == kUnlimited
+                                   ? json(nullptr) : json(d.resident_limit_bytes)},
+      {"spilled_bytes", d.spilled_bytes},
+      {"spills", d.spills},
+      {"oversubscribe", d.oversub_policy == 1 ? "spill" : d.oversub_policy == 2 ? "wait" : "fail"},
+      {"waits", d.oversub_waits},
+      {"wait_ns", d.oversub_wait_ns},
+      {"wait_timeouts", d.oversub_timeouts},
+      {"waiting", d.oversub_waiting},
   };
   const bool measured = d.util_updated_ns != 0;
   j["compute"] = {
