@@ -59,6 +59,7 @@ struct CUevent_st {
   std::atomic<std::uint64_t> time_ns{0};  // completion time of the recorded work; 0 = never recorded
   std::atomic<std::uint64_t> ticket{0};   // realistic profile: the marker's ticket until time_ns is known
   std::uint32_t device = 0;
+  gpuslice::fakecuda::SchedTarget where{};  // ... and where it was queued
 };
 
 struct CUmod_st;

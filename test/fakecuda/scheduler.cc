@@ -1,17 +1,12 @@
-// The realistic profile's device scheduler; the model is described in scheduler.h
-// and README.md ("Realistic profile").
+// The realistic profile's device scheduler; the model is described in
+// scheduler.h and README.md ("Realistic profile").
 #include "scheduler.h"
-
-#include <cstring>
 
 #include "timeline.h"
 
 namespace gpuslice::fakecuda {
 
 namespace {
-
-constexpr int kMaxStreams = 512;   // distinct streams considered per pass
-constexpr int kMaxContexts = 128;  // distinct contexts considered per pass
 
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -20,25 +15,64 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-struct ContextInfo {
-  std::uint64_t key;
-  bool any_earlier;     // an earlier pending entry of this context exists
-  bool legacy_earlier;  // an earlier pending legacy-stream entry exists
-  bool runnable;        // has a runnable kernel
-};
+void init_locked(SchedDevice &sd) {
+  if (sd.initialized != 0) return;
+  for (std::uint32_t i = 0; i < kSchedEntries; ++i) sd.entries[i].next = i + 1 < kSchedEntries ? i + 1 : kNoEntry;
+  sd.free_head = 0;
+  for (SchedStream &s : sd.streams) s.head = s.tail = kNoEntry;
+  sd.initialized = 1;
+}
 
-bool ticket_pending(const SchedDevice &sd, std::uint64_t ticket) {
-  std::uint32_t lo = 0;
-  std::uint32_t hi = sd.count;
-  while (lo < hi) {
-    std::uint32_t mid = (lo + hi) / 2;
-    if (sd.entries[mid].ticket < ticket) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
+const SchedEntry &head_of(const SchedDevice &sd, const SchedStream &s) { return sd.entries[s.head]; }
+
+// Removes a stream's head entry; gives the stream slot back once it is empty.
+void pop_head(SchedDevice &sd, SchedStream &s) {
+  std::uint32_t index = s.head;
+  SchedEntry &e = sd.entries[index];
+  s.remaining_ns -= e.remaining_ns;
+  s.head = e.next;
+  if (s.head == kNoEntry) s.tail = kNoEntry;
+  --s.count;
+  e.next = sd.free_head;
+  sd.free_head = index;
+  --sd.pending;
+  if (s.count == 0) {
+    s.used = 0;
+    ++s.generation;  // waits on its entries now read as done
   }
-  return lo < sd.count && sd.entries[lo].ticket == ticket;
+}
+
+bool target_pending(const SchedDevice &sd, SchedTarget where, std::uint64_t ticket) {
+  if (where.stream >= kSchedStreams) return false;
+  const SchedStream &s = sd.streams[where.stream];
+  return s.used != 0 && s.generation == where.generation && head_of(sd, s).ticket <= ticket;
+}
+
+// May the head of `s` run now? Stream order holds by construction; the legacy
+// stream waits for every earlier entry of its context, a blocking stream for
+// earlier legacy-stream entries, a wait entry for the entry it waits on.
+bool head_runnable(const SchedDevice &sd, const SchedStream &s) {
+  const SchedEntry &head = head_of(sd, s);
+  if (head.kind == SchedKind::wait && target_pending(sd, head.wait_on, head.wait_ticket)) return false;
+  if (!s.info.legacy && !s.info.blocking) return true;
+  for (const SchedStream &other : sd.streams) {
+    if (other.used == 0 || &other == &s || other.info.ctx_key != s.info.ctx_key) continue;
+    if (!s.info.legacy && !other.info.legacy) continue;
+    if (head_of(sd, other).ticket < head.ticket) return false;
+  }
+  return true;
+}
+
+bool owner_gone(const StateHeader &header, const SchedStream &s) {
+  const ProcSlot &slot = header.slot[s.info.slot];
+  return slot.state.load(std::memory_order_acquire) == 0 ||
+         slot.generation.load(std::memory_order_relaxed) != s.info.slot_generation;
+}
+
+void log_done(SchedDevice &sd, std::uint64_t ticket, std::uint64_t end_ns) {
+  SchedDone &slot = sd.done[ticket % kDoneLog];
+  slot.ticket = ticket;
+  slot.end_ns = end_ns;
 }
 
 void close_segment(State &state, std::uint32_t dev, SchedDevice &sd) {
@@ -48,68 +82,27 @@ void close_segment(State &state, std::uint32_t dev, SchedDevice &sd) {
   sd.segment_start_ns = 0;
 }
 
-// One pass in ticket order: marks which entries may run now.
-// runnable[i] is set for entries whose dependencies are met; dead owners' entries
-// were dropped before (the driver discards an exited process's queued work).
-void compute_runnable(SchedDevice &sd, bool *runnable, ContextInfo *contexts, int *context_count) {
-  std::uint64_t streams[kMaxStreams];
-  int stream_count = 0;
-  *context_count = 0;
-  for (std::uint32_t i = 0; i < sd.count; ++i) {
-    SchedEntry &e = sd.entries[i];
-    runnable[i] = false;
-    bool first_of_stream = true;
-    for (int s = 0; s < stream_count; ++s) {
-      if (streams[s] == e.stream_key) {
-        first_of_stream = false;
-        break;
+// Drops the work of processes that are gone (the driver discards an exited
+// process's queued work) and completes every runnable zero-length head.
+void settle(State &state, std::uint32_t dev, SchedDevice &sd) {
+  DeviceShared &device = state.device(dev);
+  for (SchedStream &s : sd.streams) {
+    if (s.used == 0 || !owner_gone(state.header(), s)) continue;
+    while (s.used != 0) pop_head(sd, s);
+  }
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (SchedStream &s : sd.streams) {
+      while (s.used != 0 && head_of(sd, s).remaining_ns == 0 && head_runnable(sd, s)) {
+        const SchedEntry &head = head_of(sd, s);
+        log_done(sd, head.ticket, sd.now_ns);
+        if (head.kind == SchedKind::kernel) device.kernels.fetch_add(1, std::memory_order_relaxed);
+        pop_head(sd, s);
+        changed = true;
       }
     }
-    if (first_of_stream) {
-      if (stream_count == kMaxStreams) continue;  // considered in a later pass
-      streams[stream_count++] = e.stream_key;
-    }
-    ContextInfo *ctx = nullptr;
-    for (int c = 0; c < *context_count; ++c) {
-      if (contexts[c].key == e.ctx_key) ctx = &contexts[c];
-    }
-    if (ctx == nullptr) {
-      if (*context_count == kMaxContexts) continue;
-      ctx = &contexts[(*context_count)++];
-      *ctx = ContextInfo{e.ctx_key, false, false, false};
-    }
-    bool ok = first_of_stream;
-    if (e.legacy != 0 && ctx->any_earlier) ok = false;
-    if (e.legacy == 0 && e.blocking != 0 && ctx->legacy_earlier) ok = false;
-    if (e.kind == SchedKind::wait && ticket_pending(sd, e.wait_ticket)) ok = false;
-    runnable[i] = ok;
-    if (ok && e.kind == SchedKind::kernel && e.remaining_ns > 0) ctx->runnable = true;
-    ctx->any_earlier = true;
-    if (e.legacy != 0) ctx->legacy_earlier = true;
   }
-}
-
-void log_done(SchedDevice &sd, std::uint64_t ticket, std::uint64_t end_ns) {
-  SchedDone &slot = sd.done[ticket % kDoneLog];
-  slot.ticket = ticket;
-  slot.end_ns = end_ns;
-}
-
-// Removes entries flagged in `remove`, keeping ticket order.
-void compact(SchedDevice &sd, const bool *remove) {
-  std::uint32_t out = 0;
-  for (std::uint32_t i = 0; i < sd.count; ++i) {
-    if (remove[i]) continue;
-    if (out != i) sd.entries[out] = sd.entries[i];
-    ++out;
-  }
-  sd.count = out;
-}
-
-bool owner_gone(const StateHeader &header, const SchedEntry &e) {
-  const ProcSlot &slot = header.slot[e.slot];
-  return slot.state.load(std::memory_order_acquire) == 0 ||
-         slot.generation.load(std::memory_order_relaxed) != e.generation;
 }
 
 }  // namespace
@@ -120,7 +113,9 @@ std::size_t sched_bytes(std::uint32_t devices) {
 
 SchedDevice &sched_device(State &state, std::uint32_t dev) {
   auto *base = reinterpret_cast<char *>(&state.header()) + state.header().sched_offset;
-  return reinterpret_cast<SchedDevice *>(base)[dev];
+  SchedDevice &sd = reinterpret_cast<SchedDevice *>(base)[dev];
+  init_locked(sd);
+  return sd;
 }
 
 std::uint64_t jittered_ns(const StateHeader &header, std::uint32_t dev, std::uint64_t index,
@@ -137,42 +132,31 @@ void sched_advance_locked(State &state, std::uint32_t dev, std::uint64_t now) {
   StateHeader &header = state.header();
   SchedDevice &sd = sched_device(state, dev);
   DeviceShared &device = state.device(dev);
-  static thread_local bool runnable[kSchedEntries];
-  static thread_local bool remove[kSchedEntries];
-  static thread_local ContextInfo contexts[kMaxContexts];
   if (sd.now_ns == 0) sd.now_ns = now;
   for (;;) {
-    // Drop entries of processes that are gone; complete zero-length runnable entries.
-    int context_count = 0;
-    bool changed = true;
-    while (changed) {
-      changed = false;
-      std::memset(remove, 0, sd.count);
-      bool any = false;
-      for (std::uint32_t i = 0; i < sd.count; ++i) {
-        if (owner_gone(header, sd.entries[i])) remove[i] = any = true;
-      }
-      if (any) compact(sd, remove);
-      compute_runnable(sd, runnable, contexts, &context_count);
-      std::memset(remove, 0, sd.count);
-      for (std::uint32_t i = 0; i < sd.count; ++i) {
-        if (runnable[i] && sd.entries[i].remaining_ns == 0) {
-          log_done(sd, sd.entries[i].ticket, sd.now_ns);
-          if (sd.entries[i].kind == SchedKind::kernel) device.kernels.fetch_add(1, std::memory_order_relaxed);
-          remove[i] = changed = true;
-        }
-      }
-      if (changed) compact(sd, remove);
-    }
+    settle(state, dev, sd);
     if (sd.now_ns >= now) break;
-    int runnable_contexts = 0;
+    // Streams whose head is a runnable kernel, and the contexts they belong to.
+    std::uint32_t ready[kSchedStreams];
+    std::uint32_t ready_count = 0;
     bool current_runnable = false;
-    for (int c = 0; c < context_count; ++c) {
-      if (!contexts[c].runnable) continue;
-      ++runnable_contexts;
-      if (contexts[c].key == sd.current_ctx) current_runnable = true;
+    std::uint64_t next_ctx = 0, lowest_ctx = 0;
+    std::uint32_t contexts = 0;
+    std::uint64_t seen_ctx = 0;
+    for (std::uint32_t i = 0; i < kSchedStreams; ++i) {
+      const SchedStream &s = sd.streams[i];
+      if (s.used == 0 || head_of(sd, s).kind != SchedKind::kernel || !head_runnable(sd, s)) continue;
+      ready[ready_count++] = i;
+      std::uint64_t key = s.info.ctx_key;
+      if (key == sd.current_ctx) current_runnable = true;
+      if (lowest_ctx == 0 || key < lowest_ctx) lowest_ctx = key;
+      if (key > sd.current_ctx && (next_ctx == 0 || key < next_ctx)) next_ctx = key;
+      if (contexts < 2 && key != seen_ctx) {  // only "one or more than one" matters
+        ++contexts;
+        seen_ctx = key;
+      }
     }
-    if (runnable_contexts == 0) {  // idle until now
+    if (ready_count == 0) {  // idle until now
       close_segment(state, dev, sd);
       sd.now_ns = now;
       break;
@@ -180,50 +164,56 @@ void sched_advance_locked(State &state, std::uint32_t dev, std::uint64_t now) {
     const std::uint64_t slice = header.timeslice_ns;
     bool slice_over = sd.now_ns - sd.slice_start_ns >= slice;
     // Alone on the device, a context keeps it; a newcomer waits out the current slice.
-    if (slice_over && runnable_contexts == 1 && current_runnable) sd.slice_start_ns = sd.now_ns;
-    if (!current_runnable || (slice_over && runnable_contexts > 1)) {
+    if (slice_over && contexts == 1 && current_runnable) sd.slice_start_ns = sd.now_ns;
+    if (!current_runnable || (slice_over && contexts > 1)) {
       // Round-robin: the next context key after the current one, wrapping.
-      std::uint64_t next = 0;
-      std::uint64_t lowest = 0;
-      for (int c = 0; c < context_count; ++c) {
-        if (!contexts[c].runnable) continue;
-        std::uint64_t key = contexts[c].key;
-        if (lowest == 0 || key < lowest) lowest = key;
-        if (key > sd.current_ctx && (next == 0 || key < next)) next = key;
-      }
-      if (next == 0) next = lowest;
+      std::uint64_t next = next_ctx != 0 ? next_ctx : lowest_ctx;
       if (next != sd.current_ctx) close_segment(state, dev, sd);
       sd.current_ctx = next;
       sd.slice_start_ns = sd.now_ns;
     }
-    // Running set: runnable kernels of the current context, in order, while their blocks fit.
-    std::uint64_t blocks = 0;
+    // Running set: ready heads of the current context in ticket order, while their blocks fit.
+    std::uint32_t running[kSchedStreams];
+    std::uint32_t running_count = 0;
+    for (std::uint32_t k = 0; k < ready_count; ++k) {
+      if (sd.streams[ready[k]].info.ctx_key == sd.current_ctx) running[running_count++] = ready[k];
+    }
+    for (std::uint32_t a = 1; a < running_count; ++a) {  // insertion sort by head ticket
+      std::uint32_t moving = running[a];
+      std::uint32_t b = a;
+      while (b > 0 && head_of(sd, sd.streams[running[b - 1]]).ticket > head_of(sd, sd.streams[moving]).ticket) {
+        running[b] = running[b - 1];
+        --b;
+      }
+      running[b] = moving;
+    }
     std::uint64_t step = now - sd.now_ns;
-    if (runnable_contexts > 1) {
+    if (contexts > 1) {
       std::uint64_t slice_left = sd.slice_start_ns + slice - sd.now_ns;
       if (slice_left < step) step = slice_left;
     }
-    std::uint32_t running[kMaxStreams];
-    int running_count = 0;
-    for (std::uint32_t i = 0; i < sd.count && running_count < kMaxStreams; ++i) {
-      const SchedEntry &e = sd.entries[i];
-      if (!runnable[i] || e.ctx_key != sd.current_ctx || e.kind != SchedKind::kernel) continue;
+    std::uint64_t blocks = 0;
+    std::uint32_t admitted = 0;
+    for (; admitted < running_count; ++admitted) {
+      const SchedEntry &e = head_of(sd, sd.streams[running[admitted]]);
       std::uint64_t b = e.blocks < header.sms ? e.blocks : header.sms;
-      if (running_count > 0 && blocks + b > header.sms) break;
+      if (admitted > 0 && blocks + b > header.sms) break;
       blocks += b;
-      running[running_count++] = i;
       if (e.remaining_ns < step) step = e.remaining_ns;
     }
-    const SchedEntry &head = sd.entries[running[0]];
+    const SchedStream &first = sd.streams[running[0]];
     if (sd.segment_start_ns == 0) {
       sd.segment_start_ns = sd.now_ns;
-      sd.segment_pids = head.pids;
-      sd.segment_slot = head.slot;
+      sd.segment_pids = first.info.pids;
     }
-    for (int k = 0; k < running_count; ++k) sd.entries[running[k]].remaining_ns -= step;
+    for (std::uint32_t k = 0; k < admitted; ++k) {
+      SchedStream &s = sd.streams[running[k]];
+      sd.entries[s.head].remaining_ns -= step;
+      s.remaining_ns -= step;
+    }
     sd.now_ns += step;
     device.busy_total_ns.fetch_add(step, std::memory_order_relaxed);
-    header.slot[head.slot].busy_ns[dev].fetch_add(step, std::memory_order_relaxed);
+    header.slot[first.info.slot].busy_ns[dev].fetch_add(step, std::memory_order_relaxed);
   }
   // Publish the open segment so far, so queries see it; it continues from here.
   if (sd.segment_start_ns != 0 && sd.now_ns > sd.segment_start_ns) {
@@ -241,33 +231,82 @@ void sched_catch_up(State &state) {
   for (std::uint32_t d = 0; d < state.device_count(); ++d) sched_advance_locked(state, d, now);
 }
 
-std::uint64_t sched_submit_locked(State &state, std::uint32_t dev, SchedEntry entry) {
+std::uint64_t sched_submit_locked(State &state, std::uint32_t dev, const SchedStreamInfo &info, SchedEntry entry,
+                                  SchedTarget *where) {
   SchedDevice &sd = sched_device(state, dev);
-  if (sd.count == kSchedEntries) return 0;
+  if (sd.free_head == kNoEntry) return 0;
+  std::uint32_t index = kSchedStreams;
+  std::uint32_t unused = kSchedStreams;
+  for (std::uint32_t i = 0; i < kSchedStreams; ++i) {
+    const SchedStream &s = sd.streams[i];
+    if (s.used != 0 && s.info.key == info.key) {
+      index = i;
+      break;
+    }
+    if (s.used == 0 && unused == kSchedStreams) unused = i;
+  }
+  if (index == kSchedStreams) {
+    if (unused == kSchedStreams) return 0;
+    index = unused;
+    SchedStream &s = sd.streams[index];
+    s.info = info;
+    s.remaining_ns = 0;
+    s.head = s.tail = kNoEntry;
+    s.count = 0;
+    s.used = 1;
+  }
+  SchedStream &s = sd.streams[index];
+  std::uint32_t slot = sd.free_head;
+  sd.free_head = sd.entries[slot].next;
   entry.ticket = ++sd.next_ticket;
-  sd.entries[sd.count++] = entry;
+  entry.next = kNoEntry;
+  sd.entries[slot] = entry;
+  if (s.tail == kNoEntry) {
+    s.head = slot;
+  } else {
+    sd.entries[s.tail].next = slot;
+  }
+  s.tail = slot;
+  ++s.count;
+  s.remaining_ns += entry.remaining_ns;
+  ++sd.pending;
+  if (where != nullptr) *where = SchedTarget{index, s.generation};
   return entry.ticket;
 }
 
-SchedPending sched_pending_locked(State &state, std::uint32_t dev, SchedMatch match, std::uint64_t key,
-                                  std::uint64_t up_to) {
+SchedPending sched_stream_pending_locked(State &state, std::uint32_t dev, std::uint64_t stream_key,
+                                         std::uint64_t up_to) {
   SchedDevice &sd = sched_device(state, dev);
-  SchedPending pending{0, 0};
-  for (std::uint32_t i = 0; i < sd.count && sd.entries[i].ticket <= up_to; ++i) {
-    const SchedEntry &e = sd.entries[i];
-    bool hit = match == SchedMatch::stream ? e.stream_key == key
-               : match == SchedMatch::context ? e.ctx_key == key
-                                              : e.ticket == key;
-    if (!hit) continue;
-    ++pending.entries;
-    pending.remaining_ns += e.remaining_ns;
+  for (const SchedStream &s : sd.streams) {
+    if (s.used == 0 || s.info.key != stream_key) continue;
+    if (sd.entries[s.tail].ticket <= up_to) return SchedPending{s.count, s.remaining_ns};
+    SchedPending pending{0, 0};
+    for (std::uint32_t i = s.head; i != kNoEntry && sd.entries[i].ticket <= up_to; i = sd.entries[i].next) {
+      ++pending.entries;
+      pending.remaining_ns += sd.entries[i].remaining_ns;
+    }
+    return pending;
   }
-  return pending;
+  return SchedPending{0, 0};
 }
 
-bool sched_ticket_done_locked(State &state, std::uint32_t dev, std::uint64_t ticket, std::uint64_t *end_ns) {
+SchedPending sched_context_pending_locked(State &state, std::uint32_t dev, std::uint64_t ctx_key,
+                                          std::uint64_t up_to) {
   SchedDevice &sd = sched_device(state, dev);
-  if (ticket_pending(sd, ticket)) return false;
+  SchedPending total{0, 0};
+  for (const SchedStream &s : sd.streams) {
+    if (s.used == 0 || s.info.ctx_key != ctx_key) continue;
+    SchedPending one = sched_stream_pending_locked(state, dev, s.info.key, up_to);
+    total.entries += one.entries;
+    total.remaining_ns += one.remaining_ns;
+  }
+  return total;
+}
+
+bool sched_ticket_done_locked(State &state, std::uint32_t dev, SchedTarget where, std::uint64_t ticket,
+                              std::uint64_t *end_ns) {
+  SchedDevice &sd = sched_device(state, dev);
+  if (target_pending(sd, where, ticket)) return false;
   const SchedDone &done = sd.done[ticket % kDoneLog];
   // A completion older than the log (or dropped with its process) reads as "now".
   *end_ns = done.ticket == ticket ? done.end_ns : sd.now_ns;

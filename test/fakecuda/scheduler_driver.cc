@@ -1,6 +1,7 @@
 // The driver side of the realistic profile's scheduler (scheduler.h): launches and
 // markers become scheduler entries; synchronisation advances the simulation and
 // sleeps until the awaited work has run. Ideal-profile code never comes here.
+#include <sched.h>
 #include <time.h>
 
 #include "driver.h"
@@ -9,23 +10,23 @@ namespace gpuslice::fakecuda {
 
 namespace {
 
-constexpr std::uint64_t kMinPollNs = 5000;            // shortest sleep between checks
+constexpr std::uint64_t kMinPollNs = 2000;            // shortest wait between checks
+constexpr std::uint64_t kSpinBelowNs = 200000;        // shorter waits yield instead of sleeping
 constexpr std::uint64_t kReapEveryNs = 20000000;      // waiters reap dead processes this often
 
 std::uint64_t key_of(std::uint64_t id) { return (std::uint64_t{static_cast<std::uint32_t>(runtime().slot)} + 1) << 40 | id; }
 
-SchedEntry entry_for(CUstream_st *stream, SchedKind kind) {
+SchedStreamInfo info_for(CUstream_st *stream) {
   Runtime &r = runtime();
-  SchedEntry e;
-  e.ctx_key = key_of(stream->ctx->id);
-  e.stream_key = key_of(stream->id);
-  e.pids = (std::uint64_t{r.submitter.host_pid} << 32) | r.submitter.pid;
-  e.slot = static_cast<std::uint32_t>(r.slot);
-  e.generation = r.state->header().slot[r.slot].generation.load(std::memory_order_relaxed);
-  e.kind = kind;
-  e.legacy = stream == stream->ctx->null_stream ? 1 : 0;
-  e.blocking = (stream->flags & CU_STREAM_NON_BLOCKING) == 0 ? 1 : 0;
-  return e;
+  SchedStreamInfo info;
+  info.key = key_of(stream->id);
+  info.ctx_key = key_of(stream->ctx->id);
+  info.pids = (std::uint64_t{r.submitter.host_pid} << 32) | r.submitter.pid;
+  info.slot = static_cast<std::uint32_t>(r.slot);
+  info.slot_generation = r.state->header().slot[r.slot].generation.load(std::memory_order_relaxed);
+  info.legacy = stream == stream->ctx->null_stream;
+  info.blocking = (stream->flags & CU_STREAM_NON_BLOCKING) == 0;
+  return info;
 }
 
 void note_ticket(CUstream_st *stream, std::uint64_t ticket) {
@@ -33,9 +34,19 @@ void note_ticket(CUstream_st *stream, std::uint64_t ticket) {
   stream->ctx->last_ticket.store(ticket, std::memory_order_release);
 }
 
-void sleep_ns(std::uint64_t ns) {
-  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
-  nanosleep(&ts, nullptr);
+// Waits about `ns`: a timed sleep when it is long, else yielding until then
+// (a sleep overshoots by the timer slack, ~50 us, more than short kernels
+// last; the real driver's default synchronisation also spins when it can).
+void wait_for(std::uint64_t ns) {
+  if (ns < kMinPollNs) ns = kMinPollNs;
+  if (ns >= kSpinBelowNs) {
+    timespec ts{static_cast<time_t>((ns - kSpinBelowNs / 2) / 1000000000ull),
+                static_cast<long>((ns - kSpinBelowNs / 2) % 1000000000ull)};
+    nanosleep(&ts, nullptr);
+    return;
+  }
+  const std::uint64_t until = mono_ns() + ns;
+  while (mono_ns() < until) sched_yield();
 }
 
 // Polls `pending` (called with the lock held, after advancing) until it reports
@@ -60,20 +71,21 @@ void wait_until_idle(std::uint32_t dev, Pending &&pending) {
       left = pending();
     }
     if (left.entries == 0) return;
-    sleep_ns(left.remaining_ns > kMinPollNs ? left.remaining_ns : kMinPollNs);
+    wait_for(left.remaining_ns);
   }
 }
 
 SchedPending stream_pending_locked(CUstream_st *stream) {
   if (stream == stream->ctx->null_stream) {
-    return sched_pending_locked(state(), stream->ctx->device, SchedMatch::context, key_of(stream->ctx->id),
-                                stream->ctx->last_ticket.load(std::memory_order_acquire));
+    return sched_context_pending_locked(state(), stream->ctx->device, key_of(stream->ctx->id),
+                                        stream->ctx->last_ticket.load(std::memory_order_acquire));
   }
-  return sched_pending_locked(state(), stream->ctx->device, SchedMatch::stream, key_of(stream->id),
-                              stream->last_ticket.load(std::memory_order_acquire));
+  return sched_stream_pending_locked(state(), stream->ctx->device, key_of(stream->id),
+                                     stream->last_ticket.load(std::memory_order_acquire));
 }
 
-std::uint64_t submit(CUstream_st *stream, const SchedEntry &entry) {
+std::uint64_t submit(CUstream_st *stream, const SchedEntry &entry, SchedTarget *where = nullptr) {
+  const SchedStreamInfo info = info_for(stream);
   State &s = state();
   const std::uint32_t dev = stream->ctx->device;
   const std::uint64_t depth = s.header().queue_depth;
@@ -85,9 +97,9 @@ std::uint64_t submit(CUstream_st *stream, const SchedEntry &entry) {
       const std::uint64_t now = mono_ns();
       sched_advance_locked(s, dev, now);
       // The stream's hardware queue: a launch beyond `depth` pending ones blocks.
-      SchedPending queued = sched_pending_locked(s, dev, SchedMatch::stream, entry.stream_key, ~std::uint64_t{0});
+      SchedPending queued = sched_stream_pending_locked(s, dev, info.key, ~std::uint64_t{0});
       if (depth == 0 || queued.entries < depth) {
-        std::uint64_t ticket = sched_submit_locked(s, dev, entry);
+        std::uint64_t ticket = sched_submit_locked(s, dev, info, entry, where);
         if (ticket != 0) {
           // Zero-length work (an event on an idle stream) completes now, not at
           // whichever call next advances the device.
@@ -98,17 +110,19 @@ std::uint64_t submit(CUstream_st *stream, const SchedEntry &entry) {
       }
       if (queued.entries > 0) wait_ns = queued.remaining_ns / queued.entries;
     }
-    sleep_ns(wait_ns > kMinPollNs ? wait_ns : kMinPollNs);
+    wait_for(wait_ns);
   }
 }
 
 }  // namespace
 
 CUresult sched_launch(CUstream_st *stream, std::uint64_t duration_ns, std::uint64_t blocks) {
-  SchedEntry entry = entry_for(stream, SchedKind::kernel);
+  SchedEntry entry;
+  entry.kind = SchedKind::kernel;
   const StateHeader &header = state().header();
   static std::atomic<std::uint64_t> launches{0};
-  std::uint64_t index = launches.fetch_add(1, std::memory_order_relaxed) ^ (std::uint64_t{entry.slot} << 48);
+  std::uint64_t index =
+      launches.fetch_add(1, std::memory_order_relaxed) ^ (std::uint64_t{static_cast<std::uint32_t>(runtime().slot)} << 48);
   entry.remaining_ns = jittered_ns(header, stream->ctx->device, index, duration_ns) + header.launch_cost_ns;
   entry.blocks = blocks > 0xffffffffull ? 0xffffffffu : static_cast<std::uint32_t>(blocks);
   return submit(stream, entry) != 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
@@ -129,14 +143,18 @@ void sched_stream_wait(CUstream_st *stream) {
 void sched_context_wait(CUctx_st *ctx) {
   std::uint64_t up_to = ctx->last_ticket.load(std::memory_order_acquire);
   std::uint64_t key = key_of(ctx->id);
-  wait_until_idle(ctx->device,
-                  [&] { return sched_pending_locked(state(), ctx->device, SchedMatch::context, key, up_to); });
+  wait_until_idle(ctx->device, [&] { return sched_context_pending_locked(state(), ctx->device, key, up_to); });
 }
 
 void sched_event_record(CUevent_st *event, CUstream_st *stream) {
   event->time_ns.store(0, std::memory_order_release);
   event->device = stream->ctx->device;
-  event->ticket.store(submit(stream, entry_for(stream, SchedKind::marker)), std::memory_order_release);
+  SchedEntry marker;
+  marker.kind = SchedKind::marker;
+  SchedTarget where;
+  std::uint64_t ticket = submit(stream, marker, &where);
+  event->where = where;
+  event->ticket.store(ticket, std::memory_order_release);
 }
 
 bool sched_event_done(CUevent_st *event) {
@@ -147,7 +165,7 @@ bool sched_event_done(CUevent_st *event) {
   if (!lock.ok()) return true;
   sched_advance_locked(s, event->device, mono_ns());
   std::uint64_t end = 0;
-  if (!sched_ticket_done_locked(s, event->device, ticket, &end)) return false;
+  if (!sched_ticket_done_locked(s, event->device, event->where, ticket, &end)) return false;
   event->time_ns.store(end, std::memory_order_release);
   event->ticket.store(0, std::memory_order_release);
   return true;
@@ -157,7 +175,9 @@ void sched_event_wait(CUevent_st *event) {
   std::uint64_t ticket = event->ticket.load(std::memory_order_acquire);
   if (ticket == 0) return;
   wait_until_idle(event->device, [&] {
-    return sched_pending_locked(state(), event->device, SchedMatch::ticket, ticket, ticket);
+    std::uint64_t end = 0;
+    bool done = sched_ticket_done_locked(state(), event->device, event->where, ticket, &end);
+    return done ? SchedPending{0, 0} : SchedPending{1, 0};
   });
   sched_event_done(event);
 }
@@ -167,8 +187,10 @@ void sched_stream_wait_event(CUstream_st *stream, CUevent_st *event) {
   if (ticket == 0) return;  // already complete (or never recorded): nothing to wait for
   // Only events of the same device are modelled as dependencies.
   if (event->device != stream->ctx->device) return;
-  SchedEntry entry = entry_for(stream, SchedKind::wait);
+  SchedEntry entry;
+  entry.kind = SchedKind::wait;
   entry.wait_ticket = ticket;
+  entry.wait_on = event->where;
   submit(stream, entry);
 }
 
