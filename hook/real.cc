@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <dlfcn.h>
+#include <sched.h>
+#include <time.h>
 
 #include <cstring>
 
@@ -79,9 +81,6 @@ const char* const kNvmlPaths[] = {
     "/usr/lib/wsl/lib/libnvidia-ml.so.1",
 };
 
-enum : int { kNotLoaded = 0, kLoading = 1, kLoaded = 2, kUnavailable = 3 };
-std::atomic<int> g_driver_state{kNotLoaded};
-std::atomic<int> g_nvml_state{kNotLoaded};
 std::atomic<void*> g_driver_handle{nullptr};
 std::atomic<void*> g_nvml_handle{nullptr};
 [[gnu::tls_model("initial-exec")]] thread_local bool t_loading = false;
@@ -108,26 +107,37 @@ void* open_first(const char* override_path, const limiter::OptionSource& source,
   return nullptr;
 }
 
-// Several threads may resolve at once (see load_once): the first value
-// wins and the others only read it, so a pointer is written exactly once.
-void publish(void** slot, void* value) noexcept {
+enum : int { kNotLoaded = 0, kLoading = 1, kLoaded = 2, kUnavailable = 3 };
+constexpr std::uint64_t kLoadWaitNs = 1'000'000'000;
+std::atomic<int> g_driver_state{kNotLoaded};
+std::atomic<int> g_nvml_state{kNotLoaded};
+
+// Two threads resolve at once only when one of them could not wait for the
+// other (see load_once). The first value wins; a thread stops as soon as the
+// other has published everything (it then writes nothing at all), and never
+// writes a pointer already set: the wrappers read these words plainly.
+bool publish(void** slot, void* value, const std::atomic<int>& state) noexcept {
+  if (state.load(std::memory_order_acquire) == kLoaded) return false;
   void* expected = nullptr;
-  if (value != nullptr)
+  if (value != nullptr && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == nullptr)
     __atomic_compare_exchange_n(slot, &expected, value, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  return true;
 }
 
 void resolve(void* handle, bool nvml) noexcept {
+  const std::atomic<int>& state = nvml ? g_nvml_state : g_driver_state;
   for (const Hook& h : kHooks) {
-    if (h.nvml == nvml) publish(h.real, real_dlsym(handle, h.name));
+    if (h.nvml == nvml && !publish(h.real, real_dlsym(handle, h.name), state)) return;
   }
   const Internal* table = nvml ? kNvmlInternal : kDriverInternal;
   size_t n = nvml ? sizeof kNvmlInternal / sizeof *kNvmlInternal
                   : sizeof kDriverInternal / sizeof *kDriverInternal;
-  for (size_t i = 0; i < n; ++i) publish(table[i].real, real_dlsym(handle, table[i].name));
+  for (size_t i = 0; i < n; ++i)
+    if (!publish(table[i].real, real_dlsym(handle, table[i].name), state)) return;
   if (!nvml)
-    for (std::size_t i = 0; i < kByNameCount; ++i) publish(&g_by_name[i], real_dlsym(handle, kByName[i]));
+    for (std::size_t i = 0; i < kByNameCount; ++i)
+      if (!publish(&g_by_name[i], real_dlsym(handle, kByName[i]), state)) return;
 }
-
 
 // A library that loads but is not the one we need (a wrong path in an
 // override): refused as a whole, never half-resolved with null entry points.
@@ -174,20 +184,34 @@ bool load_nvml_now() noexcept {
   return true;
 }
 
-// Loading never waits for another thread. A thread that finds the load in
-// progress elsewhere may hold the loader lock (a library constructor calling
-// cuInit, or looking a driver name up with dlsym) while the loading thread
-// waits for that lock inside dlopen: waiting would deadlock. So every thread
-// loads for itself: dlopen is reference-counted and recursive under the
-// loader lock, both get the same handle, and publish() keeps each pointer
-// written once. A nested call on a loading thread (the driver's constructors
-// calling dlsym) sees "unavailable".
+std::uint64_t monotonic_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Loading never waits unboundedly for another thread. A thread that finds
+// the load in progress elsewhere may hold the loader lock (a library
+// constructor calling cuInit, or looking a driver name up with dlsym) while
+// the loading thread waits for that lock inside dlopen: waiting would
+// deadlock. So a thread waits at most kLoadWaitNs, then loads for itself:
+// dlopen is reference-counted and recursive under the loader lock, both get
+// the same handle, and publish() keeps each pointer written once. A nested
+// call on a loading thread (the driver's constructors calling dlsym) sees
+// "unavailable".
 bool load_once(std::atomic<int>& state, bool (*load)() noexcept) noexcept {
   int s = state.load(std::memory_order_acquire);
   if (s == kLoaded) return true;
   if (s == kUnavailable || t_loading) return false;
   int expected = kNotLoaded;
-  state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel);
+  if (!state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel)) {
+    // Usually the other thread is done in microseconds. If it is not, it may
+    // be waiting for the loader lock this thread holds: stop waiting, load.
+    const std::uint64_t give_up = monotonic_ns() + kLoadWaitNs;
+    while ((s = state.load(std::memory_order_acquire)) == kLoading && monotonic_ns() < give_up) sched_yield();
+    if (s == kLoaded) return true;
+    if (s == kUnavailable) return false;
+  }
   t_loading = true;
   const bool ok = load();
   t_loading = false;
