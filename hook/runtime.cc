@@ -72,7 +72,8 @@ std::atomic<int> g_ordinal_of_entry[kMaxDevices];
 void after_fork_in_child() noexcept {
   g_process.slot.store(-1, std::memory_order_relaxed);
   g_boot_busy.store(0, std::memory_order_relaxed);
-  g_accounting_calls.store(0, std::memory_order_relaxed);
+  g_accounting_calls.store(0, std::memory_order_relaxed);  // the parent's threads are not here
+  g_exited.store(false, std::memory_order_relaxed);         // forked from a destructor: a new process all the same
   if (g_ready.load(std::memory_order_relaxed) == kReadyYes) g_ready.store(kReadyNo, std::memory_order_release);
 }
 
@@ -352,10 +353,9 @@ bool refused_after_exit() noexcept {
 // No slot (bootstrap failed closed, or the process is past its exit-time
 // release) means no admission: memory is never handed out uncounted.
 bool reserve(int entry, std::uint64_t bytes) noexcept {
+  const int slot = own_slot();  // before the bracket: adopting resets the count
   AddingCall bracket;
-  if (refused_after_exit() || !region_intact()) return false;
-  int slot = own_slot();
-  if (slot < 0) return false;
+  if (refused_after_exit() || !region_intact() || slot < 0) return false;
   if (limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)) return true;
   if (ReclaimFn reclaim = g_pool_reclaim.load(std::memory_order_acquire)) {
     reclaim();  // dead slots were already reaped by reserve(): only pools may have given memory back
@@ -374,10 +374,10 @@ void release(int entry, std::uint64_t bytes) noexcept {
 }
 
 bool charge(int entry, std::uint64_t bytes) noexcept {
+  const int slot = own_slot();  // before the bracket: adopting resets the count
   AddingCall bracket;
-  if (refused_after_exit() || !region_intact()) return false;
-  int slot = own_slot();
-  return slot >= 0 && limiter::charge(g_process.region, slot, entry, bytes);
+  if (refused_after_exit() || !region_intact() || slot < 0) return false;
+  return limiter::charge(g_process.region, slot, entry, bytes);
 }
 
 void set_pool_reclaim(ReclaimFn fn) noexcept { g_pool_reclaim.store(fn, std::memory_order_release); }
