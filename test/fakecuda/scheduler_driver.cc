@@ -55,14 +55,15 @@ void wait_for(std::uint64_t ns) {
 template <typename Pending>
 void wait_until_idle(std::uint32_t dev, Pending &&pending) {
   State &s = state();
-  std::uint64_t last_reap = 0;
+  std::uint64_t last_reap = mono_ns();
   for (;;) {
     SchedPending left{0, 0};
     {
       State::Lock lock(s);
       if (!lock.ok()) return;
       std::uint64_t now = mono_ns();
-      // A dead process's queued work must not hold up everyone else forever.
+      // A long wait may be behind a dead process's queued work: reap it (the
+      // driver discards an exited process's work) rather than wait for it.
       if (now - last_reap > kReapEveryNs) {
         s.reap_locked(runtime().slot);
         last_reap = now;
@@ -176,8 +177,11 @@ void sched_event_wait(CUevent_st *event) {
   if (ticket == 0) return;
   wait_until_idle(event->device, [&] {
     std::uint64_t end = 0;
-    bool done = sched_ticket_done_locked(state(), event->device, event->where, ticket, &end);
-    return done ? SchedPending{0, 0} : SchedPending{1, 0};
+    if (sched_ticket_done_locked(state(), event->device, event->where, ticket, &end)) return SchedPending{0, 0};
+    // Still queued on its stream: wait at least for the work ahead of it there.
+    const SchedStream &queue = sched_device(state(), event->device).streams[event->where.stream];
+    SchedPending ahead = sched_stream_pending_locked(state(), event->device, queue.info.key, ticket);
+    return SchedPending{ahead.entries > 0 ? ahead.entries : 1, ahead.remaining_ns};
   });
   sched_event_done(event);
 }
