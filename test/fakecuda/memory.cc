@@ -212,10 +212,79 @@ extern "C" CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, 
   return rc;
 }
 
+// Managed memory is backed by host memory and migrates to the device on
+// demand; the driver lets it exceed the device's memory (CUDA programming
+// guide, "Unified Memory: oversubscription", compute capability 6.x+). The
+// simulator has no page-touch model: a managed allocation is held on the
+// device of the allocating context where it fits (as if touched there), the
+// rest stays on the host (charged nowhere); cuMemAdvise(SET_PREFERRED_LOCATION,
+// host) moves it to the host.
+std::uint64_t device_free_now(std::uint32_t dev) {
+  Runtime &r = runtime();
+  State::Lock lock(*r.state);
+  if (!lock.ok()) return 0;
+  r.state->reap_locked(r.slot);
+  const std::uint64_t total = r.state->header().memory_bytes;
+  const std::uint64_t used = r.state->device_used_locked(dev);
+  return used < total ? total - used : 0;
+}
+
 extern "C" CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
-  // Managed memory is counted as held by the device it was allocated from.
   if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
-  return alloc_common(dptr, bytesize, bytesize, AllocKind::managed);
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return uninitialized_error();
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  const std::uint64_t free_bytes = device_free_now(ctx->device);
+  const std::uint64_t resident = bytesize < free_bytes ? bytesize : free_bytes;
+  if (resident == bytesize) return alloc_common(dptr, bytesize, bytesize, AllocKind::managed);
+  // Partly (or wholly) host-resident: the address range is the full size,
+  // the device holds only what fits.
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> guard(r.mu);
+  if (resident > 0) {
+    if (CUresult rc = charge_device(ctx->device, resident); rc != CUDA_SUCCESS) return rc;
+  }
+  const CUdeviceptr base = reserve_address(ctx->device, bytesize, 512);
+  if (base == 0) {
+    if (resident > 0) uncharge_device(ctx->device, resident);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  Allocation allocation;
+  allocation.size = bytesize;
+  allocation.held = resident;
+  allocation.device = ctx->device;
+  allocation.ctx = ctx;
+  allocation.kind = AllocKind::managed;
+  g_allocations[base] = allocation;
+  *dptr = base;
+  return CUDA_SUCCESS;
+}
+
+// Advice on managed memory. SET_PREFERRED_LOCATION to the host moves a whole
+// managed allocation's pages to the host (no longer held by the device); other
+// advice changes nothing the simulator models.
+extern "C" CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location) {
+  if (!initialized()) return uninitialized_error();
+  if (count == 0) return CUDA_ERROR_INVALID_VALUE;
+  Runtime &r = runtime();
+  std::lock_guard<std::mutex> guard(r.mu);
+  auto it = g_allocations.find(devPtr);
+  if (it == g_allocations.end() || it->second.kind != AllocKind::managed) return CUDA_ERROR_INVALID_VALUE;
+  const bool host = location.type == CU_MEM_LOCATION_TYPE_HOST || location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                    location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+  if (advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION && host && count >= it->second.size && it->second.held != 0) {
+    uncharge_device(it->second.device, it->second.held);
+    it->second.held = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device) {
+  CUmemLocation location{};
+  location.type = device == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+  location.id = device == CU_DEVICE_CPU ? 0 : device;
+  return cuMemAdvise_v2(devPtr, count, advice, location);
 }
 
 extern "C" CUresult cuMemFree_v2(CUdeviceptr dptr) { return free_common(dptr); }

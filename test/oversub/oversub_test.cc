@@ -12,6 +12,7 @@
 
 #include "gpuslice/region.h"
 #include "harness.h"
+#include "probe.h"
 #include "limiter/memory_accounting.h"
 #include "shm/region_file.h"
 
@@ -75,6 +76,36 @@ TEST(Oversubscribe, FailIsOutOfMemoryAsWithoutTheOption) {
   const pid_t holder = t.start_holder();
   Result r = run({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(512)}, t.b);
   EXPECT_EQ(value_of(r, "alloc", "rc"), "2") << r.describe();  // CUDA_ERROR_OUT_OF_MEMORY
+  EXPECT_EQ(t.finish_holder(holder).exit_code, 0);
+}
+
+// spill: the allocation is served as managed memory preferring the host; the
+// device holds no more than before, the container counts it as spilled.
+TEST(Oversubscribe, SpillServesAFullDeviceFromHostMemory) {
+  TwoContainers t;
+  const pid_t holder = t.start_holder();
+  const unsigned long long before = device_used(t.box);
+  Env b = merge(t.b, {{"GPUSLICE_OVERSUBSCRIBE", "spill"}});
+  const std::string done = t.box.path("b-allocated");
+  const pid_t pid = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(512), "touch", done, "waitfile",
+                           t.box.path("b-release"), "freeall"},
+                          b, t.box.path("b.out"));
+  for (int i = 0; i < 10000 && access(done.c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(device_used(t.box), before) << "spilled memory must not be held by the device";
+  {
+    RegionView v(b["GPUSLICE_REGION"]);
+    ASSERT_NE(v.region, nullptr);
+    EXPECT_EQ(v.dev().spilled_bytes.load(), 512 * kMi);
+    EXPECT_EQ(v.dev().used_bytes.load(), 512 * kMi);  // still within (and counted against) the quota
+  }
+  run({"/usr/bin/touch", t.box.path("b-release")}, {});
+  Result r = wait(pid, t.box.path("b.out"));
+  EXPECT_EQ(value_of(r, "alloc", "rc"), "0") << r.describe();
+  EXPECT_EQ(value_of(r, "freeall", "rc"), "0") << r.describe();
+  RegionView v(b["GPUSLICE_REGION"]);
+  EXPECT_EQ(v.dev().spilled_bytes.load(), 0u);
+  EXPECT_EQ(v.dev().used_bytes.load(), 0u);
   EXPECT_EQ(t.finish_holder(holder).exit_code, 0);
 }
 

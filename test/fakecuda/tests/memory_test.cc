@@ -151,13 +151,34 @@ TEST_F(FakeCuda, PitchRejectsBadElementSize) {
   EXPECT_EQ(Used(), 0u);
 }
 
+TEST_F(FakeCuda, ManagedMemoryAdvisedToTheHostLeavesTheDevice) {
+  setenv("FAKECUDA_MEMORY", "64Mi", 1);
+  InitWithContext();
+  CUdeviceptr m = 0;
+  ASSERT_CU(cuMemAllocManaged(&m, 32 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  EXPECT_EQ(Used(), 32 * kMiB);
+  CUmemLocation host{};
+  host.type = CU_MEM_LOCATION_TYPE_HOST;
+  ASSERT_CU(cuMemAdvise_v2(m, 32 * kMiB, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host));
+  EXPECT_EQ(Used(), 0u);
+  CUdeviceptr d = 0;
+  EXPECT_EQ(cuMemAdvise_v2(d + 1, 1, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_CU(cuMemFree(m));
+  EXPECT_EQ(Used(), 0u);
+}
+
 TEST_F(FakeCuda, OutOfMemoryAndRecovery) {
   setenv("FAKECUDA_MEMORY", "64Mi", 1);
   InitWithContext();
   CUdeviceptr a = 0, b = 0;
   ASSERT_CU(cuMemAlloc(&a, 40 * kMiB));
   EXPECT_EQ(cuMemAlloc(&b, 40 * kMiB), CUDA_ERROR_OUT_OF_MEMORY);
-  EXPECT_EQ(cuMemAllocManaged(&b, 40 * kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_OUT_OF_MEMORY);
+  // Managed memory may exceed the device (host-backed, migrates on demand):
+  // held on the device only as far as it fits, the rest on the host.
+  ASSERT_CU(cuMemAllocManaged(&b, 40 * kMiB, CU_MEM_ATTACH_GLOBAL));
+  EXPECT_EQ(Used(), 64 * kMiB);
+  ASSERT_CU(cuMemFree(b));
+  EXPECT_EQ(Used(), 40 * kMiB);
   CUDA_ARRAY_DESCRIPTOR d{};
   d.Width = 40 * kMiB;
   d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
