@@ -26,8 +26,6 @@
 #include "shm/text.h"
 #include "shm/uuid.h"
 
-extern char** environ;
-
 namespace gpuslice::hook {
 namespace {
 
@@ -125,23 +123,12 @@ Priority level_of_option(int index) noexcept {
   }
 }
 
-// The board directory. Not in the option table yet: read here, from environ,
-// like the table's parser does (no getenv, no heap).
+// The board directory: GPUSLICE_PRIORITY_BOARD from the option table.
 void read_board_path() noexcept {
-  const char* value = nullptr;
-  static const char kName[] = "GPUSLICE_PRIORITY_BOARD=";
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (std::strncmp(*e, kName, sizeof kName - 1) == 0) {
-      value = *e + sizeof kName - 1;
-      break;
-    }
-  }
-  if (value == nullptr || value[0] != '/' || !shm::copy_string(g_board, sizeof g_board, value)) {
-    if (value != nullptr)
-      GPUSLICE_LOG(warn, "GPUSLICE_PRIORITY_BOARD: expected an absolute directory path; using %s",
-                   shm::kDefaultPriorityBoard);
+  const Config& cfg = config();
+  const char* value = cfg.valid ? cfg.options.priority_board : shm::kDefaultPriorityBoard;
+  if (!shm::copy_string(g_board, sizeof g_board, value))
     shm::copy_string(g_board, sizeof g_board, shm::kDefaultPriorityBoard);
-  }
 }
 
 template <class T>

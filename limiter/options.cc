@@ -272,8 +272,8 @@ bool parse_path(const char* name, const char* value, bool absolute, std::size_t 
   }
   if (absolute && (value[0] != '/' || value[n - 1] == '/')) {
     fail(err, name, value).str(value[0] != '/' ? "relative path (processes with another working directory would not share it)"
-                                               : "names a directory")
-        .str(", expected an absolute file path such as /dev/shm/gpuslice.region");
+                                               : "ends with '/'")
+        .str(", expected an absolute path such as /dev/shm/gpuslice.region");
     return false;
   }
   shm::copy_string(dst, cap, value);

@@ -295,7 +295,7 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{{"GPUSLICE_SM_POLICY=soft"}, "GPUSLICE_SM_POLICY='soft'", "unknown value, expected hard or elastic"},
         Rejected{{"GPUSLICE_SM_POLICY="}, "GPUSLICE_SM_POLICY=''", "empty value"},
         Rejected{{"GPUSLICE_REGION=relative/path"}, "GPUSLICE_REGION='relative/path'", "relative path"},
-        Rejected{{"GPUSLICE_REGION=/dev/shm/"}, "GPUSLICE_REGION='/dev/shm/'", "names a directory"},
+        Rejected{{"GPUSLICE_REGION=/dev/shm/"}, "GPUSLICE_REGION='/dev/shm/'", "ends with '/'"},
         Rejected{{"GPUSLICE_REGION="}, "GPUSLICE_REGION=''", "empty value"},
         Rejected{{"GPUSLICE_REGION=/" + std::string(4100, 'r')}, "GPUSLICE_REGION='/rrrr", "path too long"},
         Rejected{{"GPUSLICE_REGION=/tmp/a\tb"}, "GPUSLICE_REGION='/tmp/a\\x09b'", "control character"},
