@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -99,9 +100,10 @@ struct HamiContainer {
       : node(node), pod_uid(std::move(pod_uid)), name(std::move(name)) {
     dir = node.container_dir(this->pod_uid, this->name);
     in_namespace = namespaces_available();
-    const std::string cache = "5b1c0f7e-0000-4000-8000-" + std::string(12 - this->name.size(), '0') + "0";
-    cache_file = cache.substr(0, 24) + std::to_string(mem_mib) + std::string(12 - std::to_string(mem_mib).size(), '0') +
-                 ".cache";
+    // HAMi names it <random UUID>.cache; any UUID will do here.
+    char uuid[64];
+    std::snprintf(uuid, sizeof uuid, "5b1c0f7e-0000-4000-8000-%012d.cache", mem_mib * 1000 + sm);
+    cache_file = uuid;
     env = {{"LD_LIBRARY_PATH", test::fakecuda_dir()},
            {"FAKECUDA_STATE", box.path("fakecuda.state")},
            {"NVIDIA_VISIBLE_DEVICES", kGpuUuid},

@@ -97,8 +97,14 @@ bool RegionSet::rescan() {
       t->dropped = true;
     }
   }
+  auto below_unreadable = [&](const std::string& path) {
+    for (std::size_t r = 0; r < roots_.size(); ++r) {
+      if (unreadable[r] && path.compare(0, roots_[r].dir.size() + 1, roots_[r].dir + "/") == 0) return true;
+    }
+    return false;
+  };
   for (auto it = bad_.begin(); it != bad_.end();) {
-    if (seen.count(it->first) == 0) {
+    if (seen.count(it->first) == 0 && !below_unreadable(it->first)) {
       forget_once("skip:"s + it->first);
       it = bad_.erase(it);
     } else {
