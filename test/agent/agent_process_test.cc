@@ -115,10 +115,11 @@ int free_port() {
 
 TEST(AgentReconcile, ContextMemoryTheLibraryCannotSeeIsAddedToTheContainer) {
   Sandbox box;
-  // No NVML for the library: it cannot measure its contexts; the agent can.
+  // No NVML for the library (one that loads but does not start: a path that
+  // does not load fails closed): it cannot measure its contexts; the agent can.
   Env env = container_env(box, {{"GPUSLICE_MEMORY_LIMIT", "128Mi"},
                                 {"FAKECUDA_CONTEXT_MEMORY", "64Mi"},
-                                {"GPUSLICE_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1"}});
+                                {"GPUSLICE_REAL_LIBNVML", GPUSLICE_NVML_UNUSABLE}});
   const std::string ready = box.path("ready"), go = box.path("go"), done = box.path("done"), end = box.path("end");
   const std::string out = box.path("probe.out");
   pid_t probe = test::spawn({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(16 * kMi), "touch", ready,
