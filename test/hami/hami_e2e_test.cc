@@ -275,8 +275,10 @@ TEST(HamiDropIn, DisableControlPassesEverythingThrough) {
   Sandbox box;
   HamiNode node(box);
   HamiContainer c(node, box, "0f4e8c2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b", "main", 16, 50);
-  // A user who sets CUDA_DISABLE_CONTROL=true in the pod keeps the library
-  // loaded (under LD_PRELOAD HAMi still injects it) but gets no enforcement.
+  // A user sets CUDA_DISABLE_CONTROL=true in the pod: HAMi then skips the
+  // /etc/ld.so.preload mount, so the library is loaded only where something
+  // else preloads it (an image's LD_PRELOAD; here the test's preload), and
+  // then must pass everything through.
   c.env["CUDA_DISABLE_CONTROL"] = "true";
   c.env["FAKECUDA_MEMORY"] = "128Mi";
   const Result r = test::run(c.argv({"init", "ctx", "0", "fill", "alloc", std::to_string(kMi)}), c.env);
