@@ -194,7 +194,10 @@ void settle(const Ticket& t, CUresult rc, CUstream s, bool ptsz) noexcept {
     }
     return;
   }
-  if (t.marker) record_marker(*t.dev, s, ptsz);
+  if (t.marker) {
+    record_marker(*t.dev, s, ptsz);
+    if (t.dev->calibrated.load(std::memory_order_relaxed) == 0) wait_while_uncalibrated(*t.dev);
+  }
 }
 
 }  // namespace gpuslice::hook::launch

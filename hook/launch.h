@@ -79,6 +79,13 @@ bool capturing(CUstream s, bool ptsz) noexcept;
 // sleep while the queue is over its bound; true when a marker is due behind this launch.
 [[gnu::noinline, gnu::cold]] bool check_queue(LaunchDevice& d, ThreadCounts& tc, CUstream s, bool ptsz) noexcept;
 void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept;
+// While the device's price is still the prior (no measurement of the
+// container's kernels yet), a launch returns only once its kernel completed:
+// nothing is known of its length, so a process must not leave unmeasured
+// work behind (it could exit and leave it queued, uncharged: issue 9,
+// short-lived processes); it lives while its work runs, and the feedback
+// measures it. Ends as soon as the price is measured.
+[[gnu::noinline, gnu::cold]] void wait_while_uncalibrated(LaunchDevice& d) noexcept;
 // Without a marker nothing tells us when the work completes.
 void forget_queue(LaunchDevice& d) noexcept;
 void reset_queue_after_fork(LaunchDevice& d) noexcept;

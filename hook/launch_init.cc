@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -71,7 +72,11 @@ void after_fork_in_child() noexcept {
   // (and with it its own feedback thread) on its first launch.
   g_mode.store(kModeCold, std::memory_order_relaxed);
   g_init_busy.store(0, std::memory_order_relaxed);
-  for (LaunchDevice& d : g_dev) reset_queue_after_fork(d);
+  for (LaunchDevice& d : g_dev) {
+    reset_queue_after_fork(d);
+    d.used.store(0, std::memory_order_relaxed);  // the child has launched nothing yet
+  }
+  g_used_entries.store(0, std::memory_order_relaxed);
   forget_all_streams();
 }
 
@@ -82,8 +87,24 @@ void resolve(T* out, const char* name) noexcept {
 
 // At exit, before the libraries' static destructors (NVML's among them) run
 // under the feedback thread's feet: atexit handlers registered after start-up
-// run before the loader's destructor pass.
-void stop_feedback_at_exit() noexcept { limiter::stop_feedback_thread(); }
+// run before the loader's destructor pass. A process that launched on a
+// limited device is recorded as departed: the work it leaves queued is still
+// measured as the container's once it runs (limiter/compute_feedback.h).
+void stop_feedback_at_exit() noexcept {
+  limiter::stop_feedback_thread();
+  if (g_used_entries.load(std::memory_order_relaxed) == 0 || g_ready.load(std::memory_order_acquire) != kReadyYes)
+    return;
+  Region* region = g_process.region;
+  if (region == nullptr) return;
+  const auto self = static_cast<std::uint32_t>(getpid());
+  std::uint32_t nvml_pid = self;  // NVML's pid: the host's, when the agent has told us
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  if (slot >= 0 && static_cast<unsigned>(slot) < kMaxSlots) {
+    const std::uint32_t host = region->slots[slot].host_pid.load(std::memory_order_relaxed);
+    if (host != 0) nvml_pid = host;
+  }
+  limiter::record_departure(region, nvml_pid, self, mono_ns());
+}
 
 CUresult init_now() noexcept {
   static std::atomic<bool> handlers_registered{false};

@@ -13,7 +13,11 @@ namespace {
 constexpr std::uint64_t kQueueCostNs = 20'000'000;     // priced device time in flight
 constexpr std::uint64_t kQueueLatencyNs = 50'000'000;  // age of the oldest unfinished marker
 constexpr std::uint64_t kQueueLaunches = 1024;         // launches in flight, once calibrated
-constexpr std::uint64_t kQueueLaunchesPrior = 4;       // ... while the price is still the prior
+// While the price is still the prior, one launch in flight: nothing is known
+// of the kernels' length yet, and a process must not be able to queue more
+// unmeasured work than one kernel before it waits (and so lives) long enough
+// for the feedback to measure it (issue 9: short-lived processes).
+constexpr std::uint64_t kQueueLaunchesPrior = 1;
 constexpr std::uint64_t kMarkerEveryNs = 1'000'000;
 constexpr std::uint64_t kQueuePollNs = 200'000;
 
@@ -111,6 +115,24 @@ void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept {
     }
   }
   unlock(d);
+}
+
+void wait_while_uncalibrated(LaunchDevice& d) noexcept {
+  std::uint64_t now = mono_ns();
+  const std::uint64_t start = now;
+  while (d.calibrated.load(std::memory_order_relaxed) == 0) {
+    if (limiter::scale_updated_ns(*d.state).load(std::memory_order_relaxed) != 0) {
+      d.calibrated.store(1, std::memory_order_relaxed);
+      break;
+    }
+    poll_markers(d);
+    // Nothing in flight, or no marker could be recorded (a capturing stream,
+    // a stream of another context): nothing to wait on.
+    if (d.oldest_pending_ns.load(std::memory_order_relaxed) == 0) break;
+    sleep_ns(kQueuePollNs);
+    now = mono_ns();
+  }
+  if (now != start) d.state->throttled_ns.fetch_add(now - start, std::memory_order_relaxed);
 }
 
 bool check_queue(LaunchDevice& d, ThreadCounts& tc, CUstream s, bool ptsz) noexcept {

@@ -61,7 +61,7 @@ bool FeedbackLoop::open_device(int e) noexcept {
   return true;
 }
 
-void FeedbackLoop::collect_pids() noexcept {
+void FeedbackLoop::collect_pids(std::uint64_t now_ns) noexcept {
   pid_count_ = 0;
   const Region* r = host_.region;
   for (const Slot& s : r->slots) {
@@ -69,6 +69,16 @@ void FeedbackLoop::collect_pids() noexcept {
     const std::uint32_t host_pid = s.host_pid.load(std::memory_order_relaxed);
     const std::uint32_t pid = host_pid != 0 ? host_pid : s.pid.load(std::memory_order_relaxed);
     if (pid != 0) pids_[pid_count_++] = pid;
+  }
+  // Recently exited processes: their queued kernels are the container's work.
+  for (const DepartedProcess& d : r->departed) {
+    const std::uint32_t seq = d.seq.load(std::memory_order_acquire);
+    const std::uint32_t pid = d.pid.load(std::memory_order_relaxed);
+    const std::uint64_t at = d.departed_ns.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if ((seq & 1u) != 0 || seq != d.seq.load(std::memory_order_relaxed)) continue;  // being written
+    if (pid == 0 || at == 0 || (now_ns > at && now_ns - at > kDepartedKeepNs)) continue;
+    if (!in_container(pid)) pids_[pid_count_++] = pid;
   }
 }
 
@@ -135,7 +145,7 @@ bool FeedbackLoop::measure_nvml(int e, std::uint64_t now_ns, Measurement* out) n
   if (end_us <= f.last_seen_us) return false;
   const std::uint64_t window_us = end_us - f.last_seen_us;
   if (n != 0) {
-    collect_pids();
+    collect_pids(now_ns);
     if (!pids_match(e)) {
       f.last_seen_us = end_us;
       return false;
@@ -243,6 +253,7 @@ namespace {
 
 std::atomic<std::uint32_t> g_thread_pid{0};
 std::atomic<bool> g_stopping{false};
+std::atomic<bool> g_in_tick{false};
 FeedbackHost g_host;
 alignas(FeedbackLoop) unsigned char g_loop_storage[sizeof(FeedbackLoop)];
 
@@ -256,7 +267,9 @@ void* feedback_main(void* arg) noexcept {
   const auto self = static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(arg));
   auto* loop = new (g_loop_storage) FeedbackLoop(g_host, self);
   for (;;) {
-    if (!g_stopping.load(std::memory_order_acquire)) loop->tick();
+    g_in_tick.store(true, std::memory_order_seq_cst);
+    if (!g_stopping.load(std::memory_order_seq_cst)) loop->tick();
+    g_in_tick.store(false, std::memory_order_release);
     sleep_ns(kFeedbackTickNs);
   }
   return nullptr;
@@ -289,6 +302,28 @@ bool ensure_feedback_thread(const FeedbackHost& host) noexcept {
   return rc == 0;
 }
 
-void stop_feedback_thread() noexcept { g_stopping.store(true, std::memory_order_release); }
+void stop_feedback_thread() noexcept {
+  g_stopping.store(true, std::memory_order_seq_cst);
+  // A tick in progress ends within a few NVML calls; never wait longer than
+  // 100 ms on it (a stalled NVML must not hold the exit up).
+  for (int i = 0; i < 1000 && g_in_tick.load(std::memory_order_seq_cst); ++i) sleep_ns(100'000);
+}
+
+void record_departure(Region* r, std::uint32_t nvml_pid, std::uint32_t self, std::uint64_t now_ns) noexcept {
+  if (r == nullptr) return;
+  if (nvml_pid != 0) {
+    const std::uint64_t n = r->header.departed_next.fetch_add(1, std::memory_order_relaxed);
+    DepartedProcess& d = r->departed[n % kMaxDeparted];
+    // A writer killed mid-record leaves seq odd: the record is skipped until
+    // the ring comes round to it again.
+    const std::uint32_t seq = d.seq.load(std::memory_order_relaxed);
+    d.seq.store(seq | 1u, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    d.pid.store(nvml_pid, std::memory_order_relaxed);
+    d.departed_ns.store(now_ns == 0 ? 1 : now_ns, std::memory_order_relaxed);
+    d.seq.store((seq | 1u) + 1, std::memory_order_release);
+  }
+  for (DeviceState& d : r->devices) drop_feedback(d, self);
+}
 
 }  // namespace gpuslice::limiter

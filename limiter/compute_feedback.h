@@ -14,6 +14,9 @@
 //     (nvmlDeviceGetProcessUtilization with lastSeenTimeStamp), split into the
 //     container's processes (the region's live slots) and everybody else.
 //     The owner then publishes it in util_permille & co. for the tools.
+//     "The container's processes" include the ones that exited in the last
+//     kDepartedKeepNs (Region::departed): a process that queues work and
+//     exits without waiting for it is still charged for it once it runs.
 // Every process also re-reads the limits into the launch path's caches every
 // kRefreshNs, so a limit changed at run time takes effect within that.
 #pragma once
@@ -29,6 +32,9 @@ namespace gpuslice::limiter {
 inline constexpr std::uint64_t kFeedbackTickNs = 10'000'000;   // thread wake-up period
 inline constexpr std::uint64_t kRefreshNs = 100'000'000;       // limit caches re-read
 inline constexpr std::uint64_t kAgentFreshNs = 2'000'000'000;  // agent heartbeat considered alive
+// How long an exited process's device time is still the container's: longer
+// than any queue the limiter lets a process leave behind.
+inline constexpr std::uint64_t kDepartedKeepNs = 60'000'000'000;
 
 struct NvmlApi {
   nvmlReturn_t (*init)() = nullptr;
@@ -88,7 +94,7 @@ class FeedbackLoop {
   bool open_device(int e) noexcept;
   bool pids_match(int e) noexcept;
   bool in_container(std::uint32_t pid) const noexcept;
-  void collect_pids() noexcept;
+  void collect_pids(std::uint64_t now_ns) noexcept;
   void warn(const char* message) noexcept;
 
   FeedbackHost host_;
@@ -97,7 +103,7 @@ class FeedbackLoop {
   std::uint64_t next_refresh_ns_ = 0;
   int nvml_state_ = 0;  // 0 not tried, 1 ready, 2 unavailable
   NvmlApi nvml_{};
-  std::uint32_t pids_[kMaxSlots];
+  std::uint32_t pids_[kMaxSlots + kMaxDeparted];
   std::uint32_t pid_count_ = 0;
 };
 
@@ -107,7 +113,14 @@ class FeedbackLoop {
 // runs on its estimate alone).
 bool ensure_feedback_thread(const FeedbackHost& host) noexcept;
 // At exit: the thread stops calling anything (NVML's own static state is
-// being destroyed). Called from the preload library's destructor.
+// being destroyed). Called from the preload library's destructor. Waits
+// (bounded) for a tick in progress to end.
 void stop_feedback_thread() noexcept;
+
+// At exit of a process that launched on limited devices: records it in
+// Region::departed (pid as NVML reports it) so that the work it leaves queued
+// is still measured as the container's, and hands its feedback roles over at
+// once instead of after kOwnerTimeoutNs.
+void record_departure(Region* r, std::uint32_t nvml_pid, std::uint32_t self, std::uint64_t now_ns) noexcept;
 
 }  // namespace gpuslice::limiter

@@ -196,3 +196,39 @@ TEST_F(Fixture, UsesTheAgentsSamplesWhileItIsAlive) {
   step(loop, kControlPeriodNs);
   EXPECT_EQ(d.tokens_ns.load(), -30'000'000);
 }
+
+// Issue 9, short-lived processes: a process of the container that exited
+// (Region::departed) still has kernels running; their device time is the
+// container's, not "others'", for kDepartedKeepNs after it left.
+TEST_F(Fixture, RecentlyDepartedProcessesStillCountAsTheContainers) {
+  FeedbackLoop loop(host, script.our_pid);
+  loop.tick();  // elected; baseline
+  DeviceState& d = region->devices[0];
+  script.ours_pct = 0;
+  script.others_pct = 60;  // other_pid: not a live slot ...
+  step(loop, kControlPeriodNs);
+  EXPECT_EQ(d.util_permille.load(), 0u);
+  EXPECT_EQ(d.device_util_permille.load(), 600u);
+  // ... until it is recorded as a departed process of the container.
+  record_departure(region.get(), script.other_pid, script.other_pid, script.mono);
+  step(loop, kControlPeriodNs);
+  EXPECT_EQ(d.util_permille.load(), 600u);
+  EXPECT_EQ(d.tokens_ns.load(), -30'000'000);  // charged the 30 ms it ran
+  // Long gone: somebody else's again.
+  script.mono += kDepartedKeepNs + 1;
+  step(loop, kControlPeriodNs);
+  EXPECT_EQ(d.util_permille.load(), 0u);
+}
+
+// A departing owner hands the feedback role over at once.
+TEST_F(Fixture, DepartureDropsTheFeedbackRole) {
+  FeedbackLoop mine(host, script.our_pid), other(host, script.our_pid + 7);
+  mine.tick();
+  EXPECT_TRUE(mine.entry(0).owner);
+  record_departure(region.get(), script.our_pid, script.our_pid, script.mono);
+  EXPECT_EQ(region->devices[0].feedback_owner_pid.load(), 0u);
+  other.tick();
+  EXPECT_TRUE(other.entry(0).owner);
+  EXPECT_EQ(region->header.departed_next.load(), 1u);
+  EXPECT_EQ(region->departed[0].pid.load(), script.our_pid);
+}
