@@ -17,6 +17,7 @@ struct Family {
 // Chunks are whole pool/VMM granules (2 MiB) where the driver works in them.
 const Family kFamilies[] = {{"alloc", kMi},       {"managed", kMi}, {"pitch", kMi},     {"async", 2 * kMi},
                             {"poolasync", 2 * kMi}, {"vmm", 2 * kMi}, {"array", kMi}};
+void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }  // not the struct's bytes
 const Path kPaths[] = {Path::direct, Path::per_thread, Path::get_proc_address, Path::get_proc_address_ptsz};
 
 class FamilyPath : public ::testing::TestWithParam<std::tuple<Family, Path>> {};

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ inline const char* path_name(Path p) {
   }
   return "?";
 }
+inline void PrintTo(Path p, std::ostream* os) { *os << path_name(p); }
 inline std::string probe_binary(Path p) {
   return bin(p == Path::direct ? "cuprobe" : p == Path::per_thread ? "cuprobe_ptds" : "cuprobe_dl");
 }

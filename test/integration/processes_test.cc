@@ -31,7 +31,8 @@ TEST(Processes, EightRacingProcessesShareTheQuotaExactly) {
   unsigned long long peak = 0;
   for (int i = 0; i < 8; ++i) {
     const std::string held = box.path("held" + std::to_string(i));
-    while (access(held.c_str(), F_OK) != 0) {
+    for (int waited_ms = 0; access(held.c_str(), F_OK) != 0; ++waited_ms) {
+      ASSERT_LT(waited_ms, 60000) << "process " << i << " never held its memory";
       peak = std::max(peak, device_used(box));
       usleep(1000);
     }
@@ -85,7 +86,14 @@ TEST(Processes, KilledProcessMemoryReturnsWithoutWaitingForAnyone) {
   const std::string held = box.path("held");
   pid_t hog = spawn({bin("cuprobe"), "init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch", held, "sleep", "60000"},
                     env, "/dev/null");
-  while (access(held.c_str(), F_OK) != 0) usleep(1000);
+  for (int waited_ms = 0; access(held.c_str(), F_OK) != 0; ++waited_ms) {
+    if (waited_ms >= 60000) {
+      kill(hog, SIGKILL);
+      waitpid(hog, nullptr, 0);
+      FAIL() << "the hog never held its memory";
+    }
+    usleep(1000);
+  }
   kill(hog, SIGKILL);
   waitpid(hog, nullptr, 0);
   auto start = std::chrono::steady_clock::now();
@@ -99,6 +107,7 @@ struct BadInput {
   const char* var;
   const char* value;
 };
+void PrintTo(const BadInput& b, std::ostream* os) { *os << b.var << "=" << b.value; }
 const BadInput kBadInputs[] = {{"GPUSLICE_MEMORY_LIMIT", "lots"},   {"GPUSLICE_MEMORY_LIMIT", "8Gb!"},
                                {"GPUSLICE_MEMORY_LIMIT", "0=8Gi,x"}, {"GPUSLICE_MEMORY_LIMIT", "-5"},
                                {"CUDA_DEVICE_MEMORY_LIMIT", "12q"},  {"GPUSLICE_SM_LIMIT", "150"},

@@ -251,6 +251,10 @@ struct Rejected {
   std::string what;
 };
 
+// Test listings show the variable, not the struct's bytes (pointers that
+// change every run).
+void PrintTo(const Rejected& r, std::ostream* os) { *os << r.variable; }
+
 class ParseErrors : public ::testing::TestWithParam<Rejected> {};
 
 TEST_P(ParseErrors, NamesVariableValueAndExpectation) {
