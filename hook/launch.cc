@@ -114,6 +114,24 @@ int current_ordinal() noexcept {
 
 }  // namespace
 
+CUresult create_event_for_stream(CUstream s, CUevent* out) noexcept {
+  if (g_marker_api.event_create == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (special_stream(s)) return g_marker_api.event_create(out, CU_EVENT_DISABLE_TIMING);
+  if (g_stream_api_resolved.load(std::memory_order_acquire) == 0) resolve_stream_api();
+  auto get_ctx = resolved(g_stream_get_ctx);
+  auto push = resolved(g_ctx_push);
+  auto pop = resolved(g_ctx_pop);
+  CUcontext ctx = nullptr, current = nullptr;
+  if (get_ctx == nullptr || get_ctx(s, &ctx) != CUDA_SUCCESS || ctx == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (real_cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx)
+    return g_marker_api.event_create(out, CU_EVENT_DISABLE_TIMING);
+  if (push == nullptr || pop == nullptr || push(ctx) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
+  const CUresult rc = g_marker_api.event_create(out, CU_EVENT_DISABLE_TIMING);
+  CUcontext popped = nullptr;
+  pop(&popped);
+  return rc;
+}
+
 int stream_ordinal(CUstream s, bool ptsz) noexcept {
   (void)ptsz;  // a _ptsz launch on the null stream goes to the per-thread stream: the current context's
   if (special_stream(s)) return current_ordinal();

@@ -79,6 +79,9 @@ bool capturing(CUstream s, bool ptsz) noexcept;
 // sleep while the queue is over its bound; true when a marker is due behind this launch.
 [[gnu::noinline, gnu::cold]] bool check_queue(LaunchDevice& d, ThreadCounts& tc, CUstream s, bool ptsz) noexcept;
 void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept;
+// A marker event in the context of stream `s` (launch.cc: pushes that
+// context for the call when it is not the current one).
+CUresult create_event_for_stream(CUstream s, CUevent* out) noexcept;
 // While the device's price is still the prior (no measurement of the
 // container's kernels yet), a launch returns only once its kernel completed:
 // nothing is known of its length, so a process must not leave unmeasured

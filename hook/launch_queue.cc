@@ -106,12 +106,31 @@ void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept {
       m.cost = d.submitted_cost.load(std::memory_order_relaxed);
       if (d.head == d.tail) d.oldest_pending_ns.store(now, std::memory_order_relaxed);
       ++d.tail;
-    } else {
-      // E.g. the event belongs to another context than the stream: drop it;
-      // the next marker creates one in the context current then.
+    }
+    if (rc != CUDA_SUCCESS) {
+      // The event belongs to another context than the stream (a stream of
+      // another context, or of another device, than the current one): make
+      // one in the stream's context and record that.
       if (m.event != nullptr) g_marker_api.event_destroy(m.event);
       m.event = nullptr;
-      if (d.head == d.tail) forget_queue(d);
+      if (create_event_for_stream(target_stream(s, ptsz), &m.event) == CUDA_SUCCESS) {
+        rc = g_marker_api.event_record(m.event, target_stream(s, ptsz));
+        if (rc != CUDA_SUCCESS) {
+          g_marker_api.event_destroy(m.event);
+          m.event = nullptr;
+        }
+      } else {
+        m.event = nullptr;
+      }
+      if (rc == CUDA_SUCCESS) {
+        m.recorded_ns = now;
+        m.count = d.submitted_count.load(std::memory_order_relaxed);
+        m.cost = d.submitted_cost.load(std::memory_order_relaxed);
+        if (d.head == d.tail) d.oldest_pending_ns.store(now, std::memory_order_relaxed);
+        ++d.tail;
+      } else if (d.head == d.tail) {
+        forget_queue(d);  // no marker possible: nothing tells when the work completes
+      }
     }
   }
   unlock(d);
