@@ -73,9 +73,10 @@ void FeedbackLoop::collect_pids(std::uint64_t now_ns) noexcept {
   // Recently exited processes: their queued kernels are the container's work.
   for (const DepartedProcess& d : r->departed) {
     const std::uint32_t seq = d.seq.load(std::memory_order_acquire);
-    const std::uint32_t pid = d.pid.load(std::memory_order_relaxed);
-    const std::uint64_t at = d.departed_ns.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
+    // Acquire loads keep the re-read of seq after them (no fence: ThreadSanitizer
+    // does not model atomic_thread_fence).
+    const std::uint32_t pid = d.pid.load(std::memory_order_acquire);
+    const std::uint64_t at = d.departed_ns.load(std::memory_order_acquire);
     if ((seq & 1u) != 0 || seq != d.seq.load(std::memory_order_relaxed)) continue;  // being written
     if (pid == 0 || at == 0 || (now_ns > at && now_ns - at > kDepartedKeepNs)) continue;
     if (!in_container(pid)) pids_[pid_count_++] = pid;
@@ -318,9 +319,9 @@ void record_departure(Region* r, std::uint32_t nvml_pid, std::uint32_t self, std
     // the ring comes round to it again.
     const std::uint32_t seq = d.seq.load(std::memory_order_relaxed);
     d.seq.store(seq | 1u, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    d.pid.store(nvml_pid, std::memory_order_relaxed);
-    d.departed_ns.store(now_ns == 0 ? 1 : now_ns, std::memory_order_relaxed);
+    // Release stores: the odd seq is visible before either field changes.
+    d.pid.store(nvml_pid, std::memory_order_release);
+    d.departed_ns.store(now_ns == 0 ? 1 : now_ns, std::memory_order_release);
     d.seq.store((seq | 1u) + 1, std::memory_order_release);
   }
   for (DeviceState& d : r->devices) drop_feedback(d, self);
