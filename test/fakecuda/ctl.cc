@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "state.h"
+#include "scheduler.h"
 #include "timeline.h"
 
 using namespace gpuslice::fakecuda;
@@ -55,7 +56,15 @@ int status(const char *path) {
     for (std::uint32_t d = 0; d < state->device_count(); ++d) used[d] = state->device_used_locked(d);
     count = collect_usage_locked(*state, -1, usage, static_cast<int>(sizeof(usage) / sizeof(usage[0])));
   }
-  std::printf("{\"state\": \"%s\", \"devices\": [", path);
+  const StateHeader &h = state->header();
+  std::printf(
+      "{\"state\": \"%s\", \"profile\": {\"name\": \"%s\", \"nvml_period_ns\": %llu, \"timeslice_ns\": %llu, "
+      "\"jitter_pct\": %u, \"seed\": %llu, \"launch_cost_ns\": %llu, \"queue_depth\": %llu, "
+      "\"context_bytes\": %llu, \"module_memory\": %u}, \"devices\": [",
+      path, sched_enabled(h) ? "realistic" : "ideal", static_cast<unsigned long long>(h.nvml_period_ns),
+      static_cast<unsigned long long>(h.timeslice_ns), h.jitter_pct, static_cast<unsigned long long>(h.seed),
+      static_cast<unsigned long long>(h.launch_cost_ns), static_cast<unsigned long long>(h.queue_depth),
+      static_cast<unsigned long long>(h.context_bytes), h.module_memory);
   for (std::uint32_t d = 0; d < state->device_count(); ++d) {
     std::printf("%s{\"index\": %u, \"total\": %llu, \"used\": %llu, \"busy_until\": %llu}", d == 0 ? "" : ", ", d,
                 static_cast<unsigned long long>(state->header().memory_bytes),

@@ -34,6 +34,9 @@ uint64_t fakecuda_busy_until_ns(int dev);
 uint64_t fakecuda_now_ns(void);
 /* Frees the holdings of dead processes now; returns how many were reaped. */
 int fakecuda_reap(void);
+/* The state's timing profile, "ideal" or "realistic" ("" if there is no state),
+ * so a benchmark can print which simulated device it ran on. */
+const char *fakecuda_profile(void);
 /* Path of the state file these queries read ("" if none). */
 const char *fakecuda_state_path(void);
 /* 1 if a driver entry point (from dlsym/cuGetProcAddress) is a generated

@@ -114,3 +114,9 @@ extern "C" const char *fakecuda_state_path(void) {
   if (initialized()) return runtime().state_path;
   return g_path;
 }
+
+extern "C" const char *fakecuda_profile(void) {
+  State *s = query_state();
+  if (s == nullptr) return "";
+  return sched_enabled(s->header()) ? "realistic" : "ideal";
+}

@@ -90,6 +90,7 @@ TEST_F(Realistic, ContextsHoldMemoryByDefault) {
   unsetenv("FAKECUDA_CONTEXT_MEMORY");
   InitWithContext();
   EXPECT_EQ(fakecuda_device_used_bytes(0), 512 * kMiB);
+  EXPECT_STREQ(fakecuda_profile(), "realistic");
 }
 
 // Occupies `stream` with a 20 ms kernel on every SM and returns an event at its
@@ -379,6 +380,7 @@ TEST_F(FakeCuda, IdealModulesHoldNoMemory) {
   CUmodule module = nullptr;
   ASSERT_CU(cuModuleLoadData(&module, ".global .b8 buf[1048576];\n.entry noop\n"));
   EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  EXPECT_STREQ(fakecuda_profile(), "ideal");
   CUdeviceptr buf = 0;
   size_t size = 0;
   ASSERT_CU(cuModuleGetGlobal(&buf, &size, module, "buf"));
