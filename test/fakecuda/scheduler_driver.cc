@@ -14,7 +14,10 @@ constexpr std::uint64_t kMinPollNs = 2000;            // shortest wait between c
 constexpr std::uint64_t kSpinBelowNs = 200000;        // shorter waits yield instead of sleeping
 constexpr std::uint64_t kReapEveryNs = 20000000;      // waiters reap dead processes this often
 
-std::uint64_t key_of(std::uint64_t id) { return (std::uint64_t{static_cast<std::uint32_t>(runtime().slot)} + 1) << 40 | id; }
+std::uint64_t own_slot_bits() { return std::uint64_t{static_cast<std::uint32_t>(runtime().slot)}; }
+
+// Process-unique keys for streams and contexts across every process's entries.
+std::uint64_t key_of(std::uint64_t id) { return (own_slot_bits() + 1) << 40 | id; }
 
 SchedStreamInfo info_for(CUstream_st *stream) {
   Runtime &r = runtime();
@@ -122,8 +125,7 @@ CUresult sched_launch(CUstream_st *stream, std::uint64_t duration_ns, std::uint6
   entry.kind = SchedKind::kernel;
   const StateHeader &header = state().header();
   static std::atomic<std::uint64_t> launches{0};
-  std::uint64_t index =
-      launches.fetch_add(1, std::memory_order_relaxed) ^ (std::uint64_t{static_cast<std::uint32_t>(runtime().slot)} << 48);
+  std::uint64_t index = launches.fetch_add(1, std::memory_order_relaxed) ^ (own_slot_bits() << 48);
   entry.remaining_ns = jittered_ns(header, stream->ctx->device, index, duration_ns) + header.launch_cost_ns;
   entry.blocks = blocks > 0xffffffffull ? 0xffffffffu : static_cast<std::uint32_t>(blocks);
   return submit(stream, entry) != 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
