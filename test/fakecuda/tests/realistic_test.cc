@@ -388,3 +388,40 @@ TEST_F(FakeCuda, IdealModulesHoldNoMemory) {
 }
 
 }  // namespace
+
+namespace {
+
+// Two processes with 200 ms of kernels each: while both have work, the device
+// alternates between them, each charged only for the slices it ran (about half
+// of the time each), and the device's busy time is never counted twice.
+TEST_F(Realistic, ProcessesAreChargedForTheSlicesTheyRan) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  ASSERT_CU(cuInit(0));
+  Child a = Child::Spawn({"spin", "20000", "10"});
+  Child b = Child::Spawn({"spin", "20000", "10"});
+  unsigned long long pid[2] = {}, start[2] = {}, end[2] = {};
+  Child *children[2] = {&a, &b};
+  for (int i = 0; i < 2; ++i) {
+    std::string line = children[i]->ReadLine();
+    ASSERT_EQ(std::sscanf(line.c_str(), "%llu %llu %llu", &pid[i], &start[i], &end[i]), 3) << line;
+  }
+  EXPECT_EQ(a.Wait(), 0);
+  EXPECT_EQ(b.Wait(), 0);
+  for (int i = 0; i < 2; ++i) {
+    std::uint64_t total = fakecuda_busy_ns(0, static_cast<int>(pid[i]), 0, ~0ull);
+    EXPECT_NEAR(static_cast<double>(total), 200e6, 1e3) << "each process ran exactly its own work";
+  }
+  const std::uint64_t first = std::min(start[0], start[1]);
+  const std::uint64_t last = std::max(end[0], end[1]);
+  EXPECT_LE(fakecuda_busy_ns(0, 0, first, last), last - first) << "busy time counted twice";
+  // Both were submitting and waiting in [max start, min end]: there they share.
+  const std::uint64_t lo = std::max(start[0], start[1]) + 5000000;
+  const std::uint64_t hi = std::min(end[0], end[1]) - 5000000;
+  if (hi < lo + 50000000) GTEST_SKIP() << "the two processes overlapped less than 50 ms (loaded machine)";
+  for (int i = 0; i < 2; ++i) {
+    double share = static_cast<double>(fakecuda_busy_ns(0, static_cast<int>(pid[i]), lo, hi)) / (hi - lo);
+    EXPECT_NEAR(share, 0.5, 0.1) << "process " << i;
+  }
+}
+
+}  // namespace
