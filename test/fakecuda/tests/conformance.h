@@ -26,7 +26,10 @@ namespace conformance {
   X(cuMemGetInfo) X(cuMemGetAddressRange) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuModuleUnload)         \
   X(cuLibraryLoadData) X(cuLibraryGetKernel) X(cuLibraryUnload) X(cuLaunchKernel) X(cuStreamCreate)            \
   X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamGetCtx) X(cuEventCreate) X(cuEventDestroy)               \
-  X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventQuery)
+  X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventQuery) X(cuMemCreate) X(cuMemRelease)  \
+  X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                      \
+  X(cuMemRetainAllocationHandle) X(cuMemGetAllocationGranularity) X(cuMemPoolCreate) X(cuMemPoolDestroy)      \
+  X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync)
 #define CONFORMANCE_NVML(X)                                                                                     \
   X(nvmlInit_v2) X(nvmlShutdown) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetProcessUtilization)            \
   X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetComputeRunningProcesses_v3)

@@ -211,4 +211,54 @@ TEST_F(Conformance, NvmlSeesTheProcess) {
   ASSERT_CU(cu().cuMemFree(p));
 }
 
+// VMM: cuMemRetainAllocationHandle gives the handle mapped at an address with
+// one more reference; each reference needs its own cuMemRelease (cuda.h).
+TEST_F(Conformance, RetainedVmmHandleNeedsItsOwnRelease) {
+  ASSERT_CU(cu().cuInit(0));
+  CUcontext ctx = nullptr;
+  ASSERT_CU(cu().cuCtxCreate(&ctx, nullptr, 0, 0));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t granule = 0;
+  ASSERT_CU(cu().cuMemGetAllocationGranularity(&granule, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  ASSERT_GT(granule, 0u);
+  CUmemGenericAllocationHandle handle = 0, retained = 0;
+  ASSERT_CU(cu().cuMemCreate(&handle, granule, &prop, 0));
+  CUdeviceptr va = 0;
+  ASSERT_CU(cu().cuMemAddressReserve(&va, granule, 0, 0, 0));
+  ASSERT_CU(cu().cuMemMap(va, granule, 0, handle, 0));
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ASSERT_CU(cu().cuMemSetAccess(va, granule, &access, 1));
+  ASSERT_CU(cu().cuMemRetainAllocationHandle(&retained, reinterpret_cast<void *>(va)));
+  EXPECT_EQ(retained, handle);
+  ASSERT_CU(cu().cuMemRelease(handle));
+  ASSERT_CU(cu().cuMemRelease(retained));
+  ASSERT_CU(cu().cuMemUnmap(va, granule));
+  ASSERT_CU(cu().cuMemAddressFree(va, granule));
+}
+
+// cuMemPoolDestroy with an allocation outstanding returns at once; the
+// allocation stays valid and can still be freed (cuda.h).
+TEST_F(Conformance, PoolDestroyWithOutstandingAllocation) {
+  ASSERT_CU(cu().cuInit(0));
+  CUcontext ctx = nullptr;
+  ASSERT_CU(cu().cuCtxCreate(&ctx, nullptr, 0, 0));
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool pool = nullptr;
+  ASSERT_CU(cu().cuMemPoolCreate(&pool, &props));
+  CUdeviceptr p = 0;
+  ASSERT_CU(cu().cuMemAllocFromPoolAsync(&p, 4 * kMiB, pool, nullptr));
+  ASSERT_CU(cu().cuStreamSynchronize(nullptr));
+  ASSERT_CU(cu().cuMemPoolDestroy(pool));
+  ASSERT_CU(cu().cuMemFreeAsync(p, nullptr));
+  ASSERT_CU(cu().cuStreamSynchronize(nullptr));
+}
+
 }  // namespace
