@@ -3,6 +3,7 @@
 // and under libgpuslice.so in one run. See docs/benchmarks.md.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -89,6 +90,11 @@ int main(int argc, char** argv) {
   unsigned kernel_us = 0;
   double window_s = 0;
   bool print_ptx = false;
+  std::string profile;
+  std::vector<int> tenants;
+  int procs = 1;
+  int streams = 1;
+  double queue_ms = 0;
   app.add_option("--worker", worker_spec, "internal: run one measurement from a JSON spec")->group("");
   app.add_flag("--print-ptx", print_ptx, "print the kernels' PTX (for ptxas; the spin kernel per --kernel-us)")
       ->group("");
@@ -110,6 +116,18 @@ int main(int argc, char** argv) {
   app.add_option("--kernel-us", kernel_us, "spin kernel length in microseconds [1000]")->check(CLI::Range(10u, 100000u));
   app.add_option("--window", window_s, "compute measurement window in seconds [1.5, --quick 0.4]")
       ->check(CLI::Range(0.05, 60.0));
+  app.add_option("--profile", profile,
+                 "the simulated driver's timing model (sets FAKECUDA_PROFILE for the workers) [$FAKECUDA_PROFILE, "
+                 "else ideal]; see test/fakecuda/README.md")
+      ->check(CLI::IsMember({"ideal", "realistic"}));
+  app.add_option("--tenants", tenants, "SM limits of the two tenants, A,B [30,60]")
+      ->delimiter(',')
+      ->expected(2)
+      ->check(CLI::Range(1, 99));
+  app.add_option("--procs", procs, "processes per container in the compute sections [1]")->check(CLI::Range(1, 16));
+  app.add_option("--streams", streams, "streams per process in the compute sections [1]")->check(CLI::Range(1, 8));
+  app.add_option("--queue-ms", queue_ms, "device work each load process keeps queued, ms [20]")
+      ->check(CLI::Range(0.0, 1000.0));
   app.add_flag("--quiet,-q", quiet, "no progress lines on stderr");
   app.add_flag("--verbose,-v", verbose, "echo the workers' stderr (gpuslice's own log lines)");
   app.add_flag("--keep-temp", keep, "keep the private directory of regions and simulated devices");
@@ -131,6 +149,25 @@ int main(int argc, char** argv) {
   if (!sweep.empty()) plan.sweep_limits = sweep;
   if (kernel_us != 0) plan.kernel_us = kernel_us;
   if (window_s != 0) plan.window_s = window_s;
+  if (tenants.size() == 2) {
+    plan.tenant_a_limit = tenants[0];
+    plan.tenant_b_limit = tenants[1];
+  }
+  plan.procs = procs;
+  plan.streams = streams;
+  if (queue_ms != 0) plan.queue_ms = queue_ms;
+  // The workers inherit FAKECUDA_PROFILE; --profile sets it for them.
+  if (!profile.empty()) {
+    setenv("FAKECUDA_PROFILE", profile.c_str(), 1);
+  } else if (const char* env = std::getenv("FAKECUDA_PROFILE"); env != nullptr && *env != '\0') {
+    profile = env;
+    if (profile != "ideal" && profile != "realistic") {
+      std::fprintf(stderr, "gpuslice-bench: FAKECUDA_PROFILE='%s': expected ideal or realistic\n", env);
+      return 1;
+    }
+  } else {
+    profile = "ideal";  // the simulated driver's default
+  }
 
   BenchContext context;
   DriverChoice driver;
@@ -159,13 +196,18 @@ int main(int argc, char** argv) {
       return 1;
     }
     report["device"] = probe["simulated"].get<bool>() ? "simulated" : "gpu";
+    if (probe["simulated"].get<bool>()) {
+      report["profile"] = profile;
+      plan.profile = profile;
+    }
     report["device_name"] = probe["device_name"];
     report["driver_version"] = probe["driver_version"];
     report["total_bytes"] = probe["total_bytes"];
     report["sms"] = probe["sms"];
     if (!quiet) {
-      std::fprintf(stderr, "gpuslice-bench: %s (%s)\n", probe["device_name"].get<std::string>().c_str(),
-                   probe["simulated"].get<bool>() ? "simulated driver, no GPU" : "real GPU");
+      std::fprintf(stderr, "gpuslice-bench: %s (%s%s)\n", probe["device_name"].get<std::string>().c_str(),
+                   probe["simulated"].get<bool>() ? "simulated driver, no GPU, profile " : "real GPU",
+                   probe["simulated"].get<bool>() ? profile.c_str() : "");
     }
 
     Progress progress(plan_steps(plan) + priority_steps(plan), quiet);

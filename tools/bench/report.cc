@@ -70,6 +70,10 @@ void print_header(const json& r, std::FILE* out) {
   if (r.contains("sms")) std::fprintf(out, ", %d SMs", r["sms"].get<int>());
   if (r.contains("total_bytes")) std::fprintf(out, ", %s", bytes(r["total_bytes"].get<double>()).c_str());
   if (r.contains("driver_version")) std::fprintf(out, ", driver API %d", r["driver_version"].get<int>());
+  if (r.contains("profile")) {
+    std::fprintf(out, "\n  simulated profile: %s (FAKECUDA_PROFILE; figures are simulated, not a GPU's)",
+                 r["profile"].get<std::string>().c_str());
+  }
   std::fprintf(out, "\n  driver: %s\n  library: %s\n", r.value("driver", "").c_str(), r.value("library", "").c_str());
   if (r.value("quick", false)) std::fprintf(out, "  --quick: short windows, few points; not for publishing\n");
 }
@@ -137,6 +141,8 @@ void print_sweep(const json& s, std::FILE* out) {
   std::fprintf(out, "\nCompute limit: spin_%uus kernels back to back, %.1f s window after %.1f s, device share from %s\n",
                s["kernel_us"].get<unsigned>(), s["window_s"].get<double>(), s.value("warmup_s", 0.0),
                s.value("share_source", "") == "timeline" ? "the simulated device timeline" : "event timings");
+  std::fprintf(out, "  %d process(es) per container, %d stream(s) each, %d kernels queued per process\n",
+               s.value("processes", 1), s.value("streams", 1), s.value("queued_kernels", 4));
   const std::string startup = format("first %.0f ms", s.value("startup_window_s", 0.0) * 1000);
   std::fprintf(out, "  %-8s %-10s %-10s %-14s %s\n", "limit", "achieved", "error", "verdict", startup.c_str());
   if (s.contains("native_share")) {

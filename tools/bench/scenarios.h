@@ -29,6 +29,10 @@ struct Plan {
   int tenant_a_limit = 30;
   int tenant_b_limit = 60;
   int noisy_limit = 50;
+  int procs = 1;                          // processes per container (compute sections)
+  int streams = 1;                        // streams per process (compute sections)
+  double queue_ms = 20;                   // device work each process keeps queued (at least 4 kernels)
+  std::string profile;                    // simulated driver's FAKECUDA_PROFILE ("" on a real GPU)
 };
 
 // Prints "[ 3/24] what" lines on stderr unless quiet.

@@ -51,10 +51,14 @@ class Session {
 
   CUresult launch_empty() { return api.cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr); }
 
-  // One block per SM: a kernel that occupies the whole GPU for its duration.
-  CUresult launch_spin() {
+  // One block per SM: a kernel that occupies the whole GPU for its duration
+  // (with `share` streams, 1/share of it: kernels of different streams may
+  // then run side by side, as on a GPU).
+  CUresult launch_spin(CUstream on = nullptr, unsigned share = 1) {
     void* params[] = {&spin_duration_ns};
-    return api.cuLaunchKernel(spin, static_cast<unsigned>(sms), 1, 1, 128, 1, 1, 0, stream, params, nullptr);
+    const unsigned blocks = static_cast<unsigned>(sms) / share;
+    return api.cuLaunchKernel(spin, blocks == 0 ? 1 : blocks, 1, 1, 128, 1, 1, 0, on != nullptr ? on : stream, params,
+                              nullptr);
   }
 
   DriverApi api;
@@ -225,7 +229,8 @@ json quota(const json& spec) {
 }
 
 // Back-to-back spin kernels with at most `depth` in flight, from the start for
-// run_ns; device busy time of this process in each window. On the simulated
+// run_ns, round robin over `streams` streams; device busy time of this process
+// in each window. On the simulated
 // driver busy time comes from its timeline (exact). On a real GPU it is the
 // sum of the kernels' event-timed durations, each counted in the window in
 // which it was launched (the queue is at most depth kernels, so the edge error
@@ -237,9 +242,17 @@ json spin(const json& spec) {
   const auto depth = static_cast<std::size_t>(spec.value("depth", 4));
   const auto run_ns = spec.at("run_ns").get<std::uint64_t>();
   const auto windows = spec.at("windows").get<std::vector<std::vector<std::uint64_t>>>();
+  const auto stream_count = static_cast<unsigned>(std::max(1, spec.value("streams", 1)));
+  std::vector<CUstream> streams{s.stream};
+  while (streams.size() < stream_count) {
+    CUstream extra = nullptr;
+    GPUSLICE_BENCH_CHECK(api, api.cuStreamCreate(&extra, CU_STREAM_NON_BLOCKING));
+    streams.push_back(extra);
+  }
   struct InFlight {
     CUevent begin = nullptr;
     CUevent end = nullptr;
+    CUstream stream = nullptr;
     std::uint64_t launched_ns = 0;
     bool pending = false;
   };
@@ -268,34 +281,60 @@ json spin(const json& spec) {
     }
     k.pending = false;
   };
+  // On the simulated driver, each window's busy time is read from the
+  // timeline in slices as the run goes: the timeline is a ring, and with the
+  // realistic profile (one entry per scheduler catch-up) a 5 s window can be
+  // older than the ring by the end of the run.
+  std::vector<double> timeline_busy_ns(windows.size(), 0.0);
+  std::uint64_t read_until = start;
+  auto read_timeline = [&](std::uint64_t upto) {
+    if (!api.simulated() || upto <= read_until) return;
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      const std::uint64_t t0 = std::max(start + windows[w][0], read_until);
+      const std::uint64_t t1 = std::min(start + windows[w][1], upto);
+      if (t1 > t0) timeline_busy_ns[w] += static_cast<double>(api.fake_busy_ns(0, getpid(), t0, t1));
+    }
+    read_until = upto;
+  };
+  constexpr std::uint64_t kReadSliceNs = 200'000'000;
   std::uint64_t launched = 0;
   std::uint64_t in_launch_ns = 0;
   const std::uint64_t stop = start + run_ns;
   for (std::uint64_t i = 0; mono_ns() < stop; ++i) {
+    if (const std::uint64_t now = mono_ns(); now - read_until >= kReadSliceNs) read_timeline(now);
     InFlight& k = ring[i % depth];
     if (k.pending) retire(k);
+    k.stream = streams[i % streams.size()];
     k.launched_ns = mono_ns();
-    GPUSLICE_BENCH_CHECK(api, api.cuEventRecord(k.begin, s.stream));
-    GPUSLICE_BENCH_CHECK(api, s.launch_spin());
+    GPUSLICE_BENCH_CHECK(api, api.cuEventRecord(k.begin, k.stream));
+    GPUSLICE_BENCH_CHECK(api, s.launch_spin(k.stream, stream_count));
     in_launch_ns += mono_ns() - k.launched_ns;
-    GPUSLICE_BENCH_CHECK(api, api.cuEventRecord(k.end, s.stream));
+    GPUSLICE_BENCH_CHECK(api, api.cuEventRecord(k.end, k.stream));
     k.pending = true;
     ++launched;
   }
   for (InFlight& k : ring) {
     if (k.pending) retire(k);
   }
+  std::uint64_t end_of_windows = 0;
+  for (const auto& w : windows) end_of_windows = std::max(end_of_windows, start + w[1]);
+  if (api.simulated()) {
+    // Work still queued at `stop` runs after it: wait until the windows are over.
+    sleep_until_ns(end_of_windows);
+    read_timeline(end_of_windows);
+  }
   json result_windows = json::array();
   for (std::size_t w = 0; w < windows.size(); ++w) {
     const std::uint64_t t0 = start + windows[w][0];
     const std::uint64_t t1 = start + windows[w][1];
-    const double busy = api.simulated() ? static_cast<double>(api.fake_busy_ns(0, getpid(), t0, t1)) : event_busy_ns[w];
+    const double busy = api.simulated() ? timeline_busy_ns[w] : event_busy_ns[w];
     result_windows.push_back(json{{"busy_ns", busy}, {"length_ns", t1 - t0}, {"share", busy / static_cast<double>(t1 - t0)}});
   }
   for (InFlight& k : ring) {
     api.cuEventDestroy(k.begin);
     api.cuEventDestroy(k.end);
   }
+  for (std::size_t i = 1; i < streams.size(); ++i) api.cuStreamDestroy(streams[i]);
   return json{{"windows", result_windows},
               {"launched", launched},
               {"in_launch_ns", in_launch_ns},

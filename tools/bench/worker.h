@@ -14,8 +14,10 @@ namespace gpuslice::bench {
 //  launch  batches, batch, roundtrips, throughput_launches
 //  memops  alloc_bytes, batches, batch
 //  quota   chunk, min_chunk, hold_ns; barrier {dir, index} optional
-//  spin    kernel_us, depth, run_ns, delay_ns, windows [[begin, end], ...],
-//          all relative to the start; barrier {dir, index} optional
+//  spin    kernel_us, depth, streams, run_ns, delay_ns, windows [[begin, end], ...],
+//          all relative to the start; barrier {dir, index} optional (with
+//          several streams on a real GPU the event-timed share counts
+//          overlapping kernels twice; the simulated timeline does not)
 // Throws on failure; the caller prints {"error": ...} and exits non-zero.
 nlohmann::json run_worker(const nlohmann::json& spec);
 
