@@ -46,6 +46,8 @@ Env Sandbox::env(bool preload) const {
         {"FAKECUDA_STATE", path("fakecuda.state")},
         {"GPUSLICE_REGION", path("container.region")}};
   if (preload) e["LD_PRELOAD"] = preload_library();
+  // FAKECUDA_PROFILE=realistic ctest ...: the whole suite on that timing/memory model.
+  if (const char* p = std::getenv("FAKECUDA_PROFILE"); p != nullptr && *p != '\0') e["FAKECUDA_PROFILE"] = p;
   return e;
 }
 

@@ -44,6 +44,18 @@ std::string ContainerResult::describe() const {
   return s.str();
 }
 
+Machine::Machine() {
+  // The harness gives children no FAKECUDA_* of ours: the profile is passed on explicitly.
+  const char* profile = std::getenv("FAKECUDA_PROFILE");
+  profile_ = profile != nullptr ? profile : "";
+}
+
+Env Machine::env(bool preload) const {
+  Env e = sandbox_.env(preload);
+  if (!profile_.empty()) e["FAKECUDA_PROFILE"] = profile_;
+  return e;
+}
+
 std::string Machine::region_path(const std::string& container) const {
   return sandbox_.path(container + ".region");
 }
@@ -60,7 +72,7 @@ std::vector<ContainerResult> Machine::run(const std::vector<Container>& containe
   std::vector<Pending> pending;
   for (std::size_t c = 0; c < containers.size(); ++c) {
     const Container& k = containers[c];
-    Env env = sandbox_.env();
+    Env env = this->env(true);
     env["GPUSLICE_REGION"] = region_path(k.name);
     env["GPUSLICE_CONTAINER_NAME"] = k.name;
     if (!k.sm_limit.empty()) env["GPUSLICE_SM_LIMIT"] = k.sm_limit;
@@ -114,7 +126,7 @@ std::uint64_t Machine::busy_ns(std::uint64_t t0, std::uint64_t t1, pid_t pid, in
   std::vector<std::string> argv{bin("fakecuda-ctl"), "busy", std::to_string(device), std::to_string(t0),
                                 std::to_string(t1)};
   if (pid != 0) argv.push_back(std::to_string(pid));
-  Result r = gpuslice::test::run(argv, sandbox_.env(false), 30000);
+  Result r = gpuslice::test::run(argv, env(false), 30000);
   if (r.exit_code != 0) throw std::runtime_error("fakecuda-ctl busy failed: " + r.describe());
   return std::strtoull(r.out.c_str(), nullptr, 10);
 }

@@ -44,9 +44,12 @@ struct ContainerResult {
 };
 
 // One simulated machine: a sandbox with the device state and the regions.
+// Its timing model is FAKECUDA_PROFILE as this process has it (ideal when
+// unset): CTest runs the timing tests once per profile (test/limiter/CMakeLists.txt).
 class Machine {
  public:
-  Machine() = default;
+  Machine();
+  const std::string& profile() const { return profile_; }
   // Runs the containers' processes concurrently (each after its delay) and
   // waits for all of them.
   std::vector<ContainerResult> run(const std::vector<Container>& containers, int timeout_ms = 120000);
@@ -61,7 +64,10 @@ class Machine {
   bool set_region_limit(const std::string& container, unsigned pct) const;
 
  private:
+  Env env(bool preload) const;
+
   Sandbox sandbox_;
+  std::string profile_;
 };
 
 // spinload arguments for the common cases.
