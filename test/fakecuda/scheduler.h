@@ -24,9 +24,9 @@
 
 namespace gpuslice::fakecuda {
 
-inline constexpr std::uint32_t kSchedEntries = 8192;  // pending launches per device
+inline constexpr std::uint32_t kSchedEntries = 65536;  // pending launches per device
 inline constexpr std::uint32_t kSchedStreams = 256;   // streams with pending work per device
-inline constexpr std::uint32_t kDoneLog = 8192;       // completion times kept for events
+inline constexpr std::uint32_t kDoneLog = 65536;      // completion times kept for events (>= kSchedEntries)
 inline constexpr std::uint32_t kNoEntry = 0xffffffffu;
 
 enum class SchedKind : std::uint8_t { kernel = 1, marker = 2, wait = 3 };
