@@ -17,12 +17,6 @@ namespace {
 
 enum class Got { none, baseline, window };
 
-// Per-process aggregation of one NVML answer (a pid may have several samples).
-struct PidUtil {
-  std::uint32_t pid;
-  std::uint32_t samples;
-  std::uint64_t util_sum;  // percent
-};
 constexpr unsigned kMaxSamples = 512;
 
 }  // namespace
@@ -126,51 +120,27 @@ bool FeedbackLoop::measure_agent(int e, Measurement* out) noexcept {
   return true;
 }
 
+bool FeedbackLoop::ours(const void* loop, std::uint32_t pid) noexcept {
+  return static_cast<const FeedbackLoop*>(loop)->in_container(pid);
+}
+
+// NVML's answer since the previous window, reduced by compute_samples: a
+// window closes on a new sample (or as idle once none came for a while), so
+// NOT_FOUND between two samples of a sampling NVML measures nothing yet.
 bool FeedbackLoop::measure_nvml(int e, std::uint64_t now_ns, Measurement* out) noexcept {
   EntryFeedback& f = entries_[e];
-  const std::uint64_t now_us = host_.real_us();
+  const std::uint64_t asked_us = host_.real_us();
   nvmlProcessUtilizationSample_t samples[kMaxSamples];
   unsigned int n = kMaxSamples;
-  const nvmlReturn_t rc = nvml_.process_utilization(f.nvml_device, samples, &n, f.last_seen_us);
-  std::uint64_t end_us = now_us;
-  std::uint64_t busy_pct_us = 0, others_pct_us = 0;  // percent x microseconds
-  if (rc == NVML_ERROR_NOT_FOUND) {
-    n = 0;  // nobody ran a kernel in the window
-  } else if (rc != NVML_SUCCESS) {
-    return false;  // keep the baseline: the next window covers this one too
-  } else {
-    end_us = f.last_seen_us;
-    for (unsigned int i = 0; i < n && i < kMaxSamples; ++i)
-      if (samples[i].timeStamp > end_us) end_us = samples[i].timeStamp;
-  }
-  if (end_us <= f.last_seen_us) return false;
-  const std::uint64_t window_us = end_us - f.last_seen_us;
-  if (n != 0) {
+  const nvmlReturn_t rc = nvml_.process_utilization(f.nvml_device, samples, &n, f.nvml_clock.last_seen_us);
+  if (n > kMaxSamples) n = kMaxSamples;
+  bool trusted = true;
+  if (rc == NVML_SUCCESS && n != 0) {
     collect_pids(now_ns);
-    if (!pids_match(e)) {
-      f.last_seen_us = end_us;
-      return false;
-    }
-    // Average each process's samples, then weight by the window.
-    PidUtil per_pid[kMaxSamples];
-    unsigned int pids = 0;
-    for (unsigned int i = 0; i < n && i < kMaxSamples; ++i) {
-      if (samples[i].timeStamp <= f.last_seen_us) continue;
-      unsigned int j = 0;
-      while (j < pids && per_pid[j].pid != samples[i].pid) ++j;
-      if (j == pids) per_pid[pids++] = PidUtil{samples[i].pid, 0, 0};
-      per_pid[j].samples += 1;
-      per_pid[j].util_sum += samples[i].smUtil > 100 ? 100 : samples[i].smUtil;
-    }
-    for (unsigned int j = 0; j < pids; ++j) {
-      const std::uint64_t share = per_pid[j].util_sum * window_us / per_pid[j].samples;
-      (in_container(per_pid[j].pid) ? busy_pct_us : others_pct_us) += share;
-    }
+    trusted = pids_match(e);
   }
-  f.last_seen_us = end_us;
-  out->window_ns = window_us * 1000;
-  out->busy_ns = busy_pct_us * 10;  // percent x us -> ns: x 1000 / 100
-  out->others_ns = others_pct_us * 10;
+  if (!samples_reduce(f.nvml_clock, rc, samples, n, asked_us, &FeedbackLoop::ours, this, out)) return false;
+  if (!trusted) return false;  // consumed, not measured
   // Published for gpuslice-smi and the agent's metrics.
   DeviceState& d = host_.region->devices[e];
   const std::uint64_t busy_pm = out->busy_ns * kFullPermille / out->window_ns;
@@ -188,7 +158,7 @@ bool FeedbackLoop::measure(int e, std::uint64_t now_ns, Measurement* out) noexce
   if (agent != f.from_agent) {
     // Another source: its windows do not line up with the previous one's.
     f.from_agent = agent;
-    f.last_seen_us = 0;
+    f.nvml_clock.last_seen_us = 0;
     f.agent_last_ns = 0;
   }
   if (agent) {
@@ -201,8 +171,8 @@ bool FeedbackLoop::measure(int e, std::uint64_t now_ns, Measurement* out) noexce
     return measure_agent(e, out);
   }
   if (!nvml_ready() || !open_device(e)) return false;
-  if (f.last_seen_us == 0) {
-    f.last_seen_us = host_.real_us();
+  if (f.nvml_clock.last_seen_us == 0) {
+    samples_begin(f.nvml_clock, host_.real_us());
     control_begin(host_.region->devices[e], f.control);
     return false;
   }
@@ -234,19 +204,25 @@ void FeedbackLoop::tick() noexcept {
       // Newly elected: start from a fresh baseline.
       f.owner = true;
       f.control = ControlState{};
-      f.last_seen_us = 0;
+      f.nvml_clock.last_seen_us = 0;
       f.agent_last_ns = 0;
       f.last_step_ns = 0;
     }
     if (f.control.primed && now - f.last_step_ns < kControlPeriodNs) continue;
+    // A step runs when a new window is there: with a sampling NVML (a sample
+    // every ~166 ms) the owner asks every tick until one comes, so the step
+    // follows the sample by at most a tick instead of up to a control period.
+    const bool was_primed = f.control.primed;
     Measurement m;
     if (measure(static_cast<int>(e), now, &m)) {
       if (f.control.primed)
         control_step(d, f.control, m, now);
       else
         control_begin(d, f.control);
+      f.last_step_ns = now;
+    } else if (!was_primed) {
+      f.last_step_ns = now;  // the baseline: the first window is a period long
     }
-    f.last_step_ns = now;
   }
 }
 

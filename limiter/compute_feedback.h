@@ -26,6 +26,7 @@
 #include "gpuslice/nvml_abi.h"
 #include "gpuslice/region.h"
 #include "limiter/compute_control.h"
+#include "limiter/compute_samples.h"
 
 namespace gpuslice::limiter {
 
@@ -68,7 +69,7 @@ struct EntryFeedback {
   // NVML source
   nvmlDevice_t nvml_device = nullptr;
   bool nvml_failed = false;
-  std::uint64_t last_seen_us = 0;  // 0 = no baseline yet
+  SampleClock nvml_clock;  // last_seen_us 0 = no baseline yet
   std::uint32_t steps_since_check = 0;
   bool pids_ok = true;
   // agent source
@@ -94,6 +95,7 @@ class FeedbackLoop {
   bool open_device(int e) noexcept;
   bool pids_match(int e) noexcept;
   bool in_container(std::uint32_t pid) const noexcept;
+  static bool ours(const void* loop, std::uint32_t pid) noexcept;
   void collect_pids(std::uint64_t now_ns) noexcept;
   void warn(const char* message) noexcept;
 

@@ -29,6 +29,9 @@ struct Script {
   std::vector<std::string> warnings;
   int refreshes = 0;
   std::uint32_t entries = 1;
+  // Non-zero: a sampling NVML with one sample stamped here, published once the
+  // clock reaches it (else the samples are stamped "now", exact windows).
+  std::uint64_t sample_stamp_us = 0;
 };
 Script* g = nullptr;
 nvmlDevice_t kDevice = reinterpret_cast<nvmlDevice_t>(0x1234);
@@ -42,8 +45,10 @@ nvmlReturn_t fake_by_uuid(const char* uuid, nvmlDevice_t* dev) {
 nvmlReturn_t fake_util(nvmlDevice_t, nvmlProcessUtilizationSample_t* s, unsigned int* n, unsigned long long last) {
   g->last_seen.push_back(last);
   unsigned count = 0;
-  if (g->ours_pct) s[count++] = nvmlProcessUtilizationSample_t{g->our_pid, g->real_us, g->ours_pct, 0, 0, 0};
-  if (g->others_pct) s[count++] = nvmlProcessUtilizationSample_t{g->other_pid, g->real_us, g->others_pct, 0, 0, 0};
+  const std::uint64_t stamp = g->sample_stamp_us != 0 ? g->sample_stamp_us : g->real_us;
+  if (stamp > g->real_us || stamp <= last) return NVML_ERROR_NOT_FOUND;
+  if (g->ours_pct) s[count++] = nvmlProcessUtilizationSample_t{g->our_pid, stamp, g->ours_pct, 0, 0, 0};
+  if (g->others_pct) s[count++] = nvmlProcessUtilizationSample_t{g->other_pid, stamp, g->others_pct, 0, 0, 0};
   if (count == 0) return NVML_ERROR_NOT_FOUND;
   *n = count;
   return NVML_SUCCESS;
@@ -231,4 +236,29 @@ TEST_F(Fixture, DepartureDropsTheFeedbackRole) {
   EXPECT_TRUE(other.entry(0).owner);
   EXPECT_EQ(region->header.departed_next.load(), 1u);
   EXPECT_EQ(region->departed[0].pid.load(), script.our_pid);
+}
+
+TEST_F(Fixture, SamplingNvmlNotFoundBetweenSamplesRefundsNothing) {
+  // A real NVML samples on its own period (~166 ms) and answers NOT_FOUND until
+  // the next sample exists. That is no idle window: measuring it as one gave
+  // back every provisional price of the window, and the limit did not hold.
+  FeedbackLoop loop(host, script.our_pid);
+  loop.tick();  // baseline
+  const std::uint64_t base_us = script.real_us;
+  DeviceState& d = region->devices[0];
+  script.ours_pct = 40;
+  script.sample_stamp_us = base_us + 120'000;  // this period ends 120 ms after the baseline
+  spend(d, 10'000'000);
+  step(loop, kControlPeriodNs);
+  EXPECT_EQ(d.tokens_ns.load(), -10'000'000);  // no window yet: nothing given back
+  step(loop, kControlPeriodNs);
+  EXPECT_EQ(d.tokens_ns.load(), -10'000'000);
+  // The sample comes: the owner, asking every tick meanwhile, closes the
+  // window at its stamp within a tick: 40% of the 120 ms it covers.
+  step(loop, 20'000'000 + kFeedbackTickNs);
+  EXPECT_EQ(d.tokens_ns.load(), -48'000'000);
+  EXPECT_EQ(d.util_permille.load(), 400u);
+  step(loop, kControlPeriodNs);
+  EXPECT_EQ(script.last_seen.back(), base_us + 120'000);  // next query from the stamp, not "now"
+  EXPECT_EQ(d.tokens_ns.load(), -48'000'000);             // NOT_FOUND again: still no window
 }
