@@ -24,9 +24,16 @@ if [ ! -x "$venv/bin/python" ]; then
   mkdir -p "$build"
   python3 -m venv "$venv"
 fi
-req=$here/test/clients/requirements.txt
+# Pinned Python packages of the test suites: third-party clients
+# (test/clients) and the CDI schema check (test/hami).
 stamp=$venv/.requirements
-if [ -f "$req" ] && ! cmp -s "$req" "$stamp"; then
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
-  cp "$req" "$stamp"
+reqs=()
+for req in "$here/test/clients/requirements.txt" "$here/test/hami/requirements.txt"; do
+  [ -f "$req" ] && reqs+=("$req")
+done
+if [ ${#reqs[@]} -gt 0 ] && ! cat "${reqs[@]}" | cmp -s - "$stamp"; then
+  args=()
+  for req in "${reqs[@]}"; do args+=(-r "$req"); done
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${args[@]}"
+  cat "${reqs[@]}" > "$stamp"
 fi
