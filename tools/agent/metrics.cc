@@ -30,6 +30,8 @@ struct RegionRow {
   std::string labels;  // container="..",region=".."
   std::uint32_t processes;
   std::uint64_t heartbeat_ns;
+  std::uint32_t priority = 0;  // RegionHeader::priority (docs/priority.md)
+  std::uint64_t held_ns = 0, held_until_ns = 0;
 };
 
 class Writer {
@@ -111,7 +113,12 @@ std::string render_metrics(const MetricsInput& in) {
     int count = 0;
     char name[sizeof(RegionHeader::container_name)] = {};
     std::uint64_t heartbeat = 0;
+    std::uint32_t priority = 0;
+    std::uint64_t held_ns = 0, held_until_ns = 0;
     const bool ok = guarded([&] {
+      priority = r->header.priority.load(std::memory_order_relaxed);
+      held_ns = r->header.priority_held_ns.load(std::memory_order_relaxed);
+      held_until_ns = r->header.priority_held_until_ns.load(std::memory_order_relaxed);
       std::memcpy(name, r->header.container_name, sizeof name);
       heartbeat = r->header.agent_heartbeat_ns.load(std::memory_order_relaxed);
       for (const DeviceSample& d : t->sample.devices) {
@@ -140,7 +147,8 @@ std::string render_metrics(const MetricsInput& in) {
     if (container.empty()) container = t->owner.container;
     const std::string base = region_labels(container, t->rel);
     const std::string owner = owner_labels_text(t->owner);
-    region_rows.push_back({base + owner, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat});
+    region_rows.push_back({base + owner, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat, priority, held_ns,
+                           held_until_ns});
     for (int i = 0; i < count; ++i) {
       const int dev = devs[i].index;
       std::uint32_t processes = 0;
@@ -239,6 +247,12 @@ std::string render_metrics(const MetricsInput& in) {
   for (const RegionRow& r : region_rows) {
     if (r.heartbeat_ns != 0) w.sample(r.labels, now >= r.heartbeat_ns ? static_cast<double>(now - r.heartbeat_ns) / 1e9 : 0.0);
   }
+  w.family("gpuslice_priority_level", "gauge", "Priority of the container's work (1 low, 2 normal, 3 high; docs/priority.md).");
+  for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.priority >= 1 && r.priority <= 3 ? r.priority : 2);
+  w.family("gpuslice_priority_held", "gauge", "1 while the container's launches are held by a higher-priority container.");
+  for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.held_until_ns > now ? 1 : 0);
+  w.family("gpuslice_priority_held_seconds_total", "counter", "Time the container's launches waited for higher-priority containers.");
+  for (const RegionRow& r : region_rows) w.sample(r.labels, static_cast<double>(r.held_ns) / 1e9);
   return out;
 }
 
