@@ -23,6 +23,7 @@
 #include <sched.h>
 #include <unordered_map>
 
+#include "hook/launch.h"
 #include "hook/log.h"
 #include "hook/measure.h"
 #include "hook/wrap.h"
@@ -163,6 +164,7 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
     }
   }
   if (rc == CUDA_SUCCESS) sweep_implicitly_freed();  // what the context owned went with it
+  if (rc == CUDA_SUCCESS) launch::forget_all_streams();  // its streams too: their handles may come back
   return rc;
 }
 
@@ -183,6 +185,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   }
   // A reset, or the last release, destroys the primary context and all it owned.
   if (rc == CUDA_SUCCESS && (reset || p.refs == 0)) sweep_implicitly_freed();
+  if (rc == CUDA_SUCCESS && (reset || p.refs == 0)) launch::forget_all_streams();
   return rc;
 }
 
@@ -196,7 +199,7 @@ Measure measure_before(CUdevice ordinal) noexcept {
   for (int i = 0; i < 1000 && (g_counting_ops.load(std::memory_order_seq_cst) & 0xffffffffu) != 0; ++i)
     sched_yield();
   m.ops = g_counting_ops.load(std::memory_order_seq_cst);
-  m.quiet = (m.ops & 0xffffffffu) == 0;
+  m.quiet = counting_on() && (m.ops & 0xffffffffu) == 0;  // without the bracket nothing proves quiet
   m.committed = committed_on(device_entry(ordinal));
   m.nvml = nvml_usage(ordinal, &m.before);
   return m;

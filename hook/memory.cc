@@ -11,6 +11,17 @@
 namespace gpuslice::hook {
 
 alignas(64) std::atomic<std::uint64_t> g_counting_ops{0};
+std::atomic<int> g_counting_state{0};
+
+bool counting_init() noexcept {
+  const limiter::Options& o = config().options;
+  bool quota = false;
+  for (std::uint32_t d = 0; d < kMaxDevices && !quota; ++d) quota = o.memory_limit[d] != kUnlimited;
+  // A quota set later at run time (gpuslice-smi set) is measured from the next
+  // process on; this one keeps counting contexts by the difference alone.
+  g_counting_state.store(quota ? 2 : 1, std::memory_order_relaxed);
+  return quota;
+}
 
 namespace {
 NoDestroy<limiter::AllocTable> g_pointers;  // device pointer -> counted bytes

@@ -32,12 +32,26 @@ union NoDestroy {
 // finished in the high 32. A context's memory is measured as NVML's usage of
 // this process after minus before its creation, which is exact only if no
 // counting operation overlapped: context.cc checks this word did not change.
+// Without any memory quota nothing is measured (context.cc only asks NVML on
+// a device with a quota), so the bracket costs one predictable branch.
 extern std::atomic<std::uint64_t> g_counting_ops;
+extern std::atomic<int> g_counting_state;  // 0 unknown, 1 off, 2 on
+[[gnu::cold, gnu::noinline]] bool counting_init() noexcept;
+inline bool counting_on() noexcept {
+  const int s = g_counting_state.load(std::memory_order_relaxed);
+  if (__builtin_expect(s != 0, 1)) return s == 2;
+  return counting_init();
+}
 struct CountingOp {
-  CountingOp() noexcept { g_counting_ops.fetch_add(1, std::memory_order_seq_cst); }
-  ~CountingOp() { g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst); }
+  CountingOp() noexcept : on(counting_on()) {
+    if (on) g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
+  }
+  ~CountingOp() {
+    if (on) g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst);
+  }
   CountingOp(const CountingOp&) = delete;
   CountingOp& operator=(const CountingOp&) = delete;
+  const bool on;
 };
 
 struct Reservation {
