@@ -14,7 +14,7 @@ using namespace fakecuda_test;
 
 namespace {
 
-constexpr const char *kImage = ".entry spin_20000us\n.entry spin_10000us\n.entry spin_5000us\n.entry spin_1000us\n";
+constexpr const char *kImage = ".entry spin_50000us\n.entry spin_20000us\n.entry spin_10000us\n.entry spin_5000us\n.entry spin_1000us\n";
 
 class Realistic : public FakeCuda {
  protected:
@@ -93,26 +93,27 @@ TEST_F(Realistic, ContextsHoldMemoryByDefault) {
   EXPECT_STREQ(fakecuda_profile(), "realistic");
 }
 
-// Occupies `stream` with a 20 ms kernel on every SM and returns an event at its
+// Occupies `stream` with a 50 ms kernel on every SM and returns an event at its
 // end: work queued behind it starts at one simulated instant whatever the
-// wall-clock gaps between the launch calls (as long as they total under 20 ms).
-CUevent Gate(CUfunction spin20ms, CUstream stream) {
-  EXPECT_CU(Launch(spin20ms, stream, 4096));
+// wall-clock gaps between the launch calls (as long as they total under 50 ms).
+CUevent Gate(CUfunction spin50ms, CUstream stream) {
+  EXPECT_CU(Launch(spin50ms, stream, 4096));
   return Record(stream);
 }
 
 // True if everything submitted so far arrived before `gate` completed (an
 // event on an idle stream completes when recorded); otherwise the machine was
 // too slow for an exact check and the caller skips.
-bool ArrivedBefore(CUevent gate) {
+float ArrivalAfterGate(CUevent gate) {
   CUstream idle = nullptr;
   EXPECT_CU(cuStreamCreate(&idle, CU_STREAM_NON_BLOCKING));
   CUevent now = Record(idle);
   EXPECT_CU(cuEventSynchronize(gate));
-  return Ms(gate, now) < 0;
+  return Ms(gate, now);
 }
-#define SKIP_IF_LATE(gate) \
-  if (!ArrivedBefore(gate)) GTEST_SKIP() << "launches arrived after the 20 ms gate: machine too loaded"
+#define SKIP_IF_LATE(gate)                                                                            \
+  if (float late_ms = ArrivalAfterGate(gate); late_ms >= 0)                                           \
+  GTEST_SKIP() << "launches arrived " << late_ms << " ms after the 50 ms gate ended: machine too loaded"
 
 // Two contexts with a 20 ms kernel each, released at one instant: the device
 // alternates on 2 ms slices, so both end within one slice of the 40 ms mark;
@@ -122,7 +123,7 @@ TEST_F(Realistic, ContextsShareTheDeviceOnTimeSlices) {
   CUcontext a = nullptr, b = nullptr;
   InitWithContext(&a);
   CUfunction fa = Function("spin_20000us");
-  CUfunction gate_kernel = Function("spin_20000us");
+  CUfunction gate_kernel = Function("spin_50000us");
   CUstream sa = nullptr, sb = nullptr;
   ASSERT_CU(cuStreamCreate(&sa, CU_STREAM_NON_BLOCKING));
   ASSERT_CU(cuCtxCreate(&b, nullptr, 0, 0));  // now current
@@ -154,7 +155,7 @@ TEST_F(Realistic, StreamsOfOneContextRunTogetherWhenTheirBlocksFit) {
   setenv("FAKECUDA_SMS", "100", 1);
   InitWithContext();
   CUfunction f = Function("spin_10000us");
-  CUfunction gate_kernel = Function("spin_20000us");
+  CUfunction gate_kernel = Function("spin_50000us");
   CUstream s1 = nullptr, s2 = nullptr;
   ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
   ASSERT_CU(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
@@ -197,7 +198,7 @@ TEST_F(Realistic, JitterIsBoundedAndLaunchesCostDeviceTime) {
   CUfunction f = Function("spin_1000us");
   CUstream s = nullptr;
   ASSERT_CU(cuStreamCreate(&s, 0));
-  std::vector<CUevent> marks{Gate(Function("spin_20000us"), s)};
+  std::vector<CUevent> marks{Gate(Function("spin_50000us"), s)};
   for (int i = 0; i < 20; ++i) {
     ASSERT_CU(Launch(f, s));
     marks.push_back(Record(s));
@@ -223,7 +224,7 @@ TEST_F(Realistic, LaunchCostIsExact) {
   setenv("FAKECUDA_LAUNCH_COST_US", "7", 1);
   InitWithContext();
   CUfunction f = Function("spin_1000us");
-  CUevent a = Gate(Function("spin_20000us"), nullptr);
+  CUevent a = Gate(Function("spin_50000us"), nullptr);
   for (int i = 0; i < 4; ++i) ASSERT_CU(Launch(f, nullptr));
   CUevent b = Record(nullptr);
   SKIP_IF_LATE(a);
