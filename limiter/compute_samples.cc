@@ -72,9 +72,10 @@ bool samples_reduce(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizatio
       end = c.last_seen_us + (periods - 1) * c.period_us;  // the newest period may not be published yet
     } else if (!c.exact || c.periodic) {
       if (since < kNoSampleIdleUs) return false;
-      c.last_is_stamp = false;
     }
     if (end <= c.last_seen_us) return false;
+    // A window closed at "now" is off the sample grid: the next gap teaches no period.
+    if (end == asked_us) c.last_is_stamp = false;
     out->window_ns = (end - c.last_seen_us) * 1000;
     out->busy_ns = 0;
     out->others_ns = 0;
@@ -82,10 +83,11 @@ bool samples_reduce(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizatio
     return true;
   }
 
-  // Which kind of NVML: a sampling one stamps the end of a period that is
-  // already over when asked; an exact one stamps the moment of the call.
+  // Which kind of NVML: a sampling one stamps the end of a period that was
+  // already over when asked (before asked_us, read before the call); an exact
+  // one stamps the moment of the call (never before asked_us).
   const std::uint64_t newest = inst.at[inst.n - 1];
-  if (newest + kSameInstantUs / 5 < asked_us) c.periodic = true;
+  if (newest < asked_us) c.periodic = true;
   if (!c.periodic) c.exact = true;
 
   // Learn the period: the smallest gap between consecutive instants.

@@ -124,3 +124,19 @@ TEST(ComputeSamples, ErrorsMeasureNothing) {
   EXPECT_FALSE(samples_reduce(n.clock, NVML_ERROR_UNKNOWN, &s, 1, kT0 + 5 * kNoSampleIdleUs, ours, nullptr, &n.m));
   EXPECT_EQ(n.clock.last_seen_us, kT0);
 }
+
+TEST(ComputeSamples, AGapFromAnIdleWindowTeachesNoPeriod) {
+  // A sample that looked exact (stamped at the call), then NOT_FOUND closed an
+  // idle window at "now": the gap from there to the next sample is not a
+  // period (learning it as one capped every later sample at a few ms).
+  Nvml n;
+  samples_begin(n.clock, kT0);
+  ASSERT_TRUE(n.ask(kT0 + 20'000, {sample(kOurs, kT0 + 20'000, 50)}));
+  EXPECT_TRUE(n.clock.exact);
+  ASSERT_TRUE(n.ask(kT0 + 30'000, {}));
+  ASSERT_TRUE(n.ask(kT0 + 40'000, {sample(kOurs, kT0 + 38'000, 50)}));  // stamped before the call
+  EXPECT_TRUE(n.clock.periodic);
+  EXPECT_EQ(n.clock.period_us, 0u);
+  ASSERT_TRUE(n.ask(kT0 + 38'000 + kP + 1, {sample(kOurs, kT0 + 38'000 + kP, 50)}));
+  EXPECT_EQ(n.clock.period_us, kP);
+}
