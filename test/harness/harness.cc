@@ -44,7 +44,9 @@ Sandbox::~Sandbox() {
 Env Sandbox::env(bool preload) const {
   Env e{{"LD_LIBRARY_PATH", fakecuda_dir()},
         {"FAKECUDA_STATE", path("fakecuda.state")},
-        {"GPUSLICE_REGION", path("container.region")}};
+        {"GPUSLICE_REGION", path("container.region")},
+        // Each test its own priority board: the node default is shared by every process.
+        {"GPUSLICE_PRIORITY_BOARD", path("priority-board")}};
   if (preload) e["LD_PRELOAD"] = preload_library();
   // FAKECUDA_PROFILE=realistic ctest ...: the whole suite on that timing/memory model.
   if (const char* p = std::getenv("FAKECUDA_PROFILE"); p != nullptr && *p != '\0') e["FAKECUDA_PROFILE"] = p;
