@@ -121,8 +121,20 @@ void forget_stream(CUstream s) noexcept;
 // Every stream of a destroyed context is gone too.
 void forget_all_streams() noexcept;
 
+// Every kRecheckEvery unlimited launches of a thread, the region's limits are
+// read again: a limit set at run time (gpuslice-smi set, the agent) reaches a
+// process that started without any, which has no feedback thread to see it.
+inline constexpr std::uint32_t kRecheckEvery = 256;
+[[gnu::tls_model("initial-exec")]] extern thread_local std::uint32_t t_unlimited_launches;
+// Re-reads the limits; true if the process is (now) limited.
+[[gnu::cold, gnu::noinline]] bool recheck_limits() noexcept;
+
 inline bool unlimited() noexcept {
-  return __builtin_expect(g_mode.load(std::memory_order_acquire) == kModeUnlimited, 1);
+  if (__builtin_expect(g_mode.load(std::memory_order_acquire) == kModeUnlimited, 1)) {
+    if (__builtin_expect((++t_unlimited_launches % kRecheckEvery) != 0, 1)) return true;
+    return !recheck_limits();
+  }
+  return false;
 }
 
 inline std::uint64_t blocks(unsigned gx, unsigned gy, unsigned gz) noexcept {

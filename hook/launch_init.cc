@@ -106,6 +106,8 @@ void stop_feedback_at_exit() noexcept {
   limiter::record_departure(region, nvml_pid, self, mono_ns());
 }
 
+void start_feedback() noexcept;
+
 CUresult init_now() noexcept {
   static std::atomic<bool> handlers_registered{false};
   if (!handlers_registered.exchange(true)) {
@@ -144,8 +146,14 @@ CUresult init_now() noexcept {
   // Publishes everything above to the launching threads (they acquire g_mode).
   const bool limited = update_caches();
   g_mode.store(limited ? kModeLimited : kModeUnlimited, std::memory_order_release);
-  // No compute limit on any device: no feedback thread and no NVML (issue 9).
+  // No compute limit on any device: no feedback thread and no NVML (issue 9);
+  // unlimited launches look for a limit set later (recheck_limits).
   if (!limited && !priority_board_present()) return CUDA_SUCCESS;
+  start_feedback();
+  return CUDA_SUCCESS;
+}
+
+void start_feedback() noexcept {
   limiter::FeedbackHost host;
   host.region = g_process.region;
   host.load_nvml = load_nvml_api;
@@ -157,7 +165,6 @@ CUresult init_now() noexcept {
   if (!limiter::ensure_feedback_thread(host))
     GPUSLICE_LOG(warn, "cannot start the compute feedback thread; limits hold on estimates alone and run-time "
                        "limit changes are not seen");
-  return CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -172,6 +179,16 @@ void sleep_ns(std::uint64_t ns) noexcept {
   timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
   while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
   }
+}
+
+[[gnu::tls_model("initial-exec")]] thread_local std::uint32_t t_unlimited_launches = 0;
+
+bool recheck_limits() noexcept {
+  if (!update_caches()) return false;
+  int mode = kModeUnlimited;
+  g_mode.compare_exchange_strong(mode, kModeLimited, std::memory_order_release);
+  start_feedback();  // once per process: the feedback owner keeps the limit accurate
+  return true;
 }
 
 CUresult init_launch_path() noexcept {
