@@ -21,6 +21,7 @@
 #include "hook/log.h"
 #include "hook/real.h"
 #include "hook/runtime.h"
+#include "limiter/compute.h"
 #include "limiter/priority.h"
 #include "shm/priority_board.h"
 #include "shm/text.h"
@@ -55,6 +56,7 @@ struct alignas(64) PrioDevice {
   std::atomic<std::uint64_t> published_until{0};
   std::atomic<std::uint64_t> horizon{0};     // when our queued work should be done (ring_lock writes)
   std::atomic<int> lower_present{0};         // a lower-priority neighbour is present
+  std::atomic<DeviceState*> state{nullptr};  // the container's entry (its SM limit)
   // Board state (board_lock).
   std::atomic<std::uint32_t> board_lock{0};
   bool named = false;
@@ -258,6 +260,18 @@ Verdict recheck(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
 }
 
 void publish(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
+  // Limited on this device (a 40% high container gets its 40%): it holds
+  // nobody, lower containers get the remainder, bounded next to it.
+  const DeviceState* state = p.state.load(std::memory_order_relaxed);
+  if (state != nullptr && limiter::is_limited(*state)) {
+    const std::uint64_t last = p.published_until.load(std::memory_order_relaxed);  // here: when written
+    if (last != 0 && now >= last && now - last < limiter::kPresenceRefreshNs) return;
+    lock(p.board_lock);
+    ensure_own_file(p, self, true);
+    if (p.own_fd >= 0 && shm::write_activity(p.own_fd, 0, now)) p.published_until.store(now, std::memory_order_relaxed);
+    unlock(p.board_lock);
+    return;
+  }
   const std::uint64_t until = limiter::next_publication(p.published_until.load(std::memory_order_relaxed),
                                                         p.horizon.load(std::memory_order_relaxed), now);
   if (until == 0) return;
@@ -402,6 +416,7 @@ bool priority_refresh() noexcept {
     if (ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) continue;
     PrioDevice& p = g_prio[ordinal];
     lock(p.board_lock);
+    p.state.store(&r->devices[entry], std::memory_order_relaxed);
     if (!p.named) {
       shm::format_uuid(r->devices[entry].uuid, p.uuid);
       p.named = shm::activity_name(p.uuid, g_region_dev, g_region_ino, p.own_name);

@@ -29,6 +29,10 @@ namespace gpuslice::limiter {
 // lower tenants' bounded work queued ahead of it (not in its own estimate),
 // the estimate's error and the gap between a synchronize and the next launch.
 inline constexpr std::uint64_t kLingerNs = 3'000'000;
+// A container with an SM limit on the device has its share; it holds nobody
+// (lower containers get the remainder) and only publishes its presence, this
+// often, so that they stay bounded next to it.
+inline constexpr std::uint64_t kPresenceRefreshNs = 100'000'000;
 // It never publishes activity further ahead than this: the longest a killed
 // process (whose queued work dies with its context) can keep others held.
 inline constexpr std::uint64_t kMaxPublishAheadNs = 8'000'000;
@@ -73,8 +77,8 @@ gpuslice::Priority priority_from_word(std::uint32_t word, gpuslice::Priority fal
 std::uint64_t extend_horizon(std::uint64_t horizon_ns, std::uint64_t now_ns, std::uint64_t launch_ns) noexcept;
 // The active_until to publish after a launch at now_ns with that horizon, or
 // 0 when the one already published is recent enough (no write).
-std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t horizon_ns,
-                               std::uint64_t now_ns) noexcept;
+std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t horizon_ns, std::uint64_t now_ns,
+                               std::uint64_t linger_ns = kLingerNs) noexcept;
 
 // --- reader side ---
 struct PeerSample {

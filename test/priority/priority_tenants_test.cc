@@ -96,6 +96,25 @@ TEST(PriorityTenants, NormalIsNotHeldByLow) {
   EXPECT_LT(m.share(results[0], normal.start_ns + 300 * kMs, normal.end_ns), 20.0);
 }
 
+// Priority composes with SM limits: a high container with a 40% hard limit
+// gets at most 40%, and the low one gets the remainder (it is not held during
+// the gaps its neighbour's own limit leaves).
+TEST(PriorityTenants, HighWithAnSmLimitLeavesTheRestToLow) {
+  Machine m;
+  Container high = tenant(m, "high", "GPUSLICE_PRIORITY", "high", high_proc(2.0, 0.3));
+  high.sm_limit = "40";
+  const auto results = m.run({tenant(m, "low", "GPUSLICE_PRIORITY", "low", low_proc(2.6)), high});
+  const ProcResult& h = results[1].procs[0];
+  ASSERT_EQ(h.result.exit_code, 0) << h.result.describe();
+  ASSERT_EQ(results[0].procs[0].result.exit_code, 0) << results[0].procs[0].result.describe();
+  const std::uint64_t t0 = h.start_ns + 500 * kMs, t1 = h.end_ns;
+  const double high_share = m.share(results[1], t0, t1);
+  const double low_share = m.share(results[0], t0, t1);
+  EXPECT_LT(high_share, 46.0) << "low " << low_share;
+  EXPECT_GT(high_share, 30.0) << "low " << low_share;
+  EXPECT_GT(low_share, 35.0) << "high " << high_share;
+}
+
 // Without a neighbour of another level, priority changes nothing: a low
 // container alone has the whole device.
 TEST(PriorityTenants, LowAloneHasTheDevice) {
