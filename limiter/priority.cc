@@ -53,9 +53,9 @@ std::uint64_t extend_horizon(std::uint64_t horizon_ns, std::uint64_t now_ns, std
   return (horizon_ns > now_ns ? horizon_ns : now_ns) + launch_ns;
 }
 
-std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t horizon_ns,
-                               std::uint64_t now_ns) noexcept {
-  std::uint64_t until = (horizon_ns > now_ns ? horizon_ns : now_ns) + kLingerNs;
+std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t horizon_ns, std::uint64_t now_ns,
+                               std::uint64_t linger_ns) noexcept {
+  std::uint64_t until = (horizon_ns > now_ns ? horizon_ns : now_ns) + linger_ns;
   if (until > now_ns + kMaxPublishAheadNs) until = now_ns + kMaxPublishAheadNs;
   if (published_until_ns != 0 && until < published_until_ns + kPublishSlackNs) return 0;
   return until;
