@@ -70,6 +70,10 @@ struct CUfunc_st {
   std::string name;
   std::uint64_t duration_ns = 0;  // spin_<N>us runs N us; everything else 0
   int max_dynamic_shared = 0;
+  // Deprecated execution control (cuFuncSetBlockShape / cuFuncSetSharedSize)
+  // for cuLaunch / cuLaunchGrid[Async]: 0 until set, and a launch fails then.
+  std::atomic<unsigned> legacy_block[3] = {0, 0, 0};
+  std::atomic<unsigned> legacy_shared{0};
 };
 
 struct CUmod_st {

@@ -153,3 +153,65 @@ extern "C" CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfuncti
                                           void **extra) {
   return launch_ex(config, f, kernelParams, extra, true);
 }
+
+// Deprecated launches (cuda.h, "Execution Control [DEPRECATED]"): the block
+// shape and dynamic shared memory come from cuFuncSetBlockShape /
+// cuFuncSetSharedSize; cuLaunch runs a 1x1 grid, cuLaunchGrid a w x h grid on
+// the NULL stream, cuLaunchGridAsync on the given stream. Kernel parameters
+// (cuParamSet*) are not modelled: the simulated kernels take none.
+namespace {
+CUresult legacy_launch(CUfunction f, int grid_w, int grid_h, CUstream stream) {
+  if (!initialized()) return uninitialized_error();
+  CUfunc_st *function = function_from_handle(f);
+  if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (grid_w <= 0 || grid_h <= 0) return CUDA_ERROR_INVALID_VALUE;
+  Launch l = from_args(static_cast<unsigned>(grid_w), static_cast<unsigned>(grid_h), 1, function->legacy_block[0].load(),
+                       function->legacy_block[1].load(), function->legacy_block[2].load(),
+                       function->legacy_shared.load(), stream, nullptr, nullptr);
+  return launch(f, l, false, false);
+}
+}  // namespace
+
+extern "C" CUresult cuFuncSetBlockShape(CUfunction hfunc, int x, int y, int z) {
+  if (!initialized()) return uninitialized_error();
+  CUfunc_st *function = function_from_handle(hfunc);
+  if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (x <= 0 || y <= 0 || z <= 0) return CUDA_ERROR_INVALID_VALUE;
+  function->legacy_block[0].store(static_cast<unsigned>(x));
+  function->legacy_block[1].store(static_cast<unsigned>(y));
+  function->legacy_block[2].store(static_cast<unsigned>(z));
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuFuncSetSharedSize(CUfunction hfunc, unsigned int bytes) {
+  if (!initialized()) return uninitialized_error();
+  CUfunc_st *function = function_from_handle(hfunc);
+  if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  function->legacy_shared.store(bytes);
+  return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuLaunch(CUfunction f) { return legacy_launch(f, 1, 1, nullptr); }
+extern "C" CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height) {
+  return legacy_launch(f, grid_width, grid_height, nullptr);
+}
+extern "C" CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream) {
+  return legacy_launch(f, grid_width, grid_height, hStream);
+}
+
+// One cooperative launch per entry, each on its own stream (cuda.h: "a
+// kernel on each of the devices"); flags (the pre/post-launch syncs) change
+// nothing the simulator models.
+extern "C" CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *launchParamsList, unsigned int numDevices,
+                                                         unsigned int flags) {
+  (void)flags;
+  if (launchParamsList == nullptr || numDevices == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return uninitialized_error();
+  for (unsigned i = 0; i < numDevices; ++i) {
+    const CUDA_LAUNCH_PARAMS &p = launchParamsList[i];
+    Launch l = from_args(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ, p.sharedMemBytes,
+                         p.hStream, p.kernelParams, nullptr);
+    if (CUresult rc = launch(p.function, l, false, true); rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}

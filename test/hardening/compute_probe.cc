@@ -157,6 +157,9 @@ int legacy_launch(int argc, char** argv) {
   check(cuModuleLoadData(&module, kname.c_str()), "cuModuleLoadData");
   CUfunction f = nullptr;
   check(cuModuleGetFunction(&f, module, kname.c_str()), "cuModuleGetFunction");
+  // The deprecated launches take their block shape from cuFuncSetBlockShape.
+  using SetBlockShape = CUresult (*)(CUfunction, int, int, int);
+  if (void* shape = proc("cuFuncSetBlockShape", 2000)) reinterpret_cast<SetBlockShape>(shape)(f, 1, 1, 1);
   using Launch = CUresult (*)(CUfunction);
   using Grid = CUresult (*)(CUfunction, int, int);
   using GridAsync = CUresult (*)(CUfunction, int, int, CUstream);
