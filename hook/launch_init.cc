@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "hook/launch.h"
+#include "shm/clock.h"
 #include "hook/log.h"
 #include "hook/priority.h"
 #include "hook/wrap.h"
@@ -169,17 +170,8 @@ void start_feedback() noexcept {
 
 }  // namespace
 
-std::uint64_t mono_ns() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-void sleep_ns(std::uint64_t ns) noexcept {
-  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
-  }
-}
+std::uint64_t mono_ns() noexcept { return shm::monotonic_ns(); }
+void sleep_ns(std::uint64_t ns) noexcept { shm::sleep_ns(ns); }
 
 [[gnu::tls_model("initial-exec")]] thread_local std::uint32_t t_unlimited_launches = 0;
 

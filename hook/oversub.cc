@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "hook/log.h"
+#include "shm/clock.h"
 
 namespace gpuslice::hook {
 
@@ -16,11 +17,7 @@ namespace {
 
 constexpr std::uint64_t kWaitSliceNs = 20'000'000;  // re-try at least this often: frees elsewhere wake nobody
 
-std::uint64_t now_ns() noexcept {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+std::uint64_t now_ns() noexcept { return shm::monotonic_ns(); }
 
 DeviceState& device(int entry) noexcept { return g_process.region->devices[entry]; }
 

@@ -21,6 +21,7 @@
 #include "hook/log.h"
 #include "hook/real.h"
 #include "hook/runtime.h"
+#include "shm/clock.h"
 #include "limiter/compute.h"
 #include "limiter/priority.h"
 #include "shm/priority_board.h"
@@ -96,16 +97,8 @@ struct EventApi {
   bool usable() const { return create && record && query && synchronize && destroy; }
 } g_events;
 
-std::uint64_t mono_ns() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-void sleep_ns(std::uint64_t ns) noexcept {
-  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
-  }
-}
+using shm::sleep_ns;
+std::uint64_t mono_ns() noexcept { return shm::monotonic_ns(); }
 
 // Short critical sections only; a waiter sleeps, never spins.
 void lock(std::atomic<std::uint32_t>& l) noexcept {

@@ -9,6 +9,7 @@
 
 #include "hook/log.h"
 #include "hook/runtime.h"
+#include "shm/clock.h"
 
 namespace gpuslice::hook {
 
@@ -184,11 +185,7 @@ bool load_nvml_now() noexcept {
   return true;
 }
 
-std::uint64_t monotonic_ns() noexcept {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+using shm::monotonic_ns;
 
 // Loading never waits unboundedly for another thread. A thread that finds
 // the load in progress elsewhere may hold the loader lock (a library

@@ -5,6 +5,7 @@
 // order of these operations. On x86-64 and AArch64 an RMW costs the same
 // whatever its order, and the fast path has no seq_cst store.
 #include "limiter/memory_accounting.h"
+#include "shm/clock.h"
 
 #include <sched.h>
 #include <time.h>
@@ -66,11 +67,7 @@ bool admit(Region* r, int slot, int dev, std::uint64_t bytes) {
   return true;
 }
 
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+using shm::monotonic_ns;
 
 // Another process is reaping (microseconds of work): give it a moment, bounded.
 void wait_for_reaper(const Region* r) {

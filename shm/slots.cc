@@ -4,18 +4,10 @@
 
 #include <cstring>
 
+#include "shm/clock.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::shm {
-namespace {
-
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-}  // namespace
 
 int claim_slot(Region* r, const ProcessIdentity& self) noexcept {
   if (r == nullptr) return -1;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "shm/clock.h"
 #include "shm/region_file.h"
 #include "shm/uuid.h"
 
@@ -218,10 +219,6 @@ std::string printable(const char* data, std::size_t max_bytes) {
   return out;
 }
 
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+std::uint64_t monotonic_ns() { return shm::monotonic_ns(); }
 
 }  // namespace gpuslice::agent

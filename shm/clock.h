@@ -1,0 +1,24 @@
+// The one monotonic clock and sleep of the library, its tools and tests:
+// CLOCK_MONOTONIC nanoseconds (the simulated driver's timeline uses the same
+// clock), and a sleep that resumes after signals.
+#pragma once
+
+#include <time.h>
+
+#include <cstdint>
+
+namespace gpuslice::shm {
+
+inline std::uint64_t monotonic_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+inline void sleep_ns(std::uint64_t ns) noexcept {
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000ull), static_cast<long>(ns % 1'000'000'000ull)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
+  }
+}
+
+}  // namespace gpuslice::shm
