@@ -132,6 +132,12 @@ std::string render_metrics(const MetricsInput& in) {
         v.oom_refusals = s.oom_refusals.load(std::memory_order_relaxed);
         v.peak_used_bytes = s.peak_used_bytes.load(std::memory_order_relaxed);
         v.accounting_errors = s.accounting_errors.load(std::memory_order_relaxed);
+        v.resident_limit_bytes = s.resident_limit_bytes.load(std::memory_order_relaxed);
+        v.spilled_bytes = s.spilled_bytes.load(std::memory_order_relaxed);
+        v.oversub_waits = s.oversub_waits.load(std::memory_order_relaxed);
+        v.oversub_wait_ns = s.oversub_wait_ns.load(std::memory_order_relaxed);
+        v.oversub_timeouts = s.oversub_timeouts.load(std::memory_order_relaxed);
+        v.oversub_waiting = s.oversub_waiting.load(std::memory_order_relaxed);
         v.sm_limit_pct = s.sm_limit_pct.load(std::memory_order_relaxed);
         v.throttled_ns = s.throttled_ns.load(std::memory_order_relaxed);
         v.launches = s.launches.load(std::memory_order_relaxed);
@@ -186,6 +192,22 @@ std::string render_metrics(const MetricsInput& in) {
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oom_refusals);
   w.family("gpuslice_accounting_errors_total", "counter", "Accounting inconsistencies detected and clamped.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.accounting_errors);
+  w.family("gpuslice_memory_resident_bytes", "gauge", "Device memory counted for the container that is resident on the device (counted minus spilled).");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.used_bytes > r.dev.spilled_bytes ? r.dev.used_bytes - r.dev.spilled_bytes : 0);
+  w.family("gpuslice_memory_spilled_bytes", "gauge", "Memory served as host-resident managed memory under GPUSLICE_OVERSUBSCRIBE=spill (within the quota).");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.spilled_bytes);
+  w.family("gpuslice_memory_resident_limit_bytes", "gauge", "Device-resident allowance (GPUSLICE_MEMORY_RESIDENT; absent = the quota).");
+  for (const Row& r : rows) {
+    if (r.dev.resident_limit_bytes != 0 && r.dev.resident_limit_bytes != kUnlimited) w.sample_u64(r.labels, r.dev.resident_limit_bytes);
+  }
+  w.family("gpuslice_memory_waits_total", "counter", "Allocations that waited for device memory under GPUSLICE_OVERSUBSCRIBE=wait.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_waits);
+  w.family("gpuslice_memory_wait_seconds_total", "counter", "Time allocations spent waiting for device memory.");
+  for (const Row& r : rows) w.sample(r.labels, static_cast<double>(r.dev.oversub_wait_ns) / 1e9);
+  w.family("gpuslice_memory_wait_timeouts_total", "counter", "Waits for device memory that ended in out-of-memory.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_timeouts);
+  w.family("gpuslice_memory_waiting", "gauge", "Allocations waiting for device memory now.");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_waiting);
   w.family("gpuslice_sm_limit_percent", "gauge", "Share of the device's compute time the container may use (100 = unlimited).");
   for (const Row& r : rows) w.sample_u64(r.labels, sm_unlimited(r.dev.sm_limit_pct) ? 100 : r.dev.sm_limit_pct);
   w.family("gpuslice_sm_utilization_ratio", "gauge", "Measured SM utilisation of the container on the device (0-1; absent before the first sample).");
