@@ -176,6 +176,14 @@ TEST(Oversubscribe, SpillBeyondTheResidentAllowanceWithinTheQuota) {
   ASSERT_EQ(smi.exit_code, 0) << smi.describe();
   EXPECT_NE(smi.out.find("\"spilled_bytes\":" + std::to_string(700 * kMi)), std::string::npos) << smi.out;
   EXPECT_NE(smi.out.find("\"oversubscribe\":\"spill\""), std::string::npos) << smi.out;
+  // And to the node agent's scrape (one cycle, no NVML).
+  Result agent = run({bin("gpuslice-agent"), "--region-dir", box.dir(), "--no-nvml", "--once", "--listen", "off",
+                      "--grace", "0"},
+                     {});
+  ASSERT_EQ(agent.exit_code, 0) << agent.describe();
+  EXPECT_NE(agent.out.find("gpuslice_memory_spilled_bytes{"), std::string::npos) << agent.out;
+  EXPECT_NE(agent.out.find("} " + std::to_string(700 * kMi)), std::string::npos) << agent.out;
+  EXPECT_NE(agent.out.find("gpuslice_memory_resident_limit_bytes{"), std::string::npos) << agent.out;
   run({"/usr/bin/touch", hold}, {});
   Result r = wait(pid, box.path("out"));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
