@@ -144,6 +144,13 @@ int main(int argc, char** argv) {
                                 : driver_name == "simulated" ? DriverMode::simulated
                                                              : DriverMode::automatic;
   Plan plan = make_plan(quick);
+  // A realistic simulated context holds 512 MiB of the quota (as on a GPU):
+  // quotas that leave room for one, and for one per racing process.
+  const char* profile_env = std::getenv("FAKECUDA_PROFILE");
+  if (profile == "realistic" || (profile.empty() && profile_env != nullptr && std::string(profile_env) == "realistic")) {
+    plan.quotas_mib = quick ? std::vector<std::uint64_t>{1024} : std::vector<std::uint64_t>{1024, 2048, 4096};
+    plan.shared_quota_mib = 4096;
+  }
   for (const char* s : kSections) plan.sections.insert(s);
   if (!only.empty()) plan.sections = std::set<std::string>(only.begin(), only.end());
   if (!sweep.empty()) plan.sweep_limits = sweep;

@@ -109,8 +109,9 @@ void print_latency(const json& r, std::FILE* out) {
 void print_quota(const json& q, std::FILE* out) {
   std::fprintf(out, "\nMemory quota: cuMemAlloc in %s chunks, halving to %s, until refused\n",
                bytes(q["chunk_bytes"].get<double>()).c_str(), bytes(q["min_chunk_bytes"].get<double>()).c_str());
-  std::fprintf(out, "  %-11s %-12s %-13s %-20s %-12s %s\n", "quota", "usable", "usable/quota", "cuMemGetInfo total",
+  std::fprintf(out, "  %-11s %-12s %-13s %-20s %-12s %s\n", "quota", "usable", "(usable+used", "cuMemGetInfo total",
                "used before", "refused with");
+  std::fprintf(out, "  %-11s %-12s %-13s\n", "", "", " before)/quota");
   for (const json& s : q["single"]) {
     if (!ok(s)) {
       std::fprintf(out, "  %-11s %s\n", bytes(s["quota_bytes"].get<double>()).c_str(), error_of(s).c_str());
@@ -131,7 +132,9 @@ void print_quota(const json& q, std::FILE* out) {
     std::fprintf(out, "%s\n", error_of(s).c_str());
     return;
   }
-  std::fprintf(out, "%s usable in total (%s), %s over the quota%s\n", bytes(s["usable_bytes"].get<double>()).c_str(),
+  std::fprintf(out, "%s usable in total, %s held at the last refusal (%s), %s over the quota%s\n",
+               bytes(s["usable_bytes"].get<double>()).c_str(),
+               bytes(s.value("held_at_last_refusal_bytes", 0.0)).c_str(),
                percent(s["accuracy"].get<double>(), "%.2f%%").c_str(),
                bytes(s["over_quota_bytes"].get<double>()).c_str(),
                s["all_held_at_once"].get<bool>() ? "" : " (warning: fills did not overlap)");

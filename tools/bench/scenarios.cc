@@ -187,9 +187,13 @@ json measure_quota(Workers& workers, const Plan& plan, Progress& progress) {
     json row{{"quota_bytes", quota}};
     if (ok(r)) {
       const auto usable = r["usable_bytes"].get<std::uint64_t>();
+      // What the container held before the fill (its context; a module's
+      // globals and code) counts against the quota too.
+      const auto held = r["total_seen"].get<std::uint64_t>() - r["free_before"].get<std::uint64_t>();
       row["usable_bytes"] = usable;
-      row["accuracy"] = static_cast<double>(usable) / static_cast<double>(quota);
-      row["over_quota_bytes"] = usable > quota ? usable - quota : 0;
+      row["held_before_bytes"] = held;
+      row["accuracy"] = static_cast<double>(usable + held) / static_cast<double>(quota);
+      row["over_quota_bytes"] = usable + held > quota ? usable + held - quota : 0;
       row["total_seen"] = r["total_seen"];
       row["free_before"] = r["free_before"];
       row["refusal"] = r["refusal"];
@@ -218,6 +222,7 @@ json measure_quota(Workers& workers, const Plan& plan, Progress& progress) {
                                            std::vector<WorkerEnv>(static_cast<std::size_t>(plan.quota_processes), env));
   json shared{{"quota_bytes", quota}, {"processes", plan.quota_processes}};
   std::uint64_t total = 0;
+  std::uint64_t held_at_refusal = 0;
   bool overlapped = true;
   json per_process = json::array();
   for (const json& r : results) {
@@ -226,14 +231,19 @@ json measure_quota(Workers& workers, const Plan& plan, Progress& progress) {
       break;
     }
     total += r["usable_bytes"].get<std::uint64_t>();
+    // What the whole container held when this process was refused (contexts
+    // and modules included); the last one refused sees the quota filled.
+    const auto held = r["total_at_oom"].get<std::uint64_t>() - r["free_at_oom"].get<std::uint64_t>();
+    held_at_refusal = std::max(held_at_refusal, held);
     overlapped = overlapped && r["fill_ns"].get<std::uint64_t>() < hold_ns;
     per_process.push_back(r["usable_bytes"]);
   }
   if (!shared.contains("error")) {
     shared["usable_bytes"] = total;
     shared["per_process_bytes"] = per_process;
-    shared["accuracy"] = static_cast<double>(total) / static_cast<double>(quota);
-    shared["over_quota_bytes"] = total > quota ? total - quota : 0;
+    shared["held_at_last_refusal_bytes"] = held_at_refusal;
+    shared["accuracy"] = static_cast<double>(held_at_refusal) / static_cast<double>(quota);
+    shared["over_quota_bytes"] = held_at_refusal > quota ? held_at_refusal - quota : 0;
     // If one process finished filling after another had already freed, the
     // sum does not test concurrency: say so.
     shared["all_held_at_once"] = overlapped;

@@ -224,6 +224,7 @@ json quota(const json& spec) {
               {"total_seen", total_seen},
               {"free_before", free_before},
               {"free_at_oom", free_at_oom},
+              {"total_at_oom", total_at_oom},
               {"fill_ns", done - start},
               {"hit_ceiling", usable >= ceiling}};
 }
