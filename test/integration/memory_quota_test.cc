@@ -51,6 +51,33 @@ INSTANTIATE_TEST_SUITE_P(AllPaths, FamilyPath, ::testing::Combine(::testing::Val
                            return std::string(std::get<0>(info.param).name) + "_" + path_name(std::get<1>(info.param));
                          });
 
+// The same on the realistic simulated device (FAKECUDA_PROFILE=realistic:
+// every context holds 512 MiB, modules hold their globals and code): what a
+// family can fill plus what the context took is the quota, to the byte, and
+// the device never holds more than the quota for the process.
+class RealisticFamily : public ::testing::TestWithParam<Family> {};
+
+TEST_P(RealisticFamily, FillsTheQuotaLessTheContextExactly) {
+  const Family family = GetParam();
+  Sandbox box;
+  const unsigned long long quota = 1024 * kMi, context = 512 * kMi;
+  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_PROFILE", "realistic"},
+                              {"FAKECUDA_MEMORY", "4Gi"}});
+  const std::string chunk = std::to_string(family.chunk);
+  Result r = probe(Path::direct, env, {"init", "ctx", "0", "fill", family.name, chunk, "meminfo", "freeall", "sync",
+                                       "meminfo"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(std::stoull(value(r, "fill", "bytes")), quota - context) << r.describe();
+  EXPECT_EQ(value(r, "fill", "rc"), "2") << r.describe();
+  auto frees = values(r, "meminfo", "free");
+  ASSERT_EQ(frees.size(), 2u) << r.describe();
+  EXPECT_EQ(std::stoull(frees[0]), 0u);
+  EXPECT_EQ(std::stoull(frees[1]), quota - context) << "the context stays counted, the rest comes back";
+}
+
+INSTANTIATE_TEST_SUITE_P(Realistic, RealisticFamily, ::testing::ValuesIn(kFamilies),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 TEST(MemoryQuota, DeviceNeverHoldsMoreThanQuotaAsSimulatedDriverCounts) {
   Sandbox box;
   Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "32Mi"}});
