@@ -125,7 +125,7 @@ void forget_all_streams() noexcept;
 // read again: a limit set at run time (gpuslice-smi set, the agent) reaches a
 // process that started without any, which has no feedback thread to see it.
 inline constexpr std::uint32_t kRecheckEvery = 256;
-[[gnu::tls_model("initial-exec")]] extern thread_local std::uint32_t t_unlimited_launches;
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local std::uint32_t t_unlimited_launches;
 // Re-reads the limits; true if the process is (now) limited.
 [[gnu::cold, gnu::noinline]] bool recheck_limits() noexcept;
 

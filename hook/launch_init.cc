@@ -173,10 +173,14 @@ void start_feedback() noexcept {
 std::uint64_t mono_ns() noexcept { return shm::monotonic_ns(); }
 void sleep_ns(std::uint64_t ns) noexcept { shm::sleep_ns(ns); }
 
-[[gnu::tls_model("initial-exec")]] thread_local std::uint32_t t_unlimited_launches = 0;
+[[gnu::tls_model("initial-exec")]] constinit thread_local std::uint32_t t_unlimited_launches = 0;
 
 bool recheck_limits() noexcept {
-  if (!update_caches()) return false;
+  // Only the region's limit words (a few loads): the priority board is the
+  // feedback thread's to watch (it runs wherever a board exists).
+  bool any = false;
+  for (const LaunchDevice& d : g_dev) any = any || (d.state != nullptr && limiter::is_limited(*d.state));
+  if (!any || !update_caches()) return false;
   int mode = kModeUnlimited;
   g_mode.compare_exchange_strong(mode, kModeLimited, std::memory_order_release);
   start_feedback();  // once per process: the feedback owner keeps the limit accurate
