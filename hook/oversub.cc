@@ -23,7 +23,11 @@ DeviceState& device(int entry) noexcept { return g_process.region->devices[entry
 
 // Publishes this process's settings for the device in the region (the first
 // process to set them wins, like the quota), so that smi and the agent show them.
+std::atomic<bool> g_published[kMaxDevices];  // this process published entry's settings
+
 void publish(int entry) noexcept {
+  if (g_published[entry].load(std::memory_order_relaxed)) return;
+  g_published[entry].store(true, std::memory_order_relaxed);
   const limiter::Options& o = config().options;
   const int ordinal = ordinal_of_entry(entry);
   DeviceState& d = device(entry);
