@@ -133,29 +133,17 @@ CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) 
 // handle" answers release a count; any other error keeps it.
 void sweep_implicitly_freed_arrays() noexcept {
   if (real_cuArray3DGetDescriptor_v2 == nullptr || real_cuMipmappedArrayGetLevel == nullptr) return;
-  constexpr std::size_t kBatch = 128;
-  std::uint64_t gone[kBatch];
-  for (;;) {
-    std::size_t n = 0;
-    bool more = false;
-    g_arrays->for_each([&](std::uint64_t key, const limiter::AllocRecord& rec) {
-      CUresult rc;
-      if (rec.kind == limiter::AllocKind::mipmapped) {
-        CUarray level = nullptr;
-        rc = real_cuMipmappedArrayGetLevel(&level, reinterpret_cast<CUmipmappedArray>(key), 0);
-      } else {
-        CUDA_ARRAY3D_DESCRIPTOR d{};
-        rc = real_cuArray3DGetDescriptor_v2(&d, reinterpret_cast<CUarray>(key));
-      }
-      if (rc != CUDA_ERROR_INVALID_HANDLE && rc != CUDA_ERROR_CONTEXT_IS_DESTROYED) return;
-      if (n < kBatch) gone[n++] = key; else more = true;
-    });
-    for (std::size_t i = 0; i < n; ++i) {
-      limiter::AllocRecord rec{};
-      if (g_arrays->erase(gone[i], &rec)) release(rec.dev, rec.bytes);
+  sweep_table(*g_arrays, [](std::uint64_t key, const limiter::AllocRecord& rec) {
+    CUresult rc;
+    if (rec.kind == limiter::AllocKind::mipmapped) {
+      CUarray level = nullptr;
+      rc = real_cuMipmappedArrayGetLevel(&level, reinterpret_cast<CUmipmappedArray>(key), 0);
+    } else {
+      CUDA_ARRAY3D_DESCRIPTOR d{};
+      rc = real_cuArray3DGetDescriptor_v2(&d, reinterpret_cast<CUarray>(key));
     }
-    if (!more) return;
-  }
+    return rc == CUDA_ERROR_INVALID_HANDLE || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  });
 }
 
 }  // namespace gpuslice::hook

@@ -71,7 +71,7 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
   // The driver handed out a key we still hold a record for: we missed its
   // free (e.g. an untracked path freed it). Settle the stale record first.
   limiter::AllocRecord stale{};
-  if (table.erase(key, &stale)) release(stale.dev, stale.bytes);
+  if (table.erase(key, &stale)) release_record(stale);
   if (!table.insert(key, rec)) {
     GPUSLICE_WARN_CAPPED(3, "allocation table full; %llu bytes stay counted until the process exits",
                          static_cast<unsigned long long>(r.bytes));
@@ -83,28 +83,14 @@ limiter::AllocTable& linear_table() noexcept { return *g_pointers; }
 void sweep_implicitly_freed() noexcept {
   sweep_implicitly_freed_arrays();
   if (real_cuMemGetAddressRange_v2 == nullptr) return;
-  // Collect in batches on the stack (the table must not be changed while it is
-  // walked), then release what the driver says no longer exists.
-  constexpr std::size_t kBatch = 256;
-  std::uint64_t gone[kBatch];
-  for (;;) {
-    std::size_t n = 0;
-    bool more = false;
-    g_pointers->for_each([&](std::uint64_t key, const limiter::AllocRecord&) {
-      CUdeviceptr base = 0;
-      size_t size = 0;
-      const CUresult rc = real_cuMemGetAddressRange_v2(&base, &size, key);
-      // Only "no such allocation" means freed; any other error (no current
-      // context, ...) keeps the count: never release what may still be held.
-      if (rc != CUDA_ERROR_NOT_FOUND && rc != CUDA_ERROR_INVALID_VALUE) return;
-      if (n < kBatch) gone[n++] = key; else more = true;
-    });
-    for (std::size_t i = 0; i < n; ++i) {
-      limiter::AllocRecord rec{};
-      if (g_pointers->erase(gone[i], &rec)) release(rec.dev, rec.bytes);
-    }
-    if (!more) return;
-  }
+  sweep_table(*g_pointers, [](std::uint64_t key, const limiter::AllocRecord&) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const CUresult rc = real_cuMemGetAddressRange_v2(&base, &size, key);
+    // Only "no such allocation" means freed; any other error (no current
+    // context, ...) keeps the count: never release what may still be held.
+    return rc == CUDA_ERROR_NOT_FOUND || rc == CUDA_ERROR_INVALID_VALUE;
+  });
 }
 
 CUresult refuse_legacy(const char* symbol) noexcept {

@@ -77,6 +77,36 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
 // (oversub.cc).
 void oversub_freed(int entry, limiter::AllocKind kind, std::uint64_t bytes) noexcept;
 
+// A counted record whose memory the driver has let go: its bytes go back to
+// the budget (and stop counting as spilled; waiters are woken).
+inline void release_record(const limiter::AllocRecord& rec) noexcept {
+  release(rec.dev, rec.bytes);
+  oversub_freed(rec.dev, rec.kind, rec.bytes);
+}
+
+// After the driver freed memory implicitly: releases every record of `table`
+// for which gone(key, record) says the driver no longer knows the handle.
+// Keys are collected in batches on the stack (the table must not change while
+// it is walked), then erased exactly once.
+template <class Gone>
+void sweep_table(limiter::AllocTable& table, Gone&& gone) noexcept {
+  constexpr std::size_t kBatch = 128;
+  std::uint64_t keys[kBatch];
+  for (;;) {
+    std::size_t n = 0;
+    bool more = false;
+    table.for_each([&](std::uint64_t key, const limiter::AllocRecord& rec) {
+      if (!gone(key, rec)) return;
+      if (n < kBatch) keys[n++] = key; else more = true;
+    });
+    for (std::size_t i = 0; i < n; ++i) {
+      limiter::AllocRecord rec{};
+      if (table.erase(keys[i], &rec)) release_record(rec);
+    }
+    if (!more) return;
+  }
+}
+
 // Free path: forget `key` (exactly once), run the real free, then return the
 // bytes to the budget — or put the record back if the driver refused.
 template <class RealFree>
@@ -86,10 +116,9 @@ CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& 
   const bool counted = table.erase(key, &rec);
   CUresult rc = real_free();
   if (counted) {
-    if (rc == CUDA_SUCCESS) {
-      release(rec.dev, rec.bytes);
-      oversub_freed(rec.dev, rec.kind, rec.bytes);
-    } else
+    if (rc == CUDA_SUCCESS)
+      release_record(rec);
+    else
       table.insert(key, rec);
   }
   return rc;

@@ -197,6 +197,38 @@ TEST(Oversubscribe, SpillBeyondTheResidentAllowanceWithinTheQuota) {
   EXPECT_EQ(v.dev().spilled_bytes.load(), 0u);
 }
 
+// A context destroyed with spilled allocations live: the driver frees them
+// with it, and they stop counting as spilled too.
+TEST(Oversubscribe, SpilledMemoryOfADestroyedContextStopsCounting) {
+  Sandbox box;
+  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", "128Mi"},
+                              {"GPUSLICE_OVERSUBSCRIBE", "spill"}, {"FAKECUDA_MEMORY", "4Gi"}});
+  const pid_t pid = spawn({bin("cuprobe"), "init", "ctxcreate", "0", "alloc", mib(100), "alloc", mib(300),
+                           "touch", box.path("allocated"), "waitfile", box.path("destroy"), "ctxdestroy", "touch",
+                           box.path("destroyed"), "waitfile", box.path("exit")},
+                          env, box.path("out"));
+  auto await = [&](const std::string& f) {
+    for (int i = 0; i < 10000 && access(f.c_str(), F_OK) != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  await(box.path("allocated"));
+  {
+    RegionView v(env["GPUSLICE_REGION"]);
+    ASSERT_NE(v.region, nullptr);
+    EXPECT_EQ(v.dev().spilled_bytes.load(), 300 * kMi);
+  }
+  run({"/usr/bin/touch", box.path("destroy")}, {});
+  await(box.path("destroyed"));
+  {
+    RegionView v(env["GPUSLICE_REGION"]);
+    EXPECT_EQ(v.dev().used_bytes.load(), 0u);
+    EXPECT_EQ(v.dev().spilled_bytes.load(), 0u);
+  }
+  run({"/usr/bin/touch", box.path("exit")}, {});
+  Result r = wait(pid, box.path("out"));
+  EXPECT_EQ(value_of(r, "ctxdestroy", "rc"), "0") << r.describe();
+}
+
 // A process killed while it holds spilled memory: the reaper recovers its
 // share, spilled bytes included, exactly.
 TEST(Oversubscribe, KilledWhileHoldingSpilledMemoryLeavesExactCounts) {
