@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "hook/log.h"
+#include "limiter/memory_accounting.h"
 #include "shm/clock.h"
 
 namespace gpuslice::hook {
@@ -109,11 +110,7 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
     if (o.oversubscribe == limiter::kOversubscribeSpill && spill != nullptr) {
       rc = spill(ctx);
       if (rc == CUDA_SUCCESS) {
-        DeviceState& d = device(r.entry);
-        d.spilled_bytes.fetch_add(r.bytes, std::memory_order_acq_rel);
-        d.spills.fetch_add(1, std::memory_order_relaxed);
-        const int slot = g_process.slot.load(std::memory_order_acquire);
-        if (slot >= 0) g_process.region->slots[slot].spilled_bytes[r.entry].fetch_add(r.bytes, std::memory_order_acq_rel);
+        limiter::count_spilled(g_process.region, g_process.slot.load(std::memory_order_acquire), r.entry, r.bytes);
         commit(table, rc, r, *key, limiter::AllocKind::spilled);
         return rc;
       }
@@ -143,19 +140,8 @@ bool resident_admits(int entry) noexcept {
 void oversub_freed(int entry, limiter::AllocKind kind, std::uint64_t bytes) noexcept {
   if (entry < 0 || g_process.region == nullptr) return;
   DeviceState& d = device(entry);
-  if (kind == limiter::AllocKind::spilled) {
-    // Clamped: the reaper may have recovered a dead process's share meanwhile.
-    std::uint64_t cur = d.spilled_bytes.load(std::memory_order_relaxed);
-    while (!d.spilled_bytes.compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0)) {
-    }
-    const int slot = g_process.slot.load(std::memory_order_acquire);
-    if (slot >= 0) {
-      auto& mine = g_process.region->slots[slot].spilled_bytes[entry];
-      std::uint64_t m = mine.load(std::memory_order_relaxed);
-      while (!mine.compare_exchange_weak(m, m > bytes ? m - bytes : 0)) {
-      }
-    }
-  }
+  if (kind == limiter::AllocKind::spilled)
+    limiter::uncount_spilled(g_process.region, g_process.slot.load(std::memory_order_acquire), entry, bytes);
   if (d.oversub_waiting.load(std::memory_order_seq_cst) != 0) {
     d.free_generation.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(&d.free_generation);

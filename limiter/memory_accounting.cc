@@ -142,13 +142,34 @@ void release_all(Region* r, int slot) noexcept {
     } while (!d.used_bytes.compare_exchange_weak(used, used - sub));
     if (sub != take) d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
     s.context_bytes[dev].store(0, std::memory_order_relaxed);
-    // Spilled bytes are part of what was just released.
-    if (const std::uint64_t sp = s.spilled_bytes[dev].exchange(0); sp != 0) {
-      std::uint64_t cur = d.spilled_bytes.load(std::memory_order_relaxed);
-      while (!d.spilled_bytes.compare_exchange_weak(cur, cur > sp ? cur - sp : 0)) {
-      }
-    }
+    drop_slot_spilled(r, s, static_cast<int>(dev));  // part of what was just released
   }
+}
+
+namespace {
+void sub_clamped(std::atomic<std::uint64_t>& word, std::uint64_t bytes) noexcept {
+  std::uint64_t cur = word.load(std::memory_order_relaxed);
+  while (!word.compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0, std::memory_order_acq_rel)) {
+  }
+}
+}  // namespace
+
+void count_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
+  if (!valid(r, slot, dev)) return;
+  r->devices[dev].spilled_bytes.fetch_add(bytes, std::memory_order_acq_rel);
+  r->devices[dev].spills.fetch_add(1, std::memory_order_relaxed);
+  r->slots[slot].spilled_bytes[dev].fetch_add(bytes, std::memory_order_acq_rel);
+}
+
+void uncount_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
+  if (!valid(r, slot, dev)) return;
+  sub_clamped(r->devices[dev].spilled_bytes, bytes);
+  sub_clamped(r->slots[slot].spilled_bytes[dev], bytes);
+}
+
+void drop_slot_spilled(Region* r, Slot& s, int dev) noexcept {
+  if (const std::uint64_t sp = s.spilled_bytes[dev].exchange(0, std::memory_order_acq_rel); sp != 0)
+    sub_clamped(r->devices[dev].spilled_bytes, sp);
 }
 
 bool charge(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {

@@ -57,6 +57,15 @@ int reap_slots(Region* r, const shm::ProcessIdentity& self, bool (*is_dead)(cons
 // maximum), low 21 bits of the pid-namespace inode and of the start time.
 std::uint64_t reaper_token(const shm::ProcessIdentity& id) noexcept;
 
+// Spilled bytes (GPUSLICE_OVERSUBSCRIBE=spill): a part of committed bytes,
+// mirrored per device and per slot. Subtractions are clamped at zero (the
+// reaper or the exit path may have recovered a slot's share meanwhile).
+void count_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
+void uncount_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
+// A slot leaves (exit release, reaper): its spilled share on `dev` leaves the
+// device's total with it.
+void drop_slot_spilled(Region* r, Slot& s, int dev) noexcept;
+
 std::uint64_t used_bytes(const Region* r, int dev) noexcept;   // used + agent_extra (saturating)
 std::uint64_t quota_bytes(const Region* r, int dev) noexcept;  // kUnlimited = none
 

@@ -163,13 +163,7 @@ class Reaper {
   void free_slot(Slot& s) {
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
       s.committed_bytes[d].store(0);
-      // Spilled bytes are part of committed: the device's spilled total loses
-      // them with the slot (clamped, as a racing free may have taken them).
-      if (const std::uint64_t sp = s.spilled_bytes[d].exchange(0); sp != 0) {
-        std::uint64_t cur = r_->devices[d].spilled_bytes.load();
-        while (!r_->devices[d].spilled_bytes.compare_exchange_weak(cur, cur > sp ? cur - sp : 0)) {
-        }
-      }
+      drop_slot_spilled(r_, s, static_cast<int>(d));  // spilled bytes are part of committed
       s.context_bytes[d].store(0);
       s.nvml_used_bytes[d].store(0);
     }
