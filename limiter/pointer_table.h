@@ -1,0 +1,361 @@
+// Process-private map from a 64-bit key (device pointer, handle) to a small
+// trivially-copyable record: the one table design of hook/ (allocations,
+// arrays, VMM handles and mappings, contexts, modules, pools).
+//
+// Sharded: 64 shards chosen by the key's hash, each an open-addressing array
+// with linear probing and backward-shift deletion (an erase moves the rest of
+// its cluster back, so there are no tombstones: erased slots are reused at
+// once and churn of distinct addresses never forces a rehash). Each shard has
+// a one-word spin lock (one atomic exchange to take, a release store to drop;
+// spins, then sched_yield) and grows, under that lock, into a fresh mmap'd
+// array (never malloc: the table may grow inside an allocation wrapper of a
+// process whose malloc is itself interposed). Memory is bounded by the peak
+// live count: at most 3/4 full after growth, never shrunk.
+//
+// fork: CUDA does not survive fork(), and the records describe the parent's
+// allocations, which a child does not own. A child however made (fork with
+// its handlers, _Fork, raw clone) sees a new process epoch (a word in a
+// MADV_WIPEONFORK page) and drops the inherited contents at its first
+// operation, lock words included, so a child forked while another thread of
+// the parent held a shard lock does not deadlock.
+//
+// Keys 0 and ~0 are reserved: insert refuses them, erase/find miss them.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace gpuslice::limiter {
+
+namespace table_detail {
+
+void* map_pages(std::size_t bytes) noexcept;  // zeroed anonymous memory, or nullptr
+void unmap_pages(void* p, std::size_t bytes) noexcept;
+[[gnu::cold, gnu::noinline]] void lock_slow(std::atomic<std::uint32_t>& word) noexcept;
+void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched_yield
+
+// The process epoch: never 0; different in every forked child than in its parent.
+extern std::atomic<std::atomic<std::uint64_t>*> g_epoch_word;
+[[gnu::cold, gnu::noinline]] std::uint64_t epoch_slow() noexcept;
+inline std::uint64_t process_epoch() noexcept {
+  if (std::atomic<std::uint64_t>* w = g_epoch_word.load(std::memory_order_acquire)) {
+    const std::uint64_t e = w->load(std::memory_order_relaxed);
+    if (__builtin_expect(e != 0, 1)) return e;
+  }
+  return epoch_slow();
+}
+
+// Device pointers are aligned to 256 B..2 MiB: mix every bit into the hash.
+inline std::uint64_t mix(std::uint64_t key) noexcept {
+  key ^= key >> 30;
+  key *= 0xbf58476d1ce4e5b9ull;
+  key ^= key >> 27;
+  key *= 0x94d049bb133111ebull;
+  key ^= key >> 31;
+  return key;
+}
+
+}  // namespace table_detail
+
+template <class V>
+class PointerTable {
+  static_assert(std::is_trivially_copyable_v<V>, "records are copied with their bytes");
+
+ public:
+  static constexpr unsigned kShardBits = 6;
+  static constexpr unsigned kShards = 1u << kShardBits;
+
+  constexpr PointerTable() noexcept = default;
+  ~PointerTable() {
+    for (Shard& s : shards_) free_slots(s);
+  }
+  PointerTable(const PointerTable&) = delete;
+  PointerTable& operator=(const PointerTable&) = delete;
+
+  // false if the key is present, reserved, or no memory is left for growth.
+  bool insert(std::uint64_t key, const V& value) noexcept {
+    if (reserved(key)) return false;
+    const std::uint64_t h = table_detail::mix(key);
+    Shard& s = locked_shard(h);
+    bool ok = false;
+    if (lookup(s, key, h) == kMissing) ok = place(s, key, h, value);
+    unlock(s);
+    return ok;
+  }
+
+  // Exactly-once: of two racing erases of one key, one returns true (and the record).
+  bool erase(std::uint64_t key, V* out) noexcept {
+    if (reserved(key)) return false;
+    const std::uint64_t h = table_detail::mix(key);
+    Shard& s = locked_shard(h);
+    const std::size_t i = lookup(s, key, h);
+    if (i != kMissing) {
+      if (out != nullptr) *out = s.slots[i].value;
+      remove(s, i);
+    }
+    unlock(s);
+    return i != kMissing;
+  }
+
+  bool find(std::uint64_t key, V* out) const noexcept {
+    if (reserved(key)) return false;
+    const std::uint64_t h = table_detail::mix(key);
+    Shard& s = locked_shard(h);
+    const std::size_t i = lookup(s, key, h);
+    if (i != kMissing && out != nullptr) *out = s.slots[i].value;
+    unlock(s);
+    return i != kMissing;
+  }
+
+  // Calls f(V&) on the record of `key` under its shard's lock; f returns true
+  // to erase the record. False if the key is absent.
+  template <class F>
+  bool update(std::uint64_t key, F&& f) noexcept {
+    if (reserved(key)) return false;
+    const std::uint64_t h = table_detail::mix(key);
+    Shard& s = locked_shard(h);
+    const std::size_t i = lookup(s, key, h);
+    if (i != kMissing && f(s.slots[i].value)) remove(s, i);
+    unlock(s);
+    return i != kMissing;
+  }
+
+  // Inserts `init` if `key` is absent, then calls f(V&, bool inserted) on the
+  // record under its shard's lock. False (f not called) if the key is
+  // reserved or no memory is left for growth.
+  template <class F>
+  bool upsert(std::uint64_t key, const V& init, F&& f) noexcept {
+    if (reserved(key)) return false;
+    const std::uint64_t h = table_detail::mix(key);
+    Shard& s = locked_shard(h);
+    std::size_t i = lookup(s, key, h);
+    const bool inserted = i == kMissing;
+    if (inserted && place(s, key, h, init)) i = lookup(s, key, h);
+    if (i != kMissing) f(s.slots[i].value, inserted);
+    unlock(s);
+    return i != kMissing;
+  }
+
+  // Live entries (exact when no other thread changes the table).
+  std::size_t size() const noexcept {
+    std::size_t n = 0;
+    for (Shard& s : shards_) {
+      lock(s);
+      n += s.count;
+      unlock(s);
+    }
+    return n;
+  }
+  // Bytes of slot arrays mapped now (bounded by the peak live count).
+  std::size_t mapped_bytes() const noexcept {
+    std::size_t n = 0;
+    for (Shard& s : shards_) {
+      lock(s);
+      n += s.map_bytes;
+      unlock(s);
+    }
+    return n;
+  }
+
+  // Calls f(key, const V&) for each entry, one shard at a time under its
+  // lock: f must be short and must not call this table or the driver (a
+  // driver that calls back into a hooked entry point would then wait on
+  // the lock). Use for_each_unlocked for anything longer.
+  template <class F>
+  void for_each(F&& f) const {
+    enter();
+    for (Shard& s : shards_) {
+      lock(s);
+      for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
+        if (s.slots[i].key != 0) f(s.slots[i].key, static_cast<const V&>(s.slots[i].value));
+      }
+      unlock(s);
+    }
+  }
+
+  // Calls f(key, const V&) on copies of the entries, taken shard by shard
+  // (every entry present for the whole walk is seen exactly once); f runs
+  // with no lock held and may call the table and the driver. Copies go
+  // through a stack buffer, or an mmap'd one for a large shard; an entry
+  // of a shard whose copy cannot be mapped is skipped (returns false then).
+  template <class F>
+  bool for_each_unlocked(F&& f) {
+    enter();
+    constexpr std::size_t kStack = 64;
+    Slot stack[kStack];
+    bool complete = true;
+    for (Shard& s : shards_) {
+      Slot* copy = stack;
+      std::size_t map_bytes = 0, n = 0;
+      lock(s);
+      if (s.count > kStack) {
+        map_bytes = s.count * sizeof(Slot);
+        copy = static_cast<Slot*>(table_detail::map_pages(map_bytes));
+      }
+      if (copy == nullptr) {
+        complete = false;
+      } else {
+        for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
+          if (s.slots[i].key != 0) copy[n++] = s.slots[i];
+        }
+      }
+      unlock(s);
+      for (std::size_t i = 0; i < n; ++i) f(copy[i].key, static_cast<const V&>(copy[i].value));
+      if (map_bytes != 0 && copy != nullptr) table_detail::unmap_pages(copy, map_bytes);
+    }
+    return complete;
+  }
+
+  // Erases every entry exactly once (racing erases included) and calls
+  // f(key, const V&) for each one this call erased, with no lock held:
+  // each shard's array is detached under its lock and walked afterwards.
+  template <class F>
+  void drain(F&& f) {
+    enter();
+    for (Shard& s : shards_) {
+      lock(s);
+      Slot* slots = s.slots;
+      const std::size_t mask = s.mask, map_bytes = s.map_bytes;
+      s.slots = nullptr;
+      s.mask = s.count = s.map_bytes = 0;
+      unlock(s);
+      if (slots == nullptr) continue;
+      for (std::size_t i = 0; i <= mask; ++i) {
+        if (slots[i].key != 0) f(slots[i].key, static_cast<const V&>(slots[i].value));
+      }
+      table_detail::unmap_pages(slots, map_bytes);
+    }
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t key;  // 0 = empty (fresh anonymous pages are all-empty)
+    V value;
+  };
+  struct alignas(64) Shard {
+    std::atomic<std::uint32_t> lock{0};
+    std::size_t count = 0;
+    std::size_t mask = 0;  // capacity - 1 (capacity a power of two), 0 without slots
+    std::size_t map_bytes = 0;
+    Slot* slots = nullptr;
+  };
+  static constexpr std::size_t kMissing = ~std::size_t{0};
+  static constexpr std::uint64_t kAdopting = ~std::uint64_t{0};
+
+  static bool reserved(std::uint64_t key) noexcept { return key == 0 || key == ~std::uint64_t{0}; }
+
+  static void lock(Shard& s) noexcept {
+    if (__builtin_expect(s.lock.exchange(1, std::memory_order_acquire) == 0, 1)) return;
+    table_detail::lock_slow(s.lock);
+  }
+  static void unlock(Shard& s) noexcept { s.lock.store(0, std::memory_order_release); }
+
+  // Every operation first checks it runs in the process that filled the table.
+  void enter() const noexcept {
+    const std::uint64_t e = table_detail::process_epoch();
+    if (__builtin_expect(epoch_.load(std::memory_order_acquire) != e, 0)) adopt(e);
+  }
+  Shard& locked_shard(std::uint64_t h) const noexcept {
+    enter();
+    Shard& s = shards_[h >> (64 - kShardBits)];
+    lock(s);
+    return s;
+  }
+
+  // First operation in a new process (or of a fresh table): whatever the
+  // table holds belongs to the parent. One thread clears it; others wait.
+  [[gnu::cold, gnu::noinline]] void adopt(std::uint64_t e) const noexcept {
+    for (unsigned round = 0;;) {
+      std::uint64_t seen = epoch_.load(std::memory_order_acquire);
+      if (seen == e) return;
+      if (seen != kAdopting && epoch_.compare_exchange_strong(seen, kAdopting, std::memory_order_acq_rel)) {
+        if (seen != 0) {
+          for (Shard& s : shards_) {
+            free_slots(s);
+            s.lock.store(0, std::memory_order_relaxed);  // a parent's thread may have held it at fork
+          }
+        }
+        epoch_.store(e, std::memory_order_release);
+        return;
+      }
+      table_detail::backoff(&round);
+    }
+  }
+
+  static void free_slots(Shard& s) noexcept {
+    if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
+    s.slots = nullptr;
+    s.mask = s.count = s.map_bytes = 0;
+  }
+
+  static std::size_t lookup(const Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
+    if (s.slots == nullptr) return kMissing;
+    for (std::size_t i = h & s.mask;; i = (i + 1) & s.mask) {
+      const std::uint64_t k = s.slots[i].key;
+      if (k == key) return i;
+      if (k == 0) return kMissing;  // never full: growth keeps a quarter free
+    }
+  }
+
+  // Linear probing from the home slot; grows first when 3/4 full. Without
+  // memory for growth, fills up to one slot short of full.
+  static bool place(Shard& s, std::uint64_t key, std::uint64_t h, const V& value) noexcept {
+    const std::size_t capacity = s.slots == nullptr ? 0 : s.mask + 1;
+    if ((s.count + 1) * 4 > capacity * 3 && !grow(s) && s.count + 1 >= capacity) return false;
+    std::size_t i = h & s.mask;
+    while (s.slots[i].key != 0) i = (i + 1) & s.mask;
+    s.slots[i].key = key;
+    s.slots[i].value = value;
+    ++s.count;
+    return true;
+  }
+
+  static bool grow(Shard& s) noexcept {
+    std::size_t capacity = s.slots == nullptr ? 0 : 2 * (s.mask + 1);
+    if (capacity == 0) {  // one page to start
+      capacity = 8;
+      while (capacity * 2 * sizeof(Slot) <= 4096) capacity *= 2;
+    }
+    const std::size_t bytes = capacity * sizeof(Slot);
+    auto* fresh = static_cast<Slot*>(table_detail::map_pages(bytes));
+    if (fresh == nullptr) return false;
+    const std::size_t mask = capacity - 1;
+    for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
+      if (s.slots[i].key == 0) continue;
+      std::size_t j = table_detail::mix(s.slots[i].key) & mask;
+      while (fresh[j].key != 0) j = (j + 1) & mask;
+      fresh[j] = s.slots[i];
+    }
+    if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
+    s.slots = fresh;
+    s.mask = mask;
+    s.map_bytes = bytes;
+    return true;
+  }
+
+  // Backward-shift deletion: later members of the cluster whose home is not
+  // in (hole, member] move back into the hole, so every key stays reachable
+  // from its home without tombstones.
+  static void remove(Shard& s, std::size_t hole) noexcept {
+    const std::size_t mask = s.mask;
+    for (std::size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
+      const std::uint64_t k = s.slots[j].key;
+      if (k == 0) break;
+      const std::size_t home = table_detail::mix(k) & mask;
+      // Distance from home to j versus from the hole to j (cyclic).
+      if (((j - home) & mask) >= ((j - hole) & mask)) {
+        s.slots[hole] = s.slots[j];
+        hole = j;
+      }
+    }
+    s.slots[hole].key = 0;
+    --s.count;
+  }
+
+  mutable Shard shards_[kShards];
+  mutable std::atomic<std::uint64_t> epoch_{0};  // process epoch of the contents; kAdopting while cleared
+};
+
+}  // namespace gpuslice::limiter
