@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "gpuslice/region.h"
+#include "limiter/compute_queue.h"
 
 namespace gpuslice::hook::launch {
 
@@ -26,8 +27,8 @@ extern std::atomic<std::uint32_t> g_used_entries;  // entries launched on (feedb
 struct Marker {
   CUevent event;
   std::uint64_t recorded_ns;
-  std::uint64_t count;  // submitted_count when recorded
-  std::uint64_t cost;   // submitted_cost when recorded
+  std::uint64_t count;  // queue.submitted_count() when recorded
+  std::uint64_t cost;   // queue.submitted_cost() when recorded
 };
 inline constexpr unsigned kMarkers = 32;
 
@@ -39,13 +40,9 @@ struct alignas(64) LaunchDevice {
   int entry = -1;
   DeviceState* state = nullptr;
   std::uint64_t sm_recip = 1;
-  // Queue bound, process-local. Counters flushed from threads at checks.
-  alignas(64) std::atomic<std::uint64_t> submitted_count{0};
-  std::atomic<std::uint64_t> submitted_cost{0};
-  std::atomic<std::uint64_t> completed_count{0};
-  std::atomic<std::uint64_t> completed_cost{0};
-  std::atomic<std::uint64_t> oldest_pending_ns{0};  // 0 = no marker outstanding
-  std::atomic<std::uint64_t> last_marker_ns{0};
+  // Queue bound, process-local (its arithmetic: limiter/compute_queue.h).
+  // Counters flushed from threads at checks.
+  alignas(64) limiter::QueueBound queue;
   std::atomic<std::uint32_t> ring_lock{0};
   std::uint32_t head = 0, tail = 0;  // ring_lock
   Marker ring[kMarkers] = {};        // ring_lock
