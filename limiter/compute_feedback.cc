@@ -143,10 +143,9 @@ bool FeedbackLoop::measure_nvml(int e, std::uint64_t now_ns, Measurement* out) n
   if (!trusted) return false;  // consumed, not measured
   // Published for gpuslice-smi and the agent's metrics.
   DeviceState& d = host_.region->devices[e];
-  const std::uint64_t busy_pm = out->busy_ns * kFullPermille / out->window_ns;
-  const std::uint64_t all_pm = (out->busy_ns + out->others_ns) * kFullPermille / out->window_ns;
-  d.util_permille.store(busy_pm > kFullPermille ? kFullPermille : busy_pm, std::memory_order_relaxed);
-  d.device_util_permille.store(all_pm > kFullPermille ? kFullPermille : all_pm, std::memory_order_relaxed);
+  d.util_permille.store(share_permille(out->busy_ns, out->window_ns), std::memory_order_relaxed);
+  d.device_util_permille.store(share_permille(out->busy_ns + out->others_ns, out->window_ns),
+                               std::memory_order_relaxed);
   d.util_updated_ns.store(now_ns, std::memory_order_release);
   return true;
 }

@@ -1,6 +1,8 @@
 // NVML utilisation samples -> measurement windows. See compute_samples.h.
 #include "limiter/compute_samples.h"
 
+#include "limiter/compute.h"
+
 namespace gpuslice::limiter {
 namespace {
 
@@ -53,8 +55,15 @@ void samples_begin(SampleClock& c, std::uint64_t now_us) noexcept {
   // The mode and period are properties of the driver: kept across baselines.
 }
 
-bool samples_reduce(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizationSample_t* samples, unsigned n,
-                    std::uint64_t asked_us, IsOurs is_ours, const void* ctx, Measurement* out) noexcept {
+std::uint32_t share_permille(std::uint64_t busy_ns, std::uint64_t window_ns) noexcept {
+  if (window_ns == 0) return 0;
+  // 128 bits: busy x 1000 overflows 64 past ~213 days of device time.
+  const unsigned __int128 pm = static_cast<unsigned __int128>(busy_ns) * kFullPermille / window_ns;
+  return pm > kFullPermille ? kFullPermille : static_cast<std::uint32_t>(pm);
+}
+
+bool samples_window(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizationSample_t* samples, unsigned n,
+                    std::uint64_t asked_us, AddBusy add, void* ctx, std::uint64_t* window_ns) noexcept {
   if (rc != NVML_SUCCESS && rc != NVML_ERROR_NOT_FOUND) return false;
   if (rc != NVML_SUCCESS) n = 0;
   Instants inst;
@@ -76,9 +85,7 @@ bool samples_reduce(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizatio
     if (end <= c.last_seen_us) return false;
     // A window closed at "now" is off the sample grid: the next gap teaches no period.
     if (end == asked_us) c.last_is_stamp = false;
-    out->window_ns = (end - c.last_seen_us) * 1000;
-    out->busy_ns = 0;
-    out->others_ns = 0;
+    *window_ns = (end - c.last_seen_us) * 1000;
     c.last_seen_us = end;
     return true;
   }
@@ -110,18 +117,40 @@ bool samples_reduce(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizatio
     weight_us[i] = w;
     prev = inst.at[i];
   }
-  std::uint64_t busy_ns = 0, others_ns = 0;
   for (unsigned i = 0; i < n; ++i) {
     if (samples[i].timeStamp <= c.last_seen_us) continue;
     const std::uint64_t pct = samples[i].smUtil > 100 ? 100 : samples[i].smUtil;
-    const std::uint64_t ns = pct * weight_us[inst.of(samples[i].timeStamp)] * 10;  // % x us -> ns
-    (is_ours(ctx, samples[i].pid) ? busy_ns : others_ns) += ns;
+    add(ctx, samples[i].pid, pct * weight_us[inst.of(samples[i].timeStamp)] * 10);  // % x us -> ns
   }
-  out->window_ns = (newest - c.last_seen_us) * 1000;
-  out->busy_ns = busy_ns;
-  out->others_ns = others_ns;
+  *window_ns = (newest - c.last_seen_us) * 1000;
   c.last_seen_us = newest;
   c.last_is_stamp = true;
+  return true;
+}
+
+namespace {
+
+struct Split {
+  IsOurs is_ours;
+  const void* ctx;
+  std::uint64_t busy_ns = 0, others_ns = 0;
+};
+
+void add_split(void* split, std::uint32_t pid, std::uint64_t busy_ns) noexcept {
+  Split& s = *static_cast<Split*>(split);
+  (s.is_ours(s.ctx, pid) ? s.busy_ns : s.others_ns) += busy_ns;
+}
+
+}  // namespace
+
+bool samples_reduce(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizationSample_t* samples, unsigned n,
+                    std::uint64_t asked_us, IsOurs is_ours, const void* ctx, Measurement* out) noexcept {
+  Split split{is_ours, ctx};
+  std::uint64_t window_ns = 0;
+  if (!samples_window(c, rc, samples, n, asked_us, add_split, &split, &window_ns)) return false;
+  out->window_ns = window_ns;
+  out->busy_ns = split.busy_ns;
+  out->others_ns = split.others_ns;
   return true;
 }
 

@@ -42,14 +42,34 @@ struct SampleClock {
 // Starts measuring at `now_us` (CPU microseconds, NVML's clock).
 void samples_begin(SampleClock& c, std::uint64_t now_us) noexcept;
 
+// The one rounding rule for a share of a window published in permille
+// (DeviceState::util_permille & co.), by the library's feedback owner and by
+// the node agent alike: truncated, at most kFullPermille; 0 for no window.
+// (A consumer turns it back into time as permille x window / 1000, so a
+// source never reports more than it measured.)
+std::uint32_t share_permille(std::uint64_t busy_ns, std::uint64_t window_ns) noexcept;
+
+// Receives one process's device time in a closed window; called once per
+// sample, so a pid may come several times (the receiver sums).
+using AddBusy = void (*)(void* ctx, std::uint32_t pid, std::uint64_t busy_ns) noexcept;
+
+// Reduces one answer of nvmlDeviceGetProcessUtilization(..., c.last_seen_us)
+// per process: `rc`, `samples[0..n)`, `asked_us` = the CPU time read just
+// *before* the call. True when a window closed: *window_ns is its length,
+// c.last_seen_us its end (CPU us; ask NVML from there next), and `add` got
+// every process's device time in it. False when there is nothing to measure
+// yet (keep asking: the next window covers this one too). An error other
+// than NOT_FOUND measures nothing. The node agent measures with this too, so
+// the controller's two sources (agent, own NVML) reduce NVML alike.
+bool samples_window(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizationSample_t* samples, unsigned n,
+                    std::uint64_t asked_us, AddBusy add, void* ctx, std::uint64_t* window_ns) noexcept;
+
 // Classifies a pid as the container's (true) or somebody else's.
 using IsOurs = bool (*)(const void* ctx, std::uint32_t pid) noexcept;
 
-// Reduces one answer of nvmlDeviceGetProcessUtilization(..., c.last_seen_us):
-// `rc`, `samples[0..n)`, `asked_us` = the CPU time read just *before* the call.
-// True with `out` filled (window_ns, busy_ns, others_ns) when a window closed;
-// false when there is nothing to measure yet (keep asking: the next window
-// covers this one too). An error other than NOT_FOUND measures nothing.
+// samples_window() split into the container's processes and everybody
+// else's: true with `out` filled (window_ns, busy_ns, others_ns) when a
+// window closed.
 bool samples_reduce(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizationSample_t* samples, unsigned n,
                     std::uint64_t asked_us, IsOurs is_ours, const void* ctx, Measurement* out) noexcept;
 

@@ -140,3 +140,62 @@ TEST(ComputeSamples, AGapFromAnIdleWindowTeachesNoPeriod) {
   ASSERT_TRUE(n.ask(kT0 + 38'000 + kP + 1, {sample(kOurs, kT0 + 38'000 + kP, 50)}));
   EXPECT_EQ(n.clock.period_us, kP);
 }
+
+// The one rounding rule of a published share: truncated permille, capped.
+TEST(ComputeSamples, SharesArePublishedAsTruncatedPermille) {
+  EXPECT_EQ(share_permille(0, 1'000), 0u);
+  EXPECT_EQ(share_permille(1'000, 0), 0u);  // no window: nothing measured
+  EXPECT_EQ(share_permille(333, 1'000), 333u);
+  EXPECT_EQ(share_permille(9'999, 10'000'000), 0u);  // 0.9999 permille: truncated, never rounded up
+  EXPECT_EQ(share_permille(2'999'999, 1'000'000'000), 2u);
+  EXPECT_EQ(share_permille(5'000, 1'000), 1000u);  // capped
+  // No overflow for long windows: a year of device time over a year.
+  const std::uint64_t year_ns = 365ull * 24 * 3600 * 1'000'000'000;
+  EXPECT_EQ(share_permille(year_ns / 2, year_ns), 500u);
+}
+
+namespace {
+
+struct PerProcess {
+  std::uint64_t busy[4] = {};  // by pid 1..3
+  static void add(void* self, std::uint32_t pid, std::uint64_t busy_ns) noexcept {
+    static_cast<PerProcess*>(self)->busy[pid < 4 ? pid : 0] += busy_ns;
+  }
+};
+
+}  // namespace
+
+// The agent's reduction (per process) and the library's (ours vs others) are
+// the same one: per process, weighted by period, summed.
+TEST(ComputeSamples, PerProcessWindowSumsEachProcessOverItsPeriods) {
+  SampleClock c{kT0, true, true, false, kP};
+  const std::vector<nvmlProcessUtilizationSample_t> s = {sample(1, kT0 + kP, 50), sample(2, kT0 + kP, 20),
+                                                         sample(1, kT0 + 2 * kP, 10), sample(3, kT0 + 2 * kP, 7)};
+  PerProcess p;
+  std::uint64_t window_ns = 0;
+  ASSERT_TRUE(samples_window(c, NVML_SUCCESS, s.data(), 4, kT0 + 2 * kP + 1'000, PerProcess::add, &p, &window_ns));
+  EXPECT_EQ(window_ns, 2 * kP * 1000);
+  EXPECT_EQ(p.busy[1], kP * 1000 * 60 / 100);
+  EXPECT_EQ(p.busy[2], kP * 1000 * 20 / 100);
+  EXPECT_EQ(p.busy[3], kP * 1000 * 7 / 100);
+  EXPECT_EQ(c.last_seen_us, kT0 + 2 * kP);
+  // The same answer split ours (pid 1) vs others gives the same times.
+  SampleClock c2{kT0, true, true, false, kP};
+  Measurement m;
+  ASSERT_TRUE(samples_reduce(c2, NVML_SUCCESS, s.data(), 4, kT0 + 2 * kP + 1'000,
+                             [](const void*, std::uint32_t pid) noexcept { return pid == 1; }, nullptr, &m));
+  EXPECT_EQ(m.window_ns, window_ns);
+  EXPECT_EQ(m.busy_ns, p.busy[1]);
+  EXPECT_EQ(m.others_ns, p.busy[2] + p.busy[3]);
+  EXPECT_EQ(share_permille(m.busy_ns, m.window_ns), 300u);
+}
+
+TEST(ComputeSamples, PerProcessWindowWaitsForASampleLikeTheSplitOne) {
+  SampleClock c{kT0, true, true, false, kP};
+  PerProcess p;
+  std::uint64_t window_ns = 0;
+  EXPECT_FALSE(samples_window(c, NVML_ERROR_NOT_FOUND, nullptr, 0, kT0 + kP + 10'000, PerProcess::add, &p,
+                              &window_ns));
+  EXPECT_EQ(c.last_seen_us, kT0);
+  EXPECT_EQ(p.busy[1] + p.busy[2] + p.busy[3], 0u);
+}
