@@ -11,6 +11,7 @@
 
 #include "hook/log.h"
 #include "hook/real.h"
+#include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
 
 extern char** environ;
@@ -18,7 +19,7 @@ extern char** environ;
 namespace gpuslice::hook {
 
 std::atomic<int> g_ready{kReadyNo};
-Process g_process{nullptr, {-1}, {}};
+Process g_process{nullptr, {-1}, {}, {0}};
 
 namespace {
 
@@ -180,6 +181,7 @@ CUresult claim_now() noexcept {
   }
   g_process.region = region;
   g_process.self = self;
+  g_process.lease_tag.store(limiter::lease_tag(region, slot), std::memory_order_relaxed);
   g_process.slot.store(slot, std::memory_order_release);
   if (!g_atfork_registered.exchange(true)) pthread_atfork(nullptr, nullptr, after_fork_in_child);
   map_owner_word();
@@ -289,7 +291,13 @@ int device_entry(CUdevice ordinal) noexcept {
   return entry;
 }
 
-int current_device_entry(CUresult* rc) noexcept {
+namespace {
+// The entry of the only device (>= 0), kSeveralDevices, or kNotCounted until
+// the driver could count its devices (it cannot before cuInit).
+enum : int { kNotCounted = -1, kSeveralDevices = -2 };
+std::atomic<int> g_single_entry{kNotCounted};
+
+[[gnu::noinline]] int current_device_entry_slow(CUresult* rc) noexcept {
   CUdevice dev = 0;
   CUresult r = real_cuCtxGetDevice(&dev);
   if (r != CUDA_SUCCESS) {
@@ -297,8 +305,23 @@ int current_device_entry(CUresult* rc) noexcept {
     return -1;
   }
   int entry = device_entry(dev);
-  if (entry < 0) *rc = CUDA_ERROR_OUT_OF_MEMORY;
+  if (entry < 0) {
+    *rc = CUDA_ERROR_OUT_OF_MEMORY;
+    return -1;
+  }
+  if (g_single_entry.load(std::memory_order_relaxed) == kNotCounted) {
+    int count = 0;
+    if (real_cuDeviceGetCount != nullptr && real_cuDeviceGetCount(&count) == CUDA_SUCCESS && count > 0)
+      g_single_entry.store(count == 1 ? entry : kSeveralDevices, std::memory_order_relaxed);
+  }
   return entry;
+}
+}  // namespace
+
+int current_device_entry(CUresult* rc) noexcept {
+  const int single = g_single_entry.load(std::memory_order_relaxed);
+  if (__builtin_expect(single >= 0, 1)) return single;
+  return current_device_entry_slow(rc);
 }
 
 int ordinal_of_entry(int entry) noexcept {
@@ -348,15 +371,13 @@ bool refused_after_exit() noexcept {
   return true;
 }
 
-}  // namespace
 
-// No slot (bootstrap failed closed, or the process is past its exit-time
-// release) means no admission: memory is never handed out uncounted.
-bool reserve(int entry, std::uint64_t bytes) noexcept {
-  const int slot = own_slot();  // before the bracket: adopting resets the count
+[[gnu::noinline]] bool reserve_slow(int slot, int entry, std::uint64_t bytes) noexcept {
   AddingCall bracket;
   if (refused_after_exit() || !region_intact() || slot < 0) return false;
-  if (limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)) return true;
+  if (limiter::reserve(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes,
+                       g_process.self))
+    return true;
   if (ReclaimFn reclaim = g_pool_reclaim.load(std::memory_order_acquire)) {
     reclaim();  // dead slots were already reaped by reserve(): only pools may have given memory back
     if (limiter::try_reserve(g_process.region, slot, entry, bytes)) return true;
@@ -364,13 +385,40 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
   return false;
 }
 
+[[gnu::noinline]] void release_slow(int slot, int entry, std::uint64_t bytes) noexcept {
+  if (g_exited.load(std::memory_order_acquire) || !region_intact()) return;
+  limiter::release(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
+}
+
+}  // namespace
+
+// No slot (bootstrap failed closed, or the process is past its exit-time
+// release) means no admission: memory is never handed out uncounted.
+// Fast path: one CAS on our slot's lease word. It needs neither the exit
+// bracket (AddingCall) nor the exit check: release_all closes the lease words
+// and a stale thread's tag never matches a later claim's, so a late CAS
+// fails and falls to the slow path, which refuses. Nor region_intact(): like
+// the launch path's token bucket it touches a line that the slow paths,
+// which check, touched first; a region lost later is caught there.
+bool reserve(int entry, std::uint64_t bytes) noexcept {
+  const int slot = own_slot();
+  if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) &&
+      limiter::lease_alloc(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))
+    return true;
+  return reserve_slow(slot, entry, bytes);
+}
+
 // After the exit-time release (or in a child that never owned the slot)
 // there is nothing of ours left to give back.
 void release(int entry, std::uint64_t bytes) noexcept {
-  if (g_exited.load(std::memory_order_acquire) || !region_intact()) return;
   if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
-  int slot = g_process.slot.load(std::memory_order_acquire);
-  if (slot >= 0) limiter::release(g_process.region, slot, entry, bytes);
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0) return;
+  if (__builtin_expect(limiter::lease_free(g_process.region, slot,
+                                           g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes),
+                       1))
+    return;
+  release_slow(slot, entry, bytes);
 }
 
 bool charge(int entry, std::uint64_t bytes) noexcept {

@@ -34,6 +34,10 @@ struct Process {
   Region* region;
   std::atomic<int> slot;  // -1 before bootstrap, after fork (until re-claimed) and after exit
   shm::ProcessIdentity self;
+  // limiter::lease_tag of our claim, read when the slot was claimed: a thread
+  // still running after the slot changed hands carries the old tag, and the
+  // lease fast path refuses it (limiter/lease.h).
+  std::atomic<std::uint64_t> lease_tag;
 };
 
 enum : int { kReadyNo = 0, kReadyYes = 1, kReadyFailed = 2 };
@@ -63,6 +67,9 @@ bool region_intact(bool force = false) noexcept;
 int device_entry(CUdevice ordinal) noexcept;
 // Region device entry of the calling thread's current context; on failure
 // returns -1 and sets *rc to the driver's error (e.g. no current context).
+// With a single device the entry is cached and the driver is not asked: a
+// call without a context then fails in the real call that follows, which
+// returns the driver's own error (the caller releases its reservation).
 int current_device_entry(CUresult* rc) noexcept;
 // CUDA ordinal of a region device entry, or -1 if this process has not mapped it.
 int ordinal_of_entry(int entry) noexcept;

@@ -1,10 +1,12 @@
-// Reserve / release / charge: the allocation hot path.
+// Reserve / release / charge: the allocation hot path, and quota leases.
 //
-// Every read-modify-write below is sequentially consistent: the reaper's
-// snapshot argument (docs/memory-accounting.md) is made in the single total
-// order of these operations. On x86-64 and AArch64 an RMW costs the same
-// whatever its order, and the fast path has no seq_cst store.
+// Every read-modify-write inside a bracket is sequentially consistent: the
+// reaper's snapshot argument (docs/memory-accounting.md) is made in the
+// single total order of these operations. On x86-64 and AArch64 an RMW costs
+// the same whatever its order. The lease fast path (limiter/lease.h) moves
+// bytes only inside one slot's lease word and needs no order at all.
 #include "limiter/memory_accounting.h"
+#include "limiter/lease.h"
 #include "shm/clock.h"
 
 #include <sched.h>
@@ -13,6 +15,8 @@
 namespace gpuslice::limiter {
 namespace {
 
+using lease_steps::Stop;
+
 bool valid(const Region* r, int slot, int dev) {
   return r != nullptr && static_cast<unsigned>(slot) < kMaxSlots && static_cast<unsigned>(dev) < kMaxDevices;
 }
@@ -20,15 +24,19 @@ bool valid(const Region* r, int slot, int dev) {
 // Seqlock bracket: operations in flight are counted in the low bits (threads
 // of one process share the slot); the end bumps the generation, so the value
 // a reaper reads twice is unchanged only if no operation started or ended.
+// release() leaves it open: a test hook's simulated SIGKILL.
 class Bracket {
  public:
-  explicit Bracket(Slot& s) : seq_(s.seq) { seq_.fetch_add(1); }
-  ~Bracket() { seq_.fetch_add(shm::kSeqGeneration - 1); }
+  explicit Bracket(Slot& s) : seq_(&s.seq) { seq_->fetch_add(1); }
+  ~Bracket() {
+    if (seq_ != nullptr) seq_->fetch_add(shm::kSeqGeneration - 1);
+  }
+  void release() { seq_ = nullptr; }
   Bracket(const Bracket&) = delete;
   Bracket& operator=(const Bracket&) = delete;
 
  private:
-  std::atomic<std::uint64_t>& seq_;
+  std::atomic<std::uint64_t>* seq_;
 };
 
 void raise_peak(DeviceState& d, std::uint64_t used) {
@@ -43,28 +51,189 @@ std::uint64_t admissible(const DeviceState& d, std::uint64_t quota) {
   return extra >= quota ? 0 : quota - extra;
 }
 
-bool admit(Region* r, int slot, int dev, std::uint64_t bytes) {
-  DeviceState& d = r->devices[dev];
-  Slot& s = r->slots[slot];
-  Bracket bracket(s);
-  const std::uint64_t quota = d.quota_bytes.load(std::memory_order_relaxed);
+// Leases stay off where device-resident bytes are limited separately
+// (GPUSLICE_OVERSUBSCRIBE): that path reads used_bytes as resident memory.
+bool leases_allowed(const DeviceState& d) {
+  const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_relaxed);
+  return resident == 0 || resident == kUnlimited;
+}
+
+// Lease size for headroom `head` after this allocation: a share of it, capped.
+std::uint64_t lease_for(std::uint64_t head) {
+  const std::uint64_t share = head / kLeaseHeadroomShare;
+  return share < kLeaseMaxBytes ? share : kLeaseMaxBytes;
+}
+
+// used -= bytes, clamped at zero (counted: it means damaged counters).
+void uncount_used(DeviceState& d, std::uint64_t bytes) {
+  if (bytes == 0) return;
   std::uint64_t used = d.used_bytes.load(std::memory_order_relaxed);
+  std::uint64_t sub;
+  do {
+    sub = used < bytes ? used : bytes;
+  } while (!d.used_bytes.compare_exchange_weak(used, used - sub));
+  if (sub != bytes) [[unlikely]]
+    d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
+}
+
+// committed -= up to `bytes`, never below `floor`; returns what was taken.
+std::uint64_t take_committed(Slot& s, int dev, std::uint64_t bytes, std::uint64_t floor) {
+  std::uint64_t committed = s.committed_bytes[dev].load(std::memory_order_relaxed);
+  std::uint64_t take;
+  do {
+    const std::uint64_t held = committed > floor ? committed - floor : 0;
+    take = held < bytes ? held : bytes;
+  } while (take != 0 && !s.committed_bytes[dev].compare_exchange_weak(committed, committed - take));
+  return take;
+}
+
+// Inside the owner's bracket: `bytes` of committed go back to used_bytes,
+// exactly what is still in committed (an exit release racing with us may
+// already have returned the rest, used_bytes included).
+void return_to_used(DeviceState& d, Slot& s, int dev, std::uint64_t bytes) {
+  uncount_used(d, take_committed(s, dev, bytes, 0));
+}
+
+// Inside the owner's bracket: an OWED word of this claim is settled: the word
+// reopens empty, then committed drops by what the thief already took out of
+// used_bytes. Bytes no longer in committed were returned to used_bytes by a
+// racing release or exit release of ours, the thief's share included: put
+// that share back, so used_bytes loses the stolen bytes exactly once.
+std::uint64_t settle_locked(DeviceState& d, Slot& s, int dev, std::uint64_t tag, Bracket* bracket = nullptr,
+                            Stop stop = Stop::none) {
+  std::atomic<std::uint64_t>& word = s.lease[dev].word;
+  std::uint64_t cur = word.load();
+  if ((cur & kLeaseTagMask) != (tag | kLeaseOwed)) return 0;
+  if (!word.compare_exchange_strong(cur, tag)) return 0;  // another thread of ours settled it
+  const std::uint64_t owed = lease_amount(cur);
+  if (stop == Stop::after_clear) {
+    bracket->release();
+    return owed;
+  }
+  const std::uint64_t taken = take_committed(s, dev, owed, 0);
+  if (taken != owed) d.used_bytes.fetch_add(owed - taken);
+  return owed;
+}
+
+// Inside the owner's bracket: takes the whole spare of this claim's open word.
+std::uint64_t take_spare(Slot& s, int dev, std::uint64_t tag) {
+  std::atomic<std::uint64_t>& word = s.lease[dev].word;
+  std::uint64_t cur = word.load();
+  while ((cur & kLeaseTagMask) == tag && lease_amount(cur) != 0) {
+    if (word.compare_exchange_weak(cur, tag)) return lease_amount(cur);
+  }
+  return 0;
+}
+
+// Inside the owner's bracket: `bytes` of committed become spare, if this
+// claim's word is open and stays under the lease cap; else back to used_bytes.
+void give_spare(DeviceState& d, Slot& s, int dev, std::uint64_t tag, std::uint64_t bytes) {
+  if (bytes == 0) return;
+  std::atomic<std::uint64_t>& word = s.lease[dev].word;
+  const std::uint64_t cap = s.lease[dev].cap_bytes.load(std::memory_order_relaxed);
+  std::uint64_t cur = word.load();
+  while ((cur & kLeaseTagMask) == tag && bytes <= cap && lease_amount(cur) <= cap - bytes) {
+    if (word.compare_exchange_weak(cur, cur + bytes)) return;
+  }
+  return_to_used(d, s, dev, bytes);
+}
+
+// Inside the owner's bracket. CAS used -> used + bytes (+ a lease sized by the
+// headroom left, when `lease`), then committed += both; the lease becomes
+// spare. False, with nothing changed, if `bytes` does not fit.
+bool admit_locked(DeviceState& d, Slot& s, int dev, std::uint64_t bytes, bool lease, std::uint64_t tag) {
+  const std::uint64_t quota = d.quota_bytes.load(std::memory_order_relaxed);
+  lease = lease && leases_allowed(d);
+  std::uint64_t used = d.used_bytes.load(std::memory_order_relaxed);
+  std::uint64_t want;
   std::uint64_t next;
   if (quota == kUnlimited) {
     do {
-      next = used + bytes;
-      if (next < used) return false;
+      if (used + bytes < used) return false;
+      want = lease && used + bytes + kLeaseMaxBytes > used + bytes ? kLeaseMaxBytes : 0;
+      next = used + bytes + want;
     } while (!d.used_bytes.compare_exchange_weak(used, next));
   } else {
     const std::uint64_t limit = admissible(d, quota);
     do {
       if (bytes > limit || used > limit - bytes) return false;
-      next = used + bytes;
+      want = lease ? lease_for(limit - used - bytes) : 0;
+      next = used + bytes + want;
     } while (!d.used_bytes.compare_exchange_weak(used, next));
   }
-  s.committed_bytes[dev].fetch_add(bytes);
-  raise_peak(d, next);
+  s.committed_bytes[dev].fetch_add(bytes + want);
+  if (lease) {
+    // Frees may keep twice the lease: an alloc+free pair right after a refill
+    // stays on the fast path. At the quota the lease and the cap are 0.
+    s.lease[dev].cap_bytes.store(2 * want, std::memory_order_relaxed);
+    give_spare(d, s, dev, tag, want);
+  }
+  raise_peak(d, next - want);
   return true;
+}
+
+// Inside the thief's bracket: takes `victim`'s spare on `dev` back into
+// used_bytes. The victim's word becomes OWED(x) in the same CAS that empties
+// it (its share of used_bytes is committed - x from that instant); then
+// used_bytes drops by x. A victim judged dead (kSlotReaping) is left to the
+// reaper: checking kSlotLive inside our bracket means no reaper snapshot can
+// settle before we finish, so the reaper sees either all of the theft or none.
+std::uint64_t steal_locked(Region* r, int victim, int dev, Bracket* bracket = nullptr, Stop stop = Stop::none) {
+  Slot& v = r->slots[victim];
+  if (v.state.load() != kSlotLive) return 0;
+  std::atomic<std::uint64_t>& word = v.lease[dev].word;
+  std::uint64_t cur = word.load();
+  do {
+    if ((cur & (kLeaseOwed | kLeaseClosed)) != 0 || lease_amount(cur) == 0) return 0;
+  } while (!word.compare_exchange_weak(cur, cur | kLeaseOwed));
+  const std::uint64_t stolen = lease_amount(cur);
+  if (stop == Stop::after_mark) {
+    bracket->release();
+    return stolen;
+  }
+  uncount_used(r->devices[dev], stolen);
+  if (stop == Stop::after_uncount) bracket->release();
+  return stolen;
+}
+
+std::uint64_t steal_all(Region* r, int slot, int dev) {
+  std::uint64_t stolen = 0;
+  for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
+    if (static_cast<int>(i) != slot) stolen += steal_locked(r, static_cast<int>(i), dev);
+  }
+  return stolen;
+}
+
+// Exact admission of `bytes` (no lease taken), after this slot's own spare
+// and, when `steal`, every other live slot's spare went back into used_bytes:
+// a refusal then means the container is really full.
+bool admit_reclaiming(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes, bool steal) {
+  DeviceState& d = r->devices[dev];
+  Slot& s = r->slots[slot];
+  Bracket bracket(s);
+  settle_locked(d, s, dev, tag);
+  if (admit_locked(d, s, dev, bytes, false, tag)) return true;
+  const std::uint64_t own = take_spare(s, dev, tag);
+  if (own >= bytes) {  // frees of other threads refilled it meanwhile
+    give_spare(d, s, dev, tag, own - bytes);
+    return true;
+  }
+  if (admit_locked(d, s, dev, bytes - own, false, tag)) return true;
+  if (steal && steal_all(r, slot, dev) != 0 && admit_locked(d, s, dev, bytes - own, false, tag)) return true;
+  return_to_used(d, s, dev, own);  // at the quota: spare helps nobody here
+  return false;
+}
+
+// Inside the owner's bracket: releases `bytes` exactly, never into the spare
+// or owed part of committed (a release of bytes never reserved is clamped).
+void release_locked(DeviceState& d, Slot& s, int dev, std::uint64_t tag, std::uint64_t bytes) {
+  settle_locked(d, s, dev, tag);
+  const std::uint64_t word = s.lease[dev].word.load();
+  const std::uint64_t take = take_committed(s, dev, bytes, lease_spare(word) + lease_owed(word));
+  if (take != bytes) [[unlikely]]
+    d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
+  if (take == 0) return;
+  uncount_used(d, take);
 }
 
 using shm::monotonic_ns;
@@ -75,76 +244,131 @@ void wait_for_reaper(const Region* r) {
   while (r->header.reaper_lock.load(std::memory_order_relaxed) != 0 && monotonic_ns() < deadline) sched_yield();
 }
 
-[[gnu::noinline, gnu::cold]] bool reserve_slow(Region* r, int slot, int dev, std::uint64_t bytes,
+[[gnu::noinline, gnu::cold]] bool reserve_slow(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,
                                                const shm::ProcessIdentity& self) {
   DeviceState& d = r->devices[dev];
   const std::uint64_t quota = d.quota_bytes.load(std::memory_order_relaxed);
-  // Larger than the whole quota: no reaping can help.
+  // Larger than the whole quota: no reclaiming can help.
   if (quota == kUnlimited || bytes <= admissible(d, quota)) {
+    if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
     if (reap_dead(r, self) == kReapBusy) wait_for_reaper(r);
-    if (admit(r, slot, dev, bytes)) return true;
+    if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
   }
   d.oom_refusals.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
 
+[[gnu::noinline]] bool reserve_refill(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) {
+  DeviceState& d = r->devices[dev];
+  Slot& s = r->slots[slot];
+  Bracket bracket(s);
+  settle_locked(d, s, dev, tag);
+  return admit_locked(d, s, dev, bytes, true, tag);
+}
+
 }  // namespace
 
 bool try_reserve(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
-  return valid(r, slot, dev) && admit(r, slot, dev, bytes);
+  return valid(r, slot, dev) && admit_reclaiming(r, slot, lease_tag(r, slot), dev, bytes, false);
 }
 
 bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::ProcessIdentity& self) noexcept {
   if (!valid(r, slot, dev)) [[unlikely]]
     return false;
-  if (admit(r, slot, dev, bytes)) [[likely]]
+  const std::uint64_t tag = lease_tag(r, slot);
+  {
+    DeviceState& d = r->devices[dev];
+    Slot& s = r->slots[slot];
+    Bracket bracket(s);
+    if (admit_locked(d, s, dev, bytes, false, tag)) [[likely]]
+      return true;
+  }
+  return reserve_slow(r, slot, tag, dev, bytes, self);
+}
+
+bool reserve(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,
+             const shm::ProcessIdentity& self) noexcept {
+  if (!valid(r, slot, dev)) [[unlikely]]
+    return false;
+  if (lease_alloc(r, slot, tag, dev, bytes)) [[likely]]
     return true;
-  return reserve_slow(r, slot, dev, bytes, self);
+  if (reserve_refill(r, slot, tag, dev, bytes)) return true;
+  return reserve_slow(r, slot, tag, dev, bytes, self);
 }
 
 void release(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
   if (!valid(r, slot, dev) || bytes == 0) [[unlikely]]
     return;
-  DeviceState& d = r->devices[dev];
   Slot& s = r->slots[slot];
   Bracket bracket(s);
-  // committed first: a process killed between the two steps holds
-  // committed + take in used_bytes, which the reaper's snapshot recovers.
-  std::uint64_t committed = s.committed_bytes[dev].load(std::memory_order_relaxed);
-  std::uint64_t take;
-  do {
-    take = committed < bytes ? committed : bytes;
-  } while (!s.committed_bytes[dev].compare_exchange_weak(committed, committed - take));
-  if (take != bytes) [[unlikely]]
-    d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
-  if (take == 0) return;
-  std::uint64_t used = d.used_bytes.load(std::memory_order_relaxed);
-  std::uint64_t sub;
-  do {
-    sub = used < take ? used : take;
-  } while (!d.used_bytes.compare_exchange_weak(used, used - sub));
-  if (sub != take) [[unlikely]]
-    d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
+  release_locked(r->devices[dev], s, dev, lease_tag(r, slot), bytes);
 }
 
+void release(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
+  if (!valid(r, slot, dev) || bytes == 0) [[unlikely]]
+    return;
+  if (lease_free(r, slot, tag, dev, bytes)) [[likely]]
+    return;
+  Slot& s = r->slots[slot];
+  Bracket bracket(s);
+  release_locked(r->devices[dev], s, dev, tag, bytes);
+}
+
+// Closes every lease word (no fast path after this; a thief's CAS fails), then
+// returns committed - owed: the owed part already left used_bytes with the thief.
 void release_all(Region* r, int slot) noexcept {
   if (!valid(r, slot, 0)) return;
   Slot& s = r->slots[slot];
   for (std::uint32_t dev = 0; dev < kMaxDevices; ++dev) {
-    if (s.committed_bytes[dev].load(std::memory_order_relaxed) == 0) continue;
+    std::atomic<std::uint64_t>& word = s.lease[dev].word;
+    if (s.committed_bytes[dev].load(std::memory_order_relaxed) == 0 && word.load(std::memory_order_relaxed) == 0)
+      continue;
     DeviceState& d = r->devices[dev];
     Bracket bracket(s);
-    const std::uint64_t take = s.committed_bytes[dev].exchange(0);
-    std::uint64_t used = d.used_bytes.load(std::memory_order_relaxed);
-    std::uint64_t sub;
-    do {
-      sub = used < take ? used : take;
-    } while (!d.used_bytes.compare_exchange_weak(used, used - sub));
-    if (sub != take) d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
+    std::uint64_t cur = word.load();
+    while (!word.compare_exchange_weak(cur, (cur & ~(kLeaseAmountMask | kLeaseOwed)) | kLeaseClosed)) {
+    }
+    const std::uint64_t owed = lease_owed(cur);
+    const std::uint64_t held = s.committed_bytes[dev].exchange(0);
+    if (held < owed) d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
+    uncount_used(d, held > owed ? held - owed : 0);
+    s.lease[dev].cap_bytes.store(0, std::memory_order_relaxed);
     s.context_bytes[dev].store(0, std::memory_order_relaxed);
     drop_slot_spilled(r, s, static_cast<int>(dev));  // part of what was just released
   }
 }
+
+std::uint64_t spare_lease_bytes(const Region* r, int dev) noexcept {
+  if (r == nullptr || static_cast<unsigned>(dev) >= kMaxDevices) return 0;
+  std::uint64_t sum = 0;
+  for (const Slot& s : r->slots) sum += lease_spare(s.lease[dev].word.load(std::memory_order_relaxed));
+  return sum;
+}
+
+namespace lease_steps {
+
+std::uint64_t steal(Region* r, int slot, int victim, int dev, Stop stop) noexcept {
+  if (!valid(r, slot, dev) || !valid(r, victim, dev)) return 0;
+  Bracket bracket(r->slots[slot]);
+  if (stop == Stop::after_bracket) {
+    bracket.release();
+    return 0;
+  }
+  return steal_locked(r, victim, dev, &bracket, stop);
+}
+
+std::uint64_t settle(Region* r, int slot, int dev, Stop stop) noexcept {
+  if (!valid(r, slot, dev)) return 0;
+  Slot& s = r->slots[slot];
+  Bracket bracket(s);
+  if (stop == Stop::after_bracket) {
+    bracket.release();
+    return 0;
+  }
+  return settle_locked(r->devices[dev], s, dev, lease_tag(r, slot), &bracket, stop);
+}
+
+}  // namespace lease_steps
 
 namespace {
 void sub_clamped(std::atomic<std::uint64_t>& word, std::uint64_t bytes) noexcept {
@@ -197,7 +421,9 @@ bool charge(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
 std::uint64_t used_bytes(const Region* r, int dev) noexcept {
   if (r == nullptr || static_cast<unsigned>(dev) >= kMaxDevices) return 0;
   const DeviceState& d = r->devices[dev];
-  const std::uint64_t used = d.used_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t counted = d.used_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t spare = spare_lease_bytes(r, dev);  // admitted, not allocated: never shown as used
+  const std::uint64_t used = counted > spare ? counted - spare : 0;
   const std::uint64_t extra = d.agent_extra_bytes.load(std::memory_order_relaxed);
   return used + extra < used ? kUnlimited : used + extra;
 }

@@ -6,8 +6,10 @@
 // share is recovered exactly by the reaper from a consistent snapshot, whatever
 // instruction it died at. See docs/memory-accounting.md.
 //
-// Hot path: reserve and release are four atomic read-modify-writes each, no
-// syscall, no lock, no allocation. Nothing here blocks on another process.
+// Quota leases (limiter/lease.h): the forms taking a lease `tag` keep a spare
+// lease inside the slot's committed bytes, so that most allocations and frees
+// are one CAS on the slot's own cache line. The forms without a tag are exact
+// (no lease taken) and lease-aware. Nothing here blocks on another process.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,12 @@ namespace gpuslice::limiter {
 // allocation. On refusal, reaps dead slots once and retries once; if still
 // refused, counts DeviceState::oom_refusals and returns false.
 bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::ProcessIdentity& self) noexcept;
+// The same with quota leases: `tag` is lease_tag(r, slot) read when the
+// process claimed the slot (a stale thread of a previous owner then never
+// touches a new owner's lease). Before refusing, also takes every other live
+// slot's spare lease back into the budget: a refusal means really full.
+bool reserve(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,
+             const shm::ProcessIdentity& self) noexcept;
 // Admission only, without the reap-and-retry slow path (and without counting
 // the refusal): for callers that want to free caches first and retry.
 bool try_reserve(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
@@ -28,8 +36,11 @@ bool try_reserve(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
 // failed). Releasing more than the slot holds is clamped (never underflows)
 // and counted in DeviceState::accounting_errors.
 void release(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
+// The same with quota leases: the bytes become spare lease when they fit.
+void release(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept;
 // Releases everything the slot holds on every device (exactly once per byte
-// as long as the caller's own records are not released again afterwards).
+// as long as the caller's own records are not released again afterwards),
+// and closes its leases: no fast path and no theft on them afterwards.
 void release_all(Region* r, int slot) noexcept;
 // Charges without a quota check (memory the driver already holds). Returns
 // false if the device is now above its quota; the caller decides.
@@ -39,7 +50,7 @@ bool charge(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
 // process or of a reaper). Marks every dead slot kSlotLive->kSlotReaping, then
 // per device takes a snapshot in which every other slot is quiescent and
 // unchanged, and CASes used_bytes from the snapshot's value D to S = the sum of
-// the other slots' committed bytes; then zeroes and frees the dead slots.
+// the other slots' committed - owed bytes; then zeroes and frees the dead slots.
 // Reapers exclude each other through RegionHeader::reaper_lock, whose holder a
 // stalled reaper never loses and a dead one does (see reaper_token).
 // Returns the number of slots freed (>= 0), or kReapBusy when another live
@@ -66,7 +77,9 @@ void uncount_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept
 // device's total with it.
 void drop_slot_spilled(Region* r, Slot& s, int dev) noexcept;
 
-std::uint64_t used_bytes(const Region* r, int dev) noexcept;   // used + agent_extra (saturating)
+// For display: used_bytes - live spare leases (a racy sum) + agent_extra
+// (saturating). Admission never uses it.
+std::uint64_t used_bytes(const Region* r, int dev) noexcept;
 std::uint64_t quota_bytes(const Region* r, int dev) noexcept;  // kUnlimited = none
 
 }  // namespace gpuslice::limiter

@@ -5,13 +5,15 @@
 // dead one may have died between its two updates, so its share is unknown.
 // In a window where every other slot is quiescent and unchanged, used_bytes
 // cannot move except through the (frozen) dead slots, so one snapshot gives
-// D = used and S = sum of the others' committed, and the dead slots' share is
+// D = used and S = sum of the others' committed - owed (quota leases: what a
+// thief took back but the owner has not settled), and the dead slots' share is
 // exactly D - S. The reaper CASes used D -> S: idempotent (a second reaper
 // finishing an interrupted one sets the same value) and immune to ABA (used
 // back at D means live slots' net change since the snapshot is zero).
 // Reapers exclude each other with the reaper lock; only a dead holder loses it.
 #include <sched.h>
 
+#include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
 
 namespace gpuslice::limiter {
@@ -137,7 +139,14 @@ class Reaper {
       if (reaping(i)) continue;
       const Slot& s = r_->slots[i];
       for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-        if (pending & (1u << d)) others[d] += s.committed_bytes[d].load();
+        // A slot's share is committed - owed: a thief already took the owed
+        // bytes out of used_bytes (limiter/lease.h). Both move only inside
+        // brackets (the owner's, or the thief's, which holds ours open).
+        if (pending & (1u << d)) {
+          const std::uint64_t committed = s.committed_bytes[d].load();
+          const std::uint64_t owed = lease_owed(s.lease[d].word.load());
+          others[d] += committed > owed ? committed - owed : 0;
+        }
       }
     }
     std::uint64_t sum_after = 0;
@@ -163,6 +172,8 @@ class Reaper {
   void free_slot(Slot& s) {
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
       s.committed_bytes[d].store(0);
+      s.lease[d].word.store(0);  // a stale thread's tag never matches 0 or the next claim's
+      s.lease[d].cap_bytes.store(0);
       drop_slot_spilled(r_, s, static_cast<int>(d));  // spilled bytes are part of committed
       s.context_bytes[d].store(0);
       s.nvml_used_bytes[d].store(0);

@@ -22,6 +22,15 @@ int claim_slot(Region* r, const ProcessIdentity& self) noexcept {
     // The reaper judges a claiming slot once its pid is written, last, when
     // the identity is complete: a claimer killed before that (three stores)
     // leaks this slot, never memory.
+    // A new claim generation tags this claim's lease words (limiter/lease.h):
+    // a stale thread of a previous owner holds another tag, so its CAS fails.
+    std::uint32_t generation = s.claim_generation.load() + 1;
+    if ((generation & 0xffffu) == 0) ++generation;
+    s.claim_generation.store(generation);
+    for (Slot::Lease& lease : s.lease) {
+      lease.cap_bytes.store(0);
+      lease.word.store(static_cast<std::uint64_t>(generation & 0xffffu) << 48);
+    }
     s.host_pid.store(0);
     s.start_time.store(self.start_time);
     s.pidns_inode.store(self.pidns_inode);
@@ -50,6 +59,8 @@ void release_slot(Region* r, int slot) noexcept {
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
     s.context_bytes[d].store(0);
     s.nvml_used_bytes[d].store(0);
+    s.lease[d].word.store(0);  // closed by release_all: nothing spare or owed left
+    s.lease[d].cap_bytes.store(0);
   }
   // Clear the identity before the slot becomes free, so that a new owner's
   // identity is never overwritten.

@@ -11,7 +11,7 @@
 namespace gpuslice {
 
 inline constexpr std::uint64_t kRegionMagic = 0x45434c5353555047ull;  // "GPUSSLCE" little-endian
-inline constexpr std::uint32_t kRegionAbiVersion = 2;
+inline constexpr std::uint32_t kRegionAbiVersion = 3;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 1024;
 inline constexpr std::uint64_t kUnlimited = ~std::uint64_t{0};
@@ -103,13 +103,31 @@ struct alignas(64) Slot {
   // in which every live slot has zero in flight and is unchanged. See
   // docs/memory-accounting.md.
   alignas(64) std::atomic<std::uint64_t> seq;
-  std::uint64_t reserved2[7];
-  std::atomic<std::uint64_t> committed_bytes[kMaxDevices];  // this process's share of DeviceState::used_bytes
+  // Bumped by every claim (shm::claim_slot), never 0 for a claimed slot: the
+  // low 16 bits tag the lease words of this claim (limiter/lease.h), so that a
+  // stale thread of a previous owner can never move a new owner's lease.
+  std::atomic<std::uint32_t> claim_generation;
+  std::uint32_t reserved3;
+  std::uint64_t reserved2[6];
+  // This process's share of DeviceState::used_bytes, spare lease included
+  // (its share is committed - owed: see lease[] and docs/memory-accounting.md).
+  std::atomic<std::uint64_t> committed_bytes[kMaxDevices];
   std::atomic<std::uint64_t> context_bytes[kMaxDevices];    // part of committed_bytes held by contexts
   std::atomic<std::uint64_t> nvml_used_bytes[kMaxDevices];  // what NVML says it holds (agent)
   // Part of committed_bytes served as host-resident managed memory (spilled);
   // the reaper subtracts a dead process's from DeviceState::spilled_bytes.
   std::atomic<std::uint64_t> spilled_bytes[kMaxDevices];
+  // --- lines 10-13: quota leases (ABI v3), one line per 4 devices, written
+  // by the owner's allocations and frees (one RMW each) and, rarely, by a
+  // thief or the reaper. word = claim tag (16 bits) | OWED | CLOSED | 46-bit
+  // amount: the spare part of committed_bytes (or, when OWED, bytes a thief
+  // took back into used_bytes that committed_bytes still holds). cap_bytes:
+  // the most spare a free may keep (set when a lease is taken, by headroom).
+  struct alignas(16) Lease {
+    std::atomic<std::uint64_t> word;
+    std::atomic<std::uint64_t> cap_bytes;
+  };
+  alignas(64) Lease lease[kMaxDevices];
 };
 static_assert(sizeof(Slot) % 64 == 0);
 

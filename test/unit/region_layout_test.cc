@@ -24,7 +24,7 @@ namespace {
 
 TEST(RegionLayout, Constants) {
   EXPECT_EQ(kRegionMagic, 0x45434c5353555047ull);
-  EXPECT_EQ(kRegionAbiVersion, 2u);
+  EXPECT_EQ(kRegionAbiVersion, 3u);
   EXPECT_EQ(kMaxDeparted, 64u);
   EXPECT_EQ(kMaxDevices, 16u);
   EXPECT_EQ(kMaxSlots, 1024u);
@@ -41,10 +41,10 @@ TEST(RegionLayout, Sizes) {
   EXPECT_EQ(sizeof(RegionHeader), 512u);
   EXPECT_EQ(sizeof(DeviceState), 512u);
   EXPECT_EQ(alignof(DeviceState), 64u);
-  EXPECT_EQ(sizeof(Slot), 640u);
+  EXPECT_EQ(sizeof(Slot), 896u);
   EXPECT_EQ(alignof(Slot), 64u);
   EXPECT_EQ(sizeof(DepartedProcess), 16u);
-  EXPECT_EQ(sizeof(Region), 665088u);
+  EXPECT_EQ(sizeof(Region), 927232u);
 }
 
 TEST(RegionLayout, Header) {
@@ -121,11 +121,16 @@ TEST(RegionLayout, Slot) {
   EXPECT_FIELD(Slot, reserved0, 28, 4);
   EXPECT_FIELD(Slot, reserved1, 32, 32);
   EXPECT_FIELD(Slot, seq, 64, 8);
-  EXPECT_FIELD(Slot, reserved2, 72, 56);
+  EXPECT_FIELD(Slot, claim_generation, 72, 4);
+  EXPECT_FIELD(Slot, reserved3, 76, 4);
+  EXPECT_FIELD(Slot, reserved2, 80, 48);
   EXPECT_FIELD(Slot, committed_bytes, 128, 128);
   EXPECT_FIELD(Slot, context_bytes, 256, 128);
   EXPECT_FIELD(Slot, nvml_used_bytes, 384, 128);
   EXPECT_FIELD(Slot, spilled_bytes, 512, 128);
+  EXPECT_FIELD(Slot, lease, 640, 256);
+  EXPECT_FIELD(Slot::Lease, word, 0, 8);
+  EXPECT_FIELD(Slot::Lease, cap_bytes, 8, 8);
 }
 
 TEST(RegionLayout, DepartedProcess) {
@@ -137,8 +142,8 @@ TEST(RegionLayout, DepartedProcess) {
 TEST(RegionLayout, Region) {
   EXPECT_FIELD(Region, header, 0, 512);
   EXPECT_FIELD(Region, devices, 512, 8192);
-  EXPECT_FIELD(Region, slots, 8704, 655360);
-  EXPECT_FIELD(Region, departed, 664064, 1024);
+  EXPECT_FIELD(Region, slots, 8704, 917504);
+  EXPECT_FIELD(Region, departed, 926208, 1024);
 }
 
 // ABI v2's reason to exist: words written on different paths never share a
@@ -156,29 +161,46 @@ TEST(RegionLayout, HotWordsHaveTheirOwnCacheLines) {
   EXPECT_NE(used, line(offsetof(DeviceState, quota_bytes)));
   EXPECT_NE(line(offsetof(Slot, seq)), line(offsetof(Slot, pid)));
   EXPECT_NE(line(offsetof(Slot, seq)), line(offsetof(Slot, host_pid)));
+  // ABI v3: a device's lease word and cap share one line of the slot's own,
+  // away from the seqlock bracket and the identity.
+  for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+    const std::size_t lease = offsetof(Slot, lease) + d * sizeof(Slot::Lease);
+    EXPECT_EQ(line(lease), line(lease + offsetof(Slot::Lease, cap_bytes)));
+    EXPECT_NE(line(lease), line(offsetof(Slot, seq)));
+    EXPECT_NE(line(lease), line(offsetof(Slot, pid)));
+  }
 }
 
-// A region written by the previous release (ABI v1) is refused by everybody
-// who maps regions through shm/ (the library, the agent, gpuslice-smi), with
-// one line naming the file and both versions.
-TEST(RegionLayout, VersionOneRegionIsRefusedNamingTheFileAndBothVersions) {
+// A region written by an earlier release (ABI v1 or v2) is refused by
+// everybody who maps regions through shm/ (the library, the agent,
+// gpuslice-smi), with one line naming the file and both versions.
+struct OldAbi {
+  std::uint32_t version, header_size;
+  std::uint64_t total_size;
+};
+
+class OldRegion : public ::testing::TestWithParam<OldAbi> {};
+
+TEST_P(OldRegion, IsRefusedNamingTheFileAndBothVersions) {
+  const OldAbi old = GetParam();
   char dir[] = "/tmp/gpuslice-layout-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/v1.region";
-  // v1's header: same magic and first words, abi_version 1, 248-byte header.
+  const std::string path = std::string(dir) + "/old.region";
+  // The old header: same magic and first words, its own version and sizes.
   std::vector<unsigned char> file(sizeof(Region), 0);
   RegionHeader h{};
   h.magic = kRegionMagic;
-  h.abi_version = 1;
-  h.header_size = 248;
-  h.total_size = 463104;
+  h.abi_version = old.version;
+  h.header_size = old.header_size;
+  h.total_size = old.total_size;
   h.max_devices = kMaxDevices;
   h.max_slots = kMaxSlots;
   std::memcpy(file.data(), &h, sizeof h);
   const int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(write(fd, file.data(), 463104), 463104);
+  ASSERT_EQ(write(fd, file.data(), old.total_size), static_cast<ssize_t>(old.total_size));
   close(fd);
+  const std::string found = "version " + std::to_string(old.version);
   for (bool writable : {false, true}) {
     shm::Error err{};
     Region* r = shm::attach_existing(path.c_str(), writable, &err);
@@ -186,15 +208,21 @@ TEST(RegionLayout, VersionOneRegionIsRefusedNamingTheFileAndBothVersions) {
     if (r != nullptr) shm::detach(r);
     const std::string message = err.message;
     EXPECT_NE(message.find(path), std::string::npos) << message;
-    EXPECT_NE(message.find("version 1"), std::string::npos) << message;
-    EXPECT_NE(message.find("expected version 2"), std::string::npos) << message;
+    EXPECT_NE(message.find(found), std::string::npos) << message;
+    EXPECT_NE(message.find("expected version 3"), std::string::npos) << message;
   }
   shm::Error err{};
   EXPECT_EQ(shm::attach(path.c_str(), "c", &err), nullptr);
-  EXPECT_NE(std::string(err.message).find("expected version 2"), std::string::npos) << err.message;
+  EXPECT_NE(std::string(err.message).find("expected version 3"), std::string::npos) << err.message;
   unlink(path.c_str());
   rmdir(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(RegionLayout, OldRegion,
+                         ::testing::Values(OldAbi{1, 248, 463104}, OldAbi{2, 512, 665088}),
+                         [](const ::testing::TestParamInfo<OldAbi>& info) {
+                           return "AbiV" + std::to_string(info.param.version);
+                         });
 
 // Every shared field is a lock-free atomic of a fixed width (or plain bytes
 // written before publication): no process can leave a lock held.

@@ -1,10 +1,12 @@
 #include "metrics.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
 #include "region_io.h"
+#include "limiter/lease.h"
 #include "shm/region_file.h"
 #include "view.h"
 
@@ -128,6 +130,7 @@ std::string render_metrics(const MetricsInput& in) {
         std::memcpy(v.uuid, d.uuid, sizeof v.uuid);
         v.quota_bytes = s.quota_bytes.load(std::memory_order_relaxed);
         v.used_bytes = s.used_bytes.load(std::memory_order_relaxed);
+        v.used_bytes -= std::min(v.used_bytes, limiter::spare_lease_bytes(r, d.index));  // leases are not used
         v.agent_extra_bytes = s.agent_extra_bytes.load(std::memory_order_relaxed);
         v.oom_refusals = s.oom_refusals.load(std::memory_order_relaxed);
         v.peak_used_bytes = s.peak_used_bytes.load(std::memory_order_relaxed);

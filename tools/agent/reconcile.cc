@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "log.h"
+#include "limiter/lease.h"
 #include "shm/region_file.h"
 #include "view.h"
 
@@ -260,7 +261,11 @@ bool Reconciler::write(TrackedRegion& t, std::uint64_t now_ns) const {
       if (st.nvml_known) {
         // used_bytes read now, after the NVML sample: anything NVML saw was
         // reserved before it was allocated, so it is already counted.
-        const std::uint64_t used = dev.used_bytes.load(std::memory_order_relaxed);
+        // Spare quota leases are counted but not allocated: they must not
+        // hide memory NVML sees beyond our count.
+        const std::uint64_t counted = dev.used_bytes.load(std::memory_order_relaxed);
+        const std::uint64_t spare = limiter::spare_lease_bytes(r, d.index);
+        const std::uint64_t used = counted > spare ? counted - spare : 0;
         const std::uint64_t extra = st.nvml_bytes > used ? st.nvml_bytes - used : 0;
         if (extra != d.agent_extra_bytes) dev.agent_extra_bytes.store(extra, std::memory_order_relaxed);
       }

@@ -1,9 +1,11 @@
 #include "view.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
 #include "region_io.h"
+#include "limiter/lease.h"
 #include "shm/region_file.h"
 
 using namespace std::string_literals;
@@ -54,7 +56,10 @@ void copy_slot(const Slot& s, int index, std::uint32_t state, SlotView* v) {
   v->start_time = s.start_time.load(std::memory_order_relaxed);
   v->host_pid = s.host_pid.load(std::memory_order_relaxed);
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-    v->committed_bytes[d] = s.committed_bytes[d].load(std::memory_order_relaxed);
+    const std::uint64_t committed = s.committed_bytes[d].load(std::memory_order_relaxed);
+    const std::uint64_t lease = s.lease[d].word.load(std::memory_order_relaxed);
+    const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease);
+    v->committed_bytes[d] = committed > not_used ? committed - not_used : 0;
     v->context_bytes[d] = s.context_bytes[d].load(std::memory_order_relaxed);
     v->nvml_used_bytes[d] = s.nvml_used_bytes[d].load(std::memory_order_relaxed);
   }
@@ -90,7 +95,10 @@ bool take_view(const Region* r, RegionView* out) {
     for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
       const DeviceState& d = r->devices[i];
       if (d.uuid_state.load(std::memory_order_acquire) != shm::kDevicePublished) continue;
-      copy_device(d, static_cast<int>(i), &out->devices[devices++]);
+      DeviceView& dv = out->devices[devices++];
+      copy_device(d, static_cast<int>(i), &dv);
+      // Spare quota leases are admitted, not allocated: not shown as used.
+      dv.used_bytes -= std::min(dv.used_bytes, limiter::spare_lease_bytes(r, static_cast<int>(i)));
     }
     for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
       const Slot& s = r->slots[i];

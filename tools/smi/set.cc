@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "limiter/lease.h"
 #include "limiter/options.h"
 #include "region_io.h"
 #include "shm/region_file.h"
@@ -55,7 +56,9 @@ void apply(Region* r, int index, const Values& v, Change* c) {
   c->old_quota = v.memory ? d.quota_bytes.exchange(v.quota) : d.quota_bytes.load();
   c->old_sm = v.sm ? d.sm_limit_pct.exchange(v.sm_limit) : d.sm_limit_pct.load();
   c->old_policy = v.policy ? d.sm_policy.exchange(static_cast<std::uint32_t>(v.sm_policy)) : d.sm_policy.load();
-  c->used = d.used_bytes.load() + d.agent_extra_bytes.load();
+  const std::uint64_t counted = d.used_bytes.load();
+  const std::uint64_t spare = limiter::spare_lease_bytes(r, index);  // admitted, not allocated
+  c->used = (counted > spare ? counted - spare : 0) + d.agent_extra_bytes.load();
 }
 
 void report(const Change& c, const Values& v, const std::string& path) {

@@ -1,0 +1,101 @@
+// Per-slot quota leases: the allocation fast path (docs/memory-accounting.md).
+//
+// A slot's committed_bytes[d] may include a spare lease: bytes already
+// admitted into DeviceState::used_bytes that no allocation uses yet. The
+// lease word Slot::lease[d].word holds that spare amount, tagged with the
+// slot's claim generation. An allocation that fits in the spare and a free
+// that keeps it under cap_bytes move bytes between "in use" and "spare" with
+// one CAS on the slot's own line: committed_bytes and used_bytes do not move,
+// so no seqlock bracket is needed and the reaper's snapshot is unaffected.
+// Everything else (taking a lease, returning one, stealing another slot's,
+// settling a theft) runs inside the bracket in memory_accounting.cc.
+//
+// Word: bits 63..48 claim tag, bit 47 OWED, bit 46 CLOSED, bits 45..0 amount.
+//   open   (tag, 0, 0, a): a bytes of spare.
+//   OWED   (tag, 1, 0, x): a thief took x spare bytes back into used_bytes;
+//          committed_bytes still holds them until the owner settles (its
+//          share of used_bytes is committed - x meanwhile).
+//   CLOSED (tag, 0, 1, 0): the exit release ran; no fast path any more.
+// The fast path accepts only the word of its own claim with no flag set.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "gpuslice/region.h"
+
+namespace gpuslice::limiter {
+
+inline constexpr std::uint64_t kLeaseAmountMask = (std::uint64_t{1} << 46) - 1;
+inline constexpr std::uint64_t kLeaseClosed = std::uint64_t{1} << 46;
+inline constexpr std::uint64_t kLeaseOwed = std::uint64_t{1} << 47;
+inline constexpr std::uint64_t kLeaseTagMask = ~kLeaseAmountMask;  // tag and flags
+inline constexpr int kLeaseTagShift = 48;
+// Largest lease taken at once, and the share of the remaining headroom a
+// lease may take (1/kLeaseHeadroomShare), so leases shrink to 0 at the quota.
+inline constexpr std::uint64_t kLeaseMaxBytes = std::uint64_t{32} << 20;
+inline constexpr std::uint64_t kLeaseHeadroomShare = 8;
+
+// The tag of a claim generation (what an open lease word of it carries).
+constexpr std::uint64_t lease_tag_of(std::uint32_t claim_generation) noexcept {
+  return static_cast<std::uint64_t>(claim_generation & 0xffffu) << kLeaseTagShift;
+}
+// The tag of the slot's current claim: only for the slot's owner, which read
+// it when it claimed the slot (a stale thread must use the value it cached).
+inline std::uint64_t lease_tag(const Region* r, int slot) noexcept {
+  return lease_tag_of(r->slots[slot].claim_generation.load(std::memory_order_acquire));
+}
+
+// Spare amount of a word, and what it owes (x for OWED words, else 0).
+constexpr std::uint64_t lease_amount(std::uint64_t word) noexcept { return word & kLeaseAmountMask; }
+constexpr std::uint64_t lease_owed(std::uint64_t word) noexcept {
+  return (word & kLeaseOwed) != 0 ? word & kLeaseAmountMask : 0;
+}
+constexpr std::uint64_t lease_spare(std::uint64_t word) noexcept {
+  return (word & (kLeaseOwed | kLeaseClosed)) != 0 ? 0 : word & kLeaseAmountMask;
+}
+
+// Allocation from the slot's spare lease: one CAS, or false (slow path).
+// Caller guarantees slot < kMaxSlots and dev < kMaxDevices.
+inline bool lease_alloc(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
+  std::atomic<std::uint64_t>& word = r->slots[slot].lease[dev].word;
+  std::uint64_t cur = word.load(std::memory_order_relaxed);
+  do {
+    if ((cur & kLeaseTagMask) != tag || lease_amount(cur) < bytes) return false;
+  } while (!word.compare_exchange_weak(cur, cur - bytes, std::memory_order_relaxed));
+  return true;
+}
+
+// A free kept as spare: one CAS, or false (slow path) when the spare would
+// exceed the lease cap or the bytes this slot holds (a release of bytes never
+// reserved then takes the clamped slow path).
+inline bool lease_free(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
+  Slot& s = r->slots[slot];
+  std::atomic<std::uint64_t>& word = s.lease[dev].word;
+  const std::uint64_t cap = s.lease[dev].cap_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t committed = s.committed_bytes[dev].load(std::memory_order_relaxed);
+  const std::uint64_t room = cap < committed ? cap : committed;
+  std::uint64_t cur = word.load(std::memory_order_relaxed);
+  do {
+    if ((cur & kLeaseTagMask) != tag || bytes > room || lease_amount(cur) > room - bytes) return false;
+  } while (!word.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+// The bytes of live slots' spare leases on `dev`: admitted, not allocated.
+// A racy sum, for display (cuMemGetInfo, NVML, smi, agent); enforcement
+// never depends on it.
+std::uint64_t spare_lease_bytes(const Region* r, int dev) noexcept;
+
+// Test hooks: the steps of a steal and of a settle, each able to stop where a
+// SIGKILL would (the bracket then stays open, as a dead process leaves it).
+// Not for production callers.
+namespace lease_steps {
+enum class Stop { none, after_bracket, after_mark, after_uncount, after_clear };
+// Thief `slot` takes `victim`'s spare on `dev` (returns the bytes taken).
+std::uint64_t steal(Region* r, int slot, int victim, int dev, Stop stop) noexcept;
+// Owner `slot` settles an OWED word on `dev` (returns the bytes settled).
+std::uint64_t settle(Region* r, int slot, int dev, Stop stop) noexcept;
+}  // namespace lease_steps
+
+}  // namespace gpuslice::limiter
