@@ -4,7 +4,6 @@
 #include <cuda.h>
 #include <pthread.h>
 #include <sched.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -21,12 +20,6 @@ namespace gpuslice::hook::launch {
 namespace {
 
 std::atomic<int> g_init_busy{0};
-
-std::uint64_t real_us() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
-}
 
 // --- caches refreshed by the feedback thread ---
 // Re-reads each mapped device's limit; true if any is limited.
@@ -162,7 +155,7 @@ void start_feedback() noexcept {
   host.entries = used_entries;
   host.warn = warn_feedback;
   host.mono_ns = mono_ns;
-  host.real_us = real_us;
+  host.real_us = shm::realtime_us;
   if (!limiter::ensure_feedback_thread(host))
     GPUSLICE_LOG(warn, "cannot start the compute feedback thread; limits hold on estimates alone and run-time "
                        "limit changes are not seen");

@@ -3,13 +3,13 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <new>
 
 #include "limiter/compute.h"
+#include "shm/clock.h"
 #include "shm/uuid.h"
 
 namespace gpuslice::limiter {
@@ -233,12 +233,6 @@ std::atomic<bool> g_in_tick{false};
 FeedbackHost g_host;
 alignas(FeedbackLoop) unsigned char g_loop_storage[sizeof(FeedbackLoop)];
 
-void sleep_ns(std::uint64_t ns) noexcept {
-  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
-  }
-}
-
 void* feedback_main(void* arg) noexcept {
   const auto self = static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(arg));
   auto* loop = new (g_loop_storage) FeedbackLoop(g_host, self);
@@ -246,7 +240,7 @@ void* feedback_main(void* arg) noexcept {
     g_in_tick.store(true, std::memory_order_seq_cst);
     if (!g_stopping.load(std::memory_order_seq_cst)) loop->tick();
     g_in_tick.store(false, std::memory_order_release);
-    sleep_ns(kFeedbackTickNs);
+    shm::sleep_ns(kFeedbackTickNs);
   }
   return nullptr;
 }
@@ -282,7 +276,7 @@ void stop_feedback_thread() noexcept {
   g_stopping.store(true, std::memory_order_seq_cst);
   // A tick in progress ends within a few NVML calls; never wait longer than
   // 100 ms on it (a stalled NVML must not hold the exit up).
-  for (int i = 0; i < 1000 && g_in_tick.load(std::memory_order_seq_cst); ++i) sleep_ns(100'000);
+  for (int i = 0; i < 1000 && g_in_tick.load(std::memory_order_seq_cst); ++i) shm::sleep_ns(100'000);
 }
 
 void record_departure(Region* r, std::uint32_t nvml_pid, std::uint32_t self, std::uint64_t now_ns) noexcept {

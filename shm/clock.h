@@ -15,6 +15,14 @@ inline std::uint64_t monotonic_ns() noexcept {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
+// NVML's clock: its utilisation samples are stamped in CPU (wall-clock)
+// microseconds.
+inline std::uint64_t realtime_us() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
+}
+
 inline void sleep_ns(std::uint64_t ns) noexcept {
   timespec ts{static_cast<time_t>(ns / 1'000'000'000ull), static_cast<long>(ns % 1'000'000'000ull)};
   while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {

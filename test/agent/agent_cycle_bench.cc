@@ -162,11 +162,13 @@ int main(int argc, char** argv) {
       const int slot = shm::claim_slot(region, id);
       limiter::charge(region, slot, dev, std::uint64_t{64} << 20);
       g.processes.push_back({id.pid, (std::uint64_t{64} << 20) + (std::uint64_t{300} << 20), true});
-      g.util_pct[id.pid] = 3;
+      g.util_busy_ns[id.pid] = 3'000'000;  // 3% of the window
     }
     shm::detach(region);
   }
+  g.util_window_ns = 100'000'000;
   g.device_util_pct = 100;
+  g.device_util_permille = 1000;
 
   std::printf("agent-cycle-bench: %d regions x %d processes (%zu real processes), %d cycles each\n", o.regions,
               o.procs, children.size(), o.cycles);

@@ -235,9 +235,10 @@ TEST(AgentPidNamespace, ProcessesOfAPidNamespaceAreMappedAttributedAndReaped) {
   uuid_bytes(0x50, g.uuid);
   g.uuid_text = agent::format_uuid(g.uuid);
   g.processes = {{registered.host_pid, 100 * kMi, true}, {unregistered.host_pid, 300 * kMi, true}};
-  g.util_pct = {{registered.host_pid, 20}, {unregistered.host_pid, 30}};
+  g.util_busy_ns = {{registered.host_pid, 20'000'000}, {unregistered.host_pid, 30'000'000}};
+  g.util_window_ns = 100'000'000;
   g.processes_known = g.util_known = g.device_util_known = true;
-  g.device_util_pct = 50;
+  g.device_util_permille = 500;
 
   auto cfg = config_for(box, false);
   agent::Agent a(cfg);

@@ -198,7 +198,8 @@ TEST(AgentRegions, HostileRegionContentsNeverCrashTheAgentOrSmi) {
   uuid_bytes(0x40, sample.devices[0].uuid);
   sample.devices[0].uuid_text = agent::format_uuid(sample.devices[0].uuid);
   sample.devices[0].processes = {{static_cast<std::uint32_t>(getpid()), 10 * kMi, true}, {1, 3 * kMi, true}};
-  sample.devices[0].util_pct = {{static_cast<std::uint32_t>(getpid()), 50}};
+  sample.devices[0].util_busy_ns = {{static_cast<std::uint32_t>(getpid()), 50'000'000}};
+  sample.devices[0].util_window_ns = 100'000'000;
   sample.devices[0].util_known = sample.devices[0].processes_known = sample.devices[0].device_util_known = true;
   const std::uint64_t ns = own_pidns();
   int smi_runs = 0;

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "gpuslice/nvml_abi.h"
+#include "limiter/compute_samples.h"
+#include "shm/clock.h"
 #include "log.h"
 #include "region_io.h"
 
@@ -34,10 +36,12 @@ struct Nvml::Device {
   nvmlDevice_t handle = nullptr;
   std::uint8_t uuid[16] = {};
   std::string uuid_text;
-  unsigned long long last_seen_us = 0;  // newest utilisation sample consumed
+  limiter::SampleClock util_clock;  // windows measured so far (last_seen_us 0: no baseline yet)
   std::vector<nvmlProcessInfo_t> process_buf;
   std::vector<nvmlProcessUtilizationSample_t> util_buf;
   bool util_unsupported = false;
+  bool util_known_once = false;           // a window was measured: device_util_permille holds its share
+  std::uint32_t device_util_permille = 0;  // the latest window's (kept between windows, for the metrics)
   bool rates_unsupported = false;
 };
 
@@ -174,47 +178,68 @@ void Nvml::sample_processes(Device& dev, GpuDevice* out) {
   }
 }
 
+namespace {
+
+void add_busy(void* map, std::uint32_t pid, std::uint64_t busy_ns) noexcept {
+  auto& busy = *static_cast<std::unordered_map<std::uint32_t, std::uint64_t>*>(map);
+  busy[pid] += busy_ns;  // std::bad_alloc would end the agent, as anywhere else in it
+}
+
+}  // namespace
+
+// NVML's per-process samples reduced exactly as the library's feedback owner
+// reduces them (limiter/compute_samples.h): windows close on NVML's own
+// sample stamps, each sample weighs its period. The library reads the
+// agent's shares over the windows between util_updated_ns, so the window's
+// end is handed on in CLOCK_MONOTONIC.
 void Nvml::sample_utilisation(Device& dev, GpuDevice* out) {
   out->util_sampled_ns = 0;
-  out->util_pct.clear();
+  out->util_busy_ns.clear();
+  out->util_window_ns = 0;
   out->util_known = false;
   out->device_util_known = false;
   if (api_->process_util != nullptr && !dev.util_unsupported) {
+    // The first window: the last second of NVML's samples (the library
+    // starts from "now" instead: it has no cycle to report at once), so a
+    // device's utilisation is known from the agent's first cycle.
+    if (dev.util_clock.last_seen_us == 0)
+      limiter::samples_begin(dev.util_clock, shm::realtime_us() - limiter::kNoSampleIdleUs);
     // One call in the steady state: the buffer only grows when NVML says so.
     if (dev.util_buf.empty()) dev.util_buf.resize(64);
     unsigned int count = 0;
     nvmlReturn_t rc = NVML_ERROR_UNKNOWN;
+    std::uint64_t asked_us = 0, asked_ns = 0;
     for (int attempt = 0; attempt < 3; ++attempt) {
       count = static_cast<unsigned int>(dev.util_buf.size());
-      out->util_sampled_ns = monotonic_ns();
-      rc = api_->process_util(dev.handle, dev.util_buf.data(), &count, dev.last_seen_us);
+      asked_ns = monotonic_ns();
+      asked_us = shm::realtime_us();
+      rc = api_->process_util(dev.handle, dev.util_buf.data(), &count, dev.util_clock.last_seen_us);
       if (rc != NVML_ERROR_INSUFFICIENT_SIZE) break;
       dev.util_buf.resize(std::max<std::size_t>(count + 16, dev.util_buf.size() * 2));
     }
     if (rc == NVML_SUCCESS || rc == NVML_ERROR_NOT_FOUND) {
-      // NOT_FOUND: no sample newer than last_seen (nothing ran).
-      if (rc == NVML_ERROR_NOT_FOUND) count = 0;
-      count = std::min<unsigned int>(count, static_cast<unsigned int>(dev.util_buf.size()));
-      // NVML may hold several samples per process since last_seen: average them.
-      std::unordered_map<std::uint32_t, std::pair<std::uint64_t, std::uint32_t>> sums;
-      unsigned long long newest = dev.last_seen_us;
-      for (unsigned int k = 0; k < count; ++k) {
-        const nvmlProcessUtilizationSample_t& s = dev.util_buf[k];
-        auto& [sum, n] = sums[s.pid];
-        sum += std::min(s.smUtil, 100u);
-        ++n;
-        newest = std::max(newest, s.timeStamp);
+      count = rc == NVML_SUCCESS ? std::min<unsigned int>(count, static_cast<unsigned int>(dev.util_buf.size())) : 0;
+      std::uint64_t window_ns = 0;
+      if (limiter::samples_window(dev.util_clock, rc, dev.util_buf.data(), count, asked_us, add_busy,
+                                  &out->util_busy_ns, &window_ns) &&
+          window_ns != 0) {
+        std::uint64_t all_ns = 0;
+        for (const auto& [pid, busy] : out->util_busy_ns) all_ns += busy;
+        out->util_window_ns = window_ns;
+        out->util_known = true;
+        dev.device_util_permille = limiter::share_permille(all_ns, window_ns);
+        dev.util_known_once = true;
+        // The window ends at a sample's stamp (CPU us), usually before the
+        // call: the same instant on the monotonic clock.
+        const std::uint64_t end_us = dev.util_clock.last_seen_us;
+        const std::uint64_t behind_ns = asked_us > end_us ? (asked_us - end_us) * 1000 : 0;
+        out->util_sampled_ns = asked_ns > behind_ns ? asked_ns - behind_ns : asked_ns;
       }
-      dev.last_seen_us = newest;
-      std::uint64_t device_sum = 0;
-      for (const auto& [pid, acc] : sums) {
-        const auto pct = static_cast<std::uint32_t>((acc.first + acc.second / 2) / acc.second);
-        out->util_pct[pid] = pct;
-        device_sum += pct;
+      if (dev.util_known_once) {
+        out->device_util_permille = dev.device_util_permille;
+        out->device_util_pct = dev.device_util_permille / 10;
+        out->device_util_known = true;
       }
-      out->util_known = true;
-      out->device_util_pct = static_cast<std::uint32_t>(std::min<std::uint64_t>(device_sum, 100));
-      out->device_util_known = true;
     } else if (rc == NVML_ERROR_NOT_SUPPORTED) {
       dev.util_unsupported = true;
       log(LogLevel::warn, "%s: per-process utilisation not supported; no utilisation feedback on this device",
@@ -231,6 +256,7 @@ void Nvml::sample_utilisation(Device& dev, GpuDevice* out) {
     const nvmlReturn_t rc = api_->util_rates(dev.handle, &u);
     if (rc == NVML_SUCCESS) {
       out->device_util_pct = std::min(u.gpu, 100u);
+      out->device_util_permille = out->device_util_pct * 10;
       out->device_util_known = true;
     } else if (rc == NVML_ERROR_NOT_SUPPORTED) {
       dev.rates_unsupported = true;

@@ -21,14 +21,24 @@ struct GpuDevice {
   std::uint8_t uuid[16] = {};
   std::string uuid_text;
   std::vector<GpuProcess> processes;
-  // host pid -> SM utilisation (percent) averaged over the samples since the
-  // previous call; pids without a sample ran no kernel.
-  std::unordered_map<std::uint32_t, std::uint32_t> util_pct;
-  bool util_known = false;             // per-process utilisation is supported and was read
-  std::uint32_t device_util_pct = 0;   // the whole device
+  // host pid -> device time (ns) its kernels used in the window NVML's
+  // samples closed this cycle, reduced as the library reduces them
+  // (limiter::samples_window); pids without a sample ran no kernel. A
+  // container's share is limiter::share_permille(sum, util_window_ns).
+  std::unordered_map<std::uint32_t, std::uint64_t> util_busy_ns;
+  std::uint64_t util_window_ns = 0;
+  bool util_known = false;             // a window closed this cycle (util_busy_ns, util_window_ns are valid)
+  std::uint32_t device_util_permille = 0;  // the whole device (limiter::share_permille)
+  std::uint32_t device_util_pct = 0;       // the same, in whole percents (metrics)
   bool device_util_known = false;
-  std::uint64_t util_sampled_ns = 0;   // CLOCK_MONOTONIC when NVML was asked (the window's end); 0 = unknown
+  std::uint64_t util_sampled_ns = 0;   // CLOCK_MONOTONIC at the window's end; 0 = unknown
   bool processes_known = false;
+
+  // The device time of one host pid in the window (0 without a sample).
+  std::uint64_t busy_ns_of(std::uint32_t host_pid) const {
+    auto it = util_busy_ns.find(host_pid);
+    return it != util_busy_ns.end() ? it->second : 0;
+  }
 };
 
 struct GpuSample {

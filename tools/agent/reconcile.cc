@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "limiter/compute_samples.h"
 #include "log.h"
 #include "limiter/lease.h"
 #include "shm/region_file.h"
@@ -121,7 +122,9 @@ void Reconciler::compute(const std::vector<TrackedRegion*>& regions) {
   for (TrackedRegion* t : regions) {
     for (const DeviceSample& d : t->sample.devices) {
       DeviceStats& st = t->sample.stats[d.index];
-      st.util_permille = std::min<std::uint64_t>(st.util_permille, 1000);
+      // The library's rounding rule (its own NVML source publishes alike).
+      if (gpu_ != nullptr && d.gpu >= 0)
+        st.util_permille = limiter::share_permille(st.util_busy_ns, gpu_->devices[d.gpu].util_window_ns);
     }
   }
   // Forget reports whose condition was not confirmed this cycle.
@@ -146,7 +149,7 @@ void Reconciler::compute_region(TrackedRegion& t) {
     for (SlotSample& s : rs.slots) {
       if (s.res.fate != Fate::alive || s.res.host_pid == 0) continue;
       if (g.util_known) {
-        if (auto u = g.util_pct.find(s.res.host_pid); u != g.util_pct.end()) st.util_permille += u->second * 10ull;
+        st.util_busy_ns += g.busy_ns_of(s.res.host_pid);
       }
       auto p = procs.find(s.res.host_pid);
       if (p == procs.end() || !p->second.used_known) continue;
@@ -202,7 +205,7 @@ void Reconciler::attribute_unregistered(const std::unordered_map<std::uint64_t, 
         st.nvml_bytes += used;
         ++st.unregistered;
         if (gpu.util_known) {
-          if (auto u = gpu.util_pct.find(host_pid); u != gpu.util_pct.end()) st.util_permille += u->second * 10ull;
+          st.util_busy_ns += gpu.busy_ns_of(host_pid);
         }
       }
       const std::string key = "unregistered:"s + t.rel + ":" + std::to_string(host_pid) + ":" +
@@ -272,8 +275,7 @@ bool Reconciler::write(TrackedRegion& t, std::uint64_t now_ns) const {
       if (g.util_known) {
         dev.util_permille.store(st.util_permille, std::memory_order_relaxed);
         if (g.device_util_known) {
-          dev.device_util_permille.store(std::min<std::uint64_t>(g.device_util_pct * 10ull, 1000),
-                                         std::memory_order_relaxed);
+          dev.device_util_permille.store(g.device_util_permille, std::memory_order_relaxed);
         }
         // The end of NVML's window, not the start of our cycle: the limiter
         // and the tests line the samples up with the device timeline.

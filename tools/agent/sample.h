@@ -36,6 +36,7 @@ struct DeviceStats {
   bool nvml_known = false;
   std::uint32_t suspected = 0;       // registered processes holding more than they accounted for
   std::uint32_t unregistered = 0;    // processes of the container's pid namespace outside gpuslice
+  std::uint64_t util_busy_ns = 0;    // its processes' device time in NVML's window (GpuDevice::util_window_ns)
   std::uint64_t util_permille = 0;
 };
 
