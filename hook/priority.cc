@@ -57,6 +57,7 @@ struct alignas(64) PrioDevice {
   std::atomic<std::uint64_t> published_until{0};
   std::atomic<std::uint64_t> horizon{0};     // when our queued work should be done (ring_lock writes)
   std::atomic<int> lower_present{0};         // a lower-priority neighbour is present
+  std::atomic<int> tight{0};                 // a higher neighbour launched recently: the tight bound
   std::atomic<DeviceState*> state{nullptr};  // the container's entry (its SM limit)
   // Board state (board_lock).
   std::atomic<std::uint32_t> board_lock{0};
@@ -77,6 +78,7 @@ struct alignas(64) PrioDevice {
   std::uint64_t last_launch_ns = 0;
   CUstream last_stream = nullptr;
   bool last_queued = false;  // the previous launch was queued behind earlier work
+  std::uint64_t backlog = 0;  // when the lower neighbours' work queued ahead of this burst should be done
 };
 PrioDevice g_prio[kMaxDevices];
 
@@ -132,9 +134,14 @@ void resolve(T* out, const char* name) noexcept {
 }
 
 void after_fork_in_child() noexcept {
-  // CUDA does not survive fork(): the child's markers are gone. The board
-  // files stay open (they are the same container's and neighbours' files).
+  // CUDA does not survive fork(): the child's markers are gone. The
+  // neighbours' files stay open; its own is reopened at its next publication,
+  // so that it takes its own liveness lock (the parent's lives on the shared
+  // open file description, and names the parent's pid).
   for (PrioDevice& p : g_prio) {
+    if (p.own_fd >= 0) close(p.own_fd);
+    p.own_fd = -1;
+    p.published_until.store(0, std::memory_order_relaxed);
     p.ring_lock.store(0, std::memory_order_relaxed);
     p.board_lock.store(0, std::memory_order_relaxed);
     p.head = p.tail = 0;
@@ -143,6 +150,7 @@ void after_fork_in_child() noexcept {
     p.last_launch_ns = 0;
     p.last_stream = nullptr;
     p.last_queued = false;
+    p.backlog = 0;
     p.horizon.store(0, std::memory_order_relaxed);
   }
 }
@@ -230,7 +238,11 @@ Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged)
     PriorityActivity rec;
     if (!shm::read_activity(p.peers[i].fd, &rec)) continue;
     // The level is the directory's, never what the file says about itself.
-    samples[n++] = limiter::PeerSample{p.peers[i].level, rec.active_until_ns, rec.last_launch_ns};
+    limiter::PeerSample& sample = samples[n++];
+    sample = limiter::PeerSample{p.peers[i].level, rec.active_until_ns, rec.last_launch_ns};
+    // Only a word that could hold us is worth a syscall: was its writer killed?
+    if (rec.active_until_ns > now && static_cast<std::uint32_t>(sample.level) > static_cast<std::uint32_t>(self))
+      sample.writer_alive = shm::writer_alive(p.peers[i].fd, rec);
   }
   *engaged = self != Priority::normal || limiter::engaged(self, samples, n, now);
   bool lower = false;
@@ -238,6 +250,7 @@ Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged)
     lower = lower || (static_cast<std::uint32_t>(samples[i].level) < static_cast<std::uint32_t>(self) &&
                       limiter::peer_present(samples[i], now));
   p.lower_present.store(lower ? 1 : 0, std::memory_order_relaxed);
+  p.tight.store(limiter::higher_recent(self, samples, n, now) ? 1 : 0, std::memory_order_relaxed);
   const Verdict v = limiter::judge(self, samples, n, now);
   p.verdict.store(static_cast<int>(v), std::memory_order_relaxed);
   p.checked_ns.store(now, std::memory_order_relaxed);
@@ -261,7 +274,7 @@ void publish(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
     if (last != 0 && now >= last && now - last < limiter::kPresenceRefreshNs) return;
     lock(p.board_lock);
     ensure_own_file(p, self, true);
-    if (p.own_fd >= 0 && shm::write_activity(p.own_fd, 0, now)) p.published_until.store(now, std::memory_order_relaxed);
+    if (p.own_fd >= 0 && shm::write_activity(p.own_fd, self, 0, now)) p.published_until.store(now, std::memory_order_relaxed);
     unlock(p.board_lock);
     return;
   }
@@ -270,7 +283,7 @@ void publish(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
   if (until == 0) return;
   lock(p.board_lock);
   ensure_own_file(p, self, true);
-  if (p.own_fd >= 0 && shm::write_activity(p.own_fd, until, now))
+  if (p.own_fd >= 0 && shm::write_activity(p.own_fd, self, until, now))
     p.published_until.store(until, std::memory_order_relaxed);
   unlock(p.board_lock);
 }
@@ -308,22 +321,19 @@ bool retire_head(PrioDevice& p, bool wait) noexcept {
 }
 
 // Records a marker in front of this launch (it completes when everything
-// queued before on the stream has run), learns launch costs from completed
-// markers, and when `bound`, waits with the driver's blocking synchronisation
-// until at most bound_launches() - 1 markers are pending: then at most that
-// many launches of ours are queued on the device. Extends the horizon (when
-// our queued work should be done) by this launch's expected device time.
-void marker_step(PrioDevice& p, CUstream s, bool ptsz, bool bound) noexcept {
-  if (!g_events.usable()) return;
+// queued before on the stream has run) and learns launch costs from completed
+// markers. False when no marker could be recorded.
+bool record_marker(PrioDevice& p, CUstream s, bool ptsz) noexcept {
+  if (!g_events.usable()) return false;
   const CUstream stream = target_stream(s, ptsz);
   lock(p.ring_lock);
   if (capturing(stream)) {  // the launch does not run; a record would become a graph node
     unlock(p.ring_lock);
-    return;
+    return false;
   }
   while (p.head != p.tail && retire_head(p, false)) {
   }
-  std::uint64_t now = mono_ns();
+  const std::uint64_t now = mono_ns();
   if (p.tail - p.head < kRing - 1) {
     Marker& m = p.ring[p.tail % kRing];
     if (m.event == nullptr && g_events.create(&m.event, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS) m.event = nullptr;
@@ -342,16 +352,92 @@ void marker_step(PrioDevice& p, CUstream s, bool ptsz, bool bound) noexcept {
       p.last_queued = false;
     }
   }
-  if (bound) {
-    const unsigned limit = limiter::bound_launches(p.estimate);
-    while (p.tail - p.head > limit - 1) retire_head(p, true);
-    now = mono_ns();
-  }
-  p.horizon.store(limiter::extend_horizon(p.horizon.load(std::memory_order_relaxed), now, p.estimate.avg_ns),
-                  std::memory_order_relaxed);
-  p.last_launch_ns = now;
   p.last_stream = stream;
   unlock(p.ring_lock);
+  return true;
+}
+
+// Waits with the driver's blocking synchronisation (no polling: the thread
+// wakes when the marker completes) until at most bound_launches() - 1 markers
+// are pending: then at most that many launches of ours are queued on the
+// device. True when it had to wait.
+bool bound_wait(PrioDevice& p, bool tight) noexcept {
+  if (!g_events.usable()) return false;
+  lock(p.ring_lock);
+  const unsigned limit = limiter::bound_launches(p.estimate, tight);
+  bool waited = false;
+  while (p.tail - p.head > limit - 1) {
+    waited = true;
+    retire_head(p, true);
+  }
+  unlock(p.ring_lock);
+  return waited;
+}
+
+// When the lower neighbours' queued work should be done (their own
+// publications), read now: a burst that starts queues behind it.
+std::uint64_t read_lower_backlog(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
+  limiter::PeerSample samples[kMaxPeers];
+  std::size_t n = 0;
+  lock(p.board_lock);
+  for (int i = 0; i < p.peer_count; ++i) {
+    if (static_cast<std::uint32_t>(p.peers[i].level) >= static_cast<std::uint32_t>(self)) continue;
+    PriorityActivity rec;
+    if (shm::read_activity(p.peers[i].fd, &rec))
+      samples[n++] = limiter::PeerSample{p.peers[i].level, rec.active_until_ns, rec.last_launch_ns};
+  }
+  unlock(p.board_lock);
+  return limiter::lower_backlog(self, samples, n, now);
+}
+
+// This launch goes now: extends the horizon (when our queued work should be
+// done) by its expected device time. A launch that starts a burst (nothing of
+// ours queued) queues behind what lower neighbours have queued.
+void note_launch(PrioDevice& p, Priority self, bool marked) noexcept {
+  std::uint64_t now = mono_ns();
+  std::uint64_t backlog = 0;
+  if (p.lower_present.load(std::memory_order_relaxed) != 0 && p.horizon.load(std::memory_order_relaxed) <= now)
+    backlog = read_lower_backlog(p, self, now);
+  lock(p.ring_lock);
+  now = mono_ns();
+  if (backlog != 0) p.backlog = backlog;
+  std::uint64_t horizon = p.horizon.load(std::memory_order_relaxed);
+  if (backlog > horizon) horizon = backlog;
+  backlog = p.backlog;  // the burst's, read at its first launch
+  horizon = limiter::extend_horizon(horizon, now, p.estimate.avg_ns);
+  // The estimate must not drift ahead of the queue: with k markers pending,
+  // at most k + 1 of our launches (this one included) are unfinished, queued
+  // behind the lower neighbours' backlog at most.
+  if (marked) {
+    const std::uint64_t most =
+        (backlog > now ? backlog : now) + static_cast<std::uint64_t>(p.tail - p.head + 1) * p.estimate.avg_ns;
+    if (horizon > most) horizon = most;
+  }
+  p.horizon.store(horizon, std::memory_order_relaxed);
+  p.last_launch_ns = now;
+  unlock(p.ring_lock);
+}
+
+// Sleeps in kHoldPollNs steps while a higher neighbour is active; accounts
+// the time. Returns the verdict that let it go.
+Verdict hold(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
+  Region* r = g_process.region;
+  const std::uint64_t began = now;
+  Verdict v = Verdict::held;
+  while (v == Verdict::held) {
+    r->header.priority_held_until_ns.store(now + 2 * limiter::kHoldPollNs, std::memory_order_relaxed);
+    sleep_ns(limiter::kHoldPollNs);
+    now = mono_ns();
+    v = recheck(p, self, now);
+  }
+  const std::uint64_t held = now - began;
+  r->header.priority_held_ns.fetch_add(held, std::memory_order_relaxed);
+  lock(p.board_lock);
+  p.held_ns += held;
+  ++p.holds;
+  if (p.own_fd >= 0) shm::write_held(p.own_fd, p.held_ns, p.holds);
+  unlock(p.board_lock);
+  return v;
 }
 
 [[gnu::noinline, gnu::cold]] void admit_slow(PrioDevice& p, CUstream s, bool ptsz) noexcept {
@@ -365,27 +451,20 @@ void marker_step(PrioDevice& p, CUstream s, bool ptsz, bool bound) noexcept {
   const std::uint64_t every = self == Priority::high ? limiter::kRescanNs : limiter::kRecheckNs;
   if (now - p.checked_ns.load(std::memory_order_relaxed) >= every) v = recheck(p, self, now);
   if (self == Priority::high) v = Verdict::free;
-  if (v == Verdict::held) {
-    Region* r = g_process.region;
-    const std::uint64_t began = now;
-    while (v == Verdict::held) {
-      r->header.priority_held_until_ns.store(now + 2 * limiter::kHoldPollNs, std::memory_order_relaxed);
-      sleep_ns(limiter::kHoldPollNs);
-      now = mono_ns();
-      v = recheck(p, self, now);
-    }
-    const std::uint64_t held = now - began;
-    r->header.priority_held_ns.fetch_add(held, std::memory_order_relaxed);
-    lock(p.board_lock);
-    p.held_ns += held;
-    ++p.holds;
-    if (p.own_fd >= 0) shm::write_held(p.own_fd, p.held_ns, p.holds);
-    unlock(p.board_lock);
-  }
+  if (v == Verdict::held) v = hold(p, self, now);
   // Markers while somebody cares: a higher neighbour (our queue must stay
   // short) or a lower one (our activity must cover our queued work).
-  if (v != Verdict::free || p.lower_present.load(std::memory_order_relaxed) != 0)
-    marker_step(p, s, ptsz, v != Verdict::free);
+  if (v != Verdict::free || p.lower_present.load(std::memory_order_relaxed) != 0) {
+    const bool marked = record_marker(p, s, ptsz);
+    // A bound wait lasts up to one of our launches: a higher neighbour may
+    // have become active meanwhile, and this launch must not slip in front of
+    // its burst. Look again after a wait (the held loop drains our queue).
+    if (marked && v != Verdict::free && bound_wait(p, p.tight.load(std::memory_order_relaxed) != 0)) {
+      now = mono_ns();
+      if (recheck(p, self, now) == Verdict::held) hold(p, self, now);
+    }
+    note_launch(p, self, marked);
+  }
   publish(p, self, mono_ns());
 }
 

@@ -64,7 +64,7 @@ std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t h
 bool peer_active(const PeerSample& p, std::uint64_t now_ns) noexcept {
   // A word far in the future is not believed: no file can hold others for
   // longer than kMaxAheadNs past its writer's last store.
-  return p.active_until_ns > now_ns && p.active_until_ns - now_ns <= kMaxAheadNs;
+  return p.writer_alive && p.active_until_ns > now_ns && p.active_until_ns - now_ns <= kMaxAheadNs;
 }
 
 bool peer_present(const PeerSample& p, std::uint64_t now_ns) noexcept {
@@ -91,6 +91,29 @@ bool engaged(gpuslice::Priority self, const PeerSample* peers, std::size_t count
   return false;
 }
 
+std::uint64_t lower_backlog(gpuslice::Priority self, const PeerSample* peers, std::size_t count,
+                            std::uint64_t now_ns) noexcept {
+  std::uint64_t until = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const PeerSample& p = peers[i];
+    if (static_cast<std::uint32_t>(p.level) >= static_cast<std::uint32_t>(self) || !peer_active(p, now_ns)) continue;
+    const std::uint64_t done = p.active_until_ns > kLingerNs ? p.active_until_ns - kLingerNs : 0;
+    if (done > now_ns && done > until) until = done;
+  }
+  return until;
+}
+
+bool higher_recent(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept {
+  for (std::size_t i = 0; i < count; ++i) {
+    const PeerSample& p = peers[i];
+    if (static_cast<std::uint32_t>(p.level) <= static_cast<std::uint32_t>(self)) continue;
+    if (peer_active(p, now_ns)) return true;
+    if (p.last_launch_ns == 0 || p.last_launch_ns > now_ns + kMaxAheadNs) continue;  // not believed
+    if (p.last_launch_ns > now_ns || now_ns - p.last_launch_ns < kRecentNs) return true;
+  }
+  return false;
+}
+
 void observe_launch(InflightEstimate& e, std::uint64_t duration_ns) noexcept {
   if (duration_ns == 0) return;
   if (e.avg_ns == 0) {
@@ -104,10 +127,11 @@ void observe_launch(InflightEstimate& e, std::uint64_t duration_ns) noexcept {
   e.avg_ns = (3 * e.avg_ns + duration_ns) / 4;
 }
 
-std::uint32_t bound_launches(const InflightEstimate& e) noexcept {
-  if (e.avg_ns == 0) return kMinBoundLaunches;
-  const std::uint64_t n = kBoundWorkNs / e.avg_ns;
-  if (n < kMinBoundLaunches) return kMinBoundLaunches;
+std::uint32_t bound_launches(const InflightEstimate& e, bool tight) noexcept {
+  const std::uint32_t least = tight ? kTightMinBoundLaunches : kMinBoundLaunches;
+  if (e.avg_ns == 0) return least;
+  const std::uint64_t n = (tight ? kTightBoundWorkNs : kBoundWorkNs) / e.avg_ns;
+  if (n < least) return least;
   if (n > kMaxBoundLaunches) return kMaxBoundLaunches;
   return static_cast<std::uint32_t>(n);
 }

@@ -26,9 +26,11 @@ namespace gpuslice::limiter {
 // --- tunables (docs/priority.md explains each) ---
 // A container stays active this long after its queued work is expected to
 // have run (or after its latest launch, before any measurement): covers the
-// lower tenants' bounded work queued ahead of it (not in its own estimate),
-// the estimate's error and the gap between a synchronize and the next launch.
-inline constexpr std::uint64_t kLingerNs = 3'000'000;
+// estimate's error (jitter, a lower tenant's publication lagging by up to
+// kPublishSlackNs) and the gap between a synchronize and the next launch. The
+// lower tenants' bounded work queued ahead of a burst is not in the linger: it
+// is in the horizon, read from their own publications (lower_backlog).
+inline constexpr std::uint64_t kLingerNs = 1'500'000;
 // A container with an SM limit on the device has its share; it holds nobody
 // (lower containers get the remainder) and only publishes its presence, this
 // often, so that they stay bounded next to it.
@@ -53,13 +55,21 @@ inline constexpr std::uint64_t kRecheckNs = 200'000;
 // Board directories are rescanned for new files this often.
 inline constexpr std::uint64_t kRescanNs = 100'000'000;
 // In-flight bound of a lower-priority container next to a present
-// higher-priority one: about this much device time...
+// higher-priority one that has not launched for kRecentNs: about this much
+// device time...
 inline constexpr std::uint64_t kBoundWorkNs = 1'000'000;
 // ... as a number of launches, between these (before any measurement: the
 // minimum). Two, not one: with a single launch in flight the device idles
-// while the process wakes up from its wait and launches the next (measured on
-// the simulator: a quarter of the device lost with 1 ms kernels).
+// while the process wakes up from its wait and launches the next.
 inline constexpr std::uint32_t kMinBoundLaunches = 2;
+// While a higher neighbour launched within kRecentNs (it is bursting, its next
+// burst is likely soon) the bound is TIGHT: about kTightBoundWorkNs, at least
+// one launch. Each burst of the higher one waits behind at most that (or one
+// of our launches, when a single one is longer), which costs us the wake-up gap
+// between our launches (measured on the simulator: docs/priority.md).
+inline constexpr std::uint64_t kTightBoundWorkNs = 500'000;
+inline constexpr std::uint32_t kTightMinBoundLaunches = 1;
+inline constexpr std::uint64_t kRecentNs = 100'000'000;
 inline constexpr std::uint32_t kMaxBoundLaunches = 16;
 
 // "high" | "normal" | "low" (any case). False for anything else.
@@ -85,6 +95,10 @@ struct PeerSample {
   gpuslice::Priority level;                 // from the board directory the file is in
   std::uint64_t active_until_ns;  // as read
   std::uint64_t last_launch_ns;   // as read
+  // False when the process that wrote active_until_ns is known to be gone
+  // (its liveness lock is free, shm/priority_board.h): it holds nobody any
+  // more. Only ever narrows "active": a reader that cannot tell keeps true.
+  bool writer_alive = true;
 };
 
 enum class Verdict : int { free = 0, bounded = 1, held = 2 };
@@ -97,6 +111,14 @@ Verdict judge(gpuslice::Priority self, const PeerSample* peers, std::size_t coun
 // with these neighbours: any neighbour of another level present (a lower one
 // must see our activity, a higher one may hold us).
 bool engaged(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
+// When the work that neighbours of lower priority than `self` have queued
+// should be done (their active_until less the linger), or 0 when none is
+// active: a launch of `self` starting a burst queues behind it.
+std::uint64_t lower_backlog(gpuslice::Priority self, const PeerSample* peers, std::size_t count,
+                            std::uint64_t now_ns) noexcept;
+// Whether a neighbour of higher priority than `self` launched within kRecentNs
+// (then the in-flight bound is the tight one).
+bool higher_recent(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;
 
 // --- in-flight bound ---
 // Device time per launch of this process, measured between event markers
@@ -106,7 +128,8 @@ struct InflightEstimate {
 };
 // One launch took duration_ns of device time (queued behind the previous).
 void observe_launch(InflightEstimate& e, std::uint64_t duration_ns) noexcept;
-// Launches the process may keep in flight while bounded.
-std::uint32_t bound_launches(const InflightEstimate& e) noexcept;
+// Launches the process may keep in flight while bounded: the relaxed bound,
+// or (`tight`) the one next to a recently active higher neighbour.
+std::uint32_t bound_launches(const InflightEstimate& e, bool tight = false) noexcept;
 
 }  // namespace gpuslice::limiter

@@ -112,6 +112,9 @@ int open_own_activity(const char* board, Priority level, const char* name, const
     fail(err, dir, "the activity file is not a regular file", 0);
     return -1;
   }
+  // Before our pid goes into the file: readers must never see it unlocked
+  // while we live.
+  hold_liveness(fd);
   PriorityActivity rec;
   if (static_cast<std::size_t>(st.st_size) < sizeof rec || !read_activity(fd, &rec)) {
     // New (or garbage): a complete record in one write. Two processes of the
@@ -133,9 +136,42 @@ int open_own_activity(const char* board, Priority level, const char* name, const
   return fd;
 }
 
-bool write_activity(int fd, std::uint64_t active_until_ns, std::uint64_t last_launch_ns) noexcept {
-  const std::uint64_t words[2] = {active_until_ns, last_launch_ns};
-  return write_all(fd, words, sizeof words, offsetof(PriorityActivity, active_until_ns));
+bool hold_liveness(int fd) noexcept {
+  struct flock fl;
+  std::memset(&fl, 0, sizeof fl);
+  fl.l_type = F_RDLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = static_cast<off_t>(kPriorityLivenessBase + static_cast<std::uint64_t>(getpid()));
+  fl.l_len = 1;
+  int rc;
+  do {
+    rc = fcntl(fd, F_OFD_SETLK, &fl);
+  } while (rc != 0 && errno == EINTR);
+  return rc == 0;
+}
+
+bool write_activity(int fd, Priority level, std::uint64_t active_until_ns, std::uint64_t last_launch_ns) noexcept {
+  // One pwrite from `level` to `last_launch_ns`: a reader sees the writer and
+  // its word together (a process killed mid-way cannot pair its pid with
+  // another process's word).
+  struct {
+    std::uint32_t level, writer_pid;
+    std::uint64_t active_until_ns, last_launch_ns;
+  } words{static_cast<std::uint32_t>(level), static_cast<std::uint32_t>(getpid()), active_until_ns, last_launch_ns};
+  static_assert(sizeof words == 24 && offsetof(PriorityActivity, last_launch_ns) - offsetof(PriorityActivity, level) == 16);
+  return write_all(fd, &words, sizeof words, offsetof(PriorityActivity, level));
+}
+
+bool writer_alive(int fd, const PriorityActivity& rec) noexcept {
+  if (rec.writer_pid == 0) return true;
+  struct flock fl;
+  std::memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;  // conflicts with any read lock on the byte
+  fl.l_whence = SEEK_SET;
+  fl.l_start = static_cast<off_t>(kPriorityLivenessBase + rec.writer_pid);
+  fl.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
+  return fl.l_type != F_UNLCK;
 }
 
 bool write_held(int fd, std::uint64_t held_ns, std::uint64_t holds) noexcept {

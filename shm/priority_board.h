@@ -33,8 +33,18 @@ bool activity_name(const char uuid_text[kUuidTextSize], std::uint64_t region_dev
 // a deployment keeps a container out of levels it was not given.
 int open_own_activity(const char* board, Priority level, const char* name, const char* container_name,
                       Error* err) noexcept;
-// Writes active_until_ns and last_launch_ns (one pwrite). False on error.
-bool write_activity(int fd, std::uint64_t active_until_ns, std::uint64_t last_launch_ns) noexcept;
+// Takes this process's liveness lock on its own activity file (an OFD read
+// lock on byte kPriorityLivenessBase + getpid(); the kernel drops it when the
+// process dies, however). False if the file system refuses (then readers fall
+// back on the timeout).
+bool hold_liveness(int fd) noexcept;
+// Writes level, writer_pid (= getpid()), active_until_ns and last_launch_ns
+// in one pwrite. False on error.
+bool write_activity(int fd, Priority level, std::uint64_t active_until_ns, std::uint64_t last_launch_ns) noexcept;
+// Whether the writer of `rec` still lives: false only when the kernel says
+// nobody holds its liveness lock; true when it cannot tell (writer_pid 0, a
+// file system without OFD locks).
+bool writer_alive(int fd, const PriorityActivity& rec) noexcept;
 // Writes held_ns and holds (one pwrite).
 bool write_held(int fd, std::uint64_t held_ns, std::uint64_t holds) noexcept;
 

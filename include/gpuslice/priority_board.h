@@ -25,6 +25,8 @@ namespace gpuslice {
 
 inline constexpr std::uint64_t kPriorityMagic = 0x3142524f49525047ull;  // "GPRIORB1" little-endian
 inline constexpr std::uint32_t kPriorityAbiVersion = 1;
+// Liveness locks live at this file offset + the writer's pid (past the record).
+inline constexpr std::uint64_t kPriorityLivenessBase = 1ull << 20;
 
 // Priority levels as stored in RegionHeader::priority and PriorityActivity::
 // level. 0 in the region means "not recorded yet" (the first process records
@@ -36,7 +38,11 @@ struct PriorityActivity {
   std::uint32_t abi_version;      // kPriorityAbiVersion
   std::uint32_t size;             // sizeof(PriorityActivity)
   std::uint32_t level;            // what the writer says it is (tools only; readers use the directory)
-  std::uint32_t writer_pid;       // last process to write (its own pid namespace; tools only)
+  // The process that wrote active_until_ns (its own pid namespace). While it
+  // lives it holds an OFD read lock on byte kPriorityLivenessBase + writer_pid
+  // of this file (beyond its end): readers ask the kernel whether that lock is
+  // still held, so a killed writer stops holding anyone at once. 0: unknown.
+  std::uint32_t writer_pid;
   std::uint64_t active_until_ns;  // CLOCK_MONOTONIC: the container counts as active before this
   std::uint64_t last_launch_ns;   // CLOCK_MONOTONIC of its latest launch on the device (presence)
   std::uint64_t held_ns;          // total time its launches waited for higher-priority tenants
@@ -45,6 +51,7 @@ struct PriorityActivity {
   std::uint64_t reserved[5];
 };
 static_assert(sizeof(PriorityActivity) == 160);
+static_assert(offsetof(PriorityActivity, writer_pid) == 20);
 static_assert(offsetof(PriorityActivity, active_until_ns) == 24);
 static_assert(offsetof(PriorityActivity, last_launch_ns) == 32);
 static_assert(offsetof(PriorityActivity, held_ns) == 40);

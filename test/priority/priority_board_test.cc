@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -61,7 +63,7 @@ TEST_F(Board, NameIsPerContainerAndDevice) {
 
 TEST_F(Board, PublishedActivityIsReadBack) {
   const int fd = publish(Priority::high, 7);
-  ASSERT_TRUE(write_activity(fd, 123, 100));
+  ASSERT_TRUE(write_activity(fd, Priority::high, 123, 100));
   ASSERT_TRUE(write_held(fd, 5, 2));
   scan_all();
   ASSERT_EQ(count_, 1);
@@ -73,7 +75,55 @@ TEST_F(Board, PublishedActivityIsReadBack) {
   EXPECT_EQ(rec.held_ns, 5u);
   EXPECT_EQ(rec.level, static_cast<std::uint32_t>(Priority::high));
   EXPECT_STREQ(rec.container_name, "test");
+  EXPECT_EQ(rec.writer_pid, static_cast<std::uint32_t>(getpid()));
   close(fd);
+}
+
+// A writer killed at any instruction holds nobody: its liveness lock dies
+// with it, and readers ask the kernel (no timeout to wait out).
+TEST_F(Board, KilledWriterIsSeenGone) {
+  int ready[2], hold[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(hold), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char name[kBoardNameMax];
+    Error err{};
+    if (!activity_name(kUuid, 1, 9, name)) _exit(2);
+    const int fd = open_own_activity(dir_.c_str(), Priority::high, name, "victim", &err);
+    if (fd < 0 || !write_activity(fd, Priority::high, ~0ull >> 1, 1)) _exit(3);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(4);
+    (void)!read(hold[0], &c, 1);  // until killed
+    _exit(0);
+  }
+  close(ready[1]);
+  close(hold[0]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  scan_all();
+  ASSERT_EQ(count_, 1);
+  PriorityActivity rec;
+  ASSERT_TRUE(read_activity(peers_[0].fd, &rec));
+  EXPECT_EQ(rec.writer_pid, static_cast<std::uint32_t>(child));
+  EXPECT_TRUE(writer_alive(peers_[0].fd, rec));
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_FALSE(writer_alive(peers_[0].fd, rec));
+  // Another process of the container writing later is alive again.
+  char name[kBoardNameMax];
+  ASSERT_TRUE(activity_name(kUuid, 1, 9, name));
+  Error err{};
+  const int fd = open_own_activity(dir_.c_str(), Priority::high, name, "victim", &err);
+  ASSERT_GE(fd, 0) << err.message;
+  ASSERT_TRUE(write_activity(fd, Priority::high, 5, 1));
+  ASSERT_TRUE(read_activity(peers_[0].fd, &rec));
+  EXPECT_TRUE(writer_alive(peers_[0].fd, rec));
+  close(fd);
+  close(ready[0]);
+  close(hold[1]);
 }
 
 // A low container that writes "I am high" into its own file is still low:

@@ -112,6 +112,17 @@ TEST(PriorityJudge, KilledHolderReleasesWithinAFewMs) {
   EXPECT_LE(kMaxPublishAheadNs, 10 * kMs);
 }
 
+TEST(PriorityJudge, KilledWriterHoldsNobodyAtOnce) {
+  // The reader learnt from the kernel that the writer's liveness lock is free
+  // (shm::writer_alive): its word holds nobody, whatever it says; the
+  // container is still present (its next process would be bounded next to).
+  PeerSample dead = launched(Priority::high, kT0);
+  ASSERT_EQ(judge(Priority::low, &dead, 1, kT0 + 1), Verdict::held);
+  dead.writer_alive = false;
+  EXPECT_FALSE(peer_active(dead, kT0 + 1));
+  EXPECT_EQ(judge(Priority::low, &dead, 1, kT0 + 1), Verdict::bounded);
+}
+
 TEST(PriorityPublish, ActiveCoversQueuedWork) {
   // 20 launches of 200 us at once: active until they should have run, plus the linger.
   std::uint64_t horizon = 0;
@@ -173,6 +184,39 @@ TEST(PriorityBound, LearnsTheLaunchCost) {
   EXPECT_EQ(bound_launches(e), kMinBoundLaunches);  // long kernels: the minimum
   for (int i = 0; i < 40; ++i) observe_launch(e, 2'000);
   EXPECT_EQ(bound_launches(e), kMaxBoundLaunches);  // tiny kernels: capped
+}
+
+TEST(PriorityBound, TightNextToARecentlyActiveHigher) {
+  InflightEstimate e;
+  EXPECT_EQ(bound_launches(e, true), kTightMinBoundLaunches);  // nothing measured
+  for (int i = 0; i < 20; ++i) observe_launch(e, 100'000);
+  EXPECT_EQ(bound_launches(e, true), 5u);  // 0.5 ms of work
+  EXPECT_EQ(bound_launches(e, false), 10u);
+  for (int i = 0; i < 40; ++i) observe_launch(e, 1 * kMs);
+  EXPECT_EQ(bound_launches(e, true), 1u);  // one 1 ms launch, never none
+  EXPECT_EQ(bound_launches(e, false), kMinBoundLaunches);
+  // Which bound: tight while a higher neighbour launched within kRecentNs.
+  const PeerSample high = launched(Priority::high, kT0);
+  EXPECT_TRUE(higher_recent(Priority::low, &high, 1, kT0 + kRecentNs - 1));
+  EXPECT_FALSE(higher_recent(Priority::low, &high, 1, kT0 + kRecentNs));
+  EXPECT_EQ(judge(Priority::low, &high, 1, kT0 + kRecentNs), Verdict::bounded);  // still bounded, relaxed
+  EXPECT_FALSE(higher_recent(Priority::high, &high, 1, kT0 + 1));
+  const PeerSample low = launched(Priority::low, kT0);
+  EXPECT_FALSE(higher_recent(Priority::normal, &low, 1, kT0 + 1));
+}
+
+TEST(PriorityPublish, BurstQueuesBehindTheLowerBacklog) {
+  // A low neighbour published that its queued work is done 0.8 ms from now.
+  const PeerSample low{Priority::low, kT0 + 800'000 + kLingerNs, kT0};
+  EXPECT_EQ(lower_backlog(Priority::high, &low, 1, kT0), kT0 + 800'000);
+  EXPECT_EQ(lower_backlog(Priority::low, &low, 1, kT0), 0u);  // not lower than itself
+  EXPECT_EQ(lower_backlog(Priority::high, &low, 1, kT0 + 800'000), 0u);  // done
+  // Not believed beyond kMaxAheadNs; a dead writer has no backlog either.
+  const PeerSample liar{Priority::low, kT0 + 1000 * kMs, kT0};
+  EXPECT_EQ(lower_backlog(Priority::high, &liar, 1, kT0), 0u);
+  PeerSample dead = low;
+  dead.writer_alive = false;
+  EXPECT_EQ(lower_backlog(Priority::high, &dead, 1, kT0), 0u);
 }
 
 }  // namespace
