@@ -494,6 +494,14 @@ bool priority_refresh() noexcept {
       p.named = shm::activity_name(p.uuid, g_region_dev, g_region_ino, p.own_name);
     }
     p.scanned_ns = 0;  // rescan now
+    // The agent removes files nobody has written for its grace period; one
+    // it removed just as we opened it is recreated (neighbours must see us).
+    struct stat own;
+    if (p.own_fd >= 0 && fstat(p.own_fd, &own) == 0 && own.st_nlink == 0) {
+      close(p.own_fd);
+      p.own_fd = -1;
+      p.published_until.store(0, std::memory_order_relaxed);
+    }
     bool engaged = false;
     evaluate(p, self, now, &engaged);
     // A high or low container publishes always (its neighbours must find it

@@ -107,6 +107,12 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
     regions_.rescan();
     rescanned_ = true;
     last_rescan_ns_ = now;
+    if (config_.grace_ns != 0) {
+      timespec wall{};
+      clock_gettime(CLOCK_REALTIME, &wall);
+      const std::uint64_t wall_ns = static_cast<std::uint64_t>(wall.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(wall.tv_nsec);
+      stats_.board_files_removed += clean_priority_board(config_.priority_board, wall_ns, config_.grace_ns).removed;
+    }
   }
   const bool verify = now - last_verify_ns_ >= config_.verify_ns;
   if (verify) last_verify_ns_ = now;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "board_cleanup.h"
 #include "nvml.h"
 #include "pidmap.h"
 #include "reconcile.h"
@@ -40,6 +41,8 @@ struct AgentConfig {
   bool use_nvml = true;
   std::string nvml_library = "libnvidia-ml.so.1";
   std::size_t max_regions = 4096;
+  // Priority board (docs/priority.md): its files unused for grace_ns are removed. Empty = not cleaned.
+  std::string priority_board = kDefaultPriorityBoard;
 };
 
 struct AgentStats {
@@ -56,6 +59,7 @@ struct AgentStats {
   std::uint64_t pid_scans = 0;
   std::uint64_t bypass_reports = 0;
   std::uint64_t unregistered_reports = 0;
+  std::uint64_t board_files_removed = 0;  // stale priority-board files (board_cleanup.h)
   bool nvml_available = false;
   std::uint64_t nvml_devices = 0;
 };

@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
   app.add_option("--interval", interval, "Cycle period (e.g. 100ms, 1s)")->capture_default_str();
   app.add_option("--rescan", rescan, "How often the region directory is re-read")->capture_default_str();
   app.add_option("--grace", grace, "Remove a region nobody has used for this long (0 = never)")->capture_default_str();
+  app.add_option("--priority-board", cfg.priority_board,
+                 "Priority board whose stale files (unused for --grace) are removed; '' = none")->capture_default_str();
   app.add_option("--bypass-tolerance", tolerance,
                  "Report a process holding more than its accounted memory plus this (context memory)")
       ->capture_default_str();

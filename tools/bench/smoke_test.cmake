@@ -28,4 +28,30 @@ foreach(section launch memory quota compute_sweep tenants noisy_neighbour)
     message(FATAL_ERROR "gpuslice-bench --quick report has no '${section}' section")
   endif()
 endforeach()
+# The priority section (docs/priority.md): every case measured, the timeline
+# figures present next to a neighbour, and the gate doing something: on the
+# simulated driver natively the bursts queue behind 16 ms of training work
+# (p50 ~19 ms on the ideal profile), under gpuslice behind at most one
+# training kernel (p50 ~4.5 ms). A 4x margin: no timing flake.
+foreach(case alone_native alone_gpuslice neighbour_native neighbour_gpuslice)
+  string(JSON p50 ERROR_VARIABLE missing GET "${report}" priority ${case} latency p50_ms)
+  if(missing OR NOT p50 GREATER 0)
+    message(FATAL_ERROR "gpuslice-bench --quick: priority case '${case}' has no burst latency (${missing})")
+  endif()
+  set(p50_${case} ${p50})
+endforeach()
+foreach(field harvest reaction release)
+  string(JSON value ERROR_VARIABLE missing GET "${report}" priority neighbour_gpuslice ${field})
+  if(missing)
+    message(FATAL_ERROR "gpuslice-bench --quick: priority neighbour_gpuslice has no '${field}' (${missing})")
+  endif()
+endforeach()
+string(JSON ratio ERROR_VARIABLE missing GET "${report}" priority p99_ratio_gpuslice)
+if(missing)
+  message(FATAL_ERROR "gpuslice-bench --quick: priority section has no p99_ratio_gpuslice")
+endif()
+if(NOT p50_neighbour_gpuslice LESS p50_neighbour_native)
+  message(FATAL_ERROR "gpuslice-bench --quick: under gpuslice the high-priority bursts (p50 ${p50_neighbour_gpuslice} ms) "
+                      "were not faster than natively next to training (${p50_neighbour_native} ms): the priority gate did nothing")
+endif()
 message(STATUS "gpuslice-bench --quick: valid JSON report on the ${device} driver")
