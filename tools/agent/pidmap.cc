@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "log.h"
+#include "shm/procfs.h"
 
 using namespace std::string_literals;
 
@@ -20,60 +21,6 @@ namespace gpuslice::agent {
 namespace {
 
 constexpr std::uint64_t kRescanRetryNs = 1'000'000'000;  // unresolved keys: one /proc scan per second at most
-
-// Reads a small /proc file whole; -1 on error (errno set).
-ssize_t read_small(const char* path, char* buf, std::size_t cap) {
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t total = 0;
-  while (static_cast<std::size_t>(total) < cap - 1) {
-    const ssize_t n = read(fd, buf + total, cap - 1 - static_cast<std::size_t>(total));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      close(fd);
-      errno = e;
-      return -1;
-    }
-    if (n == 0) break;
-    total += n;
-  }
-  close(fd);
-  buf[total] = '\0';
-  return total;
-}
-
-// /proc/<pid>/stat: state (field 3) and start time (field 22), after the last
-// ')' because comm may contain spaces and parentheses.
-bool parse_stat(const char* text, char* state, std::uint64_t* start_time) {
-  const char* p = std::strrchr(text, ')');
-  if (p == nullptr || p[1] != ' ') return false;
-  p += 2;
-  *state = *p;
-  for (int field = 3; field < 22; ++field) {
-    p = std::strchr(p, ' ');
-    if (p == nullptr) return false;
-    ++p;
-  }
-  char* end = nullptr;
-  *start_time = std::strtoull(p, &end, 10);
-  return end != p;
-}
-
-std::uint32_t parse_last_nspid(const char* status) {
-  const char* line = std::strstr(status, "\nNSpid:");
-  if (line == nullptr) return 0;
-  const char* p = line + 7;
-  std::uint32_t last = 0;
-  while (*p != '\0' && *p != '\n') {
-    while (*p == ' ' || *p == '\t') ++p;
-    if (*p < '0' || *p > '9') break;
-    char* end = nullptr;
-    last = static_cast<std::uint32_t>(std::strtoul(p, &end, 10));
-    p = end;
-  }
-  return last;
-}
 
 int pidfd_open(std::uint32_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0u)); }
 
@@ -89,17 +36,14 @@ bool read_proc_info(std::uint32_t host_pid, bool want_ns_pid, ProcInfo* out) {
   } else if (errno == ENOENT || errno == ESRCH) {
     return false;
   }  // else (EACCES: no ptrace access): namespace unknown
-  char buf[4096];
-  std::snprintf(path, sizeof path, "/proc/%u/stat", host_pid);
-  if (read_small(path, buf, sizeof buf) < 0) return false;
-  char state = '?';
-  if (!parse_stat(buf, &state, &out->start_time)) return false;
-  out->zombie = state == 'Z' || state == 'X';
+  shm::procfs::Stat stat_line;
+  if (shm::procfs::read_stat(host_pid, &stat_line) != 0) return false;
+  out->start_time = stat_line.start_time;
+  out->zombie = stat_line.state == 'Z' || stat_line.state == 'X';
   if (want_ns_pid) {
-    std::snprintf(path, sizeof path, "/proc/%u/status", host_pid);
-    if (read_small(path, buf + 1, sizeof buf - 1) < 0) return false;
-    buf[0] = '\n';  // so that the first line matches "\nNSpid:" too
-    out->ns_pid = parse_last_nspid(buf);
+    shm::procfs::NsPids ns;
+    if (const int e = shm::procfs::read_nspid(host_pid, &ns); e != 0 && e != EINVAL) return false;
+    out->ns_pid = ns.innermost;  // 0 without an NSpid line
   }
   return true;
 }

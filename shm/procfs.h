@@ -1,0 +1,46 @@
+// The one /proc reader of the library, the agent and the tools: a process's
+// stat line (pid, state, start time) and the NSpid line of its status file.
+// Heap-free, stdio-free and exception-free (the preload library reads its own
+// identity during bootstrap); parsers take the text, so malformed files are
+// unit-tested without a /proc (test/unit/procfs_test.cc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gpuslice::shm::procfs {
+
+// "/proc/<pid>/<leaf>", or "/proc/self/<leaf>" for pid 0, into buf[cap].
+void path(char* buf, std::size_t cap, std::uint32_t pid, const char* leaf) noexcept;
+
+// Reads a small /proc file whole into buf[cap], NUL-terminated (at most
+// cap - 1 bytes: the rest is cut). Returns its length, or -errno.
+long read_file(const char* path, char* buf, std::size_t cap) noexcept;
+
+// /proc/<pid>/stat (proc(5)): "pid (comm) state ppid ... starttime ...".
+struct Stat {
+  std::uint32_t pid = 0;         // field 1, in the /proc mount's pid namespace
+  char state = 0;                // field 3: R, S, D, Z, X, ...
+  std::uint64_t start_time = 0;  // field 22, clock ticks after boot
+};
+// comm may hold spaces and parentheses (up to 15 bytes of anything but NUL):
+// the fields resume after the *last* ')'. False when the text is not a stat
+// line up to field 22 (a number, ending at a space, newline or the end).
+bool parse_stat(const char* text, std::size_t len, Stat* out) noexcept;
+// Reads and parses /proc/<pid>/stat (pid 0: self). 0, or the errno of the
+// failure (ENOENT/ESRCH: no such process; EINVAL: unparsable).
+int read_stat(std::uint32_t pid, Stat* out) noexcept;
+
+// The "NSpid:" line of /proc/<pid>/status: the pid in each pid namespace
+// from the outermost this /proc can see to the process's own. False when
+// there is no such line (kernels before 4.1) or it holds no number.
+struct NsPids {
+  std::uint32_t outermost = 0;  // what NVML reports when /proc is the host's
+  std::uint32_t innermost = 0;  // the pid the process sees itself as
+};
+bool parse_nspid(const char* text, std::size_t len, NsPids* out) noexcept;
+// Reads and parses /proc/<pid>/status (pid 0: self). 0, or an errno (EINVAL:
+// no NSpid line).
+int read_nspid(std::uint32_t pid, NsPids* out) noexcept;
+
+}  // namespace gpuslice::shm::procfs
