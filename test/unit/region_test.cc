@@ -184,7 +184,7 @@ TEST(RegionFile, ProcessesRaceToCreate) {
 
 class RegionValidation : public ::testing::Test {
  protected:
-  void expect_rejected(const std::string& bytes, const char* what, const char* expected) {
+  void expect_rejected(const std::string& bytes, const std::string& what, const std::string& expected) {
     const std::string path = dir_.file("bad.region");
     write_file(path, bytes);
     shm::Error err{};
@@ -215,25 +215,32 @@ TEST_F(RegionValidation, ForeignFileOfAnySize) {
 
 TEST_F(RegionValidation, OtherAbiVersion) {
   std::string bytes = valid_region_bytes(dir_);
-  poke<std::uint32_t>(bytes, offsetof(RegionHeader, abi_version), 3);
-  expect_rejected(bytes, "region ABI version 3", "expected version 2");
+  poke<std::uint32_t>(bytes, offsetof(RegionHeader, abi_version), kRegionAbiVersion + 1);
+  expect_rejected(bytes, "region ABI version " + std::to_string(kRegionAbiVersion + 1),
+                  "expected version " + std::to_string(kRegionAbiVersion));
 }
 
-TEST_F(RegionValidation, Empty) { expect_rejected("", "holds only 0 bytes", "expected a gpuslice region of 665088 bytes"); }
+// The size the library expects (region_layout_test pins it).
+const std::string kRegionSize = std::to_string(sizeof(Region));
+
+TEST_F(RegionValidation, Empty) {
+  expect_rejected("", "holds only 0 bytes", "expected a gpuslice region of " + kRegionSize + " bytes");
+}
 
 TEST_F(RegionValidation, TruncatedHeader) {
   std::string bytes = valid_region_bytes(dir_);
-  expect_rejected(bytes.substr(0, 100), "truncated header: file holds 100 bytes", "expected a gpuslice region of 665088");
+  expect_rejected(bytes.substr(0, 100), "truncated header: file holds 100 bytes", "expected a gpuslice region of " + kRegionSize);
 }
 
 TEST_F(RegionValidation, TruncatedBody) {
   std::string bytes = valid_region_bytes(dir_);
-  expect_rejected(bytes.substr(0, 4096), "wrong size: file holds 4096 bytes", "expected total_size 665088 bytes");
+  expect_rejected(bytes.substr(0, 4096), "wrong size: file holds 4096 bytes", "expected total_size " + kRegionSize + " bytes");
 }
 
 TEST_F(RegionValidation, GrownFile) {
   std::string bytes = valid_region_bytes(dir_) + std::string(4096, '\0');
-  expect_rejected(bytes, "wrong size: file holds 669184 bytes", "expected total_size 665088");
+  expect_rejected(bytes, "wrong size: file holds " + std::to_string(sizeof(Region) + 4096) + " bytes",
+                  "expected total_size " + kRegionSize);
 }
 
 TEST_F(RegionValidation, HeaderFields) {
@@ -243,7 +250,7 @@ TEST_F(RegionValidation, HeaderFields) {
   expect_rejected(bytes, "header_size 1024", "expected 512");
   bytes = good;
   poke<std::uint64_t>(bytes, offsetof(RegionHeader, total_size), 1);
-  expect_rejected(bytes, "total_size 1", "expected 665088");
+  expect_rejected(bytes, "total_size 1", "expected " + kRegionSize);
   bytes = good;
   poke<std::uint32_t>(bytes, offsetof(RegionHeader, max_devices), 8);
   expect_rejected(bytes, "max_devices 8", "expected 16");
