@@ -41,12 +41,6 @@ constexpr unsigned kStreamCacheBits = 8;
 constexpr unsigned kStreamCache = 1u << kStreamCacheBits;
 std::atomic<std::uint64_t> g_stream_cache[kStreamCache];
 
-std::atomic<decltype(&::cuStreamGetDevice)> g_stream_get_device{nullptr};
-std::atomic<decltype(&::cuStreamGetCtx)> g_stream_get_ctx{nullptr};
-std::atomic<decltype(&::cuCtxPushCurrent_v2)> g_ctx_push{nullptr};
-std::atomic<decltype(&::cuCtxPopCurrent_v2)> g_ctx_pop{nullptr};
-std::atomic<int> g_stream_api_resolved{0};
-
 unsigned stream_home(std::uintptr_t key) noexcept {
   return static_cast<unsigned>(((key >> 3) * 0x9e3779b97f4a7c15ull) >> (64 - kStreamCacheBits));
 }
@@ -57,24 +51,6 @@ bool special_stream(CUstream s) noexcept {
          v == reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD);
 }
 
-template <class T>
-T resolved(std::atomic<T>& slot) noexcept {
-  return slot.load(std::memory_order_acquire);
-}
-
-[[gnu::cold]] void resolve_stream_api() noexcept {
-  void* h = driver_handle();
-  g_stream_get_device.store(reinterpret_cast<decltype(&::cuStreamGetDevice)>(real_dlsym(h, "cuStreamGetDevice")),
-                            std::memory_order_release);
-  g_stream_get_ctx.store(reinterpret_cast<decltype(&::cuStreamGetCtx)>(real_dlsym(h, "cuStreamGetCtx")),
-                         std::memory_order_release);
-  g_ctx_push.store(reinterpret_cast<decltype(&::cuCtxPushCurrent_v2)>(real_dlsym(h, "cuCtxPushCurrent_v2")),
-                   std::memory_order_release);
-  g_ctx_pop.store(reinterpret_cast<decltype(&::cuCtxPopCurrent_v2)>(real_dlsym(h, "cuCtxPopCurrent_v2")),
-                  std::memory_order_release);
-  g_stream_api_resolved.store(1, std::memory_order_release);
-}
-
 int current_ordinal() noexcept {
   CUdevice dev = 0;
   return real_cuCtxGetDevice(&dev) == CUDA_SUCCESS ? static_cast<int>(dev) : -1;
@@ -82,15 +58,15 @@ int current_ordinal() noexcept {
 
 // Asks the driver: cuStreamGetDevice (CUDA 12.8+), else the stream's context
 // made current for one cuCtxGetDevice.
+// (Those entry points are nullptr on a driver without them: real.h.)
 [[gnu::noinline, gnu::cold]] int ask_stream_ordinal(CUstream s) noexcept {
-  if (g_stream_api_resolved.load(std::memory_order_acquire) == 0) resolve_stream_api();
-  if (auto get_device = resolved(g_stream_get_device)) {
+  if (real_cuStreamGetDevice != nullptr) {
     CUdevice dev = 0;
-    if (get_device(s, &dev) == CUDA_SUCCESS) return static_cast<int>(dev);
+    if (real_cuStreamGetDevice(s, &dev) == CUDA_SUCCESS) return static_cast<int>(dev);
   }
-  auto get_ctx = resolved(g_stream_get_ctx);
-  auto push = resolved(g_ctx_push);
-  auto pop = resolved(g_ctx_pop);
+  auto get_ctx = real_cuStreamGetCtx;
+  auto push = real_cuCtxPushCurrent_v2;
+  auto pop = real_cuCtxPopCurrent_v2;
   CUcontext ctx = nullptr;
   if (get_ctx == nullptr || get_ctx(s, &ctx) != CUDA_SUCCESS || ctx == nullptr) return -1;
   CUcontext current = nullptr;
@@ -115,18 +91,17 @@ int current_ordinal() noexcept {
 }  // namespace
 
 CUresult create_event_for_stream(CUstream s, CUevent* out) noexcept {
-  if (g_marker_api.event_create == nullptr) return CUDA_ERROR_NOT_FOUND;
-  if (special_stream(s)) return g_marker_api.event_create(out, CU_EVENT_DISABLE_TIMING);
-  if (g_stream_api_resolved.load(std::memory_order_acquire) == 0) resolve_stream_api();
-  auto get_ctx = resolved(g_stream_get_ctx);
-  auto push = resolved(g_ctx_push);
-  auto pop = resolved(g_ctx_pop);
+  if (real_cuEventCreate == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (special_stream(s)) return real_cuEventCreate(out, CU_EVENT_DISABLE_TIMING);
+  auto get_ctx = real_cuStreamGetCtx;
+  auto push = real_cuCtxPushCurrent_v2;
+  auto pop = real_cuCtxPopCurrent_v2;
   CUcontext ctx = nullptr, current = nullptr;
   if (get_ctx == nullptr || get_ctx(s, &ctx) != CUDA_SUCCESS || ctx == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (real_cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx)
-    return g_marker_api.event_create(out, CU_EVENT_DISABLE_TIMING);
+    return real_cuEventCreate(out, CU_EVENT_DISABLE_TIMING);
   if (push == nullptr || pop == nullptr || push(ctx) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
-  const CUresult rc = g_marker_api.event_create(out, CU_EVENT_DISABLE_TIMING);
+  const CUresult rc = real_cuEventCreate(out, CU_EVENT_DISABLE_TIMING);
   CUcontext popped = nullptr;
   pop(&popped);
   return rc;

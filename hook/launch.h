@@ -60,15 +60,9 @@ std::uint64_t mono_ns() noexcept;
 void sleep_ns(std::uint64_t ns) noexcept;
 
 // --- queue bound (launch_queue.cc) ---
-// Driver entry points used for markers only (not hooked); resolved at init.
-struct MarkerApi {
-  decltype(&::cuEventCreate) event_create = nullptr;
-  decltype(&::cuEventRecord) event_record = nullptr;
-  decltype(&::cuEventQuery) event_query = nullptr;
-  decltype(&::cuEventDestroy_v2) event_destroy = nullptr;
-  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
-};
-extern MarkerApi g_marker_api;
+// Markers use the driver's event API (real_cuEvent*, hook/real.h): without
+// it the limiter runs without its queue bound.
+bool markers_available() noexcept;
 // Launches into a capturing stream do not run: they are neither throttled nor
 // followed by a marker (an event record would become a node of the user's graph).
 bool capturing(CUstream s, bool ptsz) noexcept;

@@ -52,12 +52,10 @@ void warn_feedback(const char* message) noexcept { GPUSLICE_WARN_CAPPED(4, "%s",
 
 bool load_nvml_api(limiter::NvmlApi* api) noexcept {
   if (!load_nvml()) return false;
-  void* h = nvml_handle();
   api->init = real_nvmlInit_v2;
   api->handle_by_uuid = real_nvmlDeviceGetHandleByUUID;
   api->running_processes = real_nvmlDeviceGetComputeRunningProcesses_v3;
-  api->process_utilization = reinterpret_cast<decltype(api->process_utilization)>(
-      real_dlsym(h, "nvmlDeviceGetProcessUtilization"));
+  api->process_utilization = real_nvmlDeviceGetProcessUtilization;
   return api->init != nullptr && api->handle_by_uuid != nullptr && api->process_utilization != nullptr;
 }
 
@@ -72,11 +70,6 @@ void after_fork_in_child() noexcept {
   }
   g_used_entries.store(0, std::memory_order_relaxed);
   forget_all_streams();
-}
-
-template <class T>
-void resolve(T* out, const char* name) noexcept {
-  *out = reinterpret_cast<T>(real_dlsym(driver_handle(), name));
 }
 
 // At exit, before the libraries' static destructors (NVML's among them) run
@@ -108,13 +101,7 @@ CUresult init_now() noexcept {
     pthread_atfork(nullptr, nullptr, after_fork_in_child);
     std::atexit(stop_feedback_at_exit);
   }
-  MarkerApi& m = g_marker_api;
-  resolve(&m.event_create, "cuEventCreate");
-  resolve(&m.event_record, "cuEventRecord");
-  resolve(&m.event_query, "cuEventQuery");
-  resolve(&m.event_destroy, "cuEventDestroy_v2");
-  resolve(&m.stream_is_capturing, "cuStreamIsCapturing");
-  const bool markers = m.event_create && m.event_record && m.event_query && m.event_destroy;
+  const bool markers = markers_available();
   int count = 0;
   if (real_cuDeviceGetCount == nullptr || real_cuDeviceGetCount(&count) != CUDA_SUCCESS || count <= 0) {
     // A launch before cuInit (it fails in the driver anyway): try again at

@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include "hook/launch.h"
+#include "hook/real.h"
 #include "limiter/compute.h"
 #include "limiter/compute_queue.h"
 
@@ -29,7 +30,7 @@ void poll_markers(LaunchDevice& d) noexcept {
   if (!try_lock(d)) return;
   while (d.head != d.tail) {
     Marker& m = d.ring[d.head % kMarkers];
-    const CUresult rc = g_marker_api.event_query(m.event);
+    const CUresult rc = real_cuEventQuery(m.event);
     if (rc == CUDA_ERROR_NOT_READY) break;
     if (rc != CUDA_SUCCESS) m.event = nullptr;
     d.queue.retire(m.count, m.cost);
@@ -44,19 +45,19 @@ void poll_markers(LaunchDevice& d) noexcept {
 // belongs to another context than the stream (a stream of another context,
 // or of another device, than the current one).
 CUresult record(Marker& m, CUstream target) noexcept {
-  if (m.event == nullptr && g_marker_api.event_create(&m.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+  if (m.event == nullptr && real_cuEventCreate(&m.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
     m.event = nullptr;
-  CUresult rc = m.event != nullptr ? g_marker_api.event_record(m.event, target) : CUDA_ERROR_INVALID_HANDLE;
+  CUresult rc = m.event != nullptr ? real_cuEventRecord(m.event, target) : CUDA_ERROR_INVALID_HANDLE;
   if (rc == CUDA_SUCCESS) return rc;
-  if (m.event != nullptr) g_marker_api.event_destroy(m.event);
+  if (m.event != nullptr) real_cuEventDestroy_v2(m.event);
   m.event = nullptr;
   if (create_event_for_stream(target, &m.event) != CUDA_SUCCESS) {
     m.event = nullptr;
     return CUDA_ERROR_INVALID_HANDLE;
   }
-  rc = g_marker_api.event_record(m.event, target);
+  rc = real_cuEventRecord(m.event, target);
   if (rc != CUDA_SUCCESS) {
-    g_marker_api.event_destroy(m.event);
+    real_cuEventDestroy_v2(m.event);
     m.event = nullptr;
   }
   return rc;
@@ -84,12 +85,15 @@ struct DriverEnv {
 
 }  // namespace
 
-MarkerApi g_marker_api;
+bool markers_available() noexcept {
+  return real_cuEventCreate != nullptr && real_cuEventRecord != nullptr && real_cuEventQuery != nullptr &&
+         real_cuEventDestroy_v2 != nullptr;
+}
 
 bool capturing(CUstream s, bool ptsz) noexcept {
-  if (g_marker_api.stream_is_capturing == nullptr) return false;
+  if (real_cuStreamIsCapturing == nullptr) return false;
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  return g_marker_api.stream_is_capturing(target_stream(s, ptsz), &status) == CUDA_SUCCESS &&
+  return real_cuStreamIsCapturing(target_stream(s, ptsz), &status) == CUDA_SUCCESS &&
          status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
@@ -102,6 +106,10 @@ void reset_queue_after_fork(LaunchDevice& d) noexcept {
 }
 
 void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept {
+  if (!markers_available()) {
+    d.queue.forget();  // no marker possible: nothing tells when the work completes
+    return;
+  }
   if (!try_lock(d)) return;  // another thread is at it; the next check retries
   const std::uint64_t now = mono_ns();
   d.queue.marker_tried(now);

@@ -46,18 +46,6 @@ struct Internal {
 };
 #define GPUSLICE_INTERNAL_ROW(symbol) {#symbol, reinterpret_cast<void**>(&real_##symbol)},
 const Internal kDriverInternal[] = {GPUSLICE_CU_INTERNAL(GPUSLICE_INTERNAL_ROW)};
-// Entry points other layers look up at run time with
-// real_dlsym(driver_handle(), name): resolved with the rest, so that those
-// lookups never take the loader lock (another thread may be waiting on the
-// caller while holding it: a library constructor making CUDA calls).
-constexpr const char* kByName[] = {
-    "cuEventCreate",       "cuEventRecord",          "cuEventQuery",        "cuEventSynchronize",
-    "cuEventDestroy_v2",   "cuEventElapsedTime",     "cuStreamIsCapturing", "cuStreamGetDevice",
-    "cuStreamGetCtx",      "cuCtxPushCurrent_v2",    "cuCtxPopCurrent_v2",  "cuGraphGetNodes",
-    "cuGraphNodeGetType",  "cuGraphKernelNodeGetParams_v2", "cuGraphChildGraphNodeGetGraph",
-};
-constexpr std::size_t kByNameCount = sizeof kByName / sizeof *kByName;
-void* g_by_name[kByNameCount] = {};
 const Internal kNvmlInternal[] = {GPUSLICE_NVML_INTERNAL(GPUSLICE_INTERNAL_ROW)};
 #undef GPUSLICE_INTERNAL_ROW
 
@@ -135,9 +123,6 @@ void resolve(void* handle, bool nvml) noexcept {
                   : sizeof kDriverInternal / sizeof *kDriverInternal;
   for (size_t i = 0; i < n; ++i)
     if (!publish(table[i].real, real_dlsym(handle, table[i].name), state)) return;
-  if (!nvml)
-    for (std::size_t i = 0; i < kByNameCount; ++i)
-      if (!publish(&g_by_name[i], real_dlsym(handle, kByName[i]), state)) return;
 }
 
 // A library that loads but is not the one we need (a wrong path in an
@@ -223,8 +208,6 @@ bool load_once(std::atomic<int>& state, bool (*load)() noexcept) noexcept {
 
 // A name resolved at load time, or nullptr (then glibc's dlsym answers).
 void* preresolved(const char* name) noexcept {
-  for (std::size_t i = 0; i < kByNameCount; ++i)
-    if (std::strcmp(kByName[i], name) == 0) return __atomic_load_n(&g_by_name[i], __ATOMIC_ACQUIRE);
   for (const Internal& row : kDriverInternal)
     if (std::strcmp(row.name, name) == 0) return __atomic_load_n(row.real, __ATOMIC_ACQUIRE);
   for (const Hook& h : kHooks)

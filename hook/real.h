@@ -13,7 +13,9 @@ namespace gpuslice::hook {
 #define GPUSLICE_NVML(symbol) extern decltype(&::symbol) real_##symbol;
 #include "hook/symbols.def"
 
-// Driver entry points used internally but not hooked.
+// Driver entry points used internally but not hooked: the one list of them
+// (resolved with the hooked ones at load time, so no later lookup takes the
+// loader lock). A hooked one (symbols.def) is real_<symbol> already.
 #define GPUSLICE_CU_INTERNAL(X)        \
   X(cuCtxGetDevice)                    \
   X(cuCtxGetCurrent)                   \
@@ -28,12 +30,27 @@ namespace gpuslice::hook {
   X(cuMemAdvise_v2)                    \
   X(cuMemPoolGetAttribute)             \
   X(cuArrayGetMemoryRequirements)      \
-  X(cuMipmappedArrayGetMemoryRequirements)
+  X(cuMipmappedArrayGetMemoryRequirements) \
+  X(cuEventCreate)                     \
+  X(cuEventRecord)                     \
+  X(cuEventQuery)                      \
+  X(cuEventDestroy_v2)                 \
+  X(cuEventElapsedTime)                \
+  X(cuStreamIsCapturing)               \
+  X(cuStreamGetDevice)                 \
+  X(cuStreamGetCtx)                    \
+  X(cuCtxPushCurrent_v2)               \
+  X(cuCtxPopCurrent_v2)                \
+  X(cuGraphGetNodes)                   \
+  X(cuGraphNodeGetType)                \
+  X(cuGraphKernelNodeGetParams_v2)     \
+  X(cuGraphChildGraphNodeGetGraph)
 #define GPUSLICE_NVML_INTERNAL(X)      \
   X(nvmlInit_v2)                       \
   X(nvmlDeviceGetUUID)                 \
   X(nvmlDeviceGetHandleByUUID)         \
-  X(nvmlDeviceGetComputeRunningProcesses_v3)
+  X(nvmlDeviceGetComputeRunningProcesses_v3) \
+  X(nvmlDeviceGetProcessUtilization)
 
 #define GPUSLICE_DECLARE_REAL(symbol) extern decltype(&::symbol) real_##symbol;
 GPUSLICE_CU_INTERNAL(GPUSLICE_DECLARE_REAL)
@@ -43,9 +60,9 @@ GPUSLICE_NVML_INTERNAL(GPUSLICE_DECLARE_REAL)
 // glibc's dlsym, found with dlvsym so that our own exported dlsym is skipped.
 // Written before the first jump through it (dlsym.cc); read by the asm stub.
 extern "C" void* (*gpuslice_real_dlsym)(void*, const char*);
-// On the driver's handle, the names resolved at load time (hooked, internal,
-// and the few other layers ask for: real.cc kByName) are answered from our
-// table without glibc's dlsym, which takes the loader lock.
+// On the driver's handle, the names resolved at load time (hooked and
+// internal) are answered from our table without glibc's dlsym, which takes
+// the loader lock.
 void* real_dlsym(void* handle, const char* name) noexcept;
 // Resolves gpuslice_real_dlsym without looking anything up; false if glibc has none.
 bool resolve_real_dlsym() noexcept;
