@@ -10,6 +10,7 @@
 #include <new>
 
 #include "hook/log.h"
+#include "hook/oversub.h"
 #include "hook/real.h"
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
@@ -375,8 +376,11 @@ bool refused_after_exit() noexcept {
 [[gnu::noinline]] bool reserve_slow(int slot, int entry, std::uint64_t bytes) noexcept {
   AddingCall bracket;
   if (refused_after_exit() || !region_intact() || slot < 0) return false;
-  if (limiter::reserve(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes,
-                       g_process.self))
+  // Oversubscription reads used_bytes as device-resident memory: a spare
+  // lease would count as resident there, so its processes take none.
+  if (oversubscribing() ? limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)
+                        : limiter::reserve(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed),
+                                           entry, bytes, g_process.self))
     return true;
   if (ReclaimFn reclaim = g_pool_reclaim.load(std::memory_order_acquire)) {
     reclaim();  // dead slots were already reaped by reserve(): only pools may have given memory back
@@ -397,12 +401,12 @@ bool refused_after_exit() noexcept {
 // Fast path: one CAS on our slot's lease word. It needs neither the exit
 // bracket (AddingCall) nor the exit check: release_all closes the lease words
 // and a stale thread's tag never matches a later claim's, so a late CAS
-// fails and falls to the slow path, which refuses. Nor region_intact(): like
-// the launch path's token bucket it touches a line that the slow paths,
-// which check, touched first; a region lost later is caught there.
+// fails and falls to the slow path, which refuses. It does look at the
+// region file first (a coarse-clock read, no syscall): a truncated region
+// must fail closed, not raise SIGBUS.
 bool reserve(int entry, std::uint64_t bytes) noexcept {
   const int slot = own_slot();
-  if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) &&
+  if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact() &&
       limiter::lease_alloc(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))
     return true;
   return reserve_slow(slot, entry, bytes);
@@ -413,7 +417,7 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
 void release(int entry, std::uint64_t bytes) noexcept {
   if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
   const int slot = g_process.slot.load(std::memory_order_acquire);
-  if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0) return;
+  if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0 || !region_intact()) return;
   if (__builtin_expect(limiter::lease_free(g_process.region, slot,
                                            g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes),
                        1))

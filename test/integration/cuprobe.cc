@@ -361,6 +361,8 @@ int main(int argc, char** argv) {
       if (rc == CUDA_SUCCESS) rc = g.ctx_set_current(ctx);
       std::printf("ctx rc=%d\n", rc);
       i += 1;
+    } else if (op == "ctxnone") {  // the calling thread has no current context afterwards
+      std::printf("ctxnone rc=%d\n", g.ctx_set_current(nullptr));
     } else if (op == "ctxrelease") {
       std::printf("ctxrelease rc=%d\n", g.primary_release(n(arg(1))));
       i += 1;

@@ -230,6 +230,28 @@ TEST(MemoryQuota, FreeOfAnUncountedPointerIsForwarded) {
   EXPECT_EQ(value(native, "freeptr", "rc"), value(wrapped, "freeptr", "rc")) << wrapped.describe();
 }
 
+// With one device the library caches its entry instead of asking the driver
+// for the current context on every allocation: an allocation with no context
+// is still refused by the driver itself (its own error), and the bytes the
+// library reserved for it go back.
+TEST(MemoryQuota, AllocationWithoutContextFailsInTheDriverAndHoldsNothing) {
+  Sandbox box;
+  const std::vector<std::string> script = {"init", "ctx", "0", "alloc", std::to_string(kMi), "ctxnone", "alloc",
+                                           std::to_string(kMi), "ctx", "0", "fill", "alloc", std::to_string(kMi)};
+  Result native = probe(Path::direct, box.env(false), script);
+  Result wrapped = probe(Path::direct, merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}}), script);
+  ASSERT_EQ(wrapped.exit_code, 0) << wrapped.describe();
+  const auto native_rcs = values(native, "alloc", "rc");
+  const auto rcs = values(wrapped, "alloc", "rc");
+  ASSERT_EQ(rcs.size(), 2u) << wrapped.describe();
+  ASSERT_EQ(native_rcs.size(), 2u) << native.describe();
+  EXPECT_EQ(rcs[0], "0") << wrapped.describe();
+  EXPECT_NE(rcs[1], "0") << wrapped.describe();
+  EXPECT_EQ(rcs[1], native_rcs[1]) << "the driver's own error\n" << wrapped.describe();
+  EXPECT_EQ(value(wrapped, "fill", "bytes"), std::to_string(63 * kMi)) << "nothing held for the refused call\n"
+                                                                       << wrapped.describe();
+}
+
 TEST(MemoryQuota, CleanExitReturnsMemoryAtOnce) {
   Sandbox box;
   Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "16Mi"}});
