@@ -11,7 +11,6 @@
 #include <cuda.h>
 
 #include <mutex>
-#include <unordered_map>
 
 #include "hook/log.h"
 #include "hook/measure.h"
@@ -25,8 +24,7 @@ struct Counted {
   std::uint64_t bytes;
 };
 
-NoDestroy<std::mutex> g_mu;  // guards g_loaded; never held across a driver call
-NoDestroy<std::unordered_map<const void*, Counted>> g_loaded;  // CUmodule / CUlibrary -> what was charged
+NoDestroy<limiter::PointerTable<Counted>> g_loaded;  // CUmodule / CUlibrary -> what was charged
 // A load that reaches another hooked load (a driver built without
 // -Bsymbolic calling its own entry point) is measured once, by the outer one.
 [[gnu::tls_model("initial-exec")]] thread_local bool t_loading = false;
@@ -56,12 +54,16 @@ CUresult load_counted(Handle* out, Load&& load, Unload&& unload) noexcept {
                  static_cast<unsigned long long>(bytes));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  try {
-    std::lock_guard<std::mutex> lock(*g_mu);
-    (*g_loaded)[static_cast<const void*>(*out)] = Counted{entry, bytes};
-  } catch (...) {
+  // A handle value still recorded is a module unloaded behind our back (the
+  // driver reuses handles; a context destroyed with it): its memory went with it.
+  const Counted counted{entry, bytes};
+  Counted stale{-1, 0};
+  if (!g_loaded->upsert(reinterpret_cast<std::uint64_t>(*out), counted, [&](Counted& v, bool fresh) {
+        if (!fresh) stale = v, v = counted;
+      })) {
     release(entry, bytes);  // cannot track it: do not hold budget we could never return
   }
+  if (stale.bytes != 0) release(stale.entry, stale.bytes);
   return rc;
 }
 
@@ -71,12 +73,8 @@ CUresult unload_counted(Handle h, Unload&& unload) noexcept {
   if (rc != CUDA_SUCCESS) return rc;
   rc = unload();
   if (rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> lock(*g_mu);
-  auto it = g_loaded->find(static_cast<const void*>(h));
-  if (it != g_loaded->end()) {
-    release(it->second.entry, it->second.bytes);
-    g_loaded->erase(it);
-  }
+  Counted c{};
+  if (g_loaded->erase(reinterpret_cast<std::uint64_t>(h), &c)) release(c.entry, c.bytes);
   return rc;
 }
 

@@ -19,10 +19,6 @@
 #include <sys/stat.h>
 
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
 
 #include "hook/oversub.h"
 #include "hook/wrap.h"
@@ -30,49 +26,71 @@
 namespace gpuslice::hook {
 namespace {
 
+using Handle = CUmemGenericAllocationHandle;
+
 struct Physical {
   std::uint64_t bytes;  // counted at creation (0 for foreign imports: charged per mapping)
   int entry;
   int refs;             // handle references + live mappings
   bool foreign;
+  bool exported;        // g_exports may name it
+};
+struct Alias {
+  Handle root;  // an import of this process's own export -> the allocation it names
 };
 struct Mapping {
-  std::size_t size;
-  CUmemGenericAllocationHandle root;  // the physical allocation it maps
-  std::uint64_t charged;              // bytes charged for this mapping (foreign memory)
+  std::uint64_t size;
+  Handle root;               // the physical allocation it maps (0: one we do not count)
+  std::uint64_t charged;     // bytes charged for this mapping (foreign memory)
   int entry;
 };
 struct Export {
-  CUmemGenericAllocationHandle root;
+  Handle root;
   CUmemAllocationHandleType type;
-  std::uint64_t dev, ino;                 // POSIX fd: the file it names
-  std::uint8_t fabric[64];                // CU_MEM_HANDLE_TYPE_FABRIC: the handle bytes
+  std::uint64_t dev, ino;    // POSIX fd: the file it names
+  std::uint8_t fabric[64];   // CU_MEM_HANDLE_TYPE_FABRIC: the handle bytes
 };
 
-// VMM calls cost microseconds in the driver; a process-local mutex here is
-// never shared with another process and never held across a driver call.
-NoDestroy<std::mutex> g_mu;
-NoDestroy<std::unordered_map<CUmemGenericAllocationHandle, Physical>> g_physical;
-NoDestroy<std::unordered_map<CUmemGenericAllocationHandle, CUmemGenericAllocationHandle>> g_alias;  // import -> root
-NoDestroy<std::map<CUdeviceptr, Mapping>> g_mappings;
-NoDestroy<std::vector<Export>> g_exports;
+// One table each (limiter/pointer_table.h): no heap, no mutex. An operation
+// that touches several records (a release dropping the last reference, an
+// unmap) takes them one at a time; the orders below keep every record
+// reachable from what still references it.
+NoDestroy<limiter::PointerTable<Physical>> g_physical;  // root handle -> counted allocation
+NoDestroy<limiter::PointerTable<Alias>> g_alias;        // imported handle -> root
+NoDestroy<limiter::PointerTable<Mapping>> g_mappings;   // mapped address -> mapping
+NoDestroy<limiter::PointerTable<Export>> g_exports;     // export_key(identity) -> export
 
-CUmemGenericAllocationHandle root_of_locked(CUmemGenericAllocationHandle h) noexcept {
-  auto a = g_alias->find(h);
-  return a == g_alias->end() ? h : a->second;
+Handle root_of(Handle h) noexcept {
+  Alias a{};
+  return g_alias->find(h, &a) ? a.root : h;
+}
+
+void forget_exports_of(Handle root) noexcept {
+  g_exports->for_each_unlocked([&](std::uint64_t key, const Export& e) {
+    if (e.root == root) g_exports->update(key, [&](Export& now) { return now.root == root; });
+  });
 }
 
 // Drop one reference; the bytes go back to the budget with the last one.
-void unref_locked(CUmemGenericAllocationHandle root) noexcept {
-  auto it = g_physical->find(root);
-  if (it == g_physical->end()) return;
-  if (--it->second.refs == 0) {
-    if (it->second.bytes != 0) release(it->second.entry, it->second.bytes);
-    g_physical->erase(it);
-    for (auto e = g_exports->begin(); e != g_exports->end();) {
-      e = e->root == root ? g_exports->erase(e) : e + 1;
-    }
-  }
+void unref(Handle root) noexcept {
+  Physical last{};
+  bool gone = false;
+  g_physical->update(root, [&](Physical& p) {
+    if (--p.refs > 0) return false;
+    last = p;
+    gone = true;
+    return true;
+  });
+  if (!gone) return;
+  if (last.bytes != 0) release(last.entry, last.bytes);
+  if (last.exported) forget_exports_of(root);
+}
+
+bool add_ref(Handle root) noexcept {
+  return g_physical->update(root, [](Physical& p) {
+    ++p.refs;
+    return false;
+  });
 }
 
 bool is_device_located(const CUmemAllocationProp* prop) noexcept {
@@ -87,21 +105,72 @@ bool fd_identity(int fd, std::uint64_t* dev, std::uint64_t* ino) noexcept {
   return true;
 }
 
-// The export of this process that `os_handle` names, if any.
-const Export* find_export_locked(void* os_handle, CUmemAllocationHandleType type) noexcept {
-  if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-    std::uint64_t dev = 0, ino = 0;
-    const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
-    if (!fd_identity(fd, &dev, &ino)) return nullptr;
-    for (const Export& e : *g_exports) {
-      if (e.type == type && e.dev == dev && e.ino == ino) return &e;
-    }
-  } else if (type == CU_MEM_HANDLE_TYPE_FABRIC && os_handle != nullptr) {
-    for (const Export& e : *g_exports) {
-      if (e.type == type && std::memcmp(e.fabric, os_handle, sizeof e.fabric) == 0) return &e;
+// The table key of an export's identity (a hash: two identities that
+// collide keep the first; the second's re-import counts as foreign memory,
+// charged at map, never less).
+std::uint64_t export_key(const Export& e) noexcept {
+  std::uint64_t k = limiter::table_detail::mix(static_cast<std::uint64_t>(e.type) + 1);
+  if (e.type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    k = limiter::table_detail::mix(k ^ e.dev);
+    k = limiter::table_detail::mix(k ^ e.ino);
+  } else {
+    for (std::size_t i = 0; i < sizeof e.fabric; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, e.fabric + i, 8);
+      k = limiter::table_detail::mix(k ^ w);
     }
   }
-  return nullptr;
+  return k == 0 || k == ~std::uint64_t{0} ? 1 : k;
+}
+
+bool same_identity(const Export& a, const Export& b) noexcept {
+  if (a.type != b.type) return false;
+  if (a.type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return a.dev == b.dev && a.ino == b.ino;
+  return std::memcmp(a.fabric, b.fabric, sizeof a.fabric) == 0;
+}
+
+// The identity `os_handle` names for `type`, if it is one we can recognise.
+bool identity_of(void* os_handle, CUmemAllocationHandleType type, Export* out) noexcept {
+  *out = Export{};
+  out->type = type;
+  if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
+    return fd_identity(fd, &out->dev, &out->ino);
+  }
+  if (type == CU_MEM_HANDLE_TYPE_FABRIC && os_handle != nullptr) {
+    std::memcpy(out->fabric, os_handle, sizeof out->fabric);
+    return true;
+  }
+  return false;
+}
+
+// The export of this process that `os_handle` names, if any.
+bool find_export(void* os_handle, CUmemAllocationHandleType type, Export* out) noexcept {
+  Export wanted{};
+  if (!identity_of(os_handle, type, &wanted)) return false;
+  return g_exports->find(export_key(wanted), out) && same_identity(*out, wanted);
+}
+
+// Forget the mappings in [at, end), one at a time.
+void unmapped(std::uint64_t at, std::uint64_t end) noexcept {
+  // Usually a chain: an unmap covers whole adjacent mappings (the driver
+  // unmaps only entire mapped ranges), each starting where the last ended.
+  while (at < end) {
+    Mapping m{};
+    if (!g_mappings->erase(at, &m) || m.size == 0) break;
+    if (m.charged != 0) release(m.entry, m.charged);
+    unref(m.root);
+    at = m.size > end - at ? end : at + m.size;
+  }
+  if (at >= end) return;
+  // A mapping we could not record broke the chain: look for the rest.
+  g_mappings->for_each_unlocked([&](std::uint64_t key, const Mapping&) {
+    if (key < at || key >= end) return;
+    Mapping m{};
+    if (!g_mappings->erase(key, &m)) return;
+    if (m.charged != 0) release(m.entry, m.charged);
+    unref(m.root);
+  });
 }
 
 }  // namespace
@@ -128,16 +197,21 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handl
     release(r.entry, r.bytes);
     return rc;
   }
-  try {
-    std::lock_guard<std::mutex> lock(*g_mu);
-    g_alias->erase(*handle);  // a handle value the driver reuses is a new allocation
-    (*g_physical)[*handle] = Physical{r.bytes, r.entry, 1, false};
-  } catch (...) {
-    // Out of host memory for our bookkeeping: undo rather than lose track.
+  // A handle value the driver reuses is a new allocation: the old one was
+  // released behind our back, and what it held went with it.
+  g_alias->erase(*handle, nullptr);
+  const Physical fresh{r.bytes, r.entry, 1, false, false};
+  Physical stale{};
+  bool replaced = false;
+  if (!g_physical->upsert(*handle, fresh, [&](Physical& p, bool inserted) {
+        if (!inserted) stale = p, p = fresh, replaced = true;
+      })) {
+    // No memory for our bookkeeping: undo rather than lose track.
     real_cuMemRelease(*handle);
     release(r.entry, r.bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  if (replaced && stale.bytes != 0) release(stale.entry, stale.bytes);
   return rc;
 }
 
@@ -147,10 +221,9 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handl
   if (rc != CUDA_SUCCESS) return rc;
   rc = real_cuMemRelease(handle);
   if (rc == CUDA_SUCCESS) {
-    std::lock_guard<std::mutex> lock(*g_mu);
-    const CUmemGenericAllocationHandle root = root_of_locked(handle);
-    unref_locked(root);
-    if (g_physical->find(root) == g_physical->end()) g_alias->erase(handle);
+    const Handle root = root_of(handle);
+    unref(root);
+    if (!g_physical->find(root, nullptr)) g_alias->erase(handle, nullptr);
   }
   return rc;
 }
@@ -162,11 +235,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocat
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuMemRetainAllocationHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   rc = real_cuMemRetainAllocationHandle(handle, addr);
-  if (rc == CUDA_SUCCESS && handle != nullptr) {
-    std::lock_guard<std::mutex> lock(*g_mu);
-    auto it = g_physical->find(root_of_locked(*handle));
-    if (it != g_physical->end()) ++it->second.refs;
-  }
+  if (rc == CUDA_SUCCESS && handle != nullptr) add_ref(root_of(*handle));
   return rc;
 }
 
@@ -179,22 +248,15 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, C
   rc = real_cuMemExportToShareableHandle(shareable, handle, type, flags);
   if (rc != CUDA_SUCCESS || shareable == nullptr) return rc;
   Export e{};
-  e.type = type;
-  bool known = false;
-  if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-    known = fd_identity(*static_cast<int*>(shareable), &e.dev, &e.ino);
-  } else if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
-    std::memcpy(e.fabric, shareable, sizeof e.fabric);
-    known = true;
-  }
-  if (!known) return rc;
-  try {
-    std::lock_guard<std::mutex> lock(*g_mu);
-    e.root = root_of_locked(handle);
-    if (g_physical->count(e.root) != 0) g_exports->push_back(e);
-  } catch (...) {
-    // Without the record a re-import counts as foreign memory: charged at map, never less.
-  }
+  const void* os_handle = type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                              ? reinterpret_cast<void*>(static_cast<std::intptr_t>(*static_cast<int*>(shareable)))
+                              : shareable;
+  if (!identity_of(const_cast<void*>(os_handle), type, &e)) return rc;
+  e.root = root_of(handle);
+  // Marked first, so that the last release of the allocation finds the record.
+  // Without the record a re-import counts as foreign memory: charged at map, never less.
+  if (g_physical->update(e.root, [](Physical& p) { return p.exported = true, false; }))
+    g_exports->upsert(export_key(e), e, [&](Export& now, bool) { now = e; });
   return rc;
 }
 
@@ -205,29 +267,19 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllo
   if (real_cuMemImportFromShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   rc = real_cuMemImportFromShareableHandle(handle, os_handle, type);
   if (rc != CUDA_SUCCESS || handle == nullptr) return rc;
+  // Our own export imported again: one more reference to the original.
+  Export e{};
+  if (find_export(os_handle, type, &e) && add_ref(e.root)) {
+    if (*handle != e.root) g_alias->upsert(*handle, Alias{e.root}, [&](Alias& a, bool) { a.root = e.root; });
+    return rc;
+  }
   // Which device the memory is on, for foreign memory.
   CUmemAllocationProp prop{};
   const bool device_memory = real_cuMemGetAllocationPropertiesFromHandle != nullptr &&
                              real_cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS &&
                              is_device_located(&prop);
   const int entry = device_memory ? device_entry(prop.location.id) : -1;
-  try {
-    std::lock_guard<std::mutex> lock(*g_mu);
-    if (const Export* e = find_export_locked(os_handle, type)) {
-      auto it = g_physical->find(e->root);
-      if (it != g_physical->end()) {
-        ++it->second.refs;
-        if (*handle != e->root) (*g_alias)[*handle] = e->root;
-        return rc;
-      }
-    }
-    if (entry >= 0) {
-      auto [it, inserted] = g_physical->try_emplace(*handle, Physical{0, entry, 0, true});
-      ++it->second.refs;
-      (void)inserted;
-    }
-  } catch (...) {
-  }
+  if (entry >= 0) g_physical->upsert(*handle, Physical{0, entry, 0, true, false}, [](Physical& p, bool) { ++p.refs; });
   return rc;
 }
 
@@ -237,33 +289,35 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t o
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   // Foreign memory is charged for the mapping, before the driver maps it.
-  int foreign_entry = -1;
-  CUmemGenericAllocationHandle root = handle;
-  {
-    std::lock_guard<std::mutex> lock(*g_mu);
-    root = root_of_locked(handle);
-    auto it = g_physical->find(root);
-    if (it != g_physical->end() && it->second.foreign) foreign_entry = it->second.entry;
-  }
+  const Handle root = root_of(handle);
+  Physical p{};
+  const int foreign_entry = g_physical->find(root, &p) && p.foreign ? p.entry : -1;
   if (foreign_entry >= 0 && !reserve(foreign_entry, size)) return CUDA_ERROR_OUT_OF_MEMORY;
   rc = real_cuMemMap(ptr, size, offset, handle, flags);
   if (rc != CUDA_SUCCESS) {
     if (foreign_entry >= 0) release(foreign_entry, size);
     return rc;
   }
-  std::lock_guard<std::mutex> lock(*g_mu);
-  auto it = g_physical->find(root);
-  if (it == g_physical->end()) {
-    if (foreign_entry >= 0) release(foreign_entry, size);  // released meanwhile: nothing to hold it by
+  // The mapping holds a reference; one whose allocation we do not count (or
+  // that was released meanwhile) is recorded without one, so that an unmap of
+  // several adjacent mappings finds each of them.
+  const bool counted = add_ref(root);
+  if (!counted && foreign_entry >= 0) release(foreign_entry, size);
+  const Mapping m{size, counted ? root : 0, counted && foreign_entry >= 0 ? size : 0, foreign_entry};
+  Mapping stale{};
+  bool replaced = false;
+  if (!g_mappings->upsert(ptr, m, [&](Mapping& now, bool inserted) {
+        if (!inserted) stale = now, now = m, replaced = true;
+      })) {
+    // Without the mapping record the handle's release frees the bytes early;
+    // the agent's reconciliation would still see what the device holds.
+    if (m.charged != 0) release(m.entry, m.charged);
+    unref(m.root);
     return rc;
   }
-  try {
-    (*g_mappings)[ptr] = Mapping{size, root, foreign_entry >= 0 ? size : 0, foreign_entry};
-    ++it->second.refs;
-  } catch (...) {
-    // Without the mapping record the handle's release frees the bytes
-    // early; the agent's reconciliation would still see what the device holds.
-    if (foreign_entry >= 0) release(foreign_entry, size);
+  if (replaced) {  // an unmap we never saw
+    if (stale.charged != 0) release(stale.entry, stale.charged);
+    unref(stale.root);
   }
   return rc;
 }
@@ -273,15 +327,6 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   rc = real_cuMemUnmap(ptr, size);
-  if (rc == CUDA_SUCCESS) {
-    // One unmap may cover several adjacent mappings.
-    std::lock_guard<std::mutex> lock(*g_mu);
-    auto it = g_mappings->lower_bound(ptr);
-    while (it != g_mappings->end() && it->first < ptr + size) {
-      if (it->second.charged != 0) release(it->second.entry, it->second.charged);
-      unref_locked(it->second.root);
-      it = g_mappings->erase(it);
-    }
-  }
+  if (rc == CUDA_SUCCESS) unmapped(ptr, size > ~std::uint64_t{0} - ptr ? ~std::uint64_t{0} : ptr + size);
   return rc;
 }

@@ -183,7 +183,7 @@ class PointerTable {
   template <class F>
   bool for_each_unlocked(F&& f) {
     enter();
-    constexpr std::size_t kStack = 64;
+    constexpr std::size_t kStack = sizeof(Slot) > 512 ? 4 : 2048 / sizeof(Slot);  // at most ~2 KiB of stack
     Slot stack[kStack];
     bool complete = true;
     for (Shard& s : shards_) {
