@@ -16,12 +16,15 @@
 // frees everything it owned; the counted allocations the driver no longer
 // knows are then released (memory.cc sweep_implicitly_freed).
 #include <cuda.h>
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <sched.h>
-#include <unordered_map>
 
 #include "hook/launch.h"
 #include "hook/log.h"
@@ -37,8 +40,7 @@ struct Counted {
   std::uint64_t bytes;
 };
 
-NoDestroy<std::mutex> g_mu;  // process-local; serialises context bookkeeping, not driver calls
-NoDestroy<std::unordered_map<CUcontext, Counted>> g_contexts;
+NoDestroy<limiter::PointerTable<Counted>> g_contexts;  // CUcontext -> what was charged for it
 struct Primary {
   int refs = 0;
   Counted counted{-1, 0};
@@ -141,12 +143,15 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept
   CUcontext ctx = *pctx;
   rc = count_new_context(dev, m, &c, [&] { real_cuCtxDestroy_v2(ctx); });
   if (rc != CUDA_SUCCESS || c.bytes == 0) return rc;
-  std::lock_guard<std::mutex> lock(*g_mu);
-  try {
-    (*g_contexts)[ctx] = c;
-  } catch (...) {
+  // A handle value still recorded is a context destroyed behind our back
+  // (the driver reuses handles): what it held went with it.
+  Counted stale{-1, 0};
+  if (!g_contexts->upsert(reinterpret_cast<std::uint64_t>(ctx), c, [&](Counted& v, bool fresh) {
+        if (!fresh) stale = v, v = c;
+      })) {
     release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
   }
+  if (stale.bytes != 0) release(stale.entry, stale.bytes);
   return rc;
 }
 
@@ -155,14 +160,8 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   rc = destroy();
-  if (rc == CUDA_SUCCESS) {
-    std::lock_guard<std::mutex> lock(*g_mu);
-    auto it = g_contexts->find(ctx);
-    if (it != g_contexts->end()) {
-      release(it->second.entry, it->second.bytes);
-      g_contexts->erase(it);
-    }
-  }
+  Counted c{};
+  if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) release(c.entry, c.bytes);
   if (rc == CUDA_SUCCESS) sweep_implicitly_freed();  // what the context owned went with it
   if (rc == CUDA_SUCCESS) launch::forget_all_streams();  // its streams too: their handles may come back
   return rc;
@@ -193,13 +192,37 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
 
 std::mutex& measure_mutex() noexcept { return *g_create_mu; }
 
+// The sum of every count of counting operations (wrap.h), read after a
+// barrier in every thread of the process; *busy when one is in flight
+// (counters of exited threads left odd do not count). False when the
+// barrier cannot be issued: nothing then proves a measurement undisturbed.
+static bool read_op_counts(std::uint64_t* sum, bool* busy) noexcept {
+  const bool per_thread = g_counting_state.load(std::memory_order_relaxed) == 2;
+  if (per_thread && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) return false;
+  std::uint64_t total = g_counting_ops.load(std::memory_order_seq_cst);
+  bool in_flight = (total & 0xffffffffu) != 0;
+  if (per_thread) {
+    for (OpCounter& c : g_op_counters) {
+      const std::uint64_t v = c.ops.load(std::memory_order_acquire);
+      total += v;
+      if ((v & 1) != 0 && op_counter_owner_alive(c.owner.load(std::memory_order_relaxed))) in_flight = true;
+    }
+  }
+  *sum = total;
+  *busy = in_flight;
+  return true;
+}
+
 Measure measure_before(CUdevice ordinal) noexcept {
   Measure m{};
+  const int saved_errno = errno;
   // Let operations already in flight finish (bounded: they take microseconds).
-  for (int i = 0; i < 1000 && (g_counting_ops.load(std::memory_order_seq_cst) & 0xffffffffu) != 0; ++i)
-    sched_yield();
-  m.ops = g_counting_ops.load(std::memory_order_seq_cst);
-  m.quiet = counting_on() && (m.ops & 0xffffffffu) == 0;  // without the bracket nothing proves quiet
+  std::uint64_t ops = 0;
+  bool busy = true, readable = false;
+  for (int i = 0; i < 1000 && (readable = read_op_counts(&ops, &busy)) && busy; ++i) sched_yield();
+  m.ops = ops;
+  m.quiet = counting_on() && readable && !busy;  // without the bracket nothing proves quiet
+  errno = saved_errno;
   m.committed = committed_on(device_entry(ordinal));
   m.nvml = nvml_usage(ordinal, &m.before);
   return m;
@@ -209,7 +232,11 @@ std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
                              std::atomic<std::uint64_t>* remembered) noexcept {
   std::uint64_t after = 0;
   if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
-  const bool exact = m.quiet && g_counting_ops.load(std::memory_order_seq_cst) == m.ops;
+  std::uint64_t ops_now = 0;
+  bool busy = true;
+  const int saved_errno = errno;
+  const bool exact = m.quiet && read_op_counts(&ops_now, &busy) && ops_now == m.ops;
+  errno = saved_errno;
   const std::uint64_t raw = after > m.before ? after - m.before : 0;
   if (exact) {
     if (raw != 0 && remembered != nullptr) remembered->store(raw, std::memory_order_relaxed);

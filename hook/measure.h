@@ -1,7 +1,7 @@
 // Device memory the driver takes without saying how much (contexts, modules):
 // measured as this process's NVML usage after minus before the call that
 // takes it, exact when no counting operation of the process overlapped
-// (g_counting_ops, wrap.h). context.cc defines it; modules.cc uses it too.
+// (CountingOp, wrap.h). context.cc defines it; modules.cc uses it too.
 #pragma once
 
 #include <cuda.h>
@@ -15,7 +15,7 @@ namespace gpuslice::hook {
 struct Measure {
   bool nvml;                  // before was read
   std::uint64_t before;       // NVML usage of this process
-  std::uint64_t ops;          // g_counting_ops when it was read
+  std::uint64_t ops;          // the counts of counting operations (wrap.h) when read
   std::uint64_t committed;    // this process's counted bytes on the device
   bool quiet;                 // no counting operation was in flight at the start
 };

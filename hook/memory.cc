@@ -3,6 +3,11 @@
 // the budget exactly once at free. A free of a pointer we did not count is
 // forwarded unchanged.
 #include <cuda.h>
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "hook/log.h"
 #include "hook/oversub.h"
@@ -12,15 +17,52 @@ namespace gpuslice::hook {
 
 alignas(64) std::atomic<std::uint64_t> g_counting_ops{0};
 std::atomic<int> g_counting_state{0};
+OpCounter g_op_counters[kOpCounters];
+[[gnu::tls_model("initial-exec")]] constinit thread_local std::atomic<std::uint64_t>* t_op_counter = nullptr;
 
 bool counting_init() noexcept {
   const limiter::Options& o = config().options;
   bool quota = false;
   for (std::uint32_t d = 0; d < kMaxDevices && !quota; ++d) quota = o.memory_limit[d] != kUnlimited;
+  // Per-thread counters only where the measurer can issue its barrier (wrap.h).
+  const int saved_errno = errno;
+  const bool barrier = quota && syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  errno = saved_errno;
   // A quota set later at run time (gpuslice-smi set) is measured from the next
   // process on; this one keeps counting contexts by the difference alone.
-  g_counting_state.store(quota ? 2 : 1, std::memory_order_relaxed);
+  g_counting_state.store(!quota ? 1 : barrier ? 2 : 3, std::memory_order_relaxed);
   return quota;
+}
+
+// A thread's first counting operation takes a free counter, or one whose
+// owner thread has exited (its tid no longer in this process: also every
+// counter a forked child inherited from its parent's other threads).
+std::atomic<std::uint64_t>* claim_op_counter() noexcept {
+  std::atomic<std::uint64_t>* mine = &g_counting_ops;
+  const int saved_errno = errno;  // the caller's errno survives our syscalls
+  if (g_counting_state.load(std::memory_order_relaxed) == 2) {
+    const auto tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
+    for (int pass = 0; pass < 2 && mine == &g_counting_ops; ++pass) {
+      for (OpCounter& c : g_op_counters) {
+        std::uint32_t owner = c.owner.load(std::memory_order_relaxed);
+        if (pass == 0 ? owner != 0 : owner == 0 || op_counter_owner_alive(owner)) continue;
+        if (!c.owner.compare_exchange_strong(owner, tid, std::memory_order_acquire)) continue;
+        // An owner that died inside an operation left it odd: even it again
+        // (an increase, so a measurement spanning it is not taken as exact).
+        const std::uint64_t v = c.ops.load(std::memory_order_relaxed);
+        if (v & 1) c.ops.store(v + 1, std::memory_order_release);
+        mine = &c.ops;
+        break;
+      }
+    }
+  }
+  errno = saved_errno;
+  t_op_counter = mine;
+  return mine;
+}
+
+bool op_counter_owner_alive(std::uint32_t tid) noexcept {
+  return !(syscall(SYS_tgkill, getpid(), static_cast<pid_t>(tid), 0) != 0 && errno == ESRCH);
 }
 
 namespace {

@@ -28,30 +28,75 @@ union NoDestroy {
 };
 
 // Counting operations of this process (allocation or free, from before the
-// driver call until the count is settled): in flight in the low 32 bits,
-// finished in the high 32. A context's memory is measured as NVML's usage of
-// this process after minus before its creation, which is exact only if no
-// counting operation overlapped: context.cc checks this word did not change.
+// driver call until the count is settled). A context's memory is measured as
+// NVML's usage of this process after minus before its creation, which is
+// exact only if no counting operation overlapped (context.cc, measure.h).
 // Without any memory quota nothing is measured (context.cc only asks NVML on
 // a device with a quota), so the bracket costs one predictable branch.
+//
+// With a quota each thread counts its own operations in a counter of its own
+// (odd while one is in flight), with plain stores: no locked instruction, no
+// cache line shared between threads. The rare measurer pays instead: it
+// issues membarrier(PRIVATE_EXPEDITED), a full memory barrier in every
+// thread of the process, before it reads the counters, and again after the
+// measured call before it reads them a second time. An operation whose
+// driver call can change NVML's figure in between has stored its odd count
+// before its thread's barrier (the second one at the latest), so the second
+// read sees the count changed; one that stores it later calls the driver
+// after the measurement. Where membarrier is unavailable (Linux < 4.14,
+// seccomp) and for threads beyond the counters, operations fall back to two
+// seq_cst read-modify-writes of g_counting_ops (in flight in the low 32 bits,
+// finished in the high 32).
 extern std::atomic<std::uint64_t> g_counting_ops;
-extern std::atomic<int> g_counting_state;  // 0 unknown, 1 off, 2 on
+extern std::atomic<int> g_counting_state;  // 0 unknown, 1 off, 2 on (per-thread counters), 3 on (shared word)
 [[gnu::cold, gnu::noinline]] bool counting_init() noexcept;
 inline bool counting_on() noexcept {
   const int s = g_counting_state.load(std::memory_order_relaxed);
-  if (__builtin_expect(s != 0, 1)) return s == 2;
+  if (__builtin_expect(s != 0, 1)) return s >= 2;
   return counting_init();
 }
+
+struct alignas(64) OpCounter {
+  std::atomic<std::uint64_t> ops;    // 2 per finished operation of the owner; odd while one is in flight
+  std::atomic<std::uint32_t> owner;  // kernel thread id, 0 = free
+};
+inline constexpr unsigned kOpCounters = 256;
+extern OpCounter g_op_counters[kOpCounters];
+// The calling thread's counter, or &g_counting_ops (shared word); nullptr until claimed.
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local std::atomic<std::uint64_t>* t_op_counter;
+[[gnu::cold, gnu::noinline]] std::atomic<std::uint64_t>* claim_op_counter() noexcept;
+// Whether kernel thread `tid` is a live thread of this process.
+bool op_counter_owner_alive(std::uint32_t tid) noexcept;
+
 struct CountingOp {
-  CountingOp() noexcept : on(counting_on()) {
-    if (on) g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
-  }
+  CountingOp() noexcept : counter(counting_on() ? begin() : nullptr) {}
   ~CountingOp() {
-    if (on) g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst);
+    if (counter == nullptr) return;
+    if (counter == &g_counting_ops) {
+      g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst);
+    } else {
+      // Release: what the operation did is visible to a measurer that sees the count.
+      counter->store(counter->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    }
   }
   CountingOp(const CountingOp&) = delete;
   CountingOp& operator=(const CountingOp&) = delete;
-  const bool on;
+
+ private:
+  static std::atomic<std::uint64_t>* begin() noexcept {
+    std::atomic<std::uint64_t>* c = t_op_counter;
+    if (__builtin_expect(c == nullptr, 0)) c = claim_op_counter();
+    if (c == &g_counting_ops) {
+      g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
+    } else {
+      c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      // Kept before the driver call by the compiler; the measurer's
+      // membarrier orders it for the CPU.
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    }
+    return c;
+  }
+  std::atomic<std::uint64_t>* const counter;
 };
 
 struct Reservation {
@@ -86,25 +131,16 @@ inline void release_record(const limiter::AllocRecord& rec) noexcept {
 
 // After the driver freed memory implicitly: releases every record of `table`
 // for which gone(key, record) says the driver no longer knows the handle.
-// Keys are collected in batches on the stack (the table must not change while
-// it is walked), then erased exactly once.
+// gone() asks the driver, so it runs on copies with no table lock held
+// (a driver calling back into a hooked entry point must not wait on one);
+// each record is then erased exactly once.
 template <class Gone>
 void sweep_table(limiter::AllocTable& table, Gone&& gone) noexcept {
-  constexpr std::size_t kBatch = 128;
-  std::uint64_t keys[kBatch];
-  for (;;) {
-    std::size_t n = 0;
-    bool more = false;
-    table.for_each([&](std::uint64_t key, const limiter::AllocRecord& rec) {
-      if (!gone(key, rec)) return;
-      if (n < kBatch) keys[n++] = key; else more = true;
-    });
-    for (std::size_t i = 0; i < n; ++i) {
-      limiter::AllocRecord rec{};
-      if (table.erase(keys[i], &rec)) release_record(rec);
-    }
-    if (!more) return;
-  }
+  table.for_each_unlocked([&](std::uint64_t key, const limiter::AllocRecord& rec) {
+    if (!gone(key, rec)) return;
+    limiter::AllocRecord taken{};
+    if (table.erase(key, &taken)) release_record(taken);
+  });
 }
 
 // Free path: forget `key` (exactly once), run the real free, then return the
