@@ -20,16 +20,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cases.h"
+#include "child_env.h"
 #include "fixture.h"
 #include "results.h"
-
-extern char** environ;
 
 namespace fs = std::filesystem;
 using namespace gpuslice::microbench;
@@ -193,30 +193,25 @@ std::string private_dir() {
 Child spawn_child(const Options& o, const Config& c, const std::string& dir, int index) {
   const std::string tag = c.name + "." + std::to_string(index);
   Child child{-1, dir + "/" + tag + ".json", dir + "/" + tag + ".log"};
-  std::vector<std::string> vars;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const std::string name = entry.substr(0, entry.find('='));
-    if (name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH" || name == "FAKECUDA_STATE" ||
-        (name.rfind("GPUSLICE_", 0) == 0 && name != "GPUSLICE_LOG_LEVEL") || name.rfind("CUDA_DEVICE_", 0) == 0) {
-      continue;
-    }
-    vars.push_back(entry);
-  }
   const std::string fake_dir = fs::path(o.driver).parent_path().string();
-  vars.push_back("LD_LIBRARY_PATH=" + fake_dir);
-  vars.push_back("GPUSLICE_REAL_LIBCUDA=" + o.driver);
-  vars.push_back("GPUSLICE_REAL_LIBNVML=" + fake_dir + "/libnvidia-ml.so.1");
-  // The processes of one configuration share its region and its simulated device.
-  vars.push_back("GPUSLICE_REGION=" + dir + "/" + c.name + ".region");
-  vars.push_back("FAKECUDA_STATE=" + dir + "/" + c.name + ".state");
+  std::map<std::string, std::string> set{
+      {"LD_LIBRARY_PATH", fake_dir},
+      {"GPUSLICE_REAL_LIBCUDA", o.driver},
+      {"GPUSLICE_REAL_LIBNVML", fake_dir + "/libnvidia-ml.so.1"},
+      // The processes of one configuration share its region and its simulated device.
+      {"GPUSLICE_REGION", dir + "/" + c.name + ".region"},
+      {"FAKECUDA_STATE", dir + "/" + c.name + ".state"},
+  };
   if (c.limits) {
-    vars.push_back(std::string("GPUSLICE_SM_LIMIT=") + kSmLimit);
-    vars.push_back(std::string("GPUSLICE_MEMORY_LIMIT=") + kMemoryLimit);
+    set["GPUSLICE_SM_LIMIT"] = kSmLimit;
+    set["GPUSLICE_MEMORY_LIMIT"] = kMemoryLimit;
   }
-  std::vector<char*> envp;
-  for (std::string& v : vars) envp.push_back(v.data());
-  envp.push_back(nullptr);
+  gpuslice::tools::ChildEnvRules rules;
+  rules.keep_log_level = true;
+  rules.keep_library_path = false;
+  rules.keep_fakecuda_profile = true;
+  std::vector<std::string> vars = gpuslice::tools::child_environment(set, rules);
+  std::vector<char*> envp = gpuslice::tools::envp_of(vars);
 
   std::vector<std::string> threads;
   for (int t : c.threads) threads.push_back(std::to_string(t));

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
-extern char** environ;
+#include "child_env.h"
 
 namespace gpuslice::test {
 
@@ -60,33 +60,16 @@ Env merge(Env base, const Env& extra) {
 
 namespace {
 
-bool inherited(const std::string& name) {
-  static const char* const kDropped[] = {"LD_PRELOAD", "GPUSLICE_", "FAKECUDA_", "CUDA_DEVICE_"};
-  for (const char* p : kDropped)
-    if (name.rfind(p, 0) == 0) return false;
-  return true;
-}
-
+// The parent's environment less LD_PRELOAD, GPUSLICE_*, CUDA_DEVICE_* and
+// FAKECUDA_* (tools/common/child_env.h), then `env` (an empty value unsets).
 std::vector<std::string> child_environment(const Env& env) {
-  Env all;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    std::string k = kv.substr(0, eq);
-    if (inherited(k)) all[k] = kv.substr(eq + 1);
-  }
+  Env set;
 #if defined(__SANITIZE_ADDRESS__)
   // The preload library comes before libasan in a sanitized child: allowed.
-  all["ASAN_OPTIONS"] = "verify_asan_link_order=0:detect_leaks=0";
+  set["ASAN_OPTIONS"] = "verify_asan_link_order=0:detect_leaks=0";
 #endif
-  for (const auto& [k, v] : env) {
-    if (v.empty()) all.erase(k);
-    else all[k] = v;
-  }
-  std::vector<std::string> out;
-  for (const auto& [k, v] : all) out.push_back(k + "=" + v);
-  return out;
+  for (const auto& [k, v] : env) set[k] = v;
+  return tools::child_environment(set, tools::ChildEnvRules{});
 }
 
 pid_t start(const std::vector<std::string>& argv, const Env& env, int out_fd, int err_fd) {

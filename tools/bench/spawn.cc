@@ -12,22 +12,11 @@
 #include <stdexcept>
 #include <vector>
 
-extern char** environ;
+#include "child_env.h"
 
 namespace gpuslice::bench {
 
 namespace {
-
-bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
-
-// Variables a worker never inherits: every measurement sets its own quota,
-// limit, region, simulated device and library path.
-bool inherited(const std::string& name) {
-  if (name == "LD_PRELOAD" || name == "LD_LIBRARY_PATH" || name == "FAKECUDA_STATE") return false;
-  if (starts_with(name, "GPUSLICE_")) return name == "GPUSLICE_LOG_LEVEL";
-  if (starts_with(name, "CUDA_DEVICE_MEMORY_LIMIT") || starts_with(name, "CUDA_DEVICE_SM_LIMIT")) return false;
-  return true;
-}
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -56,18 +45,17 @@ std::string Workers::fresh_dir(const std::string& stem) {
 }
 
 pid_t Workers::start(const nlohmann::json& spec, const WorkerEnv& env) {
-  std::vector<std::string> vars;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string entry(*e);
-    const std::string name = entry.substr(0, entry.find('='));
-    if (inherited(name) && env.vars.count(name) == 0) vars.push_back(entry);
-  }
-  if (!context_.ld_library_path.empty()) vars.push_back("LD_LIBRARY_PATH=" + context_.ld_library_path);
-  if (env.preload) vars.push_back("LD_PRELOAD=" + context_.library);
-  for (const auto& [name, value] : env.vars) vars.push_back(name + "=" + value);
-  std::vector<char*> envp;
-  for (std::string& v : vars) envp.push_back(v.data());
-  envp.push_back(nullptr);
+  // Every measurement sets its own quota, limit, region, simulated device and
+  // library path: none is inherited.
+  std::map<std::string, std::string> set = env.vars;
+  if (!context_.ld_library_path.empty()) set["LD_LIBRARY_PATH"] = context_.ld_library_path;
+  if (env.preload) set["LD_PRELOAD"] = context_.library;
+  tools::ChildEnvRules rules;
+  rules.keep_log_level = true;
+  rules.keep_library_path = false;
+  rules.keep_fakecuda_profile = true;
+  std::vector<std::string> vars = tools::child_environment(set, rules);
+  std::vector<char*> envp = tools::envp_of(vars);
 
   const std::string spec_text = spec.dump();
   std::string exe = context_.exe;
