@@ -3,13 +3,13 @@
 // (limiter/compute_feedback.h): the caches it refreshes and NVML.
 #include <cuda.h>
 #include <pthread.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
 
 #include "hook/launch.h"
 #include "shm/clock.h"
+#include "shm/once.h"
 #include "hook/log.h"
 #include "hook/priority.h"
 #include "hook/wrap.h"
@@ -19,7 +19,9 @@
 namespace gpuslice::hook::launch {
 namespace {
 
-std::atomic<int> g_init_busy{0};
+// Claimed by the thread that initialises; reset when there is no device yet
+// (the next launch tries again) and in a forked child.
+shm::OnceFlag g_init;
 
 // --- caches refreshed by the feedback thread ---
 // Re-reads each mapped device's limit; true if any is limited.
@@ -63,7 +65,7 @@ void after_fork_in_child() noexcept {
   // CUDA does not survive fork(): the child starts the launch path afresh
   // (and with it its own feedback thread) on its first launch.
   g_mode.store(kModeCold, std::memory_order_relaxed);
-  g_init_busy.store(0, std::memory_order_relaxed);
+  g_init.reset();
   for (LaunchDevice& d : g_dev) {
     reset_queue_after_fork(d);
     d.used.store(0, std::memory_order_relaxed);  // the child has launched nothing yet
@@ -106,7 +108,7 @@ CUresult init_now() noexcept {
   if (real_cuDeviceGetCount == nullptr || real_cuDeviceGetCount(&count) != CUDA_SUCCESS || count <= 0) {
     // A launch before cuInit (it fails in the driver anyway): try again at
     // the next launch rather than settle for "no devices".
-    g_init_busy.store(0, std::memory_order_release);
+    g_init.reset();
     return CUDA_SUCCESS;
   }
   if (count > static_cast<int>(kMaxDevices)) count = static_cast<int>(kMaxDevices);
@@ -127,6 +129,7 @@ CUresult init_now() noexcept {
   // Publishes everything above to the launching threads (they acquire g_mode).
   const bool limited = update_caches();
   g_mode.store(limited ? kModeLimited : kModeUnlimited, std::memory_order_release);
+  g_init.complete();
   // No compute limit on any device: no feedback thread and no NVML (issue 9);
   // unlimited launches look for a limit set later (recheck_limits).
   if (!limited && !priority_board_present()) return CUDA_SUCCESS;
@@ -170,12 +173,10 @@ bool recheck_limits() noexcept {
 CUresult init_launch_path() noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  int expected = 0;
-  if (g_init_busy.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return init_now();
-  // Another thread is initialising (a few driver queries), or gave up
-  // because the driver has no device yet.
-  while (g_mode.load(std::memory_order_acquire) == kModeCold && g_init_busy.load(std::memory_order_acquire) != 0)
-    sched_yield();
+  if (g_init.claim()) return init_now();
+  // Another thread is initialising (a few driver queries, no loader lock),
+  // or gave up because the driver has no device yet.
+  g_init.wait();
   return CUDA_SUCCESS;
 }
 

@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <dlfcn.h>
-#include <sched.h>
 #include <time.h>
 
 #include <cstring>
@@ -10,6 +9,7 @@
 #include "hook/log.h"
 #include "hook/runtime.h"
 #include "shm/clock.h"
+#include "shm/once.h"
 
 namespace gpuslice::hook {
 
@@ -96,17 +96,17 @@ void* open_first(const char* override_path, const limiter::OptionSource& source,
   return nullptr;
 }
 
-enum : int { kNotLoaded = 0, kLoading = 1, kLoaded = 2, kUnavailable = 3 };
 constexpr std::uint64_t kLoadWaitNs = 1'000'000'000;
-std::atomic<int> g_driver_state{kNotLoaded};
-std::atomic<int> g_nvml_state{kNotLoaded};
+// Running: loading; failed: unavailable (not retried).
+shm::OnceFlag g_driver_state;
+shm::OnceFlag g_nvml_state;
 
 // Two threads resolve at once only when one of them could not wait for the
 // other (see load_once). The first value wins; a thread stops as soon as the
 // other has published everything (it then writes nothing at all), and never
 // writes a pointer already set: the wrappers read these words plainly.
-bool publish(void** slot, void* value, const std::atomic<int>& state) noexcept {
-  if (state.load(std::memory_order_acquire) == kLoaded) return false;
+bool publish(void** slot, void* value, const shm::OnceFlag& state) noexcept {
+  if (state.done()) return false;
   void* expected = nullptr;
   if (value != nullptr && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == nullptr)
     __atomic_compare_exchange_n(slot, &expected, value, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
@@ -114,7 +114,7 @@ bool publish(void** slot, void* value, const std::atomic<int>& state) noexcept {
 }
 
 void resolve(void* handle, bool nvml) noexcept {
-  const std::atomic<int>& state = nvml ? g_nvml_state : g_driver_state;
+  const shm::OnceFlag& state = nvml ? g_nvml_state : g_driver_state;
   for (const Hook& h : kHooks) {
     if (h.nvml == nvml && !publish(h.real, real_dlsym(handle, h.name), state)) return;
   }
@@ -181,29 +181,26 @@ using shm::monotonic_ns;
 // the same handle, and publish() keeps each pointer written once. A nested
 // call on a loading thread (the driver's constructors calling dlsym) sees
 // "unavailable".
-bool load_once(std::atomic<int>& state, bool (*load)() noexcept) noexcept {
-  int s = state.load(std::memory_order_acquire);
-  if (s == kLoaded) return true;
-  if (s == kUnavailable || t_loading) return false;
-  int expected = kNotLoaded;
-  if (!state.compare_exchange_strong(expected, kLoading, std::memory_order_acq_rel)) {
+bool load_once(shm::OnceFlag& state, bool (*load)() noexcept) noexcept {
+  shm::OnceFlag::State s = state.state();
+  if (s == shm::OnceFlag::kDone) return true;
+  if (s == shm::OnceFlag::kFailed || t_loading) return false;
+  if (!state.claim()) {
     // Usually the other thread is done in microseconds. If it is not, it may
     // be waiting for the loader lock this thread holds: stop waiting, load.
-    const std::uint64_t give_up = monotonic_ns() + kLoadWaitNs;
-    while ((s = state.load(std::memory_order_acquire)) == kLoading && monotonic_ns() < give_up) sched_yield();
-    if (s == kLoaded) return true;
-    if (s == kUnavailable) return false;
+    s = state.wait(monotonic_ns, kLoadWaitNs);
+    if (s == shm::OnceFlag::kDone) return true;
+    if (s == shm::OnceFlag::kFailed) return false;
   }
   t_loading = true;
   const bool ok = load();
   t_loading = false;
   if (ok) {
-    state.store(kLoaded, std::memory_order_release);
+    state.complete();
     return true;
   }
-  expected = kLoading;  // never overwrite another thread's success
-  state.compare_exchange_strong(expected, kUnavailable, std::memory_order_acq_rel);
-  return state.load(std::memory_order_acquire) == kLoaded;
+  state.fail();  // never overwrites another thread's success
+  return state.done();
 }
 
 // A name resolved at load time, or nullptr (then glibc's dlsym answers).
@@ -241,7 +238,7 @@ bool resolve_real_dlsym() noexcept {
 void* real_dlsym(void* handle, const char* name) noexcept {
   // The driver's own entry points, once loaded, come from our table: glibc's
   // dlsym takes the loader lock, and a caller of ours may hold it.
-  if (handle != nullptr && name != nullptr && g_driver_state.load(std::memory_order_acquire) == kLoaded &&
+  if (handle != nullptr && name != nullptr && g_driver_state.done() &&
       handle == g_driver_handle.load(std::memory_order_acquire)) {
     if (void* p = preresolved(name)) return p;
   }
@@ -256,8 +253,8 @@ void* nvml_handle() noexcept { return g_nvml_handle.load(std::memory_order_acqui
 
 void* wrapper_for_real(const void* real) noexcept {
   if (real == nullptr) return nullptr;
-  const bool driver = g_driver_state.load(std::memory_order_acquire) == kLoaded;
-  const bool nvml = g_nvml_state.load(std::memory_order_acquire) == kLoaded;
+  const bool driver = g_driver_state.done();
+  const bool nvml = g_nvml_state.done();
   for (const Hook& h : kHooks) {
     if ((h.nvml ? nvml : driver) && *h.real == real) return h.wrapper;
   }
