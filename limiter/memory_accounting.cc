@@ -138,10 +138,20 @@ void give_spare(DeviceState& d, Slot& s, int dev, std::uint64_t tag, std::uint64
   return_to_used(d, s, dev, bytes);
 }
 
+// Marks the slot as a lease holder (before it can hold any spare: a thief or
+// a display that finds the bit clear finds no spare either).
+void mark_lease_holder(Region* r, int slot) {
+  std::atomic<std::uint64_t>& word = r->header.lease_holders[slot / 64];
+  const std::uint64_t bit = std::uint64_t{1} << (slot % 64);
+  if ((word.load() & bit) == 0) word.fetch_or(bit);
+}
+
 // Inside the owner's bracket. CAS used -> used + bytes (+ a lease sized by the
 // headroom left, when `lease`), then committed += both; the lease becomes
 // spare. False, with nothing changed, if `bytes` does not fit.
-bool admit_locked(DeviceState& d, Slot& s, int dev, std::uint64_t bytes, bool lease, std::uint64_t tag) {
+bool admit_locked(Region* r, int slot, int dev, std::uint64_t bytes, bool lease, std::uint64_t tag) {
+  DeviceState& d = r->devices[dev];
+  Slot& s = r->slots[slot];
   const std::uint64_t quota = d.quota_bytes.load(std::memory_order_relaxed);
   lease = lease && leases_allowed(d);
   std::uint64_t used = d.used_bytes.load(std::memory_order_relaxed);
@@ -163,6 +173,7 @@ bool admit_locked(DeviceState& d, Slot& s, int dev, std::uint64_t bytes, bool le
   }
   s.committed_bytes[dev].fetch_add(bytes + want);
   if (lease) {
+    if (want != 0) mark_lease_holder(r, slot);
     // Frees may keep twice the lease: an alloc+free pair right after a refill
     // stays on the fast path. At the quota the lease and the cap are 0.
     s.lease[dev].cap_bytes.store(2 * want, std::memory_order_relaxed);
@@ -198,8 +209,11 @@ std::uint64_t steal_locked(Region* r, int victim, int dev, Bracket* bracket = nu
 
 std::uint64_t steal_all(Region* r, int slot, int dev) {
   std::uint64_t stolen = 0;
-  for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
-    if (static_cast<int>(i) != slot) stolen += steal_locked(r, static_cast<int>(i), dev);
+  for (std::uint32_t w = 0; w < kMaxSlots / 64; ++w) {
+    for (std::uint64_t bits = r->header.lease_holders[w].load(); bits != 0; bits &= bits - 1) {
+      const int victim = static_cast<int>(w * 64 + static_cast<std::uint32_t>(__builtin_ctzll(bits)));
+      if (victim != slot) stolen += steal_locked(r, victim, dev);
+    }
   }
   return stolen;
 }
@@ -212,14 +226,14 @@ bool admit_reclaiming(Region* r, int slot, std::uint64_t tag, int dev, std::uint
   Slot& s = r->slots[slot];
   Bracket bracket(s);
   settle_locked(d, s, dev, tag);
-  if (admit_locked(d, s, dev, bytes, false, tag)) return true;
+  if (admit_locked(r, slot, dev, bytes, false, tag)) return true;
   const std::uint64_t own = take_spare(s, dev, tag);
   if (own >= bytes) {  // frees of other threads refilled it meanwhile
     give_spare(d, s, dev, tag, own - bytes);
     return true;
   }
-  if (admit_locked(d, s, dev, bytes - own, false, tag)) return true;
-  if (steal && steal_all(r, slot, dev) != 0 && admit_locked(d, s, dev, bytes - own, false, tag)) return true;
+  if (admit_locked(r, slot, dev, bytes - own, false, tag)) return true;
+  if (steal && steal_all(r, slot, dev) != 0 && admit_locked(r, slot, dev, bytes - own, false, tag)) return true;
   return_to_used(d, s, dev, own);  // at the quota: spare helps nobody here
   return false;
 }
@@ -263,7 +277,7 @@ void wait_for_reaper(const Region* r) {
   Slot& s = r->slots[slot];
   Bracket bracket(s);
   settle_locked(d, s, dev, tag);
-  return admit_locked(d, s, dev, bytes, true, tag);
+  return admit_locked(r, slot, dev, bytes, true, tag);
 }
 
 }  // namespace
@@ -277,10 +291,8 @@ bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::Proce
     return false;
   const std::uint64_t tag = lease_tag(r, slot);
   {
-    DeviceState& d = r->devices[dev];
-    Slot& s = r->slots[slot];
-    Bracket bracket(s);
-    if (admit_locked(d, s, dev, bytes, false, tag)) [[likely]]
+    Bracket bracket(r->slots[slot]);
+    if (admit_locked(r, slot, dev, bytes, false, tag)) [[likely]]
       return true;
   }
   return reserve_slow(r, slot, tag, dev, bytes, self);
@@ -341,7 +353,12 @@ void release_all(Region* r, int slot) noexcept {
 std::uint64_t spare_lease_bytes(const Region* r, int dev) noexcept {
   if (r == nullptr || static_cast<unsigned>(dev) >= kMaxDevices) return 0;
   std::uint64_t sum = 0;
-  for (const Slot& s : r->slots) sum += lease_spare(s.lease[dev].word.load(std::memory_order_relaxed));
+  for (std::uint32_t w = 0; w < kMaxSlots / 64; ++w) {
+    for (std::uint64_t bits = r->header.lease_holders[w].load(std::memory_order_relaxed); bits != 0; bits &= bits - 1) {
+      const Slot& s = r->slots[w * 64 + static_cast<std::uint32_t>(__builtin_ctzll(bits))];
+      sum += lease_spare(s.lease[dev].word.load(std::memory_order_relaxed));
+    }
+  }
   return sum;
 }
 

@@ -178,6 +178,8 @@ class Reaper {
       s.context_bytes[d].store(0);
       s.nvml_used_bytes[d].store(0);
     }
+    const auto index = static_cast<std::uint32_t>(&s - r_->slots);
+    r_->header.lease_holders[index / 64].fetch_and(~(std::uint64_t{1} << (index % 64)));
     s.start_time.store(0);
     s.pidns_inode.store(0);
     s.pid.store(0);

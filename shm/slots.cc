@@ -62,6 +62,7 @@ void release_slot(Region* r, int slot) noexcept {
     s.lease[d].word.store(0);  // closed by release_all: nothing spare or owed left
     s.lease[d].cap_bytes.store(0);
   }
+  r->header.lease_holders[slot / 64].fetch_and(~(std::uint64_t{1} << (slot % 64)));
   // Clear the identity before the slot becomes free, so that a new owner's
   // identity is never overwritten.
   s.start_time.store(0);

@@ -166,8 +166,13 @@ struct RegionHeader {
   std::atomic<std::uint64_t> priority_held_ns;        // total time the container's launches were held
   std::atomic<std::uint64_t> priority_held_until_ns;  // CLOCK_MONOTONIC: held now if in the future
   std::atomic<std::uint64_t> departed_next;  // departed[] records written so far (next one: % kMaxDeparted)
-  // Reserved for later header fields (ABI v2 leaves room), zero until then.
-  std::uint64_t reserved1[43];
+  std::uint64_t reserved3[3];
+  // Bit i: slot i took a quota lease since it was claimed (set once per claim
+  // and device by the lease path, cleared when the slot is freed). Thefts and
+  // the display of spare leases look only at these slots (ABI v3).
+  alignas(64) std::atomic<std::uint64_t> lease_holders[kMaxSlots / 64];
+  // Reserved for later header fields, zero until then.
+  std::uint64_t reserved1[24];
 };
 
 struct Region {

@@ -181,6 +181,28 @@ TEST_F(Lease, ExitReleaseClosesLeasesAndStaleTagsNeverMatch) {
   EXPECT_TRUE(limiter::lease_alloc(region_, again, tag, dev, 1));
 }
 
+TEST_F(Lease, LeaseHoldersAreMarkedUntilTheirSlotIsFreed) {
+  auto holder = [&](int slot) {
+    return (region_->header.lease_holders[slot / 64].load() >> (slot % 64)) & 1;
+  };
+  const int dev = make_device(region_, 0, std::uint64_t{1} << 30);
+  EXPECT_EQ(holder(slot_), 0u);
+  ASSERT_TRUE(limiter::reserve(region_, slot_, dev, kMi, self_));  // exact form: no lease, no mark
+  EXPECT_EQ(holder(slot_), 0u);
+  ASSERT_TRUE(take(slot_, dev, kMi));
+  EXPECT_EQ(holder(slot_), 1u);
+  EXPECT_EQ(limiter::spare_lease_bytes(region_, dev), spare(slot_, dev));
+  limiter::release_all(region_, slot_);
+  shm::release_slot(region_, slot_);
+  EXPECT_EQ(holder(slot_), 0u);
+  const int dead = claim_dead_slot(3);
+  ASSERT_TRUE(take(dead, dev, kMi));
+  EXPECT_EQ(holder(dead), 1u);
+  EXPECT_EQ(limiter::reap_dead(region_, self_), 1);
+  EXPECT_EQ(holder(dead), 0u);
+  EXPECT_EQ(used(dev), 0u);
+}
+
 TEST_F(Lease, ExitReleaseOfARobbedSlotReturnsOnlyWhatItStillHolds) {
   const int dev = make_device(region_, 0, 1000);
   const int victim = shm::claim_slot(region_, self_);

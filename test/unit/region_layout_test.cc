@@ -66,7 +66,9 @@ TEST(RegionLayout, Header) {
   EXPECT_FIELD(RegionHeader, priority_held_ns, 144, 8);
   EXPECT_FIELD(RegionHeader, priority_held_until_ns, 152, 8);
   EXPECT_FIELD(RegionHeader, departed_next, 160, 8);
-  EXPECT_FIELD(RegionHeader, reserved1, 168, 344);
+  EXPECT_FIELD(RegionHeader, reserved3, 168, 24);
+  EXPECT_FIELD(RegionHeader, lease_holders, 192, 128);
+  EXPECT_FIELD(RegionHeader, reserved1, 320, 192);
 }
 
 TEST(RegionLayout, DeviceState) {
