@@ -79,6 +79,8 @@ struct alignas(64) PrioDevice {
   CUstream last_stream = nullptr;
   bool last_queued = false;  // the previous launch was queued behind earlier work
   std::uint64_t backlog = 0;  // when the lower neighbours' work queued ahead of this burst should be done
+  std::uint64_t prev_start_ns = 0;  // when our latest launch started (or will), 0 = unknown
+  std::uint64_t late_ns = 0;        // moving average of how late we launched after the previous one's end
 };
 PrioDevice g_prio[kMaxDevices];
 
@@ -151,6 +153,8 @@ void after_fork_in_child() noexcept {
     p.last_stream = nullptr;
     p.last_queued = false;
     p.backlog = 0;
+    p.prev_start_ns = 0;
+    p.late_ns = 0;
     p.horizon.store(0, std::memory_order_relaxed);
   }
 }
@@ -361,14 +365,35 @@ bool record_marker(PrioDevice& p, CUstream s, bool ptsz) noexcept {
 // wakes when the marker completes) until at most bound_launches() - 1 markers
 // are pending: then at most that many launches of ours are queued on the
 // device. True when it had to wait.
+//
+// With a bound of one launch, waiting for the previous launch to finish
+// leaves the device idle while this thread wakes up and launches (~0.1 ms per
+// launch on the simulator, more when the process waits for a CPU). When the
+// previous launch's start is known (it queued behind nothing of ours), the
+// thread instead sleeps until kTightLeadNs before its predicted end and lets
+// this launch queue then: two launches in flight during that lead only.
 bool bound_wait(PrioDevice& p, bool tight) noexcept {
   if (!g_events.usable()) return false;
   lock(p.ring_lock);
   const unsigned limit = limiter::bound_launches(p.estimate, tight);
   bool waited = false;
-  while (p.tail - p.head > limit - 1) {
+  const unsigned keep = limit == 1 && p.estimate.avg_ns > limiter::kTightLeadNs ? 1 : limit - 1;
+  while (p.tail - p.head > keep) {
     waited = true;
     retire_head(p, true);
+  }
+  if (p.tail - p.head > limit - 1 && !retire_head(p, false)) {  // the previous launch is still queued or running
+    const std::uint64_t now = mono_ns();
+    const std::uint64_t end = p.prev_start_ns != 0 ? p.prev_start_ns + p.estimate.avg_ns : 0;
+    // The lead: at least kTightLeadNs, more when this thread has been waking
+    // late (a host short of CPU): twice its usual lateness.
+    const std::uint64_t lead = 2 * p.late_ns > limiter::kTightLeadNs ? 2 * p.late_ns : limiter::kTightLeadNs;
+    if (end == 0 || end > now + limiter::kMaxPublishAheadNs) {
+      retire_head(p, true);  // start unknown: wait for its end
+    } else if (end > now + lead) {
+      sleep_ns(end - lead - now);
+    }
+    waited = true;
   }
   unlock(p.ring_lock);
   return waited;
@@ -414,6 +439,40 @@ void note_launch(PrioDevice& p, Priority self, bool marked) noexcept {
     if (horizon > most) horizon = most;
   }
   p.horizon.store(horizon, std::memory_order_relaxed);
+  // When this launch starts running: now if nothing of ours is queued, at
+  // the predicted end of the one queued (bound_wait's lead), else unknown.
+  while (p.head != p.tail && retire_head(p, false)) {
+  }
+  const unsigned pending = p.tail - p.head;
+  // Queued behind earlier work of ours now, as it goes (not when its marker
+  // was recorded: bound_wait may have slept since): only then does the next
+  // marker bracket this launch's device time alone.
+  if (marked) p.last_queued = pending != 0;
+  std::uint64_t start = 0;
+  if (marked && pending == 0) {
+    // The previous launch is done: it took at most now - its start. An
+    // estimate above that (a sample that shared the device under time
+    // slicing) would make bound_wait sleep past its end, with no sample to
+    // correct it (a launch behind nothing is not measured): pull it down.
+    if (p.prev_start_ns != 0 && now - p.prev_start_ns < p.estimate.avg_ns)
+      limiter::observe_launch(p.estimate, now - p.prev_start_ns);
+    // How late this thread came (the device idled for us meanwhile): the
+    // lead hides this much, up to a whole launch (two in flight).
+    if (p.prev_start_ns != 0) {
+      const std::uint64_t end = p.prev_start_ns + p.estimate.avg_ns;
+      std::uint64_t late = now > end ? now - end : 0;
+      if (late > p.estimate.avg_ns) late = p.estimate.avg_ns;
+      p.late_ns = (3 * p.late_ns + late) / 4;
+    }
+    start = now;
+  } else if (marked && pending == 1 && p.prev_start_ns != 0) {
+    // Behind the previous one: from its predicted end, unless that is long
+    // past (it was delayed: then we cannot tell).
+    const std::uint64_t end = p.prev_start_ns + p.estimate.avg_ns;
+    if (end + limiter::kTightLeadNs >= now) start = end > now ? end : now;
+    p.late_ns = 3 * p.late_ns / 4;  // on time
+  }
+  p.prev_start_ns = start;
   p.last_launch_ns = now;
   unlock(p.ring_lock);
 }
@@ -432,6 +491,9 @@ Verdict hold(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
   }
   const std::uint64_t held = now - began;
   r->header.priority_held_ns.fetch_add(held, std::memory_order_relaxed);
+  lock(p.ring_lock);
+  p.prev_start_ns = 0;  // our queue drained while held: the next launch's lateness means nothing
+  unlock(p.ring_lock);
   lock(p.board_lock);
   p.held_ns += held;
   ++p.holds;

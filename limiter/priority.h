@@ -70,6 +70,10 @@ inline constexpr std::uint32_t kMinBoundLaunches = 2;
 inline constexpr std::uint64_t kTightBoundWorkNs = 500'000;
 inline constexpr std::uint32_t kTightMinBoundLaunches = 1;
 inline constexpr std::uint64_t kRecentNs = 100'000'000;
+// With a tight bound of one launch, the next launch may queue this long before
+// the previous one's predicted end (hook/priority.cc: hides the process's
+// wake-up gap; the higher tenant may wait behind that much more).
+inline constexpr std::uint64_t kTightLeadNs = 150'000;
 inline constexpr std::uint32_t kMaxBoundLaunches = 16;
 
 // "high" | "normal" | "low" (any case). False for anything else.
