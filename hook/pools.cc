@@ -1,14 +1,17 @@
 // Stream-ordered allocation (cuMemAllocAsync, memory pools: what RAPIDS and
 // cudaMallocAsync use). A pool keeps memory reserved after a free until a
 // synchronisation point trims it to the pool's release threshold, so the
-// device holds the pool's *reserve*, not the sum of live allocations. We count
-// each pool at the reserve the driver reports (RESERVED_MEM_CURRENT):
-//  - before an allocation, reserve the growth it can cause (what does not fit
-//    in the pool's unused reserve, rounded up to the pool's 2 MiB chunk);
-//  - after it, and after every synchronisation, trim or free, settle the
-//    count on the reserve the driver reports.
-// So the quota bounds what pools hold, frees return memory when the driver
-// really lets it go, and nothing underflows (docs/memory.md).
+// device holds the pool's *reserve*, not the sum of live allocations. Each
+// pool is counted at or above its reserve (pool_state.h has the model,
+// docs/memory.md the reasoning):
+//  - an allocation that fits in what is already counted for its pool is one
+//    atomic add on this process's pool record, the driver call, and the
+//    record of the pointer: no lock, no region operation, no driver query;
+//  - one that does not fit reserves the growth first (2 MiB chunks), under
+//    the pool's mutex, and settles on the reserve the driver reports after;
+//  - a free returns bytes to the pool, not to the container;
+//  - synchronisation, cuMemPoolTrimTo and any refusal bring the count down
+//    (or up) to the reserve the driver reports.
 // The device of a stream-ordered allocation is the pool's: a pool created,
 // or looked up (cuDeviceGetMemPool / cuDeviceGetDefaultMemPool), on a device
 // is remembered with it; cuMemAllocAsync uses the current pool of the
@@ -18,193 +21,122 @@
 // pool stays counted until then.
 #include <cuda.h>
 
-#include <mutex>
-#include <unordered_map>
-#include <unordered_set>
-
 #include "hook/launch.h"
 #include "hook/log.h"
-#include "hook/oversub.h"
+#include "hook/pool_state.h"
 #include "hook/wrap.h"
 
 namespace gpuslice::hook {
 namespace {
 
-constexpr std::uint64_t kPoolChunk = 2ull << 20;
+using pools::PoolState;
 
-struct PoolCount {
-  int entry;
-  std::uint64_t counted;      // bytes this process holds in the region for the pool
-  std::uint64_t outstanding;  // allocations made through us and not yet freed
-  bool destroyed;             // cuMemPoolDestroy returned; freed with the last allocation
-};
-
-NoDestroy<std::recursive_mutex> g_mu;  // process-local; re-entered by the reclaim hook
-NoDestroy<std::unordered_map<CUmemoryPool, PoolCount>> g_pools;
-NoDestroy<std::unordered_map<CUdeviceptr, CUmemoryPool>> g_pool_pointers;  // live allocations -> their pool
-NoDestroy<std::unordered_set<CUmemoryPool>> g_host_pools;  // host-located pools: never charged
-std::atomic<int> g_pool_count{0};
-[[gnu::tls_model("initial-exec")]] thread_local bool t_allocating = false;
-
-bool pool_attr(CUmemoryPool pool, CUmemPool_attribute attr, std::uint64_t* out) noexcept {
-  cuuint64_t v = 0;
-  if (real_cuMemPoolGetAttribute == nullptr || real_cuMemPoolGetAttribute(pool, attr, &v) != CUDA_SUCCESS)
-    return false;
-  *out = v;
-  return true;
-}
-
-// Settle a pool's count on the reserve the driver reports now.
-bool settle_locked(CUmemoryPool pool, PoolCount& pc) noexcept {
-  if (pc.destroyed) return true;  // the handle is gone; the count goes with the last allocation
-  std::uint64_t reserved = 0;
-  if (!pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)) return false;
-  if (reserved < pc.counted) {
-    release(pc.entry, pc.counted - reserved);
-  } else if (reserved > pc.counted && !charge(pc.entry, reserved - pc.counted)) {
-    GPUSLICE_WARN_CAPPED(3, "a memory pool grew beyond what was reserved for it; the container is over "
-                            "its quota until the pool is trimmed");
-  }
-  pc.counted = reserved;
-  return true;
-}
-
-PoolCount* track_locked(CUmemoryPool pool, int entry) noexcept {
-  try {
-    auto [it, inserted] = g_pools->try_emplace(pool, PoolCount{entry, 0, 0, false});
-    if (inserted) g_pool_count.fetch_add(1, std::memory_order_relaxed);
-    return &it->second;
-  } catch (...) {
-    return nullptr;
-  }
-}
-
-void settle_all() noexcept {
-  if (g_pool_count.load(std::memory_order_relaxed) == 0 || t_allocating) return;
-  std::lock_guard<std::recursive_mutex> lock(*g_mu);
-  for (auto& [pool, pc] : *g_pools) settle_locked(pool, pc);
-}
-
-// A pointer from a pool was freed (by any free entry point): a destroyed pool
-// goes with its last allocation.
-void pointer_freed_locked(CUdeviceptr dptr) noexcept {
-  auto p = g_pool_pointers->find(dptr);
-  if (p == g_pool_pointers->end()) return;
-  const CUmemoryPool pool = p->second;
-  g_pool_pointers->erase(p);
-  auto it = g_pools->find(pool);
-  if (it == g_pools->end()) return;
-  PoolCount& pc = it->second;
-  if (pc.outstanding > 0) --pc.outstanding;
-  if (pc.destroyed && pc.outstanding == 0) {
-    release(pc.entry, pc.counted);
-    g_pools->erase(it);
-    g_pool_count.fetch_sub(1, std::memory_order_relaxed);
-  }
-}
-
+// The count must grow before the driver allocates: under the pool's mutex,
+// bracketed as a counting operation (the device's usage changes).
 template <class RealAlloc>
-CUresult alloc_from(CUmemoryPool pool, int entry, std::uint64_t bytes, CUdeviceptr* dptr,
-                    RealAlloc&& real_alloc) noexcept {
+[[gnu::noinline, gnu::cold]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes, std::uint64_t after,
+                                                    CUdeviceptr* dptr, RealAlloc& real_alloc) noexcept {
   CountingOp op;
-  std::lock_guard<std::recursive_mutex> lock(*g_mu);
-  PoolCount* pc = track_locked(pool, entry);
-  if (pc == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (pc->destroyed) return real_alloc();  // the driver's own error for a destroyed pool
-  const std::uint64_t counted_before = pc->counted;
-  std::uint64_t used = 0, reserved = 0;
-  std::uint64_t growth = bytes;
-  if (pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) &&
-      pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)) {
-    growth = used + bytes > reserved ? used + bytes - reserved : 0;
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!pools::grow_locked(st, after)) {
+    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  growth = (growth + kPoolChunk - 1) / kPoolChunk * kPoolChunk;
-  if (growth != 0) {
-    t_allocating = true;
-    bool ok = reserve(pc->entry, growth);
-    t_allocating = false;
-    if (!ok) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (!resident_admits(pc->entry)) {  // over the device-resident allowance: pool memory cannot spill
-      release(pc->entry, growth);
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    pc->counted += growth;
-  }
-  CUresult rc = real_alloc();
-  if (!settle_locked(pool, *pc) && rc != CUDA_SUCCESS) {
-    // Not a pool the driver knows (destroyed, foreign): nothing was allocated,
-    // so nothing stays counted.
-    release(pc->entry, pc->counted - counted_before);
-    pc->counted = counted_before;
-    if (pc->counted == 0 && pc->outstanding == 0) {
-      g_pools->erase(pool);
-      g_pool_count.fetch_sub(1, std::memory_order_relaxed);
-    }
+  const CUresult rc = real_alloc();
+  if (rc != CUDA_SUCCESS) {
+    // Nothing was allocated: back to what the driver holds (nothing at all
+    // for a pool it does not know), so a failed call changes no count.
+    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    pools::reconcile_locked(st, true);
     return rc;
   }
-  if (rc == CUDA_SUCCESS && dptr != nullptr) {
-    try {
-      if (g_pool_pointers->insert_or_assign(*dptr, pool).second) ++pc->outstanding;
-    } catch (...) {
-      // Without the record a destroy of this pool releases it early; the agent's
-      // reconciliation still sees what the device holds.
-    }
-  }
+  // Settle on the reserve the driver reports: a reserve that grew by more
+  // than the chunks we predicted is charged now, not at the next sync.
+  pools::reconcile_locked(st, false);
+  if (!pools::record(*dptr, st, bytes))
+    GPUSLICE_WARN_CAPPED(3, "pool allocation table full; the allocation stays counted until its pool is trimmed");
   return rc;
 }
 
-// Registered with the runtime: before refusing any allocation, take back what
-// pools have returned to the driver since we last looked.
+template <class RealAlloc>
+CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealAlloc&& real_alloc) noexcept {
+  // Host-located pools hold nothing on a device; a destroyed pool gets the
+  // driver's own error.
+  if (__builtin_expect((st.host.load(std::memory_order_relaxed) | st.destroyed.load(std::memory_order_relaxed)) != 0, 0))
+    return real_alloc();
+  const std::uint64_t after = st.outstanding.fetch_add(bytes, std::memory_order_seq_cst) + bytes;
+  pools::mark_dirty(st);
+  if (__builtin_expect(after > st.counted.load(std::memory_order_seq_cst), 0))
+    return alloc_growing(st, bytes, after, dptr, real_alloc);
+  const CUresult rc = real_alloc();
+  if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {
+    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    return rc;
+  }
+  if (__builtin_expect(!pools::record(*dptr, st, bytes), 0))
+    GPUSLICE_WARN_CAPPED(3, "pool allocation table full; the allocation stays counted until its pool is trimmed");
+  return rc;
+}
+
+// Registered with the runtime: before refusing any allocation, trim this
+// process's pools and take back what they returned to the driver.
+void reclaim() noexcept {
+  if (pools::g_slots_used.load(std::memory_order_relaxed) != 0) pools::reclaim_all();
+}
 struct RegisterReclaim {
-  RegisterReclaim() noexcept { set_pool_reclaim(settle_all); }
+  RegisterReclaim() noexcept { set_pool_reclaim(reclaim); }
 } g_register_reclaim;
 
 CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, bool per_thread) noexcept {
+  auto real = [&] {
+    return per_thread ? real_cuMemAllocAsync_ptsz(dptr, bytes, stream) : real_cuMemAllocAsync(dptr, bytes, stream);
+  };
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  if (dptr == nullptr) {
-    return per_thread ? real_cuMemAllocAsync_ptsz(dptr, bytes, stream) : real_cuMemAllocAsync(dptr, bytes, stream);
-  }
+  if (dptr == nullptr) return real();
   // The current pool of the stream's device (a stream of device 1 while
   // device 0's context is current allocates on device 1).
-  CUdevice dev = launch::stream_ordinal(stream, per_thread);
-  if (dev < 0 && (rc = real_cuCtxGetDevice(&dev)) != CUDA_SUCCESS) return rc;
-  int entry = device_entry(dev);
-  CUmemoryPool pool = nullptr;
-  if (entry < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  if ((rc = real_cuDeviceGetMemPool(&pool, dev)) != CUDA_SUCCESS) return rc;
-  return alloc_from(pool, entry, bytes, dptr, [&] {
-    return per_thread ? real_cuMemAllocAsync_ptsz(dptr, bytes, stream) : real_cuMemAllocAsync(dptr, bytes, stream);
-  });
+  int ordinal = launch::stream_ordinal(stream, per_thread);
+  if (ordinal < 0) {
+    CUdevice dev = 0;
+    if ((rc = real_cuCtxGetDevice(&dev)) != CUDA_SUCCESS) return rc;
+    ordinal = dev;
+  }
+  PoolState* st = pools::current_pool(ordinal, &rc);
+  if (st == nullptr) return rc;
+  return alloc_from(*st, bytes, dptr, real);
+}
+
+// A pool we never saw created or looked up (imported, or created before the
+// library was loaded): its memory is on the stream's device.
+template <class RealAlloc>
+[[gnu::noinline, gnu::cold]] CUresult alloc_from_unknown_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
+                                                              CUstream stream, bool per_thread,
+                                                              RealAlloc& real) noexcept {
+  CUresult rc = CUDA_SUCCESS;
+  const int ordinal = launch::stream_ordinal(stream, per_thread);
+  const int entry = ordinal >= 0 ? device_entry(ordinal) : current_device_entry(&rc);
+  if (entry < 0) return rc != CUDA_SUCCESS ? rc : real();
+  cuuint64_t reserved = 0;
+  if (real_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+    return real();  // not a pool the driver knows: its error, nothing to count
+  PoolState* st = pools::track(pool, entry, false);
+  if (st == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  return alloc_from(*st, bytes, dptr, real);
 }
 
 CUresult alloc_from_pool_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
                                bool per_thread) noexcept {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
   auto real = [&] {
     return per_thread ? real_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream)
                       : real_cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
   };
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
   if (pool == nullptr || dptr == nullptr) return real();  // the driver's CUDA_ERROR_INVALID_VALUE; nothing to count
-  int entry = -1;
-  {
-    std::lock_guard<std::recursive_mutex> lock(*g_mu);
-    if (g_host_pools->count(pool) != 0) return real();  // host memory: nothing on a device
-    auto it = g_pools->find(pool);
-    if (it != g_pools->end()) entry = it->second.entry;
-  }
-  if (entry < 0) {
-    // A pool we never saw created or looked up (e.g. imported): its memory is
-    // on the stream's device unless the driver says otherwise.
-    const int ordinal = launch::stream_ordinal(stream, per_thread);
-    entry = ordinal >= 0 ? device_entry(ordinal) : current_device_entry(&rc);
-    if (entry < 0) return rc != CUDA_SUCCESS ? rc : real();
-  }
-  return alloc_from(pool, entry, bytes, dptr, [&] {
-    return per_thread ? real_cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, stream)
-                      : real_cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
-  });
+  PoolState* st = pools::find(pool);
+  if (__builtin_expect(st == nullptr, 0)) return alloc_from_unknown_pool(dptr, bytes, pool, stream, per_thread, real);
+  return alloc_from(*st, bytes, dptr, real);
 }
 
 }  // namespace
@@ -228,25 +160,48 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr,
 }
 
 namespace gpuslice::hook {
+// cuMemFree_v2 of pool memory (memory.cc), after the driver accepted it.
 void pool_pointer_freed(CUdeviceptr dptr) noexcept {
-  if (g_pool_count.load(std::memory_order_relaxed) == 0) return;
-  std::lock_guard<std::recursive_mutex> lock(*g_mu);
-  pointer_freed_locked(dptr);
+  if (pools::g_slots_used.load(std::memory_order_relaxed) == 0) return;
+  PoolState* st = nullptr;
+  std::uint64_t bytes = 0;
+  if (pools::take_record(dptr, &st, &bytes)) pools::freed(*st, bytes);
 }
 }  // namespace gpuslice::hook
 
 namespace {
+template <class RealFree>
+CUresult free_pool_pointer(CUdeviceptr dptr, PoolState& st, std::uint64_t bytes, RealFree& real_free) noexcept {
+  const CUresult rc = real_free();
+  if (rc == CUDA_SUCCESS)
+    pools::freed(st, bytes);
+  else
+    pools::record(dptr, st, bytes);  // the driver refused: the allocation is still live
+  return rc;
+}
+
 // A stream-ordered free of pool memory returns it to the pool, not to the
-// device: the count moves only when the driver trims the pool (settled at sync
-// points). A stream-ordered free of cuMemAlloc memory frees it (the driver
-// accepts any device pointer): released like cuMemFree.
+// device: the count moves only when the driver trims the pool. The record is
+// taken before the driver call (exactly once), so an address the driver hands
+// out again at once is never confused with this one. A stream-ordered free
+// of cuMemAlloc memory frees it (the driver accepts any device pointer):
+// released like cuMemFree.
 template <class RealFree>
 CUresult free_async(CUdeviceptr dptr, RealFree&& real_free) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  rc = free_counted(linear_table(), dptr, real_free);
-  if (rc == CUDA_SUCCESS) pool_pointer_freed(dptr);
-  return rc;
+  if (pools::g_slots_used.load(std::memory_order_relaxed) != 0) {
+    PoolState* st = nullptr;
+    std::uint64_t bytes = 0;
+    if (__builtin_expect(pools::take_record(dptr, &st, &bytes), 1)) {
+      if (__builtin_expect(st->destroyed.load(std::memory_order_relaxed) != 0, 0)) {
+        CountingOp op;  // the last free of a destroyed pool frees the pool
+        return free_pool_pointer(dptr, *st, bytes, real_free);
+      }
+      return free_pool_pointer(dptr, *st, bytes, real_free);
+    }
+  }
+  return free_counted(linear_table(), dptr, real_free);
 }
 }  // namespace
 
@@ -262,9 +217,7 @@ namespace {
 void remember_pool(CUresult rc, CUmemoryPool* pool, CUdevice dev) noexcept {
   if (rc != CUDA_SUCCESS || pool == nullptr || *pool == nullptr) return;
   const int entry = device_entry(dev);
-  if (entry < 0) return;
-  std::lock_guard<std::recursive_mutex> lock(*g_mu);
-  track_locked(*pool, entry);
+  if (entry >= 0) pools::track(*pool, entry, false);
 }
 }  // namespace
 
@@ -282,6 +235,17 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice
   remember_pool(rc, pool, dev);
   return rc;
 }
+// cuMemAllocAsync allocates from the device's current pool, which this changes.
+GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuDeviceSetMemPool(dev, pool);
+  if (rc == CUDA_SUCCESS) {
+    pools::forget_current(dev);
+    remember_pool(rc, &pool, dev);
+  }
+  return rc;
+}
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
   CUresult rc = ensure_ready();
@@ -289,19 +253,12 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmem
   rc = real_cuMemPoolCreate(pool, props);
   if (rc != CUDA_SUCCESS || props == nullptr || pool == nullptr) return rc;
   if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-    int entry = device_entry(props->location.id);
-    if (entry >= 0) {
-      std::lock_guard<std::recursive_mutex> lock(*g_mu);
-      track_locked(*pool, entry);
-    }
+    const int entry = device_entry(props->location.id);
+    if (entry >= 0) pools::track(*pool, entry, false);
   } else {
     // Host-located (CUDA 13: HOST, HOST_NUMA, HOST_NUMA_CURRENT): its memory
     // is not on any device, and allocations from it are never charged.
-    try {
-      std::lock_guard<std::recursive_mutex> lock(*g_mu);
-      g_host_pools->insert(*pool);
-    } catch (...) {
-    }
+    pools::track(*pool, -1, true);
   }
   return rc;
 }
@@ -309,20 +266,18 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmem
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::recursive_mutex> lock(*g_mu);
-  auto it = g_pools->find(pool);
-  if (it != g_pools->end()) settle_locked(pool, it->second);  // last look at its reserve
-  rc = real_cuMemPoolDestroy(pool);
-  if (rc == CUDA_SUCCESS) g_host_pools->erase(pool);
-  if (rc == CUDA_SUCCESS && it != g_pools->end()) {
-    if (it->second.outstanding == 0) {
-      release(it->second.entry, it->second.counted);
-      g_pools->erase(it);
-      g_pool_count.fetch_sub(1, std::memory_order_relaxed);
-    } else {
-      it->second.destroyed = true;  // freed by the driver with its last allocation
-    }
+  PoolState* st = pools::find(pool);
+  if (st == nullptr) return real_cuMemPoolDestroy(pool);
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    pools::reconcile_locked(*st, false);  // last look at its reserve
+    rc = real_cuMemPoolDestroy(pool);
+    if (rc != CUDA_SUCCESS) return rc;
+    st->handle.store(nullptr, std::memory_order_release);  // lookups of the handle miss from now on
+    st->destroyed.store(1, std::memory_order_seq_cst);
   }
+  pools::forget_current(st);  // the driver makes the default pool current again
+  pools::finalize_if_drained(*st);  // else the last free of an allocation from it does
   return rc;
 }
 
@@ -330,31 +285,39 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBy
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
-  if (rc == CUDA_SUCCESS) settle_all();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (PoolState* st = pools::find(pool)) {
+    if (st->mu.try_lock()) {
+      pools::reconcile_locked(*st, false);
+      st->mu.unlock();
+    } else {
+      pools::mark_dirty(*st);  // busy growing: the next synchronisation looks again
+    }
+  }
   return rc;
 }
 
 // Synchronisation points: where the driver trims pools to their release threshold.
 namespace {
 template <class Sync>
-CUresult sync_then_settle(Sync&& sync) noexcept {
+CUresult sync_then_reconcile(Sync&& sync) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   rc = sync();
-  settle_all();
+  if (pools::g_slots_used.load(std::memory_order_relaxed) != 0) pools::reconcile_dirty();
   return rc;
 }
 }  // namespace
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
-  return sync_then_settle([&] { return real_cuStreamSynchronize(hStream); });
+  return sync_then_reconcile([&] { return real_cuStreamSynchronize(hStream); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream) {
-  return sync_then_settle([&] { return real_cuStreamSynchronize_ptsz(hStream); });
+  return sync_then_reconcile([&] { return real_cuStreamSynchronize_ptsz(hStream); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
-  return sync_then_settle([] { return real_cuCtxSynchronize(); });
+  return sync_then_reconcile([] { return real_cuCtxSynchronize(); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
-  return sync_then_settle([&] { return real_cuEventSynchronize(hEvent); });
+  return sync_then_reconcile([&] { return real_cuEventSynchronize(hEvent); });
 }

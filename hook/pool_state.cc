@@ -1,0 +1,279 @@
+// Pool records, their registry, and the slow paths of pool accounting
+// (pool_state.h has the model; docs/memory.md the reasoning).
+#include "hook/pool_state.h"
+
+#include "hook/log.h"
+#include "hook/oversub.h"
+#include "hook/wrap.h"
+#include "limiter/pointer_table.h"
+
+namespace gpuslice::hook::pools {
+
+std::atomic<std::uint32_t> g_slots_used{0};
+
+namespace {
+
+PoolState g_states[kMaxPools];
+// Slot allocation and the handle cache's misses (slow paths only).
+NoDestroy<std::mutex> g_registry_mu;
+
+// Handle -> slot, direct-mapped, index + 1 (0 = empty). A hit is verified
+// against the slot's handle, so a stale or colliding word only costs a miss.
+constexpr unsigned kCacheBits = 8;
+std::atomic<std::uint32_t> g_cache[1u << kCacheBits];
+
+// The current pool of each device (what cuMemAllocAsync allocates from), or
+// nullptr until the driver was asked. The generation makes a lookup that
+// raced with cuDeviceSetMemPool / destroy leave the cache empty.
+std::atomic<PoolState*> g_current[kMaxDevices];
+std::atomic<std::uint32_t> g_current_gen[kMaxDevices];
+
+// The pool whose mutex this thread holds while it reserves growth: the
+// reclaim hook that reserve() runs before refusing must skip it.
+[[gnu::tls_model("initial-exec")]] constinit thread_local PoolState* t_growing = nullptr;
+
+// Live allocations: device pointer -> its pool's slot and its size.
+struct PoolRecord {
+  std::uint64_t bytes;
+  std::uint32_t slot;
+};
+NoDestroy<limiter::PointerTable<PoolRecord>> g_records;
+
+unsigned home(CUmemoryPool pool) noexcept {
+  const auto key = reinterpret_cast<std::uintptr_t>(pool);
+  return static_cast<unsigned>(((key >> 4) * 0x9e3779b97f4a7c15ull) >> (64 - kCacheBits));
+}
+
+void cache(CUmemoryPool pool, std::uint32_t index) noexcept {
+  g_cache[home(pool)].store(index + 1, std::memory_order_release);
+}
+
+PoolState* scan_locked(CUmemoryPool pool) noexcept {
+  const std::uint32_t n = g_slots_used.load(std::memory_order_relaxed);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (g_states[i].handle.load(std::memory_order_relaxed) == pool) {
+      cache(pool, i);
+      return &g_states[i];
+    }
+  }
+  return nullptr;
+}
+
+// Pool bytes went back to the container's budget: allocations waiting for
+// memory (GPUSLICE_OVERSUBSCRIBE=wait) may go on.
+void give_back(int entry, std::uint64_t bytes) noexcept {
+  release(entry, bytes);
+  oversub_freed(entry, limiter::AllocKind::pool, bytes);
+}
+
+bool reserve_of(CUmemoryPool pool, std::uint64_t* out) noexcept {
+  cuuint64_t v = 0;
+  if (pool == nullptr || real_cuMemPoolGetAttribute == nullptr ||
+      real_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) != CUDA_SUCCESS)
+    return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+std::uint32_t index_of(const PoolState* st) noexcept { return static_cast<std::uint32_t>(st - g_states); }
+PoolState& at(std::uint32_t index) noexcept { return g_states[index]; }
+
+PoolState* find(CUmemoryPool pool) noexcept {
+  if (pool == nullptr) return nullptr;
+  const std::uint32_t v = g_cache[home(pool)].load(std::memory_order_acquire);
+  if (__builtin_expect(v != 0, 1)) {
+    PoolState& st = g_states[v - 1];
+    if (__builtin_expect(st.handle.load(std::memory_order_acquire) == pool, 1)) return &st;
+  }
+  if (g_slots_used.load(std::memory_order_acquire) == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(*g_registry_mu);
+  return scan_locked(pool);
+}
+
+PoolState* track(CUmemoryPool pool, int entry, bool host) noexcept {
+  if (pool == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(*g_registry_mu);
+  if (PoolState* known = scan_locked(pool)) return known;
+  const std::uint32_t n = g_slots_used.load(std::memory_order_relaxed);
+  std::uint32_t i = 0;
+  while (i < n && g_states[i].in_use.load(std::memory_order_acquire) != 0) ++i;
+  if (i == kMaxPools) {
+    GPUSLICE_WARN_CAPPED(1, "more than %u memory pools in use at once; allocations from further pools are "
+                            "refused with CUDA_ERROR_OUT_OF_MEMORY",
+                         kMaxPools);
+    return nullptr;
+  }
+  PoolState& st = g_states[i];
+  st.outstanding.store(0, std::memory_order_relaxed);
+  st.counted.store(0, std::memory_order_relaxed);
+  st.dirty.store(0, std::memory_order_relaxed);
+  st.destroyed.store(0, std::memory_order_relaxed);
+  st.finalized.store(0, std::memory_order_relaxed);
+  st.entry.store(entry, std::memory_order_relaxed);
+  st.host.store(host ? 1 : 0, std::memory_order_relaxed);
+  st.in_use.store(1, std::memory_order_relaxed);
+  st.handle.store(pool, std::memory_order_release);
+  if (i == n) g_slots_used.store(n + 1, std::memory_order_release);
+  cache(pool, i);
+  return &st;
+}
+
+PoolState* current_pool(int ordinal, CUresult* rc) noexcept {
+  if (ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) {
+    *rc = CUDA_ERROR_INVALID_DEVICE;
+    return nullptr;
+  }
+  if (PoolState* st = g_current[ordinal].load(std::memory_order_acquire)) return st;
+  const std::uint32_t gen = g_current_gen[ordinal].load(std::memory_order_acquire);
+  CUmemoryPool pool = nullptr;
+  if ((*rc = real_cuDeviceGetMemPool(&pool, ordinal)) != CUDA_SUCCESS) return nullptr;
+  const int entry = device_entry(ordinal);
+  PoolState* st = entry >= 0 ? track(pool, entry, false) : nullptr;
+  if (st == nullptr) {
+    *rc = CUDA_ERROR_OUT_OF_MEMORY;
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(*g_registry_mu);
+  if (g_current_gen[ordinal].load(std::memory_order_relaxed) == gen) g_current[ordinal].store(st, std::memory_order_release);
+  return st;
+}
+
+void forget_current(int ordinal) noexcept {
+  if (ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return;
+  std::lock_guard<std::mutex> lock(*g_registry_mu);
+  g_current_gen[ordinal].fetch_add(1, std::memory_order_relaxed);
+  g_current[ordinal].store(nullptr, std::memory_order_release);
+}
+
+void forget_current(const PoolState* st) noexcept {
+  std::lock_guard<std::mutex> lock(*g_registry_mu);
+  for (unsigned d = 0; d < kMaxDevices; ++d) {
+    if (g_current[d].load(std::memory_order_relaxed) != st) continue;
+    g_current_gen[d].fetch_add(1, std::memory_order_relaxed);
+    g_current[d].store(nullptr, std::memory_order_release);
+  }
+}
+
+bool grow_locked(PoolState& st, std::uint64_t outstanding_after) noexcept {
+  const std::uint64_t c = st.counted.load(std::memory_order_relaxed);
+  if (outstanding_after <= c) return true;  // another thread grew it meanwhile
+  const std::uint64_t target = round_chunk(outstanding_after);
+  const std::uint64_t need = target - c;
+  const int entry = st.entry.load(std::memory_order_relaxed);
+  t_growing = &st;
+  const bool ok = reserve(entry, need);
+  t_growing = nullptr;
+  if (!ok) return false;
+  if (!resident_admits(entry)) {  // over the device-resident allowance: pool memory cannot spill
+    give_back(entry, need);
+    return false;
+  }
+  st.counted.store(target, std::memory_order_seq_cst);
+  return true;
+}
+
+void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
+  if (st.destroyed.load(std::memory_order_relaxed) != 0 || st.host.load(std::memory_order_relaxed) != 0) return;
+  std::uint64_t reserved = 0;
+  if (!reserve_of(st.handle.load(std::memory_order_relaxed), &reserved)) {
+    if (!unknown_is_empty) return;  // the driver cannot say: keep what is counted
+    reserved = 0;
+  }
+  const std::uint64_t before = st.counted.load(std::memory_order_relaxed);
+  std::uint64_t target = reserved;
+  const std::uint64_t in_use = round_chunk(st.outstanding.load(std::memory_order_seq_cst));
+  if (in_use > target) target = in_use;
+  if (target < before) {
+    // Lowering races with allocations that passed the fast-path test against
+    // the old value: publish the new value, then look at `outstanding` again
+    // (both seq_cst, as the fast path's add and load): any allocation that
+    // saw the old value is in this second read and stays covered.
+    st.counted.store(target, std::memory_order_seq_cst);
+    const std::uint64_t again = round_chunk(st.outstanding.load(std::memory_order_seq_cst));
+    if (again > target) {
+      target = again;
+      st.counted.store(target, std::memory_order_seq_cst);
+    }
+  } else if (target > before) {
+    st.counted.store(target, std::memory_order_seq_cst);
+  }
+  const int entry = st.entry.load(std::memory_order_relaxed);
+  if (target < before) {
+    give_back(entry, before - target);
+  } else if (target > before && !charge(entry, target - before)) {
+    GPUSLICE_WARN_CAPPED(3, "a memory pool's reserve grew beyond what was reserved for it; the container is "
+                            "over its quota until the pool is trimmed");
+  }
+}
+
+void finalize_if_drained(PoolState& st) noexcept {
+  if (st.destroyed.load(std::memory_order_seq_cst) == 0) return;
+  if (st.outstanding.load(std::memory_order_seq_cst) != 0) return;
+  if (st.finalized.exchange(1, std::memory_order_acq_rel) != 0) return;
+  const std::uint64_t c = st.counted.exchange(0, std::memory_order_acq_rel);
+  if (c != 0 && st.host.load(std::memory_order_relaxed) == 0) give_back(st.entry.load(std::memory_order_relaxed), c);
+  st.in_use.store(0, std::memory_order_release);  // the slot may serve a new pool
+}
+
+void reconcile_dirty() noexcept {
+  const std::uint32_t n = g_slots_used.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    PoolState& st = g_states[i];
+    if (st.dirty.load(std::memory_order_relaxed) == 0) continue;
+    // Busy (another thread grows or destroys it): it stays dirty for the next sync.
+    if (!st.mu.try_lock()) continue;
+    st.dirty.store(0, std::memory_order_relaxed);
+    // A pool that still holds more than its allocations (a release threshold,
+    // or a sync of another device that did not trim it) stays dirty: a later
+    // synchronisation may release the rest.
+    if (st.in_use.load(std::memory_order_acquire) != 0) reconcile_locked(st, false);
+    if (st.counted.load(std::memory_order_relaxed) > round_chunk(st.outstanding.load(std::memory_order_relaxed)))
+      st.dirty.store(1, std::memory_order_relaxed);
+    st.mu.unlock();
+  }
+}
+
+void reclaim_all() noexcept {
+  const std::uint32_t n = g_slots_used.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    PoolState& st = g_states[i];
+    if (&st == t_growing || st.in_use.load(std::memory_order_acquire) == 0 ||
+        st.host.load(std::memory_order_relaxed) != 0 || st.destroyed.load(std::memory_order_relaxed) != 0)
+      continue;
+    if (!st.mu.try_lock()) continue;
+    CUmemoryPool pool = st.handle.load(std::memory_order_relaxed);
+    if (pool != nullptr && st.destroyed.load(std::memory_order_relaxed) == 0 && real_cuMemPoolTrimTo != nullptr)
+      real_cuMemPoolTrimTo(pool, 0);
+    reconcile_locked(st, false);
+    st.mu.unlock();
+  }
+}
+
+bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) noexcept {
+  const PoolRecord rec{bytes, index_of(&st)};
+  if (g_records->insert(ptr, rec)) return true;
+  // The driver handed out an address we still hold a record for: its free
+  // went a way we did not see settle (cuMemFree racing with this allocation).
+  PoolState* old = nullptr;
+  std::uint64_t old_bytes = 0;
+  if (take_record(ptr, &old, &old_bytes)) freed(*old, old_bytes);
+  return g_records->insert(ptr, rec);
+}
+
+bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) noexcept {
+  PoolRecord rec{};
+  if (!g_records->erase(ptr, &rec)) return false;
+  *st = &g_states[rec.slot];
+  *bytes = rec.bytes;
+  return true;
+}
+
+void freed(PoolState& st, std::uint64_t bytes) noexcept {
+  st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+  mark_dirty(st);
+  if (__builtin_expect(st.destroyed.load(std::memory_order_seq_cst) != 0, 0)) finalize_if_drained(st);
+}
+
+}  // namespace gpuslice::hook::pools

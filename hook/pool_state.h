@@ -1,0 +1,110 @@
+// Accounting state of stream-ordered allocation (pools.cc): one record per
+// memory pool this process uses, the registry that finds it by handle or by
+// device, and the records of live allocations. docs/memory.md, "Stream-ordered
+// pools", has the model; in short:
+//  - a pool is counted at `counted`, bytes held in the region for it, kept at
+//    or above the pool's physical reserve (what the card holds for it);
+//  - `outstanding` is the bytes of its allocations made through us and not yet
+//    freed. An allocation that fits (outstanding <= counted) touches nothing
+//    but this process's own pool record: no lock, no region operation, no
+//    driver query. One that does not grows `counted` first (reserve(), in
+//    2 MiB chunks) under the pool's mutex;
+//  - a free lowers `outstanding` only: the pool keeps the memory reserved;
+//  - `counted` is brought down (or up) to the reserve the driver reports on
+//    slow triggers only: synchronisation, cuMemPoolTrimTo, before any
+//    allocation of the process is refused, destroy.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "gpuslice/region.h"
+
+namespace gpuslice::hook::pools {
+
+// What a pool's reserve grows by: the driver maps physical memory for pools
+// in 2 MiB pages.
+inline constexpr std::uint64_t kChunk = std::uint64_t{2} << 20;
+inline constexpr std::uint64_t round_chunk(std::uint64_t v) noexcept {
+  return v > ~std::uint64_t{0} - (kChunk - 1) ? ~std::uint64_t{0} - (kChunk - 1) : (v + kChunk - 1) / kChunk * kChunk;
+}
+
+// Pools one process may use at once (a slot is reused once its pool is
+// destroyed and its last allocation freed). Beyond it, allocations from a new
+// pool are refused with CUDA_ERROR_OUT_OF_MEMORY and one warning.
+inline constexpr std::uint32_t kMaxPools = 4096;
+
+struct alignas(64) PoolState {
+  // Hot: every allocation and free of the pool (one cache line).
+  std::atomic<std::uint64_t> outstanding{0};  // bytes allocated through us, not yet freed (or in flight)
+  std::atomic<std::uint64_t> counted{0};      // bytes this process holds in the region for the pool
+  std::atomic<std::uint32_t> dirty{0};        // an allocation or free since the last sync-time reconciliation
+  std::atomic<std::uint32_t> destroyed{0};    // cuMemPoolDestroy returned; freed with the last allocation
+  std::atomic<std::int32_t> entry{-1};        // region device entry (set before `handle` is published)
+  std::atomic<std::uint32_t> host{0};         // host-located: never charged
+  // Cold.
+  std::atomic<CUmemoryPool> handle{nullptr};  // nullptr once destroyed (lookups miss) or free
+  std::atomic<std::uint32_t> in_use{0};       // slot taken (until destroyed and drained)
+  std::atomic<std::uint32_t> finalized{0};    // the destroyed pool's count was released (exactly once)
+  std::mutex mu;                              // growth, reconciliation and destroy of this pool
+};
+
+// An allocation or free happened: the next synchronisation reconciles the pool.
+inline void mark_dirty(PoolState& st) noexcept {
+  if (st.dirty.load(std::memory_order_relaxed) == 0) st.dirty.store(1, std::memory_order_relaxed);
+}
+
+// --- registry (pool_state.cc) ---
+// The record of `pool`, or nullptr if this process never registered it.
+// Lock-free when cached (a direct-mapped cache verified against the record).
+PoolState* find(CUmemoryPool pool) noexcept;
+// Registers `pool` (created, looked up, or first seen in an allocation) with
+// its device entry; returns the existing record if it is known. nullptr when
+// every slot is taken.
+PoolState* track(CUmemoryPool pool, int entry, bool host) noexcept;
+// The current pool of device `ordinal` as cuMemAllocAsync uses it, cached;
+// the driver is asked (cuDeviceGetMemPool) on a miss. nullptr with *rc set
+// when the driver cannot say or the device has no region entry.
+PoolState* current_pool(int ordinal, CUresult* rc) noexcept;
+// The device's current pool may have changed (cuDeviceSetMemPool, destroy).
+void forget_current(int ordinal) noexcept;
+void forget_current(const PoolState* st) noexcept;
+std::uint32_t index_of(const PoolState* st) noexcept;
+PoolState& at(std::uint32_t index) noexcept;
+// Slots ever used (the reconciliation loops' bound); 0 means no pool was ever
+// seen and the free and sync paths do nothing more.
+extern std::atomic<std::uint32_t> g_slots_used;
+
+// --- accounting (pool_state.cc) ---
+// Grows `counted` to cover `outstanding_after` (an allocation being made) in
+// whole chunks. False when the quota or the resident allowance refuses it.
+// Caller holds st.mu.
+bool grow_locked(PoolState& st, std::uint64_t outstanding_after) noexcept;
+// Brings `counted` to max(the driver's reserve, outstanding rounded to a
+// chunk); the driver's reserve is read unless `reserve_known` (trusted).
+// Keeps `counted` when the driver cannot say (destroyed, foreign pool) unless
+// `unknown_is_empty` (a failed allocation: a pool the driver does not know
+// holds nothing). Caller holds st.mu.
+void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept;
+// After the destroy returned: if nothing is outstanding, releases the count
+// and frees the slot (exactly once, also against a racing last free).
+void finalize_if_drained(PoolState& st) noexcept;
+// Reconciles every pool marked dirty (after a synchronisation): one driver
+// query per pool used since the last one, none when idle.
+void reconcile_dirty() noexcept;
+// Before an allocation is refused: trims this process's pools down to what
+// their allocations use (what the driver does before failing one of its own)
+// and reconciles them. Skips a pool whose mutex the calling thread holds.
+void reclaim_all() noexcept;
+
+// --- records of live allocations: device pointer -> pool and size ---
+bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) noexcept;
+// Exactly once per record; false if `ptr` is not a pool allocation of ours.
+bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) noexcept;
+// An allocation's bytes went back to its pool (the driver accepted the free).
+void freed(PoolState& st, std::uint64_t bytes) noexcept;
+
+}  // namespace gpuslice::hook::pools

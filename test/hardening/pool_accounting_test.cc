@@ -1,0 +1,97 @@
+// Stream-ordered allocation: the count of each pool against what the
+// simulated device holds, on the paths the lock-free fast path leaves to slow
+// triggers (reconciliation before a refusal, at synchronisation and trim; a
+// non-zero release threshold; cuDeviceSetMemPool; a driver refusal; many
+// threads on two devices). Each scenario runs pool_probe under the preload
+// library (docs/memory.md, "Stream-ordered pools").
+#include <cuda.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "harness.h"
+
+namespace gpuslice::test {
+namespace {
+
+constexpr unsigned long long kMi = 1ull << 20;
+
+Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
+  args.insert(args.begin(), bin("pool_probe"));
+  return run(args, merge(box.env(), extra), 120000);
+}
+
+unsigned long long num(const Result& r, const std::string& op, const std::string& key) {
+  auto lines = lines_with(r.out, op + " ");
+  if (lines.empty()) return ~0ull;
+  const std::string v = field(lines.front(), key);
+  return v.empty() ? ~0ull : std::stoull(v);
+}
+
+// A pool allocation freed without a synchronisation keeps its memory in the
+// pool (counted: the device holds it). An allocation that needs that memory
+// is not refused for it: before refusing, the library trims its own pools
+// and counts what they still hold.
+TEST(PoolAccounting, CachedPoolMemoryIsTrimmedBeforeARefusal) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "16Mi"}}, {"reclaim", "12", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "reclaim", "cached"), 12 * kMi) << r.out;
+  EXPECT_EQ(num(r, "reclaim", "cached_held"), 12 * kMi) << r.out;
+  EXPECT_EQ(num(r, "reclaim", "alloc_rc"), 0u) << r.out;
+  EXPECT_EQ(num(r, "reclaim", "counted"), 8 * kMi) << r.out;
+  EXPECT_EQ(num(r, "reclaim", "held"), 8 * kMi) << r.out;
+}
+
+// With a release threshold the pool keeps freed memory across a sync: it
+// stays counted (the device holds it) until cuMemPoolTrimTo gives it back.
+TEST(PoolAccounting, ReserveKeptByTheReleaseThresholdStaysCountedUntilTrimmed) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}}, {"threshold", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "threshold", "synced"), 8 * kMi) << r.out;
+  EXPECT_EQ(num(r, "threshold", "synced_held"), 8 * kMi) << r.out;
+  EXPECT_EQ(num(r, "threshold", "trimmed"), 0u) << r.out;
+  EXPECT_EQ(num(r, "threshold", "trimmed_held"), 0u) << r.out;
+}
+
+// The library caches each device's current pool; cuDeviceSetMemPool changes
+// it, and the new pool's reserve is what the device then holds.
+TEST(PoolAccounting, AllocAsyncAfterSetMemPoolCountsTheNewCurrentPool) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}}, {"set-mempool", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "set-mempool", "held"), 8 * kMi) << r.out;
+  EXPECT_EQ(num(r, "set-mempool", "counted"), 8 * kMi) << r.out;
+}
+
+// Within the quota but beyond the device: the driver's error, count unchanged.
+TEST(PoolAccounting, DriverRefusalLeavesTheCountUnchanged) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "64Mi"}}, {"driver-oom", "48", "32"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "driver-oom", "rc"), static_cast<unsigned long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
+  EXPECT_EQ(num(r, "driver-oom", "before"), 48 * kMi) << r.out;
+  EXPECT_EQ(num(r, "driver-oom", "after"), 48 * kMi) << r.out;
+  EXPECT_EQ(num(r, "driver-oom", "held"), 48 * kMi) << r.out;
+}
+
+// 8 threads on two devices allocating, freeing and synchronising at once:
+// afterwards every device's count equals what it holds, and 0 once freed.
+TEST(PoolAccounting, ConcurrentAllocAndFreeOnTwoDevicesIsExact) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "4Gi"}, {"FAKECUDA_DEVICES", "2"}}, {"threads", "3000"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "threads live", "failures"), 0u) << r.out;
+  EXPECT_GT(num(r, "threads live", "held0"), 0u) << r.out;
+  EXPECT_GT(num(r, "threads live", "held1"), 0u) << r.out;
+  EXPECT_EQ(num(r, "threads live", "counted0"), num(r, "threads live", "held0")) << r.out;
+  EXPECT_EQ(num(r, "threads live", "counted1"), num(r, "threads live", "held1")) << r.out;
+  EXPECT_EQ(num(r, "threads freed", "counted0"), 0u) << r.out;
+  EXPECT_EQ(num(r, "threads freed", "held0"), 0u) << r.out;
+  EXPECT_EQ(num(r, "threads freed", "counted1"), 0u) << r.out;
+  EXPECT_EQ(num(r, "threads freed", "held1"), 0u) << r.out;
+}
+
+}  // namespace
+}  // namespace gpuslice::test

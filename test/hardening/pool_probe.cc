@@ -1,0 +1,232 @@
+// pool_probe: stream-ordered allocation under the preload library, for
+// test/hardening/pool_accounting_test.cc: what the container is charged for
+// its pools against what the simulated device holds. Links the simulated
+// driver directly, as an application links libcuda. One scenario per run;
+// each prints "key=value" lines (counted = cuMemGetInfo's total - free on a
+// device; held = fakecuda_process_used_bytes) and exits 0, or 2 when a setup
+// call failed.
+//
+//   pool_probe reclaim MIB_POOL MIB_ALLOC     pool allocation freed without sync, then cuMemAlloc
+//   pool_probe threshold MIB                  release threshold keeps a freed allocation reserved
+//   pool_probe set-mempool MIB                cuDeviceSetMemPool, then cuMemAllocAsync
+//   pool_probe driver-oom MIB_HELD MIB_MORE   the driver refuses a pool allocation that fits the quota
+//   pool_probe threads ROUNDS                 8 threads on two devices allocate, free and sync at once
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fakecuda_query.h"
+
+namespace {
+
+constexpr std::size_t kMi = std::size_t{1} << 20;
+constexpr std::size_t kKi = std::size_t{1} << 10;
+
+void check(CUresult rc, const char* what) {
+  if (rc != CUDA_SUCCESS) {
+    std::fprintf(stderr, "pool_probe: %s failed: %d\n", what, static_cast<int>(rc));
+    std::exit(2);
+  }
+}
+
+CUcontext primary(CUdevice dev) {
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  return ctx;
+}
+
+// What the container is charged on `dev` (cuMemGetInfo under gpuslice).
+std::size_t counted(int dev) {
+  CUcontext before = nullptr;
+  cuCtxGetCurrent(&before);
+  check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
+  size_t free_b = 0, total = 0;
+  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
+  check(cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease");
+  cuCtxSetCurrent(before);
+  return total - free_b;
+}
+
+// What the simulated device holds for this process (allocations and pool reserves).
+unsigned long long held(int dev) {
+  return static_cast<unsigned long long>(fakecuda_process_used_bytes(dev, 0) - fakecuda_process_context_bytes(dev, 0));
+}
+
+CUmemoryPool create_pool(int dev, std::uint64_t threshold) {
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = dev;
+  CUmemoryPool pool = nullptr;
+  check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+  cuuint64_t t = threshold;
+  check(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t), "cuMemPoolSetAttribute");
+  return pool;
+}
+
+CUstream new_stream() {
+  CUstream s = nullptr;
+  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  return s;
+}
+
+// A pool allocation freed without a synchronisation stays in the pool's
+// reserve; an allocation that needs that memory must not be refused for it.
+int reclaim(std::size_t pool_bytes, std::size_t alloc_bytes) {
+  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  CUstream s = new_stream();
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, pool_bytes, s), "cuMemAllocAsync");
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+  const std::size_t cached = counted(0);
+  const unsigned long long cached_held = held(0);
+  CUdeviceptr q = 0;
+  const CUresult rc = cuMemAlloc(&q, alloc_bytes);
+  std::printf("reclaim cached=%zu cached_held=%llu alloc_rc=%d counted=%zu held=%llu\n", cached, cached_held,
+              static_cast<int>(rc), counted(0), held(0));
+  return 0;
+}
+
+// A non-zero release threshold keeps freed memory in the pool across
+// synchronisations: the device holds it, so it stays counted until trimmed.
+int threshold(std::size_t bytes) {
+  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  CUstream s = new_stream();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetDefaultMemPool(&pool, 0), "cuDeviceGetDefaultMemPool");
+  cuuint64_t t = 2 * bytes;
+  check(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t), "cuMemPoolSetAttribute");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  const std::size_t synced = counted(0);
+  const unsigned long long synced_held = held(0);
+  check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+  std::printf("threshold synced=%zu synced_held=%llu trimmed=%zu trimmed_held=%llu\n", synced, synced_held,
+              counted(0), held(0));
+  return 0;
+}
+
+// cuMemAllocAsync allocates from the device's current pool, which
+// cuDeviceSetMemPool changes: the new pool's reserve is what gets counted.
+int set_mempool(std::size_t bytes) {
+  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  CUstream s = new_stream();
+  CUdeviceptr warm = 0;  // the default pool is the current one first
+  check(cuMemAllocAsync(&warm, bytes, s), "cuMemAllocAsync (default pool)");
+  check(cuMemFreeAsync(warm, s), "cuMemFreeAsync");
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  CUmemoryPool pool = create_pool(0, 4 * bytes);  // keeps what is freed into it
+  check(cuDeviceSetMemPool(0, pool), "cuDeviceSetMemPool");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync (new pool)");
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  std::printf("set-mempool counted=%zu held=%llu\n", counted(0), held(0));
+  return 0;
+}
+
+// The quota has room but the device does not: the driver's error, and the
+// count stays what it was.
+int driver_oom(std::size_t held_bytes, std::size_t more_bytes) {
+  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  CUstream s = new_stream();
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, held_bytes, s), "cuMemAllocAsync");
+  const std::size_t before = counted(0);
+  CUdeviceptr q = 0;
+  const CUresult rc = cuMemAllocAsync(&q, more_bytes, s);
+  std::printf("driver-oom rc=%d before=%zu after=%zu held=%llu\n", static_cast<int>(rc), before, counted(0), held(0));
+  return 0;
+}
+
+// 8 threads, 4 per device, each on its own stream: the default pool (one
+// thread per device through cuMemAllocFromPoolAsync of a created pool) with
+// sizes from 64 KiB to ~3 MiB, frees, and synchronisations (which reconcile
+// every pool while the others allocate). At the end each thread holds a few
+// allocations: the count must equal what the device holds, and be 0 once
+// they are freed.
+int threads(int rounds) {
+  constexpr int kThreads = 8;
+  constexpr int kLive = 6;
+  CUmemoryPool created[2] = {create_pool(0, 0), create_pool(1, 0)};
+  std::vector<std::vector<CUdeviceptr>> kept(kThreads);
+  std::vector<CUstream> streams(kThreads);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t) {
+    pool.emplace_back([&, t] {
+      const int dev = t % 2;
+      check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
+      CUstream s = new_stream();
+      streams[t] = s;
+      const bool from_created = t / 2 == 1;
+      const bool syncs = t / 2 == 2;
+      std::vector<CUdeviceptr> live;
+      unsigned seed = 12345u + static_cast<unsigned>(t);
+      for (int r = 0; r < rounds; ++r) {
+        seed = seed * 1103515245u + 12345u;
+        const std::size_t bytes = (64 + (seed >> 8) % 3000) * kKi;
+        CUdeviceptr p = 0;
+        const CUresult rc = from_created ? cuMemAllocFromPoolAsync(&p, bytes, created[dev], s)
+                                         : cuMemAllocAsync(&p, bytes, s);
+        if (rc != CUDA_SUCCESS) {
+          failures.fetch_add(1);
+          continue;
+        }
+        live.push_back(p);
+        if (live.size() > kLive) {
+          check(cuMemFreeAsync(live.front(), s), "cuMemFreeAsync");
+          live.erase(live.begin());
+        }
+        if (syncs && r % 8 == 0) check(cuStreamSynchronize(s), "cuStreamSynchronize");
+      }
+      kept[t] = live;
+      check(cuStreamSynchronize(s), "cuStreamSynchronize");
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (int dev = 0; dev < 2; ++dev) {
+    check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+  }
+  std::printf("threads live failures=%d counted0=%zu held0=%llu counted1=%zu held1=%llu\n", failures.load(),
+              counted(0), held(0), counted(1), held(1));
+  for (int t = 0; t < kThreads; ++t) {
+    for (CUdeviceptr p : kept[t]) check(cuMemFreeAsync(p, streams[t]), "cuMemFreeAsync");
+  }
+  for (int dev = 0; dev < 2; ++dev) {
+    check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+  }
+  std::printf("threads freed counted0=%zu held0=%llu counted1=%zu held1=%llu\n", counted(0), held(0), counted(1),
+              held(1));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: pool_probe SCENARIO ARGS...\n");
+    return 64;
+  }
+  check(cuInit(0), "cuInit");
+  const std::string what = argv[1];
+  const std::size_t a = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;
+  const std::size_t b = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 0;
+  if (what == "reclaim") return reclaim(a * kMi, b * kMi);
+  if (what == "threshold") return threshold(a * kMi);
+  if (what == "set-mempool") return set_mempool(a * kMi);
+  if (what == "driver-oom") return driver_oom(a * kMi, b * kMi);
+  if (what == "threads") return threads(static_cast<int>(a));
+  std::fprintf(stderr, "pool_probe: unknown scenario %s\n", what.c_str());
+  return 64;
+}
