@@ -62,7 +62,8 @@ void trim_locked(CUmemPoolHandle_st *pool, std::uint64_t keep) {
 
 void trim_device_pools_locked(std::uint32_t dev, bool to_used) {
   g_pools.for_each_live([&](CUmemPoolHandle_st *pool) {
-    if (pool->device == dev) trim_locked(pool, to_used ? 0 : pool->release_threshold);
+    // A destroyed pool keeps its reserve until its last allocation is freed.
+    if (pool->device == dev && !pool->destroy_pending) trim_locked(pool, to_used ? 0 : pool->release_threshold);
   });
 }
 
@@ -196,10 +197,13 @@ extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   if (!alive(pool) || pool->destroy_pending || pool->is_default) return CUDA_ERROR_INVALID_VALUE;
   if (!pool->host && g_current_pool[pool->device] == pool) g_current_pool[pool->device] = g_default_pool[pool->device];
   // Documented: with allocations outstanding the call returns at once and the
-  // pool's resources go when the last allocation is freed.
+  // pool's resources (its whole reserve) go when the last allocation is freed
+  // (pool_return_locked); the handle is invalid from now on.
   pool->destroy_pending = true;
-  trim_locked(pool, 0);
-  if (pool->outstanding == 0) g_pools.retire(pool);
+  if (pool->outstanding == 0) {
+    trim_locked(pool, 0);
+    g_pools.retire(pool);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -237,7 +241,7 @@ extern "C" CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
 extern "C" CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
-  if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
+  if (!alive(pool) || pool->destroy_pending) return CUDA_ERROR_INVALID_VALUE;
   trim_locked(pool, minBytesToKeep);
   return CUDA_SUCCESS;
 }
@@ -246,7 +250,7 @@ extern "C" CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
-  if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
+  if (!alive(pool) || pool->destroy_pending) return CUDA_ERROR_INVALID_VALUE;  // a destroyed handle
   switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
       pool->reuse_follow_event_dependencies = *static_cast<int *>(value);
@@ -278,7 +282,7 @@ extern "C" CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
-  if (!alive(pool)) return CUDA_ERROR_INVALID_VALUE;
+  if (!alive(pool) || pool->destroy_pending) return CUDA_ERROR_INVALID_VALUE;  // a destroyed handle
   auto *as_int = static_cast<int *>(value);
   auto *as_u64 = static_cast<cuuint64_t *>(value);
   switch (attr) {

@@ -173,3 +173,29 @@ TEST_F(FakeCuda, VmmUnmapThenReleaseAndOom) {
 }
 
 }  // namespace
+
+// cuMemPoolDestroy with an allocation outstanding: the pool's whole reserve
+// stays until that allocation is freed (cuda.h), synchronisation does not trim
+// it, and the handle is no longer valid.
+TEST_F(FakeCuda, DestroyedPoolKeepsItsReserveUntilItsLastAllocation) {
+  InitWithContext();
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool pool = nullptr;
+  ASSERT_CU(cuMemPoolCreate(&pool, &props));
+  CUdeviceptr p = 0, q = 0;
+  ASSERT_CU(cuMemAllocFromPoolAsync(&p, 3 * kMiB, pool, nullptr));
+  ASSERT_CU(cuMemAllocFromPoolAsync(&q, 3 * kMiB, pool, nullptr));
+  EXPECT_CU(cuMemFreeAsync(q, nullptr));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 6 * kMiB);
+  EXPECT_CU(cuMemPoolDestroy(pool));
+  EXPECT_CU(cuStreamSynchronize(nullptr));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 6 * kMiB);
+  cuuint64_t reserved = 0;
+  EXPECT_EQ(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemPoolTrimTo(pool, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_CU(cuMemFreeAsync(p, nullptr));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+}
