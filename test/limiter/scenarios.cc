@@ -10,15 +10,12 @@
 #include <stdexcept>
 
 #include "gpuslice/region.h"
+#include "shm/clock.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::test::limiter {
 
-std::uint64_t mono_now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+std::uint64_t mono_now_ns() { return shm::monotonic_ns(); }
 
 std::vector<std::string> spin(const std::string& path, unsigned kernel_us, double seconds, const std::string& via,
                               double inflight_ms) {
