@@ -2,6 +2,10 @@
 // (pool_state.h has the model; docs/memory.md the reasoning).
 #include "hook/pool_state.h"
 
+#include <pthread.h>
+
+#include <new>
+
 #include "hook/log.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
@@ -75,6 +79,27 @@ bool reserve_of(CUmemoryPool pool, std::uint64_t* out) noexcept {
   return true;
 }
 
+// A forked child holds none of its parent's memory in its own region slot,
+// and CUDA does not survive fork(): it starts with no pools (the pointer
+// records drop themselves in a child). Locks a parent's thread held at the
+// fork are made anew. (Children made without fork handlers — _Fork, raw
+// clone — keep the parent's records until their pools are reconciled.)
+void reset_in_child() noexcept {
+  new (&*g_registry_mu) std::mutex;
+  for (PoolState& st : g_states) {
+    new (&st.mu) std::mutex;
+    st.handle.store(nullptr, std::memory_order_relaxed);
+    st.in_use.store(0, std::memory_order_relaxed);
+    st.outstanding.store(0, std::memory_order_relaxed);
+    st.counted.store(0, std::memory_order_relaxed);
+    st.dirty.store(0, std::memory_order_relaxed);
+  }
+  for (auto& w : g_cache) w.store(0, std::memory_order_relaxed);
+  for (auto& c : g_current) c.store(nullptr, std::memory_order_relaxed);
+  g_slots_used.store(0, std::memory_order_release);
+}
+std::atomic<bool> g_atfork_registered{false};
+
 }  // namespace
 
 std::uint32_t index_of(const PoolState* st) noexcept { return static_cast<std::uint32_t>(st - g_states); }
@@ -94,6 +119,7 @@ PoolState* find(CUmemoryPool pool) noexcept {
 
 PoolState* track(CUmemoryPool pool, int entry, bool host) noexcept {
   if (pool == nullptr) return nullptr;
+  if (!g_atfork_registered.exchange(true, std::memory_order_acq_rel)) pthread_atfork(nullptr, nullptr, reset_in_child);
   std::lock_guard<std::mutex> lock(*g_registry_mu);
   if (PoolState* known = scan_locked(pool)) return known;
   const std::uint32_t n = g_slots_used.load(std::memory_order_relaxed);
