@@ -256,7 +256,9 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, C
   // Marked first, so that the last release of the allocation finds the record.
   // Without the record a re-import counts as foreign memory: charged at map, never less.
   if (g_physical->update(e.root, [](Physical& p) { return p.exported = true, false; }))
-    g_exports->upsert(export_key(e), e, [&](Export& now, bool) { now = e; });
+    g_exports->upsert(export_key(e), e, [&](Export& now, bool) {
+      if (same_identity(now, e)) now = e;  // the same file or fabric handle exported again
+    });
   return rc;
 }
 

@@ -1,7 +1,7 @@
 // Insert+erase pairs of distinct addresses (address churn, as an allocator
 // hands out), on the pointer table of issue 14 and on the table it replaced,
 // in one run, at 1 and 8 threads. Pure CPU: no driver involved.
-//   build-*/bin/table_bench [--benchmark_min_time=0.2s] [--benchmark_repetitions=3]
+//   build-*/bin/table_bench [--benchmark_min_time=0.2] [--benchmark_repetitions=3]
 #include <benchmark/benchmark.h>
 
 #include <atomic>
