@@ -9,7 +9,6 @@
 #include <cuda.h>
 
 #include <atomic>
-#include <cstdlib>
 
 #include "hook/wrap.h"
 #include "limiter/compute.h"
@@ -51,14 +50,17 @@ struct Walker {
     if (depth > kMaxDepth || get_nodes(graph, nullptr, &count) != CUDA_SUCCESS || count == 0) return;
     CUgraphNode local[kStackNodes];
     CUgraphNode* nodes = local;
-    if (count > kStackNodes) {
-      nodes = static_cast<CUgraphNode*>(std::malloc(count * sizeof(CUgraphNode)));
+    // A large graph's node list goes to mmap'd pages, never malloc (the rule
+    // of every wrapper: the process's malloc may itself be interposed).
+    const std::size_t map_bytes = count > kStackNodes ? count * sizeof(CUgraphNode) : 0;
+    if (map_bytes != 0) {
+      nodes = static_cast<CUgraphNode*>(limiter::table_detail::map_pages(map_bytes));
       if (nodes == nullptr) return;
     }
     if (get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
       for (std::size_t i = 0; i < count; ++i) visit(nodes[i], depth, cost);
     }
-    if (nodes != local) std::free(nodes);
+    if (map_bytes != 0) limiter::table_detail::unmap_pages(nodes, map_bytes);
   }
 
   void visit(CUgraphNode node, int depth, limiter::GraphCost* cost) const noexcept {
