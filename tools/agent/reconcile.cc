@@ -52,7 +52,12 @@ bool read_sample(const Region* r, RegionSample* out, std::vector<SlotSample>* sc
       ss.res = Resolution{};
       for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
         const bool on = (published >> d) & 1u;
-        ss.committed_bytes[d] = on ? s.committed_bytes[d].load(std::memory_order_relaxed) : 0;
+        // What the process holds in use: its spare quota lease and bytes a
+        // thief took back are counted but not allocated (limiter/lease.h).
+        const std::uint64_t lease = s.lease[d].word.load(std::memory_order_relaxed);
+        const std::uint64_t committed = s.committed_bytes[d].load(std::memory_order_relaxed);
+        const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease);
+        ss.committed_bytes[d] = on && committed > not_used ? committed - not_used : 0;
         ss.nvml_used_bytes[d] = on ? s.nvml_used_bytes[d].load(std::memory_order_relaxed) : 0;
         ss.nvml_now_bytes[d] = 0;
       }
