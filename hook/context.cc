@@ -21,8 +21,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <mutex>
 #include <sched.h>
 
@@ -30,6 +28,7 @@
 #include "hook/log.h"
 #include "hook/measure.h"
 #include "hook/wrap.h"
+#include "shm/procfs.h"
 #include "shm/uuid.h"
 
 namespace gpuslice::hook {
@@ -62,20 +61,11 @@ std::uint32_t host_pid() noexcept {
   std::uint32_t pid = cached.load(std::memory_order_relaxed);
   if (pid != 0) return pid;
   // NVML reports host pids: the first NSpid field is our pid in the
-  // outermost namespace this /proc can see.
-  FILE* f = std::fopen("/proc/self/status", "re");
-  if (f == nullptr) return 0;
-  char line[256];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned v = 0;
-    if (std::sscanf(line, "NSpid: %u", &v) == 1) {
-      pid = v;
-      break;
-    }
-  }
-  std::fclose(f);
-  cached.store(pid, std::memory_order_relaxed);
-  return pid;
+  // outermost namespace this /proc can see (read without stdio: no heap).
+  shm::procfs::NsPids ids{};
+  if (shm::procfs::read_nspid(0, &ids) != 0) return 0;
+  cached.store(ids.outermost, std::memory_order_relaxed);
+  return ids.outermost;
 }
 
 // This process's device usage on `ordinal` according to NVML, or false.
