@@ -14,22 +14,21 @@
 namespace gpuslice::hook::pools {
 
 std::atomic<std::uint32_t> g_slots_used{0};
+PoolState g_states[kMaxPools];
+// Handle -> slot, direct-mapped, slot + 1 (0 = empty). A hit is verified
+// against the slot's handle, so a stale or colliding word only costs a miss.
+std::atomic<std::uint32_t> g_cache[1u << kCacheBits];
+// The current pool of each device (what cuMemAllocAsync allocates from), or
+// nullptr until the driver was asked.
+std::atomic<PoolState*> g_current[kMaxDevices];
 
 namespace {
 
-PoolState g_states[kMaxPools];
 // Slot allocation and the handle cache's misses (slow paths only).
 NoDestroy<std::mutex> g_registry_mu;
 
-// Handle -> slot, direct-mapped, index + 1 (0 = empty). A hit is verified
-// against the slot's handle, so a stale or colliding word only costs a miss.
-constexpr unsigned kCacheBits = 8;
-std::atomic<std::uint32_t> g_cache[1u << kCacheBits];
-
-// The current pool of each device (what cuMemAllocAsync allocates from), or
-// nullptr until the driver was asked. The generation makes a lookup that
-// raced with cuDeviceSetMemPool / destroy leave the cache empty.
-std::atomic<PoolState*> g_current[kMaxDevices];
+// The generation makes a current-pool lookup that raced with
+// cuDeviceSetMemPool / destroy leave the cache empty.
 std::atomic<std::uint32_t> g_current_gen[kMaxDevices];
 
 // The pool whose mutex this thread holds while it reserves growth: the
@@ -43,13 +42,8 @@ struct PoolRecord {
 };
 NoDestroy<limiter::PointerTable<PoolRecord>> g_records;
 
-unsigned home(CUmemoryPool pool) noexcept {
-  const auto key = reinterpret_cast<std::uintptr_t>(pool);
-  return static_cast<unsigned>(((key >> 4) * 0x9e3779b97f4a7c15ull) >> (64 - kCacheBits));
-}
-
 void cache(CUmemoryPool pool, std::uint32_t index) noexcept {
-  g_cache[home(pool)].store(index + 1, std::memory_order_release);
+  g_cache[cache_home(pool)].store(index + 1, std::memory_order_release);
 }
 
 PoolState* scan_locked(CUmemoryPool pool) noexcept {
@@ -105,14 +99,8 @@ std::atomic<bool> g_atfork_registered{false};
 std::uint32_t index_of(const PoolState* st) noexcept { return static_cast<std::uint32_t>(st - g_states); }
 PoolState& at(std::uint32_t index) noexcept { return g_states[index]; }
 
-PoolState* find(CUmemoryPool pool) noexcept {
-  if (pool == nullptr) return nullptr;
-  const std::uint32_t v = g_cache[home(pool)].load(std::memory_order_acquire);
-  if (__builtin_expect(v != 0, 1)) {
-    PoolState& st = g_states[v - 1];
-    if (__builtin_expect(st.handle.load(std::memory_order_acquire) == pool, 1)) return &st;
-  }
-  if (g_slots_used.load(std::memory_order_acquire) == 0) return nullptr;
+PoolState* find_slow(CUmemoryPool pool) noexcept {
+  if (pool == nullptr || g_slots_used.load(std::memory_order_acquire) == 0) return nullptr;
   std::lock_guard<std::mutex> lock(*g_registry_mu);
   return scan_locked(pool);
 }
@@ -146,12 +134,11 @@ PoolState* track(CUmemoryPool pool, int entry, bool host) noexcept {
   return &st;
 }
 
-PoolState* current_pool(int ordinal, CUresult* rc) noexcept {
+PoolState* current_pool_slow(int ordinal, CUresult* rc) noexcept {
   if (ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) {
     *rc = CUDA_ERROR_INVALID_DEVICE;
     return nullptr;
   }
-  if (PoolState* st = g_current[ordinal].load(std::memory_order_acquire)) return st;
   const std::uint32_t gen = g_current_gen[ordinal].load(std::memory_order_acquire);
   CUmemoryPool pool = nullptr;
   if ((*rc = real_cuDeviceGetMemPool(&pool, ordinal)) != CUDA_SUCCESS) return nullptr;

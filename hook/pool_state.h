@@ -60,7 +60,7 @@ inline void mark_dirty(PoolState& st) noexcept {
 // --- registry (pool_state.cc) ---
 // The record of `pool`, or nullptr if this process never registered it.
 // Lock-free when cached (a direct-mapped cache verified against the record).
-PoolState* find(CUmemoryPool pool) noexcept;
+inline PoolState* find(CUmemoryPool pool) noexcept;
 // Registers `pool` (created, looked up, or first seen in an allocation) with
 // its device entry; returns the existing record if it is known. nullptr when
 // every slot is taken.
@@ -68,7 +68,7 @@ PoolState* track(CUmemoryPool pool, int entry, bool host) noexcept;
 // The current pool of device `ordinal` as cuMemAllocAsync uses it, cached;
 // the driver is asked (cuDeviceGetMemPool) on a miss. nullptr with *rc set
 // when the driver cannot say or the device has no region entry.
-PoolState* current_pool(int ordinal, CUresult* rc) noexcept;
+inline PoolState* current_pool(int ordinal, CUresult* rc) noexcept;
 // The device's current pool may have changed (cuDeviceSetMemPool, destroy).
 void forget_current(int ordinal) noexcept;
 void forget_current(const PoolState* st) noexcept;
@@ -77,6 +77,34 @@ PoolState& at(std::uint32_t index) noexcept;
 // Slots ever used (the reconciliation loops' bound); 0 means no pool was ever
 // seen and the free and sync paths do nothing more.
 extern std::atomic<std::uint32_t> g_slots_used;
+
+// The caches behind find() and current_pool(), and their slow paths.
+extern PoolState g_states[kMaxPools];
+inline constexpr unsigned kCacheBits = 8;
+extern std::atomic<std::uint32_t> g_cache[1u << kCacheBits];  // slot + 1, 0 = empty
+extern std::atomic<PoolState*> g_current[kMaxDevices];
+inline unsigned cache_home(CUmemoryPool pool) noexcept {
+  const auto key = reinterpret_cast<std::uintptr_t>(pool);
+  return static_cast<unsigned>(((key >> 4) * 0x9e3779b97f4a7c15ull) >> (64 - kCacheBits));
+}
+[[gnu::cold, gnu::noinline]] PoolState* find_slow(CUmemoryPool pool) noexcept;
+[[gnu::cold, gnu::noinline]] PoolState* current_pool_slow(int ordinal, CUresult* rc) noexcept;
+
+inline PoolState* find(CUmemoryPool pool) noexcept {
+  const std::uint32_t v = g_cache[cache_home(pool)].load(std::memory_order_acquire);
+  if (__builtin_expect(v != 0, 1)) {
+    PoolState& st = g_states[v - 1];
+    if (__builtin_expect(st.handle.load(std::memory_order_acquire) == pool && pool != nullptr, 1)) return &st;
+  }
+  return find_slow(pool);
+}
+
+inline PoolState* current_pool(int ordinal, CUresult* rc) noexcept {
+  if (__builtin_expect(static_cast<unsigned>(ordinal) < kMaxDevices, 1)) {
+    if (PoolState* st = g_current[ordinal].load(std::memory_order_acquire)) return st;
+  }
+  return current_pool_slow(ordinal, rc);
+}
 
 // --- accounting (pool_state.cc) ---
 // Grows `counted` to cover `outstanding_after` (an allocation being made) in
