@@ -32,6 +32,10 @@ inline constexpr std::uint64_t round_chunk(std::uint64_t v) noexcept {
   return v > ~std::uint64_t{0} - (kChunk - 1) ? ~std::uint64_t{0} - (kChunk - 1) : (v + kChunk - 1) / kChunk * kChunk;
 }
 
+// Larger than any device (2^48 bytes): such a request always takes the slow
+// path, so the fast path's sums never wrap.
+inline constexpr std::uint64_t kHugeBytes = std::uint64_t{1} << 48;
+
 // Pools one process may use at once (a slot is reused once its pool is
 // destroyed and its last allocation freed). Beyond it, allocations from a new
 // pool are refused with CUDA_ERROR_OUT_OF_MEMORY and one warning.

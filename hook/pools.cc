@@ -38,7 +38,7 @@ template <class RealAlloc>
                                                     CUdeviceptr* dptr, RealAlloc& real_alloc) noexcept {
   CountingOp op;
   std::lock_guard<std::mutex> lock(st.mu);
-  if (!pools::grow_locked(st, after)) {
+  if (bytes > pools::kHugeBytes || !pools::grow_locked(st, after)) {  // no device has 2^48 bytes
     st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -66,7 +66,8 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealA
     return real_alloc();
   const std::uint64_t after = st.outstanding.fetch_add(bytes, std::memory_order_seq_cst) + bytes;
   pools::mark_dirty(st);
-  if (__builtin_expect(after > st.counted.load(std::memory_order_seq_cst), 0))
+  // (A size no device has goes the slow way too, where nothing wraps.)
+  if (__builtin_expect(after > st.counted.load(std::memory_order_seq_cst) || bytes > pools::kHugeBytes, 0))
     return alloc_growing(st, bytes, after, dptr, real_alloc);
   const CUresult rc = real_alloc();
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {
@@ -118,7 +119,8 @@ template <class RealAlloc>
   const int entry = ordinal >= 0 ? device_entry(ordinal) : current_device_entry(&rc);
   if (entry < 0) return rc != CUDA_SUCCESS ? rc : real();
   cuuint64_t reserved = 0;
-  if (real_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+  if (real_cuMemPoolGetAttribute == nullptr ||
+      real_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
     return real();  // not a pool the driver knows: its error, nothing to count
   PoolState* st = pools::track(pool, entry, false);
   if (st == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
