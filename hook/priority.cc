@@ -387,7 +387,9 @@ bool bound_wait(PrioDevice& p, bool tight) noexcept {
     const std::uint64_t end = p.prev_start_ns != 0 ? p.prev_start_ns + p.estimate.avg_ns : 0;
     // The lead: at least kTightLeadNs, more when this thread has been waking
     // late (a host short of CPU): twice its usual lateness.
-    const std::uint64_t lead = 2 * p.late_ns > limiter::kTightLeadNs ? 2 * p.late_ns : limiter::kTightLeadNs;
+    // At most half a launch: the higher tenant waits behind 1.5 launches at worst.
+    std::uint64_t lead = 2 * p.late_ns > limiter::kTightLeadNs ? 2 * p.late_ns : limiter::kTightLeadNs;
+    if (lead > p.estimate.avg_ns / 2) lead = p.estimate.avg_ns / 2;
     if (end == 0 || end > now + limiter::kMaxPublishAheadNs) {
       retire_head(p, true);  // start unknown: wait for its end
     } else if (end > now + lead) {
@@ -453,9 +455,8 @@ void note_launch(PrioDevice& p, Priority self, bool marked) noexcept {
     // The previous launch is done: it took at most now - its start. An
     // estimate above that (a sample that shared the device under time
     // slicing) would make bound_wait sleep past its end, with no sample to
-    // correct it (a launch behind nothing is not measured): pull it down.
-    if (p.prev_start_ns != 0 && now - p.prev_start_ns < p.estimate.avg_ns)
-      limiter::observe_launch(p.estimate, now - p.prev_start_ns);
+    // correct it (a launch behind nothing is not measured): clamp it there.
+    if (p.prev_start_ns != 0 && now - p.prev_start_ns < p.estimate.avg_ns) p.estimate.avg_ns = now - p.prev_start_ns;
     // How late this thread came (the device idled for us meanwhile): the
     // lead hides this much, up to a whole launch (two in flight).
     if (p.prev_start_ns != 0) {
