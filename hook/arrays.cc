@@ -9,7 +9,7 @@
 namespace gpuslice::hook {
 namespace {
 
-NoDestroy<limiter::AllocTable> g_arrays;  // CUarray / CUmipmappedArray handle -> counted bytes
+constinit NoDestroy<limiter::AllocTable> g_arrays;  // CUarray / CUmipmappedArray handle -> counted bytes
 
 // Bytes of one element of one channel; block-compressed and planar video
 // formats are costed by their densest case so the reservation is an upper bound.

@@ -39,7 +39,7 @@ struct Counted {
   std::uint64_t bytes;
 };
 
-NoDestroy<limiter::PointerTable<Counted>> g_contexts;  // CUcontext -> what was charged for it
+constinit NoDestroy<limiter::PointerTable<Counted>> g_contexts;  // CUcontext -> what was charged for it
 struct Primary {
   int refs = 0;
   Counted counted{-1, 0};

@@ -66,7 +66,7 @@ bool op_counter_owner_alive(std::uint32_t tid) noexcept {
 }
 
 namespace {
-NoDestroy<limiter::AllocTable> g_pointers;  // device pointer -> counted bytes
+constinit NoDestroy<limiter::AllocTable> g_pointers;  // device pointer -> counted bytes
 
 // cuMemAllocPitch's pitch is known only afterwards; reserve with the widest
 // alignment the driver uses for pitched rows, then settle on the real size.

@@ -24,7 +24,7 @@ struct Counted {
   std::uint64_t bytes;
 };
 
-NoDestroy<limiter::PointerTable<Counted>> g_loaded;  // CUmodule / CUlibrary -> what was charged
+constinit NoDestroy<limiter::PointerTable<Counted>> g_loaded;  // CUmodule / CUlibrary -> what was charged
 // A load that reaches another hooked load (a driver built without
 // -Bsymbolic calling its own entry point) is measured once, by the outer one.
 [[gnu::tls_model("initial-exec")]] thread_local bool t_loading = false;

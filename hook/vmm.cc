@@ -55,10 +55,10 @@ struct Export {
 // that touches several records (a release dropping the last reference, an
 // unmap) takes them one at a time; the orders below keep every record
 // reachable from what still references it.
-NoDestroy<limiter::PointerTable<Physical>> g_physical;  // root handle -> counted allocation
-NoDestroy<limiter::PointerTable<Alias>> g_alias;        // imported handle -> root
-NoDestroy<limiter::PointerTable<Mapping>> g_mappings;   // mapped address -> mapping
-NoDestroy<limiter::PointerTable<Export>> g_exports;     // export_key(identity) -> export
+constinit NoDestroy<limiter::PointerTable<Physical>> g_physical;  // root handle -> counted allocation
+constinit NoDestroy<limiter::PointerTable<Alias>> g_alias;        // imported handle -> root
+constinit NoDestroy<limiter::PointerTable<Mapping>> g_mappings;   // mapped address -> mapping
+constinit NoDestroy<limiter::PointerTable<Export>> g_exports;     // export_key(identity) -> export
 
 Handle root_of(Handle h) noexcept {
   Alias a{};

@@ -19,6 +19,8 @@
 // operation, lock words included, so a child forked while another thread of
 // the parent held a shard lock does not deadlock.
 //
+// Constant-initialised (declare globals constinit): usable from any library
+// constructor, before or after this library's own static initialisation.
 // Keys 0 and ~0 are reserved: insert refuses them, erase/find miss them.
 #pragma once
 

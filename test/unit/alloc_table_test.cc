@@ -57,6 +57,16 @@ TEST(PointerTable, InsertFindErase) {
   EXPECT_EQ(t.size(), 1u);
 }
 
+// A global needs no constructor to run (usable from other libraries' constructors).
+constinit AllocTable g_static_table;
+
+TEST(PointerTable, ConstantInitialisedGlobal) {
+  EXPECT_EQ(g_static_table.size(), 0u);
+  EXPECT_EQ(g_static_table.mapped_bytes(), 0u);  // nothing mapped before the first insert
+  EXPECT_TRUE(g_static_table.insert(ptr(3), rec(3)));
+  EXPECT_TRUE(g_static_table.erase(ptr(3), nullptr));
+}
+
 TEST(PointerTable, RefusesReservedKeys) {
   AllocTable t;
   EXPECT_FALSE(t.insert(0, rec(1)));
