@@ -3,7 +3,7 @@
 // Per container and device: the NVML usage of its processes (registered ones
 // through their slots, plus processes of its pid namespace that never
 // registered: LD_PRELOAD removed, a static binary), written as
-//   DeviceState::agent_extra_bytes = max(0, NVML total - used_bytes)
+//   DeviceState::agent_extra_bytes = max(0, NVML total - (used_bytes - spare leases))
 // so that the quota bounds what the device really holds (context memory the
 // library could not measure, allocations it never saw); per slot the NVML
 // usage (Slot::nvml_used_bytes) and the host pid; per container and device the
