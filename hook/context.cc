@@ -28,6 +28,7 @@
 #include "hook/log.h"
 #include "hook/measure.h"
 #include "hook/wrap.h"
+#include "limiter/lease.h"
 #include "shm/procfs.h"
 #include "shm/uuid.h"
 
@@ -53,7 +54,13 @@ std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measureme
 std::uint64_t committed_on(int entry) noexcept {
   const int slot = g_process.slot.load(std::memory_order_acquire);
   if (entry < 0 || slot < 0 || g_process.region == nullptr) return 0;
-  return g_process.region->slots[slot].committed_bytes[entry].load(std::memory_order_acquire);
+  // In use only: allocations served from the spare quota lease move NVML's
+  // count but not committed_bytes (limiter/lease.h).
+  const Slot& s = g_process.region->slots[slot];
+  const std::uint64_t committed = s.committed_bytes[entry].load(std::memory_order_acquire);
+  const std::uint64_t lease = s.lease[entry].word.load(std::memory_order_acquire);
+  const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease);
+  return committed > not_used ? committed - not_used : 0;
 }
 
 std::uint32_t host_pid() noexcept {
