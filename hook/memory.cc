@@ -19,6 +19,7 @@ alignas(64) std::atomic<std::uint64_t> g_counting_ops{0};
 std::atomic<int> g_counting_state{0};
 OpCounter g_op_counters[kOpCounters];
 [[gnu::tls_model("initial-exec")]] constinit thread_local std::atomic<std::uint64_t>* t_op_counter = nullptr;
+[[gnu::tls_model("initial-exec")]] constinit thread_local std::uint64_t t_op_epoch = 0;
 
 bool counting_init() noexcept {
   const limiter::Options& o = config().options;
@@ -34,19 +35,20 @@ bool counting_init() noexcept {
   return quota;
 }
 
-// A thread's first counting operation takes a free counter, or one whose
-// owner thread has exited (its tid no longer in this process: also every
-// counter a forked child inherited from its parent's other threads).
+// A thread's first counting operation (and its first in a forked child)
+// takes a free counter, or one whose owner is gone: a thread that exited, or
+// any thread of the parent a forked child inherited the counters from.
 std::atomic<std::uint64_t>* claim_op_counter() noexcept {
   std::atomic<std::uint64_t>* mine = &g_counting_ops;
   const int saved_errno = errno;  // the caller's errno survives our syscalls
+  const std::uint64_t epoch = limiter::table_detail::process_epoch();
   if (g_counting_state.load(std::memory_order_relaxed) == 2) {
-    const auto tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
+    const std::uint64_t me = (epoch << 32) | static_cast<std::uint32_t>(syscall(SYS_gettid));
     for (int pass = 0; pass < 2 && mine == &g_counting_ops; ++pass) {
       for (OpCounter& c : g_op_counters) {
-        std::uint32_t owner = c.owner.load(std::memory_order_relaxed);
+        std::uint64_t owner = c.owner.load(std::memory_order_relaxed);
         if (pass == 0 ? owner != 0 : owner == 0 || op_counter_owner_alive(owner)) continue;
-        if (!c.owner.compare_exchange_strong(owner, tid, std::memory_order_acquire)) continue;
+        if (!c.owner.compare_exchange_strong(owner, me, std::memory_order_acquire)) continue;
         // An owner that died inside an operation left it odd: even it again
         // (an increase, so a measurement spanning it is not taken as exact).
         const std::uint64_t v = c.ops.load(std::memory_order_relaxed);
@@ -57,12 +59,17 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
     }
   }
   errno = saved_errno;
+  t_op_epoch = epoch;
   t_op_counter = mine;
   return mine;
 }
 
-bool op_counter_owner_alive(std::uint32_t tid) noexcept {
-  return !(syscall(SYS_tgkill, getpid(), static_cast<pid_t>(tid), 0) != 0 && errno == ESRCH);
+bool op_counter_owner_alive(std::uint64_t owner) noexcept {
+  if ((owner >> 32) != (limiter::table_detail::process_epoch() & 0xffffffffu)) return false;  // a parent's
+  const int saved_errno = errno;
+  const bool gone = syscall(SYS_tgkill, getpid(), static_cast<pid_t>(owner & 0xffffffffu), 0) != 0 && errno == ESRCH;
+  errno = saved_errno;
+  return !gone;
 }
 
 namespace {

@@ -58,15 +58,18 @@ inline bool counting_on() noexcept {
 
 struct alignas(64) OpCounter {
   std::atomic<std::uint64_t> ops;    // 2 per finished operation of the owner; odd while one is in flight
-  std::atomic<std::uint32_t> owner;  // kernel thread id, 0 = free
+  std::atomic<std::uint64_t> owner;  // process epoch << 32 | kernel thread id; 0 = free
 };
 inline constexpr unsigned kOpCounters = 256;
 extern OpCounter g_op_counters[kOpCounters];
-// The calling thread's counter, or &g_counting_ops (shared word); nullptr until claimed.
+// The calling thread's counter, or &g_counting_ops (shared word); nullptr
+// until claimed. Claimed again in a forked child (the process epoch of
+// limiter/pointer_table.h changes there): two threads never share a counter.
 [[gnu::tls_model("initial-exec")]] extern constinit thread_local std::atomic<std::uint64_t>* t_op_counter;
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local std::uint64_t t_op_epoch;
 [[gnu::cold, gnu::noinline]] std::atomic<std::uint64_t>* claim_op_counter() noexcept;
-// Whether kernel thread `tid` is a live thread of this process.
-bool op_counter_owner_alive(std::uint32_t tid) noexcept;
+// Whether a counter's owner is a live thread of this process.
+bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 
 struct CountingOp {
   CountingOp() noexcept : counter(counting_on() ? begin() : nullptr) {}
@@ -85,7 +88,8 @@ struct CountingOp {
  private:
   static std::atomic<std::uint64_t>* begin() noexcept {
     std::atomic<std::uint64_t>* c = t_op_counter;
-    if (__builtin_expect(c == nullptr, 0)) c = claim_op_counter();
+    if (__builtin_expect(c == nullptr || t_op_epoch != limiter::table_detail::process_epoch(), 0))
+      c = claim_op_counter();
     if (c == &g_counting_ops) {
       g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
     } else {
