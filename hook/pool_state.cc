@@ -289,4 +289,54 @@ void freed(PoolState& st, std::uint64_t bytes) noexcept {
   if (__builtin_expect(st.destroyed.load(std::memory_order_seq_cst) != 0, 0)) finalize_if_drained(st);
 }
 
+CUresult alloc_growing(PoolState& st, std::uint64_t bytes, std::uint64_t after, CUdeviceptr* dptr,
+                       RealAllocFn real_alloc, void* ctx) noexcept {
+  CountingOp op;  // the device's usage changes
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (bytes > kHugeBytes || !grow_locked(st, after)) {  // no device has 2^48 bytes
+    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const CUresult rc = real_alloc(ctx);
+  if (rc != CUDA_SUCCESS) {
+    // Nothing was allocated: back to what the driver holds (nothing at all
+    // for a pool it does not know), so a failed call changes no count.
+    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    reconcile_locked(st, true);
+    return rc;
+  }
+  // Settle on the reserve the driver reports: a reserve that grew by more
+  // than the chunks we predicted is charged now, not at the next sync.
+  reconcile_locked(st, false);
+  if (!record(*dptr, st, bytes)) record_failed();
+  return rc;
+}
+
+CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    reconcile_locked(st, false);  // last look at its reserve
+    const CUresult rc = real_cuMemPoolDestroy(pool);
+    if (rc != CUDA_SUCCESS) return rc;
+    st.handle.store(nullptr, std::memory_order_release);  // lookups of the handle miss from now on
+    st.destroyed.store(1, std::memory_order_seq_cst);
+  }
+  forget_current(&st);     // the driver makes the default pool current again
+  finalize_if_drained(st);  // else the last free of an allocation from it does
+  return CUDA_SUCCESS;
+}
+
+void reconcile_now(PoolState& st) noexcept {
+  if (!st.mu.try_lock()) {
+    mark_dirty(st);  // busy growing: the next synchronisation looks again
+    return;
+  }
+  reconcile_locked(st, false);
+  st.mu.unlock();
+}
+
+void record_failed() noexcept {
+  GPUSLICE_WARN_CAPPED(3, "pool allocation table full; the allocation stays counted until its pool is trimmed");
+}
+
 }  // namespace gpuslice::hook::pools

@@ -132,6 +132,23 @@ void reconcile_dirty() noexcept;
 // and reconciles them. Skips a pool whose mutex the calling thread holds.
 void reclaim_all() noexcept;
 
+// --- the slow paths of the wrappers (pools.cc takes no lock itself) ---
+// An allocation that does not fit in what is counted for its pool
+// (`after` = outstanding with it): grows the count under the pool's mutex,
+// bracketed as a counting operation, calls real_alloc(ctx), settles on the
+// driver's reserve and records the pointer. On failure `outstanding` is
+// given back and the count is what the driver holds.
+using RealAllocFn = CUresult (*)(void* ctx) noexcept;
+[[gnu::cold, gnu::noinline]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes, std::uint64_t after,
+                                                    CUdeviceptr* dptr, RealAllocFn real_alloc, void* ctx) noexcept;
+// cuMemPoolDestroy of a registered pool: a last reconciliation, the driver
+// call, then the count goes now or with the pool's last allocation.
+CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept;
+// After cuMemPoolTrimTo: reconciles now, or at the next synchronisation if
+// another thread holds the pool's mutex.
+void reconcile_now(PoolState& st) noexcept;
+[[gnu::cold, gnu::noinline]] void record_failed() noexcept;
+
 // --- records of live allocations: device pointer -> pool and size ---
 bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) noexcept;
 // Exactly once per record; false if `ptr` is not a pool allocation of ours.

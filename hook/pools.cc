@@ -8,7 +8,8 @@
 //    atomic add on this process's pool record, the driver call, and the
 //    record of the pointer: no lock, no region operation, no driver query;
 //  - one that does not fit reserves the growth first (2 MiB chunks), under
-//    the pool's mutex, and settles on the reserve the driver reports after;
+//    the pool's mutex, and settles on the reserve the driver reports after
+//    (pool_state.cc: every lock is there; this file takes none);
 //  - a free returns bytes to the pool, not to the container;
 //  - synchronisation, cuMemPoolTrimTo and any refusal bring the count down
 //    (or up) to the reserve the driver reports.
@@ -21,8 +22,9 @@
 // pool stays counted until then.
 #include <cuda.h>
 
+#include <type_traits>
+
 #include "hook/launch.h"
-#include "hook/log.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
 
@@ -30,33 +32,6 @@ namespace gpuslice::hook {
 namespace {
 
 using pools::PoolState;
-
-// The count must grow before the driver allocates: under the pool's mutex,
-// bracketed as a counting operation (the device's usage changes).
-template <class RealAlloc>
-[[gnu::noinline, gnu::cold]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes, std::uint64_t after,
-                                                    CUdeviceptr* dptr, RealAlloc& real_alloc) noexcept {
-  CountingOp op;
-  std::lock_guard<std::mutex> lock(st.mu);
-  if (bytes > pools::kHugeBytes || !pools::grow_locked(st, after)) {  // no device has 2^48 bytes
-    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  const CUresult rc = real_alloc();
-  if (rc != CUDA_SUCCESS) {
-    // Nothing was allocated: back to what the driver holds (nothing at all
-    // for a pool it does not know), so a failed call changes no count.
-    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
-    pools::reconcile_locked(st, true);
-    return rc;
-  }
-  // Settle on the reserve the driver reports: a reserve that grew by more
-  // than the chunks we predicted is charged now, not at the next sync.
-  pools::reconcile_locked(st, false);
-  if (!pools::record(*dptr, st, bytes))
-    GPUSLICE_WARN_CAPPED(3, "pool allocation table full; the allocation stays counted until its pool is trimmed");
-  return rc;
-}
 
 template <class RealAlloc>
 CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealAlloc&& real_alloc) noexcept {
@@ -67,15 +42,17 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealA
   const std::uint64_t after = st.outstanding.fetch_add(bytes, std::memory_order_seq_cst) + bytes;
   pools::mark_dirty(st);
   // (A size no device has goes the slow way too, where nothing wraps.)
-  if (__builtin_expect(after > st.counted.load(std::memory_order_seq_cst) || bytes > pools::kHugeBytes, 0))
-    return alloc_growing(st, bytes, after, dptr, real_alloc);
+  if (__builtin_expect(after > st.counted.load(std::memory_order_seq_cst) || bytes > pools::kHugeBytes, 0)) {
+    using Fn = std::remove_reference_t<RealAlloc>;
+    return pools::alloc_growing(
+        st, bytes, after, dptr, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc);
+  }
   const CUresult rc = real_alloc();
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {
     st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
     return rc;
   }
-  if (__builtin_expect(!pools::record(*dptr, st, bytes), 0))
-    GPUSLICE_WARN_CAPPED(3, "pool allocation table full; the allocation stays counted until its pool is trimmed");
+  if (__builtin_expect(!pools::record(*dptr, st, bytes), 0)) pools::record_failed();
   return rc;
 }
 
@@ -269,18 +246,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   PoolState* st = pools::find(pool);
-  if (st == nullptr) return real_cuMemPoolDestroy(pool);
-  {
-    std::lock_guard<std::mutex> lock(st->mu);
-    pools::reconcile_locked(*st, false);  // last look at its reserve
-    rc = real_cuMemPoolDestroy(pool);
-    if (rc != CUDA_SUCCESS) return rc;
-    st->handle.store(nullptr, std::memory_order_release);  // lookups of the handle miss from now on
-    st->destroyed.store(1, std::memory_order_seq_cst);
-  }
-  pools::forget_current(st);  // the driver makes the default pool current again
-  pools::finalize_if_drained(*st);  // else the last free of an allocation from it does
-  return rc;
+  return st == nullptr ? real_cuMemPoolDestroy(pool) : pools::destroy(*st, pool);
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
@@ -288,14 +254,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBy
   if (rc != CUDA_SUCCESS) return rc;
   rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
   if (rc != CUDA_SUCCESS) return rc;
-  if (PoolState* st = pools::find(pool)) {
-    if (st->mu.try_lock()) {
-      pools::reconcile_locked(*st, false);
-      st->mu.unlock();
-    } else {
-      pools::mark_dirty(*st);  // busy growing: the next synchronisation looks again
-    }
-  }
+  if (PoolState* st = pools::find(pool)) pools::reconcile_now(*st);
   return rc;
 }
 
