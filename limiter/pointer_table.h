@@ -142,6 +142,7 @@ class PointerTable {
 
   // Live entries (exact when no other thread changes the table).
   std::size_t size() const noexcept {
+    enter();
     std::size_t n = 0;
     for (Shard& s : shards_) {
       lock(s);
@@ -152,6 +153,7 @@ class PointerTable {
   }
   // Bytes of slot arrays mapped now (bounded by the peak live count).
   std::size_t mapped_bytes() const noexcept {
+    enter();
     std::size_t n = 0;
     for (Shard& s : shards_) {
       lock(s);

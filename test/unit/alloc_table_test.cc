@@ -303,8 +303,8 @@ TEST(PointerTable, DrainRacingErasesIsExactlyOnce) {
 // forking thread itself, inside for_each) and even without fork handlers.
 int check_child_starts_empty(AllocTable& t, std::uint64_t key_in_locked_shard) {
   alarm(20);  // a deadlock shows as SIGALRM, not a hung test
-  if (t.find(key_in_locked_shard, nullptr)) return 2;
   if (t.size() != 0) return 3;
+  if (t.find(key_in_locked_shard, nullptr)) return 2;
   if (!t.insert(key_in_locked_shard, rec(9))) return 4;
   AllocRecord out{};
   if (!t.erase(key_in_locked_shard, &out) || out.bytes != 9) return 5;
