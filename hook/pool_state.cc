@@ -9,7 +9,6 @@
 #include "hook/log.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
-#include "limiter/pointer_table.h"
 
 namespace gpuslice::hook::pools {
 
@@ -23,6 +22,12 @@ std::atomic<std::uint32_t> g_cache[1u << kCacheBits];
 std::atomic<PoolState*> g_current[kMaxDevices];
 
 namespace {
+NoDestroy<limiter::PointerTable<PoolRecord>> g_records_storage;  // never destroyed: calls made during exit find it
+}  // namespace
+// Live allocations: device pointer -> its pool's slot and its size.
+limiter::PointerTable<PoolRecord>& g_records = g_records_storage.value;  // constant initialisation
+
+namespace {
 
 // Slot allocation and the handle cache's misses (slow paths only).
 NoDestroy<std::mutex> g_registry_mu;
@@ -34,13 +39,6 @@ std::atomic<std::uint32_t> g_current_gen[kMaxDevices];
 // The pool whose mutex this thread holds while it reserves growth: the
 // reclaim hook that reserve() runs before refusing must skip it.
 [[gnu::tls_model("initial-exec")]] constinit thread_local PoolState* t_growing = nullptr;
-
-// Live allocations: device pointer -> its pool's slot and its size.
-struct PoolRecord {
-  std::uint64_t bytes;
-  std::uint32_t slot;
-};
-NoDestroy<limiter::PointerTable<PoolRecord>> g_records;
 
 void cache(CUmemoryPool pool, std::uint32_t index) noexcept {
   g_cache[cache_home(pool)].store(index + 1, std::memory_order_release);
@@ -96,8 +94,6 @@ std::atomic<bool> g_atfork_registered{false};
 
 }  // namespace
 
-std::uint32_t index_of(const PoolState* st) noexcept { return static_cast<std::uint32_t>(st - g_states); }
-PoolState& at(std::uint32_t index) noexcept { return g_states[index]; }
 
 PoolState* find_slow(CUmemoryPool pool) noexcept {
   if (pool == nullptr || g_slots_used.load(std::memory_order_acquire) == 0) return nullptr;
@@ -264,29 +260,13 @@ void reclaim_all() noexcept {
   }
 }
 
-bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) noexcept {
-  const PoolRecord rec{bytes, index_of(&st)};
-  if (g_records->insert(ptr, rec)) return true;
+bool record_stale(CUdeviceptr ptr, const PoolRecord& rec) noexcept {
   // The driver handed out an address we still hold a record for: its free
   // went a way we did not see settle (cuMemFree racing with this allocation).
   PoolState* old = nullptr;
   std::uint64_t old_bytes = 0;
   if (take_record(ptr, &old, &old_bytes)) freed(*old, old_bytes);
-  return g_records->insert(ptr, rec);
-}
-
-bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) noexcept {
-  PoolRecord rec{};
-  if (!g_records->erase(ptr, &rec)) return false;
-  *st = &g_states[rec.slot];
-  *bytes = rec.bytes;
-  return true;
-}
-
-void freed(PoolState& st, std::uint64_t bytes) noexcept {
-  st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
-  mark_dirty(st);
-  if (__builtin_expect(st.destroyed.load(std::memory_order_seq_cst) != 0, 0)) finalize_if_drained(st);
+  return g_records.insert(ptr, rec);
 }
 
 CUresult alloc_growing(PoolState& st, std::uint64_t bytes, std::uint64_t after, CUdeviceptr* dptr,

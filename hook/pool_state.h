@@ -22,6 +22,7 @@
 #include <mutex>
 
 #include "gpuslice/region.h"
+#include "limiter/pointer_table.h"
 
 namespace gpuslice::hook::pools {
 
@@ -76,8 +77,6 @@ inline PoolState* current_pool(int ordinal, CUresult* rc) noexcept;
 // The device's current pool may have changed (cuDeviceSetMemPool, destroy).
 void forget_current(int ordinal) noexcept;
 void forget_current(const PoolState* st) noexcept;
-std::uint32_t index_of(const PoolState* st) noexcept;
-PoolState& at(std::uint32_t index) noexcept;
 // Slots ever used (the reconciliation loops' bound); 0 means no pool was ever
 // seen and the free and sync paths do nothing more.
 extern std::atomic<std::uint32_t> g_slots_used;
@@ -123,7 +122,7 @@ bool grow_locked(PoolState& st, std::uint64_t outstanding_after) noexcept;
 void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept;
 // After the destroy returned: if nothing is outstanding, releases the count
 // and frees the slot (exactly once, also against a racing last free).
-void finalize_if_drained(PoolState& st) noexcept;
+// (declared with the records below)
 // Reconciles every pool marked dirty (after a synchronisation): one driver
 // query per pool used since the last one, none when idle.
 void reconcile_dirty() noexcept;
@@ -150,10 +149,33 @@ void reconcile_now(PoolState& st) noexcept;
 [[gnu::cold, gnu::noinline]] void record_failed() noexcept;
 
 // --- records of live allocations: device pointer -> pool and size ---
-bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) noexcept;
+struct PoolRecord {
+  std::uint64_t bytes;
+  std::uint32_t slot;
+};
+// Never destroyed, constant-initialised (usable from other libraries'
+// constructors and during exit).
+extern limiter::PointerTable<PoolRecord>& g_records;
+[[gnu::cold, gnu::noinline]] bool record_stale(CUdeviceptr ptr, const PoolRecord& rec) noexcept;
+[[gnu::cold, gnu::noinline]] void finalize_if_drained(PoolState& st) noexcept;
+
+inline bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) noexcept {
+  const PoolRecord rec{bytes, static_cast<std::uint32_t>(&st - g_states)};
+  return __builtin_expect(g_records.insert(ptr, rec), 1) || record_stale(ptr, rec);
+}
 // Exactly once per record; false if `ptr` is not a pool allocation of ours.
-bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) noexcept;
+inline bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) noexcept {
+  PoolRecord rec{};
+  if (!g_records.erase(ptr, &rec)) return false;
+  *st = &g_states[rec.slot];
+  *bytes = rec.bytes;
+  return true;
+}
 // An allocation's bytes went back to its pool (the driver accepted the free).
-void freed(PoolState& st, std::uint64_t bytes) noexcept;
+inline void freed(PoolState& st, std::uint64_t bytes) noexcept {
+  st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+  mark_dirty(st);
+  if (__builtin_expect(st.destroyed.load(std::memory_order_seq_cst) != 0, 0)) finalize_if_drained(st);
+}
 
 }  // namespace gpuslice::hook::pools
