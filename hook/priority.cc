@@ -36,6 +36,9 @@ using limiter::Verdict;
 constexpr int kMaxPeers = 32;
 constexpr unsigned kRing = 32;  // > kMaxBoundLaunches
 constexpr std::uint64_t kLockPollNs = 20'000;
+// How late a thread blocked on an event usually wakes after it completes
+// (Linux's default timer slack, 50 us).
+constexpr std::uint64_t kWakeNs = 50'000;
 static_assert(kRing > limiter::kMaxBoundLaunches);
 
 // A marker is recorded in front of each launch. `sample`: it was recorded
@@ -81,6 +84,7 @@ struct alignas(64) PrioDevice {
   std::uint64_t backlog = 0;  // when the lower neighbours' work queued ahead of this burst should be done
   std::uint64_t prev_start_ns = 0;  // when our latest launch started (or will), 0 = unknown
   std::uint64_t late_ns = 0;        // moving average of how late we launched after the previous one's end
+  bool prev_start_seen = false;     // prev_start_ns was observed (nothing of ours queued), not predicted
 };
 PrioDevice g_prio[kMaxDevices];
 
@@ -455,8 +459,13 @@ void note_launch(PrioDevice& p, Priority self, bool marked) noexcept {
     // The previous launch is done: it took at most now - its start. An
     // estimate above that (a sample that shared the device under time
     // slicing) would make bound_wait sleep past its end, with no sample to
-    // correct it (a launch behind nothing is not measured): clamp it there.
-    if (p.prev_start_ns != 0 && now - p.prev_start_ns < p.estimate.avg_ns) p.estimate.avg_ns = now - p.prev_start_ns;
+    // correct it (a launch behind nothing is not measured): clamp it there
+    // when that start was seen (it went behind nothing), move it a quarter of
+    // the way when it was only predicted (a prediction may be late).
+    if (p.prev_start_ns != 0 && now - p.prev_start_ns < p.estimate.avg_ns) {
+      if (p.prev_start_seen) p.estimate.avg_ns = now - p.prev_start_ns;
+      else limiter::observe_launch(p.estimate, now - p.prev_start_ns);
+    }
     // How late this thread came (the device idled for us meanwhile): the
     // lead hides this much, up to a whole launch (two in flight).
     if (p.prev_start_ns != 0) {
@@ -474,6 +483,7 @@ void note_launch(PrioDevice& p, Priority self, bool marked) noexcept {
     p.late_ns = 3 * p.late_ns / 4;  // on time
   }
   p.prev_start_ns = start;
+  p.prev_start_seen = marked && pending == 0;
   p.last_launch_ns = now;
   unlock(p.ring_lock);
 }
@@ -522,7 +532,11 @@ Verdict hold(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
     // A bound wait lasts up to one of our launches: a higher neighbour may
     // have become active meanwhile, and this launch must not slip in front of
     // its burst. Look again after a wait (the held loop drains our queue).
-    if (marked && v != Verdict::free && bound_wait(p, p.tight.load(std::memory_order_relaxed) != 0)) {
+    // Next to a serving higher tenant (tight) look every time, not every
+    // kRecheckNs: a launch that needed no wait would otherwise go on a
+    // verdict up to 0.2 ms old, possibly into its burst.
+    const bool tight = p.tight.load(std::memory_order_relaxed) != 0;
+    if (marked && v != Verdict::free && (bound_wait(p, tight) || tight)) {
       now = mono_ns();
       if (recheck(p, self, now) == Verdict::held) hold(p, self, now);
     }
