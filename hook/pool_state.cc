@@ -12,25 +12,25 @@
 
 namespace gpuslice::hook::pools {
 
-std::atomic<std::uint32_t> g_slots_used{0};
-PoolState g_states[kMaxPools];
+constinit std::atomic<std::uint32_t> g_slots_used{0};
+constinit PoolState g_states[kMaxPools];
 // Handle -> slot, direct-mapped, slot + 1 (0 = empty). A hit is verified
 // against the slot's handle, so a stale or colliding word only costs a miss.
-std::atomic<std::uint32_t> g_cache[1u << kCacheBits];
+constinit std::atomic<std::uint32_t> g_cache[1u << kCacheBits];
 // The current pool of each device (what cuMemAllocAsync allocates from), or
 // nullptr until the driver was asked.
-std::atomic<PoolState*> g_current[kMaxDevices];
+constinit std::atomic<PoolState*> g_current[kMaxDevices];
 
 namespace {
-NoDestroy<limiter::PointerTable<PoolRecord>> g_records_storage;  // never destroyed: calls made during exit find it
+constinit NoDestroy<limiter::PointerTable<PoolRecord>> g_records_storage;  // never destroyed: calls made during exit find it
 }  // namespace
 // Live allocations: device pointer -> its pool's slot and its size.
-limiter::PointerTable<PoolRecord>& g_records = g_records_storage.value;  // constant initialisation
+constinit limiter::PointerTable<PoolRecord>& g_records = g_records_storage.value;
 
 namespace {
 
 // Slot allocation and the handle cache's misses (slow paths only).
-NoDestroy<std::mutex> g_registry_mu;
+constinit NoDestroy<std::mutex> g_registry_mu;
 
 // The generation makes a current-pool lookup that raced with
 // cuDeviceSetMemPool / destroy leave the cache empty.
