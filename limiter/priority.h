@@ -67,7 +67,7 @@ inline constexpr std::uint32_t kMinBoundLaunches = 2;
 // one launch. Each burst of the higher one waits behind at most that (or one
 // of our launches, when a single one is longer), which costs us the wake-up gap
 // between our launches (measured on the simulator: docs/priority.md).
-inline constexpr std::uint64_t kTightBoundWorkNs = 500'000;
+inline constexpr std::uint64_t kTightBoundWorkNs = 700'000;
 inline constexpr std::uint32_t kTightMinBoundLaunches = 1;
 inline constexpr std::uint64_t kRecentNs = 100'000'000;
 // With a tight bound of one launch, the next launch may queue this long before

@@ -190,7 +190,7 @@ TEST(PriorityBound, TightNextToARecentlyActiveHigher) {
   InflightEstimate e;
   EXPECT_EQ(bound_launches(e, true), kTightMinBoundLaunches);  // nothing measured
   for (int i = 0; i < 20; ++i) observe_launch(e, 100'000);
-  EXPECT_EQ(bound_launches(e, true), 5u);  // 0.5 ms of work
+  EXPECT_EQ(bound_launches(e, true), kTightBoundWorkNs / 100'000);  // kTightBoundWorkNs of work
   EXPECT_EQ(bound_launches(e, false), 10u);
   for (int i = 0; i < 40; ++i) observe_launch(e, 1 * kMs);
   EXPECT_EQ(bound_launches(e, true), 1u);  // one 1 ms launch, never none

@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
   int procs = 1;
   int streams = 1;
   double queue_ms = 0;
+  unsigned training_us = 0;
   app.add_option("--worker", worker_spec, "internal: run one measurement from a JSON spec")->group("");
   app.add_flag("--print-ptx", print_ptx, "print the kernels' PTX (for ptxas; the spin kernel per --kernel-us)")
       ->group("");
@@ -128,6 +129,10 @@ int main(int argc, char** argv) {
   app.add_option("--streams", streams, "streams per process in the compute sections [1]")->check(CLI::Range(1, 8));
   app.add_option("--queue-ms", queue_ms, "device work each load process keeps queued, ms [20]")
       ->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--training-us", training_us,
+                 "priority section: the low-priority tenant's kernel length in microseconds (a burst may wait "
+                 "for one of them to finish: kernels are not preempted) [1000]")
+      ->check(CLI::Range(10u, 100000u));
   app.add_flag("--quiet,-q", quiet, "no progress lines on stderr");
   app.add_flag("--verbose,-v", verbose, "echo the workers' stderr (gpuslice's own log lines)");
   app.add_flag("--keep-temp", keep, "keep the private directory of regions and simulated devices");
@@ -163,6 +168,7 @@ int main(int argc, char** argv) {
   plan.procs = procs;
   plan.streams = streams;
   if (queue_ms != 0) plan.queue_ms = queue_ms;
+  if (training_us != 0) plan.training_us = training_us;
   // The workers inherit FAKECUDA_PROFILE; --profile sets it for them.
   if (!profile.empty()) {
     setenv("FAKECUDA_PROFILE", profile.c_str(), 1);

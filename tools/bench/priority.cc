@@ -43,6 +43,7 @@ struct Shape {
 
 Shape shape(const Plan& plan) {
   Shape s;
+  s.training_us = plan.training_us;
   if (plan.quick) {  // a few seconds in all: the CTest smoke test runs every section
     s.bursts = 15;
     s.lead_ns = 200 * kMs;

@@ -33,6 +33,7 @@ struct Plan {
   int streams = 1;                        // streams per process (compute sections)
   double queue_ms = 20;                   // device work each process keeps queued (at least 4 kernels)
   std::string profile;                    // simulated driver's FAKECUDA_PROFILE ("" on a real GPU)
+  unsigned training_us = 1000;            // priority section: the low tenant's kernel length
 };
 
 // Prints "[ 3/24] what" lines on stderr unless quiet.
