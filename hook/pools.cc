@@ -140,11 +140,19 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr,
 
 namespace gpuslice::hook {
 // cuMemFree_v2 of pool memory (memory.cc), after the driver accepted it.
-void pool_pointer_freed(CUdeviceptr dptr) noexcept {
-  if (pools::g_slots_used.load(std::memory_order_relaxed) == 0) return;
+CUresult free_pool_or_untracked(CUdeviceptr dptr) noexcept {
   PoolState* st = nullptr;
   std::uint64_t bytes = 0;
-  if (pools::take_record(dptr, &st, &bytes)) pools::freed(*st, bytes);
+  // The record is taken before the driver call: an address the driver hands
+  // out again at once (to another thread) is never confused with this one.
+  if (pools::g_slots_used.load(std::memory_order_relaxed) == 0 || !pools::take_record(dptr, &st, &bytes))
+    return real_cuMemFree_v2(dptr);
+  const CUresult rc = real_cuMemFree_v2(dptr);
+  if (rc == CUDA_SUCCESS)
+    pools::freed(*st, bytes);
+  else
+    pools::record(dptr, *st, bytes);  // the driver refused: the allocation is still live
+  return rc;
 }
 }  // namespace gpuslice::hook
 

@@ -167,9 +167,11 @@ CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& 
 // The table of linear/pitched/managed allocations (memory.cc): cuMemFreeAsync
 // frees those too.
 limiter::AllocTable& linear_table() noexcept;
-// A device pointer was freed through any entry point: pools.cc settles pools
-// destroyed with allocations outstanding. One relaxed load when no pool is known.
-void pool_pointer_freed(CUdeviceptr dptr) noexcept;
+// cuMemFree of a pointer the linear table does not hold: a stream-ordered
+// allocation (its pool's record is taken before the driver call and settled
+// after it) or memory we never counted (forwarded). One relaxed load when no
+// pool is known (pools.cc).
+CUresult free_pool_or_untracked(CUdeviceptr dptr) noexcept;
 // After the driver freed memory implicitly (context destroyed, primary context
 // reset or released for the last time): release every counted allocation the
 // driver no longer knows (memory.cc).

@@ -67,6 +67,18 @@ TEST(MemoryBypass, DestroyedPoolStaysCountedUntilItsLastAllocationIsFreed) {
   EXPECT_EQ(field_int(r, "after-free", "rc"), CUDA_SUCCESS) << r.out;
 }
 
+// The same, the last allocation freed with the synchronous cuMemFree: its
+// pool's record goes with it (cuMemFree takes the pool record before the
+// driver call when the pointer is not linear memory).
+TEST(MemoryBypass, DestroyedPoolIsReleasedByASynchronousFreeOfItsLastAllocation) {
+  Sandbox box;
+  Result r = probe(box, kQuota1Gi, {"pool-destroy-live-sync", "900", "6"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field_int(r, "pool-destroy-live", "succeeded"), 1) << r.out;
+  EXPECT_EQ(field_int(r, "pool-destroy-live", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(field_int(r, "after-free", "rc"), CUDA_SUCCESS) << r.out;
+}
+
 // A stream-ordered allocation's device is the stream's (or the pool's), not
 // the current context's: per-device quotas 0=8Gi,1=1Gi.
 TEST(MemoryBypass, AllocAsyncOnAnotherDevicesStreamIsChargedThere) {

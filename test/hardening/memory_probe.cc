@@ -9,6 +9,7 @@
 //   memory_probe vmm-retain MIB ROUNDS      create+map, retain, release twice (mapping holds it)
 //   memory_probe vmm-import MIB ROUNDS      create+map, export fd, import, release all handles
 //   memory_probe pool-destroy-live MIB ROUNDS  allocate from a new pool, destroy it with the allocation live
+//   memory_probe pool-destroy-live-sync MIB ROUNDS  the same, the last allocation freed with cuMemFree
 //   memory_probe pool-other-device MIB ROUNDS  cuMemAllocAsync on a device-1 stream, device 0 current
 //   memory_probe pool-foreign-pool MIB ROUNDS  cuMemAllocFromPoolAsync from device 1's pool, device-0 stream
 //   memory_probe host-located MIB ROUNDS  host-located pool and VMM allocations (never charged)
@@ -127,7 +128,7 @@ int vmm_import(std::size_t bytes, int rounds) {
   return 0;
 }
 
-int pool_destroy_live(std::size_t bytes, int rounds) {
+int pool_destroy_live(std::size_t bytes, int rounds, bool sync_free) {
   cuCtxSetCurrent(primary(0));
   int ok = 0;
   CUresult last = CUDA_SUCCESS;
@@ -150,7 +151,9 @@ int pool_destroy_live(std::size_t bytes, int rounds) {
   }
   report("pool-destroy-live", ok, rounds, last);
   // Freeing the last outstanding allocation frees the destroyed pool.
-  if (first != 0) {
+  if (first != 0 && sync_free) {
+    check(cuMemFree(first), "cuMemFree");  // a synchronous free of stream-ordered memory
+  } else if (first != 0) {
     check(cuMemFreeAsync(first, nullptr), "cuMemFreeAsync");
     check(cuStreamSynchronize(nullptr), "cuStreamSynchronize");
   }
@@ -357,7 +360,8 @@ int main(int argc, char** argv) {
   const int rounds = argc > 3 ? std::atoi(argv[3]) : 1;
   if (what == "vmm-retain") return vmm_retain(mib * kMi, rounds);
   if (what == "vmm-import") return vmm_import(mib * kMi, rounds);
-  if (what == "pool-destroy-live") return pool_destroy_live(mib * kMi, rounds);
+  if (what == "pool-destroy-live") return pool_destroy_live(mib * kMi, rounds, false);
+  if (what == "pool-destroy-live-sync") return pool_destroy_live(mib * kMi, rounds, true);
   if (what == "pool-other-device") return pool_other_device(mib * kMi, rounds, false);
   if (what == "pool-foreign-pool") return pool_other_device(mib * kMi, rounds, true);
   if (what == "pool-failed") return pool_failed(mib * kMi);
