@@ -29,6 +29,8 @@
 #include "hook/measure.h"
 #include "hook/wrap.h"
 #include "limiter/lease.h"
+#include "shm/clock.h"
+#include "shm/once.h"
 #include "shm/procfs.h"
 #include "shm/uuid.h"
 
@@ -81,15 +83,18 @@ bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
   const int entry = device_entry(ordinal);
   if (entry < 0 || g_process.region->devices[entry].quota_bytes.load(std::memory_order_relaxed) == kUnlimited)
     return false;
-  static std::atomic<int> nvml_ready{0};  // 0 unknown, 1 usable, 2 unusable
-  int ready = nvml_ready.load(std::memory_order_acquire);
-  if (ready == 2) return false;
-  if (ready == 0) {
-    bool ok = load_nvml() && real_nvmlInit_v2 != nullptr && real_nvmlDeviceGetHandleByUUID != nullptr &&
-              real_nvmlDeviceGetComputeRunningProcesses_v3 != nullptr && real_nvmlInit_v2() == NVML_SUCCESS;
-    nvml_ready.store(ok ? 1 : 2, std::memory_order_release);
-    if (!ok) return false;
+  // done: NVML usable; failed: unusable (nothing is measured).
+  static constinit shm::OnceFlag nvml_once;
+  if (nvml_once.claim()) {
+    const bool ok = load_nvml() && real_nvmlInit_v2 != nullptr && real_nvmlDeviceGetHandleByUUID != nullptr &&
+                    real_nvmlDeviceGetComputeRunningProcesses_v3 != nullptr && real_nvmlInit_v2() == NVML_SUCCESS;
+    if (ok)
+      nvml_once.complete();
+    else
+      nvml_once.fail();
   }
+  // Another thread loading NVML: wait for it, bounded (1 s), else measure nothing.
+  if (nvml_once.wait(shm::monotonic_ns, 1'000'000'000) != shm::OnceFlag::kDone) return false;
   CUuuid u{};
   if (real_cuDeviceGetUuid_v2(&u, ordinal) != CUDA_SUCCESS) return false;
   char uuid[shm::kUuidTextSize];

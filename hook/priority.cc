@@ -22,6 +22,7 @@
 #include "hook/real.h"
 #include "hook/runtime.h"
 #include "shm/clock.h"
+#include "shm/once.h"
 #include "limiter/compute.h"
 #include "limiter/priority.h"
 #include "shm/priority_board.h"
@@ -89,7 +90,7 @@ struct alignas(64) PrioDevice {
 PrioDevice g_prio[kMaxDevices];
 
 std::atomic<std::uint32_t> g_level{static_cast<std::uint32_t>(Priority::normal)};
-std::atomic<int> g_setup{0};  // 0 not yet, 1 done
+shm::OnceFlag g_setup;  // the board directory and this process's names
 char g_board[shm::kBoardPathMax];
 Priority g_env_level = Priority::normal;
 std::uint64_t g_region_dev = 0, g_region_ino = 0;
@@ -549,12 +550,11 @@ Verdict hold(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
 
 bool priority_refresh() noexcept {
   if (g_ready.load(std::memory_order_acquire) != kReadyYes || !config().valid) return false;
-  int expected = 0;
-  if (g_setup.load(std::memory_order_acquire) == 0 && g_setup.compare_exchange_strong(expected, 2)) {
+  if (g_setup.claim()) {
     setup_once();
-    g_setup.store(1, std::memory_order_release);
+    g_setup.complete();
   }
-  if (g_setup.load(std::memory_order_acquire) != 1) return false;  // another thread is setting up
+  if (!g_setup.done()) return false;  // another thread is setting up
   Region* r = g_process.region;
   const Priority self = current_level(r);
   g_level.store(static_cast<std::uint32_t>(self), std::memory_order_relaxed);
@@ -592,7 +592,7 @@ bool priority_refresh() noexcept {
 }
 
 bool priority_board_present() noexcept {
-  if (g_setup.load(std::memory_order_acquire) != 1) return false;
+  if (!g_setup.done()) return false;
   struct stat st;
   return stat(g_board, &st) == 0 && S_ISDIR(st.st_mode);
 }
