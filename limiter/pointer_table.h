@@ -246,7 +246,9 @@ class PointerTable {
     Slot* slots = nullptr;
   };
   static constexpr std::size_t kMissing = ~std::size_t{0};
-  static constexpr std::uint64_t kAdopting = ~std::uint64_t{0};
+  // Set in epoch_, with the adopting process's epoch in the other bits, while
+  // one thread clears the table (epochs are counters: bit 63 is never theirs).
+  static constexpr std::uint64_t kAdopting = std::uint64_t{1} << 63;
 
   static bool reserved(std::uint64_t key) noexcept { return key == 0 || key == ~std::uint64_t{0}; }
 
@@ -270,14 +272,26 @@ class PointerTable {
 
   // First operation in a new process (or of a fresh table): whatever the
   // table holds belongs to the parent. One thread clears it; others wait.
+  // A fork while a parent's thread was clearing leaves that thread's marker,
+  // which nobody in the child would ever end: the child takes it over, and
+  // forgets the shards without unmapping them (which of them the interrupted
+  // clear already unmapped is unknown; the child may have mapped something
+  // at those addresses since).
   [[gnu::cold, gnu::noinline]] void adopt(std::uint64_t e) const noexcept {
+    const std::uint64_t mine = kAdopting | e;
     for (unsigned round = 0;;) {
       std::uint64_t seen = epoch_.load(std::memory_order_acquire);
       if (seen == e) return;
-      if (seen != kAdopting && epoch_.compare_exchange_strong(seen, kAdopting, std::memory_order_acq_rel)) {
+      if (seen != mine && epoch_.compare_exchange_strong(seen, mine, std::memory_order_acq_rel)) {
+        const bool interrupted = (seen & kAdopting) != 0;
         if (seen != 0) {
           for (Shard& s : shards_) {
-            free_slots(s);
+            if (interrupted) {
+              s.slots = nullptr;
+              s.mask = s.count = s.map_bytes = 0;
+            } else {
+              free_slots(s);
+            }
             s.lock.store(0, std::memory_order_relaxed);  // a parent's thread may have held it at fork
           }
         }
