@@ -165,10 +165,17 @@ void forget_current(const PoolState* st) noexcept {
   }
 }
 
-bool grow_locked(PoolState& st, std::uint64_t outstanding_after) noexcept {
-  const std::uint64_t c = st.counted.load(std::memory_order_relaxed);
-  if (outstanding_after <= c) return true;  // another thread grew it meanwhile
-  const std::uint64_t target = round_chunk(outstanding_after);
+bool grow_locked(PoolState& st, std::uint64_t bytes) noexcept {
+  const std::uint64_t c = st.counted.load(std::memory_order_seq_cst);
+  const std::uint64_t now = st.outstanding.load(std::memory_order_seq_cst);  // ours included
+  if (now <= c) return true;  // another thread grew it meanwhile, or others' requests ended
+  // Grow to cover what is outstanding, but by at most this allocation's own
+  // chunks: another thread's request still in flight (perhaps one above the
+  // quota, about to be refused) must not make this one fail. Every admitted
+  // allocation stays covered: either the new value covers all that is
+  // outstanding, or it adds this one's bytes to a value that covered the rest.
+  std::uint64_t target = round_chunk(now);
+  if (const std::uint64_t own = round_chunk(c + bytes); own < target) target = own;
   const std::uint64_t need = target - c;
   const int entry = st.entry.load(std::memory_order_relaxed);
   t_growing = &st;
@@ -191,8 +198,17 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
     reserved = 0;
   }
   const std::uint64_t before = st.counted.load(std::memory_order_relaxed);
+  // `outstanding` keeps `counted` from dropping below what allocations that
+  // passed the fast path use, but never raises it: it also holds allocations
+  // still in flight towards grow_locked(), which reserve their own chunks
+  // against the quota (charge() here would admit them unchecked). Those that
+  // passed the fast path had `after` <= counted <= `before`.
+  const auto covered = [&st, before]() noexcept {
+    const std::uint64_t in_use = round_chunk(st.outstanding.load(std::memory_order_seq_cst));
+    return in_use < before ? in_use : before;
+  };
   std::uint64_t target = reserved;
-  const std::uint64_t in_use = round_chunk(st.outstanding.load(std::memory_order_seq_cst));
+  const std::uint64_t in_use = covered();
   if (in_use > target) target = in_use;
   if (target < before) {
     // Lowering races with allocations that passed the fast-path test against
@@ -200,7 +216,7 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
     // (both seq_cst, as the fast path's add and load): any allocation that
     // saw the old value is in this second read and stays covered.
     st.counted.store(target, std::memory_order_seq_cst);
-    const std::uint64_t again = round_chunk(st.outstanding.load(std::memory_order_seq_cst));
+    const std::uint64_t again = covered();
     if (again > target) {
       target = again;
       st.counted.store(target, std::memory_order_seq_cst);
@@ -269,12 +285,23 @@ bool record_stale(CUdeviceptr ptr, const PoolRecord& rec) noexcept {
   return g_records.insert(ptr, rec);
 }
 
-CUresult alloc_growing(PoolState& st, std::uint64_t bytes, std::uint64_t after, CUdeviceptr* dptr,
+CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
                        RealAllocFn real_alloc, void* ctx) noexcept {
   CountingOp op;  // the device's usage changes
+  // Not admitted yet: out of `outstanding` while this waits for the lock, so
+  // that a request about to be refused (one above the quota, retried in a
+  // loop) does not look outstanding to the pool's other allocations and
+  // reconciliations all that time (they would grow the pool for it).
+  st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
   std::lock_guard<std::mutex> lock(st.mu);
-  if (bytes > kHugeBytes || !grow_locked(st, after)) {  // no device has 2^48 bytes
+  if (bytes > kHugeBytes) {  // no device has 2^48 bytes
+    finalize_if_drained(st);  // destroyed meanwhile: we may have been its last
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
+  if (!grow_locked(st, bytes)) {
     st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    finalize_if_drained(st);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const CUresult rc = real_alloc(ctx);
@@ -283,6 +310,7 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, std::uint64_t after, 
     // for a pool it does not know), so a failed call changes no count.
     st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
     reconcile_locked(st, true);
+    finalize_if_drained(st);
     return rc;
   }
   // Settle on the reserve the driver reports: a reserve that grew by more

@@ -110,10 +110,10 @@ inline PoolState* current_pool(int ordinal, CUresult* rc) noexcept {
 }
 
 // --- accounting (pool_state.cc) ---
-// Grows `counted` to cover `outstanding_after` (an allocation being made) in
-// whole chunks. False when the quota or the resident allowance refuses it.
-// Caller holds st.mu.
-bool grow_locked(PoolState& st, std::uint64_t outstanding_after) noexcept;
+// Grows `counted` in whole chunks to cover an allocation of `bytes` being
+// made (already in `outstanding`), by at most its own chunks. False when the
+// quota or the resident allowance refuses it. Caller holds st.mu.
+bool grow_locked(PoolState& st, std::uint64_t bytes) noexcept;
 // Brings `counted` to max(the driver's reserve, outstanding rounded to a
 // chunk); the driver's reserve is read unless `reserve_known` (trusted).
 // Keeps `counted` when the driver cannot say (destroyed, foreign pool) unless
@@ -138,7 +138,7 @@ void reclaim_all() noexcept;
 // driver's reserve and records the pointer. On failure `outstanding` is
 // given back and the count is what the driver holds.
 using RealAllocFn = CUresult (*)(void* ctx) noexcept;
-[[gnu::cold, gnu::noinline]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes, std::uint64_t after,
+[[gnu::cold, gnu::noinline]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes,
                                                     CUdeviceptr* dptr, RealAllocFn real_alloc, void* ctx) noexcept;
 // cuMemPoolDestroy of a registered pool: a last reconciliation, the driver
 // call, then the count goes now or with the pool's last allocation.

@@ -45,11 +45,12 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealA
   if (__builtin_expect(after > st.counted.load(std::memory_order_seq_cst) || bytes > pools::kHugeBytes, 0)) {
     using Fn = std::remove_reference_t<RealAlloc>;
     return pools::alloc_growing(
-        st, bytes, after, dptr, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc);
+        st, bytes, dptr, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc);
   }
   const CUresult rc = real_alloc();
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {
     st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    pools::finalize_if_drained(st);  // destroyed meanwhile: we may have been its last
     return rc;
   }
   if (__builtin_expect(!pools::record(*dptr, st, bytes), 0)) pools::record_failed();

@@ -93,5 +93,16 @@ TEST(PoolAccounting, ConcurrentAllocAndFreeOnTwoDevicesIsExact) {
   EXPECT_EQ(num(r, "threads freed", "held1"), 0u) << r.out;
 }
 
+// An allocation above the quota, racing a synchronisation that reconciles
+// the same pool, is refused every time: the reconciliation never charges
+// (unchecked) for an allocation still on its way to its own reservation.
+TEST(PoolAccounting, OversizeAllocationRacingAReconciliationIsAlwaysRefused) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}}, {"oversize", "200000", "2048"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "oversize", "admitted"), 0u) << r.out;
+  EXPECT_EQ(num(r, "oversize", "counted"), num(r, "oversize", "held")) << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test

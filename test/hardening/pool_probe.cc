@@ -11,6 +11,8 @@
 //   pool_probe set-mempool MIB                cuDeviceSetMemPool, then cuMemAllocAsync
 //   pool_probe driver-oom MIB_HELD MIB_MORE   the driver refuses a pool allocation that fits the quota
 //   pool_probe threads ROUNDS                 8 threads on two devices allocate, free and sync at once
+//   pool_probe oversize ROUNDS MIB            one thread asks for MIB (above the quota) again and again
+//                                             while another allocates, frees and synchronises (reconciles)
 #include <cuda.h>
 
 #include <atomic>
@@ -211,6 +213,39 @@ int threads(int rounds) {
   return 0;
 }
 
+// An allocation larger than the quota must be refused every time, also when
+// it arrives while a synchronisation reconciles the same pool (its size is
+// then already in the pool's `outstanding`, on its way to a reservation).
+int oversize(int rounds, std::size_t big) {
+  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  std::atomic<bool> stop{false};
+  std::atomic<int> admitted{0};
+  std::thread churn([&] {
+    check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+    CUstream s = new_stream();
+    while (!stop.load()) {
+      CUdeviceptr p = 0;
+      check(cuMemAllocAsync(&p, 64 * kKi, s), "cuMemAllocAsync");
+      check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+      check(cuStreamSynchronize(s), "cuStreamSynchronize");
+    }
+  });
+  CUstream s = new_stream();
+  for (int r = 0; r < rounds; ++r) {
+    CUdeviceptr p = 0;
+    if (cuMemAllocAsync(&p, big, s) == CUDA_SUCCESS) {
+      admitted.fetch_add(1);
+      check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+      check(cuStreamSynchronize(s), "cuStreamSynchronize");
+    }
+  }
+  stop.store(true);
+  churn.join();
+  check(cuCtxSynchronize(), "cuCtxSynchronize");
+  std::printf("oversize rounds=%d admitted=%d counted=%zu held=%llu\n", rounds, admitted.load(), counted(0), held(0));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -227,6 +262,7 @@ int main(int argc, char** argv) {
   if (what == "set-mempool") return set_mempool(a * kMi);
   if (what == "driver-oom") return driver_oom(a * kMi, b * kMi);
   if (what == "threads") return threads(static_cast<int>(a));
+  if (what == "oversize") return oversize(static_cast<int>(a), b * kMi);
   std::fprintf(stderr, "pool_probe: unknown scenario %s\n", what.c_str());
   return 64;
 }
