@@ -263,15 +263,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  CountingOp op;
-  gpuslice::limiter::AllocRecord rec{};
-  if (!g_pointers->erase(dptr, &rec)) return free_pool_or_untracked(dptr);
-  rc = real_cuMemFree_v2(dptr);
-  if (rc == CUDA_SUCCESS)
-    release_record(rec);
-  else
-    g_pointers->insert(dptr, rec);  // the driver refused: still live
-  return rc;
+  return free_counted(
+      *g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); }, [&] { return free_pool_or_untracked(dptr); });
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1*, unsigned int) { return refuse_legacy("cuMemAlloc"); }

@@ -148,20 +148,24 @@ void sweep_table(limiter::AllocTable& table, Gone&& gone) noexcept {
 }
 
 // Free path: forget `key` (exactly once), run the real free, then return the
-// bytes to the budget — or put the record back if the driver refused.
-template <class RealFree>
-CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free) noexcept {
+// bytes to the budget — or put the record back if the driver refused. A key
+// the table does not hold is freed by `untracked` instead.
+template <class RealFree, class Untracked>
+CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free,
+                      Untracked&& untracked) noexcept {
   CountingOp op;
   limiter::AllocRecord rec{};
-  const bool counted = table.erase(key, &rec);
-  CUresult rc = real_free();
-  if (counted) {
-    if (rc == CUDA_SUCCESS)
-      release_record(rec);
-    else
-      table.insert(key, rec);
-  }
+  if (!table.erase(key, &rec)) return untracked();
+  const CUresult rc = real_free();
+  if (rc == CUDA_SUCCESS)
+    release_record(rec);
+  else
+    table.insert(key, rec);  // the driver refused: still live
   return rc;
+}
+template <class RealFree>
+CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free) noexcept {
+  return free_counted(table, key, real_free, real_free);
 }
 
 // The table of linear/pitched/managed allocations (memory.cc): cuMemFreeAsync
