@@ -9,6 +9,7 @@
 #include "hook/log.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
+#include "limiter/memory_accounting.h"
 
 namespace gpuslice::hook::pools {
 
@@ -293,6 +294,13 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
   // loop) does not look outstanding to the pool's other allocations and
   // reconciliations all that time (they would grow the pool for it).
   st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+  // Larger than the device's whole quota: refused without taking the lock or
+  // showing in `outstanding` again (a program retrying it in a loop would
+  // otherwise keep it there most of the time).
+  if (bytes > limiter::quota_bytes(g_process.region, st.entry.load(std::memory_order_relaxed))) {
+    finalize_if_drained(st);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   std::lock_guard<std::mutex> lock(st.mu);
   if (bytes > kHugeBytes) {  // no device has 2^48 bytes
     finalize_if_drained(st);  // destroyed meanwhile: we may have been its last

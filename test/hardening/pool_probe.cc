@@ -220,13 +220,17 @@ int oversize(int rounds, std::size_t big) {
   check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
   std::atomic<bool> stop{false};
   std::atomic<int> admitted{0};
+  std::atomic<int> churn_refused{0};
   std::thread churn([&] {
     check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
     CUstream s = new_stream();
     while (!stop.load()) {
       CUdeviceptr p = 0;
-      check(cuMemAllocAsync(&p, 64 * kKi, s), "cuMemAllocAsync");
-      check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+      if (cuMemAllocAsync(&p, 64 * kKi, s) != CUDA_SUCCESS) {
+        churn_refused.fetch_add(1);
+      } else {
+        check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+      }
       check(cuStreamSynchronize(s), "cuStreamSynchronize");
     }
   });
@@ -242,7 +246,8 @@ int oversize(int rounds, std::size_t big) {
   stop.store(true);
   churn.join();
   check(cuCtxSynchronize(), "cuCtxSynchronize");
-  std::printf("oversize rounds=%d admitted=%d counted=%zu held=%llu\n", rounds, admitted.load(), counted(0), held(0));
+  std::printf("oversize rounds=%d admitted=%d churn_refused=%d counted=%zu held=%llu\n", rounds, admitted.load(),
+              churn_refused.load(), counted(0), held(0));
   return 0;
 }
 
