@@ -9,7 +9,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
 
 need=()
-for pkg in nlohmann-json3-dev libcli11-dev libcpp-httplib-dev pkgconf yamllint ccache prometheus; do
+for pkg in nlohmann-json3-dev libcli11-dev libcpp-httplib-dev pkgconf yamllint ccache prometheus chromium-headless-shell; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "agent.h"
+#include "status.h"
 
 using namespace std::string_literals;
 
@@ -16,8 +17,22 @@ struct HttpServer::Impl {
   Agent& agent;
   httplib::Server server;
   std::thread thread;
+  StatusHistory history;
   explicit Impl(Agent& a) : agent(a) {}
 };
+
+namespace {
+std::uint64_t wall_ms() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+}  // namespace
+
+void HttpServer::sample_history() {
+  if (!impl_->thread.joinable()) return;
+  const std::uint64_t now = wall_ms();
+  if (impl_->history.due(now)) impl_->history.record(now, impl_->agent.metrics_text());
+}
 
 bool parse_listen(const std::string& text, std::string* host, int* port, std::string* why) {
   std::string h, p;
@@ -63,6 +78,15 @@ bool HttpServer::start(const std::string& host, int port, std::string* why) {
   Agent& agent = impl_->agent;
   svr.Get("/metrics", [&agent](const httplib::Request&, httplib::Response& res) {
     res.set_content(agent.metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  // The node status page and its data (status.h).
+  StatusHistory& history = impl_->history;
+  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(status_page_html(), "text/html; charset=utf-8");
+  });
+  svr.Get("/api/status", [&agent, &history](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(history.json(wall_ms(), agent.metrics_text()), "application/json");
   });
   svr.Get("/healthz", [&agent](const httplib::Request&, httplib::Response& res) {
     if (agent.healthy()) {

@@ -1,5 +1,6 @@
 // The agent's HTTP endpoint (cpp-httplib): GET /metrics (Prometheus text
-// format) and GET /healthz. Loopback only unless --listen says otherwise.
+// format), GET /healthz, and the node status page: GET / (HTML) with its data
+// at GET /api/status (status.h). Loopback only unless --listen says otherwise.
 #pragma once
 
 #include <memory>
@@ -22,6 +23,8 @@ class HttpServer {
   // Binds and starts serving on a thread of its own; false + why on failure.
   bool start(const std::string& host, int port, std::string* why);
   int port() const { return port_; }
+  // Records the status page's history (at most every 2 s): called after each cycle.
+  void sample_history();
   void stop();
 
  private:

@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
   std::uint64_t next = monotonic_ns();
   for (;;) {
     agent.cycle();
+    http.sample_history();
     next += cfg.interval_ns;
     std::uint64_t now = monotonic_ns();
     if (next < now) next = now;  // overran: skip the missed cycles instead of bursting
