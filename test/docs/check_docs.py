@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Claims in the docs that can be checked mechanically, checked.
+
+Usage: check_docs.py SOURCE_DIR
+
+- Every relative Markdown link in README.md, CONTRIBUTING.md, docs/ and the
+  folders' README.md files names a file or folder of this repository (no link
+  leaves the repository, none is dangling), and every #anchor into a Markdown
+  file names one of its headings.
+- Every repository path written in backticks in those files (`hook/memory.cc`,
+  `test/chaos/`, `deploy/prometheus/gpuslice-rules.yaml`) exists, unless it is
+  a build output (`build/...`, `<build>/...`).
+- README.md's "Layout" section names every top-level folder and no other.
+"""
+import pathlib
+import re
+import subprocess
+import sys
+
+root = pathlib.Path(sys.argv[1]).resolve()
+problems = []
+tracked = subprocess.run(["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard"],
+                         capture_output=True, text=True).stdout.split()
+if not tracked:  # not a git checkout (a source tarball): every file on disk
+    tracked = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".git" not in p.parts]
+files = set(tracked)
+folders = {str(pathlib.PurePosixPath(f).parents[i]) for f in tracked for i in range(len(pathlib.PurePosixPath(f).parents) - 1)}
+top = {f.split("/")[0] for f in tracked if "/" in f and not f.startswith(".")}
+
+docs = [p for p in ["README.md", "CONTRIBUTING.md"] if (root / p).exists()]
+docs += sorted(f for f in files if f.startswith("docs/") and f.endswith(".md"))
+docs += sorted(f for f in files if f.endswith("/README.md") and not f.startswith("docs/"))
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\s]+)`")
+TOP = ("hook/", "limiter/", "shm/", "include/", "tools/", "test/", "bench/", "deploy/", "docs/", ".ci/")
+
+
+def anchors(md):
+    out = set()
+    for line in md.read_text().splitlines():
+        m = re.match(r"#+\s+(.*)", line)
+        if m:
+            a = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(a)
+    return out
+
+
+def exists(rel):
+    rel = rel.rstrip("/")
+    return rel in files or rel in folders
+
+
+for doc in docs:
+    path = root / doc
+    text = path.read_text()
+    in_code_block = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            in_code_block = not in_code_block
+            continue
+        if in_code_block:
+            continue
+        for target in LINK.findall(line):
+            if re.match(r"[a-z]+://|mailto:", target):
+                continue
+            target_path, _, anchor = target.partition("#")
+            resolved = (path.parent / target_path).resolve() if target_path else path
+            try:
+                rel = str(resolved.relative_to(root))
+            except ValueError:
+                problems.append(f"{doc}:{n}: link '{target}' leaves the repository")
+                continue
+            if target_path and not exists(rel):
+                problems.append(f"{doc}:{n}: link '{target}' names no file of the repository")
+            elif anchor and rel.endswith(".md") and anchor not in anchors(resolved):
+                problems.append(f"{doc}:{n}: link '{target}': no heading '#{anchor}' in {rel}")
+        for code in CODE.findall(line):
+            c = code.rstrip(".,:;")
+            if not c.startswith(TOP) or any(ch in c for ch in "*<>{}$|") or c.endswith("..."):
+                continue
+            c = c.split(":")[0]
+            if not exists(c):
+                problems.append(f"{doc}:{n}: `{code}` names no file or folder of the repository")
+
+readme = (root / "README.md").read_text()
+m = re.search(r"^## Layout\n(.*?)(?=^## )", readme, re.S | re.M)
+if not m:
+    problems.append("README.md: no '## Layout' section")
+else:
+    named = set(re.findall(r"`([a-z]+)/`", m.group(1)))
+    for f in sorted(top - named):
+        problems.append(f"README.md Layout: top-level folder '{f}/' is not described")
+    for f in sorted(named - top):
+        problems.append(f"README.md Layout: names '{f}/', which does not exist")
+
+for p in problems:
+    print(p)
+print(f"{len(docs)} documents checked; {len(problems)} problem(s)")
+sys.exit(1 if problems else 0)
