@@ -68,7 +68,7 @@ bool World::library_reads_config_file() {
   return slurp(gpuslice::test::preload_library()).find("/etc/gpuslice/gpuslice.conf") != std::string::npos;
 }
 
-World::World() {
+World::World(Image image) : kind_(image) {
   if (!setup()) cleanup();
 }
 
@@ -128,23 +128,42 @@ bool World::setup() {
   dir = tmpl;
   const std::string tag = std::to_string(getpid());
   cgroup_parent_ = "/gpuslice-test-" + tag;
-  image_ = "localhost/gpuslice-test:" + tag;
-  podman_ = {podman_bin,       "--root",          dir + "/storage", "--runroot", dir + "/run", "--tmpdir",
-             dir + "/tmp",     "--storage-driver", "vfs",            "--runtime", runc,        "--cgroup-manager",
-             "cgroupfs",       "--events-backend", "none"};
-  fs::create_directories(dir + "/tmp");
-  if (!build_image()) return false;
-  // Can the runtime run anything at all? Otherwise skip, saying why.
-  const Result probe = run({}, {"/bin/true"}, 120000);
-  if (probe.exit_code != 0) {
-    skip = "podman cannot run a container here: " + probe.describe();
+  image_ = (kind_ == Image::local ? "localhost/gpuslice-test:" : "localhost/gpuslice-test-bullseye:") + tag;
+  // overlay first (containers share the image's files), then vfs (works on
+  // any file system, copying the image for every container).
+  std::vector<std::string> drivers = {"overlay", "vfs"};
+  if (const char* d = std::getenv("GPUSLICE_PODMAN_STORAGE"); d != nullptr && *d != '\0') drivers = {d};
+  std::string failures;
+  bool ran = false;
+  for (const std::string& driver : drivers) {
+    skip.clear();
+    podman_ = {podman_bin, "--root", dir + "/storage-" + driver, "--runroot", dir + "/run-" + driver,
+               "--tmpdir", dir + "/tmp", "--storage-driver", driver, "--runtime", runc,
+               "--cgroup-manager", "cgroupfs", "--events-backend", "none"};
+    fs::create_directories(dir + "/tmp");
+    if (!build_image()) {
+      if (!error.empty()) return false;
+      failures += "\n  " + driver + ": " + skip;
+      continue;
+    }
+    // Can the runtime run anything at all? Otherwise skip, saying why.
+    const Result probe = run({}, {"/bin/true"}, 120000);
+    if (probe.exit_code == 0) {
+      ran = true;
+      break;
+    }
+    failures += "\n  " + driver + ": podman cannot run a container: " + probe.describe();
+    podman({"rmi", "--all", "--force"}, 120000);
+  }
+  if (!ran) {
+    skip = "podman cannot run a container here (storage drivers tried, and why):" + failures;
     return false;
   }
+  skip.clear();
   return write_specs();
 }
 
-bool World::build_image() {
-  const std::string root = dir + "/rootfs";
+bool World::build_local_root(const std::string& root) {
   std::set<std::string> libs;
   const std::vector<std::string> elves = {gpuslice::test::bin("cuprobe_dl"), gpuslice::test::preload_library(),
                                           gpuslice::test::fakecuda_dir() + "/libcuda.so.1",
@@ -173,19 +192,72 @@ bool World::build_image() {
   for (const char* d : {"/etc", "/proc", "/sys", "/dev", "/tmp", "/run", "/usr/lib/x86_64-linux-gnu"}) {
     fs::create_directories(root + d);
   }
+  return true;
+}
+
+bool World::bullseye_root(std::string* root) {
+  if (const char* given = std::getenv("GPUSLICE_BULLSEYE_ROOT"); given != nullptr && *given != '\0') {
+    *root = given;
+    if (!fs::exists(*root + "/usr/bin/python3")) {
+      error = "GPUSLICE_BULLSEYE_ROOT=" + *root + ": no usr/bin/python3 there, expected a bullseye root";
+      return false;
+    }
+    return true;
+  }
+  const std::string maker = GPUSLICE_SOURCE_DIR "/test/deploy/bullseye_rootfs.sh";
+  if (access(maker.c_str(), X_OK) != 0) {
+    skip = "no bullseye root: " + maker +
+           " (which makes one) is not in this tree, and GPUSLICE_BULLSEYE_ROOT names none";
+    return false;
+  }
+  const Result made = gpuslice::test::run({maker, gpuslice::test::build_dir() + "/bullseye-root"}, {}, 900000);
+  if (made.exit_code == 77 || made.timed_out) {
+    skip = "no bullseye root could be made: " + made.err;
+    return false;
+  }
+  if (made.exit_code != 0) {
+    error = "bullseye_rootfs.sh: " + made.describe();
+    return false;
+  }
+  *root = made.out.substr(0, made.out.find('\n'));
+  return true;
+}
+
+bool World::build_image() {
   const std::string tar = dir + "/image.tar";
-  const Result t = gpuslice::test::run({which("tar"), "-C", root, "-cf", tar, "."}, {}, 60000);
+  std::string root = dir + "/rootfs";
+  if (kind_ == Image::local) {
+    if (!build_local_root(root)) return false;
+  } else if (!bullseye_root(&root)) {
+    return false;
+  }
+  // The root's files, as root-owned files of the image.
+  const Result t = gpuslice::test::run({which("tar"), "--numeric-owner", "-C", root, "-cf", tar, "."}, {}, 300000);
   if (t.exit_code != 0) {
     error = "tar: " + t.describe();
     return false;
   }
-  const Result imp = podman({"import", tar, image_}, 180000);
+  if (kind_ == Image::bullseye) {  // plus the probe, without writing into the (cached) root
+    const std::string extra = dir + "/extra";
+    if (!copy_into(GPUSLICE_SOURCE_DIR "/test/container/cuda_probe.py", extra, "/usr/local/bin/cuda_probe.py", 0755)) {
+      error = "cannot stage cuda_probe.py";
+      return false;
+    }
+    const Result add = gpuslice::test::run({which("tar"), "--numeric-owner", "--owner=0", "--group=0", "-C", extra,
+                                            "-rf", tar, "./usr/local/bin/cuda_probe.py"},
+                                           {}, 60000);
+    if (add.exit_code != 0) {
+      error = "tar: " + add.describe();
+      return false;
+    }
+  }
+  const Result imp = podman({"import", tar, image_}, 300000);
   if (imp.exit_code != 0) {
     skip = "podman import failed (no usable container storage here): " + imp.describe();
     return false;
   }
   std::error_code ec;
-  fs::remove_all(root, ec);
+  if (kind_ == Image::local) fs::remove_all(root, ec);
   fs::remove(tar, ec);
   return true;
 }

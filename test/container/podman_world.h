@@ -23,11 +23,18 @@ struct Slice {
   unsigned long long quota = 0;
 };
 
+// The image: files of this machine (busybox, cuprobe_dl and the libraries
+// they need), or a Debian bullseye root (glibc 2.31, python3) made by
+// test/deploy/bullseye_rootfs.sh, or the root GPUSLICE_BULLSEYE_ROOT names,
+// with test/container/cuda_probe.py added as /usr/local/bin/cuda_probe.py.
+enum class Image { local, bullseye };
+
 class World {
  public:
-  // Builds everything; on failure `skip` (the runtime cannot run here: exit
-  // 77) or `error` (anything else: a test failure) says why.
-  World();
+  // Builds everything; on failure `skip` (the runtime cannot run here, or no
+  // bullseye root can be had: exit 77) or `error` (anything else: a test
+  // failure) says why.
+  explicit World(Image image = Image::local);
   ~World();
   World(const World&) = delete;
   World& operator=(const World&) = delete;
@@ -47,6 +54,7 @@ class World {
   static bool library_reads_config_file();
 
  private:
+  Image kind_;
   std::vector<std::string> podman_;  // podman and its global flags
   std::string image_, cgroup_parent_;
   std::vector<std::string> spec_files_;
@@ -54,6 +62,8 @@ class World {
 
   bool setup();
   bool build_image();
+  bool build_local_root(const std::string& root);
+  bool bullseye_root(std::string* root);
   bool write_specs();
   void cleanup();
   gpuslice::test::Result podman(std::vector<std::string> args, int timeout_ms = 120000) const;
