@@ -266,14 +266,22 @@ std::vector<std::string> preload_entries(const std::string& text) {
 
 bool check_host(const SliceRequest& r, std::string* why) {
   struct stat st {};
-  if (stat(r.region_host_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (stat(r.region_host_dir.c_str(), &st) != 0) {
     *why = "--region-host-dir '" + r.region_host_dir + "': " +
-           (errno == ENOENT ? "no such directory"s : S_ISDIR(st.st_mode) ? std::strerror(errno) : "not a directory"s) +
+           (errno == ENOENT ? "no such directory"s : std::string(std::strerror(errno))) +
            " (expected the slice's directory, created before the spec: the runtime cannot bind a missing one)";
     return false;
   }
+  if (!S_ISDIR(st.st_mode)) {
+    *why = "--region-host-dir '" + r.region_host_dir + "': not a directory, expected the slice's directory";
+    return false;
+  }
   char resolved[PATH_MAX];
-  if (realpath(r.region_host_dir.c_str(), resolved) == nullptr || r.region_host_dir != resolved) {
+  if (realpath(r.region_host_dir.c_str(), resolved) == nullptr) {
+    *why = "--region-host-dir '" + r.region_host_dir + "': cannot resolve it: " + std::strerror(errno);
+    return false;
+  }
+  if (r.region_host_dir != resolved) {
     *why = "--region-host-dir '" + r.region_host_dir + "' resolves to '" + resolved +
            "' through a symbolic link: the runtime would bind that instead; expected the real path";
     return false;
