@@ -58,14 +58,11 @@ if [ "$release" = 1 ]; then
   exit $rc
 fi
 
-tmpdir=""
-cleanup() { [ -n "$tmpdir" ] && rm -rf "$tmpdir"; }
-trap cleanup EXIT
+# Nothing is written outside the destinations' directories (the DaemonSets
+# run with a read-only root file system).
+source=""
 if [ "$have_line" = 1 ]; then
   [ $# -ge 1 ] || usage "--line needs at least one DEST"
-  tmpdir=$(mktemp -d) || exit 1
-  printf '%s\n' "$line" >"$tmpdir/content" || exit 1
-  source=$tmpdir/content
 else
   [ $# -ge 2 ] || usage "expected SOURCE and at least one DEST"
   source=$1
@@ -86,12 +83,23 @@ rc=0
 for dest in "$@"; do
   dir=$(dirname "$dest")
   [ -d "$dir" ] || { echo "install-library.sh: DEST $dest: no such directory $dir" >&2; rc=1; continue; }
-  if [ -f "$dest" ] && cmp -s "$source" "$dest"; then
+  tmp="$dir/.$(basename "$dest").gpuslice-new.$$"
+  if [ "$have_line" = 1 ]; then
+    # The line's content, compared without a file: printf into the temporary only when it differs.
+    if [ -f "$dest" ] && [ "$(cat "$dest")" = "$line" ] && [ "$(wc -l <"$dest")" -eq 1 ]; then
+      [ "$protect" = 1 ] && protect_file "$dest"
+      continue
+    fi
+  elif [ -f "$dest" ] && cmp -s "$source" "$dest"; then
     [ "$protect" = 1 ] && protect_file "$dest"
     continue
   fi
-  tmp="$dir/.$(basename "$dest").gpuslice-new.$$"
-  if ! { cp "$source" "$tmp" && chmod "$mode" "$tmp"; }; then
+  if [ "$have_line" = 1 ]; then
+    written() { printf '%s\n' "$line" >"$tmp"; }
+  else
+    written() { cp "$source" "$tmp"; }
+  fi
+  if ! { written && chmod "$mode" "$tmp"; }; then
     echo "install-library.sh: cannot write $tmp" >&2
     rm -f "$tmp"
     rc=1

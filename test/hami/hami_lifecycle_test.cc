@@ -190,6 +190,9 @@ TEST(HamiLifecycle, InstallWritesOneLineFilesByRenameToo) {
   EXPECT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(slurp(preload), "/usr/local/vgpu/libvgpu.so\n");
   EXPECT_NE(inode(preload), before);
+  const ino_t installed = inode(preload);
+  EXPECT_EQ(gpuslice::test::run({kInstall, "--line", "/usr/local/vgpu/libvgpu.so", preload}, {}, 10000).exit_code, 0);
+  EXPECT_EQ(inode(preload), installed) << "the same line again changes nothing";
   const Result bad = gpuslice::test::run({kInstall, node.box.path("missing.so"), node.target}, {}, 10000);
   EXPECT_EQ(bad.exit_code, 1) << bad.describe();
   EXPECT_NE(bad.err.find("missing.so"), std::string::npos) << bad.describe();
