@@ -158,6 +158,27 @@ TEST_F(Container, ContainersOfASliceShareItsQuotaAndTheAgentSeesThem) {
   EXPECT_EQ(used("ctr-b"), mib(100)) << agent.out;
 }
 
+// gpuslice-cdi writes 0.6.0 only when the content needs it (annotations):
+// Debian 12's podman 4.3 (CDI library up to 0.5.0) refuses such a spec.
+TEST_F(Container, AnnotatedSpecNeedsANewerRuntime) {
+  const std::string version = world->podman_version();
+  if (version.rfind("4.3.", 0) != 0) GTEST_SKIP() << "podman " << version << ": its CDI library may read 0.6.0";
+  const std::string name = world->a.name + "-annotated";
+  const std::string out = World::cdi_dir() + "/gpuslice-test-"s + name + ".json";
+  const Result made = gpuslice::test::run(
+      {gpuslice::test::bin("gpuslice-cdi"), "--name", name, "--memory", mib(256), "--region-host-dir",
+       world->a.region_dir, "--library-host", gpuslice::test::preload_library(), "--inject", "env",
+       "--no-config-file", "--annotation", "gpuslice.io/claim=default/x", "--output", out},
+      {}, 30000);
+  const Result r = world->run({world->vendor_device, made.out.substr(0, made.out.find('\n'))},
+                              {"cuprobe", "init", "ctx", "0", "meminfo"});
+  std::remove(out.c_str());
+  ASSERT_EQ(made.exit_code, 0) << made.describe();
+  EXPECT_NE(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.err.find("unresolvable CDI devices"), std::string::npos) << r.describe();
+  // Without the annotation, the same device is 0.3.0 and runs (the tests above).
+}
+
 TEST_F(Container, ProcessWithAClearedEnvironmentIsStillLimited) {
   // Nothing of the container's environment is left: no GPUSLICE_*, no
   // LD_PRELOAD, not even the simulated driver's FAKECUDA_STATE (the vendor

@@ -74,6 +74,11 @@ World::World(Image image) : kind_(image) {
 
 World::~World() { cleanup(); }
 
+std::string World::podman_version() const {
+  const Result r = podman({"version", "--format", "{{.Client.Version}}"}, 60000);
+  return r.exit_code == 0 ? r.out.substr(0, r.out.find('\n')) : "";
+}
+
 Result World::podman(std::vector<std::string> args, int timeout_ms) const {
   std::vector<std::string> argv = podman_;
   argv.insert(argv.end(), args.begin(), args.end());

@@ -50,6 +50,10 @@ class World {
   std::vector<std::string> run_argv(const std::vector<std::string>& devices, const std::vector<std::string>& cmd) const;
   gpuslice::test::Result run(const std::vector<std::string>& devices, const std::vector<std::string>& cmd,
                              int timeout_ms = 120000) const;
+  // `podman version`'s client version ("4.3.1").
+  std::string podman_version() const;
+  // The directory podman reads CDI specs from (podman 4.3 has no --cdi-spec-dir).
+  static constexpr const char* cdi_dir() { return "/var/run/cdi"; }
   // Does the preload library read /etc/gpuslice/gpuslice.conf?
   static bool library_reads_config_file();
 
