@@ -9,7 +9,23 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
 
 need=()
-for pkg in nlohmann-json3-dev libcli11-dev libcpp-httplib-dev pkgconf yamllint ccache prometheus chromium-headless-shell; do
+# One package a line. podman + runc + busybox-static: the container tests
+# (test/container) run real containers from an image built of files on this
+# machine; runc because crun fails on hybrid cgroup layouts. ccache: compiler
+# caching (CMakeLists.txt). prometheus (with promtool) and
+# chromium-headless-shell: the observability tests (test/agent).
+for pkg in \
+    nlohmann-json3-dev \
+    libcli11-dev \
+    libcpp-httplib-dev \
+    pkgconf \
+    yamllint \
+    ccache \
+    prometheus \
+    chromium-headless-shell \
+    podman \
+    runc \
+    busybox-static; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -112,8 +112,11 @@ def check_dropin(where, ds):
             continue
         if "libgpuslice.so" not in script or "libvgpu.so" not in script:
             problem(where, f"container {c['name']}: must copy libgpuslice.so onto libvgpu.so")
-        if "mv -f" not in script:
-            problem(where, f"container {c['name']}: replace the library atomically (copy, then mv -f)")
+        if "gpuslice-install-library --protect" not in script:
+            problem(where, f"container {c['name']}: install with gpuslice-install-library --protect (by rename, "
+                    "immutable against HAMi's in-place cp)")
+        if "LINUX_IMMUTABLE" not in c.get("securityContext", {}).get("capabilities", {}).get("add", []):
+            problem(where, f"container {c['name']}: needs the LINUX_IMMUTABLE capability (chattr +i)")
         if "ld.so.preload" not in script:
             problem(where, f"container {c['name']}: make sure {HAMI_ROOT}/ld.so.preload names the library")
         if "memory" not in c.get("resources", {}).get("limits", {}):

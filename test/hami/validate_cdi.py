@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Validates CDI spec files against the vendored CDI JSON schema
 (cdi-schema/, see its README.md), plus what the schema does not express but
-container runtimes enforce when they load a spec: semver cdiVersion >= 0.6.0,
+container runtimes enforce when they load a spec: a released cdiVersion no
+lower than what the content needs (pkg/cdi/version.go, MinimumRequiredVersion),
 the naming rules of container-device-interface pkg/parser for the kind and the
 device names, NAME=value environment entries, absolute mount paths, and no
 unknown fields (runtimes refuse specs with unknown fields).
@@ -44,6 +45,30 @@ def validator(schema_dir):
         return jsonschema.Draft7Validator(schema, resolver=resolver)
 
 
+RELEASED = {"0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"}
+
+
+def required_version(spec):
+    """container-device-interface pkg/cdi/version.go requiresV040..V070 (the
+    fields gpuslice may write; later versions add fields it never writes)."""
+    devices = [d for d in spec.get("devices", []) if isinstance(d, dict)]
+    edits = [d.get("containerEdits", {}) for d in devices] + [spec.get("containerEdits", {})]
+    edits = [e for e in edits if isinstance(e, dict)]
+    if any(e.get("intelRdt") for e in edits):
+        return (0, 7, 0)
+    kind = str(spec.get("kind", ""))
+    cls = kind.split("/", 1)[1] if "/" in kind else ""
+    if spec.get("annotations") or any(d.get("annotations") for d in devices) or "." in cls:
+        return (0, 6, 0)
+    if any(str(d.get("name", "x"))[:1] and not str(d.get("name", "x"))[:1].isalpha() for d in devices):
+        return (0, 5, 0)
+    if any(n.get("hostPath") for e in edits for n in e.get("deviceNodes", []) if isinstance(n, dict)):
+        return (0, 5, 0)
+    if any(mnt.get("type") for e in edits for mnt in e.get("mounts", []) if isinstance(mnt, dict)):
+        return (0, 4, 0)
+    return (0, 3, 0)
+
+
 def semantic(spec, problem):
     if not isinstance(spec, dict):
         return
@@ -52,8 +77,13 @@ def semantic(spec, problem):
     m = SEMVER.match(str(spec.get("cdiVersion", "")))
     if not m:
         problem(f"cdiVersion {spec.get('cdiVersion')!r} is not semver MAJOR.MINOR.PATCH")
-    elif tuple(map(int, m.groups())) < (0, 6, 0):
-        problem(f"cdiVersion {spec['cdiVersion']} is older than 0.6.0")
+    elif m.group(0) not in RELEASED:
+        problem(f"cdiVersion {spec['cdiVersion']} is not a released CDI spec version")
+    else:
+        need = required_version(spec)
+        if tuple(map(int, m.groups())) < need:
+            problem(f"cdiVersion {spec['cdiVersion']} is older than {'.'.join(map(str, need))}, "
+                    "which the spec's content needs")
     kind = str(spec.get("kind", ""))
     parts = kind.split("/")
     if len(parts) != 2 or not all(VENDOR_OR_CLASS.match(p) for p in parts):

@@ -1,13 +1,17 @@
 // A CDI (Container Device Interface) spec that injects gpuslice into a
-// container: the environment (limits, policy, priority, region) and the
-// mounts (the library, the region directory, optionally /etc/ld.so.preload).
-// A DRA driver, a device plugin or an NRI plugin writes it to /etc/cdi or
-// /var/run/cdi and names the device ("gpuslice.io/slice=<name>") in its
-// response; the container runtime applies the edits. See docs/deploy.md.
+// container: the environment (limits, policy, priority, region), the mounts
+// (the library, the region directory, the slice's configuration file,
+// optionally /etc/ld.so.preload). A DRA driver, a device plugin or an NRI
+// plugin writes it to /etc/cdi or /var/run/cdi and names the device
+// ("gpuslice.io/slice=<name>") in its response; the container runtime applies
+// the edits. See docs/deploy.md.
 //
-// Spec version 0.6.0: the oldest that holds everything we may write (spec
-// annotations arrived in 0.6.0); runtimes refuse a spec that uses a field
-// newer than its cdiVersion, and accept older versions.
+// Spec version: the lowest the content needs, by the rules of the CDI
+// library's MinimumRequiredVersion (container-device-interface
+// pkg/cdi/version.go): 0.3.0 for a plain spec, 0.5.0 when the device name
+// starts with something other than a letter, 0.6.0 with annotations or a '.'
+// in the kind's class. Runtimes refuse a version newer than the CDI library
+// they carry (Debian 12's podman 4.3 reads up to 0.5.0), and accept older ones.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +22,11 @@
 
 namespace gpuslice::cdi {
 
-inline constexpr char kCdiVersion[] = "0.6.0";
 inline constexpr char kDefaultKind[] = "gpuslice.io/slice";
+// Where the library reads its configuration file when the environment says
+// nothing (docs/deploy.md "Configuration file"); the spec mounts the slice's
+// file there read-only.
+inline constexpr char kConfigContainerFile[] = "/etc/gpuslice/gpuslice.conf";
 
 enum class Inject { preload_file, env };
 
@@ -40,8 +47,18 @@ struct SliceRequest {
   // A host file holding library_container's path (Inject::preload_file);
   // deploy/'s agent DaemonSet writes this one.
   std::string preload_host_file = "/usr/local/gpuslice/lib/ld.so.preload";
+  // The slice's configuration file on the host ("" = none): the same
+  // NAME=VALUE lines as the spec's environment, mounted read-only at
+  // kConfigContainerFile, so that a process that clears its environment is
+  // still limited. Outside the region directory (which the container can write).
+  std::string config_host_file;
   std::map<std::string, std::string> annotations;
 };
+
+// The default configuration file of a region directory: a hidden sibling,
+// "<parent>/.<name>.conf" (the agent skips hidden files), never inside the
+// directory the container may write.
+std::string default_config_host_file(const std::string& region_host_dir);
 
 // CDI's naming rules (container-device-interface pkg/parser): vendor and
 // class start with a letter, end with a letter or digit, and hold letters,
@@ -50,9 +67,37 @@ struct SliceRequest {
 bool valid_kind(const std::string& kind, std::string* why);
 bool valid_device_name(const std::string& name, std::string* why);
 
-// Checks every field (names, sizes, percentages, words, absolute paths);
-// false + one message naming the option and what was expected.
+// An annotation key as the CDI library checks it (Kubernetes' annotation
+// rules: an optional DNS-subdomain prefix of at most 253 characters and '/',
+// then a name of 1-63 letters, digits, '-', '_', '.' that starts and ends
+// with a letter or digit; checked in lower case).
+bool valid_annotation_key(const std::string& key, std::string* why);
+
+// Checks every field without touching the file system: names, annotations,
+// limits (parsed by the library's own option parser, limiter/options.h, so
+// that the spec never carries a value the library refuses), paths (absolute,
+// normalised, and a region directory safe to bind read-write).
+// false + one message naming the option (--flag) and what was expected.
 bool validate(const SliceRequest& req, std::string* why);
+
+// What the host's file system must hold for the spec to work: the region
+// directory exists, is a directory and no symbolic link leads to or inside
+// it; the preload file (Inject::preload_file) names the library's container
+// path. false + a message naming the flag.
+bool check_host(const SliceRequest& req, std::string* why);
+
+// The words of a preload file as ld.so reads them (separated by spaces, tabs,
+// newlines or ':', '#' to the end of a line is a comment).
+std::vector<std::string> preload_entries(const std::string& text);
+
+// "0.3.0", "0.5.0" or "0.6.0": the lowest CDI spec version holding this spec.
+std::string required_version(const SliceRequest& req);
+
+// The gpuslice environment the spec sets (NAME=VALUE), in order.
+std::vector<std::string> slice_environment(const SliceRequest& req);
+
+// The configuration file's text (the same values as slice_environment).
+std::string config_file_text(const SliceRequest& req);
 
 // The spec (validate() first).
 nlohmann::json build_spec(const SliceRequest& req);

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "cdi_spec.h"
@@ -27,8 +28,13 @@ int usage_error(const std::string& message) {
 }
 
 // Write then rename: a runtime watching the CDI directory never reads half a file.
+// The temporary name is hidden and ends in neither .json nor .yaml, so that
+// neither a runtime's CDI cache nor the agent ever reads it.
 bool write_atomically(const std::string& path, const std::string& text, std::string* why) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string tmp = dir + "." + base + ".tmp." + std::to_string(getpid());
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     *why = tmp + ": " + std::strerror(errno);
@@ -58,11 +64,12 @@ bool write_atomically(const std::string& path, const std::string& text, std::str
 
 int main(int argc, char** argv) {
   gpuslice::cdi::SliceRequest req;
-  std::string inject = "ld.so.preload", output;
+  std::string inject = "ld.so.preload", output, config_file;
+  bool no_config_file = false;
   std::vector<std::string> annotations;
-  CLI::App app{"gpuslice-cdi: emits a CDI spec (JSON, cdiVersion "s + gpuslice::cdi::kCdiVersion +
-                   ") whose device injects gpuslice with the given limits: environment, library, region "
-                   "directory and /etc/ld.so.preload.",
+  CLI::App app{"gpuslice-cdi: emits a CDI spec (JSON, the lowest cdiVersion its content needs: 0.3.0, 0.5.0 or "
+               "0.6.0) whose device injects gpuslice with the given limits: environment, library, region "
+               "directory, the slice's configuration file and /etc/ld.so.preload; writes that configuration file.",
                "gpuslice-cdi"};
   app.set_version_flag("--version", GPUSLICE_VERSION);
   app.add_option("--name", req.device_name, "CDI device name (e.g. the ResourceClaim's UID)")->required();
@@ -84,6 +91,11 @@ int main(int argc, char** argv) {
   app.add_option("--preload-host-file", req.preload_host_file,
                  "Host file naming the library (one line), mounted at /etc/ld.so.preload")
       ->capture_default_str();
+  app.add_option("--config-host-file", config_file,
+                 "The slice's configuration file to write on the host, mounted read-only at "
+                 "/etc/gpuslice/gpuslice.conf (default: <parent of --region-host-dir>/.<its name>.conf)");
+  app.add_flag("--no-config-file", no_config_file,
+               "Write and mount no configuration file (a process that clears its environment is then unlimited)");
   app.add_option("--annotation", annotations, "key=value added to the spec's annotations (repeatable)");
   app.add_option("--output", output, "Write the spec here (atomically) instead of stdout, e.g. /var/run/cdi/gpuslice-<name>.json");
   try {
@@ -107,11 +119,32 @@ int main(int argc, char** argv) {
   for (const std::string& a : annotations) {
     const std::size_t eq = a.find('=');
     if (eq == std::string::npos || eq == 0) return usage_error("--annotation '"s + a + "': expected key=value");
-    req.annotations[a.substr(0, eq)] = a.substr(eq + 1);
+    if (!req.annotations.emplace(a.substr(0, eq), a.substr(eq + 1)).second) {
+      return usage_error("--annotation '"s + a + "': the key '" + a.substr(0, eq) +
+                         "' is given twice; expected each key once");
+    }
+  }
+  if (no_config_file && !config_file.empty()) {
+    return usage_error("--no-config-file and --config-host-file: expected one of them");
+  }
+  if (!no_config_file) {
+    req.config_host_file = config_file.empty() ? gpuslice::cdi::default_config_host_file(req.region_host_dir)
+                                               : config_file;
   }
   std::string why;
-  if (!gpuslice::cdi::validate(req, &why)) return usage_error(why);
-  const std::string text = gpuslice::cdi::build_spec(req).dump(2) + "\n";
+  if (!gpuslice::cdi::validate(req, &why) || !gpuslice::cdi::check_host(req, &why)) return usage_error(why);
+  std::string text;
+  try {
+    text = gpuslice::cdi::build_spec(req).dump(2) + "\n";
+  } catch (const std::exception& e) {  // a string that is not UTF-8 slipped through
+    return usage_error("cannot write the spec as JSON: "s + e.what());
+  }
+  // The configuration file first: the spec never names a file that is not there.
+  if (!req.config_host_file.empty() &&
+      !write_atomically(req.config_host_file, gpuslice::cdi::config_file_text(req), &why)) {
+    std::fprintf(stderr, "gpuslice-cdi: cannot write the configuration file: %s\n", why.c_str());
+    return 1;
+  }
   if (output.empty()) {
     std::fputs(text.c_str(), stdout);
     return 0;
