@@ -28,7 +28,7 @@ def expected(report):
     out = {}
     sweep = report["compute_sweep"]
     points = [p for p in sweep["points"] if ok(p) and "timeline" in p]
-    series = len(points) + (1 if "native_timeline" in sweep else 0)
+    series = len(points)
     limits = len(points)
     tenants = report.get("tenants", {})
     if ok(tenants.get("gpuslice")) and "timelines" in tenants["gpuslice"]:

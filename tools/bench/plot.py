@@ -49,49 +49,61 @@ def bins(timeline):
 
 
 def plot_share(report, plt):
+    """One small panel per limit (its share, dashed: the limit, grey: no
+    limit), then one with the two tenants."""
     sweep = report.get("compute_sweep")
     tenants = report.get("tenants")
     tenant_lines = ok(tenants) and ok(tenants.get("gpuslice")) and "timelines" in tenants["gpuslice"]
-    if not ok(sweep) or not any("timeline" in p for p in sweep.get("points", [])):
+    if not ok(sweep):
         return None
-    panels = 2 if tenant_lines else 1
-    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.6), squeeze=False)
-    ax = axes[0][0]
-    colors = plt.get_cmap("viridis")
-    points = [p for p in sweep["points"] if ok(p) and "timeline" in p]
-    if "native_timeline" in sweep:
-        t, y = bins(sweep["native_timeline"])
-        ax.step(t, y, where="post", color="black", linewidth=1.2, label="no limit (native)", gid="series-native")
-    for i, p in enumerate(points):
-        color = colors(i / max(1, len(points) - 1) * 0.9)
-        t, y = bins(p["timeline"])
-        ax.step(t, y, where="post", color=color, linewidth=1.4, label="GPUSLICE_SM_LIMIT=%d" % p["limit"],
-                gid="series-limit-%d" % p["limit"])
-        ax.axhline(p["limit"], color=color, linestyle="--", linewidth=0.9, gid="limit-%d" % p["limit"])
+    points = [p for p in sweep.get("points", []) if ok(p) and "timeline" in p]
+    if not points:
+        return None
+    cells = len(points) + (1 if tenant_lines else 0)
+    cols = min(4, cells)
+    rows = (cells + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.5 * rows + 0.9), squeeze=False)
+    flat = [ax for row in axes for ax in row]
     warmup = sweep.get("warmup_s", 0)
-    ax.axvspan(warmup, warmup + sweep["window_s"], color="0.92", zorder=0, label="measurement window")
-    ax.set_xlabel("time since start (s)")
-    ax.set_ylabel("device share, %% (%g ms bins)" % (points[0]["timeline"]["bin_ns"] / 1e6))
-    ax.set_ylim(0, 100 + 9 * ((len(points) + 3) // 4 + 1))
-    ax.set_yticks(range(0, 101, 20))
-    ax.set_title("One container per limit (dashed: the limit)", fontsize=10)
-    ax.legend(fontsize=7, loc="upper center", ncol=4)
+    bin_ms = points[0]["timeline"]["bin_ns"] / 1e6
+    for ax, p in zip(flat, points):
+        if "native_timeline" in sweep:
+            t, y = bins(sweep["native_timeline"])
+            ax.step(t, y, where="post", color="0.6", linewidth=0.8, label="no limit (native)",
+                    gid="reference-native-%d" % p["limit"])
+        t, y = bins(p["timeline"])
+        ax.step(t, y, where="post", color="#1f77b4", linewidth=1.4, label="achieved",
+                gid="series-limit-%d" % p["limit"])
+        ax.axhline(p["limit"], color="#d62728", linestyle="--", linewidth=1.0, label="limit",
+                   gid="limit-%d" % p["limit"])
+        ax.axvspan(warmup, warmup + sweep["window_s"], color="0.93", zorder=0, label="measurement window")
+        ax.set_title("GPUSLICE_SM_LIMIT=%d: %.1f%% in the window" % (p["limit"], 100 * p["share"]), fontsize=9)
+        ax.set_ylim(0, 105)
+        ax.set_yticks(range(0, 101, 25))
+        ax.tick_params(labelsize=7)
     if tenant_lines:
-        ax = axes[0][1]
+        ax = flat[len(points)]
         for name, timeline, limit, color in zip(("A", "B"), tenants["gpuslice"]["timelines"], tenants["limits"],
                                                 ("#1f77b4", "#ff7f0e")):
             t, y = bins(timeline)
-            ax.step(t, y, where="post", color=color, linewidth=1.4, label="tenant %s, limit %d%%" % (name, limit),
+            ax.step(t, y, where="post", color=color, linewidth=1.4, label="tenant %s" % name,
                     gid="series-tenant-%s" % name)
-            ax.axhline(limit, color=color, linestyle="--", linewidth=0.9, gid="limit-tenant-%s" % name)
-        ax.set_xlabel("time since start (s)")
-        ax.set_ylabel("device share, %")
-        ax.set_ylim(0, 118)
-        ax.set_yticks(range(0, 101, 20))
-        ax.set_title("Two containers on one device (dashed: their limits)", fontsize=10)
-        ax.legend(fontsize=7, loc="upper center", ncol=2)
-    fig.suptitle("Achieved compute share over time (%s)" % where_measured(report), fontsize=11)
-    fig.tight_layout()
+            ax.axhline(limit, color=color, linestyle="--", linewidth=1.0, gid="limit-tenant-%s" % name)
+        ax.set_title("two containers, %d%% and %d%%, one device" % tuple(tenants["limits"]), fontsize=9)
+        ax.set_ylim(0, 105)
+        ax.set_yticks(range(0, 101, 25))
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, loc="upper right", ncol=2)
+    for ax in flat[cells:]:
+        ax.set_visible(False)
+    for r in range(rows):
+        axes[r][0].set_ylabel("device share (%%, %g ms bins)" % bin_ms, fontsize=8)
+    for ax in flat[:cells]:
+        ax.set_xlabel("time since start (s)", fontsize=8)
+    handles, labels = flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.suptitle("Achieved compute share over time against the limit (%s)" % where_measured(report), fontsize=11)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
@@ -132,7 +144,7 @@ def plot_priority(report, plt):
         ax.set_xlabel("burst latency (ms, log scale)")
         ax.set_title(what, fontsize=9)
         ax.grid(True, which="both", color="0.9", linewidth=0.6)
-        ax.legend(fontsize=7, loc="center right")
+        ax.legend(fontsize=7, loc="lower right")
     axes[0].set_ylabel("fraction of bursts at or below")
     inference = priority.get("inference", {})
     training = priority.get("training", {})
