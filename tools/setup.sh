@@ -44,7 +44,7 @@ fi
 # (test/clients) and the CDI schema check (test/hami).
 stamp=$venv/.requirements
 reqs=()
-for req in "$here/test/clients/requirements.txt" "$here/test/hami/requirements.txt"; do
+for req in "$here/test/clients/requirements.txt" "$here/test/hami/requirements.txt" "$here/tools/bench/requirements.txt"; do
   [ -f "$req" ] && reqs+=("$req")
 done
 if [ ${#reqs[@]} -gt 0 ] && ! cat "${reqs[@]}" | cmp -s - "$stamp"; then

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "kernels.h"
+#include "oversub.h"
+#include "plots.h"
 #include "priority.h"
 #include "report.h"
 #include "scenarios.h"
@@ -23,12 +25,15 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kVersion = "0.1.0";
-const char* const kSections[] = {"launch", "memory", "quota", "sweep", "tenants", "noisy", "priority"};
+const char* const kSections[] = {"launch", "memory", "quota", "sweep", "tenants", "noisy", "priority", "oversub"};
 
 int worker_main(const std::string& spec_text) {
   try {
     const json spec = json::parse(spec_text);
-    json result = spec.value("task", std::string()) == "burst" ? run_burst_worker(spec) : run_worker(spec);
+    const std::string task = spec.value("task", std::string());
+    json result = task == "burst"                           ? run_burst_worker(spec)
+                  : task == "memplan" || task == "memwatch" ? run_oversub_worker(spec)
+                                                            : run_worker(spec);
     std::cout << result.dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {
@@ -108,9 +113,17 @@ int main(int argc, char** argv) {
                  "auto: the installed driver, else the simulated one next to this binary; real: fail without an "
                  "NVIDIA driver; simulated: the simulated one even on a GPU machine [auto]")
       ->check(CLI::IsMember({"auto", "real", "simulated"}));
-  app.add_option("--only", only, "sections to run: launch memory quota sweep tenants noisy priority")
+  app.add_option("--only", only, "sections to run: launch memory quota sweep tenants noisy priority oversub")
       ->delimiter(',')
-      ->check(CLI::IsMember({"launch", "memory", "quota", "sweep", "tenants", "noisy", "priority"}));
+      ->check(CLI::IsMember({"launch", "memory", "quota", "sweep", "tenants", "noisy", "priority", "oversub"}));
+  std::string plots_dir;
+  std::string plots_from;
+  app.add_option("--plots", plots_dir,
+                 "also write SVG plots of the report into this directory (matplotlib, with <build>/venv/bin/python "
+                 "or $GPUSLICE_BENCH_PYTHON; docs/benchmarks.md)");
+  app.add_option("--plots-from", plots_from,
+                 "make the --plots of this JSON report (a --json-file of an earlier run) instead of measuring")
+      ->check(CLI::ExistingFile);
   app.add_option("--sweep", sweep, "SM limits for the compute sweep, e.g. 10,50,90")
       ->delimiter(',')
       ->check(CLI::Range(1, 99));
@@ -140,6 +153,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (!worker_spec.empty()) return worker_main(worker_spec);
+  if (!plots_from.empty()) {
+    if (plots_dir.empty()) {
+      std::fprintf(stderr, "gpuslice-bench: --plots-from needs --plots DIR (where to write the SVG files)\n");
+      return 1;
+    }
+    return write_plots(plots_from, plots_dir, quiet) ? 0 : 1;
+  }
   if (print_ptx) {
     std::cout << kernels_ptx({kernel_us != 0 ? kernel_us : 1000u});
     return 0;
@@ -223,7 +243,7 @@ int main(int argc, char** argv) {
                    probe["simulated"].get<bool>() ? profile.c_str() : "");
     }
 
-    Progress progress(plan_steps(plan) + priority_steps(plan), quiet);
+    Progress progress(plan_steps(plan) + priority_steps(plan) + oversub_steps(plan), quiet);
     if (plan.sections.count("launch")) report["launch"] = measure_launch(workers, plan, progress);
     if (plan.sections.count("memory")) report["memory"] = measure_memory(workers, plan, progress);
     if (plan.sections.count("quota")) report["quota"] = measure_quota(workers, plan, progress);
@@ -231,6 +251,7 @@ int main(int argc, char** argv) {
     if (plan.sections.count("tenants")) report["tenants"] = measure_tenants(workers, plan, progress);
     if (plan.sections.count("noisy")) report["noisy_neighbour"] = measure_noisy(workers, plan, progress);
     if (plan.sections.count("priority")) report["priority"] = measure_priority(workers, plan, progress);
+    if (plan.sections.count("oversub")) report["oversubscription"] = measure_oversub(workers, plan, progress);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpuslice-bench: %s\n", e.what());
     report["fatal"] = e.what();
@@ -246,6 +267,7 @@ int main(int argc, char** argv) {
   } else {
     print_table(report, stdout);
     print_priority_table(report, stdout);
+    print_oversub_table(report, stdout);
   }
   if (!json_file.empty()) {
     std::FILE* f = std::fopen(json_file.c_str(), "w");
@@ -256,6 +278,20 @@ int main(int argc, char** argv) {
       std::fprintf(f, "%s\n", report.dump(2).c_str());
       std::fclose(f);
     }
+  }
+  if (!plots_dir.empty()) {
+    // The plotting script reads the report from a file: the --json-file, or
+    // one in the private directory.
+    std::string source = json_file;
+    if (source.empty() || status != 0) {
+      source = context.tmp_dir + "/report.json";
+      std::FILE* f = std::fopen(source.c_str(), "w");
+      if (f != nullptr) {
+        std::fprintf(f, "%s\n", report.dump().c_str());
+        std::fclose(f);
+      }
+    }
+    if (!write_plots(source, plots_dir, quiet)) status = 1;
   }
   if (keep) {
     std::fprintf(stderr, "gpuslice-bench: kept %s\n", context.tmp_dir.c_str());

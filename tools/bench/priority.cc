@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -158,8 +159,17 @@ json run_burst_worker(const json& spec) {
   }
   s.api.cuEventDestroy(begin);
   s.api.cuEventDestroy(end);
+  // Every burst's latency in ms (in burst order, rounded to the ns): the
+  // CDF that --plots draws.
+  auto samples_ms = [](const std::vector<double>& ns) {
+    json a = json::array();
+    for (double v : ns) a.push_back(std::round(v) / 1e6);
+    return a;
+  };
   json out{{"latency", quantiles_ms(latency)},
            {"device_latency", quantiles_ms(device_latency)},
+           {"latency_samples_ms", samples_ms(latency)},
+           {"device_latency_samples_ms", samples_ms(device_latency)},
            {"alone_ideal_ms", static_cast<double>(kernels) * static_cast<double>(s.duration_ns) / 1e6},
            {"pid", getpid()}};
   if (!neighbour || !s.api.simulated()) return out;

@@ -20,6 +20,8 @@ constexpr std::uint64_t kBarrierTimeoutNs = 120ull * 1000 * 1000 * 1000;
 constexpr std::uint64_t kBarrierLeadNs = 20ull * 1000 * 1000;
 // A compute-limit point is "ok" within this many percentage points of its target (issue 10: none worse than 3).
 constexpr double kTolerancePoints = 3.0;
+// The share over time (report "timeline", docs/benchmarks.md "Plots") in bins of this much.
+constexpr std::uint64_t kTimelineBinNs = 50'000'000;
 
 std::uint64_t ns(double seconds) { return static_cast<std::uint64_t>(seconds * 1e9); }
 
@@ -46,28 +48,9 @@ json spin_spec(const Plan& plan, std::uint64_t run_ns, const std::vector<std::ve
   const double kernels = plan.queue_ms * 1000.0 / plan.kernel_us;
   const int depth = std::clamp(static_cast<int>(std::ceil(kernels)), 4, 256);
   return json{{"task", "spin"},     {"kernel_us", plan.kernel_us}, {"depth", depth},    {"streams", plan.streams},
-              {"run_ns", run_ns}, {"windows", windows}};
+              {"run_ns", run_ns}, {"windows", windows}, {"bin_ns", kTimelineBinNs}};
 }
 
-// Starts `specs` together (one barrier) and returns their results in order.
-std::vector<json> run_together(Workers& workers, std::vector<json> specs, const std::vector<WorkerEnv>& envs) {
-  const std::string dir = workers.fresh_dir("barrier");
-  std::vector<pid_t> pids;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    specs[i]["barrier"] = json{{"dir", dir}, {"index", i}};
-    pids.push_back(workers.start(specs[i], envs[i]));
-  }
-  std::uint64_t start = 0;
-  const bool released =
-      barrier_release(dir, static_cast<int>(pids.size()), pids, kBarrierLeadNs, kBarrierTimeoutNs, &start);
-  if (!released) {
-    // Someone died in set-up: let the others time out rather than measure alone.
-    for (pid_t pid : pids) kill(pid, SIGTERM);
-  }
-  std::vector<json> results;
-  for (pid_t pid : pids) results.push_back(workers.finish(pid));
-  return results;
-}
 
 double window_share(const json& result, std::size_t window) {
   return result.at("windows").at(window).at("share").get<double>();
@@ -105,6 +88,12 @@ std::vector<json> run_tenants(Workers& workers, const Plan& plan, const std::vec
         win["busy_ns"] = win["busy_ns"].get<double>() + r["windows"][w]["busy_ns"].get<double>();
         win["share"] = win["share"].get<double>() + r["windows"][w]["share"].get<double>();
       }
+      if (sum.contains("timeline") && r.contains("timeline")) {
+        json& bins = sum["timeline"]["shares"];
+        for (std::size_t b = 0; b < bins.size() && b < r["timeline"]["shares"].size(); ++b) {
+          bins[b] = bins[b].get<double>() + r["timeline"]["shares"][b].get<double>();
+        }
+      }
       sum["launched"] = sum["launched"].get<std::uint64_t>() + r["launched"].get<std::uint64_t>();
       sum["in_launch_ns"] = sum["in_launch_ns"].get<std::uint64_t>() + r["in_launch_ns"].get<std::uint64_t>();
     }
@@ -122,6 +111,25 @@ std::string verdict(double share, int limit, double unlimited_share) {
 }
 
 }  // namespace
+
+std::vector<json> run_together(Workers& workers, std::vector<json> specs, const std::vector<WorkerEnv>& envs) {
+  const std::string dir = workers.fresh_dir("barrier");
+  std::vector<pid_t> pids;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    specs[i]["barrier"] = json{{"dir", dir}, {"index", i}};
+    pids.push_back(workers.start(specs[i], envs[i]));
+  }
+  std::uint64_t start = 0;
+  const bool released =
+      barrier_release(dir, static_cast<int>(pids.size()), pids, kBarrierLeadNs, kBarrierTimeoutNs, &start);
+  if (!released) {
+    // Someone died in set-up: let the others time out rather than measure alone.
+    for (pid_t pid : pids) kill(pid, SIGTERM);
+  }
+  std::vector<json> results;
+  for (pid_t pid : pids) results.push_back(workers.finish(pid));
+  return results;
+}
 
 void Progress::step(const std::string& what) {
   ++done_;
@@ -277,6 +285,7 @@ json measure_sweep(Workers& workers, const Plan& plan, Progress& progress) {
     out["native_share"] = unlimited_share;
     out["native_startup_share"] = window_share(unlimited, 1);
     out["share_source"] = unlimited["share_source"];
+    if (unlimited.contains("timeline")) out["native_timeline"] = unlimited["timeline"];
   } else {
     out["native_error"] = unlimited["error"];
   }
@@ -295,6 +304,7 @@ json measure_sweep(Workers& workers, const Plan& plan, Progress& progress) {
       point["verdict"] = verdict(share, limit, unlimited_share);
       point["launched"] = r["launched"];
       point["in_launch_s"] = r["in_launch_ns"].get<double>() / 1e9;
+      if (r.contains("timeline")) point["timeline"] = r["timeline"];
       out["share_source"] = r["share_source"];
       abs_errors.push_back(std::fabs(share * 100.0 - limit));
     } else {
@@ -326,6 +336,9 @@ json measure_tenants(Workers& workers, const Plan& plan, Progress& progress) {
     if (ok(r[0]) && ok(r[1])) {
       std::vector<double> shares{window_share(r[0], 0), window_share(r[1], 0)};
       out["native"] = json{{"shares", shares}, {"jain", jain_index(shares)}};
+      if (r[0].contains("timeline") && r[1].contains("timeline")) {
+        out["native"]["timelines"] = json::array({r[0]["timeline"], r[1]["timeline"]});
+      }
     } else {
       out["native"] = json{{"error", ok(r[0]) ? r[1]["error"] : r[0]["error"]}};
     }
@@ -347,6 +360,9 @@ json measure_tenants(Workers& workers, const Plan& plan, Progress& progress) {
                              {"jain", jain_index(normalized)},
                              {"ratio", shares[0] > 0 ? shares[1] / shares[0] : 0.0},
                              {"target_ratio", static_cast<double>(limits[1]) / limits[0]}};
+      if (r[0].contains("timeline") && r[1].contains("timeline")) {
+        out["gpuslice"]["timelines"] = json::array({r[0]["timeline"], r[1]["timeline"]});
+      }
     } else {
       out["gpuslice"] = json{{"error", ok(r[0]) ? r[1]["error"] : r[0]["error"]}};
     }

@@ -48,6 +48,10 @@ class Progress {
   bool quiet_;
 };
 
+// Starts `specs` together (one barrier) and returns their results in order.
+std::vector<nlohmann::json> run_together(Workers& workers, std::vector<nlohmann::json> specs,
+                                         const std::vector<WorkerEnv>& envs);
+
 // How many Progress steps the plan takes.
 int plan_steps(const Plan& plan);
 

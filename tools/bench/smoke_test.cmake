@@ -1,8 +1,25 @@
 # CTest smoke test of gpuslice-bench: `--quick --json` exits 0 and prints a
-# JSON report that parses and says which driver it ran on.
-#   cmake -DBENCH=<gpuslice-bench> -P smoke_test.cmake
+# JSON report that parses and says which driver it ran on. With REPORT and
+# PLOTS it also writes the report there and, when PYTHON (the Python --plots
+# uses) has matplotlib, the SVG plots into PLOTS: gpuslice_bench_plots checks
+# them (one bench run for both).
+#   cmake -DBENCH=<gpuslice-bench> [-DREPORT=<file> -DPLOTS=<dir> -DPYTHON=<python>] -P smoke_test.cmake
+set(extra)
+if(REPORT)
+  file(REMOVE ${REPORT})
+  list(APPEND extra --json-file ${REPORT})
+endif()
+if(PLOTS)
+  file(REMOVE_RECURSE ${PLOTS})
+  execute_process(COMMAND ${PYTHON} -c "import matplotlib" RESULT_VARIABLE no_matplotlib OUTPUT_QUIET ERROR_QUIET)
+  if(no_matplotlib EQUAL 0)
+    list(APPEND extra --plots ${PLOTS})
+  else()
+    message(STATUS "no matplotlib for ${PYTHON}: running without --plots (gpuslice_bench_plots will skip)")
+  endif()
+endif()
 execute_process(
-  COMMAND ${BENCH} --quick --json --quiet --driver simulated
+  COMMAND ${BENCH} --quick --json --quiet --driver simulated ${extra}
   RESULT_VARIABLE status
   OUTPUT_VARIABLE report
   ERROR_VARIABLE log
@@ -53,5 +70,35 @@ endif()
 if(NOT p50_neighbour_gpuslice LESS p50_neighbour_native)
   message(FATAL_ERROR "gpuslice-bench --quick: under gpuslice the high-priority bursts (p50 ${p50_neighbour_gpuslice} ms) "
                       "were not faster than natively next to training (${p50_neighbour_native} ms): the priority gate did nothing")
+endif()
+# The oversubscription section (docs/memory.md): past the resident allowance
+# spill serves the grower from host memory and wait holds it until the other
+# process frees; either way it gets every chunk (its quota has room), and the
+# simulated device never holds more than the allowance.
+string(JSON allowance ERROR_VARIABLE missing GET "${report}" oversubscription resident_limit_bytes)
+if(missing)
+  message(FATAL_ERROR "gpuslice-bench --quick: no oversubscription section (${missing})")
+endif()
+string(JSON chunks GET "${report}" oversubscription grower_chunks)
+foreach(policy spill wait)
+  foreach(field grower_granted max_spilled_bytes waits max_device_bytes)
+    string(JSON ${field} ERROR_VARIABLE missing GET "${report}" oversubscription ${policy} ${field})
+    if(missing)
+      message(FATAL_ERROR "gpuslice-bench --quick: oversubscription ${policy} has no '${field}' (${missing})")
+    endif()
+  endforeach()
+  if(NOT grower_granted EQUAL chunks)
+    message(FATAL_ERROR "gpuslice-bench --quick: under ${policy} the grower got ${grower_granted} of ${chunks} chunks")
+  endif()
+  if(max_device_bytes GREATER allowance)
+    message(FATAL_ERROR "gpuslice-bench --quick: under ${policy} the device held ${max_device_bytes} bytes, "
+                        "over the ${allowance}-byte resident allowance")
+  endif()
+  set(${policy}_spilled ${max_spilled_bytes})
+  set(${policy}_waits ${waits})
+endforeach()
+if(NOT spill_spilled GREATER 0 OR NOT wait_spilled EQUAL 0 OR NOT wait_waits GREATER 0)
+  message(FATAL_ERROR "gpuslice-bench --quick: expected spill to spill (max ${spill_spilled} bytes) and wait to "
+                      "wait (${wait_waits} waits) without spilling (${wait_spilled} bytes)")
 endif()
 message(STATUS "gpuslice-bench --quick: valid JSON report on the ${device} driver")

@@ -270,6 +270,13 @@ json spin(const json& spec) {
   // A tenant that arrives later (the noisy neighbour) keeps the common start
   // so that every process's windows are the same instants.
   if (const auto delay = spec.value<std::uint64_t>("delay_ns", 0); delay != 0) sleep_until_ns(start + delay);
+  // Optional: busy time in bins of bin_ns from the start to the end of the
+  // last window (the share over time that --plots draws).
+  const auto bin_ns = spec.value<std::uint64_t>("bin_ns", 0);
+  std::uint64_t end_of_windows = 0;
+  for (const auto& w : windows) end_of_windows = std::max(end_of_windows, start + w[1]);
+  const std::size_t bin_count = bin_ns == 0 ? 0 : static_cast<std::size_t>((end_of_windows - start + bin_ns - 1) / bin_ns);
+  std::vector<double> bin_busy_ns(bin_count, 0.0);
   std::vector<double> event_busy_ns(windows.size(), 0.0);
   auto retire = [&](InFlight& k) {
     GPUSLICE_BENCH_CHECK(api, api.cuEventSynchronize(k.end));
@@ -279,6 +286,11 @@ json spin(const json& spec) {
       if (k.launched_ns >= start + windows[w][0] && k.launched_ns < start + windows[w][1]) {
         event_busy_ns[w] += static_cast<double>(ms) * 1e6;
       }
+    }
+    // A GPU's bins: each kernel's event-timed duration in the bin it was launched in.
+    if (!api.simulated() && bin_ns != 0 && k.launched_ns >= start) {
+      const std::size_t b = static_cast<std::size_t>((k.launched_ns - start) / bin_ns);
+      if (b < bin_count) bin_busy_ns[b] += static_cast<double>(ms) * 1e6;
     }
     k.pending = false;
   };
@@ -294,6 +306,12 @@ json spin(const json& spec) {
       const std::uint64_t t0 = std::max(start + windows[w][0], read_until);
       const std::uint64_t t1 = std::min(start + windows[w][1], upto);
       if (t1 > t0) timeline_busy_ns[w] += static_cast<double>(api.fake_busy_ns(0, getpid(), t0, t1));
+    }
+    for (std::size_t b = (read_until - start) / std::max<std::uint64_t>(bin_ns, 1); b < bin_count; ++b) {
+      const std::uint64_t t0 = std::max(start + b * bin_ns, read_until);
+      const std::uint64_t t1 = std::min(std::min(start + (b + 1) * bin_ns, upto), end_of_windows);
+      if (t0 >= upto) break;
+      if (t1 > t0) bin_busy_ns[b] += static_cast<double>(api.fake_busy_ns(0, getpid(), t0, t1));
     }
     read_until = upto;
   };
@@ -317,8 +335,6 @@ json spin(const json& spec) {
   for (InFlight& k : ring) {
     if (k.pending) retire(k);
   }
-  std::uint64_t end_of_windows = 0;
-  for (const auto& w : windows) end_of_windows = std::max(end_of_windows, start + w[1]);
   if (api.simulated()) {
     // Work still queued at `stop` runs after it: wait until the windows are over.
     sleep_until_ns(end_of_windows);
@@ -336,11 +352,20 @@ json spin(const json& spec) {
     api.cuEventDestroy(k.end);
   }
   for (std::size_t i = 1; i < streams.size(); ++i) api.cuStreamDestroy(streams[i]);
-  return json{{"windows", result_windows},
+  json result{{"windows", result_windows},
               {"launched", launched},
               {"in_launch_ns", in_launch_ns},
               {"share_source", api.simulated() ? "timeline" : "events"},
               {"pid", getpid()}};
+  if (bin_ns != 0) {
+    json shares = json::array();
+    for (std::size_t b = 0; b < bin_count; ++b) {
+      const std::uint64_t length = std::min(start + (b + 1) * bin_ns, end_of_windows) - (start + b * bin_ns);
+      shares.push_back(bin_busy_ns[b] / static_cast<double>(length));
+    }
+    result["timeline"] = json{{"bin_ns", bin_ns}, {"shares", shares}};
+  }
+  return result;
 }
 
 }  // namespace

@@ -17,7 +17,10 @@ namespace gpuslice::bench {
 //  spin    kernel_us, depth, streams, run_ns, delay_ns, windows [[begin, end], ...],
 //          all relative to the start; barrier {dir, index} optional (with
 //          several streams on a real GPU the event-timed share counts
-//          overlapping kernels twice; the simulated timeline does not)
+//          overlapping kernels twice; the simulated timeline does not);
+//          bin_ns optional: also the share in bins of bin_ns from the start
+//          to the end of the last window ("timeline": {bin_ns, shares})
+//  memplan, memwatch: see oversub.h
 // Throws on failure; the caller prints {"error": ...} and exits non-zero.
 nlohmann::json run_worker(const nlohmann::json& spec);
 
