@@ -2,7 +2,7 @@
 // chaos torture suite. See test/chaos/README.md.
 //
 //   chaos_torture [--seeds A[-B]] [--classes all|c1,c2,...] [--exclude c1,...]
-//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--keep] [--verbose]
+//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--exact] [--keep] [--verbose]
 //
 // For each seed: a fresh directory with a simulated machine (FAKECUDA_STATE)
 // and a region (GPUSLICE_REGION); P worker processes of that container under
@@ -10,7 +10,7 @@
 // FAKECUDA_MONITOR=1; the launcher changes the quota with gpuslice-smi set
 // ("smi") and SIGKILLs and replaces workers ("kill"). The seed also picks
 // which of the selected classes the schedule uses (each with probability
-// 2/3, at least one). A schedule fails on a monitor violation, a worker that
+// 2/3, at least one; --exact: all of them). A schedule fails on a monitor violation, a worker that
 // crashed or failed, or a hang (30 s). Prints one line per seed and a
 // summary; exits 0 when every schedule passed, 1 otherwise, 2 on bad usage.
 #include <fcntl.h>
@@ -64,6 +64,7 @@ struct Options {
   int procs = 3, threads = 3, ops = 120;
   std::uint64_t quota_mib = 256;
   bool keep = false, verbose = false;
+  bool exact = false;  // every selected class in every schedule (else the seed picks a subset)
   std::string build = GPUSLICE_TEST_BUILD_DIR;
 };
 
@@ -120,6 +121,7 @@ struct SeedResult {
   int violations = 0;
   int failures = 0;
   bool hang = false;
+  std::uint64_t checks = 0;
   std::string classes;
   std::string detail;
 };
@@ -129,7 +131,7 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   Rng rng(seed);
   std::vector<std::string> picked;
   for (const std::string &c : o.classes) {
-    if (rng.below(3) != 0) picked.push_back(c);
+    if (o.exact || rng.below(3) != 0) picked.push_back(c);
   }
   if (picked.empty()) picked.push_back(o.classes[rng.below(o.classes.size())]);
   result.classes = join(picked);
@@ -166,7 +168,7 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
     const bool wait = has("resident-wait") && (!has("resident-spill") || rng.chance(50));
     env.push_back(std::string("GPUSLICE_OVERSUBSCRIBE=") + (wait ? "wait" : "spill"));
     env.push_back("GPUSLICE_MEMORY_RESIDENT=" + std::to_string(o.quota_mib / 2) + "Mi");
-    env.push_back("GPUSLICE_OVERSUBSCRIBE_WAIT=200ms");
+    env.push_back("GPUSLICE_OVERSUBSCRIBE_WAIT=20ms");
     result.classes += wait ? " (wait)" : " (spill)";
   }
   const std::string log = dir + "/workers.log";
@@ -224,6 +226,12 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
     usleep(static_cast<useconds_t>(2000 + rng.below(8000)));
   }
   // Reap children the workers' forks may have left (none expected).
+  // The monitor's own count of checks (<state>.monitor: magic, violations, checks).
+  {
+    std::ifstream in(dir + "/state.monitor", std::ios::binary);
+    std::uint64_t words[3] = {};
+    if (in.read(reinterpret_cast<char *>(words), sizeof(words))) result.checks = words[2];
+  }
   const std::string report = read_file(dir + "/violations");
   result.violations = count_of(report, "fakecuda-monitor: VIOLATION");
   if (result.violations > 0 || result.failures > 0 || result.hang || o.verbose) {
@@ -272,6 +280,7 @@ int main(int argc, char **argv) {
     std::uint64_t x = 0;
     if (a == "--keep") { o.keep = true; continue; }
     if (a == "--verbose") { o.verbose = true; continue; }
+    if (a == "--exact") { o.exact = true; continue; }
     if (v == nullptr) return usage(("missing value after " + a).c_str());
     ++i;
     if (a == "--worker" && parse_u64(v, x)) { worker = true; w.index = static_cast<int>(x); }
@@ -324,8 +333,9 @@ int main(int argc, char **argv) {
       ++failed;
       failed_seeds += (failed_seeds.empty() ? "" : " ") + std::to_string(seed);
     }
-    std::printf("seed=%llu classes=%s violations=%d failures=%d hang=%d time_ms=%llu%s\n",
-                static_cast<unsigned long long>(seed), r.classes.c_str(), r.violations, r.failures, r.hang ? 1 : 0,
+    std::printf("seed=%llu classes=%s checks=%llu violations=%d failures=%d hang=%d time_ms=%llu%s\n",
+                static_cast<unsigned long long>(seed), r.classes.c_str(), static_cast<unsigned long long>(r.checks),
+                r.violations, r.failures, r.hang ? 1 : 0,
                 static_cast<unsigned long long>(now_ms() - t0), bad || o.verbose ? r.detail.c_str() : "");
     std::fflush(stdout);
   }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "fakecuda_query.h"
 #include "torture.h"
 
 namespace gpuslice::chaos {
@@ -40,7 +42,39 @@ struct Held {
   CUlibrary library = nullptr;
 };
 
+// All threads of the worker meet every kCheckpointEvery operations; the last
+// to arrive, with every other thread parked, asks the monitor for its exact
+// per-process check (fakecuda_monitor_checkpoint).
+constexpr int kCheckpointEvery = 40;
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void arrive_and_check() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const unsigned long gen = generation_;
+    if (++arrived_ == n_) {
+      if (fakecuda_monitor_checkpoint() > 0) violations_.fetch_add(1);
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen; });
+  }
+  static std::atomic<int> violations_;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_;
+  int arrived_ = 0;
+  unsigned long generation_ = 0;
+};
+std::atomic<int> Barrier::violations_{0};
+
 struct Shared {
+  explicit Shared(int threads) : barrier(threads) {}
+  Barrier barrier;
   CUdevice dev = 0;
   CUcontext primary = nullptr;
   std::mutex mu;  // guards pools
@@ -66,6 +100,7 @@ class Worker {
     cuCtxSetCurrent(s_.primary);
     cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING);
     for (int i = 0; i < o_.ops; ++i) {
+      if (i % kCheckpointEvery == kCheckpointEvery - 1) s_.barrier.arrive_and_check();
       if (held_.size() >= kMaxHeld || (!held_.empty() && rng_.chance(40))) {
         release_one();
         continue;
@@ -84,6 +119,12 @@ class Worker {
   void hold(const Held &h) { held_.push_back(h); }
 
   void op(const std::string &c) {
+    const std::size_t before = held_.size();
+    op_inner(c);
+    if (held_.size() > before) ++granted_;
+  }
+
+  void op_inner(const std::string &c) {
     Held h;
     if (c == "alloc") {
       h.kind = Kind::linear;
@@ -304,6 +345,9 @@ class Worker {
   const char *self_;
   CUstream stream_ = nullptr;
   std::vector<Held> held_;
+
+ public:
+  int granted_ = 0;  // operations that acquired a resource
 };
 
 std::atomic<int> Worker::child_failures_{0};
@@ -316,7 +360,7 @@ int run_worker(const WorkerOptions &options, const char *self) {
     std::fprintf(stderr, "torture worker %d: cuInit failed\n", options.index);
     return 2;
   }
-  Shared shared;
+  Shared shared(options.threads);
   if (cuDeviceGet(&shared.dev, 0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&shared.primary, shared.dev) != CUDA_SUCCESS) {
     // The primary context may be refused at the quota (its memory is counted): a legal outcome.
     std::fprintf(stderr, "torture worker %d: no primary context (refused)\n", options.index);
@@ -330,6 +374,10 @@ int run_worker(const WorkerOptions &options, const char *self) {
   for (int t = 0; t < options.threads; ++t) workers.emplace_back(shared, options, t, self);
   for (int t = 0; t < options.threads; ++t) threads.emplace_back([&workers, t] { workers[static_cast<std::size_t>(t)].run(); });
   for (std::thread &t : threads) t.join();
+  int granted = 0;
+  for (const Worker &w : workers) granted += w.granted_;
+  std::printf("torture worker %d: %d of %d operations acquired a resource\n", options.index, granted,
+              options.ops * options.threads);
   cuDeviceSetMemPool(shared.dev, shared.default_pool);
   cuCtxSynchronize();
   for (CUmemoryPool pool : shared.pools) cuMemPoolDestroy(pool);

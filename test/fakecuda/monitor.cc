@@ -243,7 +243,7 @@ void report(const char *invariant, const char *detail, std::uint32_t dev, int re
 
 // State lock held.
 void check(State &state, std::uint32_t dev, const Grant *grant) {
-  const Region *r = region();
+  const gpuslice::Region *r = region();
   if (r == nullptr || dev >= gpuslice::kMaxDevices) return;
   const int rd = region_device(state, dev, *r);
   if (rd < 0) return;
@@ -355,6 +355,57 @@ void sampler() {
 }
 
 }  // namespace
+
+}  // namespace gpuslice::fakecuda
+
+// Test API (fakecuda_query.h): the calling process says it is quiescent (no
+// driver call and no gpuslice operation in flight in any of its threads):
+// then what it holds on each device must not exceed what gpuslice has
+// committed for it (its region slot's committed_bytes, spare lease and
+// spilled bytes included). Exact, no lag. Returns the violations found, or -1
+// when the monitor is off.
+extern "C" int fakecuda_monitor_checkpoint(void) {
+  using namespace gpuslice::fakecuda;
+  if (!g_config.on || g_state == nullptr || g_slot < 0) return -1;
+  const gpuslice::Region *r = region();
+  if (r == nullptr) return 0;
+  const std::uint32_t pid = static_cast<std::uint32_t>(getpid());
+  const gpuslice::Slot *own = nullptr;
+  for (std::uint32_t i = 0; i < gpuslice::kMaxSlots; ++i) {
+    const gpuslice::Slot &slot = r->slots[i];
+    if (slot.state.load(std::memory_order_acquire) == gpuslice::kSlotLive &&
+        slot.pid.load(std::memory_order_acquire) == pid) {
+      own = &slot;
+      break;
+    }
+  }
+  int found = 0;
+  State::Lock lock(*g_state);
+  if (!lock.ok()) return 0;
+  for (std::uint32_t dev = 0; dev < g_state->device_count(); ++dev) {
+    check(*g_state, dev, nullptr);
+    const ProcSlot &mine = g_state->header().slot[g_slot];
+    const std::uint64_t held =
+        mine.alloc_bytes[dev].load(std::memory_order_relaxed) + mine.context_bytes[dev].load(std::memory_order_relaxed);
+    const int rd = region_device(*g_state, dev, *r);
+    if (held == 0 || rd < 0) continue;
+    const std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
+    if (held > committed) {
+      ++found;
+      Watch *w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
+      char detail[256];
+      std::snprintf(detail, sizeof(detail),
+                    "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it (%s)",
+                    static_cast<unsigned long long>(held), static_cast<unsigned long long>(committed),
+                    own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
+      report("count at checkpoint", detail, dev, rd, container_total(*g_state, dev, nullptr), held,
+             w != nullptr ? w->ceiling.load(std::memory_order_relaxed) : 0, r->devices[rd], nullptr);
+    }
+  }
+  return found;
+}
+
+namespace gpuslice::fakecuda {
 
 bool probes_configure(const char *state_path, char *error, std::size_t len) {
   ChaosConfig chaos;
