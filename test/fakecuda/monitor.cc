@@ -69,6 +69,9 @@ struct MonitorConfig {
   char report[1100] = {};
   char region[1100] = {};
   std::uint64_t container = 0;
+  // GPUSLICE_MEMORY_RESIDENT when it is one plain size: the allowance as
+  // configured, even before (or without) the library publishing it.
+  std::uint64_t resident_env = kUnlimited;
 };
 
 MonitorConfig g_config;
@@ -209,7 +212,7 @@ void report(const char *invariant, const char *detail, std::uint32_t dev, int re
       text, sizeof(text),
       "fakecuda-monitor: VIOLATION (%s) seed=%llu stream=%llu pid=%d thread=t%u container=%s device=%u (region entry "
       "%d)\n  %s\n  device holds %llu bytes for the container (this process %llu); limit %llu (quota %llu, resident "
-      "allowance %llu); gpuslice count %llu (used_bytes %llu + agent_extra_bytes %llu)\n  grant: %s%llu bytes in %s\n"
+      "allowance %llu in the region); gpuslice count %llu (used_bytes %llu + agent_extra_bytes %llu)\n  grant: %s%llu bytes in %s\n"
       "  replay: the same FAKECUDA_CHAOS_SEED and schedule (test/chaos/README.md)\n",
       invariant, static_cast<unsigned long long>(chaos.seed), static_cast<unsigned long long>(chaos.stream),
       static_cast<int>(getpid()), chaos_thread_ordinal(), g_config.region, dev, region_dev,
@@ -254,6 +257,7 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
   std::uint64_t limit = d.quota_bytes.load(std::memory_order_acquire);
   const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);
   if (resident != 0 && resident < limit) limit = resident;
+  if (g_config.resident_env < limit) limit = g_config.resident_env;
   Watch *w = watch_for(dev, limit, total);
   if (w == nullptr) return;
   const std::uint64_t now = mono_ns();
@@ -440,6 +444,10 @@ bool probes_configure(const char *state_path, char *error, std::size_t len) {
   if (region == nullptr || region[0] == '\0') region = "/dev/shm/gpuslice.region";
   std::snprintf(config.region, sizeof(config.region), "%s", region);
   config.container = fnv1a(config.region);
+  if (const char *v = std::getenv("GPUSLICE_MEMORY_RESIDENT"); v != nullptr && v[0] != '\0') {
+    std::uint64_t bytes = 0;
+    if (parse_size(v, bytes) && bytes > 0) config.resident_env = bytes;
+  }
   if (config.on) {
     g_shared = map_shared(state_path);
     if (g_shared == nullptr) {
