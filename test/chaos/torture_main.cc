@@ -2,7 +2,7 @@
 // chaos torture suite. See test/chaos/README.md.
 //
 //   chaos_torture [--seeds A[-B]] [--classes all|c1,c2,...] [--exclude c1,...]
-//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--exact] [--keep] [--verbose]
+//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--keep] [--verbose]
 //
 // For each seed: a fresh directory with a simulated machine (FAKECUDA_STATE)
 // and a region (GPUSLICE_REGION); P worker processes of that container under
@@ -63,6 +63,7 @@ struct Options {
   std::vector<std::string> classes = all_classes();
   int procs = 3, threads = 3, ops = 120;
   std::uint64_t quota_mib = 256;
+  std::uint64_t lag_ms = 100;  // FAKECUDA_MONITOR_LAG_MS
   bool keep = false, verbose = false;
   bool exact = false;  // every selected class in every schedule (else the seed picks a subset)
   std::string build = GPUSLICE_TEST_BUILD_DIR;
@@ -162,6 +163,7 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   env.push_back("FAKECUDA_CONTEXT_MEMORY=16Mi");
   env.push_back("FAKECUDA_MODULE_MEMORY=1");
   env.push_back("FAKECUDA_MONITOR=1");
+  env.push_back("FAKECUDA_MONITOR_LAG_MS=" + std::to_string(o.lag_ms));
   env.push_back("FAKECUDA_MONITOR_REPORT=" + dir + "/violations");
   env.push_back("FAKECUDA_CHAOS_SEED=" + std::to_string(seed));
   if (has("resident-wait") || has("resident-spill")) {
@@ -208,9 +210,9 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
       live.clear();
       break;
     }
-    if (has("smi") && rng.chance(30)) {
-      static const std::uint64_t kFractions[] = {4, 3, 2};  // quota * x / 4
-      const std::uint64_t mib = o.quota_mib * kFractions[rng.below(3)] / 4;
+    if (has("smi") && rng.chance(12)) {
+      static const std::uint64_t kFractions[] = {4, 3, 2, 1};  // quota * x / 4
+      const std::uint64_t mib = o.quota_mib * kFractions[rng.below(4)] / 4;
       pid_t smi = spawn({o.build + "/bin/gpuslice-smi", "set", "--region", region, "--memory", std::to_string(mib) + "Mi"},
                         base_env(), dir + "/smi.log");
       waitpid(smi, &status, 0);
@@ -300,6 +302,7 @@ int main(int argc, char **argv) {
       w.classes = o.classes;
     }
     else if (a == "--exclude") exclude = split(v);
+    else if (a == "--lag" && parse_u64(v, x) && x >= 1 && x <= 60000) o.lag_ms = x;
     else if (a == "--procs" && parse_u64(v, x) && x >= 1 && x <= 32) o.procs = static_cast<int>(x);
     else if (a == "--threads" && parse_u64(v, x) && x >= 1 && x <= 32) { o.threads = static_cast<int>(x); w.threads = o.threads; }
     else if (a == "--ops" && parse_u64(v, x) && x >= 1) { o.ops = static_cast<int>(x); w.ops = o.ops; }

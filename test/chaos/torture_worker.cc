@@ -94,14 +94,18 @@ std::string image_with_global(std::size_t bytes, unsigned tag) {
 class Worker {
  public:
   Worker(Shared &shared, const WorkerOptions &options, int thread, const char *self)
-      : s_(shared), o_(options), rng_(options.seed * 1000003 + options.index * 101 + thread), self_(self) {}
+      : s_(shared), o_(options), rng_(options.seed * 1000003 + options.index * 101 + thread), self_(self) {
+    // Threads that hold little leave headroom, so their processes take large
+    // quota leases (spare): what a lowered quota must still bound.
+    max_held_ = 1 + rng_.below(kMaxHeld);
+  }
 
   void run() {
     cuCtxSetCurrent(s_.primary);
     cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING);
     for (int i = 0; i < o_.ops; ++i) {
       if (i % kCheckpointEvery == kCheckpointEvery - 1) s_.barrier.arrive_and_check();
-      if (held_.size() >= kMaxHeld || (!held_.empty() && rng_.chance(40))) {
+      if (held_.size() >= max_held_ || (!held_.empty() && rng_.chance(40))) {
         release_one();
         continue;
       }
@@ -236,7 +240,8 @@ class Worker {
       }
       for (CUdeviceptr p : ptrs) cuMemFree(p);
     } else if (c == "fork") {
-      fork_child();
+      if (forks_ < 2) fork_child();  // a process start costs ~10 ms here: at most 2 per thread
+      ++forks_;
     }
   }
 
@@ -345,6 +350,8 @@ class Worker {
   const char *self_;
   CUstream stream_ = nullptr;
   std::vector<Held> held_;
+  int forks_ = 0;
+  std::size_t max_held_ = kMaxHeld;
 
  public:
   int granted_ = 0;  // operations that acquired a resource
