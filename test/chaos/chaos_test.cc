@@ -66,6 +66,24 @@ TEST(ChaosMonitor, ReportsACountLeftBelowTheDevice) {
   EXPECT_EQ(report.find("VIOLATION (quota)"), std::string::npos) << report;
 }
 
+TEST(ChaosMonitor, CheckpointIsExactForAQuiescentProcess) {
+  Sandbox box;
+  create_region(box);
+  // Under gpuslice the 16 MiB are committed: the exact check passes.
+  Result counted = run({MONITOR_PROBE, "16", "0", "checkpoint"}, monitored(box, true));
+  ASSERT_EQ(counted.exit_code, 0) << counted.describe();
+  EXPECT_NE(counted.out.find("checkpoint=0"), std::string::npos) << counted.describe();
+  EXPECT_EQ(slurp(box.path("violations")), "");
+  // Without it nothing is committed: 1 violation at once (no lag), though
+  // 16 MiB are within the quota.
+  Result bypass = run({MONITOR_PROBE, "16", "0", "checkpoint"}, monitored(box, false));
+  ASSERT_EQ(bypass.exit_code, 0) << bypass.describe();
+  EXPECT_NE(bypass.out.find("checkpoint=1"), std::string::npos) << bypass.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (count at checkpoint)"), std::string::npos) << report;
+  EXPECT_NE(report.find("holds 16777216 bytes on the device; gpuslice committed 0"), std::string::npos) << report;
+}
+
 TEST(ChaosMonitor, GpusliceRefusingTheSameAllocationIsNoViolation) {
   Sandbox box;
   create_region(box);
