@@ -20,7 +20,7 @@ inline const std::vector<std::string> &all_classes() {
   static const std::vector<std::string> classes = {
       "alloc",   "pitch",   "managed", "pool",   "trim",   "setpool",       "vmm",           "array", "context",
       "primary", "module",  "library", "fill",   "fork",   "smi",           "kill",          "resident-wait",
-      "resident-spill"};
+      "resident-spill", "lease"};
   return classes;
 }
 inline bool launcher_class(const std::string &c) {

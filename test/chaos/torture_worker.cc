@@ -98,6 +98,12 @@ class Worker {
     // Threads that hold little leave headroom, so their processes take large
     // quota leases (spare): what a lowered quota must still bound.
     max_held_ = 1 + rng_.below(kMaxHeld);
+    // "lease": every thread holds one or two small allocations, so the
+    // container stays far below the quota and each process keeps a large
+    // spare lease when the launcher lowers the quota ("smi").
+    for (const std::string &c : options.classes) {
+      if (c == "lease") max_held_ = 1 + rng_.below(2);
+    }
   }
 
   void run() {
@@ -134,6 +140,11 @@ class Worker {
       h.kind = Kind::linear;
       h.size = size();
       if (cuMemAlloc(&h.ptr, h.size) == CUDA_SUCCESS) hold(h);
+    } else if (c == "lease") {
+      h.kind = Kind::linear;
+      h.size = (1 + rng_.below(4)) * kMi;
+      if (cuMemAlloc(&h.ptr, h.size) == CUDA_SUCCESS) hold(h);
+      usleep(500);  // long enough for the launcher's quota changes to land between operations
     } else if (c == "pitch") {
       h.kind = Kind::linear;
       std::size_t pitch = 0;
