@@ -93,6 +93,36 @@ TEST(ChaosMonitor, GpusliceRefusingTheSameAllocationIsNoViolation) {
   EXPECT_EQ(slurp(box.path("violations")), "");
 }
 
+// The chaos decisions of the probe's one thread, as its report lists them
+// ("chaos: yield at point N (in call)", "chaos: sleep U us (in call)").
+std::string decisions(const std::string& report) {
+  std::string out;
+  std::istringstream in(report);
+  for (std::string line; std::getline(in, line);) {
+    const std::size_t at = line.find("chaos: ");
+    if (at != std::string::npos) out += line.substr(at) + "\n";
+  }
+  return out;
+}
+
+TEST(ChaosMode, TheSameSeedReplaysTheSameDecisions) {
+  auto run_seed = [](const char* seed) {
+    Sandbox box;
+    create_region(box);
+    Result r = run({MONITOR_PROBE, "128", "0"},
+                   merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", seed},
+                                                 {"FAKECUDA_CHAOS_YIELD_PCT", "40"},
+                                                 {"FAKECUDA_CHAOS_SLEEP_PCT", "30"},
+                                                 {"FAKECUDA_CHAOS_SLEEP_US", "20"}}));
+    EXPECT_EQ(r.exit_code, 0) << r.describe();
+    return decisions(slurp(box.path("violations")));
+  };
+  const std::string first = run_seed("11");
+  EXPECT_NE(first, "") << "some chaos points perturbed";
+  EXPECT_EQ(run_seed("11"), first);
+  EXPECT_NE(run_seed("12"), first);
+}
+
 TEST(ChaosMode, BadVariablesFailCuInitNamingTheVariable) {
   Sandbox box;
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{

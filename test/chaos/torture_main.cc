@@ -2,7 +2,7 @@
 // chaos torture suite. See test/chaos/README.md.
 //
 //   chaos_torture [--seeds A[-B]] [--classes all|c1,c2,...] [--exclude c1,...]
-//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--keep] [--verbose]
+//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--no-chaos] [--keep] [--verbose]
 //
 // For each seed: a fresh directory with a simulated machine (FAKECUDA_STATE)
 // and a region (GPUSLICE_REGION); P worker processes of that container under
@@ -65,7 +65,8 @@ struct Options {
   std::uint64_t quota_mib = 256;
   std::uint64_t lag_ms = 100;  // FAKECUDA_MONITOR_LAG_MS
   bool keep = false, verbose = false;
-  bool exact = false;  // every selected class in every schedule (else the seed picks a subset)
+  bool exact = false;
+  bool chaos = true;  // --no-chaos: the monitor only (to measure what the perturbation adds)  // every selected class in every schedule (else the seed picks a subset)
   std::string build = GPUSLICE_TEST_BUILD_DIR;
 };
 
@@ -165,7 +166,7 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   env.push_back("FAKECUDA_MONITOR=1");
   env.push_back("FAKECUDA_MONITOR_LAG_MS=" + std::to_string(o.lag_ms));
   env.push_back("FAKECUDA_MONITOR_REPORT=" + dir + "/violations");
-  env.push_back("FAKECUDA_CHAOS_SEED=" + std::to_string(seed));
+  if (o.chaos) env.push_back("FAKECUDA_CHAOS_SEED=" + std::to_string(seed));
   if (has("resident-wait") || has("resident-spill")) {
     const bool wait = has("resident-wait") && (!has("resident-spill") || rng.chance(50));
     env.push_back(std::string("GPUSLICE_OVERSUBSCRIBE=") + (wait ? "wait" : "spill"));
@@ -283,6 +284,7 @@ int main(int argc, char **argv) {
     if (a == "--keep") { o.keep = true; continue; }
     if (a == "--verbose") { o.verbose = true; continue; }
     if (a == "--exact") { o.exact = true; continue; }
+    if (a == "--no-chaos") { o.chaos = false; continue; }
     if (v == nullptr) return usage(("missing value after " + a).c_str());
     ++i;
     if (a == "--worker" && parse_u64(v, x)) { worker = true; w.index = static_cast<int>(x); }

@@ -182,9 +182,11 @@ void chaos_point(const char *call) {
   h = mix(h ^ point);
   const std::uint32_t u = static_cast<std::uint32_t>(h % 1000000);
   if (u < g_chaos.yield_ppm) {
+    ring_record(OpKind::chaos_yield, call, 0, point);
     sched_yield();
   } else if (u < g_chaos.yield_ppm + g_chaos.sleep_ppm) {
     const std::uint64_t us = 1 + (h >> 24) % g_chaos.sleep_max_us;
+    ring_record(OpKind::chaos_sleep, call, 0, us);
     timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>((us % 1000000) * 1000)};
     nanosleep(&ts, nullptr);
   }
@@ -228,7 +230,13 @@ void ring_format(char *out, std::size_t len, int count) {
     const char *call = op.call.load(std::memory_order_relaxed);
     const double ago_ms = static_cast<double>(now - op.time_ns.load(std::memory_order_relaxed)) / 1e6;
     int n;
-    if (kind == 0) {
+    if (kind == static_cast<std::uint32_t>(OpKind::chaos_yield) || kind == static_cast<std::uint32_t>(OpKind::chaos_sleep)) {
+      const bool yield = kind == static_cast<std::uint32_t>(OpKind::chaos_yield);
+      n = std::snprintf(out + used, len - used, "    -%.3fms t%u   chaos: %s %llu%s (in %s)\n", ago_ms,
+                        op.thread.load(std::memory_order_relaxed), yield ? "yield at point" : "sleep",
+                        static_cast<unsigned long long>(op.bytes.load(std::memory_order_relaxed)), yield ? "" : " us",
+                        call != nullptr ? call : "?");
+    } else if (kind == 0) {
       n = std::snprintf(out + used, len - used, "    -%.3fms t%u %s\n", ago_ms, op.thread.load(std::memory_order_relaxed),
                         call != nullptr ? call : "?");
     } else {

@@ -51,7 +51,15 @@ void chaos_point(const char *call);
 std::uint32_t chaos_thread_ordinal();
 
 // Per-process ring of recent operations, printed with a violation.
-enum class OpKind : std::uint32_t { call = 0, charge = 1, uncharge = 2, context_charge = 3, context_uncharge = 4 };
+enum class OpKind : std::uint32_t {
+  call = 0,
+  charge = 1,
+  uncharge = 2,
+  context_charge = 3,
+  context_uncharge = 4,
+  chaos_yield = 5,  // a chaos decision (bytes: the thread's point count)
+  chaos_sleep = 6,  // bytes: microseconds
+};
 void ring_record(OpKind kind, const char *call, std::uint32_t dev, std::uint64_t bytes);
 // Appends the last `count` operations, oldest first, to `out` (NUL-terminated).
 void ring_format(char *out, std::size_t len, int count);
