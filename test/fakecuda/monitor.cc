@@ -276,7 +276,10 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
   }
   const bool grace = now < w->grace_until_ns.load(std::memory_order_relaxed);
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
+  // The ceiling is the limit, or more while memory held above a lowered
+  // limit is not yet freed; a raised limit raises it at once.
   std::uint64_t ceiling = w->ceiling.load(std::memory_order_relaxed);
+  if (ceiling < limit) ceiling = limit;
   if (limit != kUnlimited && total > ceiling) {
     if (grace) {
       // Allocations admitted under the previous limit may still land.
