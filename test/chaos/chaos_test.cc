@@ -146,6 +146,17 @@ TEST(ChaosMode, BadVariablesFailCuInitNamingTheVariable) {
 // a class when its fix merges.
 constexpr const char* kCiClasses = CHAOS_CI_CLASSES;
 
+TEST(ChaosTorture, ASchedulePastGpusliceFailsTheRun) {
+  // The same container without the preload library: the workers fill the
+  // device past the quota, and the launcher must say so and exit 1.
+  Result r = run({CHAOS_TORTURE, "--seeds", "1-2", "--exact", "--classes", "alloc,fill", "--procs", "2", "--threads",
+                  "2", "--ops", "40", "--no-preload"},
+                 {}, 120000);
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.out.find("summary: seeds=2 failed=2"), std::string::npos) << r.describe();
+  EXPECT_NE(r.out.find("fakecuda-monitor: VIOLATION (quota) seed=1"), std::string::npos) << r.describe();
+}
+
 TEST(ChaosTorture, CiSubsetOfSeededSchedulesHasNoViolation) {
   // The monitor's default lag (250 ms) rather than the torture's 100 ms: CI
   // machines are loaded, and a thread descheduled between a grant and its

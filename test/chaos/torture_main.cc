@@ -2,7 +2,7 @@
 // chaos torture suite. See test/chaos/README.md.
 //
 //   chaos_torture [--seeds A[-B]] [--classes all|c1,c2,...] [--exclude c1,...]
-//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--no-chaos] [--keep] [--verbose]
+//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--no-chaos] [--no-preload] [--keep] [--verbose]
 //
 // For each seed: a fresh directory with a simulated machine (FAKECUDA_STATE)
 // and a region (GPUSLICE_REGION); P worker processes of that container under
@@ -66,7 +66,8 @@ struct Options {
   std::uint64_t lag_ms = 100;  // FAKECUDA_MONITOR_LAG_MS
   bool keep = false, verbose = false;
   bool exact = false;
-  bool chaos = true;  // --no-chaos: the monitor only (to measure what the perturbation adds)  // every selected class in every schedule (else the seed picks a subset)
+  bool chaos = true;
+  bool preload = true;  // --no-preload: workers after the first (which creates the region) run without gpuslice  // --no-chaos: the monitor only (to measure what the perturbation adds)  // every selected class in every schedule (else the seed picks a subset)
   std::string build = GPUSLICE_TEST_BUILD_DIR;
 };
 
@@ -155,7 +156,7 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   const std::string region = dir + "/region";
   const std::uint64_t quota = o.quota_mib << 20;
   std::vector<std::string> env = base_env();
-  env.push_back("LD_PRELOAD=" + o.build + "/lib/libgpuslice.so");
+  const std::string preload = "LD_PRELOAD=" + o.build + "/lib/libgpuslice.so";
   env.push_back("LD_LIBRARY_PATH=" + o.build + "/fakecuda");
   env.push_back("FAKECUDA_STATE=" + dir + "/state");
   env.push_back("GPUSLICE_REGION=" + region);
@@ -178,17 +179,25 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   auto start_worker = [&](int index) {
     std::vector<std::string> worker_env = env;
     worker_env.push_back("FAKECUDA_CHAOS_STREAM=" + std::to_string(index));
+    if (o.preload || index == 0) worker_env.push_back(preload);
     return spawn({self, "--worker", std::to_string(index), "--seed", std::to_string(seed), "--threads",
                   std::to_string(o.threads), "--ops", std::to_string(o.ops), "--classes", join(worker_classes), "--quota",
                   std::to_string(quota)},
                  worker_env, log);
   };
   std::map<pid_t, int> live;
-  for (int i = 0; i < o.procs; ++i) live[start_worker(i)] = i;
+  for (int i = 0; i < o.procs; ++i) {
+    live[start_worker(i)] = i;
+    if (i == 0 && !o.preload) {
+      // The others bypass gpuslice: let the first create the region (and its
+      // device entry, at its first context) so that the monitor has a quota.
+      for (int t = 0; t < 500 && access(region.c_str(), F_OK) != 0; ++t) usleep(10000);
+      usleep(100000);
+    }
+  }
   int next_index = o.procs;
   int kills = 0;
   const std::uint64_t begin = now_ms();
-  const std::vector<std::string> smi_env = env;
   while (!live.empty()) {
     int status = 0;
     pid_t done = waitpid(-1, &status, WNOHANG);
@@ -285,6 +294,7 @@ int main(int argc, char **argv) {
     if (a == "--verbose") { o.verbose = true; continue; }
     if (a == "--exact") { o.exact = true; continue; }
     if (a == "--no-chaos") { o.chaos = false; continue; }
+    if (a == "--no-preload") { o.preload = false; continue; }
     if (v == nullptr) return usage(("missing value after " + a).c_str());
     ++i;
     if (a == "--worker" && parse_u64(v, x)) { worker = true; w.index = static_cast<int>(x); }
