@@ -174,7 +174,7 @@ std::uint32_t chaos_thread_ordinal() {
 }
 
 void chaos_point(const char *call) {
-  if (!g_chaos_on.load(std::memory_order_relaxed) || !call_selected(call)) return;
+  if (!g_chaos_on.load(std::memory_order_acquire) || !call_selected(call)) return;
   const std::uint64_t point = ++t_points;
   std::uint64_t h = mix(g_chaos.seed);
   h = mix(h ^ g_chaos.stream);

@@ -374,6 +374,10 @@ void sampler() {
 extern "C" int fakecuda_monitor_checkpoint(void) {
   using namespace gpuslice::fakecuda;
   if (!g_config.on || g_state == nullptr || g_slot < 0) return -1;
+  // Every check runs under the state lock (the region mapping and the watch
+  // table are shared by this process's threads).
+  State::Lock lock(*g_state);
+  if (!lock.ok()) return 0;
   const gpuslice::Region *r = region();
   if (r == nullptr) return 0;
   const std::uint32_t pid = static_cast<std::uint32_t>(getpid());
@@ -387,8 +391,6 @@ extern "C" int fakecuda_monitor_checkpoint(void) {
     }
   }
   int found = 0;
-  State::Lock lock(*g_state);
-  if (!lock.ok()) return 0;
   for (std::uint32_t dev = 0; dev < g_state->device_count(); ++dev) {
     check(*g_state, dev, nullptr);
     const ProcSlot &mine = g_state->header().slot[g_slot];
