@@ -231,6 +231,11 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
       auto victim = live.begin();
       std::advance(victim, static_cast<long>(rng.below(live.size())));
       kill(victim->first, SIGKILL);
+      if (FILE *f = std::fopen(log.c_str(), "a")) {
+        std::fprintf(f, "launcher: SIGKILL worker %d pid %d at +%llu ms\n", victim->second, static_cast<int>(victim->first),
+                     static_cast<unsigned long long>(now_ms() - begin));
+        std::fclose(f);
+      }
       ++kills;
       live[start_worker(next_index)] = next_index;
       ++next_index;
@@ -248,7 +253,15 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   result.violations = count_of(report, "fakecuda-monitor: VIOLATION");
   if (result.violations > 0 || result.failures > 0 || result.hang || o.verbose) {
     result.detail += "\n" + report;
-    if (result.failures > 0 || result.hang || o.verbose) result.detail += read_file(log);
+    const std::string workers = read_file(log);
+    if (result.failures > 0 || result.hang || o.verbose) {
+      result.detail += workers;
+    } else {
+      std::istringstream in(workers);  // the launcher's own lines (kills)
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind("launcher:", 0) == 0) result.detail += line + "\n";
+      }
+    }
   }
   if (!o.keep) {
     std::string cmd = "rm -rf '" + dir + "'";

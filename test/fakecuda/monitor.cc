@@ -200,6 +200,62 @@ struct Grant {
   const char *call;
 };
 
+// One line per live process of the container: what the simulator says it
+// holds on the device, and what gpuslice's region slot with its pid counts.
+// State lock held.
+int append_processes(char *text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
+  if (g_state == nullptr || used < 0 || static_cast<std::size_t>(used) >= len) return used;
+  const gpuslice::Region *r = region();
+  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+    const ProcSlot &slot = g_state->header().slot[i];
+    if (slot.state.load(std::memory_order_acquire) != 1) continue;
+    if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
+        g_shared->member_generation[i].load(std::memory_order_acquire) != slot.generation.load(std::memory_order_relaxed)) {
+      continue;
+    }
+    const bool alive = i == g_slot || g_state->slot_alive(i);
+    const std::uint32_t pid = slot.pid.load(std::memory_order_relaxed);
+    const unsigned long long held =
+        slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);
+    long long committed = -1;
+    unsigned state = 0;
+    if (r != nullptr && region_dev >= 0) {
+      for (std::uint32_t k = 0; k < gpuslice::kMaxSlots; ++k) {
+        const gpuslice::Slot &gs = r->slots[k];
+        const std::uint32_t st = gs.state.load(std::memory_order_acquire);
+        if (st != gpuslice::kSlotFree && gs.pid.load(std::memory_order_relaxed) == pid) {
+          committed = static_cast<long long>(gs.committed_bytes[region_dev].load(std::memory_order_relaxed));
+          state = st;
+          break;
+        }
+      }
+    }
+    // The kernel's view: state of the thread-group leader and live threads.
+    char proc[64] = "gone";
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%u/status", pid);
+    if (FILE *f = std::fopen(path, "re")) {
+      char line[256];
+      char st = '?';
+      int threads = -1;
+      while (std::fgets(line, sizeof(line), f) != nullptr) {
+        if (std::strncmp(line, "State:", 6) == 0) std::sscanf(line + 6, " %c", &st);
+        if (std::strncmp(line, "Threads:", 8) == 0) std::sscanf(line + 8, "%d", &threads);
+      }
+      std::fclose(f);
+      std::snprintf(proc, sizeof(proc), "state %c, %d threads", st, threads);
+    }
+    int m = std::snprintf(text + used, len - used,
+                          "  process pid %u%s (%s): device holds %llu; gpuslice slot %s, committed %lld\n", pid,
+                          alive ? "" : " (dead)", proc, held,
+                          committed < 0 ? "none" : (state == gpuslice::kSlotLive ? "live" : "reaping/claiming"),
+                          committed < 0 ? 0 : committed);
+    if (m < 0 || static_cast<std::size_t>(used + m) >= len) break;
+    used += m;
+  }
+  return used;
+}
+
 void report(const char *invariant, const char *detail, std::uint32_t dev, int region_dev, std::uint64_t total,
             std::uint64_t own, std::uint64_t limit, const DeviceState &d, const Grant *grant) {
   g_shared->violations.fetch_add(1, std::memory_order_relaxed);
@@ -226,6 +282,7 @@ void report(const char *invariant, const char *detail, std::uint32_t dev, int re
       grant == nullptr ? "none (background check) " : (grant->implicit ? "implicit " : (grant->managed ? "managed " : "")),
       static_cast<unsigned long long>(grant != nullptr ? grant->bytes : 0), grant != nullptr ? grant->call : "-");
   if (used < 0) return;
+  used = append_processes(text, sizeof(text), used, dev, region_dev);
   if (static_cast<std::size_t>(used) < sizeof(text)) {
     int m = std::snprintf(text + used, sizeof(text) - used, "  last %d operations of pid %d, oldest first:\n", g_config.ring,
                           static_cast<int>(getpid()));
