@@ -5,6 +5,7 @@
 // bounded number of seeded schedules with the monitor on.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
