@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "chaos.h"
 #include "state.h"
 #include "scheduler.h"
 #include "timeline.h"
@@ -161,7 +162,10 @@ struct Runtime {
 
 Runtime &runtime();
 
-inline bool initialized() {
+// Every entry point starts here: the chaos mode's and the monitor's entry
+// probe (chaos.h; one predictable branch when off).
+inline bool initialized(const char *call = __builtin_FUNCTION()) {
+  probe_entry(call);
   return runtime().init_state.load(std::memory_order_acquire) == static_cast<int>(InitState::ok);
 }
 // What an entry point returns when the driver is not usable: after the

@@ -42,6 +42,10 @@ const char *fakecuda_state_path(void);
 /* 1 if a driver entry point (from dlsym/cuGetProcAddress) is a generated
  * CUDA_ERROR_NOT_SUPPORTED stub rather than a modelled function. */
 int fakecuda_symbol_is_stub(const void *function);
+/* Invariant monitor (README "Chaos mode and invariant monitor"): the calling
+ * process is quiescent; checks that it holds no more on each device than
+ * gpuslice committed for it. Violations found, or -1 if FAKECUDA_MONITOR is off. */
+int fakecuda_monitor_checkpoint(void);
 
 #ifdef __cplusplus
 }

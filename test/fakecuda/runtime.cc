@@ -77,6 +77,10 @@ extern "C" CUresult cuInit(unsigned int Flags) {
     std::fprintf(stderr, "fakecuda: %s\n", error);
     return fail_init(r, CUDA_ERROR_INVALID_VALUE);
   }
+  if (!probes_configure(config.state_path, error, sizeof(error))) {
+    std::fprintf(stderr, "fakecuda: %s\n", error);
+    return fail_init(r, CUDA_ERROR_INVALID_VALUE);
+  }
   State *state = State::open_or_create(config, error, sizeof(error));
   if (state == nullptr) {
     std::fprintf(stderr, "%s\n", error);
@@ -102,6 +106,7 @@ extern "C" CUresult cuInit(unsigned int Flags) {
   r.slot = slot;
   r.submitter = Submitter{slot, id.pid, id.host_pid};
   std::atexit(driver_teardown);
+  probes_attach(state, slot);
   r.init_state.store(static_cast<int>(InitState::ok), std::memory_order_release);
   return CUDA_SUCCESS;
 }

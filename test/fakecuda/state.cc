@@ -272,12 +272,16 @@ std::uint64_t State::device_used_locked(std::uint32_t dev) const {
   return used;
 }
 
+std::atomic<ChargeProbe> g_charge_probe{nullptr};
+std::atomic<ChargeProbe> g_uncharge_probe{nullptr};
+
 bool State::charge_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
   if (own_slot < 0 || dev >= header_->devices) return false;
   std::uint64_t used = device_used_locked(dev);
   if (bytes > header_->memory_bytes || used > header_->memory_bytes - bytes) return false;
   ProcSlot &slot = header_->slot[own_slot];
   (context ? slot.context_bytes[dev] : slot.alloc_bytes[dev]).fetch_add(bytes, std::memory_order_relaxed);
+  if (ChargeProbe probe = g_charge_probe.load(std::memory_order_acquire)) probe(*this, own_slot, dev, bytes, context);
   return true;
 }
 
@@ -285,6 +289,7 @@ void State::uncharge(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool 
   if (own_slot < 0 || dev >= header_->devices || bytes == 0) return;
   ProcSlot &slot = header_->slot[own_slot];
   (context ? slot.context_bytes[dev] : slot.alloc_bytes[dev]).fetch_sub(bytes, std::memory_order_relaxed);
+  if (ChargeProbe probe = g_uncharge_probe.load(std::memory_order_acquire)) probe(*this, own_slot, dev, bytes, context);
 }
 
 void State::release_slot(int own_slot) {

@@ -183,6 +183,13 @@ class State {
   std::size_t mapped_size_ = 0;
 };
 
+// Test probes of the simulated driver (chaos.h): called after every charge
+// granted by charge_locked (state Lock held) and after every uncharge. Null
+// (the default) costs one load and a branch.
+using ChargeProbe = void (*)(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context);
+extern std::atomic<ChargeProbe> g_charge_probe;
+extern std::atomic<ChargeProbe> g_uncharge_probe;
+
 // Identity of the calling process, as recorded in its slot.
 struct ProcessIdentity {
   std::uint32_t pid;

@@ -1,0 +1,174 @@
+// The chaos mode, the invariant monitor and the torture suite (README.md).
+// The monitor is first shown to fail: a program that bypasses gpuslice
+// (the simulated driver without the preload library, in the container's
+// region) must be reported; then the CI subset of the torture suite runs a
+// bounded number of seeded schedules with the monitor on.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "harness.h"
+
+namespace gpuslice::test {
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Env monitored(const Sandbox& box, bool preload) {
+  return merge(box.env(preload), {{"FAKECUDA_MONITOR", "1"},
+                                   {"FAKECUDA_MONITOR_REPORT", box.path("violations")},
+                                   {"FAKECUDA_MONITOR_LAG_MS", "100"},
+                                   {"FAKECUDA_MEMORY", "4Gi"},
+                                   {"GPUSLICE_MEMORY_LIMIT", "64Mi"}});
+}
+
+// First a process under gpuslice creates the region's device entry (quota 64 MiB).
+void create_region(const Sandbox& box) {
+  Result r = run({MONITOR_PROBE, "16", "0"}, monitored(box, true));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
+  ASSERT_EQ(slurp(box.path("violations")), "") << "no violation under gpuslice";
+}
+
+TEST(ChaosMonitor, ReportsAnAllocationAboveTheQuotaThatBypassesGpuslice) {
+  Sandbox box;
+  create_region(box);
+  // The same container (GPUSLICE_REGION) without the preload library: the
+  // simulated driver grants 128 MiB over a 64 MiB quota.
+  Result r = run({MONITOR_PROBE, "128", "0"}, merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "4242"}}));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << report;
+  EXPECT_NE(report.find("seed=4242"), std::string::npos) << report;
+  EXPECT_NE(report.find("device holds 134217728 bytes"), std::string::npos) << report;
+  // The last operations name the call (cuMemAlloc_v2 checks initialisation in its helper alloc_common).
+  EXPECT_NE(report.find("charge dev0 134217728 bytes (in alloc_common)"), std::string::npos) << report;
+  EXPECT_NE(r.err.find("VIOLATION (quota)"), std::string::npos) << r.describe();
+}
+
+TEST(ChaosMonitor, ReportsACountLeftBelowTheDevice) {
+  Sandbox box;
+  create_region(box);
+  // 32 MiB within the quota, but never counted: the count stays below the
+  // device for 500 ms > FAKECUDA_MONITOR_LAG_MS (the background sampler sees it).
+  Result r = run({MONITOR_PROBE, "32", "500"}, monitored(box, false));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << report;
+  EXPECT_EQ(report.find("VIOLATION (quota)"), std::string::npos) << report;
+}
+
+TEST(ChaosMonitor, CheckpointIsExactForAQuiescentProcess) {
+  Sandbox box;
+  create_region(box);
+  // Under gpuslice the 16 MiB are committed: the exact check passes.
+  Result counted = run({MONITOR_PROBE, "16", "0", "checkpoint"}, monitored(box, true));
+  ASSERT_EQ(counted.exit_code, 0) << counted.describe();
+  EXPECT_NE(counted.out.find("checkpoint=0"), std::string::npos) << counted.describe();
+  EXPECT_EQ(slurp(box.path("violations")), "");
+  // Without it nothing is committed: 1 violation at once (no lag), though
+  // 16 MiB are within the quota.
+  Result bypass = run({MONITOR_PROBE, "16", "0", "checkpoint"}, monitored(box, false));
+  ASSERT_EQ(bypass.exit_code, 0) << bypass.describe();
+  EXPECT_NE(bypass.out.find("checkpoint=1"), std::string::npos) << bypass.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (count at checkpoint)"), std::string::npos) << report;
+  EXPECT_NE(report.find("holds 16777216 bytes on the device; gpuslice committed 0"), std::string::npos) << report;
+}
+
+TEST(ChaosMonitor, GpusliceRefusingTheSameAllocationIsNoViolation) {
+  Sandbox box;
+  create_region(box);
+  Result r = run({MONITOR_PROBE, "128", "300"}, merge(monitored(box, true), {{"FAKECUDA_CHAOS_SEED", "7"}}));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.out.find("alloc=2"), std::string::npos) << "refused: " << r.describe();
+  EXPECT_EQ(slurp(box.path("violations")), "");
+}
+
+// The chaos decisions of the probe's one thread, as its report lists them
+// ("chaos: yield at point N (in call)", "chaos: sleep U us (in call)").
+std::string decisions(const std::string& report) {
+  std::string out;
+  std::istringstream in(report);
+  for (std::string line; std::getline(in, line);) {
+    const std::size_t at = line.find("chaos: ");
+    if (at != std::string::npos) out += line.substr(at) + "\n";
+  }
+  return out;
+}
+
+TEST(ChaosMode, TheSameSeedReplaysTheSameDecisions) {
+  auto run_seed = [](const char* seed) {
+    Sandbox box;
+    create_region(box);
+    Result r = run({MONITOR_PROBE, "128", "0"},
+                   merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", seed},
+                                                 {"FAKECUDA_CHAOS_YIELD_PCT", "40"},
+                                                 {"FAKECUDA_CHAOS_SLEEP_PCT", "30"},
+                                                 {"FAKECUDA_CHAOS_SLEEP_US", "20"}}));
+    EXPECT_EQ(r.exit_code, 0) << r.describe();
+    return decisions(slurp(box.path("violations")));
+  };
+  const std::string first = run_seed("11");
+  EXPECT_NE(first, "") << "some chaos points perturbed";
+  EXPECT_EQ(run_seed("11"), first);
+  EXPECT_NE(run_seed("12"), first);
+}
+
+TEST(ChaosMode, BadVariablesFailCuInitNamingTheVariable) {
+  Sandbox box;
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"FAKECUDA_CHAOS_SEED", "12x"},
+           {"FAKECUDA_CHAOS_YIELD_PCT", "101"},
+           {"FAKECUDA_CHAOS_SLEEP_US", "0"},
+           {"FAKECUDA_MONITOR", "yes"},
+           {"FAKECUDA_MONITOR_LAG_MS", "-1"}}) {
+    Env env = merge(box.env(false), {{"FAKECUDA_CHAOS_SEED", "1"}});
+    env[name] = value;
+    Result r = run({MONITOR_PROBE, "1", "0"}, env);
+    EXPECT_EQ(r.exit_code, 2) << r.describe();
+    EXPECT_NE(r.err.find(name + "='" + value + "'"), std::string::npos) << r.describe();
+  }
+}
+
+// The CI subset: classes that pass on this branch (CHAOS_CI_CLASSES in
+// CMakeLists.txt). Excluded, with the defect of issue 20 each one finds today
+// (docs/memory-accounting.md, "Chaos testing"): array, context, module,
+// library, setpool, kill, lease, resident-wait, resident-spill. The lead re-enables
+// a class when its fix merges.
+constexpr const char* kCiClasses = CHAOS_CI_CLASSES;
+
+TEST(ChaosTorture, ASchedulePastGpusliceFailsTheRun) {
+  // The same container without the preload library: the workers fill the
+  // device past the quota, and the launcher must say so and exit 1.
+  Result r = run({CHAOS_TORTURE, "--seeds", "1-2", "--exact", "--classes", "alloc,fill", "--procs", "2", "--threads",
+                  "2", "--ops", "40", "--no-preload"},
+                 {}, 120000);
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.out.find("summary: seeds=2 failed=2"), std::string::npos) << r.describe();
+  EXPECT_NE(r.out.find("fakecuda-monitor: VIOLATION (quota) seed=1"), std::string::npos) << r.describe();
+}
+
+TEST(ChaosTorture, CiSubsetOfSeededSchedulesHasNoViolation) {
+  // The monitor's default lag (250 ms) rather than the torture's 100 ms: CI
+  // machines are loaded, and a thread descheduled between a grant and its
+  // count must not fail the run (the checkpoints are exact regardless).
+  Result r = run({CHAOS_TORTURE, "--seeds", CHAOS_CI_SEEDS, "--classes", kCiClasses, "--procs", "2", "--threads", "2",
+                  "--ops", "100", "--lag", "250"},
+                 {}, 200000);
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.out.find("summary: "), std::string::npos) << r.describe();
+  std::printf("%s", r.out.c_str());
+}
+
+}  // namespace
+}  // namespace gpuslice::test

@@ -1,0 +1,410 @@
+// A worker process of the torture container: its threads perform the seed's
+// mix of operations of the enabled classes on device 0, holding at most a
+// few resources each, ignoring refusals (a refusal at the quota is expected:
+// the monitor judges the device, not the return codes), and release
+// everything before a clean exit. Every result is legal; only a crash, a hang
+// or a monitor violation fails a schedule.
+#include <cuda.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fakecuda_query.h"
+#include "torture.h"
+
+namespace gpuslice::chaos {
+namespace {
+
+constexpr std::size_t kMi = std::size_t{1} << 20;
+constexpr std::size_t kMaxHeld = 12;
+
+enum class Kind { linear, pool_ptr, vmm, array, mipmap, ctx, primary_ref, module, library };
+
+struct Held {
+  Kind kind;
+  CUdeviceptr ptr = 0;
+  std::size_t size = 0;
+  CUstream stream = nullptr;
+  CUmemGenericAllocationHandle handle = 0;
+  CUarray array = nullptr;
+  CUmipmappedArray mipmap = nullptr;
+  CUcontext ctx = nullptr;
+  CUmodule module = nullptr;
+  CUlibrary library = nullptr;
+};
+
+// All threads of the worker meet every kCheckpointEvery operations; the last
+// to arrive, with every other thread parked, asks the monitor for its exact
+// per-process check (fakecuda_monitor_checkpoint).
+constexpr int kCheckpointEvery = 40;
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void arrive_and_check() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const unsigned long gen = generation_;
+    if (++arrived_ == n_) {
+      if (fakecuda_monitor_checkpoint() > 0) violations_.fetch_add(1);
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen; });
+  }
+  static std::atomic<int> violations_;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_;
+  int arrived_ = 0;
+  unsigned long generation_ = 0;
+};
+std::atomic<int> Barrier::violations_{0};
+
+struct Shared {
+  explicit Shared(int threads) : barrier(threads) {}
+  Barrier barrier;
+  CUdevice dev = 0;
+  CUcontext primary = nullptr;
+  std::mutex mu;  // guards pools
+  std::vector<CUmemoryPool> pools;  // created pools (setpool and from-pool allocations)
+  CUmemoryPool default_pool = nullptr;
+};
+
+std::string image_with_global(std::size_t bytes, unsigned tag) {
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                ".version 8.0\n.target sm_90\n.address_size 64\n.global .align 8 .b8 torture_g%u[%zu];\n"
+                ".visible .entry torture_k%u() { ret; }\n",
+                tag, bytes, tag);
+  return text;
+}
+
+class Worker {
+ public:
+  Worker(Shared &shared, const WorkerOptions &options, int thread, const char *self)
+      : s_(shared), o_(options), rng_(options.seed * 1000003 + options.index * 101 + thread), self_(self) {
+    // Threads that hold little leave headroom, so their processes take large
+    // quota leases (spare): what a lowered quota must still bound.
+    max_held_ = 1 + rng_.below(kMaxHeld);
+    // "lease": every thread holds one or two small allocations, so the
+    // container stays far below the quota and each process keeps a large
+    // spare lease when the launcher lowers the quota ("smi").
+    for (const std::string &c : options.classes) {
+      if (c == "lease") max_held_ = 1 + rng_.below(2);
+    }
+  }
+
+  void run() {
+    cuCtxSetCurrent(s_.primary);
+    cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING);
+    for (int i = 0; i < o_.ops; ++i) {
+      if (i % kCheckpointEvery == kCheckpointEvery - 1) s_.barrier.arrive_and_check();
+      if (held_.size() >= max_held_ || (!held_.empty() && rng_.chance(40))) {
+        release_one();
+        continue;
+      }
+      const std::string &c = o_.classes[rng_.below(o_.classes.size())];
+      op(c);
+    }
+    while (!held_.empty()) release_one();
+    cuCtxSetCurrent(s_.primary);
+    cuStreamSynchronize(stream_);
+    cuStreamDestroy(stream_);
+  }
+
+ private:
+  std::size_t size() { return (1 + rng_.below(16)) * kMi - rng_.below(2) * 4096; }
+  void hold(const Held &h) { held_.push_back(h); }
+
+  void op(const std::string &c) {
+    const std::size_t before = held_.size();
+    op_inner(c);
+    if (held_.size() > before) ++granted_;
+  }
+
+  void op_inner(const std::string &c) {
+    Held h;
+    if (c == "alloc") {
+      h.kind = Kind::linear;
+      h.size = size();
+      if (cuMemAlloc(&h.ptr, h.size) == CUDA_SUCCESS) hold(h);
+    } else if (c == "lease") {
+      h.kind = Kind::linear;
+      h.size = (1 + rng_.below(4)) * kMi;
+      if (cuMemAlloc(&h.ptr, h.size) == CUDA_SUCCESS) hold(h);
+      usleep(500);  // long enough for the launcher's quota changes to land between operations
+    } else if (c == "pitch") {
+      h.kind = Kind::linear;
+      std::size_t pitch = 0;
+      if (cuMemAllocPitch(&h.ptr, &pitch, 1000 + rng_.below(5000), 256 + rng_.below(2048), 4) == CUDA_SUCCESS) hold(h);
+    } else if (c == "managed") {
+      h.kind = Kind::linear;
+      if (cuMemAllocManaged(&h.ptr, size(), CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS) hold(h);
+    } else if (c == "pool") {
+      h.kind = Kind::pool_ptr;
+      h.stream = stream_;
+      CUmemoryPool pool = pick_pool();
+      CUresult rc = pool != nullptr && rng_.chance(50) ? cuMemAllocFromPoolAsync(&h.ptr, size(), pool, stream_)
+                                                       : cuMemAllocAsync(&h.ptr, size(), stream_);
+      if (rc == CUDA_SUCCESS) hold(h);
+      if (rng_.chance(30)) cuStreamSynchronize(stream_);
+    } else if (c == "trim") {
+      CUmemoryPool pool = rng_.chance(50) ? s_.default_pool : pick_pool();
+      if (pool != nullptr) cuMemPoolTrimTo(pool, rng_.below(3) * 2 * kMi);
+      if (rng_.chance(50)) cuCtxSynchronize();
+    } else if (c == "setpool") {
+      std::lock_guard<std::mutex> guard(s_.mu);
+      if (s_.pools.size() < 3 && rng_.chance(30)) {
+        CUmemPoolProps props{};
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = s_.dev;
+        CUmemoryPool pool = nullptr;
+        if (cuMemPoolCreate(&pool, &props) == CUDA_SUCCESS) s_.pools.push_back(pool);
+      }
+      CUmemoryPool next = s_.default_pool;
+      if (!s_.pools.empty() && rng_.chance(70)) next = s_.pools[rng_.below(s_.pools.size())];
+      cuDeviceSetMemPool(s_.dev, next);
+    } else if (c == "vmm") {
+      vmm_create();
+    } else if (c == "array") {
+      if (rng_.chance(70)) {
+        CUDA_ARRAY3D_DESCRIPTOR d{};
+        d.Width = 1024;
+        d.Height = 256 * (1 + rng_.below(12));
+        d.Depth = rng_.chance(50) ? 0 : 2;
+        d.Format = CU_AD_FORMAT_FLOAT;
+        d.NumChannels = 1;
+        h.kind = Kind::array;
+        if (cuArray3DCreate(&h.array, &d) == CUDA_SUCCESS) hold(h);
+      } else {
+        CUDA_ARRAY3D_DESCRIPTOR d{};
+        d.Width = 1024;
+        d.Height = 1024;
+        d.Format = CU_AD_FORMAT_UNSIGNED_INT32;
+        d.NumChannels = 1;
+        h.kind = Kind::mipmap;
+        if (cuMipmappedArrayCreate(&h.mipmap, &d, 1 + static_cast<unsigned>(rng_.below(4))) == CUDA_SUCCESS) hold(h);
+      }
+    } else if (c == "context") {
+      h.kind = Kind::ctx;
+      if (cuCtxCreate(&h.ctx, nullptr, 0, s_.dev) == CUDA_SUCCESS) {
+        CUdeviceptr p = 0;
+        cuMemAlloc(&p, size());  // freed by the destroy
+        hold(h);
+      }
+      cuCtxSetCurrent(s_.primary);
+    } else if (c == "primary") {
+      if (rng_.chance(10)) {
+        cuDevicePrimaryCtxReset(s_.dev);
+        CUcontext ctx = nullptr;
+        cuDevicePrimaryCtxRetain(&ctx, s_.dev);  // the worker's own reference again
+        cuCtxSetCurrent(s_.primary);
+      } else {
+        h.kind = Kind::primary_ref;
+        if (cuDevicePrimaryCtxRetain(&h.ctx, s_.dev) == CUDA_SUCCESS) hold(h);
+      }
+    } else if (c == "module") {
+      h.kind = Kind::module;
+      const std::string image = image_with_global(size(), static_cast<unsigned>(rng_.below(1000)));
+      if (cuModuleLoadData(&h.module, image.c_str()) == CUDA_SUCCESS) {
+        CUdeviceptr g = 0;
+        std::size_t bytes = 0;
+        cuModuleGetGlobal(&g, &bytes, h.module, "torture_g0");
+        hold(h);
+      }
+    } else if (c == "library") {
+      // Loaded with no current context (lazy, as the CUDA 12+ runtime does), placed at first use.
+      h.kind = Kind::library;
+      const unsigned tag = static_cast<unsigned>(rng_.below(1000));
+      const std::string image = image_with_global(size(), tag);
+      CUcontext saved = nullptr;
+      cuCtxPopCurrent(&saved);
+      CUresult rc = cuLibraryLoadData(&h.library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+      cuCtxSetCurrent(s_.primary);
+      if (rc == CUDA_SUCCESS) {
+        char name[32];
+        std::snprintf(name, sizeof(name), "torture_g%u", tag);
+        CUdeviceptr g = 0;
+        std::size_t bytes = 0;
+        cuLibraryGetGlobal(&g, &bytes, h.library, name);
+        hold(h);
+      }
+    } else if (c == "fill") {
+      std::vector<CUdeviceptr> ptrs;
+      for (int i = 0; i < 64; ++i) {
+        CUdeviceptr p = 0;
+        if (cuMemAlloc(&p, 8 * kMi) != CUDA_SUCCESS) break;
+        ptrs.push_back(p);
+      }
+      for (CUdeviceptr p : ptrs) cuMemFree(p);
+    } else if (c == "fork") {
+      if (forks_ < 2) fork_child();  // a process start costs ~10 ms here: at most 2 per thread
+      ++forks_;
+    }
+  }
+
+  CUmemoryPool pick_pool() {
+    std::lock_guard<std::mutex> guard(s_.mu);
+    if (s_.pools.empty()) return nullptr;
+    return s_.pools[rng_.below(s_.pools.size())];
+  }
+
+  void vmm_create() {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = s_.dev;
+    Held h;
+    h.kind = Kind::vmm;
+    h.size = 2 * kMi * (1 + rng_.below(6));
+    if (cuMemCreate(&h.handle, h.size, &prop, 0) != CUDA_SUCCESS) return;
+    if (cuMemAddressReserve(&h.ptr, h.size, 0, 0, 0) != CUDA_SUCCESS) {
+      cuMemRelease(h.handle);
+      return;
+    }
+    if (cuMemMap(h.ptr, h.size, 0, h.handle, 0) == CUDA_SUCCESS) {
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      cuMemSetAccess(h.ptr, h.size, &access, 1);
+      // Half the time the handle goes at once: the mapping keeps the memory.
+      if (rng_.chance(50)) {
+        cuMemRelease(h.handle);
+        h.handle = 0;
+      }
+    }
+    hold(h);
+  }
+
+  void fork_child() {
+    std::fflush(nullptr);
+    const bool exec = rng_.chance(50);
+    pid_t pid = fork();
+    if (pid == 0) {
+      if (exec) {
+        std::string seed = std::to_string(rng_.next() % 1000000);
+        std::string classes;
+        for (const std::string &c : o_.classes) {
+          if (c == "fork") continue;
+          classes += (classes.empty() ? "" : ",") + c;
+        }
+        if (classes.empty()) classes = "alloc";
+        std::string quota = std::to_string(o_.quota);
+        execl(self_, self_, "--worker", "99", "--seed", seed.c_str(), "--threads", "1", "--ops", "20", "--classes",
+              classes.c_str(), "--quota", quota.c_str(), static_cast<char *>(nullptr));
+        _exit(127);
+      }
+      // Without exec: a forked child may not use the driver (CUDA_ERROR_NOT_INITIALIZED) and exits.
+      CUdeviceptr p = 0;
+      cuMemAlloc(&p, kMi);
+      _exit(0);
+    }
+    if (pid > 0) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) child_failures_.fetch_add(1);
+    }
+  }
+
+  void release_one() {
+    const std::size_t i = rng_.below(held_.size());
+    Held h = held_[i];
+    held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+    switch (h.kind) {
+      case Kind::linear: cuMemFree(h.ptr); break;
+      case Kind::pool_ptr:
+        if (rng_.chance(50)) {
+          cuMemFreeAsync(h.ptr, h.stream);
+          if (rng_.chance(40)) cuStreamSynchronize(h.stream);
+        } else {
+          cuMemFree(h.ptr);
+        }
+        break;
+      case Kind::vmm:
+        if (h.handle != 0 && rng_.chance(50)) {
+          cuMemRelease(h.handle);
+          h.handle = 0;
+        }
+        cuMemUnmap(h.ptr, h.size);
+        if (h.handle != 0) cuMemRelease(h.handle);
+        cuMemAddressFree(h.ptr, h.size);
+        break;
+      case Kind::array: cuArrayDestroy(h.array); break;
+      case Kind::mipmap: cuMipmappedArrayDestroy(h.mipmap); break;
+      case Kind::ctx: cuCtxDestroy(h.ctx); cuCtxSetCurrent(s_.primary); break;
+      case Kind::primary_ref: cuDevicePrimaryCtxRelease(s_.dev); break;
+      case Kind::module: cuModuleUnload(h.module); break;
+      case Kind::library: cuLibraryUnload(h.library); break;
+    }
+  }
+
+ public:
+  static std::atomic<int> child_failures_;
+
+ private:
+  Shared &s_;
+  const WorkerOptions &o_;
+  Rng rng_;
+  const char *self_;
+  CUstream stream_ = nullptr;
+  std::vector<Held> held_;
+  int forks_ = 0;
+  std::size_t max_held_ = kMaxHeld;
+
+ public:
+  int granted_ = 0;  // operations that acquired a resource
+};
+
+std::atomic<int> Worker::child_failures_{0};
+
+}  // namespace
+
+int run_worker(const WorkerOptions &options, const char *self) {
+  if (options.classes.empty()) return 0;
+  if (cuInit(0) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "torture worker %d: cuInit failed\n", options.index);
+    return 2;
+  }
+  Shared shared(options.threads);
+  if (cuDeviceGet(&shared.dev, 0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&shared.primary, shared.dev) != CUDA_SUCCESS) {
+    // The primary context may be refused at the quota (its memory is counted): a legal outcome.
+    std::fprintf(stderr, "torture worker %d: no primary context (refused)\n", options.index);
+    return 0;
+  }
+  cuCtxSetCurrent(shared.primary);
+  cuDeviceGetDefaultMemPool(&shared.default_pool, shared.dev);
+  std::vector<std::thread> threads;
+  std::vector<Worker> workers;
+  workers.reserve(static_cast<std::size_t>(options.threads));
+  for (int t = 0; t < options.threads; ++t) workers.emplace_back(shared, options, t, self);
+  for (int t = 0; t < options.threads; ++t) threads.emplace_back([&workers, t] { workers[static_cast<std::size_t>(t)].run(); });
+  for (std::thread &t : threads) t.join();
+  int granted = 0;
+  for (const Worker &w : workers) granted += w.granted_;
+  std::printf("torture worker %d: %d of %d operations acquired a resource\n", options.index, granted,
+              options.ops * options.threads);
+  cuDeviceSetMemPool(shared.dev, shared.default_pool);
+  cuCtxSynchronize();
+  for (CUmemoryPool pool : shared.pools) cuMemPoolDestroy(pool);
+  cuDevicePrimaryCtxRelease(shared.dev);
+  if (Worker::child_failures_.load() != 0) {
+    std::fprintf(stderr, "torture worker %d: %d forked children failed\n", options.index, Worker::child_failures_.load());
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace gpuslice::chaos

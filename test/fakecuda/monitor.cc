@@ -1,0 +1,542 @@
+// The invariant monitor (README "Chaos mode and invariant monitor"). The
+// simulator knows what every process really holds on every device (the
+// state file); a process belongs to the container whose gpuslice region its
+// environment names (GPUSLICE_REGION, as the library reads it). With
+// FAKECUDA_MONITOR=1 every grant of device memory (under the state lock, so
+// all processes' grants are checked in one order) and a background sampler
+// check, per container and device:
+//   quota: the device holds at most the region's limit (quota, or the
+//          device-resident allowance when smaller). An explicit allocation
+//          that ends above it is a violation at once; memory the library can
+//          only measure after the fact (contexts, modules) and managed memory
+//          (spilled after the call) may stand above it for at most the lag.
+//          A limit lowered at run time applies after the lag, and memory held
+//          above it before the change is allowed until it is freed.
+//   count: gpuslice's count (used_bytes + agent_extra_bytes) is not below
+//          what the device holds for more than the lag.
+// A violation prints the seed, the invariant, the numbers and this process's
+// last operations to stderr and appends them to the report file; the count of
+// violations is kept in <state>.monitor.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <gpuslice/region.h>
+
+#include "chaos.h"
+#include "driver.h"
+
+namespace gpuslice::fakecuda {
+namespace {
+
+constexpr std::uint64_t kMonitorMagic = 0x524f54494e4f4d46ull;  // "FMONITOR"
+constexpr std::uint32_t kWatches = 256;
+
+// Shared by every process of the simulated machine: <state>.monitor.
+struct Watch {  // one (container, device)
+  std::atomic<std::uint64_t> key;  // 0 = free
+  std::atomic<std::uint64_t> limit_seen;
+  std::atomic<std::uint64_t> ceiling;
+  std::atomic<std::uint64_t> grace_until_ns;     // a limit change: excess tolerated until then
+  std::atomic<std::uint64_t> implicit_until_ns;  // implicit grants: excess up to implicit_bytes tolerated until then
+  std::atomic<std::uint64_t> implicit_bytes;
+  std::atomic<std::uint64_t> excess_since_ns;
+  std::atomic<std::uint64_t> excess_reported;
+  std::atomic<std::uint64_t> deficit_since_ns;
+  std::atomic<std::uint64_t> deficit_reported;
+};
+struct MonitorShared {
+  std::atomic<std::uint64_t> magic;
+  std::atomic<std::uint64_t> violations;
+  std::atomic<std::uint64_t> checks;
+  std::atomic<std::uint64_t> member_container[kMaxSlots];
+  std::atomic<std::uint32_t> member_generation[kMaxSlots];
+  Watch watch[kWatches];
+};
+
+struct MonitorConfig {
+  bool on = false;
+  std::uint64_t lag_ns = 250'000'000;
+  std::uint64_t interval_ms = 5;
+  int ring = 32;
+  char report[1100] = {};
+  char region[1100] = {};
+  std::uint64_t container = 0;
+  // GPUSLICE_MEMORY_RESIDENT when it is one plain size: the allowance as
+  // configured, even before (or without) the library publishing it.
+  std::uint64_t resident_env = kUnlimited;
+};
+
+MonitorConfig g_config;
+MonitorShared *g_shared = nullptr;
+State *g_state = nullptr;
+int g_slot = -1;
+const Region *g_region = nullptr;  // mapped read-only once it exists
+int g_region_device[kMaxDevices];  // fake device -> region entry; -1 unknown
+std::atomic<int> g_reports{0};
+
+std::uint64_t fnv1a(const char *text) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (; *text != '\0'; ++text) h = (h ^ static_cast<unsigned char>(*text)) * 0x100000001b3ull;
+  return h == 0 ? 1 : h;
+}
+
+bool parse_ms(const char *name, std::uint64_t lo, std::uint64_t hi, std::uint64_t &out, char *error, std::size_t len) {
+  const char *v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return true;
+  char *end = nullptr;
+  errno = 0;
+  unsigned long long value = std::strtoull(v, &end, 10);
+  if (v[0] < '0' || v[0] > '9' || errno != 0 || *end != '\0' || value < lo || value > hi) {
+    std::snprintf(error, len, "%s='%s': expected an integer %llu-%llu", name, v, static_cast<unsigned long long>(lo),
+                  static_cast<unsigned long long>(hi));
+    return false;
+  }
+  out = value;
+  return true;
+}
+
+MonitorShared *map_shared(const char *state_path) {
+  char path[1100];
+  std::snprintf(path, sizeof(path), "%s.monitor", state_path);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return nullptr;
+  struct stat st{};
+  if (fstat(fd, &st) != 0 ||
+      (static_cast<std::size_t>(st.st_size) < sizeof(MonitorShared) && ftruncate(fd, sizeof(MonitorShared)) != 0)) {
+    close(fd);
+    return nullptr;
+  }
+  void *p = mmap(nullptr, sizeof(MonitorShared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  auto *shared = static_cast<MonitorShared *>(p);
+  shared->magic.store(kMonitorMagic, std::memory_order_relaxed);
+  return shared;
+}
+
+const Region *region() {
+  if (g_region != nullptr) return g_region;
+  int fd = open(g_config.region, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st{};
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(Region)) {
+    p = mmap(nullptr, sizeof(Region), PROT_READ, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  auto *r = static_cast<const Region *>(p);
+  if (r->header.magic != kRegionMagic || r->header.abi_version != kRegionAbiVersion) {
+    munmap(p, sizeof(Region));
+    return nullptr;
+  }
+  g_region = r;
+  return g_region;
+}
+
+int region_device(State &state, std::uint32_t dev, const Region &r) {
+  if (g_region_device[dev] >= 0) return g_region_device[dev];
+  unsigned char uuid[16];
+  device_uuid(state.header(), dev, uuid);
+  for (int i = 0; i < static_cast<int>(gpuslice::kMaxDevices); ++i) {
+    const DeviceState &d = r.devices[i];
+    if (d.uuid_state.load(std::memory_order_acquire) == 2 && std::memcmp(d.uuid, uuid, 16) == 0) {
+      g_region_device[dev] = i;
+      return i;
+    }
+  }
+  return -1;
+}
+
+// Device bytes held by the live processes of this container. State lock held.
+std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *own) {
+  std::uint64_t total = 0;
+  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+    const ProcSlot &slot = state.header().slot[i];
+    if (slot.state.load(std::memory_order_acquire) != 1) continue;
+    if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
+        g_shared->member_generation[i].load(std::memory_order_acquire) !=
+            slot.generation.load(std::memory_order_relaxed)) {
+      continue;
+    }
+    if (i != g_slot && !state.slot_alive(i)) continue;
+    const std::uint64_t held =
+        slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);
+    if (i == g_slot && own != nullptr) *own = held;
+    total += held;
+  }
+  return total;
+}
+
+Watch *watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total) {
+  const std::uint64_t key = g_config.container * 31 + dev + 1;
+  for (std::uint32_t probe = 0; probe < kWatches; ++probe) {
+    Watch &w = g_shared->watch[(key + probe) % kWatches];
+    std::uint64_t seen = w.key.load(std::memory_order_acquire);
+    if (seen == key) return &w;
+    if (seen == 0) {
+      // Claimed under the state lock: no other grant check runs concurrently.
+      w.limit_seen.store(limit, std::memory_order_relaxed);
+      w.ceiling.store(limit > total ? limit : total, std::memory_order_relaxed);
+      w.key.store(key, std::memory_order_release);
+      return &w;
+    }
+  }
+  return nullptr;
+}
+
+struct Grant {
+  std::uint64_t bytes;
+  bool implicit;  // context or module memory: measured by the library after the call
+  bool managed;   // cuMemAllocManaged: spilled (advised to the host) after the call
+  const char *call;
+};
+
+// One line per live process of the container: what the simulator says it
+// holds on the device, and what gpuslice's region slot with its pid counts.
+// State lock held.
+int append_processes(char *text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
+  if (g_state == nullptr || used < 0 || static_cast<std::size_t>(used) >= len) return used;
+  const gpuslice::Region *r = region();
+  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+    const ProcSlot &slot = g_state->header().slot[i];
+    if (slot.state.load(std::memory_order_acquire) != 1) continue;
+    if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
+        g_shared->member_generation[i].load(std::memory_order_acquire) != slot.generation.load(std::memory_order_relaxed)) {
+      continue;
+    }
+    const bool alive = i == g_slot || g_state->slot_alive(i);
+    const std::uint32_t pid = slot.pid.load(std::memory_order_relaxed);
+    const unsigned long long held =
+        slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);
+    long long committed = -1;
+    unsigned state = 0;
+    if (r != nullptr && region_dev >= 0) {
+      for (std::uint32_t k = 0; k < gpuslice::kMaxSlots; ++k) {
+        const gpuslice::Slot &gs = r->slots[k];
+        const std::uint32_t st = gs.state.load(std::memory_order_acquire);
+        if (st != gpuslice::kSlotFree && gs.pid.load(std::memory_order_relaxed) == pid) {
+          committed = static_cast<long long>(gs.committed_bytes[region_dev].load(std::memory_order_relaxed));
+          state = st;
+          break;
+        }
+      }
+    }
+    // The kernel's view: state of the thread-group leader and live threads.
+    char proc[64] = "gone";
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%u/status", pid);
+    if (FILE *f = std::fopen(path, "re")) {
+      char line[256];
+      char st = '?';
+      int threads = -1;
+      while (std::fgets(line, sizeof(line), f) != nullptr) {
+        if (std::strncmp(line, "State:", 6) == 0) std::sscanf(line + 6, " %c", &st);
+        if (std::strncmp(line, "Threads:", 8) == 0) std::sscanf(line + 8, "%d", &threads);
+      }
+      std::fclose(f);
+      std::snprintf(proc, sizeof(proc), "state %c, %d threads", st, threads);
+    }
+    int m = std::snprintf(text + used, len - used,
+                          "  process pid %u%s (%s): device holds %llu; gpuslice slot %s, committed %lld\n", pid,
+                          alive ? "" : " (dead)", proc, held,
+                          committed < 0 ? "none" : (state == gpuslice::kSlotLive ? "live" : "reaping/claiming"),
+                          committed < 0 ? 0 : committed);
+    if (m < 0 || static_cast<std::size_t>(used + m) >= len) break;
+    used += m;
+  }
+  return used;
+}
+
+void report(const char *invariant, const char *detail, std::uint32_t dev, int region_dev, std::uint64_t total,
+            std::uint64_t own, std::uint64_t limit, const DeviceState &d, const Grant *grant) {
+  g_shared->violations.fetch_add(1, std::memory_order_relaxed);
+  const int n = g_reports.fetch_add(1, std::memory_order_relaxed);
+  if (n >= 20) return;
+  static char text[16384];  // state lock held: one report at a time
+  const ChaosConfig &chaos = chaos_config();
+  const unsigned long long resident = d.resident_limit_bytes.load(std::memory_order_relaxed);
+  int used = std::snprintf(
+      text, sizeof(text),
+      "fakecuda-monitor: VIOLATION (%s) seed=%llu stream=%llu pid=%d thread=t%u container=%s device=%u (region entry "
+      "%d)\n  %s\n  device holds %llu bytes for the container (this process %llu); limit %llu (quota %llu, resident "
+      "allowance %llu in the region); gpuslice count %llu (used_bytes %llu + agent_extra_bytes %llu)\n  grant: %s%llu bytes in %s\n"
+      "  replay: the same FAKECUDA_CHAOS_SEED and schedule (test/chaos/README.md)\n",
+      invariant, static_cast<unsigned long long>(chaos.seed), static_cast<unsigned long long>(chaos.stream),
+      static_cast<int>(getpid()), chaos_thread_ordinal(), g_config.region, dev, region_dev,
+      detail, static_cast<unsigned long long>(total), static_cast<unsigned long long>(own),
+      static_cast<unsigned long long>(limit),
+      static_cast<unsigned long long>(d.quota_bytes.load(std::memory_order_relaxed)), resident,
+      static_cast<unsigned long long>(d.used_bytes.load(std::memory_order_relaxed) +
+                                      d.agent_extra_bytes.load(std::memory_order_relaxed)),
+      static_cast<unsigned long long>(d.used_bytes.load(std::memory_order_relaxed)),
+      static_cast<unsigned long long>(d.agent_extra_bytes.load(std::memory_order_relaxed)),
+      grant == nullptr ? "none (background check) " : (grant->implicit ? "implicit " : (grant->managed ? "managed " : "")),
+      static_cast<unsigned long long>(grant != nullptr ? grant->bytes : 0), grant != nullptr ? grant->call : "-");
+  if (used < 0) return;
+  used = append_processes(text, sizeof(text), used, dev, region_dev);
+  if (static_cast<std::size_t>(used) < sizeof(text)) {
+    int m = std::snprintf(text + used, sizeof(text) - used, "  last %d operations of pid %d, oldest first:\n", g_config.ring,
+                          static_cast<int>(getpid()));
+    if (m > 0) used += m;
+  }
+  if (static_cast<std::size_t>(used) < sizeof(text)) {
+    ring_format(text + used, sizeof(text) - used, g_config.ring);
+    used = static_cast<int>(std::strlen(text));
+  }
+  ssize_t ignored = write(2, text, static_cast<std::size_t>(used));
+  int fd = open(g_config.report, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ignored = write(fd, text, static_cast<std::size_t>(used));
+    close(fd);
+  }
+  (void)ignored;
+}
+
+// State lock held.
+void check(State &state, std::uint32_t dev, const Grant *grant) {
+  const gpuslice::Region *r = region();
+  if (r == nullptr || dev >= gpuslice::kMaxDevices) return;
+  const int rd = region_device(state, dev, *r);
+  if (rd < 0) return;
+  const DeviceState &d = r->devices[rd];
+  g_shared->checks.fetch_add(1, std::memory_order_relaxed);
+  std::uint64_t own = 0;
+  const std::uint64_t total = container_total(state, dev, &own);
+  std::uint64_t limit = d.quota_bytes.load(std::memory_order_acquire);
+  const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);
+  if (resident != 0 && resident < limit) limit = resident;
+  if (g_config.resident_env < limit) limit = g_config.resident_env;
+  Watch *w = watch_for(dev, limit, total);
+  if (w == nullptr) return;
+  const std::uint64_t now = mono_ns();
+  const std::uint64_t lag = g_config.lag_ns;
+  if (w->limit_seen.load(std::memory_order_relaxed) != limit) {
+    w->limit_seen.store(limit, std::memory_order_relaxed);
+    w->grace_until_ns.store(now + lag, std::memory_order_relaxed);
+  }
+  // Implicit grants of the last `lag`: an explicit grant may find the device
+  // above the limit by at most their sum (the library measures them after
+  // the call and then counts them, or destroys what does not fit).
+  if (now >= w->implicit_until_ns.load(std::memory_order_relaxed)) w->implicit_bytes.store(0, std::memory_order_relaxed);
+  if (grant != nullptr && grant->implicit && grant->bytes > 0) {
+    w->implicit_until_ns.store(now + lag, std::memory_order_relaxed);
+    w->implicit_bytes.fetch_add(grant->bytes, std::memory_order_relaxed);
+  }
+  const bool grace = now < w->grace_until_ns.load(std::memory_order_relaxed);
+  const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
+  // The ceiling is the limit, or more while memory held above a lowered
+  // limit is not yet freed; a raised limit raises it at once.
+  std::uint64_t ceiling = w->ceiling.load(std::memory_order_relaxed);
+  if (ceiling < limit) ceiling = limit;
+  if (limit != kUnlimited && total > ceiling) {
+    if (grace) {
+      // Allocations admitted under the previous limit may still land.
+      w->ceiling.store(total, std::memory_order_relaxed);
+    } else if (grant != nullptr && !grant->implicit && !grant->managed && total > ceiling + implicit_recent) {
+      report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
+             ceiling, d, grant);
+    } else {
+      const std::uint64_t since = w->excess_since_ns.load(std::memory_order_relaxed);
+      if (since == 0) {
+        w->excess_since_ns.store(now, std::memory_order_relaxed);
+      } else if (now - since > lag && w->excess_reported.load(std::memory_order_relaxed) != since) {
+        w->excess_reported.store(since, std::memory_order_relaxed);
+        report("quota", "the container stayed above its limit longer than FAKECUDA_MONITOR_LAG_MS", dev, rd, total,
+               own, ceiling, d, grant);
+      }
+    }
+  } else {
+    w->excess_since_ns.store(0, std::memory_order_relaxed);
+    const std::uint64_t lowered = total < ceiling ? total : ceiling;
+    w->ceiling.store(lowered > limit ? lowered : limit, std::memory_order_relaxed);
+  }
+  const std::uint64_t count =
+      d.used_bytes.load(std::memory_order_acquire) + d.agent_extra_bytes.load(std::memory_order_acquire);
+  if (total > count) {
+    const std::uint64_t since = w->deficit_since_ns.load(std::memory_order_relaxed);
+    if (since == 0) {
+      w->deficit_since_ns.store(now, std::memory_order_relaxed);
+    } else if (now - since > lag && w->deficit_reported.load(std::memory_order_relaxed) != since) {
+      w->deficit_reported.store(since, std::memory_order_relaxed);
+      report("count", "gpuslice's count stayed below what the device holds longer than FAKECUDA_MONITOR_LAG_MS", dev,
+             rd, total, own, ceiling, d, grant);
+    }
+  } else {
+    w->deficit_since_ns.store(0, std::memory_order_relaxed);
+  }
+}
+
+bool call_is(const char *call, const char *name) { return call != nullptr && std::strcmp(call, name) == 0; }
+
+// Entry points (or their helpers) that allocate on the program's request; a
+// grant anywhere else (contexts, module/library placement) is implicit.
+bool explicit_call(const char *call) {
+  static const char *const kExplicit[] = {"alloc_common", "cuMemAllocManaged", "create_array", "cuMipmappedArrayCreate",
+                                          "alloc_async",  "cuMemCreate"};
+  for (const char *name : kExplicit) {
+    if (call_is(call, name)) return true;
+  }
+  return false;
+}
+
+void on_charge(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
+  const char *call = last_call();
+  ring_record(context ? OpKind::context_charge : OpKind::charge, call, dev, bytes);
+  if (g_config.on && slot == g_slot) {
+    Grant grant{bytes, context || !explicit_call(call),
+                call_is(call, "cuMemAllocManaged") ||
+                    (call_is(call, "alloc_common") && call_is(previous_call(), "cuMemAllocManaged")),
+                call};
+    check(state, dev, &grant);
+  }
+  chaos_point(call);
+}
+
+void on_uncharge(State &, int, std::uint32_t dev, std::uint64_t bytes, bool context) {
+  const char *call = last_call();
+  ring_record(context ? OpKind::context_uncharge : OpKind::uncharge, call, dev, bytes);
+  chaos_point(call);
+}
+
+void sampler() {
+  for (;;) {
+    usleep(static_cast<useconds_t>(g_config.interval_ms * 1000));
+    if (runtime().init_state.load(std::memory_order_acquire) != static_cast<int>(InitState::ok)) return;
+    State::Lock lock(*g_state);
+    if (!lock.ok()) continue;
+    g_state->reap_locked(g_slot);
+    for (std::uint32_t dev = 0; dev < g_state->device_count(); ++dev) check(*g_state, dev, nullptr);
+  }
+}
+
+}  // namespace
+
+}  // namespace gpuslice::fakecuda
+
+// Test API (fakecuda_query.h): the calling process says it is quiescent (no
+// driver call and no gpuslice operation in flight in any of its threads):
+// then what it holds on each device must not exceed what gpuslice has
+// committed for it (its region slot's committed_bytes, spare lease and
+// spilled bytes included). Exact, no lag. Returns the violations found, or -1
+// when the monitor is off.
+extern "C" int fakecuda_monitor_checkpoint(void) {
+  using namespace gpuslice::fakecuda;
+  if (!g_config.on || g_state == nullptr || g_slot < 0) return -1;
+  // Every check runs under the state lock (the region mapping and the watch
+  // table are shared by this process's threads).
+  State::Lock lock(*g_state);
+  if (!lock.ok()) return 0;
+  const gpuslice::Region *r = region();
+  if (r == nullptr) return 0;
+  const std::uint32_t pid = static_cast<std::uint32_t>(getpid());
+  const gpuslice::Slot *own = nullptr;
+  for (std::uint32_t i = 0; i < gpuslice::kMaxSlots; ++i) {
+    const gpuslice::Slot &slot = r->slots[i];
+    if (slot.state.load(std::memory_order_acquire) == gpuslice::kSlotLive &&
+        slot.pid.load(std::memory_order_acquire) == pid) {
+      own = &slot;
+      break;
+    }
+  }
+  int found = 0;
+  for (std::uint32_t dev = 0; dev < g_state->device_count(); ++dev) {
+    check(*g_state, dev, nullptr);
+    const ProcSlot &mine = g_state->header().slot[g_slot];
+    const std::uint64_t held =
+        mine.alloc_bytes[dev].load(std::memory_order_relaxed) + mine.context_bytes[dev].load(std::memory_order_relaxed);
+    const int rd = region_device(*g_state, dev, *r);
+    if (held == 0 || rd < 0) continue;
+    const std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
+    if (held > committed) {
+      ++found;
+      Watch *w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
+      char detail[256];
+      std::snprintf(detail, sizeof(detail),
+                    "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it (%s)",
+                    static_cast<unsigned long long>(held), static_cast<unsigned long long>(committed),
+                    own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
+      report("count at checkpoint", detail, dev, rd, container_total(*g_state, dev, nullptr), held,
+             w != nullptr ? w->ceiling.load(std::memory_order_relaxed) : 0, r->devices[rd], nullptr);
+    }
+  }
+  return found;
+}
+
+namespace gpuslice::fakecuda {
+
+bool probes_configure(const char *state_path, char *error, std::size_t len) {
+  ChaosConfig chaos;
+  if (!chaos_configure(chaos, error, len)) return false;
+  MonitorConfig config;
+  const char *on = std::getenv("FAKECUDA_MONITOR");
+  if (on != nullptr && on[0] != '\0' && std::strcmp(on, "0") != 0) {
+    if (std::strcmp(on, "1") != 0) {
+      std::snprintf(error, len, "FAKECUDA_MONITOR='%s': expected 0 or 1", on);
+      return false;
+    }
+    config.on = true;
+  }
+  std::uint64_t lag_ms = 250;
+  std::uint64_t ring = 32;
+  if (!parse_ms("FAKECUDA_MONITOR_LAG_MS", 1, 60000, lag_ms, error, len) ||
+      !parse_ms("FAKECUDA_MONITOR_INTERVAL_MS", 0, 1000, config.interval_ms, error, len) ||
+      !parse_ms("FAKECUDA_MONITOR_RING", 1, 256, ring, error, len)) {
+    return false;
+  }
+  config.lag_ns = lag_ms * 1000000;
+  config.ring = static_cast<int>(ring);
+  const char *report = std::getenv("FAKECUDA_MONITOR_REPORT");
+  if (report != nullptr && report[0] != '\0') {
+    std::snprintf(config.report, sizeof(config.report), "%s", report);
+  } else {
+    std::snprintf(config.report, sizeof(config.report), "%s.violations", state_path);
+  }
+  // The container: the region the library would use (README.md's table).
+  const char *region = std::getenv("GPUSLICE_REGION");
+  if (region == nullptr || region[0] == '\0') region = std::getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+  if (region == nullptr || region[0] == '\0') region = "/dev/shm/gpuslice.region";
+  std::snprintf(config.region, sizeof(config.region), "%s", region);
+  config.container = fnv1a(config.region);
+  if (const char *v = std::getenv("GPUSLICE_MEMORY_RESIDENT"); v != nullptr && v[0] != '\0') {
+    std::uint64_t bytes = 0;
+    if (parse_size(v, bytes) && bytes > 0) config.resident_env = bytes;
+  }
+  if (config.on) {
+    g_shared = map_shared(state_path);
+    if (g_shared == nullptr) {
+      std::snprintf(error, len, "FAKECUDA_MONITOR=1: cannot map %s.monitor: %s", state_path, std::strerror(errno));
+      return false;
+    }
+  }
+  g_config = config;
+  return true;
+}
+
+void probes_attach(State *state, int slot) {
+  g_state = state;
+  g_slot = slot;
+  for (int &d : g_region_device) d = -1;
+  if (g_config.on && g_shared != nullptr && slot >= 0) {
+    const std::uint32_t generation = state->header().slot[slot].generation.load(std::memory_order_relaxed);
+    g_shared->member_generation[slot].store(0, std::memory_order_release);
+    g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
+    g_shared->member_generation[slot].store(generation, std::memory_order_release);
+    if (g_config.interval_ms > 0) std::thread(sampler).detach();
+  }
+  if (g_config.on || chaos_on()) {
+    g_charge_probe.store(on_charge, std::memory_order_release);
+    g_uncharge_probe.store(on_uncharge, std::memory_order_release);
+    g_probes_on.store(true, std::memory_order_release);
+  }
+}
+
+}  // namespace gpuslice::fakecuda
