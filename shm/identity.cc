@@ -41,8 +41,14 @@ Liveness identity_liveness(std::uint32_t pid, std::uint64_t pidns_inode, std::ui
   if (e == ENOENT || e == ESRCH) return Liveness::dead;  // exited between kill() and open()
   if (e != 0) return Liveness::alive;                     // exists, unreadable: cannot prove it dead
   // A zombie has released its device memory with its address space; its
-  // parent may never wait for it (a container without an init).
-  if (f.state == 'Z' || f.state == 'X' || f.state == 'x') return Liveness::dead;
+  // parent may never wait for it (a container without an init). But /proc/<pid>
+  // is the thread group's leader: after a SIGKILL (or pthread_exit in main) the
+  // leader is a zombie while other threads still run the exit — and still hold
+  // the address space and the device memory — for a while. num_threads counts
+  // the group's threads, the zombie leader included: 1 only once all are gone.
+  if (f.state == 'Z' || f.state == 'X' || f.state == 'x') {
+    return f.num_threads > 1 ? Liveness::alive : Liveness::dead;
+  }
   if (start_time != 0 && (f.start_time & start_time_mask) != start_time) return Liveness::dead;  // pid reused
   return Liveness::alive;
 }

@@ -83,16 +83,22 @@ bool parse_stat(const char* text, std::size_t len, Stat* out) noexcept {
   if (p + 2 >= len || text[p] != ' ' || text[p + 1] == ' ' || text[p + 2] != ' ') return false;
   const char state = text[p + 1];
   p += 2;
+  std::uint64_t threads = 0;
   for (int field = 3; field < 22; ++field) {  // p is at the space before field + 1
     if (p >= len || text[p] != ' ') return false;
     ++p;
     if (field + 1 == 22) break;
+    if (field + 1 == 20) {
+      if (!number(text, len, &p, &threads)) return false;
+      continue;
+    }
     while (p < len && text[p] != ' ' && text[p] != '\n' && text[p] != '\0') ++p;
   }
   std::uint64_t start = 0;
   if (!number(text, len, &p, &start)) return false;
   out->pid = static_cast<std::uint32_t>(pid);
   out->state = state;
+  out->num_threads = threads;
   out->start_time = start;
   return true;
 }

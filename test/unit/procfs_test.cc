@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <atomic>
+#include <thread>
 
 using namespace gpuslice::shm;
 
@@ -36,6 +38,22 @@ TEST(ProcStat, ReadsPidStateAndStartTime) {
   EXPECT_EQ(s.pid, 4242u);
   EXPECT_EQ(s.state, 'S');
   EXPECT_EQ(s.start_time, 987654321u);
+  EXPECT_EQ(s.num_threads, 60u);  // field 20 of the synthetic line
+}
+
+TEST(ProcStat, OwnThreadCount) {
+  procfs::Stat s;
+  ASSERT_EQ(procfs::read_stat(0, &s), 0);
+  const std::uint64_t before = s.num_threads;
+  EXPECT_GE(before, 1u);
+  std::atomic<bool> stop{false};
+  std::thread t([&] {
+    while (!stop.load()) usleep(1000);
+  });
+  ASSERT_EQ(procfs::read_stat(0, &s), 0);
+  EXPECT_EQ(s.num_threads, before + 1);
+  stop.store(true);
+  t.join();
 }
 
 TEST(ProcStat, CommWithSpacesAndParenthesesEndsAtTheLastParenthesis) {

@@ -1,6 +1,8 @@
 // Process identity, liveness, slot claims and device entries.
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "shm/procfs.h"
 #include "support.h"
 
 namespace gpuslice::test {
@@ -103,6 +106,48 @@ TEST_F(SlotLiveness, ExitedAndZombieChildrenAreDead) {
   EXPECT_EQ(shm::slot_liveness(region_->slots[slot], self_), Liveness::dead);
   EXPECT_EQ(wait_child(pid), 0);
   EXPECT_EQ(shm::slot_liveness(region_->slots[slot], self_), Liveness::dead);
+}
+
+// After a SIGKILL (or pthread_exit in main) /proc/<pid> shows the thread
+// group's leader as a zombie while its other threads still run — and still
+// hold the address space and the device memory. Found by the chaos suite
+// (kill class): such a process was reaped and its memory given to others.
+TEST_F(SlotLiveness, ZombieLeaderWithLiveThreadsIsAlive) {
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
+  Signal ready;
+  const pid_t pid = fork_child([&] {
+    shm::ProcessIdentity me{};
+    shm::read_identity(0, &me);
+    if (shm::claim_slot(region_, me) < 0) return 1;
+    std::thread([fd = release[0]] {
+      char c;
+      while (read(fd, &c, 1) < 0 && errno == EINTR) {
+      }
+    }).detach();
+    ready.notify();
+    syscall(SYS_exit, 0);  // the leader thread alone ends (no unwinding); the process lives on
+    return 1;
+  });
+  close(release[0]);
+  ASSERT_TRUE(ready.wait(10000));
+  int slot = -1;
+  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+    if (region_->slots[i].pid.load() == static_cast<std::uint32_t>(pid)) slot = i;
+  }
+  ASSERT_GE(slot, 0);
+  shm::procfs::Stat st;
+  for (int i = 0; i < 2000 && shm::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) == 0 && st.state != 'Z'; ++i) {
+    usleep(1000);
+  }
+  ASSERT_EQ(st.state, 'Z') << "the leader did not become a zombie";
+  EXPECT_GE(st.num_threads, 2u);
+  EXPECT_EQ(shm::slot_liveness(region_->slots[slot], self_), Liveness::alive) << "a thread still runs";
+  ASSERT_EQ(write(release[1], "x", 1), 1);  // the last thread ends: now the process is gone
+  close(release[1]);
+  for (int i = 0; i < 2000 && shm::slot_liveness(region_->slots[slot], self_) == Liveness::alive; ++i) usleep(1000);
+  EXPECT_EQ(shm::slot_liveness(region_->slots[slot], self_), Liveness::dead);
+  EXPECT_EQ(wait_child(pid), 0);
 }
 
 TEST_F(SlotLiveness, OtherOrUnknownNamespaceIsUnknown) {
