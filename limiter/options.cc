@@ -46,7 +46,10 @@ Text fail(shm::Error* err, const char* name, const char* value) {
   return t;
 }
 
-void set_source(OptionSource* s, const char* name) { shm::copy_string(s->name, sizeof s->name, name); }
+void set_source(OptionSource* s, const char* name) {
+  shm::copy_string(s->name, sizeof s->name, name);
+  s->line = 0;
+}
 
 Text& quote_span(Text& t, Span s, std::size_t max) {
   char shown[72];
@@ -731,9 +734,12 @@ void default_options(Options* out) noexcept {
   Found f;
   shm::Error err;
   out->unknown_variable[0] = '\0';
+  out->config_file_read = false;
   env::collect(nullptr, &f, out, &err);
   resolve_all(f, out, &err);  // the table's defaults always parse (tested)
 }
+
+bool resolve_found(const env::Found& f, Options* out, shm::Error* err) noexcept { return resolve_all(f, out, err); }
 
 bool parse_size(const char* text, std::uint64_t* out) noexcept {
   if (text == nullptr) return false;

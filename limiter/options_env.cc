@@ -105,6 +105,52 @@ bool collect(char* const* envp, Found* f, Options* out, shm::Error* err) {
   return true;
 }
 
+Name classify(const char* entry) {
+  for (const OptionInfo& o : kOptions) {
+    if (value_of(entry, o.env) != nullptr) return Name::option;
+  }
+  for (const OptionAlias& alias : kOptionAliases) {
+    if (value_of(entry, alias.env) != nullptr) return Name::alias;
+    int index = 0;
+    if (alias.per_device && per_device_alias(entry, alias.env, &index) != nullptr)
+      return index < 0 ? Name::bad_device_index : Name::alias;
+  }
+  return Name::unknown;
+}
+
+namespace {
+bool targets(const OptionAlias& alias, std::size_t k) {
+  const char* a = alias.target;
+  const char* b = kOptions[k].env;
+  while (*a != '\0' && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+}  // namespace
+
+bool sets(const Found& f, std::size_t k) {
+  if (f.ours[k] != nullptr) return true;
+  for (std::size_t a = 0; a < kOptionAliasCount; ++a) {
+    if (!targets(kOptionAliases[a], k)) continue;
+    if (f.alias[a] != nullptr) return true;
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      if (f.alias_device[a][d] != nullptr) return true;
+    }
+  }
+  return false;
+}
+
+void take(Found* to, const Found& from, std::size_t k) {
+  to->ours[k] = from.ours[k];
+  for (std::size_t a = 0; a < kOptionAliasCount; ++a) {
+    if (!targets(kOptionAliases[a], k)) continue;
+    to->alias[a] = from.alias[a];
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      to->alias_device[a][d] = from.alias_device[a][d];
+      to->alias_device_name[a][d] = from.alias_device_name[a][d];
+    }
+  }
+}
+
 void name_of(const char* entry, char* buf, std::size_t cap) {
   std::size_t n = 0;
   while (entry[n] != '\0' && entry[n] != '=' && n + 1 < cap) {

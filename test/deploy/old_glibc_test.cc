@@ -34,17 +34,22 @@ std::string script(const std::string& name) { return std::string(GPUSLICE_DEPLOY
 
 // Runs `command` in the root in `mode` (none | ld_preload | ld_so_preload)
 // with the given extra variables; a fresh simulated machine and region each time.
+// `conf`: a file to install as the root's /etc/gpuslice/gpuslice.conf; with
+// `bare`, the command gets no variable at all (the driver is where a real one
+// is, the region and the simulated machine at their defaults).
 Result in_root(const Sandbox& box, const std::string& mode, std::vector<std::string> vars,
-               const std::vector<std::string>& command) {
+               const std::vector<std::string>& command, const std::string& conf = "", bool bare = false) {
   std::vector<std::string> argv = {script("in_root.sh"), g_root, box.path("scratch-" + mode),
                                    gpuslice::test::build_dir(), mode};
-  vars.push_back("FAKECUDA_STATE=/tmp/fakecuda.state");
-  vars.push_back("GPUSLICE_REGION=/tmp/gpuslice.region");
-  vars.push_back("GPUSLICE_PRIORITY_BOARD=/tmp/priority-board");
+  if (!bare) {
+    vars.push_back("FAKECUDA_STATE=/tmp/fakecuda.state");
+    vars.push_back("GPUSLICE_REGION=/tmp/gpuslice.region");
+    vars.push_back("GPUSLICE_PRIORITY_BOARD=/tmp/priority-board");
+  }
   argv.insert(argv.end(), vars.begin(), vars.end());
   argv.push_back("--");
   argv.insert(argv.end(), command.begin(), command.end());
-  return gpuslice::test::run(argv, {}, 120000);
+  return gpuslice::test::run(argv, {{"IN_ROOT_CONF", conf}, {"IN_ROOT_BARE", bare ? "1" : "0"}}, 120000);
 }
 
 // The value of `key` in the probe's key=value output, or "" if absent.
@@ -83,6 +88,27 @@ TEST(OldGlibc, LdSoPreloadLoadsIntoEveryProgramAndEnforces) {
   EXPECT_EQ(shell.err.find("not found"), std::string::npos) << shell.describe();
   // ...and a CUDA program is limited.
   expect_enforced(in_root(box, "ld_so_preload", {"GPUSLICE_MEMORY_LIMIT=256Mi"}, probe()));
+}
+
+// The real case of a process that clears its environment: /etc/ld.so.preload
+// injects the library, no variable at all is set, and the library reads the
+// container's limits from its default configuration file.
+TEST(OldGlibc, TheDefaultConfigurationFileLimitsAProcessWithNoVariableAtAll) {
+  Sandbox box;
+  const std::string conf = box.path("gpuslice.conf");
+  {
+    std::FILE* f = std::fopen(conf.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("# the container's limits, as gpuslice-cdi mounts them\nGPUSLICE_MEMORY_LIMIT=256Mi\n", f);
+    std::fclose(f);
+  }
+  expect_enforced(in_root(box, "ld_so_preload", {}, probe(), conf, true));
+  // Without the file the same process runs unlimited.
+  Sandbox other;
+  const Result r = in_root(other, "ld_so_preload", {}, probe(), "", true);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(value(r, "preloaded"), "1") << r.describe();
+  EXPECT_EQ(value(r, "alloc_" + kOver), "0") << r.describe();
 }
 
 // The refusal above is the library's: without it the simulated device admits

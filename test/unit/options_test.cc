@@ -354,11 +354,11 @@ TEST(FormatOptions, EffectiveValuesWithSources) {
   const int n = format_effective_options(p.options, buf, sizeof buf);
   ASSERT_GT(n, 0);
   const std::string text(buf, static_cast<std::size_t>(n));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[0]=8Gi (8589934592 bytes) (GPUSLICE_MEMORY_LIMIT)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[1]=1000 (1000 bytes) (CUDA_DEVICE_MEMORY_LIMIT_1)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[0]=8Gi (8589934592 bytes) (GPUSLICE_MEMORY_LIMIT, environment)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[1]=1000 (1000 bytes) (CUDA_DEVICE_MEMORY_LIMIT_1, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[other devices]=unlimited (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_SM_LIMIT=100 (default)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_LOG_LEVEL=debug (GPUSLICE_LOG_LEVEL)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_LOG_LEVEL=debug (GPUSLICE_LOG_LEVEL, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_REGION=/dev/shm/gpuslice.region"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_TYPO is not a gpuslice option"));
   for (std::size_t i = 0; i < kOptionCount; ++i) EXPECT_THAT(text, HasSubstr(kOptions[i].env));
@@ -508,9 +508,9 @@ TEST(FormatOptions, EveryNewOptionIsPrinted) {
   const int n = format_effective_options(p.options, buf, sizeof buf);
   ASSERT_GT(n, 0);
   const std::string text(buf, static_cast<std::size_t>(n));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PRIORITY=low (GPUSLICE_PRIORITY)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PRIORITY=low (GPUSLICE_PRIORITY, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE=fail (default)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE_WAIT=1500ms (GPUSLICE_OVERSUBSCRIBE_WAIT)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE_WAIT=1500ms (GPUSLICE_OVERSUBSCRIBE_WAIT, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PASSTHROUGH=false (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_RESIDENT=unlimited (default)\n"));
 }
