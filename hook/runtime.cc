@@ -99,6 +99,7 @@ void map_owner_word() noexcept {
 void log_effective_options(const limiter::Options& o) noexcept {
   if (o.unknown_variable[0] != '\0')
     GPUSLICE_LOG(warn, "%s is not a gpuslice option (see gpuslice-smi options)", o.unknown_variable);
+  if (o.alias_warning[0] != '\0') GPUSLICE_LOG(warn, "%s", o.alias_warning);
   if (g_log_level.load(std::memory_order_relaxed) < static_cast<int>(LogLevel::debug)) return;
   char text[8192];
   if (limiter::format_effective_options(o, text, sizeof text) < 0) return;

@@ -101,6 +101,9 @@ struct Options {
 #undef GPUSLICE_OPTION
   // First GPUSLICE_* variable that is no option (a typo?), "" if none: worth a warning.
   char unknown_variable[64];
+  // A HAMi alias value with no meaning gpuslice keeps (an unknown log level,
+  // priority or core policy), taken as its default: worth one warning. "" if none.
+  char alias_warning[200];
   // Whether the configuration file (config_file) was read; false when the
   // default file is absent or only the environment was parsed.
   bool config_file_read;

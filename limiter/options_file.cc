@@ -18,7 +18,7 @@ using shm::Text;
 
 bool blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 
-std::size_t option_index(const char* env) {
+constexpr std::size_t option_index(const char* env) {
   for (std::size_t k = 0; k < kOptionCount; ++k) {
     const char* a = kOptions[k].env;
     const char* b = env;
@@ -28,7 +28,10 @@ std::size_t option_index(const char* env) {
   return kOptionCount;
 }
 
-const std::size_t kConfigOption = option_index("GPUSLICE_CONFIG_FILE");
+// constexpr: another library's constructor may reach bootstrap before this
+// library's dynamic initialisers have run.
+constexpr std::size_t kConfigOption = option_index("GPUSLICE_CONFIG_FILE");
+static_assert(kConfigOption < kOptionCount);
 
 // Whether entry "NAME=..." has the name `name` (which ends at '\0' or '=').
 bool same_name(const char* entry, const char* name) {

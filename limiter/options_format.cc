@@ -161,6 +161,7 @@ int format_effective_options(const Options& o, char* buf, std::size_t cap) noexc
 #undef GPUSLICE_OPTION
   t.str("gpuslice: configuration file ").escaped(o.config_file)
       .str(o.config_file_read ? ": read (the environment wins option by option)\n" : ": not read (absent)\n");
+  if (o.alias_warning[0] != '\0') t.str("gpuslice: ").str(o.alias_warning).ch('\n');
   if (o.unknown_variable[0] != '\0') {
     t.str("gpuslice: ").escaped(o.unknown_variable).str(" is not a gpuslice option (ignored; a typo?)\n");
   }
