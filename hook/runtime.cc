@@ -14,6 +14,7 @@
 #include "hook/real.h"
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
+#include "limiter/options_file.h"
 
 extern char** environ;
 
@@ -25,6 +26,8 @@ Process g_process{nullptr, {-1}, {}, {0}};
 namespace {
 
 Config g_config;
+// The configuration file's text while config() parses it (static: no heap, 64 KiB).
+limiter::ConfigFileBuffer g_config_file;
 std::atomic<int> g_config_state{0};  // 0 unparsed, 1 parsing, 2 parsed
 std::atomic<int> g_boot_busy{0};
 std::atomic<bool> g_atfork_registered{false};
@@ -96,6 +99,7 @@ void map_owner_word() noexcept {
 void log_effective_options(const limiter::Options& o) noexcept {
   if (o.unknown_variable[0] != '\0')
     GPUSLICE_LOG(warn, "%s is not a gpuslice option (see gpuslice-smi options)", o.unknown_variable);
+  if (o.alias_warning[0] != '\0') GPUSLICE_LOG(warn, "%s", o.alias_warning);
   if (g_log_level.load(std::memory_order_relaxed) < static_cast<int>(LogLevel::debug)) return;
   char text[8192];
   if (limiter::format_effective_options(o, text, sizeof text) < 0) return;
@@ -215,7 +219,8 @@ const Config& config() noexcept {
   if (g_config_state.load(std::memory_order_acquire) == 2) return g_config;
   int expected = 0;
   if (g_config_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
-    g_config.valid = limiter::parse_options(environ, &g_config.options, &g_config.error);
+    g_config.valid = limiter::load_options(environ, limiter::kDefaultConfigFile, &g_config_file, &g_config.options,
+                                           &g_config.error);
     if (g_config.valid) g_log_level.store(g_config.options.log_level, std::memory_order_relaxed);
     g_config_state.store(2, std::memory_order_release);
   } else {

@@ -22,7 +22,8 @@ struct Config {
   shm::Error error;      // the one-line reason when !valid
 };
 
-// Options parsed once from environ (no getenv, no heap).
+// Options parsed once from environ, then the configuration file for what the
+// environment does not set (limiter/options_file.h; no getenv, no heap).
 const Config& config() noexcept;
 
 // The error every hooked call returns once bootstrap failed closed (bad option,

@@ -260,13 +260,20 @@ bool ensure_feedback_thread(const FeedbackHost& host) noexcept {
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize(&attr, 256 * 1024);
   // Signals sent to the process must never be delivered on our thread (the
-  // application's handlers expect its own threads).
+  // application's handlers expect its own threads): it inherits the creating
+  // thread's mask, so that is everything blocked for the length of
+  // pthread_create, then the caller's own mask again (a signal arriving
+  // meanwhile stays pending for the caller). pthread_attr_setsigmask_np would
+  // say it in one call but needs glibc 2.32 (docs/deploy.md, glibc floor).
   sigset_t all;
+  sigset_t caller_mask;
   sigfillset(&all);
-  pthread_attr_setsigmask_np(&attr, &all);
+  const bool masked = pthread_sigmask(SIG_SETMASK, &all, &caller_mask) == 0;
   pthread_t thread;
-  const int rc = pthread_create(&thread, &attr, feedback_main,
-                                reinterpret_cast<void*>(static_cast<std::uintptr_t>(self)));
+  const int rc = masked ? pthread_create(&thread, &attr, feedback_main,
+                                         reinterpret_cast<void*>(static_cast<std::uintptr_t>(self)))
+                        : -1;
+  if (masked) pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
   pthread_attr_destroy(&attr);
   if (rc == 0) pthread_setname_np(thread, "gpuslice-fb");
   return rc == 0;

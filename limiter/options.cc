@@ -46,7 +46,10 @@ Text fail(shm::Error* err, const char* name, const char* value) {
   return t;
 }
 
-void set_source(OptionSource* s, const char* name) { shm::copy_string(s->name, sizeof s->name, name); }
+void set_source(OptionSource* s, const char* name) {
+  shm::copy_string(s->name, sizeof s->name, name);
+  s->line = 0;
+}
 
 Text& quote_span(Text& t, Span s, std::size_t max) {
   char shown[72];
@@ -484,44 +487,53 @@ std::size_t alias_of(const Found& f, std::size_t k, bool per_device) {
 
 // A scalar alias's value translated through its map into our grammar, in buf.
 // Returns false (err set) for a value the map does not know; *empty when the
-// map says "not set".
+// map says "not set". A value only the map's `*` key takes (one HAMi gives no
+// meaning we keep: an unknown log level, priority or core policy) maps to
+// that key's word and is reported by alias_fallback_warning.
 bool map_alias(const OptionAlias& alias, const char* value, char* buf, std::size_t cap, bool* empty, shm::Error* err) {
   *empty = false;
   if (alias.map == nullptr) {
     shm::copy_string(buf, cap, value);
     return true;
   }
-  const Span v{value, length(value)};
-  for (const char* p = alias.map; *p != '\0';) {
-    const char* eq = p;
-    while (*eq != '=') ++eq;
-    const char* end = eq + 1;
-    while (*end != '\0' && *end != ',') ++end;
-    {
-      const Span key{p, static_cast<std::size_t>(eq - p)};
-      bool same = key.n == v.n;
-      for (std::size_t i = 0; i < key.n && same; ++i) same = lower(key.p[i]) == lower(v.p[i]);
-      if (same) {
-        const std::size_t n = static_cast<std::size_t>(end - eq - 1);
-        shm::copy_string(buf, n + 1 < cap ? n + 1 : cap, eq + 1);
-        *empty = n == 0;
-        return true;
-      }
-    }
-    p = *end == ',' ? end + 1 : end;
+  const char* word = nullptr;
+  std::size_t n = 0;
+  bool fallback = false;
+  if (env::match_alias(alias.map, value, &word, &n, &fallback)) {
+    shm::copy_string(buf, n + 1 < cap ? n + 1 : cap, word);
+    *empty = n == 0;
+    return true;
   }
-  Text t = fail(err, alias.env, value);
-  t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected one of ");
-  for (const char* p = alias.map; *p != '\0';) {
-    const char* eq = p;
-    while (*eq != '=') ++eq;
-    t.str(p, static_cast<std::size_t>(eq - p));
-    while (*eq != '\0' && *eq != ',') ++eq;
-    if (*eq == ',') t.str(", ");
-    p = *eq == ',' ? eq + 1 : eq;
-  }
-  t.str(" (").str(alias.doc).ch(')');
+  char keys[160];
+  env::list_alias_keys(alias.map, keys, sizeof keys);
+  fail(err, alias.env, value).str(value[0] == '\0' ? "empty value" : "unknown value").str(", expected one of ")
+      .str(keys).str(" (").str(alias.doc).ch(')');
   return false;
+}
+
+// The first alias value of f that only a `*` key took (and that decided its
+// option: ours not set), as a warning line in out->alias_warning.
+void alias_fallback_warning(const Found& f, Options* out) {
+  out->alias_warning[0] = '\0';
+  for (std::size_t a = 0; a < kOptionAliasCount; ++a) {
+    const OptionAlias& alias = kOptionAliases[a];
+    if (alias.map == nullptr || f.alias[a] == nullptr || f.ours[option_index(alias.target)] != nullptr) continue;
+    const char* word = nullptr;
+    std::size_t n = 0;
+    bool fallback = false;
+    if (!env::match_alias(alias.map, f.alias[a], &word, &n, &fallback) || !fallback) continue;
+    char keys[160];
+    env::list_alias_keys(alias.map, keys, sizeof keys);
+    Text t(out->alias_warning, sizeof out->alias_warning);
+    t.str(alias.env).ch('=').quoted(f.alias[a], kValueShown).str(f.alias[a][0] == '\0' ? ": empty value" : ": unknown value")
+        .str(" (HAMi knows ").str(keys).str("), taken as ");
+    if (n == 0) {
+      t.str("not set");
+    } else {
+      t.str(alias.target).ch('=').str(word, n);
+    }
+    return;
+  }
 }
 
 // The default column of options.def: the value, optionally followed by a
@@ -706,6 +718,7 @@ bool resolve_all(const Found& f, Options* out, shm::Error* err) {
 #include "gpuslice/options.def"
 #undef GPUSLICE_OPTION
   apply_core_policy_disable(f, out);
+  alias_fallback_warning(f, out);
   if (out->passthrough) {
     // Everything passes through: no limit of any kind applies.
     const char* why = out->passthrough_source.name;
@@ -731,9 +744,12 @@ void default_options(Options* out) noexcept {
   Found f;
   shm::Error err;
   out->unknown_variable[0] = '\0';
+  out->config_file_read = false;
   env::collect(nullptr, &f, out, &err);
   resolve_all(f, out, &err);  // the table's defaults always parse (tested)
 }
+
+bool resolve_found(const env::Found& f, Options* out, shm::Error* err) noexcept { return resolve_all(f, out, err); }
 
 bool parse_size(const char* text, std::uint64_t* out) noexcept {
   if (text == nullptr) return false;

@@ -35,7 +35,8 @@
 namespace gpuslice::limiter {
 
 struct OptionSource {
-  char name[64];  // the variable that set it, or "default"
+  char name[64];       // the variable that set it, or "default"
+  std::uint32_t line;  // 0: the environment (or default); n: line n of the configuration file
 };
 
 enum LogLevel : int { kLogError = 0, kLogWarn = 1, kLogInfo = 2, kLogDebug = 3 };
@@ -100,12 +101,20 @@ struct Options {
 #undef GPUSLICE_OPTION
   // First GPUSLICE_* variable that is no option (a typo?), "" if none: worth a warning.
   char unknown_variable[64];
+  // A HAMi alias value with no meaning gpuslice keeps (an unknown log level,
+  // priority or core policy), taken as its default: worth one warning. "" if none.
+  char alias_warning[200];
+  // Whether the configuration file (config_file) was read; false when the
+  // default file is absent or only the environment was parsed.
+  bool config_file_read;
 };
 
 // Parses every option from a NULL-terminated "NAME=VALUE" array (the first of
 // duplicate names wins, as with getenv). On error returns false and err holds
 // one line: "gpuslice: NAME='value': <what is wrong>, expected <what>".
 // `out` is then filled with defaults plus whatever parsed before the error.
+// The environment only: load_options (limiter/options_file.h) adds the
+// configuration file.
 bool parse_options(char* const* envp, Options* out, shm::Error* err) noexcept;
 void default_options(Options* out) noexcept;
 

@@ -24,4 +24,29 @@ bool collect(char* const* envp, Found* f, Options* out, shm::Error* err);
 // "CUDA_DEVICE_MEMORY_LIMIT_3" from the entry "CUDA_DEVICE_MEMORY_LIMIT_3=..."
 void name_of(const char* entry, char* buf, std::size_t cap);
 
+// What the name of the entry "NAME=VALUE" is.
+enum class Name { option, alias, bad_device_index, unknown };
+Name classify(const char* entry);
+// A scalar alias's map ("key=word,...", gpuslice/options.h) applied to
+// `value`: the first key that matches gives the word (`*word`, `*n`; n == 0:
+// "not set"). Keys: a word (any case); `N+`, any decimal integer >= N; `-`,
+// any negative integer; `*`, anything else (*fallback: a value HAMi gives no
+// meaning we can keep, worth a warning). False: no key matches.
+bool match_alias(const char* map, const char* value, const char** word, std::size_t* n, bool* fallback);
+// The key list of a map for a message: "0, 1, 2, 3, 4 and above".
+void list_alias_keys(const char* map, char* buf, std::size_t cap);
+
+// Whether option k is set in f by any of its names (ours, an alias, any
+// per-device form of one).
+bool sets(const Found& f, std::size_t k);
+// Moves every name of option k from `from` into `to`.
+void take(Found* to, const Found& from, std::size_t k);
+
+}  // namespace gpuslice::limiter::env
+
+namespace gpuslice::limiter {
+// Resolves the options from what collect found (options.cc): defaults, then
+// values, with errors as parse_options reports them.
+bool resolve_found(const env::Found& f, Options* out, shm::Error* err) noexcept;
+
 }  // namespace gpuslice::limiter::env

@@ -21,14 +21,21 @@ int finish(const Text& t) { return t.truncated() ? -1 : static_cast<int>(t.size(
 
 Text& line(Text& t, const char* name) { return t.str("gpuslice: ").str(name); }
 
-Text& tail(Text& t, const OptionSource& src) { return t.str(" (").str(src.name).str(")\n"); }
-
 bool is_default(const OptionSource& s) {
   const char* d = "default";
   const char* p = s.name;
   for (; *d != '\0' && *p == *d; ++p, ++d) {
   }
   return *d == '\0' && *p == '\0';
+}
+
+// Where the value came from: "(default)", "(NAME, environment)" or
+// "(NAME, FILE:LINE)" for a line of the configuration file.
+Text& tail(Text& t, const OptionSource& src, const char* file) {
+  if (is_default(src)) return t.str(" (default)\n");
+  t.str(" (").str(src.name).str(", ");
+  if (src.line == 0) return t.str("environment)\n");
+  return t.escaped(file).ch(':').u64(src.line).str(")\n");
 }
 
 bool all_set(const OptionSource (&sources)[kMaxDevices]) {
@@ -85,7 +92,7 @@ Text& word(Text& t, const char* range, int i) {
 
 template <class V>
 void per_device(Text& t, const OptionInfo& info, const V (&values)[kMaxDevices], const OptionSource (&src)[kMaxDevices],
-                bool size) {
+                bool size, const char* file) {
   bool any = false;
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
     if (is_default(src[d])) continue;
@@ -96,7 +103,7 @@ void per_device(Text& t, const OptionInfo& info, const V (&values)[kMaxDevices],
     } else {
       t.u64(values[d]);
     }
-    tail(t, src[d]);
+    tail(t, src[d], file);
   }
   if (!any || !all_set(src)) {
     line(t, info.env).str(any ? "[other devices]" : "").ch('=');
@@ -114,7 +121,7 @@ void per_device(Text& t, const OptionInfo& info, const V (&values)[kMaxDevices],
 template <OptionType T>
 struct Print {
   template <class V, class S>
-  static void run(Text& t, const OptionInfo& info, const V& value, const S& src) {
+  static void run(Text& t, const OptionInfo& info, const V& value, const S& src, const char* file) {
     line(t, info.env).ch('=');
     if constexpr (T == OptionType::policy || T == OptionType::level || T == OptionType::choice) {
       word(t, info.range, static_cast<int>(value));
@@ -125,21 +132,21 @@ struct Print {
     } else {
       t.escaped(value, sizeof value);
     }
-    tail(t, src);
+    tail(t, src, file);
   }
 };
 template <>
 struct Print<OptionType::per_device_size> {
   static void run(Text& t, const OptionInfo& info, const std::uint64_t (&v)[kMaxDevices],
-                  const OptionSource (&s)[kMaxDevices]) {
-    per_device(t, info, v, s, true);
+                  const OptionSource (&s)[kMaxDevices], const char* file) {
+    per_device(t, info, v, s, true, file);
   }
 };
 template <>
 struct Print<OptionType::per_device_percent> {
   static void run(Text& t, const OptionInfo& info, const std::uint32_t (&v)[kMaxDevices],
-                  const OptionSource (&s)[kMaxDevices]) {
-    per_device(t, info, v, s, false);
+                  const OptionSource (&s)[kMaxDevices], const char* file) {
+    per_device(t, info, v, s, false, file);
   }
 };
 
@@ -149,9 +156,12 @@ int format_effective_options(const Options& o, char* buf, std::size_t cap) noexc
   Text t(buf, cap);
   std::size_t k = 0;
 #define GPUSLICE_OPTION(id, env, kind, def, range, doc) \
-  Print<OptionType::kind>::run(t, kOptions[k++], o.id, o.id##_source);
+  Print<OptionType::kind>::run(t, kOptions[k++], o.id, o.id##_source, o.config_file);
 #include "gpuslice/options.def"
 #undef GPUSLICE_OPTION
+  t.str("gpuslice: configuration file ").escaped(o.config_file)
+      .str(o.config_file_read ? ": read (the environment wins option by option)\n" : ": not read (absent)\n");
+  if (o.alias_warning[0] != '\0') t.str("gpuslice: ").str(o.alias_warning).ch('\n');
   if (o.unknown_variable[0] != '\0') {
     t.str("gpuslice: ").escaped(o.unknown_variable).str(" is not a gpuslice option (ignored; a typo?)\n");
   }

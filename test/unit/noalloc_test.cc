@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "limiter/alloc_table.h"
 #include "limiter/memory_accounting.h"
 #include "limiter/options.h"
+#include "limiter/options_file.h"
 #include "shm/region_file.h"
 #include "support.h"
 
@@ -111,6 +113,37 @@ TEST(NoAlloc, Bootstrap) {
     shm::detach(r);
     EXPECT_EQ(armed.count(), 0u) << "bootstrap allocated";
   }
+}
+
+// The configuration file is read into the caller's static buffer.
+TEST(NoAlloc, ConfigurationFile) {
+  TempDir dir;
+  const std::string good = dir.file("good.conf");
+  const std::string bad = dir.file("bad.conf");
+  {
+    std::FILE* f = std::fopen(good.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("# limits\nGPUSLICE_MEMORY_LIMIT=256Mi\nCUDA_DEVICE_SM_LIMIT=30\nGPUSLICE_LOG_LEVEL=debug\n", f);
+    std::fclose(f);
+    f = std::fopen(bad.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("GPUSLICE_MEMORY_LIMIT=0\n", f);
+    std::fclose(f);
+  }
+  std::string named = "GPUSLICE_CONFIG_FILE=" + bad;
+  char* with_named[] = {named.data(), nullptr};
+  char* empty[] = {nullptr};
+  static limiter::Options options;
+  static limiter::ConfigFileBuffer buffer;
+  static char listing[8192];
+  const std::string absent = dir.file("absent.conf");
+  shm::Error err{};
+  Armed armed;
+  ASSERT_TRUE(limiter::load_options(empty, good.c_str(), &buffer, &options, &err)) << err.message;
+  ASSERT_GT(limiter::format_effective_options(options, listing, sizeof listing), 0);
+  EXPECT_FALSE(limiter::load_options(with_named, good.c_str(), &buffer, &options, &err));
+  EXPECT_TRUE(limiter::load_options(empty, absent.c_str(), &buffer, &options, &err));
+  EXPECT_EQ(armed.count(), 0u) << "reading the configuration file allocated";
 }
 
 TEST(NoAlloc, ErrorPaths) {

@@ -354,11 +354,11 @@ TEST(FormatOptions, EffectiveValuesWithSources) {
   const int n = format_effective_options(p.options, buf, sizeof buf);
   ASSERT_GT(n, 0);
   const std::string text(buf, static_cast<std::size_t>(n));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[0]=8Gi (8589934592 bytes) (GPUSLICE_MEMORY_LIMIT)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[1]=1000 (1000 bytes) (CUDA_DEVICE_MEMORY_LIMIT_1)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[0]=8Gi (8589934592 bytes) (GPUSLICE_MEMORY_LIMIT, environment)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[1]=1000 (1000 bytes) (CUDA_DEVICE_MEMORY_LIMIT_1, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[other devices]=unlimited (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_SM_LIMIT=100 (default)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_LOG_LEVEL=debug (GPUSLICE_LOG_LEVEL)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_LOG_LEVEL=debug (GPUSLICE_LOG_LEVEL, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_REGION=/dev/shm/gpuslice.region"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_TYPO is not a gpuslice option"));
   for (std::size_t i = 0; i < kOptionCount; ++i) EXPECT_THAT(text, HasSubstr(kOptions[i].env));
@@ -469,15 +469,13 @@ TEST(HamiAliases, OursWinAndBadValuesNameTheAlias) {
   Parsed p = parse({"CUDA_TASK_PRIORITY=0", "GPUSLICE_PRIORITY=low"});
   ASSERT_TRUE(p.ok) << p.error;
   EXPECT_EQ(p.options.priority, kPriorityLow);
-  p = parse({"CUDA_TASK_PRIORITY=7"});
-  EXPECT_FALSE(p.ok);
-  EXPECT_THAT(p.error, HasSubstr("CUDA_TASK_PRIORITY='7': unknown value, expected one of 0, 1"));
   p = parse({"CUDA_DEVICE_MEMORY_SHARED_CACHE=relative.cache"});
   EXPECT_FALSE(p.ok);
   EXPECT_THAT(p.error, HasSubstr("CUDA_DEVICE_MEMORY_SHARED_CACHE='relative.cache': relative path"));
-  p = parse({"GPU_CORE_UTILIZATION_POLICY=sometimes"});
+  // Something that limits (or lifts the limits) fails closed on a value HAMi does not know.
+  p = parse({"CUDA_DISABLE_CONTROL=yes"});
   EXPECT_FALSE(p.ok);
-  EXPECT_THAT(p.error, HasSubstr("GPU_CORE_UTILIZATION_POLICY='sometimes'"));
+  EXPECT_THAT(p.error, HasSubstr("CUDA_DISABLE_CONTROL='yes': unknown value, expected one of 1, t, true, 0, f, false"));
 }
 
 TEST(HamiAliases, CorePolicyDisableLiftsOnlyTheAliasSmLimit) {
@@ -508,11 +506,127 @@ TEST(FormatOptions, EveryNewOptionIsPrinted) {
   const int n = format_effective_options(p.options, buf, sizeof buf);
   ASSERT_GT(n, 0);
   const std::string text(buf, static_cast<std::size_t>(n));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PRIORITY=low (GPUSLICE_PRIORITY)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PRIORITY=low (GPUSLICE_PRIORITY, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE=fail (default)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE_WAIT=1500ms (GPUSLICE_OVERSUBSCRIBE_WAIT)\n"));
+  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE_WAIT=1500ms (GPUSLICE_OVERSUBSCRIBE_WAIT, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PASSTHROUGH=false (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_RESIDENT=unlimited (default)\n"));
+}
+
+}  // namespace
+}  // namespace gpuslice::limiter
+
+// HAMi's own spellings of its variables (HAMi-core reads CUDA_TASK_PRIORITY and
+// LIBCUDA_LOG_LEVEL with atoi and GPU_CORE_UTILIZATION_POLICY by strcmp with
+// force/FORCE/disable/DISABLE, anything else its default; the device plugin
+// reads CUDA_DISABLE_CONTROL with Go's strconv.ParseBool): every spelling
+// with HAMi's meaning. Values of what does not limit that HAMi gives no meaning
+// we keep are taken as not set (the default), with one warning line.
+namespace gpuslice::limiter {
+namespace {
+
+struct Spelling {
+  const char* entry;
+  const char* option;  // the option it sets
+  const char* value;   // as the debug listing prints it
+  bool warns;
+};
+
+std::string effective(const Options& o, const char* option) {
+  char text[16384];
+  if (format_effective_options(o, text, sizeof text) < 0) return "";
+  const std::string s = text;
+  const std::string key = std::string("gpuslice: ") + option + "=";
+  const auto at = s.find(key);
+  if (at == std::string::npos) return "";
+  const auto end = s.find(' ', at + key.size());
+  return s.substr(at + key.size(), end - at - key.size());
+}
+
+TEST(HamiValues, EverySpellingHamiAccepts) {
+  const Spelling spellings[] = {
+      // CUDA_DISABLE_CONTROL: strconv.ParseBool.
+      {"CUDA_DISABLE_CONTROL=1", "GPUSLICE_PASSTHROUGH", "true", false},
+      {"CUDA_DISABLE_CONTROL=t", "GPUSLICE_PASSTHROUGH", "true", false},
+      {"CUDA_DISABLE_CONTROL=T", "GPUSLICE_PASSTHROUGH", "true", false},
+      {"CUDA_DISABLE_CONTROL=TRUE", "GPUSLICE_PASSTHROUGH", "true", false},
+      {"CUDA_DISABLE_CONTROL=true", "GPUSLICE_PASSTHROUGH", "true", false},
+      {"CUDA_DISABLE_CONTROL=True", "GPUSLICE_PASSTHROUGH", "true", false},
+      {"CUDA_DISABLE_CONTROL=0", "GPUSLICE_PASSTHROUGH", "false", false},
+      {"CUDA_DISABLE_CONTROL=f", "GPUSLICE_PASSTHROUGH", "false", false},
+      {"CUDA_DISABLE_CONTROL=F", "GPUSLICE_PASSTHROUGH", "false", false},
+      {"CUDA_DISABLE_CONTROL=FALSE", "GPUSLICE_PASSTHROUGH", "false", false},
+      {"CUDA_DISABLE_CONTROL=false", "GPUSLICE_PASSTHROUGH", "false", false},
+      {"CUDA_DISABLE_CONTROL=False", "GPUSLICE_PASSTHROUGH", "false", false},
+      // CUDA_TASK_PRIORITY: atoi, a lower number first; HAMi's default is 1.
+      {"CUDA_TASK_PRIORITY=0", "GPUSLICE_PRIORITY", "high", false},
+      {"CUDA_TASK_PRIORITY=1", "GPUSLICE_PRIORITY", "low", false},
+      {"CUDA_TASK_PRIORITY=2", "GPUSLICE_PRIORITY", "low", false},
+      {"CUDA_TASK_PRIORITY=10", "GPUSLICE_PRIORITY", "low", false},
+      {"CUDA_TASK_PRIORITY=00", "GPUSLICE_PRIORITY", "high", false},
+      {"CUDA_TASK_PRIORITY=-1", "GPUSLICE_PRIORITY", "normal", true},
+      {"CUDA_TASK_PRIORITY=high", "GPUSLICE_PRIORITY", "normal", true},
+      {"CUDA_TASK_PRIORITY=", "GPUSLICE_PRIORITY", "normal", true},
+      // LIBCUDA_LOG_LEVEL: atoi; HAMi-core logs errors always, warnings from 2,
+      // info from 3, debug from 4.
+      {"LIBCUDA_LOG_LEVEL=0", "GPUSLICE_LOG_LEVEL", "error", false},
+      {"LIBCUDA_LOG_LEVEL=1", "GPUSLICE_LOG_LEVEL", "error", false},
+      {"LIBCUDA_LOG_LEVEL=-1", "GPUSLICE_LOG_LEVEL", "error", false},
+      {"LIBCUDA_LOG_LEVEL=2", "GPUSLICE_LOG_LEVEL", "warn", false},
+      {"LIBCUDA_LOG_LEVEL=3", "GPUSLICE_LOG_LEVEL", "info", false},
+      {"LIBCUDA_LOG_LEVEL=4", "GPUSLICE_LOG_LEVEL", "debug", false},
+      {"LIBCUDA_LOG_LEVEL=5", "GPUSLICE_LOG_LEVEL", "debug", false},
+      {"LIBCUDA_LOG_LEVEL=03", "GPUSLICE_LOG_LEVEL", "info", false},
+      {"LIBCUDA_LOG_LEVEL=verbose", "GPUSLICE_LOG_LEVEL", "warn", true},
+      {"LIBCUDA_LOG_LEVEL=", "GPUSLICE_LOG_LEVEL", "warn", true},
+      // GPU_CORE_UTILIZATION_POLICY: force/FORCE, disable/DISABLE, else default.
+      {"GPU_CORE_UTILIZATION_POLICY=force", "GPUSLICE_SM_POLICY", "hard", false},
+      {"GPU_CORE_UTILIZATION_POLICY=FORCE", "GPUSLICE_SM_POLICY", "hard", false},
+      {"GPU_CORE_UTILIZATION_POLICY=default", "GPUSLICE_SM_POLICY", "elastic", false},
+      {"GPU_CORE_UTILIZATION_POLICY=DEFAULT", "GPUSLICE_SM_POLICY", "elastic", false},
+      {"GPU_CORE_UTILIZATION_POLICY=disable", "GPUSLICE_SM_POLICY", "hard", false},  // lifts the alias SM limit instead
+      {"GPU_CORE_UTILIZATION_POLICY=DISABLE", "GPUSLICE_SM_POLICY", "hard", false},
+      {"GPU_CORE_UTILIZATION_POLICY=", "GPUSLICE_SM_POLICY", "elastic", true},
+      {"GPU_CORE_UTILIZATION_POLICY=sometimes", "GPUSLICE_SM_POLICY", "elastic", true},
+  };
+  for (const Spelling& s : spellings) {
+    const Parsed p = parse({s.entry});
+    ASSERT_TRUE(p.ok) << s.entry << ": " << p.error;
+    EXPECT_EQ(effective(p.options, s.option), s.value) << s.entry;
+    if (s.warns) {
+      const std::string name(s.entry, std::string(s.entry).find('='));
+      EXPECT_THAT(std::string(p.options.alias_warning), HasSubstr(name + "=")) << s.entry;
+      EXPECT_THAT(std::string(p.options.alias_warning), HasSubstr("(HAMi knows ")) << s.entry;
+    } else {
+      EXPECT_STREQ(p.options.alias_warning, "") << s.entry;
+    }
+  }
+}
+
+TEST(HamiValues, TheWarningIsOneLineOfTheListing) {
+  const Parsed p = parse({"CUDA_TASK_PRIORITY=-3", "LIBCUDA_LOG_LEVEL=x"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_STREQ(p.options.alias_warning,
+               "CUDA_TASK_PRIORITY='-3': unknown value (HAMi knows 0, 1 and above), taken as not set");
+  char text[16384];
+  ASSERT_GT(format_effective_options(p.options, text, sizeof text), 0);
+  EXPECT_THAT(std::string(text), HasSubstr("gpuslice: CUDA_TASK_PRIORITY='-3': unknown value"));
+}
+
+TEST(HamiValues, OursStillWinAndKeepNoWarning) {
+  const Parsed p = parse({"CUDA_TASK_PRIORITY=-3", "GPUSLICE_PRIORITY=high"});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_EQ(p.options.priority, kPriorityHigh);
+  EXPECT_STREQ(p.options.alias_warning, "");
+}
+
+// Passthrough is what lifts every limit: a value HAMi does not accept fails closed.
+TEST(HamiValues, UnknownDisableControlFailsClosed) {
+  for (const char* v : {"yes", "on", "2", "", "tru"}) {
+    const Parsed p = parse({std::string("CUDA_DISABLE_CONTROL=") + v});
+    EXPECT_FALSE(p.ok) << v;
+    EXPECT_THAT(p.error, HasSubstr("expected one of 1, t, true, 0, f, false")) << v;
+  }
 }
 
 }  // namespace
