@@ -51,12 +51,17 @@ void publish(int entry) noexcept {
 }
 
 // Dead processes' memory must not keep the allowance full: reap them before
-// refusing or waiting, as the quota path does, and again while waiting (at
-// most every wait slice: a holder may die meanwhile).
-void reap_if_due(std::uint64_t* last_reap) noexcept {
+// refusing, spilling or waiting, as the quota path does, and again while
+// waiting (a holder may die meanwhile). At most once per wait slice per
+// process: under `spill` being over the allowance is the steady state, and a
+// reap costs a kill(pid, 0) and a /proc read per live slot.
+std::atomic<std::uint64_t> g_last_reap_ns{0};
+
+void reap_if_due() noexcept {
   const std::uint64_t now = now_ns();
-  if (*last_reap != 0 && now - *last_reap < kWaitSliceNs) return;
-  *last_reap = now;
+  std::uint64_t last = g_last_reap_ns.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < kWaitSliceNs) return;
+  if (!g_last_reap_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;  // another thread reaps
   limiter::reap_dead(g_process.region, g_process.self);
 }
 
@@ -116,12 +121,11 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
   const limiter::Options& o = config().options;
   const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
   bool waited = false;
-  std::uint64_t last_reap = 0;
   for (;;) {
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     bool over = over_allowance(r.entry);
     if (over) {
-      reap_if_due(&last_reap);
+      reap_if_due();
       over = over_allowance(r.entry);
     }
     if (!over) {
@@ -153,9 +157,8 @@ bool resident_admits(int entry) noexcept {
   const limiter::Options& o = config().options;
   const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
   bool waited = false;
-  std::uint64_t last_reap = 0;
   while (over_allowance(entry)) {
-    reap_if_due(&last_reap);
+    reap_if_due();
     if (!over_allowance(entry)) break;
     if (o.oversubscribe != limiter::kOversubscribeWait || !wait_for_memory(entry, deadline, &waited)) {
       if (o.oversubscribe == limiter::kOversubscribeWait) device(entry).oversub_timeouts.fetch_add(1);
