@@ -163,6 +163,26 @@ TEST(Allowance, ADeadHoldersMemoryIsReapedBeforeARefusal) {
   EXPECT_EQ(rcs(r, "alloc"), std::vector<std::string>{"0"}) << r.describe();
 }
 
+// The same under `wait`: the waiter reaps while it waits, instead of waiting
+// out its timeout for memory nobody will free.
+TEST(Allowance, ADeadHoldersMemoryIsReapedWhileWaiting) {
+  Sandbox box;
+  Env env = merge(allowance_env(box, "wait", "64Mi"), {{"GPUSLICE_OVERSUBSCRIBE_WAIT", "20s"}});
+  const pid_t holder = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(48), "touch", box.path("holding"),
+                              "waitfile", box.path("never")},
+                             env, box.path("holder.out"));
+  ASSERT_TRUE(await_file(box.path("holding")));
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t waiter = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(32), "freeall"}, env,
+                             box.path("waiter.out"));
+  ASSERT_TRUE(await_region(env["GPUSLICE_REGION"], [](DeviceState& d) { return d.oversub_waiting.load() == 1; }));
+  kill(holder, SIGKILL);
+  wait(holder, box.path("holder.out"));
+  Result r = wait(waiter, box.path("waiter.out"));
+  EXPECT_EQ(rcs(r, "alloc"), std::vector<std::string>{"0"}) << r.describe();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "waited out the timeout";
+}
+
 // cuMemRelease of the last reference frees device memory like any free: it
 // wakes the container's waiters (bumps the futex word) instead of leaving
 // them to the 20 ms retry.

@@ -105,6 +105,12 @@ TEST_F(LeaseLimits, MoreAgentExtraStopsSpareLeasesAtTheNextAllocation) {
   // The agent finds 200 MiB held beyond our count (as reconcile.cc does).
   region_->devices[dev].agent_extra_bytes.store(200 * kMi);
   limiter::invalidate_leases(region_, dev);
+  // A free does not refill a stale lease either: its bytes go back to used_bytes.
+  const std::uint64_t before = used(dev), spare_before = spare(slots[0], dev);
+  give(slots[0], dev, kMi);
+  EXPECT_EQ(spare(slots[0], dev), spare_before);
+  EXPECT_EQ(used(dev), before - kMi);
+  ASSERT_TRUE(take(slots[0], dev, kMi));  // admitted again, under the new limits
   std::uint64_t admitted = 0;
   for (int round = 0; round < 8; ++round) {
     for (int s : slots) {
