@@ -4,6 +4,7 @@
 // cu*GetMemoryRequirements when it can tell us.
 #include <cuda.h>
 
+#include "hook/oversub.h"
 #include "hook/wrap.h"
 
 namespace gpuslice::hook {
@@ -106,15 +107,29 @@ CUresult settle(Reservation& r, Query&& query, auto destroy) noexcept {
     destroy();
     release(r.entry, r.bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
+  } else if (!resident_admits(r.entry)) {  // the driver's figure no longer fits the resident allowance
+    destroy();
+    release(r.entry, req.size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
   }
   r.bytes = req.size;
   return CUDA_SUCCESS;
+}
+
+// Arrays live on the device and cannot spill: over the device-resident
+// allowance they fail, or wait under GPUSLICE_OVERSUBSCRIBE=wait
+// (docs/memory.md). One predictable branch without the options.
+CUresult admit_resident(const Reservation& r) noexcept {
+  if (resident_admits(r.entry)) return CUDA_SUCCESS;
+  release(r.entry, r.bytes);
+  return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) noexcept {
   Reservation r;
   CUresult rc = reserve_on_current(bytes, &r);
   if (rc != CUDA_SUCCESS) return rc;
+  if ((rc = admit_resident(r)) != CUDA_SUCCESS) return rc;
   rc = real_create();
   if (rc == CUDA_SUCCESS && real_cuArrayGetMemoryRequirements != nullptr) {
     CUarray a = *handle;
@@ -174,6 +189,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandl
   Reservation r;
   CUresult rc = reserve_on_current(mipmapped_bytes(*d, numLevels), &r);
   if (rc != CUDA_SUCCESS) return rc;
+  if ((rc = admit_resident(r)) != CUDA_SUCCESS) return rc;
   rc = real_cuMipmappedArrayCreate(pHandle, d, numLevels);
   if (rc == CUDA_SUCCESS && real_cuMipmappedArrayGetMemoryRequirements != nullptr) {
     CUmipmappedArray m = *pHandle;

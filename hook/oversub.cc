@@ -26,6 +26,8 @@ DeviceState& device(int entry) noexcept { return g_process.region->devices[entry
 // process to set them wins, like the quota), so that smi and the agent show them.
 std::atomic<bool> g_published[kMaxDevices];  // this process published entry's settings
 
+int own_slot() noexcept { return g_process.slot.load(std::memory_order_acquire); }
+
 void publish(int entry) noexcept {
   if (g_published[entry].load(std::memory_order_relaxed)) return;
   g_published[entry].store(true, std::memory_order_relaxed);
@@ -40,6 +42,27 @@ void publish(int entry) noexcept {
   std::uint32_t none = 0;
   if (o.oversubscribe != limiter::kOversubscribeFail)
     d.oversub_policy.compare_exchange_strong(none, static_cast<std::uint32_t>(o.oversubscribe));
+  // Processes started without the options may hold spare quota leases taken
+  // before the allowance was there: spare is not resident, but the resident
+  // amount (used - spilled) counts it. Take them back (and stop new ones:
+  // a device with an allowance grants none).
+  const std::uint64_t limit = d.resident_limit_bytes.load(std::memory_order_seq_cst);
+  if (limit != 0 && limit != kUnlimited) limiter::revoke_leases(g_process.region, own_slot(), entry);
+}
+
+// Dead processes' memory must not keep the allowance full: reap them before
+// refusing, spilling or waiting, as the quota path does, and again while
+// waiting (a holder may die meanwhile). At most once per wait slice per
+// process: under `spill` being over the allowance is the steady state, and a
+// reap costs a kill(pid, 0) and a /proc read per live slot.
+std::atomic<std::uint64_t> g_last_reap_ns{0};
+
+void reap_if_due() noexcept {
+  const std::uint64_t now = now_ns();
+  std::uint64_t last = g_last_reap_ns.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < kWaitSliceNs) return;
+  if (!g_last_reap_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;  // another thread reaps
+  limiter::reap_dead(g_process.region, g_process.self);
 }
 
 void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen, std::uint64_t ns) noexcept {
@@ -62,11 +85,14 @@ bool wait_for_memory(int entry, std::uint64_t deadline, bool* counted) noexcept 
     d.oversub_waits.fetch_add(1, std::memory_order_relaxed);
     *counted = true;
   }
-  d.oversub_waiting.fetch_add(1, std::memory_order_seq_cst);
+  // Counted in our slot too: a process killed in here is taken out of the
+  // device's count by the reaper.
+  const int slot = own_slot();
+  limiter::begin_wait(g_process.region, slot, entry);
   const std::uint32_t seen = d.free_generation.load(std::memory_order_seq_cst);
   const std::uint64_t left = deadline - now;
   futex_wait(&d.free_generation, seen, left < kWaitSliceNs ? left : kWaitSliceNs);
-  d.oversub_waiting.fetch_sub(1, std::memory_order_seq_cst);
+  limiter::end_wait(g_process.region, slot, entry);
   d.oversub_wait_ns.fetch_add(now_ns() - now, std::memory_order_relaxed);
   return true;
 }
@@ -86,9 +112,7 @@ bool over_allowance(int entry) noexcept {
   DeviceState& d = device(entry);
   const std::uint64_t limit = d.resident_limit_bytes.load(std::memory_order_relaxed);
   if (limit == 0 || limit == kUnlimited) return false;
-  const std::uint64_t used = d.used_bytes.load(std::memory_order_acquire);
-  const std::uint64_t spilled = d.spilled_bytes.load(std::memory_order_acquire);
-  return used > spilled && used - spilled > limit;
+  return limiter::resident_bytes(g_process.region, entry) > limit;
 }
 
 CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, std::uint64_t* key,
@@ -99,7 +123,12 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
   bool waited = false;
   for (;;) {
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
-    if (!over_allowance(r.entry)) {
+    bool over = over_allowance(r.entry);
+    if (over) {
+      reap_if_due();
+      over = over_allowance(r.entry);
+    }
+    if (!over) {
       rc = real_alloc(ctx);
       if (rc != CUDA_ERROR_OUT_OF_MEMORY) {
         commit(table, rc, r, rc == CUDA_SUCCESS ? *key : 0, kind);
@@ -110,7 +139,7 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
     if (o.oversubscribe == limiter::kOversubscribeSpill && spill != nullptr) {
       rc = spill(ctx);
       if (rc == CUDA_SUCCESS) {
-        limiter::count_spilled(g_process.region, g_process.slot.load(std::memory_order_acquire), r.entry, r.bytes);
+        limiter::count_spilled(g_process.region, own_slot(), r.entry, r.bytes);
         commit(table, rc, r, *key, limiter::AllocKind::spilled);
         return rc;
       }
@@ -129,6 +158,8 @@ bool resident_admits(int entry) noexcept {
   const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
   bool waited = false;
   while (over_allowance(entry)) {
+    reap_if_due();
+    if (!over_allowance(entry)) break;
     if (o.oversubscribe != limiter::kOversubscribeWait || !wait_for_memory(entry, deadline, &waited)) {
       if (o.oversubscribe == limiter::kOversubscribeWait) device(entry).oversub_timeouts.fetch_add(1);
       return false;
@@ -137,11 +168,14 @@ bool resident_admits(int entry) noexcept {
   return true;
 }
 
-void oversub_freed(int entry, limiter::AllocKind kind, std::uint64_t bytes) noexcept {
+void oversub_unspill(int entry, std::uint64_t bytes) noexcept {
   if (entry < 0 || g_process.region == nullptr) return;
+  limiter::uncount_spilled(g_process.region, own_slot(), entry, bytes);
+}
+
+void oversub_freed(int entry, limiter::AllocKind, std::uint64_t) noexcept {
+  if (entry < 0 || static_cast<unsigned>(entry) >= kMaxDevices || g_process.region == nullptr) return;
   DeviceState& d = device(entry);
-  if (kind == limiter::AllocKind::spilled)
-    limiter::uncount_spilled(g_process.region, g_process.slot.load(std::memory_order_acquire), entry, bytes);
   if (d.oversub_waiting.load(std::memory_order_seq_cst) != 0) {
     d.free_generation.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(&d.free_generation);

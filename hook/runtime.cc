@@ -142,6 +142,19 @@ void reap_previous_image(Region* region, const shm::ProcessIdentity& self) noexc
   }
 }
 
+// Frameworks size themselves from cuMemGetInfo at start-up (vLLM,
+// TensorFlow, JAX's preallocation): memory of the container's processes that
+// died without exiting must not be in the first answer. One pass of the
+// reaper (a kill(pid, 0) and a /proc read per live slot); another process
+// reaping at that moment (kReapBusy) is given a few yields, never waited on.
+void reap_at_start(Region* region, const shm::ProcessIdentity& self) noexcept {
+  if (self.start_time == 0 || self.pidns_inode == 0) return;  // cannot judge liveness: the agent reaps
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (limiter::reap_dead(region, self) != limiter::kReapBusy) return;
+    sched_yield();
+  }
+}
+
 // Claims this process's slot: runs on one thread at a time. Nothing here
 // takes the loader lock (no dlopen/dlsym), so a thread waiting for it never
 // waits on a thread that waits for the loader.
@@ -171,6 +184,7 @@ CUresult claim_now() noexcept {
     }
   }
   reap_previous_image(region, self);
+  reap_at_start(region, self);
   int slot = shm::claim_slot(region, self);
   // All slots taken: reap the dead. Another live reaper may hold the reaper
   // lock for a moment (kReapBusy), so retry a few times — never wait on it.

@@ -82,7 +82,10 @@ void unref(Handle root) noexcept {
     return true;
   });
   if (!gone) return;
-  if (last.bytes != 0) release(last.entry, last.bytes);
+  if (last.bytes != 0) {
+    release(last.entry, last.bytes);
+    oversub_freed(last.entry, limiter::AllocKind::vmm, last.bytes);  // wake the container's waiters
+  }
   if (last.exported) forget_exports_of(root);
 }
 
@@ -158,7 +161,10 @@ void unmapped(std::uint64_t at, std::uint64_t end) noexcept {
   while (at < end) {
     Mapping m{};
     if (!g_mappings->erase(at, &m) || m.size == 0) break;
-    if (m.charged != 0) release(m.entry, m.charged);
+    if (m.charged != 0) {
+      release(m.entry, m.charged);
+      oversub_freed(m.entry, limiter::AllocKind::vmm, m.charged);
+    }
     unref(m.root);
     at = m.size > end - at ? end : at + m.size;
   }

@@ -121,14 +121,18 @@ CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* 
 void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
             limiter::AllocKind kind) noexcept;
 
-// A counted allocation went back to the driver: spilled bytes stop counting
-// as spilled, and allocations of the container waiting for memory are woken
-// (oversub.cc).
+// Counted memory went back to the driver and its bytes to the budget:
+// allocations of the container waiting for memory are woken (oversub.cc).
 void oversub_freed(int entry, limiter::AllocKind kind, std::uint64_t bytes) noexcept;
+// Spilled memory went back to the driver: its bytes stop counting as spilled
+// (before they leave the budget, so resident memory is never understated).
+void oversub_unspill(int entry, std::uint64_t bytes) noexcept;
 
 // A counted record whose memory the driver has let go: its bytes go back to
-// the budget (and stop counting as spilled; waiters are woken).
+// the budget (spilled ones stop counting as spilled first; waiters are woken).
 inline void release_record(const limiter::AllocRecord& rec) noexcept {
+  if (rec.kind == limiter::AllocKind::spilled) [[unlikely]]
+    oversub_unspill(rec.dev, rec.bytes);
   release(rec.dev, rec.bytes);
   oversub_freed(rec.dev, rec.kind, rec.bytes);
 }

@@ -10,13 +10,21 @@
 // Everything else (taking a lease, returning one, stealing another slot's,
 // settling a theft) runs inside the bracket in memory_accounting.cc.
 //
-// Word: bits 63..48 claim tag, bit 47 OWED, bit 46 CLOSED, bits 45..0 amount.
-//   open   (tag, 0, 0, a): a bytes of spare.
-//   OWED   (tag, 1, 0, x): a thief took x spare bytes back into used_bytes;
+// Word: bits 63..48 claim tag, bit 47 OWED, bit 46 CLOSED, bit 45 STALE,
+// bits 44..0 amount.
+//   open   (tag, 0, 0, 0, a): a bytes of spare.
+//   OWED   (tag, 1, 0, s, x): a thief took x spare bytes back into used_bytes;
 //          committed_bytes still holds them until the owner settles (its
 //          share of used_bytes is committed - x meanwhile).
-//   CLOSED (tag, 0, 1, 0): the exit release ran; no fast path any more.
-// The fast path accepts only the word of its own claim with no flag set.
+//   CLOSED (tag, 0, 1, 0, 0): the exit release ran; no fast path any more.
+//   STALE  (tag, o, 0, 1, a): the limits the lease was admitted under changed
+//          (a lower quota, more agent_extra_bytes, a resident allowance):
+//          still spare and still counted, but only the owner's refill, which
+//          admits again under the new limits, reopens the word
+//          (invalidate_leases in memory_accounting.h). Setting STALE moves no
+//          share, so it needs no bracket: smi and the agent can do it.
+// The fast path accepts only the word of its own claim with no flag set, so a
+// stale word costs it nothing: the same one compare.
 #pragma once
 
 #include <atomic>
@@ -26,7 +34,8 @@
 
 namespace gpuslice::limiter {
 
-inline constexpr std::uint64_t kLeaseAmountMask = (std::uint64_t{1} << 46) - 1;
+inline constexpr std::uint64_t kLeaseAmountMask = (std::uint64_t{1} << 45) - 1;
+inline constexpr std::uint64_t kLeaseStale = std::uint64_t{1} << 45;
 inline constexpr std::uint64_t kLeaseClosed = std::uint64_t{1} << 46;
 inline constexpr std::uint64_t kLeaseOwed = std::uint64_t{1} << 47;
 inline constexpr std::uint64_t kLeaseTagMask = ~kLeaseAmountMask;  // tag and flags
@@ -51,9 +60,11 @@ constexpr std::uint64_t lease_amount(std::uint64_t word) noexcept { return word 
 constexpr std::uint64_t lease_owed(std::uint64_t word) noexcept {
   return (word & kLeaseOwed) != 0 ? word & kLeaseAmountMask : 0;
 }
+// Spare bytes, spendable or STALE: admitted, not allocated.
 constexpr std::uint64_t lease_spare(std::uint64_t word) noexcept {
   return (word & (kLeaseOwed | kLeaseClosed)) != 0 ? 0 : word & kLeaseAmountMask;
 }
+constexpr bool lease_stale(std::uint64_t word) noexcept { return (word & kLeaseStale) != 0; }
 
 // Allocation from the slot's spare lease: one CAS, or false (slow path).
 // Caller guarantees slot < kMaxSlots and dev < kMaxDevices.
@@ -95,7 +106,13 @@ enum class Stop { none, after_bracket, after_mark, after_uncount, after_clear };
 // Thief `slot` takes `victim`'s spare on `dev` (returns the bytes taken).
 std::uint64_t steal(Region* r, int slot, int victim, int dev, Stop stop) noexcept;
 // Owner `slot` settles an OWED word on `dev` (returns the bytes settled).
-std::uint64_t settle(Region* r, int slot, int dev, Stop stop) noexcept;
+// `between`, if given, runs after the word is reopened and before
+// committed_bytes drops (another thread's exit release, in a test).
+std::uint64_t settle(Region* r, int slot, int dev, Stop stop, void (*between)(void*) = nullptr,
+                     void* ctx = nullptr) noexcept;
+// A refill of `bytes` on `dev` that runs `between` after it read the lease
+// epoch and before it admits (a limit change racing it, in a test).
+bool refill(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(void*), void* ctx) noexcept;
 }  // namespace lease_steps
 
 }  // namespace gpuslice::limiter

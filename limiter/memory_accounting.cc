@@ -94,35 +94,62 @@ void return_to_used(DeviceState& d, Slot& s, int dev, std::uint64_t bytes) {
   uncount_used(d, take_committed(s, dev, bytes, 0));
 }
 
-// Inside the owner's bracket: an OWED word of this claim is settled: the word
-// reopens empty, then committed drops by what the thief already took out of
-// used_bytes. Bytes no longer in committed were returned to used_bytes by a
-// racing release or exit release of ours, the thief's share included: put
-// that share back, so used_bytes loses the stolen bytes exactly once.
+// Inside the owner's bracket: an OWED word of this claim is settled. The
+// stolen bytes x left used_bytes with the thief but are still in committed;
+// settling takes them out of committed. Share-neutral in three steps, each
+// leaving used_bytes at or above the sum of the shares (never below, where
+// another process could be admitted past the quota):
+//   1. used += x (the word still says OWED x: used is x high, conservative);
+//   2. CAS word OWED x -> open 0 (the share is committed again: exact);
+//   3. committed -= x, used -= what was taken (x high until the second RMW).
+// A racing exit release of ours that closes the word before step 2 returns
+// committed - x and our CAS fails: step 1 is undone. One that closes it after
+// step 2 returns all of committed, x included, which used_bytes holds again
+// since step 1: step 3 then takes nothing. So the stolen bytes leave
+// used_bytes exactly once and the exit release never clamps on them.
+// A STALE word stays STALE (only a refill reopens it).
 std::uint64_t settle_locked(DeviceState& d, Slot& s, int dev, std::uint64_t tag, Bracket* bracket = nullptr,
-                            Stop stop = Stop::none) {
+                            Stop stop = Stop::none, void (*between)(void*) = nullptr, void* ctx = nullptr) {
   std::atomic<std::uint64_t>& word = s.lease[dev].word;
   std::uint64_t cur = word.load();
-  if ((cur & kLeaseTagMask) != (tag | kLeaseOwed)) return 0;
-  if (!word.compare_exchange_strong(cur, tag)) return 0;  // another thread of ours settled it
-  const std::uint64_t owed = lease_amount(cur);
+  std::uint64_t owed;
+  for (;;) {
+    if ((cur & (kLeaseTagMask & ~kLeaseStale)) != (tag | kLeaseOwed)) return 0;
+    owed = lease_amount(cur);
+    d.used_bytes.fetch_add(owed);
+    if (word.compare_exchange_strong(cur, tag | (cur & kLeaseStale))) break;
+    uncount_used(d, owed);  // settled by another thread of ours, closed by our exit, or marked STALE: look again
+  }
   if (stop == Stop::after_clear) {
     bracket->release();
     return owed;
   }
-  const std::uint64_t taken = take_committed(s, dev, owed, 0);
-  if (taken != owed) d.used_bytes.fetch_add(owed - taken);
+  if (between != nullptr) between(ctx);
+  uncount_used(d, take_committed(s, dev, owed, 0));
   return owed;
 }
 
-// Inside the owner's bracket: takes the whole spare of this claim's open word.
+// Inside the owner's bracket: takes the whole spare of this claim's open
+// word, STALE or not (a STALE word stays STALE).
 std::uint64_t take_spare(Slot& s, int dev, std::uint64_t tag) {
   std::atomic<std::uint64_t>& word = s.lease[dev].word;
   std::uint64_t cur = word.load();
-  while ((cur & kLeaseTagMask) == tag && lease_amount(cur) != 0) {
-    if (word.compare_exchange_weak(cur, tag)) return lease_amount(cur);
+  while ((cur & (kLeaseTagMask & ~kLeaseStale)) == tag && lease_amount(cur) != 0) {
+    if (word.compare_exchange_weak(cur, cur & ~kLeaseAmountMask)) return lease_amount(cur);
   }
   return 0;
+}
+
+// Inside the owner's bracket, before a refill admits: a STALE word's spare
+// goes back to used_bytes and the word reopens empty, with no room for frees
+// (cap 0) until the refill grants a lease under the present limits.
+void reopen_stale(DeviceState& d, Slot& s, int dev, std::uint64_t tag) {
+  std::atomic<std::uint64_t>& word = s.lease[dev].word;
+  if ((word.load() & (kLeaseTagMask & ~kLeaseStale)) != tag || !lease_stale(word.load())) return;
+  return_to_used(d, s, dev, take_spare(s, dev, tag));
+  s.lease[dev].cap_bytes.store(0, std::memory_order_relaxed);
+  std::uint64_t cur = tag | kLeaseStale;
+  word.compare_exchange_strong(cur, tag);  // a free of ours cannot fill it meanwhile: frees skip STALE words
 }
 
 // Inside the owner's bracket: `bytes` of committed become spare, if this
@@ -149,7 +176,8 @@ void mark_lease_holder(Region* r, int slot) {
 // Inside the owner's bracket. CAS used -> used + bytes (+ a lease sized by the
 // headroom left, when `lease`), then committed += both; the lease becomes
 // spare. False, with nothing changed, if `bytes` does not fit.
-bool admit_locked(Region* r, int slot, int dev, std::uint64_t bytes, bool lease, std::uint64_t tag) {
+bool admit_locked(Region* r, int slot, int dev, std::uint64_t bytes, bool lease, std::uint64_t tag,
+                  void (*between)(void*) = nullptr, void* ctx = nullptr) {
   DeviceState& d = r->devices[dev];
   Slot& s = r->slots[slot];
   const std::uint64_t quota = d.quota_bytes.load(std::memory_order_relaxed);
@@ -171,6 +199,7 @@ bool admit_locked(Region* r, int slot, int dev, std::uint64_t bytes, bool lease,
       next = used + bytes + want;
     } while (!d.used_bytes.compare_exchange_weak(used, next));
   }
+  if (between != nullptr) between(ctx);
   s.committed_bytes[dev].fetch_add(bytes + want);
   if (lease) {
     if (want != 0) mark_lease_holder(r, slot);
@@ -227,15 +256,13 @@ bool admit_reclaiming(Region* r, int slot, std::uint64_t tag, int dev, std::uint
   Bracket bracket(s);
   settle_locked(d, s, dev, tag);
   if (admit_locked(r, slot, dev, bytes, false, tag)) return true;
+  // Our own spare goes back first and the request is admitted exactly
+  // against the present limits: a spare admitted under a higher quota (or
+  // refilled by frees since) is never spent without that check.
   const std::uint64_t own = take_spare(s, dev, tag);
-  if (own >= bytes) {  // frees of other threads refilled it meanwhile
-    give_spare(d, s, dev, tag, own - bytes);
-    return true;
-  }
-  if (admit_locked(r, slot, dev, bytes - own, false, tag)) return true;
-  if (steal && steal_all(r, slot, dev) != 0 && admit_locked(r, slot, dev, bytes - own, false, tag)) return true;
-  return_to_used(d, s, dev, own);  // at the quota: spare helps nobody here
-  return false;
+  return_to_used(d, s, dev, own);
+  if (own != 0 && admit_locked(r, slot, dev, bytes, false, tag)) return true;
+  return steal && steal_all(r, slot, dev) != 0 && admit_locked(r, slot, dev, bytes, false, tag);
 }
 
 // Inside the owner's bracket: releases `bytes` exactly, never into the spare
@@ -272,12 +299,24 @@ void wait_for_reaper(const Region* r) {
   return false;
 }
 
-[[gnu::noinline]] bool reserve_refill(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) {
+// A refill admits `bytes` and a new lease under the limits it reads after
+// the lease epoch. If the epoch moved meanwhile (a limit changed, which
+// marked every lease word it could see STALE), the lease it just took may be
+// one that change did not see: it goes back at once. Either the change's
+// sweep came after our lease was in the word (and marked it), or our second
+// read sees the new epoch: both are seq_cst, in one total order.
+[[gnu::noinline]] bool reserve_refill(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,
+                                      void (*between)(void*) = nullptr, void* ctx = nullptr) {
   DeviceState& d = r->devices[dev];
   Slot& s = r->slots[slot];
   Bracket bracket(s);
   settle_locked(d, s, dev, tag);
-  return admit_locked(r, slot, dev, bytes, true, tag);
+  const std::uint64_t epoch = d.lease_epoch.load();
+  reopen_stale(d, s, dev, tag);
+  if (!admit_locked(r, slot, dev, bytes, true, tag, between, ctx)) return false;
+  if (d.lease_epoch.load() != epoch) [[unlikely]]
+    return_to_used(d, s, dev, take_spare(s, dev, tag));
+  return true;
 }
 
 }  // namespace
@@ -338,15 +377,17 @@ void release_all(Region* r, int slot) noexcept {
     DeviceState& d = r->devices[dev];
     Bracket bracket(s);
     std::uint64_t cur = word.load();
-    while (!word.compare_exchange_weak(cur, (cur & ~(kLeaseAmountMask | kLeaseOwed)) | kLeaseClosed)) {
+    while (!word.compare_exchange_weak(cur, (cur & ~(kLeaseAmountMask | kLeaseOwed | kLeaseStale)) | kLeaseClosed)) {
     }
     const std::uint64_t owed = lease_owed(cur);
+    // Spilled bytes leave the spilled total before used_bytes drops: resident
+    // memory (used - spilled) is never understated on the way.
+    drop_slot_spilled(r, s, static_cast<int>(dev));
     const std::uint64_t held = s.committed_bytes[dev].exchange(0);
     if (held < owed) d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
     uncount_used(d, held > owed ? held - owed : 0);
     s.lease[dev].cap_bytes.store(0, std::memory_order_relaxed);
     s.context_bytes[dev].store(0, std::memory_order_relaxed);
-    drop_slot_spilled(r, s, static_cast<int>(dev));  // part of what was just released
   }
 }
 
@@ -374,7 +415,7 @@ std::uint64_t steal(Region* r, int slot, int victim, int dev, Stop stop) noexcep
   return steal_locked(r, victim, dev, &bracket, stop);
 }
 
-std::uint64_t settle(Region* r, int slot, int dev, Stop stop) noexcept {
+std::uint64_t settle(Region* r, int slot, int dev, Stop stop, void (*between)(void*), void* ctx) noexcept {
   if (!valid(r, slot, dev)) return 0;
   Slot& s = r->slots[slot];
   Bracket bracket(s);
@@ -382,7 +423,11 @@ std::uint64_t settle(Region* r, int slot, int dev, Stop stop) noexcept {
     bracket.release();
     return 0;
   }
-  return settle_locked(r->devices[dev], s, dev, lease_tag(r, slot), &bracket, stop);
+  return settle_locked(r->devices[dev], s, dev, lease_tag(r, slot), &bracket, stop, between, ctx);
+}
+
+bool refill(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(void*), void* ctx) noexcept {
+  return valid(r, slot, dev) && reserve_refill(r, slot, lease_tag(r, slot), dev, bytes, between, ctx);
 }
 
 }  // namespace lease_steps
@@ -395,22 +440,100 @@ void sub_clamped(std::atomic<std::uint64_t>& word, std::uint64_t bytes) noexcept
 }
 }  // namespace
 
+void sub_clamped32(std::atomic<std::uint32_t>& word, std::uint32_t n) noexcept {
+  std::uint32_t cur = word.load();
+  while (cur != 0 && !word.compare_exchange_weak(cur, cur > n ? cur - n : 0)) {
+  }
+}
+
+// Spilled bytes move inside the owner's bracket, like used_bytes: the
+// reaper's snapshot then sees the slot's spilled share and the device's
+// totals consistently and takes a dead slot's share out exactly.
 void count_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
   if (!valid(r, slot, dev)) return;
-  r->devices[dev].spilled_bytes.fetch_add(bytes, std::memory_order_acq_rel);
-  r->devices[dev].spills.fetch_add(1, std::memory_order_relaxed);
-  r->slots[slot].spilled_bytes[dev].fetch_add(bytes, std::memory_order_acq_rel);
+  DeviceState& d = r->devices[dev];
+  Bracket bracket(r->slots[slot]);
+  r->slots[slot].spilled_bytes[dev].fetch_add(bytes);
+  d.spilled_in_bytes.fetch_add(bytes);
+  d.spilled_bytes.fetch_add(bytes, std::memory_order_acq_rel);  // display
+  d.spills.fetch_add(1, std::memory_order_relaxed);
 }
 
 void uncount_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
   if (!valid(r, slot, dev)) return;
-  sub_clamped(r->devices[dev].spilled_bytes, bytes);
-  sub_clamped(r->slots[slot].spilled_bytes[dev], bytes);
+  DeviceState& d = r->devices[dev];
+  Bracket bracket(r->slots[slot]);
+  std::atomic<std::uint64_t>& mine = r->slots[slot].spilled_bytes[dev];
+  std::uint64_t cur = mine.load();
+  std::uint64_t take;
+  do {
+    take = cur < bytes ? cur : bytes;  // the exit release may have taken it already
+  } while (take != 0 && !mine.compare_exchange_weak(cur, cur - take));
+  if (take == 0) return;
+  d.spilled_out_bytes.fetch_add(take);
+  sub_clamped(d.spilled_bytes, take);
 }
 
 void drop_slot_spilled(Region* r, Slot& s, int dev) noexcept {
-  if (const std::uint64_t sp = s.spilled_bytes[dev].exchange(0, std::memory_order_acq_rel); sp != 0)
+  if (const std::uint64_t sp = s.spilled_bytes[dev].exchange(0); sp != 0) {
+    r->devices[dev].spilled_out_bytes.fetch_add(sp);
     sub_clamped(r->devices[dev].spilled_bytes, sp);
+  }
+}
+
+std::uint64_t resident_bytes(const Region* r, int dev) noexcept {
+  if (r == nullptr || static_cast<unsigned>(dev) >= kMaxDevices) return 0;
+  const DeviceState& d = r->devices[dev];
+  // `in` before used_bytes, `out` after: both only grow, so in - out is at
+  // most the spilled amount at the instant used_bytes was read, and the
+  // result at least the resident amount then (spilled bytes are counted
+  // after they are reserved and uncounted before they are released).
+  const std::uint64_t in = d.spilled_in_bytes.load();
+  const std::uint64_t used = d.used_bytes.load();
+  const std::uint64_t out = d.spilled_out_bytes.load();
+  const std::uint64_t spilled = in > out ? in - out : 0;
+  return used > spilled ? used - spilled : 0;
+}
+
+void invalidate_leases(Region* r, int dev) noexcept {
+  if (r == nullptr || static_cast<unsigned>(dev) >= kMaxDevices) return;
+  r->devices[dev].lease_epoch.fetch_add(1);
+  for (std::uint32_t w = 0; w < kMaxSlots / 64; ++w) {
+    for (std::uint64_t bits = r->header.lease_holders[w].load(); bits != 0; bits &= bits - 1) {
+      Slot& s = r->slots[w * 64 + static_cast<std::uint32_t>(__builtin_ctzll(bits))];
+      std::atomic<std::uint64_t>& word = s.lease[dev].word;
+      std::uint64_t cur = word.load();
+      // Open or OWED words of a claim (a free slot's word is 0; a closed one
+      // has nothing to spend). OWED ones too: their settle must not reopen
+      // a word that frees could refill and allocations spend.
+      while (cur != 0 && (cur & (kLeaseClosed | kLeaseStale)) == 0 && !word.compare_exchange_weak(cur, cur | kLeaseStale)) {
+      }
+    }
+  }
+}
+
+bool revoke_leases(Region* r, int slot, int dev) noexcept {
+  if (!valid(r, slot, dev)) return false;
+  invalidate_leases(r, dev);
+  Bracket bracket(r->slots[slot]);
+  return steal_all(r, slot, dev) != 0;
+}
+
+void begin_wait(Region* r, int slot, int dev) noexcept {
+  if (!valid(r, slot, dev)) return;
+  // The slot first: a waiter killed between the two leaves the device's
+  // count low by one (the reaper subtracts the slot's), never high forever.
+  r->slots[slot].oversub_waiting[dev].fetch_add(1);
+  r->devices[dev].oversub_waiting.fetch_add(1);
+}
+
+void end_wait(Region* r, int slot, int dev) noexcept {
+  if (!valid(r, slot, dev)) return;
+  sub_clamped32(r->devices[dev].oversub_waiting, 1);
+  std::atomic<std::uint16_t>& mine = r->slots[slot].oversub_waiting[dev];
+  std::uint16_t cur = mine.load();
+  while (cur != 0 && !mine.compare_exchange_weak(cur, static_cast<std::uint16_t>(cur - 1))) {
+  }
 }
 
 bool charge(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {

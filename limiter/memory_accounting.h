@@ -73,9 +73,32 @@ std::uint64_t reaper_token(const shm::ProcessIdentity& id) noexcept;
 // reaper or the exit path may have recovered a slot's share meanwhile).
 void count_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
 void uncount_spilled(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
-// A slot leaves (exit release, reaper): its spilled share on `dev` leaves the
-// device's total with it.
+// The exit release (inside its bracket): the slot's spilled share on `dev`
+// leaves the device's totals with it.
 void drop_slot_spilled(Region* r, Slot& s, int dev) noexcept;
+// Device-resident bytes of the container on `dev`: used_bytes - spilled,
+// read so that it is never below the true amount at some instant of the call
+// (DeviceState::spilled_in_bytes / spilled_out_bytes). Spare quota leases
+// count as resident: devices with a resident allowance take none.
+std::uint64_t resident_bytes(const Region* r, int dev) noexcept;
+
+// A limit changed so that admitted spare leases on `dev` may no longer fit
+// (gpuslice-smi set lowered the quota, the agent raised agent_extra_bytes, a
+// resident allowance was published): bumps DeviceState::lease_epoch and marks
+// every lease word STALE. Moves no share: callable without a slot (smi, the
+// agent). From its return no spare admitted before it is spent: the next
+// allocation of each process admits again under the new limits.
+void invalidate_leases(Region* r, int dev) noexcept;
+// The same, then takes every other slot's spare back into used_bytes inside
+// `slot`'s bracket (for a process that publishes a resident allowance: spare
+// leases must not count as resident). Returns whether any was taken.
+bool revoke_leases(Region* r, int slot, int dev) noexcept;
+
+// Allocations waiting for device memory (GPUSLICE_OVERSUBSCRIBE=wait), per
+// slot and device: the reaper takes a dead waiter out of the device's count.
+void begin_wait(Region* r, int slot, int dev) noexcept;
+void end_wait(Region* r, int slot, int dev) noexcept;
+void sub_clamped32(std::atomic<std::uint32_t>& word, std::uint32_t n) noexcept;
 
 // For display: used_bytes - live spare leases (a racy sum) + agent_extra
 // (saturating). Admission never uses it.

@@ -132,8 +132,15 @@ class Reaper {
     }
     std::uint64_t used[kMaxDevices] = {};
     std::uint64_t others[kMaxDevices] = {};
+    std::uint64_t spill_in[kMaxDevices] = {};
+    std::uint64_t spill_out[kMaxDevices] = {};
+    std::uint64_t others_spilled[kMaxDevices] = {};
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-      if (pending & (1u << d)) used[d] = r_->devices[d].used_bytes.load();
+      if (pending & (1u << d)) {
+        used[d] = r_->devices[d].used_bytes.load();
+        spill_in[d] = r_->devices[d].spilled_in_bytes.load();
+        spill_out[d] = r_->devices[d].spilled_out_bytes.load();
+      }
     }
     for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
       if (reaping(i)) continue;
@@ -146,6 +153,7 @@ class Reaper {
           const std::uint64_t committed = s.committed_bytes[d].load();
           const std::uint64_t owed = lease_owed(s.lease[d].word.load());
           others[d] += committed > owed ? committed - owed : 0;
+          others_spilled[d] += s.spilled_bytes[d].load();
         }
       }
     }
@@ -157,6 +165,18 @@ class Reaper {
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
       if (!(pending & (1u << d))) continue;
       DeviceState& dev = r_->devices[d];
+      // The dead slots' spilled share (in - out - the others'), taken out of
+      // the spilled total first: resident memory (used - spilled) is never
+      // understated between the two fixes. Moves of `out` by live slots
+      // after the snapshot make the CAS fail (retry); moves of `in` do not
+      // change the dead share. Idempotent like the fix of used_bytes.
+      const std::uint64_t spilled = spill_in[d] > spill_out[d] ? spill_in[d] - spill_out[d] : 0;
+      if (others_spilled[d] > spilled) dev.accounting_errors.fetch_add(1, std::memory_order_relaxed);
+      if (spilled > others_spilled[d]) {
+        std::uint64_t expected = spill_out[d];
+        if (!dev.spilled_out_bytes.compare_exchange_strong(expected, spill_out[d] + spilled - others_spilled[d]))
+          continue;
+      }
       if (used[d] == others[d]) {
         pending &= ~(1u << d);
         continue;
@@ -174,7 +194,16 @@ class Reaper {
       s.committed_bytes[d].store(0);
       s.lease[d].word.store(0);  // a stale thread's tag never matches 0 or the next claim's
       s.lease[d].cap_bytes.store(0);
-      drop_slot_spilled(r_, s, static_cast<int>(d));  // spilled bytes are part of committed
+      // Spilled totals were fixed by the snapshot; the display total follows.
+      if (const std::uint64_t sp = s.spilled_bytes[d].exchange(0); sp != 0) {
+        std::atomic<std::uint64_t>& shown = r_->devices[d].spilled_bytes;
+        std::uint64_t cur = shown.load();
+        while (!shown.compare_exchange_weak(cur, cur > sp ? cur - sp : 0)) {
+        }
+      }
+      // A process killed while it waited for memory is no longer waiting.
+      if (const std::uint16_t waiting = s.oversub_waiting[d].exchange(0); waiting != 0)
+        sub_clamped32(r_->devices[d].oversub_waiting, waiting);
       s.context_bytes[d].store(0);
       s.nvml_used_bytes[d].store(0);
     }

@@ -27,6 +27,7 @@ int claim_slot(Region* r, const ProcessIdentity& self) noexcept {
     std::uint32_t generation = s.claim_generation.load() + 1;
     if ((generation & 0xffffu) == 0) ++generation;
     s.claim_generation.store(generation);
+    for (std::atomic<std::uint16_t>& waiting : s.oversub_waiting) waiting.store(0);
     for (Slot::Lease& lease : s.lease) {
       lease.cap_bytes.store(0);
       lease.word.store(static_cast<std::uint64_t>(generation & 0xffffu) << 48);

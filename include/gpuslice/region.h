@@ -11,7 +11,7 @@
 namespace gpuslice {
 
 inline constexpr std::uint64_t kRegionMagic = 0x45434c5353555047ull;  // "GPUSSLCE" little-endian
-inline constexpr std::uint32_t kRegionAbiVersion = 3;
+inline constexpr std::uint32_t kRegionAbiVersion = 4;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 1024;
 inline constexpr std::uint64_t kUnlimited = ~std::uint64_t{0};
@@ -49,7 +49,12 @@ struct alignas(64) DeviceState {
   // Releases that asked for more than was committed, and reaper snapshots that
   // found a negative dead contribution: each was clamped, never underflowed.
   std::atomic<std::uint64_t> accounting_errors;
-  std::uint64_t reserved2[4];
+  // Bumped (seq_cst) by every change that makes admitted spare leases
+  // unspendable: a lower quota (gpuslice-smi set), more agent_extra_bytes, a
+  // resident allowance published (ABI v4). A refill that saw it change
+  // returns the lease it just took (limiter/lease.h).
+  std::atomic<std::uint64_t> lease_epoch;
+  std::uint64_t reserved2[3];
   // --- line 2: the token bucket (docs/limiter.md), written by every limited launch ---
   alignas(64) std::atomic<std::int64_t> tokens_ns;  // device-time credit; negative = debt of admitted launches, repaid by refill
   std::atomic<std::uint64_t> last_refill_ns; // CLOCK_MONOTONIC ns of the last refill
@@ -79,8 +84,15 @@ struct alignas(64) DeviceState {
   std::atomic<std::uint32_t> oversub_policy;          // 0 fail, 1 spill, 2 wait (as the first process set it)
   std::uint32_t reserved7;
   std::atomic<std::uint64_t> spills;                  // allocations served by spilling
-  // --- lines 6-7: reserved for later fields (per-device priority), zero until then ---
-  alignas(64) std::uint64_t reserved_future[16];
+  // --- line 6: spilled bytes as two monotonic totals (ABI v4): spilled
+  // memory = in - out. Resident memory is read as used_bytes - (in - out)
+  // with `in` read before used_bytes and `out` after, which can only
+  // overstate it (docs/memory.md); spilled_bytes stays for display.
+  alignas(64) std::atomic<std::uint64_t> spilled_in_bytes;   // every byte ever counted as spilled
+  std::atomic<std::uint64_t> spilled_out_bytes;              // every such byte freed, exited or reaped
+  std::uint64_t reserved8[6];
+  // --- line 7: reserved for later fields (per-device priority), zero until then ---
+  alignas(64) std::uint64_t reserved_future[8];
 };
 static_assert(sizeof(DeviceState) == 512);
 
@@ -108,7 +120,11 @@ struct alignas(64) Slot {
   // stale thread of a previous owner can never move a new owner's lease.
   std::atomic<std::uint32_t> claim_generation;
   std::uint32_t reserved3;
-  std::uint64_t reserved2[6];
+  // Allocations of this process waiting for device memory now, per device
+  // (ABI v4): the reaper takes a dead waiter's out of
+  // DeviceState::oversub_waiting.
+  std::atomic<std::uint16_t> oversub_waiting[kMaxDevices];
+  std::uint64_t reserved2[2];
   // This process's share of DeviceState::used_bytes, spare lease included
   // (its share is committed - owed: see lease[] and docs/memory-accounting.md).
   std::atomic<std::uint64_t> committed_bytes[kMaxDevices];
@@ -119,9 +135,11 @@ struct alignas(64) Slot {
   std::atomic<std::uint64_t> spilled_bytes[kMaxDevices];
   // --- lines 10-13: quota leases (ABI v3), one line per 4 devices, written
   // by the owner's allocations and frees (one RMW each) and, rarely, by a
-  // thief or the reaper. word = claim tag (16 bits) | OWED | CLOSED | 46-bit
-  // amount: the spare part of committed_bytes (or, when OWED, bytes a thief
-  // took back into used_bytes that committed_bytes still holds). cap_bytes:
+  // thief, the reaper or a limit change. word = claim tag (16 bits) | OWED |
+  // CLOSED | STALE (ABI v4) | 45-bit amount: the spare part of
+  // committed_bytes (or, when OWED, bytes a thief took back into used_bytes
+  // that committed_bytes still holds); STALE: admitted under limits that
+  // changed since, not spendable (limiter/lease.h). cap_bytes:
   // the most spare a free may keep (set when a lease is taken, by headroom).
   struct alignas(16) Lease {
     std::atomic<std::uint64_t> word;

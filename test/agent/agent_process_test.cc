@@ -170,6 +170,44 @@ TEST(AgentReconcile, ContextMemoryTheLibraryCannotSeeIsAddedToTheContainer) {
   shm::detach(r);
 }
 
+// Issue 20: a spare quota lease admitted before the agent found memory held
+// beyond our count (a context the library cannot measure) was spent past it.
+// The agent's store of the larger agent_extra_bytes invalidates the leases:
+// the next allocation admits again under quota - extra.
+TEST(AgentReconcile, MoreExtraMakesSpareLeasesUnspendable) {
+  Sandbox box;
+  Env env = container_env(box, {{"GPUSLICE_MEMORY_LIMIT", "128Mi"},
+                                {"FAKECUDA_CONTEXT_MEMORY", "100Mi"},
+                                {"GPUSLICE_REAL_LIBNVML", GPUSLICE_NVML_UNUSABLE}});
+  const std::string ready = box.path("ready"), go = box.path("go"), done = box.path("done");
+  const std::string out = box.path("probe.out");
+  // 16 MiB in use and a 14 MiB spare lease ((128 - 16) / 8), taken while the
+  // context is still unknown to the count.
+  pid_t probe = test::spawn({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(16 * kMi), "touch", ready,
+                             "waitfile", go, "alloc", std::to_string(14 * kMi), "alloc", std::to_string(12 * kMi),
+                             "touch", done},
+                            env, out);
+  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
+  agent::Agent a(config_for(box));
+  a.start();
+  ASSERT_TRUE(a.stats().nvml_available);
+  a.cycle();
+  Region* r = attach(container_region(box));
+  ASSERT_NE(r, nullptr);
+  const int dev = first_device(r);
+  ASSERT_GE(dev, 0);
+  EXPECT_EQ(r->devices[dev].agent_extra_bytes.load(), 100 * kMi);
+  test::run({"/usr/bin/touch", go}, {});
+  ASSERT_TRUE(eventually([&] { return file_exists(done); }, 20000));
+  test::Result res = test::wait(probe, out);
+  ASSERT_EQ(res.exit_code, 0) << res.describe();
+  const auto rcs = test::lines_with(res.out, "alloc ");
+  ASSERT_EQ(rcs.size(), 3u) << res.out;
+  EXPECT_EQ(test::field(rcs[1], "rc"), std::to_string(kOutOfMemory)) << "16 + 14 + 100 (context) > 128: the spare was spent";
+  EXPECT_EQ(test::field(rcs[2], "rc"), "0") << "16 + 12 + 100 fits exactly";
+  shm::detach(r);
+}
+
 TEST(AgentReap, SlotOfAProcessKilledBySigkillIsReclaimed) {
   Sandbox box;
   Env env = container_env(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}});

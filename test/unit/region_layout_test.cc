@@ -24,7 +24,7 @@ namespace {
 
 TEST(RegionLayout, Constants) {
   EXPECT_EQ(kRegionMagic, 0x45434c5353555047ull);
-  EXPECT_EQ(kRegionAbiVersion, 3u);
+  EXPECT_EQ(kRegionAbiVersion, 4u);
   EXPECT_EQ(kMaxDeparted, 64u);
   EXPECT_EQ(kMaxDevices, 16u);
   EXPECT_EQ(kMaxSlots, 1024u);
@@ -86,7 +86,8 @@ TEST(RegionLayout, DeviceState) {
   EXPECT_FIELD(DeviceState, peak_used_bytes, 72, 8);
   EXPECT_FIELD(DeviceState, oom_refusals, 80, 8);
   EXPECT_FIELD(DeviceState, accounting_errors, 88, 8);
-  EXPECT_FIELD(DeviceState, reserved2, 96, 32);
+  EXPECT_FIELD(DeviceState, lease_epoch, 96, 8);
+  EXPECT_FIELD(DeviceState, reserved2, 104, 24);
   EXPECT_FIELD(DeviceState, tokens_ns, 128, 8);
   EXPECT_FIELD(DeviceState, last_refill_ns, 136, 8);
   EXPECT_FIELD(DeviceState, credited_ns, 144, 8);
@@ -111,7 +112,10 @@ TEST(RegionLayout, DeviceState) {
   EXPECT_FIELD(DeviceState, free_generation, 364, 4);
   EXPECT_FIELD(DeviceState, oversub_policy, 368, 4);
   EXPECT_FIELD(DeviceState, spills, 376, 8);
-  EXPECT_FIELD(DeviceState, reserved_future, 384, 128);
+  EXPECT_FIELD(DeviceState, spilled_in_bytes, 384, 8);
+  EXPECT_FIELD(DeviceState, spilled_out_bytes, 392, 8);
+  EXPECT_FIELD(DeviceState, reserved8, 400, 48);
+  EXPECT_FIELD(DeviceState, reserved_future, 448, 64);
 }
 
 TEST(RegionLayout, Slot) {
@@ -125,7 +129,8 @@ TEST(RegionLayout, Slot) {
   EXPECT_FIELD(Slot, seq, 64, 8);
   EXPECT_FIELD(Slot, claim_generation, 72, 4);
   EXPECT_FIELD(Slot, reserved3, 76, 4);
-  EXPECT_FIELD(Slot, reserved2, 80, 48);
+  EXPECT_FIELD(Slot, oversub_waiting, 80, 32);
+  EXPECT_FIELD(Slot, reserved2, 112, 16);
   EXPECT_FIELD(Slot, committed_bytes, 128, 128);
   EXPECT_FIELD(Slot, context_bytes, 256, 128);
   EXPECT_FIELD(Slot, nvml_used_bytes, 384, 128);
@@ -173,7 +178,8 @@ TEST(RegionLayout, HotWordsHaveTheirOwnCacheLines) {
   }
 }
 
-// A region written by an earlier release (ABI v1 or v2) is refused by
+// A region written by an earlier release (ABI v1, v2 or v3: v4 gave the
+// lease word a STALE bit an earlier release would read as amount) is refused by
 // everybody who maps regions through shm/ (the library, the agent,
 // gpuslice-smi), with one line naming the file and both versions.
 struct OldAbi {
@@ -211,17 +217,18 @@ TEST_P(OldRegion, IsRefusedNamingTheFileAndBothVersions) {
     const std::string message = err.message;
     EXPECT_NE(message.find(path), std::string::npos) << message;
     EXPECT_NE(message.find(found), std::string::npos) << message;
-    EXPECT_NE(message.find("expected version 3"), std::string::npos) << message;
+    EXPECT_NE(message.find("expected version 4"), std::string::npos) << message;
   }
   shm::Error err{};
   EXPECT_EQ(shm::attach(path.c_str(), "c", &err), nullptr);
-  EXPECT_NE(std::string(err.message).find("expected version 3"), std::string::npos) << err.message;
+  EXPECT_NE(std::string(err.message).find("expected version 4"), std::string::npos) << err.message;
   unlink(path.c_str());
   rmdir(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(RegionLayout, OldRegion,
-                         ::testing::Values(OldAbi{1, 248, 463104}, OldAbi{2, 512, 665088}),
+                         ::testing::Values(OldAbi{1, 248, 463104}, OldAbi{2, 512, 665088},
+                                           OldAbi{3, 512, 927232}),
                          [](const ::testing::TestParamInfo<OldAbi>& info) {
                            return "AbiV" + std::to_string(info.param.version);
                          });

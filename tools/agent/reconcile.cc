@@ -6,6 +6,7 @@
 #include "limiter/compute_samples.h"
 #include "log.h"
 #include "limiter/lease.h"
+#include "limiter/memory_accounting.h"
 #include "shm/region_file.h"
 #include "view.h"
 
@@ -276,6 +277,8 @@ bool Reconciler::write(TrackedRegion& t, std::uint64_t now_ns) const {
         const std::uint64_t used = counted > spare ? counted - spare : 0;
         const std::uint64_t extra = st.nvml_bytes > used ? st.nvml_bytes - used : 0;
         if (extra != d.agent_extra_bytes) dev.agent_extra_bytes.store(extra, std::memory_order_relaxed);
+        // Less left to admit: spare leases admitted before must not be spent past it.
+        if (extra > d.agent_extra_bytes) limiter::invalidate_leases(r, d.index);
       }
       if (g.util_known) {
         dev.util_permille.store(st.util_permille, std::memory_order_relaxed);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "limiter/lease.h"
+#include "limiter/memory_accounting.h"
 #include "limiter/options.h"
 #include "region_io.h"
 #include "shm/region_file.h"
@@ -54,6 +55,8 @@ void apply(Region* r, int index, const Values& v, Change* c) {
   c->index = index;
   std::memcpy(c->uuid, d.uuid, sizeof c->uuid);
   c->old_quota = v.memory ? d.quota_bytes.exchange(v.quota) : d.quota_bytes.load();
+  // Spare leases admitted under a higher quota must not be spent under this one.
+  if (v.memory && v.quota < c->old_quota) limiter::invalidate_leases(r, index);
   c->old_sm = v.sm ? d.sm_limit_pct.exchange(v.sm_limit) : d.sm_limit_pct.load();
   c->old_policy = v.policy ? d.sm_policy.exchange(static_cast<std::uint32_t>(v.sm_policy)) : d.sm_policy.load();
   const std::uint64_t counted = d.used_bytes.load();

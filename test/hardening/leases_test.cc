@@ -1,0 +1,91 @@
+// Quota leases across processes, end to end (issue 20): a quota lowered at
+// run time with gpuslice-smi set holds at the next allocation of every
+// process, spare leases included; and a process started after another was
+// SIGKILLed sees the truth in its first cuMemGetInfo (start-up reap).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+
+namespace gpuslice::test {
+namespace {
+
+constexpr unsigned long long kMi = 1ull << 20;
+
+std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
+
+bool await_file(const std::string& path, int ms = 30000) {
+  for (int i = 0; i < ms / 2 && access(path.c_str(), F_OK) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return access(path.c_str(), F_OK) == 0;
+}
+
+// Eight processes each hold 1 MiB and a 32 MiB spare lease under a 1 GiB
+// quota; `gpuslice-smi set --memory 128Mi`; then each allocates 4 x 8 MiB.
+// Before: all 32 allocations succeeded from the leases (264 MiB held under a
+// 128 MiB quota). Now what is held never exceeds the new quota.
+TEST(Leases, SmiLoweringTheQuotaHoldsForSpareLeasesOfEveryProcess) {
+  Sandbox box;
+  const Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "4Gi"}});
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 8; ++i) {
+    const std::string n = std::to_string(i);
+    pids.push_back(spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(1), "touch", box.path("ready" + n),
+                          "waitfile", box.path("go"), "alloc", mib(8), "alloc", mib(8), "alloc", mib(8), "alloc",
+                          mib(8), "touch", box.path("done" + n), "waitfile", box.path("exit"), "freeall"},
+                         env, box.path("out" + n)));
+  }
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(await_file(box.path("ready" + std::to_string(i))));
+  Result smi = run({bin("gpuslice-smi"), "set", "--region", env.at("GPUSLICE_REGION"), "--device", "0", "--memory",
+                    "128Mi"},
+                   {});
+  ASSERT_EQ(smi.exit_code, 0) << smi.describe();
+  run({"/usr/bin/touch", box.path("go")}, {});
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(await_file(box.path("done" + std::to_string(i))));
+  run({"/usr/bin/touch", box.path("exit")}, {});
+  unsigned long long held = 0;
+  for (int i = 0; i < 8; ++i) {
+    Result r = wait(pids[static_cast<std::size_t>(i)], box.path("out" + std::to_string(i)));
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    const std::vector<std::string> allocs = lines_with(r.out, "alloc ");
+    ASSERT_EQ(allocs.size(), 5u) << r.describe();
+    for (std::size_t k = 0; k < allocs.size(); ++k)
+      if (field(allocs[k], "rc") == "0") held += k == 0 ? 1 * kMi : 8 * kMi;
+  }
+  EXPECT_LE(held, 128 * kMi) << "the container held " << held / kMi << " MiB under a 128 MiB quota";
+  EXPECT_GT(held, 128 * kMi - 8 * kMi) << "refused below the quota";
+}
+
+// Frameworks size themselves from cuMemGetInfo at start-up: a process of a
+// container whose previous process was SIGKILLed holding 300 MiB must not
+// see those 300 MiB in its first query (without any agent).
+TEST(Leases, FirstMemGetInfoAfterAKilledProcessIsTrue) {
+  const Env limits{{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "4Gi"}};
+  std::string fresh_free;
+  {
+    Sandbox fresh;
+    Result r = run({bin("cuprobe"), "init", "ctx", "0", "meminfo"}, merge(fresh.env(), limits));
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    fresh_free = field(lines_with(r.out, "meminfo ").at(0), "free");
+  }
+  Sandbox box;
+  const Env env = merge(box.env(), limits);
+  const pid_t victim = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(300), "touch", box.path("holding"),
+                              "waitfile", box.path("never")},
+                             env, box.path("victim.out"));
+  ASSERT_TRUE(await_file(box.path("holding")));
+  kill(victim, SIGKILL);
+  wait(victim, box.path("victim.out"));
+  Result r = run({bin("cuprobe"), "init", "ctx", "0", "meminfo"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(field(lines_with(r.out, "meminfo ").at(0), "free"), fresh_free) << r.describe();
+}
+
+}  // namespace
+}  // namespace gpuslice::test
