@@ -49,7 +49,10 @@ struct Primary {
 };
 Primary g_primary[kMaxDevices];
 NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
-NoDestroy<std::mutex> g_create_mu;   // one measured context creation at a time (taken after g_primary_mu)
+NoDestroy<MeasureMutex> g_create_mu;  // one measurement at a time (taken after g_primary_mu)
+// The thread that holds the gate closed: its own counting operations (a
+// driver calling back into a hooked entry point) must not wait for it.
+[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_measuring = false;
 std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measurement per device, 0 = none
 
 
@@ -137,7 +140,7 @@ template <class Create>
 CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> creating(*g_create_mu);
+  std::lock_guard<MeasureMutex> creating(*g_create_mu);
   const Measure m = measure_before(dev);
   rc = create();
   if (rc != CUDA_SUCCESS || pctx == nullptr) return rc;
@@ -161,6 +164,7 @@ template <class Destroy>
 CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // the device's usage drops: no measurement may overlap it
   rc = destroy();
   Counted c{};
   if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) release(c.entry, c.bytes);
@@ -175,6 +179,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   if (rc != CUDA_SUCCESS) return rc;
   if (dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return real_release();
   std::lock_guard<std::mutex> lock(*g_primary_mu);
+  CountingOp op;  // after the lock: a retain measuring under it must not wait for us
   rc = real_release();
   Primary& p = g_primary[dev];
   if (rc == CUDA_SUCCESS && p.refs > 0) {
@@ -192,7 +197,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
 
 }  // namespace
 
-std::mutex& measure_mutex() noexcept { return *g_create_mu; }
+MeasureMutex& measure_mutex() noexcept { return *g_create_mu; }
 
 // The sum of every count of counting operations (wrap.h), read after a
 // barrier in every thread of the process; *busy when one is in flight
@@ -215,13 +220,54 @@ static bool read_op_counts(std::uint64_t* sum, bool* busy) noexcept {
   return true;
 }
 
+void MeasureMutex::unlock() noexcept {
+  if (t_measuring) {
+    g_measure_gate.store(0, std::memory_order_seq_cst);
+    t_measuring = false;
+  }
+  mu_.unlock();
+}
+
+constinit std::atomic<std::uint32_t> g_measure_gate{0};
+
+void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
+  if (t_measuring) return;  // the measurer's own thread (measured call calling back)
+  const int saved_errno = errno;
+  const std::uint64_t give_up = shm::monotonic_ns() + 4 * kDrainNs;  // a measurement stuck in the driver
+  for (;;) {
+    // Take the mark back: this operation has not touched the driver.
+    if (c == &g_counting_ops)
+      g_counting_ops.fetch_sub(1, std::memory_order_seq_cst);
+    else
+      c->store(c->load(std::memory_order_relaxed) - 1, std::memory_order_release);
+    while (g_measure_gate.load(std::memory_order_acquire) != 0 && shm::monotonic_ns() < give_up) sched_yield();
+    if (c == &g_counting_ops) {
+      g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
+      if (g_measure_gate.load(std::memory_order_seq_cst) == 0) break;
+    } else {
+      c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      if (g_measure_gate.load(std::memory_order_relaxed) == 0) break;
+    }
+    if (shm::monotonic_ns() >= give_up) break;  // go on: the measurement sees us and is not exact
+  }
+  errno = saved_errno;
+}
+
 Measure measure_before(CUdevice ordinal) noexcept {
   Measure m{};
   const int saved_errno = errno;
-  // Let operations already in flight finish (bounded: they take microseconds).
+  // Close the gate (counting operations starting from now on wait), then let
+  // those already in flight finish (bounded: they take microseconds, but a
+  // synchronisation or a destroy waits for the device's work).
+  if (counting_on()) {
+    t_measuring = true;
+    g_measure_gate.store(1, std::memory_order_seq_cst);
+  }
   std::uint64_t ops = 0;
   bool busy = true, readable = false;
-  for (int i = 0; i < 1000 && (readable = read_op_counts(&ops, &busy)) && busy; ++i) sched_yield();
+  const std::uint64_t deadline = shm::monotonic_ns() + kDrainNs;
+  while ((readable = read_op_counts(&ops, &busy)) && busy && shm::monotonic_ns() < deadline) sched_yield();
   m.ops = ops;
   m.quiet = counting_on() && readable && !busy;  // without the bracket nothing proves quiet
   errno = saved_errno;
@@ -287,7 +333,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
   std::lock_guard<std::mutex> lock(*g_primary_mu);
   Primary& p = g_primary[dev];
   const bool first = p.refs == 0;
-  std::unique_lock<std::mutex> creating(*g_create_mu, std::defer_lock);
+  std::unique_lock<MeasureMutex> creating(*g_create_mu, std::defer_lock);
   Measure m{};
   if (first) {
     creating.lock();

@@ -39,7 +39,7 @@ CUresult load_counted(Handle* out, Load&& load, Unload&& unload) noexcept {
   if (out == nullptr || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return load();  // no context: nothing placed now
   const int entry = device_entry(dev);
   if (entry < 0 || t_loading) return load();
-  std::lock_guard<std::mutex> measuring(measure_mutex());
+  std::lock_guard<MeasureMutex> measuring(measure_mutex());
   const Measure m = measure_before(dev);
   t_loading = true;
   rc = load();
@@ -71,6 +71,7 @@ template <class Handle, class Unload>
 CUresult unload_counted(Handle h, Unload&& unload) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // the device's usage drops: no measurement may overlap it
   rc = unload();
   if (rc != CUDA_SUCCESS) return rc;
   Counted c{};

@@ -254,6 +254,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmem
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // releases the pool's reserve: no measurement may overlap it
   PoolState* st = pools::find(pool);
   return st == nullptr ? real_cuMemPoolDestroy(pool) : pools::destroy(*st, pool);
 }
@@ -261,18 +262,22 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // releases reserve: no measurement may overlap it
   rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
   if (rc != CUDA_SUCCESS) return rc;
   if (PoolState* st = pools::find(pool)) pools::reconcile_now(*st);
   return rc;
 }
 
-// Synchronisation points: where the driver trims pools to their release threshold.
+// Synchronisation points: where the driver trims pools to their release
+// threshold. A trim lowers the device's usage: a synchronisation is a counting
+// operation, so no measurement of implicit memory (context.cc) overlaps one.
 namespace {
 template <class Sync>
 CUresult sync_then_reconcile(Sync&& sync) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;
   rc = sync();
   if (pools::g_slots_used.load(std::memory_order_relaxed) != 0) pools::reconcile_dirty();
   return rc;
@@ -290,4 +295,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
   return sync_then_reconcile([&] { return real_cuEventSynchronize(hEvent); });
+}
+// CUDA 12.5+: synchronises a given context (or the current one).
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+  return sync_then_reconcile([&] {
+    return real_cuCtxSynchronize_v2 != nullptr ? real_cuCtxSynchronize_v2(ctx) : CUDA_ERROR_NOT_FOUND;  // older driver
+  });
 }
