@@ -254,8 +254,7 @@ void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
   errno = saved_errno;
 }
 
-Measure measure_before(CUdevice ordinal) noexcept {
-  Measure m{};
+bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
   const int saved_errno = errno;
   // Close the gate (counting operations starting from now on wait), then let
   // those already in flight finish (bounded: they take microseconds, but a
@@ -268,9 +267,14 @@ Measure measure_before(CUdevice ordinal) noexcept {
   bool busy = true, readable = false;
   const std::uint64_t deadline = shm::monotonic_ns() + kDrainNs;
   while ((readable = read_op_counts(&ops, &busy)) && busy && shm::monotonic_ns() < deadline) sched_yield();
-  m.ops = ops;
-  m.quiet = counting_on() && readable && !busy;  // without the bracket nothing proves quiet
   errno = saved_errno;
+  if (ops_out != nullptr) *ops_out = ops;
+  return counting_on() && readable && !busy;  // without the bracket nothing proves quiet
+}
+
+Measure measure_before(CUdevice ordinal) noexcept {
+  Measure m{};
+  m.quiet = close_gate_and_drain(&m.ops);
   m.committed = committed_on(device_entry(ordinal));
   m.nvml = nvml_usage(ordinal, &m.before);
   return m;

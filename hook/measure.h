@@ -38,6 +38,11 @@ MeasureMutex& measure_mutex() noexcept;
 // wait until the measurement ends; those in flight are waited for (bounded,
 // kDrainNs) before NVML is read.
 Measure measure_before(CUdevice ordinal) noexcept;
+// The gate part of measure_before() alone (holding measure_mutex()): true
+// when no counting operation is in flight now; *ops gets their counts.
+// cuDeviceSetMemPool uses it so that no cuMemAllocAsync is between its look
+// at the device's current pool and the driver call while the pool changes.
+bool close_gate_and_drain(std::uint64_t* ops) noexcept;
 inline constexpr std::uint64_t kDrainNs = 2'000'000'000;
 // After it: the bytes the driver began to hold. An undisturbed measurement is
 // exact (and stored in *remembered when given); a disturbed one returns

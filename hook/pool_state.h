@@ -134,7 +134,8 @@ void reclaim_all() noexcept;
 // --- the slow paths of the wrappers (pools.cc takes no lock itself) ---
 // An allocation that does not fit in what is counted for its pool
 // (`after` = outstanding with it): grows the count under the pool's mutex,
-// bracketed as a counting operation, calls real_alloc(ctx), settles on the
+// calls real_alloc(ctx) (the caller brackets it all as one counting
+// operation, wrap.h), settles on the
 // driver's reserve and records the pointer. On failure `outstanding` is
 // given back and the count is what the driver holds.
 using RealAllocFn = CUresult (*)(void* ctx) noexcept;
@@ -172,9 +173,13 @@ inline bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) n
   return true;
 }
 // An allocation's bytes went back to its pool (the driver accepted the free).
+// The pool is marked dirty *before* the subtraction, unconditionally (the
+// line is written anyway): a reconciliation that sees the subtraction sees
+// the mark, so an allocation and free between its reads is never missed
+// (reconcile_locked).
 inline void freed(PoolState& st, std::uint64_t bytes) noexcept {
+  st.dirty.store(1, std::memory_order_relaxed);
   st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
-  mark_dirty(st);
   if (__builtin_expect(st.destroyed.load(std::memory_order_seq_cst) != 0, 0)) finalize_if_drained(st);
 }
 

@@ -25,6 +25,8 @@
 #include <type_traits>
 
 #include "hook/launch.h"
+#include "hook/log.h"
+#include "hook/measure.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
 
@@ -73,6 +75,10 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, bool per_
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (dptr == nullptr) return real();
+  // From the look at the current pool to the driver call: cuDeviceSetMemPool
+  // waits for it (and it for cuDeviceSetMemPool), so the pool charged is the
+  // pool the driver allocates from.
+  CountingOp op;
   // The current pool of the stream's device (a stream of device 1 while
   // device 0's context is current allocates on device 1).
   int ordinal = launch::stream_ordinal(stream, per_thread);
@@ -114,6 +120,7 @@ CUresult alloc_from_pool_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool poo
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (pool == nullptr || dptr == nullptr) return real();  // the driver's CUDA_ERROR_INVALID_VALUE; nothing to count
+  CountingOp op;  // a growth changes the device's usage (the fast path, as the driver may, too)
   PoolState* st = pools::find(pool);
   if (__builtin_expect(st == nullptr, 0)) return alloc_from_unknown_pool(dptr, bytes, pool, stream, per_thread, real);
   return alloc_from(*st, bytes, dptr, real);
@@ -223,10 +230,18 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice
   remember_pool(rc, pool, dev);
   return rc;
 }
-// cuMemAllocAsync allocates from the device's current pool, which this changes.
+// cuMemAllocAsync allocates from the device's current pool, which this
+// changes: no cuMemAllocAsync may be between its look at the cached current
+// pool and its driver call meanwhile (it would charge the old pool while the
+// driver grows the new one). The gate of counting operations (measure.h)
+// holds new ones back and waits for those in flight (bounded: kDrainNs).
 GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  std::lock_guard<MeasureMutex> gate(measure_mutex());
+  if (!close_gate_and_drain(nullptr) && counting_on())
+    GPUSLICE_WARN_CAPPED(3, "cuDeviceSetMemPool: an operation stayed in flight for 2 s; an allocation racing this "
+                            "change may be charged to the previous pool until it is freed");
   rc = real_cuDeviceSetMemPool(dev, pool);
   if (rc == CUDA_SUCCESS) {
     pools::forget_current(dev);
