@@ -10,6 +10,7 @@
 #include "hook/oversub.h"
 #include "hook/wrap.h"
 #include "limiter/memory_accounting.h"
+#include "shm/clock.h"
 
 namespace gpuslice::hook::pools {
 
@@ -166,10 +167,10 @@ void forget_current(const PoolState* st) noexcept {
   }
 }
 
-bool grow_locked(PoolState& st, std::uint64_t bytes) noexcept {
+Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexcept {
   const std::uint64_t c = st.counted.load(std::memory_order_seq_cst);
   const std::uint64_t now = st.outstanding.load(std::memory_order_seq_cst);  // ours included
-  if (now <= c) return true;  // another thread grew it meanwhile, or others' requests ended
+  if (now <= c) return Grow::ok;  // another thread grew it meanwhile, or others' requests ended
   // Grow to cover what is outstanding, but by at most this allocation's own
   // chunks: another thread's request still in flight (perhaps one above the
   // quota, about to be refused) must not make this one fail. Every admitted
@@ -182,13 +183,23 @@ bool grow_locked(PoolState& st, std::uint64_t bytes) noexcept {
   t_growing = &st;
   const bool ok = reserve(entry, need);
   t_growing = nullptr;
-  if (!ok) return false;
-  if (!resident_admits(entry)) {  // over the device-resident allowance: pool memory cannot spill
-    give_back(entry, need);
-    return false;
+  if (!ok) return Grow::refused;
+  // Over the device-resident allowance (pool memory cannot spill): under
+  // `wait` the caller waits with `need` reserved but without the pool's
+  // mutex, so that the pool's own frees and reconciliations can lower its
+  // count meanwhile (a reconciliation only try-locks the mutex).
+  if (oversubscribing() && over_allowance(entry)) {
+    if (config().options.oversubscribe == limiter::kOversubscribeWait) {
+      *held = need;
+      return Grow::wait;
+    }
+    if (!resident_admits(entry)) {
+      give_back(entry, need);
+      return Grow::refused;
+    }
   }
   st.counted.store(target, std::memory_order_seq_cst);
-  return true;
+  return Grow::ok;
 }
 
 void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
@@ -328,14 +339,36 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
     finalize_if_drained(st);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  std::lock_guard<std::mutex> lock(st.mu);
   if (bytes > kHugeBytes) {  // no device has 2^48 bytes
     finalize_if_drained(st);  // destroyed meanwhile: we may have been its last
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  std::unique_lock<std::mutex> lock(st.mu);
   st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
-  if (!grow_locked(st, bytes)) {
+  std::uint64_t give_up = 0;  // waiting for the resident allowance: when it times out
+  for (;;) {
+    std::uint64_t held = 0;
+    const Grow grown = grow_locked(st, bytes, &held);
+    if (grown == Grow::ok) break;
     st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    const int entry = st.entry.load(std::memory_order_relaxed);
+    bool admitted = false;
+    if (grown == Grow::wait) {
+      // Wait with `held` reserved (the allowance counts it) and the pool's
+      // mutex free, then grow again from the start: the room may have gone
+      // to another allocation meanwhile.
+      lock.unlock();
+      const std::uint64_t now = shm::monotonic_ns();
+      if (give_up == 0) give_up = now + std::uint64_t{config().options.oversubscribe_wait} * 1'000'000ull;
+      admitted = now < give_up && resident_admits(entry);
+      give_back(entry, held);
+      if (admitted) {
+        lock.lock();
+        st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
+        continue;
+      }
+      lock.lock();
+    }
     finalize_if_drained(st);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

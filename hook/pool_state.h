@@ -111,9 +111,13 @@ inline PoolState* current_pool(int ordinal, CUresult* rc) noexcept {
 
 // --- accounting (pool_state.cc) ---
 // Grows `counted` in whole chunks to cover an allocation of `bytes` being
-// made (already in `outstanding`), by at most its own chunks. False when the
-// quota or the resident allowance refuses it. Caller holds st.mu.
-bool grow_locked(PoolState& st, std::uint64_t bytes) noexcept;
+// made (already in `outstanding`), by at most its own chunks. `refused` when
+// the quota or the resident allowance refuses it; `wait` when it is over the
+// resident allowance under GPUSLICE_OVERSUBSCRIBE=wait: *held bytes stay
+// reserved, `counted` is unchanged, and the caller waits without st.mu
+// (alloc_growing). Caller holds st.mu.
+enum class Grow { ok, refused, wait };
+Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexcept;
 // Brings `counted` to max(the driver's reserve, outstanding rounded to a
 // chunk); the driver's reserve is read unless `reserve_known` (trusted).
 // Keeps `counted` when the driver cannot say (destroyed, foreign pool) unless

@@ -12,6 +12,9 @@
 //   pool_race_probe set-mempool MIB
 //       cuMemAllocAsync of MIB (delayed in the driver) while another thread
 //       makes a second pool current; then MIB more from the new current pool
+//   pool_race_probe allowance-wait MIB_A MIB_B
+//       a pool allocation waiting for the resident allowance while another
+//       thread frees the same pool's memory and synchronises
 #include <cuda.h>
 
 #include <chrono>
@@ -106,11 +109,41 @@ int set_mempool(std::size_t bytes) {
   return 0;
 }
 
+// Under GPUSLICE_OVERSUBSCRIBE=wait: one thread holds MIB_A of a pool; a
+// second asks the same pool for MIB_B beyond the resident allowance and
+// waits; the first frees its allocation and synchronises (the pool is
+// trimmed, and the reconciliation gives its count back): the waiter goes on.
+int allowance_wait(std::size_t a, std::size_t b) {
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  CUstream s = nullptr;
+  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUdeviceptr pa = 0;
+  check(cuMemAllocAsync(&pa, a, s), "cuMemAllocAsync");
+  CUresult rc = CUDA_SUCCESS;
+  long long waited_ms = 0;
+  std::thread waiter([&] {
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr pb = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    rc = cuMemAllocAsync(&pb, b, s);
+    waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (rc == CUDA_SUCCESS) cuMemFreeAsync(pb, s);
+  });
+  sleep_ms(200);
+  check(cuMemFreeAsync(pa, s), "cuMemFreeAsync");
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  waiter.join();
+  std::printf("allowance-wait rc=%d waited_ms=%lld\n", static_cast<int>(rc), waited_ms);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: pool_race_probe SCENARIO MIB\n");
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: pool_race_probe SCENARIO MIB [MIB]\n");
     return 64;
   }
   check(cuInit(0), "cuInit");
@@ -118,6 +151,7 @@ int main(int argc, char** argv) {
   const std::size_t bytes = std::strtoull(argv[2], nullptr, 10) * kMi;
   if (what == "reconcile-order") return reconcile_order(bytes);
   if (what == "set-mempool") return set_mempool(bytes);
+  if (what == "allowance-wait" && argc == 4) return allowance_wait(bytes, std::strtoull(argv[3], nullptr, 10) * kMi);
   std::fprintf(stderr, "pool_race_probe: unknown scenario %s\n", what.c_str());
   return 64;
 }

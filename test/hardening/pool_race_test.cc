@@ -56,5 +56,23 @@ TEST(PoolRace, SetMemPoolDuringAnAllocationNeverLeavesTheDeviceAboveTheQuota) {
   EXPECT_EQ(num(r, "set-mempool", "rc1"), 0) << r.out;
 }
 
+// A pool growth waiting for the resident allowance held the pool's mutex;
+// the reconciliation after another thread freed that pool's memory and
+// synchronised only try-locks it, skipped the pool, and the waiter timed out
+// (CUDA_ERROR_OUT_OF_MEMORY after 3 s with the device empty). Now it waits
+// without the mutex and goes on once the memory is given back.
+TEST(PoolRace, PoolGrowthWaitingForTheAllowanceSeesTheSamePoolsFrees) {
+  Sandbox box;
+  Result r = probe(box,
+                   {{"GPUSLICE_MEMORY_LIMIT", "256Mi"},
+                    {"GPUSLICE_MEMORY_RESIDENT", "64Mi"},
+                    {"GPUSLICE_OVERSUBSCRIBE", "wait"},
+                    {"GPUSLICE_OVERSUBSCRIBE_WAIT", "3s"}},
+                   {"allowance-wait", "48", "32"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "allowance-wait", "rc"), 0) << r.out;
+  EXPECT_LT(num(r, "allowance-wait", "waited_ms"), 2500) << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test
