@@ -272,6 +272,13 @@ bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
   return counting_on() && readable && !busy;  // without the bracket nothing proves quiet
 }
 
+CUresult gated_call(const char* what, CUresult (*fn)(void* ctx) noexcept, void* ctx) noexcept {
+  std::lock_guard<MeasureMutex> gate(*g_create_mu);
+  if (!close_gate_and_drain(nullptr) && counting_on())
+    GPUSLICE_WARN_CAPPED(3, "%s: an operation stayed in flight for 2 s; it went on without waiting for it", what);
+  return fn(ctx);
+}
+
 Measure measure_before(CUdevice ordinal) noexcept {
   Measure m{};
   m.quiet = close_gate_and_drain(&m.ops);

@@ -40,9 +40,13 @@ MeasureMutex& measure_mutex() noexcept;
 Measure measure_before(CUdevice ordinal) noexcept;
 // The gate part of measure_before() alone (holding measure_mutex()): true
 // when no counting operation is in flight now; *ops gets their counts.
-// cuDeviceSetMemPool uses it so that no cuMemAllocAsync is between its look
-// at the device's current pool and the driver call while the pool changes.
 bool close_gate_and_drain(std::uint64_t* ops) noexcept;
+// Runs fn(ctx) with measure_mutex() held and the gate closed (counting
+// operations drained, new ones held back; a warning naming `what` if one
+// stayed in flight for kDrainNs). cuDeviceSetMemPool uses it so that no
+// cuMemAllocAsync is between its look at the device's current pool and its
+// driver call while the pool changes (pools.cc, which takes no lock itself).
+CUresult gated_call(const char* what, CUresult (*fn)(void* ctx) noexcept, void* ctx) noexcept;
 inline constexpr std::uint64_t kDrainNs = 2'000'000'000;
 // After it: the bytes the driver began to hold. An undisturbed measurement is
 // exact (and stored in *remembered when given); a disturbed one returns

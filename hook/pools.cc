@@ -25,7 +25,6 @@
 #include <type_traits>
 
 #include "hook/launch.h"
-#include "hook/log.h"
 #include "hook/measure.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
@@ -238,15 +237,20 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice
 GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<MeasureMutex> gate(measure_mutex());
-  if (!close_gate_and_drain(nullptr) && counting_on())
-    GPUSLICE_WARN_CAPPED(3, "cuDeviceSetMemPool: an operation stayed in flight for 2 s; an allocation racing this "
-                            "change may be charged to the previous pool until it is freed");
-  rc = real_cuDeviceSetMemPool(dev, pool);
-  if (rc == CUDA_SUCCESS) {
-    pools::forget_current(dev);
-    remember_pool(rc, &pool, dev);
-  }
+  struct Args {
+    CUdevice dev;
+    CUmemoryPool pool;
+  } args{dev, pool};
+  rc = gated_call(
+      "cuDeviceSetMemPool",
+      [](void* c) noexcept {
+        const Args& a = *static_cast<Args*>(c);
+        const CUresult r = real_cuDeviceSetMemPool(a.dev, a.pool);
+        if (r == CUDA_SUCCESS) pools::forget_current(a.dev);  // before the gate opens
+        return r;
+      },
+      &args);
+  remember_pool(rc, &pool, dev);
   return rc;
 }
 
