@@ -17,11 +17,13 @@
 // knows are then released (memory.cc sweep_implicitly_freed).
 #include <cuda.h>
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <mutex>
+#include <new>
 #include <sched.h>
 
 #include "hook/launch.h"
@@ -228,7 +230,19 @@ void MeasureMutex::unlock() noexcept {
   mu_.unlock();
 }
 
-constinit std::atomic<std::uint32_t> g_measure_gate{0};
+// Read by every counting operation, written only by measurements: a line of its own.
+alignas(64) constinit std::atomic<std::uint32_t> g_measure_gate{0};
+
+// A child forked while another thread measured would find the gate closed
+// and the mutex held forever (no thread of the child measures): both start
+// anew there. Registered at the first measurement (pthread_atfork may
+// allocate: never during bootstrap).
+static void measure_reset_in_child() noexcept {
+  g_measure_gate.store(0, std::memory_order_relaxed);
+  t_measuring = false;
+  new (&*g_create_mu) MeasureMutex;
+}
+static std::atomic<bool> g_measure_atfork{false};
 
 void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
   if (t_measuring) return;  // the measurer's own thread (measured call calling back)
@@ -256,6 +270,8 @@ void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
 
 bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
   const int saved_errno = errno;
+  if (!g_measure_atfork.exchange(true, std::memory_order_acq_rel))
+    pthread_atfork(nullptr, nullptr, measure_reset_in_child);
   // Close the gate (counting operations starting from now on wait), then let
   // those already in flight finish (bounded: they take microseconds, but a
   // synchronisation or a destroy waits for the device's work).
