@@ -48,7 +48,21 @@ constinit NoDestroy<limiter::PointerTable<Counted>> g_contexts;  // CUcontext ->
 struct Primary {
   int refs = 0;
   Counted counted{-1, 0};
+  CUcontext handle = nullptr;  // for the limits charged in it
 };
+// Device memory a context's resource limits made the driver reserve
+// (cuCtxSetLimit), keyed by limit_key(): released with the context.
+constinit NoDestroy<limiter::PointerTable<Counted>> g_limits;
+std::uint64_t limit_key(CUcontext ctx, unsigned limit) noexcept {
+  return (reinterpret_cast<std::uint64_t>(ctx) << 4) | (limit & 15u);
+}
+void release_limits(CUcontext ctx) noexcept {
+  if (ctx == nullptr) return;
+  for (unsigned l = 0; l < 16; ++l) {
+    Counted c{};
+    if (g_limits->erase(limit_key(ctx, l), &c) && c.bytes != 0) release(c.entry, c.bytes);
+  }
+}
 Primary g_primary[kMaxDevices];
 NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
 NoDestroy<MeasureMutex> g_create_mu;  // one measurement at a time (taken after g_primary_mu)
@@ -170,6 +184,7 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   rc = destroy();
   Counted c{};
   if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) release(c.entry, c.bytes);
+  if (rc == CUDA_SUCCESS) release_limits(ctx);
   if (rc == CUDA_SUCCESS) sweep_implicitly_freed();  // what the context owned went with it
   if (rc == CUDA_SUCCESS) launch::forget_all_streams();  // its streams too: their handles may come back
   return rc;
@@ -190,6 +205,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
       release(p.counted.entry, p.counted.bytes);
       p.counted = Counted{-1, 0};
     }
+    if (p.refs == 0) release_limits(p.handle);
   }
   // A reset, or the last release, destroys the primary context and all it owned.
   if (rc == CUDA_SUCCESS && (reset || p.refs == 0)) sweep_implicitly_freed();
@@ -373,6 +389,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
     rc = count_new_context(dev, m, &c, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
     if (rc != CUDA_SUCCESS) return rc;
     p.counted = c;
+    p.handle = pctx != nullptr ? *pctx : nullptr;
   }
   ++p.refs;
   return rc;
@@ -388,4 +405,45 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
   return primary_drop(dev, true, [&] { return real_cuDevicePrimaryCtxReset(dev); });
+}
+
+// A resource limit may make the driver reserve device memory at once (the
+// malloc heap, the stack, the device runtime's sync depth and pending
+// launches; cuda.h: such reservations failing make this call return
+// CUDA_ERROR_OUT_OF_MEMORY). Measured like a context: what the process's
+// usage grew by across the call is charged to the current context until it is
+// destroyed; over the quota the previous limit is set again and the call
+// fails with CUDA_ERROR_OUT_OF_MEMORY. A limit lowered later is not given
+// back before the context goes (conservative).
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  CUcontext ctx = nullptr;
+  CUdevice dev = -1;
+  if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+      dev < 0 || static_cast<unsigned>(dev) >= gpuslice::kMaxDevices || static_cast<unsigned>(limit) >= 16)
+    return real_cuCtxSetLimit(limit, value);  // the driver's answer
+  const int entry = device_entry(dev);
+  if (entry < 0) return real_cuCtxSetLimit(limit, value);
+  size_t previous = 0;
+  const bool restorable = real_cuCtxGetLimit != nullptr && real_cuCtxGetLimit(&previous, limit) == CUDA_SUCCESS;
+  std::lock_guard<MeasureMutex> measuring(*g_create_mu);
+  const Measure m = measure_before(dev);
+  rc = real_cuCtxSetLimit(limit, value);
+  if (rc != CUDA_SUCCESS) return rc;
+  const std::uint64_t bytes = measured_bytes(dev, entry, m, nullptr);
+  if (bytes == 0) return rc;
+  if (!charge(entry, bytes)) {
+    release(entry, bytes);
+    if (restorable) real_cuCtxSetLimit(limit, previous);
+    GPUSLICE_LOG(info, "cuCtxSetLimit(%d) on device %d needs %llu bytes beyond the container's quota",
+                 static_cast<int>(limit), dev, static_cast<unsigned long long>(bytes));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const Counted add{entry, bytes};
+  if (!g_limits->upsert(limit_key(ctx, static_cast<unsigned>(limit)), add, [&](Counted& v, bool fresh) {
+        if (!fresh) v.bytes += bytes;
+      }))
+    release(entry, bytes);  // cannot track it: do not hold budget we could never return
+  return rc;
 }

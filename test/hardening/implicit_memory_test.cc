@@ -97,5 +97,30 @@ TEST_P(LazyLibrary, PlacementBeyondTheQuotaIsRefused) {
 
 INSTANTIATE_TEST_SUITE_P(FirstUse, LazyLibrary, ::testing::Values("global", "kernel"));
 
+// cuCtxSetLimit makes the driver reserve device memory (a 1 GiB malloc heap):
+// counted from the call to the context's destruction; beyond the quota the
+// call is refused and the previous limit kept. Before, nothing was counted:
+// a 3 GiB heap left the device 1 GiB (and more) over a 2 GiB quota.
+TEST(ResourceLimit, MallocHeapIsCountedUntilTheContextGoes) {
+  Sandbox box;
+  Result r = probe(box, kDevice, {"set-limit", "1024"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "set-limit", "rc"), 0) << r.out;
+  EXPECT_EQ(num(r, "set-limit", "limit"), 1024 * kMi) << r.out;
+  EXPECT_GE(num(r, "set-limit", "set_held") - num(r, "set-limit", "before_held"), 1000 * kMi) << r.out;
+  EXPECT_EQ(num(r, "set-limit", "set"), num(r, "set-limit", "set_held")) << r.out;
+  EXPECT_EQ(num(r, "set-limit", "destroyed"), num(r, "set-limit", "destroyed_held")) << r.out;
+}
+
+TEST(ResourceLimit, MallocHeapBeyondTheQuotaIsRefused) {
+  Sandbox box;
+  Result r = probe(box, kDevice, {"set-limit", "3072"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "set-limit", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
+  EXPECT_EQ(num(r, "set-limit", "limit"), 8 * kMi) << r.out;  // the default, kept
+  EXPECT_LE(num(r, "set-limit", "set_held"), 2048 * kMi) << r.out;
+  EXPECT_EQ(num(r, "set-limit", "set"), num(r, "set-limit", "set_held")) << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test

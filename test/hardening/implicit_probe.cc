@@ -12,6 +12,9 @@
 //       times; meanwhile another thread releases device memory by KIND:
 //       ctx-destroy, primary-release, sync-trim, pool-trim, module-unload,
 //       library-unload
+//   implicit_probe set-limit MIB
+//       cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, MIB) in a created context,
+//       then the context destroyed
 //   implicit_probe lazy-library MIB HOW
 //       a library with a MIB global loaded with no context current, then
 //       placed by its first use: HOW = global (cuLibraryGetGlobal),
@@ -184,6 +187,28 @@ int lazy_library(std::size_t bytes, const std::string& how) {
   return 0;
 }
 
+// cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, MIB) in a created context: what
+// the driver reserves for the heap is counted (or the call refused over the
+// quota, the previous limit kept), and released with the context.
+int set_limit(std::size_t bytes) {
+  CUcontext ctx = nullptr;
+  check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+  const long long before = counted_used(), before_held = held();
+  const CUresult rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, bytes);
+  size_t limit = 0;
+  check(cuCtxGetLimit(&limit, CU_LIMIT_MALLOC_HEAP_SIZE), "cuCtxGetLimit");
+  const long long set = counted_used(), set_held = held();
+  check(cuCtxDestroy(ctx), "cuCtxDestroy");
+  CUcontext other = nullptr;
+  check(cuDevicePrimaryCtxRetain(&other, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(other), "cuCtxSetCurrent");
+  const long long destroyed = counted_used(), destroyed_held = held();
+  std::printf("set-limit rc=%d limit=%zu before=%lld before_held=%lld set=%lld set_held=%lld destroyed=%lld "
+              "destroyed_held=%lld\n",
+              static_cast<int>(rc), limit, before, before_held, set, set_held, destroyed, destroyed_held);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -194,6 +219,7 @@ int main(int argc, char** argv) {
   check(cuInit(0), "cuInit");
   const std::string what = argv[1];
   if (what == "measure-vs-release" && argc == 5) return measure_vs_release(argv[2], argv[3], std::atoi(argv[4]));
+  if (what == "set-limit" && argc == 3) return set_limit(std::strtoull(argv[2], nullptr, 10) * kMi);
   if (what == "lazy-library" && argc == 4) return lazy_library(std::strtoull(argv[2], nullptr, 10) * kMi, argv[3]);
   std::fprintf(stderr, "implicit_probe: unknown scenario or wrong arguments: %s\n", what.c_str());
   return 64;
