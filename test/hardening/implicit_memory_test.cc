@@ -1,7 +1,7 @@
 // Memory the driver takes without an allocation call (contexts, modules,
 // libraries placed lazily), measured from NVML: never counted short, whatever
 // the process releases meanwhile; placed memory is counted where the driver
-// places it (docs/memory.md, "Contexts", "Modules and libraries").
+// places it (docs/memory.md, "Contexts, modules and libraries").
 // Each scenario runs implicit_probe under the preload library.
 #include <cuda.h>
 #include <gtest/gtest.h>
