@@ -9,8 +9,9 @@
 // A library loaded with no context current (what the CUDA 12+ runtime does;
 // lazy loading is the default since 12.2) is placed in a context at its first
 // use there. The placement points are measured the same way, once per
-// library and device: cuLibraryGetGlobal, cuLibraryGetManaged,
-// cuLibraryGetModule, cuKernelGetFunction, and cuLibraryGetKernel (which
+// library and context (the last context measured is remembered per device):
+// cuLibraryGetGlobal, cuLibraryGetManaged, cuLibraryGetModule,
+// cuKernelGetFunction, and cuLibraryGetKernel (which
 // places the library at once, through cuLibraryGetModule, when a context is
 // current: the launch that would place it later is not a point we measure).
 // A placement that does not fit the quota cannot be undone alone: the library
@@ -35,9 +36,17 @@ struct Counted {
 };
 
 constinit NoDestroy<limiter::PointerTable<Counted>> g_loaded;  // CUmodule -> what was charged
-// A library's placement on a device, keyed by placed_key(): what was charged
-// (0 bytes when NVML could not see it: still placed, not measured again).
-constinit NoDestroy<limiter::PointerTable<Counted>> g_placed;
+// A library's placements on a device, keyed by placed_key(): what was
+// charged for them all, and the context of the last one measured (0 bytes
+// when NVML could not see it: still placed). A use in another context of the
+// device is measured again (the driver places a library in each context;
+// one already placed measures 0) and adds to the count.
+struct Placed {
+  int entry;
+  std::uint64_t bytes;
+  CUcontext ctx;
+};
+constinit NoDestroy<limiter::PointerTable<Placed>> g_placed;
 // CUkernel -> its CUlibrary (from cuLibraryGetKernel), for cuKernelGetFunction.
 constinit NoDestroy<limiter::PointerTable<std::uint64_t>> g_kernels;
 static_assert(kMaxDevices <= 64, "placed_key() keeps the device in 6 bits");
@@ -92,7 +101,16 @@ void remember_in(limiter::PointerTable<Counted>& table, std::uint64_t key, const
 void remember(CUmodule m, CUdevice, const Counted& c) noexcept {
   remember_in(*g_loaded, reinterpret_cast<std::uint64_t>(m), c);
 }
-void remember(CUlibrary l, CUdevice dev, const Counted& c) noexcept { remember_in(*g_placed, placed_key(l, dev), c); }
+void remember(CUlibrary l, CUdevice dev, const Counted& c) noexcept {
+  CUcontext ctx = nullptr;
+  real_cuCtxGetCurrent(&ctx);
+  const Placed add{c.entry, c.bytes, ctx};
+  if (!g_placed->upsert(placed_key(l, dev), add, [&](Placed& v, bool fresh) {
+        if (!fresh) v.bytes += c.bytes, v.ctx = ctx;
+      })) {
+    release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
+  }
+}
 
 // Releases what was charged for `key` (a module, or a library on every device).
 void forget(CUmodule m) noexcept {
@@ -101,13 +119,14 @@ void forget(CUmodule m) noexcept {
 }
 void forget(CUlibrary l) noexcept {
   for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d) {
-    Counted c{};
+    Placed c{};
     if (g_placed->erase(placed_key(l, d), &c) && c.bytes != 0) release(c.entry, c.bytes);
   }
 }
 
 // A use of `lib` that places it in the current context if it is not there
-// yet: measured (once per library and device) and charged like a load; over
+// yet: measured (again whenever the context differs from the last one
+// measured for the library on that device) and charged like a load; over
 // the quota the library is unloaded and the use fails with OUT_OF_MEMORY.
 template <class Use>
 CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
@@ -117,10 +136,13 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   if (lib == nullptr || t_loading || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return use();  // the driver's answer
   const int entry = device_entry(dev);
   if (entry < 0 || dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return use();
-  Counted known{};
-  if (g_placed->find(placed_key(lib, dev), &known)) return use();  // placed (and counted) already
+  CUcontext ctx = nullptr;
+  real_cuCtxGetCurrent(&ctx);
+  Placed known{};
+  // Placed (and counted) in this context already.
+  if (g_placed->find(placed_key(lib, dev), &known) && known.ctx == ctx) return use();
   std::lock_guard<MeasureMutex> measuring(measure_mutex());
-  if (g_placed->find(placed_key(lib, dev), &known)) return use();
+  if (g_placed->find(placed_key(lib, dev), &known) && known.ctx == ctx) return use();
   const Measure m = measure_before(dev);
   t_loading = true;
   rc = use();
@@ -229,7 +251,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary
   if (rc != CUDA_SUCCESS) return rc;
   g_kernels->upsert(reinterpret_cast<std::uint64_t>(*pKernel), reinterpret_cast<std::uint64_t>(library),
                     [&](std::uint64_t& v, bool) { v = reinterpret_cast<std::uint64_t>(library); });
-  // Placed now in the current context, if any (measured once per device):
+  // Placed now in the current context, if any (measured once per context):
   // the launch that would place it later is not a point we measure.
   CUdevice dev = -1;
   if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return rc;
