@@ -49,6 +49,11 @@ struct Placed {
 constinit NoDestroy<limiter::PointerTable<Placed>> g_placed;
 // CUkernel -> its CUlibrary (from cuLibraryGetKernel), for cuKernelGetFunction.
 constinit NoDestroy<limiter::PointerTable<std::uint64_t>> g_kernels;
+// Libraries unloaded so far: invalidates the threads' last resolved kernel.
+constinit std::atomic<std::uint64_t> g_unloads{0};
+[[gnu::tls_model("initial-exec")]] constinit thread_local CUkernel t_kernel = nullptr;
+[[gnu::tls_model("initial-exec")]] constinit thread_local CUcontext t_kernel_ctx = nullptr;
+[[gnu::tls_model("initial-exec")]] constinit thread_local std::uint64_t t_kernel_gen = 0;
 static_assert(kMaxDevices <= 64, "placed_key() keeps the device in 6 bits");
 std::uint64_t placed_key(CUlibrary lib, CUdevice dev) noexcept {
   return (reinterpret_cast<std::uint64_t>(lib) << 6) | static_cast<std::uint64_t>(dev);
@@ -118,6 +123,7 @@ void forget(CUmodule m) noexcept {
   if (g_loaded->erase(reinterpret_cast<std::uint64_t>(m), &c)) release(c.entry, c.bytes);
 }
 void forget(CUlibrary l) noexcept {
+  g_unloads.fetch_add(1, std::memory_order_acq_rel);
   for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d) {
     Placed c{};
     if (g_placed->erase(placed_key(l, d), &c) && c.bytes != 0) release(c.entry, c.bytes);
@@ -259,11 +265,21 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary
   const CUresult placed = place_counted(library, [&] { return real_cuLibraryGetModule(&module, library); });
   return placed == CUDA_ERROR_OUT_OF_MEMORY ? placed : rc;
 }
+// A runtime may resolve a kernel for every launch: the thread's last kernel
+// and context already counted go straight to the driver (a library unloaded
+// since invalidates it: the handle may be reused).
 GPUSLICE_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  CUcontext ctx = nullptr;
+  const std::uint64_t gen = g_unloads.load(std::memory_order_acquire);
+  if (real_cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr && kernel == t_kernel && ctx == t_kernel_ctx &&
+      gen == t_kernel_gen)
+    return real_cuKernelGetFunction(pFunc, kernel);
   std::uint64_t lib = 0;
-  if (!g_kernels->find(reinterpret_cast<std::uint64_t>(kernel), &lib)) {
-    const CUresult rc = ensure_ready();
-    return rc != CUDA_SUCCESS ? rc : real_cuKernelGetFunction(pFunc, kernel);  // a kernel we never saw resolved
-  }
-  return place_counted(reinterpret_cast<CUlibrary>(lib), [&] { return real_cuKernelGetFunction(pFunc, kernel); });
+  if (!g_kernels->find(reinterpret_cast<std::uint64_t>(kernel), &lib))
+    return real_cuKernelGetFunction(pFunc, kernel);  // a kernel we never saw resolved
+  rc = place_counted(reinterpret_cast<CUlibrary>(lib), [&] { return real_cuKernelGetFunction(pFunc, kernel); });
+  if (rc == CUDA_SUCCESS) t_kernel = kernel, t_kernel_ctx = ctx, t_kernel_gen = gen;
+  return rc;
 }
