@@ -17,11 +17,13 @@
 // knows are then released (memory.cc sweep_implicitly_freed).
 #include <cuda.h>
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <mutex>
+#include <new>
 #include <sched.h>
 
 #include "hook/launch.h"
@@ -46,10 +48,27 @@ constinit NoDestroy<limiter::PointerTable<Counted>> g_contexts;  // CUcontext ->
 struct Primary {
   int refs = 0;
   Counted counted{-1, 0};
+  CUcontext handle = nullptr;  // for the limits charged in it
 };
+// Device memory a context's resource limits made the driver reserve
+// (cuCtxSetLimit), keyed by limit_key(): released with the context.
+constinit NoDestroy<limiter::PointerTable<Counted>> g_limits;
+std::uint64_t limit_key(CUcontext ctx, unsigned limit) noexcept {
+  return (reinterpret_cast<std::uint64_t>(ctx) << 4) | (limit & 15u);
+}
+void release_limits(CUcontext ctx) noexcept {
+  if (ctx == nullptr) return;
+  for (unsigned l = 0; l < 16; ++l) {
+    Counted c{};
+    if (g_limits->erase(limit_key(ctx, l), &c) && c.bytes != 0) release(c.entry, c.bytes);
+  }
+}
 Primary g_primary[kMaxDevices];
 NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
-NoDestroy<std::mutex> g_create_mu;   // one measured context creation at a time (taken after g_primary_mu)
+NoDestroy<MeasureMutex> g_create_mu;  // one measurement at a time (taken after g_primary_mu)
+// The thread that holds the gate closed: its own counting operations (a
+// driver calling back into a hooked entry point) must not wait for it.
+[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_measuring = false;
 std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measurement per device, 0 = none
 
 
@@ -137,7 +156,7 @@ template <class Create>
 CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> creating(*g_create_mu);
+  std::lock_guard<MeasureMutex> creating(*g_create_mu);
   const Measure m = measure_before(dev);
   rc = create();
   if (rc != CUDA_SUCCESS || pctx == nullptr) return rc;
@@ -161,9 +180,11 @@ template <class Destroy>
 CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // the device's usage drops: no measurement may overlap it
   rc = destroy();
   Counted c{};
   if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) release(c.entry, c.bytes);
+  if (rc == CUDA_SUCCESS) release_limits(ctx);
   if (rc == CUDA_SUCCESS) sweep_implicitly_freed();  // what the context owned went with it
   if (rc == CUDA_SUCCESS) launch::forget_all_streams();  // its streams too: their handles may come back
   return rc;
@@ -175,6 +196,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   if (rc != CUDA_SUCCESS) return rc;
   if (dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return real_release();
   std::lock_guard<std::mutex> lock(*g_primary_mu);
+  CountingOp op;  // after the lock: a retain measuring under it must not wait for us
   rc = real_release();
   Primary& p = g_primary[dev];
   if (rc == CUDA_SUCCESS && p.refs > 0) {
@@ -183,6 +205,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
       release(p.counted.entry, p.counted.bytes);
       p.counted = Counted{-1, 0};
     }
+    if (p.refs == 0) release_limits(p.handle);
   }
   // A reset, or the last release, destroys the primary context and all it owned.
   if (rc == CUDA_SUCCESS && (reset || p.refs == 0)) sweep_implicitly_freed();
@@ -192,7 +215,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
 
 }  // namespace
 
-std::mutex& measure_mutex() noexcept { return *g_create_mu; }
+MeasureMutex& measure_mutex() noexcept { return *g_create_mu; }
 
 // The sum of every count of counting operations (wrap.h), read after a
 // barrier in every thread of the process; *busy when one is in flight
@@ -215,16 +238,82 @@ static bool read_op_counts(std::uint64_t* sum, bool* busy) noexcept {
   return true;
 }
 
-Measure measure_before(CUdevice ordinal) noexcept {
-  Measure m{};
+void MeasureMutex::unlock() noexcept {
+  if (t_measuring) {
+    g_measure_gate.store(0, std::memory_order_seq_cst);
+    t_measuring = false;
+  }
+  mu_.unlock();
+}
+
+// Read by every counting operation, written only by measurements: a line of its own.
+alignas(64) constinit std::atomic<std::uint32_t> g_measure_gate{0};
+
+// A child forked while another thread measured would find the gate closed
+// and the mutex held forever (no thread of the child measures): both start
+// anew there. Registered at the first measurement (pthread_atfork may
+// allocate: never during bootstrap).
+static void measure_reset_in_child() noexcept {
+  g_measure_gate.store(0, std::memory_order_relaxed);
+  t_measuring = false;
+  new (&*g_create_mu) MeasureMutex;
+}
+static std::atomic<bool> g_measure_atfork{false};
+
+void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
+  if (t_measuring) return;  // the measurer's own thread (measured call calling back)
   const int saved_errno = errno;
-  // Let operations already in flight finish (bounded: they take microseconds).
+  const std::uint64_t give_up = shm::monotonic_ns() + 4 * kDrainNs;  // a measurement stuck in the driver
+  for (;;) {
+    // Take the mark back: this operation has not touched the driver.
+    if (c == &g_counting_ops)
+      g_counting_ops.fetch_sub(1, std::memory_order_seq_cst);
+    else
+      c->store(c->load(std::memory_order_relaxed) - 1, std::memory_order_release);
+    while (g_measure_gate.load(std::memory_order_acquire) != 0 && shm::monotonic_ns() < give_up) sched_yield();
+    if (c == &g_counting_ops) {
+      g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
+      if (g_measure_gate.load(std::memory_order_seq_cst) == 0) break;
+    } else {
+      c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      if (g_measure_gate.load(std::memory_order_relaxed) == 0) break;
+    }
+    if (shm::monotonic_ns() >= give_up) break;  // go on: the measurement sees us and is not exact
+  }
+  errno = saved_errno;
+}
+
+bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
+  const int saved_errno = errno;
+  if (!g_measure_atfork.exchange(true, std::memory_order_acq_rel))
+    pthread_atfork(nullptr, nullptr, measure_reset_in_child);
+  // Close the gate (counting operations starting from now on wait), then let
+  // those already in flight finish (bounded: they take microseconds, but a
+  // synchronisation or a destroy waits for the device's work).
+  if (counting_on()) {
+    t_measuring = true;
+    g_measure_gate.store(1, std::memory_order_seq_cst);
+  }
   std::uint64_t ops = 0;
   bool busy = true, readable = false;
-  for (int i = 0; i < 1000 && (readable = read_op_counts(&ops, &busy)) && busy; ++i) sched_yield();
-  m.ops = ops;
-  m.quiet = counting_on() && readable && !busy;  // without the bracket nothing proves quiet
+  const std::uint64_t deadline = shm::monotonic_ns() + kDrainNs;
+  while ((readable = read_op_counts(&ops, &busy)) && busy && shm::monotonic_ns() < deadline) sched_yield();
   errno = saved_errno;
+  if (ops_out != nullptr) *ops_out = ops;
+  return counting_on() && readable && !busy;  // without the bracket nothing proves quiet
+}
+
+CUresult gated_call(const char* what, CUresult (*fn)(void* ctx) noexcept, void* ctx) noexcept {
+  std::lock_guard<MeasureMutex> gate(*g_create_mu);
+  if (!close_gate_and_drain(nullptr) && counting_on())
+    GPUSLICE_WARN_CAPPED(3, "%s: an operation stayed in flight for 2 s; it went on without waiting for it", what);
+  return fn(ctx);
+}
+
+Measure measure_before(CUdevice ordinal) noexcept {
+  Measure m{};
+  m.quiet = close_gate_and_drain(&m.ops);
   m.committed = committed_on(device_entry(ordinal));
   m.nvml = nvml_usage(ordinal, &m.before);
   return m;
@@ -287,7 +376,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
   std::lock_guard<std::mutex> lock(*g_primary_mu);
   Primary& p = g_primary[dev];
   const bool first = p.refs == 0;
-  std::unique_lock<std::mutex> creating(*g_create_mu, std::defer_lock);
+  std::unique_lock<MeasureMutex> creating(*g_create_mu, std::defer_lock);
   Measure m{};
   if (first) {
     creating.lock();
@@ -300,6 +389,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
     rc = count_new_context(dev, m, &c, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
     if (rc != CUDA_SUCCESS) return rc;
     p.counted = c;
+    p.handle = pctx != nullptr ? *pctx : nullptr;
   }
   ++p.refs;
   return rc;
@@ -315,4 +405,45 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
   return primary_drop(dev, true, [&] { return real_cuDevicePrimaryCtxReset(dev); });
+}
+
+// A resource limit may make the driver reserve device memory at once (the
+// malloc heap, the stack, the device runtime's sync depth and pending
+// launches; cuda.h: such reservations failing make this call return
+// CUDA_ERROR_OUT_OF_MEMORY). Measured like a context: what the process's
+// usage grew by across the call is charged to the current context until it is
+// destroyed; over the quota the previous limit is set again and the call
+// fails with CUDA_ERROR_OUT_OF_MEMORY. A limit lowered later is not given
+// back before the context goes (conservative).
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  CUcontext ctx = nullptr;
+  CUdevice dev = -1;
+  if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS ||
+      dev < 0 || static_cast<unsigned>(dev) >= gpuslice::kMaxDevices || static_cast<unsigned>(limit) >= 16)
+    return real_cuCtxSetLimit(limit, value);  // the driver's answer
+  const int entry = device_entry(dev);
+  if (entry < 0) return real_cuCtxSetLimit(limit, value);
+  size_t previous = 0;
+  const bool restorable = real_cuCtxGetLimit != nullptr && real_cuCtxGetLimit(&previous, limit) == CUDA_SUCCESS;
+  std::lock_guard<MeasureMutex> measuring(*g_create_mu);
+  const Measure m = measure_before(dev);
+  rc = real_cuCtxSetLimit(limit, value);
+  if (rc != CUDA_SUCCESS) return rc;
+  const std::uint64_t bytes = measured_bytes(dev, entry, m, nullptr);
+  if (bytes == 0) return rc;
+  if (!charge(entry, bytes)) {
+    release(entry, bytes);
+    if (restorable) real_cuCtxSetLimit(limit, previous);
+    GPUSLICE_LOG(info, "cuCtxSetLimit(%d) on device %d needs %llu bytes beyond the container's quota",
+                 static_cast<int>(limit), dev, static_cast<unsigned long long>(bytes));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const Counted add{entry, bytes};
+  if (!g_limits->upsert(limit_key(ctx, static_cast<unsigned>(limit)), add, [&](Counted& v, bool fresh) {
+        if (!fresh) v.bytes += bytes;
+      }))
+    release(entry, bytes);  // cannot track it: do not hold budget we could never return
+  return rc;
 }

@@ -190,7 +190,17 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
   if (rc != CUDA_SUCCESS) return rc;
   // Forget first: once destroyed, the driver may hand the address out again.
   limiter::graph_costs().erase(reinterpret_cast<std::uintptr_t>(exec));
+  CountingOp op;  // frees what the executable held on the device: no measurement may overlap it
   return real_cuGraphExecDestroy(exec);
+}
+// Returns the device's cached graph memory to the driver: the device's usage
+// drops, so no measurement of implicit memory (context.cc) may overlap it.
+GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuDeviceGraphMemTrim == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  CountingOp op;
+  return real_cuDeviceGraphMemTrim(device);
 }
 
 // Kernel node parameters changed in an executable: its price changes with the grid.

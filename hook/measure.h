@@ -21,9 +21,33 @@ struct Measure {
 };
 
 // Serialises measured calls in the process (one measurement at a time).
-std::mutex& measure_mutex() noexcept;
-// Before the call (holding measure_mutex()).
+// measure_before() closes the gate of counting operations
+// (g_measure_gate, wrap.h); unlocking opens it again, so every path out of a
+// measured call ends the measurement.
+class MeasureMutex {
+ public:
+  void lock() noexcept { mu_.lock(); }
+  void unlock() noexcept;
+ private:
+  std::mutex mu_;
+};
+MeasureMutex& measure_mutex() noexcept;
+// Before the call (holding measure_mutex()). Closes the gate: counting
+// operations (allocations, frees and every call that can release device
+// memory: destroys, unloads, trims, synchronisations) that start from now on
+// wait until the measurement ends; those in flight are waited for (bounded,
+// kDrainNs) before NVML is read.
 Measure measure_before(CUdevice ordinal) noexcept;
+// The gate part of measure_before() alone (holding measure_mutex()): true
+// when no counting operation is in flight now; *ops gets their counts.
+bool close_gate_and_drain(std::uint64_t* ops) noexcept;
+// Runs fn(ctx) with measure_mutex() held and the gate closed (counting
+// operations drained, new ones held back; a warning naming `what` if one
+// stayed in flight for kDrainNs). cuDeviceSetMemPool uses it so that no
+// cuMemAllocAsync is between its look at the device's current pool and its
+// driver call while the pool changes (pools.cc, which takes no lock itself).
+CUresult gated_call(const char* what, CUresult (*fn)(void* ctx) noexcept, void* ctx) noexcept;
+inline constexpr std::uint64_t kDrainNs = 2'000'000'000;
 // After it: the bytes the driver began to hold. An undisturbed measurement is
 // exact (and stored in *remembered when given); a disturbed one returns
 // *remembered when set, else the difference minus what the process's counted

@@ -10,6 +10,7 @@
 #include "hook/oversub.h"
 #include "hook/wrap.h"
 #include "limiter/memory_accounting.h"
+#include "shm/clock.h"
 
 namespace gpuslice::hook::pools {
 
@@ -166,10 +167,10 @@ void forget_current(const PoolState* st) noexcept {
   }
 }
 
-bool grow_locked(PoolState& st, std::uint64_t bytes) noexcept {
+Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexcept {
   const std::uint64_t c = st.counted.load(std::memory_order_seq_cst);
   const std::uint64_t now = st.outstanding.load(std::memory_order_seq_cst);  // ours included
-  if (now <= c) return true;  // another thread grew it meanwhile, or others' requests ended
+  if (now <= c) return Grow::ok;  // another thread grew it meanwhile, or others' requests ended
   // Grow to cover what is outstanding, but by at most this allocation's own
   // chunks: another thread's request still in flight (perhaps one above the
   // quota, about to be refused) must not make this one fail. Every admitted
@@ -182,22 +183,27 @@ bool grow_locked(PoolState& st, std::uint64_t bytes) noexcept {
   t_growing = &st;
   const bool ok = reserve(entry, need);
   t_growing = nullptr;
-  if (!ok) return false;
-  if (!resident_admits(entry)) {  // over the device-resident allowance: pool memory cannot spill
-    give_back(entry, need);
-    return false;
+  if (!ok) return Grow::refused;
+  // Over the device-resident allowance (pool memory cannot spill): under
+  // `wait` the caller waits with `need` reserved but without the pool's
+  // mutex, so that the pool's own frees and reconciliations can lower its
+  // count meanwhile (a reconciliation only try-locks the mutex).
+  if (oversubscribing() && over_allowance(entry)) {
+    if (config().options.oversubscribe == limiter::kOversubscribeWait) {
+      *held = need;
+      return Grow::wait;
+    }
+    if (!resident_admits(entry)) {
+      give_back(entry, need);
+      return Grow::refused;
+    }
   }
   st.counted.store(target, std::memory_order_seq_cst);
-  return true;
+  return Grow::ok;
 }
 
 void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
   if (st.destroyed.load(std::memory_order_relaxed) != 0 || st.host.load(std::memory_order_relaxed) != 0) return;
-  std::uint64_t reserved = 0;
-  if (!reserve_of(st.handle.load(std::memory_order_relaxed), &reserved)) {
-    if (!unknown_is_empty) return;  // the driver cannot say: keep what is counted
-    reserved = 0;
-  }
   const std::uint64_t before = st.counted.load(std::memory_order_relaxed);
   // `outstanding` keeps `counted` from dropping below what allocations that
   // passed the fast path use, but never raises it: it also holds allocations
@@ -208,23 +214,53 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
     const std::uint64_t in_use = round_chunk(st.outstanding.load(std::memory_order_seq_cst));
     return in_use < before ? in_use : before;
   };
-  std::uint64_t target = reserved;
-  const std::uint64_t in_use = covered();
-  if (in_use > target) target = in_use;
-  if (target < before) {
-    // Lowering races with allocations that passed the fast-path test against
-    // the old value: publish the new value, then look at `outstanding` again
-    // (both seq_cst, as the fast path's add and load): any allocation that
-    // saw the old value is in this second read and stays covered.
-    st.counted.store(target, std::memory_order_seq_cst);
-    const std::uint64_t again = covered();
-    if (again > target) {
-      target = again;
-      st.counted.store(target, std::memory_order_seq_cst);
+  // The reserve read is only good with the `outstanding` reads after it if no
+  // allocation or free of the pool came between them: a fast-path allocation
+  // and its free there grow the reserve the first read missed and leave
+  // `outstanding` as it was. Every allocation and free marks the pool dirty
+  // (after its add, before its driver call; after its subtraction), so the
+  // mark is cleared first and looked at after the last read: set, a lowered
+  // count is put back and the reads taken again (3 tries), then nothing is
+  // lowered until the next synchronisation looks again.
+  std::uint64_t target = before;
+  bool consistent = false;
+  for (int attempt = 0; attempt < 3 && !consistent; ++attempt) {
+    st.dirty.store(0, std::memory_order_seq_cst);
+    std::uint64_t reserved = 0;
+    if (!reserve_of(st.handle.load(std::memory_order_relaxed), &reserved)) {
+      if (!unknown_is_empty) {  // the driver cannot say: keep what is counted
+        st.dirty.store(1, std::memory_order_relaxed);
+        return;
+      }
+      reserved = 0;
     }
-  } else if (target > before) {
-    st.counted.store(target, std::memory_order_seq_cst);
+    target = reserved;
+    const std::uint64_t in_use = covered();
+    if (in_use > target) target = in_use;
+    if (target < before) {
+      // Lowering races with allocations that passed the fast-path test
+      // against the old value: publish the new value, then look at
+      // `outstanding` again (both seq_cst, as the fast path's add and load):
+      // any allocation that saw the old value is in this second read and
+      // stays covered.
+      st.counted.store(target, std::memory_order_seq_cst);
+      const std::uint64_t again = covered();
+      if (again > target) {
+        target = again;
+        st.counted.store(target, std::memory_order_seq_cst);
+      }
+    }
+    consistent = st.dirty.load(std::memory_order_seq_cst) == 0;
+    if (!consistent && target < before) st.counted.store(before, std::memory_order_seq_cst);  // nothing released yet
   }
+  if (!consistent) {
+    if (target < before) target = before;  // raced by the pool's allocations: lower nothing now
+    st.dirty.store(1, std::memory_order_relaxed);  // the next synchronisation looks again
+  }
+  if (target > before) st.counted.store(target, std::memory_order_seq_cst);
+  // Still holding more than its allocations (a release threshold): a later
+  // synchronisation may release the rest.
+  if (target > round_chunk(st.outstanding.load(std::memory_order_relaxed))) mark_dirty(st);
   const int entry = st.entry.load(std::memory_order_relaxed);
   if (target < before) {
     give_back(entry, before - target);
@@ -288,7 +324,9 @@ bool record_stale(CUdeviceptr ptr, const PoolRecord& rec) noexcept {
 
 CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
                        RealAllocFn real_alloc, void* ctx) noexcept {
-  CountingOp op;  // the device's usage changes
+  // A counting operation: its callers (pools.cc) bracket the whole
+  // allocation, from the look at the pool to the settle (not nested here: a
+  // nested bracket would read as finished while the outer one runs).
   // Not admitted yet: out of `outstanding` while this waits for the lock, so
   // that a request about to be refused (one above the quota, retried in a
   // loop) does not look outstanding to the pool's other allocations and
@@ -301,14 +339,36 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
     finalize_if_drained(st);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  std::lock_guard<std::mutex> lock(st.mu);
   if (bytes > kHugeBytes) {  // no device has 2^48 bytes
     finalize_if_drained(st);  // destroyed meanwhile: we may have been its last
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  std::unique_lock<std::mutex> lock(st.mu);
   st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
-  if (!grow_locked(st, bytes)) {
+  std::uint64_t give_up = 0;  // waiting for the resident allowance: when it times out
+  for (;;) {
+    std::uint64_t held = 0;
+    const Grow grown = grow_locked(st, bytes, &held);
+    if (grown == Grow::ok) break;
     st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+    const int entry = st.entry.load(std::memory_order_relaxed);
+    bool admitted = false;
+    if (grown == Grow::wait) {
+      // Wait with `held` reserved (the allowance counts it) and the pool's
+      // mutex free, then grow again from the start: the room may have gone
+      // to another allocation meanwhile.
+      lock.unlock();
+      const std::uint64_t now = shm::monotonic_ns();
+      if (give_up == 0) give_up = now + std::uint64_t{config().options.oversubscribe_wait} * 1'000'000ull;
+      admitted = now < give_up && resident_admits(entry);
+      give_back(entry, held);
+      if (admitted) {
+        lock.lock();
+        st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
+        continue;
+      }
+      lock.lock();
+    }
     finalize_if_drained(st);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

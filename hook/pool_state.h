@@ -111,9 +111,13 @@ inline PoolState* current_pool(int ordinal, CUresult* rc) noexcept {
 
 // --- accounting (pool_state.cc) ---
 // Grows `counted` in whole chunks to cover an allocation of `bytes` being
-// made (already in `outstanding`), by at most its own chunks. False when the
-// quota or the resident allowance refuses it. Caller holds st.mu.
-bool grow_locked(PoolState& st, std::uint64_t bytes) noexcept;
+// made (already in `outstanding`), by at most its own chunks. `refused` when
+// the quota or the resident allowance refuses it; `wait` when it is over the
+// resident allowance under GPUSLICE_OVERSUBSCRIBE=wait: *held bytes stay
+// reserved, `counted` is unchanged, and the caller waits without st.mu
+// (alloc_growing). Caller holds st.mu.
+enum class Grow { ok, refused, wait };
+Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexcept;
 // Brings `counted` to max(the driver's reserve, outstanding rounded to a
 // chunk); the driver's reserve is read unless `reserve_known` (trusted).
 // Keeps `counted` when the driver cannot say (destroyed, foreign pool) unless
@@ -134,7 +138,8 @@ void reclaim_all() noexcept;
 // --- the slow paths of the wrappers (pools.cc takes no lock itself) ---
 // An allocation that does not fit in what is counted for its pool
 // (`after` = outstanding with it): grows the count under the pool's mutex,
-// bracketed as a counting operation, calls real_alloc(ctx), settles on the
+// calls real_alloc(ctx) (the caller brackets it all as one counting
+// operation, wrap.h), settles on the
 // driver's reserve and records the pointer. On failure `outstanding` is
 // given back and the count is what the driver holds.
 using RealAllocFn = CUresult (*)(void* ctx) noexcept;
@@ -172,9 +177,13 @@ inline bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) n
   return true;
 }
 // An allocation's bytes went back to its pool (the driver accepted the free).
+// The pool is marked dirty *before* the subtraction, unconditionally (the
+// line is written anyway): a reconciliation that sees the subtraction sees
+// the mark, so an allocation and free between its reads is never missed
+// (reconcile_locked).
 inline void freed(PoolState& st, std::uint64_t bytes) noexcept {
+  st.dirty.store(1, std::memory_order_relaxed);
   st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
-  mark_dirty(st);
   if (__builtin_expect(st.destroyed.load(std::memory_order_seq_cst) != 0, 0)) finalize_if_drained(st);
 }
 

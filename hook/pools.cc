@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "hook/launch.h"
+#include "hook/measure.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
 
@@ -73,6 +74,10 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, bool per_
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (dptr == nullptr) return real();
+  // From the look at the current pool to the driver call: cuDeviceSetMemPool
+  // waits for it (and it for cuDeviceSetMemPool), so the pool charged is the
+  // pool the driver allocates from.
+  CountingOp op;
   // The current pool of the stream's device (a stream of device 1 while
   // device 0's context is current allocates on device 1).
   int ordinal = launch::stream_ordinal(stream, per_thread);
@@ -114,6 +119,7 @@ CUresult alloc_from_pool_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool poo
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (pool == nullptr || dptr == nullptr) return real();  // the driver's CUDA_ERROR_INVALID_VALUE; nothing to count
+  CountingOp op;  // a growth changes the device's usage (the fast path, as the driver may, too)
   PoolState* st = pools::find(pool);
   if (__builtin_expect(st == nullptr, 0)) return alloc_from_unknown_pool(dptr, bytes, pool, stream, per_thread, real);
   return alloc_from(*st, bytes, dptr, real);
@@ -223,15 +229,28 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice
   remember_pool(rc, pool, dev);
   return rc;
 }
-// cuMemAllocAsync allocates from the device's current pool, which this changes.
+// cuMemAllocAsync allocates from the device's current pool, which this
+// changes: no cuMemAllocAsync may be between its look at the cached current
+// pool and its driver call meanwhile (it would charge the old pool while the
+// driver grows the new one). The gate of counting operations (measure.h)
+// holds new ones back and waits for those in flight (bounded: kDrainNs).
 GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  rc = real_cuDeviceSetMemPool(dev, pool);
-  if (rc == CUDA_SUCCESS) {
-    pools::forget_current(dev);
-    remember_pool(rc, &pool, dev);
-  }
+  struct Args {
+    CUdevice dev;
+    CUmemoryPool pool;
+  } args{dev, pool};
+  rc = gated_call(
+      "cuDeviceSetMemPool",
+      [](void* c) noexcept {
+        const Args& a = *static_cast<Args*>(c);
+        const CUresult r = real_cuDeviceSetMemPool(a.dev, a.pool);
+        if (r == CUDA_SUCCESS) pools::forget_current(a.dev);  // before the gate opens
+        return r;
+      },
+      &args);
+  remember_pool(rc, &pool, dev);
   return rc;
 }
 
@@ -254,6 +273,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmem
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // releases the pool's reserve: no measurement may overlap it
   PoolState* st = pools::find(pool);
   return st == nullptr ? real_cuMemPoolDestroy(pool) : pools::destroy(*st, pool);
 }
@@ -261,18 +281,22 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // releases reserve: no measurement may overlap it
   rc = real_cuMemPoolTrimTo(pool, minBytesToKeep);
   if (rc != CUDA_SUCCESS) return rc;
   if (PoolState* st = pools::find(pool)) pools::reconcile_now(*st);
   return rc;
 }
 
-// Synchronisation points: where the driver trims pools to their release threshold.
+// Synchronisation points: where the driver trims pools to their release
+// threshold. A trim lowers the device's usage: a synchronisation is a counting
+// operation, so no measurement of implicit memory (context.cc) overlaps one.
 namespace {
 template <class Sync>
 CUresult sync_then_reconcile(Sync&& sync) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;
   rc = sync();
   if (pools::g_slots_used.load(std::memory_order_relaxed) != 0) pools::reconcile_dirty();
   return rc;
@@ -290,4 +314,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
   return sync_then_reconcile([&] { return real_cuEventSynchronize(hEvent); });
+}
+// CUDA 12.5+: synchronises a given context (or the current one).
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+  return sync_then_reconcile([&] {
+    return real_cuCtxSynchronize_v2 != nullptr ? real_cuCtxSynchronize_v2(ctx) : CUDA_ERROR_NOT_FOUND;  // older driver
+  });
 }

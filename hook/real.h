@@ -19,6 +19,7 @@ namespace gpuslice::hook {
 #define GPUSLICE_CU_INTERNAL(X)        \
   X(cuCtxGetDevice)                    \
   X(cuCtxGetCurrent)                   \
+  X(cuCtxGetLimit)                     \
   X(cuDeviceGet)                       \
   X(cuDeviceGetCount)                  \
   X(cuDeviceGetUuid_v2)                \

@@ -27,8 +27,10 @@ union NoDestroy {
   T* operator->() noexcept { return &value; }
 };
 
-// Counting operations of this process (allocation or free, from before the
-// driver call until the count is settled). A context's memory is measured as
+// Counting operations of this process: every call that can change its device
+// memory (an allocation or free, and every release that is not a free:
+// destroys, unloads, trims, synchronisations), from before the driver call
+// until the count is settled. A context's memory is measured as
 // NVML's usage of this process after minus before its creation, which is
 // exact only if no counting operation overlapped (context.cc, measure.h).
 // Without any memory quota nothing is measured (context.cc only asks NVML on
@@ -71,6 +73,18 @@ extern OpCounter g_op_counters[kOpCounters];
 // Whether a counter's owner is a live thread of this process.
 bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 
+// Closed (non-zero) while a measurement is in progress (context.cc,
+// measure.h): a counting operation that finds it closed after marking itself
+// in flight takes the mark back and waits for the measurement to end before
+// it calls the driver, so nothing of the process changes the device's usage
+// during a measurement but the measured call itself (docs/memory.md,
+// "Contexts, modules and libraries"). The measurer closes it, then issues
+// membarrier before reading the counters: an operation that marked itself
+// before that barrier is seen in flight and waited for; one that marked
+// itself after sees the gate closed.
+extern std::atomic<std::uint32_t> g_measure_gate;
+[[gnu::cold, gnu::noinline]] void wait_measure_gate(std::atomic<std::uint64_t>* counter) noexcept;
+
 struct CountingOp {
   CountingOp() noexcept : counter(counting_on() ? begin() : nullptr) {}
   ~CountingOp() {
@@ -92,11 +106,13 @@ struct CountingOp {
       c = claim_op_counter();
     if (c == &g_counting_ops) {
       g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
+      if (__builtin_expect(g_measure_gate.load(std::memory_order_seq_cst) != 0, 0)) wait_measure_gate(c);
     } else {
       c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       // Kept before the driver call by the compiler; the measurer's
       // membarrier orders it for the CPU.
       std::atomic_signal_fence(std::memory_order_seq_cst);
+      if (__builtin_expect(g_measure_gate.load(std::memory_order_relaxed) != 0, 0)) wait_measure_gate(c);
     }
     return c;
   }

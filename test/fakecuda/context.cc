@@ -72,6 +72,9 @@ void teardown_context_locked(CUctx_st *ctx) {
   modules_release_context_locked(ctx);
   streams_release_context_locked(ctx);
   ctx->active.store(false, std::memory_order_release);
+  if (ctx->heap_extra != 0) uncharge_device(ctx->device, ctx->heap_extra);
+  ctx->heap_extra = 0;
+  ctx->limits[CU_LIMIT_MALLOC_HEAP_SIZE] = 0;
   uncharge_context(ctx->device);
 }
 
@@ -382,6 +385,20 @@ extern "C" CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   if (limit == CU_LIMIT_SHMEM_SIZE || limit == CU_LIMIT_CIG_ENABLED) return CUDA_ERROR_INVALID_VALUE;
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  if (limit == CU_LIMIT_MALLOC_HEAP_SIZE) {
+    // The device malloc heap is device memory the driver reserves for the
+    // context (cuda.h: such reservations failing make cuCtxSetLimit return
+    // CUDA_ERROR_OUT_OF_MEMORY). The default heap is part of the context's own
+    // memory; a larger one holds the difference from now on.
+    std::lock_guard<std::mutex> guard(runtime().mu);
+    const std::uint64_t extra = value > kDefaultLimits[limit] ? value - kDefaultLimits[limit] : 0;
+    if (extra > ctx->heap_extra) {
+      if (CUresult rc = charge_device(ctx->device, extra - ctx->heap_extra); rc != CUDA_SUCCESS) return rc;
+    } else if (extra < ctx->heap_extra) {
+      uncharge_device(ctx->device, ctx->heap_extra - extra);
+    }
+    ctx->heap_extra = extra;
+  }
   ctx->limits[limit] = value;
   return CUDA_SUCCESS;
 }

@@ -36,6 +36,7 @@ struct CUctx_st {
   std::atomic<std::uint64_t> last_ticket{0};  // realistic profile: newest scheduler ticket of this context
   CUstream_st *null_stream = nullptr;
   std::size_t limits[16] = {};
+  std::uint64_t heap_extra = 0;  // device bytes held for a malloc heap above the default (cuCtxSetLimit)
 };
 
 struct CUstream_st {

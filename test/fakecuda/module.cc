@@ -352,11 +352,16 @@ extern "C" CUresult cuLibraryUnload(CUlibrary library) {
   return CUDA_SUCCESS;
 }
 
+// The module of the library in the current context: a library loaded with no
+// context current is placed there now (cuda.h: "for the current context").
 extern "C" CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
   if (pMod == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
+  CUctx_st *ctx = nullptr;
+  if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult rc = place_locked(library->module, ctx->device); rc != CUDA_SUCCESS) return rc;
   *pMod = library->module;
   return CUDA_SUCCESS;
 }
@@ -379,6 +384,9 @@ extern "C" CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
   if (!alive(function)) return CUDA_ERROR_INVALID_HANDLE;
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+  // The function in the current context: its lazily loaded library is placed now.
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (CUresult rc = place_locked(function->module, ctx->device); rc != CUDA_SUCCESS) return rc;
   *pFunc = function;
   return CUDA_SUCCESS;
 }

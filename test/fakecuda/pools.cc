@@ -6,6 +6,10 @@
 // cuMemPoolTrimTo trims on request. Stream order itself is not modelled: an
 // allocation or free takes effect when the call is made.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "driver.h"
 
@@ -101,9 +105,35 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st *pool, std::uint64_t size, CUctx_s
   return CUDA_SUCCESS;
 }
 
+// Test knobs that widen a race window (README, "Test knobs"): microseconds
+// slept, outside the driver's lock, before a stream-ordered allocation looks
+// at the device's current pool, and after a pool's reserve is read for
+// cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT). 0 = none.
+unsigned delay_knob(const char *name) {
+  const char *text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return 0;
+  char *end = nullptr;
+  const unsigned long v = std::strtoul(text, &end, 10);
+  if (*end != '\0' || v > 10'000'000) {
+    std::fprintf(stderr, "fakecuda: %s=%s: expected microseconds, 0 to 10000000; ignored\n", name, text);
+    return 0;
+  }
+  return static_cast<unsigned>(v);
+}
+void knob_sleep(const char *name, unsigned *cached, std::atomic<int> *read) {
+  if (read->load(std::memory_order_acquire) == 0) {
+    *cached = delay_knob(name);
+    read->store(1, std::memory_order_release);
+  }
+  if (*cached != 0) std::this_thread::sleep_for(std::chrono::microseconds(*cached));
+}
+unsigned g_alloc_delay_us = 0, g_query_delay_us = 0;
+std::atomic<int> g_alloc_delay_read{0}, g_query_delay_read{0};
+
 CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemPoolHandle_st *pool, CUstream hStream, bool ptsz) {
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
+  if (pool == nullptr) knob_sleep("FAKECUDA_ALLOC_ASYNC_DELAY_US", &g_alloc_delay_us, &g_alloc_delay_read);
   CUstream_st *stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -278,7 +308,16 @@ extern "C" CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute
   }
 }
 
+CUresult pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+
 extern "C" CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+  const CUresult rc = pool_get_attribute(pool, attr, value);
+  if (rc == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+    knob_sleep("FAKECUDA_POOL_QUERY_DELAY_US", &g_query_delay_us, &g_query_delay_read);
+  return rc;
+}
+
+CUresult pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);

@@ -1,0 +1,226 @@
+// implicit_probe: memory the driver takes without an allocation call
+// (contexts, modules, lazily placed libraries) under the preload library, for
+// test/hardening/implicit_memory_test.cc. Links the simulated driver
+// directly, as an application links libcuda. Each scenario prints
+// "key=value" lines (counted = cuMemGetInfo's total - free; held =
+// fakecuda_process_used_bytes) and exits 0, or 2 when a setup call failed.
+//
+//   implicit_probe measure-vs-release MEASURED KIND ROUNDS
+//       the main thread creates a context (MEASURED=ctx) or loads a module
+//       with a 64 MiB global (MEASURED=module), compares the count with what
+//       the device holds (the other thread paused), and undoes it, ROUNDS
+//       times; meanwhile another thread releases device memory by KIND:
+//       ctx-destroy, primary-release, sync-trim, pool-trim, module-unload,
+//       library-unload
+//   implicit_probe set-limit MIB
+//       cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, MIB) in a created context,
+//       then the context destroyed
+//   implicit_probe lazy-library MIB HOW
+//       a library with a MIB global loaded with no context current, then
+//       placed by its first use: HOW = global (cuLibraryGetGlobal),
+//       kernel (cuLibraryGetKernel + cuKernelGetFunction)
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "fakecuda_query.h"
+
+namespace {
+
+constexpr std::size_t kMi = std::size_t{1} << 20;
+
+void check(CUresult rc, const char* what) {
+  if (rc != CUDA_SUCCESS) {
+    std::fprintf(stderr, "implicit_probe: %s failed: %d\n", what, static_cast<int>(rc));
+    std::exit(2);
+  }
+}
+
+// What gpuslice counts on the current context's device.
+long long counted_used() {
+  size_t free_b = 0, total = 0;
+  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
+  return static_cast<long long>(total - free_b);
+}
+long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 0)); }
+
+std::string image_with_global(std::size_t bytes) {
+  return ".global .align 8 .b8 big[" + std::to_string(bytes) + "];\n.entry k\n";
+}
+
+// One release of device memory of `kind` by the churn thread, undone before it returns.
+void release_once(const std::string& kind, CUcontext home, CUstream stream, CUmemoryPool pool,
+                  const std::string& image) {
+  // Several at once, then released back to back: more releases fall inside
+  // the main thread's measurement.
+  if (kind == "ctx-destroy") {
+    CUcontext c[4] = {};
+    for (CUcontext& x : c) cuCtxCreate(&x, nullptr, 0, 0);
+    for (CUcontext x : c)
+      if (x != nullptr) cuCtxDestroy(x);
+    cuCtxSetCurrent(home);
+  } else if (kind == "primary-release") {
+    CUcontext c = nullptr;
+    if (cuDevicePrimaryCtxRetain(&c, 0) == CUDA_SUCCESS) cuDevicePrimaryCtxRelease(0);
+  } else if (kind == "sync-trim") {
+    CUdeviceptr p = 0;
+    if (cuMemAllocAsync(&p, 64 * kMi, stream) == CUDA_SUCCESS) cuMemFreeAsync(p, stream);
+    cuStreamSynchronize(stream);  // trims the pool to its threshold (0)
+  } else if (kind == "pool-trim") {
+    CUdeviceptr p = 0;
+    if (cuMemAllocFromPoolAsync(&p, 64 * kMi, pool, stream) == CUDA_SUCCESS) cuMemFreeAsync(p, stream);
+    cuMemPoolTrimTo(pool, 0);
+  } else if (kind == "module-unload") {
+    CUmodule m[4] = {};
+    for (CUmodule& x : m) cuModuleLoadData(&x, image.c_str());
+    for (CUmodule x : m)
+      if (x != nullptr) cuModuleUnload(x);
+  } else if (kind == "library-unload") {
+    CUlibrary l[4] = {};
+    for (CUlibrary& x : l) cuLibraryLoadData(&x, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    for (CUlibrary x : l)
+      if (x != nullptr) cuLibraryUnload(x);
+  }
+}
+
+int measure_vs_release(const std::string& measured, const std::string& kind, int rounds) {
+  // Not the primary context: "primary-release" must destroy it each time.
+  CUcontext home = nullptr;
+  check(cuCtxCreate(&home, nullptr, 0, 0), "cuCtxCreate");
+  CUstream stream = nullptr;
+  check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool pool = nullptr;
+  check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+  cuuint64_t threshold = ~cuuint64_t{0};  // keeps everything until trimmed
+  check(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "cuMemPoolSetAttribute");
+  const std::string churn_image = image_with_global(96 * kMi);
+  const std::string image = image_with_global(64 * kMi);
+
+  std::atomic<bool> stop{false}, pause{false};
+  std::atomic<int> paused{0};
+  std::thread churn([&] {
+    cuCtxSetCurrent(home);
+    while (!stop.load()) {
+      if (pause.load()) {
+        paused.store(1);
+        while (pause.load() && !stop.load()) std::this_thread::yield();
+        paused.store(0);
+        continue;
+      }
+      release_once(kind, home, stream, pool, churn_image);
+    }
+  });
+  int shorts = 0, mismatches = 0, refused = 0;
+  long long max_short = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUcontext ctx = nullptr;
+    CUmodule mod = nullptr;
+    CUresult rc = CUDA_SUCCESS;
+    if (measured == "ctx")
+      rc = cuCtxCreate(&ctx, nullptr, 0, 0);
+    else
+      rc = cuModuleLoadData(&mod, image.c_str());
+    pause.store(true);
+    while (paused.load() == 0) std::this_thread::yield();
+    cuCtxSetCurrent(home);
+    const long long c = counted_used(), h = held();
+    if (c != h) ++mismatches;
+    if (c < h) {
+      ++shorts;
+      if (h - c > max_short) max_short = h - c;
+    }
+    if (rc != CUDA_SUCCESS) ++refused;
+    if (ctx != nullptr) check(cuCtxDestroy(ctx), "cuCtxDestroy");
+    if (mod != nullptr) check(cuModuleUnload(mod), "cuModuleUnload");
+    cuCtxSetCurrent(home);
+    pause.store(false);
+    while (paused.load() != 0) std::this_thread::yield();
+  }
+  stop.store(true);
+  churn.join();
+  std::printf("measure-vs-release measured=%s kind=%s rounds=%d refused=%d shorts=%d max_short=%lld mismatches=%d\n",
+              measured.c_str(), kind.c_str(), rounds, refused, shorts, max_short, mismatches);
+  return 0;
+}
+
+int lazy_library(std::size_t bytes, const std::string& how) {
+  const std::string image = image_with_global(bytes);
+  CUlibrary lib = nullptr;
+  // No context current: the driver loads the library lazily (CUDA 12.2+ default).
+  check(cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  const long long loaded = counted_used(), loaded_held = held();
+  CUresult rc = CUDA_SUCCESS;
+  if (how == "global") {
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    rc = cuLibraryGetGlobal(&p, &size, lib, "big");
+  } else {
+    CUkernel k = nullptr;
+    rc = cuLibraryGetKernel(&k, lib, "k");
+    CUfunction f = nullptr;
+    if (rc == CUDA_SUCCESS) rc = cuKernelGetFunction(&f, k);
+  }
+  const long long placed = counted_used(), placed_held = held();
+  // A second use places nothing more.
+  CUdeviceptr p = 0;
+  size_t size = 0;
+  const CUresult again = cuLibraryGetGlobal(&p, &size, lib, "big");
+  const long long again_counted = counted_used(), again_held = held();
+  cuLibraryUnload(lib);  // already unloaded when a placement was refused
+  const long long unloaded = counted_used(), unloaded_held = held();
+  std::printf("lazy-library how=%s rc=%d again_rc=%d loaded=%lld loaded_held=%lld placed=%lld placed_held=%lld "
+              "again=%lld again_held=%lld unloaded=%lld unloaded_held=%lld\n",
+              how.c_str(), static_cast<int>(rc), static_cast<int>(again), loaded, loaded_held, placed, placed_held,
+              again_counted, again_held, unloaded, unloaded_held);
+  return 0;
+}
+
+// cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, MIB) in a created context: what
+// the driver reserves for the heap is counted (or the call refused over the
+// quota, the previous limit kept), and released with the context.
+int set_limit(std::size_t bytes) {
+  CUcontext ctx = nullptr;
+  check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+  const long long before = counted_used(), before_held = held();
+  const CUresult rc = cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, bytes);
+  size_t limit = 0;
+  check(cuCtxGetLimit(&limit, CU_LIMIT_MALLOC_HEAP_SIZE), "cuCtxGetLimit");
+  const long long set = counted_used(), set_held = held();
+  check(cuCtxDestroy(ctx), "cuCtxDestroy");
+  CUcontext other = nullptr;
+  check(cuDevicePrimaryCtxRetain(&other, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(other), "cuCtxSetCurrent");
+  const long long destroyed = counted_used(), destroyed_held = held();
+  std::printf("set-limit rc=%d limit=%zu before=%lld before_held=%lld set=%lld set_held=%lld destroyed=%lld "
+              "destroyed_held=%lld\n",
+              static_cast<int>(rc), limit, before, before_held, set, set_held, destroyed, destroyed_held);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: implicit_probe SCENARIO ARGS...\n");
+    return 64;
+  }
+  check(cuInit(0), "cuInit");
+  const std::string what = argv[1];
+  if (what == "measure-vs-release" && argc == 5) return measure_vs_release(argv[2], argv[3], std::atoi(argv[4]));
+  if (what == "set-limit" && argc == 3) return set_limit(std::strtoull(argv[2], nullptr, 10) * kMi);
+  if (what == "lazy-library" && argc == 4) return lazy_library(std::strtoull(argv[2], nullptr, 10) * kMi, argv[3]);
+  std::fprintf(stderr, "implicit_probe: unknown scenario or wrong arguments: %s\n", what.c_str());
+  return 64;
+}

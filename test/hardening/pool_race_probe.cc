@@ -1,0 +1,157 @@
+// pool_race_probe: stream-ordered allocation racing the library's slow paths,
+// with a window widened by the simulated driver's test knobs
+// (FAKECUDA_POOL_QUERY_DELAY_US, FAKECUDA_ALLOC_ASYNC_DELAY_US), for
+// test/hardening/pool_race_test.cc. Prints "key=value" lines (counted =
+// cuMemGetInfo's total - free; held = what the simulated device holds for
+// this process) and exits 0, or 2 when a setup call failed.
+//
+//   pool_race_probe reconcile-order MIB
+//       a synchronisation's reconciliation reads the pool's reserve (the
+//       answer delayed) while another thread allocates MIB on the fast path
+//       and frees it
+//   pool_race_probe set-mempool MIB
+//       cuMemAllocAsync of MIB (delayed in the driver) while another thread
+//       makes a second pool current; then MIB more from the new current pool
+//   pool_race_probe allowance-wait MIB_A MIB_B
+//       a pool allocation waiting for the resident allowance while another
+//       thread frees the same pool's memory and synchronises
+#include <cuda.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "fakecuda_query.h"
+
+namespace {
+
+constexpr std::size_t kMi = std::size_t{1} << 20;
+
+void check(CUresult rc, const char* what) {
+  if (rc != CUDA_SUCCESS) {
+    std::fprintf(stderr, "pool_race_probe: %s failed: %d\n", what, static_cast<int>(rc));
+    std::exit(2);
+  }
+}
+
+long long counted_used() {
+  size_t free_b = 0, total = 0;
+  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
+  return static_cast<long long>(total - free_b);
+}
+long long held() {
+  return static_cast<long long>(fakecuda_process_used_bytes(0, 0) - fakecuda_process_context_bytes(0, 0));
+}
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+int reconcile_order(std::size_t bytes) {
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  CUstream s = nullptr;
+  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");  // counted: the pool grew
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");            // still counted: the pool keeps it
+  // The sync trims the pool (threshold 0); its reconciliation reads the
+  // reserve (0), and its answer comes late: meanwhile this thread allocates
+  // on the fast path (the count still covers it) and frees.
+  std::thread sync([&] {
+    cuCtxSetCurrent(ctx);
+    cuStreamSynchronize(s);
+  });
+  sleep_ms(100);
+  const CUresult rc = cuMemAllocAsync(&p, bytes, s);
+  if (rc == CUDA_SUCCESS) cuMemFreeAsync(p, s);
+  sync.join();
+  std::printf("reconcile-order rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(), held());
+  return 0;
+}
+
+int set_mempool(std::size_t bytes) {
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  CUstream s = nullptr;
+  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  const cuuint64_t keep = ~cuuint64_t{0};
+  CUmemoryPool first = nullptr;
+  check(cuDeviceGetMemPool(&first, 0), "cuDeviceGetMemPool");
+  check(cuMemPoolSetAttribute(first, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, const_cast<cuuint64_t*>(&keep)),
+        "cuMemPoolSetAttribute");
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool second = nullptr;
+  check(cuMemPoolCreate(&second, &props), "cuMemPoolCreate");
+  check(cuMemPoolSetAttribute(second, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, const_cast<cuuint64_t*>(&keep)),
+        "cuMemPoolSetAttribute");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");  // the first pool grows (counted) and keeps it
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+  CUresult rc1 = CUDA_SUCCESS;
+  CUdeviceptr p1 = 0;
+  std::thread alloc([&] {
+    cuCtxSetCurrent(ctx);
+    rc1 = cuMemAllocAsync(&p1, bytes, s);  // fits the first pool's count: its fast path
+  });
+  sleep_ms(100);  // the driver is still before its look at the current pool
+  check(cuDeviceSetMemPool(0, second), "cuDeviceSetMemPool");
+  alloc.join();
+  CUdeviceptr p2 = 0;
+  const CUresult rc2 = cuMemAllocAsync(&p2, bytes, s);
+  std::printf("set-mempool rc1=%d rc2=%d counted=%lld held=%lld\n", static_cast<int>(rc1), static_cast<int>(rc2),
+              counted_used(), held());
+  return 0;
+}
+
+// Under GPUSLICE_OVERSUBSCRIBE=wait: one thread holds MIB_A of a pool; a
+// second asks the same pool for MIB_B beyond the resident allowance and
+// waits; the first frees its allocation and synchronises (the pool is
+// trimmed, and the reconciliation gives its count back): the waiter goes on.
+int allowance_wait(std::size_t a, std::size_t b) {
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  CUstream s = nullptr;
+  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUdeviceptr pa = 0;
+  check(cuMemAllocAsync(&pa, a, s), "cuMemAllocAsync");
+  CUresult rc = CUDA_SUCCESS;
+  long long waited_ms = 0;
+  std::thread waiter([&] {
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr pb = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    rc = cuMemAllocAsync(&pb, b, s);
+    waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    if (rc == CUDA_SUCCESS) cuMemFreeAsync(pb, s);
+  });
+  sleep_ms(200);
+  check(cuMemFreeAsync(pa, s), "cuMemFreeAsync");
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  waiter.join();
+  std::printf("allowance-wait rc=%d waited_ms=%lld\n", static_cast<int>(rc), waited_ms);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: pool_race_probe SCENARIO MIB [MIB]\n");
+    return 64;
+  }
+  check(cuInit(0), "cuInit");
+  const std::string what = argv[1];
+  const std::size_t bytes = std::strtoull(argv[2], nullptr, 10) * kMi;
+  if (what == "reconcile-order") return reconcile_order(bytes);
+  if (what == "set-mempool") return set_mempool(bytes);
+  if (what == "allowance-wait" && argc == 4) return allowance_wait(bytes, std::strtoull(argv[3], nullptr, 10) * kMi);
+  std::fprintf(stderr, "pool_race_probe: unknown scenario %s\n", what.c_str());
+  return 64;
+}
