@@ -64,8 +64,13 @@ struct alignas(64) PrioDevice {
   std::atomic<int> lower_present{0};         // a lower-priority neighbour is present
   std::atomic<int> tight{0};                 // a higher neighbour launched recently: the tight bound
   std::atomic<DeviceState*> state{nullptr};  // the container's entry (its SM limit)
-  // Board state (board_lock).
+  // This container's own file (board_lock).
   std::atomic<std::uint32_t> board_lock{0};
+  // The neighbours' tables (peers_lock). The background refresh holds it for
+  // a scan step (bounded, but up to a few ms in a flooded directory); the
+  // launch path only tries it and goes on with the previous verdict when it
+  // is busy: it never waits behind a directory.
+  std::atomic<std::uint32_t> peers_lock{0};
   bool named = false;
   char uuid[shm::kUuidTextSize] = {};
   char own_name[shm::kBoardNameMax] = {};
@@ -119,6 +124,10 @@ void lock(std::atomic<std::uint32_t>& l) noexcept {
   }
 }
 void unlock(std::atomic<std::uint32_t>& l) noexcept { l.store(0, std::memory_order_release); }
+bool try_lock(std::atomic<std::uint32_t>& l) noexcept {
+  std::uint32_t expected = 0;
+  return l.compare_exchange_strong(expected, 1, std::memory_order_acquire);
+}
 
 Priority level_of_option(int index) noexcept {
   switch (index) {
@@ -152,6 +161,7 @@ void after_fork_in_child() noexcept {
     p.published_until.store(0, std::memory_order_relaxed);
     p.ring_lock.store(0, std::memory_order_relaxed);
     p.board_lock.store(0, std::memory_order_relaxed);
+    p.peers_lock.store(0, std::memory_order_relaxed);
     // The directory descriptors' positions are shared with the parent: the
     // child scans with its own (at its next refresh).
     for (shm::LevelScan& level : p.levels) shm::close_level(&level);
@@ -227,7 +237,7 @@ void ensure_own_file(PrioDevice& p, Priority self, bool publish) noexcept {
   p.own_pid = getpid();
 }
 
-// board_lock held. With `scan` (the background refresh only, never the launch
+// peers_lock held. With `scan` (the background refresh only, never the launch
 // path) takes one bounded step of each other level's scan; then reads the
 // neighbours already open and decides.
 Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged, bool scan) noexcept {
@@ -268,11 +278,14 @@ Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged,
   return v;
 }
 
+// The launch path's look at the board: only files already open, never a
+// directory. While the background refresh is scanning (peers_lock busy), the
+// previous verdict stands (a held launch looks again 250 us later).
 Verdict recheck(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
-  lock(p.board_lock);
+  if (!try_lock(p.peers_lock)) return static_cast<Verdict>(p.verdict.load(std::memory_order_relaxed));
   bool engaged = true;
   const Verdict v = evaluate(p, self, now, &engaged, false);
-  unlock(p.board_lock);
+  unlock(p.peers_lock);
   return v;
 }
 
@@ -413,7 +426,7 @@ bool bound_wait(PrioDevice& p, bool tight) noexcept {
 std::uint64_t read_lower_backlog(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
   limiter::PeerSample samples[kMaxPeers];
   std::size_t n = 0;
-  lock(p.board_lock);
+  if (!try_lock(p.peers_lock)) return 0;  // a scan step is running: no backlog known this burst
   for (const shm::LevelScan& table : p.levels) {
     for (int i = 0; i < table.count; ++i) {
       const shm::PeerFile& peer = table.files[i];
@@ -423,7 +436,7 @@ std::uint64_t read_lower_backlog(PrioDevice& p, Priority self, std::uint64_t now
         samples[n++] = limiter::PeerSample{peer.level, rec.active_until_ns, rec.last_launch_ns};
     }
   }
-  unlock(p.board_lock);
+  unlock(p.peers_lock);
   return limiter::lower_backlog(self, samples, n, now);
 }
 
@@ -583,10 +596,14 @@ bool priority_refresh() noexcept {
       p.own_fd = -1;
       p.published_until.store(0, std::memory_order_relaxed);
     }
+    unlock(p.board_lock);
     bool engaged = false;
+    lock(p.peers_lock);
     evaluate(p, self, now, &engaged, true);
+    unlock(p.peers_lock);
     // A high or low container publishes always (its neighbours must find it
     // even before it finds them); a normal one only next to another level.
+    lock(p.board_lock);
     ensure_own_file(p, self, engaged);
     unlock(p.board_lock);
     p.engaged.store(engaged ? 1 : 0, std::memory_order_relaxed);

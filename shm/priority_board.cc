@@ -327,10 +327,9 @@ void visit(LevelScan* s, Priority level, const char* name, std::int64_t now, boo
     if (old && can_reap && c.reaped < kScanReaps && unlinkat(s->dfd, name, 0) == 0) ++c.reaped;
     return;
   }
-  if (s->count >= kLevelPeers && !(old && can_reap)) {
-    s->want_pass = true;  // a place may free later: look again then
-    return;
-  }
+  // A full table: a place frees when one of its files goes (that sets
+  // want_pass); looking again before would only repeat this pass.
+  if (s->count >= kLevelPeers && !(old && can_reap)) return;
   ++c.opens;
   const int fd = openat(s->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return;
@@ -347,7 +346,6 @@ void visit(LevelScan* s, Priority level, const char* name, std::int64_t now, boo
   }
   if (s->count >= kLevelPeers) {
     close(fd);
-    s->want_pass = true;
     return;
   }
   s->files[s->count++] = PeerFile{fd, level, static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino), true};

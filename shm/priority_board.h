@@ -86,7 +86,7 @@ struct LevelScan {
   std::int64_t pass_mtime_ns = 0;      // its mtime when the current pass began
   std::int64_t pass_begin_ns = 0;      // CLOCK_REALTIME when it began
   bool in_pass = false;                // a pass is under way (the directory position is its cursor)
-  bool want_pass = false;              // a table entry was dropped, or the table overflowed
+  bool want_pass = false;              // a table entry was dropped: a file left out may take its place
 };
 
 // What one scan_level call did (tests and benchmarks).
