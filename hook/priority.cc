@@ -3,10 +3,12 @@
 //
 // Per device this process keeps: its container's activity file on the board
 // (written with pwrite, at most every kPublishSlackNs), the neighbours' files
-// of the other levels (read with pread, at most every kRecheckNs per launch
-// path, rescanned every kRescanNs) and, while a higher-priority neighbour is
-// present, a ring of event markers recorded in front of its launches that
-// bounds how much of its work is queued on the device.
+// of the other levels, one table per level (read with pread, at most every
+// kRecheckNs per launch path; the directories are scanned by the background
+// refresh only, in bounded steps, never on the launch path) and, while a
+// higher-priority neighbour is present, a ring of event markers recorded in
+// front of its launches that bounds how much of its work is queued on the
+// device.
 #include "hook/priority.h"
 
 #include <pthread.h>
