@@ -3,10 +3,12 @@
 //
 // Per device this process keeps: its container's activity file on the board
 // (written with pwrite, at most every kPublishSlackNs), the neighbours' files
-// of the other levels (read with pread, at most every kRecheckNs per launch
-// path, rescanned every kRescanNs) and, while a higher-priority neighbour is
-// present, a ring of event markers recorded in front of its launches that
-// bounds how much of its work is queued on the device.
+// of the other levels, one table per level (read with pread, at most every
+// kRecheckNs per launch path; the directories are scanned by the background
+// refresh only, in bounded steps, never on the launch path) and, while a
+// higher-priority neighbour is present, a ring of event markers recorded in
+// front of its launches that bounds how much of its work is queued on the
+// device.
 #include "hook/priority.h"
 
 #include <pthread.h>
@@ -34,7 +36,8 @@ namespace {
 
 using limiter::Verdict;
 
-constexpr int kMaxPeers = 32;
+constexpr int kLevels = 3;  // low, normal, high: one table each
+constexpr int kMaxPeers = kLevels * shm::kLevelPeers;
 constexpr unsigned kRing = 32;  // > kMaxBoundLaunches
 constexpr std::uint64_t kLockPollNs = 20'000;
 // How late a thread blocked on an event usually wakes after it completes
@@ -63,16 +66,20 @@ struct alignas(64) PrioDevice {
   std::atomic<int> lower_present{0};         // a lower-priority neighbour is present
   std::atomic<int> tight{0};                 // a higher neighbour launched recently: the tight bound
   std::atomic<DeviceState*> state{nullptr};  // the container's entry (its SM limit)
-  // Board state (board_lock).
+  // This container's own file (board_lock).
   std::atomic<std::uint32_t> board_lock{0};
+  // The neighbours' tables (peers_lock). The background refresh holds it for
+  // a scan step (bounded, but up to a few ms in a flooded directory); the
+  // launch path only tries it and goes on with the previous verdict when it
+  // is busy: it never waits behind a directory.
+  std::atomic<std::uint32_t> peers_lock{0};
   bool named = false;
   char uuid[shm::kUuidTextSize] = {};
   char own_name[shm::kBoardNameMax] = {};
   int own_fd = -1;
   Priority own_level = Priority::unset;
-  shm::PeerFile peers[kMaxPeers];
-  int peer_count = 0;
-  std::uint64_t scanned_ns = 0;
+  shm::LevelScan levels[kLevels];  // [level - 1]: the neighbours' files, per level
+  pid_t own_pid = 0;                // the process that holds the liveness lock on own_fd
   std::uint64_t held_ns = 0, holds = 0;
   // Markers (ring_lock).
   std::atomic<std::uint32_t> ring_lock{0};
@@ -94,6 +101,7 @@ shm::OnceFlag g_setup;  // the board directory and this process's names
 char g_board[shm::kBoardPathMax];
 Priority g_env_level = Priority::normal;
 std::uint64_t g_region_dev = 0, g_region_ino = 0;
+std::atomic<pid_t> g_exiting{0};  // the process whose exit-time removal ran: it never recreates a file
 
 struct EventApi {
   decltype(&::cuEventCreate) create = nullptr;
@@ -118,6 +126,10 @@ void lock(std::atomic<std::uint32_t>& l) noexcept {
   }
 }
 void unlock(std::atomic<std::uint32_t>& l) noexcept { l.store(0, std::memory_order_release); }
+bool try_lock(std::atomic<std::uint32_t>& l) noexcept {
+  std::uint32_t expected = 0;
+  return l.compare_exchange_strong(expected, 1, std::memory_order_acquire);
+}
 
 Priority level_of_option(int index) noexcept {
   switch (index) {
@@ -151,6 +163,10 @@ void after_fork_in_child() noexcept {
     p.published_until.store(0, std::memory_order_relaxed);
     p.ring_lock.store(0, std::memory_order_relaxed);
     p.board_lock.store(0, std::memory_order_relaxed);
+    p.peers_lock.store(0, std::memory_order_relaxed);
+    // The directory descriptors' positions are shared with the parent: the
+    // child scans with its own (at its next refresh).
+    for (shm::LevelScan& level : p.levels) shm::close_level(&level);
     p.head = p.tail = 0;
     for (Marker& m : p.ring) m = Marker{};
     p.estimate = limiter::InflightEstimate{};
@@ -210,7 +226,8 @@ void ensure_own_file(PrioDevice& p, Priority self, bool publish) noexcept {
     unlink_own(p);  // else it would still count at its old level for kPresentNs
     p.published_until.store(0, std::memory_order_relaxed);
   }
-  if (p.own_fd >= 0 || !publish || !p.named) return;
+  if (p.own_fd >= 0 || !publish || !p.named ) return;
+  if (g_exiting.load(std::memory_order_relaxed) != 0 && g_exiting.load(std::memory_order_relaxed) == getpid()) return;
   shm::Error err;
   p.own_fd = shm::open_own_activity(g_board, self, p.own_name, config().options.container_name, &err);
   if (p.own_fd < 0) {
@@ -219,39 +236,36 @@ void ensure_own_file(PrioDevice& p, Priority self, bool publish) noexcept {
     return;
   }
   p.own_level = self;
+  p.own_pid = getpid();
 }
 
-// board_lock held. Rescans when due, reads the neighbours and decides.
-Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged) noexcept {
-  if (p.scanned_ns == 0 || now - p.scanned_ns >= limiter::kRescanNs) {
-    p.scanned_ns = now;
+// peers_lock held. With `scan` (the background refresh only, never the launch
+// path) takes one bounded step of each other level's scan; then reads the
+// neighbours already open and decides.
+Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged, bool scan) noexcept {
+  if (scan) {
     for (Priority level : {Priority::high, Priority::normal, Priority::low}) {
-      if (level == self) continue;
-      shm::scan_level(g_board, level, p.uuid, nullptr, p.peers, &p.peer_count, kMaxPeers);
+      shm::LevelScan& table = p.levels[static_cast<int>(level) - 1];
+      // Files of our own level are not neighbours that matter.
+      if (level == self) shm::close_level(&table);
+      else shm::scan_level(g_board, level, p.uuid, nullptr, &table);
     }
-    // Files of our own level are not neighbours that matter: drop them if
-    // the level changed since they were opened.
-    int kept = 0;
-    for (int i = 0; i < p.peer_count; ++i) {
-      if (p.peers[i].level == self) {
-        close(p.peers[i].fd);
-      } else {
-        p.peers[kept++] = p.peers[i];
-      }
-    }
-    p.peer_count = kept;
   }
   limiter::PeerSample samples[kMaxPeers];
   std::size_t n = 0;
-  for (int i = 0; i < p.peer_count; ++i) {
-    PriorityActivity rec;
-    if (!shm::read_activity(p.peers[i].fd, &rec)) continue;
-    // The level is the directory's, never what the file says about itself.
-    limiter::PeerSample& sample = samples[n++];
-    sample = limiter::PeerSample{p.peers[i].level, rec.active_until_ns, rec.last_launch_ns};
-    // Only a word that could hold us is worth a syscall: was its writer killed?
-    if (rec.active_until_ns > now && static_cast<std::uint32_t>(sample.level) > static_cast<std::uint32_t>(self))
-      sample.writer_alive = shm::writer_alive(p.peers[i].fd, rec);
+  for (const shm::LevelScan& table : p.levels) {
+    for (int i = 0; i < table.count; ++i) {
+      const shm::PeerFile& peer = table.files[i];
+      if (peer.level == self) continue;
+      PriorityActivity rec;
+      if (!shm::read_activity(peer.fd, &rec)) continue;
+      // The level is the directory's, never what the file says about itself.
+      limiter::PeerSample& sample = samples[n++];
+      sample = limiter::PeerSample{peer.level, rec.active_until_ns, rec.last_launch_ns};
+      // Only a word that could hold us is worth a syscall: was its writer killed?
+      if (rec.active_until_ns > now && static_cast<std::uint32_t>(sample.level) > static_cast<std::uint32_t>(self))
+        sample.writer_alive = shm::writer_alive(peer.fd, rec);
+    }
   }
   *engaged = self != Priority::normal || limiter::engaged(self, samples, n, now);
   bool lower = false;
@@ -266,11 +280,14 @@ Verdict evaluate(PrioDevice& p, Priority self, std::uint64_t now, bool* engaged)
   return v;
 }
 
+// The launch path's look at the board: only files already open, never a
+// directory. While the background refresh is scanning (peers_lock busy), the
+// previous verdict stands (a held launch looks again 250 us later).
 Verdict recheck(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
-  lock(p.board_lock);
+  if (!try_lock(p.peers_lock)) return static_cast<Verdict>(p.verdict.load(std::memory_order_relaxed));
   bool engaged = true;
-  const Verdict v = evaluate(p, self, now, &engaged);
-  unlock(p.board_lock);
+  const Verdict v = evaluate(p, self, now, &engaged, false);
+  unlock(p.peers_lock);
   return v;
 }
 
@@ -411,14 +428,17 @@ bool bound_wait(PrioDevice& p, bool tight) noexcept {
 std::uint64_t read_lower_backlog(PrioDevice& p, Priority self, std::uint64_t now) noexcept {
   limiter::PeerSample samples[kMaxPeers];
   std::size_t n = 0;
-  lock(p.board_lock);
-  for (int i = 0; i < p.peer_count; ++i) {
-    if (static_cast<std::uint32_t>(p.peers[i].level) >= static_cast<std::uint32_t>(self)) continue;
-    PriorityActivity rec;
-    if (shm::read_activity(p.peers[i].fd, &rec))
-      samples[n++] = limiter::PeerSample{p.peers[i].level, rec.active_until_ns, rec.last_launch_ns};
+  if (!try_lock(p.peers_lock)) return 0;  // a scan step is running: no backlog known this burst
+  for (const shm::LevelScan& table : p.levels) {
+    for (int i = 0; i < table.count; ++i) {
+      const shm::PeerFile& peer = table.files[i];
+      if (static_cast<std::uint32_t>(peer.level) >= static_cast<std::uint32_t>(self)) continue;
+      PriorityActivity rec;
+      if (shm::read_activity(peer.fd, &rec))
+        samples[n++] = limiter::PeerSample{peer.level, rec.active_until_ns, rec.last_launch_ns};
+    }
   }
-  unlock(p.board_lock);
+  unlock(p.peers_lock);
   return limiter::lower_backlog(self, samples, n, now);
 }
 
@@ -570,8 +590,7 @@ bool priority_refresh() noexcept {
       shm::format_uuid(r->devices[entry].uuid, p.uuid);
       p.named = shm::activity_name(p.uuid, g_region_dev, g_region_ino, p.own_name);
     }
-    p.scanned_ns = 0;  // rescan now
-    // The agent removes files nobody has written for its grace period; one
+    // Readers and the agent remove files nobody holds a liveness lock on; one
     // it removed just as we opened it is recreated (neighbours must see us).
     struct stat own;
     if (p.own_fd >= 0 && fstat(p.own_fd, &own) == 0 && own.st_nlink == 0) {
@@ -579,10 +598,14 @@ bool priority_refresh() noexcept {
       p.own_fd = -1;
       p.published_until.store(0, std::memory_order_relaxed);
     }
+    unlock(p.board_lock);
     bool engaged = false;
-    evaluate(p, self, now, &engaged);
+    lock(p.peers_lock);
+    evaluate(p, self, now, &engaged, true);
+    unlock(p.peers_lock);
     // A high or low container publishes always (its neighbours must find it
     // even before it finds them); a normal one only next to another level.
+    lock(p.board_lock);
     ensure_own_file(p, self, engaged);
     unlock(p.board_lock);
     p.engaged.store(engaged ? 1 : 0, std::memory_order_relaxed);
@@ -602,6 +625,28 @@ void priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept {
   PrioDevice& p = g_prio[ordinal];
   if (p.engaged.load(std::memory_order_relaxed) == 0) return;
   admit_slow(p, stream, ptsz);
+}
+
+// At exit (and dlclose) this process's activity files go, unless another
+// process of its container still holds them: files no longer accumulate one
+// per container and device. A process killed without running destructors
+// leaves its file to the readers and the agent (nobody holds its liveness
+// lock any more). Takes no lock that could wait: a device whose board lock is
+// held by a thread stuck in a launch keeps its file.
+[[gnu::destructor]] void priority_at_exit() noexcept {
+  if (!g_setup.done()) return;
+  const pid_t self = getpid();
+  g_exiting.store(self, std::memory_order_relaxed);
+  for (PrioDevice& p : g_prio) {
+    std::uint32_t expected = 0;
+    if (!p.board_lock.compare_exchange_strong(expected, 1, std::memory_order_acquire)) continue;
+    if (p.own_fd >= 0 && p.own_pid == self) {  // never a vfork child's or a parent's file
+      shm::remove_own_activity(g_board, p.own_level, p.own_name, p.own_fd);
+      close(p.own_fd);
+      p.own_fd = -1;
+    }
+    unlock(p.board_lock);
+  }
 }
 
 }  // namespace gpuslice::hook

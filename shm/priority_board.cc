@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -30,10 +31,15 @@ bool make_dirs(char* path, mode_t mode) noexcept {
     *p = 0;
     const int rc = mkdir(path, mode);
     const int e = errno;
+    if (rc == 0) chmod(path, mode);  // not through the umask
     *p = '/';
     if (rc != 0 && e != EEXIST) return false;
   }
-  return mkdir(path, mode) == 0 || errno == EEXIST;
+  if (mkdir(path, mode) == 0) {
+    chmod(path, mode);
+    return true;
+  }
+  return errno == EEXIST;
 }
 
 bool level_dir(const char* board, Priority level, char out[kBoardPathMax]) noexcept {
@@ -88,8 +94,9 @@ int open_own_activity(const char* board, Priority level, const char* name, const
     fail(err, board, "path too long, expected at most 4000 characters", 0);
     return -1;
   }
-  // Sticky and world-writable like /dev/shm when we create it: a deployment
-  // that restricts levels creates (or mounts) the directories itself.
+  // Sticky and world-writable like /dev/shm when we create it (set with
+  // chmod, not through the umask): a deployment that restricts levels creates
+  // (or mounts) the directories itself.
   if (!make_dirs(dir, 01777)) {
     fail(err, dir, "cannot create the level directory, expected a writable board", errno);
     return -1;
@@ -99,11 +106,52 @@ int open_own_activity(const char* board, Priority level, const char* name, const
     fail(err, dir, "cannot open the level directory", errno);
     return -1;
   }
-  const int fd = openat(dfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-  const int e = errno;
+  int fd = -1;
+  bool created = false;
+  int e = 0;
+  for (int attempt = 0; attempt < 4 && fd < 0; ++attempt) {
+    fd = openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      created = true;
+      hold_liveness(fd);  // at once: a process of the container opening it now must not think it nobody's
+      fchmod(fd, 0644);  // whatever the umask: readable by every reader, writable by its owner only
+      break;
+    }
+    e = errno;
+    if (e != EEXIST) break;
+    fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      e = errno;
+      if (e == ENOENT) continue;  // removed meanwhile: create it
+      if (e != EACCES && e != EPERM && e != ELOOP) break;
+      // Not ours (another user's, or a link): replace it if we may remove it.
+      if (unlinkat(dfd, name, 0) == 0) continue;
+      e = errno;
+      break;
+    }
+    struct stat st;
+    const bool foreign = fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid();
+    if (foreign || !any_writer_alive(fd)) {
+      // Another uid's file (it could write what we publish), not a regular
+      // file, or nobody's any more: a new file, so that readers notice.
+      close(fd);
+      fd = -1;
+      if (unlinkat(dfd, name, 0) != 0 && errno != ENOENT) {
+        e = errno;
+        if (!foreign) {  // ours, but we may not remove it: use it as it is
+          fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+          e = errno;
+        }
+        break;
+      }
+    }
+  }
   close(dfd);
   if (fd < 0) {
-    fail(err, dir, "cannot create this container's activity file, expected a writable level directory", e);
+    fail(err, dir,
+         "cannot create this container's activity file, expected a writable level directory with no file of "
+         "another user in its place",
+         e);
     return -1;
   }
   struct stat st;
@@ -116,7 +164,7 @@ int open_own_activity(const char* board, Priority level, const char* name, const
   // while we live.
   hold_liveness(fd);
   PriorityActivity rec;
-  if (static_cast<std::size_t>(st.st_size) < sizeof rec || !read_activity(fd, &rec)) {
+  if (created || static_cast<std::size_t>(st.st_size) < sizeof rec || !read_activity(fd, &rec)) {
     // New (or garbage): a complete record in one write. Two processes of the
     // container racing here write the same header.
     std::memset(&rec, 0, sizeof rec);
@@ -188,38 +236,183 @@ bool read_activity(int fd, PriorityActivity* out) noexcept {
   return out->magic == kPriorityMagic && out->abi_version == kPriorityAbiVersion && out->size == sizeof *out;
 }
 
-void close_peers(PeerFile* files, int* count) noexcept {
-  for (int i = 0; i < *count; ++i) {
-    if (files[i].fd >= 0) close(files[i].fd);
-    files[i] = PeerFile{};
-  }
-  *count = 0;
+bool any_writer_alive(int fd) noexcept {
+  struct flock fl;
+  std::memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;  // conflicts with any read lock in the range
+  fl.l_whence = SEEK_SET;
+  fl.l_start = static_cast<off_t>(kPriorityLivenessBase);
+  fl.l_len = 0;  // to the end of any file
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
+  return fl.l_type != F_UNLCK;
 }
 
-bool scan_level(const char* board, Priority level, const char* uuid_text, const char* own_name, PeerFile* files,
-                int* count, int cap) noexcept {
+bool remove_own_activity(const char* board, Priority level, const char* name, int fd) noexcept {
+  struct flock fl;
+  std::memset(&fl, 0, sizeof fl);
+  fl.l_type = F_UNLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = static_cast<off_t>(kPriorityLivenessBase + static_cast<std::uint64_t>(getpid()));
+  fl.l_len = 1;
+  if (fcntl(fd, F_OFD_SETLK, &fl) != 0) return false;
+  struct stat own;
+  if (fstat(fd, &own) != 0 || own.st_nlink == 0) return false;
+  // Another process of the container still lives: it keeps the file. (One
+  // that opens it between this look and the unlink finds it unlinked at its
+  // next refresh and creates a new one.)
+  struct flock any;
+  std::memset(&any, 0, sizeof any);
+  any.l_type = F_WRLCK;
+  any.l_whence = SEEK_SET;
+  any.l_start = static_cast<off_t>(kPriorityLivenessBase);
+  any.l_len = 0;
+  if (fcntl(fd, F_OFD_GETLK, &any) != 0 || any.l_type != F_UNLCK) return false;
   char dir[kBoardPathMax];
   if (!level_dir(board, level, dir)) return false;
   const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) {
-    // Nobody of that level has published yet: forget what we had.
-    int kept = 0;
-    for (int i = 0; i < *count; ++i) {
-      if (files[i].level == level) {
-        close(files[i].fd);
-      } else {
-        files[kept++] = files[i];
-      }
+  if (dfd < 0) return false;
+  struct stat named;
+  bool removed = false;
+  if (fstatat(dfd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_dev == own.st_dev && named.st_ino == own.st_ino)
+    removed = unlinkat(dfd, name, 0) == 0;
+  close(dfd);
+  return removed;
+}
+
+namespace {
+
+std::int64_t ts_ns(const struct timespec& t) noexcept {
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+std::int64_t realtime_ns() noexcept {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return ts_ns(t);
+}
+
+void drop(LevelScan* s, int i) noexcept {
+  if (s->files[i].fd >= 0) close(s->files[i].fd);
+  s->files[i] = s->files[s->count - 1];
+  s->files[s->count - 1] = PeerFile{};
+  --s->count;
+}
+
+void reset(LevelScan* s) noexcept {
+  while (s->count > 0) drop(s, s->count - 1);
+  if (s->dfd >= 0) close(s->dfd);
+  s->dfd = -1;
+  s->dir_dev = s->dir_ino = 0;
+  s->settled_mtime_ns = -1;
+  s->in_pass = false;
+  s->want_pass = false;
+}
+
+// One candidate name of a pass: into the table when a live process holds it,
+// removed when it is stale and nobody holds it.
+void visit(LevelScan* s, Priority level, const char* name, std::int64_t now, bool can_reap, ScanCost& c) noexcept {
+  struct stat st;
+  ++c.stats;
+  if (fstatat(s->dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return;
+  for (int i = 0; i < s->count; ++i) {
+    if (s->files[i].dev == static_cast<std::uint64_t>(st.st_dev) && s->files[i].ino == static_cast<std::uint64_t>(st.st_ino)) {
+      s->files[i].seen = true;
+      return;
     }
-    *count = kept;
+  }
+  const bool old = now - ts_ns(st.st_mtim) >= kReapAgeNs;
+  const bool record = static_cast<std::size_t>(st.st_size) >= sizeof(PriorityActivity);
+  if (!record) {
+    // Never a record, and long enough ago that no writer is filling it in.
+    if (old && can_reap && c.reaped < kScanReaps && unlinkat(s->dfd, name, 0) == 0) ++c.reaped;
+    return;
+  }
+  // A full table: a place frees when one of its files goes (that sets
+  // want_pass); looking again before would only repeat this pass.
+  if (s->count >= kLevelPeers && !(old && can_reap)) return;
+  ++c.opens;
+  const int fd = openat(s->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat fst;
+  if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_dev != st.st_dev || fst.st_ino != st.st_ino) {
+    close(fd);
+    return;
+  }
+  if (!any_writer_alive(fd)) {
+    // Nobody's: its container is gone (or it was never anybody's).
+    if (old && can_reap && c.reaped < kScanReaps && unlinkat(s->dfd, name, 0) == 0) ++c.reaped;
+    close(fd);
+    return;
+  }
+  if (s->count >= kLevelPeers) {
+    close(fd);
+    return;
+  }
+  s->files[s->count++] = PeerFile{fd, level, static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino), true};
+}
+
+}  // namespace
+
+void close_level(LevelScan* scan) noexcept { reset(scan); }
+
+bool scan_level(const char* board, Priority level, const char* uuid_text, const char* own_name, LevelScan* s,
+                ScanCost* cost) noexcept {
+  ScanCost local;
+  ScanCost& c = cost != nullptr ? *cost : local;
+  c = ScanCost{};
+  char dir[kBoardPathMax];
+  if (!level_dir(board, level, dir)) return false;
+  struct stat ds;
+  if (stat(dir, &ds) != 0 || !S_ISDIR(ds.st_mode)) {  // nobody of that level has published yet
+    reset(s);
     return false;
   }
-  for (int i = 0; i < *count; ++i) files[i].seen = files[i].level != level;
+  if (s->dfd < 0 || s->dir_dev != static_cast<std::uint64_t>(ds.st_dev) || s->dir_ino != static_cast<std::uint64_t>(ds.st_ino)) {
+    reset(s);  // a new directory (created, replaced or remounted): a new table
+    s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (s->dfd < 0) return false;
+    struct stat opened;
+    if (fstat(s->dfd, &opened) != 0) {
+      reset(s);
+      return false;
+    }
+    s->dir_dev = static_cast<std::uint64_t>(opened.st_dev);
+    s->dir_ino = static_cast<std::uint64_t>(opened.st_ino);
+    ds = opened;
+  }
+  // The table: files unlinked, or whose writers are all gone, leave it.
+  for (int i = s->count - 1; i >= 0; --i) {
+    struct stat fst;
+    if (fstat(s->files[i].fd, &fst) != 0 || fst.st_nlink == 0 || !any_writer_alive(s->files[i].fd)) {
+      drop(s, i);
+      s->want_pass = true;
+    }
+  }
+  const std::int64_t mtime = ts_ns(ds.st_mtim);
+  const std::int64_t now = realtime_ns();
+  if (!s->in_pass) {
+    if (mtime == s->settled_mtime_ns && !s->want_pass) return true;  // nothing new
+    if (lseek(s->dfd, 0, SEEK_SET) != 0) {
+      reset(s);
+      return false;
+    }
+    s->in_pass = true;
+    s->want_pass = false;
+    s->pass_mtime_ns = mtime;
+    s->pass_begin_ns = now;
+    for (int i = 0; i < s->count; ++i) s->files[i].seen = false;
+  }
+  const bool can_reap = faccessat(AT_FDCWD, dir, W_OK, AT_EACCESS) == 0;
   const std::size_t uuid_len = std::strlen(uuid_text);
   alignas(8) char buf[4096];
-  for (;;) {
-    const long n = syscall(SYS_getdents64, dfd, buf, sizeof buf);
-    if (n <= 0) break;
+  bool end = false;
+  while (c.entries < kScanEntries && c.opens < kScanOpens) {
+    const long n = syscall(SYS_getdents64, s->dfd, buf, sizeof buf);
+    ++c.dir_reads;
+    if (n <= 0) {
+      end = true;
+      break;
+    }
     for (long off = 0; off < n;) {
       struct Entry {
         std::uint64_t ino;
@@ -230,42 +423,28 @@ bool scan_level(const char* board, Priority level, const char* uuid_text, const 
       };
       const Entry* e = reinterpret_cast<const Entry*>(buf + off);
       off += e->reclen;
+      ++c.entries;
       const std::size_t len = strnlen(e->name, 256);
       if (len <= uuid_len + 1 || std::memcmp(e->name, uuid_text, uuid_len) != 0 || e->name[uuid_len] != '.' ||
           !ends_with(e->name, len, ".act") || (own_name != nullptr && std::strcmp(e->name, own_name) == 0))
         continue;
-      const int fd = openat(dfd, e->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-      if (fd < 0) continue;
-      struct stat st;
-      if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        continue;
-      }
-      bool known = false;
-      for (int i = 0; i < *count; ++i) {
-        if (files[i].level == level && files[i].dev == st.st_dev && files[i].ino == st.st_ino) {
-          files[i].seen = true;
-          known = true;
-        }
-      }
-      if (known || *count >= cap) {
-        close(fd);
-        continue;
-      }
-      files[*count] = PeerFile{fd, level, static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino), true};
-      ++*count;
+      if (e->type != DT_REG && e->type != DT_UNKNOWN) continue;
+      visit(s, level, e->name, now, can_reap, c);
     }
   }
-  close(dfd);
-  int kept = 0;
-  for (int i = 0; i < *count; ++i) {
-    if (files[i].seen) {
-      files[kept++] = files[i];
-    } else {
-      close(files[i].fd);
-    }
-  }
-  *count = kept;
+  if (!end) return true;  // the pass goes on at the next call
+  s->in_pass = false;
+  c.passed = true;
+  for (int i = s->count - 1; i >= 0; --i)
+    if (!s->files[i].seen) drop(s, i);
+  // Settled when nothing changed during the pass and the last change is old
+  // enough that the file system's coarse time stamp cannot hide a later one.
+  struct stat after;
+  if (fstat(s->dfd, &after) == 0 && ts_ns(after.st_mtim) == s->pass_mtime_ns &&
+      s->pass_begin_ns - s->pass_mtime_ns >= kScanSettleNs)
+    s->settled_mtime_ns = s->pass_mtime_ns;
+  else
+    s->settled_mtime_ns = -1;
   return true;
 }
 

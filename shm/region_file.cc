@@ -176,6 +176,30 @@ bool make_dirs(char* dir, const char* path, Error* err) {
 
 std::atomic<std::uint32_t> g_temp_counter{0};
 
+// A directory every user may create files in, where none may remove
+// another's (sticky and world-writable: /dev/shm, /tmp, the directories we
+// create): on a node without containers, several users' jobs share it.
+bool shared_by_users(const char* dir) {
+  struct stat st;
+  return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) != 0 && (st.st_mode & S_IWOTH) != 0;
+}
+
+// The directory part of `path` ("." when none).
+void dir_of(const char* path, char out[kPathCap]) {
+  const std::size_t len = bounded_len(path, kPathCap - 1);
+  std::memcpy(out, path, len);
+  out[len] = '\0';
+  char* slash = std::strrchr(out, '/');
+  if (slash == nullptr) {
+    out[0] = '.';
+    out[1] = '\0';
+  } else if (slash == out) {
+    out[1] = '\0';
+  } else {
+    *slash = '\0';
+  }
+}
+
 void initialise(Region* r, const char* container_name) {
   // The file is fresh (all zeros) and invisible to everybody until link().
   RegionHeader& h = r->header;
@@ -256,10 +280,14 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
   // Every process of the container shares the region whatever its uid or
   // umask (a root entrypoint that drops to a user is the common case): the
   // mode is set explicitly, never through the process's umask, which the
-  // library does not touch.
-  if (fchmod(fd, 0666) != 0) {
+  // library does not touch. In a directory shared by the node's users
+  // (sticky, world-writable) the region is its creator's alone: 0600, so
+  // that another user can neither join the job's region nor change its
+  // limits (docs/security.md, "Who may join or change a region").
+  const mode_t mode = shared_by_users(dir) ? 0600 : 0666;
+  if (fchmod(fd, mode) != 0) {
     const int e = errno;
-    region_error(err, path).str("cannot make the new region file 0666: ").errno_text(e)
+    region_error(err, path).str(mode == 0600 ? "cannot make the new region file 0600: " : "cannot make the new region file 0666: ").errno_text(e)
         .str(", expected a file system with Unix permissions");
     close(fd);
     unlink(temp);
@@ -303,6 +331,21 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
   return CreateResult::failed;
 }
 
+// A process joining a region in a directory shared by users joins only its
+// own user's (or root's): another user could have created it there first,
+// and would then control this job's limits.
+bool owned_by_us_or_root(int fd, const char* path, Error* err) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_uid == geteuid() || st.st_uid == 0) return true;
+  char dir[kPathCap];
+  dir_of(path, dir);
+  if (!shared_by_users(dir)) return true;
+  region_error(err, path).str("owned by uid ").u64(st.st_uid).str(" in ").escaped(dir, 100)
+      .str(", a directory every user may write (sticky, world-writable), expected a region of uid ").u64(geteuid())
+      .str(" or root: another user's region is never joined (docs/security.md)");
+  return false;
+}
+
 Region* attach_impl(const char* path, const char* container_name, bool create, bool writable, Error* err,
                     bool* created, int* keep_fd = nullptr) {
   if (created != nullptr) *created = false;
@@ -321,6 +364,10 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
   for (int round = 0; round < 8; ++round) {
     const int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd >= 0) {
+      if (create && !owned_by_us_or_root(fd, path, err)) {
+        close(fd);
+        return nullptr;
+      }
       Region* r = map_existing(fd, path, writable, err);
       if (r != nullptr && keep_fd != nullptr) {
         *keep_fd = fd;

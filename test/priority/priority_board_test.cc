@@ -32,7 +32,7 @@ class Board : public ::testing::Test {
     dir_ = tmpl;
   }
   void TearDown() override {
-    close_peers(peers_, &count_);
+    for (LevelScan& l : levels_) close_level(&l);
     std::string cmd = "rm -rf '" + dir_ + "'";
     ASSERT_EQ(system(cmd.c_str()), 0);
   }
@@ -44,12 +44,21 @@ class Board : public ::testing::Test {
     EXPECT_GE(fd, 0) << err.message;
     return fd;
   }
+  // Scans every level to the end of a pass; the table's files are then peers_.
   void scan_all() {
-    for (Priority p : {Priority::high, Priority::normal, Priority::low})
-      scan_level(dir_.c_str(), p, kUuid, nullptr, peers_, &count_, 8);
+    count_ = 0;
+    for (Priority p : {Priority::high, Priority::normal, Priority::low}) {
+      LevelScan& l = levels_[static_cast<int>(p) - 1];
+      for (int i = 0; i < 100; ++i) {
+        scan_level(dir_.c_str(), p, kUuid, nullptr, &l);
+        if (!l.in_pass) break;
+      }
+      for (int i = 0; i < l.count; ++i) peers_[count_++] = l.files[i];
+    }
   }
   std::string dir_;
-  PeerFile peers_[8];
+  LevelScan levels_[3];
+  PeerFile peers_[3 * kLevelPeers];
   int count_ = 0;
 };
 
@@ -112,14 +121,22 @@ TEST_F(Board, KilledWriterIsSeenGone) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_FALSE(writer_alive(peers_[0].fd, rec));
-  // Another process of the container writing later is alive again.
+  EXPECT_FALSE(any_writer_alive(peers_[0].fd));
+  // The next scan drops it from the table.
+  scan_all();
+  EXPECT_EQ(count_, 0);
+  // Another process of the container starting later replaces the dead file
+  // with a new one (the directory changes: readers look again), alive.
   char name[kBoardNameMax];
   ASSERT_TRUE(activity_name(kUuid, 1, 9, name));
   Error err{};
   const int fd = open_own_activity(dir_.c_str(), Priority::high, name, "victim", &err);
   ASSERT_GE(fd, 0) << err.message;
   ASSERT_TRUE(write_activity(fd, Priority::high, 5, 1));
+  scan_all();
+  ASSERT_EQ(count_, 1);
   ASSERT_TRUE(read_activity(peers_[0].fd, &rec));
+  EXPECT_EQ(rec.writer_pid, static_cast<std::uint32_t>(getpid()));
   EXPECT_TRUE(writer_alive(peers_[0].fd, rec));
   close(fd);
   close(ready[0]);
@@ -152,7 +169,7 @@ TEST_F(Board, LowCannotClaimHighThroughItsFile) {
 TEST_F(Board, OtherDevicesShortFilesAndLinksAreIgnored) {
   close(publish(Priority::high, 1, kOther));  // another GPU
   ASSERT_EQ(mkdir((dir_ + "/high").c_str(), 0777) == 0 || errno == EEXIST, true);
-  // A short file with the right name: found by the scan, but not a record.
+  // A short file with the right name: never a record, never opened.
   const std::string short_path = dir_ + "/high/" + kUuid + ".0-2.act";
   const int fd = open(short_path.c_str(), O_CREAT | O_WRONLY, 0644);
   ASSERT_GE(fd, 0);
@@ -160,22 +177,16 @@ TEST_F(Board, OtherDevicesShortFilesAndLinksAreIgnored) {
   close(fd);
   // A symbolic link to a valid record is not followed.
   const int valid = publish(Priority::normal, 3);
-  close(valid);
   ASSERT_EQ(symlink((dir_ + "/normal/" + kUuid + ".1-3.act").c_str(), (dir_ + "/high/" + kUuid + ".0-4.act").c_str()), 0);
   scan_all();
   int high = 0;
-  for (int i = 0; i < count_; ++i) {
-    if (peers_[i].level != Priority::high) continue;
-    ++high;
-    PriorityActivity rec;
-    EXPECT_FALSE(read_activity(peers_[i].fd, &rec));
-  }
-  EXPECT_EQ(high, 1);  // the short file only
+  for (int i = 0; i < count_; ++i) high += peers_[i].level == Priority::high;
+  EXPECT_EQ(high, 0);  // neither the short file, nor the link, nor the other GPU's
+  close(valid);
 }
 
 TEST_F(Board, VanishedFilesAreForgotten) {
   const int fd = publish(Priority::high, 9);
-  close(fd);
   scan_all();
   ASSERT_EQ(count_, 1);
   scan_all();  // rescans do not duplicate
@@ -184,14 +195,17 @@ TEST_F(Board, VanishedFilesAreForgotten) {
   ASSERT_EQ(unlink(path.c_str()), 0);
   scan_all();
   EXPECT_EQ(count_, 0);
+  close(fd);
 }
 
 TEST_F(Board, OwnFileIsSkipped) {
   char name[kBoardNameMax];
   ASSERT_TRUE(activity_name(kUuid, 1, 10, name));
-  close(publish(Priority::low, 10));
-  scan_level(dir_.c_str(), Priority::low, kUuid, name, peers_, &count_, 8);
-  EXPECT_EQ(count_, 0);
+  const int fd = publish(Priority::low, 10);
+  LevelScan& low = levels_[0];
+  scan_level(dir_.c_str(), Priority::low, kUuid, name, &low);
+  EXPECT_EQ(low.count, 0);
+  close(fd);
 }
 
 TEST_F(Board, UnwritableBoardIsAClearError) {
