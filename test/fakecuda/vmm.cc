@@ -23,6 +23,7 @@ struct Physical {
   int mappings = 0;
   bool charged = true;  // false: host-located, or imported from another process
   CUmemAllocationProp prop{};
+  void *bytes = nullptr;  // contents, mapped at first access (bytes.cc); shared by all its mappings
 };
 
 // What an exported POSIX file descriptor carries (a memfd): enough for an
@@ -39,6 +40,7 @@ constexpr std::uint64_t kExportMagic = 0x54524f50584b4146ull;  // "FAKXPORT"
 struct Mapping {
   std::uint64_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
+  std::uint64_t offset = 0;  // into the physical allocation
 };
 
 // All under the runtime mutex.
@@ -64,6 +66,7 @@ bool valid_prop(const CUmemAllocationProp *prop) {
 void drop_if_unused_locked(std::map<CUmemGenericAllocationHandle, Physical>::iterator it) {
   if (it->second.references == 0 && it->second.mappings == 0) {
     if (it->second.charged) uncharge_device(it->second.device, it->second.size);
+    if (it->second.bytes != nullptr) munmap(it->second.bytes, it->second.size);
     g_physical.erase(it);
   }
 }
@@ -97,6 +100,22 @@ bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *
   *base = it->first;
   *size = it->second.size;
   return true;
+}
+
+CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char **out) {
+  CUdeviceptr base = 0;
+  std::uint64_t size = 0;
+  if (!vmm_find_mapping_locked(ptr, &base, &size)) return CUDA_ERROR_NOT_FOUND;
+  if (len > size - (ptr - base)) return CUDA_ERROR_INVALID_VALUE;  // mappings are not stitched together
+  const Mapping &mapping = g_mappings[base];
+  Physical &physical = g_physical[mapping.handle];
+  if (physical.bytes == nullptr) {
+    void *p = mmap(nullptr, physical.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    physical.bytes = p;
+  }
+  *out = static_cast<unsigned char *>(physical.bytes) + mapping.offset + (ptr - base);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace gpuslice::fakecuda
@@ -211,7 +230,7 @@ extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
   if (offset + size > it->second.size) return CUDA_ERROR_INVALID_VALUE;
   if (!inside_reservation_locked(ptr, size) || overlaps_mapping_locked(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
   ++it->second.mappings;
-  g_mappings[ptr] = Mapping{size, handle};
+  g_mappings[ptr] = Mapping{size, handle, offset};
   return CUDA_SUCCESS;
 }
 
