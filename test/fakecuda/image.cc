@@ -4,8 +4,8 @@
 // are not C strings: their size comes from their headers (ELF: the section and
 // program header tables and every section's extent, <elf.h>; fatbin: the
 // header's size fields; wrapper: fatbinary_section.h). Fatbin entries
-// compressed by nvcc/fatbinary are not decompressed: a module holding one is
-// "opaque" and accepts any kernel name (README "Modules").
+// compressed by nvcc/fatbinary are not decompressed: a fatbin whose every code
+// entry is compressed is "opaque" and accepts any kernel name (README "Modules").
 //
 // Simulated kernel durations also live here: spin_<N>us runs N us; any other
 // kernel runs FAKECUDA_KERNEL_US's value for its name, else its "*" default,
@@ -71,18 +71,27 @@ std::uint64_t elf_size(const unsigned char *p) {
   return end <= kMaxImage ? end : 0;
 }
 
-// Marks `opaque` when some entry is compressed (its names cannot be read).
+// Marks `opaque` when the fatbin's names cannot be read: some entry is
+// compressed and no PTX or cubin entry is stored plainly (fatbinary compresses
+// PTX by default but stores cubins plainly; their kernel names are the same).
 void scan_fatbin(const unsigned char *p, std::uint64_t size, bool *opaque) {
   FatbinHeader h;
   std::memcpy(&h, p, sizeof(h));
   std::uint64_t at = h.header_size;
+  bool compressed = false;
+  bool readable = false;
   while (at + sizeof(FatbinEntry) <= size) {
     FatbinEntry e;
     std::memcpy(&e, p + at, sizeof(e));
     if (e.header_size < sizeof(FatbinEntry) || e.size > size) break;
-    if ((e.flags & (kEntryCompressed | kEntryCompressedZstd)) != 0 || e.compressed_size != 0) *opaque = true;
+    if ((e.flags & (kEntryCompressed | kEntryCompressedZstd)) != 0 || e.compressed_size != 0) {
+      compressed = true;
+    } else if (e.kind == 1 || e.kind == 2) {
+      readable = true;
+    }
     at += e.header_size + e.size;
   }
+  *opaque = compressed && !readable;
 }
 
 struct Durations {

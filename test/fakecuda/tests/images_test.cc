@@ -105,30 +105,49 @@ TEST_F(FakeCuda, BinaryImagesAreNotCStrings) {
   EXPECT_EQ(cuModuleLoadData(&module, broken.data()), CUDA_ERROR_INVALID_IMAGE);
 }
 
-// A real cubin from the toolkit's ptxas, when the toolkit is here.
-TEST_F(FakeCuda, CubinFromPtxas) {
-  const std::string ptxas = FAKECUDA_PTXAS;
-  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0) GTEST_SKIP() << "no ptxas in the CUDA toolkit here";
-  InitWithContext();
-  const std::string ptx = dir_ + "/k.ptx", cubin = dir_ + "/k.cubin";
-  std::ofstream(ptx) << ".version 8.0\n.target sm_90\n.address_size 64\n"
-                        ".visible .entry scale_rows(.param .u64 p) { ret; }\n";
-  const std::string cmd = ptxas + " -arch=sm_90 " + ptx + " -o " + cubin;
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  std::ifstream file(cubin, std::ios::binary);
+std::string ReadFile(const std::string &path) {
+  std::ifstream file(path, std::ios::binary);
   std::stringstream bytes;
   bytes << file.rdbuf();
-  CUmodule module = nullptr;
-  CUfunction f = nullptr;
-  ASSERT_CU(cuModuleLoadData(&module, bytes.str().data()));
-  EXPECT_CU(cuModuleGetFunction(&f, module, "scale_rows"));
-  EXPECT_EQ(cuModuleGetFunction(&f, module, "scale_cols"), CUDA_ERROR_NOT_FOUND);
-  unlink(ptx.c_str());
-  unlink(cubin.c_str());
+  return bytes.str();
 }
 
-// Simulated run time of one launch of f, between two events placed behind a
-// 50 ms gate kernel, so that the host's submission time does not count.
+// A real cubin and fatbins from the toolkit's ptxas and fatbinary, when the
+// toolkit is here. fatbinary compresses PTX entries by default (not cubins);
+// with --compress-all every entry is compressed and the module is opaque.
+TEST_F(FakeCuda, CubinAndFatbinFromTheToolkit) {
+  const std::string ptxas = FAKECUDA_PTXAS;
+  const std::string fatbinary = ptxas.empty() ? "" : ptxas.substr(0, ptxas.rfind('/') + 1) + "fatbinary";
+  if (ptxas.empty() || access(ptxas.c_str(), X_OK) != 0 || access(fatbinary.c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "no ptxas/fatbinary in a CUDA toolkit here";
+  }
+  InitWithContext();
+  const std::string ptx = dir_ + "/k.ptx", cubin = dir_ + "/k.cubin", fat = dir_ + "/k.fatbin",
+                    packed = dir_ + "/packed.fatbin";
+  std::ofstream(ptx) << ".version 8.0\n.target sm_90\n.address_size 64\n"
+                        ".visible .entry scale_rows(.param .u64 p) { ret; }\n";
+  const std::string images = " --image3=kind=elf,sm=90,file=" + cubin + " --image3=kind=ptx,sm=90,file=" + ptx;
+  for (const std::string &cmd : {ptxas + " -arch=sm_90 " + ptx + " -o " + cubin,
+                                 fatbinary + " --create=" + fat + images,
+                                 fatbinary + " --compress-all --create=" + packed + images}) {
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  for (const std::string &path : {cubin, fat}) {
+    const std::string bytes = ReadFile(path);
+    CUmodule module = nullptr;
+    CUfunction f = nullptr;
+    ASSERT_CU(cuModuleLoadData(&module, bytes.data())) << path;
+    EXPECT_CU(cuModuleGetFunction(&f, module, "scale_rows")) << path;
+    EXPECT_EQ(cuModuleGetFunction(&f, module, "scale_cols"), CUDA_ERROR_NOT_FOUND) << path;
+  }
+  const std::string bytes = ReadFile(packed);
+  CUmodule module = nullptr;
+  CUfunction f = nullptr;
+  ASSERT_CU(cuModuleLoadData(&module, bytes.data()));
+  EXPECT_CU(cuModuleGetFunction(&f, module, "scale_cols"));  // opaque: any name
+  for (const std::string &path : {ptx, cubin, fat, packed}) unlink(path.c_str());
+}
+
 float KernelMs(CUfunction gate, CUfunction f) {
   CUevent start = nullptr, end = nullptr;
   float ms = -1;
