@@ -240,8 +240,9 @@ void pools_trim_at_sync(std::uint32_t dev);
 // --- module images (image.cc) ---
 // The bytes of an image (PTX text, cubin, fatbin or fatbin wrapper), sized
 // from its headers; INVALID_IMAGE when it is none of these, INVALID_VALUE when
-// FAKECUDA_KERNEL_US is malformed.
-CUresult read_image(const void *image, std::string *bytes, bool *opaque);
+// FAKECUDA_KERNEL_US is malformed. `limit`: how many bytes the caller has
+// (a file's size, cuLinkAddData's size); a binary image claiming more is invalid.
+CUresult read_image(const void *image, std::string *bytes, bool *opaque, std::uint64_t limit = ~std::uint64_t{0});
 // Appends an entry (kind 1 PTX, 2 cubin/other) to a fatbin being built (the linker's output).
 void fatbin_append_entry(std::string *out, std::uint16_t kind, const std::string &payload, bool opaque);
 // Simulated run time of a kernel: spin_<N>us = N us, else FAKECUDA_KERNEL_US.

@@ -53,7 +53,9 @@ struct FatbinEntry {
 constexpr std::uint64_t kEntryCompressed = 0x2000;      // LZ4 payload
 constexpr std::uint64_t kEntryCompressedZstd = 0x8000;  // ZSTD payload (CUDA 12.8+)
 
-std::uint64_t elf_size(const unsigned char *p) {
+// 0 when the image is not a well-formed ELF64 within `limit` bytes.
+std::uint64_t elf_size(const unsigned char *p, std::uint64_t limit) {
+  if (limit < sizeof(Elf64_Ehdr)) return 0;
   Elf64_Ehdr eh;
   std::memcpy(&eh, p, sizeof(eh));
   if (eh.e_ident[EI_CLASS] != ELFCLASS64) return 0;  // cubins are ELF64
@@ -62,13 +64,14 @@ std::uint64_t elf_size(const unsigned char *p) {
   if (eh.e_shnum != 0) {
     if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shoff > kMaxImage) return 0;
     end = std::max<std::uint64_t>(end, eh.e_shoff + std::uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr));
+    if (end > limit) return 0;  // the section headers lie past the bytes given
     for (unsigned i = 0; i < eh.e_shnum; ++i) {
       Elf64_Shdr sh;
       std::memcpy(&sh, p + eh.e_shoff + i * sizeof(Elf64_Shdr), sizeof(sh));
       if (sh.sh_type != SHT_NOBITS) end = std::max<std::uint64_t>(end, sh.sh_offset + sh.sh_size);
     }
   }
-  return end <= kMaxImage ? end : 0;
+  return end <= kMaxImage && end <= limit ? end : 0;
 }
 
 // Marks `opaque` when the fatbin's names cannot be read: some entry is
@@ -158,7 +161,7 @@ bool has_magic(const unsigned char *p, std::uint32_t magic) {
   return true;
 }
 
-CUresult read_image(const void *image, std::string *bytes, bool *opaque) {
+CUresult read_image(const void *image, std::string *bytes, bool *opaque, std::uint64_t limit) {
   *opaque = false;
   if (CUresult rc = durations().status; rc != CUDA_SUCCESS) return rc;
   const auto *p = static_cast<const unsigned char *>(image);
@@ -177,12 +180,13 @@ CUresult read_image(const void *image, std::string *bytes, bool *opaque) {
     FatbinHeader h;
     std::memcpy(&h, p, sizeof(h));
     if (h.header_size < sizeof(h) || h.fat_size > kMaxImage) return CUDA_ERROR_INVALID_IMAGE;
+    if (h.header_size + h.fat_size > limit) return CUDA_ERROR_INVALID_IMAGE;
     bytes->assign(reinterpret_cast<const char *>(p), h.header_size + h.fat_size);
     scan_fatbin(p, bytes->size(), opaque);
     return CUDA_SUCCESS;
   }
   if (has_magic(p, 0x464C457Fu)) {  // ELFMAG
-    std::uint64_t size = elf_size(p);
+    std::uint64_t size = elf_size(p, limit);
     if (size == 0) return CUDA_ERROR_INVALID_IMAGE;
     bytes->assign(reinterpret_cast<const char *>(p), size);
     return CUDA_SUCCESS;

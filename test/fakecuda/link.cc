@@ -87,8 +87,7 @@ extern "C" CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, voi
       break;
     case CU_JIT_INPUT_CUBIN:
     case CU_JIT_INPUT_FATBINARY: {
-      if (CUresult rc = read_image(data, &bytes, &opaque); rc != CUDA_SUCCESS) return rc;
-      if (bytes.size() > size) return CUDA_ERROR_INVALID_IMAGE;
+      if (CUresult rc = read_image(data, &bytes, &opaque, size); rc != CUDA_SUCCESS) return rc;
       break;
     }
     case CU_JIT_INPUT_NVVM:  // LTO-IR: only with CU_JIT_LTO (cuda.h)

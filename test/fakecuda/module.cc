@@ -119,14 +119,14 @@ CUresult get_function_locked(CUmod_st *module, const char *name, CUfunc_st **out
   return CUDA_SUCCESS;
 }
 
-CUresult module_load(CUmodule *module, const void *image) {
+CUresult module_load(CUmodule *module, const void *image, std::uint64_t limit = ~std::uint64_t{0}) {
   if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::string text;
   bool opaque = false;
-  if (CUresult rc = read_image(image, &text, &opaque); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = read_image(image, &text, &opaque, limit); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   CUmod_st *loaded = load_locked(std::move(text), opaque, ctx);
   if (CUresult rc = place_locked(loaded, ctx->device); rc != CUDA_SUCCESS) {
@@ -179,7 +179,7 @@ extern "C" CUresult cuModuleLoad(CUmodule *module, const char *fname) {
   std::ostringstream text;
   text << file.rdbuf();
   std::string image = text.str();
-  return module_load(module, image.c_str());
+  return module_load(module, image.c_str(), image.size() + 1);
 }
 
 extern "C" CUresult cuModuleUnload(CUmodule hmod) {
@@ -316,6 +316,10 @@ extern "C" CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNa
   std::ostringstream text;
   text << file.rdbuf();
   std::string image = text.str();
+  // A binary image must fit in the file (cuLibraryLoadData cannot tell).
+  std::string checked;
+  bool opaque = false;
+  if (CUresult rc = read_image(image.c_str(), &checked, &opaque, image.size() + 1); rc != CUDA_SUCCESS) return rc;
   return cuLibraryLoadData(library, image.c_str(), jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
                            libraryOptionValues, numLibraryOptions);
 }

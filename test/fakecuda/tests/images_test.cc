@@ -103,6 +103,20 @@ TEST_F(FakeCuda, BinaryImagesAreNotCStrings) {
   std::string broken = cubin.substr(0, sizeof(Elf64_Ehdr));
   reinterpret_cast<Elf64_Ehdr *>(broken.data())->e_shentsize = 12;
   EXPECT_EQ(cuModuleLoadData(&module, broken.data()), CUDA_ERROR_INVALID_IMAGE);
+  // A cubin cut short (a truncated file, or fewer bytes than it claims given
+  // to the linker) is refused, never read past its end.
+  const std::string path = dir_ + "/short.cubin";
+  std::ofstream(path, std::ios::binary) << cubin.substr(0, cubin.size() - 8);
+  EXPECT_EQ(cuModuleLoad(&module, path.c_str()), CUDA_ERROR_INVALID_IMAGE);
+  EXPECT_EQ(cuLibraryLoadFromFile(&library, path.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+            CUDA_ERROR_INVALID_IMAGE);
+  unlink(path.c_str());
+  CUlinkState link = nullptr;
+  ASSERT_CU(cuLinkCreate(0, nullptr, nullptr, &link));
+  EXPECT_EQ(cuLinkAddData(link, CU_JIT_INPUT_CUBIN, const_cast<char *>(cubin.data()), cubin.size() - 8, "short", 0,
+                          nullptr, nullptr),
+            CUDA_ERROR_INVALID_IMAGE);
+  ASSERT_CU(cuLinkDestroy(link));
 }
 
 std::string ReadFile(const std::string &path) {
