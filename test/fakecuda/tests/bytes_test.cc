@@ -218,6 +218,38 @@ TEST_F(FakeCuda, VmmMappingsOfOneAllocationShareBytes) {
   ASSERT_CU(cuMemAddressFree(va, 8 * kMiB));
 }
 
+// An exported VMM allocation is the same memory in the importing process.
+TEST_F(FakeCuda, ExportedVmmBytesAreSharedWithTheImporter) {
+  InitWithContext();
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle handle = 0;
+  ASSERT_CU(cuMemCreate(&handle, 2 * kMiB, &prop, 0));
+  CUdeviceptr va = 0;
+  ASSERT_CU(cuMemAddressReserve(&va, 2 * kMiB, 0, 0, 0));
+  ASSERT_CU(cuMemMap(va, 2 * kMiB, 0, handle, 0));
+  ASSERT_CU(cuMemsetD32(va + 64, 0xFEEDBEEF, 1));
+  int fd = -1;
+  ASSERT_CU(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  const int inherited = fcntl(fd, F_DUPFD, 100);  // without close-on-exec: the helper inherits it
+  ASSERT_GE(inherited, 0);
+  Child child = Child::Spawn({"vmmimport", std::to_string(inherited), std::to_string(2 * kMiB)});
+  ASSERT_GT(child.pid, 0);
+  EXPECT_EQ(child.ReadLine(), "read feedbeef");
+  EXPECT_EQ(child.ReadLine(), "wrote");
+  EXPECT_EQ(child.Wait(), 0);
+  close(inherited);
+  close(fd);
+  unsigned written = 0;
+  ASSERT_CU(cuMemcpyDtoH(&written, va + 128, 4));
+  EXPECT_EQ(written, 0x600DF00Du);
+  ASSERT_CU(cuMemUnmap(va, 2 * kMiB));
+  ASSERT_CU(cuMemRelease(handle));
+  ASSERT_CU(cuMemAddressFree(va, 2 * kMiB));
+}
+
 TEST_F(FakeCuda, PageLockedHostMemory) {
   InitWithContext();
   std::vector<unsigned char> buffer(8192, 1);
