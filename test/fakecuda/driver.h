@@ -70,7 +70,7 @@ struct CUfunc_st {
   std::atomic<std::uint32_t> magic{0};
   CUmod_st *module = nullptr;
   std::string name;
-  std::uint64_t duration_ns = 0;  // spin_<N>us runs N us; everything else 0
+  std::uint64_t duration_ns = 0;  // kernel_duration_ns(name)
   int max_dynamic_shared = 0;
   // Deprecated execution control (cuFuncSetBlockShape / cuFuncSetSharedSize)
   // for cuLaunch / cuLaunchGrid[Async]: 0 until set, and a launch fails then.
@@ -83,6 +83,7 @@ struct CUmod_st {
   std::atomic<std::uint32_t> magic{0};
   CUctx_st *ctx = nullptr;  // nullptr for a library's module (context-independent)
   std::string image;
+  bool opaque = false;  // holds compressed fatbin entries: every kernel name is accepted (image.cc)
   std::map<std::string, CUfunc_st *> functions;
   // Device memory the loaded image holds (globals + code, README "Modules").
   struct Global {
@@ -149,6 +150,7 @@ enum class InitState : int { none = 0, ok = 1, failed = 2, forked = 3, deinitial
 struct Runtime {
   std::mutex mu;  // guards every process-local registry below and in the modules
   std::atomic<int> init_state{0};
+  std::atomic<bool> initializing{false};  // a cuInit is running (under mu)
   CUresult init_result = CUDA_SUCCESS;
   State *state = nullptr;
   int slot = -1;
@@ -210,16 +212,46 @@ struct Allocation {
   CUctx_st *ctx = nullptr;
   AllocKind kind = AllocKind::linear;
   CUmemPoolHandle_st *pool = nullptr;
+  // The allocation's bytes (bytes.cc): an anonymous MAP_NORESERVE mapping of
+  // `size` bytes made at first access (managed: at allocation, and its base is
+  // this host address), so untouched memory costs nothing.
+  void *host = nullptr;
+  std::uint64_t buffer_id = 0;
 };
 // Runtime mutex held for all of these.
 void register_allocation_locked(CUdeviceptr base, const Allocation &allocation);
 bool remove_allocation_locked(CUdeviceptr base, Allocation *out);
+// The live allocation containing ptr (base and a reference to it), if any.
+Allocation *find_allocation_locked(CUdeviceptr ptr, CUdeviceptr *base);
+// Reserves and maps `bytes` of host memory for a managed allocation at an
+// address below every device window (bytes.cc); nullptr when none is left.
+void *managed_map(std::uint64_t bytes);
+// Drops an allocation's bytes (its mapping), when it is freed (bytes.cc).
+void release_bytes(const Allocation &allocation);
+// Pinned/registered host memory (hostmem.cc): the range containing p, if any.
+bool host_range_find_locked(const void *p, std::uintptr_t *base, std::uint64_t *size, unsigned *flags,
+                            bool *registered);
 // Gives a freed pool allocation's bytes back to its pool (pools.cc).
 void pool_return_locked(CUmemPoolHandle_st *pool, std::uint64_t size);
 // The VMM mapping containing ptr, if any (vmm.cc).
 bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *size);
+// The bytes behind [ptr, ptr+len) of a VMM mapping (the physical allocation's,
+// shared by every mapping of it); NOT_FOUND when ptr is not mapped,
+// INVALID_VALUE when the range leaves the mapping (vmm.cc).
+CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char **out);
 // Synchronisation points let every pool of the device trim to its release threshold.
 void pools_trim_at_sync(std::uint32_t dev);
+
+// --- module images (image.cc) ---
+// The bytes of an image (PTX text, cubin, fatbin or fatbin wrapper), sized
+// from its headers; INVALID_IMAGE when it is none of these, INVALID_VALUE when
+// FAKECUDA_KERNEL_US is malformed. `limit`: how many bytes the caller has
+// (a file's size, cuLinkAddData's size); a binary image claiming more is invalid.
+CUresult read_image(const void *image, std::string *bytes, bool *opaque, std::uint64_t limit = ~std::uint64_t{0});
+// Appends an entry (kind 1 PTX, 2 cubin/other) to a fatbin being built (the linker's output).
+void fatbin_append_entry(std::string *out, std::uint16_t kind, const std::string &payload, bool opaque);
+// Simulated run time of a kernel: spin_<N>us = N us, else FAKECUDA_KERNEL_US.
+std::uint64_t kernel_duration_ns(const std::string &name);
 
 // --- streams (stream.cc) ---
 // Resolves a stream argument (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a
@@ -230,6 +262,9 @@ void streams_release_context_locked(CUctx_st *ctx);
 void sleep_until(std::uint64_t end_ns);
 // Records work ending at end_ns on a stream and its context.
 void note_stream_work(CUstream_st *stream, std::uint64_t end_ns);
+// Waits until the work submitted to the stream so far has run (no pool trimming:
+// not a synchronisation point of the API, e.g. before a synchronous copy).
+void stream_wait_idle(CUstream_st *stream);
 
 // --- launch (launch.cc) and graphs (graph.cc) ---
 CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream, std::uint64_t blocks);

@@ -25,9 +25,18 @@ std::uint64_t g_next_legacy = kLegacyBase;
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
 
+// Every allocation gets a buffer id never reused in the process (cuda.h,
+// CU_POINTER_ATTRIBUTE_BUFFER_ID), unlike its address.
+void insert_locked(CUdeviceptr base, Allocation allocation) {
+  allocation.buffer_id = next_object_id_locked();
+  g_allocations[base] = allocation;
+}
+
 // The range an allocation took from reserve_address (linear: `held`, pool: `size`).
 void release_address_locked(CUdeviceptr base, const Allocation &allocation) {
+  release_bytes(allocation);
   if (allocation.kind == AllocKind::legacy32) return;
+  if (allocation.kind == AllocKind::managed) return;  // a host address (managed_map), unmapped
   std::uint64_t bytes = allocation.kind == AllocKind::pool ? allocation.size : allocation.held;
   g_free_ranges[allocation.device].emplace(round_up(bytes, 512), base);
 }
@@ -61,7 +70,7 @@ CUresult alloc_common(CUdeviceptr *dptr, std::uint64_t held, std::uint64_t size,
   allocation.device = ctx->device;
   allocation.ctx = ctx;
   allocation.kind = kind;
-  g_allocations[base] = allocation;
+  insert_locked(base, allocation);
   *dptr = base;
   return CUDA_SUCCESS;
 }
@@ -108,7 +117,14 @@ bool find_containing_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *s
       return true;
     }
   }
-  return vmm_find_mapping_locked(ptr, base, size);
+  if (vmm_find_mapping_locked(ptr, base, size)) return true;
+  // Page-locked host memory is in the unified address space too.
+  std::uintptr_t host_base = 0;
+  unsigned flags = 0;
+  bool registered = false;
+  if (!host_range_find_locked(reinterpret_cast<void *>(ptr), &host_base, size, &flags, &registered)) return false;
+  *base = host_base;
+  return true;
 }
 
 }  // namespace
@@ -150,7 +166,16 @@ CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_
   return base;
 }
 
-void register_allocation_locked(CUdeviceptr base, const Allocation &allocation) { g_allocations[base] = allocation; }
+void register_allocation_locked(CUdeviceptr base, const Allocation &allocation) { insert_locked(base, allocation); }
+
+Allocation *find_allocation_locked(CUdeviceptr ptr, CUdeviceptr *base) {
+  auto it = g_allocations.upper_bound(ptr);
+  if (it == g_allocations.begin()) return nullptr;
+  --it;
+  if (ptr - it->first >= std::max<std::uint64_t>(it->second.size, 1)) return nullptr;
+  *base = it->first;
+  return &it->second;
+}
 
 bool remove_allocation_locked(CUdeviceptr base, Allocation *out) {
   auto it = g_allocations.find(base);
@@ -237,26 +262,27 @@ extern "C" CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   const std::uint64_t free_bytes = device_free_now(ctx->device);
   const std::uint64_t resident = bytesize < free_bytes ? bytesize : free_bytes;
-  if (resident == bytesize) return alloc_common(dptr, bytesize, bytesize, AllocKind::managed);
-  // Partly (or wholly) host-resident: the address range is the full size,
-  // the device holds only what fits.
+  // The address is host memory (managed memory is host-accessible, as on a
+  // real system); the device holds what fits, the rest stays on the host.
   Runtime &r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   if (resident > 0) {
     if (CUresult rc = charge_device(ctx->device, resident); rc != CUDA_SUCCESS) return rc;
   }
-  const CUdeviceptr base = reserve_address(ctx->device, bytesize, 512);
-  if (base == 0) {
+  void *host = managed_map(bytesize);
+  if (host == nullptr) {
     if (resident > 0) uncharge_device(ctx->device, resident);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(host);
   Allocation allocation;
   allocation.size = bytesize;
   allocation.held = resident;
   allocation.device = ctx->device;
   allocation.ctx = ctx;
   allocation.kind = AllocKind::managed;
-  g_allocations[base] = allocation;
+  allocation.host = host;
+  insert_locked(base, allocation);
   *dptr = base;
   return CUDA_SUCCESS;
 }
@@ -332,24 +358,5 @@ extern "C" CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *ps
   if (rc != CUDA_SUCCESS) return rc;
   if (pbase != nullptr) *pbase = static_cast<CUdeviceptr_v1>(base);
   if (psize != nullptr) *psize = static_cast<unsigned int>(size);
-  return CUDA_SUCCESS;
-}
-
-// Page-locked host memory is host memory: it is not charged to any device.
-extern "C" CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
-  if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (!initialized()) return uninitialized_error();
-  *pp = std::aligned_alloc(4096, round_up(bytesize, 4096));
-  return *pp != nullptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-extern "C" CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
-  (void)Flags;
-  return cuMemAllocHost_v2(pp, bytesize);
-}
-
-extern "C" CUresult cuMemFreeHost(void *p) {
-  if (!initialized()) return uninitialized_error();
-  std::free(p);
   return CUDA_SUCCESS;
 }

@@ -1,6 +1,6 @@
-// Modules, libraries and functions. A module image is treated as text: it
-// "contains" a function when the function's name appears in it. A function
-// named spin_<N>us runs for N microseconds of device time; any other takes 0.
+// Modules, libraries and functions. A module "contains" a function when the
+// function's name appears in its image's bytes (image.cc reads PTX, cubin and
+// fatbin images); its simulated run time is kernel_duration_ns (image.cc).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,15 +17,6 @@ namespace {
 HandlePool<CUmod_st> g_modules;  // runtime mutex
 HandlePool<CUfunc_st> g_functions;
 HandlePool<CUlib_st> g_libraries;
-
-std::uint64_t spin_duration_ns(const char *name) {
-  unsigned long long micros = 0;
-  int consumed = 0;
-  if (std::strncmp(name, "spin_", 5) != 0 || name[5] < '0' || name[5] > '9') return 0;
-  if (std::sscanf(name, "spin_%lluus%n", &micros, &consumed) != 1) return 0;
-  if (consumed <= 0 || name[consumed] != '\0') return 0;
-  return micros * 1000ull;
-}
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
 
@@ -93,10 +84,11 @@ CUresult place_locked(CUmod_st *module, std::uint32_t dev) {
   return CUDA_SUCCESS;
 }
 
-CUmod_st *load_locked(std::string image, CUctx_st *ctx) {
+CUmod_st *load_locked(std::string image, bool opaque, CUctx_st *ctx) {
   CUmod_st *module = g_modules.make();
   module->ctx = ctx;
   module->image = std::move(image);
+  module->opaque = opaque;
   module->globals_bytes = parse_globals(module->image, module->globals);
   return module;
 }
@@ -115,25 +107,28 @@ CUresult get_function_locked(CUmod_st *module, const char *name, CUfunc_st **out
     *out = it->second;
     return CUDA_SUCCESS;
   }
-  if (*name == '\0' || module->image.find(name) == std::string::npos) return CUDA_ERROR_NOT_FOUND;
+  if (*name == '\0' || (!module->opaque && module->image.find(name) == std::string::npos)) {
+    return CUDA_ERROR_NOT_FOUND;
+  }
   CUfunc_st *function = g_functions.make();
   function->module = module;
   function->name = name;
-  function->duration_ns = spin_duration_ns(name);
+  function->duration_ns = kernel_duration_ns(function->name);
   module->functions[name] = function;
   *out = function;
   return CUDA_SUCCESS;
 }
 
-CUresult module_load(CUmodule *module, const void *image) {
+CUresult module_load(CUmodule *module, const void *image, std::uint64_t limit = ~std::uint64_t{0}) {
   if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   CUctx_st *ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  std::string text(static_cast<const char *>(image));
-  if (text.empty()) return CUDA_ERROR_INVALID_IMAGE;
+  std::string text;
+  bool opaque = false;
+  if (CUresult rc = read_image(image, &text, &opaque, limit); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
-  CUmod_st *loaded = load_locked(std::move(text), ctx);
+  CUmod_st *loaded = load_locked(std::move(text), opaque, ctx);
   if (CUresult rc = place_locked(loaded, ctx->device); rc != CUDA_SUCCESS) {
     unload_locked(loaded);
     return rc;
@@ -184,7 +179,7 @@ extern "C" CUresult cuModuleLoad(CUmodule *module, const char *fname) {
   std::ostringstream text;
   text << file.rdbuf();
   std::string image = text.str();
-  return module_load(module, image.c_str());
+  return module_load(module, image.c_str(), image.size() + 1);
 }
 
 extern "C" CUresult cuModuleUnload(CUmodule hmod) {
@@ -290,10 +285,11 @@ extern "C" CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
   (void)numLibraryOptions;
   if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::string text(static_cast<const char *>(code));
-  if (text.empty()) return CUDA_ERROR_INVALID_IMAGE;
+  std::string text;
+  bool opaque = false;
+  if (CUresult rc = read_image(code, &text, &opaque); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
-  CUmod_st *module = load_locked(std::move(text), nullptr);
+  CUmod_st *module = load_locked(std::move(text), opaque, nullptr);
   // Loaded into the current context's device now; with no context current, on
   // first use of a global (the real driver loads libraries lazily too).
   CUctx_st *ctx = nullptr;
@@ -320,6 +316,10 @@ extern "C" CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNa
   std::ostringstream text;
   text << file.rdbuf();
   std::string image = text.str();
+  // A binary image must fit in the file (cuLibraryLoadData cannot tell).
+  std::string checked;
+  bool opaque = false;
+  if (CUresult rc = read_image(image.c_str(), &checked, &opaque, image.size() + 1); rc != CUDA_SUCCESS) return rc;
   return cuLibraryLoadData(library, image.c_str(), jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
                            libraryOptionValues, numLibraryOptions);
 }

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include <cudaProfiler.h>
+
 #include "driver.h"
 
 namespace {
@@ -30,6 +32,9 @@ const std::vector<EntryPoint> &table() {
         // CUDA 12.0 on, whose ABI the name has at that version.
         {"cuGraphInstantiate", 12000, 0, reinterpret_cast<void *>(&::cuGraphInstantiateWithFlags),
          "cuGraphInstantiateWithFlags"},
+        // The profiler control API (cudaProfilerTypedefs.h, not cudaTypedefs.h).
+        {"cuProfilerStart", 4000, 0, reinterpret_cast<void *>(&::cuProfilerStart), "cuProfilerStart"},
+        {"cuProfilerStop", 4000, 0, reinterpret_cast<void *>(&::cuProfilerStop), "cuProfilerStop"},
     };
     std::stable_sort(rows.begin(), rows.end(), [](const EntryPoint &a, const EntryPoint &b) {
       int order = std::strcmp(a.base, b.base);

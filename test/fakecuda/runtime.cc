@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 
 #include "driver.h"
 
@@ -24,7 +25,14 @@ void after_fork_in_child() {
   // also must not keep the parent's state-file descriptor open, or the parent's
   // liveness lock would outlive the parent.
   if (r.state != nullptr) r.state->forget_fd_after_fork();
-  if (r.init_state.load(std::memory_order_relaxed) == static_cast<int>(InitState::ok)) {
+  // The child has one thread: a lock another parent thread held at fork (a
+  // cuInit in progress holds it throughout) would never be released. A child
+  // forked during the parent's cuInit is a child of an initialising driver:
+  // like one forked after cuInit, it cannot use the parent's CUDA state.
+  new (&r.mu) std::mutex();
+  if (r.init_state.load(std::memory_order_relaxed) == static_cast<int>(InitState::ok) ||
+      r.initializing.load(std::memory_order_relaxed)) {
+    r.initializing.store(false, std::memory_order_relaxed);
     r.init_state.store(static_cast<int>(InitState::forked), std::memory_order_release);
   }
 }
@@ -70,6 +78,11 @@ extern "C" CUresult cuInit(unsigned int Flags) {
   current = static_cast<InitState>(r.init_state.load(std::memory_order_acquire));
   if (current == InitState::ok) return CUDA_SUCCESS;
   if (current != InitState::none) return current == InitState::failed ? r.init_result : uninitialized_error();
+  struct Initializing {
+    std::atomic<bool> &flag;
+    explicit Initializing(std::atomic<bool> &f) : flag(f) { flag.store(true, std::memory_order_relaxed); }
+    ~Initializing() { flag.store(false, std::memory_order_relaxed); }
+  } initializing(r.initializing);
 
   Config config;
   char error[1400];

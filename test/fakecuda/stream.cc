@@ -152,6 +152,14 @@ void sleep_until(std::uint64_t end_ns) {
   }
 }
 
+void stream_wait_idle(CUstream_st *stream) {
+  if (realistic()) {
+    sched_stream_wait(stream);
+  } else {
+    sleep_until(stream_end(stream));
+  }
+}
+
 void note_stream_work(CUstream_st *stream, std::uint64_t end_ns) {
   atomic_max(stream->last_end_ns, end_ns);
   atomic_max(stream->ctx->last_end_ns, end_ns);

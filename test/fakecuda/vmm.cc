@@ -1,7 +1,9 @@
 // Virtual memory management: physical allocations (cuMemCreate) are charged to
 // their device from creation until they are both released and unmapped
 // everywhere, as the driver documents; address reservations cost nothing.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,10 +25,16 @@ struct Physical {
   int mappings = 0;
   bool charged = true;  // false: host-located, or imported from another process
   CUmemAllocationProp prop{};
+  void *bytes = nullptr;  // contents, mapped at first access (bytes.cc); shared by all its mappings
+  // Shareable (POSIX fd requested) and imported allocations keep their bytes
+  // in a memfd, which is what an export hands out: importers in other
+  // processes map the same pages. Its last sizeof(ExportRecord) bytes, past
+  // the contents, describe the allocation.
+  int fd = -1;
 };
 
-// What an exported POSIX file descriptor carries (a memfd): enough for an
-// importer to find the allocation again.
+// What an exported POSIX file descriptor (the allocation's memfd) carries
+// after the contents: enough for an importer to find the allocation again.
 struct ExportRecord {
   std::uint64_t magic;
   std::uint32_t exporter_pid;
@@ -39,6 +47,7 @@ constexpr std::uint64_t kExportMagic = 0x54524f50584b4146ull;  // "FAKXPORT"
 struct Mapping {
   std::uint64_t size = 0;
   CUmemGenericAllocationHandle handle = 0;
+  std::uint64_t offset = 0;  // into the physical allocation
 };
 
 // All under the runtime mutex.
@@ -61,9 +70,28 @@ bool valid_prop(const CUmemAllocationProp *prop) {
   return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(prop->location.id);
 }
 
+bool shareable(const Physical &physical) {
+  return (physical.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+}
+
+// The memfd holding a shareable allocation's bytes (sparse: costs nothing until touched).
+int content_fd_locked(Physical &physical) {
+  if (physical.fd >= 0) return physical.fd;
+  int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(physical.size + sizeof(ExportRecord))) != 0) {
+    close(fd);
+    return -1;
+  }
+  physical.fd = fd;
+  return fd;
+}
+
 void drop_if_unused_locked(std::map<CUmemGenericAllocationHandle, Physical>::iterator it) {
   if (it->second.references == 0 && it->second.mappings == 0) {
     if (it->second.charged) uncharge_device(it->second.device, it->second.size);
+    if (it->second.bytes != nullptr) munmap(it->second.bytes, it->second.size);
+    if (it->second.fd >= 0) close(it->second.fd);
     g_physical.erase(it);
   }
 }
@@ -97,6 +125,28 @@ bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *
   *base = it->first;
   *size = it->second.size;
   return true;
+}
+
+CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char **out) {
+  CUdeviceptr base = 0;
+  std::uint64_t size = 0;
+  if (!vmm_find_mapping_locked(ptr, &base, &size)) return CUDA_ERROR_NOT_FOUND;
+  if (len > size - (ptr - base)) return CUDA_ERROR_INVALID_VALUE;  // mappings are not stitched together
+  const Mapping &mapping = g_mappings[base];
+  Physical &physical = g_physical[mapping.handle];
+  if (physical.bytes == nullptr) {
+    void *p = MAP_FAILED;
+    if (shareable(physical) || physical.fd >= 0) {
+      int fd = content_fd_locked(physical);
+      if (fd >= 0) p = mmap(nullptr, physical.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    } else {
+      p = mmap(nullptr, physical.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    }
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    physical.bytes = p;
+  }
+  *out = static_cast<unsigned char *>(physical.bytes) + mapping.offset + (ptr - base);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace gpuslice::fakecuda
@@ -211,7 +261,7 @@ extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
   if (offset + size > it->second.size) return CUDA_ERROR_INVALID_VALUE;
   if (!inside_reservation_locked(ptr, size) || overlaps_mapping_locked(ptr, size)) return CUDA_ERROR_INVALID_VALUE;
   ++it->second.mappings;
-  g_mappings[ptr] = Mapping{size, handle};
+  g_mappings[ptr] = Mapping{size, handle, offset};
   return CUDA_SUCCESS;
 }
 
@@ -275,12 +325,14 @@ extern "C" CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGen
   }
   ExportRecord record{kExportMagic, static_cast<std::uint32_t>(getpid()), it->second.device, handle,
                       it->second.size, it->second.prop};
-  int fd = memfd_create("fakecuda-vmm-export", MFD_CLOEXEC);
-  if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
-  if (pwrite(fd, &record, sizeof(record), 0) != static_cast<ssize_t>(sizeof(record))) {
-    close(fd);
+  int content = content_fd_locked(it->second);
+  if (content < 0) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (pwrite(content, &record, sizeof(record), static_cast<off_t>(it->second.size)) !=
+      static_cast<ssize_t>(sizeof(record))) {
     return CUDA_ERROR_OPERATING_SYSTEM;
   }
+  int fd = fcntl(content, F_DUPFD_CLOEXEC, 0);  // the caller owns (and may close) its own descriptor
+  if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
   *static_cast<int *>(shareableHandle) = fd;
   return CUDA_SUCCESS;
 }
@@ -295,7 +347,11 @@ extern "C" CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
   if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
   int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(osHandle));
   ExportRecord record{};
-  if (pread(fd, &record, sizeof(record), 0) != static_cast<ssize_t>(sizeof(record)) || record.magic != kExportMagic) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(record)) ||
+      pread(fd, &record, sizeof(record), st.st_size - static_cast<off_t>(sizeof(record))) !=
+          static_cast<ssize_t>(sizeof(record)) ||
+      record.magic != kExportMagic) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -311,6 +367,8 @@ extern "C" CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
   physical.size = record.size;
   physical.charged = false;
   physical.prop = record.prop;
+  physical.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);  // the same pages as the exporter's
+  if (physical.fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
   CUmemGenericAllocationHandle id = g_next_handle++;
   g_physical[id] = physical;
   *handle = id;

@@ -7,6 +7,9 @@
 //                                  print "<pid> <start_ns> <end_ns>", exit
 //   helper launchexit <us> <count> launch count kernels, print "<pid>", exit unsynchronised
 //   helper launchhang <us> <count> the same, then wait to be killed
+//   helper vmmimport <fd> <bytes>  import the VMM allocation exported as fd (inherited),
+//                                  map it, print "read <hex>" (the u32 at offset 64),
+//                                  write 0x600DF00D at offset 128, print "wrote", exit
 //   helper teardown <bytes> 0      exit; a destructor that runs after the driver's
 //                                  (the driver was dlopen'ed later) allocates and
 //                                  prints "late <CUresult>"
@@ -16,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -123,6 +127,26 @@ int main(int argc, char **argv) {
     g_late_bytes = value;
     std::printf("ready\n");
     std::fflush(stdout);
+    return 0;
+  }
+  if (command == "vmmimport" && argc == 4) {
+    auto import = resolve<PFN_cuMemImportFromShareableHandle_v10020>("cuMemImportFromShareableHandle", 10020);
+    auto reserve = resolve<PFN_cuMemAddressReserve_v10020>("cuMemAddressReserve", 10020);
+    auto map = resolve<PFN_cuMemMap_v10020>("cuMemMap", 10020);
+    auto dtoh = resolve<PFN_cuMemcpyDtoH_v3020>("cuMemcpyDtoH", 3020);
+    auto set32 = resolve<PFN_cuMemsetD32_v3020>("cuMemsetD32", 3020);
+    unsigned long long bytes = std::strtoull(argv[3], nullptr, 10);
+    CUmemGenericAllocationHandle handle = 0;
+    CHECK(import(&handle, reinterpret_cast<void *>(static_cast<std::intptr_t>(value)),
+                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CUdeviceptr va = 0;
+    CHECK(reserve(&va, bytes, 0, 0, 0));
+    CHECK(map(va, bytes, 0, handle, 0));
+    unsigned seen = 0;
+    CHECK(dtoh(&seen, va + 64, sizeof(seen)));
+    std::printf("read %x\n", seen);
+    CHECK(set32(va + 128, 0x600DF00Du, 1));
+    std::printf("wrote\n");
     return 0;
   }
   if ((command == "launchexit" || command == "launchhang") && argc == 4) {

@@ -52,12 +52,14 @@ TEST_F(FakeCuda, FlagsSelectStreamVariants) {
   EXPECT_EQ(Resolve("cuStreamBeginCapture", 10010, pt), Sym("cuStreamBeginCapture_v2_ptsz"));
   EXPECT_EQ(Resolve("cuGraphLaunch", 12000, pt), Sym("cuGraphLaunch_ptsz"));
   EXPECT_EQ(Resolve("cuMemAlloc", 12000, pt), Sym("cuMemAlloc_v2"));  // no stream: no variant
-  void *memcpy_ptds = Resolve("cuMemcpyHtoD", 7000, pt);
-  EXPECT_EQ(memcpy_ptds, Sym("cuMemcpyHtoD_v2_ptds"));
-  // An entry point the simulator does not model exists and answers NOT_SUPPORTED.
-  EXPECT_EQ(fakecuda_symbol_is_stub(memcpy_ptds), 1);
-  auto copy = reinterpret_cast<CUresult (*)(CUdeviceptr, const void *, size_t)>(memcpy_ptds);
-  EXPECT_EQ(copy(0, nullptr, 0), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(Resolve("cuMemcpyHtoD", 7000, pt), Sym("cuMemcpyHtoD_v2_ptds"));
+  // An entry point the simulator does not model (copies into CUDA arrays, which
+  // hold no bytes) exists and answers NOT_SUPPORTED.
+  void *to_array_ptds = Resolve("cuMemcpyHtoA", 7000, pt);
+  EXPECT_EQ(to_array_ptds, Sym("cuMemcpyHtoA_v2_ptds"));
+  EXPECT_EQ(fakecuda_symbol_is_stub(to_array_ptds), 1);
+  auto copy = reinterpret_cast<CUresult (*)(CUarray, size_t, const void *, size_t)>(to_array_ptds);
+  EXPECT_EQ(copy(nullptr, 0, nullptr, 0), CUDA_ERROR_NOT_SUPPORTED);
 }
 
 TEST_F(FakeCuda, FailuresReportWhy) {
