@@ -45,7 +45,7 @@
     return gpuslice_glibc_##name args;                                             \
   }
 
-// stat and fstat as glibc runs them on x86_64 (fstatat/fstat system calls;
+// stat, fstat and fstatat as glibc runs them on x86_64 (fstatat/fstat system calls;
 // the kernel's struct stat is glibc's there), for libraries that must load
 // under glibc < 2.33.
 #define GPUSLICE_GLIBC_STAT_BY_SYSCALL()                                                      \
@@ -55,4 +55,8 @@
   }                                                                                           \
   extern "C" __attribute__((visibility("hidden"))) int fstat(int fd, struct stat* buf) noexcept { \
     return static_cast<int>(syscall(SYS_fstat, fd, buf));                                     \
+  }                                                                                           \
+  extern "C" __attribute__((visibility("hidden"))) int fstatat(int dirfd, const char* __restrict path, \
+                                                              struct stat* __restrict buf, int flags) noexcept { \
+    return static_cast<int>(syscall(SYS_newfstatat, dirfd, path, buf, flags));                 \
   }
