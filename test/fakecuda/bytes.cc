@@ -16,8 +16,9 @@ using namespace gpuslice::fakecuda;
 
 namespace {
 
-// Managed allocations take host addresses in [1 TiB, 16 TiB): below every
-// device window (which starts at 16 TiB), above the legacy 32-bit range.
+// Managed allocations take host addresses in [1 TiB, 16 TiB) where they can:
+// below every device window (which starts at 16 TiB), above the legacy 32-bit
+// range (managed_map says what happens where that range is taken).
 constexpr std::uint64_t kManagedBase = std::uint64_t{1} << 40;
 constexpr std::uint64_t kManagedEnd = std::uint64_t{1} << 44;
 constexpr std::uint64_t kPage = 4096;
@@ -236,15 +237,27 @@ namespace gpuslice::fakecuda {
 
 void *managed_map(std::uint64_t bytes) {
   const std::uint64_t span = round_up(std::max<std::uint64_t>(bytes, 1), 2 << 20);
-  while (g_next_managed + span <= kManagedEnd) {
+  constexpr int kFlags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  // The window can be taken: a sanitizer's shadow memory covers [1 TiB,
+  // 16 TiB) under ASan and TSan. A few refusals in a row and the window is
+  // given up for the process (not walked 2 MiB at a time across 15 TiB):
+  // managed memory then lives where the kernel puts it, a host address all
+  // the same (device windows are never mapped, so it cannot be one of theirs
+  // on a machine with fewer than 7 simulated devices).
+  static int refusals = 0;  // runtime mutex
+  while (refusals < 8 && g_next_managed + span <= kManagedEnd) {
     void *hint = reinterpret_cast<void *>(g_next_managed);
-    void *p = mmap(hint, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE |
-                   MAP_FIXED_NOREPLACE, -1, 0);
+    void *p = mmap(hint, span, PROT_READ | PROT_WRITE, kFlags | MAP_FIXED_NOREPLACE, -1, 0);
     g_next_managed += span;
-    if (p == hint) return p;
+    if (p == hint) {
+      refusals = 0;
+      return p;
+    }
     if (p != MAP_FAILED) munmap(p, span);  // a kernel that ignored the flag placed it elsewhere
+    ++refusals;
   }
-  return nullptr;
+  void *p = mmap(nullptr, span, PROT_READ | PROT_WRITE, kFlags, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
 }
 
 void release_bytes(const Allocation &allocation) {
