@@ -244,7 +244,11 @@ void *managed_map(std::uint64_t bytes) {
   // managed memory then lives where the kernel puts it, a host address all
   // the same (device windows are never mapped, so it cannot be one of theirs
   // on a machine with fewer than 7 simulated devices).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  static int refusals = 8;  // the sanitizers' shadow memory is there
+#else
   static int refusals = 0;  // runtime mutex
+#endif
   while (refusals < 8 && g_next_managed + span <= kManagedEnd) {
     void *hint = reinterpret_cast<void *>(g_next_managed);
     void *p = mmap(hint, span, PROT_READ | PROT_WRITE, kFlags | MAP_FIXED_NOREPLACE, -1, 0);

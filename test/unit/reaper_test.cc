@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "limiter/memory_accounting.h"
+#include "shm/procfs.h"
 #include "support.h"
 
 namespace gpuslice::test {
@@ -131,18 +132,12 @@ TEST_F(Reaper, SigkillAtRandomPointsIsRecoveredExactly) {
     const bool zombies = round % 3 == 0;  // nobody waits for them (a container without init)
     if (zombies) {
       ++zombie_rounds;
-      for (int i = 0; i < 1000; ++i) {  // until they are really dead (zombies)
+      for (int i = 0; i < 1000; ++i) {  // until they are really dead (zombies, every thread gone)
         bool all_dead = true;
         for (pid_t pid : pids) {
-          char path[64];
-          snprintf(path, sizeof path, "/proc/%d/stat", pid);
-          FILE* f = fopen(path, "r");
-          if (f == nullptr) continue;
-          char buf[512] = {};
-          const std::size_t n = fread(buf, 1, sizeof buf - 1, f);
-          fclose(f);
-          const char* paren = strrchr(buf, ')');
-          if (n == 0 || paren == nullptr || paren[2] != 'Z') all_dead = false;
+          shm::procfs::Stat st;
+          if (shm::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) != 0) continue;
+          if (st.state != 'Z' || st.num_threads > 1) all_dead = false;
         }
         if (all_dead) break;
         usleep(1000);
