@@ -130,32 +130,6 @@ bool parse_path(const char* name, const char* value, bool absolute, std::size_t 
 
 // ---- words, flags, durations -------------------------------------------------
 
-// The words of a choice: the range column "a | b | c (remark)".
-// Returns the index of `value` among them (any case) or -1.
-int word_index(const char* range, Span value) {
-  int index = 0;
-  const char* p = range;
-  for (;;) {
-    const char* end = p;
-    while (*end != '\0' && *end != ' ') ++end;
-    if (end > p && value.n > 0) {
-      const Span word{p, static_cast<std::size_t>(end - p)};
-      if (word.n == value.n) {
-        bool same = true;
-        for (std::size_t i = 0; i < word.n && same; ++i) same = lower(word.p[i]) == lower(value.p[i]);
-        if (same) return index;
-      }
-    }
-    // Next word follows " | "; anything else ends the list.
-    if (end[0] == ' ' && end[1] == '|' && end[2] == ' ') {
-      p = end + 3;
-      ++index;
-      continue;
-    }
-    return -1;
-  }
-}
-
 // "hard or elastic" from "hard | elastic (any case)".
 Text& list_words(Text& t, const char* range) {
   const char* p = range;
@@ -212,8 +186,6 @@ constexpr std::size_t kMaxRegionPathLength = kMaxRegionPath;
 
 }  // namespace
 
-char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-
 bool span_equals(Span s, const char* word, bool any_case) {
   std::size_t i = 0;
   for (; i < s.n; ++i) {
@@ -221,12 +193,6 @@ bool span_equals(Span s, const char* word, bool any_case) {
     if (any_case ? lower(s.p[i]) != lower(word[i]) : s.p[i] != word[i]) return false;
   }
   return word[i] == '\0';
-}
-
-std::size_t length(const char* s) {
-  std::size_t n = 0;
-  while (s[n] != '\0') ++n;
-  return n;
 }
 
 // "gpuslice: NAME='value': " -- the caller appends "<what>, expected <what>".
@@ -352,6 +318,100 @@ template bool parse_per_device<std::uint64_t>(const char*, const char*, ParseOne
                                                PerDevice<std::uint64_t>*, shm::Error*);
 template bool parse_per_device<std::uint32_t>(const char*, const char*, ParseOne<std::uint32_t>,
                                                PerDevice<std::uint32_t>*, shm::Error*);
+
+// ---- choice words vs. the enums they are stored as ----------------------------
+
+// A policy, level or choice option stores the index of its word in the range
+// column of options.def, and the code reads that index as an enum value: the
+// words must be listed in the enum's order. Checked here at compile time, with
+// the parser's own word_index: every such option has a row per word below,
+// and each word's index is its enum value.
+namespace {
+
+struct EnumWord {
+  const char* option;  // options.def id
+  const char* word;
+  int value;           // what the code reads
+};
+constexpr EnumWord kEnumWords[] = {
+    {"sm_policy", "hard", static_cast<int>(SmPolicy::hard)},
+    {"sm_policy", "elastic", static_cast<int>(SmPolicy::elastic)},
+    {"priority", "high", kPriorityHigh},
+    {"priority", "normal", kPriorityNormal},
+    {"priority", "low", kPriorityLow},
+    {"oversubscribe", "fail", kOversubscribeFail},
+    {"oversubscribe", "spill", kOversubscribeSpill},
+    {"oversubscribe", "wait", kOversubscribeWait},
+    {"log_level", "error", kLogError},
+    {"log_level", "warn", kLogWarn},
+    {"log_level", "info", kLogInfo},
+    {"log_level", "debug", kLogDebug},
+};
+
+constexpr bool same_text(const char* a, const char* b) {
+  std::size_t i = 0;
+  for (; a[i] != '\0' && a[i] == b[i]; ++i) {
+  }
+  return a[i] == b[i];
+}
+
+constexpr const OptionInfo* option_named(const char* id) {
+  for (const OptionInfo& o : kOptions) {
+    if (same_text(o.id, id)) return &o;
+  }
+  return nullptr;
+}
+
+// How many words the range column lists (word_index's walk).
+constexpr int words_in(const char* range) {
+  int n = 1;
+  for (const char* p = range;;) {
+    const char* end = p;
+    while (*end != '\0' && *end != ' ') ++end;
+    if (!(end[0] == ' ' && end[1] == '|' && end[2] == ' ')) return n;
+    p = end + 3;
+    ++n;
+  }
+}
+
+// The option's words are exactly the enum's values, in order.
+constexpr bool words_match_enum(const char* id) {
+  const OptionInfo* o = option_named(id);
+  if (o == nullptr) return false;
+  int rows = 0;
+  for (const EnumWord& w : kEnumWords) {
+    if (!same_text(w.option, id)) continue;
+    ++rows;
+    if (word_index(o->range, Span{w.word, length(w.word)}) != w.value) return false;
+  }
+  return rows == words_in(o->range);
+}
+
+// Every word option of options.def has its rows above.
+constexpr bool every_word_option_checked() {
+  for (const OptionInfo& o : kOptions) {
+    const bool words = o.type == OptionType::policy || o.type == OptionType::level || o.type == OptionType::choice;
+    bool listed = false;
+    for (const EnumWord& w : kEnumWords) listed = listed || same_text(w.option, o.id);
+    if (words && !listed) return false;
+  }
+  return true;
+}
+
+static_assert(words_match_enum("sm_policy"),
+              "options.def: GPUSLICE_SM_POLICY's words must list SmPolicy's values in order (gpuslice/region.h)");
+static_assert(words_match_enum("priority"),
+              "options.def: GPUSLICE_PRIORITY's words must list limiter::Priority's values in order (limiter/options.h)");
+static_assert(words_match_enum("oversubscribe"),
+              "options.def: GPUSLICE_OVERSUBSCRIBE's words must list limiter::Oversubscribe's values in order "
+              "(limiter/options.h)");
+static_assert(words_match_enum("log_level"),
+              "options.def: GPUSLICE_LOG_LEVEL's words must list limiter::LogLevel's values in order (limiter/options.h)");
+static_assert(every_word_option_checked(),
+              "options.def: a policy, level or choice option without rows in kEnumWords (option_values.cc): "
+              "list its words with the enum values the code reads them as");
+
+}  // namespace
 
 // ---- one value of each type ---------------------------------------------------
 

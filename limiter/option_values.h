@@ -23,9 +23,41 @@ struct Span {
   std::size_t n;
 };
 
-char lower(char c);
+constexpr char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 bool span_equals(Span s, const char* word, bool any_case);
-std::size_t length(const char* s);
+constexpr std::size_t length(const char* s) {
+  std::size_t n = 0;
+  while (s[n] != '\0') ++n;
+  return n;
+}
+
+// The words of a choice: the range column "a | b | c (remark)".
+// Returns the index of `value` among them (any case) or -1.
+constexpr int word_index(const char* range, Span value) {
+  int index = 0;
+  const char* p = range;
+  for (;;) {
+    const char* end = p;
+    while (*end != '\0' && *end != ' ') ++end;
+    if (end > p && value.n > 0) {
+      const Span word{p, static_cast<std::size_t>(end - p)};
+      if (word.n == value.n) {
+        bool same = true;
+        for (std::size_t i = 0; i < word.n && same; ++i) same = lower(word.p[i]) == lower(value.p[i]);
+        if (same) return index;
+      }
+    }
+    // Next word follows " | "; anything else ends the list.
+    if (end[0] == ' ' && end[1] == '|' && end[2] == ' ') {
+      p = end + 3;
+      ++index;
+      continue;
+    }
+    return -1;
+  }
+}
+// (constexpr: the choice words are checked against their enums at compile
+// time with this very function, option_values.cc.)
 
 // "gpuslice: NAME='value': " -- the caller appends "<what>, expected <what>".
 shm::Text fail(shm::Error* err, const char* name, const char* value);
