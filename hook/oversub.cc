@@ -12,8 +12,6 @@
 
 namespace gpuslice::hook {
 
-std::atomic<int> g_oversub_state{0};
-
 namespace {
 
 constexpr std::uint64_t kWaitSliceNs = 20'000'000;  // re-try at least this often: frees elsewhere wake nobody
@@ -98,14 +96,6 @@ bool wait_for_memory(int entry, std::uint64_t deadline, bool* counted) noexcept 
 }
 
 }  // namespace
-
-bool oversub_init() noexcept {
-  const limiter::Options& o = config().options;
-  bool on = o.oversubscribe != limiter::kOversubscribeFail;
-  for (std::uint32_t d = 0; d < kMaxDevices && !on; ++d) on = o.memory_resident[d] != kUnlimited;
-  g_oversub_state.store(on ? 2 : 1, std::memory_order_relaxed);
-  return on;
-}
 
 bool over_allowance(int entry) noexcept {
   publish(entry);

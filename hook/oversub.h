@@ -22,14 +22,7 @@
 
 namespace gpuslice::hook {
 
-// 0 until first asked, then 1 (neither option set) or 2 (oversubscription on).
-extern std::atomic<int> g_oversub_state;
-[[gnu::cold, gnu::noinline]] bool oversub_init() noexcept;
-inline bool oversubscribing() noexcept {
-  const int s = g_oversub_state.load(std::memory_order_relaxed);
-  if (__builtin_expect(s == 1, 1)) return false;
-  return s == 2 || oversub_init();
-}
+// Whether oversubscription is on: oversubscribing() (hook/config.h).
 
 // Would the container hold more than its device-resident allowance on `entry`
 // once `bytes` (already reserved against the quota) are resident?

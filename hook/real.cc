@@ -6,8 +6,8 @@
 
 #include <cstring>
 
+#include "hook/config.h"
 #include "hook/log.h"
-#include "hook/runtime.h"
 #include "shm/clock.h"
 #include "shm/once.h"
 

@@ -1,8 +1,8 @@
-// Process-wide state of the preload library: the parsed options, the
-// container's region and this process's slot, and the map from CUDA device
-// ordinals to region device entries. Bootstrap is lazy (first hooked call),
-// allocation-free, thread-safe and re-entrancy-safe; after fork() the child
-// starts over with its own slot.
+// Process-wide state of the preload library: the container's region and this
+// process's slot (bootstrap.cc, lifecycle.cc), and the map from CUDA device
+// ordinals to region device entries (region.cc); the options are config.h.
+// Bootstrap is lazy (first hooked call), allocation-free, thread-safe and
+// re-entrancy-safe; after fork() the child starts over with its own slot.
 #pragma once
 
 #include <cuda.h>
@@ -11,25 +11,10 @@
 #include <cstdint>
 
 #include "gpuslice/region.h"
-#include "limiter/options.h"
+#include "hook/config.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::hook {
-
-struct Config {
-  limiter::Options options;
-  bool valid;            // options parsed without error
-  shm::Error error;      // the one-line reason when !valid
-};
-
-// Options parsed once from environ, then the configuration file for what the
-// environment does not set (limiter/options_file.h; no getenv, no heap).
-const Config& config() noexcept;
-
-// The error every hooked call returns once bootstrap failed closed (bad option,
-// unusable region, full region, no driver): what the driver returns when
-// cuInit failed. Documented in the README.
-inline constexpr CUresult kFailClosed = CUDA_ERROR_NOT_INITIALIZED;
 
 struct Process {
   Region* region;
@@ -86,5 +71,10 @@ bool charge(int entry, std::uint64_t bytes) noexcept;
 // trims this process's idle pool reserves back into the budget).
 using ReclaimFn = void (*)() noexcept;
 void set_pool_reclaim(ReclaimFn fn) noexcept;
+
+// Between the files that implement this header, nobody else's:
+void watch_region_file(int fd) noexcept;  // region.cc: the region file to watch (-1: none)
+void own_claimed_slot() noexcept;         // lifecycle.cc: the slot just claimed is ours (fork handler, owner word)
+void restart_bootstrap_in_child() noexcept;  // bootstrap.cc: a forked child may claim a slot again
 
 }  // namespace gpuslice::hook

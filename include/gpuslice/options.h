@@ -1,5 +1,5 @@
 // The option table (options.def) as constexpr data for tools: the parser
-// (limiter/options.cc), `gpuslice-smi options` and the README table expand
+// (limiter/options.cc, limiter/option_values.cc), `gpuslice-smi options` and the README table expand
 // the same list.
 #pragma once
 

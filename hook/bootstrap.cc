@@ -1,0 +1,183 @@
+// Bootstrap of the preload library: options, driver, region and this
+// process's slot, lazily on the first hooked call, allocation-free,
+// thread-safe and re-entrancy-safe.
+#include "hook/runtime.h"
+
+#include <sched.h>
+
+#include <cstring>
+
+#include "hook/log.h"
+#include "hook/real.h"
+#include "limiter/lease.h"
+#include "limiter/memory_accounting.h"
+
+namespace gpuslice::hook {
+
+namespace {
+
+std::atomic<int> g_boot_busy{0};
+[[gnu::tls_model("initial-exec")]] thread_local bool t_booting = false;
+
+void log_effective_options(const limiter::Options& o) noexcept {
+  if (o.unknown_variable[0] != '\0')
+    GPUSLICE_LOG(warn, "%s is not a gpuslice option (see gpuslice-smi options)", o.unknown_variable);
+  if (o.alias_warning[0] != '\0') GPUSLICE_LOG(warn, "%s", o.alias_warning);
+  if (g_log_level.load(std::memory_order_relaxed) < static_cast<int>(LogLevel::debug)) return;
+  char text[8192];
+  if (limiter::format_effective_options(o, text, sizeof text) < 0) return;
+  // One write per line keeps each line whole when several processes log at once.
+  for (char* line = text; *line != '\0';) {
+    char* end = std::strchr(line, '\n');
+    if (end != nullptr) *end = '\0';
+    GPUSLICE_LOG(debug, "%s", std::strncmp(line, "gpuslice: ", 10) == 0 ? line + 10 : line);
+    if (end == nullptr) break;
+    line = end + 1;
+  }
+}
+
+CUresult fail_closed() noexcept {
+  g_ready.store(kReadyFailed, std::memory_order_release);
+  return kFailClosed;
+}
+
+// A slot with our own identity (pid, pid namespace, start time: nobody else
+// can hold all three) was claimed by a previous image of this very process,
+// before it called execve: no destructor ran, and its memory went with its
+// address space. Reaped exactly, or it would stay charged while we live.
+bool held_by_previous_image(const Slot& s, void* ctx) noexcept {
+  const auto* self = static_cast<const shm::ProcessIdentity*>(ctx);
+  return s.pid.load(std::memory_order_relaxed) == self->pid &&
+         s.start_time.load(std::memory_order_relaxed) == self->start_time &&
+         s.pidns_inode.load(std::memory_order_relaxed) == self->pidns_inode;
+}
+
+void reap_previous_image(Region* region, const shm::ProcessIdentity& self) noexcept {
+  if (self.start_time == 0 || self.pidns_inode == 0) return;  // identity unknown: the agent reaps it
+  shm::ProcessIdentity id = self;
+  bool found = false;
+  for (const Slot& s : region->slots)
+    found = found || (s.state.load(std::memory_order_acquire) == kSlotLive && held_by_previous_image(s, &id));
+  if (!found) return;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (limiter::reap_slots(region, self, held_by_previous_image, &id) != limiter::kReapBusy) return;
+    sched_yield();
+  }
+}
+
+// Frameworks size themselves from cuMemGetInfo at start-up (vLLM,
+// TensorFlow, JAX's preallocation): memory of the container's processes that
+// died without exiting must not be in the first answer. One pass of the
+// reaper (a kill(pid, 0) and a /proc read per live slot); another process
+// reaping at that moment (kReapBusy) is given a few yields, never waited on.
+void reap_at_start(Region* region, const shm::ProcessIdentity& self) noexcept {
+  if (self.start_time == 0 || self.pidns_inode == 0) return;  // cannot judge liveness: the agent reaps
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (limiter::reap_dead(region, self) != limiter::kReapBusy) return;
+    sched_yield();
+  }
+}
+
+// Claims this process's slot: runs on one thread at a time. Nothing here
+// takes the loader lock (no dlopen/dlsym), so a thread waiting for it never
+// waits on a thread that waits for the loader.
+CUresult claim_now() noexcept {
+  const Config& cfg = config();
+  log_effective_options(cfg.options);
+  shm::ProcessIdentity self{};
+  if (!shm::read_identity(0, &self)) {
+    // /proc belongs to another pid namespace (or is missing): our slot's
+    // liveness is then unknown to other processes, and only the node agent
+    // (which maps namespaces) can reap it after we die. Accounting still works.
+    GPUSLICE_LOG(info, "this process's identity is not readable from /proc; if it dies without exiting, "
+                       "its memory returns through the node agent");
+  }
+  Region* region = g_process.region;  // kept across fork: the mapping is inherited
+  if (region == nullptr) {
+    shm::Error err{};
+    int fd = -1;
+    // GPUSLICE_PASSTHROUGH (HAMi's CUDA_DISABLE_CONTROL): no limits (the
+    // parser cleared them) and nothing shared: a private region, no file.
+    region = cfg.options.passthrough ? shm::create_private(cfg.options.container_name, &err)
+                                     : shm::attach(cfg.options.region, cfg.options.container_name, &err, nullptr, &fd);
+    watch_region_file(fd);
+    if (region == nullptr) {
+      GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED", err.message);
+      return fail_closed();
+    }
+  }
+  reap_previous_image(region, self);
+  reap_at_start(region, self);
+  int slot = shm::claim_slot(region, self);
+  // All slots taken: reap the dead. Another live reaper may hold the reaper
+  // lock for a moment (kReapBusy), so retry a few times — never wait on it.
+  for (int attempt = 0; slot < 0 && attempt < 8; ++attempt) {
+    if (limiter::reap_dead(region, self) == limiter::kReapBusy) sched_yield();
+    slot = shm::claim_slot(region, self);
+  }
+  if (slot < 0) {
+    GPUSLICE_LOG(error, "GPUSLICE_REGION=%s: all %u process slots are held by live processes, expected a "
+                        "free slot; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED",
+                 cfg.options.region, kMaxSlots);
+    return fail_closed();
+  }
+  g_process.region = region;
+  g_process.self = self;
+  g_process.lease_tag.store(limiter::lease_tag(region, slot), std::memory_order_relaxed);
+  g_process.slot.store(slot, std::memory_order_release);
+  own_claimed_slot();
+  g_ready.store(kReadyYes, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+// Steps that every thread may run for itself, without waiting for another
+// thread: parsing the options (pure computation) and loading the libraries
+// (dlopen is reference-counted and recursive under the loader lock).
+CUresult prepare() noexcept {
+  const Config& cfg = config();
+  if (!cfg.valid) {
+    static std::atomic<bool> reported{false};
+    if (!reported.exchange(true))
+      GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED", cfg.error.message);
+    return kFailClosed;
+  }
+  if (!load_driver()) return kFailClosed;
+  // An explicit NVML path that cannot be used fails closed like an explicit
+  // driver path: the context memory it measures would go uncounted.
+  if (std::strcmp(cfg.options.real_libnvml_source.name, "default") != 0 && !load_nvml()) return kFailClosed;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void restart_bootstrap_in_child() noexcept { g_boot_busy.store(0, std::memory_order_relaxed); }
+
+// Bootstrap never waits on something that can wait on it. The thread that
+// finds bootstrap in progress elsewhere may hold the loader lock (a library
+// constructor calling cuInit, or dlsym of a driver name) while the other
+// thread sits in dlopen of the driver waiting for that lock: so loading is
+// done by every thread for itself (prepare), and only the slot claim — a
+// handful of syscalls, no loader — is done once while others yield.
+CUresult bootstrap() noexcept {
+  int s = g_ready.load(std::memory_order_acquire);
+  if (s == kReadyYes) return CUDA_SUCCESS;
+  if (s == kReadyFailed) return kFailClosed;
+  if (t_booting) return kFailClosed;  // re-entered from inside bootstrap: not ready yet
+  t_booting = true;
+  CUresult rc = prepare();
+  if (rc != CUDA_SUCCESS) {
+    t_booting = false;
+    return fail_closed();
+  }
+  int expected = 0;
+  if (g_boot_busy.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    rc = claim_now();
+    t_booting = false;
+    return rc;
+  }
+  t_booting = false;
+  while ((s = g_ready.load(std::memory_order_acquire)) == kReadyNo) sched_yield();
+  return s == kReadyYes ? CUDA_SUCCESS : kFailClosed;
+}
+
+}  // namespace gpuslice::hook

@@ -1,0 +1,204 @@
+// This process's slot across its life: ownership across fork (and _Fork,
+// clone), the accounting calls that add to or release from the slot, and the
+// exit-time release.
+#include "hook/runtime.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <new>
+
+#include "hook/log.h"
+#include "limiter/lease.h"
+#include "limiter/memory_accounting.h"
+
+namespace gpuslice::hook {
+
+// Defined beside the accounting calls that read them on every allocation.
+std::atomic<int> g_ready{kReadyNo};
+Process g_process{nullptr, {-1}, {}, {0}};
+
+namespace {
+
+std::atomic<bool> g_atfork_registered{false};
+std::atomic<ReclaimFn> g_pool_reclaim{nullptr};
+
+// Ownership of the slot across process creation. The word lives in a page
+// the kernel zeroes in every child it forks (MADV_WIPEONFORK), however the
+// child was made: fork() with its handlers, _Fork(), raw clone(). A child
+// that finds it zero holds its parent's slot and must claim its own before
+// accounting anything. Kernels before 4.14 lack the advice: the word then
+// stays in ordinary memory and only fork() (through pthread_atfork) and the
+// exit path's pid check protect the parent's slot (docs/security.md).
+enum : std::uint32_t { kSlotNotOurs = 0, kSlotAdopting = 1, kSlotOurs = 2 };
+std::atomic<std::uint32_t> g_fallback_owner{kSlotNotOurs};
+std::atomic<std::atomic<std::uint32_t>*> g_owner{&g_fallback_owner};
+
+// Set once the exit-time release ran: later allocations (other libraries'
+// destructors, threads still running during exit) are refused, not left
+// unlimited. Threads inside reserve()/charge() are counted so that the slot
+// is only given back when none of them can still write to it.
+std::atomic<bool> g_exited{false};
+std::atomic<int> g_accounting_calls{0};
+
+// A forked child is a new process: it must claim its own slot (the parent's
+// usage stays the parent's) before it accounts anything.
+void after_fork_in_child() noexcept {
+  g_process.slot.store(-1, std::memory_order_relaxed);
+  restart_bootstrap_in_child();
+  g_accounting_calls.store(0, std::memory_order_relaxed);  // the parent's threads are not here
+  g_exited.store(false, std::memory_order_relaxed);         // forked from a destructor: a new process all the same
+  if (g_ready.load(std::memory_order_relaxed) == kReadyYes) g_ready.store(kReadyNo, std::memory_order_release);
+}
+
+// The owner word, mapped once: a private anonymous page with MADV_WIPEONFORK.
+void map_owner_word() noexcept {
+  if (g_owner.load(std::memory_order_acquire) != &g_fallback_owner) return;
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) return;
+  if (madvise(page, 4096, MADV_WIPEONFORK) != 0) {
+    munmap(page, 4096);
+    return;
+  }
+  auto* word = new (page) std::atomic<std::uint32_t>{kSlotNotOurs};
+  std::atomic<std::uint32_t>* expected = &g_fallback_owner;
+  if (!g_owner.compare_exchange_strong(expected, word, std::memory_order_acq_rel)) munmap(page, 4096);
+}
+
+}  // namespace
+
+// The slot just claimed (g_process.slot) is this process's: the fork handler
+// and the owner word (bootstrap.cc calls this once the claim succeeded).
+void own_claimed_slot() noexcept {
+  if (!g_atfork_registered.exchange(true)) pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  map_owner_word();
+  g_owner.load(std::memory_order_acquire)->store(kSlotOurs, std::memory_order_release);
+}
+
+namespace {
+
+// A child the kernel forked without our fork handler (_Fork, raw clone)
+// still holds its parent's slot index: it claims its own (one thread does,
+// the others yield; the claim takes no loader lock) before any accounting.
+[[gnu::cold, gnu::noinline]] bool adopt_as_new_process() noexcept {
+  std::atomic<std::uint32_t>* owner = g_owner.load(std::memory_order_acquire);
+  std::uint32_t expected = kSlotNotOurs;
+  if (owner->compare_exchange_strong(expected, kSlotAdopting, std::memory_order_acq_rel)) {
+    after_fork_in_child();
+    g_ready.store(kReadyNo, std::memory_order_release);
+    const bool ok = bootstrap() == CUDA_SUCCESS;
+    if (!ok) owner->store(kSlotOurs, std::memory_order_release);  // failed closed: slot stays -1
+    return ok;
+  }
+  while (owner->load(std::memory_order_acquire) == kSlotAdopting) sched_yield();
+  return g_ready.load(std::memory_order_acquire) == kReadyYes;
+}
+
+// The slot this process may account on, or -1. Hot path: two loads.
+inline int own_slot() noexcept {
+  if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs, 0) &&
+      !adopt_as_new_process())
+    return -1;
+  return g_process.slot.load(std::memory_order_acquire);
+}
+
+// Brackets an operation that may add to the slot (see release_at_exit).
+struct AddingCall {
+  AddingCall() noexcept { g_accounting_calls.fetch_add(1, std::memory_order_seq_cst); }
+  ~AddingCall() { g_accounting_calls.fetch_sub(1, std::memory_order_release); }
+  AddingCall(const AddingCall&) = delete;
+  AddingCall& operator=(const AddingCall&) = delete;
+};
+
+bool refused_after_exit() noexcept {
+  if (!g_exited.load(std::memory_order_seq_cst)) return false;
+  GPUSLICE_WARN_CAPPED(1, "an allocation during process exit, after gpuslice released this process's memory, "
+                          "is refused with CUDA_ERROR_OUT_OF_MEMORY");
+  return true;
+}
+
+
+[[gnu::noinline]] bool reserve_slow(int slot, int entry, std::uint64_t bytes) noexcept {
+  AddingCall bracket;
+  if (refused_after_exit() || !region_intact() || slot < 0) return false;
+  // Oversubscription reads used_bytes as device-resident memory: a spare
+  // lease would count as resident there, so its processes take none.
+  if (oversubscribing() ? limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)
+                        : limiter::reserve(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed),
+                                           entry, bytes, g_process.self))
+    return true;
+  if (ReclaimFn reclaim = g_pool_reclaim.load(std::memory_order_acquire)) {
+    reclaim();  // dead slots were already reaped by reserve(): only pools may have given memory back
+    if (limiter::try_reserve(g_process.region, slot, entry, bytes)) return true;
+  }
+  return false;
+}
+
+[[gnu::noinline]] void release_slow(int slot, int entry, std::uint64_t bytes) noexcept {
+  if (g_exited.load(std::memory_order_acquire) || !region_intact()) return;
+  limiter::release(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
+}
+
+}  // namespace
+
+// No slot (bootstrap failed closed, or the process is past its exit-time
+// release) means no admission: memory is never handed out uncounted.
+// Fast path: one CAS on our slot's lease word. It needs neither the exit
+// bracket (AddingCall) nor the exit check: release_all closes the lease words
+// and a stale thread's tag never matches a later claim's, so a late CAS
+// fails and falls to the slow path, which refuses. It does look at the
+// region file first (a coarse-clock read, no syscall): a truncated region
+// must fail closed, not raise SIGBUS.
+bool reserve(int entry, std::uint64_t bytes) noexcept {
+  const int slot = own_slot();
+  if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact() &&
+      limiter::lease_alloc(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))
+    return true;
+  return reserve_slow(slot, entry, bytes);
+}
+
+// After the exit-time release (or in a child that never owned the slot)
+// there is nothing of ours left to give back.
+void release(int entry, std::uint64_t bytes) noexcept {
+  if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0 || !region_intact()) return;
+  if (__builtin_expect(limiter::lease_free(g_process.region, slot,
+                                           g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes),
+                       1))
+    return;
+  release_slow(slot, entry, bytes);
+}
+
+bool charge(int entry, std::uint64_t bytes) noexcept {
+  const int slot = own_slot();  // before the bracket: adopting resets the count
+  AddingCall bracket;
+  if (refused_after_exit() || !region_intact() || slot < 0) return false;
+  return limiter::charge(g_process.region, slot, entry, bytes);
+}
+
+void set_pool_reclaim(ReclaimFn fn) noexcept { g_pool_reclaim.store(fn, std::memory_order_release); }
+
+// At a clean exit the driver frees everything this process held: return it to
+// the container's budget now instead of waiting for a reaper.
+// Only the process that claimed the slot may do this: a child made by vfork,
+// _Fork or clone that calls exit() runs this destructor too (a vfork child
+// even in its parent's memory), so it checks ownership and the pid before it
+// writes anything. Allocations after this point are refused (reserve()); the
+// slot itself is given back only when no thread is inside reserve()/charge(),
+// otherwise it stays live and the reaper settles it after the process ended.
+[[gnu::destructor]] static void release_at_exit() noexcept {
+  if (g_ready.load(std::memory_order_acquire) != kReadyYes) return;
+  if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
+  if (static_cast<std::uint32_t>(getpid()) != g_process.self.pid) return;
+  Region* r = g_process.region;
+  int slot = g_process.slot.load(std::memory_order_acquire);
+  if (r == nullptr || slot < 0 || !region_intact(true)) return;
+  g_exited.store(true, std::memory_order_seq_cst);
+  limiter::release_all(r, slot);
+  if (g_accounting_calls.load(std::memory_order_seq_cst) == 0) shm::release_slot(r, slot);
+}
+
+}  // namespace gpuslice::hook

@@ -1,0 +1,117 @@
+// The container's region as this process sees it: the watch on the region
+// file (truncated under our mapping?) and the map between CUDA device
+// ordinals and region device entries.
+#include "hook/runtime.h"
+
+#include <time.h>
+
+#include "hook/log.h"
+#include "hook/real.h"
+
+namespace gpuslice::hook {
+
+namespace {
+
+// The region file stays open to be looked at: a file shrunk under our shared
+// mapping raises SIGBUS at the next touch, and the library installs no signal
+// handler. region_intact() looks (fstat) at most once per coarse clock tick.
+std::atomic<int> g_region_fd{-1};
+std::atomic<std::int64_t> g_region_checked_tick{-1};
+std::atomic<bool> g_region_lost{false};
+
+[[gnu::cold, gnu::noinline]] bool region_file_check(int fd) noexcept {
+  shm::Error err{};
+  if (shm::mapped_file_intact(fd, config().options.region, &err)) return true;
+  if (!g_region_lost.exchange(true, std::memory_order_acq_rel))
+    GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED from now on", err.message);
+  g_ready.store(kReadyFailed, std::memory_order_release);
+  return false;
+}
+
+// ordinal -> region entry + 1 (0 = not mapped yet), and the reverse map.
+std::atomic<int> g_entry_of_ordinal[kMaxDevices];
+std::atomic<int> g_ordinal_of_entry[kMaxDevices];
+
+}  // namespace
+
+void watch_region_file(int fd) noexcept { g_region_fd.store(fd, std::memory_order_release); }
+
+bool region_intact(bool force) noexcept {
+  if (__builtin_expect(g_region_lost.load(std::memory_order_relaxed), 0)) return false;
+  const int fd = g_region_fd.load(std::memory_order_relaxed);
+  if (fd < 0) return true;
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // vDSO: no syscall
+  const std::int64_t tick = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  if (!force && g_region_checked_tick.load(std::memory_order_relaxed) == tick) return true;
+  g_region_checked_tick.store(tick, std::memory_order_relaxed);
+  return region_file_check(fd);
+}
+
+int device_entry(CUdevice ordinal) noexcept {
+  if (ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return -1;
+  if (!region_intact()) return -1;
+  int v = g_entry_of_ordinal[ordinal].load(std::memory_order_acquire);
+  if (__builtin_expect(v > 0, 1)) return v - 1;
+  if (real_cuDeviceGetUuid_v2 == nullptr) return -1;
+  CUuuid uuid{};
+  if (real_cuDeviceGetUuid_v2(&uuid, ordinal) != CUDA_SUCCESS) return -1;
+  const limiter::Options& o = config().options;
+  int entry = shm::device_index(g_process.region, reinterpret_cast<const std::uint8_t*>(uuid.bytes),
+                                o.memory_limit[ordinal], o.sm_limit[ordinal], o.sm_policy);
+  if (entry < 0) {
+    GPUSLICE_WARN_CAPPED(3, "GPUSLICE_REGION=%s: all %u device entries are taken, expected a free one "
+                            "for device %d; its allocations fail",
+                         o.region, kMaxDevices, ordinal);
+    return -1;
+  }
+  const DeviceState& d = g_process.region->devices[entry];
+  if (d.quota_bytes.load(std::memory_order_relaxed) != o.memory_limit[ordinal])
+    GPUSLICE_LOG(info, "device %d: the region's quota (%llu bytes) differs from this process's setting "
+                       "(%llu bytes); the region's value applies",
+                 ordinal, static_cast<unsigned long long>(d.quota_bytes.load(std::memory_order_relaxed)),
+                 static_cast<unsigned long long>(o.memory_limit[ordinal]));
+  g_ordinal_of_entry[entry].store(ordinal + 1, std::memory_order_release);
+  g_entry_of_ordinal[ordinal].store(entry + 1, std::memory_order_release);
+  return entry;
+}
+
+namespace {
+// The entry of the only device (>= 0), kSeveralDevices, or kNotCounted until
+// the driver could count its devices (it cannot before cuInit).
+enum : int { kNotCounted = -1, kSeveralDevices = -2 };
+std::atomic<int> g_single_entry{kNotCounted};
+
+[[gnu::noinline]] int current_device_entry_slow(CUresult* rc) noexcept {
+  CUdevice dev = 0;
+  CUresult r = real_cuCtxGetDevice(&dev);
+  if (r != CUDA_SUCCESS) {
+    *rc = r;
+    return -1;
+  }
+  int entry = device_entry(dev);
+  if (entry < 0) {
+    *rc = CUDA_ERROR_OUT_OF_MEMORY;
+    return -1;
+  }
+  if (g_single_entry.load(std::memory_order_relaxed) == kNotCounted) {
+    int count = 0;
+    if (real_cuDeviceGetCount != nullptr && real_cuDeviceGetCount(&count) == CUDA_SUCCESS && count > 0)
+      g_single_entry.store(count == 1 ? entry : kSeveralDevices, std::memory_order_relaxed);
+  }
+  return entry;
+}
+}  // namespace
+
+int current_device_entry(CUresult* rc) noexcept {
+  const int single = g_single_entry.load(std::memory_order_relaxed);
+  if (__builtin_expect(single >= 0, 1)) return single;
+  return current_device_entry_slow(rc);
+}
+
+int ordinal_of_entry(int entry) noexcept {
+  if (entry < 0 || static_cast<unsigned>(entry) >= kMaxDevices) return -1;
+  return g_ordinal_of_entry[entry].load(std::memory_order_acquire) - 1;
+}
+
+}  // namespace gpuslice::hook

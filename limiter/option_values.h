@@ -1,0 +1,119 @@
+// The grammars of option values, shared by the resolution of options
+// (limiter/options.cc) and the public parse_size/parse_percent helpers
+// (limiter/options.h): each parser takes a span of text and, on failure,
+// appends "<what>, expected <what>" to the message it is given. Internal to
+// gpuslice_limiter. Heap-free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpuslice/options.h"
+#include "gpuslice/region.h"
+#include "limiter/options.h"
+#include "shm/region_file.h"
+#include "shm/text.h"
+
+namespace gpuslice::limiter::values {
+
+inline constexpr std::size_t kValueShown = 100;  // output characters of a value quoted in a message
+
+struct Span {
+  const char* p;
+  std::size_t n;
+};
+
+constexpr char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+bool span_equals(Span s, const char* word, bool any_case);
+constexpr std::size_t length(const char* s) {
+  std::size_t n = 0;
+  while (s[n] != '\0') ++n;
+  return n;
+}
+
+// The words of a choice: the range column "a | b | c (remark)".
+// Returns the index of `value` among them (any case) or -1.
+constexpr int word_index(const char* range, Span value) {
+  int index = 0;
+  const char* p = range;
+  for (;;) {
+    const char* end = p;
+    while (*end != '\0' && *end != ' ') ++end;
+    if (end > p && value.n > 0) {
+      const Span word{p, static_cast<std::size_t>(end - p)};
+      if (word.n == value.n) {
+        bool same = true;
+        for (std::size_t i = 0; i < word.n && same; ++i) same = lower(word.p[i]) == lower(value.p[i]);
+        if (same) return index;
+      }
+    }
+    // Next word follows " | "; anything else ends the list.
+    if (end[0] == ' ' && end[1] == '|' && end[2] == ' ') {
+      p = end + 3;
+      ++index;
+      continue;
+    }
+    return -1;
+  }
+}
+// (constexpr: the choice words are checked against their enums at compile
+// time with this very function, option_values.cc.)
+
+// "gpuslice: NAME='value': " -- the caller appends "<what>, expected <what>".
+shm::Text fail(shm::Error* err, const char* name, const char* value);
+void set_source(OptionSource* s, const char* name);
+
+// 1-100 (or min-100), optionally followed by '%' where allowed.
+bool parse_percent_span(Span s, std::uint32_t min, bool allow_percent_sign, std::uint32_t* out);
+
+// One parsed value per device, or one for all.
+template <class T>
+struct PerDevice {
+  T value[kMaxDevices];
+  bool set[kMaxDevices];
+};
+
+// Parses one element; on failure appends "<what>, expected <what>" to t.
+template <class T>
+using ParseOne = bool (*)(Span, T*, shm::Text&);
+
+bool parse_quota(Span s, std::uint64_t* out, shm::Text& t);        // our size grammar, > 0
+bool parse_sm(Span s, std::uint32_t* out, shm::Text& t);           // 1-100[%]
+bool parse_alias_memory(Span s, std::uint64_t* out, shm::Text& t);  // HAMi-core: bytes or k/m/g (base 1024)
+bool parse_alias_sm(Span s, std::uint32_t* out, shm::Text& t);      // HAMi-core: 0-100, 0 = 100
+
+// "8Gi" (every device) or "0=8Gi,1=4Gi". Instantiated for std::uint64_t and
+// std::uint32_t (option_values.cc).
+template <class T>
+bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerDevice<T>* out, shm::Error* err);
+
+// Parses `value` for option `info` into `dst`; on failure appends
+// "<what>, expected <what>" to t.
+template <OptionType T>
+struct Scalar;
+
+template <>
+struct Scalar<OptionType::policy> {
+  static bool parse(const OptionInfo& info, Span v, SmPolicy* dst, shm::Text& t);
+};
+template <>
+struct Scalar<OptionType::level> {
+  static bool parse(const OptionInfo& info, Span v, int* dst, shm::Text& t);
+};
+template <>
+struct Scalar<OptionType::choice> : Scalar<OptionType::level> {};
+template <>
+struct Scalar<OptionType::flag> {
+  static bool parse(const OptionInfo&, Span v, bool* dst, shm::Text& t);
+};
+template <>
+struct Scalar<OptionType::duration_ms> {
+  static bool parse(const OptionInfo&, Span v, std::uint32_t* dst, shm::Text& t);
+};
+
+// Paths (absolute where the range column says so) and names.
+bool parse_path_into(const OptionInfo& info, const char* value, char* dst, std::size_t cap, shm::Error* err,
+                     const char* name);
+bool parse_name_into(const char* name, const char* value, char* dst, std::size_t cap, shm::Error* err);
+
+}  // namespace gpuslice::limiter::values
