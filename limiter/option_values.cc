@@ -355,11 +355,13 @@ constexpr bool same_text(const char* a, const char* b) {
   return a[i] == b[i];
 }
 
-constexpr const OptionInfo* option_named(const char* id) {
-  for (const OptionInfo& o : kOptions) {
-    if (same_text(o.id, id)) return &o;
+// An index, not a pointer: GCC with UBSan does not take a pointer compared
+// with nullptr as a constant expression.
+constexpr int option_index(const char* id) {
+  for (std::size_t i = 0; i < sizeof kOptions / sizeof kOptions[0]; ++i) {
+    if (same_text(kOptions[i].id, id)) return static_cast<int>(i);
   }
-  return nullptr;
+  return -1;
 }
 
 // How many words the range column lists (word_index's walk).
@@ -376,8 +378,9 @@ constexpr int words_in(const char* range) {
 
 // The option's words are exactly the enum's values, in order.
 constexpr bool words_match_enum(const char* id) {
-  const OptionInfo* o = option_named(id);
-  if (o == nullptr) return false;
+  const int index = option_index(id);
+  if (index < 0) return false;
+  const OptionInfo* o = &kOptions[index];
   int rows = 0;
   for (const EnumWord& w : kEnumWords) {
     if (!same_text(w.option, id)) continue;
