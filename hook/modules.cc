@@ -130,6 +130,45 @@ void forget(CUlibrary l) noexcept {
   }
 }
 
+// cuLibraryUnload. The records of the library's placements are taken out
+// *before* the driver call: once the driver has unloaded it, it may hand the
+// same handle to the next cuLibraryLoadData of another thread, whose first
+// use must not find our stale record (the "placed already" shortcut of
+// place_counted) and go unmeasured; a record taken after the call raced that
+// (issue 20: a placement of the new library left uncounted). What a refused
+// unload still holds is put back; a placement of this handle measured
+// meanwhile waits for this counting operation to end (measure.h), so it
+// adds to what is put back. CUDA_ERROR_INVALID_HANDLE is not such a refusal:
+// no library had the handle at the call (another thread's cuLibraryUnload
+// of the same handle took it first and found our records gone), so what we
+// took is stale and goes back to the budget; put back, it would make the
+// next library given this handle look placed already.
+CUresult unload_library_counted(CUlibrary l) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // the device's usage drops: no measurement may overlap it
+  Placed taken[kMaxDevices] = {};
+  for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d)
+    if (!g_placed->erase(placed_key(l, d), &taken[d])) taken[d] = Placed{-1, 0, nullptr};
+  g_unloads.fetch_add(1, std::memory_order_acq_rel);
+  rc = real_cuLibraryUnload(l);
+  for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d) {
+    const Placed& c = taken[d];
+    if (c.entry < 0) continue;
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_INVALID_HANDLE) {
+      if (c.bytes != 0) release(c.entry, c.bytes);
+      continue;
+    }
+    if (!g_placed->upsert(placed_key(l, d), c, [&](Placed& v, bool fresh) {
+          if (!fresh) v.bytes += c.bytes;
+        }) &&
+        c.bytes != 0)
+      release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
+  }
+  g_unloads.fetch_add(1, std::memory_order_acq_rel);
+  return rc;
+}
+
 // A use of `lib` that places it in the current context if it is not there
 // yet: measured (again whenever the context differs from the last one
 // measured for the library on that device) and charged like a load; over
@@ -231,9 +270,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary* library, const
       },
       unload_library);
 }
-GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library) {
-  return unload_counted(library, [&] { return real_cuLibraryUnload(library); });
-}
+GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library) { return unload_library_counted(library); }
 
 // First uses of a library in a context: where a lazily loaded library is placed.
 GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,

@@ -101,6 +101,52 @@ INSTANTIATE_TEST_SUITE_P(FirstUse, LazyLibrary, ::testing::Values("global", "ker
 // counted from the call to the context's destruction; beyond the quota the
 // call is refused and the previous limit kept. Before, nothing was counted:
 // a 3 GiB heap left the device 1 GiB (and more) over a 2 GiB quota.
+// A library unloaded in one thread while another loads one lazily and places
+// it: the driver hands the new library the handle the old one had before
+// cuLibraryUnload returns (forced: the simulator sleeps at that return point).
+// Before, the old library's record was taken only after the driver call, so
+// the new one's first use found it ("placed already") and went unmeasured:
+// the device held the new library's 40 MiB beyond the count (chaos suite,
+// class `library`, seeds 2 and 6 of 1-10).
+TEST(LazyLibraryHandleReuse, PlacementIsCountedWhenTheHandleComesBack) {
+  Sandbox box;
+  Env env = kDevice;
+  env["FAKECUDA_CHAOS_SEED"] = "7";
+  env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryUnload";
+  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
+  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
+  env["FAKECUDA_CHAOS_SLEEP_US"] = "20000";
+  Result r = probe(box, env, {"unload-vs-reuse", "20"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "unload-vs-reuse", "rounds"), 20) << r.out;
+  // The window was reached (the interleaving this test is about).
+  EXPECT_GE(num(r, "unload-vs-reuse", "hits"), 3) << r.out;
+  EXPECT_EQ(num(r, "unload-vs-reuse", "shorts"), 0) << r.out;
+}
+
+// Two threads unload the same library at once: the driver refuses one
+// (CUDA_ERROR_INVALID_HANDLE). Before, the refused one put the records it
+// had taken back (the library was gone), so the next library given the
+// handle looked placed already and its placement went uncounted (chaos
+// suite, class `library`, ~2% of the seeds once the handle-reuse race above
+// was fixed). Forced: the simulator sleeps at cuLibraryUnload's entry, after
+// gpuslice took the records and before the driver call.
+TEST(LazyLibraryHandleReuse, RefusedUnloadOfAnUnloadedLibraryKeepsNothing) {
+  Sandbox box;
+  Env env = kDevice;
+  env["FAKECUDA_CHAOS_SEED"] = "11";
+  env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryUnload";
+  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
+  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
+  env["FAKECUDA_CHAOS_SLEEP_US"] = "5000";
+  Result r = probe(box, env, {"double-unload", "30"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "double-unload", "rounds"), 30) << r.out;
+  EXPECT_EQ(num(r, "double-unload", "refused"), 30) << r.out;  // exactly one of the two, every round
+  EXPECT_GE(num(r, "double-unload", "reused"), 20) << r.out;
+  EXPECT_EQ(num(r, "double-unload", "shorts"), 0) << r.out;
+}
+
 TEST(ResourceLimit, MallocHeapIsCountedUntilTheContextGoes) {
   Sandbox box;
   Result r = probe(box, kDevice, {"set-limit", "1024"});
