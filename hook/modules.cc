@@ -3,8 +3,8 @@
 // depends on the architecture the driver picks and on relocation), so it is
 // measured like a context's: this process's NVML usage across the load
 // (measure.h), charged when the load returns and released at unload. A load
-// that does not fit the quota is undone and fails with
-// CUDA_ERROR_OUT_OF_MEMORY.
+// that does not fit the quota (or, oversubscription on, the device-resident
+// allowance) is undone and fails with CUDA_ERROR_OUT_OF_MEMORY.
 //
 // A library loaded with no context current (what the CUDA 12+ runtime does;
 // lazy loading is the default since 12.2) is placed in a context at its first
@@ -25,6 +25,7 @@
 
 #include "hook/log.h"
 #include "hook/measure.h"
+#include "hook/oversub.h"
 #include "hook/wrap.h"
 
 namespace gpuslice::hook {
@@ -62,6 +63,12 @@ std::uint64_t placed_key(CUlibrary lib, CUdevice dev) noexcept {
 // -Bsymbolic calling its own entry point) is measured once, by the outer one.
 [[gnu::tls_model("initial-exec")]] thread_local bool t_loading = false;
 
+// Oversubscription on and the container (this load's bytes charged) above
+// its device-resident allowance: a module or a placement is resident device
+// memory, and its size is known only once the driver took it, so it is undone
+// and refused at once under every policy (docs/memory.md: not waited for).
+bool over_resident(int entry) noexcept { return oversubscribing() && over_allowance(entry); }
+
 // Runs `load` measured on the current context's device, charges what the
 // driver took, and undoes the load through `unload` if it does not fit.
 template <class Handle, class Load, class Unload>
@@ -80,7 +87,7 @@ CUresult load_counted(Handle* out, Load&& load, Unload&& unload) noexcept {
   if (rc != CUDA_SUCCESS) return rc;
   const std::uint64_t bytes = measured_bytes(dev, entry, m, nullptr);
   if (bytes == 0) return rc;
-  if (!charge(entry, bytes)) {
+  if (!charge(entry, bytes) || over_resident(entry)) {
     release(entry, bytes);
     unload(*out);
     GPUSLICE_LOG(info, "a module on device %d needs %llu bytes beyond the container's quota", dev,
@@ -196,7 +203,7 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   // A failed use may have placed it all the same (a global not found after
   // the placement): what it took is counted either way.
   if (rc != CUDA_SUCCESS && bytes == 0) return rc;
-  if (bytes != 0 && !charge(entry, bytes)) {
+  if (bytes != 0 && (!charge(entry, bytes) || over_resident(entry))) {
     release(entry, bytes);
     forget(lib);
     real_cuLibraryUnload(lib);

@@ -19,6 +19,9 @@
 //       a library with a MIB global loaded with no context current, then
 //       placed by its first use: HOW = global (cuLibraryGetGlobal),
 //       kernel (cuLibraryGetKernel + cuKernelGetFunction)
+//   implicit_probe module-load MIB
+//       cuModuleLoadData of an image with a MIB global in the primary
+//       context; prints rc, counted and held after it
 //   implicit_probe unload-vs-reuse ROUNDS
 //       thread A unloads a placed library while thread B, as soon as the
 //       device usage drops, loads another one lazily (the driver hands it the
@@ -324,6 +327,19 @@ int double_unload(int rounds) {
   return 0;
 }
 
+int module_load(std::size_t bytes) {
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const std::string image = image_with_global(bytes);
+  CUmodule mod = nullptr;
+  const CUresult rc = cuModuleLoadData(&mod, image.c_str());
+  const long long c = counted_used(), h = held();
+  std::printf("module-load rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), c, h);
+  if (rc == CUDA_SUCCESS) cuModuleUnload(mod);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: implicit_probe SCENARIO ARGS...\n");
@@ -334,6 +350,7 @@ int main(int argc, char** argv) {
   if (what == "measure-vs-release" && argc == 5) return measure_vs_release(argv[2], argv[3], std::atoi(argv[4]));
   if (what == "set-limit" && argc == 3) return set_limit(std::strtoull(argv[2], nullptr, 10) * kMi);
   if (what == "unload-vs-reuse" && argc == 3) return unload_vs_reuse(std::atoi(argv[2]));
+  if (what == "module-load" && argc == 3) return module_load(std::strtoull(argv[2], nullptr, 10) * kMi);
   if (what == "double-unload" && argc == 3) return double_unload(std::atoi(argv[2]));
   if (what == "lazy-library" && argc == 4) return lazy_library(std::strtoull(argv[2], nullptr, 10) * kMi, argv[3]);
   std::fprintf(stderr, "implicit_probe: unknown scenario or wrong arguments: %s\n", what.c_str());
