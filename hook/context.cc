@@ -214,6 +214,15 @@ CUresult count_new_context(CUdevice ordinal, const Measure& m, std::uint64_t res
   return CUDA_SUCCESS;
 }
 
+// A first context of unknown size refused over the resident allowance under
+// `wait` (count_new_context): tried once more, now that its size is known,
+// reserved first and waiting for the allowance.
+bool retry_reserved(CUdevice dev, bool over_resident, std::uint64_t reserved, int attempt) noexcept {
+  return over_resident && reserved == 0 && attempt == 0 &&
+         config().options.oversubscribe == limiter::kOversubscribeWait &&
+         expected_context_size(dev, device_entry(dev)) != 0;
+}
+
 template <class Create>
 CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept {
   CUresult rc = ensure_ready();
@@ -237,10 +246,7 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept
     rc = count_new_context(dev, m, reserved, &c, &over_resident, [&] { real_cuCtxDestroy_v2(ctx); });
     if (rc != CUDA_SUCCESS) {
       creating.unlock();
-      if (over_resident && reserved == 0 && attempt == 0 &&
-          config().options.oversubscribe == limiter::kOversubscribeWait &&
-          expected_context_size(dev, device_entry(dev)) != 0)
-        continue;
+      if (retry_reserved(dev, over_resident, reserved, attempt)) continue;
       *pctx = nullptr;
       return rc;
     }
@@ -463,29 +469,35 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
   // The first retain creates the context: reserved before, as cuCtxCreate
   // (create_context); waiting for the allowance under g_primary_mu only
   // holds back this process's other primary retains and releases.
-  std::uint64_t reserved = 0;
-  if (first && (rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
-  std::unique_lock<MeasureMutex> creating(*g_create_mu, std::defer_lock);
-  Measure m{};
-  if (first) {
-    creating.lock();
-    m = measure_before(dev);
-  }
-  rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-  if (rc != CUDA_SUCCESS) {
-    if (reserved != 0) release(device_entry(dev), reserved);
+  for (int attempt = 0;; ++attempt) {
+    std::uint64_t reserved = 0;
+    if (first && (rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
+    std::unique_lock<MeasureMutex> creating(*g_create_mu, std::defer_lock);
+    Measure m{};
+    if (first) {
+      creating.lock();
+      m = measure_before(dev);
+    }
+    rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+    if (rc != CUDA_SUCCESS) {
+      if (reserved != 0) release(device_entry(dev), reserved);
+      return rc;
+    }
+    if (first) {
+      Counted c{};
+      bool over_resident = false;
+      rc = count_new_context(dev, m, reserved, &c, &over_resident, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
+      if (rc != CUDA_SUCCESS) {
+        creating.unlock();
+        if (retry_reserved(dev, over_resident, reserved, attempt)) continue;
+        return rc;
+      }
+      p.counted = c;
+      p.handle = pctx != nullptr ? *pctx : nullptr;
+    }
+    ++p.refs;
     return rc;
   }
-  if (first) {
-    Counted c{};
-    bool over_resident = false;
-    rc = count_new_context(dev, m, reserved, &c, &over_resident, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
-    if (rc != CUDA_SUCCESS) return rc;
-    p.counted = c;
-    p.handle = pctx != nullptr ? *pctx : nullptr;
-  }
-  ++p.refs;
-  return rc;
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return primary_drop(dev, false, [&] { return real_cuDevicePrimaryCtxRelease_v2(dev); });

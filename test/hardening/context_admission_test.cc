@@ -88,5 +88,23 @@ TEST(ContextAdmission, ContextWaitsForTheResidentAllowanceUnderWait) {
   EXPECT_LE(num(r, "peak", "peak"), 768 * kMi) << r.out;
 }
 
+// The container's first context has no size to reserve: measured after
+// creation. Over the allowance (a 256 MiB context, a 128 MiB allowance)
+// under `wait` it is destroyed, then tried once more reserved at its now
+// known size, waiting for the allowance (here until the wait's timeout:
+// nothing can free it) — not refused at once.
+TEST(ContextAdmission, FirstContextOverTheAllowanceWaitsUnderWait) {
+  Sandbox box;
+  Env env = device(box, {{"GPUSLICE_MEMORY_LIMIT", "2Gi"},
+                         {"GPUSLICE_MEMORY_RESIDENT", "128Mi"},
+                         {"GPUSLICE_OVERSUBSCRIBE", "wait"},
+                         {"GPUSLICE_OVERSUBSCRIBE_WAIT", "400ms"}});
+  env.erase("FAKECUDA_CHAOS_SEED");
+  Result r = run({bin("context_probe"), "tries", "1"}, env, 60000);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "tries", "refused"), 1) << r.out;
+  EXPECT_GE(num(r, "tries", "elapsed_ms"), 350) << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test

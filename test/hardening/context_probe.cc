@@ -13,7 +13,7 @@
 //       "peak peak=<bytes> child_exit=<code>" and the child's line.
 //   context_probe tries N
 //       cuCtxCreate + cuCtxDestroy N times; prints
-//       "tries created=<n> refused=<n> other=<n>"
+//       "tries created=<n> refused=<n> other=<n> elapsed_ms=<ms>"
 #include <cuda.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +40,7 @@ void check(CUresult rc, const char* what) {
 
 int tries(int n) {
   int created = 0, refused = 0, other = 0;
+  const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < n; ++i) {
     CUcontext ctx = nullptr;
     const CUresult rc = cuCtxCreate(&ctx, nullptr, 0, 0);
@@ -52,7 +53,9 @@ int tries(int n) {
       ++other;
     }
   }
-  std::printf("tries created=%d refused=%d other=%d\n", created, refused, other);
+  const long long ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  std::printf("tries created=%d refused=%d other=%d elapsed_ms=%lld\n", created, refused, other, ms);
   std::fflush(stdout);
   return 0;
 }
