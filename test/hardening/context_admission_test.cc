@@ -106,5 +106,29 @@ TEST(ContextAdmission, FirstContextOverTheAllowanceWaitsUnderWait) {
   EXPECT_GE(num(r, "tries", "elapsed_ms"), 350) << r.out;
 }
 
+// A context destroyed while another thread allocates: the destroy releases
+// the records of the allocations the driver no longer knows (a sweep that
+// asks cuMemGetAddressRange_v2 per record). Another thread's allocation of
+// the same size gets the freed address back; when it lands between the
+// sweep's question and its bookkeeping (forced: the simulator sleeps at the
+// call's return), the sweep took the new record for the gone one and
+// released it: the device held the 9 MiB allocation beyond the count (chaos
+// suite, context class, "count at checkpoint" of exactly 9 MiB).
+TEST(ContextDestroy, AnAllocationAtAReusedAddressKeepsItsCount) {
+  Sandbox box;
+  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "2Gi"},
+                              {"FAKECUDA_MEMORY", "16Gi"},
+                              {"FAKECUDA_CONTEXT_MEMORY", "16Mi"},
+                              {"FAKECUDA_CHAOS_SEED", "9"},
+                              {"FAKECUDA_CHAOS_CALLS", "cuMemGetAddressRange_v2"},
+                              {"FAKECUDA_CHAOS_YIELD_PCT", "0"},
+                              {"FAKECUDA_CHAOS_SLEEP_PCT", "100"},
+                              {"FAKECUDA_CHAOS_SLEEP_US", "20000"}});
+  Result r = run({bin("context_probe"), "destroy-vs-realloc", "60"}, env, 60000);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_GE(num(r, "destroy-vs-realloc", "reused"), 30) << r.out;  // the interleaving was reached
+  EXPECT_EQ(num(r, "destroy-vs-realloc", "shorts"), 0) << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test

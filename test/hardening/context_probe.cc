@@ -11,6 +11,14 @@
 //       for the container (fakecuda_device_used_bytes). FREE_AFTER_MS >= 0:
 //       the allocation is freed that long after the child started. Prints
 //       "peak peak=<bytes> child_exit=<code>" and the child's line.
+//   context_probe destroy-vs-realloc ROUNDS
+//       the main thread destroys a created context holding a 9 MiB
+//       allocation while another thread, as soon as the device lets go of it,
+//       allocates 9 MiB (the driver reuses the address); run with a sleep at
+//       cuMemGetAddressRange_v2's return so that the allocation lands between
+//       the destroy's look at the address and its bookkeeping. Prints the
+//       rounds in which the address was reused (reused) and those that left
+//       the count below the device (shorts)
 //   context_probe tries N
 //       cuCtxCreate + cuCtxDestroy N times; prints
 //       "tries created=<n> refused=<n> other=<n> elapsed_ms=<ms>"
@@ -95,6 +103,54 @@ int peak(std::size_t hold, int n, int free_after_ms) {
   return 0;
 }
 
+long long counted_used() {
+  size_t free_b = 0, total = 0;
+  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
+  return static_cast<long long>(total - free_b);
+}
+long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 0)); }
+
+int destroy_vs_realloc(int rounds) {
+  constexpr std::size_t kSize = 9 * kMi;
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  int reused = 0, shorts = 0;
+  long long max_short = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUcontext c1 = nullptr;
+    check(cuCtxCreate(&c1, nullptr, 0, 0), "cuCtxCreate");
+    CUdeviceptr x = 0;
+    check(cuMemAlloc(&x, kSize), "cuMemAlloc");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    const long long before = held();
+    std::atomic<bool> go{false};
+    CUdeviceptr y = 0;
+    std::thread b([&] {
+      cuCtxSetCurrent(primary);
+      while (!go.load()) std::this_thread::yield();
+      while (held() > before - static_cast<long long>(kSize)) std::this_thread::yield();  // c1 and x are gone
+      // The destroy's sweep is now asking the driver about x (and sleeping at
+      // the call's return, 1-20 ms): allocate in that window, most rounds.
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      cuMemAlloc(&y, kSize);
+    });
+    go.store(true);
+    check(cuCtxDestroy(c1), "cuCtxDestroy");
+    b.join();
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    if (y == x) ++reused;
+    const long long c = counted_used(), h = held();
+    if (c < h) {
+      ++shorts;
+      if (h - c > max_short) max_short = h - c;
+    }
+    if (y != 0) check(cuMemFree(y), "cuMemFree");
+  }
+  std::printf("destroy-vs-realloc rounds=%d reused=%d shorts=%d max_short=%lld\n", rounds, reused, shorts, max_short);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,6 +160,7 @@ int main(int argc, char** argv) {
   }
   check(cuInit(0), "cuInit");
   const std::string what = argv[1];
+  if (what == "destroy-vs-realloc" && argc == 3) return destroy_vs_realloc(std::atoi(argv[2]));
   if (what == "tries" && argc == 3) return tries(std::atoi(argv[2]));
   if (what == "peak" && argc == 5)
     return peak(std::strtoull(argv[2], nullptr, 10) * kMi, std::atoi(argv[3]), std::atoi(argv[4]));
