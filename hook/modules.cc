@@ -69,6 +69,27 @@ std::uint64_t placed_key(CUlibrary lib, CUdevice dev) noexcept {
 // and refused at once under every policy (docs/memory.md: not waited for).
 bool over_resident(int entry) noexcept { return oversubscribing() && over_allowance(entry); }
 
+// No context current when looked at: the call is the driver's answer (a lazy
+// library load, or an error). But a context can come back to this thread
+// between the look and the call — its primary context reset or released by
+// another thread and retained again (the driver gives the same handle), or
+// a destroyed handle re-created — and the call then places memory nobody
+// measures. Resets, releases and destroys are counting operations and
+// creations measure under measure_mutex(), so with the gate closed neither
+// can happen: the look is repeated there and the call made under it. True
+// when the call was made (*rc), false when a context is current now (*dev:
+// measure it as usual).
+template <class Call>
+bool call_without_context(Call&& call, CUresult* rc, CUdevice* dev) noexcept {
+  std::lock_guard<MeasureMutex> gate(measure_mutex());
+  close_gate_and_drain(nullptr);
+  if (real_cuCtxGetDevice(dev) == CUDA_SUCCESS) return false;
+  t_loading = true;
+  *rc = call();
+  t_loading = false;
+  return true;
+}
+
 // Runs `load` measured on the current context's device, charges what the
 // driver took, and undoes the load through `unload` if it does not fit.
 template <class Handle, class Load, class Unload>
@@ -76,7 +97,9 @@ CUresult load_counted(Handle* out, Load&& load, Unload&& unload) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   CUdevice dev = -1;
-  if (out == nullptr || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return load();  // no context: nothing placed now
+  if (out == nullptr) return load();  // the driver's error
+  if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS && !t_loading && call_without_context(load, &rc, &dev))
+    return rc;  // no context: nothing placed now
   const int entry = device_entry(dev);
   if (entry < 0 || t_loading) return load();
   std::lock_guard<MeasureMutex> measuring(measure_mutex());
@@ -185,7 +208,8 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   CUdevice dev = -1;
-  if (lib == nullptr || t_loading || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return use();  // the driver's answer
+  if (lib == nullptr || t_loading) return use();  // the driver's answer
+  if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS && call_without_context(use, &rc, &dev)) return rc;
   const int entry = device_entry(dev);
   if (entry < 0 || dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return use();
   CUcontext ctx = nullptr;
