@@ -181,6 +181,28 @@ TEST(LazyLibraryHandleReuse, RefusedUnloadOfAnUnloadedLibraryKeepsNothing) {
   EXPECT_EQ(num(r, "double-unload", "shorts"), 0) << r.out;
 }
 
+// The main thread's current (primary) context is reset by another thread
+// and retained again (the same handle) while the main thread places a lazily
+// loaded library: the library looked at the context before the call (none:
+// "the driver's answer", unmeasured) and the driver placed the library in
+// the context that came back meanwhile (forced: a sleep at
+// cuLibraryGetGlobal's entry). Now the look is repeated with the gate closed
+// and the call made under it. (Chaos suite, library,primary: 5 of 150 seeds
+// one placement short before.)
+TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
+  Sandbox box;
+  Env env = kDevice;
+  env["FAKECUDA_CHAOS_SEED"] = "3";
+  env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryGetGlobal";
+  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
+  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
+  env["FAKECUDA_CHAOS_SLEEP_US"] = "10000";
+  Result r = probe(box, env, {"reset-vs-place", "30"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "reset-vs-place", "rounds"), 30) << r.out;
+  EXPECT_EQ(num(r, "reset-vs-place", "shorts"), 0) << r.out;
+}
+
 TEST(ResourceLimit, MallocHeapIsCountedUntilTheContextGoes) {
   Sandbox box;
   Result r = probe(box, kDevice, {"set-limit", "1024"});

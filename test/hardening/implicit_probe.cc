@@ -22,6 +22,13 @@
 //   implicit_probe module-load MIB
 //       cuModuleLoadData of an image with a MIB global in the primary
 //       context; prints rc, counted and held after it
+//   implicit_probe reset-vs-place ROUNDS
+//       another thread resets the primary context (current in the main
+//       thread) and retains it again while the main thread places a lazily
+//       loaded library with cuLibraryGetGlobal; run with a sleep at
+//       cuLibraryGetGlobal's entry so the context comes back inside the call.
+//       Prints the rounds whose placement succeeded (placed) and those that
+//       left the count below the device (shorts)
 //   implicit_probe unload-vs-reuse ROUNDS
 //       thread A unloads a placed library while thread B, as soon as the
 //       device usage drops, loads another one lazily (the driver hands it the
@@ -39,6 +46,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -340,6 +348,44 @@ int module_load(std::size_t bytes) {
   return 0;
 }
 
+int reset_vs_place(int rounds) {
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const std::string image = image_with_global(32 * kMi);
+  int placed = 0, shorts = 0;
+  long long max_short = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUlibrary lib = nullptr;
+    CUcontext none = nullptr;
+    cuCtxPopCurrent(&none);
+    check(cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    std::atomic<int> phase{0};
+    std::thread b([&] {
+      cuDevicePrimaryCtxReset(0);  // the main thread's current context is gone
+      phase.store(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      CUcontext again = nullptr;
+      cuDevicePrimaryCtxRetain(&again, 0);  // and back, same handle
+    });
+    while (phase.load() == 0) std::this_thread::yield();
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    if (cuLibraryGetGlobal(&p, &size, lib, "big") == CUDA_SUCCESS) ++placed;
+    b.join();
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    const long long c = counted_used(), h = held();
+    if (c < h) {
+      ++shorts;
+      if (h - c > max_short) max_short = h - c;
+    }
+    cuLibraryUnload(lib);
+  }
+  std::printf("reset-vs-place rounds=%d placed=%d shorts=%d max_short=%lld\n", rounds, placed, shorts, max_short);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: implicit_probe SCENARIO ARGS...\n");
@@ -349,6 +395,7 @@ int main(int argc, char** argv) {
   const std::string what = argv[1];
   if (what == "measure-vs-release" && argc == 5) return measure_vs_release(argv[2], argv[3], std::atoi(argv[4]));
   if (what == "set-limit" && argc == 3) return set_limit(std::strtoull(argv[2], nullptr, 10) * kMi);
+  if (what == "reset-vs-place" && argc == 3) return reset_vs_place(std::atoi(argv[2]));
   if (what == "unload-vs-reuse" && argc == 3) return unload_vs_reuse(std::atoi(argv[2]));
   if (what == "module-load" && argc == 3) return module_load(std::strtoull(argv[2], nullptr, 10) * kMi);
   if (what == "double-unload" && argc == 3) return double_unload(std::atoi(argv[2]));
