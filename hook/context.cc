@@ -158,7 +158,15 @@ CUresult reserve_context(CUdevice ordinal, std::uint64_t* reserved) noexcept {
     return CUDA_SUCCESS;  // nothing measured there either (nvml_usage)
   const std::uint64_t bytes = expected_context_size(ordinal, entry);
   if (bytes == 0) return CUDA_SUCCESS;
-  if (!reserve(entry, bytes)) {
+  bool fits = false;
+  {
+    // Like any allocation's: reserve() may trim this process's idle pool
+    // reserves before it refuses (set_pool_reclaim), which changes the
+    // device's memory and must not overlap a measurement.
+    CountingOp op;
+    fits = reserve(entry, bytes);
+  }
+  if (!fits) {
     GPUSLICE_LOG(info, "a context on device %d needs %llu bytes beyond the container's quota", ordinal,
                  static_cast<unsigned long long>(bytes));
     return CUDA_ERROR_OUT_OF_MEMORY;
