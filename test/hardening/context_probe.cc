@@ -75,7 +75,8 @@ int peak(std::size_t hold, int n, int free_after_ms) {
   CUdeviceptr p = 0;
   check(cuMemAlloc(&p, hold), "cuMemAlloc");
   std::atomic<bool> stop{false};
-  std::atomic<unsigned long long> top{0};
+  // Sampled once here too: a loaded machine may not run the sampler before the child ends.
+  std::atomic<unsigned long long> top{fakecuda_device_used_bytes(0)};
   std::thread sampler([&] {
     while (!stop.load()) {
       const unsigned long long used = fakecuda_device_used_bytes(0);
