@@ -29,6 +29,7 @@
 #include "hook/launch.h"
 #include "hook/log.h"
 #include "hook/measure.h"
+#include "hook/oversub.h"
 #include "hook/wrap.h"
 #include "limiter/lease.h"
 #include "shm/clock.h"
@@ -134,46 +135,141 @@ bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
   return true;  // not listed: holds nothing yet
 }
 
-// Counts a context just created on `ordinal`; on quota overflow destroys it
-// through `destroy` and reports CUDA_ERROR_OUT_OF_MEMORY.
+// The size to reserve before creating a context on `ordinal`: the last exact
+// measurement of this process there, else of any process of the container
+// (DeviceState::context_size_bytes), else 0 (the first context of the
+// container on the device: measured after, as before).
+std::uint64_t expected_context_size(CUdevice ordinal, int entry) noexcept {
+  if (entry < 0 || ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return 0;
+  if (const std::uint64_t own = g_context_size[ordinal].load(std::memory_order_relaxed); own != 0) return own;
+  return g_process.region->devices[entry].context_size_bytes.load(std::memory_order_relaxed);
+}
+
+// Before a context is created on `ordinal`: reserves the size it is expected
+// to take against the quota, and (oversubscription on) against the
+// device-resident allowance, waiting under GPUSLICE_OVERSUBSCRIBE=wait
+// (with no lock of ours held: frees of this process must go on meanwhile).
+// A context that does not fit is never created: CUDA_ERROR_OUT_OF_MEMORY.
+// *reserved gets what was reserved (0 when nothing is known yet).
+CUresult reserve_context(CUdevice ordinal, std::uint64_t* reserved) noexcept {
+  *reserved = 0;
+  const int entry = device_entry(ordinal);
+  if (entry < 0 || g_process.region->devices[entry].quota_bytes.load(std::memory_order_relaxed) == kUnlimited)
+    return CUDA_SUCCESS;  // nothing measured there either (nvml_usage)
+  const std::uint64_t bytes = expected_context_size(ordinal, entry);
+  if (bytes == 0) return CUDA_SUCCESS;
+  bool fits = false;
+  {
+    // Like any allocation's: reserve() may trim this process's idle pool
+    // reserves before it refuses (set_pool_reclaim), which changes the
+    // device's memory and must not overlap a measurement.
+    CountingOp op;
+    fits = reserve(entry, bytes);
+  }
+  if (!fits) {
+    GPUSLICE_LOG(info, "a context on device %d needs %llu bytes beyond the container's quota", ordinal,
+                 static_cast<unsigned long long>(bytes));
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (oversubscribing() && !resident_admits(entry)) {
+    release(entry, bytes);
+    GPUSLICE_LOG(info, "a context on device %d does not fit the container's device-resident allowance", ordinal);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *reserved = bytes;
+  return CUDA_SUCCESS;
+}
+
+// Counts a context just created on `ordinal`, for which `reserved` bytes were
+// reserved before (reserve_context): settles the count to its measured size
+// (never below the reservation when the measurement is not exact or sees
+// nothing: conservative); over the quota, or over the resident allowance,
+// destroys it through `destroy` and reports CUDA_ERROR_OUT_OF_MEMORY (the
+// reservation is returned either way). *over_allowance says which.
 template <class Destroy>
-CUresult count_new_context(CUdevice ordinal, const Measure& m, Counted* out, Destroy&& destroy) noexcept {
+CUresult count_new_context(CUdevice ordinal, const Measure& m, std::uint64_t reserved, Counted* out,
+                           bool* over_resident, Destroy&& destroy) noexcept {
   out->entry = device_entry(ordinal);
   out->bytes = 0;
+  *over_resident = false;
   if (out->entry < 0 || ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return CUDA_SUCCESS;
-  out->bytes = measured_bytes(ordinal, out->entry, m, &g_context_size[ordinal]);
-  if (out->bytes != 0 && !charge(out->entry, out->bytes)) {
-    release(out->entry, out->bytes);
+  bool exact = false;
+  std::uint64_t bytes = measured_bytes(ordinal, out->entry, m, &g_context_size[ordinal], &exact);
+  if (exact && bytes != 0) {
+    g_process.region->devices[out->entry].context_size_bytes.store(bytes, std::memory_order_relaxed);
+  } else if (bytes < reserved) {
+    bytes = reserved;  // not seen exactly: what a context took before, never less
+  }
+  bool fits = true;
+  if (bytes > reserved) {
+    fits = charge(out->entry, bytes - reserved);
+  } else if (bytes < reserved) {
+    release(out->entry, reserved - bytes);
+  }
+  out->bytes = bytes;
+  if (fits && bytes > reserved && oversubscribing() && over_allowance(out->entry)) {
+    fits = false;
+    *over_resident = true;
+  }
+  if (!fits) {
+    release(out->entry, bytes);
+    out->bytes = 0;
     destroy();
-    GPUSLICE_LOG(info, "context on device %d needs %llu bytes beyond the container's quota", ordinal,
-                 static_cast<unsigned long long>(out->bytes));
+    GPUSLICE_LOG(info, "context on device %d needs %llu bytes beyond the container's %s", ordinal,
+                 static_cast<unsigned long long>(bytes), *over_resident ? "device-resident allowance" : "quota");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   return CUDA_SUCCESS;
+}
+
+// A first context of unknown size refused over the resident allowance under
+// `wait` (count_new_context): tried once more, now that its size is known,
+// reserved first and waiting for the allowance.
+bool retry_reserved(CUdevice dev, bool over_resident, std::uint64_t reserved, int attempt) noexcept {
+  return over_resident && reserved == 0 && attempt == 0 &&
+         config().options.oversubscribe == limiter::kOversubscribeWait &&
+         expected_context_size(dev, device_entry(dev)) != 0;
 }
 
 template <class Create>
 CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<MeasureMutex> creating(*g_create_mu);
-  const Measure m = measure_before(dev);
-  rc = create();
-  if (rc != CUDA_SUCCESS || pctx == nullptr) return rc;
-  Counted c{};
-  CUcontext ctx = *pctx;
-  rc = count_new_context(dev, m, &c, [&] { real_cuCtxDestroy_v2(ctx); });
-  if (rc != CUDA_SUCCESS || c.bytes == 0) return rc;
-  // A handle value still recorded is a context destroyed behind our back
-  // (the driver reuses handles): what it held went with it.
-  Counted stale{-1, 0};
-  if (!g_contexts->upsert(reinterpret_cast<std::uint64_t>(ctx), c, [&](Counted& v, bool fresh) {
-        if (!fresh) stale = v, v = c;
-      })) {
-    release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
+  // A first context of unknown size that lands over the resident allowance
+  // under `wait` is destroyed and tried once more, now that its size is
+  // known: the second attempt reserves it first and waits for the allowance.
+  for (int attempt = 0;; ++attempt) {
+    std::uint64_t reserved = 0;
+    if ((rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
+    std::unique_lock<MeasureMutex> creating(*g_create_mu);
+    const Measure m = measure_before(dev);
+    rc = create();
+    if (rc != CUDA_SUCCESS || pctx == nullptr) {
+      if (reserved != 0) release(device_entry(dev), reserved);
+      return rc;
+    }
+    Counted c{};
+    CUcontext ctx = *pctx;
+    bool over_resident = false;
+    rc = count_new_context(dev, m, reserved, &c, &over_resident, [&] { real_cuCtxDestroy_v2(ctx); });
+    if (rc != CUDA_SUCCESS) {
+      creating.unlock();
+      if (retry_reserved(dev, over_resident, reserved, attempt)) continue;
+      *pctx = nullptr;
+      return rc;
+    }
+    if (c.bytes == 0) return rc;
+    // A handle value still recorded is a context destroyed behind our back
+    // (the driver reuses handles): what it held went with it.
+    Counted stale{-1, 0};
+    if (!g_contexts->upsert(reinterpret_cast<std::uint64_t>(ctx), c, [&](Counted& v, bool fresh) {
+          if (!fresh) stale = v, v = c;
+        })) {
+      release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
+    }
+    if (stale.bytes != 0) release(stale.entry, stale.bytes);
+    return rc;
   }
-  if (stale.bytes != 0) release(stale.entry, stale.bytes);
-  return rc;
 }
 
 template <class Destroy>
@@ -320,7 +416,8 @@ Measure measure_before(CUdevice ordinal) noexcept {
 }
 
 std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
-                             std::atomic<std::uint64_t>* remembered) noexcept {
+                             std::atomic<std::uint64_t>* remembered, bool* exact_out) noexcept {
+  if (exact_out != nullptr) *exact_out = false;
   std::uint64_t after = 0;
   if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
   std::uint64_t ops_now = 0;
@@ -331,6 +428,7 @@ std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
   const std::uint64_t raw = after > m.before ? after - m.before : 0;
   if (exact) {
     if (raw != 0 && remembered != nullptr) remembered->store(raw, std::memory_order_relaxed);
+    if (exact_out != nullptr) *exact_out = true;
     return raw;
   }
   if (remembered != nullptr) {
@@ -376,23 +474,38 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
   std::lock_guard<std::mutex> lock(*g_primary_mu);
   Primary& p = g_primary[dev];
   const bool first = p.refs == 0;
-  std::unique_lock<MeasureMutex> creating(*g_create_mu, std::defer_lock);
-  Measure m{};
-  if (first) {
-    creating.lock();
-    m = measure_before(dev);
+  // The first retain creates the context: reserved before, as cuCtxCreate
+  // (create_context); waiting for the allowance under g_primary_mu only
+  // holds back this process's other primary retains and releases.
+  for (int attempt = 0;; ++attempt) {
+    std::uint64_t reserved = 0;
+    if (first && (rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
+    std::unique_lock<MeasureMutex> creating(*g_create_mu, std::defer_lock);
+    Measure m{};
+    if (first) {
+      creating.lock();
+      m = measure_before(dev);
+    }
+    rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
+    if (rc != CUDA_SUCCESS) {
+      if (reserved != 0) release(device_entry(dev), reserved);
+      return rc;
+    }
+    if (first) {
+      Counted c{};
+      bool over_resident = false;
+      rc = count_new_context(dev, m, reserved, &c, &over_resident, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
+      if (rc != CUDA_SUCCESS) {
+        creating.unlock();
+        if (retry_reserved(dev, over_resident, reserved, attempt)) continue;
+        return rc;
+      }
+      p.counted = c;
+      p.handle = pctx != nullptr ? *pctx : nullptr;
+    }
+    ++p.refs;
+    return rc;
   }
-  rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-  if (rc != CUDA_SUCCESS) return rc;
-  if (first) {
-    Counted c{};
-    rc = count_new_context(dev, m, &c, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
-    if (rc != CUDA_SUCCESS) return rc;
-    p.counted = c;
-    p.handle = pctx != nullptr ? *pctx : nullptr;
-  }
-  ++p.refs;
-  return rc;
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return primary_drop(dev, false, [&] { return real_cuDevicePrimaryCtxRelease_v2(dev); });

@@ -52,7 +52,8 @@ inline constexpr std::uint64_t kDrainNs = 2'000'000'000;
 // exact (and stored in *remembered when given); a disturbed one returns
 // *remembered when set, else the difference minus what the process's counted
 // bytes moved meanwhile. 0 when NVML cannot see the process.
+// *exact (when given) says whether the measurement was undisturbed.
 std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
-                             std::atomic<std::uint64_t>* remembered) noexcept;
+                             std::atomic<std::uint64_t>* remembered, bool* exact = nullptr) noexcept;
 
 }  // namespace gpuslice::hook

@@ -3,8 +3,8 @@
 // depends on the architecture the driver picks and on relocation), so it is
 // measured like a context's: this process's NVML usage across the load
 // (measure.h), charged when the load returns and released at unload. A load
-// that does not fit the quota is undone and fails with
-// CUDA_ERROR_OUT_OF_MEMORY.
+// that does not fit the quota (or, oversubscription on, the device-resident
+// allowance) is undone and fails with CUDA_ERROR_OUT_OF_MEMORY.
 //
 // A library loaded with no context current (what the CUDA 12+ runtime does;
 // lazy loading is the default since 12.2) is placed in a context at its first
@@ -25,6 +25,7 @@
 
 #include "hook/log.h"
 #include "hook/measure.h"
+#include "hook/oversub.h"
 #include "hook/wrap.h"
 
 namespace gpuslice::hook {
@@ -62,6 +63,33 @@ std::uint64_t placed_key(CUlibrary lib, CUdevice dev) noexcept {
 // -Bsymbolic calling its own entry point) is measured once, by the outer one.
 [[gnu::tls_model("initial-exec")]] thread_local bool t_loading = false;
 
+// Oversubscription on and the container (this load's bytes charged) above
+// its device-resident allowance: a module or a placement is resident device
+// memory, and its size is known only once the driver took it, so it is undone
+// and refused at once under every policy (docs/memory.md: not waited for).
+bool over_resident(int entry) noexcept { return oversubscribing() && over_allowance(entry); }
+
+// No context current when looked at: the call is the driver's answer (a lazy
+// library load, or an error). But a context can come back to this thread
+// between the look and the call — its primary context reset or released by
+// another thread and retained again (the driver gives the same handle), or
+// a destroyed handle re-created — and the call then places memory nobody
+// measures. Resets, releases and destroys are counting operations and
+// creations measure under measure_mutex(), so with the gate closed neither
+// can happen: the look is repeated there and the call made under it. True
+// when the call was made (*rc), false when a context is current now (*dev:
+// measure it as usual).
+template <class Call>
+bool call_without_context(Call&& call, CUresult* rc, CUdevice* dev) noexcept {
+  std::lock_guard<MeasureMutex> gate(measure_mutex());
+  close_gate_and_drain(nullptr);
+  if (real_cuCtxGetDevice(dev) == CUDA_SUCCESS) return false;
+  t_loading = true;
+  *rc = call();
+  t_loading = false;
+  return true;
+}
+
 // Runs `load` measured on the current context's device, charges what the
 // driver took, and undoes the load through `unload` if it does not fit.
 template <class Handle, class Load, class Unload>
@@ -69,7 +97,9 @@ CUresult load_counted(Handle* out, Load&& load, Unload&& unload) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   CUdevice dev = -1;
-  if (out == nullptr || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return load();  // no context: nothing placed now
+  if (out == nullptr) return load();  // the driver's error
+  if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS && !t_loading && call_without_context(load, &rc, &dev))
+    return rc;  // no context: nothing placed now
   const int entry = device_entry(dev);
   if (entry < 0 || t_loading) return load();
   std::lock_guard<MeasureMutex> measuring(measure_mutex());
@@ -80,7 +110,7 @@ CUresult load_counted(Handle* out, Load&& load, Unload&& unload) noexcept {
   if (rc != CUDA_SUCCESS) return rc;
   const std::uint64_t bytes = measured_bytes(dev, entry, m, nullptr);
   if (bytes == 0) return rc;
-  if (!charge(entry, bytes)) {
+  if (!charge(entry, bytes) || over_resident(entry)) {
     release(entry, bytes);
     unload(*out);
     GPUSLICE_LOG(info, "a module on device %d needs %llu bytes beyond the container's quota", dev,
@@ -130,6 +160,45 @@ void forget(CUlibrary l) noexcept {
   }
 }
 
+// cuLibraryUnload. The records of the library's placements are taken out
+// *before* the driver call: once the driver has unloaded it, it may hand the
+// same handle to the next cuLibraryLoadData of another thread, whose first
+// use must not find our stale record (the "placed already" shortcut of
+// place_counted) and go unmeasured; a record taken after the call raced that
+// (issue 20: a placement of the new library left uncounted). What a refused
+// unload still holds is put back; a placement of this handle measured
+// meanwhile waits for this counting operation to end (measure.h), so it
+// adds to what is put back. CUDA_ERROR_INVALID_HANDLE is not such a refusal:
+// no library had the handle at the call (another thread's cuLibraryUnload
+// of the same handle took it first and found our records gone), so what we
+// took is stale and goes back to the budget; put back, it would make the
+// next library given this handle look placed already.
+CUresult unload_library_counted(CUlibrary l) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  CountingOp op;  // the device's usage drops: no measurement may overlap it
+  Placed taken[kMaxDevices] = {};
+  for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d)
+    if (!g_placed->erase(placed_key(l, d), &taken[d])) taken[d] = Placed{-1, 0, nullptr};
+  g_unloads.fetch_add(1, std::memory_order_acq_rel);
+  rc = real_cuLibraryUnload(l);
+  for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d) {
+    const Placed& c = taken[d];
+    if (c.entry < 0) continue;
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_INVALID_HANDLE) {
+      if (c.bytes != 0) release(c.entry, c.bytes);
+      continue;
+    }
+    if (!g_placed->upsert(placed_key(l, d), c, [&](Placed& v, bool fresh) {
+          if (!fresh) v.bytes += c.bytes;
+        }) &&
+        c.bytes != 0)
+      release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
+  }
+  g_unloads.fetch_add(1, std::memory_order_acq_rel);
+  return rc;
+}
+
 // A use of `lib` that places it in the current context if it is not there
 // yet: measured (again whenever the context differs from the last one
 // measured for the library on that device) and charged like a load; over
@@ -139,7 +208,8 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   CUdevice dev = -1;
-  if (lib == nullptr || t_loading || real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return use();  // the driver's answer
+  if (lib == nullptr || t_loading) return use();  // the driver's answer
+  if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS && call_without_context(use, &rc, &dev)) return rc;
   const int entry = device_entry(dev);
   if (entry < 0 || dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return use();
   CUcontext ctx = nullptr;
@@ -157,7 +227,7 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   // A failed use may have placed it all the same (a global not found after
   // the placement): what it took is counted either way.
   if (rc != CUDA_SUCCESS && bytes == 0) return rc;
-  if (bytes != 0 && !charge(entry, bytes)) {
+  if (bytes != 0 && (!charge(entry, bytes) || over_resident(entry))) {
     release(entry, bytes);
     forget(lib);
     real_cuLibraryUnload(lib);
@@ -231,9 +301,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryLoadFromFile(CUlibrary* library, const
       },
       unload_library);
 }
-GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library) {
-  return unload_counted(library, [&] { return real_cuLibraryUnload(library); });
-}
+GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library) { return unload_library_counted(library); }
 
 // First uses of a library in a context: where a lazily loaded library is placed.
 GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,

@@ -54,7 +54,12 @@ struct alignas(64) DeviceState {
   // resident allowance published (ABI v4). A refill that saw it change
   // returns the lease it just took (limiter/lease.h).
   std::atomic<std::uint64_t> lease_epoch;
-  std::uint64_t reserved2[3];
+  // The size of the last context any process of the container measured
+  // exactly on this device (hook/context.cc; 0 = none yet): reserved against
+  // the quota (and the resident allowance) before a new context is created,
+  // then settled to that context's own measurement. Written rarely.
+  std::atomic<std::uint64_t> context_size_bytes;
+  std::uint64_t reserved2[2];
   // --- line 2: the token bucket (docs/limiter.md), written by every limited launch ---
   alignas(64) std::atomic<std::int64_t> tokens_ns;  // device-time credit; negative = debt of admitted launches, repaid by refill
   std::atomic<std::uint64_t> last_refill_ns; // CLOCK_MONOTONIC ns of the last refill

@@ -342,13 +342,22 @@ extern "C" CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
 
 extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
-  CUdeviceptr base = 0;
-  std::uint64_t size = 0;
-  if (!find_containing_locked(dptr, &base, &size)) return CUDA_ERROR_NOT_FOUND;
-  if (pbase != nullptr) *pbase = base;
-  if (psize != nullptr) *psize = size;
-  return CUDA_SUCCESS;
+  CUresult rc = CUDA_SUCCESS;
+  {
+    std::lock_guard<std::mutex> guard(runtime().mu);
+    CUdeviceptr base = 0;
+    std::uint64_t size = 0;
+    if (!find_containing_locked(dptr, &base, &size)) {
+      rc = CUDA_ERROR_NOT_FOUND;
+    } else {
+      if (pbase != nullptr) *pbase = base;
+      if (psize != nullptr) *psize = size;
+    }
+  }
+  // A return point (README, "Chaos points"): the answer is given, and another
+  // thread may free or allocate at this address before the caller acts on it.
+  chaos_point("cuMemGetAddressRange_v2");
+  return rc;
 }
 
 extern "C" CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr) {

@@ -345,10 +345,15 @@ extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmod
 
 extern "C" CUresult cuLibraryUnload(CUlibrary library) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
-  if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
-  unload_locked(library->module);
-  g_libraries.retire(library);
+  {
+    std::lock_guard<std::mutex> guard(runtime().mu);
+    if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
+    unload_locked(library->module);
+    g_libraries.retire(library);
+  }
+  // A return point (README, "Chaos points"): the handle is free and the next
+  // cuLibraryLoadData of another thread gets it back before this call returns.
+  chaos_point("cuLibraryUnload");
   return CUDA_SUCCESS;
 }
 

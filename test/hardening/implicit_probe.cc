@@ -19,9 +19,34 @@
 //       a library with a MIB global loaded with no context current, then
 //       placed by its first use: HOW = global (cuLibraryGetGlobal),
 //       kernel (cuLibraryGetKernel + cuKernelGetFunction)
+//   implicit_probe module-load MIB
+//       cuModuleLoadData of an image with a MIB global in the primary
+//       context; prints rc, counted and held after it
+//   implicit_probe reset-vs-place ROUNDS
+//       another thread resets the primary context (current in the main
+//       thread) and retains it again while the main thread places a lazily
+//       loaded library with cuLibraryGetGlobal; run with a sleep at
+//       cuLibraryGetGlobal's entry so the context comes back inside the call.
+//       Prints the rounds whose placement succeeded (placed) and those that
+//       left the count below the device (shorts)
+//   implicit_probe unload-vs-reuse ROUNDS
+//       thread A unloads a placed library while thread B, as soon as the
+//       device usage drops, loads another one lazily (the driver hands it the
+//       handle A's library had) and places it with cuLibraryGetGlobal; run
+//       with FAKECUDA_CHAOS_CALLS=cuLibraryUnload and sleeps, so that A is
+//       still inside cuLibraryUnload (after the driver released the handle)
+//       meanwhile. Prints the rounds in which B reused the handle while A was
+//       in the call (hits) and those that left the count below the device
+//       (shorts)
+//   implicit_probe double-unload ROUNDS
+//       two threads unload the same placed library at once (one of them is
+//       refused: CUDA_ERROR_INVALID_HANDLE), then a library loaded lazily
+//       gets the handle back and is placed: prints the rounds that left the
+//       count below the device (shorts)
 #include <cuda.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -211,6 +236,156 @@ int set_limit(std::size_t bytes) {
 
 }  // namespace
 
+// Thread A unloads a placed library; thread B loads and places another one in
+// the window where the driver has released A's handle (B gets it back) but
+// A's cuLibraryUnload has not returned.
+int unload_vs_reuse(int rounds) {
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const std::string image_a = image_with_global(24 * kMi), image_b = image_with_global(40 * kMi);
+  int hits = 0, shorts = 0, reused = 0;
+  long long max_short = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUlibrary a = nullptr, b = nullptr;
+    CUcontext none = nullptr;
+    check(cuCtxPopCurrent(&none), "cuCtxPopCurrent");
+    check(cuLibraryLoadData(&a, image_a.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    check(cuLibraryGetGlobal(&p, &size, a, "big"), "cuLibraryGetGlobal");
+    const long long before = held();
+    std::atomic<bool> go{false}, a_done{false};
+    bool hit = false;
+    std::thread tb([&] {
+      while (!go.load()) std::this_thread::yield();
+      while (held() >= before) std::this_thread::yield();  // A's library left the device: its handle is free
+      CUcontext popped = nullptr;
+      cuCtxSetCurrent(primary);
+      cuCtxPopCurrent(&popped);
+      if (cuLibraryLoadData(&b, image_b.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0) != CUDA_SUCCESS) return;
+      hit = b == a && !a_done.load();  // A's handle, A still inside cuLibraryUnload
+      cuCtxSetCurrent(primary);
+      CUdeviceptr q = 0;
+      size_t qsize = 0;
+      cuLibraryGetGlobal(&q, &qsize, b, "big");
+    });
+    go.store(true);
+    check(cuLibraryUnload(a), "cuLibraryUnload");
+    a_done.store(true);
+    tb.join();
+    if (b == a) ++reused;
+    if (hit) ++hits;
+    const long long c = counted_used(), h = held();
+    if (c < h) {
+      ++shorts;
+      if (h - c > max_short) max_short = h - c;
+    }
+    if (b != nullptr) cuLibraryUnload(b);
+  }
+  std::printf("unload-vs-reuse rounds=%d reused=%d hits=%d shorts=%d max_short=%lld\n", rounds, reused, hits, shorts,
+              max_short);
+  return 0;
+}
+
+// Two threads unload the same placed library at once; a library loaded next
+// gets the handle back and is placed.
+int double_unload(int rounds) {
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const std::string image_a = image_with_global(24 * kMi), image_b = image_with_global(40 * kMi);
+  int shorts = 0, reused = 0, refused = 0;
+  long long max_short = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUlibrary a = nullptr, b = nullptr;
+    CUcontext none = nullptr;
+    check(cuCtxPopCurrent(&none), "cuCtxPopCurrent");
+    check(cuLibraryLoadData(&a, image_a.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    check(cuLibraryGetGlobal(&p, &size, a, "big"), "cuLibraryGetGlobal");
+    std::atomic<int> ready{0};
+    CUresult rc[2] = {};
+    std::thread t[2];
+    for (int k = 0; k < 2; ++k)
+      t[k] = std::thread([&, k] {
+        ready.fetch_add(1);
+        while (ready.load() < 2) std::this_thread::yield();
+        rc[k] = cuLibraryUnload(a);
+      });
+    for (std::thread& x : t) x.join();
+    if (rc[0] != CUDA_SUCCESS || rc[1] != CUDA_SUCCESS) ++refused;
+    check(cuCtxPopCurrent(&none), "cuCtxPopCurrent");
+    check(cuLibraryLoadData(&b, image_b.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    if (b == a) ++reused;
+    check(cuLibraryGetGlobal(&p, &size, b, "big"), "cuLibraryGetGlobal");
+    const long long c = counted_used(), h = held();
+    if (c < h) {
+      ++shorts;
+      if (h - c > max_short) max_short = h - c;
+    }
+    check(cuLibraryUnload(b), "cuLibraryUnload");
+  }
+  std::printf("double-unload rounds=%d refused=%d reused=%d shorts=%d max_short=%lld\n", rounds, refused, reused,
+              shorts, max_short);
+  return 0;
+}
+
+int module_load(std::size_t bytes) {
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const std::string image = image_with_global(bytes);
+  CUmodule mod = nullptr;
+  const CUresult rc = cuModuleLoadData(&mod, image.c_str());
+  const long long c = counted_used(), h = held();
+  std::printf("module-load rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), c, h);
+  if (rc == CUDA_SUCCESS) cuModuleUnload(mod);
+  return 0;
+}
+
+int reset_vs_place(int rounds) {
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const std::string image = image_with_global(32 * kMi);
+  int placed = 0, shorts = 0;
+  long long max_short = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUlibrary lib = nullptr;
+    CUcontext none = nullptr;
+    cuCtxPopCurrent(&none);
+    check(cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    std::atomic<int> phase{0};
+    std::thread b([&] {
+      cuDevicePrimaryCtxReset(0);  // the main thread's current context is gone
+      phase.store(1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      CUcontext again = nullptr;
+      cuDevicePrimaryCtxRetain(&again, 0);  // and back, same handle
+    });
+    while (phase.load() == 0) std::this_thread::yield();
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    if (cuLibraryGetGlobal(&p, &size, lib, "big") == CUDA_SUCCESS) ++placed;
+    b.join();
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    const long long c = counted_used(), h = held();
+    if (c < h) {
+      ++shorts;
+      if (h - c > max_short) max_short = h - c;
+    }
+    cuLibraryUnload(lib);
+  }
+  std::printf("reset-vs-place rounds=%d placed=%d shorts=%d max_short=%lld\n", rounds, placed, shorts, max_short);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: implicit_probe SCENARIO ARGS...\n");
@@ -220,6 +395,10 @@ int main(int argc, char** argv) {
   const std::string what = argv[1];
   if (what == "measure-vs-release" && argc == 5) return measure_vs_release(argv[2], argv[3], std::atoi(argv[4]));
   if (what == "set-limit" && argc == 3) return set_limit(std::strtoull(argv[2], nullptr, 10) * kMi);
+  if (what == "reset-vs-place" && argc == 3) return reset_vs_place(std::atoi(argv[2]));
+  if (what == "unload-vs-reuse" && argc == 3) return unload_vs_reuse(std::atoi(argv[2]));
+  if (what == "module-load" && argc == 3) return module_load(std::strtoull(argv[2], nullptr, 10) * kMi);
+  if (what == "double-unload" && argc == 3) return double_unload(std::atoi(argv[2]));
   if (what == "lazy-library" && argc == 4) return lazy_library(std::strtoull(argv[2], nullptr, 10) * kMi, argv[3]);
   std::fprintf(stderr, "implicit_probe: unknown scenario or wrong arguments: %s\n", what.c_str());
   return 64;

@@ -233,10 +233,11 @@ class Soak:
             q = self.quota_now(c)
             self.worst[name] = max(self.worst.get(name, 0.0), b / q)
             if b > q and allocs[(name, dev)] <= q:
-                # Over only with the contexts' memory: a context the library
-                # measured late (NVML's sampling period on the realistic
-                # profile) until the agent's reconciliation adds it
-                # (docs/memory.md, "Contexts"). Recorded, reported apart.
+                # Over only with the contexts' memory: a context created
+                # before the library could refuse it (the container's first
+                # on the device is measured after creation, then destroyed
+                # if it does not fit; docs/memory.md, "Contexts are admitted
+                # before they are created"). Recorded, reported apart.
                 self.context_over.append({"t": round(self.now(), 2), "container": name, "used": b, "quota": q})
             elif b > q:
                 self.violations.append({"t": round(self.now(), 2), "container": name, "device": dev, "used": b,

@@ -1,0 +1,170 @@
+// context_probe: a context created while the container holds most of its
+// quota (or of its device-resident allowance), for
+// test/hardening/context_admission_test.cc. Links the simulated driver
+// directly, as an application links libcuda; runs under the preload library.
+//
+//   context_probe peak HOLD_MIB TRIES FREE_AFTER_MS
+//       retains the primary context (its size is measured: the container
+//       remembers it), allocates HOLD_MIB, then runs a second process of the
+//       container (this program, "tries TRIES") that creates and destroys a
+//       context TRIES times, while a thread samples what the device holds
+//       for the container (fakecuda_device_used_bytes). FREE_AFTER_MS >= 0:
+//       the allocation is freed that long after the child started. Prints
+//       "peak peak=<bytes> child_exit=<code>" and the child's line.
+//   context_probe destroy-vs-realloc ROUNDS
+//       the main thread destroys a created context holding a 9 MiB
+//       allocation while another thread, as soon as the device lets go of it,
+//       allocates 9 MiB (the driver reuses the address); run with a sleep at
+//       cuMemGetAddressRange_v2's return so that the allocation lands between
+//       the destroy's look at the address and its bookkeeping. Prints the
+//       rounds in which the address was reused (reused) and those that left
+//       the count below the device (shorts)
+//   context_probe tries N
+//       cuCtxCreate + cuCtxDestroy N times; prints
+//       "tries created=<n> refused=<n> other=<n> elapsed_ms=<ms>"
+#include <cuda.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "fakecuda_query.h"
+
+namespace {
+
+constexpr std::size_t kMi = std::size_t{1} << 20;
+
+void check(CUresult rc, const char* what) {
+  if (rc != CUDA_SUCCESS) {
+    std::fprintf(stderr, "context_probe: %s failed: %d\n", what, static_cast<int>(rc));
+    std::exit(2);
+  }
+}
+
+int tries(int n) {
+  int created = 0, refused = 0, other = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) {
+    CUcontext ctx = nullptr;
+    const CUresult rc = cuCtxCreate(&ctx, nullptr, 0, 0);
+    if (rc == CUDA_SUCCESS) {
+      ++created;
+      check(cuCtxDestroy(ctx), "cuCtxDestroy");
+    } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+      ++refused;
+    } else {
+      ++other;
+    }
+  }
+  const long long ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  std::printf("tries created=%d refused=%d other=%d elapsed_ms=%lld\n", created, refused, other, ms);
+  std::fflush(stdout);
+  return 0;
+}
+
+int peak(std::size_t hold, int n, int free_after_ms) {
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  CUdeviceptr p = 0;
+  check(cuMemAlloc(&p, hold), "cuMemAlloc");
+  std::atomic<bool> stop{false};
+  // Sampled once here too: a loaded machine may not run the sampler before the child ends.
+  std::atomic<unsigned long long> top{fakecuda_device_used_bytes(0)};
+  std::thread sampler([&] {
+    while (!stop.load()) {
+      const unsigned long long used = fakecuda_device_used_bytes(0);
+      if (used > top.load()) top.store(used);
+    }
+  });
+  std::fflush(stdout);
+  const pid_t child = fork();
+  if (child == 0) {
+    const std::string count = std::to_string(n);
+    execl("/proc/self/exe", "context_probe", "tries", count.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  if (free_after_ms >= 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(free_after_ms));
+    check(cuMemFree(p), "cuMemFree");
+    p = 0;
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  stop.store(true);
+  sampler.join();
+  if (p != 0) check(cuMemFree(p), "cuMemFree");
+  std::printf("peak peak=%llu child_exit=%d\n", top.load(), WIFEXITED(status) ? WEXITSTATUS(status) : 128);
+  return 0;
+}
+
+long long counted_used() {
+  size_t free_b = 0, total = 0;
+  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
+  return static_cast<long long>(total - free_b);
+}
+long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 0)); }
+
+int destroy_vs_realloc(int rounds) {
+  constexpr std::size_t kSize = 9 * kMi;
+  CUcontext primary = nullptr;
+  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  int reused = 0, shorts = 0;
+  long long max_short = 0;
+  for (int i = 0; i < rounds; ++i) {
+    CUcontext c1 = nullptr;
+    check(cuCtxCreate(&c1, nullptr, 0, 0), "cuCtxCreate");
+    CUdeviceptr x = 0;
+    check(cuMemAlloc(&x, kSize), "cuMemAlloc");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    const long long before = held();
+    std::atomic<bool> go{false};
+    CUdeviceptr y = 0;
+    std::thread b([&] {
+      cuCtxSetCurrent(primary);
+      while (!go.load()) std::this_thread::yield();
+      while (held() > before - static_cast<long long>(kSize)) std::this_thread::yield();  // c1 and x are gone
+      // The destroy's sweep is now asking the driver about x (and sleeping at
+      // the call's return, 1-20 ms): allocate in that window, most rounds.
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      cuMemAlloc(&y, kSize);
+    });
+    go.store(true);
+    check(cuCtxDestroy(c1), "cuCtxDestroy");
+    b.join();
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    if (y == x) ++reused;
+    const long long c = counted_used(), h = held();
+    if (c < h) {
+      ++shorts;
+      if (h - c > max_short) max_short = h - c;
+    }
+    if (y != 0) check(cuMemFree(y), "cuMemFree");
+  }
+  std::printf("destroy-vs-realloc rounds=%d reused=%d shorts=%d max_short=%lld\n", rounds, reused, shorts, max_short);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: context_probe SCENARIO ARGS...\n");
+    return 64;
+  }
+  check(cuInit(0), "cuInit");
+  const std::string what = argv[1];
+  if (what == "destroy-vs-realloc" && argc == 3) return destroy_vs_realloc(std::atoi(argv[2]));
+  if (what == "tries" && argc == 3) return tries(std::atoi(argv[2]));
+  if (what == "peak" && argc == 5)
+    return peak(std::strtoull(argv[2], nullptr, 10) * kMi, std::atoi(argv[3]), std::atoi(argv[4]));
+  std::fprintf(stderr, "context_probe: unknown scenario or wrong arguments: %s\n", what.c_str());
+  return 64;
+}
