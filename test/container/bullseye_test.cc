@@ -16,7 +16,7 @@
 #include "podman_world.h"
 
 using gpuslice::container_test::Image;
-using gpuslice::container_test::World;
+using gpuslice::container_test::WorldSuite;
 using gpuslice::test::Result;
 using gpuslice::test::field;
 using gpuslice::test::lines_with;
@@ -28,9 +28,8 @@ constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
 
-class Bullseye : public ::testing::Test {
+class Bullseye : public WorldSuite<Image::bullseye> {
  protected:
-  static World* world;
   static void SetUpTestSuite() {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     // The sanitized library needs this machine's sanitizer runtime and glibc.
@@ -38,23 +37,7 @@ class Bullseye : public ::testing::Test {
     std::fflush(stdout);
     std::_Exit(77);
 #endif
-    world = new World(Image::bullseye);
-    if (!world->skip.empty()) {
-      std::printf("SKIPPED: %s\n", world->skip.c_str());
-      std::fflush(stdout);
-      delete world;
-      std::_Exit(77);
-    }
-  }
-  static void TearDownTestSuite() {
-    delete world;
-    world = nullptr;
-  }
-  void SetUp() override { ASSERT_TRUE(world->error.empty()) << world->error; }
-
-  static std::string line(const Result& r, const std::string& op) {
-    const auto l = lines_with(r.out, op + " ");
-    return l.size() == 1 ? l[0] : "";
+    WorldSuite::SetUpTestSuite();
   }
 
   // Runs the probe; "" or why the old glibc could not load what it needs.
@@ -74,7 +57,6 @@ class Bullseye : public ::testing::Test {
     return "";
   }
 };
-World* Bullseye::world = nullptr;
 
 TEST_F(Bullseye, PreloadFileVariantLoadsAndEnforcesTheQuota) {
   Result r;

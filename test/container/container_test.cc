@@ -19,7 +19,9 @@
 
 #include "podman_world.h"
 
+using gpuslice::container_test::Image;
 using gpuslice::container_test::World;
+using gpuslice::container_test::WorldSuite;
 using namespace std::string_literals;
 using gpuslice::test::Result;
 using gpuslice::test::field;
@@ -32,30 +34,8 @@ constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
 
-class Container : public ::testing::Test {
+class Container : public WorldSuite<Image::local> {
  protected:
-  static World* world;
-  static void SetUpTestSuite() {
-    world = new World();
-    if (!world->skip.empty()) {
-      std::printf("SKIPPED: %s\n", world->skip.c_str());
-      std::fflush(stdout);
-      delete world;
-      std::_Exit(77);
-    }
-  }
-  static void TearDownTestSuite() {
-    delete world;
-    world = nullptr;
-  }
-  void SetUp() override { ASSERT_TRUE(world->error.empty()) << world->error; }
-
-  // The one line of `r.out` that starts with `op`.
-  static std::string line(const Result& r, const std::string& op) {
-    const auto l = lines_with(r.out, op + " ");
-    return l.size() == 1 ? l[0] : "";
-  }
-
   // Waits for a file the container makes in its region directory.
   static bool wait_for(const std::string& path, int seconds = 60) {
     for (int i = 0; i < seconds * 50 && access(path.c_str(), F_OK) != 0; ++i) {
@@ -64,7 +44,6 @@ class Container : public ::testing::Test {
     return access(path.c_str(), F_OK) == 0;
   }
 };
-World* Container::world = nullptr;
 
 TEST_F(Container, PreloadFileVariantEnforcesTheQuotaAndReportsIt) {
   const Result r = world->run(

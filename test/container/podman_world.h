@@ -5,6 +5,10 @@
 // gpuslice-cdi, their region directories watched by a host agent.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -71,6 +75,35 @@ class World {
   bool write_specs();
   void cleanup();
   gpuslice::test::Result podman(std::vector<std::string> args, int timeout_ms = 120000) const;
+};
+
+// The tests' fixture: one World per suite, built before its first test; the
+// whole suite exits 77 (skipped, with the reason) where the runtime or the
+// image cannot be had.
+template <Image kImage>
+class WorldSuite : public ::testing::Test {
+ protected:
+  static inline World* world = nullptr;
+  static void SetUpTestSuite() {
+    world = new World(kImage);
+    if (!world->skip.empty()) {
+      std::printf("SKIPPED: %s\n", world->skip.c_str());
+      std::fflush(stdout);
+      delete world;
+      std::_Exit(77);
+    }
+  }
+  static void TearDownTestSuite() {
+    delete world;
+    world = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(world->error.empty()) << world->error; }
+
+  // The one line of `r.out` that starts with `op`.
+  static std::string line(const gpuslice::test::Result& r, const std::string& op) {
+    const auto l = gpuslice::test::lines_with(r.out, op + " ");
+    return l.size() == 1 ? l[0] : "";
+  }
 };
 
 }  // namespace gpuslice::container_test
