@@ -20,12 +20,6 @@ constexpr unsigned long long kMi = 1ull << 20;
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
 
-bool await_file(const std::string& path, int ms = 30000) {
-  for (int i = 0; i < ms / 2 && access(path.c_str(), F_OK) != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  return access(path.c_str(), F_OK) == 0;
-}
-
 // Eight processes each hold 1 MiB and a 32 MiB spare lease under a 1 GiB
 // quota; `gpuslice-smi set --memory 128Mi`; then each allocates 4 x 8 MiB.
 // Before: all 32 allocations succeeded from the leases (264 MiB held under a
@@ -41,13 +35,13 @@ TEST(Leases, SmiLoweringTheQuotaHoldsForSpareLeasesOfEveryProcess) {
                           mib(8), "touch", box.path("done" + n), "waitfile", box.path("exit"), "freeall"},
                          env, box.path("out" + n)));
   }
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(await_file(box.path("ready" + std::to_string(i))));
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(gpuslice::test::await_file(box.path("ready" + std::to_string(i)), 30000));
   Result smi = run({bin("gpuslice-smi"), "set", "--region", env.at("GPUSLICE_REGION"), "--device", "0", "--memory",
                     "128Mi"},
                    {});
   ASSERT_EQ(smi.exit_code, 0) << smi.describe();
   run({"/usr/bin/touch", box.path("go")}, {});
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(await_file(box.path("done" + std::to_string(i))));
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(gpuslice::test::await_file(box.path("done" + std::to_string(i)), 30000));
   run({"/usr/bin/touch", box.path("exit")}, {});
   unsigned long long held = 0;
   for (int i = 0; i < 8; ++i) {
@@ -79,7 +73,7 @@ TEST(Leases, FirstMemGetInfoAfterAKilledProcessIsTrue) {
   const pid_t victim = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(300), "touch", box.path("holding"),
                               "waitfile", box.path("never")},
                              env, box.path("victim.out"));
-  ASSERT_TRUE(await_file(box.path("holding")));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("holding"), 30000));
   kill(victim, SIGKILL);
   wait(victim, box.path("victim.out"));
   Result r = run({bin("cuprobe"), "init", "ctx", "0", "meminfo"}, env);

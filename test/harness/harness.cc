@@ -199,4 +199,9 @@ std::string field(const std::string& line, const std::string& key) {
   return "";
 }
 
+bool await_file(const std::string& path, int timeout_ms) {
+  for (int i = 0; i < timeout_ms / 2 && access(path.c_str(), F_OK) != 0; ++i) usleep(2000);
+  return access(path.c_str(), F_OK) == 0;
+}
+
 }  // namespace gpuslice::test

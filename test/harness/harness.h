@@ -62,4 +62,7 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
 // Value of "key=<value>" inside a line, or "" if absent.
 std::string field(const std::string& line, const std::string& key);
 
+// Waits up to timeout_ms for `path` to exist (a probe's "touch" step).
+bool await_file(const std::string& path, int timeout_ms);
+
 }  // namespace gpuslice::test

@@ -14,11 +14,13 @@
 
 #include "gpuslice/region.h"
 #include "harness.h"
+#include "region_view.h"
 #include "limiter/memory_accounting.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::test {
 namespace {
+
 
 constexpr unsigned long long kMi = 1ull << 20;
 
@@ -30,24 +32,6 @@ std::vector<std::string> rcs(const Result& r, const std::string& op) {
   return out;
 }
 
-struct RegionView {
-  explicit RegionView(const std::string& path) {
-    shm::Error err{};
-    region = shm::attach_existing(path.c_str(), true, &err);
-    EXPECT_NE(region, nullptr) << err.message;
-  }
-  ~RegionView() {
-    if (region != nullptr) shm::detach(region);
-  }
-  DeviceState& dev() { return region->devices[0]; }
-  Region* region = nullptr;
-};
-
-bool await_file(const std::string& path, int ms = 20000) {
-  for (int i = 0; i < ms / 2 && access(path.c_str(), F_OK) != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  return access(path.c_str(), F_OK) == 0;
-}
 
 template <class Pred>
 bool await_region(const std::string& path, Pred pred, int ms = 20000) {
@@ -127,7 +111,7 @@ TEST(Allowance, SpareLeaseOfAProcessWithoutTheOptionsIsNotResident) {
   const pid_t holder = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(1), "touch", box.path("holding"),
                               "waitfile", box.path("release"), "freeall"},
                              plain, box.path("plain.out"));
-  ASSERT_TRUE(await_file(box.path("holding")));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("holding"), 20000));
   {
     RegionView v(plain["GPUSLICE_REGION"]);
     ASSERT_NE(v.region, nullptr);
@@ -151,11 +135,11 @@ TEST(Allowance, ADeadHoldersMemoryIsReapedBeforeARefusal) {
   const pid_t second = spawn({bin("cuprobe"), "init", "ctx", "0", "touch", box.path("ready"), "waitfile",
                               box.path("go"), "alloc", mib(32), "freeall"},
                              env, box.path("second.out"));
-  ASSERT_TRUE(await_file(box.path("ready")));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("ready"), 20000));
   const pid_t holder = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(48), "touch", box.path("holding"),
                               "waitfile", box.path("never")},
                              env, box.path("holder.out"));
-  ASSERT_TRUE(await_file(box.path("holding")));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("holding"), 20000));
   kill(holder, SIGKILL);
   wait(holder, box.path("holder.out"));
   run({"/usr/bin/touch", box.path("go")}, {});
@@ -171,7 +155,7 @@ TEST(Allowance, ADeadHoldersMemoryIsReapedWhileWaiting) {
   const pid_t holder = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(48), "touch", box.path("holding"),
                               "waitfile", box.path("never")},
                              env, box.path("holder.out"));
-  ASSERT_TRUE(await_file(box.path("holding")));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("holding"), 20000));
   const auto t0 = std::chrono::steady_clock::now();
   const pid_t waiter = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(32), "freeall"}, env,
                              box.path("waiter.out"));
@@ -193,7 +177,7 @@ TEST(Allowance, CuMemReleaseWakesTheContainersWaiters) {
                               "waitfile", box.path("release"), "free", "touch", box.path("released"), "waitfile",
                               box.path("exit")},
                              env, box.path("holder.out"));
-  ASSERT_TRUE(await_file(box.path("holding")));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("holding"), 20000));
   const pid_t waiter = spawn({bin("cuprobe"), "init", "ctx", "0", "vmm", mib(32), "0", "freeall"}, env,
                              box.path("waiter.out"));
   ASSERT_TRUE(await_region(env["GPUSLICE_REGION"], [](DeviceState& d) { return d.oversub_waiting.load() == 1; }))
@@ -204,7 +188,7 @@ TEST(Allowance, CuMemReleaseWakesTheContainersWaiters) {
     before = v.dev().free_generation.load();
   }
   run({"/usr/bin/touch", box.path("release")}, {});
-  ASSERT_TRUE(await_file(box.path("released")));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("released"), 20000));
   {
     RegionView v(env["GPUSLICE_REGION"]);
     EXPECT_NE(v.dev().free_generation.load(), before) << "cuMemRelease woke nobody";
@@ -223,7 +207,7 @@ TEST(Allowance, AProcessKilledWhileWaitingIsNoLongerCountedOnceReaped) {
   const pid_t holder = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(48), "touch", box.path("holding"),
                               "waitfile", box.path("exit"), "freeall"},
                              env, box.path("holder.out"));
-  ASSERT_TRUE(await_file(box.path("holding")));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("holding"), 20000));
   const pid_t waiter = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(32)}, env, box.path("waiter.out"));
   ASSERT_TRUE(await_region(env["GPUSLICE_REGION"], [](DeviceState& d) { return d.oversub_waiting.load() == 1; }));
   kill(waiter, SIGKILL);

@@ -12,12 +12,14 @@
 
 #include "gpuslice/region.h"
 #include "harness.h"
+#include "region_view.h"
 #include "probe.h"
 #include "limiter/memory_accounting.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::test {
 namespace {
+
 
 constexpr unsigned long long kMi = 1ull << 20;
 
@@ -28,19 +30,6 @@ std::string value_of(const Result& r, const std::string& op, const std::string& 
   return lines.size() > nth ? field(lines[nth], key) : "";
 }
 
-// A region mapped read-write (as the agent maps it) to read the counters.
-struct RegionView {
-  explicit RegionView(const std::string& path) {
-    shm::Error err{};
-    region = shm::attach_existing(path.c_str(), true, &err);
-    EXPECT_NE(region, nullptr) << err.message;
-  }
-  ~RegionView() {
-    if (region != nullptr) shm::detach(region);
-  }
-  DeviceState& dev() { return region->devices[0]; }
-  Region* region = nullptr;
-};
 
 // Two containers on one 2 GiB simulated device: A holds 1800 MiB until
 // `release` exists; B (its own region, 1 GiB quota) comes second.
