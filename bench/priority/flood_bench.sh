@@ -3,7 +3,7 @@
 # gpuslice-bench --only priority, while its inference (high) tenant runs next
 # to the training (low) tenant, N empty files named like activity files of
 # the device appear in the board's low/ directory (the attack).
-#   test/priority/flood_bench.sh <build> <files> [profile] [json-out]
+#   bench/priority/flood_bench.sh <build> <files> [profile] [json-out]
 set -eu
 build=$1
 files=$2
