@@ -32,7 +32,7 @@ Env monitored(const Sandbox& box, bool preload) {
 
 // First a process under gpuslice creates the region's device entry (quota 64 MiB).
 void create_region(const Sandbox& box) {
-  Result r = run({MONITOR_PROBE, "16", "0"}, monitored(box, true));
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0"}, monitored(box, true));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   ASSERT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
   ASSERT_EQ(slurp(box.path("violations")), "") << "no violation under gpuslice";
@@ -43,7 +43,8 @@ TEST(ChaosMonitor, ReportsAnAllocationAboveTheQuotaThatBypassesGpuslice) {
   create_region(box);
   // The same container (GPUSLICE_REGION) without the preload library: the
   // simulated driver grants 128 MiB over a 64 MiB quota.
-  Result r = run({MONITOR_PROBE, "128", "0"}, merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "4242"}}));
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold", "128", "0"},
+                 merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "4242"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
   const std::string report = slurp(box.path("violations"));
@@ -60,7 +61,7 @@ TEST(ChaosMonitor, ReportsACountLeftBelowTheDevice) {
   create_region(box);
   // 32 MiB within the quota, but never counted: the count stays below the
   // device for 500 ms > FAKECUDA_MONITOR_LAG_MS (the background sampler sees it).
-  Result r = run({MONITOR_PROBE, "32", "500"}, monitored(box, false));
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold", "32", "500"}, monitored(box, false));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   const std::string report = slurp(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << report;
@@ -71,13 +72,13 @@ TEST(ChaosMonitor, CheckpointIsExactForAQuiescentProcess) {
   Sandbox box;
   create_region(box);
   // Under gpuslice the 16 MiB are committed: the exact check passes.
-  Result counted = run({MONITOR_PROBE, "16", "0", "checkpoint"}, monitored(box, true));
+  Result counted = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0", "checkpoint"}, monitored(box, true));
   ASSERT_EQ(counted.exit_code, 0) << counted.describe();
   EXPECT_NE(counted.out.find("checkpoint=0"), std::string::npos) << counted.describe();
   EXPECT_EQ(slurp(box.path("violations")), "");
   // Without it nothing is committed: 1 violation at once (no lag), though
   // 16 MiB are within the quota.
-  Result bypass = run({MONITOR_PROBE, "16", "0", "checkpoint"}, monitored(box, false));
+  Result bypass = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0", "checkpoint"}, monitored(box, false));
   ASSERT_EQ(bypass.exit_code, 0) << bypass.describe();
   EXPECT_NE(bypass.out.find("checkpoint=1"), std::string::npos) << bypass.describe();
   const std::string report = slurp(box.path("violations"));
@@ -88,7 +89,8 @@ TEST(ChaosMonitor, CheckpointIsExactForAQuiescentProcess) {
 TEST(ChaosMonitor, GpusliceRefusingTheSameAllocationIsNoViolation) {
   Sandbox box;
   create_region(box);
-  Result r = run({MONITOR_PROBE, "128", "300"}, merge(monitored(box, true), {{"FAKECUDA_CHAOS_SEED", "7"}}));
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold", "128", "300"},
+                 merge(monitored(box, true), {{"FAKECUDA_CHAOS_SEED", "7"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("alloc=2"), std::string::npos) << "refused: " << r.describe();
   EXPECT_EQ(slurp(box.path("violations")), "");
@@ -110,7 +112,7 @@ TEST(ChaosMode, TheSameSeedReplaysTheSameDecisions) {
   auto run_seed = [](const char* seed) {
     Sandbox box;
     create_region(box);
-    Result r = run({MONITOR_PROBE, "128", "0"},
+    Result r = run({GPUSLICE_PROBE, "monitor", "hold", "128", "0"},
                    merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", seed},
                                                  {"FAKECUDA_CHAOS_YIELD_PCT", "40"},
                                                  {"FAKECUDA_CHAOS_SLEEP_PCT", "30"},
@@ -134,7 +136,7 @@ TEST(ChaosMode, BadVariablesFailCuInitNamingTheVariable) {
            {"FAKECUDA_MONITOR_LAG_MS", "-1"}}) {
     Env env = merge(box.env(false), {{"FAKECUDA_CHAOS_SEED", "1"}});
     env[name] = value;
-    Result r = run({MONITOR_PROBE, "1", "0"}, env);
+    Result r = run({GPUSLICE_PROBE, "monitor", "hold", "1", "0"}, env);
     EXPECT_EQ(r.exit_code, 2) << r.describe();
     EXPECT_NE(r.err.find(name + "='" + value + "'"), std::string::npos) << r.describe();
   }

@@ -2,7 +2,7 @@
 // memory lowered the used count before the spilled count, and the allowance
 // check read the two separately, so an allocation racing a spilled free saw
 // too little resident memory and was placed on the device (8 to 3,000 times
-// per ~200k). allowance_probe allocates beyond the allowance while another
+// per ~200k). gpuslice-probe allowance allocates beyond the allowance while another
 // thread spills and frees; no allocation may land on the device over it.
 #include <gtest/gtest.h>
 
@@ -20,7 +20,7 @@ TEST(AllowanceRace, NoAllocationLandsOnTheDeviceOverTheAllowanceWhileSpilledMemo
   // 60 MiB resident under a 64 MiB allowance; 8 MiB spilled and freed in a
   // loop; 10 MiB allocations that must spill (60 + 10 > 64) and would fit
   // if the reader missed the 8 MiB being freed (60 + 10 - 8 <= 64).
-  Result r = run({bin("allowance_probe"), "spill-race", "60", "8", "10", "200000", "68"}, env, 120000);
+  Result r = run({bin("gpuslice-probe"), "allowance", "spill-race", "60", "8", "10", "200000", "68"}, env, 120000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   const auto lines = lines_with(r.out, "rounds=");
   ASSERT_EQ(lines.size(), 1u) << r.describe();

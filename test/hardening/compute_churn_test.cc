@@ -48,7 +48,7 @@ TEST_P(ShortLivedProcesses, CannotQueueFarBeyondTheContainersShare) {
   for (int t = 0; t < 3; ++t) {
     spawners.emplace_back([&] {
       while (mono_ns() < deadline) {
-        const pid_t pid = spawn({bin("compute_probe"), "churn", "100000", kernels}, env);
+        const pid_t pid = spawn({bin("gpuslice-probe"), "compute", "churn", "100000", kernels}, env);
         ++processes;
         const std::uint64_t now = mono_ns();
         // Still waiting for credit at the end of the churn: killed (what it

@@ -19,7 +19,7 @@ namespace {
 
 TEST(LaunchEntryPoints, ResolveToTheWrappers) {
   Sandbox box;
-  Result r = run({bin("compute_probe"), "entry-points"}, merge(box.env(), {{"GPUSLICE_SM_LIMIT", "10"}}));
+  Result r = run({bin("gpuslice-probe"), "compute", "entry-points"}, merge(box.env(), {{"GPUSLICE_SM_LIMIT", "10"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   const auto lines = lines_with(r.out, "entry ");
   ASSERT_EQ(lines.size(), 14u) << r.describe();
@@ -36,7 +36,7 @@ TEST_P(NullLaunchConfig, IsInvalidValueNotACrash) {
     env["GPUSLICE_SM_LIMIT"] = "lots";  // a malformed option: bootstrap fails closed
   else if (setting == "limited")
     env["GPUSLICE_SM_LIMIT"] = "10";
-  Result r = run({bin("compute_probe"), "null-config"}, env);
+  Result r = run({bin("gpuslice-probe"), "compute", "null-config"}, env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   const int invalid = 1;  // CUDA_ERROR_INVALID_VALUE
   for (const char* how : {"direct", "direct_ptsz", "multi_device"}) {
@@ -67,7 +67,7 @@ class LegacyLaunch : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LegacyLaunch, IsThrottled) {
   Sandbox box;
-  Result r = run({bin("compute_probe"), "legacy-launch", GetParam(), "1000", "300"},
+  Result r = run({bin("gpuslice-probe"), "compute", "legacy-launch", GetParam(), "1000", "300"},
                  merge(box.env(), {{"GPUSLICE_SM_LIMIT", "10"}}), 90000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   if (probe_field(r, "first_rc") == 801)  // CUDA_ERROR_NOT_SUPPORTED

@@ -24,7 +24,7 @@ class StreamOfAnotherDevice : public ::testing::TestWithParam<const char*> {};
 TEST_P(StreamOfAnotherDevice, IsChargedToTheStreamsDevice) {
   Sandbox box;
   Env env = merge(box.env(), {{"FAKECUDA_DEVICES", "2"}, {"GPUSLICE_SM_LIMIT", "0=100,1=10"}});
-  Result r = run({bin("compute_probe"), "stream-device", GetParam(), "100", "30000", "1.5"}, env, 90000);
+  Result r = run({bin("gpuslice-probe"), "compute", "stream-device", GetParam(), "100", "30000", "1.5"}, env, 90000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   const std::uint64_t launches = probe_field(r, "launches");
   const long pid = static_cast<long>(probe_field(r, "pid"));

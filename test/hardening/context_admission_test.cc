@@ -6,7 +6,7 @@
 // created next to a container holding most of its quota and only then
 // refused and destroyed (the node soak saw the device at up to 1.47x the
 // quota, docs/soak.md), and the allowance was never checked for contexts
-// (chaos suite, classes fork,resident-wait). context_probe samples what the
+// (chaos suite, classes fork,resident-wait). gpuslice-probe context samples what the
 // device holds for the container while a second process creates contexts;
 // the simulator sleeps inside the measurement (cuDeviceGetUuid_v2) so that a
 // context created over the limit would stay there long enough to be seen.
@@ -41,7 +41,7 @@ Env device(const Sandbox& box, const Env& extra) {
 }
 
 Result peak(const Env& env, const std::string& hold_mib, const std::string& tries, const std::string& free_after) {
-  return run({bin("context_probe"), "peak", hold_mib, tries, free_after}, env, 60000);
+  return run({bin("gpuslice-probe"), "context", "peak", hold_mib, tries, free_after}, env, 60000);
 }
 
 // 256 MiB primary context + 640 MiB held = 896 MiB of a 1 GiB quota: a
@@ -100,7 +100,7 @@ TEST(ContextAdmission, FirstContextOverTheAllowanceWaitsUnderWait) {
                          {"GPUSLICE_OVERSUBSCRIBE", "wait"},
                          {"GPUSLICE_OVERSUBSCRIBE_WAIT", "400ms"}});
   env.erase("FAKECUDA_CHAOS_SEED");
-  Result r = run({bin("context_probe"), "tries", "1"}, env, 60000);
+  Result r = run({bin("gpuslice-probe"), "context", "tries", "1"}, env, 60000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(num(r, "tries", "refused"), 1) << r.out;
   EXPECT_GE(num(r, "tries", "elapsed_ms"), 350) << r.out;
@@ -124,7 +124,7 @@ TEST(ContextDestroy, AnAllocationAtAReusedAddressKeepsItsCount) {
                               {"FAKECUDA_CHAOS_YIELD_PCT", "0"},
                               {"FAKECUDA_CHAOS_SLEEP_PCT", "100"},
                               {"FAKECUDA_CHAOS_SLEEP_US", "20000"}});
-  Result r = run({bin("context_probe"), "destroy-vs-realloc", "60"}, env, 60000);
+  Result r = run({bin("gpuslice-probe"), "context", "destroy-vs-realloc", "60"}, env, 60000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_GE(num(r, "destroy-vs-realloc", "reused"), 30) << r.out;  // the interleaving was reached
   EXPECT_EQ(num(r, "destroy-vs-realloc", "shorts"), 0) << r.out;

@@ -2,7 +2,7 @@
 // libraries placed lazily), measured from NVML: never counted short, whatever
 // the process releases meanwhile; placed memory is counted where the driver
 // places it (docs/memory.md, "Contexts, modules and libraries").
-// Each scenario runs implicit_probe under the preload library.
+// Each scenario runs gpuslice-probe implicit under the preload library.
 #include <cuda.h>
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@ namespace {
 constexpr long long kMi = 1ll << 20;
 
 Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
-  args.insert(args.begin(), bin("implicit_probe"));
+  args.insert(args.begin(), {bin("gpuslice-probe"), "implicit"});
   return run(args, merge(box.env(), extra), 150000);
 }
 

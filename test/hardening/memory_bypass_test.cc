@@ -1,7 +1,7 @@
 // Issue 9, memory: ways around the quota (VMM references, pools of other
 // devices, destroyed pools) and legitimate programs refused (memory the
 // driver freed implicitly stayed counted), each run as a real program under
-// the preload library against the simulated driver (memory_probe.cc).
+// the preload library against the simulated driver (test/probe/memory.cc).
 #include <cuda.h>
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@ namespace {
 constexpr unsigned long long kMi = 1ull << 20;
 
 Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
-  args.insert(args.begin(), bin("memory_probe"));
+  args.insert(args.begin(), {bin("gpuslice-probe"), "memory"});
   return run(args, merge(box.env(), extra), 120000);
 }
 

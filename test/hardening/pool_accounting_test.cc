@@ -2,7 +2,7 @@
 // simulated device holds, on the paths the lock-free fast path leaves to slow
 // triggers (reconciliation before a refusal, at synchronisation and trim; a
 // non-zero release threshold; cuDeviceSetMemPool; a driver refusal; many
-// threads on two devices). Each scenario runs pool_probe under the preload
+// threads on two devices). Each scenario runs gpuslice-probe pool under the preload
 // library (docs/memory.md, "Stream-ordered pools").
 #include <cuda.h>
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@ namespace {
 constexpr unsigned long long kMi = 1ull << 20;
 
 Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
-  args.insert(args.begin(), bin("pool_probe"));
+  args.insert(args.begin(), {bin("gpuslice-probe"), "pool"});
   return run(args, merge(box.env(), extra), 120000);
 }
 

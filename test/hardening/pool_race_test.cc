@@ -1,5 +1,5 @@
 // Stream-ordered allocation racing the library's slow paths, each window
-// widened by a test knob of the simulated driver (pool_race_probe): the
+// widened by a test knob of the simulated driver (gpuslice-probe pool-race): the
 // container's count never falls below what the device holds, and the device
 // never holds more than the quota (docs/memory.md, "Stream-ordered pools").
 #include <cuda.h>
@@ -15,7 +15,7 @@ namespace {
 constexpr long long kMi = 1ll << 20;
 
 Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
-  args.insert(args.begin(), bin("pool_race_probe"));
+  args.insert(args.begin(), {bin("gpuslice-probe"), "pool-race"});
   return run(args, merge(box.env(), extra), 60000);
 }
 

@@ -1,9 +1,9 @@
-// allowance_probe: one process against its device-resident allowance
+// gpuslice-probe allowance: one process against its device-resident allowance
 // (GPUSLICE_MEMORY_RESIDENT, GPUSLICE_OVERSUBSCRIBE=spill) while another of
 // its threads spills and frees in a loop, for allowance_race_test.cc. Links
 // the simulated driver directly; the preload library interposes at run time.
 //
-//   allowance_probe spill-race HOLD_MIB CHURN_MIB MAIN_MIB ROUNDS LIMIT_MIB
+//   spill-race HOLD_MIB CHURN_MIB MAIN_MIB ROUNDS LIMIT_MIB
 //     holds HOLD_MIB resident; a second thread allocates and frees CHURN_MIB
 //     (beyond the allowance: spilled) in a loop; the main thread allocates
 //     MAIN_MIB ROUNDS times (each must spill too) and after each looks at what
@@ -23,10 +23,9 @@
 #include <thread>
 
 #include "fakecuda_query.h"
+#include "probe.h"
 
-namespace {
-
-constexpr std::size_t kMi = std::size_t{1} << 20;
+namespace gpuslice::probe::allowance {
 
 bool ok(CUresult rc, const char* what) {
   if (rc == CUDA_SUCCESS) return true;
@@ -38,18 +37,7 @@ std::uint64_t device_allocations() {
   return fakecuda_process_used_bytes(0, 0) - fakecuda_process_context_bytes(0, 0);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc != 7 || std::strcmp(argv[1], "spill-race") != 0) {
-    std::fprintf(stderr, "usage: allowance_probe spill-race HOLD_MIB CHURN_MIB MAIN_MIB ROUNDS LIMIT_MIB\n");
-    return 2;
-  }
-  const std::size_t hold = std::strtoull(argv[2], nullptr, 10) * kMi;
-  const std::size_t churn_size = std::strtoull(argv[3], nullptr, 10) * kMi;
-  const std::size_t size = std::strtoull(argv[4], nullptr, 10) * kMi;
-  const long rounds = std::strtol(argv[5], nullptr, 10);
-  const std::uint64_t limit = std::strtoull(argv[6], nullptr, 10) * kMi;
+int spill_race(std::size_t hold, std::size_t churn_size, std::size_t size, long rounds, std::uint64_t limit) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   if (!ok(cuInit(0), "cuInit") || !ok(cuDeviceGet(&dev, 0), "cuDeviceGet") ||
@@ -84,3 +72,5 @@ int main(int argc, char** argv) {
   std::printf("rounds=%ld over=%ld refused=%ld churned=%ld\n", done, over, refused, churned.load());
   return 0;
 }
+
+}  // namespace gpuslice::probe::allowance

@@ -1,18 +1,18 @@
-// pool_race_probe: stream-ordered allocation racing the library's slow paths,
+// gpuslice-probe pool-race: stream-ordered allocation racing the library's slow paths,
 // with a window widened by the simulated driver's test knobs
 // (FAKECUDA_POOL_QUERY_DELAY_US, FAKECUDA_ALLOC_ASYNC_DELAY_US), for
 // test/hardening/pool_race_test.cc. Prints "key=value" lines (counted =
 // cuMemGetInfo's total - free; held = what the simulated device holds for
 // this process) and exits 0, or 2 when a setup call failed.
 //
-//   pool_race_probe reconcile-order MIB
+//   reconcile-order MIB
 //       a synchronisation's reconciliation reads the pool's reserve (the
 //       answer delayed) while another thread allocates MIB on the fast path
 //       and frees it
-//   pool_race_probe set-mempool MIB
+//   set-mempool MIB
 //       cuMemAllocAsync of MIB (delayed in the driver) while another thread
 //       makes a second pool current; then MIB more from the new current pool
-//   pool_race_probe allowance-wait MIB_A MIB_B
+//   allowance-wait MIB_A MIB_B
 //       a pool allocation waiting for the resident allowance while another
 //       thread frees the same pool's memory and synchronises
 #include <cuda.h>
@@ -24,17 +24,9 @@
 #include <thread>
 
 #include "fakecuda_query.h"
+#include "probe.h"
 
-namespace {
-
-constexpr std::size_t kMi = std::size_t{1} << 20;
-
-void check(CUresult rc, const char* what) {
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "pool_race_probe: %s failed: %d\n", what, static_cast<int>(rc));
-    std::exit(2);
-  }
-}
+namespace gpuslice::probe::pool_race {
 
 long long counted_used() {
   size_t free_b = 0, total = 0;
@@ -139,19 +131,4 @@ int allowance_wait(std::size_t a, std::size_t b) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: pool_race_probe SCENARIO MIB [MIB]\n");
-    return 64;
-  }
-  check(cuInit(0), "cuInit");
-  const std::string what = argv[1];
-  const std::size_t bytes = std::strtoull(argv[2], nullptr, 10) * kMi;
-  if (what == "reconcile-order") return reconcile_order(bytes);
-  if (what == "set-mempool") return set_mempool(bytes);
-  if (what == "allowance-wait" && argc == 4) return allowance_wait(bytes, std::strtoull(argv[3], nullptr, 10) * kMi);
-  std::fprintf(stderr, "pool_race_probe: unknown scenario %s\n", what.c_str());
-  return 64;
-}
+}  // namespace gpuslice::probe::pool_race

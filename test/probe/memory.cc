@@ -1,4 +1,4 @@
-// memory_probe: drives the device-memory paths an attacker (or an unusual but
+// gpuslice-probe memory: drives the device-memory paths an attacker (or an unusual but
 // legitimate program) used to get around the quota or to be refused wrongly,
 // for test/hardening/memory_bypass_test.cc. Links the simulated driver
 // directly, as an application links libcuda; the preload library interposes
@@ -6,20 +6,20 @@
 // and exits 0 when its CUDA calls behaved as documented (the test judges the
 // numbers), 2 when a setup call failed.
 //
-//   memory_probe vmm-retain MIB ROUNDS      create+map, retain, release twice (mapping holds it)
-//   memory_probe vmm-import MIB ROUNDS      create+map, export fd, import, release all handles
-//   memory_probe pool-destroy-live MIB ROUNDS  allocate from a new pool, destroy it with the allocation live
-//   memory_probe pool-destroy-live-sync MIB ROUNDS  the same, the last allocation freed with cuMemFree
-//   memory_probe pool-other-device MIB ROUNDS  cuMemAllocAsync on a device-1 stream, device 0 current
-//   memory_probe pool-foreign-pool MIB ROUNDS  cuMemAllocFromPoolAsync from device 1's pool, device-0 stream
-//   memory_probe host-located MIB ROUNDS  host-located pool and VMM allocations (never charged)
-//   memory_probe module-memory MIB        modules/libraries with a MIB global, loaded and unloaded
-//   memory_probe pool-failed MIB            failed cuMemAllocFromPoolAsync (NULL, destroyed pool), then MIB
-//   memory_probe free-async-linear MIB ROUNDS  cuMemAlloc, cuMemFreeAsync, sync, again
-//   memory_probe ctx-destroy-live MIB ROUNDS   cuCtxCreate, cuMemAlloc, cuCtxDestroy, again
-//   memory_probe primary-reset-live MIB ROUNDS primary retain, cuMemAlloc, cuDevicePrimaryCtxReset, again
-//   memory_probe ctx-destroy-live-array MIB ROUNDS  cuCtxCreate, cuArrayCreate, cuCtxDestroy, again
-//   memory_probe ctx-race TRIES             contexts created while another thread allocates and frees
+//   vmm-retain MIB ROUNDS      create+map, retain, release twice (mapping holds it)
+//   vmm-import MIB ROUNDS      create+map, export fd, import, release all handles
+//   pool-destroy-live MIB ROUNDS  allocate from a new pool, destroy it with the allocation live
+//   pool-destroy-live-sync MIB ROUNDS  the same, the last allocation freed with cuMemFree
+//   pool-other-device MIB ROUNDS  cuMemAllocAsync on a device-1 stream, device 0 current
+//   pool-foreign-pool MIB ROUNDS  cuMemAllocFromPoolAsync from device 1's pool, device-0 stream
+//   host-located MIB ROUNDS  host-located pool and VMM allocations (never charged)
+//   module-memory MIB        modules/libraries with a MIB global, loaded and unloaded
+//   pool-failed MIB            failed cuMemAllocFromPoolAsync (NULL, destroyed pool), then MIB
+//   free-async-linear MIB ROUNDS  cuMemAlloc, cuMemFreeAsync, sync, again
+//   ctx-destroy-live MIB ROUNDS   cuCtxCreate, cuMemAlloc, cuCtxDestroy, again
+//   primary-reset-live MIB ROUNDS primary retain, cuMemAlloc, cuDevicePrimaryCtxReset, again
+//   ctx-destroy-live-array MIB ROUNDS  cuCtxCreate, cuArrayCreate, cuCtxDestroy, again
+//   ctx-race TRIES             contexts created while another thread allocates and frees
 #include <cuda.h>
 #include <unistd.h>
 
@@ -31,23 +31,9 @@
 #include <thread>
 
 #include "fakecuda_query.h"
+#include "probe.h"
 
-namespace {
-
-constexpr std::size_t kMi = std::size_t{1} << 20;
-
-void check(CUresult rc, const char* what) {
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "memory_probe: %s failed: %d\n", what, static_cast<int>(rc));
-    std::exit(2);
-  }
-}
-
-CUcontext primary(CUdevice dev) {
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  return ctx;
-}
+namespace gpuslice::probe::memory {
 
 // cuMemGetInfo under gpuslice: total = the quota, used = what is counted.
 std::size_t counted_used() {
@@ -347,31 +333,4 @@ int ctx_race(int tries) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: memory_probe SCENARIO ARGS...\n");
-    return 64;
-  }
-  check(cuInit(0), "cuInit");
-  const std::string what = argv[1];
-  const std::size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;
-  const int rounds = argc > 3 ? std::atoi(argv[3]) : 1;
-  if (what == "vmm-retain") return vmm_retain(mib * kMi, rounds);
-  if (what == "vmm-import") return vmm_import(mib * kMi, rounds);
-  if (what == "pool-destroy-live") return pool_destroy_live(mib * kMi, rounds, false);
-  if (what == "pool-destroy-live-sync") return pool_destroy_live(mib * kMi, rounds, true);
-  if (what == "pool-other-device") return pool_other_device(mib * kMi, rounds, false);
-  if (what == "pool-foreign-pool") return pool_other_device(mib * kMi, rounds, true);
-  if (what == "pool-failed") return pool_failed(mib * kMi);
-  if (what == "host-located") return host_located(mib * kMi, rounds);
-  if (what == "module-memory") return module_memory(mib * kMi);
-  if (what == "free-async-linear") return free_async_linear(mib * kMi, rounds);
-  if (what == "ctx-destroy-live") return ctx_destroy_live(mib * kMi, rounds, false, false);
-  if (what == "ctx-destroy-live-array") return ctx_destroy_live(mib * kMi, rounds, false, true);
-  if (what == "primary-reset-live") return ctx_destroy_live(mib * kMi, rounds, true, false);
-  if (what == "ctx-race") return ctx_race(static_cast<int>(mib));
-  std::fprintf(stderr, "memory_probe: unknown scenario %s\n", what.c_str());
-  return 64;
-}
+}  // namespace gpuslice::probe::memory

@@ -1,17 +1,17 @@
-// context_probe: a context created while the container holds most of its
+// gpuslice-probe context: a context created while the container holds most of its
 // quota (or of its device-resident allowance), for
 // test/hardening/context_admission_test.cc. Links the simulated driver
 // directly, as an application links libcuda; runs under the preload library.
 //
-//   context_probe peak HOLD_MIB TRIES FREE_AFTER_MS
+//   peak HOLD_MIB TRIES FREE_AFTER_MS
 //       retains the primary context (its size is measured: the container
 //       remembers it), allocates HOLD_MIB, then runs a second process of the
-//       container (this program, "tries TRIES") that creates and destroys a
+//       container (this program, "context tries TRIES") that creates and destroys a
 //       context TRIES times, while a thread samples what the device holds
 //       for the container (fakecuda_device_used_bytes). FREE_AFTER_MS >= 0:
 //       the allocation is freed that long after the child started. Prints
 //       "peak peak=<bytes> child_exit=<code>" and the child's line.
-//   context_probe destroy-vs-realloc ROUNDS
+//   destroy-vs-realloc ROUNDS
 //       the main thread destroys a created context holding a 9 MiB
 //       allocation while another thread, as soon as the device lets go of it,
 //       allocates 9 MiB (the driver reuses the address); run with a sleep at
@@ -19,7 +19,7 @@
 //       the destroy's look at the address and its bookkeeping. Prints the
 //       rounds in which the address was reused (reused) and those that left
 //       the count below the device (shorts)
-//   context_probe tries N
+//   tries N
 //       cuCtxCreate + cuCtxDestroy N times; prints
 //       "tries created=<n> refused=<n> other=<n> elapsed_ms=<ms>"
 #include <cuda.h>
@@ -34,17 +34,9 @@
 #include <thread>
 
 #include "fakecuda_query.h"
+#include "probe.h"
 
-namespace {
-
-constexpr std::size_t kMi = std::size_t{1} << 20;
-
-void check(CUresult rc, const char* what) {
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "context_probe: %s failed: %d\n", what, static_cast<int>(rc));
-    std::exit(2);
-  }
-}
+namespace gpuslice::probe::context {
 
 int tries(int n) {
   int created = 0, refused = 0, other = 0;
@@ -87,7 +79,7 @@ int peak(std::size_t hold, int n, int free_after_ms) {
   const pid_t child = fork();
   if (child == 0) {
     const std::string count = std::to_string(n);
-    execl("/proc/self/exe", "context_probe", "tries", count.c_str(), static_cast<char*>(nullptr));
+    execl("/proc/self/exe", "gpuslice-probe", "context", "tries", count.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   if (free_after_ms >= 0) {
@@ -152,19 +144,4 @@ int destroy_vs_realloc(int rounds) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: context_probe SCENARIO ARGS...\n");
-    return 64;
-  }
-  check(cuInit(0), "cuInit");
-  const std::string what = argv[1];
-  if (what == "destroy-vs-realloc" && argc == 3) return destroy_vs_realloc(std::atoi(argv[2]));
-  if (what == "tries" && argc == 3) return tries(std::atoi(argv[2]));
-  if (what == "peak" && argc == 5)
-    return peak(std::strtoull(argv[2], nullptr, 10) * kMi, std::atoi(argv[3]), std::atoi(argv[4]));
-  std::fprintf(stderr, "context_probe: unknown scenario or wrong arguments: %s\n", what.c_str());
-  return 64;
-}
+}  // namespace gpuslice::probe::context

@@ -1,24 +1,25 @@
-// compute_probe: drives the launch paths the compute limiter must not let
-// escape, for the test/hardening/compute_*_test.cc tests. Links the simulated
-// driver directly (as an application links libcuda); the preload library
-// interposes at run time. One operation per run:
+// gpuslice-probe compute: drives the launch paths the compute limiter must
+// not let escape, for the test/hardening/compute_*_test.cc tests. Links the
+// simulated driver directly (as an application links libcuda); the preload
+// library interposes at run time. One operation per run. Compiled with
+// cuda.h's internal names (CMakeLists.txt): _ptsz variants are called by name.
 //
-//   compute_probe stream-device other-current|no-context KERNEL_US MAX_LAUNCHES SECONDS
+//   stream-device other-current|no-context KERNEL_US MAX_LAUNCHES SECONDS
 //       Launches a context-less kernel (cuLibraryGetKernel) into a stream of
 //       device 1 while device 0's context is current (other-current) or while
 //       no context is current (no-context), as fast as it can, never waiting.
 //       Prints "probe start_ns=.. end_ns=.. launches=.. errors=..".
-//   compute_probe null-config
+//   null-config
 //       cuLaunchKernelEx(NULL, ...) and _ptsz as the first CUDA calls, then
 //       through cuGetProcAddress. Prints "null <how> rc=<n>" per call.
-//   compute_probe entry-points
+//   entry-points
 //       Resolves each deprecated/graph-update entry point through
 //       cuGetProcAddress and dlsym, prints "entry <name> via=<how> in=<file>".
-//   compute_probe legacy-launch NAME KERNEL_US LAUNCHES
+//   legacy-launch NAME KERNEL_US LAUNCHES
 //       Launches LAUNCHES kernels through cuLaunch / cuLaunchGrid /
 //       cuLaunchGridAsync / multi-device, as fast as it can. Prints
 //       "probe ... first_rc=<n>".
-//   compute_probe churn KERNEL_US KERNELS
+//   churn KERNEL_US KERNELS
 //       Launches KERNELS kernels and exits at once, without synchronising.
 #include <cuda.h>
 #include <dlfcn.h>
@@ -30,19 +31,14 @@
 #include <cstring>
 #include <string>
 
-namespace {
+#include "probe.h"
+
+namespace gpuslice::probe::compute {
 
 std::uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-void check(CUresult rc, const char* what) {
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "compute_probe: %s failed: %d\n", what, static_cast<int>(rc));
-    std::exit(2);
-  }
 }
 
 std::string kernel_name(unsigned us) { return "spin_" + std::to_string(us) + "us"; }
@@ -70,12 +66,7 @@ const char* file_of(void* p) {
   return slash != nullptr ? slash + 1 : info.dli_fname;
 }
 
-int stream_device(int argc, char** argv) {
-  if (argc != 6) return 64;
-  const std::string mode = argv[2];
-  const unsigned us = static_cast<unsigned>(std::atoi(argv[3]));
-  const long max_launches = std::atol(argv[4]);
-  const double seconds = std::atof(argv[5]);
+int stream_device(const std::string& mode, unsigned us, long max_launches, double seconds) {
   check(cuInit(0), "cuInit");
   CUdevice d0 = 0, d1 = 0;
   check(cuDeviceGet(&d0, 0), "cuDeviceGet 0");
@@ -141,11 +132,7 @@ int entry_points() {
   return 0;
 }
 
-int legacy_launch(int argc, char** argv) {
-  if (argc != 5) return 64;
-  const std::string name = argv[2];
-  const unsigned us = static_cast<unsigned>(std::atoi(argv[3]));
-  const long count = std::atol(argv[4]);
+int legacy_launch(const std::string& name, unsigned us, long count) {
   check(cuInit(0), "cuInit");
   CUdevice dev = 0;
   check(cuDeviceGet(&dev, 0), "cuDeviceGet");
@@ -194,10 +181,7 @@ int legacy_launch(int argc, char** argv) {
   return 0;
 }
 
-int churn(int argc, char** argv) {
-  if (argc != 4) return 64;
-  const unsigned us = static_cast<unsigned>(std::atoi(argv[2]));
-  const long kernels = std::atol(argv[3]);
+int churn(unsigned us, long kernels) {
   check(cuInit(0), "cuInit");
   CUdevice dev = 0;
   check(cuDeviceGet(&dev, 0), "cuDeviceGet");
@@ -217,17 +201,4 @@ int churn(int argc, char** argv) {
   return 0;  // no synchronisation: the work is still queued
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc < 2) return 64;
-  const std::string op = argv[1];
-  if (op == "stream-device") return stream_device(argc, argv);
-  if (op == "null-config") return null_config();
-  if (op == "entry-points") return entry_points();
-  if (op == "legacy-launch") return legacy_launch(argc, argv);
-  if (op == "churn") return churn(argc, argv);
-  std::fprintf(stderr, "compute_probe: unknown operation '%s', expected stream-device, null-config, entry-points, "
-                       "legacy-launch or churn\n", op.c_str());
-  return 64;
-}
+}  // namespace gpuslice::probe::compute

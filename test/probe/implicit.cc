@@ -1,35 +1,35 @@
-// implicit_probe: memory the driver takes without an allocation call
+// gpuslice-probe implicit: memory the driver takes without an allocation call
 // (contexts, modules, lazily placed libraries) under the preload library, for
 // test/hardening/implicit_memory_test.cc. Links the simulated driver
 // directly, as an application links libcuda. Each scenario prints
 // "key=value" lines (counted = cuMemGetInfo's total - free; held =
 // fakecuda_process_used_bytes) and exits 0, or 2 when a setup call failed.
 //
-//   implicit_probe measure-vs-release MEASURED KIND ROUNDS
+//   measure-vs-release MEASURED KIND ROUNDS
 //       the main thread creates a context (MEASURED=ctx) or loads a module
 //       with a 64 MiB global (MEASURED=module), compares the count with what
 //       the device holds (the other thread paused), and undoes it, ROUNDS
 //       times; meanwhile another thread releases device memory by KIND:
 //       ctx-destroy, primary-release, sync-trim, pool-trim, module-unload,
 //       library-unload
-//   implicit_probe set-limit MIB
+//   set-limit MIB
 //       cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, MIB) in a created context,
 //       then the context destroyed
-//   implicit_probe lazy-library MIB HOW
+//   lazy-library MIB HOW
 //       a library with a MIB global loaded with no context current, then
 //       placed by its first use: HOW = global (cuLibraryGetGlobal),
 //       kernel (cuLibraryGetKernel + cuKernelGetFunction)
-//   implicit_probe module-load MIB
+//   module-load MIB
 //       cuModuleLoadData of an image with a MIB global in the primary
 //       context; prints rc, counted and held after it
-//   implicit_probe reset-vs-place ROUNDS
+//   reset-vs-place ROUNDS
 //       another thread resets the primary context (current in the main
 //       thread) and retains it again while the main thread places a lazily
 //       loaded library with cuLibraryGetGlobal; run with a sleep at
 //       cuLibraryGetGlobal's entry so the context comes back inside the call.
 //       Prints the rounds whose placement succeeded (placed) and those that
 //       left the count below the device (shorts)
-//   implicit_probe unload-vs-reuse ROUNDS
+//   unload-vs-reuse ROUNDS
 //       thread A unloads a placed library while thread B, as soon as the
 //       device usage drops, loads another one lazily (the driver hands it the
 //       handle A's library had) and places it with cuLibraryGetGlobal; run
@@ -38,7 +38,7 @@
 //       meanwhile. Prints the rounds in which B reused the handle while A was
 //       in the call (hits) and those that left the count below the device
 //       (shorts)
-//   implicit_probe double-unload ROUNDS
+//   double-unload ROUNDS
 //       two threads unload the same placed library at once (one of them is
 //       refused: CUDA_ERROR_INVALID_HANDLE), then a library loaded lazily
 //       gets the handle back and is placed: prints the rounds that left the
@@ -54,17 +54,9 @@
 #include <thread>
 
 #include "fakecuda_query.h"
+#include "probe.h"
 
-namespace {
-
-constexpr std::size_t kMi = std::size_t{1} << 20;
-
-void check(CUresult rc, const char* what) {
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "implicit_probe: %s failed: %d\n", what, static_cast<int>(rc));
-    std::exit(2);
-  }
-}
+namespace gpuslice::probe::implicit {
 
 // What gpuslice counts on the current context's device.
 long long counted_used() {
@@ -234,8 +226,6 @@ int set_limit(std::size_t bytes) {
   return 0;
 }
 
-}  // namespace
-
 // Thread A unloads a placed library; thread B loads and places another one in
 // the window where the driver has released A's handle (B gets it back) but
 // A's cuLibraryUnload has not returned.
@@ -386,20 +376,4 @@ int reset_vs_place(int rounds) {
   return 0;
 }
 
-int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: implicit_probe SCENARIO ARGS...\n");
-    return 64;
-  }
-  check(cuInit(0), "cuInit");
-  const std::string what = argv[1];
-  if (what == "measure-vs-release" && argc == 5) return measure_vs_release(argv[2], argv[3], std::atoi(argv[4]));
-  if (what == "set-limit" && argc == 3) return set_limit(std::strtoull(argv[2], nullptr, 10) * kMi);
-  if (what == "reset-vs-place" && argc == 3) return reset_vs_place(std::atoi(argv[2]));
-  if (what == "unload-vs-reuse" && argc == 3) return unload_vs_reuse(std::atoi(argv[2]));
-  if (what == "module-load" && argc == 3) return module_load(std::strtoull(argv[2], nullptr, 10) * kMi);
-  if (what == "double-unload" && argc == 3) return double_unload(std::atoi(argv[2]));
-  if (what == "lazy-library" && argc == 4) return lazy_library(std::strtoull(argv[2], nullptr, 10) * kMi, argv[3]);
-  std::fprintf(stderr, "implicit_probe: unknown scenario or wrong arguments: %s\n", what.c_str());
-  return 64;
-}
+}  // namespace gpuslice::probe::implicit

@@ -1,4 +1,4 @@
-// pool_probe: stream-ordered allocation under the preload library, for
+// gpuslice-probe pool: stream-ordered allocation under the preload library, for
 // test/hardening/pool_accounting_test.cc: what the container is charged for
 // its pools against what the simulated device holds. Links the simulated
 // driver directly, as an application links libcuda. One scenario per run;
@@ -6,13 +6,13 @@
 // device; held = fakecuda_process_used_bytes) and exits 0, or 2 when a setup
 // call failed.
 //
-//   pool_probe reclaim MIB_POOL MIB_ALLOC     pool allocation freed without sync, then cuMemAlloc
-//   pool_probe threshold MIB                  release threshold keeps a freed allocation reserved
-//   pool_probe set-mempool MIB                cuDeviceSetMemPool, then cuMemAllocAsync
-//   pool_probe driver-oom MIB_HELD MIB_MORE   the driver refuses a pool allocation that fits the quota
-//   pool_probe threads ROUNDS                 8 threads on two devices allocate, free and sync at once
-//   pool_probe oversize ROUNDS MIB            one thread asks for MIB (above the quota) again and again
-//                                             while another allocates, frees and synchronises (reconciles)
+//   reclaim MIB_POOL MIB_ALLOC     pool allocation freed without sync, then cuMemAlloc
+//   threshold MIB                  release threshold keeps a freed allocation reserved
+//   set-mempool MIB                cuDeviceSetMemPool, then cuMemAllocAsync
+//   driver-oom MIB_HELD MIB_MORE   the driver refuses a pool allocation that fits the quota
+//   threads ROUNDS                 8 threads on two devices allocate, free and sync at once
+//   oversize ROUNDS MIB            one thread asks for MIB (above the quota) again and again
+//                                  while another allocates, frees and synchronises (reconciles)
 #include <cuda.h>
 
 #include <atomic>
@@ -24,24 +24,9 @@
 #include <vector>
 
 #include "fakecuda_query.h"
+#include "probe.h"
 
-namespace {
-
-constexpr std::size_t kMi = std::size_t{1} << 20;
-constexpr std::size_t kKi = std::size_t{1} << 10;
-
-void check(CUresult rc, const char* what) {
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "pool_probe: %s failed: %d\n", what, static_cast<int>(rc));
-    std::exit(2);
-  }
-}
-
-CUcontext primary(CUdevice dev) {
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  return ctx;
-}
+namespace gpuslice::probe::pool {
 
 // What the container is charged on `dev` (cuMemGetInfo under gpuslice).
 std::size_t counted(int dev) {
@@ -251,23 +236,4 @@ int oversize(int rounds, std::size_t big) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: pool_probe SCENARIO ARGS...\n");
-    return 64;
-  }
-  check(cuInit(0), "cuInit");
-  const std::string what = argv[1];
-  const std::size_t a = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;
-  const std::size_t b = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 0;
-  if (what == "reclaim") return reclaim(a * kMi, b * kMi);
-  if (what == "threshold") return threshold(a * kMi);
-  if (what == "set-mempool") return set_mempool(a * kMi);
-  if (what == "driver-oom") return driver_oom(a * kMi, b * kMi);
-  if (what == "threads") return threads(static_cast<int>(a));
-  if (what == "oversize") return oversize(static_cast<int>(a), b * kMi);
-  std::fprintf(stderr, "pool_probe: unknown scenario %s\n", what.c_str());
-  return 64;
-}
+}  // namespace gpuslice::probe::pool

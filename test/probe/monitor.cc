@@ -1,0 +1,40 @@
+// gpuslice-probe monitor: a program for the simulator's invariant monitor
+// (test/chaos/chaos_test.cc).
+//   hold MIB HOLD_MS [checkpoint]
+//       allocates MIB with cuMemAlloc in the primary context (then, with
+//       checkpoint, prints fakecuda_monitor_checkpoint()), holds it HOLD_MS,
+//       frees it, exits 0. Run without libgpuslice.so it is a program that
+//       bypasses gpuslice: the monitor must report it.
+#include <cuda.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "fakecuda_query.h"
+#include "probe.h"
+
+namespace gpuslice::probe::monitor {
+
+int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint) {
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "gpuslice-probe monitor: setup failed\n");
+    return 2;
+  }
+  CUdeviceptr p = 0;
+  CUresult rc = cuMemAlloc(&p, bytes);
+  std::printf("alloc=%d\n", static_cast<int>(rc));
+  std::fflush(stdout);
+  if (checkpoint) std::printf("checkpoint=%d\n", fakecuda_monitor_checkpoint());
+  std::fflush(stdout);
+  usleep(hold_ms * 1000);
+  if (rc == CUDA_SUCCESS) cuMemFree(p);
+  cuDevicePrimaryCtxRelease(dev);
+  return 0;
+}
+
+}  // namespace gpuslice::probe::monitor
