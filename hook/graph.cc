@@ -8,8 +8,6 @@
 // from measured device time.
 #include <cuda.h>
 
-#include <atomic>
-
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_graphs.h"
@@ -18,22 +16,6 @@ using namespace gpuslice;
 using namespace gpuslice::hook;
 
 namespace {
-
-// Graph inspection entry points (not hooked), resolved on first use.
-std::atomic<decltype(&::cuGraphGetNodes)> g_get_nodes{nullptr};
-std::atomic<decltype(&::cuGraphNodeGetType)> g_node_type{nullptr};
-std::atomic<decltype(&::cuGraphKernelNodeGetParams_v2)> g_kernel_params{nullptr};
-std::atomic<decltype(&::cuGraphChildGraphNodeGetGraph)> g_child_graph{nullptr};
-
-template <class T>
-T resolve(std::atomic<T>& slot, const char* name) noexcept {
-  T p = slot.load(std::memory_order_acquire);
-  if (p == nullptr) {
-    p = reinterpret_cast<T>(real_dlsym(driver_handle(), name));
-    slot.store(p, std::memory_order_release);
-  }
-  return p;
-}
 
 constexpr int kMaxDepth = 8;
 constexpr std::size_t kStackNodes = 128;
@@ -92,9 +74,9 @@ std::uint64_t current_sm_reciprocal() noexcept {
 }
 
 Walker make_walker() noexcept {
-  return Walker{resolve(g_get_nodes, "cuGraphGetNodes"), resolve(g_node_type, "cuGraphNodeGetType"),
-                resolve(g_kernel_params, "cuGraphKernelNodeGetParams_v2"),
-                resolve(g_child_graph, "cuGraphChildGraphNodeGetGraph"), current_sm_reciprocal()};
+  // Graph inspection entry points (not hooked: hook/real.h's internal list).
+  return Walker{real_cuGraphGetNodes, real_cuGraphNodeGetType, real_cuGraphKernelNodeGetParams_v2,
+                real_cuGraphChildGraphNodeGetGraph, current_sm_reciprocal()};
 }
 bool usable(const Walker& w) noexcept {
   return w.get_nodes != nullptr && w.node_type != nullptr && w.kernel_params != nullptr;

@@ -2,7 +2,8 @@
 // wrapper tests first, the per-device state, and admission. docs/limiter.md
 // has the design.
 //   launch.cc           admission: which device a launch runs on, its price, the bucket
-//   launch_queue.cc     the queue bound (event markers behind the launches)
+//   launch_queue.cc     the queue bound (event markers behind the launches,
+//                       in a ring of launch_markers.h)
 //   launch_init.cc      first-launch initialisation, fork, the feedback thread's wiring
 //   launch_wrappers.cc  the exported launch entry points
 #pragma once
@@ -13,6 +14,7 @@
 #include <cstdint>
 
 #include "gpuslice/region.h"
+#include "hook/launch_markers.h"
 #include "limiter/compute_queue.h"
 
 namespace gpuslice::hook::launch {
@@ -43,9 +45,7 @@ struct alignas(64) LaunchDevice {
   // Queue bound, process-local (its arithmetic: limiter/compute_queue.h).
   // Counters flushed from threads at checks.
   alignas(64) limiter::QueueBound queue;
-  std::atomic<std::uint32_t> ring_lock{0};
-  std::uint32_t head = 0, tail = 0;  // ring_lock
-  Marker ring[kMarkers] = {};        // ring_lock
+  MarkerRing<Marker, kMarkers> markers;
 };
 extern LaunchDevice g_dev[kMaxDevices];
 
@@ -60,12 +60,10 @@ std::uint64_t mono_ns() noexcept;
 void sleep_ns(std::uint64_t ns) noexcept;
 
 // --- queue bound (launch_queue.cc) ---
-// Markers use the driver's event API (real_cuEvent*, hook/real.h): without
-// it the limiter runs without its queue bound.
-bool markers_available() noexcept;
-// Launches into a capturing stream do not run: they are neither throttled nor
-// followed by a marker (an event record would become a node of the user's graph).
-bool capturing(CUstream s, bool ptsz) noexcept;
+// Markers use the driver's event API (markers_available(), launch_markers.h):
+// without it the limiter runs without its queue bound. Launches into a
+// capturing stream (capturing(), launch_markers.h) do not run: they are
+// neither throttled nor followed by a marker.
 // Every few launches per thread: publish this thread's counts, retire markers,
 // sleep while the queue is over its bound; true when a marker is due behind this launch.
 [[gnu::noinline, gnu::cold]] bool check_queue(LaunchDevice& d, ThreadCounts& tc, CUstream s, bool ptsz) noexcept;

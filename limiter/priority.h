@@ -1,6 +1,7 @@
 // gpuslice::Priority between tenants: the pure decisions, no driver, no files, an
-// injected clock (docs/priority.md). The preload library (hook/priority.cc)
-// feeds them what the priority board holds (shm/priority_board.h).
+// injected clock (docs/priority.md). The preload library
+// (hook/priority_board.cc) feeds them what the priority board holds
+// (shm/priority_board.h); its gate (hook/priority_gate.cc) acts on them.
 //
 // Per device, a container is
 //   - *active* while its published active_until_ns is in the future: until
@@ -71,7 +72,7 @@ inline constexpr std::uint64_t kTightBoundWorkNs = 700'000;
 inline constexpr std::uint32_t kTightMinBoundLaunches = 1;
 inline constexpr std::uint64_t kRecentNs = 100'000'000;
 // With a tight bound of one launch, the next launch may queue this long before
-// the previous one's predicted end (hook/priority.cc: hides the process's
+// the previous one's predicted end (hook/priority_gate.cc: hides the process's
 // wake-up gap; the higher tenant may wait behind that much more).
 inline constexpr std::uint64_t kTightLeadNs = 150'000;
 inline constexpr std::uint32_t kMaxBoundLaunches = 16;
@@ -126,7 +127,7 @@ bool higher_recent(gpuslice::Priority self, const PeerSample* peers, std::size_t
 
 // --- in-flight bound ---
 // Device time per launch of this process, measured between event markers
-// (hook/priority.cc). Only ever used by one thread at a time.
+// (hook/priority_gate.cc). Only ever used by one thread at a time.
 struct InflightEstimate {
   std::uint64_t avg_ns = 0;  // 0: nothing measured yet
 };

@@ -6,8 +6,13 @@
 2. Inside hook/ nothing runs back up: with each header and the .cc files that
    implement it taken as one unit, the include graph between units has no
    cycle (docs/interception.md, "Bootstrap", names the runtime's files).
+3. hook/ reaches the driver's entry points through hook/real.h only (its
+   real_ pointers, resolved at load time from symbols.def and its internal
+   list): no other file looks an entry point up by name (dlsym, dlvsym,
+   real_dlsym), so there is one list of driver symbols
+   (docs/interception.md, "Identity substitution").
 
-Usage: check_layers.py <source root>. Exit 0 when both hold, 1 with one line
+Usage: check_layers.py <source root>. Exit 0 when all hold, 1 with one line
 per problem otherwise.
 """
 import pathlib
@@ -93,12 +98,31 @@ def hook_cycles(root):
     return [f"hook/: include cycle {c}" for c in cycles]
 
 
+# The driver layer (real.cc, real.h) and the exported dlsym (dlsym.cc) are
+# the files that may look a name up.
+LOOKUP = re.compile(r"\b(?:real_dlsym|dlsym|dlvsym)\s*\(")
+LOOKUP_FILES = {"real.cc", "real.h", "dlsym.cc"}
+
+
+def by_name_lookups(root):
+    problems = []
+    for path in sorted((root / "hook").glob("*")):
+        if path.suffix not in (".h", ".cc") or path.name in LOOKUP_FILES:
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            code = line.split("//", 1)[0]
+            if LOOKUP.search(code):
+                problems.append(f"{path.relative_to(root)}:{n}: looks a driver entry point up by name; "
+                                "use hook/real.h's real_ pointer (add the symbol to its internal list)")
+    return problems
+
+
 def main():
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
-    problems = layer_problems(root) + hook_cycles(root)
+    problems = layer_problems(root) + hook_cycles(root) + by_name_lookups(root)
     for p in problems:
         print(p)
-    print(f"layers and hook/ include graph checked; {len(problems)} problem(s)")
+    print(f"layers, hook/ include graph and driver lookups checked; {len(problems)} problem(s)")
     return 1 if problems else 0
 
 

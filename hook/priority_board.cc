@@ -1,0 +1,267 @@
+// This process's side of the priority board: its container's activity files
+// and the neighbours' tables (hook/priority_board.h). The board's file format
+// and directory scan are shm/priority_board.h's; the decisions from what the
+// files say are limiter/priority.h's.
+#include "hook/priority_board.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "hook/config.h"
+#include "hook/log.h"
+#include "limiter/compute.h"
+#include "shm/text.h"
+
+namespace gpuslice::hook::board {
+namespace {
+
+using limiter::Verdict;
+
+Device g_devices[kMaxDevices];
+
+std::atomic<bool> g_set_up{false};  // setup() ran: g_board and the names below are set
+char g_board[shm::kBoardPathMax];
+Priority g_env_level = Priority::normal;
+std::uint64_t g_region_dev = 0, g_region_ino = 0;
+std::atomic<pid_t> g_exiting{0};  // the process whose exit-time removal ran: it never recreates a file
+
+Priority level_of_option(int index) noexcept {
+  switch (index) {
+    case limiter::kPriorityHigh: return Priority::high;
+    case limiter::kPriorityLow: return Priority::low;
+    default: return Priority::normal;
+  }
+}
+
+// The board directory: GPUSLICE_PRIORITY_BOARD from the option table.
+void read_board_path() noexcept {
+  const Config& cfg = config();
+  const char* value = cfg.valid ? cfg.options.priority_board : shm::kDefaultPriorityBoard;
+  if (!shm::copy_string(g_board, sizeof g_board, value))
+    shm::copy_string(g_board, sizeof g_board, shm::kDefaultPriorityBoard);
+}
+
+void unlink_own(Device& p) noexcept {
+  char path[shm::kBoardPathMax];
+  shm::Text t(path, sizeof path);
+  t.str(g_board).ch('/').str(shm::level_directory(p.own_level)).ch('/').str(p.own_name);
+  if (!t.truncated()) unlink(path);
+}
+
+// own_lock held. Opens this container's file at `self` (moving it if the
+// level changed) when it must publish.
+void ensure_own_file(Device& p, Priority self, bool publish) noexcept {
+  if (p.own_fd >= 0 && p.own_level != self) {
+    close(p.own_fd);
+    p.own_fd = -1;
+    unlink_own(p);  // else it would still count at its old level for kPresentNs
+    p.published_until.store(0, std::memory_order_relaxed);
+  }
+  if (p.own_fd >= 0 || !publish || !p.named ) return;
+  if (g_exiting.load(std::memory_order_relaxed) != 0 && g_exiting.load(std::memory_order_relaxed) == getpid()) return;
+  shm::Error err;
+  p.own_fd = shm::open_own_activity(g_board, self, p.own_name, config().options.container_name, &err);
+  if (p.own_fd < 0) {
+    GPUSLICE_WARN_CAPPED(2, "%s; this container's priority %s is not published (neighbours do not see it)",
+                         err.message + 10 /* without "gpuslice: " */, limiter::priority_name(self));
+    return;
+  }
+  p.own_level = self;
+  p.own_pid = getpid();
+}
+
+// peers_lock held. With `scan` (the background refresh only, never the launch
+// path) takes one bounded step of each other level's scan; then reads the
+// neighbours already open and decides.
+Verdict evaluate(Device& p, Priority self, std::uint64_t now, bool* engaged, bool scan) noexcept {
+  if (scan) {
+    for (Priority level : {Priority::high, Priority::normal, Priority::low}) {
+      shm::LevelScan& table = p.levels[static_cast<int>(level) - 1];
+      // Files of our own level are not neighbours that matter.
+      if (level == self) shm::close_level(&table);
+      else shm::scan_level(g_board, level, p.uuid, nullptr, &table);
+    }
+  }
+  limiter::PeerSample samples[kMaxPeers];
+  std::size_t n = 0;
+  for (const shm::LevelScan& table : p.levels) {
+    for (int i = 0; i < table.count; ++i) {
+      const shm::PeerFile& peer = table.files[i];
+      if (peer.level == self) continue;
+      PriorityActivity rec;
+      if (!shm::read_activity(peer.fd, &rec)) continue;
+      // The level is the directory's, never what the file says about itself.
+      limiter::PeerSample& sample = samples[n++];
+      sample = limiter::PeerSample{peer.level, rec.active_until_ns, rec.last_launch_ns};
+      // Only a word that could hold us is worth a syscall: was its writer killed?
+      if (rec.active_until_ns > now && static_cast<std::uint32_t>(sample.level) > static_cast<std::uint32_t>(self))
+        sample.writer_alive = shm::writer_alive(peer.fd, rec);
+    }
+  }
+  *engaged = self != Priority::normal || limiter::engaged(self, samples, n, now);
+  bool lower = false;
+  for (std::size_t i = 0; i < n; ++i)
+    lower = lower || (static_cast<std::uint32_t>(samples[i].level) < static_cast<std::uint32_t>(self) &&
+                      limiter::peer_present(samples[i], now));
+  p.lower_present.store(lower ? 1 : 0, std::memory_order_relaxed);
+  p.tight.store(limiter::higher_recent(self, samples, n, now) ? 1 : 0, std::memory_order_relaxed);
+  const Verdict v = limiter::judge(self, samples, n, now);
+  p.verdict.store(static_cast<int>(v), std::memory_order_relaxed);
+  p.checked_ns.store(now, std::memory_order_relaxed);
+  return v;
+}
+
+}  // namespace
+
+Device& device(int ordinal) noexcept { return g_devices[ordinal]; }
+
+void setup() noexcept {
+  read_board_path();
+  g_env_level = config().valid ? level_of_option(config().options.priority) : Priority::normal;
+  struct stat st;
+  if (stat(config().options.region, &st) == 0) {
+    g_region_dev = static_cast<std::uint64_t>(st.st_dev);
+    g_region_ino = static_cast<std::uint64_t>(st.st_ino);
+  }
+  g_set_up.store(true, std::memory_order_release);
+}
+
+bool present() noexcept {
+  if (!g_set_up.load(std::memory_order_acquire)) return false;
+  struct stat st;
+  return stat(g_board, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void after_fork_in_child() noexcept {
+  // The neighbours' files stay open; its own is reopened at its next
+  // publication, so that it takes its own liveness lock (the parent's lives
+  // on the shared open file description, and names the parent's pid).
+  for (Device& p : g_devices) {
+    if (p.own_fd >= 0) close(p.own_fd);
+    p.own_fd = -1;
+    p.published_until.store(0, std::memory_order_relaxed);
+    p.own_lock.reset();
+    p.peers_lock.reset();
+    // The directory descriptors' positions are shared with the parent: the
+    // child scans with its own (at its next refresh).
+    for (shm::LevelScan& level : p.levels) shm::close_level(&level);
+  }
+}
+
+Priority current_level(Region* r) noexcept {
+  std::uint32_t word = r->header.priority.load(std::memory_order_relaxed);
+  if (word == 0) {
+    r->header.priority.compare_exchange_strong(word, static_cast<std::uint32_t>(g_env_level),
+                                               std::memory_order_relaxed);
+    word = r->header.priority.load(std::memory_order_relaxed);
+  }
+  return limiter::priority_from_word(word, g_env_level);
+}
+
+bool refresh(Device& p, Region* r, int entry, Priority self, std::uint64_t now) noexcept {
+  p.own_lock.lock();
+  p.state.store(&r->devices[entry], std::memory_order_relaxed);
+  if (!p.named) {
+    shm::format_uuid(r->devices[entry].uuid, p.uuid);
+    p.named = shm::activity_name(p.uuid, g_region_dev, g_region_ino, p.own_name);
+  }
+  // Readers and the agent remove files nobody holds a liveness lock on; one
+  // it removed just as we opened it is recreated (neighbours must see us).
+  struct stat own;
+  if (p.own_fd >= 0 && fstat(p.own_fd, &own) == 0 && own.st_nlink == 0) {
+    close(p.own_fd);
+    p.own_fd = -1;
+    p.published_until.store(0, std::memory_order_relaxed);
+  }
+  p.own_lock.unlock();
+  bool engaged = false;
+  p.peers_lock.lock();
+  evaluate(p, self, now, &engaged, true);
+  p.peers_lock.unlock();
+  // A high or low container publishes always (its neighbours must find it
+  // even before it finds them); a normal one only next to another level.
+  p.own_lock.lock();
+  ensure_own_file(p, self, engaged);
+  p.own_lock.unlock();
+  return engaged;
+}
+
+Verdict recheck(Device& p, Priority self, std::uint64_t now) noexcept {
+  if (!p.peers_lock.try_lock()) return static_cast<Verdict>(p.verdict.load(std::memory_order_relaxed));
+  bool engaged = true;
+  const Verdict v = evaluate(p, self, now, &engaged, false);
+  p.peers_lock.unlock();
+  return v;
+}
+
+std::uint64_t read_lower_backlog(Device& p, Priority self, std::uint64_t now) noexcept {
+  limiter::PeerSample samples[kMaxPeers];
+  std::size_t n = 0;
+  if (!p.peers_lock.try_lock()) return 0;  // a scan step is running: no backlog known this burst
+  for (const shm::LevelScan& table : p.levels) {
+    for (int i = 0; i < table.count; ++i) {
+      const shm::PeerFile& peer = table.files[i];
+      if (static_cast<std::uint32_t>(peer.level) >= static_cast<std::uint32_t>(self)) continue;
+      PriorityActivity rec;
+      if (shm::read_activity(peer.fd, &rec))
+        samples[n++] = limiter::PeerSample{peer.level, rec.active_until_ns, rec.last_launch_ns};
+    }
+  }
+  p.peers_lock.unlock();
+  return limiter::lower_backlog(self, samples, n, now);
+}
+
+void publish(Device& p, Priority self, std::uint64_t now, std::uint64_t horizon) noexcept {
+  // Limited on this device (a 40% high container gets its 40%): it holds
+  // nobody, lower containers get the remainder, bounded next to it.
+  const DeviceState* state = p.state.load(std::memory_order_relaxed);
+  if (state != nullptr && limiter::is_limited(*state)) {
+    const std::uint64_t last = p.published_until.load(std::memory_order_relaxed);  // here: when written
+    if (last != 0 && now >= last && now - last < limiter::kPresenceRefreshNs) return;
+    p.own_lock.lock();
+    ensure_own_file(p, self, true);
+    if (p.own_fd >= 0 && shm::write_activity(p.own_fd, self, 0, now)) p.published_until.store(now, std::memory_order_relaxed);
+    p.own_lock.unlock();
+    return;
+  }
+  const std::uint64_t until = limiter::next_publication(p.published_until.load(std::memory_order_relaxed), horizon, now);
+  if (until == 0) return;
+  p.own_lock.lock();
+  ensure_own_file(p, self, true);
+  if (p.own_fd >= 0 && shm::write_activity(p.own_fd, self, until, now))
+    p.published_until.store(until, std::memory_order_relaxed);
+  p.own_lock.unlock();
+}
+
+void record_hold(Device& p, std::uint64_t held_ns) noexcept {
+  p.own_lock.lock();
+  p.held_ns += held_ns;
+  ++p.holds;
+  if (p.own_fd >= 0) shm::write_held(p.own_fd, p.held_ns, p.holds);
+  p.own_lock.unlock();
+}
+
+// At exit (and dlclose) this process's activity files go, unless another
+// process of its container still holds them: files no longer accumulate one
+// per container and device. A process killed without running destructors
+// leaves its file to the readers and the agent (nobody holds its liveness
+// lock any more). Takes no lock that could wait: a device whose own lock is
+// held by a thread stuck in a launch keeps its file.
+[[gnu::destructor]] void remove_own_files_at_exit() noexcept {
+  if (!g_set_up.load(std::memory_order_acquire)) return;
+  const pid_t self = getpid();
+  g_exiting.store(self, std::memory_order_relaxed);
+  for (Device& p : g_devices) {
+    if (!p.own_lock.try_lock()) continue;
+    if (p.own_fd >= 0 && p.own_pid == self) {  // never a vfork child's or a parent's file
+      shm::remove_own_activity(g_board, p.own_level, p.own_name, p.own_fd);
+      close(p.own_fd);
+      p.own_fd = -1;
+    }
+    p.own_lock.unlock();
+  }
+}
+
+}  // namespace gpuslice::hook::board

@@ -1,0 +1,85 @@
+// This process's side of the priority board (docs/priority.md): per device,
+// its container's activity file (written with pwrite, at most every
+// kPublishSlackNs) and the neighbours' files of the other levels, one table
+// per level (read with pread, at most every kRecheckNs per launch path; the
+// directories are scanned by the background refresh only, in bounded steps,
+// never on the launch path). It reads and writes files and decides from what
+// they say (limiter/priority.h); when a launch waits is the gate's
+// (priority_gate.cc), which never touches a file itself.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "gpuslice/priority_board.h"
+#include "gpuslice/region.h"
+#include "hook/sleep_lock.h"
+#include "limiter/priority.h"
+#include "shm/priority_board.h"
+#include "shm/uuid.h"
+
+namespace gpuslice::hook::board {
+
+inline constexpr int kLevels = 3;  // low, normal, high: one table each
+inline constexpr int kMaxPeers = kLevels * shm::kLevelPeers;
+
+struct alignas(64) Device {
+  // The latest look at the neighbours (written under peers_lock, read by the
+  // gate without it).
+  std::atomic<int> verdict{0};  // limiter::Verdict
+  std::atomic<std::uint64_t> checked_ns{0};
+  std::atomic<int> lower_present{0};  // a lower-priority neighbour is present
+  std::atomic<int> tight{0};          // a higher neighbour launched recently: the tight bound
+  std::atomic<DeviceState*> state{nullptr};  // the container's entry (its SM limit)
+  std::atomic<std::uint64_t> published_until{0};
+  // This container's own file (own_lock).
+  SleepLock own_lock;
+  // The neighbours' tables (peers_lock). The background refresh holds it for
+  // a scan step (bounded, but up to a few ms in a flooded directory); the
+  // launch path only tries it and goes on with the previous verdict when it
+  // is busy: it never waits behind a directory.
+  SleepLock peers_lock;
+  bool named = false;
+  char uuid[shm::kUuidTextSize] = {};
+  char own_name[shm::kBoardNameMax] = {};
+  int own_fd = -1;
+  Priority own_level = Priority::unset;
+  shm::LevelScan levels[kLevels];  // [level - 1]: the neighbours' files, per level
+  pid_t own_pid = 0;               // the process that holds the liveness lock on own_fd
+  std::uint64_t held_ns = 0, holds = 0;
+};
+Device& device(int ordinal) noexcept;  // ordinal < kMaxDevices
+
+// Once, at the first refresh: the board directory (GPUSLICE_PRIORITY_BOARD),
+// GPUSLICE_PRIORITY and this container's key (its region file).
+void setup() noexcept;
+// Whether setup() ran and the board directory exists.
+bool present() noexcept;
+// In a fork child: the child takes its own liveness lock at its next
+// publication and scans with its own directory descriptors.
+void after_fork_in_child() noexcept;
+
+// The container's level: the region's word (the agent or gpuslice-smi may
+// change it); the first process records its GPUSLICE_PRIORITY there.
+Priority current_level(Region* r) noexcept;
+
+// The background refresh of one device (region entry `entry`): keeps its
+// own file alive, takes one bounded scan step of each other level, decides.
+// Returns whether the device needs the launch slow path (engaged).
+bool refresh(Device& b, Region* r, int entry, Priority self, std::uint64_t now) noexcept;
+// The launch path's look: only files already open, never a directory. While
+// a scan step runs, the previous verdict stands.
+limiter::Verdict recheck(Device& b, Priority self, std::uint64_t now) noexcept;
+// When the lower neighbours' queued work should be done (their own
+// publications), or 0 (none, or a scan step is running).
+std::uint64_t read_lower_backlog(Device& b, Priority self, std::uint64_t now) noexcept;
+// Publishes this container's activity: until `horizon` (when its queued work
+// should be done) plus the linger, or only its presence when it has an SM
+// limit on the device. Writes at most every kPublishSlackNs.
+void publish(Device& b, Priority self, std::uint64_t now, std::uint64_t horizon) noexcept;
+// A launch was held for held_ns: the file's statistics.
+void record_hold(Device& b, std::uint64_t held_ns) noexcept;
+
+}  // namespace gpuslice::hook::board

@@ -1,0 +1,335 @@
+// Priority between tenants on the launch path: the gate. See hook/priority.h,
+// limiter/priority.h (the decisions) and docs/priority.md (the design).
+//
+// Per device, while the board (priority_board.h: this container's file, the
+// neighbours' tables) says a higher-priority neighbour is active, a launch is
+// held; while one is present, a ring of event markers recorded in front of
+// this process's launches (launch_markers.h) bounds how much of its work is
+// queued on the device, and measures its launches' device time, from which
+// the board publishes until when this container counts as active.
+#include "hook/priority.h"
+
+#include <pthread.h>
+
+#include <atomic>
+
+#include "hook/launch_markers.h"
+#include "hook/priority_board.h"
+#include "hook/runtime.h"
+#include "limiter/compute.h"
+#include "limiter/priority.h"
+#include "shm/clock.h"
+#include "shm/once.h"
+
+namespace gpuslice::hook {
+namespace {
+
+using limiter::Verdict;
+
+constexpr unsigned kRing = 32;  // > kMaxBoundLaunches
+static_assert(kRing > limiter::kMaxBoundLaunches);
+
+// A marker is recorded in front of each launch. `sample`: it was recorded
+// right after the previous launch on the same stream, and that launch was
+// queued behind earlier work: the time between the two markers is then that
+// launch's device time.
+struct Marker {
+  CUevent event;
+  CUstream stream;
+  bool sample;
+};
+// "Right after": the marker of the next launch comes within this of the previous launch.
+constexpr std::uint64_t kAdjacentNs = 100'000;
+
+struct alignas(64) GateDevice {
+  std::atomic<int> engaged{0};
+  std::atomic<std::uint64_t> horizon{0};  // when our queued work should be done (markers.lock writes)
+  // Markers, and what they measure (markers.lock).
+  MarkerRing<Marker, kRing> markers;
+  limiter::InflightEstimate estimate;
+  std::uint64_t last_launch_ns = 0;
+  CUstream last_stream = nullptr;
+  bool last_queued = false;  // the previous launch was queued behind earlier work
+  std::uint64_t backlog = 0;  // when the lower neighbours' work queued ahead of this burst should be done
+  std::uint64_t prev_start_ns = 0;  // when our latest launch started (or will), 0 = unknown
+  std::uint64_t late_ns = 0;        // moving average of how late we launched after the previous one's end
+  bool prev_start_seen = false;     // prev_start_ns was observed (nothing of ours queued), not predicted
+};
+GateDevice g_gate[kMaxDevices];
+
+shm::OnceFlag g_setup;  // the board's set-up and the fork handler
+
+using shm::sleep_ns;
+std::uint64_t mono_ns() noexcept { return shm::monotonic_ns(); }
+
+void after_fork_in_child() noexcept {
+  // CUDA does not survive fork(): the child's markers are gone.
+  board::after_fork_in_child();
+  for (GateDevice& g : g_gate) {
+    g.markers.lock.reset();
+    g.markers.clear();
+    g.estimate = limiter::InflightEstimate{};
+    g.last_launch_ns = 0;
+    g.last_stream = nullptr;
+    g.last_queued = false;
+    g.backlog = 0;
+    g.prev_start_ns = 0;
+    g.late_ns = 0;
+    g.horizon.store(0, std::memory_order_relaxed);
+  }
+}
+
+void setup_once() noexcept {
+  board::setup();
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
+}
+
+// markers.lock held. Retires the oldest marker (waiting for it when `wait`);
+// learns the device time of the launch in front of it when it can.
+bool retire_oldest(GateDevice& g, bool wait) noexcept {
+  Marker& m = g.markers.oldest();
+  MarkerState state = query_marker(m.event);
+  if (state == MarkerState::pending) {
+    if (!wait) return false;
+    state = wait_marker(m.event);
+  }
+  if (state != MarkerState::done) {  // its context is gone: so is the work behind it
+    drop_marker_event(&m.event);
+  } else if (m.sample) {
+    // The marker before it is complete too (same stream, recorded earlier),
+    // and still alive: the ring never reuses the slot behind the oldest.
+    std::uint64_t ns = 0;
+    if (marker_elapsed_ns(g.markers.before_oldest().event, m.event, &ns)) limiter::observe_launch(g.estimate, ns);
+  }
+  g.markers.pop();
+  return true;
+}
+
+// Records a marker in front of this launch (it completes when everything
+// queued before on the stream has run) and learns launch costs from completed
+// markers. False when no marker could be recorded.
+bool record_marker(GateDevice& g, CUstream s, bool ptsz) noexcept {
+  if (!marker_waits_available()) return false;
+  const CUstream stream = target_stream(s, ptsz);
+  g.markers.lock.lock();
+  if (capturing(s, ptsz)) {  // the launch does not run; a record would become a graph node
+    g.markers.lock.unlock();
+    return false;
+  }
+  while (!g.markers.empty() && retire_oldest(g, false)) {
+  }
+  const std::uint64_t now = mono_ns();
+  if (g.markers.pending() < kRing - 1) {
+    Marker& m = g.markers.next();
+    if (ensure_marker_event(&m.event, CU_EVENT_BLOCKING_SYNC)) {
+      if (record_marker_event(&m.event, stream) == CUDA_SUCCESS) {
+        m.stream = stream;
+        m.sample = g.last_queued && g.last_stream == stream && g.last_launch_ns != 0 &&
+                   now - g.last_launch_ns < kAdjacentNs;
+        g.markers.push();
+        // Pending right after its record: this launch will queue behind earlier work.
+        g.last_queued = query_marker(m.event) == MarkerState::pending;
+      } else {
+        // E.g. an event of another context than the stream's (dropped): the
+        // next marker is created in the context current then.
+        g.last_queued = false;
+      }
+    }
+  }
+  g.last_stream = stream;
+  g.markers.lock.unlock();
+  return true;
+}
+
+// Waits with the driver's blocking synchronisation (no polling: the thread
+// wakes when the marker completes) until at most bound_launches() - 1 markers
+// are pending: then at most that many launches of ours are queued on the
+// device. True when it had to wait.
+//
+// With a bound of one launch, waiting for the previous launch to finish
+// leaves the device idle while this thread wakes up and launches (~0.1 ms per
+// launch on the simulator, more when the process waits for a CPU). When the
+// previous launch's start is known (it queued behind nothing of ours), the
+// thread instead sleeps until kTightLeadNs before its predicted end and lets
+// this launch queue then: two launches in flight during that lead only.
+bool bound_wait(GateDevice& g, bool tight) noexcept {
+  if (!marker_waits_available()) return false;
+  g.markers.lock.lock();
+  const unsigned limit = limiter::bound_launches(g.estimate, tight);
+  bool waited = false;
+  const unsigned keep = limit == 1 && g.estimate.avg_ns > limiter::kTightLeadNs ? 1 : limit - 1;
+  while (g.markers.pending() > keep) {
+    waited = true;
+    retire_oldest(g, true);
+  }
+  if (g.markers.pending() > limit - 1 && !retire_oldest(g, false)) {  // the previous launch is still queued or running
+    const std::uint64_t now = mono_ns();
+    const std::uint64_t end = g.prev_start_ns != 0 ? g.prev_start_ns + g.estimate.avg_ns : 0;
+    // The lead: at least kTightLeadNs, more when this thread has been waking
+    // late (a host short of CPU): twice its usual lateness.
+    // At most half a launch: the higher tenant waits behind 1.5 launches at worst.
+    std::uint64_t lead = 2 * g.late_ns > limiter::kTightLeadNs ? 2 * g.late_ns : limiter::kTightLeadNs;
+    if (lead > g.estimate.avg_ns / 2) lead = g.estimate.avg_ns / 2;
+    if (end == 0 || end > now + limiter::kMaxPublishAheadNs) {
+      retire_oldest(g, true);  // start unknown: wait for its end
+    } else if (end > now + lead) {
+      sleep_ns(end - lead - now);
+    }
+    waited = true;
+  }
+  g.markers.lock.unlock();
+  return waited;
+}
+
+// This launch goes now: extends the horizon (when our queued work should be
+// done) by its expected device time. A launch that starts a burst (nothing of
+// ours queued) queues behind what lower neighbours have queued.
+void note_launch(GateDevice& g, board::Device& b, Priority self, bool marked) noexcept {
+  std::uint64_t now = mono_ns();
+  std::uint64_t backlog = 0;
+  if (b.lower_present.load(std::memory_order_relaxed) != 0 && g.horizon.load(std::memory_order_relaxed) <= now)
+    backlog = board::read_lower_backlog(b, self, now);
+  g.markers.lock.lock();
+  now = mono_ns();
+  if (backlog != 0) g.backlog = backlog;
+  std::uint64_t horizon = g.horizon.load(std::memory_order_relaxed);
+  if (backlog > horizon) horizon = backlog;
+  backlog = g.backlog;  // the burst's, read at its first launch
+  horizon = limiter::extend_horizon(horizon, now, g.estimate.avg_ns);
+  // The estimate must not drift ahead of the queue: with k markers pending,
+  // at most k + 1 of our launches (this one included) are unfinished, queued
+  // behind the lower neighbours' backlog at most.
+  if (marked) {
+    const std::uint64_t most =
+        (backlog > now ? backlog : now) + static_cast<std::uint64_t>(g.markers.pending() + 1) * g.estimate.avg_ns;
+    if (horizon > most) horizon = most;
+  }
+  g.horizon.store(horizon, std::memory_order_relaxed);
+  // When this launch starts running: now if nothing of ours is queued, at
+  // the predicted end of the one queued (bound_wait's lead), else unknown.
+  while (!g.markers.empty() && retire_oldest(g, false)) {
+  }
+  const unsigned pending = g.markers.pending();
+  // Queued behind earlier work of ours now, as it goes (not when its marker
+  // was recorded: bound_wait may have slept since): only then does the next
+  // marker bracket this launch's device time alone.
+  if (marked) g.last_queued = pending != 0;
+  std::uint64_t start = 0;
+  if (marked && pending == 0) {
+    // The previous launch is done: it took at most now - its start. An
+    // estimate above that (a sample that shared the device under time
+    // slicing) would make bound_wait sleep past its end, with no sample to
+    // correct it (a launch behind nothing is not measured): clamp it there
+    // when that start was seen (it went behind nothing), move it a quarter of
+    // the way when it was only predicted (a prediction may be late).
+    if (g.prev_start_ns != 0 && now - g.prev_start_ns < g.estimate.avg_ns) {
+      if (g.prev_start_seen) g.estimate.avg_ns = now - g.prev_start_ns;
+      else limiter::observe_launch(g.estimate, now - g.prev_start_ns);
+    }
+    // How late this thread came (the device idled for us meanwhile): the
+    // lead hides this much, up to a whole launch (two in flight).
+    if (g.prev_start_ns != 0) {
+      const std::uint64_t end = g.prev_start_ns + g.estimate.avg_ns;
+      std::uint64_t late = now > end ? now - end : 0;
+      if (late > g.estimate.avg_ns) late = g.estimate.avg_ns;
+      g.late_ns = (3 * g.late_ns + late) / 4;
+    }
+    start = now;
+  } else if (marked && pending == 1 && g.prev_start_ns != 0) {
+    // Behind the previous one: from its predicted end, unless that is long
+    // past (it was delayed: then we cannot tell).
+    const std::uint64_t end = g.prev_start_ns + g.estimate.avg_ns;
+    if (end + limiter::kTightLeadNs >= now) start = end > now ? end : now;
+    g.late_ns = 3 * g.late_ns / 4;  // on time
+  }
+  g.prev_start_ns = start;
+  g.prev_start_seen = marked && pending == 0;
+  g.last_launch_ns = now;
+  g.markers.lock.unlock();
+}
+
+// Sleeps in kHoldPollNs steps while a higher neighbour is active; accounts
+// the time. Returns the verdict that let it go.
+Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) noexcept {
+  Region* r = g_process.region;
+  const std::uint64_t began = now;
+  Verdict v = Verdict::held;
+  while (v == Verdict::held) {
+    r->header.priority_held_until_ns.store(now + 2 * limiter::kHoldPollNs, std::memory_order_relaxed);
+    sleep_ns(limiter::kHoldPollNs);
+    now = mono_ns();
+    v = board::recheck(b, self, now);
+  }
+  const std::uint64_t held = now - began;
+  r->header.priority_held_ns.fetch_add(held, std::memory_order_relaxed);
+  g.markers.lock.lock();
+  g.prev_start_ns = 0;  // our queue drained while held: the next launch's lateness means nothing
+  g.markers.lock.unlock();
+  board::record_hold(b, held);
+  return v;
+}
+
+[[gnu::noinline, gnu::cold]] void admit_slow(GateDevice& g, board::Device& b, CUstream s, bool ptsz) noexcept {
+  // The level may have been changed at run time (gpuslice-smi set --priority).
+  const Priority self = board::current_level(g_process.region);
+  std::uint64_t now = mono_ns();
+  Verdict v = static_cast<Verdict>(b.verdict.load(std::memory_order_relaxed));
+  // A high container only needs the board to know whether a lower one is
+  // present (then its markers measure what it queues): every rescan period.
+  const std::uint64_t every = self == Priority::high ? limiter::kRescanNs : limiter::kRecheckNs;
+  if (now - b.checked_ns.load(std::memory_order_relaxed) >= every) v = board::recheck(b, self, now);
+  if (self == Priority::high) v = Verdict::free;
+  if (v == Verdict::held) v = hold(g, b, self, now);
+  // Markers while somebody cares: a higher neighbour (our queue must stay
+  // short) or a lower one (our activity must cover our queued work).
+  if (v != Verdict::free || b.lower_present.load(std::memory_order_relaxed) != 0) {
+    const bool marked = record_marker(g, s, ptsz);
+    // A bound wait lasts up to one of our launches: a higher neighbour may
+    // have become active meanwhile, and this launch must not slip in front of
+    // its burst. Look again after a wait (the held loop drains our queue).
+    // Next to a serving higher tenant (tight) look every time, not every
+    // kRecheckNs: a launch that needed no wait would otherwise go on a
+    // verdict up to 0.2 ms old, possibly into its burst.
+    const bool tight = b.tight.load(std::memory_order_relaxed) != 0;
+    if (marked && v != Verdict::free && (bound_wait(g, tight) || tight)) {
+      now = mono_ns();
+      if (board::recheck(b, self, now) == Verdict::held) hold(g, b, self, now);
+    }
+    note_launch(g, b, self, marked);
+  }
+  board::publish(b, self, mono_ns(), g.horizon.load(std::memory_order_relaxed));
+}
+
+}  // namespace
+
+bool priority_refresh() noexcept {
+  if (g_ready.load(std::memory_order_acquire) != kReadyYes || !config().valid) return false;
+  if (g_setup.claim()) {
+    setup_once();
+    g_setup.complete();
+  }
+  if (!g_setup.done()) return false;  // another thread is setting up
+  Region* r = g_process.region;
+  const Priority self = board::current_level(r);
+  const std::uint64_t now = mono_ns();
+  bool any = false;
+  for (std::uint32_t entry = 0; entry < kMaxDevices; ++entry) {
+    const int ordinal = ordinal_of_entry(static_cast<int>(entry));
+    if (ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) continue;
+    const bool engaged = board::refresh(board::device(ordinal), r, static_cast<int>(entry), self, now);
+    g_gate[ordinal].engaged.store(engaged ? 1 : 0, std::memory_order_relaxed);
+    any = any || engaged;
+  }
+  return any;
+}
+
+bool priority_board_present() noexcept { return board::present(); }
+
+void priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept {
+  if (static_cast<unsigned>(ordinal) >= kMaxDevices) return;
+  GateDevice& g = g_gate[ordinal];
+  if (g.engaged.load(std::memory_order_relaxed) == 0) return;
+  admit_slow(g, board::device(ordinal), stream, ptsz);
+}
+
+}  // namespace gpuslice::hook
