@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <cerrno>
-
 #include <cstring>
 
 #include "shm/clock.h"
