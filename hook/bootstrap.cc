@@ -3,6 +3,7 @@
 // thread-safe and re-entrancy-safe.
 #include "hook/runtime.h"
 
+#include <fcntl.h>
 #include <sched.h>
 
 #include <cstring>
@@ -93,6 +94,9 @@ CUresult claim_now() noexcept {
                        "its memory returns through the node agent");
   }
   Region* region = g_process.region;  // kept across fork: the mapping is inherited
+  // Our own open description of the region file: it holds our slot's file
+  // lock (shm::lock_slot_file), and judges the others' locks.
+  int lock_fd = -1;
   if (region == nullptr) {
     shm::Error err{};
     int fd = -1;
@@ -105,7 +109,14 @@ CUresult claim_now() noexcept {
       GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED", err.message);
       return fail_closed();
     }
+    lock_fd = fd;
+  } else if (!cfg.options.passthrough) {
+    // A forked child: the inherited descriptor is our parent's description,
+    // whose lock on the parent's slot we keep holding with it (as we keep the
+    // driver's files, and the parent's device memory, until exec or exit).
+    lock_fd = open(cfg.options.region, O_RDWR | O_CLOEXEC);
   }
+  shm::set_slot_lock_fd(region, lock_fd);
   reap_previous_image(region, self);
   reap_at_start(region, self);
   int slot = shm::claim_slot(region, self);
@@ -121,6 +132,11 @@ CUresult claim_now() noexcept {
                  cfg.options.region, kMaxSlots);
     return fail_closed();
   }
+  // Without the lock (no OFD locks; a description of a dead owner's child
+  // still holding it) our liveness is judged by pid alone, as before.
+  if (lock_fd >= 0 && !shm::lock_slot_file(lock_fd, slot))
+    GPUSLICE_LOG(debug, "slot %d: its file lock is not available; liveness by pid only", slot);
+  hold_slot_lock(lock_fd);
   g_process.region = region;
   g_process.self = self;
   g_process.lease_tag.store(limiter::lease_tag(region, slot), std::memory_order_relaxed);

@@ -23,6 +23,7 @@ Process g_process{nullptr, {-1}, {}, {0}};
 namespace {
 
 std::atomic<bool> g_atfork_registered{false};
+std::atomic<int> g_slot_lock_fd{-1};  // our own description of the region file (shm::lock_slot_file)
 std::atomic<ReclaimFn> g_pool_reclaim{nullptr};
 
 // Ownership of the slot across process creation. The word lives in a page
@@ -68,6 +69,8 @@ void map_owner_word() noexcept {
 }
 
 }  // namespace
+
+void hold_slot_lock(int fd) noexcept { g_slot_lock_fd.store(fd, std::memory_order_release); }
 
 // The slot just claimed (g_process.slot) is this process's: the fork handler
 // and the owner word (bootstrap.cc calls this once the claim succeeded).
@@ -199,6 +202,9 @@ void set_pool_reclaim(ReclaimFn fn) noexcept { g_pool_reclaim.store(fn, std::mem
   g_exited.store(true, std::memory_order_seq_cst);
   limiter::release_all(r, slot);
   if (g_accounting_calls.load(std::memory_order_seq_cst) == 0) shm::release_slot(r, slot);
+  // The driver frees this process's memory at its own exit teardown, whoever
+  // else still has its files open (a forked child): nothing left to hold.
+  shm::unlock_slot_file(g_slot_lock_fd.load(std::memory_order_acquire), slot);
 }
 
 }  // namespace gpuslice::hook

@@ -101,6 +101,9 @@ class Reaper {
       if (state == kSlotLive || (state == kSlotClaiming && s.pid.load() != 0)) {
         const SlotIdentity before = identity_of(s);
         if (before.pid == 0 || !is_dead_(s, ctx_)) continue;
+        // Its process is gone, but a child it forked may still hold the
+        // driver's files, and with them its device memory: still counted.
+        if (shm::slot_file_held(r_, i)) continue;
         const std::uint32_t was = state;
         if (!s.state.compare_exchange_strong(state, kSlotReaping)) continue;
         // The slot may have changed hands between our reads (its owner

@@ -81,6 +81,24 @@ int claim_slot(Region* r, const ProcessIdentity& self) noexcept;
 // thread of the process uses the slot afterwards (see docs/memory-accounting.md).
 void release_slot(Region* r, int slot) noexcept;
 
+// A slot's device files (docs/memory-accounting.md, "Reaping"): its claimer
+// holds an open-file-description lock on byte sizeof(Region) + slot of the
+// region file, through a descriptor it opened itself. A forked child shares
+// that description — as it shares the driver's device files, which keep the
+// dead parent's device memory allocated until the child execs or exits — so
+// the lock is held exactly as long as some process may still hold the
+// slot's memory on the device. lock_slot_file/unlock_slot_file take and drop
+// it (false when the lock cannot be taken: held elsewhere, or no OFD locks).
+bool lock_slot_file(int fd, int slot) noexcept;
+void unlock_slot_file(int fd, int slot) noexcept;
+// This process's own descriptor of r's file (one region per process), for
+// slot_file_held; -1 forgets it.
+void set_slot_lock_fd(const Region* r, int fd) noexcept;
+// True when another open file description holds slot's lock: the slot's
+// process, or a child it forked, still has the driver's files open. False
+// when it is free or cannot be told (no descriptor registered for r).
+bool slot_file_held(const Region* r, int slot) noexcept;
+
 enum class Liveness { alive, dead, unknown };
 // alive/dead when the slot's pid namespace is the observer's: dead if the pid
 // is gone (kill(pid,0) == ESRCH), a zombie, or another process with the same

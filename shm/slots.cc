@@ -1,7 +1,10 @@
 // Process slots and device entries of the region: lock-free claims.
+#include <fcntl.h>
 #include <sched.h>
 #include <time.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 
 #include "shm/clock.h"
@@ -74,6 +77,48 @@ void release_slot(Region* r, int slot) noexcept {
   if (s.state.compare_exchange_strong(expected, kSlotFree)) {
     r->header.live_slots.fetch_sub(1, std::memory_order_relaxed);
   }
+}
+
+namespace {
+
+// Past the region's bytes: the locks never cover data anybody reads.
+bool slot_lock_op(int fd, int slot, short type, int cmd, short* seen = nullptr) noexcept {
+  if (fd < 0 || slot < 0 || slot >= static_cast<int>(kMaxSlots)) return false;
+  struct flock lock {};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = static_cast<off_t>(sizeof(Region)) + slot;
+  lock.l_len = 1;
+  const int saved_errno = errno;
+  const bool ok = fcntl(fd, cmd, &lock) == 0;
+  errno = saved_errno;
+  if (ok && seen != nullptr) *seen = lock.l_type;
+  return ok;
+}
+
+std::atomic<const Region*> g_lock_region{nullptr};
+std::atomic<int> g_lock_fd{-1};
+
+}  // namespace
+
+bool lock_slot_file(int fd, int slot) noexcept { return slot_lock_op(fd, slot, F_WRLCK, F_OFD_SETLK); }
+
+void unlock_slot_file(int fd, int slot) noexcept { slot_lock_op(fd, slot, F_UNLCK, F_OFD_SETLK); }
+
+void set_slot_lock_fd(const Region* r, int fd) noexcept {
+  g_lock_fd.store(-1, std::memory_order_release);
+  g_lock_region.store(fd >= 0 ? r : nullptr, std::memory_order_release);
+  g_lock_fd.store(fd, std::memory_order_release);
+}
+
+bool slot_file_held(const Region* r, int slot) noexcept {
+  if (r == nullptr || g_lock_region.load(std::memory_order_acquire) != r) return false;
+  short seen = F_UNLCK;
+  // F_OFD_GETLK reports a lock of another open file description only: never
+  // our own slot's, nor (in a forked child) one we share with our parent —
+  // the child opens its own descriptor before it judges anybody.
+  return slot_lock_op(g_lock_fd.load(std::memory_order_acquire), slot, F_WRLCK, F_OFD_GETLK, &seen) &&
+         seen != F_UNLCK;
 }
 
 int device_index(Region* r, const std::uint8_t uuid[16], std::uint64_t quota_bytes_if_new,

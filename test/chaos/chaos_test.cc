@@ -160,6 +160,25 @@ TEST(ChaosTorture, ASchedulePastGpusliceFailsTheRun) {
   EXPECT_NE(r.out.find("fakecuda-monitor: VIOLATION (quota) seed=1"), std::string::npos) << r.describe();
 }
 
+TEST(ChaosTorture, AWorkerThatLdSoCouldNotPreloadFailsNamingTheCause) {
+  // What a library rebuilt during a long run_many.sh does (issue 20's "kill"
+  // schedules 558, 424, 677): ld.so cannot preload libgpuslice.so, warns,
+  // and starts the worker without it. Such a worker must fail the schedule
+  // and say why, not run unlimited and uncounted — which, when the others
+  // run under gpuslice, the monitor reports as a live process with no
+  // gpuslice slot holding memory above the quota, and, when none does, not
+  // at all (no region: nothing to check, the schedule passed).
+  Sandbox box;
+  const std::string broken = box.path("libgpuslice.so");
+  { std::ofstream(broken) << "not an ELF object"; }
+  Result r = run({CHAOS_TORTURE, "--seeds", "1", "--exact", "--classes", "alloc,fill", "--procs", "2", "--threads", "1",
+                  "--ops", "20", "--library", broken},
+                 {}, 120000);
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_NE(r.out.find("summary: seeds=1 failed=1"), std::string::npos) << r.describe();
+  EXPECT_NE(r.out.find("libgpuslice.so is not loaded"), std::string::npos) << r.describe();
+}
+
 TEST(ChaosTorture, CiSubsetOfSeededSchedulesHasNoViolation) {
   // The monitor's default lag (250 ms) rather than the torture's 100 ms: CI
   // machines are loaded, and a thread descheduled between a grant and its

@@ -2,7 +2,7 @@
 // chaos torture suite. See test/chaos/README.md.
 //
 //   chaos_torture [--seeds A[-B]] [--classes all|c1,c2,...] [--exclude c1,...]
-//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--no-chaos] [--no-preload] [--keep] [--verbose]
+//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--no-chaos] [--no-preload] [--library PATH] [--keep] [--verbose]
 //
 // For each seed: a fresh directory with a simulated machine (FAKECUDA_STATE)
 // and a region (GPUSLICE_REGION); P worker processes of that container under
@@ -69,6 +69,7 @@ struct Options {
   bool chaos = true;
   bool preload = true;  // --no-preload: workers after the first (which creates the region) run without gpuslice  // --no-chaos: the monitor only (to measure what the perturbation adds)  // every selected class in every schedule (else the seed picks a subset)
   std::string build = GPUSLICE_TEST_BUILD_DIR;
+  std::string library;  // --library: the preloaded gpuslice (default <build>/lib/libgpuslice.so)
 };
 
 std::vector<std::string> base_env() {
@@ -156,7 +157,7 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   const std::string region = dir + "/region";
   const std::uint64_t quota = o.quota_mib << 20;
   std::vector<std::string> env = base_env();
-  const std::string preload = "LD_PRELOAD=" + o.build + "/lib/libgpuslice.so";
+  const std::string preload = "LD_PRELOAD=" + (o.library.empty() ? o.build + "/lib/libgpuslice.so" : o.library);
   env.push_back("LD_LIBRARY_PATH=" + o.build + "/fakecuda");
   env.push_back("FAKECUDA_STATE=" + dir + "/state");
   env.push_back("GPUSLICE_REGION=" + region);
@@ -327,6 +328,7 @@ int main(int argc, char **argv) {
       w.classes = o.classes;
     }
     else if (a == "--exclude") exclude = split(v);
+    else if (a == "--library" && *v != '\0') o.library = v;
     else if (a == "--lag" && parse_u64(v, x) && x >= 1 && x <= 60000) o.lag_ms = x;
     else if (a == "--procs" && parse_u64(v, x) && x >= 1 && x <= 32) o.procs = static_cast<int>(x);
     else if (a == "--threads" && parse_u64(v, x) && x >= 1 && x <= 32) { o.threads = static_cast<int>(x); w.threads = o.threads; }

@@ -7,7 +7,6 @@
 
 struct CUarray_st {
   static constexpr std::uint32_t kAlive = 0xA7A7A7A7;
-  std::atomic<std::uint32_t> magic{0};
   CUctx_st *ctx = nullptr;
   std::uint32_t device = 0;
   std::uint64_t bytes = 0;
@@ -16,7 +15,6 @@ struct CUarray_st {
 
 struct CUmipmappedArray_st {
   static constexpr std::uint32_t kAlive = 0xB7B7B7B7;
-  std::atomic<std::uint32_t> magic{0};
   CUctx_st *ctx = nullptr;
   std::uint32_t device = 0;
   std::uint64_t bytes = 0;

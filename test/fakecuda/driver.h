@@ -7,10 +7,12 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -20,12 +22,12 @@
 #include "timeline.h"
 
 // Handle objects. cuda.h only declares these structs, so the fake defines them.
-// They are never freed (see HandlePool): a destroyed handle is marked dead and
-// later recycled, which makes stale handles detectable and lets the lock-free
-// launch path dereference handles without taking a lock.
+// They are never freed (see HandlePool): a destroyed handle is marked dead (in
+// the validity word the pool keeps beside it) and later recycled, which makes
+// stale handles detectable and lets the lock-free launch path dereference
+// handles without taking a lock. kAlive is the word's value while live.
 struct CUctx_st {
   static constexpr std::uint32_t kAlive = 0xC7C7C7C7;
-  std::atomic<std::uint32_t> magic{0};
   std::uint32_t device = 0;
   unsigned flags = 0;
   bool primary = false;
@@ -41,7 +43,6 @@ struct CUctx_st {
 
 struct CUstream_st {
   static constexpr std::uint32_t kAlive = 0x57575757;
-  std::atomic<std::uint32_t> magic{0};
   CUctx_st *ctx = nullptr;
   unsigned flags = 0;
   int priority = 0;
@@ -55,7 +56,6 @@ struct CUstream_st {
 
 struct CUevent_st {
   static constexpr std::uint32_t kAlive = 0xE7E7E7E7;
-  std::atomic<std::uint32_t> magic{0};
   CUctx_st *ctx = nullptr;
   unsigned flags = 0;
   std::atomic<std::uint64_t> time_ns{0};  // completion time of the recorded work; 0 = never recorded
@@ -67,7 +67,6 @@ struct CUevent_st {
 struct CUmod_st;
 struct CUfunc_st {
   static constexpr std::uint32_t kAlive = 0xF7F7F7F7;
-  std::atomic<std::uint32_t> magic{0};
   CUmod_st *module = nullptr;
   std::string name;
   std::uint64_t duration_ns = 0;  // kernel_duration_ns(name)
@@ -80,7 +79,6 @@ struct CUfunc_st {
 
 struct CUmod_st {
   static constexpr std::uint32_t kAlive = 0x30303030;
-  std::atomic<std::uint32_t> magic{0};
   CUctx_st *ctx = nullptr;  // nullptr for a library's module (context-independent)
   std::string image;
   bool opaque = false;  // holds compressed fatbin entries: every kernel name is accepted (image.cc)
@@ -100,49 +98,76 @@ struct CUmod_st {
 
 struct CUlib_st {
   static constexpr std::uint32_t kAlive = 0x1B1B1B1B;
-  std::atomic<std::uint32_t> magic{0};
   CUmod_st *module = nullptr;
 };
 
 namespace gpuslice::fakecuda {
 
 // Owns every object of one handle type for the life of the process.
+//
+// A handle's validity is a word beside the object, not in it: alive() reads
+// it without a lock (the launch path, and any thread holding a stale handle
+// while another destroys it and a third creates a new object at the same
+// address, which a real driver does too). Recycling destroys and re-creates
+// only the object; the word itself is never destroyed, re-constructed or
+// written other than atomically, so a concurrent alive() reads either "dead"
+// or, once the new object is complete (release/acquire), "alive" — never a
+// half-built object (ThreadSanitizer found the former placement-new of the
+// whole object, word included, racing with alive()).
+template <typename T>
+struct HandleCell {
+  std::atomic<std::uint32_t> magic{0};  // T::kAlive while the object is live
+  alignas(T) unsigned char storage[sizeof(T)];
+};
+
 template <typename T>
 class HandlePool {
  public:
   T *make() {
-    T *object;
+    HandleCell<T> *cell;
     if (!free_.empty()) {
-      object = free_.back();
+      cell = free_.back();
       free_.pop_back();
-      object->~T();
-      new (object) T();
+      std::launder(reinterpret_cast<T *>(cell->storage))->~T();
     } else {
-      all_.push_back(std::make_unique<T>());
-      object = all_.back().get();
+      all_.push_back(std::make_unique<HandleCell<T>>());
+      cell = all_.back().get();
     }
-    object->magic.store(T::kAlive, std::memory_order_release);
+    T *object = new (cell->storage) T();
+    cell->magic.store(T::kAlive, std::memory_order_release);
     return object;
   }
   void retire(T *object) {
-    object->magic.store(0, std::memory_order_release);
-    free_.push_back(object);
+    HandleCell<T> *cell = cell_of(object);
+    cell->magic.store(0, std::memory_order_release);
+    free_.push_back(cell);
   }
   template <typename Visit>
   void for_each_live(Visit &&visit) {
-    for (auto &object : all_) {
-      if (object->magic.load(std::memory_order_relaxed) == T::kAlive) visit(object.get());
+    for (auto &cell : all_) {
+      if (cell->magic.load(std::memory_order_relaxed) == T::kAlive)
+        visit(std::launder(reinterpret_cast<T *>(cell->storage)));
     }
+  }
+  // Every cell holds a constructed object (retire only marks it dead).
+  ~HandlePool() {
+    for (auto &cell : all_) std::launder(reinterpret_cast<T *>(cell->storage))->~T();
+  }
+
+  static HandleCell<T> *cell_of(const T *object) {
+    return reinterpret_cast<HandleCell<T> *>(
+        const_cast<unsigned char *>(reinterpret_cast<const unsigned char *>(object) - offsetof(HandleCell<T>, storage)));
   }
 
  private:
-  std::vector<std::unique_ptr<T>> all_;
-  std::vector<T *> free_;
+  std::vector<std::unique_ptr<HandleCell<T>>> all_;
+  std::vector<HandleCell<T> *> free_;
 };
 
 template <typename T>
 inline bool alive(const T *object) {
-  return object != nullptr && object->magic.load(std::memory_order_acquire) == T::kAlive;
+  return object != nullptr &&
+         HandlePool<T>::cell_of(object)->magic.load(std::memory_order_acquire) == T::kAlive;
 }
 
 enum class InitState : int { none = 0, ok = 1, failed = 2, forked = 3, deinitialized = 4 };

@@ -10,7 +10,6 @@
 
 struct CUgraphNode_st {
   static constexpr std::uint32_t kAlive = 0x6D6D6D6D;
-  std::atomic<std::uint32_t> magic{0};
   CUgraph_st *graph = nullptr;
   CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
   CUDA_KERNEL_NODE_PARAMS params{};
@@ -18,13 +17,11 @@ struct CUgraphNode_st {
 
 struct CUgraph_st {
   static constexpr std::uint32_t kAlive = 0x6A6A6A6A;
-  std::atomic<std::uint32_t> magic{0};
   std::vector<CUgraphNode_st *> nodes;
 };
 
 struct CUgraphExec_st {
   static constexpr std::uint32_t kAlive = 0x6E6E6E6E;
-  std::atomic<std::uint32_t> magic{0};
   std::vector<CUfunc_st *> kernels;
 };
 

@@ -16,7 +16,6 @@ using namespace gpuslice::fakecuda;
 
 struct CUlinkState_st {
   static constexpr std::uint32_t kAlive = 0x11A11A11;
-  std::atomic<std::uint32_t> magic{0};
   std::string output;
   bool inputs = false;
   bool lto = false;

@@ -15,7 +15,6 @@
 
 struct CUmemPoolHandle_st {
   static constexpr std::uint32_t kAlive = 0x9B9B9B9B;
-  std::atomic<std::uint32_t> magic{0};
   std::uint32_t device = 0;
   bool is_default = false;
   bool host = false;  // CU_MEM_LOCATION_TYPE_HOST[_NUMA]: holds no device memory

@@ -21,9 +21,10 @@ namespace {
 
 void after_fork_in_child() {
   Runtime &r = runtime();
-  // The real driver cannot be used in a child forked after cuInit; the child
-  // also must not keep the parent's state-file descriptor open, or the parent's
-  // liveness lock would outlive the parent.
+  // The real driver cannot be used in a child forked after cuInit. The child
+  // keeps the parent's state-file descriptor (unused) until exec or exit, as
+  // it keeps the real driver's device files: a parent SIGKILLed meanwhile
+  // keeps its device memory until then.
   if (r.state != nullptr) r.state->forget_fd_after_fork();
   // The child has one thread: a lock another parent thread held at fork (a
   // cuInit in progress holds it throughout) would never be released. A child

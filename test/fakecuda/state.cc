@@ -306,7 +306,11 @@ void State::release_slot(int own_slot) {
 }
 
 void State::forget_fd_after_fork() {
-  if (fd_ >= 0) close(fd_);
+  // Not closed: like the real driver's device files, the descriptor (and the
+  // parent's liveness lock on its open description) stays in the child until
+  // it execs (O_CLOEXEC) or exits. A SIGKILLed parent's device memory is
+  // freed only then, as the driver frees it when its files' last reference
+  // goes. The child just never uses it.
   fd_ = -1;
 }
 

@@ -1,6 +1,8 @@
 // Reaping dead slots exactly: processes SIGKILLed at random points, every
 // instruction boundary of an accounting operation, dead reapers, racing reapers.
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -81,6 +83,59 @@ TEST_F(Reaper, ExitedProcessIsReapedExactly) {
   EXPECT_EQ(region_->header.live_slots.load(), 1u);
   EXPECT_EQ(region_->header.reaper_lock.load(), 0u);
   EXPECT_EQ(reap_dead(region_, self_), 0);
+}
+
+// A dead process whose forked child still has its files open (the driver's,
+// and with them its device memory; here the region file's description that
+// holds its slot lock) stays counted until that child is gone too.
+TEST_F(Reaper, DeadProcessStaysCountedWhileItsForkedChildHoldsItsFiles) {
+  const int dev = make_device(region_, 0, 1 << 20);
+  ASSERT_TRUE(limiter::reserve(region_, slot_, dev, 1000, self_));
+  const int own = open(path_.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(own, 0);
+  shm::set_slot_lock_fd(region_, own);
+  int hold[2];  // the grandchild lives until the write end closes
+  int report[2];  // the child tells its child's pid
+  ASSERT_EQ(pipe(hold), 0);
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t pid = fork_child([&] {
+    close(hold[1]);
+    shm::ProcessIdentity me{};
+    shm::read_identity(0, &me);
+    const int fd = open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    const int slot = shm::claim_slot(region_, me);
+    if (fd < 0 || slot < 0 || !limiter::reserve(region_, slot, dev, 5000, me) || !shm::lock_slot_file(fd, slot)) return 1;
+    const pid_t grandchild = fork();
+    if (grandchild == 0) {
+      char byte;
+      while (read(hold[0], &byte, 1) > 0) {
+      }
+      _exit(0);
+    }
+    return write(report[1], &grandchild, sizeof grandchild) == sizeof grandchild ? 0 : 1;
+  });
+  close(hold[0]);
+  ASSERT_EQ(wait_child(pid), 0);
+  pid_t grandchild = -1;
+  ASSERT_EQ(read(report[0], &grandchild, sizeof grandchild), static_cast<ssize_t>(sizeof grandchild));
+  EXPECT_EQ(reap_dead(region_, self_), 0) << "dead, but its forked child holds its files";
+  EXPECT_EQ(used(dev), 6000u);
+  close(hold[1]);
+  // Gone, or a zombie (reparented; its files are closed): either way released.
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    gone = kill(grandchild, 0) != 0;
+    shm::procfs::Stat st{};
+    if (!gone && shm::procfs::read_stat(static_cast<std::uint32_t>(grandchild), &st) == 0 && st.state == 'Z') gone = true;
+    if (!gone) usleep(10 * 1000);
+  }
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(reap_dead(region_, self_), 1);
+  EXPECT_EQ(used(dev), 1000u);
+  shm::set_slot_lock_fd(region_, -1);
+  close(own);
+  close(report[0]);
+  close(report[1]);
 }
 
 // The heart of it: children in a tight reserve/release loop, SIGKILLed at
