@@ -23,13 +23,13 @@
 #include "hook/log.h"
 #include "hook/real.h"
 #include "hook/runtime.h"
-#include "shm/clock.h"
-#include "shm/once.h"
 #include "limiter/compute.h"
 #include "limiter/priority.h"
+#include "platform/clock.h"
+#include "platform/once.h"
+#include "platform/text.h"
+#include "platform/uuid.h"
 #include "shm/priority_board.h"
-#include "shm/text.h"
-#include "shm/uuid.h"
 
 namespace gpuslice::hook {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "shm/clock.h"
+#include "platform/clock.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::shm {
