@@ -32,10 +32,10 @@
 #include "hook/oversub.h"
 #include "hook/wrap.h"
 #include "limiter/lease.h"
-#include "shm/clock.h"
-#include "shm/once.h"
-#include "shm/procfs.h"
-#include "shm/uuid.h"
+#include "platform/clock.h"
+#include "platform/once.h"
+#include "platform/procfs.h"
+#include "platform/uuid.h"
 
 namespace gpuslice::hook {
 namespace {

@@ -8,13 +8,13 @@
 #include <cstdlib>
 
 #include "hook/launch.h"
-#include "shm/clock.h"
-#include "shm/once.h"
 #include "hook/log.h"
 #include "hook/priority.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_feedback.h"
+#include "platform/clock.h"
+#include "platform/once.h"
 
 namespace gpuslice::hook::launch {
 namespace {

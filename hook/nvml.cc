@@ -9,7 +9,7 @@
 
 #include "hook/wrap.h"
 #include "limiter/memory_accounting.h"
-#include "shm/uuid.h"
+#include "platform/uuid.h"
 
 using namespace gpuslice;
 using namespace gpuslice::hook;

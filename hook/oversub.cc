@@ -8,7 +8,7 @@
 
 #include "hook/log.h"
 #include "limiter/memory_accounting.h"
-#include "shm/clock.h"
+#include "platform/clock.h"
 
 namespace gpuslice::hook {
 

@@ -10,7 +10,7 @@
 #include "hook/oversub.h"
 #include "hook/wrap.h"
 #include "limiter/memory_accounting.h"
-#include "shm/clock.h"
+#include "platform/clock.h"
 
 namespace gpuslice::hook::pools {
 

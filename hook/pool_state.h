@@ -22,7 +22,7 @@
 #include <mutex>
 
 #include "gpuslice/region.h"
-#include "limiter/pointer_table.h"
+#include "platform/pointer_table.h"
 
 namespace gpuslice::hook::pools {
 

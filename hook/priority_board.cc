@@ -12,7 +12,7 @@
 #include "hook/config.h"
 #include "hook/log.h"
 #include "limiter/compute.h"
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::hook::board {
 namespace {

@@ -17,8 +17,8 @@
 #include "gpuslice/region.h"
 #include "hook/sleep_lock.h"
 #include "limiter/priority.h"
+#include "platform/uuid.h"
 #include "shm/priority_board.h"
-#include "shm/uuid.h"
 
 namespace gpuslice::hook::board {
 

@@ -18,8 +18,8 @@
 #include "hook/runtime.h"
 #include "limiter/compute.h"
 #include "limiter/priority.h"
-#include "shm/clock.h"
-#include "shm/once.h"
+#include "platform/clock.h"
+#include "platform/once.h"
 
 namespace gpuslice::hook {
 namespace {

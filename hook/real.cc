@@ -8,8 +8,8 @@
 
 #include "hook/config.h"
 #include "hook/log.h"
-#include "shm/clock.h"
-#include "shm/once.h"
+#include "platform/clock.h"
+#include "platform/once.h"
 
 namespace gpuslice::hook {
 

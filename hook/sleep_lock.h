@@ -7,7 +7,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "shm/clock.h"
+#include "platform/clock.h"
 
 namespace gpuslice::hook {
 

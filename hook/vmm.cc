@@ -51,7 +51,7 @@ struct Export {
   std::uint8_t fabric[64];   // CU_MEM_HANDLE_TYPE_FABRIC: the handle bytes
 };
 
-// One table each (limiter/pointer_table.h): no heap, no mutex. An operation
+// One table each (include/platform/pointer_table.h): no heap, no mutex. An operation
 // that touches several records (a release dropping the last reference, an
 // unmap) takes them one at a time; the orders below keep every record
 // reachable from what still references it.

@@ -66,7 +66,7 @@ inline constexpr unsigned kOpCounters = 256;
 extern OpCounter g_op_counters[kOpCounters];
 // The calling thread's counter, or &g_counting_ops (shared word); nullptr
 // until claimed. Claimed again in a forked child (the process epoch of
-// limiter/pointer_table.h changes there): two threads never share a counter.
+// include/platform/pointer_table.h changes there): two threads never share a counter.
 [[gnu::tls_model("initial-exec")]] extern constinit thread_local std::atomic<std::uint64_t>* t_op_counter;
 [[gnu::tls_model("initial-exec")]] extern constinit thread_local std::uint64_t t_op_epoch;
 [[gnu::cold, gnu::noinline]] std::atomic<std::uint64_t>* claim_op_counter() noexcept;

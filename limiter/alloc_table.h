@@ -1,11 +1,11 @@
 // Process-local map: device pointer / handle -> what was counted for it, so
 // that a free releases exactly what its allocation reserved, exactly once.
-// One PointerTable (pointer_table.h) of AllocRecord.
+// One PointerTable (include/platform/pointer_table.h) of AllocRecord.
 #pragma once
 
 #include <cstdint>
 
-#include "limiter/pointer_table.h"
+#include "platform/pointer_table.h"
 
 namespace gpuslice::limiter {
 

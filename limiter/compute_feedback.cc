@@ -9,8 +9,8 @@
 #include <new>
 
 #include "limiter/compute.h"
-#include "shm/clock.h"
-#include "shm/uuid.h"
+#include "platform/clock.h"
+#include "platform/uuid.h"
 
 namespace gpuslice::limiter {
 namespace {

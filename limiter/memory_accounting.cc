@@ -5,9 +5,9 @@
 // single total order of these operations. On x86-64 and AArch64 an RMW costs
 // the same whatever its order. The lease fast path (limiter/lease.h) moves
 // bytes only inside one slot's lease word and needs no order at all.
-#include "limiter/memory_accounting.h"
 #include "limiter/lease.h"
-#include "shm/clock.h"
+#include "limiter/memory_accounting.h"
+#include "platform/clock.h"
 
 #include <sched.h>
 #include <time.h>

@@ -4,7 +4,7 @@
 // sets an option, and in what order they win, is limiter/options.cc.
 #include "limiter/option_values.h"
 
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::limiter {
 namespace values {

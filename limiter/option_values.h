@@ -11,8 +11,8 @@
 #include "gpuslice/options.h"
 #include "gpuslice/region.h"
 #include "limiter/options.h"
+#include "platform/text.h"
 #include "shm/region_file.h"
-#include "shm/text.h"
 
 namespace gpuslice::limiter::values {
 

@@ -10,7 +10,7 @@
 #include "gpuslice/options.h"
 #include "limiter/option_values.h"
 #include "limiter/options_env.h"
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::limiter {
 namespace {

@@ -2,7 +2,7 @@
 // which option or alias (options_env.h).
 #include "limiter/options_env.h"
 
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::limiter::env {
 namespace {

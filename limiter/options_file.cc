@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "limiter/options_env.h"
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::limiter {
 namespace {

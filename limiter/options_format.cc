@@ -1,7 +1,7 @@
 // Printing options: the README table and the debug listing of effective values.
 #include "gpuslice/options.h"
 #include "limiter/options.h"
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::limiter {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <cerrno>
 
-#include "shm/procfs.h"
+#include "platform/procfs.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::shm {

@@ -11,7 +11,7 @@
 
 #include <cstring>
 
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::shm {
 

@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "gpuslice/priority_board.h"
+#include "platform/uuid.h"
 #include "shm/region_file.h"
-#include "shm/uuid.h"
 
 namespace gpuslice::shm {
 

@@ -12,7 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::shm {
 namespace {

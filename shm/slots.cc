@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "shm/clock.h"
+#include "platform/clock.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::shm {

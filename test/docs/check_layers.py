@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """CONTRIBUTING.md's layering claims, checked on the sources.
 
-1. One layer per top-level folder, dependencies pointing one way:
-   hook/ -> limiter/ -> shm/ -> include/; limiter/ and shm/ never include cuda.h.
+1. One layer per folder, dependencies pointing one way:
+   hook/ -> limiter/ -> shm/ -> include/platform/, and include/gpuslice/ (the
+   public ABI) at the bottom beside it; limiter/, shm/ and include/platform/
+   never include cuda.h. include/platform/ includes nothing of the project
+   but itself (libc and the C++ headers only), and the public ABI nothing of
+   the platform layer: a tool built on include/gpuslice/ needs no more.
 2. Inside hook/ nothing runs back up: with each header and the .cc files that
    implement it taken as one unit, the include graph between units has no
    cycle (docs/interception.md, "Bootstrap", names the runtime's files).
@@ -20,14 +24,24 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
-# Layer -> the project folders it may include from (besides its own).
-ALLOWED = {
-    "hook": {"limiter", "shm", "gpuslice"},
-    "limiter": {"shm", "gpuslice"},
-    "shm": {"gpuslice"},
-    "include": {"gpuslice"},
+# Layer (the first part of the include paths naming its headers) -> its folder.
+FOLDER = {
+    "hook": "hook",
+    "limiter": "limiter",
+    "shm": "shm",
+    "platform": "include/platform",
+    "gpuslice": "include/gpuslice",
 }
-PROJECT = {"hook", "limiter", "shm", "gpuslice", "tools", "test"}
+# Layer -> the layers it may include from (besides its own).
+ALLOWED = {
+    "hook": {"limiter", "shm", "platform", "gpuslice"},
+    "limiter": {"shm", "platform", "gpuslice"},
+    "shm": {"platform", "gpuslice"},
+    "platform": set(),
+    "gpuslice": set(),
+}
+NO_DRIVER = {"limiter", "shm", "platform"}
+PROJECT = {"hook", "limiter", "shm", "platform", "gpuslice", "tools", "test"}
 # .cc files that implement a header of another name.
 IMPLEMENTS = {"bootstrap": "runtime", "lifecycle": "runtime", "region": "runtime"}
 
@@ -39,15 +53,24 @@ def includes(path):
 def layer_problems(root):
     problems = []
     for layer, allowed in ALLOWED.items():
-        for path in sorted((root / layer).rglob("*")):
-            if path.suffix not in (".h", ".cc"):
+        folder = FOLDER[layer]
+        if not (root / folder).is_dir():
+            problems.append(f"{folder}/: the {layer} layer's folder is missing")
+            continue
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in (".h", ".cc", ".def"):
                 continue
             for inc in includes(path):
                 top = inc.split("/", 1)[0]
                 if "/" in inc and top in PROJECT and top != layer and top not in allowed:
-                    problems.append(f"{path.relative_to(root)}: includes {inc}, against {layer}/'s layer")
-                if layer in ("limiter", "shm") and inc == "cuda.h":
-                    problems.append(f"{path.relative_to(root)}: includes cuda.h ({layer}/ speaks no driver)")
+                    problems.append(f"{path.relative_to(root)}: includes {inc}, against {folder}/'s layer")
+                if layer in NO_DRIVER and inc == "cuda.h":
+                    problems.append(f"{path.relative_to(root)}: includes cuda.h ({folder}/ speaks no driver)")
+    # Nothing else lives in include/: a folder there is a layer of FOLDER.
+    for path in sorted((root / "include").iterdir()):
+        rel = str(path.relative_to(root))
+        if path.is_dir() and rel not in FOLDER.values():
+            problems.append(f"{rel}/: a folder of include/ that is no known layer")
     return problems
 
 

@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "gpuslice/region.h"
-#include "shm/clock.h"
+#include "platform/clock.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::test::limiter {

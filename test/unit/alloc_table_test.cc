@@ -1,4 +1,4 @@
-// The process-private pointer table (limiter/pointer_table.h): exactly-once
+// The process-private pointer table (include/platform/pointer_table.h): exactly-once
 // erase under races, backward-shift deletion against a reference map, churn
 // in bounded memory, growth under concurrent use, drain, fork children.
 #include <sys/syscall.h>

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "limiter/compute_feedback.h"
-#include "shm/clock.h"
+#include "platform/clock.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
-// shm/once.h: the one-time initialisation state of the preload library.
-#include "shm/once.h"
+// include/platform/once.h: the one-time initialisation state of the preload library.
+#include "platform/once.h"
 
 #include <gtest/gtest.h>
 

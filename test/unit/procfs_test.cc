@@ -1,6 +1,6 @@
-// shm/procfs: the one /proc parser of the library, the agent and the tools.
+// include/platform/procfs: the one /proc parser of the library, the agent and the tools.
 // Hostile comm names (spaces, parentheses, newlines) and malformed files.
-#include "shm/procfs.h"
+#include "platform/procfs.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

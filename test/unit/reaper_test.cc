@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "limiter/memory_accounting.h"
-#include "shm/procfs.h"
+#include "platform/procfs.h"
 #include "support.h"
 
 namespace gpuslice::test {

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "shm/procfs.h"
+#include "platform/procfs.h"
 #include "support.h"
 
 namespace gpuslice::test {

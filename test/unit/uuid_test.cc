@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "shm/uuid.h"
+#include "platform/uuid.h"
 
 using namespace gpuslice::shm;
 

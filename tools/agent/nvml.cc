@@ -7,8 +7,8 @@
 
 #include "gpuslice/nvml_abi.h"
 #include "limiter/compute_samples.h"
-#include "shm/clock.h"
 #include "log.h"
+#include "platform/clock.h"
 #include "region_io.h"
 
 using namespace std::string_literals;

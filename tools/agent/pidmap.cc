@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "log.h"
-#include "shm/procfs.h"
+#include "platform/procfs.h"
 
 using namespace std::string_literals;
 

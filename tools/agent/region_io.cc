@@ -13,9 +13,9 @@
 #include <cstring>
 #include <mutex>
 
-#include "shm/clock.h"
+#include "platform/clock.h"
+#include "platform/uuid.h"
 #include "shm/region_file.h"
-#include "shm/uuid.h"
 
 namespace gpuslice::agent {
 namespace {

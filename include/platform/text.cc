@@ -1,4 +1,4 @@
-#include "shm/text.h"
+#include "platform/text.h"
 
 #include <cerrno>
 

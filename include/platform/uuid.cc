@@ -1,4 +1,4 @@
-#include "shm/uuid.h"
+#include "platform/uuid.h"
 
 namespace gpuslice::shm {
 

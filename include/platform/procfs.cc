@@ -1,12 +1,12 @@
 // /proc readers. See procfs.h.
-#include "shm/procfs.h"
+#include "platform/procfs.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 
-#include "shm/text.h"
+#include "platform/text.h"
 
 namespace gpuslice::shm::procfs {
 namespace {

@@ -1,6 +1,6 @@
 // The non-template parts of PointerTable: pages, the lock's slow path, the
 // process epoch. See pointer_table.h.
-#include "limiter/pointer_table.h"
+#include "platform/pointer_table.h"
 
 #include <pthread.h>
 #include <sched.h>

@@ -1,10 +1,11 @@
 // The one monotonic clock and sleep of the library, its tools and tests:
 // CLOCK_MONOTONIC nanoseconds (the simulated driver's timeline uses the same
-// clock), and a sleep that resumes after signals.
+// clock), and sleeps that resume after signals.
 #pragma once
 
 #include <time.h>
 
+#include <cerrno>
 #include <cstdint>
 
 namespace gpuslice::shm {
@@ -26,6 +27,16 @@ inline std::uint64_t realtime_us() noexcept {
 inline void sleep_ns(std::uint64_t ns) noexcept {
   timespec ts{static_cast<time_t>(ns / 1'000'000'000ull), static_cast<long>(ns % 1'000'000'000ull)};
   while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
+  }
+}
+
+// Until monotonic_ns() reads deadline_ns (at once if it already has): the
+// bench's processes start and pace their work on deadlines of this clock that
+// they share, so a late waker does not shift the schedule.
+inline void sleep_until_ns(std::uint64_t deadline_ns) noexcept {
+  timespec deadline{static_cast<time_t>(deadline_ns / 1'000'000'000ull),
+                    static_cast<long>(deadline_ns % 1'000'000'000ull)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, nullptr) == EINTR) {
   }
 }
 
