@@ -7,7 +7,8 @@
 // check, per container and device:
 //   quota: the device holds at most the region's limit (quota, or the
 //          device-resident allowance when smaller). An explicit allocation
-//          that ends above it is a violation at once; memory the library can
+//          that ends above it by more than the implicit and managed grants
+//          of the last lag is a violation at once; memory the library can
 //          only measure after the fact (contexts, modules) and managed memory
 //          (spilled after the call) may stand above it for at most the lag.
 //          A limit lowered at run time applies after the lag, and memory held
@@ -323,11 +324,12 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
     w->limit_seen.store(limit, std::memory_order_relaxed);
     w->grace_until_ns.store(now + lag, std::memory_order_relaxed);
   }
-  // Implicit grants of the last `lag`: an explicit grant may find the device
-  // above the limit by at most their sum (the library measures them after
-  // the call and then counts them, or destroys what does not fit).
+  // Implicit and managed grants of the last `lag`: any other grant may find
+  // the device above the limit by at most their sum (the library measures
+  // implicit memory after the call and then counts it, or destroys what does
+  // not fit; it advises managed memory it spills to the host after the call).
   if (now >= w->implicit_until_ns.load(std::memory_order_relaxed)) w->implicit_bytes.store(0, std::memory_order_relaxed);
-  if (grant != nullptr && grant->implicit && grant->bytes > 0) {
+  if (grant != nullptr && (grant->implicit || grant->managed) && grant->bytes > 0) {
     w->implicit_until_ns.store(now + lag, std::memory_order_relaxed);
     w->implicit_bytes.fetch_add(grant->bytes, std::memory_order_relaxed);
   }
@@ -341,7 +343,7 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
     if (grace) {
       // Allocations admitted under the previous limit may still land.
       w->ceiling.store(total, std::memory_order_relaxed);
-    } else if (grant != nullptr && !grant->implicit && !grant->managed && total > ceiling + implicit_recent) {
+    } else if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent) {
       report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
              ceiling, d, grant);
     } else {
