@@ -7,14 +7,15 @@
 // check, per container and device:
 //   quota: the device holds at most the region's limit (quota, or the
 //          device-resident allowance when smaller). An explicit allocation
-//          that ends above it by more than the implicit and managed grants
-//          of the last lag is a violation at once; memory the library can
+//          that ends above it is a violation at once; memory the library can
 //          only measure after the fact (contexts, modules) and managed memory
 //          (spilled after the call) may stand above it for at most the lag.
 //          A limit lowered at run time applies after the lag, and memory held
 //          above it before the change is allowed until it is freed.
-//   count: gpuslice's count (used_bytes + agent_extra_bytes) is not below
-//          what the device holds for more than the lag.
+//   count: gpuslice's count of what the device may hold (used_bytes less
+//          the bytes it counts as spilled, i.e. served as managed memory
+//          advised to the host, plus agent_extra_bytes) is not below what
+//          the device holds for more than the lag.
 // A violation prints the seed, the invariant, the numbers and this process's
 // last operations to stderr and appends them to the report file; the count of
 // violations is kept in <state>.monitor.
@@ -257,6 +258,18 @@ int append_processes(char *text, std::size_t len, int used, std::uint32_t dev, i
   return used;
 }
 
+// What gpuslice counts as possibly on the device: used_bytes less what it
+// counts as spilled (host memory), plus agent_extra_bytes. Spilled bytes are
+// read as the library reads them for the allowance (in, used, out), so the
+// figure is never below the library's own at any instant.
+std::uint64_t resident_count(const DeviceState &d) {
+  const std::uint64_t in = d.spilled_in_bytes.load(std::memory_order_seq_cst);
+  const std::uint64_t used = d.used_bytes.load(std::memory_order_seq_cst);
+  const std::uint64_t out = d.spilled_out_bytes.load(std::memory_order_seq_cst);
+  const std::uint64_t spilled = in > out ? in - out : 0;
+  return (used > spilled ? used - spilled : 0) + d.agent_extra_bytes.load(std::memory_order_acquire);
+}
+
 void report(const char *invariant, const char *detail, std::uint32_t dev, int region_dev, std::uint64_t total,
             std::uint64_t own, std::uint64_t limit, const DeviceState &d, const Grant *grant) {
   g_shared->violations.fetch_add(1, std::memory_order_relaxed);
@@ -269,16 +282,18 @@ void report(const char *invariant, const char *detail, std::uint32_t dev, int re
       text, sizeof(text),
       "fakecuda-monitor: VIOLATION (%s) seed=%llu stream=%llu pid=%d thread=t%u container=%s device=%u (region entry "
       "%d)\n  %s\n  device holds %llu bytes for the container (this process %llu); limit %llu (quota %llu, resident "
-      "allowance %llu in the region); gpuslice count %llu (used_bytes %llu + agent_extra_bytes %llu)\n  grant: %s%llu bytes in %s\n"
+      "allowance %llu in the region); gpuslice count %llu (used_bytes %llu - spilled %llu + agent_extra_bytes "
+      "%llu)\n  grant: %s%llu bytes in %s\n"
       "  replay: the same FAKECUDA_CHAOS_SEED and schedule (test/chaos/README.md)\n",
       invariant, static_cast<unsigned long long>(chaos.seed), static_cast<unsigned long long>(chaos.stream),
       static_cast<int>(getpid()), chaos_thread_ordinal(), g_config.region, dev, region_dev,
       detail, static_cast<unsigned long long>(total), static_cast<unsigned long long>(own),
       static_cast<unsigned long long>(limit),
       static_cast<unsigned long long>(d.quota_bytes.load(std::memory_order_relaxed)), resident,
-      static_cast<unsigned long long>(d.used_bytes.load(std::memory_order_relaxed) +
-                                      d.agent_extra_bytes.load(std::memory_order_relaxed)),
+      static_cast<unsigned long long>(resident_count(d)),
       static_cast<unsigned long long>(d.used_bytes.load(std::memory_order_relaxed)),
+      static_cast<unsigned long long>(d.spilled_in_bytes.load(std::memory_order_relaxed) -
+                                      d.spilled_out_bytes.load(std::memory_order_relaxed)),
       static_cast<unsigned long long>(d.agent_extra_bytes.load(std::memory_order_relaxed)),
       grant == nullptr ? "none (background check) " : (grant->implicit ? "implicit " : (grant->managed ? "managed " : "")),
       static_cast<unsigned long long>(grant != nullptr ? grant->bytes : 0), grant != nullptr ? grant->call : "-");
@@ -324,12 +339,11 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
     w->limit_seen.store(limit, std::memory_order_relaxed);
     w->grace_until_ns.store(now + lag, std::memory_order_relaxed);
   }
-  // Implicit and managed grants of the last `lag`: any other grant may find
-  // the device above the limit by at most their sum (the library measures
-  // implicit memory after the call and then counts it, or destroys what does
-  // not fit; it advises managed memory it spills to the host after the call).
+  // Implicit grants of the last `lag`: an explicit grant may find the device
+  // above the limit by at most their sum (the library measures them after
+  // the call and then counts them, or destroys what does not fit).
   if (now >= w->implicit_until_ns.load(std::memory_order_relaxed)) w->implicit_bytes.store(0, std::memory_order_relaxed);
-  if (grant != nullptr && (grant->implicit || grant->managed) && grant->bytes > 0) {
+  if (grant != nullptr && grant->implicit && grant->bytes > 0) {
     w->implicit_until_ns.store(now + lag, std::memory_order_relaxed);
     w->implicit_bytes.fetch_add(grant->bytes, std::memory_order_relaxed);
   }
@@ -343,7 +357,7 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
     if (grace) {
       // Allocations admitted under the previous limit may still land.
       w->ceiling.store(total, std::memory_order_relaxed);
-    } else if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent) {
+    } else if (grant != nullptr && !grant->implicit && !grant->managed && total > ceiling + implicit_recent) {
       report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
              ceiling, d, grant);
     } else {
@@ -361,8 +375,7 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
     const std::uint64_t lowered = total < ceiling ? total : ceiling;
     w->ceiling.store(lowered > limit ? lowered : limit, std::memory_order_relaxed);
   }
-  const std::uint64_t count =
-      d.used_bytes.load(std::memory_order_acquire) + d.agent_extra_bytes.load(std::memory_order_acquire);
+  const std::uint64_t count = resident_count(d);
   if (total > count) {
     const std::uint64_t since = w->deficit_since_ns.load(std::memory_order_relaxed);
     if (since == 0) {
@@ -427,8 +440,8 @@ void sampler() {
 // Test API (fakecuda_query.h): the calling process says it is quiescent (no
 // driver call and no gpuslice operation in flight in any of its threads):
 // then what it holds on each device must not exceed what gpuslice has
-// committed for it (its region slot's committed_bytes, spare lease and
-// spilled bytes included). Exact, no lag. Returns the violations found, or -1
+// committed for it as possibly resident (its region slot's committed_bytes,
+// spare lease included, less its spilled bytes). Exact, no lag. Returns the violations found, or -1
 // when the monitor is off.
 extern "C" int fakecuda_monitor_checkpoint(void) {
   using namespace gpuslice::fakecuda;
@@ -457,13 +470,17 @@ extern "C" int fakecuda_monitor_checkpoint(void) {
         mine.alloc_bytes[dev].load(std::memory_order_relaxed) + mine.context_bytes[dev].load(std::memory_order_relaxed);
     const int rd = region_device(*g_state, dev, *r);
     if (held == 0 || rd < 0) continue;
-    const std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
+    // Less what it counts as spilled: host memory, never held by the device.
+    std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
+    const std::uint64_t spilled = own != nullptr ? own->spilled_bytes[rd].load(std::memory_order_acquire) : 0;
+    committed = committed > spilled ? committed - spilled : 0;
     if (held > committed) {
       ++found;
       Watch *w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
       char detail[256];
       std::snprintf(detail, sizeof(detail),
-                    "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it (%s)",
+                    "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it, spilled "
+                    "memory left out (%s)",
                     static_cast<unsigned long long>(held), static_cast<unsigned long long>(committed),
                     own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
       report("count at checkpoint", detail, dev, rd, container_total(*g_state, dev, nullptr), held,
