@@ -211,14 +211,12 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byt
   Reservation r;
   CUresult rc = reserve_on_current(bytesize, &r);
   if (rc != CUDA_SUCCESS) return rc;
-  if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr) {
-    // Under the device-resident allowance managed memory is resident memory
-    // like cuMemAlloc's: admitted within it, beyond it the policy's (refused,
-    // served advised to the host and counted as spilled, or waited for).
-    if (bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
-      release(r.entry, r.bytes);  // what the driver says to these, before any policy
-      return CUDA_ERROR_INVALID_VALUE;
-    }
+  // Under the device-resident allowance managed memory is resident memory
+  // like cuMemAlloc's: admitted within it, beyond it the policy's (refused,
+  // served advised to the host and counted as spilled, or waited for).
+  // Arguments the driver refuses go to it unchanged, whatever the policy.
+  if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr && bytesize != 0 &&
+      (flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST)) {
     ManagedAlloc a{dptr, bytesize, flags};
     return alloc_oversubscribed(
         *g_pointers, r, reinterpret_cast<std::uint64_t*>(dptr), AllocKind::managed,

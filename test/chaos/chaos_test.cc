@@ -105,6 +105,25 @@ TEST(ChaosMonitor, ReportsDeviceMemoryCountedAsSpilled) {
   EXPECT_NE(report.find("device holds 16777216 bytes"), std::string::npos) << report;
 }
 
+// Managed memory may stand above the limit only in flight: from its grant to
+// the granting thread's next change of device memory (where the library's
+// spill advises it to the host). 80 MiB of managed memory over a 64 MiB
+// quota, then 1 MiB more while it is held: reported at the second grant,
+// though all of it is freed at once. The monitor once tolerated any managed
+// memory above the limit for the lag, and saw nothing here.
+TEST(ChaosMonitor, ReportsManagedMemoryAboveTheLimitOnceItIsNoLongerInFlight) {
+  Sandbox box;
+  create_region(box);
+  Result r = run({MONITOR_PROBE, "80", "0", "managed"}, merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "5"}}));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << report;
+  EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("grant: managed 1048576 bytes in cuMemAllocManaged"), std::string::npos) << report;
+}
+
 TEST(ChaosMonitor, CheckpointIsExactForAQuiescentProcess) {
   Sandbox box;
   create_region(box);

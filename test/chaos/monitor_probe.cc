@@ -2,6 +2,7 @@
 // it HOLD_MS, frees it, exits 0. Run without libgpuslice.so it is a program
 // that bypasses gpuslice: the monitor must report it (chaos_test.cc).
 //   monitor_probe MIB HOLD_MS [checkpoint]   (then fakecuda_monitor_checkpoint(), printed)
+//   monitor_probe MIB HOLD_MS managed        (cuMemAllocManaged of MIB, then of 1 MiB more)
 #include <cuda.h>
 #include <unistd.h>
 
@@ -23,13 +24,17 @@ int main(int argc, char **argv) {
     return 2;
   }
   CUdeviceptr p = 0;
-  CUresult rc = cuMemAlloc(&p, bytes);
+  CUdeviceptr more = 0;
+  const bool managed = argc == 4 && std::strcmp(argv[3], "managed") == 0;
+  CUresult rc = managed ? cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL) : cuMemAlloc(&p, bytes);
+  if (managed && rc == CUDA_SUCCESS) rc = cuMemAllocManaged(&more, 1 << 20, CU_MEM_ATTACH_GLOBAL);
   std::printf("alloc=%d\n", static_cast<int>(rc));
   std::fflush(stdout);
   if (argc == 4 && std::strcmp(argv[3], "checkpoint") == 0) std::printf("checkpoint=%d\n", fakecuda_monitor_checkpoint());
   std::fflush(stdout);
   usleep(hold_ms * 1000);
-  if (rc == CUDA_SUCCESS) cuMemFree(p);
+  if (p != 0) cuMemFree(p);
+  if (more != 0) cuMemFree(more);
   cuDevicePrimaryCtxRelease(dev);
   return 0;
 }

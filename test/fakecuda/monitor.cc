@@ -7,9 +7,13 @@
 // check, per container and device:
 //   quota: the device holds at most the region's limit (quota, or the
 //          device-resident allowance when smaller). An explicit allocation
-//          that ends above it is a violation at once; memory the library can
-//          only measure after the fact (contexts, modules) and managed memory
-//          (spilled after the call) may stand above it for at most the lag.
+//          that ends above it by more than the implicit grants of the last
+//          lag and the managed grants in flight is a violation at once;
+//          memory the library can only measure after the fact (contexts,
+//          modules) may stand above it for at most the lag; managed memory
+//          only in flight (the library advises what it spills to the host
+//          right after the call: until the granting thread's next change of
+//          device memory).
 //          A limit lowered at run time applies after the lag, and memory held
 //          above it before the change is allowed until it is freed.
 //   count: gpuslice's count of what the device may hold (used_bytes less
@@ -60,6 +64,10 @@ struct MonitorShared {
   std::atomic<std::uint64_t> checks;
   std::atomic<std::uint64_t> member_container[kMaxSlots];
   std::atomic<std::uint32_t> member_generation[kMaxSlots];
+  // Managed grants in flight, per process and device: granted, and the
+  // granting thread has made no other change of device memory since (the
+  // library's spill advises them to the host as its next step).
+  std::atomic<std::uint64_t> managed_in_flight[kMaxSlots][kMaxDevices];
   Watch watch[kWatches];
 };
 
@@ -158,8 +166,9 @@ int region_device(State &state, std::uint32_t dev, const Region &r) {
   return -1;
 }
 
-// Device bytes held by the live processes of this container. State lock held.
-std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *own) {
+// Device bytes held by the live processes of this container, and of them the
+// managed grants in flight. State lock held.
+std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *own, std::uint64_t *in_flight = nullptr) {
   std::uint64_t total = 0;
   for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
     const ProcSlot &slot = state.header().slot[i];
@@ -174,6 +183,7 @@ std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *ow
         slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);
     if (i == g_slot && own != nullptr) *own = held;
     total += held;
+    if (in_flight != nullptr) *in_flight += g_shared->managed_in_flight[i][dev].load(std::memory_order_relaxed);
   }
   return total;
 }
@@ -326,7 +336,8 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
   const DeviceState &d = r->devices[rd];
   g_shared->checks.fetch_add(1, std::memory_order_relaxed);
   std::uint64_t own = 0;
-  const std::uint64_t total = container_total(state, dev, &own);
+  std::uint64_t in_flight = 0;
+  const std::uint64_t total = container_total(state, dev, &own, &in_flight);
   std::uint64_t limit = d.quota_bytes.load(std::memory_order_acquire);
   const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);
   if (resident != 0 && resident < limit) limit = resident;
@@ -347,17 +358,23 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
     w->implicit_until_ns.store(now + lag, std::memory_order_relaxed);
     w->implicit_bytes.fetch_add(grant->bytes, std::memory_order_relaxed);
   }
+  // Managed grants in flight likewise: the library's spill holds the device
+  // from the driver's allocation until its advice to the host, the granting
+  // thread's next change of device memory; any check may find the device
+  // above the limit by their sum. Memory the library admitted as resident
+  // beyond the limit stays after that.
+  const std::uint64_t managed_recent = in_flight;
   const bool grace = now < w->grace_until_ns.load(std::memory_order_relaxed);
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
   // The ceiling is the limit, or more while memory held above a lowered
   // limit is not yet freed; a raised limit raises it at once.
   std::uint64_t ceiling = w->ceiling.load(std::memory_order_relaxed);
   if (ceiling < limit) ceiling = limit;
-  if (limit != kUnlimited && total > ceiling) {
+  if (limit != kUnlimited && total > ceiling + managed_recent) {
     if (grace) {
       // Allocations admitted under the previous limit may still land.
       w->ceiling.store(total, std::memory_order_relaxed);
-    } else if (grant != nullptr && !grant->implicit && !grant->managed && total > ceiling + implicit_recent) {
+    } else if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent + managed_recent) {
       report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
              ceiling, d, grant);
     } else {
@@ -371,9 +388,11 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
       }
     }
   } else {
-    w->excess_since_ns.store(0, std::memory_order_relaxed);
-    const std::uint64_t lowered = total < ceiling ? total : ceiling;
-    w->ceiling.store(lowered > limit ? lowered : limit, std::memory_order_relaxed);
+    w->excess_since_ns.store(0, std::memory_order_relaxed);  // none, or what managed grants in flight explain
+    if (total <= ceiling) {
+      const std::uint64_t lowered = total < ceiling ? total : ceiling;
+      w->ceiling.store(lowered > limit ? lowered : limit, std::memory_order_relaxed);
+    }
   }
   const std::uint64_t count = resident_count(d);
   if (total > count) {
@@ -403,6 +422,18 @@ bool explicit_call(const char *call) {
   return false;
 }
 
+// This thread's managed grant in flight (MonitorShared::managed_in_flight).
+thread_local std::uint64_t t_managed_in_flight = 0;
+thread_local std::uint32_t t_managed_dev = 0;
+thread_local int t_managed_slot = -1;  // a forked child's copy is not its own
+
+// A change of device memory by this thread ends its managed grant's flight.
+void land_managed() {
+  if (t_managed_in_flight != 0 && g_shared != nullptr && g_slot >= 0 && t_managed_slot == g_slot)
+    g_shared->managed_in_flight[g_slot][t_managed_dev].fetch_sub(t_managed_in_flight, std::memory_order_relaxed);
+  t_managed_in_flight = 0;
+}
+
 void on_charge(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
   const char *call = last_call();
   ring_record(context ? OpKind::context_charge : OpKind::charge, call, dev, bytes);
@@ -411,14 +442,22 @@ void on_charge(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, b
                 call_is(call, "cuMemAllocManaged") ||
                     (call_is(call, "alloc_common") && call_is(previous_call(), "cuMemAllocManaged")),
                 call};
+    land_managed();
+    if (grant.managed && bytes > 0 && dev < kMaxDevices) {
+      g_shared->managed_in_flight[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+      t_managed_in_flight = bytes;
+      t_managed_dev = dev;
+      t_managed_slot = g_slot;
+    }
     check(state, dev, &grant);
   }
   chaos_point(call);
 }
 
-void on_uncharge(State &, int, std::uint32_t dev, std::uint64_t bytes, bool context) {
+void on_uncharge(State &, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
   const char *call = last_call();
   ring_record(context ? OpKind::context_uncharge : OpKind::uncharge, call, dev, bytes);
+  if (g_config.on && slot == g_slot) land_managed();
   chaos_point(call);
 }
 
@@ -547,6 +586,7 @@ void probes_attach(State *state, int slot) {
   if (g_config.on && g_shared != nullptr && slot >= 0) {
     const std::uint32_t generation = state->header().slot[slot].generation.load(std::memory_order_relaxed);
     g_shared->member_generation[slot].store(0, std::memory_order_release);
+    for (auto &bytes : g_shared->managed_in_flight[slot]) bytes.store(0, std::memory_order_relaxed);
     g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
     g_shared->member_generation[slot].store(generation, std::memory_order_release);
     if (g_config.interval_ms > 0) std::thread(sampler).detach();
