@@ -44,18 +44,22 @@ std::vector<std::string> managed_program(int count, const Sandbox* hold = nullpt
   return argv;
 }
 
+// By direct symbol and through cuGetProcAddress (cuprobe_dl).
 TEST(ManagedAllowance, IsRefusedBeyondItUnderFail) {
-  Sandbox box;
-  Env env = allowance_env(box, "fail");
-  Result r = run(managed_program(8), env);
-  ASSERT_EQ(r.exit_code, 0) << r.describe();
-  const std::vector<std::string> got = rcs(r, "managed");
-  ASSERT_EQ(got.size(), 8u) << r.describe();
-  EXPECT_EQ(got, (std::vector<std::string>{"0", "0", "0", "0", "2", "2", "2", "2"}))  // CUDA_ERROR_OUT_OF_MEMORY
-      << r.describe();
-  RegionView v(env["GPUSLICE_REGION"]);
-  ASSERT_NE(v.region, nullptr);
-  EXPECT_EQ(v.dev().used_bytes.load(), 0u);
+  for (Path path : {Path::direct, Path::get_proc_address}) {
+    Sandbox box;
+    Env env = allowance_env(box, "fail");
+    std::vector<std::string> argv = managed_program(8);
+    argv.erase(argv.begin());
+    Result r = probe(path, env, argv);
+    ASSERT_EQ(r.exit_code, 0) << path_name(path) << ": " << r.describe();
+    const std::vector<std::string> got = rcs(r, "managed");
+    EXPECT_EQ(got, (std::vector<std::string>{"0", "0", "0", "0", "2", "2", "2", "2"}))  // CUDA_ERROR_OUT_OF_MEMORY
+        << path_name(path) << ": " << r.describe();
+    RegionView v(env["GPUSLICE_REGION"]);
+    ASSERT_NE(v.region, nullptr);
+    EXPECT_EQ(v.dev().used_bytes.load(), 0u) << path_name(path);
+  }
 }
 
 // Beyond the allowance managed memory is served advised to the host, as a
