@@ -157,8 +157,8 @@ using gpuslice::limiter::AllocKind;
 namespace {
 // Spill: managed memory that prefers to live on the host; the device pages it
 // in on access (docs/memory.md).
-CUresult spill_managed(CUdeviceptr* dptr, std::uint64_t bytes) noexcept {
-  CUresult rc = real_cuMemAllocManaged(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+CUresult spill_managed(CUdeviceptr* dptr, std::uint64_t bytes, unsigned flags = CU_MEM_ATTACH_GLOBAL) noexcept {
+  CUresult rc = real_cuMemAllocManaged(dptr, bytes, flags);
   if (rc == CUDA_SUCCESS && real_cuMemAdvise_v2 != nullptr) {
     CUmemLocation host{};
     host.type = CU_MEM_LOCATION_TYPE_HOST;
@@ -170,6 +170,12 @@ CUresult spill_managed(CUdeviceptr* dptr, std::uint64_t bytes) noexcept {
 struct LinearAlloc {
   CUdeviceptr* dptr;
   std::uint64_t bytes;
+};
+
+struct ManagedAlloc {
+  CUdeviceptr* dptr;
+  std::uint64_t bytes;
+  unsigned flags;
 };
 }  // namespace
 
@@ -205,6 +211,25 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byt
   Reservation r;
   CUresult rc = reserve_on_current(bytesize, &r);
   if (rc != CUDA_SUCCESS) return rc;
+  // Under the device-resident allowance managed memory is resident memory
+  // like cuMemAlloc's: admitted within it, beyond it the policy's (refused,
+  // served advised to the host and counted as spilled, or waited for).
+  // Arguments the driver refuses go to it unchanged, whatever the policy.
+  if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr && bytesize != 0 &&
+      (flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST)) {
+    ManagedAlloc a{dptr, bytesize, flags};
+    return alloc_oversubscribed(
+        *g_pointers, r, reinterpret_cast<std::uint64_t*>(dptr), AllocKind::managed,
+        [](void* c) noexcept {
+          auto* p = static_cast<ManagedAlloc*>(c);
+          return real_cuMemAllocManaged(p->dptr, p->bytes, p->flags);
+        },
+        [](void* c) noexcept {
+          auto* p = static_cast<ManagedAlloc*>(c);
+          return spill_managed(p->dptr, p->bytes, p->flags);
+        },
+        &a);
+  }
   rc = real_cuMemAllocManaged(dptr, bytesize, flags);
   commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::managed);
   return rc;

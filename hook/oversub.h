@@ -3,8 +3,9 @@
 // when the device is full, or when the container already holds its
 // device-resident allowance on it:
 //   fail   CUDA_ERROR_OUT_OF_MEMORY (the default, as without the option);
-//   spill  cuMemAlloc / cuMemAllocPitch are served as managed memory that
-//          prefers host residence, counted as spilled (still within the quota);
+//   spill  cuMemAlloc / cuMemAllocPitch / cuMemAllocManaged are served as
+//          managed memory that prefers host residence, counted as spilled
+//          (still within the quota);
 //   wait   the call sleeps (futex on the region, woken by frees of the
 //          container, and every 20 ms for frees elsewhere) until the memory is
 //          there or GPUSLICE_OVERSUBSCRIBE_WAIT passes, then fails.

@@ -3,13 +3,17 @@
 // (the simulated driver without the preload library, in the container's
 // region) must be reported; then the CI subset of the torture suite runs a
 // bounded number of seeded schedules with the monitor on.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "gpuslice/region.h"
 #include "harness.h"
 
 namespace gpuslice::test {
@@ -66,6 +70,59 @@ TEST(ChaosMonitor, ReportsACountLeftBelowTheDevice) {
   const std::string report = slurp(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << report;
   EXPECT_EQ(report.find("VIOLATION (quota)"), std::string::npos) << report;
+}
+
+// Memory gpuslice counts as spilled (managed memory advised to the host) is
+// not on the device, so the count the device is checked against leaves it
+// out (device <= resident count <= allowance). A process under gpuslice holds
+// 16 MiB; the region then says all its bytes are spilled (written here, as a
+// library that counted resident memory as spilled would): the count stays
+// below the device for 600 ms. The monitor once compared the device with
+// used_bytes, spilled bytes included, and saw nothing.
+TEST(ChaosMonitor, ReportsDeviceMemoryCountedAsSpilled) {
+  Sandbox box;
+  create_region(box);
+  Env env = monitored(box, true);
+  const pid_t probe = spawn({GPUSLICE_PROBE, "monitor", "hold", "16", "600"}, env, box.path("probe.out"));
+  bool allocated = false;
+  for (int i = 0; i < 10000 && !allocated; ++i) {
+    allocated = slurp(box.path("probe.out")).find("alloc=0") != std::string::npos;
+    if (!allocated) usleep(1000);
+  }
+  EXPECT_TRUE(allocated) << slurp(box.path("probe.out"));
+  const int fd = open(env["GPUSLICE_REGION"].c_str(), O_RDWR | O_CLOEXEC);
+  void* mapped = fd < 0 ? MAP_FAILED : mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd >= 0) close(fd);
+  if (mapped != MAP_FAILED) {
+    DeviceState& d = static_cast<Region*>(mapped)->devices[0];
+    d.spilled_in_bytes.fetch_add(d.used_bytes.load());
+    munmap(mapped, sizeof(Region));
+  }
+  Result r = wait(probe, box.path("probe.out"));
+  ASSERT_NE(mapped, MAP_FAILED) << "cannot map " << env["GPUSLICE_REGION"];
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << report;
+  EXPECT_NE(report.find("device holds 16777216 bytes"), std::string::npos) << report;
+}
+
+// Managed memory may stand above the limit only in flight: from its grant to
+// the granting thread's next change of device memory (where the library's
+// spill advises it to the host). 80 MiB of managed memory over a 64 MiB
+// quota, then 1 MiB more while it is held: reported at the second grant,
+// though all of it is freed at once. The monitor once tolerated any managed
+// memory above the limit for the lag, and saw nothing here.
+TEST(ChaosMonitor, ReportsManagedMemoryAboveTheLimitOnceItIsNoLongerInFlight) {
+  Sandbox box;
+  create_region(box);
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold-managed", "80", "0"}, merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "5"}}));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << report;
+  EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("grant: managed 1048576 bytes in cuMemAllocManaged"), std::string::npos) << report;
 }
 
 TEST(ChaosMonitor, CheckpointIsExactForAQuiescentProcess) {

@@ -7,13 +7,19 @@
 // check, per container and device:
 //   quota: the device holds at most the region's limit (quota, or the
 //          device-resident allowance when smaller). An explicit allocation
-//          that ends above it is a violation at once; memory the library can
-//          only measure after the fact (contexts, modules) and managed memory
-//          (spilled after the call) may stand above it for at most the lag.
+//          that ends above it by more than the implicit grants of the last
+//          lag and the managed grants in flight is a violation at once;
+//          memory the library can only measure after the fact (contexts,
+//          modules) may stand above it for at most the lag; managed memory
+//          only in flight (the library advises what it spills to the host
+//          right after the call: until the granting thread's next change of
+//          device memory).
 //          A limit lowered at run time applies after the lag, and memory held
 //          above it before the change is allowed until it is freed.
-//   count: gpuslice's count (used_bytes + agent_extra_bytes) is not below
-//          what the device holds for more than the lag.
+//   count: gpuslice's count of what the device may hold (used_bytes less
+//          the bytes it counts as spilled, i.e. served as managed memory
+//          advised to the host, plus agent_extra_bytes) is not below what
+//          the device holds for more than the lag.
 // A violation prints the seed, the invariant, the numbers and this process's
 // last operations to stderr and appends them to the report file; the count of
 // violations is kept in <state>.monitor.
@@ -58,6 +64,10 @@ struct MonitorShared {
   std::atomic<std::uint64_t> checks;
   std::atomic<std::uint64_t> member_container[kMaxSlots];
   std::atomic<std::uint32_t> member_generation[kMaxSlots];
+  // Managed grants in flight, per process and device: granted, and the
+  // granting thread has made no other change of device memory since (the
+  // library's spill advises them to the host as its next step).
+  std::atomic<std::uint64_t> managed_in_flight[kMaxSlots][kMaxDevices];
   Watch watch[kWatches];
 };
 
@@ -156,8 +166,9 @@ int region_device(State &state, std::uint32_t dev, const Region &r) {
   return -1;
 }
 
-// Device bytes held by the live processes of this container. State lock held.
-std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *own) {
+// Device bytes held by the live processes of this container, and of them the
+// managed grants in flight. State lock held.
+std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *own, std::uint64_t *in_flight = nullptr) {
   std::uint64_t total = 0;
   for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
     const ProcSlot &slot = state.header().slot[i];
@@ -172,6 +183,7 @@ std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *ow
         slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);
     if (i == g_slot && own != nullptr) *own = held;
     total += held;
+    if (in_flight != nullptr) *in_flight += g_shared->managed_in_flight[i][dev].load(std::memory_order_relaxed);
   }
   return total;
 }
@@ -256,6 +268,18 @@ int append_processes(char *text, std::size_t len, int used, std::uint32_t dev, i
   return used;
 }
 
+// What gpuslice counts as possibly on the device: used_bytes less what it
+// counts as spilled (host memory), plus agent_extra_bytes. Spilled bytes are
+// read as the library reads them for the allowance (in, used, out), so the
+// figure is never below the library's own at any instant.
+std::uint64_t resident_count(const DeviceState &d) {
+  const std::uint64_t in = d.spilled_in_bytes.load(std::memory_order_seq_cst);
+  const std::uint64_t used = d.used_bytes.load(std::memory_order_seq_cst);
+  const std::uint64_t out = d.spilled_out_bytes.load(std::memory_order_seq_cst);
+  const std::uint64_t spilled = in > out ? in - out : 0;
+  return (used > spilled ? used - spilled : 0) + d.agent_extra_bytes.load(std::memory_order_acquire);
+}
+
 void report(const char *invariant, const char *detail, std::uint32_t dev, int region_dev, std::uint64_t total,
             std::uint64_t own, std::uint64_t limit, const DeviceState &d, const Grant *grant) {
   g_shared->violations.fetch_add(1, std::memory_order_relaxed);
@@ -268,16 +292,18 @@ void report(const char *invariant, const char *detail, std::uint32_t dev, int re
       text, sizeof(text),
       "fakecuda-monitor: VIOLATION (%s) seed=%llu stream=%llu pid=%d thread=t%u container=%s device=%u (region entry "
       "%d)\n  %s\n  device holds %llu bytes for the container (this process %llu); limit %llu (quota %llu, resident "
-      "allowance %llu in the region); gpuslice count %llu (used_bytes %llu + agent_extra_bytes %llu)\n  grant: %s%llu bytes in %s\n"
+      "allowance %llu in the region); gpuslice count %llu (used_bytes %llu - spilled %llu + agent_extra_bytes "
+      "%llu)\n  grant: %s%llu bytes in %s\n"
       "  replay: the same FAKECUDA_CHAOS_SEED and schedule (test/chaos/README.md)\n",
       invariant, static_cast<unsigned long long>(chaos.seed), static_cast<unsigned long long>(chaos.stream),
       static_cast<int>(getpid()), chaos_thread_ordinal(), g_config.region, dev, region_dev,
       detail, static_cast<unsigned long long>(total), static_cast<unsigned long long>(own),
       static_cast<unsigned long long>(limit),
       static_cast<unsigned long long>(d.quota_bytes.load(std::memory_order_relaxed)), resident,
-      static_cast<unsigned long long>(d.used_bytes.load(std::memory_order_relaxed) +
-                                      d.agent_extra_bytes.load(std::memory_order_relaxed)),
+      static_cast<unsigned long long>(resident_count(d)),
       static_cast<unsigned long long>(d.used_bytes.load(std::memory_order_relaxed)),
+      static_cast<unsigned long long>(d.spilled_in_bytes.load(std::memory_order_relaxed) -
+                                      d.spilled_out_bytes.load(std::memory_order_relaxed)),
       static_cast<unsigned long long>(d.agent_extra_bytes.load(std::memory_order_relaxed)),
       grant == nullptr ? "none (background check) " : (grant->implicit ? "implicit " : (grant->managed ? "managed " : "")),
       static_cast<unsigned long long>(grant != nullptr ? grant->bytes : 0), grant != nullptr ? grant->call : "-");
@@ -310,7 +336,8 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
   const DeviceState &d = r->devices[rd];
   g_shared->checks.fetch_add(1, std::memory_order_relaxed);
   std::uint64_t own = 0;
-  const std::uint64_t total = container_total(state, dev, &own);
+  std::uint64_t in_flight = 0;
+  const std::uint64_t total = container_total(state, dev, &own, &in_flight);
   std::uint64_t limit = d.quota_bytes.load(std::memory_order_acquire);
   const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);
   if (resident != 0 && resident < limit) limit = resident;
@@ -331,17 +358,23 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
     w->implicit_until_ns.store(now + lag, std::memory_order_relaxed);
     w->implicit_bytes.fetch_add(grant->bytes, std::memory_order_relaxed);
   }
+  // Managed grants in flight likewise: the library's spill holds the device
+  // from the driver's allocation until its advice to the host, the granting
+  // thread's next change of device memory; any check may find the device
+  // above the limit by their sum. Memory the library admitted as resident
+  // beyond the limit stays after that.
+  const std::uint64_t managed_recent = in_flight;
   const bool grace = now < w->grace_until_ns.load(std::memory_order_relaxed);
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
   // The ceiling is the limit, or more while memory held above a lowered
   // limit is not yet freed; a raised limit raises it at once.
   std::uint64_t ceiling = w->ceiling.load(std::memory_order_relaxed);
   if (ceiling < limit) ceiling = limit;
-  if (limit != kUnlimited && total > ceiling) {
+  if (limit != kUnlimited && total > ceiling + managed_recent) {
     if (grace) {
       // Allocations admitted under the previous limit may still land.
       w->ceiling.store(total, std::memory_order_relaxed);
-    } else if (grant != nullptr && !grant->implicit && !grant->managed && total > ceiling + implicit_recent) {
+    } else if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent + managed_recent) {
       report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
              ceiling, d, grant);
     } else {
@@ -355,12 +388,13 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
       }
     }
   } else {
-    w->excess_since_ns.store(0, std::memory_order_relaxed);
-    const std::uint64_t lowered = total < ceiling ? total : ceiling;
-    w->ceiling.store(lowered > limit ? lowered : limit, std::memory_order_relaxed);
+    w->excess_since_ns.store(0, std::memory_order_relaxed);  // none, or what managed grants in flight explain
+    if (total <= ceiling) {
+      const std::uint64_t lowered = total < ceiling ? total : ceiling;
+      w->ceiling.store(lowered > limit ? lowered : limit, std::memory_order_relaxed);
+    }
   }
-  const std::uint64_t count =
-      d.used_bytes.load(std::memory_order_acquire) + d.agent_extra_bytes.load(std::memory_order_acquire);
+  const std::uint64_t count = resident_count(d);
   if (total > count) {
     const std::uint64_t since = w->deficit_since_ns.load(std::memory_order_relaxed);
     if (since == 0) {
@@ -388,6 +422,18 @@ bool explicit_call(const char *call) {
   return false;
 }
 
+// This thread's managed grant in flight (MonitorShared::managed_in_flight).
+thread_local std::uint64_t t_managed_in_flight = 0;
+thread_local std::uint32_t t_managed_dev = 0;
+thread_local int t_managed_slot = -1;  // a forked child's copy is not its own
+
+// A change of device memory by this thread ends its managed grant's flight.
+void land_managed() {
+  if (t_managed_in_flight != 0 && g_shared != nullptr && g_slot >= 0 && t_managed_slot == g_slot)
+    g_shared->managed_in_flight[g_slot][t_managed_dev].fetch_sub(t_managed_in_flight, std::memory_order_relaxed);
+  t_managed_in_flight = 0;
+}
+
 void on_charge(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
   const char *call = last_call();
   ring_record(context ? OpKind::context_charge : OpKind::charge, call, dev, bytes);
@@ -396,14 +442,22 @@ void on_charge(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, b
                 call_is(call, "cuMemAllocManaged") ||
                     (call_is(call, "alloc_common") && call_is(previous_call(), "cuMemAllocManaged")),
                 call};
+    land_managed();
+    if (grant.managed && bytes > 0 && dev < kMaxDevices) {
+      g_shared->managed_in_flight[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+      t_managed_in_flight = bytes;
+      t_managed_dev = dev;
+      t_managed_slot = g_slot;
+    }
     check(state, dev, &grant);
   }
   chaos_point(call);
 }
 
-void on_uncharge(State &, int, std::uint32_t dev, std::uint64_t bytes, bool context) {
+void on_uncharge(State &, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
   const char *call = last_call();
   ring_record(context ? OpKind::context_uncharge : OpKind::uncharge, call, dev, bytes);
+  if (g_config.on && slot == g_slot) land_managed();
   chaos_point(call);
 }
 
@@ -425,8 +479,8 @@ void sampler() {
 // Test API (fakecuda_query.h): the calling process says it is quiescent (no
 // driver call and no gpuslice operation in flight in any of its threads):
 // then what it holds on each device must not exceed what gpuslice has
-// committed for it (its region slot's committed_bytes, spare lease and
-// spilled bytes included). Exact, no lag. Returns the violations found, or -1
+// committed for it as possibly resident (its region slot's committed_bytes,
+// spare lease included, less its spilled bytes). Exact, no lag. Returns the violations found, or -1
 // when the monitor is off.
 extern "C" int fakecuda_monitor_checkpoint(void) {
   using namespace gpuslice::fakecuda;
@@ -455,13 +509,17 @@ extern "C" int fakecuda_monitor_checkpoint(void) {
         mine.alloc_bytes[dev].load(std::memory_order_relaxed) + mine.context_bytes[dev].load(std::memory_order_relaxed);
     const int rd = region_device(*g_state, dev, *r);
     if (held == 0 || rd < 0) continue;
-    const std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
+    // Less what it counts as spilled: host memory, never held by the device.
+    std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
+    const std::uint64_t spilled = own != nullptr ? own->spilled_bytes[rd].load(std::memory_order_acquire) : 0;
+    committed = committed > spilled ? committed - spilled : 0;
     if (held > committed) {
       ++found;
       Watch *w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
       char detail[256];
       std::snprintf(detail, sizeof(detail),
-                    "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it (%s)",
+                    "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it, spilled "
+                    "memory left out (%s)",
                     static_cast<unsigned long long>(held), static_cast<unsigned long long>(committed),
                     own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
       report("count at checkpoint", detail, dev, rd, container_total(*g_state, dev, nullptr), held,
@@ -528,6 +586,7 @@ void probes_attach(State *state, int slot) {
   if (g_config.on && g_shared != nullptr && slot >= 0) {
     const std::uint32_t generation = state->header().slot[slot].generation.load(std::memory_order_relaxed);
     g_shared->member_generation[slot].store(0, std::memory_order_release);
+    for (auto &bytes : g_shared->managed_in_flight[slot]) bytes.store(0, std::memory_order_relaxed);
     g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
     g_shared->member_generation[slot].store(generation, std::memory_order_release);
     if (g_config.interval_ms > 0) std::thread(sampler).detach();

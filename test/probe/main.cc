@@ -173,8 +173,10 @@ const Scenario kScenarios[] = {
 
     {"monitor", "hold", "MIB HOLD_MS [checkpoint]", kOwnInit,
      [](const Args& a) {
-       return monitor::hold(a.mib(0), static_cast<unsigned>(a.number(1)), a.flag(2, "checkpoint"));
+       return monitor::hold(a.mib(0), static_cast<unsigned>(a.number(1)), a.flag(2, "checkpoint"), false);
      }},
+    {"monitor", "hold-managed", "MIB HOLD_MS", kOwnInit,
+     [](const Args& a) { return monitor::hold(a.mib(0), static_cast<unsigned>(a.number(1)), false, true); }},
 
     {"pool", "reclaim", "MIB_POOL MIB_ALLOC", kInit,
      [](const Args& a) { return pool::reclaim(a.mib(0), a.mib(1)); }},

@@ -5,6 +5,8 @@
 //       checkpoint, prints fakecuda_monitor_checkpoint()), holds it HOLD_MS,
 //       frees it, exits 0. Run without libgpuslice.so it is a program that
 //       bypasses gpuslice: the monitor must report it.
+//   hold-managed MIB HOLD_MS
+//       the same with cuMemAllocManaged of MIB, then of 1 MiB more.
 #include <cuda.h>
 #include <unistd.h>
 
@@ -17,7 +19,7 @@
 
 namespace gpuslice::probe::monitor {
 
-int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint) {
+int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint, bool managed) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
@@ -26,13 +28,16 @@ int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint) {
     return 2;
   }
   CUdeviceptr p = 0;
-  CUresult rc = cuMemAlloc(&p, bytes);
+  CUdeviceptr more = 0;
+  CUresult rc = managed ? cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL) : cuMemAlloc(&p, bytes);
+  if (managed && rc == CUDA_SUCCESS) rc = cuMemAllocManaged(&more, 1 << 20, CU_MEM_ATTACH_GLOBAL);
   std::printf("alloc=%d\n", static_cast<int>(rc));
   std::fflush(stdout);
   if (checkpoint) std::printf("checkpoint=%d\n", fakecuda_monitor_checkpoint());
   std::fflush(stdout);
   usleep(hold_ms * 1000);
-  if (rc == CUDA_SUCCESS) cuMemFree(p);
+  if (p != 0) cuMemFree(p);
+  if (more != 0) cuMemFree(more);
   cuDevicePrimaryCtxRelease(dev);
   return 0;
 }

@@ -95,7 +95,7 @@ int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset, bool arr
 int ctx_race(int tries);
 }  // namespace memory
 namespace monitor {
-int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint);
+int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint, bool managed);
 }
 namespace pool {
 int reclaim(std::size_t pool_bytes, std::size_t alloc_bytes);
