@@ -70,6 +70,7 @@ struct DriverEnv {
 void forget_queue(LaunchDevice& d) noexcept { d.queue.forget(); }
 
 void reset_queue_after_fork(LaunchDevice& d) noexcept {
+  d.markers.lock.reset();  // its holder, if any, is a thread of the parent
   d.markers.clear();
   d.queue.reset();
 }
