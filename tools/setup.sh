@@ -14,6 +14,7 @@ need=()
 # machine; runc because crun fails on hybrid cgroup layouts. ccache: compiler
 # caching (CMakeLists.txt). prometheus (with promtool) and
 # chromium-headless-shell: the observability tests (test/agent).
+# clang-format: the formatter's check (tools/format.sh).
 for pkg in \
     nlohmann-json3-dev \
     libcli11-dev \
@@ -25,7 +26,8 @@ for pkg in \
     chromium-headless-shell \
     podman \
     runc \
-    busybox-static; do
+    busybox-static \
+    clang-format; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
