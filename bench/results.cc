@@ -1,7 +1,10 @@
 #include "results.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <vector>
 
 namespace gpuslice::microbench {
 
@@ -31,6 +34,22 @@ std::string added(double native, double wrapped) {
   return text;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// " [min-max]" of the wrapped side's repetitions, as added to the native
+// median: what makes a bimodal result visible. Empty with one repetition.
+std::string spread(const Measure* n, const Measure* w) {
+  if (w->repetitions < 2) return "";
+  char text[64];
+  std::snprintf(text, sizeof(text), " [%s…%s]", added(n->cpu_ns, w->min_cpu_ns).c_str(),
+                added(n->cpu_ns, w->max_cpu_ns).c_str());
+  return text;
+}
+
 const Measure* find(const Results& r, const std::string& config, const std::string& call, const std::string& side,
                     int threads) {
   auto it = r.find(Key{config, call, side, threads});
@@ -52,8 +71,8 @@ std::string cells(const Results& r, const std::string& config, const std::string
   if (!n->error.empty() || !w->error.empty()) {
     std::snprintf(text, sizeof(text), " error | %s | - |", error_text(n, w).c_str());
   } else {
-    std::snprintf(text, sizeof(text), " %s | %s | %s |", ns(n->cpu_ns).c_str(), ns(w->cpu_ns).c_str(),
-                  added(n->cpu_ns, w->cpu_ns).c_str());
+    std::snprintf(text, sizeof(text), " %s | %s | %s%s |", ns(n->cpu_ns).c_str(), ns(w->cpu_ns).c_str(),
+                  added(n->cpu_ns, w->cpu_ns).c_str(), spread(n, w).c_str());
   }
   return text;
 }
@@ -67,7 +86,7 @@ std::string added_cell(const Results& r, const std::string& config, const std::s
   if (!n->error.empty() || !w->error.empty()) {
     std::snprintf(text, sizeof(text), " error: %s |", error_text(n, w).c_str());
   } else {
-    std::snprintf(text, sizeof(text), " %s |", added(n->cpu_ns, w->cpu_ns).c_str());
+    std::snprintf(text, sizeof(text), " %s%s |", added(n->cpu_ns, w->cpu_ns).c_str(), spread(n, w).c_str());
   }
   return text;
 }
@@ -86,21 +105,39 @@ void target(std::FILE* out, const char* what, double value, double limit, const 
 bool add_results(Results& results, const std::string& config, const std::string& benchmark_json) {
   json doc = json::parse(benchmark_json, nullptr, /*allow_exceptions=*/false);
   if (!doc.is_object() || !doc.contains("benchmarks")) return false;
+  struct Reps {
+    std::vector<double> cpu, real;
+    std::string error;
+  };
+  std::map<Key, Reps> seen;
   for (const json& b : doc["benchmarks"]) {
-    // With repetitions only the median aggregate is kept.
-    if (b.value("run_type", "iteration") == "aggregate" && b.value("aggregate_name", "") != "median") continue;
+    // Aggregates are recomputed here from the repetitions themselves.
+    if (b.value("run_type", "iteration") != "iteration") continue;
     std::string call;
     std::string side;
     if (!split_name(b.value("run_name", b.value("name", "")), &call, &side)) continue;
-    Measure& m = results[Key{config, call, side, b.value("threads", 1)}];
+    Reps& reps = seen[Key{config, call, side, b.value("threads", 1)}];
     if (b.value("error_occurred", false)) {
-      m.error = b.value("error_message", "error");
+      reps.error = b.value("error_message", "error");
       continue;
     }
-    // Running mean over the processes of a multi-process configuration.
+    reps.cpu.push_back(b.value("cpu_time", 0.0));
+    reps.real.push_back(b.value("real_time", 0.0));
+  }
+  for (auto& [key, reps] : seen) {
+    Measure& m = results[key];
+    if (!reps.error.empty() || reps.cpu.empty()) {
+      m.error = reps.error.empty() ? "no repetition" : reps.error;
+      continue;
+    }
+    // Running mean of the medians over the processes of a multi-process configuration.
     const double n = m.samples;
-    m.cpu_ns = (m.cpu_ns * n + b.value("cpu_time", 0.0)) / (n + 1);
-    m.real_ns = (m.real_ns * n + b.value("real_time", 0.0)) / (n + 1);
+    m.cpu_ns = (m.cpu_ns * n + median(reps.cpu)) / (n + 1);
+    m.real_ns = (m.real_ns * n + median(reps.real)) / (n + 1);
+    const auto [lo, hi] = std::minmax_element(reps.cpu.begin(), reps.cpu.end());
+    m.min_cpu_ns = m.samples == 0 ? *lo : std::min(m.min_cpu_ns, *lo);
+    m.max_cpu_ns = m.samples == 0 ? *hi : std::max(m.max_cpu_ns, *hi);
+    m.repetitions += static_cast<int>(reps.cpu.size());
     m.samples += 1;
   }
   return true;
@@ -113,8 +150,10 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
                                 "not a GPU driver's."
                               : "Real NVIDIA driver.");
   std::fprintf(out, "CPU ns per call (Google Benchmark cpu_time; min_time %.2f s, %d repetition(s)%s). "
-                    "Limits: %s.\n\n",
-               info.min_time, info.repetitions, info.repetitions > 1 ? ", median" : "", info.limits.c_str());
+                    "Limits: %s.%s%s\n\n",
+               info.min_time, info.repetitions,
+               info.repetitions > 1 ? ", median; [min…max] of the gpuslice repetitions less the native median" : "",
+               info.limits.c_str(), info.load.empty() ? "" : " Load average: ", info.load.c_str());
   std::fprintf(out, "\"added, limits\": with %s after the compute limiter has calibrated (launch rows; a light "
                     "spin_50us load gives it device time to measure), else with the limits from the start. "
                     "\"cold start\": empty kernels only, so the limiter never calibrates (see the notes).\n\n",
@@ -182,12 +221,14 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
 nlohmann::json results_json(const Results& results, const TableInfo& info) {
   json rows = json::array();
   for (const auto& [key, m] : results) {
-    json row{{"config", key.config}, {"call", key.call},       {"side", key.side},
-             {"threads", key.threads}, {"cpu_ns", m.cpu_ns}, {"real_ns", m.real_ns}, {"processes", m.samples}};
+    json row{{"config", key.config},     {"call", key.call},         {"side", key.side},
+             {"threads", key.threads},   {"cpu_ns", m.cpu_ns},       {"real_ns", m.real_ns},
+             {"min_cpu_ns", m.min_cpu_ns}, {"max_cpu_ns", m.max_cpu_ns}, {"repetitions", m.repetitions},
+             {"processes", m.samples}};
     if (!m.error.empty()) row["error"] = m.error;
     rows.push_back(row);
   }
-  return json{{"machine", info.machine}, {"simulated", info.simulated}, {"limits", info.limits},
+  return json{{"machine", info.machine}, {"simulated", info.simulated}, {"limits", info.limits}, {"load", info.load},
               {"min_time", info.min_time}, {"repetitions", info.repetitions}, {"results", rows}};
 }
 
