@@ -40,13 +40,19 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// " [min-max]" of the wrapped side's repetitions, as added to the native
-// median: what makes a bimodal result visible. Empty with one repetition.
+// " [min-max]" of the added ns over the repetitions: what makes a bimodal
+// result visible. For a paired call, gpuslice - native of each repetition;
+// otherwise the wrapped side's repetitions less the native median. Empty
+// with one repetition.
 std::string spread(const Measure* n, const Measure* w) {
   if (w->repetitions < 2) return "";
   char text[64];
-  std::snprintf(text, sizeof(text), " [%s…%s]", added(n->cpu_ns, w->min_cpu_ns).c_str(),
-                added(n->cpu_ns, w->max_cpu_ns).c_str());
+  if (w->paired) {
+    std::snprintf(text, sizeof(text), " [%s…%s]", added(0, w->min_added_ns).c_str(), added(0, w->max_added_ns).c_str());
+  } else {
+    std::snprintf(text, sizeof(text), " [%s…%s]", added(n->cpu_ns, w->min_cpu_ns).c_str(),
+                  added(n->cpu_ns, w->max_cpu_ns).c_str());
+  }
   return text;
 }
 
@@ -106,7 +112,7 @@ bool add_results(Results& results, const std::string& config, const std::string&
   json doc = json::parse(benchmark_json, nullptr, /*allow_exceptions=*/false);
   if (!doc.is_object() || !doc.contains("benchmarks")) return false;
   struct Reps {
-    std::vector<double> cpu, real;
+    std::vector<double> cpu, real, added;  // added: per paired repetition
     std::string error;
   };
   std::map<Key, Reps> seen;
@@ -128,6 +134,7 @@ bool add_results(Results& results, const std::string& config, const std::string&
         const double ns = b.value(std::string(s) + "_ns", 0.0) / pairs;
         reps.cpu.push_back(ns);
         reps.real.push_back(ns);
+        reps.added.push_back((b.value("gpuslice_ns", 0.0) - b.value("native_ns", 0.0)) / pairs);
       }
       continue;
     }
@@ -152,6 +159,12 @@ bool add_results(Results& results, const std::string& config, const std::string&
     const auto [lo, hi] = std::minmax_element(reps.cpu.begin(), reps.cpu.end());
     m.min_cpu_ns = m.samples == 0 ? *lo : std::min(m.min_cpu_ns, *lo);
     m.max_cpu_ns = m.samples == 0 ? *hi : std::max(m.max_cpu_ns, *hi);
+    if (!reps.added.empty()) {
+      const auto [alo, ahi] = std::minmax_element(reps.added.begin(), reps.added.end());
+      m.min_added_ns = !m.paired ? *alo : std::min(m.min_added_ns, *alo);
+      m.max_added_ns = !m.paired ? *ahi : std::max(m.max_added_ns, *ahi);
+      m.paired = true;
+    }
     m.repetitions += static_cast<int>(reps.cpu.size());
     m.samples += 1;
   }
@@ -167,7 +180,9 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
   std::fprintf(out, "CPU ns per call (Google Benchmark cpu_time; min_time %.2f s, %d repetition(s)%s). "
                     "Limits: %s.%s%s\n\n",
                info.min_time, info.repetitions,
-               info.repetitions > 1 ? ", median; [min…max] of the gpuslice repetitions less the native median" : "",
+               info.repetitions > 1 ? ", median; [min…max] of the added ns over the repetitions: gpuslice - native of each "
+                                       "repetition for cuMemAlloc+cuMemFree (paired), else the gpuslice repetitions "
+                                       "less the native median" : "",
                info.limits.c_str(), info.load.empty() ? "" : " Load average: ", info.load.c_str());
   std::fprintf(out, "\"added, limits\": with %s after the compute limiter has calibrated (launch rows; a light "
                     "spin_50us load gives it device time to measure), else with the limits from the start. "
@@ -258,6 +273,7 @@ nlohmann::json results_json(const Results& results, const TableInfo& info) {
     json row{{"config", key.config},     {"call", key.call},         {"side", key.side},
              {"threads", key.threads},   {"cpu_ns", m.cpu_ns},       {"real_ns", m.real_ns},
              {"min_cpu_ns", m.min_cpu_ns}, {"max_cpu_ns", m.max_cpu_ns}, {"repetitions", m.repetitions},
+             {"paired", m.paired}, {"min_added_ns", m.min_added_ns}, {"max_added_ns", m.max_added_ns},
              {"processes", m.samples}};
     if (!m.error.empty()) row["error"] = m.error;
     rows.push_back(row);

@@ -15,6 +15,11 @@ struct Measure {
   double min_cpu_ns = 0;  // spread of cpu_ns over the repetitions (of every process)
   double max_cpu_ns = 0;
   int repetitions = 0;  // repetitions seen (of every process)
+  // Paired calls (both sides measured in the same blocks, cases.cc): the
+  // spread of gpuslice - native per repetition, free of the load's drift.
+  bool paired = false;
+  double min_added_ns = 0;
+  double max_added_ns = 0;
   int samples = 0;     // processes averaged
   std::string error;
 };
