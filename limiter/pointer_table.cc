@@ -43,30 +43,35 @@ void backoff(unsigned* round) noexcept {
 // hands the core to another waiter, and the waiters burn whole time slices
 // in a convoy until the scheduler happens to run the holder (measured: the
 // allocation pair at 32 threads on 2 cores went from ~+50 to over +1000 ns
-// in some runs). So a waiter sleeps on the lock word instead (futex), which
-// leaves the cores to the holder. The unlock is a plain store and never
-// wakes anyone (a wake would cost every unlock a locked instruction): the
-// sleep is bounded, 20 us doubling up to 1 ms, and FUTEX_WAIT returns at
-// once if the word already changed.
+// in some runs). So a waiter marks the word 2 ("waiters") and sleeps on it
+// (futex), which leaves the cores to the holder; the unlock of a word marked
+// 2 wakes one. The mark can be lost (the fast path's exchange writes 1 over
+// it, an unlock can read 1 just before a waiter marks it): a waiter never
+// relies on a wake, its sleep is bounded, 50 us doubling up to 4 ms.
 void lock_slow(std::atomic<std::uint32_t>& word) noexcept {
-  long sleep_ns = 20'000;
-  for (unsigned round = 0;;) {
-    std::uint32_t seen = word.load(std::memory_order_relaxed);
-    if (seen == 0 && word.exchange(1, std::memory_order_acquire) == 0) return;
-    if (round < 64) {
-      ++round;
+  long sleep_ns = 50'000;
+  for (unsigned round = 0; round < 64; ++round) {
+    if (word.load(std::memory_order_relaxed) == 0 && word.exchange(1, std::memory_order_acquire) == 0) return;
 #if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
+    __builtin_ia32_pause();
 #endif
-      continue;
-    }
-    if (seen == 0) continue;
+  }
+  // Taken with the mark: the unlock then makes one needless wake call, which
+  // keeps any other sleeper from waiting for its timeout.
+  while (word.exchange(kLockWaiters, std::memory_order_acquire) != 0) {
     const timespec timeout{0, sleep_ns};
     const int saved_errno = errno;  // the caller's errno survives
-    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, seen, &timeout, nullptr, 0);
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, kLockWaiters, &timeout, nullptr,
+            0);
     errno = saved_errno;
-    if (sleep_ns < 1'000'000) sleep_ns *= 2;
+    if (sleep_ns < 4'000'000) sleep_ns *= 2;
   }
+}
+
+void wake_one(std::atomic<std::uint32_t>& word) noexcept {
+  const int saved_errno = errno;
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  errno = saved_errno;
 }
 
 // The epoch word lives in a page the kernel zeroes in every child it forks

@@ -7,8 +7,8 @@
 // its cluster back, so there are no tombstones: erased slots are reused at
 // once and churn of distinct addresses never forces a rehash). Each shard has
 // a one-word spin lock (one atomic exchange to take, a release store to drop;
-// spins, then sleeps on the word: a preempted holder gets the core) and
-// grows, under that lock, into a fresh mmap'd
+// spins, then sleeps on the word, woken by the unlock: a preempted holder
+// gets the core) and grows, under that lock, into a fresh mmap'd
 // array (never malloc: the table may grow inside an allocation wrapper of a
 // process whose malloc is itself interposed). Memory is bounded by the peak
 // live count: at most 3/4 full after growth, never shrunk.
@@ -36,7 +36,10 @@ namespace table_detail {
 
 void* map_pages(std::size_t bytes) noexcept;  // zeroed anonymous memory, or nullptr
 void unmap_pages(void* p, std::size_t bytes) noexcept;
+// Lock words: 0 free, 1 held, kLockWaiters held with (perhaps) sleepers.
+inline constexpr std::uint32_t kLockWaiters = 2;
 [[gnu::cold, gnu::noinline]] void lock_slow(std::atomic<std::uint32_t>& word) noexcept;  // spins, then futex sleeps
+[[gnu::cold, gnu::noinline]] void wake_one(std::atomic<std::uint32_t>& word) noexcept;
 void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched_yield
 
 // The process epoch: never 0; different in every forked child than in its parent.
@@ -282,7 +285,13 @@ class PointerTable {
     if (__builtin_expect(s.lock.exchange(1, std::memory_order_acquire) == 0, 1)) return;
     table_detail::lock_slow(s.lock);
   }
-  static void unlock(Shard& s) noexcept { s.lock.store(0, std::memory_order_release); }
+  // A plain store (the holder owns the line: the load costs nothing); a
+  // futex wake only when a waiter marked the word.
+  static void unlock(Shard& s) noexcept {
+    const bool waiters = s.lock.load(std::memory_order_relaxed) == table_detail::kLockWaiters;
+    s.lock.store(0, std::memory_order_release);
+    if (__builtin_expect(waiters, 0)) table_detail::wake_one(s.lock);
+  }
 
   // Every operation first checks it runs in the process that filled the table.
   void enter() const noexcept {
