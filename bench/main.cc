@@ -49,6 +49,8 @@ struct Options {
   int repetitions = 1;
   bool verbose = false;
   std::string json_file;
+  std::vector<std::string> only;  // calls to measure (all when empty)
+  std::vector<int> threads_only;  // thread counts to measure (all when empty)
   // child only
   bool child = false;
   std::string cases;
@@ -62,7 +64,10 @@ struct Options {
   std::fprintf(status == 0 ? stdout : stderr,
                "gpuslice-microbench: %s\n"
                "usage: gpuslice-microbench [--min-time SECONDS] [--repetitions N] [--json-file FILE] [--verbose]\n"
+               "                           [--only CALL,...] [--threads N,...]\n"
                "                           [--driver PATH/libcuda.so.1] [--lib PATH/libgpuslice.so]\n"
+               "  --only and --threads measure a subset (names as in the table, e.g. cuMemAlloc+cuMemFree).\n"
+               "  With --repetitions N > 1 every cell is the median of N and its spread [min-max].\n"
                "  --driver defaults to <exe dir>/../fakecuda/libcuda.so.1 (the simulated driver), --lib to\n"
                "  <exe dir>/../lib/libgpuslice.so. Prints markdown tables (docs/benchmarks.md).\n",
                why);
@@ -110,6 +115,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--child") o.child = true;
     else if (arg == "--cases") o.cases = value();
     else if (arg == "--threads") o.threads = value();
+    else if (arg == "--only") o.only = split(value(), ',');
     else if (arg == "--out") o.out = value();
     else if (arg == "--expect-quota") o.expect_quota = true;
     else if (arg == "--calibrate") o.calibrate = true;
@@ -117,6 +123,18 @@ Options parse(int argc, char** argv) {
     else usage(("unknown argument " + arg).c_str());
   }
   if (o.min_time <= 0 || o.repetitions < 1) usage("--min-time must be > 0 and --repetitions >= 1");
+  if (!o.child) {
+    for (const std::string& call : o.only) {
+      bool known = false;
+      for (const std::string& name : all_cases()) known = known || name == call;
+      if (!known) usage(("--only: unknown call " + call + ", expected names from the table").c_str());
+    }
+    for (const std::string& t : split(o.threads, ',')) {
+      const int n = std::atoi(t.c_str());
+      if (n < 1 || n > kMaxThreads) usage(("--threads: " + t + " is not a thread count from 1 to 32").c_str());
+      o.threads_only.push_back(n);
+    }
+  }
   return o;
 }
 
@@ -150,7 +168,8 @@ int child_main(const Options& o, const char* argv0) {
                                 "--benchmark_min_time=" + seconds(o.min_time)};
   if (o.repetitions > 1) {
     args.push_back("--benchmark_repetitions=" + std::to_string(o.repetitions));
-    args.push_back("--benchmark_report_aggregates_only=true");
+    // Every repetition is reported (and the aggregates): the parent shows
+    // the median with its spread, so that a bimodal result is visible.
     // Repetitions of all cases in random order: a burst of load from another
     // process on the machine then spreads over native and wrapped alike.
     args.push_back("--benchmark_enable_random_interleaving=true");
@@ -280,23 +299,36 @@ int parent_main(const Options& o) {
     usage(("no driver at " + o.driver + " (build the simulated one with GPUSLICE_BUILD_TESTS=ON, or pass --driver)").c_str());
   }
   if (!fs::exists(o.library)) usage(("no libgpuslice.so at " + o.library).c_str());
-  const std::vector<std::string>& calls = all_cases();
+  auto wanted = [&](const std::vector<std::string>& names) {
+    std::vector<std::string> out;
+    for (const std::string& name : names) {
+      bool keep = o.only.empty();
+      for (const std::string& w : o.only) keep = keep || w == name;
+      if (keep) out.push_back(name);
+    }
+    return out;
+  };
+  const std::vector<std::string> calls = wanted(all_cases());
   std::vector<std::string> limited_calls;
   for (const std::string& call : calls) {
     if (call != "cuGetProcAddress") limited_calls.push_back(call);  // not affected by limits
   }
-  const std::vector<std::string> launch_calls{"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"};
-  const std::vector<std::string> shared_calls{"cuLaunchKernel", "cuMemAlloc+cuMemFree"};
+  const std::vector<std::string> launch_calls = wanted({"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"});
+  const std::vector<std::string> shared_calls = wanted({"cuLaunchKernel", "cuMemAlloc+cuMemFree"});
+  const std::vector<int> threads = o.threads_only.empty() ? kThreads : o.threads_only;
   // "limited": the brief's case, empty kernels only, which leaves the compute
   // limiter in its uncalibrated start; "calibrated": the same with a light
   // real load so that it reaches its steady state (fixture.h).
-  const std::vector<Config> configs{
-      {"unlimited", calls, kThreads, false, false, 1},
-      {"limited", limited_calls, kThreads, true, false, 1},
-      {"calibrated", launch_calls, kThreads, true, true, 1},
-      {"procs8", shared_calls, {1}, false, false, kProcesses},
-      {"procs8_limited", shared_calls, {1}, true, true, kProcesses},
+  std::vector<Config> configs{
+      {"unlimited", calls, threads, false, false, 1},
+      {"limited", limited_calls, threads, true, false, 1},
+      {"calibrated", launch_calls, threads, true, true, 1},
   };
+  if (o.threads_only.empty()) {
+    configs.push_back({"procs8", shared_calls, {1}, false, false, kProcesses});
+    configs.push_back({"procs8_limited", shared_calls, {1}, true, true, kProcesses});
+  }
+  std::erase_if(configs, [](const Config& c) { return c.calls.empty(); });
   std::string dir;
   try {
     dir = private_dir();
@@ -306,7 +338,11 @@ int parent_main(const Options& o) {
   }
   Results results;
   bool ok = true;
+  double load[3] = {0, 0, 0};
+  const bool have_load = getloadavg(load, 3) == 3;
   for (const Config& c : configs) ok = run_config(o, c, dir, results) && ok;
+  double load_after[3] = {0, 0, 0};
+  const bool have_load_after = getloadavg(load_after, 3) == 3;
   std::error_code ec;
   fs::remove_all(dir, ec);
 
@@ -314,12 +350,19 @@ int parent_main(const Options& o) {
   info.machine = machine();
   info.command = "gpuslice-microbench --min-time " + seconds(o.min_time) + " --repetitions " +
                  std::to_string(o.repetitions);
+  if (!o.only.empty()) info.command += " --only " + join(o.only, ',');
+  if (!o.threads.empty()) info.command += " --threads " + o.threads;
+  if (have_load && have_load_after) {
+    char text[128];
+    std::snprintf(text, sizeof text, "%.2f before, %.2f after (1-minute load average)", load[0], load_after[0]);
+    info.load = text;
+  }
   info.limits = std::string("GPUSLICE_SM_LIMIT=") + kSmLimit + " GPUSLICE_MEMORY_LIMIT=" + kMemoryLimit;
   void* driver = dlopen(o.driver.c_str(), RTLD_LAZY | RTLD_LOCAL);
   info.simulated = driver == nullptr || dlsym(driver, "fakecuda_busy_ns") != nullptr;
   info.min_time = o.min_time;
   info.repetitions = o.repetitions;
-  print_tables(results, calls, kThreads, info, stdout);
+  print_tables(results, calls, threads, info, stdout);
   if (!o.json_file.empty()) {
     std::ofstream out(o.json_file);
     out << results_json(results, info).dump(2) << "\n";

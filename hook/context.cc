@@ -40,10 +40,7 @@
 namespace gpuslice::hook {
 namespace {
 
-struct Counted {
-  int entry;
-  std::uint64_t bytes;
-};
+using limiter::Counted;
 
 constinit NoDestroy<limiter::PointerTable<Counted>> g_contexts;  // CUcontext -> what was charged for it
 struct Primary {
@@ -261,13 +258,11 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept
     if (c.bytes == 0) return rc;
     // A handle value still recorded is a context destroyed behind our back
     // (the driver reuses handles): what it held went with it.
-    Counted stale{-1, 0};
-    if (!g_contexts->upsert(reinterpret_cast<std::uint64_t>(ctx), c, [&](Counted& v, bool fresh) {
-          if (!fresh) stale = v, v = c;
+    if (!limiter::record(*g_contexts, reinterpret_cast<std::uint64_t>(ctx), c, [](const Counted& stale) {
+          if (stale.bytes != 0) release(stale.entry, stale.bytes);
         })) {
       release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
     }
-    if (stale.bytes != 0) release(stale.entry, stale.bytes);
     return rc;
   }
 }

@@ -87,6 +87,9 @@ void price(CUgraphExec exec, CUgraph graph) noexcept {
   const Walker w = make_walker();
   limiter::GraphCost cost;
   if (usable(w)) w.walk(graph, 0, &cost);
+  // Priced from the graph: earlier node changes (of this executable, or of
+  // one destroyed at this address behind our back) no longer apply.
+  limiter::graph_node_prices().forget(reinterpret_cast<std::uintptr_t>(exec));
   limiter::graph_costs().insert(reinterpret_cast<std::uintptr_t>(exec), cost);
 }
 
@@ -97,14 +100,14 @@ void reprice_node(CUgraphExec exec, CUgraphNode node, const limiter::GraphCost& 
   limiter::GraphCost cost;
   const auto exec_key = reinterpret_cast<std::uintptr_t>(exec);
   if (!limiter::graph_costs().find(exec_key, &cost)) return;  // unpriced: launched at the prior
-  const std::uintptr_t key = limiter::node_key(exec_key, reinterpret_cast<std::uintptr_t>(node));
+  const auto node_id = reinterpret_cast<std::uintptr_t>(node);
   limiter::GraphCost before;
-  if (!limiter::graph_node_costs().find(key, &before)) {
+  if (!limiter::graph_node_prices().find(exec_key, node_id, &before)) {
     const Walker w = make_walker();
     if (usable(w)) w.visit(node, 0, &before);
   }
   limiter::graph_costs().insert(exec_key, limiter::reprice(cost, before, now));
-  limiter::graph_node_costs().insert(key, now);
+  limiter::graph_node_prices().set(exec_key, node_id, now);
 }
 
 limiter::GraphCost kernel_cost(unsigned gx, unsigned gy, unsigned gz) noexcept {
@@ -172,6 +175,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
   if (rc != CUDA_SUCCESS) return rc;
   // Forget first: once destroyed, the driver may hand the address out again.
   limiter::graph_costs().erase(reinterpret_cast<std::uintptr_t>(exec));
+  limiter::graph_node_prices().forget(reinterpret_cast<std::uintptr_t>(exec));
   CountingOp op;  // frees what the executable held on the device: no measurement may overlap it
   return real_cuGraphExecDestroy(exec);
 }

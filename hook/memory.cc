@@ -116,15 +116,9 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
     return;
   }
   const limiter::AllocRecord rec{r.bytes, r.entry, kind};
-  if (table.insert(key, rec)) return;
-  // The driver handed out a key we still hold a record for: we missed its
-  // free (e.g. an untracked path freed it). Settle the stale record first.
-  limiter::AllocRecord stale{};
-  if (table.erase(key, &stale)) release_record(stale);
-  if (!table.insert(key, rec)) {
-    GPUSLICE_WARN_CAPPED(3, "allocation table full; %llu bytes stay counted until the process exits",
-                         static_cast<unsigned long long>(r.bytes));
-  }
+  if (__builtin_expect(limiter::record(table, key, rec, release_record), 1)) return;
+  GPUSLICE_WARN_CAPPED(3, "allocation table full; %llu bytes stay counted until the process exits",
+                       static_cast<unsigned long long>(r.bytes));
 }
 
 limiter::AllocTable& linear_table() noexcept { return *g_pointers; }

@@ -31,10 +31,7 @@
 namespace gpuslice::hook {
 namespace {
 
-struct Counted {
-  int entry;
-  std::uint64_t bytes;
-};
+using limiter::Counted;
 
 constinit NoDestroy<limiter::PointerTable<Counted>> g_loaded;  // CUmodule -> what was charged
 // A library's placements on a device, keyed by placed_key(): what was
@@ -90,6 +87,9 @@ bool call_without_context(Call&& call, CUresult* rc, CUdevice* dev) noexcept {
   return true;
 }
 
+void remember(CUmodule m, CUdevice, const Counted& c) noexcept;
+void remember(CUlibrary l, CUdevice dev, const Counted& c) noexcept;
+
 // Runs `load` measured on the current context's device, charges what the
 // driver took, and undoes the load through `unload` if it does not fit.
 template <class Handle, class Load, class Unload>
@@ -125,13 +125,11 @@ CUresult load_counted(Handle* out, Load&& load, Unload&& unload) noexcept {
 
 // Records what was charged for a module, or a library's placement on `dev`.
 void remember_in(limiter::PointerTable<Counted>& table, std::uint64_t key, const Counted& counted) noexcept {
-  Counted stale{-1, 0};
-  if (!table.upsert(key, counted, [&](Counted& v, bool fresh) {
-        if (!fresh) stale = v, v = counted;
+  if (!limiter::record(table, key, counted, [](const Counted& stale) {
+        if (stale.bytes != 0) release(stale.entry, stale.bytes);
       })) {
     release(counted.entry, counted.bytes);  // cannot track it: do not hold budget we could never return
   }
-  if (stale.bytes != 0) release(stale.entry, stale.bytes);
 }
 void remember(CUmodule m, CUdevice, const Counted& c) noexcept {
   remember_in(*g_loaded, reinterpret_cast<std::uint64_t>(m), c);

@@ -313,14 +313,9 @@ void reclaim_all() noexcept {
   }
 }
 
-bool record_stale(CUdeviceptr ptr, const PoolRecord& rec) noexcept {
-  // The driver handed out an address we still hold a record for: its free
-  // went a way we did not see settle (cuMemFree racing with this allocation).
-  PoolState* old = nullptr;
-  std::uint64_t old_bytes = 0;
-  if (take_record(ptr, &old, &old_bytes)) freed(*old, old_bytes);
-  return g_records.insert(ptr, rec);
-}
+// A record displaced by the stale-record rule (limiter::record): its bytes
+// went back to its pool (a cuMemFree racing with this allocation).
+void settle_stale(const PoolRecord& rec) noexcept { freed(g_states[rec.slot], rec.bytes); }
 
 CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
                        RealAllocFn real_alloc, void* ctx) noexcept {

@@ -161,12 +161,12 @@ struct PoolRecord {
 // Never destroyed, constant-initialised (usable from other libraries'
 // constructors and during exit).
 extern limiter::PointerTable<PoolRecord>& g_records;
-[[gnu::cold, gnu::noinline]] bool record_stale(CUdeviceptr ptr, const PoolRecord& rec) noexcept;
+[[gnu::cold, gnu::noinline]] void settle_stale(const PoolRecord& rec) noexcept;
 [[gnu::cold, gnu::noinline]] void finalize_if_drained(PoolState& st) noexcept;
 
 inline bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) noexcept {
   const PoolRecord rec{bytes, static_cast<std::uint32_t>(&st - g_states)};
-  return __builtin_expect(g_records.insert(ptr, rec), 1) || record_stale(ptr, rec);
+  return limiter::record(g_records, ptr, rec, settle_stale);
 }
 // Exactly once per record; false if `ptr` is not a pool allocation of ours.
 inline bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) noexcept {

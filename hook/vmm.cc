@@ -207,17 +207,14 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handl
   // released behind our back, and what it held went with it.
   g_alias->erase(*handle, nullptr);
   const Physical fresh{r.bytes, r.entry, 1, false, false};
-  Physical stale{};
-  bool replaced = false;
-  if (!g_physical->upsert(*handle, fresh, [&](Physical& p, bool inserted) {
-        if (!inserted) stale = p, p = fresh, replaced = true;
+  if (!gpuslice::limiter::record(*g_physical, *handle, fresh, [](const Physical& stale) {
+        if (stale.bytes != 0) release(stale.entry, stale.bytes);
       })) {
     // No memory for our bookkeeping: undo rather than lose track.
     real_cuMemRelease(*handle);
     release(r.entry, r.bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  if (replaced && stale.bytes != 0) release(stale.entry, stale.bytes);
   return rc;
 }
 
@@ -312,20 +309,14 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t o
   const bool counted = add_ref(root);
   if (!counted && foreign_entry >= 0) release(foreign_entry, size);
   const Mapping m{size, counted ? root : 0, counted && foreign_entry >= 0 ? size : 0, foreign_entry};
-  Mapping stale{};
-  bool replaced = false;
-  if (!g_mappings->upsert(ptr, m, [&](Mapping& now, bool inserted) {
-        if (!inserted) stale = now, now = m, replaced = true;
+  if (!gpuslice::limiter::record(*g_mappings, ptr, m, [](const Mapping& stale) {  // an unmap we never saw
+        if (stale.charged != 0) release(stale.entry, stale.charged);
+        unref(stale.root);
       })) {
     // Without the mapping record the handle's release frees the bytes early;
     // the agent's reconciliation would still see what the device holds.
     if (m.charged != 0) release(m.entry, m.charged);
     unref(m.root);
-    return rc;
-  }
-  if (replaced) {  // an unmap we never saw
-    if (stale.charged != 0) release(stale.entry, stale.charged);
-    unref(stale.root);
   }
   return rc;
 }

@@ -19,4 +19,12 @@ struct AllocRecord {
 
 using AllocTable = PointerTable<AllocRecord>;
 
+// What was charged for a driver object that is not an allocation (a
+// context, a module, a library's placement, a context's resource limit):
+// bytes on a region device entry. One type for every table of them.
+struct Counted {
+  int entry;
+  std::uint64_t bytes;
+};
+
 }  // namespace gpuslice::limiter

@@ -62,12 +62,50 @@ void GraphCostTable::erase(std::uintptr_t key) noexcept {
   }
 }
 
+bool GraphNodePrices::find(std::uintptr_t exec, std::uintptr_t node, GraphCost* out) const noexcept {
+  Record r{};
+  // PointerTable::find is logically const (it takes the shard's lock).
+  if (!const_cast<PointerTable<Record>&>(table_).find(node_key(exec, node), &r) || r.exec != exec || r.node != node)
+    return false;
+  *out = r.cost;
+  return true;
+}
+
+bool GraphNodePrices::set(std::uintptr_t exec, std::uintptr_t node, const GraphCost& now) noexcept {
+  switch (table_.put(node_key(exec, node), Record{now, exec, node}, nullptr)) {
+    case PointerTable<Record>::Put::inserted:
+      live_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    case PointerTable<Record>::Put::replaced:  // the same node changed again (or a colliding pair's record)
+      return true;
+    case PointerTable<Record>::Put::full:
+      break;
+  }
+  return false;
+}
+
+void GraphNodePrices::forget(std::uintptr_t exec) noexcept {
+  if (live_.load(std::memory_order_relaxed) == 0) return;
+  table_.for_each_unlocked([&](std::uint64_t key, const Record& seen) {
+    if (seen.exec != exec) return;
+    bool erased = false;
+    table_.update(key, [&](Record& now) { return erased = now.exec == exec; });
+    if (erased) live_.fetch_sub(1, std::memory_order_relaxed);
+  });
+}
+
 namespace {
 constinit GraphCostTable g_table;  // constant-initialised: no constructor to run, no heap
-constinit GraphCostTable g_node_table;
+// Never destroyed: a CUDA call made during exit may still reach it.
+union NodePricesStorage {
+  GraphNodePrices value;
+  constexpr NodePricesStorage() : value() {}
+  ~NodePricesStorage() {}
+};
+constinit NodePricesStorage g_node_prices;
 }  // namespace
 
 GraphCostTable& graph_costs() noexcept { return g_table; }
-GraphCostTable& graph_node_costs() noexcept { return g_node_table; }
+GraphNodePrices& graph_node_prices() noexcept { return g_node_prices.value; }
 
 }  // namespace gpuslice::limiter

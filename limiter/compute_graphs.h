@@ -2,11 +2,17 @@
 // priced once, when it is instantiated (hook/graph.cc walks its nodes): the
 // sum of its kernels' nominal device time. Process-local (graph executables
 // are), lock-free and heap-free: a fixed open-addressing table keyed by the
-// CUgraphExec pointer value.
+// CUgraphExec pointer value, erased at cuGraphExecDestroy (its tombstones are
+// reused). It stays lock-free rather than a PointerTable because every
+// cuGraphLaunch of a limited container reads it: a shard lock there would add
+// a locked instruction to each launch.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+
+#include "limiter/pointer_table.h"
 
 namespace gpuslice::limiter {
 
@@ -45,15 +51,39 @@ class GraphCostTable {
 GraphCostTable& graph_costs() noexcept;
 
 // Node parameters changed inside an executable (cuGraphExec*NodeSetParams)
-// change its price: the node's price in that executable, keyed by
-// node_key(exec, node), so that a second change replaces the first one's
-// price instead of adding to it. (A key collision or a record outliving its
-// executable misprices one node; the controller's true-up charges measured
-// device time whatever the price was.)
-GraphCostTable& graph_node_costs() noexcept;
+// change its price: the node's price in that executable, so that a second
+// change replaces the first one's price instead of adding to it. One record
+// per changed node, keyed by node_key(exec, node) in a process-private
+// PointerTable (the one table design), and erased with its executable: at
+// its destroy, and when it is priced again from a graph (instantiated at a
+// reused address, updated). A record that cannot be kept (no memory) or a
+// key collision misprices one node; the controller's true-up charges
+// measured device time whatever the price was.
+class GraphNodePrices {
+ public:
+  constexpr GraphNodePrices() noexcept = default;
+  // The price `node` got in `exec` at its last change, if any.
+  bool find(std::uintptr_t exec, std::uintptr_t node, GraphCost* out) const noexcept;
+  // Records `node`'s price in `exec` (replacing an earlier change's).
+  bool set(std::uintptr_t exec, std::uintptr_t node, const GraphCost& now) noexcept;
+  // Forgets every node price of `exec`; free when no node was ever changed.
+  void forget(std::uintptr_t exec) noexcept;
+  std::size_t size() const noexcept { return live_.load(std::memory_order_relaxed); }
+  std::size_t mapped_bytes() const noexcept { return table_.mapped_bytes(); }
+
+ private:
+  struct Record {
+    GraphCost cost;
+    std::uintptr_t exec;  // the key is a hash: a record is only its own pair's
+    std::uintptr_t node;
+  };
+  PointerTable<Record> table_;
+  std::atomic<std::size_t> live_{0};
+};
+GraphNodePrices& graph_node_prices() noexcept;
 inline std::uintptr_t node_key(std::uintptr_t exec, std::uintptr_t node) noexcept {
   const std::uintptr_t k = (exec * 0x9e3779b97f4a7c15ull) ^ (node + (node << 17) + 0x632be59bd9b4e019ull);
-  return k <= 2 ? k + 3 : k;  // never one of the table's reserved keys
+  return k <= 2 ? k + 3 : k;  // never one of the tables' reserved keys
 }
 // Replaces one node's price `old_node` by `new_node` in an executable's cost.
 inline GraphCost reprice(GraphCost cost, const GraphCost& old_node, const GraphCost& new_node) noexcept {

@@ -2,9 +2,15 @@
 // process epoch. See pointer_table.h.
 #include "platform/pointer_table.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <new>
 
@@ -32,11 +38,40 @@ void backoff(unsigned* round) noexcept {
 
 // A holder keeps the lock for a few hundred instructions (a growth: one
 // mmap and a rehash of one shard), so spinning briefly is usually enough.
+// When it is not, the holder was preempted: with more threads than cores
+// (a framework's 32 threads in a 2-core container) sched_yield() mostly
+// hands the core to another waiter, and the waiters burn whole time slices
+// in a convoy until the scheduler happens to run the holder (measured: the
+// allocation pair at 32 threads on 2 cores went from ~+50 to over +1000 ns
+// in some runs). So a waiter marks the word 2 ("waiters") and sleeps on it
+// (futex), which leaves the cores to the holder; the unlock of a word marked
+// 2 wakes one. The mark can be lost (the fast path's exchange writes 1 over
+// it, an unlock can read 1 just before a waiter marks it): a waiter never
+// relies on a wake, its sleep is bounded, 50 us doubling up to 4 ms.
 void lock_slow(std::atomic<std::uint32_t>& word) noexcept {
-  for (unsigned round = 0;;) {
+  long sleep_ns = 50'000;
+  for (unsigned round = 0; round < 64; ++round) {
     if (word.load(std::memory_order_relaxed) == 0 && word.exchange(1, std::memory_order_acquire) == 0) return;
-    backoff(&round);
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
   }
+  // Taken with the mark: the unlock then makes one needless wake call, which
+  // keeps any other sleeper from waiting for its timeout.
+  while (word.exchange(kLockWaiters, std::memory_order_acquire) != 0) {
+    const timespec timeout{0, sleep_ns};
+    const int saved_errno = errno;  // the caller's errno survives
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, kLockWaiters, &timeout, nullptr,
+            0);
+    errno = saved_errno;
+    if (sleep_ns < 4'000'000) sleep_ns *= 2;
+  }
+}
+
+void wake_one(std::atomic<std::uint32_t>& word) noexcept {
+  const int saved_errno = errno;
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  errno = saved_errno;
 }
 
 // The epoch word lives in a page the kernel zeroes in every child it forks

@@ -7,7 +7,8 @@
 // its cluster back, so there are no tombstones: erased slots are reused at
 // once and churn of distinct addresses never forces a rehash). Each shard has
 // a one-word spin lock (one atomic exchange to take, a release store to drop;
-// spins, then sched_yield) and grows, under that lock, into a fresh mmap'd
+// spins, then sleeps on the word, woken by the unlock: a preempted holder
+// gets the core) and grows, under that lock, into a fresh mmap'd
 // array (never malloc: the table may grow inside an allocation wrapper of a
 // process whose malloc is itself interposed). Memory is bounded by the peak
 // live count: at most 3/4 full after growth, never shrunk.
@@ -35,7 +36,10 @@ namespace table_detail {
 
 void* map_pages(std::size_t bytes) noexcept;  // zeroed anonymous memory, or nullptr
 void unmap_pages(void* p, std::size_t bytes) noexcept;
-[[gnu::cold, gnu::noinline]] void lock_slow(std::atomic<std::uint32_t>& word) noexcept;
+// Lock words: 0 free, 1 held, kLockWaiters held with (perhaps) sleepers.
+inline constexpr std::uint32_t kLockWaiters = 2;
+[[gnu::cold, gnu::noinline]] void lock_slow(std::atomic<std::uint32_t>& word) noexcept;  // spins, then futex sleeps
+[[gnu::cold, gnu::noinline]] void wake_one(std::atomic<std::uint32_t>& word) noexcept;
 void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched_yield
 
 // The process epoch: never 0; different in every forked child than in its parent.
@@ -64,6 +68,7 @@ inline std::uint64_t mix(std::uint64_t key) noexcept {
 template <class V>
 class PointerTable {
   static_assert(std::is_trivially_copyable_v<V>, "records are copied with their bytes");
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t), "the lock word is a futex word");
 
  public:
   static constexpr unsigned kShardBits = 6;
@@ -81,10 +86,32 @@ class PointerTable {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::mix(key);
     Shard& s = locked_shard(h);
-    bool ok = false;
-    if (lookup(s, key, h) == kMissing) ok = place(s, key, h, value);
+    const std::size_t i = probe(s, key, h);
+    const bool ok = i != kMissing && s.slots[i].key == 0;
+    if (ok) fill(s, i, key, value);
     unlock(s);
     return ok;
+  }
+
+  // Records `value` under `key`, displacing the record the key held, if any
+  // (copied to *displaced). One probe of the key's cluster.
+  enum class Put { inserted, replaced, full };
+  Put put(std::uint64_t key, const V& value, V* displaced) noexcept {
+    if (reserved(key)) return Put::full;
+    const std::uint64_t h = table_detail::mix(key);
+    Shard& s = locked_shard(h);
+    const std::size_t i = probe(s, key, h);
+    Put result = Put::full;
+    if (i != kMissing && s.slots[i].key == key) {
+      if (displaced != nullptr) *displaced = s.slots[i].value;
+      s.slots[i].value = value;
+      result = Put::replaced;
+    } else if (i != kMissing) {
+      fill(s, i, key, value);
+      result = Put::inserted;
+    }
+    unlock(s);
+    return result;
   }
 
   // Exactly-once: of two racing erases of one key, one returns true (and the record).
@@ -132,10 +159,12 @@ class PointerTable {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::mix(key);
     Shard& s = locked_shard(h);
-    std::size_t i = lookup(s, key, h);
-    const bool inserted = i == kMissing;
-    if (inserted && place(s, key, h, init)) i = lookup(s, key, h);
-    if (i != kMissing) f(s.slots[i].value, inserted);
+    const std::size_t i = probe(s, key, h);
+    if (i != kMissing) {
+      const bool inserted = s.slots[i].key == 0;
+      if (inserted) fill(s, i, key, init);
+      f(s.slots[i].value, inserted);
+    }
     unlock(s);
     return i != kMissing;
   }
@@ -256,7 +285,13 @@ class PointerTable {
     if (__builtin_expect(s.lock.exchange(1, std::memory_order_acquire) == 0, 1)) return;
     table_detail::lock_slow(s.lock);
   }
-  static void unlock(Shard& s) noexcept { s.lock.store(0, std::memory_order_release); }
+  // A plain store (the holder owns the line: the load costs nothing); a
+  // futex wake only when a waiter marked the word.
+  static void unlock(Shard& s) noexcept {
+    const bool waiters = s.lock.load(std::memory_order_relaxed) == table_detail::kLockWaiters;
+    s.lock.store(0, std::memory_order_release);
+    if (__builtin_expect(waiters, 0)) table_detail::wake_one(s.lock);
+  }
 
   // Every operation first checks it runs in the process that filled the table.
   void enter() const noexcept {
@@ -317,17 +352,28 @@ class PointerTable {
     }
   }
 
-  // Linear probing from the home slot; grows first when 3/4 full. Without
-  // memory for growth, fills up to one slot short of full.
-  static bool place(Shard& s, std::uint64_t key, std::uint64_t h, const V& value) noexcept {
+  // The slot of `key`, or else the empty slot where it goes (linear probing
+  // from its home), after growing the shard if one more entry would fill it
+  // past 3/4: one walk of the key's cluster. Without memory for growth the
+  // shard fills up to one slot short of full; kMissing when even that is
+  // reached and the key is absent.
+  static std::size_t probe(Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
     const std::size_t capacity = s.slots == nullptr ? 0 : s.mask + 1;
-    if ((s.count + 1) * 4 > capacity * 3 && !grow(s) && s.count + 1 >= capacity) return false;
+    if (__builtin_expect((s.count + 1) * 4 > capacity * 3, 0) && !grow(s)) {
+      const std::size_t at = lookup(s, key, h);
+      if (at != kMissing || s.count + 1 >= capacity) return at;
+    }
     std::size_t i = h & s.mask;
-    while (s.slots[i].key != 0) i = (i + 1) & s.mask;
+    for (;; i = (i + 1) & s.mask) {
+      const std::uint64_t k = s.slots[i].key;
+      if (k == key || k == 0) return i;
+    }
+  }
+
+  static void fill(Shard& s, std::size_t i, std::uint64_t key, const V& value) noexcept {
     s.slots[i].key = key;
     s.slots[i].value = value;
     ++s.count;
-    return true;
   }
 
   static bool grow(Shard& s) noexcept {
@@ -375,5 +421,29 @@ class PointerTable {
   mutable Shard shards_[kShards];
   mutable std::atomic<std::uint64_t> epoch_{0};  // process epoch of the contents; kAdopting while cleared
 };
+
+// The stale-record rule, the one place it is written: when the driver hands
+// out a key (a device pointer, a handle) we still hold a record for, the
+// object that record describes is gone (freed behind our back: a context
+// destroyed with it, an untracked path, a free racing this allocation whose
+// settle we did not see), and what it held went with it. The new record
+// takes the key, and settle_stale(old) returns what the old one counted;
+// it runs after the table's lock is dropped, so it may use this table and
+// others. False (nothing recorded, nothing settled) when no memory is left
+// for the record: the caller decides what an untracked object costs.
+template <class V, class Settle>
+bool record(PointerTable<V>& table, std::uint64_t key, const V& value, Settle&& settle_stale) noexcept {
+  V stale{};
+  switch (table.put(key, value, &stale)) {
+    case PointerTable<V>::Put::inserted:
+      return true;
+    case PointerTable<V>::Put::replaced:
+      settle_stale(static_cast<const V&>(stale));
+      return true;
+    case PointerTable<V>::Put::full:
+      break;
+  }
+  return false;
+}
 
 }  // namespace gpuslice::limiter
