@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "limiter/pointer_table.h"
+#include "platform/pointer_table.h"
 
 namespace gpuslice::limiter {
 
