@@ -11,7 +11,8 @@
 //       the device holds (the other thread paused), and undoes it, ROUNDS
 //       times; meanwhile another thread releases device memory by KIND:
 //       ctx-destroy, primary-release, sync-trim, pool-trim, module-unload,
-//       library-unload
+//       library-unload, array-reclaim (an array creation that trims the
+//       process's idle pool reserve before gpuslice refuses it)
 //   implicit_probe set-limit MIB
 //       cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, MIB) in a created context,
 //       then the context destroyed
@@ -105,6 +106,21 @@ void release_once(const std::string& kind, CUcontext home, CUstream stream, CUme
     for (CUmodule& x : m) cuModuleLoadData(&x, image.c_str());
     for (CUmodule x : m)
       if (x != nullptr) cuModuleUnload(x);
+  } else if (kind == "array-reclaim") {
+    // The pool keeps 64 MiB idle (threshold: everything); an array too big
+    // for what is left of the quota makes gpuslice trim this process's
+    // pools before it refuses (reserve()'s reclaim): a release inside an
+    // array creation.
+    CUdeviceptr p = 0;
+    if (cuMemAllocFromPoolAsync(&p, 64 * kMi, pool, stream) == CUDA_SUCCESS) cuMemFreeAsync(p, stream);
+    cuStreamSynchronize(stream);
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    d.Width = 16384;
+    d.Height = 7200;  // 1,800 MiB of float4: beyond the 2 GiB quota with the home context
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 4;
+    CUarray a = nullptr;
+    if (cuArray3DCreate(&a, &d) == CUDA_SUCCESS) cuArrayDestroy(a);
   } else if (kind == "library-unload") {
     CUlibrary l[4] = {};
     for (CUlibrary& x : l) cuLibraryLoadData(&x, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
