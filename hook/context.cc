@@ -26,6 +26,7 @@
 #include <new>
 #include <sched.h>
 
+#include "hook/kernels.h"
 #include "hook/launch.h"
 #include "hook/log.h"
 #include "hook/measure.h"
@@ -258,6 +259,7 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept
       *pctx = nullptr;
       return rc;
     }
+    kernels_context_created();
     if (c.bytes == 0) return rc;
     // A handle value still recorded is a context destroyed behind our back
     // (the driver reuses handles): what it held went with it.
@@ -283,6 +285,7 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   if (rc == CUDA_SUCCESS) release_limits(ctx);
   if (rc == CUDA_SUCCESS) sweep_implicitly_freed();  // what the context owned went with it
   if (rc == CUDA_SUCCESS) launch::forget_all_streams();  // its streams too: their handles may come back
+  if (rc == CUDA_SUCCESS) kernels_context_destroyed();   // no library is placed in the next context of this handle
   return rc;
 }
 
@@ -297,6 +300,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   Primary& p = g_primary[dev];
   if (rc == CUDA_SUCCESS && p.refs > 0) {
     p.refs = reset ? 0 : p.refs - 1;
+    if (p.refs == 0) kernels_context_destroyed();
     if (p.refs == 0 && p.counted.bytes != 0) {
       release(p.counted.entry, p.counted.bytes);
       p.counted = Counted{-1, 0};
@@ -502,6 +506,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
       }
       p.counted = c;
       p.handle = pctx != nullptr ? *pctx : nullptr;
+      kernels_context_created();
     }
     ++p.refs;
     return rc;
