@@ -246,6 +246,28 @@ TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
   EXPECT_EQ(num(r, "reset-vs-place", "shorts"), 0) << r.out;
 }
 
+// A measurement whose gate times out: another thread's synchronisation waits
+// 2.5 s for a kernel (longer than the 2 s the gate waits), then trims 96 MiB
+// of pool reserve inside the measured module load and settles its count only
+// ~1.5 s later (FAKECUDA_POOL_QUERY_DELAY_US delays the reconciliation). The
+// disturbed measurement now waits for the synchronisation to finish and
+// counts what the process holds beyond its count: the module, exactly.
+// Before, the fallback (the difference minus what the counted bytes had
+// moved by then) counted it as 0: 32 MiB on the device beyond the count
+// (gate_probe).
+TEST(MeasureGate, ATimedOutMeasurementIsNeverCountedShort) {
+  Sandbox box;
+  Env env = kDevice;
+  env["FAKECUDA_POOL_QUERY_DELAY_US"] = "1500000";
+  std::vector<std::string> args{bin("gate_probe"), "stuck-release", "32"};
+  Result r = run(args, merge(box.env(), env), 60000);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(num(r, "stuck-release", "rc"), 0) << r.out;
+  EXPECT_GE(num(r, "stuck-release", "held") - num(r, "stuck-release", "unloaded_held"), 32 * kMi) << r.out;
+  EXPECT_GE(num(r, "stuck-release", "counted"), num(r, "stuck-release", "held")) << r.out;
+  EXPECT_EQ(num(r, "stuck-release", "unloaded"), num(r, "stuck-release", "unloaded_held")) << r.out;
+}
+
 TEST(ResourceLimit, MallocHeapIsCountedUntilTheContextGoes) {
   Sandbox box;
   Result r = probe(box, kDevice, {"set-limit", "1024"});
