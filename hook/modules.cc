@@ -54,12 +54,15 @@ constinit NoDestroy<limiter::PointerTable<Placed>> g_placed;
 // found placed) in since the last context went (`epoch`: g_context_epoch
 // then; an older record has seen none: a destroyed context's handle comes
 // back for the next one).
-constexpr unsigned kSeenContexts = 4;
+// The last kSeenContexts contexts: a kernel launched in more contexts than
+// that is looked at again (and measured, 0 where placed already).
+constexpr unsigned kSeenContexts = 8;
 struct KernelRecord {
   std::uint64_t lib;
   std::uint64_t epoch;
   CUcontext seen[kSeenContexts];
-  std::uint32_t n;
+  std::uint32_t n;     // entries of seen[] in use
+  std::uint32_t next;  // the one replaced next once all are
 };
 constinit NoDestroy<limiter::PointerTable<KernelRecord>> g_kernels;
 std::atomic<int> g_live_contexts{0};
@@ -208,8 +211,15 @@ void note_seen(CUkernel kernel, CUcontext ctx) noexcept {
   bool done = true;
   g_kernels->update(reinterpret_cast<std::uint64_t>(kernel), [&](KernelRecord& r) {
     const std::uint64_t epoch = g_context_epoch.load(std::memory_order_seq_cst);
-    if (r.epoch != epoch) r.epoch = epoch, r.n = 0;
-    if (ctx != nullptr && !seen_in(r, ctx) && r.n < kSeenContexts) r.seen[r.n++] = ctx;
+    if (r.epoch != epoch) r.epoch = epoch, r.n = 0, r.next = 0;
+    if (ctx != nullptr && !seen_in(r, ctx)) {
+      if (r.n < kSeenContexts) {
+        r.seen[r.n++] = ctx;
+      } else {
+        r.seen[r.next] = ctx;
+        r.next = (r.next + 1) % kSeenContexts;
+      }
+    }
     done = complete(r);
     return false;
   });
@@ -395,7 +405,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary
   rc = real_cuLibraryGetKernel(pKernel, library, name);
   if (rc != CUDA_SUCCESS) return rc;
   const CUkernel kernel = *pKernel;
-  const KernelRecord fresh{reinterpret_cast<std::uint64_t>(library), 0, {}, 0};
+  const KernelRecord fresh{reinterpret_cast<std::uint64_t>(library), 0, {}, 0, 0};
   if (!g_kernels->upsert(reinterpret_cast<std::uint64_t>(kernel), fresh, [&](KernelRecord& v, bool inserted) {
         if (inserted || v.lib != fresh.lib) v = fresh;
       }))
