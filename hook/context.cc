@@ -468,6 +468,10 @@ std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
   // covers all it holds on the device: never short. An operation still in
   // flight after kSettleNs (a driver call that does not return) leaves the
   // same figure taken now; it is warned about.
+  // Meanwhile the object is counted at the fallback (taken back before the
+  // caller charges what this returns), so the wait delays no count.
+  const std::uint64_t interim = fallback > prepaid ? fallback - prepaid : 0;
+  const bool held_interim = interim != 0 && charge(entry, interim);
   std::uint64_t now = after;
   const bool quiet = wait_quiet(kSettleNs);
   if (!quiet)
@@ -475,7 +479,11 @@ std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
                             "counted what the process held beyond its count then",
                          static_cast<unsigned long long>((kDrainNs + kSettleNs) / 1'000'000'000));
   if (!nvml_usage(ordinal, &now)) now = after;
-  const std::uint64_t counted = committed_on(entry);
+  std::uint64_t counted = committed_on(entry);
+  if (held_interim) {
+    counted = counted > interim ? counted - interim : 0;
+    release(entry, interim);
+  }
   const std::uint64_t others = counted > prepaid ? counted - prepaid : 0;
   const std::uint64_t beyond = now > others ? now - others : 0;
   return beyond > fallback ? beyond : fallback;

@@ -56,7 +56,8 @@ inline constexpr std::uint64_t kSettleNs = 8'000'000'000;
 // exact (and stored in *remembered when given). A disturbed one (an
 // operation stayed in flight past kDrainNs) is conservative: it waits, gate
 // still closed, for the operations in flight to finish (bounded, kSettleNs)
-// and returns the largest of *remembered (when set; else the difference
+// (counting the object at the fallback meanwhile, taken back before it
+// returns) and returns the largest of *remembered (when set; else the difference
 // minus what the process's counted bytes moved meanwhile) and what the
 // process then holds beyond all its counted bytes but `prepaid` (what was
 // already reserved for this object): the process's count then covers what
