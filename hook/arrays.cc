@@ -125,7 +125,13 @@ CUresult admit_resident(const Reservation& r) noexcept {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+// A counting operation (wrap.h), as every allocation: the driver call takes
+// device memory, and reserve() may trim this process's idle pool reserves
+// before it refuses (the pool reclaim): neither may overlap a measurement of
+// a context, module or library (measure.h), which would take the trimmed
+// reserve for its own shrinkage and count it short.
 CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) noexcept {
+  CountingOp op;
   Reservation r;
   CUresult rc = reserve_on_current(bytes, &r);
   if (rc != CUDA_SUCCESS) return rc;
@@ -186,6 +192,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray) {
 GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d,
                                                         unsigned int numLevels) {
   if (pHandle == nullptr || d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CountingOp op;  // as create_array's
   Reservation r;
   CUresult rc = reserve_on_current(mipmapped_bytes(*d, numLevels), &r);
   if (rc != CUDA_SUCCESS) return rc;

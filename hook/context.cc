@@ -26,6 +26,7 @@
 #include <new>
 #include <sched.h>
 
+#include "hook/kernels.h"
 #include "hook/launch.h"
 #include "hook/log.h"
 #include "hook/measure.h"
@@ -191,7 +192,7 @@ CUresult count_new_context(CUdevice ordinal, const Measure& m, std::uint64_t res
   *over_resident = false;
   if (out->entry < 0 || ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return CUDA_SUCCESS;
   bool exact = false;
-  std::uint64_t bytes = measured_bytes(ordinal, out->entry, m, &g_context_size[ordinal], &exact);
+  std::uint64_t bytes = measured_bytes(ordinal, out->entry, m, &g_context_size[ordinal], &exact, reserved);
   if (exact && bytes != 0) {
     g_process.region->devices[out->entry].context_size_bytes.store(bytes, std::memory_order_relaxed);
   } else if (bytes < reserved) {
@@ -255,6 +256,7 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept
       *pctx = nullptr;
       return rc;
     }
+    kernels_context_created();
     if (c.bytes == 0) return rc;
     // A handle value still recorded is a context destroyed behind our back
     // (the driver reuses handles): what it held went with it.
@@ -278,6 +280,7 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   if (rc == CUDA_SUCCESS) release_limits(ctx);
   if (rc == CUDA_SUCCESS) sweep_implicitly_freed();  // what the context owned went with it
   if (rc == CUDA_SUCCESS) launch::forget_all_streams();  // its streams too: their handles may come back
+  if (rc == CUDA_SUCCESS) kernels_context_destroyed();   // no library is placed in the next context of this handle
   return rc;
 }
 
@@ -292,6 +295,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   Primary& p = g_primary[dev];
   if (rc == CUDA_SUCCESS && p.refs > 0) {
     p.refs = reset ? 0 : p.refs - 1;
+    if (p.refs == 0) kernels_context_destroyed();
     if (p.refs == 0 && p.counted.bytes != 0) {
       release(p.counted.entry, p.counted.bytes);
       p.counted = Counted{-1, 0};
@@ -410,8 +414,21 @@ Measure measure_before(CUdevice ordinal) noexcept {
   return m;
 }
 
+// Waits (bounded) until no counting operation of the process is in flight;
+// true when none is. The gate stays as it is (closed by a measurement).
+static bool wait_quiet(std::uint64_t ns) noexcept {
+  const int saved_errno = errno;
+  std::uint64_t ops = 0;
+  bool busy = true, readable = false;
+  const std::uint64_t deadline = shm::monotonic_ns() + ns;
+  while ((readable = read_op_counts(&ops, &busy)) && busy && shm::monotonic_ns() < deadline) sched_yield();
+  errno = saved_errno;
+  return readable && !busy;
+}
+
 std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
-                             std::atomic<std::uint64_t>* remembered, bool* exact_out) noexcept {
+                             std::atomic<std::uint64_t>* remembered, bool* exact_out,
+                             std::uint64_t prepaid) noexcept {
   if (exact_out != nullptr) *exact_out = false;
   std::uint64_t after = 0;
   if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
@@ -426,15 +443,45 @@ std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
     if (exact_out != nullptr) *exact_out = true;
     return raw;
   }
-  if (remembered != nullptr) {
-    if (const std::uint64_t k = remembered->load(std::memory_order_relaxed); k != 0) return k;
+  // Disturbed: an operation stayed in flight past kDrainNs (or, past its
+  // own wait, ran meanwhile). The difference can then be short by whatever
+  // such an operation released inside the call and had not settled in our
+  // count by now, so neither it nor the figures below are trusted alone.
+  std::uint64_t fallback = 0;
+  if (remembered != nullptr) fallback = remembered->load(std::memory_order_relaxed);
+  if (fallback == 0) {
+    // What our own counted operations moved meanwhile, taken out.
+    const std::int64_t moved = static_cast<std::int64_t>(committed_on(entry) - m.committed);
+    const std::int64_t corrected = static_cast<std::int64_t>(raw) - moved;
+    fallback = corrected > 0 ? static_cast<std::uint64_t>(corrected) : 0;
   }
-  // Measured while other threads allocated, with nothing remembered: take
-  // out what our own counted operations moved meanwhile.
-  const std::uint64_t committed = committed_on(entry);
-  const std::int64_t moved = static_cast<std::int64_t>(committed - m.committed);
-  const std::int64_t corrected = static_cast<std::int64_t>(raw) - moved;
-  return corrected > 0 ? static_cast<std::uint64_t>(corrected) : 0;
+  // Settle: the gate is still closed (the caller holds measure_mutex()), so
+  // wait for the operations in flight to finish and their counts to settle,
+  // then take what the process holds beyond everything counted for it (less
+  // what was already reserved for this object: `prepaid`) as this object's
+  // size, if that is more. At that quiet moment the process's count then
+  // covers all it holds on the device: never short. An operation still in
+  // flight after kSettleNs (a driver call that does not return) leaves the
+  // same figure taken now; it is warned about.
+  // Meanwhile the object is counted at the fallback (taken back before the
+  // caller charges what this returns), so the wait delays no count.
+  const std::uint64_t interim = fallback > prepaid ? fallback - prepaid : 0;
+  const bool held_interim = interim != 0 && charge(entry, interim);
+  std::uint64_t now = after;
+  const bool quiet = wait_quiet(kSettleNs);
+  if (!quiet)
+    GPUSLICE_WARN_CAPPED(3, "a measurement of implicit device memory waited %llu s for an operation in flight; "
+                            "counted what the process held beyond its count then",
+                         static_cast<unsigned long long>((kDrainNs + kSettleNs) / 1'000'000'000));
+  if (!nvml_usage(ordinal, &now)) now = after;
+  std::uint64_t counted = committed_on(entry);
+  if (held_interim) {
+    counted = counted > interim ? counted - interim : 0;
+    release(entry, interim);
+  }
+  const std::uint64_t others = counted > prepaid ? counted - prepaid : 0;
+  const std::uint64_t beyond = now > others ? now - others : 0;
+  return beyond > fallback ? beyond : fallback;
 }
 
 }  // namespace gpuslice::hook
@@ -497,6 +544,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
       }
       p.counted = c;
       p.handle = pctx != nullptr ? *pctx : nullptr;
+      kernels_context_created();
     }
     ++p.refs;
     return rc;

@@ -1,10 +1,13 @@
 // The exported launch entry points (symbols.def, "kernel launches"). Each one
 // tests the mode once and, unlimited, tail-calls the driver; otherwise it is
-// admitted on its stream's device (launch.cc). A NULL configuration is
+// admitted on its stream's device (launch.cc). Those that take a CUkernel
+// cast to CUfunction first test whether a kernel's library may still be
+// placed by this launch (kernels.h: one load and a predictable branch). A NULL configuration is
 // refused here with the driver's documented CUDA_ERROR_INVALID_VALUE, before
 // any pointer that may never have been loaded is touched.
 #include <cuda.h>
 
+#include "hook/kernels.h"
 #include "hook/launch.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
@@ -37,6 +40,7 @@ std::uint64_t side(int n) noexcept { return n > 0 ? static_cast<std::uint64_t>(n
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                                 unsigned int bx, unsigned int by, unsigned int bz,
                                                 unsigned int shmem, CUstream s, void** params, void** extra) {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]] return placed;
   if (unlimited()) return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
   return gated(blocks(gx, gy, gz), false, 1, s, false,
                [&] { return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
@@ -45,6 +49,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int 
                                                      unsigned int gz, unsigned int bx, unsigned int by,
                                                      unsigned int bz, unsigned int shmem, CUstream s,
                                                      void** params, void** extra) {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]] return placed;
   if (unlimited()) return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
   return gated(blocks(gx, gy, gz), false, 1, s, true,
                [&] { return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
@@ -52,6 +57,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int 
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
                                                   void** extra) {
   if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (const CUresult placed = place_kernel(f, config->hStream); placed != CUDA_SUCCESS) [[unlikely]]
+    return placed;
   if (unlimited()) return real_cuLaunchKernelEx(config, f, params, extra);
   return gated(blocks(config->gridDimX, config->gridDimY, config->gridDimZ), false, 1, config->hStream, false,
                [&] { return real_cuLaunchKernelEx(config, f, params, extra); });
@@ -59,6 +66,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, 
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
                                                        void** extra) {
   if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (const CUresult placed = place_kernel(f, config->hStream); placed != CUDA_SUCCESS) [[unlikely]]
+    return placed;
   if (unlimited()) return real_cuLaunchKernelEx_ptsz(config, f, params, extra);
   return gated(blocks(config->gridDimX, config->gridDimY, config->gridDimZ), false, 1, config->hStream, true,
                [&] { return real_cuLaunchKernelEx_ptsz(config, f, params, extra); });
@@ -67,6 +76,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigne
                                                            unsigned int gz, unsigned int bx, unsigned int by,
                                                            unsigned int bz, unsigned int shmem, CUstream s,
                                                            void** params) {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]] return placed;
   if (unlimited()) return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   return gated(blocks(gx, gy, gz), false, 1, s, false,
                [&] { return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params); });
@@ -75,6 +85,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, un
                                                                 unsigned int gz, unsigned int bx, unsigned int by,
                                                                 unsigned int bz, unsigned int shmem, CUstream s,
                                                                 void** params) {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]] return placed;
   if (unlimited()) return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   return gated(blocks(gx, gy, gz), false, 1, s, true,
                [&] { return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params); });

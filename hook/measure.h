@@ -1,7 +1,8 @@
 // Device memory the driver takes without saying how much (contexts, modules):
 // measured as this process's NVML usage after minus before the call that
 // takes it, exact when no counting operation of the process overlapped
-// (CountingOp, wrap.h). context.cc defines it; modules.cc uses it too.
+// (CountingOp, wrap.h), and never short when one stayed in flight (settled
+// once it finished, measured_bytes). context.cc defines it; modules.cc uses it too.
 #pragma once
 
 #include <cuda.h>
@@ -48,12 +49,22 @@ bool close_gate_and_drain(std::uint64_t* ops) noexcept;
 // driver call while the pool changes (pools.cc, which takes no lock itself).
 CUresult gated_call(const char* what, CUresult (*fn)(void* ctx) noexcept, void* ctx) noexcept;
 inline constexpr std::uint64_t kDrainNs = 2'000'000'000;
+// How long a disturbed measurement waits after the call for the operations
+// in flight to finish before it settles (measured_bytes).
+inline constexpr std::uint64_t kSettleNs = 8'000'000'000;
 // After it: the bytes the driver began to hold. An undisturbed measurement is
-// exact (and stored in *remembered when given); a disturbed one returns
-// *remembered when set, else the difference minus what the process's counted
-// bytes moved meanwhile. 0 when NVML cannot see the process.
+// exact (and stored in *remembered when given). A disturbed one (an
+// operation stayed in flight past kDrainNs) is conservative: it waits, gate
+// still closed, for the operations in flight to finish (bounded, kSettleNs)
+// (counting the object at the fallback meanwhile, taken back before it
+// returns) and returns the largest of *remembered (when set; else the difference
+// minus what the process's counted bytes moved meanwhile) and what the
+// process then holds beyond all its counted bytes but `prepaid` (what was
+// already reserved for this object): the process's count then covers what
+// it holds. 0 when NVML cannot see the process.
 // *exact (when given) says whether the measurement was undisturbed.
 std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
-                             std::atomic<std::uint64_t>* remembered, bool* exact = nullptr) noexcept;
+                             std::atomic<std::uint64_t>* remembered, bool* exact = nullptr,
+                             std::uint64_t prepaid = 0) noexcept;
 
 }  // namespace gpuslice::hook

@@ -11,18 +11,19 @@
 // use there. The placement points are measured the same way, once per
 // library and context (the last context measured is remembered per device):
 // cuLibraryGetGlobal, cuLibraryGetManaged, cuLibraryGetModule,
-// cuKernelGetFunction, and cuLibraryGetKernel (which
-// places the library at once, through cuLibraryGetModule, when a context is
-// current: the launch that would place it later is not a point we measure).
+// cuKernelGetFunction, cuLibraryGetKernel (which places the library at once,
+// through cuLibraryGetModule, when a context is current), and the first
+// launch of a kernel cuLibraryGetKernel handed out in a context where its
+// library was not measured yet (kernels.h: measured in the launch wrapper,
+// before the launch, through cuKernelGetFunction in that context).
 // A placement that does not fit the quota cannot be undone alone: the library
 // is unloaded and the call fails with CUDA_ERROR_OUT_OF_MEMORY (the handle is
-// invalid from then on). Code a driver places at a function's first launch
-// in a context we never saw a placement point in is not seen: the node
-// agent's reconciliation adds it (docs/memory.md).
+// invalid from then on), and so does a launch that placed it.
 #include <cuda.h>
 
 #include <mutex>
 
+#include "hook/kernels.h"
 #include "hook/log.h"
 #include "hook/measure.h"
 #include "hook/oversub.h"
@@ -45,8 +46,24 @@ struct Placed {
   CUcontext ctx;
 };
 constinit NoDestroy<limiter::PointerTable<Placed>> g_placed;
-// CUkernel -> its CUlibrary (from cuLibraryGetKernel), for cuKernelGetFunction.
-constinit NoDestroy<limiter::PointerTable<std::uint64_t>> g_kernels;
+// CUkernel -> its CUlibrary (from cuLibraryGetKernel), for cuKernelGetFunction
+// and launches (kernels.h), with the contexts its library was measured (or
+// found placed) in since the last context went (`epoch`: g_context_epoch
+// then; an older record has seen none: a destroyed context's handle comes
+// back for the next one).
+// The last kSeenContexts contexts: a kernel launched in more contexts than
+// that is looked at again (and measured, 0 where placed already).
+constexpr unsigned kSeenContexts = 8;
+struct KernelRecord {
+  std::uint64_t lib;
+  std::uint64_t epoch;
+  CUcontext seen[kSeenContexts];
+  std::uint32_t n;     // entries of seen[] in use
+  std::uint32_t next;  // the one replaced next once all are
+};
+constinit NoDestroy<limiter::PointerTable<KernelRecord>> g_kernels;
+std::atomic<int> g_live_contexts{0};
+std::atomic<std::uint64_t> g_context_epoch{0};
 // Libraries unloaded so far: invalidates the threads' last resolved kernel.
 constinit std::atomic<std::uint64_t> g_unloads{0};
 [[gnu::tls_model("initial-exec")]] constinit thread_local CUkernel t_kernel = nullptr;
@@ -158,6 +175,68 @@ void forget(CUlibrary l) noexcept {
   }
 }
 
+// --- kernels launched (kernels.h) ---
+bool seen_in(const KernelRecord& r, CUcontext ctx) noexcept {
+  if (r.epoch != g_context_epoch.load(std::memory_order_seq_cst)) return false;
+  for (std::uint32_t i = 0; i < r.n && i < kSeenContexts; ++i)
+    if (r.seen[i] == ctx) return true;
+  return false;
+}
+// Seen in as many contexts as the process has: no launch can place it anywhere new.
+bool complete(const KernelRecord& r) noexcept {
+  const int live = g_live_contexts.load(std::memory_order_seq_cst);
+  if (live <= 0) return true;  // no context to launch in; a new one makes it incomplete
+  return r.epoch == g_context_epoch.load(std::memory_order_seq_cst) && static_cast<int>(r.n) >= live;
+}
+void kernels_dirty() noexcept {
+  std::uint64_t w = g_kernel_check.load(std::memory_order_relaxed);
+  while (!g_kernel_check.compare_exchange_weak(w, (w + 2) | 1, std::memory_order_seq_cst)) {
+  }
+}
+// Clears bit 0 when every kernel handed out is complete and nothing set it
+// since `w0` was read (before the records were).
+void try_clear(std::uint64_t w0) noexcept {
+  if ((w0 & 1) == 0) return;
+  bool all = true;
+  g_kernels->for_each([&](std::uint64_t, const KernelRecord& r) {
+    if (!complete(r)) all = false;
+  });
+  if (all) g_kernel_check.compare_exchange_strong(w0, w0 & ~std::uint64_t{1}, std::memory_order_seq_cst);
+}
+// The library of `kernel` is placed (and counted) in `ctx`; sets the check
+// when the kernel may still be launched in a context where it is not.
+void note_seen(CUkernel kernel, CUcontext ctx) noexcept {
+  bool done = true;
+  g_kernels->update(reinterpret_cast<std::uint64_t>(kernel), [&](KernelRecord& r) {
+    const std::uint64_t epoch = g_context_epoch.load(std::memory_order_seq_cst);
+    if (r.epoch != epoch) r.epoch = epoch, r.n = 0, r.next = 0;
+    if (ctx != nullptr && !seen_in(r, ctx)) {
+      if (r.n < kSeenContexts) {
+        r.seen[r.n++] = ctx;
+      } else {
+        r.seen[r.next] = ctx;
+        r.next = (r.next + 1) % kSeenContexts;
+      }
+    }
+    done = complete(r);
+    return false;
+  });
+  if (!done) kernels_dirty();
+}
+void forget_kernels(CUlibrary l) noexcept {
+  const std::uint64_t w0 = g_kernel_check.load(std::memory_order_seq_cst);
+  const auto lib = reinterpret_cast<std::uint64_t>(l);
+  // Erased one by one (for_each holds a shard lock: no erase inside).
+  for (;;) {
+    std::uint64_t key = 0;
+    g_kernels->for_each([&](std::uint64_t k, const KernelRecord& r) {
+      if (key == 0 && r.lib == lib) key = k;
+    });
+    if (key == 0 || !g_kernels->erase(key, nullptr)) break;
+  }
+  try_clear(w0);
+}
+
 // cuLibraryUnload. The records of the library's placements are taken out
 // *before* the driver call: once the driver has unloaded it, it may hand the
 // same handle to the next cuLibraryLoadData of another thread, whose first
@@ -180,6 +259,7 @@ CUresult unload_library_counted(CUlibrary l) noexcept {
     if (!g_placed->erase(placed_key(l, d), &taken[d])) taken[d] = Placed{-1, 0, nullptr};
   g_unloads.fetch_add(1, std::memory_order_acq_rel);
   rc = real_cuLibraryUnload(l);
+  if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_INVALID_HANDLE) forget_kernels(l);
   for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d) {
     const Placed& c = taken[d];
     if (c.entry < 0) continue;
@@ -229,6 +309,7 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
     release(entry, bytes);
     forget(lib);
     real_cuLibraryUnload(lib);
+    forget_kernels(lib);
     GPUSLICE_LOG(info, "a library placed on device %d needs %llu bytes beyond the container's quota; unloaded", dev,
                  static_cast<unsigned long long>(bytes));
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -321,15 +402,26 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary
   if (rc != CUDA_SUCCESS) return rc;
   rc = real_cuLibraryGetKernel(pKernel, library, name);
   if (rc != CUDA_SUCCESS) return rc;
-  g_kernels->upsert(reinterpret_cast<std::uint64_t>(*pKernel), reinterpret_cast<std::uint64_t>(library),
-                    [&](std::uint64_t& v, bool) { v = reinterpret_cast<std::uint64_t>(library); });
-  // Placed now in the current context, if any (measured once per context):
-  // the launch that would place it later is not a point we measure.
+  const CUkernel kernel = *pKernel;
+  const KernelRecord fresh{reinterpret_cast<std::uint64_t>(library), 0, {}, 0, 0};
+  if (!g_kernels->upsert(reinterpret_cast<std::uint64_t>(kernel), fresh, [&](KernelRecord& v, bool inserted) {
+        if (inserted || v.lib != fresh.lib) v = fresh;
+      }))
+    GPUSLICE_WARN_CAPPED(3, "kernel table full: a launch of this kernel is not checked for its library's placement");
+  // Placed now in the current context, if any (measured once per context);
+  // a launch in another context places it there at its first launch
+  // (kernels.h: the launch wrappers check while the kernel is incomplete).
   CUdevice dev = -1;
-  if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS) return rc;
-  CUmodule module = nullptr;
-  const CUresult placed = place_counted(library, [&] { return real_cuLibraryGetModule(&module, library); });
-  return placed == CUDA_ERROR_OUT_OF_MEMORY ? placed : rc;
+  CUcontext ctx = nullptr;
+  if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  CUresult placed = CUDA_ERROR_INVALID_CONTEXT;
+  if (ctx != nullptr) {
+    CUmodule module = nullptr;
+    placed = place_counted(library, [&] { return real_cuLibraryGetModule(&module, library); });
+    if (placed == CUDA_ERROR_OUT_OF_MEMORY) return placed;
+  }
+  note_seen(kernel, placed == CUDA_SUCCESS ? ctx : nullptr);
+  return rc;
 }
 // A runtime may resolve a kernel for every launch: the thread's last kernel
 // and context already counted go straight to the driver (a library unloaded
@@ -342,10 +434,74 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pFunc, CUkernel
   if (real_cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr && kernel == t_kernel && ctx == t_kernel_ctx &&
       gen == t_kernel_gen)
     return real_cuKernelGetFunction(pFunc, kernel);
-  std::uint64_t lib = 0;
-  if (!g_kernels->find(reinterpret_cast<std::uint64_t>(kernel), &lib))
+  KernelRecord rec{};
+  if (!g_kernels->find(reinterpret_cast<std::uint64_t>(kernel), &rec))
     return real_cuKernelGetFunction(pFunc, kernel);  // a kernel we never saw resolved
-  rc = place_counted(reinterpret_cast<CUlibrary>(lib), [&] { return real_cuKernelGetFunction(pFunc, kernel); });
-  if (rc == CUDA_SUCCESS) t_kernel = kernel, t_kernel_ctx = ctx, t_kernel_gen = gen;
+  rc = place_counted(reinterpret_cast<CUlibrary>(rec.lib), [&] { return real_cuKernelGetFunction(pFunc, kernel); });
+  if (rc == CUDA_SUCCESS) {
+    t_kernel = kernel, t_kernel_ctx = ctx, t_kernel_gen = gen;
+    if (ctx != nullptr && !seen_in(rec, ctx)) note_seen(kernel, ctx);
+  }
   return rc;
 }
+
+namespace gpuslice::hook {
+
+std::atomic<std::uint64_t> g_kernel_check{0};
+
+// The first launch of a kernel handed out by cuLibraryGetKernel in a context
+// (the stream's, or the current one for the NULL, legacy and per-thread
+// streams): its library is placed there now, measured, by
+// cuKernelGetFunction made in that context (pushed for the call when it is
+// not current). The launch then finds it placed. A placement beyond the
+// quota unloads the library, and the launch fails with
+// CUDA_ERROR_OUT_OF_MEMORY; anything else is left to the launch (the
+// driver's answer).
+CUresult place_launched_kernel(CUfunction f, CUstream s) noexcept {
+  const std::uint64_t w0 = g_kernel_check.load(std::memory_order_seq_cst);
+  KernelRecord rec{};
+  if (f == nullptr || !g_kernels->find(reinterpret_cast<std::uint64_t>(f), &rec)) return CUDA_SUCCESS;
+  CUcontext ctx = nullptr;
+  const auto v = reinterpret_cast<std::uintptr_t>(s);
+  if (v == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+    if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  } else if (real_cuStreamGetCtx == nullptr || real_cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS) {
+    ctx = nullptr;
+  }
+  if (ctx == nullptr || seen_in(rec, ctx)) return CUDA_SUCCESS;
+  CUcontext current = nullptr;
+  if (real_cuCtxGetCurrent(&current) != CUDA_SUCCESS) current = nullptr;
+  const bool push = current != ctx;
+  if (push && (real_cuCtxPushCurrent_v2 == nullptr || real_cuCtxPopCurrent_v2 == nullptr ||
+               real_cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS))
+    return CUDA_SUCCESS;
+  const CUkernel kernel = reinterpret_cast<CUkernel>(f);
+  CUfunction function = nullptr;
+  const CUresult rc =
+      place_counted(reinterpret_cast<CUlibrary>(rec.lib), [&] { return real_cuKernelGetFunction(&function, kernel); });
+  if (push) {
+    CUcontext popped = nullptr;
+    real_cuCtxPopCurrent_v2(&popped);
+  }
+  if (rc == CUDA_ERROR_OUT_OF_MEMORY) return rc;
+  if (rc == CUDA_SUCCESS) {
+    note_seen(kernel, ctx);
+    try_clear(w0);
+  }
+  return CUDA_SUCCESS;
+}
+
+void kernels_context_created() noexcept {
+  g_live_contexts.fetch_add(1, std::memory_order_seq_cst);
+  if (g_kernels->size() != 0) kernels_dirty();
+}
+
+void kernels_context_destroyed() noexcept {
+  int live = g_live_contexts.load(std::memory_order_relaxed);
+  while (live > 0 && !g_live_contexts.compare_exchange_weak(live, live - 1, std::memory_order_seq_cst)) {
+  }
+  g_context_epoch.fetch_add(1, std::memory_order_seq_cst);  // every kernel's contexts are forgotten
+  if (g_kernels->size() != 0) kernels_dirty();
+}
+
+}  // namespace gpuslice::hook

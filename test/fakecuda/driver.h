@@ -90,7 +90,7 @@ struct CUmod_st {
   };
   std::map<std::string, Global> globals;
   std::uint64_t globals_bytes = 0;
-  bool placed = false;  // memory charged on `device`
+  std::atomic<bool> placed{false};  // memory charged on `device` (read without the lock by launches)
   std::uint32_t device = 0;
   std::uint64_t held = 0;
   CUdeviceptr globals_base = 0;
@@ -309,6 +309,9 @@ void sched_stream_wait_event(CUstream_st *stream, CUevent_st *event);
 CUresult capture_kernel_node(CUstream_st *stream, const CUDA_KERNEL_NODE_PARAMS &params);
 // A CUfunction or a CUkernel (which is the same object here).
 CUfunc_st *function_from_handle(CUfunction f);
+// A launch of a CUkernel whose library is not placed yet places it on `dev`
+// (module.cc): OUT_OF_MEMORY when the device cannot hold it.
+CUresult place_library_at_launch(CUfunc_st *function, std::uint32_t dev);
 
 std::uint64_t next_object_id_locked();
 

@@ -63,6 +63,13 @@ inline CUresult launch(CUfunction f, const Launch &l, bool ptsz, bool cooperativ
   // A module belongs to the context it was loaded in (libraries to none).
   CUctx_st *owner = function->module != nullptr ? function->module->ctx : nullptr;
   if (owner != nullptr && owner != stream->ctx) return CUDA_ERROR_INVALID_HANDLE;
+  // A CUkernel of a library loaded with no context current and never used
+  // since: the driver places the library now, on the launch's device
+  // (lazy loading, README "Modules"). One load and a predictable branch otherwise.
+  if (owner == nullptr && function->module != nullptr &&
+      !function->module->placed.load(std::memory_order_acquire)) [[unlikely]] {
+    if (CUresult rc = place_library_at_launch(function, stream->ctx->device); rc != CUDA_SUCCESS) return rc;
+  }
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return capture(function, l, stream);
   return launch_on_stream(function, stream, std::uint64_t{l.grid[0]} * l.grid[1] * l.grid[2]);
 }

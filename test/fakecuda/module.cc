@@ -157,6 +157,12 @@ void modules_release_context_locked(CUctx_st *ctx) {
 
 CUfunc_st *function_from_handle(CUfunction f) { return alive(f) ? f : nullptr; }
 
+CUresult place_library_at_launch(CUfunc_st *function, std::uint32_t dev) {
+  std::lock_guard<std::mutex> guard(runtime().mu);
+  if (!alive(function) || function->module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return place_locked(function->module, dev);
+}
+
 }  // namespace gpuslice::fakecuda
 
 extern "C" CUresult cuModuleLoadData(CUmodule *module, const void *image) { return module_load(module, image); }

@@ -11,14 +11,19 @@
 //       the device holds (the other thread paused), and undoes it, ROUNDS
 //       times; meanwhile another thread releases device memory by KIND:
 //       ctx-destroy, primary-release, sync-trim, pool-trim, module-unload,
-//       library-unload
+//       library-unload, array-reclaim (an array creation that trims the
+//       process's idle pool reserve before gpuslice refuses it)
 //   set-limit MIB
 //       cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, MIB) in a created context,
 //       then the context destroyed
 //   lazy-library MIB HOW
 //       a library with a MIB global loaded with no context current, then
 //       placed by its first use: HOW = global (cuLibraryGetGlobal),
-//       kernel (cuLibraryGetKernel + cuKernelGetFunction)
+//       kernel (cuLibraryGetKernel + cuKernelGetFunction), or a launch of a
+//       kernel resolved with no context current (cuLibraryGetKernel) cast to
+//       CUfunction: launch (cuLaunchKernel, NULL stream), launch-ex
+//       (cuLaunchKernelEx, a stream), launch-stream (cuLaunchKernel into a
+//       stream of the context, none current in the thread)
 //   module-load MIB
 //       cuModuleLoadData of an image with a MIB global in the primary
 //       context; prints rc, counted and held after it
@@ -97,6 +102,21 @@ void release_once(const std::string& kind, CUcontext home, CUstream stream, CUme
     for (CUmodule& x : m) cuModuleLoadData(&x, image.c_str());
     for (CUmodule x : m)
       if (x != nullptr) cuModuleUnload(x);
+  } else if (kind == "array-reclaim") {
+    // The pool keeps 64 MiB idle (threshold: everything); an array too big
+    // for what is left of the quota makes gpuslice trim this process's
+    // pools before it refuses (reserve()'s reclaim): a release inside an
+    // array creation.
+    CUdeviceptr p = 0;
+    if (cuMemAllocFromPoolAsync(&p, 64 * kMi, pool, stream) == CUDA_SUCCESS) cuMemFreeAsync(p, stream);
+    cuStreamSynchronize(stream);
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    d.Width = 16384;
+    d.Height = 7200;  // 1,800 MiB of float4: beyond the 2 GiB quota with the home context
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 4;
+    CUarray a = nullptr;
+    if (cuArray3DCreate(&a, &d) == CUDA_SUCCESS) cuArrayDestroy(a);
   } else if (kind == "library-unload") {
     CUlibrary l[4] = {};
     for (CUlibrary& x : l) cuLibraryLoadData(&x, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
@@ -174,12 +194,38 @@ int lazy_library(std::size_t bytes, const std::string& how) {
   CUlibrary lib = nullptr;
   // No context current: the driver loads the library lazily (CUDA 12.2+ default).
   check(cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+  // launch*: the kernel is resolved with no context current (nothing placed
+  // yet) and launched as a CUfunction, as the CUDA 12+ runtime does.
+  const bool launch = how.rfind("launch", 0) == 0;
+  CUkernel kernel = nullptr;
+  if (launch) check(cuLibraryGetKernel(&kernel, lib, "k"), "cuLibraryGetKernel");
   CUcontext ctx = nullptr;
   check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
   check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  CUstream stream = nullptr;
+  if (launch) check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   const long long loaded = counted_used(), loaded_held = held();
   CUresult rc = CUDA_SUCCESS;
-  if (how == "global") {
+  const auto f = reinterpret_cast<CUfunction>(kernel);
+  if (how == "launch") {
+    rc = cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+  } else if (how == "launch-ex") {
+    CUlaunchConfig config{};
+    config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = config.blockDimY = config.blockDimZ = 1;
+    config.hStream = stream;
+    rc = cuLaunchKernelEx(&config, f, nullptr, nullptr);
+  } else if (how == "launch-stream") {
+    // Into a stream of the context, with no context current in this thread.
+    CUcontext popped = nullptr;
+    check(cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
+    rc = cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr);
+    check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  }
+  if (launch) cuStreamSynchronize(stream);
+  if (launch) {
+    // nothing more: the launch placed it (or was refused)
+  } else if (how == "global") {
     CUdeviceptr p = 0;
     size_t size = 0;
     rc = cuLibraryGetGlobal(&p, &size, lib, "big");

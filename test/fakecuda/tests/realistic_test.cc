@@ -374,6 +374,35 @@ TEST_F(Realistic, ModulesHoldMemoryForGlobalsAndCode) {
   EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
 }
 
+// A library loaded with no context current holds nothing until its first
+// use in a context; a launch of one of its kernels, resolved with no context
+// current (cuLibraryGetKernel) and cast to CUfunction, is such a use: the
+// library is placed on the launch's device then, once.
+TEST_F(Realistic, LaunchOfAnUnresolvedKernelPlacesItsLibrary) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  CUcontext ctx = nullptr;
+  InitWithContext(&ctx);
+  CUcontext popped = nullptr;
+  ASSERT_CU(cuCtxPopCurrent(&popped));
+  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
+  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  CUlibrary library = nullptr;
+  ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel kernel = nullptr;
+  ASSERT_CU(cuLibraryGetKernel(&kernel, library, "k"));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  ASSERT_CU(cuCtxSetCurrent(ctx));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  const auto f = reinterpret_cast<CUfunction>(kernel);
+  ASSERT_CU(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected);
+  ASSERT_CU(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected);
+  ASSERT_CU(cuCtxSynchronize());
+  ASSERT_CU(cuLibraryUnload(library));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+}
+
 TEST_F(FakeCuda, IdealModulesHoldNoMemory) {
   unsetenv("FAKECUDA_PROFILE");
   unsetenv("FAKECUDA_MODULE_MEMORY");

@@ -1,0 +1,41 @@
+// Libraries placed by a kernel launch. With lazy loading (the CUDA 12+
+// runtime's default) a library loaded with no context current is placed in a
+// context at its first use there, and a launch of one of its kernels — a
+// CUkernel cast to CUfunction, as the runtime launches them — is such a use.
+// The launch wrappers (launch_wrappers.cc) test g_kernel_check first: while
+// bit 0 is clear (no CUkernel handed out that may be launched where its
+// library was never measured) that is one load and a predictable branch;
+// while it is set, a launch looks its function up among the kernels
+// cuLibraryGetKernel handed out and, the first time one is launched in a
+// context, places its library there measured (cuKernelGetFunction in that
+// context, modules.cc's place_counted) before the launch. modules.cc.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace gpuslice::hook {
+
+// Bit 0: a launch must check (above); bits 1-63: a count of the changes that
+// set it (a check that found every kernel placed clears bit 0 only if no
+// change came in meanwhile).
+extern std::atomic<std::uint64_t> g_kernel_check;
+[[gnu::cold, gnu::noinline]] CUresult place_launched_kernel(CUfunction f, CUstream s) noexcept;
+
+// Before every launch of `f` on `s`: CUDA_SUCCESS, or the launch's error
+// (CUDA_ERROR_OUT_OF_MEMORY: the placement does not fit; the library is unloaded).
+inline CUresult place_kernel(CUfunction f, CUstream s) noexcept {
+  if (__builtin_expect((g_kernel_check.load(std::memory_order_relaxed) & 1) != 0, 0))
+    return place_launched_kernel(f, s);
+  return CUDA_SUCCESS;
+}
+
+// context.cc: a context came to be (cuCtxCreate, a first primary retain), or
+// went (cuCtxDestroy, a primary context's last release or reset). A new
+// context is one where no library is placed yet.
+void kernels_context_created() noexcept;
+void kernels_context_destroyed() noexcept;
+
+}  // namespace gpuslice::hook

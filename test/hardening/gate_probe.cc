@@ -1,0 +1,111 @@
+// gate_probe: a measurement of implicit memory whose gate times out (another
+// thread's counting operation stays in flight longer than measure.h's
+// kDrainNs, 2 s) while that operation releases device memory inside the
+// measured call and settles its count only after it, for
+// test/hardening/implicit_memory_test.cc (MeasureGate.*). Runs under the
+// preload library with FAKECUDA_POOL_QUERY_DELAY_US set, which delays the
+// pool reconciliation after the synchronisation (the release's bookkeeping).
+//
+//   gate_probe stuck-release MIB
+//       thread B: a 96 MiB stream-ordered allocation, a 2.5 s kernel and the
+//       free on one stream, then cuStreamSynchronize (in flight 2.5 s; the
+//       pool is trimmed at its end, then reconciled, ~1.5 s later with
+//       FAKECUDA_POOL_QUERY_DELAY_US=1500000). The main thread, 100 ms
+//       after B's synchronisation began, loads a module with a MIB global
+//       with cuModuleLoad from a FIFO that a third thread writes 3 s after
+//       it began: the measurement's gate times out at ~2.1 s, the trim lands
+//       inside the load (which returns at ~3 s), its count is settled at ~4 s. Prints rc, what gpuslice counts
+//       (counted = cuMemGetInfo's total - free) and what the device holds
+//       (held) once everything is quiet.
+#include <cuda.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "fakecuda_query.h"
+
+namespace {
+
+constexpr std::size_t kMi = std::size_t{1} << 20;
+
+void check(CUresult rc, const char* what) {
+  if (rc != CUDA_SUCCESS) {
+    std::fprintf(stderr, "gate_probe: %s failed: %d\n", what, static_cast<int>(rc));
+    std::exit(2);
+  }
+}
+
+long long counted_used() {
+  size_t free_b = 0, total = 0;
+  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
+  return static_cast<long long>(total - free_b);
+}
+long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 0)); }
+
+int stuck_release(std::size_t bytes) {
+  using clock = std::chrono::steady_clock;
+  CUcontext ctx = nullptr;
+  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
+  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  CUstream stream = nullptr;
+  check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUmodule spin_module = nullptr;
+  check(cuModuleLoadData(&spin_module, ".entry spin_2500000us\n"), "cuModuleLoadData(spin)");
+  CUfunction spin = nullptr;
+  check(cuModuleGetFunction(&spin, spin_module, "spin_2500000us"), "cuModuleGetFunction");
+  char fifo[] = "/tmp/gate_probe.XXXXXX";
+  if (mkdtemp(fifo) == nullptr) return 2;
+  const std::string path = std::string(fifo) + "/image";
+  if (mkfifo(path.c_str(), 0600) != 0) return 2;
+  const std::string image = ".global .align 8 .b8 big[" + std::to_string(bytes) + "];\n.entry k\n";
+
+  std::atomic<bool> syncing{false};
+  std::thread b([&] {
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr p = 0;
+    check(cuMemAllocAsync(&p, 96 * kMi, stream), "cuMemAllocAsync");
+    check(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr), "cuLaunchKernel");
+    check(cuMemFreeAsync(p, stream), "cuMemFreeAsync");
+    syncing.store(true);
+    check(cuStreamSynchronize(stream), "cuStreamSynchronize");  // trims the 96 MiB at ~2.5 s
+  });
+  while (!syncing.load()) std::this_thread::yield();
+  const auto synced = clock::now();  // the kernel runs until ~2.5 s from here
+  std::thread writer([&] {
+    std::this_thread::sleep_until(synced + std::chrono::milliseconds(3000));
+    FILE* f = std::fopen(path.c_str(), "w");  // blocks until the load opens it
+    if (f == nullptr) return;
+    std::fputs(image.c_str(), f);
+    std::fclose(f);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CUmodule module = nullptr;
+  const CUresult rc = cuModuleLoad(&module, path.c_str());
+  const double load_s = std::chrono::duration<double>(clock::now() - synced).count();
+  b.join();
+  writer.join();
+  unlink(path.c_str());
+  rmdir(fifo);
+  const long long counted = counted_used(), h = held();
+  if (module != nullptr) check(cuModuleUnload(module), "cuModuleUnload");
+  const long long unloaded = counted_used(), unloaded_held = held();
+  std::printf("stuck-release rc=%d load_s=%.2f counted=%lld held=%lld unloaded=%lld unloaded_held=%lld\n",
+              static_cast<int>(rc), load_s, counted, h, unloaded, unloaded_held);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  check(cuInit(0), "cuInit");
+  const std::string what = argc > 1 ? argv[1] : "";
+  if (what == "stuck-release" && argc == 3) return stuck_release(std::strtoull(argv[2], nullptr, 10) * kMi);
+  std::fprintf(stderr, "usage: gate_probe stuck-release MIB\n");
+  return 64;
+}
