@@ -104,7 +104,8 @@ void get_proc_address(benchmark::State& state, Fixture&, const Calls& c) {
   for (auto _ : state) {
     void* fn = nullptr;
     CUdriverProcAddressQueryResult status{};
-    if (failed(state, c.get_proc_address("cuLaunchKernel", &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status))) break;
+    if (failed(state, c.get_proc_address("cuLaunchKernel", &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status)))
+      break;
     benchmark::DoNotOptimize(fn);
   }
 }
@@ -144,10 +145,11 @@ void register_cases(Fixture& fixture, const CaseSet& set) {
     if (c.paired) {
       Fixture* f = &fixture;
       Body body = c.body;
-      auto* bm = benchmark::RegisterBenchmark((std::string(c.name) + "/paired").c_str(), [f, body](benchmark::State& state) {
-        f->set_current(f->ctx);
-        body(state, *f, f->native);
-      });
+      auto* bm =
+          benchmark::RegisterBenchmark((std::string(c.name) + "/paired").c_str(), [f, body](benchmark::State& state) {
+            f->set_current(f->ctx);
+            body(state, *f, f->native);
+          });
       for (int threads : set.threads) bm->Threads(threads);
       continue;
     }

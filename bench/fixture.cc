@@ -55,9 +55,7 @@ constexpr const char* kPtx =
     "$Lspin:\n  mov.u64 %rd3, %globaltimer;\n  setp.lt.u64 %p1, %rd3, %rd2;\n  @%p1 bra $Lspin;\n"
     "  ret;\n}\n";
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 

@@ -26,7 +26,7 @@ struct Calls {
   decltype(&::cuMemFree) free = nullptr;    // cuMemFree_v2
   decltype(&::cuMemAllocAsync) alloc_async = nullptr;
   decltype(&::cuMemFreeAsync) free_async = nullptr;
-  decltype(&::cuMemGetInfo) get_info = nullptr;  // cuMemGetInfo_v2
+  decltype(&::cuMemGetInfo) get_info = nullptr;              // cuMemGetInfo_v2
   decltype(&::cuGetProcAddress) get_proc_address = nullptr;  // cuGetProcAddress_v2
 };
 
@@ -39,12 +39,12 @@ struct Fixture {
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
   CUcontext ctx = nullptr;
   CUfunction empty = nullptr;
-  CUfunction spin = nullptr;  // spin_50us: 50 us of simulated device time
-  std::vector<CUstream> streams;        // one per benchmark thread
-  std::vector<CUgraphExec> graphs;      // one empty-kernel graph per thread
-  std::size_t quota_seen = 0;           // cuMemGetInfo total through the wrapper
-  std::size_t total_native = 0;         // cuMemGetInfo total from the driver
-  std::thread load;                     // calibration load, see start_calibration_load
+  CUfunction spin = nullptr;        // spin_50us: 50 us of simulated device time
+  std::vector<CUstream> streams;    // one per benchmark thread
+  std::vector<CUgraphExec> graphs;  // one empty-kernel graph per thread
+  std::size_t quota_seen = 0;       // cuMemGetInfo total through the wrapper
+  std::size_t total_native = 0;     // cuMemGetInfo total from the driver
+  std::thread load;                 // calibration load, see start_calibration_load
   std::atomic<bool> stop_load{false};
 };
 

@@ -106,21 +106,36 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
       return argv[++i];
     };
-    if (arg == "--driver") o.driver = value();
-    else if (arg == "--lib") o.library = value();
-    else if (arg == "--min-time") o.min_time = std::atof(value().c_str());
-    else if (arg == "--repetitions") o.repetitions = std::atoi(value().c_str());
-    else if (arg == "--json-file") o.json_file = value();
-    else if (arg == "--verbose" || arg == "-v") o.verbose = true;
-    else if (arg == "--child") o.child = true;
-    else if (arg == "--cases") o.cases = value();
-    else if (arg == "--threads") o.threads = value();
-    else if (arg == "--only") o.only = split(value(), ',');
-    else if (arg == "--out") o.out = value();
-    else if (arg == "--expect-quota") o.expect_quota = true;
-    else if (arg == "--calibrate") o.calibrate = true;
-    else if (arg == "--help" || arg == "-h") usage("ns per call of libgpuslice.so's wrappers against the driver's", 0);
-    else usage(("unknown argument " + arg).c_str());
+    if (arg == "--driver")
+      o.driver = value();
+    else if (arg == "--lib")
+      o.library = value();
+    else if (arg == "--min-time")
+      o.min_time = std::atof(value().c_str());
+    else if (arg == "--repetitions")
+      o.repetitions = std::atoi(value().c_str());
+    else if (arg == "--json-file")
+      o.json_file = value();
+    else if (arg == "--verbose" || arg == "-v")
+      o.verbose = true;
+    else if (arg == "--child")
+      o.child = true;
+    else if (arg == "--cases")
+      o.cases = value();
+    else if (arg == "--threads")
+      o.threads = value();
+    else if (arg == "--only")
+      o.only = split(value(), ',');
+    else if (arg == "--out")
+      o.out = value();
+    else if (arg == "--expect-quota")
+      o.expect_quota = true;
+    else if (arg == "--calibrate")
+      o.calibrate = true;
+    else if (arg == "--help" || arg == "-h")
+      usage("ns per call of libgpuslice.so's wrappers against the driver's", 0);
+    else
+      usage(("unknown argument " + arg).c_str());
   }
   if (o.min_time <= 0 || o.repetitions < 1) usage("--min-time must be > 0 and --repetitions >= 1");
   if (!o.child) {
@@ -234,9 +249,21 @@ Child spawn_child(const Options& o, const Config& c, const std::string& dir, int
 
   std::vector<std::string> threads;
   for (int t : c.threads) threads.push_back(std::to_string(t));
-  std::vector<std::string> args{fs::read_symlink("/proc/self/exe").string(), "--child", "--driver", o.driver, "--lib",
-                                o.library, "--cases", join(c.calls, ','), "--threads", join(threads, ','), "--out",
-                                child.out, "--min-time", seconds(o.min_time), "--repetitions",
+  std::vector<std::string> args{fs::read_symlink("/proc/self/exe").string(),
+                                "--child",
+                                "--driver",
+                                o.driver,
+                                "--lib",
+                                o.library,
+                                "--cases",
+                                join(c.calls, ','),
+                                "--threads",
+                                join(threads, ','),
+                                "--out",
+                                child.out,
+                                "--min-time",
+                                seconds(o.min_time),
+                                "--repetitions",
                                 std::to_string(o.repetitions)};
   if (c.limits) args.push_back("--expect-quota");
   if (c.calibrate) args.push_back("--calibrate");
@@ -270,8 +297,7 @@ bool run_config(const Options& o, const Config& c, const std::string& dir, Resul
   bool ok = true;
   for (const Child& child : children) {
     int status = 0;
-    while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {}
     const std::string log = slurp(child.log);
     if (o.verbose) std::fprintf(stderr, "%s", log.c_str());
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !add_results(results, c.name, slurp(child.out))) {
@@ -296,7 +322,8 @@ std::string machine() {
 
 int parent_main(const Options& o) {
   if (!fs::exists(o.driver)) {
-    usage(("no driver at " + o.driver + " (build the simulated one with GPUSLICE_BUILD_TESTS=ON, or pass --driver)").c_str());
+    usage(("no driver at " + o.driver + " (build the simulated one with GPUSLICE_BUILD_TESTS=ON, or pass --driver)")
+              .c_str());
   }
   if (!fs::exists(o.library)) usage(("no libgpuslice.so at " + o.library).c_str());
   auto wanted = [&](const std::vector<std::string>& names) {
@@ -348,8 +375,8 @@ int parent_main(const Options& o) {
 
   TableInfo info;
   info.machine = machine();
-  info.command = "gpuslice-microbench --min-time " + seconds(o.min_time) + " --repetitions " +
-                 std::to_string(o.repetitions);
+  info.command =
+      "gpuslice-microbench --min-time " + seconds(o.min_time) + " --repetitions " + std::to_string(o.repetitions);
   if (!o.only.empty()) info.command += " --only " + join(o.only, ',');
   if (!o.threads.empty()) info.command += " --threads " + o.threads;
   if (have_load && have_load_after) {

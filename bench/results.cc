@@ -64,9 +64,7 @@ const Measure* find(const Results& r, const std::string& config, const std::stri
 
 // Table cells are built with snprintf: "literal" + std::string trips GCC 12's
 // -Wrestrict false positive at -O3.
-std::string error_text(const Measure* n, const Measure* w) {
-  return !n->error.empty() ? n->error : w->error;
-}
+std::string error_text(const Measure* n, const Measure* w) { return !n->error.empty() ? n->error : w->error; }
 
 // "native | gpuslice | added" cells of one configuration.
 std::string cells(const Results& r, const std::string& config, const std::string& call, int threads) {
@@ -177,35 +175,41 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
                info.simulated ? "Simulated driver (test/fakecuda): the native column is the simulator's own cost, "
                                 "not a GPU driver's."
                               : "Real NVIDIA driver.");
-  std::fprintf(out, "CPU ns per call (Google Benchmark cpu_time; min_time %.2f s, %d repetition(s)%s). "
-                    "Limits: %s.%s%s\n\n",
+  std::fprintf(out,
+               "CPU ns per call (Google Benchmark cpu_time; min_time %.2f s, %d repetition(s)%s). "
+               "Limits: %s.%s%s\n\n",
                info.min_time, info.repetitions,
-               info.repetitions > 1 ? ", median; [min…max] of the added ns over the repetitions: gpuslice - native of each "
-                                       "repetition for cuMemAlloc+cuMemFree (paired), else the gpuslice repetitions "
-                                       "less the native median" : "",
+               info.repetitions > 1
+                   ? ", median; [min…max] of the added ns over the repetitions: gpuslice - native of each "
+                     "repetition for cuMemAlloc+cuMemFree (paired), else the gpuslice repetitions "
+                     "less the native median"
+                   : "",
                info.limits.c_str(), info.load.empty() ? "" : " Load average: ", info.load.c_str());
-  std::fprintf(out, "\"added, limits\": with %s after the compute limiter has calibrated (launch rows; a light "
-                    "spin_50us load gives it device time to measure), else with the limits from the start. "
-                    "\"cold start\": empty kernels only, so the limiter never calibrates (see the notes).\n\n",
+  std::fprintf(out,
+               "\"added, limits\": with %s after the compute limiter has calibrated (launch rows; a light "
+               "spin_50us load gives it device time to measure), else with the limits from the start. "
+               "\"cold start\": empty kernels only, so the limiter never calibrates (see the notes).\n\n",
                info.limits.c_str());
   std::fprintf(out, "| call | threads | native | gpuslice | added | added, limits | added, limits, cold start |\n");
   std::fprintf(out, "|---|---:|---:|---:|---:|---:|---:|\n");
   for (const std::string& call : calls) {
     for (int t : threads) {
       if (find(r, "unlimited", call, "native", t) == nullptr) continue;
-      std::fprintf(out, "| %s | %d |%s%s%s\n", call.c_str(), t, cells(r, "unlimited", call, t).c_str(),
-                   added_cell(r, find(r, "calibrated", call, "native", t) != nullptr ? "calibrated" : "limited", call, t)
-                       .c_str(),
-                   find(r, "calibrated", call, "native", t) != nullptr ? added_cell(r, "limited", call, t).c_str()
-                   : find(r, "limited", call, "native", t) != nullptr  ? " (same) |"
-                                                                       : " - |");
+      std::fprintf(
+          out, "| %s | %d |%s%s%s\n", call.c_str(), t, cells(r, "unlimited", call, t).c_str(),
+          added_cell(r, find(r, "calibrated", call, "native", t) != nullptr ? "calibrated" : "limited", call, t)
+              .c_str(),
+          find(r, "calibrated", call, "native", t) != nullptr ? added_cell(r, "limited", call, t).c_str()
+          : find(r, "limited", call, "native", t) != nullptr  ? " (same) |"
+                                                              : " - |");
     }
   }
   bool any_procs = false;
   for (const auto& [key, m] : r) any_procs = any_procs || key.config.rfind("procs", 0) == 0;
   if (any_procs) {
-    std::fprintf(out, "\n%d processes sharing one region (and one simulated device), 1 thread each, mean of the "
-                      "processes:\n\n",
+    std::fprintf(out,
+                 "\n%d processes sharing one region (and one simulated device), 1 thread each, mean of the "
+                 "processes:\n\n",
                  8);
     std::fprintf(out, "| call | native | gpuslice | added | added, limits |\n");
     std::fprintf(out, "|---|---:|---:|---:|---:|\n");
@@ -229,8 +233,9 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
          "ns");
   target(out, "cuMemAlloc+cuMemFree added, no quota", add("unlimited", "cuMemAlloc+cuMemFree"), 100, "ns");
   target(out, "cuMemAlloc+cuMemFree added, with quota", add("limited", "cuMemAlloc+cuMemFree"), 30, "ns");
-  std::fprintf(out, "- contention, gpuslice CPU ns per call at 32 threads / at 1 thread (target <= 4x; native "
-                    "ratio in brackets):\n");
+  std::fprintf(out,
+               "- contention, gpuslice CPU ns per call at 32 threads / at 1 thread (target <= 4x; native "
+               "ratio in brackets):\n");
   for (const char* config : {"unlimited", "calibrated", "limited"}) {
     std::fprintf(out, "  - %s:", config);
     for (const std::string& call : calls) {
@@ -238,7 +243,8 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
       const Measure* w32 = find(r, config, call, "gpuslice", 32);
       const Measure* n1 = find(r, config, call, "native", 1);
       const Measure* n32 = find(r, config, call, "native", 32);
-      if (w1 == nullptr || w32 == nullptr || n1 == nullptr || n32 == nullptr || w1->cpu_ns <= 0 || n1->cpu_ns <= 0) continue;
+      if (w1 == nullptr || w32 == nullptr || n1 == nullptr || n32 == nullptr || w1->cpu_ns <= 0 || n1->cpu_ns <= 0)
+        continue;
       const double ratio = w32->cpu_ns / w1->cpu_ns;
       std::fprintf(out, " %s %.1fx%s [%.1fx];", call.c_str(), ratio, ratio <= 4 ? "" : " **MISSED**",
                    n32->cpu_ns / n1->cpu_ns);
@@ -248,8 +254,9 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
   // Issue 23: a many-threaded framework in a container of few cores. The
   // wrapped cost at 32 threads within 1.5x of one thread's, for the calls
   // with limits (the added ns are shown: their ratio is noisy where they are small).
-  std::fprintf(out, "- many threads (target: at 32 threads <= 1.5x of 1 thread's, with limits): gpuslice ns per call "
-                    "32/1, and in brackets the added ns at 1 -> 32 threads and their ratio:");
+  std::fprintf(out,
+               "- many threads (target: at 32 threads <= 1.5x of 1 thread's, with limits): gpuslice ns per call "
+               "32/1, and in brackets the added ns at 1 -> 32 threads and their ratio:");
   for (const char* config : {"calibrated", "limited"}) {
     for (const std::string& call : calls) {
       if (config == std::string("limited") && find(r, "calibrated", call, "gpuslice", 1) != nullptr) continue;
@@ -261,7 +268,8 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
       const double ratio = w32->cpu_ns / w1->cpu_ns;
       const double a1 = w1->cpu_ns - n1->cpu_ns, a32 = w32->cpu_ns - n32->cpu_ns;
       char added_ratio[32] = "-";
-      if (a1 > 0) std::snprintf(added_ratio, sizeof added_ratio, "%.2fx%s", a32 / a1, a32 <= 1.5 * a1 ? "" : " **MISSED**");
+      if (a1 > 0)
+        std::snprintf(added_ratio, sizeof added_ratio, "%.2fx%s", a32 / a1, a32 <= 1.5 * a1 ? "" : " **MISSED**");
       std::fprintf(out, " %s %.2fx%s [%s -> %s: %s];", call.c_str(), ratio, ratio <= 1.5 ? "" : " **MISSED**",
                    added(n1->cpu_ns, w1->cpu_ns).c_str(), added(n32->cpu_ns, w32->cpu_ns).c_str(), added_ratio);
     }
@@ -273,16 +281,25 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
 nlohmann::json results_json(const Results& results, const TableInfo& info) {
   json rows = json::array();
   for (const auto& [key, m] : results) {
-    json row{{"config", key.config},     {"call", key.call},         {"side", key.side},
-             {"threads", key.threads},   {"cpu_ns", m.cpu_ns},       {"real_ns", m.real_ns},
-             {"min_cpu_ns", m.min_cpu_ns}, {"max_cpu_ns", m.max_cpu_ns}, {"repetitions", m.repetitions},
-             {"paired", m.paired}, {"min_added_ns", m.min_added_ns}, {"max_added_ns", m.max_added_ns},
+    json row{{"config", key.config},
+             {"call", key.call},
+             {"side", key.side},
+             {"threads", key.threads},
+             {"cpu_ns", m.cpu_ns},
+             {"real_ns", m.real_ns},
+             {"min_cpu_ns", m.min_cpu_ns},
+             {"max_cpu_ns", m.max_cpu_ns},
+             {"repetitions", m.repetitions},
+             {"paired", m.paired},
+             {"min_added_ns", m.min_added_ns},
+             {"max_added_ns", m.max_added_ns},
              {"processes", m.samples}};
     if (!m.error.empty()) row["error"] = m.error;
     rows.push_back(row);
   }
-  return json{{"machine", info.machine}, {"simulated", info.simulated}, {"limits", info.limits}, {"load", info.load},
-              {"min_time", info.min_time}, {"repetitions", info.repetitions}, {"results", rows}};
+  return json{{"machine", info.machine}, {"simulated", info.simulated}, {"limits", info.limits},
+              {"load", info.load},       {"min_time", info.min_time},   {"repetitions", info.repetitions},
+              {"results", rows}};
 }
 
 }  // namespace gpuslice::microbench

@@ -10,8 +10,8 @@
 namespace gpuslice::microbench {
 
 struct Measure {
-  double cpu_ns = 0;   // CPU time per call (what one call costs the caller): median of the repetitions
-  double real_ns = 0;  // wall time / calls of all threads (inverse throughput): median
+  double cpu_ns = 0;      // CPU time per call (what one call costs the caller): median of the repetitions
+  double real_ns = 0;     // wall time / calls of all threads (inverse throughput): median
   double min_cpu_ns = 0;  // spread of cpu_ns over the repetitions (of every process)
   double max_cpu_ns = 0;
   int repetitions = 0;  // repetitions seen (of every process)
@@ -20,7 +20,7 @@ struct Measure {
   bool paired = false;
   double min_added_ns = 0;
   double max_added_ns = 0;
-  int samples = 0;     // processes averaged
+  int samples = 0;  // processes averaged
   std::string error;
 };
 
@@ -44,10 +44,10 @@ using Results = std::map<Key, Measure>;
 bool add_results(Results& results, const std::string& config, const std::string& benchmark_json);
 
 struct TableInfo {
-  std::string machine;   // CPU model and count
-  std::string command;   // how to reproduce
-  std::string limits;    // the limited configuration's options
-  std::string load;      // the machine's load average around the run ("" unknown)
+  std::string machine;    // CPU model and count
+  std::string command;    // how to reproduce
+  std::string limits;     // the limited configuration's options
+  std::string load;       // the machine's load average around the run ("" unknown)
   bool simulated = true;  // the driver is test/fakecuda
   double min_time = 0;
   int repetitions = 1;

@@ -34,8 +34,7 @@ std::uint64_t format_bytes(CUarray_format f) noexcept {
     case CU_AD_FORMAT_BC6H_UF16:
     case CU_AD_FORMAT_BC6H_SF16:
     case CU_AD_FORMAT_BC7_UNORM:
-    case CU_AD_FORMAT_BC7_UNORM_SRGB:
-      return 1;
+    case CU_AD_FORMAT_BC7_UNORM_SRGB: return 1;
     case CU_AD_FORMAT_UNSIGNED_INT16:
     case CU_AD_FORMAT_SIGNED_INT16:
     case CU_AD_FORMAT_HALF:
@@ -46,8 +45,7 @@ std::uint64_t format_bytes(CUarray_format f) noexcept {
     case CU_AD_FORMAT_P010:
     case CU_AD_FORMAT_P016:
     case CU_AD_FORMAT_NV16:
-    case CU_AD_FORMAT_YUY2:
-      return 2;
+    case CU_AD_FORMAT_YUY2: return 2;
     case CU_AD_FORMAT_UNSIGNED_INT32:
     case CU_AD_FORMAT_SIGNED_INT32:
     case CU_AD_FORMAT_FLOAT:
@@ -63,10 +61,8 @@ std::uint64_t format_bytes(CUarray_format f) noexcept {
     case CU_AD_FORMAT_AYUV:
     case CU_AD_FORMAT_Y410:
     case CU_AD_FORMAT_Y444_PLANAR8:
-    case CU_AD_FORMAT_Y444_PLANAR10:
-      return 4;
-    default:
-      return 8;  // UNORM/SNORM_INT16X4, Y416 and formats newer than this build
+    case CU_AD_FORMAT_Y444_PLANAR10: return 4;
+    default: return 8;  // UNORM/SNORM_INT16X4, Y416 and formats newer than this build
   }
 }
 
@@ -140,7 +136,10 @@ CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) 
   if (rc == CUDA_SUCCESS && real_cuArrayGetMemoryRequirements != nullptr) {
     CUarray a = *handle;
     rc = settle(
-        r, [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUdevice dev) { return real_cuArrayGetMemoryRequirements(req, a, dev); },
+        r,
+        [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUdevice dev) {
+          return real_cuArrayGetMemoryRequirements(req, a, dev);
+        },
         [&] { real_cuArrayDestroy(a); });
     if (rc != CUDA_SUCCESS) return rc;
   }

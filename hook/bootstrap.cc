@@ -90,8 +90,9 @@ CUresult claim_now() noexcept {
     // /proc belongs to another pid namespace (or is missing): our slot's
     // liveness is then unknown to other processes, and only the node agent
     // (which maps namespaces) can reap it after we die. Accounting still works.
-    GPUSLICE_LOG(info, "this process's identity is not readable from /proc; if it dies without exiting, "
-                       "its memory returns through the node agent");
+    GPUSLICE_LOG(info,
+                 "this process's identity is not readable from /proc; if it dies without exiting, "
+                 "its memory returns through the node agent");
   }
   Region* region = g_process.region;  // kept across fork: the mapping is inherited
   // Our own open description of the region file: it holds our slot's file
@@ -127,8 +128,9 @@ CUresult claim_now() noexcept {
     slot = shm::claim_slot(region, self);
   }
   if (slot < 0) {
-    GPUSLICE_LOG(error, "GPUSLICE_REGION=%s: all %u process slots are held by live processes, expected a "
-                        "free slot; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED",
+    GPUSLICE_LOG(error,
+                 "GPUSLICE_REGION=%s: all %u process slots are held by live processes, expected a "
+                 "free slot; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED",
                  cfg.options.region, kMaxSlots);
     return fail_closed();
   }

@@ -26,8 +26,8 @@ const Config& config() noexcept {
   if (g_config_state.load(std::memory_order_acquire) == 2) return g_config;
   int expected = 0;
   if (g_config_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
-    g_config.valid = limiter::load_options(environ, limiter::kDefaultConfigFile, &g_config_file, &g_config.options,
-                                           &g_config.error);
+    g_config.valid =
+        limiter::load_options(environ, limiter::kDefaultConfigFile, &g_config_file, &g_config.options, &g_config.error);
     if (g_config.valid) g_log_level.store(g_config.options.log_level, std::memory_order_relaxed);
     g_config_state.store(2, std::memory_order_release);
   } else {

@@ -14,8 +14,8 @@ namespace gpuslice::hook {
 
 struct Config {
   limiter::Options options;
-  bool valid;            // options parsed without error
-  shm::Error error;      // the one-line reason when !valid
+  bool valid;        // options parsed without error
+  shm::Error error;  // the one-line reason when !valid
 };
 
 // Options parsed once from environ, then the configuration file for what the

@@ -63,13 +63,12 @@ void release_limits(CUcontext ctx) noexcept {
   }
 }
 Primary g_primary[kMaxDevices];
-NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
+NoDestroy<std::mutex> g_primary_mu;   // held across primary retain/release so refcounts match the driver's
 NoDestroy<MeasureMutex> g_create_mu;  // one measurement at a time (taken after g_primary_mu)
 // The thread that holds the gate closed: its own counting operations (a
 // driver calling back into a hooked entry point) must not wait for it.
 [[gnu::tls_model("initial-exec")]] constinit thread_local bool t_measuring = false;
 std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measurement per device, 0 = none
-
 
 std::uint64_t committed_on(int entry) noexcept {
   const int slot = g_process.slot.load(std::memory_order_acquire);
@@ -278,7 +277,7 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   Counted c{};
   if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) release(c.entry, c.bytes);
   if (rc == CUDA_SUCCESS) release_limits(ctx);
-  if (rc == CUDA_SUCCESS) sweep_implicitly_freed();  // what the context owned went with it
+  if (rc == CUDA_SUCCESS) sweep_implicitly_freed();      // what the context owned went with it
   if (rc == CUDA_SUCCESS) launch::forget_all_streams();  // its streams too: their handles may come back
   if (rc == CUDA_SUCCESS) kernels_context_destroyed();   // no library is placed in the next context of this handle
   return rc;
@@ -426,9 +425,8 @@ static bool wait_quiet(std::uint64_t ns) noexcept {
   return readable && !busy;
 }
 
-std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
-                             std::atomic<std::uint64_t>* remembered, bool* exact_out,
-                             std::uint64_t prepaid) noexcept {
+std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m, std::atomic<std::uint64_t>* remembered,
+                             bool* exact_out, std::uint64_t prepaid) noexcept {
   if (exact_out != nullptr) *exact_out = false;
   std::uint64_t after = 0;
   if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
@@ -470,8 +468,9 @@ std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
   std::uint64_t now = after;
   const bool quiet = wait_quiet(kSettleNs);
   if (!quiet)
-    GPUSLICE_WARN_CAPPED(3, "a measurement of implicit device memory waited %llu s for an operation in flight; "
-                            "counted what the process held beyond its count then",
+    GPUSLICE_WARN_CAPPED(3,
+                         "a measurement of implicit device memory waited %llu s for an operation in flight; "
+                         "counted what the process held beyond its count then",
                          static_cast<unsigned long long>((kDrainNs + kSettleNs) / 1'000'000'000));
   if (!nvml_usage(ordinal, &now)) now = after;
   std::uint64_t counted = committed_on(entry);
@@ -491,8 +490,8 @@ using namespace gpuslice::hook;
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
   return create_context(pctx, dev, [&] { return real_cuCtxCreate_v2(pctx, flags, dev); });
 }
-GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n,
-                                                unsigned int flags, CUdevice dev) {
+GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags,
+                                                CUdevice dev) {
   return create_context(pctx, dev, [&] { return real_cuCtxCreate_v3(pctx, params, n, flags, dev); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,

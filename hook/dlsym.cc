@@ -21,16 +21,17 @@ namespace {
 // own nvmlish helper never do.
 bool is_upper(char c) noexcept { return c >= 'A' && c <= 'Z'; }
 bool may_be_hooked(const char* name) noexcept {
-  return name != nullptr && ((name[0] == 'c' && name[1] == 'u' && is_upper(name[2])) ||
-                             (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l' && is_upper(name[4])));
+  return name != nullptr &&
+         ((name[0] == 'c' && name[1] == 'u' && is_upper(name[2])) ||
+          (name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l' && is_upper(name[4])));
 }
 
 }  // namespace
 
 // Called by the stub. Returns the answer when *handled is set; otherwise the
 // stub jumps to glibc's dlsym with the original arguments.
-extern "C" [[gnu::visibility("hidden"), gnu::no_sanitize_address, gnu::no_sanitize_undefined]] void* gpuslice_dlsym_filter(void* handle, const char* name,
-                                                                    int* handled) noexcept {
+extern "C" [[gnu::visibility("hidden"), gnu::no_sanitize_address, gnu::no_sanitize_undefined]] void*
+gpuslice_dlsym_filter(void* handle, const char* name, int* handled) noexcept {
   using namespace gpuslice::hook;
   *handled = 0;
   if (handle == RTLD_NEXT || handle == RTLD_DEFAULT) return nullptr;  // the x86-64 stub never asks

@@ -15,21 +15,17 @@
 
 // libpthread before 2.34.
 GPUSLICE_GLIBC_PIN(int, pthread_create, "GLIBC_2.2.5",
-                   (pthread_t* thread, const pthread_attr_t* attr, void* (*start)(void*), void* arg),
+                   (pthread_t * thread, const pthread_attr_t* attr, void* (*start)(void*), void* arg),
                    (thread, attr, start, arg))
-GPUSLICE_GLIBC_PIN(int, pthread_attr_setstacksize, "GLIBC_2.2.5", (pthread_attr_t* attr, size_t size),
-                   (attr, size))
-GPUSLICE_GLIBC_PIN(int, pthread_setname_np, "GLIBC_2.12", (pthread_t thread, const char* name),
-                   (thread, name))
-GPUSLICE_GLIBC_PIN(int, pthread_mutex_trylock, "GLIBC_2.2.5", (pthread_mutex_t* mutex), (mutex))
-GPUSLICE_GLIBC_PIN(int, pthread_once, "GLIBC_2.2.5", (pthread_once_t* once, void (*init)(void)),
-                   (once, init))
+GPUSLICE_GLIBC_PIN(int, pthread_attr_setstacksize, "GLIBC_2.2.5", (pthread_attr_t * attr, size_t size), (attr, size))
+GPUSLICE_GLIBC_PIN(int, pthread_setname_np, "GLIBC_2.12", (pthread_t thread, const char* name), (thread, name))
+GPUSLICE_GLIBC_PIN(int, pthread_mutex_trylock, "GLIBC_2.2.5", (pthread_mutex_t * mutex), (mutex))
+GPUSLICE_GLIBC_PIN(int, pthread_once, "GLIBC_2.2.5", (pthread_once_t * once, void (*init)(void)), (once, init))
 // Weakly referenced by the inline std::mutex code (gthreads' "is libpthread there").
-GPUSLICE_GLIBC_PIN(int, __pthread_key_create, "GLIBC_2.2.5",
-                   (pthread_key_t* key, void (*destructor)(void*)), (key, destructor))
+GPUSLICE_GLIBC_PIN(int, __pthread_key_create, "GLIBC_2.2.5", (pthread_key_t * key, void (*destructor)(void*)),
+                   (key, destructor))
 // Re-versioned in 2.32 (the same function).
-GPUSLICE_GLIBC_PIN(int, pthread_sigmask, "GLIBC_2.2.5", (int how, const sigset_t* set, sigset_t* old),
-                   (how, set, old))
+GPUSLICE_GLIBC_PIN(int, pthread_sigmask, "GLIBC_2.2.5", (int how, const sigset_t* set, sigset_t* old), (how, set, old))
 // libdl before 2.34. RTLD_NEXT and the caller's RUNPATH go by the caller's
 // object: these forwarders are in the library itself, so nothing changes.
 GPUSLICE_GLIBC_PIN(void*, dlopen, "GLIBC_2.2.5", (const char* file, int mode), (file, mode))

@@ -23,7 +23,7 @@ enum : int { kModeCold = 0, kModeUnlimited = 1, kModeLimited = 2 };
 // kModeUnlimited only once bootstrap succeeded and every visible device is
 // unlimited: then the wrappers call the driver straight away.
 extern std::atomic<int> g_mode;
-extern std::atomic<int> g_single_ordinal;  // the ordinal when the process sees one device
+extern std::atomic<int> g_single_ordinal;          // the ordinal when the process sees one device
 extern std::atomic<std::uint32_t> g_used_entries;  // entries launched on (feedback thread's work list)
 
 struct Marker {
@@ -126,9 +126,7 @@ inline bool unlimited() noexcept {
   return false;
 }
 
-inline std::uint64_t blocks(unsigned gx, unsigned gy, unsigned gz) noexcept {
-  return std::uint64_t{gx} * gy * gz;
-}
+inline std::uint64_t blocks(unsigned gx, unsigned gy, unsigned gz) noexcept { return std::uint64_t{gx} * gy * gz; }
 
 template <class Launch>
 CUresult gated(std::uint64_t work, bool nominal, std::uint32_t kernels, CUstream s, bool ptsz,

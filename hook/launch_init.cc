@@ -124,7 +124,8 @@ CUresult init_now() noexcept {
     d.state = &g_process.region->devices[entry];
     if (!markers) forget_queue(d);
   }
-  if (!markers) GPUSLICE_LOG(warn, "the driver has no usable event API; the compute limiter runs without its queue bound");
+  if (!markers)
+    GPUSLICE_LOG(warn, "the driver has no usable event API; the compute limiter runs without its queue bound");
   g_single_ordinal.store(count == 1 ? 0 : -1, std::memory_order_relaxed);
   // Publishes everything above to the launching threads (they acquire g_mode).
   const bool limited = update_caches();
@@ -147,8 +148,9 @@ void start_feedback() noexcept {
   host.mono_ns = mono_ns;
   host.real_us = shm::realtime_us;
   if (!limiter::ensure_feedback_thread(host))
-    GPUSLICE_LOG(warn, "cannot start the compute feedback thread; limits hold on estimates alone and run-time "
-                       "limit changes are not seen");
+    GPUSLICE_LOG(warn,
+                 "cannot start the compute feedback thread; limits hold on estimates alone and run-time "
+                 "limit changes are not seen");
 }
 
 }  // namespace

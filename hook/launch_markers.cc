@@ -49,8 +49,8 @@ void drop_marker_event(CUevent* event) noexcept {
 
 bool marker_elapsed_ns(CUevent from, CUevent to, std::uint64_t* ns) noexcept {
   float ms = 0;
-  if (real_cuEventElapsedTime == nullptr || from == nullptr ||
-      real_cuEventElapsedTime(&ms, from, to) != CUDA_SUCCESS || !(ms > 0))
+  if (real_cuEventElapsedTime == nullptr || from == nullptr || real_cuEventElapsedTime(&ms, from, to) != CUDA_SUCCESS ||
+      !(ms > 0))
     return false;
   *ns = static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6);
   return true;

@@ -38,18 +38,19 @@ std::uint64_t side(int n) noexcept { return n > 0 ? static_cast<std::uint64_t>(n
 }  // namespace
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                unsigned int bx, unsigned int by, unsigned int bz,
-                                                unsigned int shmem, CUstream s, void** params, void** extra) {
-  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]] return placed;
+                                                unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                                CUstream s, void** params, void** extra) {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]]
+    return placed;
   if (unlimited()) return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
   return gated(blocks(gx, gy, gz), false, 1, s, false,
                [&] { return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
 }
-GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-                                                     unsigned int gz, unsigned int bx, unsigned int by,
-                                                     unsigned int bz, unsigned int shmem, CUstream s,
-                                                     void** params, void** extra) {
-  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]] return placed;
+GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                     unsigned int bx, unsigned int by, unsigned int bz,
+                                                     unsigned int shmem, CUstream s, void** params, void** extra) {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]]
+    return placed;
   if (unlimited()) return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
   return gated(blocks(gx, gy, gz), false, 1, s, true,
                [&] { return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
@@ -76,7 +77,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigne
                                                            unsigned int gz, unsigned int bx, unsigned int by,
                                                            unsigned int bz, unsigned int shmem, CUstream s,
                                                            void** params) {
-  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]] return placed;
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]]
+    return placed;
   if (unlimited()) return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   return gated(blocks(gx, gy, gz), false, 1, s, false,
                [&] { return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params); });
@@ -85,7 +87,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, un
                                                                 unsigned int gz, unsigned int bx, unsigned int by,
                                                                 unsigned int bz, unsigned int shmem, CUstream s,
                                                                 void** params) {
-  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]] return placed;
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]]
+    return placed;
   if (unlimited()) return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
   return gated(blocks(gx, gy, gz), false, 1, s, true,
                [&] { return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params); });
@@ -109,7 +112,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLaunch(CUfunction f) {
                [&] { return real_cuLaunch != nullptr ? real_cuLaunch(f) : CUDA_ERROR_NOT_FOUND; });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchGrid(CUfunction f, int grid_width, int grid_height) {
-  if (unlimited()) return real_cuLaunchGrid != nullptr ? real_cuLaunchGrid(f, grid_width, grid_height) : CUDA_ERROR_NOT_FOUND;
+  if (unlimited())
+    return real_cuLaunchGrid != nullptr ? real_cuLaunchGrid(f, grid_width, grid_height) : CUDA_ERROR_NOT_FOUND;
   return gated(side(grid_width) * side(grid_height), false, 1, nullptr, false, [&] {
     return real_cuLaunchGrid != nullptr ? real_cuLaunchGrid(f, grid_width, grid_height) : CUDA_ERROR_NOT_FOUND;
   });

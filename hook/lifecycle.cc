@@ -50,7 +50,7 @@ void after_fork_in_child() noexcept {
   g_process.slot.store(-1, std::memory_order_relaxed);
   restart_bootstrap_in_child();
   g_accounting_calls.store(0, std::memory_order_relaxed);  // the parent's threads are not here
-  g_exited.store(false, std::memory_order_relaxed);         // forked from a destructor: a new process all the same
+  g_exited.store(false, std::memory_order_relaxed);        // forked from a destructor: a new process all the same
   if (g_ready.load(std::memory_order_relaxed) == kReadyYes) g_ready.store(kReadyNo, std::memory_order_release);
 }
 
@@ -117,11 +117,11 @@ struct AddingCall {
 
 bool refused_after_exit() noexcept {
   if (!g_exited.load(std::memory_order_seq_cst)) return false;
-  GPUSLICE_WARN_CAPPED(1, "an allocation during process exit, after gpuslice released this process's memory, "
-                          "is refused with CUDA_ERROR_OUT_OF_MEMORY");
+  GPUSLICE_WARN_CAPPED(1,
+                       "an allocation during process exit, after gpuslice released this process's memory, "
+                       "is refused with CUDA_ERROR_OUT_OF_MEMORY");
   return true;
 }
-
 
 [[gnu::noinline]] bool reserve_slow(int slot, int entry, std::uint64_t bytes) noexcept {
   AddingCall bracket;
@@ -168,8 +168,8 @@ void release(int entry, std::uint64_t bytes) noexcept {
   if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
   const int slot = g_process.slot.load(std::memory_order_acquire);
   if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0 || !region_intact()) return;
-  if (__builtin_expect(limiter::lease_free(g_process.region, slot,
-                                           g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes),
+  if (__builtin_expect(limiter::lease_free(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed),
+                                           entry, bytes),
                        1))
     return;
   release_slow(slot, entry, bytes);

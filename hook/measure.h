@@ -14,11 +14,11 @@
 namespace gpuslice::hook {
 
 struct Measure {
-  bool nvml;                  // before was read
-  std::uint64_t before;       // NVML usage of this process
-  std::uint64_t ops;          // the counts of counting operations (wrap.h) when read
-  std::uint64_t committed;    // this process's counted bytes on the device
-  bool quiet;                 // no counting operation was in flight at the start
+  bool nvml;                // before was read
+  std::uint64_t before;     // NVML usage of this process
+  std::uint64_t ops;        // the counts of counting operations (wrap.h) when read
+  std::uint64_t committed;  // this process's counted bytes on the device
+  bool quiet;               // no counting operation was in flight at the start
 };
 
 // Serialises measured calls in the process (one measurement at a time).
@@ -29,6 +29,7 @@ class MeasureMutex {
  public:
   void lock() noexcept { mu_.lock(); }
   void unlock() noexcept;
+
  private:
   std::mutex mu_;
 };
@@ -63,8 +64,7 @@ inline constexpr std::uint64_t kSettleNs = 8'000'000'000;
 // already reserved for this object): the process's count then covers what
 // it holds. 0 when NVML cannot see the process.
 // *exact (when given) says whether the measurement was undisturbed.
-std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m,
-                             std::atomic<std::uint64_t>* remembered, bool* exact = nullptr,
-                             std::uint64_t prepaid = 0) noexcept;
+std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m, std::atomic<std::uint64_t>* remembered,
+                             bool* exact = nullptr, std::uint64_t prepaid = 0) noexcept;
 
 }  // namespace gpuslice::hook

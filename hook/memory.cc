@@ -137,8 +137,9 @@ void sweep_implicitly_freed() noexcept {
 }
 
 CUresult refuse_legacy(const char* symbol) noexcept {
-  GPUSLICE_WARN_CAPPED(5, "%s (the pre-CUDA-3.2 32-bit ABI) is refused with CUDA_ERROR_NOT_SUPPORTED: "
-                          "it would bypass the memory quota; rebuild against a current cuda.h",
+  GPUSLICE_WARN_CAPPED(5,
+                       "%s (the pre-CUDA-3.2 32-bit ABI) is refused with CUDA_ERROR_NOT_SUPPORTED: "
+                       "it would bypass the memory quota; rebuild against a current cuda.h",
                        symbol);
   return CUDA_ERROR_NOT_SUPPORTED;
 }

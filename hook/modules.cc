@@ -190,8 +190,7 @@ bool complete(const KernelRecord& r) noexcept {
 }
 void kernels_dirty() noexcept {
   std::uint64_t w = g_kernel_check.load(std::memory_order_relaxed);
-  while (!g_kernel_check.compare_exchange_weak(w, (w + 2) | 1, std::memory_order_seq_cst)) {
-  }
+  while (!g_kernel_check.compare_exchange_weak(w, (w + 2) | 1, std::memory_order_seq_cst)) {}
 }
 // Clears bit 0 when every kernel handed out is complete and nothing set it
 // since `w0` was read (before the records were).
@@ -267,9 +266,10 @@ CUresult unload_library_counted(CUlibrary l) noexcept {
       if (c.bytes != 0) release(c.entry, c.bytes);
       continue;
     }
-    if (!g_placed->upsert(placed_key(l, d), c, [&](Placed& v, bool fresh) {
-          if (!fresh) v.bytes += c.bytes;
-        }) &&
+    if (!g_placed->upsert(placed_key(l, d), c,
+                          [&](Placed& v, bool fresh) {
+                            if (!fresh) v.bytes += c.bytes;
+                          }) &&
         c.bytes != 0)
       release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
   }
@@ -338,19 +338,21 @@ CUresult unload_library(CUlibrary l) noexcept { return real_cuLibraryUnload(l); 
 using namespace gpuslice::hook;
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule* module, const char* fname) {
-  return load_counted(module, [&] { return real_cuModuleLoad(module, fname); }, unload_module);
+  return load_counted(
+      module, [&] { return real_cuModuleLoad(module, fname); }, unload_module);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
-  return load_counted(module, [&] { return real_cuModuleLoadData(module, image); }, unload_module);
+  return load_counted(
+      module, [&] { return real_cuModuleLoadData(module, image); }, unload_module);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
                                                     CUjit_option* options, void** optionValues) {
   return load_counted(
-      module, [&] { return real_cuModuleLoadDataEx(module, image, numOptions, options, optionValues); },
-      unload_module);
+      module, [&] { return real_cuModuleLoadDataEx(module, image, numOptions, options, optionValues); }, unload_module);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
-  return load_counted(module, [&] { return real_cuModuleLoadFatBinary(module, fatCubin); }, unload_module);
+  return load_counted(
+      module, [&] { return real_cuModuleLoadFatBinary(module, fatCubin); }, unload_module);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
   return unload_counted(hmod, [&] { return real_cuModuleUnload(hmod); });
@@ -498,8 +500,7 @@ void kernels_context_created() noexcept {
 
 void kernels_context_destroyed() noexcept {
   int live = g_live_contexts.load(std::memory_order_relaxed);
-  while (live > 0 && !g_live_contexts.compare_exchange_weak(live, live - 1, std::memory_order_seq_cst)) {
-  }
+  while (live > 0 && !g_live_contexts.compare_exchange_weak(live, live - 1, std::memory_order_seq_cst)) {}
   g_context_epoch.fetch_add(1, std::memory_order_seq_cst);  // every kernel's contexts are forgotten
   if (g_kernels->size() != 0) kernels_dirty();
 }

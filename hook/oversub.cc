@@ -106,8 +106,7 @@ bool over_allowance(int entry) noexcept {
 }
 
 CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, std::uint64_t* key,
-                              limiter::AllocKind kind, RealAllocFn real_alloc, RealAllocFn spill,
-                              void* ctx) noexcept {
+                              limiter::AllocKind kind, RealAllocFn real_alloc, RealAllocFn spill, void* ctx) noexcept {
   const limiter::Options& o = config().options;
   const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
   bool waited = false;

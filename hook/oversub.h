@@ -36,12 +36,10 @@ bool over_allowance(int entry) noexcept;
 // returns the reservation on failure.
 using RealAllocFn = CUresult (*)(void* ctx) noexcept;
 CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, std::uint64_t* key,
-                              limiter::AllocKind kind, RealAllocFn real_alloc, RealAllocFn spill,
-                              void* ctx) noexcept;
+                              limiter::AllocKind kind, RealAllocFn real_alloc, RealAllocFn spill, void* ctx) noexcept;
 
 // For paths that cannot spill (pools, VMM): false when the allocation must be
 // refused (over the allowance under `fail`, or after a wait timed out).
 bool resident_admits(int entry) noexcept;
-
 
 }  // namespace gpuslice::hook

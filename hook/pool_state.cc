@@ -24,7 +24,8 @@ constinit std::atomic<std::uint32_t> g_cache[1u << kCacheBits];
 constinit std::atomic<PoolState*> g_current[kMaxDevices];
 
 namespace {
-constinit NoDestroy<limiter::PointerTable<PoolRecord>> g_records_storage;  // never destroyed: calls made during exit find it
+constinit NoDestroy<limiter::PointerTable<PoolRecord>>
+    g_records_storage;  // never destroyed: calls made during exit find it
 }  // namespace
 // Live allocations: device pointer -> its pool's slot and its size.
 constinit limiter::PointerTable<PoolRecord>& g_records = g_records_storage.value;
@@ -96,7 +97,6 @@ std::atomic<bool> g_atfork_registered{false};
 
 }  // namespace
 
-
 PoolState* find_slow(CUmemoryPool pool) noexcept {
   if (pool == nullptr || g_slots_used.load(std::memory_order_acquire) == 0) return nullptr;
   std::lock_guard<std::mutex> lock(*g_registry_mu);
@@ -112,8 +112,9 @@ PoolState* track(CUmemoryPool pool, int entry, bool host) noexcept {
   std::uint32_t i = 0;
   while (i < n && g_states[i].in_use.load(std::memory_order_acquire) != 0) ++i;
   if (i == kMaxPools) {
-    GPUSLICE_WARN_CAPPED(1, "more than %u memory pools in use at once; allocations from further pools are "
-                            "refused with CUDA_ERROR_OUT_OF_MEMORY",
+    GPUSLICE_WARN_CAPPED(1,
+                         "more than %u memory pools in use at once; allocations from further pools are "
+                         "refused with CUDA_ERROR_OUT_OF_MEMORY",
                          kMaxPools);
     return nullptr;
   }
@@ -147,7 +148,8 @@ PoolState* current_pool_slow(int ordinal, CUresult* rc) noexcept {
     return nullptr;
   }
   std::lock_guard<std::mutex> lock(*g_registry_mu);
-  if (g_current_gen[ordinal].load(std::memory_order_relaxed) == gen) g_current[ordinal].store(st, std::memory_order_release);
+  if (g_current_gen[ordinal].load(std::memory_order_relaxed) == gen)
+    g_current[ordinal].store(st, std::memory_order_release);
   return st;
 }
 
@@ -254,7 +256,7 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
     if (!consistent && target < before) st.counted.store(before, std::memory_order_seq_cst);  // nothing released yet
   }
   if (!consistent) {
-    if (target < before) target = before;  // raced by the pool's allocations: lower nothing now
+    if (target < before) target = before;          // raced by the pool's allocations: lower nothing now
     st.dirty.store(1, std::memory_order_relaxed);  // the next synchronisation looks again
   }
   if (target > before) st.counted.store(target, std::memory_order_seq_cst);
@@ -265,8 +267,9 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
   if (target < before) {
     give_back(entry, before - target);
   } else if (target > before && !charge(entry, target - before)) {
-    GPUSLICE_WARN_CAPPED(3, "a memory pool's reserve grew beyond what was reserved for it; the container is "
-                            "over its quota until the pool is trimmed");
+    GPUSLICE_WARN_CAPPED(3,
+                         "a memory pool's reserve grew beyond what was reserved for it; the container is "
+                         "over its quota until the pool is trimmed");
   }
 }
 
@@ -317,8 +320,8 @@ void reclaim_all() noexcept {
 // went back to its pool (a cuMemFree racing with this allocation).
 void settle_stale(const PoolRecord& rec) noexcept { freed(g_states[rec.slot], rec.bytes); }
 
-CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
-                       RealAllocFn real_alloc, void* ctx) noexcept {
+CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealAllocFn real_alloc,
+                       void* ctx) noexcept {
   // A counting operation: its callers (pools.cc) bracket the whole
   // allocation, from the look at the pool to the settle (not nested here: a
   // nested bracket would read as finished while the outer one runs).
@@ -334,7 +337,7 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
     finalize_if_drained(st);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  if (bytes > kHugeBytes) {  // no device has 2^48 bytes
+  if (bytes > kHugeBytes) {   // no device has 2^48 bytes
     finalize_if_drained(st);  // destroyed meanwhile: we may have been its last
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -392,7 +395,7 @@ CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept {
     st.handle.store(nullptr, std::memory_order_release);  // lookups of the handle miss from now on
     st.destroyed.store(1, std::memory_order_seq_cst);
   }
-  forget_current(&st);     // the driver makes the default pool current again
+  forget_current(&st);      // the driver makes the default pool current again
   finalize_if_drained(st);  // else the last free of an allocation from it does
   return CUDA_SUCCESS;
 }

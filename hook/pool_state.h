@@ -143,8 +143,8 @@ void reclaim_all() noexcept;
 // driver's reserve and records the pointer. On failure `outstanding` is
 // given back and the count is what the driver holds.
 using RealAllocFn = CUresult (*)(void* ctx) noexcept;
-[[gnu::cold, gnu::noinline]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes,
-                                                    CUdeviceptr* dptr, RealAllocFn real_alloc, void* ctx) noexcept;
+[[gnu::cold, gnu::noinline]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
+                                                    RealAllocFn real_alloc, void* ctx) noexcept;
 // cuMemPoolDestroy of a registered pool: a last reconciliation, the driver
 // call, then the count goes now or with the pool's last allocation.
 CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept;

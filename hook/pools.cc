@@ -38,7 +38,8 @@ template <class RealAlloc>
 CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealAlloc&& real_alloc) noexcept {
   // Host-located pools hold nothing on a device; a destroyed pool gets the
   // driver's own error.
-  if (__builtin_expect((st.host.load(std::memory_order_relaxed) | st.destroyed.load(std::memory_order_relaxed)) != 0, 0))
+  if (__builtin_expect((st.host.load(std::memory_order_relaxed) | st.destroyed.load(std::memory_order_relaxed)) != 0,
+                       0))
     return real_alloc();
   const std::uint64_t after = st.outstanding.fetch_add(bytes, std::memory_order_seq_cst) + bytes;
   pools::mark_dirty(st);
@@ -140,8 +141,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size
                                                          CUstream hStream) {
   return alloc_from_pool_async(dptr, bytesize, pool, hStream, false);
 }
-GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
-                                                              CUmemoryPool pool, CUstream hStream) {
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                                              CUstream hStream) {
   return alloc_from_pool_async(dptr, bytesize, pool, hStream, true);
 }
 

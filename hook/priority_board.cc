@@ -59,7 +59,7 @@ void ensure_own_file(Device& p, Priority self, bool publish) noexcept {
     unlink_own(p);  // else it would still count at its old level for kPresentNs
     p.published_until.store(0, std::memory_order_relaxed);
   }
-  if (p.own_fd >= 0 || !publish || !p.named ) return;
+  if (p.own_fd >= 0 || !publish || !p.named) return;
   if (g_exiting.load(std::memory_order_relaxed) != 0 && g_exiting.load(std::memory_order_relaxed) == getpid()) return;
   shm::Error err;
   p.own_fd = shm::open_own_activity(g_board, self, p.own_name, config().options.container_name, &err);
@@ -80,8 +80,10 @@ Verdict evaluate(Device& p, Priority self, std::uint64_t now, bool* engaged, boo
     for (Priority level : {Priority::high, Priority::normal, Priority::low}) {
       shm::LevelScan& table = p.levels[static_cast<int>(level) - 1];
       // Files of our own level are not neighbours that matter.
-      if (level == self) shm::close_level(&table);
-      else shm::scan_level(g_board, level, p.uuid, nullptr, &table);
+      if (level == self)
+        shm::close_level(&table);
+      else
+        shm::scan_level(g_board, level, p.uuid, nullptr, &table);
     }
   }
   limiter::PeerSample samples[kMaxPeers];
@@ -222,11 +224,13 @@ void publish(Device& p, Priority self, std::uint64_t now, std::uint64_t horizon)
     if (last != 0 && now >= last && now - last < limiter::kPresenceRefreshNs) return;
     p.own_lock.lock();
     ensure_own_file(p, self, true);
-    if (p.own_fd >= 0 && shm::write_activity(p.own_fd, self, 0, now)) p.published_until.store(now, std::memory_order_relaxed);
+    if (p.own_fd >= 0 && shm::write_activity(p.own_fd, self, 0, now))
+      p.published_until.store(now, std::memory_order_relaxed);
     p.own_lock.unlock();
     return;
   }
-  const std::uint64_t until = limiter::next_publication(p.published_until.load(std::memory_order_relaxed), horizon, now);
+  const std::uint64_t until =
+      limiter::next_publication(p.published_until.load(std::memory_order_relaxed), horizon, now);
   if (until == 0) return;
   p.own_lock.lock();
   ensure_own_file(p, self, true);

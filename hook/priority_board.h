@@ -30,8 +30,8 @@ struct alignas(64) Device {
   // gate without it).
   std::atomic<int> verdict{0};  // limiter::Verdict
   std::atomic<std::uint64_t> checked_ns{0};
-  std::atomic<int> lower_present{0};  // a lower-priority neighbour is present
-  std::atomic<int> tight{0};          // a higher neighbour launched recently: the tight bound
+  std::atomic<int> lower_present{0};         // a lower-priority neighbour is present
+  std::atomic<int> tight{0};                 // a higher neighbour launched recently: the tight bound
   std::atomic<DeviceState*> state{nullptr};  // the container's entry (its SM limit)
   std::atomic<std::uint64_t> published_until{0};
   // This container's own file (own_lock).

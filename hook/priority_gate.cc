@@ -49,8 +49,8 @@ struct alignas(64) GateDevice {
   limiter::InflightEstimate estimate;
   std::uint64_t last_launch_ns = 0;
   CUstream last_stream = nullptr;
-  bool last_queued = false;  // the previous launch was queued behind earlier work
-  std::uint64_t backlog = 0;  // when the lower neighbours' work queued ahead of this burst should be done
+  bool last_queued = false;         // the previous launch was queued behind earlier work
+  std::uint64_t backlog = 0;        // when the lower neighbours' work queued ahead of this burst should be done
   std::uint64_t prev_start_ns = 0;  // when our latest launch started (or will), 0 = unknown
   std::uint64_t late_ns = 0;        // moving average of how late we launched after the previous one's end
   bool prev_start_seen = false;     // prev_start_ns was observed (nothing of ours queued), not predicted
@@ -116,16 +116,15 @@ bool record_marker(GateDevice& g, CUstream s, bool ptsz) noexcept {
     g.markers.lock.unlock();
     return false;
   }
-  while (!g.markers.empty() && retire_oldest(g, false)) {
-  }
+  while (!g.markers.empty() && retire_oldest(g, false)) {}
   const std::uint64_t now = mono_ns();
   if (g.markers.pending() < kRing - 1) {
     Marker& m = g.markers.next();
     if (ensure_marker_event(&m.event, CU_EVENT_BLOCKING_SYNC)) {
       if (record_marker_event(&m.event, stream) == CUDA_SUCCESS) {
         m.stream = stream;
-        m.sample = g.last_queued && g.last_stream == stream && g.last_launch_ns != 0 &&
-                   now - g.last_launch_ns < kAdjacentNs;
+        m.sample =
+            g.last_queued && g.last_stream == stream && g.last_launch_ns != 0 && now - g.last_launch_ns < kAdjacentNs;
         g.markers.push();
         // Pending right after its record: this launch will queue behind earlier work.
         g.last_queued = query_marker(m.event) == MarkerState::pending;
@@ -207,8 +206,7 @@ void note_launch(GateDevice& g, board::Device& b, Priority self, bool marked) no
   g.horizon.store(horizon, std::memory_order_relaxed);
   // When this launch starts running: now if nothing of ours is queued, at
   // the predicted end of the one queued (bound_wait's lead), else unknown.
-  while (!g.markers.empty() && retire_oldest(g, false)) {
-  }
+  while (!g.markers.empty() && retire_oldest(g, false)) {}
   const unsigned pending = g.markers.pending();
   // Queued behind earlier work of ours now, as it goes (not when its marker
   // was recorded: bound_wait may have slept since): only then does the next
@@ -223,8 +221,10 @@ void note_launch(GateDevice& g, board::Device& b, Priority self, bool marked) no
     // when that start was seen (it went behind nothing), move it a quarter of
     // the way when it was only predicted (a prediction may be late).
     if (g.prev_start_ns != 0 && now - g.prev_start_ns < g.estimate.avg_ns) {
-      if (g.prev_start_seen) g.estimate.avg_ns = now - g.prev_start_ns;
-      else limiter::observe_launch(g.estimate, now - g.prev_start_ns);
+      if (g.prev_start_seen)
+        g.estimate.avg_ns = now - g.prev_start_ns;
+      else
+        limiter::observe_launch(g.estimate, now - g.prev_start_ns);
     }
     // How late this thread came (the device idled for us meanwhile): the
     // lead hides this much, up to a whole launch (two in flight).

@@ -22,19 +22,17 @@ CUresult redirect(CUresult rc, void** pfn) noexcept {
 
 }  // namespace
 
-GPUSLICE_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
-                                                     cuuint64_t flags, CUdriverProcAddressQueryResult* status) {
+GPUSLICE_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                                                     CUdriverProcAddressQueryResult* status) {
   // Resolution works before cuInit and must not depend on our configuration:
   // only the driver has to be loaded. The wrappers handed out fail closed.
   if (!load_driver() || real_cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   return redirect(real_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, status), pfn);
 }
 
-GPUSLICE_EXPORT CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
-                                                  cuuint64_t flags) {
+GPUSLICE_EXPORT CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
   if (!load_driver()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (real_cuGetProcAddress != nullptr)
-    return redirect(real_cuGetProcAddress(symbol, pfn, cudaVersion, flags), pfn);
+  if (real_cuGetProcAddress != nullptr) return redirect(real_cuGetProcAddress(symbol, pfn, cudaVersion, flags), pfn);
   if (real_cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
   return redirect(real_cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, nullptr), pfn);
 }

@@ -50,6 +50,4 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemGetInfo(unsigned int*, unsigned int*) { return refuse_legacy("cuMemGetInfo"); }
-GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceTotalMem(unsigned int*, CUdevice) {
-  return refuse_legacy("cuDeviceTotalMem");
-}
+GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceTotalMem(unsigned int*, CUdevice) { return refuse_legacy("cuDeviceTotalMem"); }

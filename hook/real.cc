@@ -84,8 +84,9 @@ void* open_first(const char* override_path, const limiter::OptionSource& source,
     static std::atomic<bool> reported[2];
     if (h == nullptr && first_report(reported[override_name[14] == 'N'])) {  // GPUSLICE_REAL_LIB{CUDA,NVML}
       const char* why = dlerror();
-      GPUSLICE_LOG(error, "%s=%s: cannot load it (%s), expected the path of the real library; CUDA calls fail "
-                          "with CUDA_ERROR_NOT_INITIALIZED",
+      GPUSLICE_LOG(error,
+                   "%s=%s: cannot load it (%s), expected the path of the real library; CUDA calls fail "
+                   "with CUDA_ERROR_NOT_INITIALIZED",
                    override_name, override_path, why ? why : "unknown error");
     }
     return h;  // an explicit override never falls back to a guess
@@ -119,8 +120,7 @@ void resolve(void* handle, bool nvml) noexcept {
     if (h.nvml == nvml && !publish(h.real, real_dlsym(handle, h.name), state)) return;
   }
   const Internal* table = nvml ? kNvmlInternal : kDriverInternal;
-  size_t n = nvml ? sizeof kNvmlInternal / sizeof *kNvmlInternal
-                  : sizeof kDriverInternal / sizeof *kDriverInternal;
+  size_t n = nvml ? sizeof kNvmlInternal / sizeof *kNvmlInternal : sizeof kDriverInternal / sizeof *kDriverInternal;
   for (size_t i = 0; i < n; ++i)
     if (!publish(table[i].real, real_dlsym(handle, table[i].name), state)) return;
 }
@@ -131,8 +131,9 @@ bool exports(void* handle, const char* symbol, const char* variable, const char*
   if (real_dlsym(handle, symbol) != nullptr) return true;
   static std::atomic<bool> reported{false};
   if (first_report(reported))
-    GPUSLICE_LOG(error, "%s=%s: the library has no %s, expected %s; CUDA calls fail with "
-                        "CUDA_ERROR_NOT_INITIALIZED",
+    GPUSLICE_LOG(error,
+                 "%s=%s: the library has no %s, expected %s; CUDA calls fail with "
+                 "CUDA_ERROR_NOT_INITIALIZED",
                  variable, path, symbol, what);
   return false;
 }
@@ -143,8 +144,9 @@ bool load_driver_now() noexcept {
                        sizeof kDriverPaths / sizeof *kDriverPaths);
   static std::atomic<bool> reported{false};
   if (h == nullptr && std::strcmp(cfg.options.real_libcuda_source.name, "default") == 0 && first_report(reported)) {
-    GPUSLICE_LOG(error, "no CUDA driver found (tried libcuda.so.1 on the loader's path and the usual "
-                        "install locations); set GPUSLICE_REAL_LIBCUDA to its path");
+    GPUSLICE_LOG(error,
+                 "no CUDA driver found (tried libcuda.so.1 on the loader's path and the usual "
+                 "install locations); set GPUSLICE_REAL_LIBCUDA to its path");
   }
   if (h == nullptr || !exports(h, "cuInit", "GPUSLICE_REAL_LIBCUDA", cfg.options.real_libcuda, "the CUDA driver"))
     return false;
@@ -160,8 +162,9 @@ bool load_nvml_now() noexcept {
   static std::atomic<bool> reported{false};
   if (h == nullptr) {
     if (std::strcmp(cfg.options.real_libnvml_source.name, "default") == 0 && first_report(reported))
-      GPUSLICE_LOG(info, "no NVML library found; NVML queries are not virtualised and context "
-                         "memory is not measured");
+      GPUSLICE_LOG(info,
+                   "no NVML library found; NVML queries are not virtualised and context "
+                   "memory is not measured");
     return false;
   }
   if (!exports(h, "nvmlInit_v2", "GPUSLICE_REAL_LIBNVML", cfg.options.real_libnvml, "NVML")) return false;

@@ -16,40 +16,40 @@ namespace gpuslice::hook {
 // Driver entry points used internally but not hooked: the one list of them
 // (resolved with the hooked ones at load time, so no later lookup takes the
 // loader lock). A hooked one (symbols.def) is real_<symbol> already.
-#define GPUSLICE_CU_INTERNAL(X)        \
-  X(cuCtxGetDevice)                    \
-  X(cuCtxGetCurrent)                   \
-  X(cuCtxGetLimit)                     \
-  X(cuDeviceGet)                       \
-  X(cuDeviceGetCount)                  \
-  X(cuDeviceGetUuid_v2)                \
-  X(cuDeviceGetAttribute)              \
-  X(cuMemGetAddressRange_v2)           \
+#define GPUSLICE_CU_INTERNAL(X)             \
+  X(cuCtxGetDevice)                         \
+  X(cuCtxGetCurrent)                        \
+  X(cuCtxGetLimit)                          \
+  X(cuDeviceGet)                            \
+  X(cuDeviceGetCount)                       \
+  X(cuDeviceGetUuid_v2)                     \
+  X(cuDeviceGetAttribute)                   \
+  X(cuMemGetAddressRange_v2)                \
   X(cuMemGetAllocationPropertiesFromHandle) \
-  X(cuArray3DGetDescriptor_v2)         \
-  X(cuMipmappedArrayGetLevel)          \
-  X(cuMemAdvise_v2)                    \
-  X(cuMemPoolGetAttribute)             \
-  X(cuArrayGetMemoryRequirements)      \
-  X(cuMipmappedArrayGetMemoryRequirements) \
-  X(cuEventCreate)                     \
-  X(cuEventRecord)                     \
-  X(cuEventQuery)                      \
-  X(cuEventDestroy_v2)                 \
-  X(cuEventElapsedTime)                \
-  X(cuStreamIsCapturing)               \
-  X(cuStreamGetDevice)                 \
-  X(cuStreamGetCtx)                    \
-  X(cuCtxPushCurrent_v2)               \
-  X(cuCtxPopCurrent_v2)                \
-  X(cuGraphGetNodes)                   \
-  X(cuGraphNodeGetType)                \
-  X(cuGraphKernelNodeGetParams_v2)     \
+  X(cuArray3DGetDescriptor_v2)              \
+  X(cuMipmappedArrayGetLevel)               \
+  X(cuMemAdvise_v2)                         \
+  X(cuMemPoolGetAttribute)                  \
+  X(cuArrayGetMemoryRequirements)           \
+  X(cuMipmappedArrayGetMemoryRequirements)  \
+  X(cuEventCreate)                          \
+  X(cuEventRecord)                          \
+  X(cuEventQuery)                           \
+  X(cuEventDestroy_v2)                      \
+  X(cuEventElapsedTime)                     \
+  X(cuStreamIsCapturing)                    \
+  X(cuStreamGetDevice)                      \
+  X(cuStreamGetCtx)                         \
+  X(cuCtxPushCurrent_v2)                    \
+  X(cuCtxPopCurrent_v2)                     \
+  X(cuGraphGetNodes)                        \
+  X(cuGraphNodeGetType)                     \
+  X(cuGraphKernelNodeGetParams_v2)          \
   X(cuGraphChildGraphNodeGetGraph)
-#define GPUSLICE_NVML_INTERNAL(X)      \
-  X(nvmlInit_v2)                       \
-  X(nvmlDeviceGetUUID)                 \
-  X(nvmlDeviceGetHandleByUUID)         \
+#define GPUSLICE_NVML_INTERNAL(X)            \
+  X(nvmlInit_v2)                             \
+  X(nvmlDeviceGetUUID)                       \
+  X(nvmlDeviceGetHandleByUUID)               \
   X(nvmlDeviceGetComputeRunningProcesses_v3) \
   X(nvmlDeviceGetProcessUtilization)
 

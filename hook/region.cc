@@ -60,15 +60,17 @@ int device_entry(CUdevice ordinal) noexcept {
   int entry = shm::device_index(g_process.region, reinterpret_cast<const std::uint8_t*>(uuid.bytes),
                                 o.memory_limit[ordinal], o.sm_limit[ordinal], o.sm_policy);
   if (entry < 0) {
-    GPUSLICE_WARN_CAPPED(3, "GPUSLICE_REGION=%s: all %u device entries are taken, expected a free one "
-                            "for device %d; its allocations fail",
+    GPUSLICE_WARN_CAPPED(3,
+                         "GPUSLICE_REGION=%s: all %u device entries are taken, expected a free one "
+                         "for device %d; its allocations fail",
                          o.region, kMaxDevices, ordinal);
     return -1;
   }
   const DeviceState& d = g_process.region->devices[entry];
   if (d.quota_bytes.load(std::memory_order_relaxed) != o.memory_limit[ordinal])
-    GPUSLICE_LOG(info, "device %d: the region's quota (%llu bytes) differs from this process's setting "
-                       "(%llu bytes); the region's value applies",
+    GPUSLICE_LOG(info,
+                 "device %d: the region's quota (%llu bytes) differs from this process's setting "
+                 "(%llu bytes); the region's value applies",
                  ordinal, static_cast<unsigned long long>(d.quota_bytes.load(std::memory_order_relaxed)),
                  static_cast<unsigned long long>(o.memory_limit[ordinal]));
   g_ordinal_of_entry[entry].store(ordinal + 1, std::memory_order_release);

@@ -73,9 +73,9 @@ using ReclaimFn = void (*)() noexcept;
 void set_pool_reclaim(ReclaimFn fn) noexcept;
 
 // Between the files that implement this header, nobody else's:
-void watch_region_file(int fd) noexcept;  // region.cc: the region file to watch (-1: none)
-void own_claimed_slot() noexcept;         // lifecycle.cc: the slot just claimed is ours (fork handler, owner word)
-void hold_slot_lock(int fd) noexcept;     // lifecycle.cc: our own descriptor holding the slot's file lock (-1: none)
+void watch_region_file(int fd) noexcept;     // region.cc: the region file to watch (-1: none)
+void own_claimed_slot() noexcept;            // lifecycle.cc: the slot just claimed is ours (fork handler, owner word)
+void hold_slot_lock(int fd) noexcept;        // lifecycle.cc: our own descriptor holding the slot's file lock (-1: none)
 void restart_bootstrap_in_child() noexcept;  // bootstrap.cc: a forked child may claim a slot again
 
 }  // namespace gpuslice::hook

@@ -31,24 +31,24 @@ using Handle = CUmemGenericAllocationHandle;
 struct Physical {
   std::uint64_t bytes;  // counted at creation (0 for foreign imports: charged per mapping)
   int entry;
-  int refs;             // handle references + live mappings
+  int refs;  // handle references + live mappings
   bool foreign;
-  bool exported;        // g_exports may name it
+  bool exported;  // g_exports may name it
 };
 struct Alias {
   Handle root;  // an import of this process's own export -> the allocation it names
 };
 struct Mapping {
   std::uint64_t size;
-  Handle root;               // the physical allocation it maps (0: one we do not count)
-  std::uint64_t charged;     // bytes charged for this mapping (foreign memory)
+  Handle root;            // the physical allocation it maps (0: one we do not count)
+  std::uint64_t charged;  // bytes charged for this mapping (foreign memory)
   int entry;
 };
 struct Export {
   Handle root;
   CUmemAllocationHandleType type;
-  std::uint64_t dev, ino;    // POSIX fd: the file it names
-  std::uint8_t fabric[64];   // CU_MEM_HANDLE_TYPE_FABRIC: the handle bytes
+  std::uint64_t dev, ino;   // POSIX fd: the file it names
+  std::uint8_t fabric[64];  // CU_MEM_HANDLE_TYPE_FABRIC: the handle bytes
 };
 
 // One table each (include/platform/pointer_table.h): no heap, no mutex. An operation
@@ -101,7 +101,7 @@ bool is_device_located(const CUmemAllocationProp* prop) noexcept {
 }
 
 bool fd_identity(int fd, std::uint64_t* dev, std::uint64_t* ino) noexcept {
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0) return false;
   *dev = st.st_dev;
   *ino = st.st_ino;
@@ -265,8 +265,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, C
   return rc;
 }
 
-GPUSLICE_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
-                                                                void* os_handle, CUmemAllocationHandleType type) {
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                                                CUmemAllocationHandleType type) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuMemImportFromShareableHandle == nullptr) return CUDA_ERROR_NOT_SUPPORTED;

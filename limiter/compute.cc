@@ -47,9 +47,8 @@ void refill(DeviceState& d, std::uint64_t now_ns) noexcept {
   // is not a burst. A long idle period fills the bucket (capped).
   if (last == 0) return;
   const std::uint64_t elapsed = now_ns - last;
-  const std::int64_t add = elapsed >= 1'000'000'000'000ull
-                               ? cap
-                               : static_cast<std::int64_t>(elapsed * permille / kFullPermille);
+  const std::int64_t add =
+      elapsed >= 1'000'000'000'000ull ? cap : static_cast<std::int64_t>(elapsed * permille / kFullPermille);
   credit(d, add, cap);
 }
 

@@ -79,7 +79,7 @@ inline void refund(DeviceState& d, std::int64_t cost) noexcept {
   d.tokens_ns.fetch_add(cost, std::memory_order_relaxed);
 }
 
-using ClockFn = std::uint64_t (*)() noexcept;          // CLOCK_MONOTONIC ns
+using ClockFn = std::uint64_t (*)() noexcept;         // CLOCK_MONOTONIC ns
 using SleepFn = void (*)(std::uint64_t ns) noexcept;  // relative sleep, never spins
 // Sleeps until the balance is out of debt (refilling as time passes), or the
 // limit is lifted. Re-reads limit and policy at least every kMaxSleepNs.

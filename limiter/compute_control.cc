@@ -36,8 +36,7 @@ std::uint32_t elastic_grant(std::uint32_t granted, std::uint32_t share, std::uin
   if (granted < share) granted = share;
   const std::uint32_t used = busy + others;
   const std::uint32_t idle = used >= kFullPermille ? 0 : kFullPermille - used;
-  const std::uint32_t room =
-      others + kElasticHeadroom >= kFullPermille ? 0 : kFullPermille - others - kElasticHeadroom;
+  const std::uint32_t room = others + kElasticHeadroom >= kFullPermille ? 0 : kFullPermille - others - kElasticHeadroom;
   if (others >= kElasticOthersActive && idle < kElasticHeadroom) {
     // The device is full and somebody else is on it. If their use grew they
     // want more: give everything back at once (back to the share within one
@@ -83,7 +82,8 @@ StepResult control_step(DeviceState& d, ControlState& s, const Measurement& m, s
   // window runs in the next) averages out instead of jerking the price.
   const std::uint64_t scale_prev = d.cost_scale_ppm.load(std::memory_order_relaxed);
   r.scale_ppm = scale_prev;
-  const double units = spent > 0 && scale_prev > 0 ? static_cast<double>(spent) * 1e6 / static_cast<double>(scale_prev) : 0.0;
+  const double units =
+      spent > 0 && scale_prev > 0 ? static_cast<double>(spent) * 1e6 / static_cast<double>(scale_prev) : 0.0;
   s.busy_sum = s.busy_sum * kScaleDecay + static_cast<double>(m.busy_ns);
   s.units_sum = s.units_sum * kScaleDecay + units;
   // Enough signal: a few hundred microseconds of device time and admissions —
@@ -107,7 +107,8 @@ StepResult control_step(DeviceState& d, ControlState& s, const Measurement& m, s
     elastic_permille(d).store(s.granted, std::memory_order_relaxed);
   } else {
     s.granted = 0;
-    if (elastic_permille(d).load(std::memory_order_relaxed) != 0) elastic_permille(d).store(0, std::memory_order_relaxed);
+    if (elastic_permille(d).load(std::memory_order_relaxed) != 0)
+      elastic_permille(d).store(0, std::memory_order_relaxed);
   }
   r.granted_permille = s.granted;
   s.others_prev = r.others_permille;

@@ -48,7 +48,7 @@ struct ControlState {
   double busy_sum = 0;          // decayed measured device time
   double units_sum = 0;         // decayed nominal ns admitted
   std::uint32_t others_prev = 0;
-  std::uint32_t granted = 0;    // elastic grant in permille (0 = the share)
+  std::uint32_t granted = 0;  // elastic grant in permille (0 = the share)
 };
 
 struct StepResult {

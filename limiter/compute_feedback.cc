@@ -32,8 +32,9 @@ bool FeedbackLoop::nvml_ready() noexcept {
         nvml_.handle_by_uuid != nullptr && nvml_.process_utilization != nullptr && nvml_.init() == NVML_SUCCESS) {
       nvml_state_ = 1;
     } else {
-      warn("compute limit: no node agent and no usable NVML to measure the container's device time; "
-           "launches are priced by their estimate alone, expected NVML or the gpuslice agent");
+      warn(
+          "compute limit: no node agent and no usable NVML to measure the container's device time; "
+          "launches are priced by their estimate alone, expected NVML or the gpuslice agent");
     }
   }
   return nvml_state_ == 1;
@@ -48,8 +49,9 @@ bool FeedbackLoop::open_device(int e) noexcept {
   if (nvml_.handle_by_uuid(uuid, &f.nvml_device) != NVML_SUCCESS || f.nvml_device == nullptr) {
     f.nvml_device = nullptr;
     f.nvml_failed = true;
-    warn("compute limit: NVML does not know a device the container uses; its launches are priced by their "
-         "estimate alone, expected NVML to see every CUDA device");
+    warn(
+        "compute limit: NVML does not know a device the container uses; its launches are priced by their "
+        "estimate alone, expected NVML to see every CUDA device");
     return false;
   }
   return true;
@@ -98,9 +100,10 @@ bool FeedbackLoop::pids_match(int e) noexcept {
   bool ok = false;
   for (unsigned int i = 0; i < count && i < 256 && !ok; ++i) ok = in_container(infos[i].pid);
   if (!ok && f.pids_ok)
-    warn("compute limit: NVML's process ids are not the region's (pid namespace without the node agent); "
-         "measurements are ignored and launches priced by their estimate alone, expected the gpuslice agent "
-         "to map host pids");
+    warn(
+        "compute limit: NVML's process ids are not the region's (pid namespace without the node agent); "
+        "measurements are ignored and launches priced by their estimate alone, expected the gpuslice agent "
+        "to map host pids");
   f.pids_ok = ok;
   return ok;
 }
@@ -270,9 +273,9 @@ bool ensure_feedback_thread(const FeedbackHost& host) noexcept {
   sigfillset(&all);
   const bool masked = pthread_sigmask(SIG_SETMASK, &all, &caller_mask) == 0;
   pthread_t thread;
-  const int rc = masked ? pthread_create(&thread, &attr, feedback_main,
-                                         reinterpret_cast<void*>(static_cast<std::uintptr_t>(self)))
-                        : -1;
+  const int rc =
+      masked ? pthread_create(&thread, &attr, feedback_main, reinterpret_cast<void*>(static_cast<std::uintptr_t>(self)))
+             : -1;
   if (masked) pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
   pthread_attr_destroy(&attr);
   if (rc == 0) pthread_setname_np(thread, "gpuslice-fb");

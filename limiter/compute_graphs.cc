@@ -73,13 +73,10 @@ bool GraphNodePrices::find(std::uintptr_t exec, std::uintptr_t node, GraphCost* 
 
 bool GraphNodePrices::set(std::uintptr_t exec, std::uintptr_t node, const GraphCost& now) noexcept {
   switch (table_.put(node_key(exec, node), Record{now, exec, node}, nullptr)) {
-    case PointerTable<Record>::Put::inserted:
-      live_.fetch_add(1, std::memory_order_relaxed);
-      return true;
+    case PointerTable<Record>::Put::inserted: live_.fetch_add(1, std::memory_order_relaxed); return true;
     case PointerTable<Record>::Put::replaced:  // the same node changed again (or a colliding pair's record)
       return true;
-    case PointerTable<Record>::Put::full:
-      break;
+    case PointerTable<Record>::Put::full: break;
   }
   return false;
 }

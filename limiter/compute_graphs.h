@@ -87,8 +87,8 @@ inline std::uintptr_t node_key(std::uintptr_t exec, std::uintptr_t node) noexcep
 }
 // Replaces one node's price `old_node` by `new_node` in an executable's cost.
 inline GraphCost reprice(GraphCost cost, const GraphCost& old_node, const GraphCost& new_node) noexcept {
-  cost.nominal_ns = (cost.nominal_ns >= old_node.nominal_ns ? cost.nominal_ns - old_node.nominal_ns : 0) +
-                    new_node.nominal_ns;
+  cost.nominal_ns =
+      (cost.nominal_ns >= old_node.nominal_ns ? cost.nominal_ns - old_node.nominal_ns : 0) + new_node.nominal_ns;
   cost.kernels = (cost.kernels >= old_node.kernels ? cost.kernels - old_node.kernels : 0) + new_node.kernels;
   return cost;
 }

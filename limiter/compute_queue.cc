@@ -6,8 +6,7 @@ namespace {
 
 void max_store(std::atomic<std::uint64_t>& a, std::uint64_t v) noexcept {
   std::uint64_t cur = a.load(std::memory_order_relaxed);
-  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-  }
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {}
 }
 
 }  // namespace

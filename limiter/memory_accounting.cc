@@ -41,8 +41,7 @@ class Bracket {
 
 void raise_peak(DeviceState& d, std::uint64_t used) {
   std::uint64_t peak = d.peak_used_bytes.load(std::memory_order_relaxed);
-  while (used > peak && !d.peak_used_bytes.compare_exchange_weak(peak, used, std::memory_order_relaxed)) {
-  }
+  while (used > peak && !d.peak_used_bytes.compare_exchange_weak(peak, used, std::memory_order_relaxed)) {}
 }
 
 // What may be reserved: the quota less what the agent sees beyond our count.
@@ -377,8 +376,7 @@ void release_all(Region* r, int slot) noexcept {
     DeviceState& d = r->devices[dev];
     Bracket bracket(s);
     std::uint64_t cur = word.load();
-    while (!word.compare_exchange_weak(cur, (cur & ~(kLeaseAmountMask | kLeaseOwed | kLeaseStale)) | kLeaseClosed)) {
-    }
+    while (!word.compare_exchange_weak(cur, (cur & ~(kLeaseAmountMask | kLeaseOwed | kLeaseStale)) | kLeaseClosed)) {}
     const std::uint64_t owed = lease_owed(cur);
     // Spilled bytes leave the spilled total before used_bytes drops: resident
     // memory (used - spilled) is never understated on the way.
@@ -435,15 +433,13 @@ bool refill(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(v
 namespace {
 void sub_clamped(std::atomic<std::uint64_t>& word, std::uint64_t bytes) noexcept {
   std::uint64_t cur = word.load(std::memory_order_relaxed);
-  while (!word.compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0, std::memory_order_acq_rel)) {
-  }
+  while (!word.compare_exchange_weak(cur, cur > bytes ? cur - bytes : 0, std::memory_order_acq_rel)) {}
 }
 }  // namespace
 
 void sub_clamped32(std::atomic<std::uint32_t>& word, std::uint32_t n) noexcept {
   std::uint32_t cur = word.load();
-  while (cur != 0 && !word.compare_exchange_weak(cur, cur > n ? cur - n : 0)) {
-  }
+  while (cur != 0 && !word.compare_exchange_weak(cur, cur > n ? cur - n : 0)) {}
 }
 
 // Spilled bytes move inside the owner's bracket, like used_bytes: the
@@ -506,8 +502,8 @@ void invalidate_leases(Region* r, int dev) noexcept {
       // Open or OWED words of a claim (a free slot's word is 0; a closed one
       // has nothing to spend). OWED ones too: their settle must not reopen
       // a word that frees could refill and allocations spend.
-      while (cur != 0 && (cur & (kLeaseClosed | kLeaseStale)) == 0 && !word.compare_exchange_weak(cur, cur | kLeaseStale)) {
-      }
+      while (cur != 0 && (cur & (kLeaseClosed | kLeaseStale)) == 0 &&
+             !word.compare_exchange_weak(cur, cur | kLeaseStale)) {}
     }
   }
 }
@@ -532,8 +528,7 @@ void end_wait(Region* r, int slot, int dev) noexcept {
   sub_clamped32(r->devices[dev].oversub_waiting, 1);
   std::atomic<std::uint16_t>& mine = r->slots[slot].oversub_waiting[dev];
   std::uint16_t cur = mine.load();
-  while (cur != 0 && !mine.compare_exchange_weak(cur, static_cast<std::uint16_t>(cur - 1))) {
-  }
+  while (cur != 0 && !mine.compare_exchange_weak(cur, static_cast<std::uint16_t>(cur - 1))) {}
 }
 
 bool charge(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {

@@ -35,16 +35,29 @@ struct Unit {
 };
 constexpr std::uint64_t kKi = 1024;
 constexpr Unit kUnits[] = {
-    {"", 1},           {"B", 1},
-    {"K", 1000},       {"KB", 1000},        {"k", 1000},        {"kB", 1000},
-    {"M", 1000000},    {"MB", 1000000},     {"G", 1000000000},  {"GB", 1000000000},
-    {"T", 1000000000000}, {"TB", 1000000000000},
-    {"Ki", kKi},       {"KiB", kKi},        {"Mi", kKi * kKi},  {"MiB", kKi * kKi},
-    {"Gi", kKi * kKi * kKi}, {"GiB", kKi * kKi * kKi},
-    {"Ti", kKi * kKi * kKi * kKi}, {"TiB", kKi * kKi * kKi * kKi},
+    {"", 1},
+    {"B", 1},
+    {"K", 1000},
+    {"KB", 1000},
+    {"k", 1000},
+    {"kB", 1000},
+    {"M", 1000000},
+    {"MB", 1000000},
+    {"G", 1000000000},
+    {"GB", 1000000000},
+    {"T", 1000000000000},
+    {"TB", 1000000000000},
+    {"Ki", kKi},
+    {"KiB", kKi},
+    {"Mi", kKi* kKi},
+    {"MiB", kKi* kKi},
+    {"Gi", kKi* kKi* kKi},
+    {"GiB", kKi* kKi* kKi},
+    {"Ti", kKi* kKi* kKi* kKi},
+    {"TiB", kKi* kKi* kKi* kKi},
 };
 constexpr Unit kHamiUnits[] = {
-    {"", 1}, {"k", kKi}, {"K", kKi}, {"m", kKi * kKi}, {"M", kKi * kKi}, {"g", kKi * kKi * kKi}, {"G", kKi * kKi * kKi},
+    {"", 1}, {"k", kKi}, {"K", kKi}, {"m", kKi* kKi}, {"M", kKi* kKi}, {"g", kKi* kKi* kKi}, {"G", kKi* kKi* kKi},
 };
 
 template <std::size_t N>
@@ -78,20 +91,11 @@ constexpr const char* kHamiExpected = "expected bytes or an integer with a k/m/g
 
 void explain_size(Text& t, SizeStatus st, Span unit, const char* expected) {
   switch (st) {
-    case SizeStatus::ok:
-      break;
-    case SizeStatus::empty:
-      t.str("empty value, ");
-      break;
-    case SizeStatus::not_a_number:
-      t.str("not a non-negative integer, ");
-      break;
-    case SizeStatus::overflow:
-      t.str("too large (over 2^64-1 bytes), ");
-      break;
-    case SizeStatus::fraction:
-      t.str("fractions are not accepted (use a smaller unit: 1536Mi, not 1.5Gi), ");
-      break;
+    case SizeStatus::ok: break;
+    case SizeStatus::empty: t.str("empty value, "); break;
+    case SizeStatus::not_a_number: t.str("not a non-negative integer, "); break;
+    case SizeStatus::overflow: t.str("too large (over 2^64-1 bytes), "); break;
+    case SizeStatus::fraction: t.str("fractions are not accepted (use a smaller unit: 1536Mi, not 1.5Gi), "); break;
     case SizeStatus::bad_unit:
       t.str("unknown unit or trailing characters ");
       quote_span(t, unit, 32).str(" (units are case-sensitive), ");
@@ -104,7 +108,9 @@ bool parse_path(const char* name, const char* value, bool absolute, std::size_t 
                 shm::Error* err) {
   const std::size_t n = shm::bounded_len(value, max + 1);
   if (n == 0) {
-    fail(err, name, value).str("empty value, expected ").str(absolute ? "an absolute file path" : "a library path or name")
+    fail(err, name, value)
+        .str("empty value, expected ")
+        .str(absolute ? "an absolute file path" : "a library path or name")
         .str(" (unset the variable for the default)");
     return false;
   }
@@ -119,8 +125,9 @@ bool parse_path(const char* name, const char* value, bool absolute, std::size_t 
     }
   }
   if (absolute && (value[0] != '/' || value[n - 1] == '/')) {
-    fail(err, name, value).str(value[0] != '/' ? "relative path (processes with another working directory would not share it)"
-                                               : "ends with '/'")
+    fail(err, name, value)
+        .str(value[0] != '/' ? "relative path (processes with another working directory would not share it)"
+                             : "ends with '/'")
         .str(", expected an absolute path such as /dev/shm/gpuslice.region");
     return false;
   }
@@ -230,8 +237,9 @@ bool parse_quota(Span s, std::uint64_t* out, Text& t) {
     return false;
   }
   if (*out == 0) {
-    t.str("a quota of 0 bytes would refuse every allocation, expected a positive size "
-          "(unset the variable for no quota)");
+    t.str(
+        "a quota of 0 bytes would refuse every allocation, expected a positive size "
+        "(unset the variable for no quota)");
     return false;
   }
   if (*out == kUnlimited) {  // the region's word for "no quota": never a quota by accident
@@ -284,8 +292,10 @@ bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerD
     if (eq == entry.n) {
       Text t = fail(err, name, value);
       t.str("entry ");
-      quote_span(t, entry, 60).str(" has no device index, expected <device>=<value> for every entry "
-                                   "(or a single value for all devices)");
+      quote_span(t, entry, 60)
+          .str(
+              " has no device index, expected <device>=<value> for every entry "
+              "(or a single value for all devices)");
       return false;
     }
     std::uint32_t index = 0;
@@ -315,9 +325,9 @@ bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerD
   return true;
 }
 template bool parse_per_device<std::uint64_t>(const char*, const char*, ParseOne<std::uint64_t>,
-                                               PerDevice<std::uint64_t>*, shm::Error*);
+                                              PerDevice<std::uint64_t>*, shm::Error*);
 template bool parse_per_device<std::uint32_t>(const char*, const char*, ParseOne<std::uint32_t>,
-                                               PerDevice<std::uint32_t>*, shm::Error*);
+                                              PerDevice<std::uint32_t>*, shm::Error*);
 
 // ---- choice words vs. the enums they are stored as ----------------------------
 
@@ -331,7 +341,7 @@ namespace {
 struct EnumWord {
   const char* option;  // options.def id
   const char* word;
-  int value;           // what the code reads
+  int value;  // what the code reads
 };
 constexpr EnumWord kEnumWords[] = {
     {"sm_policy", "hard", static_cast<int>(SmPolicy::hard)},
@@ -350,8 +360,7 @@ constexpr EnumWord kEnumWords[] = {
 
 constexpr bool same_text(const char* a, const char* b) {
   std::size_t i = 0;
-  for (; a[i] != '\0' && a[i] == b[i]; ++i) {
-  }
+  for (; a[i] != '\0' && a[i] == b[i]; ++i) {}
   return a[i] == b[i];
 }
 
@@ -403,13 +412,15 @@ constexpr bool every_word_option_checked() {
 
 static_assert(words_match_enum("sm_policy"),
               "options.def: GPUSLICE_SM_POLICY's words must list SmPolicy's values in order (gpuslice/region.h)");
-static_assert(words_match_enum("priority"),
-              "options.def: GPUSLICE_PRIORITY's words must list limiter::Priority's values in order (limiter/options.h)");
+static_assert(
+    words_match_enum("priority"),
+    "options.def: GPUSLICE_PRIORITY's words must list limiter::Priority's values in order (limiter/options.h)");
 static_assert(words_match_enum("oversubscribe"),
               "options.def: GPUSLICE_OVERSUBSCRIBE's words must list limiter::Oversubscribe's values in order "
               "(limiter/options.h)");
-static_assert(words_match_enum("log_level"),
-              "options.def: GPUSLICE_LOG_LEVEL's words must list limiter::LogLevel's values in order (limiter/options.h)");
+static_assert(
+    words_match_enum("log_level"),
+    "options.def: GPUSLICE_LOG_LEVEL's words must list limiter::LogLevel's values in order (limiter/options.h)");
 static_assert(every_word_option_checked(),
               "options.def: a policy, level or choice option without rows in kEnumWords (option_values.cc): "
               "list its words with the enum values the code reads them as");
@@ -454,14 +465,21 @@ bool parse_path_into(const OptionInfo& info, const char* value, char* dst, std::
 bool parse_name_into(const char* name, const char* value, char* dst, std::size_t cap, shm::Error* err) {
   const std::size_t n = shm::bounded_len(value, cap);
   if (n == 0 || n >= cap) {
-    fail(err, name, value).str(n == 0 ? "empty value" : "too long").str(", expected 1 to ").u64(cap - 1)
+    fail(err, name, value)
+        .str(n == 0 ? "empty value" : "too long")
+        .str(", expected 1 to ")
+        .u64(cap - 1)
         .str(" printable ASCII characters (unset the variable for none)");
     return false;
   }
   for (std::size_t i = 0; i < n; ++i) {
     const auto c = static_cast<unsigned char>(value[i]);
     if (c < 0x20 || c >= 0x7f) {
-      fail(err, name, value).str("character ").u64(i).str(" is not printable ASCII, expected 1 to ").u64(cap - 1)
+      fail(err, name, value)
+          .str("character ")
+          .u64(i)
+          .str(" is not printable ASCII, expected 1 to ")
+          .u64(cap - 1)
           .str(" printable ASCII characters");
       return false;
     }

@@ -77,8 +77,8 @@ struct PerDevice {
 template <class T>
 using ParseOne = bool (*)(Span, T*, shm::Text&);
 
-bool parse_quota(Span s, std::uint64_t* out, shm::Text& t);        // our size grammar, > 0
-bool parse_sm(Span s, std::uint32_t* out, shm::Text& t);           // 1-100[%]
+bool parse_quota(Span s, std::uint64_t* out, shm::Text& t);         // our size grammar, > 0
+bool parse_sm(Span s, std::uint32_t* out, shm::Text& t);            // 1-100[%]
 bool parse_alias_memory(Span s, std::uint64_t* out, shm::Text& t);  // HAMi-core: bytes or k/m/g (base 1024)
 bool parse_alias_sm(Span s, std::uint32_t* out, shm::Text& t);      // HAMi-core: 0-100, 0 = 100
 

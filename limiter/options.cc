@@ -63,8 +63,13 @@ bool map_alias(const OptionAlias& alias, const char* value, char* buf, std::size
   }
   char keys[160];
   env::list_alias_keys(alias.map, keys, sizeof keys);
-  fail(err, alias.env, value).str(value[0] == '\0' ? "empty value" : "unknown value").str(", expected one of ")
-      .str(keys).str(" (").str(alias.doc).ch(')');
+  fail(err, alias.env, value)
+      .str(value[0] == '\0' ? "empty value" : "unknown value")
+      .str(", expected one of ")
+      .str(keys)
+      .str(" (")
+      .str(alias.doc)
+      .ch(')');
   return false;
 }
 
@@ -82,8 +87,13 @@ void alias_fallback_warning(const Found& f, Options* out) {
     char keys[160];
     env::list_alias_keys(alias.map, keys, sizeof keys);
     Text t(out->alias_warning, sizeof out->alias_warning);
-    t.str(alias.env).ch('=').quoted(f.alias[a], kValueShown).str(f.alias[a][0] == '\0' ? ": empty value" : ": unknown value")
-        .str(" (HAMi knows ").str(keys).str("), taken as ");
+    t.str(alias.env)
+        .ch('=')
+        .quoted(f.alias[a], kValueShown)
+        .str(f.alias[a][0] == '\0' ? ": empty value" : ": unknown value")
+        .str(" (HAMi knows ")
+        .str(keys)
+        .str("), taken as ");
     if (n == 0) {
       t.str("not set");
     } else {
@@ -269,7 +279,7 @@ enum class OptionId {
 };
 
 bool resolve_all(const Found& f, Options* out, shm::Error* err) {
-#define GPUSLICE_OPTION(id, env, kind, def, range, doc)                                                          \
+#define GPUSLICE_OPTION(id, env, kind, def, range, doc)                                                           \
   if (!Resolve<OptionType::kind>::run(f, static_cast<std::size_t>(OptionId::id), out->id, out->id##_source, err)) \
     return false;
 #include "gpuslice/options.def"

@@ -95,7 +95,7 @@ struct OptionStorage<OptionType::name> {
 // One field `<id>` and one `<id>_source` per entry of options.def.
 struct Options {
 #define GPUSLICE_OPTION(id, env, kind, def, range, doc) \
-  OptionStorage<OptionType::kind>::value id;           \
+  OptionStorage<OptionType::kind>::value id;            \
   OptionStorage<OptionType::kind>::source id##_source;
 #include "gpuslice/options.def"
 #undef GPUSLICE_OPTION

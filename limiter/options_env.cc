@@ -19,7 +19,6 @@ std::size_t length(const char* s) {
   return n;
 }
 
-
 // If entry is "name=value", returns value.
 const char* value_of(const char* entry, const char* name) {
   std::size_t i = 0;
@@ -80,8 +79,12 @@ bool collect(char* const* envp, Found* f, Options* out, shm::Error* err) {
           Text t(err->message, sizeof err->message);
           t.str("gpuslice: ");
           t.str(entry, static_cast<std::size_t>(v - 1 - entry) < 60 ? static_cast<std::size_t>(v - 1 - entry) : 60);
-          t.ch('=').quoted(v, kValueShown).str(": bad device index in the variable name, expected ")
-              .str(alias.env).str("_<i> with i in 0-").u64(kMaxDevices - 1);
+          t.ch('=')
+              .quoted(v, kValueShown)
+              .str(": bad device index in the variable name, expected ")
+              .str(alias.env)
+              .str("_<i> with i in 0-")
+              .u64(kMaxDevices - 1);
           return false;
         }
         if (f->alias_device[a][index] == nullptr) {

@@ -49,4 +49,4 @@ namespace gpuslice::limiter {
 // values, with errors as parse_options reports them.
 bool resolve_found(const env::Found& f, Options* out, shm::Error* err) noexcept;
 
-}  // namespace gpuslice::limiter::env
+}  // namespace gpuslice::limiter

@@ -49,7 +49,8 @@ Text at_line(shm::Error* err, const char* path, std::uint32_t line) {
   return t;
 }
 
-constexpr const char* kLineExpected = "expected NAME=VALUE (a gpuslice option or HAMi alias), a # comment or a blank line";
+constexpr const char* kLineExpected =
+    "expected NAME=VALUE (a gpuslice option or HAMi alias), a # comment or a blank line";
 
 // Reads the file into buf->text (NUL-terminated). *absent: the default file
 // is not there, which is no error.
@@ -65,7 +66,10 @@ bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent
     Text t(err->message, sizeof err->message);
     t.str("gpuslice: ");
     if (named) t.str("GPUSLICE_CONFIG_FILE=").quoted(path, 200).str(": ");
-    t.str("cannot open the configuration file ").escaped(path, 200).str(": ").errno_text(e)
+    t.str("cannot open the configuration file ")
+        .escaped(path, 200)
+        .str(": ")
+        .errno_text(e)
         .str(", expected a readable file of NAME=VALUE lines");
     return false;
   }
@@ -73,7 +77,9 @@ bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
     Text t(err->message, sizeof err->message);
-    t.str("gpuslice: the configuration file ").escaped(path, 200).str(" is not a regular file, expected a file of NAME=VALUE lines");
+    t.str("gpuslice: the configuration file ")
+        .escaped(path, 200)
+        .str(" is not a regular file, expected a file of NAME=VALUE lines");
     return false;
   }
   std::size_t total = 0;
@@ -92,7 +98,10 @@ bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent
     if (total > kConfigFileMaxBytes) {
       close(fd);
       Text t(err->message, sizeof err->message);
-      t.str("gpuslice: the configuration file ").escaped(path, 200).str(" is larger than ").u64(kConfigFileMaxBytes)
+      t.str("gpuslice: the configuration file ")
+          .escaped(path, 200)
+          .str(" is larger than ")
+          .u64(kConfigFileMaxBytes)
           .str(" bytes, expected at most that");
       return false;
     }
@@ -168,7 +177,10 @@ bool split_entries(const char* path, ConfigFileBuffer* buf, shm::Error* err) {
       if (same_name(buf->entries[i], entry)) {
         char name[72];
         env::name_of(entry, name, sizeof name);
-        at_line(err, path, line).str(name).str(" is already set on line ").u64(buf->lines[i])
+        at_line(err, path, line)
+            .str(name)
+            .str(" is already set on line ")
+            .u64(buf->lines[i])
             .str(", expected each name at most once");
         return false;
       }
@@ -259,7 +271,7 @@ bool load_options(char* const* envp, const char* default_file, ConfigFileBuffer*
     return false;
   }
   if (!named) shm::copy_string(out->config_file, sizeof out->config_file, path);
-  // Sources that name a variable the file set (and the environment did not).
+    // Sources that name a variable the file set (and the environment did not).
 #define GPUSLICE_OPTION(id, env, kind, def, range, doc) mark(out->id##_source, *buf);
 #include "gpuslice/options.def"
 #undef GPUSLICE_OPTION

@@ -24,8 +24,7 @@ Text& line(Text& t, const char* name) { return t.str("gpuslice: ").str(name); }
 bool is_default(const OptionSource& s) {
   const char* d = "default";
   const char* p = s.name;
-  for (; *d != '\0' && *p == *d; ++p, ++d) {
-  }
+  for (; *d != '\0' && *p == *d; ++p, ++d) {}
   return *d == '\0' && *p == '\0';
 }
 
@@ -63,8 +62,9 @@ int format_options_markdown(char* buf, std::size_t cap) noexcept {
     cell(t, o.range).str(" | ");
     cell(t, o.doc).str(" |\n");
   }
-  t.str("\nAliases (HAMi-core names, so that gpuslice drops into existing deployments; ours win, and for one "
-        "device a per-device alias beats the global one):\n\n");
+  t.str(
+      "\nAliases (HAMi-core names, so that gpuslice drops into existing deployments; ours win, and for one "
+      "device a per-device alias beats the global one):\n\n");
   t.str("| Alias | Same as | Accepted values |\n");
   t.str("|---|---|---|\n");
   for (const OptionAlias& a : kOptionAliases) {
@@ -110,7 +110,10 @@ void per_device(Text& t, const OptionInfo& info, const V (&values)[kMaxDevices],
     if (size && values[0] == kUnlimited) {
       t.str("unlimited");
     } else if (!any) {
-      if (size) t.size(values[0]); else t.u64(values[0]);
+      if (size)
+        t.size(values[0]);
+      else
+        t.u64(values[0]);
     } else {
       t.str(info.default_value);
     }
@@ -159,7 +162,8 @@ int format_effective_options(const Options& o, char* buf, std::size_t cap) noexc
   Print<OptionType::kind>::run(t, kOptions[k++], o.id, o.id##_source, o.config_file);
 #include "gpuslice/options.def"
 #undef GPUSLICE_OPTION
-  t.str("gpuslice: configuration file ").escaped(o.config_file)
+  t.str("gpuslice: configuration file ")
+      .escaped(o.config_file)
       .str(o.config_file_read ? ": read (the environment wins option by option)\n" : ": not read (absent)\n");
   if (o.alias_warning[0] != '\0') t.str("gpuslice: ").str(o.alias_warning).ch('\n');
   if (o.unknown_variable[0] != '\0') {

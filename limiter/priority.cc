@@ -18,18 +18,25 @@ bool equals_nocase(const char* a, const char* b) noexcept {
 
 bool parse_priority(const char* text, gpuslice::Priority* out) noexcept {
   if (text == nullptr) return false;
-  if (equals_nocase(text, "high")) *out = gpuslice::Priority::high;
-  else if (equals_nocase(text, "normal")) *out = gpuslice::Priority::normal;
-  else if (equals_nocase(text, "low")) *out = gpuslice::Priority::low;
-  else return false;
+  if (equals_nocase(text, "high"))
+    *out = gpuslice::Priority::high;
+  else if (equals_nocase(text, "normal"))
+    *out = gpuslice::Priority::normal;
+  else if (equals_nocase(text, "low"))
+    *out = gpuslice::Priority::low;
+  else
+    return false;
   return true;
 }
 
 bool parse_hami_priority(const char* text, gpuslice::Priority* out) noexcept {
   if (text == nullptr || text[0] == 0 || text[1] != 0) return false;
-  if (text[0] == '0') *out = gpuslice::Priority::high;
-  else if (text[0] == '1') *out = gpuslice::Priority::low;
-  else return false;
+  if (text[0] == '0')
+    *out = gpuslice::Priority::high;
+  else if (text[0] == '1')
+    *out = gpuslice::Priority::low;
+  else
+    return false;
   return true;
 }
 
@@ -44,7 +51,8 @@ const char* priority_name(gpuslice::Priority p) noexcept {
 }
 
 gpuslice::Priority priority_from_word(std::uint32_t word, gpuslice::Priority fallback) noexcept {
-  if (word >= static_cast<std::uint32_t>(gpuslice::Priority::low) && word <= static_cast<std::uint32_t>(gpuslice::Priority::high))
+  if (word >= static_cast<std::uint32_t>(gpuslice::Priority::low) &&
+      word <= static_cast<std::uint32_t>(gpuslice::Priority::high))
     return static_cast<gpuslice::Priority>(word);
   return fallback;
 }

@@ -97,7 +97,7 @@ std::uint64_t next_publication(std::uint64_t published_until_ns, std::uint64_t h
 
 // --- reader side ---
 struct PeerSample {
-  gpuslice::Priority level;                 // from the board directory the file is in
+  gpuslice::Priority level;       // from the board directory the file is in
   std::uint64_t active_until_ns;  // as read
   std::uint64_t last_launch_ns;   // as read
   // False when the process that wrote active_until_ns is known to be gone

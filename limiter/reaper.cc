@@ -201,8 +201,7 @@ class Reaper {
       if (const std::uint64_t sp = s.spilled_bytes[d].exchange(0); sp != 0) {
         std::atomic<std::uint64_t>& shown = r_->devices[d].spilled_bytes;
         std::uint64_t cur = shown.load();
-        while (!shown.compare_exchange_weak(cur, cur > sp ? cur - sp : 0)) {
-        }
+        while (!shown.compare_exchange_weak(cur, cur > sp ? cur - sp : 0)) {}
       }
       // A process killed while it waited for memory is no longer waiting.
       if (const std::uint16_t waiting = s.oversub_waiting[d].exchange(0); waiting != 0)

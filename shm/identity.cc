@@ -39,7 +39,7 @@ Liveness identity_liveness(std::uint32_t pid, std::uint64_t pidns_inode, std::ui
   procfs::Stat f;
   const int e = procfs::read_stat(pid, &f);
   if (e == ENOENT || e == ESRCH) return Liveness::dead;  // exited between kill() and open()
-  if (e != 0) return Liveness::alive;                     // exists, unreadable: cannot prove it dead
+  if (e != 0) return Liveness::alive;                    // exists, unreadable: cannot prove it dead
   // A zombie has released its device memory with its address space; its
   // parent may never wait for it (a container without an init). But /proc/<pid>
   // is the thread group's leader: after a SIGKILL (or pthread_exit in main) the

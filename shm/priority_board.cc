@@ -114,7 +114,7 @@ int open_own_activity(const char* board, Priority level, const char* name, const
     if (fd >= 0) {
       created = true;
       hold_liveness(fd);  // at once: a process of the container opening it now must not think it nobody's
-      fchmod(fd, 0644);  // whatever the umask: readable by every reader, writable by its owner only
+      fchmod(fd, 0644);   // whatever the umask: readable by every reader, writable by its owner only
       break;
     }
     e = errno;
@@ -206,7 +206,8 @@ bool write_activity(int fd, Priority level, std::uint64_t active_until_ns, std::
     std::uint32_t level, writer_pid;
     std::uint64_t active_until_ns, last_launch_ns;
   } words{static_cast<std::uint32_t>(level), static_cast<std::uint32_t>(getpid()), active_until_ns, last_launch_ns};
-  static_assert(sizeof words == 24 && offsetof(PriorityActivity, last_launch_ns) - offsetof(PriorityActivity, level) == 16);
+  static_assert(sizeof words == 24 &&
+                offsetof(PriorityActivity, last_launch_ns) - offsetof(PriorityActivity, level) == 16);
   return write_all(fd, &words, sizeof words, offsetof(PriorityActivity, level));
 }
 
@@ -315,7 +316,8 @@ void visit(LevelScan* s, Priority level, const char* name, std::int64_t now, boo
   ++c.stats;
   if (fstatat(s->dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return;
   for (int i = 0; i < s->count; ++i) {
-    if (s->files[i].dev == static_cast<std::uint64_t>(st.st_dev) && s->files[i].ino == static_cast<std::uint64_t>(st.st_ino)) {
+    if (s->files[i].dev == static_cast<std::uint64_t>(st.st_dev) &&
+        s->files[i].ino == static_cast<std::uint64_t>(st.st_ino)) {
       s->files[i].seen = true;
       return;
     }
@@ -348,7 +350,8 @@ void visit(LevelScan* s, Priority level, const char* name, std::int64_t now, boo
     close(fd);
     return;
   }
-  s->files[s->count++] = PeerFile{fd, level, static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino), true};
+  s->files[s->count++] =
+      PeerFile{fd, level, static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino), true};
 }
 
 }  // namespace
@@ -367,7 +370,8 @@ bool scan_level(const char* board, Priority level, const char* uuid_text, const 
     reset(s);
     return false;
   }
-  if (s->dfd < 0 || s->dir_dev != static_cast<std::uint64_t>(ds.st_dev) || s->dir_ino != static_cast<std::uint64_t>(ds.st_ino)) {
+  if (s->dfd < 0 || s->dir_dev != static_cast<std::uint64_t>(ds.st_dev) ||
+      s->dir_ino != static_cast<std::uint64_t>(ds.st_ino)) {
     reset(s);  // a new directory (created, replaced or remounted): a new table
     s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (s->dfd < 0) return false;

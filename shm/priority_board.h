@@ -56,7 +56,7 @@ struct PeerFile {
   int fd = -1;
   Priority level = Priority::unset;  // the directory it was found in
   std::uint64_t dev = 0, ino = 0;
-  bool seen = false;                 // scratch for scan_level
+  bool seen = false;  // scratch for scan_level
 };
 
 // Per level and device, a reader keeps its own table of neighbour files: a
@@ -80,7 +80,7 @@ inline constexpr std::int64_t kReapAgeNs = 30'000'000'000;
 struct LevelScan {
   PeerFile files[kLevelPeers];
   int count = 0;
-  int dfd = -1;                        // the level directory, kept open between calls
+  int dfd = -1;  // the level directory, kept open between calls
   std::uint64_t dir_dev = 0, dir_ino = 0;
   std::int64_t settled_mtime_ns = -1;  // directory mtime after the last settled pass; -1: none
   std::int64_t pass_mtime_ns = 0;      // its mtime when the current pass began

@@ -40,25 +40,37 @@ T load_field(const unsigned char* data, std::size_t offset) {
 bool validate_impl(const unsigned char* data, std::size_t avail, std::uint64_t file_size, Text& t) {
   const std::uint64_t want_size = kRegionBytes;
   if (avail < sizeof(std::uint64_t)) {
-    t.str("file holds only ").u64(file_size).str(" bytes (truncated, or not a region file), expected a gpuslice region of ")
-        .u64(want_size).str(" bytes");
+    t.str("file holds only ")
+        .u64(file_size)
+        .str(" bytes (truncated, or not a region file), expected a gpuslice region of ")
+        .u64(want_size)
+        .str(" bytes");
     return false;
   }
   const auto magic = load_field<std::uint64_t>(data, offsetof(RegionHeader, magic));
   if (magic != kRegionMagic) {
-    t.str("bad magic ").hex(magic).str(" (not a gpuslice region; another program's file?), expected magic ")
-        .hex(kRegionMagic).str(" (\"GPUSSLCE\")");
+    t.str("bad magic ")
+        .hex(magic)
+        .str(" (not a gpuslice region; another program's file?), expected magic ")
+        .hex(kRegionMagic)
+        .str(" (\"GPUSSLCE\")");
     return false;
   }
   if (avail < sizeof(RegionHeader)) {
-    t.str("truncated header: file holds ").u64(file_size).str(" bytes, expected a gpuslice region of ")
-        .u64(want_size).str(" bytes");
+    t.str("truncated header: file holds ")
+        .u64(file_size)
+        .str(" bytes, expected a gpuslice region of ")
+        .u64(want_size)
+        .str(" bytes");
     return false;
   }
   const auto abi = load_field<std::uint32_t>(data, offsetof(RegionHeader, abi_version));
   if (abi != kRegionAbiVersion) {
-    t.str("region ABI version ").u64(abi).str(" (created by another gpuslice release), expected version ")
-        .u64(kRegionAbiVersion).str(": run one release per region file, or use another GPUSLICE_REGION");
+    t.str("region ABI version ")
+        .u64(abi)
+        .str(" (created by another gpuslice release), expected version ")
+        .u64(kRegionAbiVersion)
+        .str(": run one release per region file, or use another GPUSLICE_REGION");
     return false;
   }
   const auto header_size = load_field<std::uint32_t>(data, offsetof(RegionHeader, header_size));
@@ -88,7 +100,8 @@ bool validate_impl(const unsigned char* data, std::size_t avail, std::uint64_t f
   const unsigned char* name = data + offsetof(RegionHeader, container_name);
   if (std::memchr(name, 0, sizeof(RegionHeader::container_name)) == nullptr) {
     t.str("container_name is not NUL-terminated, expected at most ")
-        .u64(sizeof(RegionHeader::container_name) - 1).str(" bytes and a NUL");
+        .u64(sizeof(RegionHeader::container_name) - 1)
+        .str(" bytes and a NUL");
     return false;
   }
   return true;
@@ -159,7 +172,11 @@ bool make_dirs(char* dir, const char* path, Error* err) {
       chmod(dir, 01777);  // best effort: a directory we cannot open up still serves its creator
     } else if (errno != EEXIST) {
       const int e = errno;
-      region_error(err, path).str("cannot create directory ").escaped(dir, 100).str(": ").errno_text(e)
+      region_error(err, path)
+          .str("cannot create directory ")
+          .escaped(dir, 100)
+          .str(": ")
+          .errno_text(e)
           .str(", expected an existing or creatable directory");
       *p = saved;
       return false;
@@ -250,18 +267,31 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
   int fd = -1;
   for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
     Text name(temp, sizeof temp);
-    name.str(dir).str("/.").str(base).ch('.').u64(static_cast<std::uint64_t>(getpid())).ch('-')
-        .u64(g_temp_counter.fetch_add(1, std::memory_order_relaxed)).str(".tmp");
+    name.str(dir)
+        .str("/.")
+        .str(base)
+        .ch('.')
+        .u64(static_cast<std::uint64_t>(getpid()))
+        .ch('-')
+        .u64(g_temp_counter.fetch_add(1, std::memory_order_relaxed))
+        .str(".tmp");
     if (name.truncated()) {
-      region_error(err, path).str("path too long for a temporary file next to it, expected at most ")
-          .u64(kPathCap - 64).str(" bytes");
+      region_error(err, path)
+          .str("path too long for a temporary file next to it, expected at most ")
+          .u64(kPathCap - 64)
+          .str(" bytes");
       return CreateResult::failed;
     }
     fd = open(temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 && errno != EEXIST) {
       const int e = errno;
-      region_error(err, path).str("cannot create a file in ").escaped(dir, 100).str(": ").errno_text(e)
-          .str(", expected a directory writable by uid ").u64(getuid());
+      region_error(err, path)
+          .str("cannot create a file in ")
+          .escaped(dir, 100)
+          .str(": ")
+          .errno_text(e)
+          .str(", expected a directory writable by uid ")
+          .u64(getuid());
       return CreateResult::failed;
     }
   }
@@ -271,8 +301,14 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
   }
 
   auto fail = [&](const char* what, int e) {
-    region_error(err, path).str(what).str(": ").errno_text(e).str(", expected ").u64(kRegionBytes)
-        .str(" bytes of free space in ").escaped(dir, 100);
+    region_error(err, path)
+        .str(what)
+        .str(": ")
+        .errno_text(e)
+        .str(", expected ")
+        .u64(kRegionBytes)
+        .str(" bytes of free space in ")
+        .escaped(dir, 100);
     close(fd);
     unlink(temp);
     return CreateResult::failed;
@@ -287,7 +323,9 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
   const mode_t mode = shared_by_users(dir) ? 0600 : 0666;
   if (fchmod(fd, mode) != 0) {
     const int e = errno;
-    region_error(err, path).str(mode == 0600 ? "cannot make the new region file 0600: " : "cannot make the new region file 0666: ").errno_text(e)
+    region_error(err, path)
+        .str(mode == 0600 ? "cannot make the new region file 0600: " : "cannot make the new region file 0666: ")
+        .errno_text(e)
         .str(", expected a file system with Unix permissions");
     close(fd);
     unlink(temp);
@@ -326,7 +364,9 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
   }
   munmap(r, kRegionBytes);
   if (link_errno == EEXIST) return CreateResult::lost_race;
-  region_error(err, path).str("cannot publish the new region (link): ").errno_text(link_errno)
+  region_error(err, path)
+      .str("cannot publish the new region (link): ")
+      .errno_text(link_errno)
       .str(", expected a file system with hard links or renameat2");
   return CreateResult::failed;
 }
@@ -340,14 +380,19 @@ bool owned_by_us_or_root(int fd, const char* path, Error* err) {
   char dir[kPathCap];
   dir_of(path, dir);
   if (!shared_by_users(dir)) return true;
-  region_error(err, path).str("owned by uid ").u64(st.st_uid).str(" in ").escaped(dir, 100)
-      .str(", a directory every user may write (sticky, world-writable), expected a region of uid ").u64(geteuid())
+  region_error(err, path)
+      .str("owned by uid ")
+      .u64(st.st_uid)
+      .str(" in ")
+      .escaped(dir, 100)
+      .str(", a directory every user may write (sticky, world-writable), expected a region of uid ")
+      .u64(geteuid())
       .str(" or root: another user's region is never joined (docs/security.md)");
   return false;
 }
 
-Region* attach_impl(const char* path, const char* container_name, bool create, bool writable, Error* err,
-                    bool* created, int* keep_fd = nullptr) {
+Region* attach_impl(const char* path, const char* container_name, bool create, bool writable, Error* err, bool* created,
+                    int* keep_fd = nullptr) {
   if (created != nullptr) *created = false;
   if (keep_fd != nullptr) *keep_fd = -1;
   err->message[0] = '\0';
@@ -390,10 +435,8 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
         if (created != nullptr) *created = true;
         err->message[0] = '\0';
         return r;
-      case CreateResult::failed:
-        return nullptr;
-      case CreateResult::lost_race:
-        break;
+      case CreateResult::failed: return nullptr;
+      case CreateResult::lost_race: break;
     }
   }
   region_error(err, path).str("the file keeps appearing and disappearing, expected a stable region file");
@@ -430,14 +473,21 @@ bool mapped_file_intact(int fd, const char* path, Error* err) noexcept {
   struct stat st;
   if (fstat(fd, &st) != 0) return true;  // cannot tell: the mapping itself is unaffected by an fstat failure
   if (static_cast<std::uint64_t>(st.st_size) != kRegionBytes) {
-    region_error(err, path).str("the file was truncated to ").u64(static_cast<std::uint64_t>(st.st_size))
-        .str(" bytes while in use, expected ").u64(kRegionBytes).str(" bytes");
+    region_error(err, path)
+        .str("the file was truncated to ")
+        .u64(static_cast<std::uint64_t>(st.st_size))
+        .str(" bytes while in use, expected ")
+        .u64(kRegionBytes)
+        .str(" bytes");
     return false;
   }
   std::uint64_t magic = 0;
   if (pread(fd, &magic, sizeof magic, 0) == static_cast<ssize_t>(sizeof magic) && magic != kRegionMagic) {
-    region_error(err, path).str("the file was truncated and overwritten while in use (magic ").hex(magic)
-        .str("), expected magic ").hex(kRegionMagic);
+    region_error(err, path)
+        .str("the file was truncated and overwritten while in use (magic ")
+        .hex(magic)
+        .str("), expected magic ")
+        .hex(kRegionMagic);
     return false;
   }
   return true;

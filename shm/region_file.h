@@ -120,7 +120,6 @@ Liveness identity_liveness(std::uint32_t pid, std::uint64_t pidns_inode, std::ui
 int device_index(Region* r, const std::uint8_t uuid[16], std::uint64_t quota_bytes_if_new,
                  std::uint32_t sm_limit_pct_if_new, SmPolicy policy_if_new) noexcept;
 int device_index(Region* r, const std::uint8_t uuid[16], std::uint64_t quota_bytes_if_new,
-                 std::uint32_t sm_limit_pct_if_new, SmPolicy policy_if_new,
-                 std::uint64_t claim_timeout_ns) noexcept;
+                 std::uint32_t sm_limit_pct_if_new, SmPolicy policy_if_new, std::uint64_t claim_timeout_ns) noexcept;
 
 }  // namespace gpuslice::shm

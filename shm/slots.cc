@@ -117,13 +117,11 @@ bool slot_file_held(const Region* r, int slot) noexcept {
   // F_OFD_GETLK reports a lock of another open file description only: never
   // our own slot's, nor (in a forked child) one we share with our parent —
   // the child opens its own descriptor before it judges anybody.
-  return slot_lock_op(g_lock_fd.load(std::memory_order_acquire), slot, F_WRLCK, F_OFD_GETLK, &seen) &&
-         seen != F_UNLCK;
+  return slot_lock_op(g_lock_fd.load(std::memory_order_acquire), slot, F_WRLCK, F_OFD_GETLK, &seen) && seen != F_UNLCK;
 }
 
 int device_index(Region* r, const std::uint8_t uuid[16], std::uint64_t quota_bytes_if_new,
-                 std::uint32_t sm_limit_pct_if_new, SmPolicy policy_if_new,
-                 std::uint64_t claim_timeout_ns) noexcept {
+                 std::uint32_t sm_limit_pct_if_new, SmPolicy policy_if_new, std::uint64_t claim_timeout_ns) noexcept {
   if (r == nullptr || uuid == nullptr) return -1;
   // Entries are claimed lowest-free-first and an entry being written is waited
   // for, so two processes can never publish the same UUID twice. A round is

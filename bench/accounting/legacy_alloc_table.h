@@ -85,7 +85,7 @@ class AllocTable {
     std::size_t capacity;  // power of two
     std::size_t map_bytes;
     std::atomic<std::size_t> used_keys;
-    Entry* entries;        // capacity entries, in the same mapping
+    Entry* entries;  // capacity entries, in the same mapping
   };
 
   static bool read_live(const Entry& e, std::uint64_t* key, AllocRecord* out) noexcept;

@@ -44,7 +44,9 @@ PointerTable<AllocRecord> g_sharded;
 void BM_LegacyTable_InsertErasePair(benchmark::State& state) {
   churn<AllocTable, gpuslice::legacy::AllocRecord>(state, g_legacy);
 }
-void BM_PointerTable_InsertErasePair(benchmark::State& state) { churn<PointerTable<AllocRecord>, AllocRecord>(state, g_sharded); }
+void BM_PointerTable_InsertErasePair(benchmark::State& state) {
+  churn<PointerTable<AllocRecord>, AllocRecord>(state, g_sharded);
+}
 
 BENCHMARK(BM_LegacyTable_InsertErasePair)->Threads(1)->Threads(8)->UseRealTime();
 BENCHMARK(BM_PointerTable_InsertErasePair)->Threads(1)->Threads(8)->UseRealTime();

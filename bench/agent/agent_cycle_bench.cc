@@ -49,7 +49,9 @@ Stats summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   double sum = 0;
   for (double x : v) sum += x;
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))]; };
+  auto at = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
+  };
   return {sum / static_cast<double>(v.size()), at(0.5), at(0.99), v.back()};
 }
 
@@ -77,10 +79,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
-    if (arg == "--regions") o.regions = std::atoi(next());
-    else if (arg == "--procs") o.procs = std::atoi(next());
-    else if (arg == "--cycles") o.cycles = std::atoi(next());
-    else if (arg == "--nvml") o.nvml = next();
+    if (arg == "--regions")
+      o.regions = std::atoi(next());
+    else if (arg == "--procs")
+      o.procs = std::atoi(next());
+    else if (arg == "--cycles")
+      o.cycles = std::atoi(next());
+    else if (arg == "--nvml")
+      o.nvml = next();
     else {
       std::fprintf(stderr, "usage: agent-cycle-bench [--regions N] [--procs N] [--cycles N] [--nvml PATH]\n");
       return 64;
@@ -170,8 +176,8 @@ int main(int argc, char** argv) {
   g.device_util_pct = 100;
   g.device_util_permille = 1000;
 
-  std::printf("agent-cycle-bench: %d regions x %d processes (%zu real processes), %d cycles each\n", o.regions,
-              o.procs, children.size(), o.cycles);
+  std::printf("agent-cycle-bench: %d regions x %d processes (%zu real processes), %d cycles each\n", o.regions, o.procs,
+              children.size(), o.cycles);
   for (int i = 0; i < 3; ++i) agent.cycle_with(&sample);  // map every process, open pidfds
   auto [steady_cpu, steady_wall] = measure(agent, o.cycles, [&] { agent.cycle_with(&sample); });
   print("synthetic NVML view (all processes listed)", steady_cpu, steady_wall);

@@ -38,25 +38,23 @@
 // GPUSLICE_GLIBC_PIN(ret, name, "GLIBC_x.y", (params), (args)): <name> forwards
 // to <name>@GLIBC_x.y. The parameters are declared as glibc's headers declare
 // them (noexcept: glibc's __THROW in C++).
-#define GPUSLICE_GLIBC_PIN(ret, name, version, params, args)                       \
-  extern "C" ret gpuslice_glibc_##name params noexcept;                            \
-  __asm__(".symver gpuslice_glibc_" #name "," #name "@" version);                  \
-  extern "C" __attribute__((visibility("hidden"))) ret name params noexcept {      \
-    return gpuslice_glibc_##name args;                                             \
-  }
+#define GPUSLICE_GLIBC_PIN(ret, name, version, params, args)      \
+  extern "C" ret gpuslice_glibc_##name params noexcept;           \
+  __asm__(".symver gpuslice_glibc_" #name "," #name "@" version); \
+  extern "C" __attribute__((visibility("hidden"))) ret name params noexcept { return gpuslice_glibc_##name args; }
 
 // stat, fstat and fstatat as glibc runs them on x86_64 (fstatat/fstat system calls;
 // the kernel's struct stat is glibc's there), for libraries that must load
 // under glibc < 2.33.
-#define GPUSLICE_GLIBC_STAT_BY_SYSCALL()                                                      \
-  extern "C" __attribute__((visibility("hidden"))) int stat(const char* __restrict path,      \
-                                                            struct stat* __restrict buf) noexcept { \
-    return static_cast<int>(syscall(SYS_newfstatat, AT_FDCWD, path, buf, 0));                  \
-  }                                                                                           \
-  extern "C" __attribute__((visibility("hidden"))) int fstat(int fd, struct stat* buf) noexcept { \
-    return static_cast<int>(syscall(SYS_fstat, fd, buf));                                     \
-  }                                                                                           \
-  extern "C" __attribute__((visibility("hidden"))) int fstatat(int dirfd, const char* __restrict path, \
-                                                              struct stat* __restrict buf, int flags) noexcept { \
-    return static_cast<int>(syscall(SYS_newfstatat, dirfd, path, buf, flags));                 \
+#define GPUSLICE_GLIBC_STAT_BY_SYSCALL()                                                                          \
+  extern "C" __attribute__((visibility("hidden"))) int stat(const char* __restrict path,                          \
+                                                            struct stat* __restrict buf) noexcept {               \
+    return static_cast<int>(syscall(SYS_newfstatat, AT_FDCWD, path, buf, 0));                                     \
+  }                                                                                                               \
+  extern "C" __attribute__((visibility("hidden"))) int fstat(int fd, struct stat* buf) noexcept {                 \
+    return static_cast<int>(syscall(SYS_fstat, fd, buf));                                                         \
+  }                                                                                                               \
+  extern "C" __attribute__((visibility("hidden"))) int fstatat(int dirfd, const char* __restrict path,            \
+                                                               struct stat* __restrict buf, int flags) noexcept { \
+    return static_cast<int>(syscall(SYS_newfstatat, dirfd, path, buf, flags));                                    \
   }

@@ -45,7 +45,7 @@ typedef enum nvmlReturn_enum {
 } nvmlReturn_t;
 
 /* Opaque device handle. */
-typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct nvmlDevice_st* nvmlDevice_t;
 
 /* Versioned structs carry sizeof(struct) | (version << 24) in their first field. */
 #define NVML_STRUCT_VERSION(data, ver) (unsigned int)(sizeof(nvml##data##_v##ver##_t) | ((ver) << 24U))
@@ -66,15 +66,15 @@ typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct nvmlMemory_st {
   unsigned long long total; /* bytes */
   unsigned long long free;
-  unsigned long long used;  /* includes memory reserved by the driver */
+  unsigned long long used; /* includes memory reserved by the driver */
 } nvmlMemory_t;
 
 typedef struct nvmlMemory_v2_st {
-  unsigned int version;     /* nvmlMemory_v2 */
+  unsigned int version; /* nvmlMemory_v2 */
   unsigned long long total;
   unsigned long long reserved; /* reserved by the driver and firmware */
   unsigned long long free;
-  unsigned long long used;  /* allocated (excludes reserved) */
+  unsigned long long used; /* allocated (excludes reserved) */
 } nvmlMemory_v2_t;
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(Memory, 2)
 
@@ -111,40 +111,40 @@ nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlInit(void);
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
 nvmlReturn_t nvmlShutdown(void);
-const char *nvmlErrorString(nvmlReturn_t result);
+const char* nvmlErrorString(nvmlReturn_t result);
 
-nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length);
-nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length);
-nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion);
-nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion);
+nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned int length);
+nvmlReturn_t nvmlSystemGetNVMLVersion(char* version, unsigned int length);
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int* cudaDriverVersion);
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* cudaDriverVersion);
 
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount);
-nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount);
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
-nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device);
-nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device);
-nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index);
-nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length);
-nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length);
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* deviceCount);
+nvmlReturn_t nvmlDeviceGetCount(unsigned int* deviceCount);
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device);
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t* device);
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device);
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index);
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length);
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length);
 
-nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
-nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory);
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory);
 
 /* *infoCount in: capacity of infos; out: processes written, or needed (with
  * NVML_ERROR_INSUFFICIENT_SIZE). infos may be NULL when *infoCount is 0. */
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
-                                                  nvmlProcessInfo_v1_t *infos);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_v2_t *infos);
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_t *infos);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                  nvmlProcessInfo_v1_t* infos);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
+                                                     nvmlProcessInfo_v2_t* infos);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                     nvmlProcessInfo_t* infos);
 
 /* Per-process utilisation since lastSeenTimeStamp (us). With utilization NULL,
  * *processSamplesCount is set to the samples available and
  * NVML_ERROR_INSUFFICIENT_SIZE is returned. */
-nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
-                                             unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp);
-nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
+                                             unsigned int* processSamplesCount, unsigned long long lastSeenTimeStamp);
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization);
 
 #ifdef __cplusplus
 }

@@ -10,8 +10,8 @@ namespace gpuslice {
 enum class OptionType { per_device_size, per_device_percent, policy, level, choice, flag, duration_ms, path, name };
 
 struct OptionInfo {
-  const char* id;             // C++ identifier, e.g. "memory_limit"
-  const char* env;            // environment variable, e.g. "GPUSLICE_MEMORY_LIMIT"
+  const char* id;   // C++ identifier, e.g. "memory_limit"
+  const char* env;  // environment variable, e.g. "GPUSLICE_MEMORY_LIMIT"
   OptionType type;
   const char* type_name;      // "per_device_size"
   const char* default_value;  // as documented

@@ -34,10 +34,10 @@ inline constexpr std::uint64_t kPriorityLivenessBase = 1ull << 20;
 enum class Priority : std::uint32_t { unset = 0, low = 1, normal = 2, high = 3 };
 
 struct PriorityActivity {
-  std::uint64_t magic;            // kPriorityMagic
-  std::uint32_t abi_version;      // kPriorityAbiVersion
-  std::uint32_t size;             // sizeof(PriorityActivity)
-  std::uint32_t level;            // what the writer says it is (tools only; readers use the directory)
+  std::uint64_t magic;        // kPriorityMagic
+  std::uint32_t abi_version;  // kPriorityAbiVersion
+  std::uint32_t size;         // sizeof(PriorityActivity)
+  std::uint32_t level;        // what the writer says it is (tools only; readers use the directory)
   // The process that wrote active_until_ns (its own pid namespace). While it
   // lives it holds an OFD read lock on byte kPriorityLivenessBase + writer_pid
   // of this file (beyond its end): readers ask the kernel whether that lock is

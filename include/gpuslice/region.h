@@ -34,18 +34,18 @@ struct alignas(64) DeviceState {
   // --- line 0: identity and configuration, read by every call, written rarely ---
   std::atomic<std::uint32_t> uuid_state;
   std::uint32_t reserved0;
-  std::uint8_t uuid[16];                     // CUuuid / NVML UUID bytes
-  std::atomic<std::uint64_t> quota_bytes;    // kUnlimited = no quota
-  std::atomic<std::uint32_t> sm_limit_pct;   // 0 or >=100 = unlimited
-  std::atomic<std::uint32_t> sm_policy;      // SmPolicy
-  std::atomic<std::uint64_t> cost_scale_ppm; // controller's correction to the launch-cost estimate (1e6 = 1.0)
+  std::uint8_t uuid[16];                        // CUuuid / NVML UUID bytes
+  std::atomic<std::uint64_t> quota_bytes;       // kUnlimited = no quota
+  std::atomic<std::uint32_t> sm_limit_pct;      // 0 or >=100 = unlimited
+  std::atomic<std::uint32_t> sm_policy;         // SmPolicy
+  std::atomic<std::uint64_t> cost_scale_ppm;    // controller's correction to the launch-cost estimate (1e6 = 1.0)
   std::atomic<std::uint64_t> scale_updated_ns;  // when cost_scale_ppm was last measured (0 = prior)
   std::atomic<std::uint32_t> elastic_permille;  // share granted by the elastic controller (0 = configured share)
   std::uint32_t reserved1;
   // --- line 1: memory, written by every allocation and free ---
   alignas(64) std::atomic<std::uint64_t> used_bytes;  // bytes reserved by live+unreaped slots (= sum of slot committed)
   std::atomic<std::uint64_t> peak_used_bytes;
-  std::atomic<std::uint64_t> oom_refusals;   // allocations refused for quota
+  std::atomic<std::uint64_t> oom_refusals;  // allocations refused for quota
   // Releases that asked for more than was committed, and reaper snapshots that
   // found a negative dead contribution: each was clamped, never underflowed.
   std::atomic<std::uint64_t> accounting_errors;
@@ -61,40 +61,42 @@ struct alignas(64) DeviceState {
   std::atomic<std::uint64_t> context_size_bytes;
   std::uint64_t reserved2[2];
   // --- line 2: the token bucket (docs/limiter.md), written by every limited launch ---
-  alignas(64) std::atomic<std::int64_t> tokens_ns;  // device-time credit; negative = debt of admitted launches, repaid by refill
-  std::atomic<std::uint64_t> last_refill_ns; // CLOCK_MONOTONIC ns of the last refill
-  std::atomic<std::uint64_t> credited_ns;    // cumulative credit put into tokens_ns (spent = credited - tokens)
+  alignas(64) std::atomic<
+      std::int64_t> tokens_ns;  // device-time credit; negative = debt of admitted launches, repaid by refill
+  std::atomic<std::uint64_t> last_refill_ns;  // CLOCK_MONOTONIC ns of the last refill
+  std::atomic<std::uint64_t> credited_ns;     // cumulative credit put into tokens_ns (spent = credited - tokens)
   std::uint64_t reserved3[5];
   // --- line 3: statistics, batched adds ---
   alignas(64) std::atomic<std::uint64_t> throttled_ns;  // total time launching threads slept
-  std::atomic<std::uint64_t> launches;       // kernels launched by the container
+  std::atomic<std::uint64_t> launches;                  // kernels launched by the container
   std::uint64_t reserved4[6];
   // --- line 4: feedback (written by the agent, or by the elected process) ---
   alignas(64) std::atomic<std::uint64_t> util_permille;  // measured SM utilisation of the container, 0..1000
-  std::atomic<std::uint64_t> util_updated_ns;  // CLOCK_MONOTONIC ns of the last sample
-  std::atomic<std::uint64_t> device_util_permille;  // whole device (for elastic policy)
-  std::atomic<std::uint32_t> feedback_owner_pid;    // elected sampler when no agent runs
+  std::atomic<std::uint64_t> util_updated_ns;            // CLOCK_MONOTONIC ns of the last sample
+  std::atomic<std::uint64_t> device_util_permille;       // whole device (for elastic policy)
+  std::atomic<std::uint32_t> feedback_owner_pid;         // elected sampler when no agent runs
   std::uint32_t reserved5;
   std::atomic<std::uint64_t> feedback_heartbeat_ns;  // last cycle of the elected feedback owner
-  std::atomic<std::uint64_t> agent_extra_bytes;  // what NVML shows beyond our count (written by the agent)
+  std::atomic<std::uint64_t> agent_extra_bytes;      // what NVML shows beyond our count (written by the agent)
   std::uint64_t reserved6[2];
   // --- line 5: memory oversubscription (GPUSLICE_OVERSUBSCRIBE, docs/memory.md) ---
-  alignas(64) std::atomic<std::uint64_t> resident_limit_bytes;  // device-resident allowance; 0 or kUnlimited = the quota
-  std::atomic<std::uint64_t> spilled_bytes;           // part of used_bytes served as host-resident managed memory
-  std::atomic<std::uint64_t> oversub_waits;           // allocations that waited for device memory
-  std::atomic<std::uint64_t> oversub_wait_ns;         // total time they waited
-  std::atomic<std::uint64_t> oversub_timeouts;        // waits that ended in out-of-memory
-  std::atomic<std::uint32_t> oversub_waiting;         // allocations waiting now
-  std::atomic<std::uint32_t> free_generation;         // bumped by every release: waiters sleep on it (futex)
-  std::atomic<std::uint32_t> oversub_policy;          // 0 fail, 1 spill, 2 wait (as the first process set it)
+  alignas(
+      64) std::atomic<std::uint64_t> resident_limit_bytes;  // device-resident allowance; 0 or kUnlimited = the quota
+  std::atomic<std::uint64_t> spilled_bytes;                 // part of used_bytes served as host-resident managed memory
+  std::atomic<std::uint64_t> oversub_waits;                 // allocations that waited for device memory
+  std::atomic<std::uint64_t> oversub_wait_ns;               // total time they waited
+  std::atomic<std::uint64_t> oversub_timeouts;              // waits that ended in out-of-memory
+  std::atomic<std::uint32_t> oversub_waiting;               // allocations waiting now
+  std::atomic<std::uint32_t> free_generation;               // bumped by every release: waiters sleep on it (futex)
+  std::atomic<std::uint32_t> oversub_policy;                // 0 fail, 1 spill, 2 wait (as the first process set it)
   std::uint32_t reserved7;
-  std::atomic<std::uint64_t> spills;                  // allocations served by spilling
+  std::atomic<std::uint64_t> spills;  // allocations served by spilling
   // --- line 6: spilled bytes as two monotonic totals (ABI v4): spilled
   // memory = in - out. Resident memory is read as used_bytes - (in - out)
   // with `in` read before used_bytes and `out` after, which can only
   // overstate it (docs/memory.md); spilled_bytes stays for display.
-  alignas(64) std::atomic<std::uint64_t> spilled_in_bytes;   // every byte ever counted as spilled
-  std::atomic<std::uint64_t> spilled_out_bytes;              // every such byte freed, exited or reaped
+  alignas(64) std::atomic<std::uint64_t> spilled_in_bytes;  // every byte ever counted as spilled
+  std::atomic<std::uint64_t> spilled_out_bytes;             // every such byte freed, exited or reaped
   std::uint64_t reserved8[6];
   // --- line 7: reserved for later fields (per-device priority), zero until then ---
   alignas(64) std::uint64_t reserved_future[8];
@@ -106,11 +108,11 @@ enum SlotState : std::uint32_t { kSlotFree = 0, kSlotClaiming = 1, kSlotLive = 2
 
 struct alignas(64) Slot {
   // --- line 0: identity, written when claimed (host_pid: by the agent) ---
-  std::atomic<std::uint32_t> state;          // SlotState
-  std::atomic<std::uint32_t> pid;            // pid in the owner's pid namespace
-  std::atomic<std::uint64_t> pidns_inode;    // st_ino of /proc/<pid>/ns/pid
-  std::atomic<std::uint64_t> start_time;     // /proc/<pid>/stat field 22 (clock ticks since boot)
-  std::atomic<std::uint32_t> host_pid;       // filled by the agent (0 = unknown)
+  std::atomic<std::uint32_t> state;        // SlotState
+  std::atomic<std::uint32_t> pid;          // pid in the owner's pid namespace
+  std::atomic<std::uint64_t> pidns_inode;  // st_ino of /proc/<pid>/ns/pid
+  std::atomic<std::uint64_t> start_time;   // /proc/<pid>/stat field 22 (clock ticks since boot)
+  std::atomic<std::uint32_t> host_pid;     // filled by the agent (0 = unknown)
   std::atomic<std::uint32_t> reserved0;
   std::uint64_t reserved1[4];
   // --- line 1: written by every accounting operation of the process ---
@@ -160,35 +162,35 @@ static_assert(sizeof(Slot) % 64 == 0);
 // (limiter/compute_feedback.h). Written by the exiting process; a record whose
 // seq is odd is being written.
 struct alignas(16) DepartedProcess {
-  std::atomic<std::uint32_t> pid;            // as NVML reports it (the host pid when known)
-  std::atomic<std::uint32_t> seq;            // odd while being written
-  std::atomic<std::uint64_t> departed_ns;    // CLOCK_MONOTONIC at exit
+  std::atomic<std::uint32_t> pid;          // as NVML reports it (the host pid when known)
+  std::atomic<std::uint32_t> seq;          // odd while being written
+  std::atomic<std::uint64_t> departed_ns;  // CLOCK_MONOTONIC at exit
 };
 inline constexpr std::uint32_t kMaxDeparted = 64;
 
 struct RegionHeader {
-  std::uint64_t magic;                       // kRegionMagic, published last by the creator
-  std::uint32_t abi_version;                 // kRegionAbiVersion
-  std::uint32_t header_size;                 // sizeof(RegionHeader)
-  std::uint64_t total_size;                  // sizeof(Region)
-  std::uint32_t max_devices;                 // kMaxDevices
-  std::uint32_t max_slots;                   // kMaxSlots
-  std::uint64_t created_ns;                  // CLOCK_REALTIME at creation
-  char container_name[64];                   // GPUSLICE_CONTAINER_NAME at creation, NUL-terminated
+  std::uint64_t magic;                            // kRegionMagic, published last by the creator
+  std::uint32_t abi_version;                      // kRegionAbiVersion
+  std::uint32_t header_size;                      // sizeof(RegionHeader)
+  std::uint64_t total_size;                       // sizeof(Region)
+  std::uint32_t max_devices;                      // kMaxDevices
+  std::uint32_t max_slots;                        // kMaxSlots
+  std::uint64_t created_ns;                       // CLOCK_REALTIME at creation
+  char container_name[64];                        // GPUSLICE_CONTAINER_NAME at creation, NUL-terminated
   std::atomic<std::uint64_t> agent_heartbeat_ns;  // CLOCK_MONOTONIC of the agent's last cycle (0 = none)
-  std::atomic<std::uint32_t> live_slots;     // approximate, for tools
+  std::atomic<std::uint32_t> live_slots;          // approximate, for tools
   std::uint32_t reserved0;
   // Reaper lock: 0 = free, else the holder's identity packed by
   // limiter::reaper_token (pid, pid-namespace and start-time bits) so that a
   // dead holder is recognised and the lock taken over; nobody waits on it.
   std::atomic<std::uint64_t> reaper_lock;
-  std::atomic<std::uint64_t> slots_reaped;   // total dead slots reclaimed
+  std::atomic<std::uint64_t> slots_reaped;  // total dead slots reclaimed
   // --- priority between tenants (docs/priority.md) ---
-  std::atomic<std::uint32_t> priority;       // gpuslice::Priority: 0 = not recorded yet, 1 low, 2 normal, 3 high
+  std::atomic<std::uint32_t> priority;  // gpuslice::Priority: 0 = not recorded yet, 1 low, 2 normal, 3 high
   std::uint32_t reserved2;
   std::atomic<std::uint64_t> priority_held_ns;        // total time the container's launches were held
   std::atomic<std::uint64_t> priority_held_until_ns;  // CLOCK_MONOTONIC: held now if in the future
-  std::atomic<std::uint64_t> departed_next;  // departed[] records written so far (next one: % kMaxDeparted)
+  std::atomic<std::uint64_t> departed_next;           // departed[] records written so far (next one: % kMaxDeparted)
   std::uint64_t reserved3[3];
   // Bit i: slot i took a quota lease since it was claimed (set once per claim
   // and device by the lease path, cleared when the slot is freed). Thefts and

@@ -26,8 +26,7 @@ inline std::uint64_t realtime_us() noexcept {
 
 inline void sleep_ns(std::uint64_t ns) noexcept {
   timespec ts{static_cast<time_t>(ns / 1'000'000'000ull), static_cast<long>(ns % 1'000'000'000ull)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {
-  }
+  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {}
 }
 
 // Until monotonic_ns() reads deadline_ns (at once if it already has): the
@@ -36,8 +35,7 @@ inline void sleep_ns(std::uint64_t ns) noexcept {
 inline void sleep_until_ns(std::uint64_t deadline_ns) noexcept {
   timespec deadline{static_cast<time_t>(deadline_ns / 1'000'000'000ull),
                     static_cast<long>(deadline_ns % 1'000'000'000ull)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, nullptr) == EINTR) {
-  }
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, nullptr) == EINTR) {}
 }
 
 }  // namespace gpuslice::shm

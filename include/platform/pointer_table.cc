@@ -61,8 +61,7 @@ void lock_slow(std::atomic<std::uint32_t>& word) noexcept {
   while (word.exchange(kLockWaiters, std::memory_order_acquire) != 0) {
     const timespec timeout{0, sleep_ns};
     const int saved_errno = errno;  // the caller's errno survives
-    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, kLockWaiters, &timeout, nullptr,
-            0);
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, kLockWaiters, &timeout, nullptr, 0);
     errno = saved_errno;
     if (sleep_ns < 4'000'000) sleep_ns *= 2;
   }

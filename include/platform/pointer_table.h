@@ -435,13 +435,9 @@ template <class V, class Settle>
 bool record(PointerTable<V>& table, std::uint64_t key, const V& value, Settle&& settle_stale) noexcept {
   V stale{};
   switch (table.put(key, value, &stale)) {
-    case PointerTable<V>::Put::inserted:
-      return true;
-    case PointerTable<V>::Put::replaced:
-      settle_stale(static_cast<const V&>(stale));
-      return true;
-    case PointerTable<V>::Put::full:
-      break;
+    case PointerTable<V>::Put::inserted: return true;
+    case PointerTable<V>::Put::replaced: settle_stale(static_cast<const V&>(stale)); return true;
+    case PointerTable<V>::Put::full: break;
   }
   return false;
 }

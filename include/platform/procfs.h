@@ -19,10 +19,10 @@ long read_file(const char* path, char* buf, std::size_t cap) noexcept;
 
 // /proc/<pid>/stat (proc(5)): "pid (comm) state ppid ... starttime ...".
 struct Stat {
-  std::uint32_t pid = 0;         // field 1, in the /proc mount's pid namespace
-  char state = 0;                // field 3: R, S, D, Z, X, ...
-  std::uint64_t num_threads = 0; // field 20: the thread group's threads (a zombie leader counts itself)
-  std::uint64_t start_time = 0;  // field 22, clock ticks after boot
+  std::uint32_t pid = 0;          // field 1, in the /proc mount's pid namespace
+  char state = 0;                 // field 3: R, S, D, Z, X, ...
+  std::uint64_t num_threads = 0;  // field 20: the thread group's threads (a zombie leader counts itself)
+  std::uint64_t start_time = 0;   // field 22, clock ticks after boot
 };
 // comm may hold spaces and parentheses (up to 15 bytes of anything but NUL):
 // the fields resume after the *last* ')'. False when the text is not a stat

@@ -106,7 +106,8 @@ int free_port() {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
     close(fd);
     return -1;
   }
@@ -123,10 +124,10 @@ TEST(AgentReconcile, ContextMemoryTheLibraryCannotSeeIsAddedToTheContainer) {
                                 {"GPUSLICE_REAL_LIBNVML", GPUSLICE_NVML_UNUSABLE}});
   const std::string ready = box.path("ready"), go = box.path("go"), done = box.path("done"), end = box.path("end");
   const std::string out = box.path("probe.out");
-  pid_t probe = test::spawn({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(16 * kMi), "touch", ready,
-                             "waitfile", go, "alloc", std::to_string(64 * kMi), "alloc", std::to_string(32 * kMi),
-                             "touch", done, "waitfile", end},
-                            env, out);
+  pid_t probe = test::spawn(
+      {test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(16 * kMi), "touch", ready, "waitfile", go,
+       "alloc", std::to_string(64 * kMi), "alloc", std::to_string(32 * kMi), "touch", done, "waitfile", end},
+      env, out);
   ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
   auto cfg = config_for(box);
   cfg.bypass_tolerance_bytes = 32 * kMi;
@@ -146,7 +147,8 @@ TEST(AgentReconcile, ContextMemoryTheLibraryCannotSeeIsAddedToTheContainer) {
   EXPECT_EQ(r->slots[slot].nvml_used_bytes[dev].load(), 80 * kMi);
   EXPECT_EQ(r->slots[slot].host_pid.load(), static_cast<std::uint32_t>(probe));
   EXPECT_EQ(a.stats().bypass_reports, 1u) << "64Mi unaccounted > 32Mi tolerance";
-  EXPECT_NE(a.metrics_text().find("gpuslice_bypass_suspected_processes{container=\"\",region=\"pod-1/c.region\",device=\"0\""),
+  EXPECT_NE(a.metrics_text().find(
+                "gpuslice_bypass_suspected_processes{container=\"\",region=\"pod-1/c.region\",device=\"0\""),
             std::string::npos);
 
   // The quota now bounds what the device really holds: 16 + 64 (context) + 64 > 128.
@@ -183,10 +185,10 @@ TEST(AgentReconcile, MoreExtraMakesSpareLeasesUnspendable) {
   const std::string out = box.path("probe.out");
   // 16 MiB in use and a 14 MiB spare lease ((128 - 16) / 8), taken while the
   // context is still unknown to the count.
-  pid_t probe = test::spawn({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(16 * kMi), "touch", ready,
-                             "waitfile", go, "alloc", std::to_string(14 * kMi), "alloc", std::to_string(12 * kMi),
-                             "touch", done},
-                            env, out);
+  pid_t probe =
+      test::spawn({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(16 * kMi), "touch", ready,
+                   "waitfile", go, "alloc", std::to_string(14 * kMi), "alloc", std::to_string(12 * kMi), "touch", done},
+                  env, out);
   ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
   agent::Agent a(config_for(box));
   a.start();
@@ -203,7 +205,8 @@ TEST(AgentReconcile, MoreExtraMakesSpareLeasesUnspendable) {
   ASSERT_EQ(res.exit_code, 0) << res.describe();
   const auto rcs = test::lines_with(res.out, "alloc ");
   ASSERT_EQ(rcs.size(), 3u) << res.out;
-  EXPECT_EQ(test::field(rcs[1], "rc"), std::to_string(kOutOfMemory)) << "16 + 14 + 100 (context) > 128: the spare was spent";
+  EXPECT_EQ(test::field(rcs[1], "rc"), std::to_string(kOutOfMemory))
+      << "16 + 14 + 100 (context) > 128: the spare was spent";
   EXPECT_EQ(test::field(rcs[2], "rc"), "0") << "16 + 12 + 100 fits exactly";
   shm::detach(r);
 }
@@ -246,15 +249,17 @@ TEST(AgentPidNamespace, ProcessesOfAPidNamespaceAreMappedAttributedAndReaped) {
                               {}, "/dev/null");
   std::vector<std::uint32_t> inside;
   std::uint64_t ns = 0;
-  ASSERT_TRUE(eventually([&] {
-    auto kids = children_of(static_cast<std::uint32_t>(unshare));
-    if (kids.size() != 1) return false;
-    Identity init;
-    if (!identity(kids[0], &init) || init.pidns == own_pidns()) return false;
-    ns = init.pidns;
-    inside = processes_in(ns);
-    return inside.size() == 2;
-  }, 10000));
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto kids = children_of(static_cast<std::uint32_t>(unshare));
+        if (kids.size() != 1) return false;
+        Identity init;
+        if (!identity(kids[0], &init) || init.pidns == own_pidns()) return false;
+        ns = init.pidns;
+        inside = processes_in(ns);
+        return inside.size() == 2;
+      },
+      10000));
   Identity registered, unregistered;
   ASSERT_TRUE(identity(inside[0], &registered));
   ASSERT_TRUE(identity(inside[1], &unregistered));
@@ -293,7 +298,8 @@ TEST(AgentPidNamespace, ProcessesOfAPidNamespaceAreMappedAttributedAndReaped) {
   EXPECT_EQ(a.stats().bypass_reports, 0u);
   const std::string metrics = a.metrics_text();
   EXPECT_NE(metrics.find("gpuslice_unregistered_processes{container=\"in-a-namespace\",region=\"pod-1/c.region\","
-                         "device=\"0\",uuid=\"" + g.uuid_text + "\"} 1"),
+                         "device=\"0\",uuid=\"" +
+                         g.uuid_text + "\"} 1"),
             std::string::npos)
       << metrics;
 
@@ -302,10 +308,12 @@ TEST(AgentPidNamespace, ProcessesOfAPidNamespaceAreMappedAttributedAndReaped) {
   kill(unshare, SIGKILL);
   test::wait(unshare);
   agent::GpuSample empty;
-  ASSERT_TRUE(eventually([&] {
-    a.cycle_with(&empty);
-    return r->slots[slot].state.load() == kSlotFree;
-  }, 5000));
+  ASSERT_TRUE(eventually(
+      [&] {
+        a.cycle_with(&empty);
+        return r->slots[slot].state.load() == kSlotFree;
+      },
+      5000));
   EXPECT_EQ(r->devices[dev].used_bytes.load(), 0u);
   EXPECT_EQ(a.stats().slots_reaped, 1u);
   shm::detach(r);
@@ -321,8 +329,15 @@ TEST(AgentRestart, KilledAgentRestartsFromTheRegionsAlone) {
                              box.path("held"), "sleep", "30000"},
                             env, "/dev/null");
   ASSERT_TRUE(eventually([&] { return file_exists(box.path("held")); }, 20000));
-  const std::vector<std::string> agent_argv{test::bin("gpuslice-agent"), "--region-dir", region_dir(box), "--nvml",
-                                            fake_nvml(), "--interval", "20ms", "--listen", "off"};
+  const std::vector<std::string> agent_argv{test::bin("gpuslice-agent"),
+                                            "--region-dir",
+                                            region_dir(box),
+                                            "--nvml",
+                                            fake_nvml(),
+                                            "--interval",
+                                            "20ms",
+                                            "--listen",
+                                            "off"};
   Env agent_env = test::merge(box.env(false), {});
   pid_t first = test::spawn(agent_argv, agent_env, "/dev/null");
   Region* r = attach(container_region(box));
@@ -350,7 +365,8 @@ TEST(AgentRestart, KilledAgentRestartsFromTheRegionsAlone) {
 TEST(AgentMetrics, ScrapedOverHttpAndParsed) {
   Sandbox box;
   mkdir(region_dir(box).c_str(), 0755);
-  Env env = container_env(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}, {"GPUSLICE_SM_LIMIT", "30"},
+  Env env = container_env(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"},
+                                {"GPUSLICE_SM_LIMIT", "30"},
                                 {"GPUSLICE_CONTAINER_NAME", "web \"front\"\\1"}});
   pid_t probe = test::spawn({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(8 * kMi), "touch",
                              box.path("held"), "waitfile", box.path("end")},
@@ -364,10 +380,12 @@ TEST(AgentMetrics, ScrapedOverHttpAndParsed) {
   httplib::Client client("127.0.0.1", port);
   client.set_connection_timeout(1, 0);
   client.set_read_timeout(5, 0);
-  ASSERT_TRUE(eventually([&] {
-    auto res = client.Get("/healthz");
-    return res && res->status == 200;
-  }, 10000));
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto res = client.Get("/healthz");
+        return res && res->status == 200;
+      },
+      10000));
   auto res = client.Get("/metrics");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);

@@ -59,8 +59,8 @@ TEST(AgentRegions, MalformedAndForeignFilesAreSkippedWithOneLineEach) {
   big.resize(sizeof(Region) + 1, '\0');
   write_file(dir + "/big.region", big);
   ASSERT_EQ(symlink((dir + "/pod-a/c.region").c_str(), (dir + "/link.region").c_str()), 0);
-  ASSERT_EQ(mkfifo((dir + "/pod-a/fifo.region").c_str(), 0600), 0);  // opening it must not block the agent
-  write_file(dir + "/.c.region.123-0.tmp", "a region being created");   // hidden: ignored silently
+  ASSERT_EQ(mkfifo((dir + "/pod-a/fifo.region").c_str(), 0600), 0);    // opening it must not block the agent
+  write_file(dir + "/.c.region.123-0.tmp", "a region being created");  // hidden: ignored silently
 
   // Many rescans: still one line per bad file.
   test::Result r = test::run({"/usr/bin/timeout", "-s", "TERM", "1", test::bin("gpuslice-agent"), "--region-dir", dir,
@@ -68,9 +68,9 @@ TEST(AgentRegions, MalformedAndForeignFilesAreSkippedWithOneLineEach) {
                              {}, 20000);
   EXPECT_EQ(r.exit_code, 124) << r.describe();  // timeout's status: the agent ran until told to stop
   EXPECT_EQ(count_lines(r.err, "skipping"), 7) << r.err;
-  for (const char* f : {"garbage.region: bad magic", "empty.region: file holds only 0 bytes", "short.region: wrong size",
-                        "abi.region: region ABI version 99", "big.region: wrong size", "link.region: a symbolic link",
-                        "fifo.region: not a regular file"}) {
+  for (const char* f : {"garbage.region: bad magic", "empty.region: file holds only 0 bytes",
+                        "short.region: wrong size", "abi.region: region ABI version 99", "big.region: wrong size",
+                        "link.region: a symbolic link", "fifo.region: not a regular file"}) {
     EXPECT_EQ(count_lines(r.err, "/"s + f), 1) << f << "\n" << r.err;
   }
   EXPECT_EQ(count_lines(r.err, ".tmp"), 0) << r.err;
@@ -120,10 +120,12 @@ TEST(AgentRegions, UnusedRegionIsRemovedAfterTheGracePeriodAndKeptWhileUsed) {
   a.cycle();
   EXPECT_EQ(a.stats().regions, 2u);
   const std::string hidden = region_dir(box) + "/pod-i/.idle.region.gpuslice-removing";
-  ASSERT_TRUE(eventually([&] {
-    a.cycle();
-    return !file_exists(idle_path) && !file_exists(hidden);
-  }, 5000));
+  ASSERT_TRUE(eventually(
+      [&] {
+        a.cycle();
+        return !file_exists(idle_path) && !file_exists(hidden);
+      },
+      5000));
   EXPECT_FALSE(file_exists(region_dir(box) + "/pod-i")) << "the pod's empty directory goes too";
   EXPECT_TRUE(file_exists(used_path));
   EXPECT_EQ(a.stats().regions_removed, 1u);
@@ -164,9 +166,10 @@ TEST(AgentRegions, RunsWithoutNvmlAndSaysSoOnce) {
   const int dev = add_device(r, 0x20, 64 * kMi);
   r->devices[dev].agent_extra_bytes.store(5 * kMi);  // left by an agent that had NVML
   shm::detach(r);
-  test::Result res = test::run({"/usr/bin/timeout", "-s", "TERM", "0.5", test::bin("gpuslice-agent"), "--region-dir",
-                                dir, "--nvml", "/nonexistent/libnvidia-ml.so.1", "--interval", "10ms", "--listen", "off"},
-                               {}, 20000);
+  test::Result res =
+      test::run({"/usr/bin/timeout", "-s", "TERM", "0.5", test::bin("gpuslice-agent"), "--region-dir", dir, "--nvml",
+                 "/nonexistent/libnvidia-ml.so.1", "--interval", "10ms", "--listen", "off"},
+                {}, 20000);
   EXPECT_EQ(res.exit_code, 124) << res.describe();
   EXPECT_EQ(count_lines(res.err, "running without NVML"), 1) << res.err;
   r = attach(dir + "/c.region");
@@ -222,7 +225,8 @@ TEST(AgentRegions, HostileRegionContentsNeverCrashTheAgentOrSmi) {
         for (std::uint32_t s = 0; s < kMaxSlots; s += 7) {
           const std::size_t base = offsetof(Region, slots) + s * sizeof(Slot);
           const std::uint32_t state = kSlotLive;
-          const std::uint32_t pid = (rng() & 1) ? static_cast<std::uint32_t>(getpid()) : static_cast<std::uint32_t>(rng() % 4'000'000);
+          const std::uint32_t pid =
+              (rng() & 1) ? static_cast<std::uint32_t>(getpid()) : static_cast<std::uint32_t>(rng() % 4'000'000);
           std::memcpy(&buf[base + offsetof(Slot, state)], &state, 4);
           std::memcpy(&buf[base + offsetof(Slot, pid)], &pid, 4);
           std::memcpy(&buf[base + offsetof(Slot, pidns_inode)], &ns, 8);

@@ -22,9 +22,7 @@ std::string fake_nvml() { return test::fakecuda_dir() + "/libnvidia-ml.so.1"; }
 
 std::string region_dir(const test::Sandbox& box) { return box.path("regions"); }
 
-void use_fake_state(const test::Sandbox& box) {
-  setenv("FAKECUDA_STATE", box.path("fakecuda.state").c_str(), 1);
-}
+void use_fake_state(const test::Sandbox& box) { setenv("FAKECUDA_STATE", box.path("fakecuda.state").c_str(), 1); }
 
 agent::AgentConfig config_for(const test::Sandbox& box, bool nvml) {
   agent::AgentConfig c;
@@ -33,7 +31,7 @@ agent::AgentConfig config_for(const test::Sandbox& box, bool nvml) {
   c.interval_ns = 50'000'000;
   c.rescan_ns = 0;  // every cycle
   c.verify_ns = 0;
-  c.grace_ns = 0;   // never remove unless a test says so
+  c.grace_ns = 0;  // never remove unless a test says so
   c.unseen_grace_ns = 0;
   c.use_nvml = nvml;
   c.nvml_library = fake_nvml();

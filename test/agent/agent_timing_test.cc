@@ -26,8 +26,8 @@ TEST(AgentUtilisation, WrittenUtilisationMatchesTheSimulatedTimeline) {
   const std::string region = region_dir(box) + "/pod/c.region";
   test::Env env = test::merge(box.env(), {{"GPUSLICE_REGION", region}, {"GPUSLICE_CONTAINER_NAME", "util"}});
   // ~40% duty: 40 ms kernels, 60 ms idle, for ~3 s.
-  std::vector<std::string> argv{test::bin("cuprobe"), "init", "ctx", "0", "function", "spin_40000us", "touch",
-                                box.path("ready")};
+  std::vector<std::string> argv{test::bin("cuprobe"), "init",         "ctx",   "0",
+                                "function",           "spin_40000us", "touch", box.path("ready")};
   for (int i = 0; i < 30; ++i) {
     for (const char* op : {"launch", "1", "sync", "sleep", "60"}) argv.push_back(op);
   }

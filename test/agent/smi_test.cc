@@ -211,10 +211,15 @@ TEST(Smi, SetChangesLimitsInPlace) {
   EXPECT_EQ(reg->devices[1].quota_bytes.load(), 2'000'000'000u);
 
   // Same parsers as the library: strict.
-  for (const std::vector<std::string>& bad :
-       {std::vector<std::string>{"--memory", "8 Gi"}, {"--memory", "0"}, {"--memory", "-1"}, {"--sm-limit", "0"},
-        {"--sm-limit", "101"}, {"--sm-limit", "30x"}, {"--sm-policy", "soft"}, {"--device", "GPU-xyz", "--memory", "1Gi"},
-        {}}) {
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--memory", "8 Gi"},
+                                              {"--memory", "0"},
+                                              {"--memory", "-1"},
+                                              {"--sm-limit", "0"},
+                                              {"--sm-limit", "101"},
+                                              {"--sm-limit", "30x"},
+                                              {"--sm-policy", "soft"},
+                                              {"--device", "GPU-xyz", "--memory", "1Gi"},
+                                              {}}) {
     std::vector<std::string> args{"set", "--region", path};
     args.insert(args.end(), bad.begin(), bad.end());
     test::Result e = smi(args);

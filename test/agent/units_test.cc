@@ -63,7 +63,8 @@ TEST(Units, Uuids) {
   EXPECT_EQ(format_uuid(u), "GPU-00112233-4455-6677-8899-aabbccddeeff");
   ASSERT_TRUE(parse_uuid("00112233445566778899AABBCCDDEEFF", u));
   EXPECT_EQ(u[15], 0xff);
-  for (const char* bad : {"", "GPU-", "GPU-0011", "GPU-00112233-4455-6677-8899-aabbccddeeff00", "GPU-zz112233-4455-6677-8899-aabbccddeeff"}) {
+  for (const char* bad : {"", "GPU-", "GPU-0011", "GPU-00112233-4455-6677-8899-aabbccddeeff00",
+                          "GPU-zz112233-4455-6677-8899-aabbccddeeff"}) {
     EXPECT_FALSE(parse_uuid(bad, u)) << bad;
   }
 }

@@ -28,10 +28,10 @@ std::string slurp(const std::string& path) {
 
 Env monitored(const Sandbox& box, bool preload) {
   return merge(box.env(preload), {{"FAKECUDA_MONITOR", "1"},
-                                   {"FAKECUDA_MONITOR_REPORT", box.path("violations")},
-                                   {"FAKECUDA_MONITOR_LAG_MS", "100"},
-                                   {"FAKECUDA_MEMORY", "4Gi"},
-                                   {"GPUSLICE_MEMORY_LIMIT", "64Mi"}});
+                                  {"FAKECUDA_MONITOR_REPORT", box.path("violations")},
+                                  {"FAKECUDA_MONITOR_LAG_MS", "100"},
+                                  {"FAKECUDA_MEMORY", "4Gi"},
+                                  {"GPUSLICE_MEMORY_LIMIT", "64Mi"}});
 }
 
 // First a process under gpuslice creates the region's device entry (quota 64 MiB).
@@ -115,7 +115,8 @@ TEST(ChaosMonitor, ReportsDeviceMemoryCountedAsSpilled) {
 TEST(ChaosMonitor, ReportsManagedMemoryAboveTheLimitOnceItIsNoLongerInFlight) {
   Sandbox box;
   create_region(box);
-  Result r = run({GPUSLICE_PROBE, "monitor", "hold-managed", "80", "0"}, merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "5"}}));
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold-managed", "80", "0"},
+                 merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "5"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
   const std::string report = slurp(box.path("violations"));
@@ -185,12 +186,12 @@ TEST(ChaosMode, TheSameSeedReplaysTheSameDecisions) {
 
 TEST(ChaosMode, BadVariablesFailCuInitNamingTheVariable) {
   Sandbox box;
-  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"FAKECUDA_CHAOS_SEED", "12x"},
-           {"FAKECUDA_CHAOS_YIELD_PCT", "101"},
-           {"FAKECUDA_CHAOS_SLEEP_US", "0"},
-           {"FAKECUDA_MONITOR", "yes"},
-           {"FAKECUDA_MONITOR_LAG_MS", "-1"}}) {
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{{"FAKECUDA_CHAOS_SEED", "12x"},
+                                                        {"FAKECUDA_CHAOS_YIELD_PCT", "101"},
+                                                        {"FAKECUDA_CHAOS_SLEEP_US", "0"},
+                                                        {"FAKECUDA_MONITOR", "yes"},
+                                                        {"FAKECUDA_MONITOR_LAG_MS", "-1"}}) {
     Env env = merge(box.env(false), {{"FAKECUDA_CHAOS_SEED", "1"}});
     env[name] = value;
     Result r = run({GPUSLICE_PROBE, "monitor", "hold", "1", "0"}, env);

@@ -21,24 +21,24 @@ using gpuslice::fakecuda::HandlePool;
 
 TEST(SimulatorHandlePool, ARetiredHandleIsDeadAndIsRecycledAtTheSameAddress) {
   HandlePool<CUstream_st> pool;
-  CUstream_st *s = pool.make();
+  CUstream_st* s = pool.make();
   s->priority = -3;
   EXPECT_TRUE(alive(s));
   pool.retire(s);
   EXPECT_FALSE(alive(s));
-  CUstream_st *again = pool.make();
+  CUstream_st* again = pool.make();
   EXPECT_EQ(again, s) << "a real driver reuses a destroyed handle's address too";
   EXPECT_TRUE(alive(again));
   EXPECT_EQ(again->priority, 0) << "the recycled object starts fresh";
   int live = 0;
-  pool.for_each_live([&](CUstream_st *) { ++live; });
+  pool.for_each_live([&](CUstream_st*) { ++live; });
   EXPECT_EQ(live, 1);
 }
 
 TEST(SimulatorHandlePool, ValidationOnAnotherThreadDoesNotRaceWithRecycling) {
   HandlePool<CUevent_st> pool;
   std::mutex mu;  // the driver's runtime mutex: make() and retire() run under it
-  CUevent_st *h = nullptr;
+  CUevent_st* h = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu);
     h = pool.make();

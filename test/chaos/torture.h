@@ -16,14 +16,14 @@ namespace gpuslice::chaos {
 // threads; "smi", "kill" are driven by the launcher; "resident-wait",
 // "resident-spill" configure the container (GPUSLICE_OVERSUBSCRIBE with a
 // GPUSLICE_MEMORY_RESIDENT below the quota).
-inline const std::vector<std::string> &all_classes() {
-  static const std::vector<std::string> classes = {
-      "alloc",   "pitch",   "managed", "pool",   "trim",   "setpool",       "vmm",           "array", "context",
-      "primary", "module",  "library", "fill",   "fork",   "smi",           "kill",          "resident-wait",
-      "resident-spill", "lease"};
+inline const std::vector<std::string>& all_classes() {
+  static const std::vector<std::string> classes = {"alloc",   "pitch",         "managed",        "pool",    "trim",
+                                                   "setpool", "vmm",           "array",          "context", "primary",
+                                                   "module",  "library",       "fill",           "fork",    "smi",
+                                                   "kill",    "resident-wait", "resident-spill", "lease"};
   return classes;
 }
-inline bool launcher_class(const std::string &c) {
+inline bool launcher_class(const std::string& c) {
   return c == "smi" || c == "kill" || c == "resident-wait" || c == "resident-spill";
 }
 
@@ -37,7 +37,7 @@ struct WorkerOptions {
 };
 
 // Runs one worker process (cuInit ... threads ... clean exit). Returns the exit code.
-int run_worker(const WorkerOptions &options, const char *self);
+int run_worker(const WorkerOptions& options, const char* self);
 
 // splitmix64
 inline std::uint64_t mix64(std::uint64_t x) {

@@ -32,7 +32,7 @@
 
 #include "torture.h"
 
-extern char **environ;
+extern char** environ;
 
 namespace gpuslice::chaos {
 namespace {
@@ -43,7 +43,7 @@ std::uint64_t now_ms() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1000000;
 }
 
-std::vector<std::string> split(const std::string &text) {
+std::vector<std::string> split(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream in(text);
   std::string item;
@@ -53,8 +53,8 @@ std::vector<std::string> split(const std::string &text) {
   return out;
 }
 
-bool known(const std::string &c) {
-  const auto &all = all_classes();
+bool known(const std::string& c) {
+  const auto& all = all_classes();
   return std::find(all.begin(), all.end(), c) != all.end();
 }
 
@@ -67,17 +67,19 @@ struct Options {
   bool keep = false, verbose = false;
   bool exact = false;
   bool chaos = true;
-  bool preload = true;  // --no-preload: workers after the first (which creates the region) run without gpuslice  // --no-chaos: the monitor only (to measure what the perturbation adds)  // every selected class in every schedule (else the seed picks a subset)
+  bool preload =
+      true;  // --no-preload: workers after the first (which creates the region) run without gpuslice  // --no-chaos: the monitor only (to measure what the perturbation adds)  // every selected class in every schedule (else the seed picks a subset)
   std::string build = GPUSLICE_TEST_BUILD_DIR;
   std::string library;  // --library: the preloaded gpuslice (default <build>/lib/libgpuslice.so)
 };
 
 std::vector<std::string> base_env() {
   std::vector<std::string> env;
-  for (char **e = environ; *e != nullptr; ++e) {
+  for (char** e = environ; *e != nullptr; ++e) {
     std::string v = *e;
     if (v.rfind("LD_PRELOAD=", 0) == 0 || v.rfind("GPUSLICE_", 0) == 0 || v.rfind("FAKECUDA_", 0) == 0 ||
-        v.rfind("CUDA_DEVICE_", 0) == 0 || v.rfind("CUDA_OVERSUBSCRIBE", 0) == 0 || v.rfind("LD_LIBRARY_PATH=", 0) == 0) {
+        v.rfind("CUDA_DEVICE_", 0) == 0 || v.rfind("CUDA_OVERSUBSCRIBE", 0) == 0 ||
+        v.rfind("LD_LIBRARY_PATH=", 0) == 0) {
       continue;
     }
     env.push_back(v);
@@ -85,7 +87,7 @@ std::vector<std::string> base_env() {
   return env;
 }
 
-pid_t spawn(const std::vector<std::string> &argv, const std::vector<std::string> &env, const std::string &log) {
+pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log) {
   pid_t pid = fork();
   if (pid != 0) return pid;
   int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
@@ -93,29 +95,29 @@ pid_t spawn(const std::vector<std::string> &argv, const std::vector<std::string>
     dup2(fd, 1);
     dup2(fd, 2);
   }
-  std::vector<char *> a, e;
-  for (const auto &s : argv) a.push_back(const_cast<char *>(s.c_str()));
+  std::vector<char*> a, e;
+  for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
   a.push_back(nullptr);
-  for (const auto &s : env) e.push_back(const_cast<char *>(s.c_str()));
+  for (const auto& s : env) e.push_back(const_cast<char*>(s.c_str()));
   e.push_back(nullptr);
   execve(a[0], a.data(), e.data());
   _exit(127);
 }
 
-std::string join(const std::vector<std::string> &v) {
+std::string join(const std::vector<std::string>& v) {
   std::string out;
-  for (const auto &s : v) out += (out.empty() ? "" : ",") + s;
+  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
   return out;
 }
 
-std::string read_file(const std::string &path) {
+std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
 }
 
-int count_of(const std::string &text, const std::string &word) {
+int count_of(const std::string& text, const std::string& word) {
   int n = 0;
   for (std::size_t p = text.find(word); p != std::string::npos; p = text.find(word, p + 1)) ++n;
   return n;
@@ -130,24 +132,24 @@ struct SeedResult {
   std::string detail;
 };
 
-SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
+SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
   SeedResult result;
   Rng rng(seed);
   std::vector<std::string> picked;
-  for (const std::string &c : o.classes) {
+  for (const std::string& c : o.classes) {
     if (o.exact || rng.below(3) != 0) picked.push_back(c);
   }
   if (picked.empty()) picked.push_back(o.classes[rng.below(o.classes.size())]);
   result.classes = join(picked);
-  auto has = [&](const char *c) { return std::find(picked.begin(), picked.end(), c) != picked.end(); };
+  auto has = [&](const char* c) { return std::find(picked.begin(), picked.end(), c) != picked.end(); };
   std::vector<std::string> worker_classes;
-  for (const auto &c : picked) {
+  for (const auto& c : picked) {
     if (!launcher_class(c)) worker_classes.push_back(c);
   }
   if (worker_classes.empty()) worker_classes.push_back("alloc");
 
   char dir_template[] = "/tmp/gpuslice-chaos-XXXXXX";
-  const char *dir_c = mkdtemp(dir_template);
+  const char* dir_c = mkdtemp(dir_template);
   if (dir_c == nullptr) {
     result.failures = 1;
     result.detail = "mkdtemp failed";
@@ -182,8 +184,8 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
     worker_env.push_back("FAKECUDA_CHAOS_STREAM=" + std::to_string(index));
     if (o.preload || index == 0) worker_env.push_back(preload);
     return spawn({self, "--worker", std::to_string(index), "--seed", std::to_string(seed), "--threads",
-                  std::to_string(o.threads), "--ops", std::to_string(o.ops), "--classes", join(worker_classes), "--quota",
-                  std::to_string(quota)},
+                  std::to_string(o.threads), "--ops", std::to_string(o.ops), "--classes", join(worker_classes),
+                  "--quota", std::to_string(quota)},
                  worker_env, log);
   };
   std::map<pid_t, int> live;
@@ -216,25 +218,26 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
     }
     if (now_ms() - begin > 30000) {
       result.hang = true;
-      for (auto &[pid, index] : live) kill(pid, SIGKILL);
-      for (auto &[pid, index] : live) waitpid(pid, &status, 0);
+      for (auto& [pid, index] : live) kill(pid, SIGKILL);
+      for (auto& [pid, index] : live) waitpid(pid, &status, 0);
       live.clear();
       break;
     }
     if (has("smi") && rng.chance(12)) {
       static const std::uint64_t kFractions[] = {4, 3, 2, 1};  // quota * x / 4
       const std::uint64_t mib = o.quota_mib * kFractions[rng.below(4)] / 4;
-      pid_t smi = spawn({o.build + "/bin/gpuslice-smi", "set", "--region", region, "--memory", std::to_string(mib) + "Mi"},
-                        base_env(), dir + "/smi.log");
+      pid_t smi =
+          spawn({o.build + "/bin/gpuslice-smi", "set", "--region", region, "--memory", std::to_string(mib) + "Mi"},
+                base_env(), dir + "/smi.log");
       waitpid(smi, &status, 0);
     }
     if (has("kill") && kills < 3 && rng.chance(8)) {
       auto victim = live.begin();
       std::advance(victim, static_cast<long>(rng.below(live.size())));
       kill(victim->first, SIGKILL);
-      if (FILE *f = std::fopen(log.c_str(), "a")) {
-        std::fprintf(f, "launcher: SIGKILL worker %d pid %d at +%llu ms\n", victim->second, static_cast<int>(victim->first),
-                     static_cast<unsigned long long>(now_ms() - begin));
+      if (FILE* f = std::fopen(log.c_str(), "a")) {
+        std::fprintf(f, "launcher: SIGKILL worker %d pid %d at +%llu ms\n", victim->second,
+                     static_cast<int>(victim->first), static_cast<unsigned long long>(now_ms() - begin));
         std::fclose(f);
       }
       ++kills;
@@ -248,7 +251,7 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   {
     std::ifstream in(dir + "/state.monitor", std::ios::binary);
     std::uint64_t words[3] = {};
-    if (in.read(reinterpret_cast<char *>(words), sizeof(words))) result.checks = words[2];
+    if (in.read(reinterpret_cast<char*>(words), sizeof(words))) result.checks = words[2];
   }
   const std::string report = read_file(dir + "/violations");
   result.violations = count_of(report, "fakecuda-monitor: VIOLATION");
@@ -273,16 +276,16 @@ SeedResult run_seed(const Options &o, std::uint64_t seed, const char *self) {
   return result;
 }
 
-int usage(const char *why) {
+int usage(const char* why) {
   std::fprintf(stderr, "chaos_torture: %s\nclasses:", why);
-  for (const auto &c : all_classes()) std::fprintf(stderr, " %s", c.c_str());
+  for (const auto& c : all_classes()) std::fprintf(stderr, " %s", c.c_str());
   std::fprintf(stderr, "\n");
   return 2;
 }
 
-bool parse_u64(const char *text, std::uint64_t &out) {
+bool parse_u64(const char* text, std::uint64_t& out) {
   if (text == nullptr || *text < '0' || *text > '9') return false;
-  char *end = nullptr;
+  char* end = nullptr;
   out = std::strtoull(text, &end, 10);
   return *end == '\0';
 }
@@ -290,7 +293,7 @@ bool parse_u64(const char *text, std::uint64_t &out) {
 }  // namespace
 }  // namespace gpuslice::chaos
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   using namespace gpuslice::chaos;
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -302,51 +305,80 @@ int main(int argc, char **argv) {
   std::vector<std::string> exclude;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     std::uint64_t x = 0;
-    if (a == "--keep") { o.keep = true; continue; }
-    if (a == "--verbose") { o.verbose = true; continue; }
-    if (a == "--exact") { o.exact = true; continue; }
-    if (a == "--no-chaos") { o.chaos = false; continue; }
-    if (a == "--no-preload") { o.preload = false; continue; }
+    if (a == "--keep") {
+      o.keep = true;
+      continue;
+    }
+    if (a == "--verbose") {
+      o.verbose = true;
+      continue;
+    }
+    if (a == "--exact") {
+      o.exact = true;
+      continue;
+    }
+    if (a == "--no-chaos") {
+      o.chaos = false;
+      continue;
+    }
+    if (a == "--no-preload") {
+      o.preload = false;
+      continue;
+    }
     if (v == nullptr) return usage(("missing value after " + a).c_str());
     ++i;
-    if (a == "--worker" && parse_u64(v, x)) { worker = true; w.index = static_cast<int>(x); }
-    else if (a == "--seed" && parse_u64(v, x)) { w.seed = x; o.first = o.last = x; }
-    else if (a == "--seeds") {
+    if (a == "--worker" && parse_u64(v, x)) {
+      worker = true;
+      w.index = static_cast<int>(x);
+    } else if (a == "--seed" && parse_u64(v, x)) {
+      w.seed = x;
+      o.first = o.last = x;
+    } else if (a == "--seeds") {
       std::string s = v;
       std::size_t dash = s.find('-');
       std::uint64_t lo = 0, hi = 0;
       if (!parse_u64(s.substr(0, dash).c_str(), lo) ||
-          (dash != std::string::npos && !parse_u64(s.substr(dash + 1).c_str(), hi))) return usage("--seeds: expected A or A-B");
+          (dash != std::string::npos && !parse_u64(s.substr(dash + 1).c_str(), hi)))
+        return usage("--seeds: expected A or A-B");
       o.first = lo;
       o.last = dash == std::string::npos ? lo : hi;
       if (o.last < o.first) return usage("--seeds: B < A");
-    }
-    else if (a == "--classes") {
+    } else if (a == "--classes") {
       if (std::string(v) != "all") o.classes = split(v);
       w.classes = o.classes;
-    }
-    else if (a == "--exclude") exclude = split(v);
-    else if (a == "--library" && *v != '\0') o.library = v;
-    else if (a == "--lag" && parse_u64(v, x) && x >= 1 && x <= 60000) o.lag_ms = x;
-    else if (a == "--procs" && parse_u64(v, x) && x >= 1 && x <= 32) o.procs = static_cast<int>(x);
-    else if (a == "--threads" && parse_u64(v, x) && x >= 1 && x <= 32) { o.threads = static_cast<int>(x); w.threads = o.threads; }
-    else if (a == "--ops" && parse_u64(v, x) && x >= 1) { o.ops = static_cast<int>(x); w.ops = o.ops; }
-    else if (a == "--quota" && parse_u64(v, x)) { w.quota = x; o.quota_mib = x >> 20 ? x >> 20 : x; }
-    else return usage(("bad argument " + a + " " + v).c_str());
+    } else if (a == "--exclude")
+      exclude = split(v);
+    else if (a == "--library" && *v != '\0')
+      o.library = v;
+    else if (a == "--lag" && parse_u64(v, x) && x >= 1 && x <= 60000)
+      o.lag_ms = x;
+    else if (a == "--procs" && parse_u64(v, x) && x >= 1 && x <= 32)
+      o.procs = static_cast<int>(x);
+    else if (a == "--threads" && parse_u64(v, x) && x >= 1 && x <= 32) {
+      o.threads = static_cast<int>(x);
+      w.threads = o.threads;
+    } else if (a == "--ops" && parse_u64(v, x) && x >= 1) {
+      o.ops = static_cast<int>(x);
+      w.ops = o.ops;
+    } else if (a == "--quota" && parse_u64(v, x)) {
+      w.quota = x;
+      o.quota_mib = x >> 20 ? x >> 20 : x;
+    } else
+      return usage(("bad argument " + a + " " + v).c_str());
   }
-  for (const auto &c : o.classes) {
+  for (const auto& c : o.classes) {
     if (!known(c)) return usage(("unknown class '" + c + "'").c_str());
   }
-  for (const auto &c : exclude) {
+  for (const auto& c : exclude) {
     if (!known(c)) return usage(("unknown class '" + c + "'").c_str());
     o.classes.erase(std::remove(o.classes.begin(), o.classes.end(), c), o.classes.end());
   }
   if (o.classes.empty()) return usage("no class left");
   if (worker) {
     w.classes.clear();
-    for (const auto &c : o.classes) {
+    for (const auto& c : o.classes) {
       if (!launcher_class(c)) w.classes.push_back(c);
     }
     return run_worker(w, self);
@@ -365,8 +397,8 @@ int main(int argc, char **argv) {
     }
     std::printf("seed=%llu classes=%s checks=%llu violations=%d failures=%d hang=%d time_ms=%llu%s\n",
                 static_cast<unsigned long long>(seed), r.classes.c_str(), static_cast<unsigned long long>(r.checks),
-                r.violations, r.failures, r.hang ? 1 : 0,
-                static_cast<unsigned long long>(now_ms() - t0), bad || o.verbose ? r.detail.c_str() : "");
+                r.violations, r.failures, r.hang ? 1 : 0, static_cast<unsigned long long>(now_ms() - t0),
+                bad || o.verbose ? r.detail.c_str() : "");
     std::fflush(stdout);
   }
   const double secs = static_cast<double>(now_ms() - begin) / 1000.0;

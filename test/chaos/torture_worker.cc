@@ -79,7 +79,7 @@ struct Shared {
   Barrier barrier;
   CUdevice dev = 0;
   CUcontext primary = nullptr;
-  std::mutex mu;  // guards pools
+  std::mutex mu;                    // guards pools
   std::vector<CUmemoryPool> pools;  // created pools (setpool and from-pool allocations)
   CUmemoryPool default_pool = nullptr;
 };
@@ -95,7 +95,7 @@ std::string image_with_global(std::size_t bytes, unsigned tag) {
 
 class Worker {
  public:
-  Worker(Shared &shared, const WorkerOptions &options, int thread, const char *self)
+  Worker(Shared& shared, const WorkerOptions& options, int thread, const char* self)
       : s_(shared), o_(options), rng_(options.seed * 1000003 + options.index * 101 + thread), self_(self) {
     // Threads that hold little leave headroom, so their processes take large
     // quota leases (spare): what a lowered quota must still bound.
@@ -103,7 +103,7 @@ class Worker {
     // "lease": every thread holds one or two small allocations, so the
     // container stays far below the quota and each process keeps a large
     // spare lease when the launcher lowers the quota ("smi").
-    for (const std::string &c : options.classes) {
+    for (const std::string& c : options.classes) {
       if (c == "lease") max_held_ = 1 + rng_.below(2);
     }
   }
@@ -117,7 +117,7 @@ class Worker {
         release_one();
         continue;
       }
-      const std::string &c = o_.classes[rng_.below(o_.classes.size())];
+      const std::string& c = o_.classes[rng_.below(o_.classes.size())];
       op(c);
     }
     while (!held_.empty()) release_one();
@@ -128,15 +128,15 @@ class Worker {
 
  private:
   std::size_t size() { return (1 + rng_.below(16)) * kMi - rng_.below(2) * 4096; }
-  void hold(const Held &h) { held_.push_back(h); }
+  void hold(const Held& h) { held_.push_back(h); }
 
-  void op(const std::string &c) {
+  void op(const std::string& c) {
     const std::size_t before = held_.size();
     op_inner(c);
     if (held_.size() > before) ++granted_;
   }
 
-  void op_inner(const std::string &c) {
+  void op_inner(const std::string& c) {
     Held h;
     if (c == "alloc") {
       h.kind = Kind::linear;
@@ -299,14 +299,14 @@ class Worker {
       if (exec) {
         std::string seed = std::to_string(rng_.next() % 1000000);
         std::string classes;
-        for (const std::string &c : o_.classes) {
+        for (const std::string& c : o_.classes) {
           if (c == "fork") continue;
           classes += (classes.empty() ? "" : ",") + c;
         }
         if (classes.empty()) classes = "alloc";
         std::string quota = std::to_string(o_.quota);
         execl(self_, self_, "--worker", "99", "--seed", seed.c_str(), "--threads", "1", "--ops", "20", "--classes",
-              classes.c_str(), "--quota", quota.c_str(), static_cast<char *>(nullptr));
+              classes.c_str(), "--quota", quota.c_str(), static_cast<char*>(nullptr));
         _exit(127);
       }
       // Without exec: a forked child may not use the driver (CUDA_ERROR_NOT_INITIALIZED) and exits.
@@ -346,7 +346,10 @@ class Worker {
         break;
       case Kind::array: cuArrayDestroy(h.array); break;
       case Kind::mipmap: cuMipmappedArrayDestroy(h.mipmap); break;
-      case Kind::ctx: cuCtxDestroy(h.ctx); cuCtxSetCurrent(s_.primary); break;
+      case Kind::ctx:
+        cuCtxDestroy(h.ctx);
+        cuCtxSetCurrent(s_.primary);
+        break;
       case Kind::primary_ref: cuDevicePrimaryCtxRelease(s_.dev); break;
       case Kind::module: cuModuleUnload(h.module); break;
       case Kind::library: cuLibraryUnload(h.library); break;
@@ -357,10 +360,10 @@ class Worker {
   static std::atomic<int> child_failures_;
 
  private:
-  Shared &s_;
-  const WorkerOptions &o_;
+  Shared& s_;
+  const WorkerOptions& o_;
   Rng rng_;
-  const char *self_;
+  const char* self_;
   CUstream stream_ = nullptr;
   std::vector<Held> held_;
   int forks_ = 0;
@@ -379,10 +382,10 @@ std::atomic<int> Worker::child_failures_{0};
 // with a live process holding memory and no gpuslice slot ("slot none") —
 // a gpuslice defect in appearance. That is what a library rebuilt while a
 // long run_many.sh runs does (the linker replaces the file). Say so instead.
-bool preload_missing(const char **loaded_from) {
-  const char *preload = std::getenv("LD_PRELOAD");
+bool preload_missing(const char** loaded_from) {
+  const char* preload = std::getenv("LD_PRELOAD");
   if (preload == nullptr || std::strstr(preload, "libgpuslice.so") == nullptr) return false;
-  void *alloc = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");  // the first definition: gpuslice's when preloaded
+  void* alloc = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");  // the first definition: gpuslice's when preloaded
   Dl_info info{};
   *loaded_from = alloc != nullptr && dladdr(alloc, &info) != 0 && info.dli_fname != nullptr ? info.dli_fname : "?";
   return std::strstr(*loaded_from, "libgpuslice.so") == nullptr;
@@ -390,9 +393,9 @@ bool preload_missing(const char **loaded_from) {
 
 }  // namespace
 
-int run_worker(const WorkerOptions &options, const char *self) {
+int run_worker(const WorkerOptions& options, const char* self) {
   if (options.classes.empty()) return 0;
-  if (const char *from = nullptr; preload_missing(&from)) {
+  if (const char* from = nullptr; preload_missing(&from)) {
     std::fprintf(stderr,
                  "torture worker %d: LD_PRELOAD=%s but libgpuslice.so is not loaded (cuMemAlloc_v2 comes from %s): "
                  "ld.so could not preload it (rebuilt during the run?); the schedule is not a test of gpuslice\n",
@@ -404,7 +407,8 @@ int run_worker(const WorkerOptions &options, const char *self) {
     return 2;
   }
   Shared shared(options.threads);
-  if (cuDeviceGet(&shared.dev, 0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&shared.primary, shared.dev) != CUDA_SUCCESS) {
+  if (cuDeviceGet(&shared.dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&shared.primary, shared.dev) != CUDA_SUCCESS) {
     // The primary context may be refused at the quota (its memory is counted): a legal outcome.
     std::fprintf(stderr, "torture worker %d: no primary context (refused)\n", options.index);
     return 0;
@@ -415,10 +419,11 @@ int run_worker(const WorkerOptions &options, const char *self) {
   std::vector<Worker> workers;
   workers.reserve(static_cast<std::size_t>(options.threads));
   for (int t = 0; t < options.threads; ++t) workers.emplace_back(shared, options, t, self);
-  for (int t = 0; t < options.threads; ++t) threads.emplace_back([&workers, t] { workers[static_cast<std::size_t>(t)].run(); });
-  for (std::thread &t : threads) t.join();
+  for (int t = 0; t < options.threads; ++t)
+    threads.emplace_back([&workers, t] { workers[static_cast<std::size_t>(t)].run(); });
+  for (std::thread& t : threads) t.join();
   int granted = 0;
-  for (const Worker &w : workers) granted += w.granted_;
+  for (const Worker& w : workers) granted += w.granted_;
   std::printf("torture worker %d: %d of %d operations acquired a resource\n", options.index, granted,
               options.ops * options.threads);
   cuDeviceSetMemPool(shared.dev, shared.default_pool);
@@ -426,7 +431,8 @@ int run_worker(const WorkerOptions &options, const char *self) {
   for (CUmemoryPool pool : shared.pools) cuMemPoolDestroy(pool);
   cuDevicePrimaryCtxRelease(shared.dev);
   if (Worker::child_failures_.load() != 0) {
-    std::fprintf(stderr, "torture worker %d: %d forked children failed\n", options.index, Worker::child_failures_.load());
+    std::fprintf(stderr, "torture worker %d: %d forked children failed\n", options.index,
+                 Worker::child_failures_.load());
     return 3;
   }
   return 0;

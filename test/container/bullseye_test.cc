@@ -17,9 +17,9 @@
 
 using gpuslice::container_test::Image;
 using gpuslice::container_test::WorldSuite;
-using gpuslice::test::Result;
 using gpuslice::test::field;
 using gpuslice::test::lines_with;
+using gpuslice::test::Result;
 
 namespace {
 
@@ -42,9 +42,8 @@ class Bullseye : public WorldSuite<Image::bullseye> {
 
   // Runs the probe; "" or why the old glibc could not load what it needs.
   static std::string run_probe(const std::string& slice, Result* r) {
-    *r = world->run({world->vendor_device, slice},
-                    {"/usr/bin/python3", "/usr/local/bin/cuda_probe.py", "init", "ctx", "0", "meminfo", "alloc",
-                     mib(200), "alloc", mib(100)});
+    *r = world->run({world->vendor_device, slice}, {"/usr/bin/python3", "/usr/local/bin/cuda_probe.py", "init", "ctx",
+                                                    "0", "meminfo", "alloc", mib(200), "alloc", mib(100)});
     if (r->err.find("GLIBC_") != std::string::npos && r->err.find("not found") != std::string::npos) {
       return "this libgpuslice.so needs a newer glibc than the image's 2.31: " + r->err;
     }

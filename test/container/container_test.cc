@@ -23,9 +23,9 @@ using gpuslice::container_test::Image;
 using gpuslice::container_test::World;
 using gpuslice::container_test::WorldSuite;
 using namespace std::string_literals;
-using gpuslice::test::Result;
 using gpuslice::test::field;
 using gpuslice::test::lines_with;
+using gpuslice::test::Result;
 
 namespace {
 
@@ -46,11 +46,11 @@ class Container : public WorldSuite<Image::local> {
 };
 
 TEST_F(Container, PreloadFileVariantEnforcesTheQuotaAndReportsIt) {
-  const Result r = world->run(
-      {world->vendor_device, world->a.device},
-      {"/bin/sh", "-c",
-       "echo \"env LD_PRELOAD=[$LD_PRELOAD]\"; echo \"preload $(cat /etc/ld.so.preload)\"; "
-       "exec cuprobe init ctx 0 meminfo alloc " + mib(200) + " alloc " + mib(100) + " alloc " + mib(50)});
+  const Result r = world->run({world->vendor_device, world->a.device},
+                              {"/bin/sh", "-c",
+                               "echo \"env LD_PRELOAD=[$LD_PRELOAD]\"; echo \"preload $(cat /etc/ld.so.preload)\"; "
+                               "exec cuprobe init ctx 0 meminfo alloc " +
+                                   mib(200) + " alloc " + mib(100) + " alloc " + mib(50)});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(line(r, "env"), "env LD_PRELOAD=[]") << "only /etc/ld.so.preload loads the library";
   EXPECT_EQ(line(r, "preload"), "preload /usr/local/gpuslice/lib/libgpuslice.so");
@@ -66,11 +66,12 @@ TEST_F(Container, PreloadFileVariantEnforcesTheQuotaAndReportsIt) {
 }
 
 TEST_F(Container, LdPreloadVariantEnforcesTheQuotaAndReportsIt) {
-  const Result r = world->run(
-      {world->vendor_device, world->b.device},
-      {"/bin/sh", "-c",
-       "echo \"env LD_PRELOAD=[$LD_PRELOAD]\"; test -e /etc/ld.so.preload || echo 'preload none'; "
-       "exec cuprobe init ctx 0 meminfo alloc " + mib(100) + " alloc " + mib(64)});
+  const Result r =
+      world->run({world->vendor_device, world->b.device},
+                 {"/bin/sh", "-c",
+                  "echo \"env LD_PRELOAD=[$LD_PRELOAD]\"; test -e /etc/ld.so.preload || echo 'preload none'; "
+                  "exec cuprobe init ctx 0 meminfo alloc " +
+                      mib(100) + " alloc " + mib(64)});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(line(r, "env"), "env LD_PRELOAD=[/usr/local/gpuslice/lib/libgpuslice.so]");
   EXPECT_EQ(line(r, "preload"), "preload none");
@@ -101,10 +102,10 @@ TEST_F(Container, ContainersOfASliceShareItsQuotaAndTheAgentSeesThem) {
     a2 = world->run({world->vendor_device, world->a.device},
                     {"cuprobe", "init", "ctx", "0", "meminfo", "alloc", mib(100), "alloc", mib(48)});
     // The node agent, on the host, over both slices' regions.
-    agent = gpuslice::test::run({gpuslice::test::bin("gpuslice-agent"), "--region-dir", world->regions, "--once",
-                                 "--listen", "off", "--nvml",
-                                 gpuslice::test::fakecuda_dir() + "/libnvidia-ml.so.1", "--grace", "0"},
-                                {{"FAKECUDA_STATE", world->state_file}}, 60000);
+    agent = gpuslice::test::run(
+        {gpuslice::test::bin("gpuslice-agent"), "--region-dir", world->regions, "--once", "--listen", "off", "--nvml",
+         gpuslice::test::fakecuda_dir() + "/libnvidia-ml.so.1", "--grace", "0"},
+        {{"FAKECUDA_STATE", world->state_file}}, 60000);
   }
   // Release both, whatever happened.
   std::FILE* f = std::fopen((world->a.region_dir + "/.release").c_str(), "w");
@@ -146,8 +147,8 @@ TEST_F(Container, AnnotatedSpecNeedsANewerRuntime) {
   const std::string out = World::cdi_dir() + "/gpuslice-test-"s + name + ".json";
   const Result made = gpuslice::test::run(
       {gpuslice::test::bin("gpuslice-cdi"), "--name", name, "--memory", mib(256), "--region-host-dir",
-       world->a.region_dir, "--library-host", gpuslice::test::preload_library(), "--inject", "env",
-       "--no-config-file", "--annotation", "gpuslice.io/claim=default/x", "--output", out},
+       world->a.region_dir, "--library-host", gpuslice::test::preload_library(), "--inject", "env", "--no-config-file",
+       "--annotation", "gpuslice.io/claim=default/x", "--output", out},
       {}, 30000);
   const Result r = world->run({world->vendor_device, made.out.substr(0, made.out.find('\n'))},
                               {"cuprobe", "init", "ctx", "0", "meminfo"});
@@ -167,8 +168,8 @@ TEST_F(Container, ProcessWithAClearedEnvironmentIsStillLimited) {
 #if defined(__SANITIZE_ADDRESS__)
   cmd.push_back(gpuslice::container_test::kAsanOptions);  // the sanitizer's, not the container's configuration
 #endif
-  for (const std::string& a : {"/usr/bin/cuprobe"s, "init"s, "ctx"s, "0"s, "meminfo"s, "alloc"s, mib(300), "alloc"s,
-                               mib(200)}) {
+  for (const std::string& a :
+       {"/usr/bin/cuprobe"s, "init"s, "ctx"s, "0"s, "meminfo"s, "alloc"s, mib(300), "alloc"s, mib(200)}) {
     cmd.push_back(a);
   }
   const Result r = world->run({world->vendor_device, world->a.device}, cmd);
@@ -176,9 +177,9 @@ TEST_F(Container, ProcessWithAClearedEnvironmentIsStillLimited) {
   ASSERT_EQ(field(line(r, "init"), "rc"), "0") << "the driver is reachable without any environment: " << r.describe();
   if (!World::library_reads_config_file()) {
     GTEST_SKIP() << "this libgpuslice.so does not read /etc/gpuslice/gpuslice.conf yet (the configuration-file "
-                    "fallback is not in this build); today such a process sees " << line(r, "meminfo")
-                 << " and " << lines_with(r.out, "alloc ").size() << " allocation(s) of 300 and 200 MiB: "
-                 << r.out;
+                    "fallback is not in this build); today such a process sees "
+                 << line(r, "meminfo") << " and " << lines_with(r.out, "alloc ").size()
+                 << " allocation(s) of 300 and 200 MiB: " << r.out;
   }
   EXPECT_EQ(field(line(r, "meminfo"), "total"), mib(256)) << r.describe();
   const auto allocs = lines_with(r.out, "alloc ");

@@ -92,7 +92,7 @@ std::vector<std::string> World::run_argv(const std::vector<std::string>& devices
   // rlimits below the host's (podman's defaults exceed what root may set here,
   // and raising one needs CAP_SYS_RESOURCE); no network.
   for (const std::string& arg : {"run"s, "--rm"s, "--network"s, "none"s, "--cgroup-parent"s, cgroup_parent_,
-                               "--ulimit"s, "nofile=1024:1024"s, "--ulimit"s, "nproc=1024:1024"s}) {
+                                 "--ulimit"s, "nofile=1024:1024"s, "--ulimit"s, "nproc=1024:1024"s}) {
     argv.push_back(arg);
   }
 #if defined(__SANITIZE_ADDRESS__)
@@ -110,8 +110,7 @@ std::vector<std::string> World::run_argv(const std::vector<std::string>& devices
   return argv;
 }
 
-Result World::run(const std::vector<std::string>& devices, const std::vector<std::string>& cmd,
-                  int timeout_ms) const {
+Result World::run(const std::vector<std::string>& devices, const std::vector<std::string>& cmd, int timeout_ms) const {
   return gpuslice::test::run(run_argv(devices, cmd), {}, timeout_ms);
 }
 
@@ -142,9 +141,21 @@ bool World::setup() {
   bool ran = false;
   for (const std::string& driver : drivers) {
     skip.clear();
-    podman_ = {podman_bin, "--root", dir + "/storage-" + driver, "--runroot", dir + "/run-" + driver,
-               "--tmpdir", dir + "/tmp", "--storage-driver", driver, "--runtime", runc,
-               "--cgroup-manager", "cgroupfs", "--events-backend", "none"};
+    podman_ = {podman_bin,
+               "--root",
+               dir + "/storage-" + driver,
+               "--runroot",
+               dir + "/run-" + driver,
+               "--tmpdir",
+               dir + "/tmp",
+               "--storage-driver",
+               driver,
+               "--runtime",
+               runc,
+               "--cgroup-manager",
+               "cgroupfs",
+               "--events-backend",
+               "none"};
     fs::create_directories(dir + "/tmp");
     if (!build_image()) {
       if (!error.empty()) return false;
@@ -179,7 +190,8 @@ bool World::build_local_root(const std::string& root) {
   for (const std::string& l : libs) {
     if (l.find("fakecuda") != std::string::npos) continue;  // the vendor device brings the driver
     // The loader under its absolute name, the others in the multiarch directory.
-    const std::string to = l.find("ld-linux") != std::string::npos ? l : "/lib/x86_64-linux-gnu/" + fs::path(l).filename().string();
+    const std::string to =
+        l.find("ld-linux") != std::string::npos ? l : "/lib/x86_64-linux-gnu/" + fs::path(l).filename().string();
     if (!copy_into(l, root, to, 0755)) {
       error = "cannot copy " + l + " into the image";
       return false;
@@ -211,8 +223,8 @@ bool World::bullseye_root(std::string* root) {
   }
   const std::string maker = GPUSLICE_SOURCE_DIR "/test/deploy/bullseye_rootfs.sh";
   if (access(maker.c_str(), X_OK) != 0) {
-    skip = "no bullseye root: " + maker +
-           " (which makes one) is not in this tree, and GPUSLICE_BULLSEYE_ROOT names none";
+    skip =
+        "no bullseye root: " + maker + " (which makes one) is not in this tree, and GPUSLICE_BULLSEYE_ROOT names none";
     return false;
   }
   const Result made = gpuslice::test::run({maker, gpuslice::test::build_dir() + "/bullseye-root"}, {}, 900000);
@@ -280,9 +292,9 @@ bool World::write_specs() {
   // nodes need no environment.
   state_file = dir + "/fakecuda/fakecuda.state";
   fs::create_directories(dir + "/fakecuda");
-  const Result init = gpuslice::test::run(
-      {gpuslice::test::bin("cuprobe"), "init"},
-      {{"FAKECUDA_STATE", state_file}, {"LD_LIBRARY_PATH", gpuslice::test::fakecuda_dir()}}, 30000);
+  const Result init =
+      gpuslice::test::run({gpuslice::test::bin("cuprobe"), "init"},
+                          {{"FAKECUDA_STATE", state_file}, {"LD_LIBRARY_PATH", gpuslice::test::fakecuda_dir()}}, 30000);
   if (init.exit_code != 0 || !fs::exists(state_file)) {
     error = "cannot create the simulated GPU's state: " + init.describe();
     return false;
@@ -321,10 +333,19 @@ bool World::write_specs() {
     fs::create_directories(s->region_dir);
     chmod(s->region_dir.c_str(), 01777);
     const std::string out = kCdiDir + "/gpuslice-test-"s + s->name + ".json";
-    std::vector<std::string> argv = {gpuslice::test::bin("gpuslice-cdi"), "--name", s->name,
-                                     "--memory", std::to_string(s->quota), "--container-name", s->container,
-                                     "--region-host-dir", s->region_dir, "--library-host",
-                                     gpuslice::test::preload_library(), "--output", out};
+    std::vector<std::string> argv = {gpuslice::test::bin("gpuslice-cdi"),
+                                     "--name",
+                                     s->name,
+                                     "--memory",
+                                     std::to_string(s->quota),
+                                     "--container-name",
+                                     s->container,
+                                     "--region-host-dir",
+                                     s->region_dir,
+                                     "--library-host",
+                                     gpuslice::test::preload_library(),
+                                     "--output",
+                                     out};
     if (s == &a) {
       argv.insert(argv.end(), {"--preload-host-file", preload});
     } else {

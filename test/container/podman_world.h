@@ -44,11 +44,11 @@ class World {
   World& operator=(const World&) = delete;
 
   std::string skip, error;
-  std::string dir;               // test-private root
-  std::string vendor_device;     // the simulated GPU, as a vendor's CDI device
-  Slice a, b;                    // a: /etc/ld.so.preload injection, b: LD_PRELOAD
-  std::string state_file;        // the simulated driver's state, on the host
-  std::string regions;           // the agent's --region-dir
+  std::string dir;            // test-private root
+  std::string vendor_device;  // the simulated GPU, as a vendor's CDI device
+  Slice a, b;                 // a: /etc/ld.so.preload injection, b: LD_PRELOAD
+  std::string state_file;     // the simulated driver's state, on the host
+  std::string regions;        // the agent's --region-dir
 
   // podman run --rm with the given --device flags (and only those) and command.
   std::vector<std::string> run_argv(const std::vector<std::string>& devices, const std::vector<std::string>& cmd) const;

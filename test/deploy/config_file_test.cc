@@ -26,8 +26,7 @@ constexpr unsigned long long kMi = 1024ull * 1024;
 
 // `cuprobe args...` started by `env -i` with only the variables named here.
 Result cleared(const Sandbox& box, const std::vector<std::string>& vars, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"/usr/bin/env", "-i",
-                                   "LD_PRELOAD=" + gpuslice::test::preload_library(),
+  std::vector<std::string> argv = {"/usr/bin/env", "-i", "LD_PRELOAD=" + gpuslice::test::preload_library(),
                                    "LD_LIBRARY_PATH=" + gpuslice::test::fakecuda_dir(),
                                    "FAKECUDA_STATE=" + box.path("fakecuda.state")};
   argv.insert(argv.end(), vars.begin(), vars.end());
@@ -47,14 +46,17 @@ std::string value(const Result& r, const std::string& op, const std::string& key
   return "";
 }
 
-const std::vector<std::string> kProbe = {"init",  "ctx", "0", "meminfo", "alloc", std::to_string(300 * kMi),
-                                         "alloc", std::to_string(100 * kMi)};
+const std::vector<std::string> kProbe = {
+    "init", "ctx", "0", "meminfo", "alloc", std::to_string(300 * kMi), "alloc", std::to_string(100 * kMi)};
 
 std::string limits(const Sandbox& box) {
   return "# the container's limits\n"
          "GPUSLICE_MEMORY_LIMIT=256Mi\n"
-         "GPUSLICE_REGION=" + box.path("container.region") + "\n"
-         "GPUSLICE_PRIORITY_BOARD=" + box.path("board") + "\n";
+         "GPUSLICE_REGION=" +
+         box.path("container.region") +
+         "\n"
+         "GPUSLICE_PRIORITY_BOARD=" +
+         box.path("board") + "\n";
 }
 
 TEST(ConfigFile, AProcessWithAClearedEnvironmentIsLimited) {
@@ -100,7 +102,8 @@ TEST(ConfigFile, DebugSaysWhereEachValueCameFrom) {
 // returns CUDA_ERROR_NOT_INITIALIZED, and the error names file and line.
 TEST(ConfigFile, AMalformedFileFailsClosed) {
   Sandbox box;
-  const std::string conf = write(box, "bad.conf", "GPUSLICE_REGION=" + box.path("c.region") + "\nGPUSLICE_MEMORY_LIMT=1Gi\n");
+  const std::string conf =
+      write(box, "bad.conf", "GPUSLICE_REGION=" + box.path("c.region") + "\nGPUSLICE_MEMORY_LIMT=1Gi\n");
   const Result r = cleared(box, {"GPUSLICE_CONFIG_FILE=" + conf}, {"init", "alloc", std::to_string(kMi)});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "init", "rc"), "3") << r.describe();

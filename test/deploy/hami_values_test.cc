@@ -52,8 +52,9 @@ TEST(HamiValues, AnUnknownCorePolicyWarnsOnce) {
   const Result r = probe(box, {{"CUDA_DEVICE_MEMORY_LIMIT", "256m"}, {"GPU_CORE_UTILIZATION_POLICY", "sometimes"}});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(field(gpuslice::test::lines_with(r.out, "alloc ").at(0), "rc"), "2") << r.describe();
-  EXPECT_EQ(count(r.err, "gpuslice: warning: GPU_CORE_UTILIZATION_POLICY='sometimes': unknown value (HAMi knows "
-                         "default, force, disable), taken as GPUSLICE_SM_POLICY=elastic"),
+  EXPECT_EQ(count(r.err,
+                  "gpuslice: warning: GPU_CORE_UTILIZATION_POLICY='sometimes': unknown value (HAMi knows "
+                  "default, force, disable), taken as GPUSLICE_SM_POLICY=elastic"),
             1u)
       << r.describe();
 }

@@ -58,9 +58,7 @@ std::string value(const Result& r, const std::string& key) {
   return "";
 }
 
-std::vector<std::string> probe() {
-  return {"/usr/bin/python3", "/opt/gpuslice/quota_probe.py", kOver, kUnder};
-}
+std::vector<std::string> probe() { return {"/usr/bin/python3", "/opt/gpuslice/quota_probe.py", kOver, kUnder}; }
 
 void expect_enforced(const Result& r) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();

@@ -7,7 +7,7 @@
 
 struct CUarray_st {
   static constexpr std::uint32_t kAlive = 0xA7A7A7A7;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   std::uint32_t device = 0;
   std::uint64_t bytes = 0;
   CUDA_ARRAY3D_DESCRIPTOR desc{};
@@ -15,7 +15,7 @@ struct CUarray_st {
 
 struct CUmipmappedArray_st {
   static constexpr std::uint32_t kAlive = 0xB7B7B7B7;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   std::uint32_t device = 0;
   std::uint64_t bytes = 0;
   unsigned int levels = 0;
@@ -44,7 +44,7 @@ std::uint64_t element_size(CUarray_format format) {
   }
 }
 
-CUresult level_bytes(const CUDA_ARRAY3D_DESCRIPTOR &d, std::uint64_t *bytes) {
+CUresult level_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d, std::uint64_t* bytes) {
   if (d.Width == 0) return CUDA_ERROR_INVALID_VALUE;
   if (d.NumChannels != 1 && d.NumChannels != 2 && d.NumChannels != 4) return CUDA_ERROR_INVALID_VALUE;
   std::uint64_t element = element_size(d.Format);
@@ -54,15 +54,15 @@ CUresult level_bytes(const CUDA_ARRAY3D_DESCRIPTOR &d, std::uint64_t *bytes) {
   return CUDA_SUCCESS;
 }
 
-CUresult create_array(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR &desc) {
+CUresult create_array(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR& desc) {
   if (!initialized()) return uninitialized_error();
   std::uint64_t bytes = 0;
   if (CUresult rc = level_bytes(desc, &bytes); rc != CUDA_SUCCESS) return rc;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (CUresult rc = charge_device(ctx->device, bytes); rc != CUDA_SUCCESS) return rc;
-  CUarray_st *array = g_arrays.make();
+  CUarray_st* array = g_arrays.make();
   array->ctx = ctx;
   array->device = ctx->device;
   array->bytes = bytes;
@@ -75,13 +75,13 @@ CUresult create_array(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR &desc) {
 
 namespace gpuslice::fakecuda {
 
-void arrays_release_context_locked(CUctx_st *ctx) {
-  g_arrays.for_each_live([&](CUarray_st *array) {
+void arrays_release_context_locked(CUctx_st* ctx) {
+  g_arrays.for_each_live([&](CUarray_st* array) {
     if (array->ctx != ctx) return;
     uncharge_device(array->device, array->bytes);
     g_arrays.retire(array);
   });
-  g_mipmapped.for_each_live([&](CUmipmappedArray_st *array) {
+  g_mipmapped.for_each_live([&](CUmipmappedArray_st* array) {
     if (array->ctx != ctx) return;
     uncharge_device(array->device, array->bytes);
     g_mipmapped.retire(array);
@@ -90,7 +90,7 @@ void arrays_release_context_locked(CUctx_st *ctx) {
 
 }  // namespace gpuslice::fakecuda
 
-extern "C" CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray) {
+extern "C" CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* pAllocateArray) {
   if (pHandle == nullptr || pAllocateArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUDA_ARRAY3D_DESCRIPTOR desc{};
   desc.Width = pAllocateArray->Width;
@@ -100,7 +100,7 @@ extern "C" CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPT
   return create_array(pHandle, desc);
 }
 
-extern "C" CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray) {
+extern "C" CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray) {
   if (pHandle == nullptr || pAllocateArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return create_array(pHandle, *pAllocateArray);
 }
@@ -114,7 +114,7 @@ extern "C" CUresult cuArrayDestroy(CUarray hArray) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *pArrayDescriptor, CUarray hArray) {
+extern "C" CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* pArrayDescriptor, CUarray hArray) {
   if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -127,7 +127,7 @@ extern "C" CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *pArrayDescrip
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *pArrayDescriptor, CUarray hArray) {
+extern "C" CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* pArrayDescriptor, CUarray hArray) {
   if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -136,11 +136,12 @@ extern "C" CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *pArrayDes
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
+                                           const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc,
                                            unsigned int numMipmapLevels) {
   if (pHandle == nullptr || pMipmappedArrayDesc == nullptr || numMipmapLevels == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  const CUDA_ARRAY3D_DESCRIPTOR &base = *pMipmappedArrayDesc;
+  const CUDA_ARRAY3D_DESCRIPTOR& base = *pMipmappedArrayDesc;
   std::uint64_t largest = std::max({base.Width, base.Height, base.Depth});
   unsigned int max_levels = 1;
   while ((largest >> max_levels) != 0) ++max_levels;
@@ -156,11 +157,11 @@ extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA
     if (CUresult rc = level_bytes(d, &bytes); rc != CUDA_SUCCESS) return rc;
     total += bytes;
   }
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (CUresult rc = charge_device(ctx->device, total); rc != CUDA_SUCCESS) return rc;
-  CUmipmappedArray_st *array = g_mipmapped.make();
+  CUmipmappedArray_st* array = g_mipmapped.make();
   array->ctx = ctx;
   array->device = ctx->device;
   array->bytes = total;

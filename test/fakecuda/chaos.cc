@@ -27,8 +27,8 @@ std::atomic<std::uint64_t> g_forks{0};  // fork generations of this process's li
 
 thread_local std::uint32_t t_ordinal = 0;
 thread_local std::uint64_t t_points = 0;
-thread_local const char *t_last_call = "";
-thread_local const char *t_previous_call = "";
+thread_local const char* t_last_call = "";
+thread_local const char* t_previous_call = "";
 
 std::uint64_t mix(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -43,16 +43,16 @@ std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-bool fail(char *error, std::size_t len, const char *name, const char *value, const char *expected) {
+bool fail(char* error, std::size_t len, const char* name, const char* value, const char* expected) {
   std::snprintf(error, len, "%s='%s': expected %s", name, value, expected);
   return false;
 }
 
 // Strict unsigned integer in [lo, hi].
-bool parse_uint(const char *name, const char *text, std::uint64_t lo, std::uint64_t hi, const char *expected,
-                std::uint64_t &out, char *error, std::size_t len) {
+bool parse_uint(const char* name, const char* text, std::uint64_t lo, std::uint64_t hi, const char* expected,
+                std::uint64_t& out, char* error, std::size_t len) {
   if (text[0] < '0' || text[0] > '9') return fail(error, len, name, text, expected);
-  char *end = nullptr;
+  char* end = nullptr;
   errno = 0;
   unsigned long long value = std::strtoull(text, &end, 10);
   if (errno != 0 || *end != '\0' || value < lo || value > hi) return fail(error, len, name, text, expected);
@@ -61,12 +61,12 @@ bool parse_uint(const char *name, const char *text, std::uint64_t lo, std::uint6
 }
 
 // A percentage 0-100 with at most 4 decimals, as parts per million.
-bool parse_pct(const char *name, const char *text, std::uint32_t &ppm, char *error, std::size_t len) {
-  const char *expected = "a percentage 0-100 (at most 4 decimals, e.g. 2.5)";
+bool parse_pct(const char* name, const char* text, std::uint32_t& ppm, char* error, std::size_t len) {
+  const char* expected = "a percentage 0-100 (at most 4 decimals, e.g. 2.5)";
   std::uint64_t whole = 0;
   std::uint64_t frac = 0;
   int digits = 0;
-  const char *p = text;
+  const char* p = text;
   if (*p < '0' || *p > '9') return fail(error, len, name, text, expected);
   while (*p >= '0' && *p <= '9' && whole <= 100) whole = whole * 10 + static_cast<std::uint64_t>(*p++ - '0');
   if (*p == '.') {
@@ -87,11 +87,11 @@ bool parse_pct(const char *name, const char *text, std::uint32_t &ppm, char *err
   return true;
 }
 
-bool call_selected(const char *call) {
+bool call_selected(const char* call) {
   if (g_chaos.calls[0] == '\0') return true;
   const std::size_t n = std::strlen(call);
-  for (const char *p = g_chaos.calls; *p != '\0';) {
-    const char *comma = std::strchr(p, ',');
+  for (const char* p = g_chaos.calls; *p != '\0';) {
+    const char* comma = std::strchr(p, ',');
     const std::size_t len = comma != nullptr ? static_cast<std::size_t>(comma - p) : std::strlen(p);
     if (len == n && std::strncmp(p, call, n) == 0) return true;
     if (comma == nullptr) break;
@@ -108,7 +108,7 @@ void after_fork_in_child() { g_forks.fetch_add(1, std::memory_order_relaxed); }
 constexpr std::uint32_t kRing = 256;
 struct RingOp {
   std::atomic<std::uint64_t> seq{0};  // index + 1 once written
-  std::atomic<const char *> call{nullptr};
+  std::atomic<const char*> call{nullptr};
   std::atomic<std::uint32_t> kind{0};
   std::atomic<std::uint32_t> thread{0};
   std::atomic<std::uint32_t> dev{0};
@@ -120,9 +120,9 @@ std::atomic<std::uint64_t> g_ring_next{0};
 
 }  // namespace
 
-bool chaos_configure(ChaosConfig &config, char *error, std::size_t len) {
+bool chaos_configure(ChaosConfig& config, char* error, std::size_t len) {
   config = ChaosConfig{};
-  const char *seed = std::getenv("FAKECUDA_CHAOS_SEED");
+  const char* seed = std::getenv("FAKECUDA_CHAOS_SEED");
   if (seed == nullptr || seed[0] == '\0') return true;
   if (!parse_uint("FAKECUDA_CHAOS_SEED", seed, 0, ~std::uint64_t{0}, "an integer 0-18446744073709551615 (0 = off)",
                   config.seed, error, len)) {
@@ -131,10 +131,10 @@ bool chaos_configure(ChaosConfig &config, char *error, std::size_t len) {
   config.yield_ppm = 100000;  // defaults: README
   config.sleep_ppm = 20000;
   config.sleep_max_us = 50;
-  if (const char *v = std::getenv("FAKECUDA_CHAOS_YIELD_PCT"); v != nullptr && v[0] != '\0') {
+  if (const char* v = std::getenv("FAKECUDA_CHAOS_YIELD_PCT"); v != nullptr && v[0] != '\0') {
     if (!parse_pct("FAKECUDA_CHAOS_YIELD_PCT", v, config.yield_ppm, error, len)) return false;
   }
-  if (const char *v = std::getenv("FAKECUDA_CHAOS_SLEEP_PCT"); v != nullptr && v[0] != '\0') {
+  if (const char* v = std::getenv("FAKECUDA_CHAOS_SLEEP_PCT"); v != nullptr && v[0] != '\0') {
     if (!parse_pct("FAKECUDA_CHAOS_SLEEP_PCT", v, config.sleep_ppm, error, len)) return false;
   }
   if (config.yield_ppm + config.sleep_ppm > 1000000) {
@@ -142,19 +142,19 @@ bool chaos_configure(ChaosConfig &config, char *error, std::size_t len) {
     return false;
   }
   std::uint64_t value = 0;
-  if (const char *v = std::getenv("FAKECUDA_CHAOS_SLEEP_US"); v != nullptr && v[0] != '\0') {
+  if (const char* v = std::getenv("FAKECUDA_CHAOS_SLEEP_US"); v != nullptr && v[0] != '\0') {
     if (!parse_uint("FAKECUDA_CHAOS_SLEEP_US", v, 1, 100000, "an integer 1-100000 (microseconds)", value, error, len)) {
       return false;
     }
     config.sleep_max_us = static_cast<std::uint32_t>(value);
   }
-  if (const char *v = std::getenv("FAKECUDA_CHAOS_STREAM"); v != nullptr && v[0] != '\0') {
+  if (const char* v = std::getenv("FAKECUDA_CHAOS_STREAM"); v != nullptr && v[0] != '\0') {
     if (!parse_uint("FAKECUDA_CHAOS_STREAM", v, 0, ~std::uint64_t{0}, "an integer (this process's stream)",
                     config.stream, error, len)) {
       return false;
     }
   }
-  if (const char *v = std::getenv("FAKECUDA_CHAOS_CALLS"); v != nullptr && v[0] != '\0') {
+  if (const char* v = std::getenv("FAKECUDA_CHAOS_CALLS"); v != nullptr && v[0] != '\0') {
     if (std::strlen(v) >= sizeof(config.calls)) {
       return fail(error, len, "FAKECUDA_CHAOS_CALLS", v, "a comma-separated list shorter than 512 characters");
     }
@@ -165,7 +165,7 @@ bool chaos_configure(ChaosConfig &config, char *error, std::size_t len) {
   return true;
 }
 
-const ChaosConfig &chaos_config() { return g_chaos; }
+const ChaosConfig& chaos_config() { return g_chaos; }
 bool chaos_on() { return g_chaos_on.load(std::memory_order_relaxed); }
 
 std::uint32_t chaos_thread_ordinal() {
@@ -173,7 +173,7 @@ std::uint32_t chaos_thread_ordinal() {
   return t_ordinal;
 }
 
-void chaos_point(const char *call) {
+void chaos_point(const char* call) {
   if (!g_chaos_on.load(std::memory_order_acquire) || !call_selected(call)) return;
   const std::uint64_t point = ++t_points;
   std::uint64_t h = mix(g_chaos.seed);
@@ -192,19 +192,19 @@ void chaos_point(const char *call) {
   }
 }
 
-void probe_entry_slow(const char *call) {
+void probe_entry_slow(const char* call) {
   t_previous_call = t_last_call;
   t_last_call = call;
   ring_record(OpKind::call, call, 0, 0);
   chaos_point(call);
 }
 
-const char *last_call() { return t_last_call; }
-const char *previous_call() { return t_previous_call; }
+const char* last_call() { return t_last_call; }
+const char* previous_call() { return t_previous_call; }
 
-void ring_record(OpKind kind, const char *call, std::uint32_t dev, std::uint64_t bytes) {
+void ring_record(OpKind kind, const char* call, std::uint32_t dev, std::uint64_t bytes) {
   const std::uint64_t index = g_ring_next.fetch_add(1, std::memory_order_relaxed);
-  RingOp &op = g_ring[index % kRing];
+  RingOp& op = g_ring[index % kRing];
   op.seq.store(0, std::memory_order_relaxed);
   op.call.store(call, std::memory_order_relaxed);
   op.kind.store(static_cast<std::uint32_t>(kind), std::memory_order_relaxed);
@@ -215,8 +215,8 @@ void ring_record(OpKind kind, const char *call, std::uint32_t dev, std::uint64_t
   op.seq.store(index + 1, std::memory_order_release);
 }
 
-void ring_format(char *out, std::size_t len, int count) {
-  static const char *const kKinds[] = {"call", "charge", "uncharge", "context charge", "context uncharge"};
+void ring_format(char* out, std::size_t len, int count) {
+  static const char* const kKinds[] = {"call", "charge", "uncharge", "context charge", "context uncharge"};
   std::size_t used = 0;
   out[0] = '\0';
   const std::uint64_t end = g_ring_next.load(std::memory_order_acquire);
@@ -224,21 +224,22 @@ void ring_format(char *out, std::size_t len, int count) {
   const std::uint64_t begin = end > static_cast<std::uint64_t>(count) ? end - count : 0;
   const std::uint64_t now = now_ns();
   for (std::uint64_t i = begin; i < end && used + 1 < len; ++i) {
-    const RingOp &op = g_ring[i % kRing];
+    const RingOp& op = g_ring[i % kRing];
     if (op.seq.load(std::memory_order_acquire) != i + 1) continue;  // being rewritten
     const std::uint32_t kind = op.kind.load(std::memory_order_relaxed);
-    const char *call = op.call.load(std::memory_order_relaxed);
+    const char* call = op.call.load(std::memory_order_relaxed);
     const double ago_ms = static_cast<double>(now - op.time_ns.load(std::memory_order_relaxed)) / 1e6;
     int n;
-    if (kind == static_cast<std::uint32_t>(OpKind::chaos_yield) || kind == static_cast<std::uint32_t>(OpKind::chaos_sleep)) {
+    if (kind == static_cast<std::uint32_t>(OpKind::chaos_yield) ||
+        kind == static_cast<std::uint32_t>(OpKind::chaos_sleep)) {
       const bool yield = kind == static_cast<std::uint32_t>(OpKind::chaos_yield);
       n = std::snprintf(out + used, len - used, "    -%.3fms t%u   chaos: %s %llu%s (in %s)\n", ago_ms,
                         op.thread.load(std::memory_order_relaxed), yield ? "yield at point" : "sleep",
                         static_cast<unsigned long long>(op.bytes.load(std::memory_order_relaxed)), yield ? "" : " us",
                         call != nullptr ? call : "?");
     } else if (kind == 0) {
-      n = std::snprintf(out + used, len - used, "    -%.3fms t%u %s\n", ago_ms, op.thread.load(std::memory_order_relaxed),
-                        call != nullptr ? call : "?");
+      n = std::snprintf(out + used, len - used, "    -%.3fms t%u %s\n", ago_ms,
+                        op.thread.load(std::memory_order_relaxed), call != nullptr ? call : "?");
     } else {
       n = std::snprintf(out + used, len - used, "    -%.3fms t%u   %s dev%u %llu bytes (in %s)\n", ago_ms,
                         op.thread.load(std::memory_order_relaxed), kKinds[kind < 5 ? kind : 0],

@@ -18,19 +18,19 @@ class State;
 // True when chaos or the monitor is on (set once by cuInit).
 extern std::atomic<bool> g_probes_on;
 
-void probe_entry_slow(const char *call);
+void probe_entry_slow(const char* call);
 // At the entry of a driver call (driver.h: initialized()). `call` is the
 // function that checks initialisation: the entry point or its helper.
-inline void probe_entry(const char *call) {
+inline void probe_entry(const char* call) {
   if (__builtin_expect(g_probes_on.load(std::memory_order_relaxed), 0)) probe_entry_slow(call);
 }
 
 // cuInit, before anything else: reads FAKECUDA_CHAOS_* and FAKECUDA_MONITOR*.
 // false + one line naming the variable on a bad value.
-bool probes_configure(const char *state_path, char *error, std::size_t error_len);
+bool probes_configure(const char* state_path, char* error, std::size_t error_len);
 // cuInit, once the process owns its slot: registers it with the monitor and
 // turns the probes on.
-void probes_attach(State *state, int slot);
+void probes_attach(State* state, int slot);
 
 // --- chaos.cc ---
 struct ChaosConfig {
@@ -41,12 +41,12 @@ struct ChaosConfig {
   std::uint64_t stream = 0;
   char calls[512] = {};  // comma-separated call names to perturb; empty = all
 };
-bool chaos_configure(ChaosConfig &config, char *error, std::size_t error_len);
-const ChaosConfig &chaos_config();
+bool chaos_configure(ChaosConfig& config, char* error, std::size_t error_len);
+const ChaosConfig& chaos_config();
 bool chaos_on();
 // A preemption point: yields or sleeps with the configured probabilities,
 // decided by (seed, process stream, thread ordinal, the thread's point count).
-void chaos_point(const char *call);
+void chaos_point(const char* call);
 // The calling thread's ordinal in this process (1, 2, ... in order of first use).
 std::uint32_t chaos_thread_ordinal();
 
@@ -60,11 +60,11 @@ enum class OpKind : std::uint32_t {
   chaos_yield = 5,  // a chaos decision (bytes: the thread's point count)
   chaos_sleep = 6,  // bytes: microseconds
 };
-void ring_record(OpKind kind, const char *call, std::uint32_t dev, std::uint64_t bytes);
+void ring_record(OpKind kind, const char* call, std::uint32_t dev, std::uint64_t bytes);
 // Appends the last `count` operations, oldest first, to `out` (NUL-terminated).
-void ring_format(char *out, std::size_t len, int count);
+void ring_format(char* out, std::size_t len, int count);
 // Name of the last entry point the calling thread entered (and the one before).
-const char *last_call();
-const char *previous_call();
+const char* last_call();
+const char* previous_call();
 
 }  // namespace gpuslice::fakecuda

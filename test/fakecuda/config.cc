@@ -10,14 +10,14 @@
 
 namespace gpuslice::fakecuda {
 
-bool parse_size(const char *text, std::uint64_t &out) {
+bool parse_size(const char* text, std::uint64_t& out) {
   if (text == nullptr || *text < '0' || *text > '9') return false;
   errno = 0;
-  char *end = nullptr;
+  char* end = nullptr;
   unsigned long long value = std::strtoull(text, &end, 10);
   if (errno != 0) return false;
   struct Suffix {
-    const char *name;
+    const char* name;
     std::uint64_t scale;
   };
   static constexpr Suffix kSuffixes[] = {
@@ -32,7 +32,7 @@ bool parse_size(const char *text, std::uint64_t &out) {
       {"Gi", 1ull << 30},
       {"Ti", 1ull << 40},
   };
-  for (const Suffix &suffix : kSuffixes) {
+  for (const Suffix& suffix : kSuffixes) {
     if (std::strcmp(end, suffix.name) == 0) {
       if (value > ~std::uint64_t{0} / suffix.scale) return false;
       out = value * suffix.scale;
@@ -42,8 +42,8 @@ bool parse_size(const char *text, std::uint64_t &out) {
   return false;
 }
 
-void state_path_from_env(char *out, std::size_t len) {
-  const char *path = std::getenv("FAKECUDA_STATE");
+void state_path_from_env(char* out, std::size_t len) {
+  const char* path = std::getenv("FAKECUDA_STATE");
   if (path != nullptr && *path != '\0') {
     std::snprintf(out, len, "%s", path);
   } else {
@@ -53,21 +53,20 @@ void state_path_from_env(char *out, std::size_t len) {
 
 namespace {
 
-bool parse_uint(const char *text, std::uint64_t lo, std::uint64_t hi, std::uint64_t &out) {
+bool parse_uint(const char* text, std::uint64_t lo, std::uint64_t hi, std::uint64_t& out) {
   if (text == nullptr || *text < '0' || *text > '9') return false;
   errno = 0;
-  char *end = nullptr;
+  char* end = nullptr;
   unsigned long long value = std::strtoull(text, &end, 10);
   if (errno != 0 || *end != '\0' || value < lo || value > hi) return false;
   out = value;
   return true;
 }
 
-
 // One timing knob: FAKECUDA_<name>, an integer in [lo, hi] times `scale`.
-bool parse_knob(const char *name, std::uint64_t lo, std::uint64_t hi, std::uint64_t scale, const char *unit,
-                std::uint64_t &out, char *error, std::size_t error_len) {
-  const char *value = std::getenv(name);
+bool parse_knob(const char* name, std::uint64_t lo, std::uint64_t hi, std::uint64_t scale, const char* unit,
+                std::uint64_t& out, char* error, std::size_t error_len) {
+  const char* value = std::getenv(name);
   if (value == nullptr) return true;
   std::uint64_t number = 0;
   if (!parse_uint(value, lo, hi, number)) {
@@ -81,8 +80,8 @@ bool parse_knob(const char *name, std::uint64_t lo, std::uint64_t hi, std::uint6
 
 // FAKECUDA_PROFILE picks every timing knob's default (README "Profiles"); each
 // knob's own variable overrides it.
-bool parse_timing(Config &config, char *error, std::size_t error_len) {
-  const char *value = std::getenv("FAKECUDA_PROFILE");
+bool parse_timing(Config& config, char* error, std::size_t error_len) {
+  const char* value = std::getenv("FAKECUDA_PROFILE");
   if (value != nullptr && std::strcmp(value, "ideal") != 0) {
     if (std::strcmp(value, "realistic") != 0) {
       std::snprintf(error, error_len, "FAKECUDA_PROFILE='%s': expected ideal or realistic", value);
@@ -109,30 +108,28 @@ bool parse_timing(Config &config, char *error, std::size_t error_len) {
   if (!parse_knob("FAKECUDA_SEED", 0, ~std::uint64_t{0}, 1, "any 64-bit seed", config.seed, error, error_len) ||
       !parse_knob("FAKECUDA_NVML_PERIOD_MS", 0, 10000, 1000000, "milliseconds, 0 = exact windows",
                   config.nvml_period_ns, error, error_len) ||
-      !parse_knob("FAKECUDA_LAUNCH_COST_US", 0, 1000, 1000, "microseconds", config.launch_cost_ns, error,
-                  error_len)) {
+      !parse_knob("FAKECUDA_LAUNCH_COST_US", 0, 1000, 1000, "microseconds", config.launch_cost_ns, error, error_len)) {
     return false;
   }
   // Time-slicing and the hardware queue are the realistic scheduler's.
-  const char *scheduler_only[] = {"FAKECUDA_TIMESLICE_US", "FAKECUDA_QUEUE_DEPTH"};
-  for (const char *name : scheduler_only) {
+  const char* scheduler_only[] = {"FAKECUDA_TIMESLICE_US", "FAKECUDA_QUEUE_DEPTH"};
+  for (const char* name : scheduler_only) {
     if (config.profile == Profile::ideal && std::getenv(name) != nullptr) {
       std::snprintf(error, error_len, "%s='%s': expected only with FAKECUDA_PROFILE=realistic", name,
                     std::getenv(name));
       return false;
     }
   }
-  return parse_knob("FAKECUDA_TIMESLICE_US", 1, 1000000, 1000, "microseconds", config.timeslice_ns, error,
-                    error_len) &&
+  return parse_knob("FAKECUDA_TIMESLICE_US", 1, 1000000, 1000, "microseconds", config.timeslice_ns, error, error_len) &&
          parse_knob("FAKECUDA_QUEUE_DEPTH", 1, 4096, 1, "pending launches per stream", config.queue_depth, error,
                     error_len);
 }
 
 }  // namespace
 
-bool parse_config(Config &config, char *error, std::size_t error_len) {
+bool parse_config(Config& config, char* error, std::size_t error_len) {
   config = Config{};
-  const char *value = nullptr;
+  const char* value = nullptr;
   std::uint64_t number = 0;
   if (!parse_timing(config, error, error_len)) return false;
   if ((value = std::getenv("FAKECUDA_DEVICES")) != nullptr) {

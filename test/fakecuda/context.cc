@@ -17,14 +17,14 @@ namespace {
 class ContextStack {
  public:
   bool empty() const { return size_ == 0; }
-  CUctx_st *&back() { return entries_[size_ - 1]; }
-  bool push_back(CUctx_st *ctx) {
+  CUctx_st*& back() { return entries_[size_ - 1]; }
+  bool push_back(CUctx_st* ctx) {
     if (size_ == kDepth) return false;
     entries_[size_++] = ctx;
     return true;
   }
   void pop_back() { --size_; }
-  void remove(CUctx_st *ctx) {
+  void remove(CUctx_st* ctx) {
     unsigned out = 0;
     for (unsigned i = 0; i < size_; ++i) {
       if (entries_[i] != ctx) entries_[out++] = entries_[i];
@@ -34,15 +34,15 @@ class ContextStack {
 
  private:
   static constexpr unsigned kDepth = 256;
-  CUctx_st *entries_[kDepth];
+  CUctx_st* entries_[kDepth];
   unsigned size_;
 };
 static_assert(std::is_trivially_destructible_v<ContextStack>);
 thread_local ContextStack t_stack;
 
 CUresult charge_context(std::uint32_t dev) {
-  Runtime &r = runtime();
-  State &s = *r.state;
+  Runtime& r = runtime();
+  State& s = *r.state;
   State::Lock lock(s);
   if (!lock.ok()) return CUDA_ERROR_UNKNOWN;
   s.reap_locked(r.slot);
@@ -52,13 +52,13 @@ CUresult charge_context(std::uint32_t dev) {
 }
 
 void uncharge_context(std::uint32_t dev) {
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   r.state->uncharge(r.slot, dev, r.state->header().context_bytes, true);
   r.state->header().slot[r.slot].contexts[dev].fetch_sub(1, std::memory_order_relaxed);
 }
 
-CUstream_st *make_null_stream_locked(CUctx_st *ctx) {
-  CUstream_st *stream = runtime().streams.make();
+CUstream_st* make_null_stream_locked(CUctx_st* ctx) {
+  CUstream_st* stream = runtime().streams.make();
   stream->ctx = ctx;
   stream->special = true;
   stream->id = next_object_id_locked();
@@ -66,7 +66,7 @@ CUstream_st *make_null_stream_locked(CUctx_st *ctx) {
 }
 
 // Frees everything the context owns and its device memory. Runtime mutex held.
-void teardown_context_locked(CUctx_st *ctx) {
+void teardown_context_locked(CUctx_st* ctx) {
   memory_release_context_locked(ctx);
   arrays_release_context_locked(ctx);
   modules_release_context_locked(ctx);
@@ -78,15 +78,15 @@ void teardown_context_locked(CUctx_st *ctx) {
   uncharge_context(ctx->device);
 }
 
-CUresult create_context(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+CUresult create_context(CUcontext* pctx, unsigned int flags, CUdevice dev) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   auto device = static_cast<std::uint32_t>(dev);
   if (CUresult rc = charge_context(device); rc != CUDA_SUCCESS) return rc;
-  CUctx_st *ctx = r.contexts.make();
+  CUctx_st* ctx = r.contexts.make();
   ctx->device = device;
   ctx->flags = flags;
   ctx->id = next_object_id_locked();
@@ -97,7 +97,7 @@ CUresult create_context(CUcontext *pctx, unsigned int flags, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-void wait_idle(CUctx_st *ctx) {
+void wait_idle(CUctx_st* ctx) {
   if (realistic()) return sched_context_wait(ctx);
   sleep_until(ctx->last_end_ns.load(std::memory_order_acquire));
 }
@@ -106,16 +106,16 @@ void wait_idle(CUctx_st *ctx) {
 
 namespace gpuslice::fakecuda {
 
-CUresult current_context(CUctx_st **out) {
+CUresult current_context(CUctx_st** out) {
   if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
-  CUctx_st *ctx = t_stack.back();
+  CUctx_st* ctx = t_stack.back();
   if (!alive(ctx)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   if (!ctx->active.load(std::memory_order_acquire)) return CUDA_ERROR_INVALID_CONTEXT;
   *out = ctx;
   return CUDA_SUCCESS;
 }
 
-CUresult resolve_context(CUcontext ctx, CUctx_st **out) {
+CUresult resolve_context(CUcontext ctx, CUctx_st** out) {
   if (ctx == nullptr) return current_context(out);
   if (!alive(ctx) || !ctx->active.load(std::memory_order_acquire)) return CUDA_ERROR_INVALID_CONTEXT;
   *out = ctx;
@@ -124,22 +124,22 @@ CUresult resolve_context(CUcontext ctx, CUctx_st **out) {
 
 }  // namespace gpuslice::fakecuda
 
-extern "C" CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+extern "C" CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
   return create_context(pctx, flags, dev);
 }
 
-extern "C" CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice_v1 dev) {
+extern "C" CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice_v1 dev) {
   return create_context(pctx, flags, dev);
 }
 
-extern "C" CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
-                                   unsigned int flags, CUdevice dev) {
+extern "C" CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams, unsigned int flags,
+                                   CUdevice dev) {
   if (numParams < 0 || (numParams > 0 && paramsArray == nullptr)) return CUDA_ERROR_INVALID_VALUE;
   if (numParams > 0) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;  // no SM partitioning simulated
   return create_context(pctx, flags, dev);
 }
 
-extern "C" CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+extern "C" CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams, unsigned int flags,
                                    CUdevice dev) {
   if (ctxCreateParams != nullptr) {
     if (ctxCreateParams->numExecAffinityParams > 0) return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
@@ -152,7 +152,7 @@ extern "C" CUresult cuCtxDestroy_v2(CUcontext ctx) {
   if (!initialized()) return uninitialized_error();
   if (!alive(ctx) || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
   wait_idle(ctx);
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   {
     std::lock_guard<std::mutex> guard(r.mu);
     if (!alive(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
@@ -167,13 +167,13 @@ extern "C" CUresult cuCtxDestroy_v2(CUcontext ctx) {
 
 extern "C" CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
-extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
-  CUctx_st *&primary = r.primary[dev];
+  CUctx_st*& primary = r.primary[dev];
   if (primary == nullptr) {
     primary = r.contexts.make();
     primary->primary = true;
@@ -195,8 +195,8 @@ namespace {
 CUresult primary_release(CUdevice dev, bool reset) {
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  Runtime &r = runtime();
-  CUctx_st *primary = nullptr;
+  Runtime& r = runtime();
+  CUctx_st* primary = nullptr;
   {
     std::lock_guard<std::mutex> guard(r.mu);
     primary = r.primary[dev];
@@ -221,13 +221,13 @@ extern "C" CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return primary_rel
 extern "C" CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { return primary_release(dev, true); }
 extern "C" CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return primary_release(dev, true); }
 
-extern "C" CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+extern "C" CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
-  CUctx_st *primary = r.primary[dev];
+  CUctx_st* primary = r.primary[dev];
   *flags = primary != nullptr ? primary->flags : 0;
   *active = primary != nullptr && primary->retain_count > 0 ? 1 : 0;
   return CUDA_SUCCESS;
@@ -239,9 +239,9 @@ CUresult primary_set_flags(CUdevice dev, unsigned int flags, bool allow_active) 
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   if ((flags & ~0xFFu) != 0) return CUDA_ERROR_INVALID_VALUE;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
-  CUctx_st *&primary = r.primary[dev];
+  CUctx_st*& primary = r.primary[dev];
   if (primary == nullptr) {
     primary = r.contexts.make();
     primary->primary = true;
@@ -263,7 +263,7 @@ extern "C" CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
   return primary_set_flags(dev, flags, false);
 }
 
-extern "C" CUresult cuCtxGetCurrent(CUcontext *pctx) {
+extern "C" CUresult cuCtxGetCurrent(CUcontext* pctx) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   *pctx = t_stack.empty() ? nullptr : t_stack.back();
@@ -293,28 +293,28 @@ extern "C" CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
 }
 extern "C" CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
 
-extern "C" CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+extern "C" CUresult cuCtxPopCurrent_v2(CUcontext* pctx) {
   if (!initialized()) return uninitialized_error();
   if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
   if (pctx != nullptr) *pctx = t_stack.back();
   t_stack.pop_back();
   return CUDA_SUCCESS;
 }
-extern "C" CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
+extern "C" CUresult cuCtxPopCurrent(CUcontext* pctx) { return cuCtxPopCurrent_v2(pctx); }
 
-extern "C" CUresult cuCtxGetDevice(CUdevice *device) {
+extern "C" CUresult cuCtxGetDevice(CUdevice* device) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   *device = static_cast<CUdevice>(ctx->device);
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+extern "C" CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *resolved = nullptr;
+  CUctx_st* resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   *device = static_cast<CUdevice>(resolved->device);
   return CUDA_SUCCESS;
@@ -322,7 +322,7 @@ extern "C" CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
 
 extern "C" CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   if (!initialized()) return uninitialized_error();
-  CUctx_st *resolved = nullptr;
+  CUctx_st* resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   wait_idle(resolved);
   pools_trim_at_sync(resolved->device);
@@ -331,34 +331,34 @@ extern "C" CUresult cuCtxSynchronize_v2(CUcontext ctx) {
 
 extern "C" CUresult cuCtxSynchronize(void) { return cuCtxSynchronize_v2(nullptr); }
 
-extern "C" CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version) {
+extern "C" CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
   if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *resolved = nullptr;
+  CUctx_st* resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   *version = 3020;  // every context created through the _v2+ API reports 3020
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuCtxGetFlags(unsigned int *flags) {
+extern "C" CUresult cuCtxGetFlags(unsigned int* flags) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   *flags = ctx->flags;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId) {
+extern "C" CUresult cuCtxGetId(CUcontext ctx, unsigned long long* ctxId) {
   if (ctxId == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *resolved = nullptr;
+  CUctx_st* resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   *ctxId = resolved->id;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
+extern "C" CUresult cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
   if (!initialized()) return uninitialized_error();
   if (leastPriority != nullptr) *leastPriority = 0;
   if (greatestPriority != nullptr) *greatestPriority = -5;
@@ -369,11 +369,11 @@ namespace {
 constexpr std::size_t kDefaultLimits[] = {1024, 1 << 20, 8 << 20, 2, 2048, 32, 0, 0, 0, 0};
 }
 
-extern "C" CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
+extern "C" CUresult cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
   if (pvalue == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (limit < 0 || limit >= CU_LIMIT_MAX) return CUDA_ERROR_UNSUPPORTED_LIMIT;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   *pvalue = ctx->limits[limit] != 0 ? ctx->limits[limit] : kDefaultLimits[limit];
   return CUDA_SUCCESS;
@@ -383,7 +383,7 @@ extern "C" CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   if (!initialized()) return uninitialized_error();
   if (limit < 0 || limit >= CU_LIMIT_MAX) return CUDA_ERROR_UNSUPPORTED_LIMIT;
   if (limit == CU_LIMIT_SHMEM_SIZE || limit == CU_LIMIT_CIG_ENABLED) return CUDA_ERROR_INVALID_VALUE;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   if (limit == CU_LIMIT_MALLOC_HEAP_SIZE) {
     // The device malloc heap is device memory the driver reserves for the

@@ -24,23 +24,23 @@ int usage() {
   return 2;
 }
 
-bool parse_u64(const char *text, std::uint64_t &out) {
+bool parse_u64(const char* text, std::uint64_t& out) {
   if (text == nullptr || *text < '0' || *text > '9') return false;
   errno = 0;
-  char *end = nullptr;
+  char* end = nullptr;
   out = std::strtoull(text, &end, 10);
   return errno == 0 && *end == '\0';
 }
 
-State *attach(const char *path) {
+State* attach(const char* path) {
   char error[1400];
-  State *state = State::open_existing(path, error, sizeof(error));
+  State* state = State::open_existing(path, error, sizeof(error));
   if (state == nullptr) std::fprintf(stderr, "fakecuda-ctl: %s\n", error);
   return state;
 }
 
-int status(const char *path) {
-  State *state = attach(path);
+int status(const char* path) {
+  State* state = attach(path);
   if (state == nullptr) return 1;
   static ProcessUsage usage[kMaxSlots * 4];
   int count = 0;
@@ -56,7 +56,7 @@ int status(const char *path) {
     for (std::uint32_t d = 0; d < state->device_count(); ++d) used[d] = state->device_used_locked(d);
     count = collect_usage_locked(*state, -1, usage, static_cast<int>(sizeof(usage) / sizeof(usage[0])));
   }
-  const StateHeader &h = state->header();
+  const StateHeader& h = state->header();
   std::printf(
       "{\"state\": \"%s\", \"profile\": {\"name\": \"%s\", \"nvml_period_ns\": %llu, \"timeslice_ns\": %llu, "
       "\"jitter_pct\": %u, \"seed\": %llu, \"launch_cost_ns\": %llu, \"queue_depth\": %llu, "
@@ -67,13 +67,12 @@ int status(const char *path) {
       static_cast<unsigned long long>(h.context_bytes), h.module_memory);
   for (std::uint32_t d = 0; d < state->device_count(); ++d) {
     std::printf("%s{\"index\": %u, \"total\": %llu, \"used\": %llu, \"busy_until\": %llu}", d == 0 ? "" : ", ", d,
-                static_cast<unsigned long long>(state->header().memory_bytes),
-                static_cast<unsigned long long>(used[d]),
+                static_cast<unsigned long long>(state->header().memory_bytes), static_cast<unsigned long long>(used[d]),
                 static_cast<unsigned long long>(state->device(d).busy_until_ns.load()));
   }
   std::printf("], \"processes\": [");
   for (int i = 0; i < count; ++i) {
-    const ProcessUsage &p = usage[i];
+    const ProcessUsage& p = usage[i];
     std::printf(
         "%s{\"pid\": %u, \"host_pid\": %u, \"device\": %u, \"used_bytes\": %llu, \"context_bytes\": %llu, "
         "\"busy_ns\": %llu}",
@@ -85,13 +84,13 @@ int status(const char *path) {
   return 0;
 }
 
-int busy(const char *path, int argc, char **argv) {
+int busy(const char* path, int argc, char** argv) {
   std::uint64_t dev = 0, t0 = 0, t1 = 0, pid = 0;
   if (argc < 5 || argc > 6 || !parse_u64(argv[2], dev) || !parse_u64(argv[3], t0) || !parse_u64(argv[4], t1) ||
       (argc == 6 && !parse_u64(argv[5], pid))) {
     return usage();
   }
-  State *state = attach(path);
+  State* state = attach(path);
   if (state == nullptr) return 1;
   if (dev >= state->device_count()) {
     std::fprintf(stderr, "fakecuda-ctl: no device %llu (state has %u)\n", static_cast<unsigned long long>(dev),
@@ -99,15 +98,15 @@ int busy(const char *path, int argc, char **argv) {
     delete state;
     return 1;
   }
-  std::printf("%llu\n", static_cast<unsigned long long>(timeline_busy_ns(
-                            *state, static_cast<std::uint32_t>(dev), static_cast<std::uint32_t>(pid), t0, t1)));
+  std::printf("%llu\n", static_cast<unsigned long long>(timeline_busy_ns(*state, static_cast<std::uint32_t>(dev),
+                                                                         static_cast<std::uint32_t>(pid), t0, t1)));
   delete state;
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc < 2) return usage();
   char path[1024];
   state_path_from_env(path, sizeof(path));

@@ -11,13 +11,13 @@ using namespace gpuslice::fakecuda;
 
 namespace {
 
-#define FC_REQUIRE_DEVICE(dev)                                   \
-  do {                                                           \
-    if (!initialized()) return uninitialized_error();       \
-    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;    \
+#define FC_REQUIRE_DEVICE(dev)                                \
+  do {                                                        \
+    if (!initialized()) return uninitialized_error();         \
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE; \
   } while (0)
 
-int attribute_value(CUdevice_attribute attribute, CUdevice dev, const StateHeader &h) {
+int attribute_value(CUdevice_attribute attribute, CUdevice dev, const StateHeader& h) {
   switch (attribute) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: return 1024;
@@ -78,38 +78,38 @@ int attribute_value(CUdevice_attribute attribute, CUdevice dev, const StateHeade
 
 }  // namespace
 
-extern "C" CUresult cuDeviceGetCount(int *count) {
+extern "C" CUresult cuDeviceGetCount(int* count) {
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   *count = static_cast<int>(state().device_count());
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+extern "C" CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(ordinal);
   *device = ordinal;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+extern "C" CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
   if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
   std::snprintf(name, static_cast<std::size_t>(len), "%s", kDeviceName);
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+extern "C" CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
-  device_uuid(state().header(), static_cast<std::uint32_t>(dev), reinterpret_cast<unsigned char *>(uuid->bytes));
+  device_uuid(state().header(), static_cast<std::uint32_t>(dev), reinterpret_cast<unsigned char*>(uuid->bytes));
   return CUDA_SUCCESS;
 }
 
 // v1 differs from v2 only for MIG instances, which the simulator does not have.
-extern "C" CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+extern "C" CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
 
-extern "C" CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+extern "C" CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
   *bytes = state().header().memory_bytes;
@@ -117,21 +117,21 @@ extern "C" CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 }
 
 // The 32-bit ABI of CUDA 2.x: sizes above 4 GiB cannot be expressed, clamp.
-extern "C" CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+extern "C" CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice dev) {
   if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
   *bytes = static_cast<unsigned int>(std::min<std::uint64_t>(state().header().memory_bytes, UINT_MAX));
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+extern "C" CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
   if (pi == nullptr || attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
   *pi = attribute_value(attrib, dev, state().header());
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
+extern "C" CUresult cuDeviceComputeCapability(int* major, int* minor, CUdevice dev) {
   if (major == nullptr || minor == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
   *major = 9;
@@ -139,14 +139,14 @@ extern "C" CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice d
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
+extern "C" CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
   if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
   std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02X:00.0", 0x18 + dev);
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
+extern "C" CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
   if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
   if (!valid_device(peerDev)) return CUDA_ERROR_INVALID_DEVICE;

@@ -36,27 +36,27 @@ struct CUctx_st {
   std::uint64_t id = 0;
   std::atomic<std::uint64_t> last_end_ns{0};  // end of all work submitted in this context
   std::atomic<std::uint64_t> last_ticket{0};  // realistic profile: newest scheduler ticket of this context
-  CUstream_st *null_stream = nullptr;
+  CUstream_st* null_stream = nullptr;
   std::size_t limits[16] = {};
   std::uint64_t heap_extra = 0;  // device bytes held for a malloc heap above the default (cuCtxSetLimit)
 };
 
 struct CUstream_st {
   static constexpr std::uint32_t kAlive = 0x57575757;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   unsigned flags = 0;
   int priority = 0;
   bool special = false;  // a context's legacy/null stream or a per-thread stream
   std::uint64_t id = 0;
   std::atomic<std::uint64_t> last_end_ns{0};
   std::atomic<std::uint64_t> last_ticket{0};  // realistic profile: newest scheduler ticket on this stream
-  std::atomic<CUgraph_st *> capture{nullptr};  // graph being captured into, if any
+  std::atomic<CUgraph_st*> capture{nullptr};  // graph being captured into, if any
   std::uint64_t capture_id = 0;
 };
 
 struct CUevent_st {
   static constexpr std::uint32_t kAlive = 0xE7E7E7E7;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   unsigned flags = 0;
   std::atomic<std::uint64_t> time_ns{0};  // completion time of the recorded work; 0 = never recorded
   std::atomic<std::uint64_t> ticket{0};   // realistic profile: the marker's ticket until time_ns is known
@@ -67,7 +67,7 @@ struct CUevent_st {
 struct CUmod_st;
 struct CUfunc_st {
   static constexpr std::uint32_t kAlive = 0xF7F7F7F7;
-  CUmod_st *module = nullptr;
+  CUmod_st* module = nullptr;
   std::string name;
   std::uint64_t duration_ns = 0;  // kernel_duration_ns(name)
   int max_dynamic_shared = 0;
@@ -79,10 +79,10 @@ struct CUfunc_st {
 
 struct CUmod_st {
   static constexpr std::uint32_t kAlive = 0x30303030;
-  CUctx_st *ctx = nullptr;  // nullptr for a library's module (context-independent)
+  CUctx_st* ctx = nullptr;  // nullptr for a library's module (context-independent)
   std::string image;
   bool opaque = false;  // holds compressed fatbin entries: every kernel name is accepted (image.cc)
-  std::map<std::string, CUfunc_st *> functions;
+  std::map<std::string, CUfunc_st*> functions;
   // Device memory the loaded image holds (globals + code, README "Modules").
   struct Global {
     std::uint64_t offset;
@@ -98,7 +98,7 @@ struct CUmod_st {
 
 struct CUlib_st {
   static constexpr std::uint32_t kAlive = 0x1B1B1B1B;
-  CUmod_st *module = nullptr;
+  CUmod_st* module = nullptr;
 };
 
 namespace gpuslice::fakecuda {
@@ -123,51 +123,50 @@ struct HandleCell {
 template <typename T>
 class HandlePool {
  public:
-  T *make() {
-    HandleCell<T> *cell;
+  T* make() {
+    HandleCell<T>* cell;
     if (!free_.empty()) {
       cell = free_.back();
       free_.pop_back();
-      std::launder(reinterpret_cast<T *>(cell->storage))->~T();
+      std::launder(reinterpret_cast<T*>(cell->storage))->~T();
     } else {
       all_.push_back(std::make_unique<HandleCell<T>>());
       cell = all_.back().get();
     }
-    T *object = new (cell->storage) T();
+    T* object = new (cell->storage) T();
     cell->magic.store(T::kAlive, std::memory_order_release);
     return object;
   }
-  void retire(T *object) {
-    HandleCell<T> *cell = cell_of(object);
+  void retire(T* object) {
+    HandleCell<T>* cell = cell_of(object);
     cell->magic.store(0, std::memory_order_release);
     free_.push_back(cell);
   }
   template <typename Visit>
-  void for_each_live(Visit &&visit) {
-    for (auto &cell : all_) {
+  void for_each_live(Visit&& visit) {
+    for (auto& cell : all_) {
       if (cell->magic.load(std::memory_order_relaxed) == T::kAlive)
-        visit(std::launder(reinterpret_cast<T *>(cell->storage)));
+        visit(std::launder(reinterpret_cast<T*>(cell->storage)));
     }
   }
   // Every cell holds a constructed object (retire only marks it dead).
   ~HandlePool() {
-    for (auto &cell : all_) std::launder(reinterpret_cast<T *>(cell->storage))->~T();
+    for (auto& cell : all_) std::launder(reinterpret_cast<T*>(cell->storage))->~T();
   }
 
-  static HandleCell<T> *cell_of(const T *object) {
-    return reinterpret_cast<HandleCell<T> *>(
-        const_cast<unsigned char *>(reinterpret_cast<const unsigned char *>(object) - offsetof(HandleCell<T>, storage)));
+  static HandleCell<T>* cell_of(const T* object) {
+    return reinterpret_cast<HandleCell<T>*>(
+        const_cast<unsigned char*>(reinterpret_cast<const unsigned char*>(object) - offsetof(HandleCell<T>, storage)));
   }
 
  private:
   std::vector<std::unique_ptr<HandleCell<T>>> all_;
-  std::vector<HandleCell<T> *> free_;
+  std::vector<HandleCell<T>*> free_;
 };
 
 template <typename T>
-inline bool alive(const T *object) {
-  return object != nullptr &&
-         HandlePool<T>::cell_of(object)->magic.load(std::memory_order_acquire) == T::kAlive;
+inline bool alive(const T* object) {
+  return object != nullptr && HandlePool<T>::cell_of(object)->magic.load(std::memory_order_acquire) == T::kAlive;
 }
 
 enum class InitState : int { none = 0, ok = 1, failed = 2, forked = 3, deinitialized = 4 };
@@ -177,22 +176,22 @@ struct Runtime {
   std::atomic<int> init_state{0};
   std::atomic<bool> initializing{false};  // a cuInit is running (under mu)
   CUresult init_result = CUDA_SUCCESS;
-  State *state = nullptr;
+  State* state = nullptr;
   int slot = -1;
   Submitter submitter{-1, 0, 0};
   std::uint64_t next_object_id = 1;
   HandlePool<CUctx_st> contexts;
   HandlePool<CUstream_st> streams;
   HandlePool<CUevent_st> events;
-  CUctx_st *primary[kMaxDevices] = {};
+  CUctx_st* primary[kMaxDevices] = {};
   char state_path[1024] = {};
 };
 
-Runtime &runtime();
+Runtime& runtime();
 
 // Every entry point starts here: the chaos mode's and the monitor's entry
 // probe (chaos.h; one predictable branch when off).
-inline bool initialized(const char *call = __builtin_FUNCTION()) {
+inline bool initialized(const char* call = __builtin_FUNCTION()) {
   probe_entry(call);
   return runtime().init_state.load(std::memory_order_acquire) == static_cast<int>(InitState::ok);
 }
@@ -203,7 +202,7 @@ inline CUresult uninitialized_error() {
              ? CUDA_ERROR_DEINITIALIZED
              : CUDA_ERROR_NOT_INITIALIZED;
 }
-inline State &state() { return *runtime().state; }
+inline State& state() { return *runtime().state; }
 inline bool valid_device(CUdevice dev) {
   return dev >= 0 && static_cast<std::uint32_t>(dev) < runtime().state->device_count();
 }
@@ -211,9 +210,9 @@ inline bool valid_device(CUdevice dev) {
 // --- contexts (context.cc) ---
 // The calling thread's current context, or an error: INVALID_CONTEXT when none,
 // CONTEXT_IS_DESTROYED when it was destroyed (e.g. by another thread).
-CUresult current_context(CUctx_st **out);
+CUresult current_context(CUctx_st** out);
 // Validates a context argument; nullptr means "the current one".
-CUresult resolve_context(CUcontext ctx, CUctx_st **out);
+CUresult resolve_context(CUcontext ctx, CUctx_st** out);
 
 // --- memory bookkeeping (memory.cc) ---
 // Charges `bytes` of device `dev` to this process if the device has room
@@ -224,9 +223,9 @@ void uncharge_device(std::uint32_t dev, std::uint64_t bytes);
 CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_t alignment);
 // Frees a context's linear allocations (the real driver frees everything a
 // context owns when it is destroyed). Runtime mutex held.
-void memory_release_context_locked(CUctx_st *ctx);
-void arrays_release_context_locked(CUctx_st *ctx);
-void modules_release_context_locked(CUctx_st *ctx);
+void memory_release_context_locked(CUctx_st* ctx);
+void arrays_release_context_locked(CUctx_st* ctx);
+void modules_release_context_locked(CUctx_st* ctx);
 
 enum class AllocKind { linear, pitch, managed, legacy32, pool };
 // One linear allocation, keyed by its base address in memory.cc's map.
@@ -234,36 +233,36 @@ struct Allocation {
   std::uint64_t size = 0;  // what the caller asked for (pitch: pitch * height)
   std::uint64_t held = 0;  // bytes charged to the device (0 for pool allocations: the pool's reserve is)
   std::uint32_t device = 0;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   AllocKind kind = AllocKind::linear;
-  CUmemPoolHandle_st *pool = nullptr;
+  CUmemPoolHandle_st* pool = nullptr;
   // The allocation's bytes (bytes.cc): an anonymous MAP_NORESERVE mapping of
   // `size` bytes made at first access (managed: at allocation, and its base is
   // this host address), so untouched memory costs nothing.
-  void *host = nullptr;
+  void* host = nullptr;
   std::uint64_t buffer_id = 0;
 };
 // Runtime mutex held for all of these.
-void register_allocation_locked(CUdeviceptr base, const Allocation &allocation);
-bool remove_allocation_locked(CUdeviceptr base, Allocation *out);
+void register_allocation_locked(CUdeviceptr base, const Allocation& allocation);
+bool remove_allocation_locked(CUdeviceptr base, Allocation* out);
 // The live allocation containing ptr (base and a reference to it), if any.
-Allocation *find_allocation_locked(CUdeviceptr ptr, CUdeviceptr *base);
+Allocation* find_allocation_locked(CUdeviceptr ptr, CUdeviceptr* base);
 // Reserves and maps `bytes` of host memory for a managed allocation at an
 // address below every device window (bytes.cc); nullptr when none is left.
-void *managed_map(std::uint64_t bytes);
+void* managed_map(std::uint64_t bytes);
 // Drops an allocation's bytes (its mapping), when it is freed (bytes.cc).
-void release_bytes(const Allocation &allocation);
+void release_bytes(const Allocation& allocation);
 // Pinned/registered host memory (hostmem.cc): the range containing p, if any.
-bool host_range_find_locked(const void *p, std::uintptr_t *base, std::uint64_t *size, unsigned *flags,
-                            bool *registered);
+bool host_range_find_locked(const void* p, std::uintptr_t* base, std::uint64_t* size, unsigned* flags,
+                            bool* registered);
 // Gives a freed pool allocation's bytes back to its pool (pools.cc).
-void pool_return_locked(CUmemPoolHandle_st *pool, std::uint64_t size);
+void pool_return_locked(CUmemPoolHandle_st* pool, std::uint64_t size);
 // The VMM mapping containing ptr, if any (vmm.cc).
-bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *size);
+bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr* base, std::uint64_t* size);
 // The bytes behind [ptr, ptr+len) of a VMM mapping (the physical allocation's,
 // shared by every mapping of it); NOT_FOUND when ptr is not mapped,
 // INVALID_VALUE when the range leaves the mapping (vmm.cc).
-CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char **out);
+CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char** out);
 // Synchronisation points let every pool of the device trim to its release threshold.
 void pools_trim_at_sync(std::uint32_t dev);
 
@@ -272,46 +271,46 @@ void pools_trim_at_sync(std::uint32_t dev);
 // from its headers; INVALID_IMAGE when it is none of these, INVALID_VALUE when
 // FAKECUDA_KERNEL_US is malformed. `limit`: how many bytes the caller has
 // (a file's size, cuLinkAddData's size); a binary image claiming more is invalid.
-CUresult read_image(const void *image, std::string *bytes, bool *opaque, std::uint64_t limit = ~std::uint64_t{0});
+CUresult read_image(const void* image, std::string* bytes, bool* opaque, std::uint64_t limit = ~std::uint64_t{0});
 // Appends an entry (kind 1 PTX, 2 cubin/other) to a fatbin being built (the linker's output).
-void fatbin_append_entry(std::string *out, std::uint16_t kind, const std::string &payload, bool opaque);
+void fatbin_append_entry(std::string* out, std::uint16_t kind, const std::string& payload, bool opaque);
 // Simulated run time of a kernel: spin_<N>us = N us, else FAKECUDA_KERNEL_US.
-std::uint64_t kernel_duration_ns(const std::string &name);
+std::uint64_t kernel_duration_ns(const std::string& name);
 
 // --- streams (stream.cc) ---
 // Resolves a stream argument (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a
 // handle) against the current context. per_thread_default: the _ptsz entry point.
-CUresult resolve_stream(CUstream stream, bool per_thread_default, CUstream_st **out);
-void streams_release_context_locked(CUctx_st *ctx);
+CUresult resolve_stream(CUstream stream, bool per_thread_default, CUstream_st** out);
+void streams_release_context_locked(CUctx_st* ctx);
 // Sleeps (CLOCK_MONOTONIC, absolute) until `end_ns`.
 void sleep_until(std::uint64_t end_ns);
 // Records work ending at end_ns on a stream and its context.
-void note_stream_work(CUstream_st *stream, std::uint64_t end_ns);
+void note_stream_work(CUstream_st* stream, std::uint64_t end_ns);
 // Waits until the work submitted to the stream so far has run (no pool trimming:
 // not a synchronisation point of the API, e.g. before a synchronous copy).
-void stream_wait_idle(CUstream_st *stream);
+void stream_wait_idle(CUstream_st* stream);
 
 // --- launch (launch.cc) and graphs (graph.cc) ---
-CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream, std::uint64_t blocks);
+CUresult launch_on_stream(CUfunc_st* function, CUstream_st* stream, std::uint64_t blocks);
 
 // --- the realistic profile's scheduler, driver side (scheduler_driver.cc) ---
 inline bool realistic() { return sched_enabled(runtime().state->header()); }
 // Queues a kernel (blocking while the stream's hardware queue is full).
-CUresult sched_launch(CUstream_st *stream, std::uint64_t duration_ns, std::uint64_t blocks);
-bool sched_stream_idle(CUstream_st *stream);  // everything submitted to it has run
-void sched_stream_wait(CUstream_st *stream);
-void sched_context_wait(CUctx_st *ctx);
+CUresult sched_launch(CUstream_st* stream, std::uint64_t duration_ns, std::uint64_t blocks);
+bool sched_stream_idle(CUstream_st* stream);  // everything submitted to it has run
+void sched_stream_wait(CUstream_st* stream);
+void sched_context_wait(CUctx_st* ctx);
 // Events are zero-length markers; a stream wait is a zero-length entry that waits on one.
-void sched_event_record(CUevent_st *event, CUstream_st *stream);
-bool sched_event_done(CUevent_st *event);  // also resolves event->time_ns
-void sched_event_wait(CUevent_st *event);
-void sched_stream_wait_event(CUstream_st *stream, CUevent_st *event);
-CUresult capture_kernel_node(CUstream_st *stream, const CUDA_KERNEL_NODE_PARAMS &params);
+void sched_event_record(CUevent_st* event, CUstream_st* stream);
+bool sched_event_done(CUevent_st* event);  // also resolves event->time_ns
+void sched_event_wait(CUevent_st* event);
+void sched_stream_wait_event(CUstream_st* stream, CUevent_st* event);
+CUresult capture_kernel_node(CUstream_st* stream, const CUDA_KERNEL_NODE_PARAMS& params);
 // A CUfunction or a CUkernel (which is the same object here).
-CUfunc_st *function_from_handle(CUfunction f);
+CUfunc_st* function_from_handle(CUfunction f);
 // A launch of a CUkernel whose library is not placed yet places it on `dev`
 // (module.cc): OUT_OF_MEMORY when the device cannot hold it.
-CUresult place_library_at_launch(CUfunc_st *function, std::uint32_t dev);
+CUresult place_library_at_launch(CUfunc_st* function, std::uint32_t dev);
 
 std::uint64_t next_object_id_locked();
 

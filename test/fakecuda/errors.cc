@@ -8,7 +8,7 @@ namespace {
 
 struct ErrorName {
   int code;
-  const char *name;
+  const char* name;
 };
 constexpr ErrorName kNames[] = {
 #include "error_names.inc"
@@ -16,7 +16,7 @@ constexpr ErrorName kNames[] = {
 
 struct ErrorText {
   CUresult code;
-  const char *text;
+  const char* text;
 };
 constexpr ErrorText kTexts[] = {
     {CUDA_SUCCESS, "no error"},
@@ -47,8 +47,8 @@ constexpr ErrorText kTexts[] = {
     {CUDA_ERROR_UNKNOWN, "unknown error"},
 };
 
-const char *name_of(CUresult error) {
-  for (const ErrorName &entry : kNames) {
+const char* name_of(CUresult error) {
+  for (const ErrorName& entry : kNames) {
     if (entry.code == static_cast<int>(error)) return entry.name;
   }
   return nullptr;
@@ -56,15 +56,15 @@ const char *name_of(CUresult error) {
 
 }  // namespace
 
-extern "C" CUresult cuGetErrorName(CUresult error, const char **pStr) {
+extern "C" CUresult cuGetErrorName(CUresult error, const char** pStr) {
   if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *pStr = name_of(error);
   return *pStr != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-extern "C" CUresult cuGetErrorString(CUresult error, const char **pStr) {
+extern "C" CUresult cuGetErrorString(CUresult error, const char** pStr) {
   if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  for (const ErrorText &entry : kTexts) {
+  for (const ErrorText& entry : kTexts) {
     if (entry.code == error) {
       *pStr = entry.text;
       return CUDA_SUCCESS;

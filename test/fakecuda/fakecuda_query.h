@@ -36,12 +36,12 @@ uint64_t fakecuda_now_ns(void);
 int fakecuda_reap(void);
 /* The state's timing profile, "ideal" or "realistic" ("" if there is no state),
  * so a benchmark can print which simulated device it ran on. */
-const char *fakecuda_profile(void);
+const char* fakecuda_profile(void);
 /* Path of the state file these queries read ("" if none). */
-const char *fakecuda_state_path(void);
+const char* fakecuda_state_path(void);
 /* 1 if a driver entry point (from dlsym/cuGetProcAddress) is a generated
  * CUDA_ERROR_NOT_SUPPORTED stub rather than a modelled function. */
-int fakecuda_symbol_is_stub(const void *function);
+int fakecuda_symbol_is_stub(const void* function);
 /* Invariant monitor (README "Chaos mode and invariant monitor"): the calling
  * process is quiescent; checks that it holds no more on each device than
  * gpuslice committed for it. Violations found, or -1 if FAKECUDA_MONITOR is off. */

@@ -8,12 +8,12 @@
 #include "gpuslice/glibc_floor.h"
 
 // libpthread before 2.34: the robust, process-shared mutex of the state file.
-GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_init, "GLIBC_2.2.5", (pthread_mutexattr_t* attr), (attr))
-GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_destroy, "GLIBC_2.2.5", (pthread_mutexattr_t* attr), (attr))
-GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_setpshared, "GLIBC_2.2.5", (pthread_mutexattr_t* attr, int shared),
+GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_init, "GLIBC_2.2.5", (pthread_mutexattr_t * attr), (attr))
+GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_destroy, "GLIBC_2.2.5", (pthread_mutexattr_t * attr), (attr))
+GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_setpshared, "GLIBC_2.2.5", (pthread_mutexattr_t * attr, int shared),
                    (attr, shared))
-GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_setrobust, "GLIBC_2.12", (pthread_mutexattr_t* attr, int robust),
+GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_setrobust, "GLIBC_2.12", (pthread_mutexattr_t * attr, int robust),
                    (attr, robust))
-GPUSLICE_GLIBC_PIN(int, pthread_mutex_consistent, "GLIBC_2.12", (pthread_mutex_t* mutex), (mutex))
+GPUSLICE_GLIBC_PIN(int, pthread_mutex_consistent, "GLIBC_2.12", (pthread_mutex_t * mutex), (mutex))
 // GLIBC_2.33.
 GPUSLICE_GLIBC_STAT_BY_SYSCALL()

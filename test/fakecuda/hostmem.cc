@@ -31,14 +31,14 @@ bool overlaps_locked(std::uintptr_t p, std::uint64_t size) {
   return false;
 }
 
-CUresult host_alloc(void **pp, std::uint64_t bytesize, unsigned flags) {
+CUresult host_alloc(void** pp, std::uint64_t bytesize, unsigned flags) {
   if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   constexpr unsigned kKnown = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
   if ((flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  void *p = mmap(nullptr, round_up(bytesize, kPage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* p = mmap(nullptr, round_up(bytesize, kPage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard<std::mutex> guard(runtime().mu);
   g_host[reinterpret_cast<std::uintptr_t>(p)] = HostRange{bytesize, flags, false};
@@ -50,8 +50,8 @@ CUresult host_alloc(void **pp, std::uint64_t bytesize, unsigned flags) {
 
 namespace gpuslice::fakecuda {
 
-bool host_range_find_locked(const void *p, std::uintptr_t *base, std::uint64_t *size, unsigned *flags,
-                            bool *registered) {
+bool host_range_find_locked(const void* p, std::uintptr_t* base, std::uint64_t* size, unsigned* flags,
+                            bool* registered) {
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
   auto it = g_host.upper_bound(addr);
   if (it == g_host.begin()) return false;
@@ -66,14 +66,14 @@ bool host_range_find_locked(const void *p, std::uintptr_t *base, std::uint64_t *
 
 }  // namespace gpuslice::fakecuda
 
-extern "C" CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) { return host_alloc(pp, bytesize, 0); }
-extern "C" CUresult cuMemAllocHost(void **pp, unsigned int bytesize) { return host_alloc(pp, bytesize, 0); }
-extern "C" CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+extern "C" CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) { return host_alloc(pp, bytesize, 0); }
+extern "C" CUresult cuMemAllocHost(void** pp, unsigned int bytesize) { return host_alloc(pp, bytesize, 0); }
+extern "C" CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
   return host_alloc(pp, bytesize, Flags);
 }
 
 // Only what cuMemAllocHost/cuMemHostAlloc returned (not registered memory).
-extern "C" CUresult cuMemFreeHost(void *p) {
+extern "C" CUresult cuMemFreeHost(void* p) {
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   auto it = g_host.find(reinterpret_cast<std::uintptr_t>(p));
@@ -86,13 +86,13 @@ extern "C" CUresult cuMemFreeHost(void *p) {
 // cuda.h: page-locks [p, p+bytesize); a range overlapping one already
 // registered is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. IOMEMORY (memory of
 // a third-party PCIe device) is not modelled.
-extern "C" CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
-  constexpr unsigned kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
-                              CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+extern "C" CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  constexpr unsigned kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY |
+                              CU_MEMHOSTREGISTER_READ_ONLY;
   if (p == nullptr || bytesize == 0 || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if ((Flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) return CUDA_ERROR_NOT_SUPPORTED;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
@@ -100,11 +100,11 @@ extern "C" CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int 
   g_host[addr] = HostRange{bytesize, Flags, true};
   return CUDA_SUCCESS;
 }
-extern "C" CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags) {
+extern "C" CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Flags) {
   return cuMemHostRegister_v2(p, bytesize, Flags);
 }
 
-extern "C" CUresult cuMemHostUnregister(void *p) {
+extern "C" CUresult cuMemHostUnregister(void* p) {
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -115,7 +115,7 @@ extern "C" CUresult cuMemHostUnregister(void *p) {
 }
 
 // Unified addressing: the device pointer of page-locked memory is its address.
-extern "C" CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
+extern "C" CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) {
   if (pdptr == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -127,7 +127,7 @@ extern "C" CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, un
   *pdptr = reinterpret_cast<CUdeviceptr>(p);
   return CUDA_SUCCESS;
 }
-extern "C" CUresult cuMemHostGetDevicePointer(CUdeviceptr_v1 *pdptr, void *p, unsigned int Flags) {
+extern "C" CUresult cuMemHostGetDevicePointer(CUdeviceptr_v1* pdptr, void* p, unsigned int Flags) {
   if (pdptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr wide = 0;
   CUresult rc = cuMemHostGetDevicePointer_v2(&wide, p, Flags);
@@ -138,7 +138,7 @@ extern "C" CUresult cuMemHostGetDevicePointer(CUdeviceptr_v1 *pdptr, void *p, un
   return rc;
 }
 
-extern "C" CUresult cuMemHostGetFlags(unsigned int *pFlags, void *p) {
+extern "C" CUresult cuMemHostGetFlags(unsigned int* pFlags, void* p) {
   if (pFlags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);

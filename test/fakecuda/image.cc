@@ -24,7 +24,7 @@ namespace gpuslice::fakecuda {
 namespace {
 
 constexpr std::uint32_t kFatbinMagic = 0xBA55ED50u;
-constexpr std::uint32_t kFatbinWrapperMagic = 0x466243B1u;  // FATBINC_MAGIC, fatbinary_section.h
+constexpr std::uint32_t kFatbinWrapperMagic = 0x466243B1u;   // FATBINC_MAGIC, fatbinary_section.h
 constexpr std::uint64_t kMaxImage = std::uint64_t{1} << 32;  // sanity bound on header-derived sizes
 
 struct FatbinHeader {
@@ -54,7 +54,7 @@ constexpr std::uint64_t kEntryCompressed = 0x2000;      // LZ4 payload
 constexpr std::uint64_t kEntryCompressedZstd = 0x8000;  // ZSTD payload (CUDA 12.8+)
 
 // 0 when the image is not a well-formed ELF64 within `limit` bytes.
-std::uint64_t elf_size(const unsigned char *p, std::uint64_t limit) {
+std::uint64_t elf_size(const unsigned char* p, std::uint64_t limit) {
   if (limit < sizeof(Elf64_Ehdr)) return 0;
   Elf64_Ehdr eh;
   std::memcpy(&eh, p, sizeof(eh));
@@ -77,7 +77,7 @@ std::uint64_t elf_size(const unsigned char *p, std::uint64_t limit) {
 // Marks `opaque` when the fatbin's names cannot be read: some entry is
 // compressed and no PTX or cubin entry is stored plainly (fatbinary compresses
 // PTX by default but stores cubins plainly; their kernel names are the same).
-void scan_fatbin(const unsigned char *p, std::uint64_t size, bool *opaque) {
+void scan_fatbin(const unsigned char* p, std::uint64_t size, bool* opaque) {
   FatbinHeader h;
   std::memcpy(&h, p, sizeof(h));
   std::uint64_t at = h.header_size;
@@ -105,7 +105,7 @@ struct Durations {
 
 Durations parse_durations() {
   Durations d;
-  const char *env = std::getenv("FAKECUDA_KERNEL_US");
+  const char* env = std::getenv("FAKECUDA_KERNEL_US");
   if (env == nullptr || *env == '\0') return d;
   std::string text(env);
   std::size_t start = 0;
@@ -113,8 +113,8 @@ Durations parse_durations() {
     std::size_t comma = text.find(',', start);
     std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     std::size_t eq = item.rfind('=');
-    char *end = nullptr;
-    const char *value = eq == std::string::npos ? "" : item.c_str() + eq + 1;
+    char* end = nullptr;
+    const char* value = eq == std::string::npos ? "" : item.c_str() + eq + 1;
     unsigned long long us = std::strtoull(value, &end, 10);
     if (eq == std::string::npos || eq == 0 || *value < '0' || *value > '9' || *end != '\0' || us > 3600000000ull) {
       std::fprintf(stderr,
@@ -136,12 +136,12 @@ Durations parse_durations() {
   return d;
 }
 
-const Durations &durations() {
+const Durations& durations() {
   static const Durations d = parse_durations();  // read once per process
   return d;
 }
 
-std::uint64_t spin_duration_ns(const char *name) {
+std::uint64_t spin_duration_ns(const char* name) {
   unsigned long long micros = 0;
   int consumed = 0;
   if (std::strncmp(name, "spin_", 5) != 0 || name[5] < '0' || name[5] > '9') return ~std::uint64_t{0};
@@ -154,25 +154,25 @@ std::uint64_t spin_duration_ns(const char *name) {
 
 // Compares byte by byte, so a shorter NUL-terminated text is never read past
 // its terminator (no magic number here contains a zero byte).
-bool has_magic(const unsigned char *p, std::uint32_t magic) {
+bool has_magic(const unsigned char* p, std::uint32_t magic) {
   for (int i = 0; i < 4; ++i) {
     if (p[i] != ((magic >> (8 * i)) & 0xFF)) return false;
   }
   return true;
 }
 
-CUresult read_image(const void *image, std::string *bytes, bool *opaque, std::uint64_t limit) {
+CUresult read_image(const void* image, std::string* bytes, bool* opaque, std::uint64_t limit) {
   *opaque = false;
   if (CUresult rc = durations().status; rc != CUDA_SUCCESS) return rc;
-  const auto *p = static_cast<const unsigned char *>(image);
+  const auto* p = static_cast<const unsigned char*>(image);
   std::uint32_t magic = 0;
   if (has_magic(p, kFatbinWrapperMagic)) magic = kFatbinWrapperMagic;
   if (has_magic(p, kFatbinMagic)) magic = kFatbinMagic;
   if (magic == kFatbinWrapperMagic) {
-    const unsigned long long *data = nullptr;
+    const unsigned long long* data = nullptr;
     std::memcpy(&data, p + 8, sizeof(data));  // __fatBinC_Wrapper_t::data
     if (data == nullptr) return CUDA_ERROR_INVALID_IMAGE;
-    p = reinterpret_cast<const unsigned char *>(data);
+    p = reinterpret_cast<const unsigned char*>(data);
     if (!has_magic(p, kFatbinMagic)) return CUDA_ERROR_INVALID_IMAGE;
     magic = kFatbinMagic;
   }
@@ -181,24 +181,24 @@ CUresult read_image(const void *image, std::string *bytes, bool *opaque, std::ui
     std::memcpy(&h, p, sizeof(h));
     if (h.header_size < sizeof(h) || h.fat_size > kMaxImage) return CUDA_ERROR_INVALID_IMAGE;
     if (h.header_size + h.fat_size > limit) return CUDA_ERROR_INVALID_IMAGE;
-    bytes->assign(reinterpret_cast<const char *>(p), h.header_size + h.fat_size);
+    bytes->assign(reinterpret_cast<const char*>(p), h.header_size + h.fat_size);
     scan_fatbin(p, bytes->size(), opaque);
     return CUDA_SUCCESS;
   }
   if (has_magic(p, 0x464C457Fu)) {  // ELFMAG
     std::uint64_t size = elf_size(p, limit);
     if (size == 0) return CUDA_ERROR_INVALID_IMAGE;
-    bytes->assign(reinterpret_cast<const char *>(p), size);
+    bytes->assign(reinterpret_cast<const char*>(p), size);
     return CUDA_SUCCESS;
   }
-  bytes->assign(reinterpret_cast<const char *>(p));  // PTX: NUL-terminated text
+  bytes->assign(reinterpret_cast<const char*>(p));  // PTX: NUL-terminated text
   return bytes->empty() ? CUDA_ERROR_INVALID_IMAGE : CUDA_SUCCESS;
 }
 
-void fatbin_append_entry(std::string *out, std::uint16_t kind, const std::string &payload, bool opaque) {
+void fatbin_append_entry(std::string* out, std::uint16_t kind, const std::string& payload, bool opaque) {
   if (out->empty()) {
     FatbinHeader h{kFatbinMagic, 1, sizeof(FatbinHeader), 0};
-    out->assign(reinterpret_cast<const char *>(&h), sizeof(h));
+    out->assign(reinterpret_cast<const char*>(&h), sizeof(h));
   }
   FatbinEntry e{};
   e.kind = kind;
@@ -206,7 +206,7 @@ void fatbin_append_entry(std::string *out, std::uint16_t kind, const std::string
   e.size = (payload.size() + 8) / 8 * 8;  // NUL-terminated, 8-byte aligned
   e.flags = opaque ? kEntryCompressed : 0;
   e.arch = 90;
-  out->append(reinterpret_cast<const char *>(&e), sizeof(e));
+  out->append(reinterpret_cast<const char*>(&e), sizeof(e));
   out->append(payload);
   out->append(e.size - payload.size(), '\0');
   FatbinHeader h;
@@ -215,9 +215,9 @@ void fatbin_append_entry(std::string *out, std::uint16_t kind, const std::string
   std::memcpy(out->data(), &h, sizeof(h));
 }
 
-std::uint64_t kernel_duration_ns(const std::string &name) {
+std::uint64_t kernel_duration_ns(const std::string& name) {
   if (std::uint64_t spin = spin_duration_ns(name.c_str()); spin != ~std::uint64_t{0}) return spin;
-  const Durations &d = durations();
+  const Durations& d = durations();
   auto it = d.by_name.find(name);
   return it != d.by_name.end() ? it->second : d.fallback;
 }

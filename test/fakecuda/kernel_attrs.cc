@@ -32,7 +32,7 @@ CUresult check_device(CUdevice dev) {
 
 }  // namespace
 
-extern "C" CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev) {
+extern "C" CUresult cuKernelGetAttribute(int* pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev) {
   if (CUresult rc = check_device(dev); rc != CUDA_SUCCESS) return rc;
   return cuFuncGetAttribute(pi, attrib, reinterpret_cast<CUfunction>(kernel));
 }
@@ -40,11 +40,10 @@ extern "C" CUresult cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, C
 // cuda.h lists the settable attributes; the others are read-only (INVALID_VALUE).
 extern "C" CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel, CUdevice dev) {
   if (CUresult rc = check_device(dev); rc != CUDA_SUCCESS) return rc;
-  auto *function = reinterpret_cast<CUfunc_st *>(kernel);
+  auto* function = reinterpret_cast<CUfunc_st*>(kernel);
   if (!alive(function)) return CUDA_ERROR_INVALID_HANDLE;
   switch (attrib) {
-    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
-      return cuFuncSetAttribute(function, attrib, val);
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: return cuFuncSetAttribute(function, attrib, val);
     case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
       return val >= -1 && val <= 100 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
@@ -53,20 +52,18 @@ extern "C" CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, C
     case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
     case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
       return val >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
+    default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
 extern "C" CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev) {
   if (CUresult rc = check_device(dev); rc != CUDA_SUCCESS) return rc;
   if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
-  return alive(reinterpret_cast<CUfunc_st *>(kernel)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return alive(reinterpret_cast<CUfunc_st*>(kernel)) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-extern "C" CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func,
-                                                                         int blockSize, size_t dynamicSMemSize,
-                                                                         unsigned int flags) {
+extern "C" CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, CUfunction func, int blockSize,
+                                                                         size_t dynamicSMemSize, unsigned int flags) {
   if (flags != CU_OCCUPANCY_DEFAULT && flags != CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE) return CUDA_ERROR_INVALID_VALUE;
   CUresult rc = cuOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks, func, blockSize, dynamicSMemSize);
   if (rc == CUDA_SUCCESS) *numBlocks = std::min(*numBlocks, blocks_per_sm(blockSize, dynamicSMemSize));
@@ -75,7 +72,7 @@ extern "C" CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *nu
 
 // The largest block size (a multiple of 32, at most blockSizeLimit or 1024)
 // reaching the best occupancy; minGridSize fills every SM at that occupancy.
-extern "C" CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockSize, CUfunction func,
+extern "C" CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int* minGridSize, int* blockSize, CUfunction func,
                                                               CUoccupancyB2DSize blockSizeToDynamicSMemSize,
                                                               size_t dynamicSMemSize, int blockSizeLimit,
                                                               unsigned int flags) {
@@ -101,14 +98,14 @@ extern "C" CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, 
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuOccupancyMaxPotentialBlockSize(int *minGridSize, int *blockSize, CUfunction func,
+extern "C" CUresult cuOccupancyMaxPotentialBlockSize(int* minGridSize, int* blockSize, CUfunction func,
                                                      CUoccupancyB2DSize blockSizeToDynamicSMemSize,
                                                      size_t dynamicSMemSize, int blockSizeLimit) {
   return cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize, blockSize, func, blockSizeToDynamicSMemSize,
                                                    dynamicSMemSize, blockSizeLimit, CU_OCCUPANCY_DEFAULT);
 }
 
-extern "C" CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func, int numBlocks,
+extern "C" CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize, CUfunction func, int numBlocks,
                                                             int blockSize) {
   if (dynamicSmemSize == nullptr || numBlocks <= 0 || blockSize <= 0 || blockSize > 1024) {
     return CUDA_ERROR_INVALID_VALUE;

@@ -12,11 +12,11 @@ struct Launch {
   unsigned block[3];
   unsigned shared_bytes;
   CUstream stream;
-  void **params;
-  void **extra;
+  void** params;
+  void** extra;
 };
 
-CUresult validate(const CUfunc_st *function, const Launch &l, bool cooperative) {
+CUresult validate(const CUfunc_st* function, const Launch& l, bool cooperative) {
   for (int i = 0; i < 3; ++i) {
     if (l.grid[i] == 0 || l.block[i] == 0) return CUDA_ERROR_INVALID_VALUE;
   }
@@ -37,7 +37,7 @@ CUresult validate(const CUfunc_st *function, const Launch &l, bool cooperative) 
   return CUDA_SUCCESS;
 }
 
-[[gnu::noinline, gnu::cold]] CUresult capture(CUfunc_st *function, const Launch &l, CUstream_st *stream) {
+[[gnu::noinline, gnu::cold]] CUresult capture(CUfunc_st* function, const Launch& l, CUstream_st* stream) {
   CUDA_KERNEL_NODE_PARAMS params{};
   params.func = function;
   params.gridDimX = l.grid[0];
@@ -53,21 +53,21 @@ CUresult validate(const CUfunc_st *function, const Launch &l, bool cooperative) 
   return capture_kernel_node(stream, params);
 }
 
-inline CUresult launch(CUfunction f, const Launch &l, bool ptsz, bool cooperative) {
+inline CUresult launch(CUfunction f, const Launch& l, bool ptsz, bool cooperative) {
   if (!initialized()) return uninitialized_error();
-  CUfunc_st *function = function_from_handle(f);
+  CUfunc_st* function = function_from_handle(f);
   if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult rc = validate(function, l, cooperative); rc != CUDA_SUCCESS) return rc;
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(l.stream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   // A module belongs to the context it was loaded in (libraries to none).
-  CUctx_st *owner = function->module != nullptr ? function->module->ctx : nullptr;
+  CUctx_st* owner = function->module != nullptr ? function->module->ctx : nullptr;
   if (owner != nullptr && owner != stream->ctx) return CUDA_ERROR_INVALID_HANDLE;
   // A CUkernel of a library loaded with no context current and never used
   // since: the driver places the library now, on the launch's device
   // (lazy loading, README "Modules"). One load and a predictable branch otherwise.
-  if (owner == nullptr && function->module != nullptr &&
-      !function->module->placed.load(std::memory_order_acquire)) [[unlikely]] {
+  if (owner == nullptr && function->module != nullptr && !function->module->placed.load(std::memory_order_acquire))
+      [[unlikely]] {
     if (CUresult rc = place_library_at_launch(function, stream->ctx->device); rc != CUDA_SUCCESS) return rc;
   }
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return capture(function, l, stream);
@@ -75,11 +75,11 @@ inline CUresult launch(CUfunction f, const Launch &l, bool ptsz, bool cooperativ
 }
 
 Launch from_args(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                 CUstream stream, void **params, void **extra) {
+                 CUstream stream, void** params, void** extra) {
   return Launch{{gx, gy, gz}, {bx, by, bz}, shared, stream, params, extra};
 }
 
-CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra, bool ptsz) {
+CUresult launch_ex(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra, bool ptsz) {
   if (config == nullptr || (config->numAttrs > 0 && config->attrs == nullptr)) return CUDA_ERROR_INVALID_VALUE;
   bool cooperative = false;
   for (unsigned i = 0; i < config->numAttrs; ++i) {
@@ -96,9 +96,10 @@ CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **kernelPara
 
 namespace gpuslice::fakecuda {
 
-CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream, std::uint64_t blocks) {
-  const StateHeader &header = state().header();
-  if (header.profile != 0) [[unlikely]] return sched_launch(stream, function->duration_ns, blocks);
+CUresult launch_on_stream(CUfunc_st* function, CUstream_st* stream, std::uint64_t blocks) {
+  const StateHeader& header = state().header();
+  if (header.profile != 0) [[unlikely]]
+    return sched_launch(stream, function->duration_ns, blocks);
   std::uint64_t duration = function->duration_ns;
   if (header.jitter_pct != 0 || header.launch_cost_ns != 0) [[unlikely]] {
     const std::uint32_t dev = stream->ctx->device;
@@ -114,7 +115,7 @@ CUresult launch_on_stream(CUfunc_st *function, CUstream_st *stream, std::uint64_
 
 extern "C" CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                    unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
-                                   unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {
+                                   unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra) {
   return launch(f,
                 from_args(gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
                           kernelParams, extra),
@@ -124,7 +125,7 @@ extern "C" CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned
 extern "C" CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                         unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                                        void **kernelParams, void **extra) {
+                                        void** kernelParams, void** extra) {
   return launch(f,
                 from_args(gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
                           kernelParams, extra),
@@ -134,7 +135,7 @@ extern "C" CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
 extern "C" CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                               unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                                               unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                                              void **kernelParams) {
+                                              void** kernelParams) {
   return launch(f,
                 from_args(gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
                           kernelParams, nullptr),
@@ -144,20 +145,19 @@ extern "C" CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDim
 extern "C" CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                                    unsigned int gridDimZ, unsigned int blockDimX,
                                                    unsigned int blockDimY, unsigned int blockDimZ,
-                                                   unsigned int sharedMemBytes, CUstream hStream,
-                                                   void **kernelParams) {
+                                                   unsigned int sharedMemBytes, CUstream hStream, void** kernelParams) {
   return launch(f,
                 from_args(gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,
                           kernelParams, nullptr),
                 true, true);
 }
 
-extern "C" CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {
+extern "C" CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra) {
   return launch_ex(config, f, kernelParams, extra, false);
 }
 
-extern "C" CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
-                                          void **extra) {
+extern "C" CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
+                                          void** extra) {
   return launch_ex(config, f, kernelParams, extra, true);
 }
 
@@ -169,19 +169,19 @@ extern "C" CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfuncti
 namespace {
 CUresult legacy_launch(CUfunction f, int grid_w, int grid_h, CUstream stream) {
   if (!initialized()) return uninitialized_error();
-  CUfunc_st *function = function_from_handle(f);
+  CUfunc_st* function = function_from_handle(f);
   if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (grid_w <= 0 || grid_h <= 0) return CUDA_ERROR_INVALID_VALUE;
-  Launch l = from_args(static_cast<unsigned>(grid_w), static_cast<unsigned>(grid_h), 1, function->legacy_block[0].load(),
-                       function->legacy_block[1].load(), function->legacy_block[2].load(),
-                       function->legacy_shared.load(), stream, nullptr, nullptr);
+  Launch l = from_args(static_cast<unsigned>(grid_w), static_cast<unsigned>(grid_h), 1,
+                       function->legacy_block[0].load(), function->legacy_block[1].load(),
+                       function->legacy_block[2].load(), function->legacy_shared.load(), stream, nullptr, nullptr);
   return launch(f, l, false, false);
 }
 }  // namespace
 
 extern "C" CUresult cuFuncSetBlockShape(CUfunction hfunc, int x, int y, int z) {
   if (!initialized()) return uninitialized_error();
-  CUfunc_st *function = function_from_handle(hfunc);
+  CUfunc_st* function = function_from_handle(hfunc);
   if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (x <= 0 || y <= 0 || z <= 0) return CUDA_ERROR_INVALID_VALUE;
   function->legacy_block[0].store(static_cast<unsigned>(x));
@@ -192,7 +192,7 @@ extern "C" CUresult cuFuncSetBlockShape(CUfunction hfunc, int x, int y, int z) {
 
 extern "C" CUresult cuFuncSetSharedSize(CUfunction hfunc, unsigned int bytes) {
   if (!initialized()) return uninitialized_error();
-  CUfunc_st *function = function_from_handle(hfunc);
+  CUfunc_st* function = function_from_handle(hfunc);
   if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   function->legacy_shared.store(bytes);
   return CUDA_SUCCESS;
@@ -209,13 +209,13 @@ extern "C" CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_hei
 // One cooperative launch per entry, each on its own stream (cuda.h: "a
 // kernel on each of the devices"); flags (the pre/post-launch syncs) change
 // nothing the simulator models.
-extern "C" CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *launchParamsList, unsigned int numDevices,
+extern "C" CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* launchParamsList, unsigned int numDevices,
                                                          unsigned int flags) {
   (void)flags;
   if (launchParamsList == nullptr || numDevices == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   for (unsigned i = 0; i < numDevices; ++i) {
-    const CUDA_LAUNCH_PARAMS &p = launchParamsList[i];
+    const CUDA_LAUNCH_PARAMS& p = launchParamsList[i];
     Launch l = from_args(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ, p.sharedMemBytes,
                          p.hStream, p.kernelParams, nullptr);
     if (CUresult rc = launch(p.function, l, false, true); rc != CUDA_SUCCESS) return rc;

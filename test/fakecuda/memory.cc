@@ -33,7 +33,7 @@ void insert_locked(CUdeviceptr base, Allocation allocation) {
 }
 
 // The range an allocation took from reserve_address (linear: `held`, pool: `size`).
-void release_address_locked(CUdeviceptr base, const Allocation &allocation) {
+void release_address_locked(CUdeviceptr base, const Allocation& allocation) {
   release_bytes(allocation);
   if (allocation.kind == AllocKind::legacy32) return;
   if (allocation.kind == AllocKind::managed) return;  // a host address (managed_map), unmapped
@@ -41,13 +41,13 @@ void release_address_locked(CUdeviceptr base, const Allocation &allocation) {
   g_free_ranges[allocation.device].emplace(round_up(bytes, 512), base);
 }
 
-CUresult alloc_common(CUdeviceptr *dptr, std::uint64_t held, std::uint64_t size, AllocKind kind) {
+CUresult alloc_common(CUdeviceptr* dptr, std::uint64_t held, std::uint64_t size, AllocKind kind) {
   if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (held == 0) return CUDA_ERROR_INVALID_VALUE;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   CUdeviceptr base = 0;
   if (kind == AllocKind::legacy32) {
@@ -78,7 +78,7 @@ CUresult alloc_common(CUdeviceptr *dptr, std::uint64_t held, std::uint64_t size,
 CUresult free_common(CUdeviceptr dptr) {
   if (!initialized()) return uninitialized_error();
   if (dptr == 0) return CUDA_SUCCESS;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   Allocation allocation;
   // Only the exact base of a live allocation: an interior or unknown pointer is an error.
@@ -91,11 +91,11 @@ CUresult free_common(CUdeviceptr dptr) {
   return CUDA_SUCCESS;
 }
 
-CUresult get_info(std::uint64_t *free_bytes, std::uint64_t *total_bytes) {
+CUresult get_info(std::uint64_t* free_bytes, std::uint64_t* total_bytes) {
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   State::Lock lock(*r.state);
   if (!lock.ok()) return CUDA_ERROR_UNKNOWN;
   r.state->reap_locked(r.slot);
@@ -106,7 +106,7 @@ CUresult get_info(std::uint64_t *free_bytes, std::uint64_t *total_bytes) {
   return CUDA_SUCCESS;
 }
 
-bool find_containing_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *size) {
+bool find_containing_locked(CUdeviceptr ptr, CUdeviceptr* base, std::uint64_t* size) {
   auto it = g_allocations.upper_bound(ptr);
   if (it != g_allocations.begin()) {
     --it;
@@ -122,7 +122,7 @@ bool find_containing_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *s
   std::uintptr_t host_base = 0;
   unsigned flags = 0;
   bool registered = false;
-  if (!host_range_find_locked(reinterpret_cast<void *>(ptr), &host_base, size, &flags, &registered)) return false;
+  if (!host_range_find_locked(reinterpret_cast<void*>(ptr), &host_base, size, &flags, &registered)) return false;
   *base = host_base;
   return true;
 }
@@ -132,7 +132,7 @@ bool find_containing_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *s
 namespace gpuslice::fakecuda {
 
 CUresult charge_device(std::uint32_t dev, std::uint64_t bytes) {
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   State::Lock lock(*r.state);
   if (!lock.ok()) return CUDA_ERROR_UNKNOWN;
   // Reap before deciding: memory of dead processes is free, as on a real device.
@@ -141,14 +141,14 @@ CUresult charge_device(std::uint32_t dev, std::uint64_t bytes) {
 }
 
 void uncharge_device(std::uint32_t dev, std::uint64_t bytes) {
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   r.state->uncharge(r.slot, dev, bytes, false);
 }
 
 CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_t alignment) {
   std::uint64_t span = round_up(bytes, 512);
   // Smallest freed range that fits (best fit); its tail goes back to the list.
-  auto &free_ranges = g_free_ranges[dev];
+  auto& free_ranges = g_free_ranges[dev];
   for (auto it = free_ranges.lower_bound(span); it != free_ranges.end(); ++it) {
     CUdeviceptr base = it->second;
     if (base % std::max<std::uint64_t>(alignment, 512) != 0) continue;
@@ -158,7 +158,7 @@ CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_
     return base;
   }
   std::uint64_t window = kDeviceWindow * (dev + 1);
-  std::uint64_t &next = g_next_address[dev];
+  std::uint64_t& next = g_next_address[dev];
   if (next == 0) next = window;
   std::uint64_t base = round_up(next, std::max<std::uint64_t>(alignment, 512));
   if (base + span > window + kDeviceWindow) return 0;
@@ -166,9 +166,9 @@ CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_
   return base;
 }
 
-void register_allocation_locked(CUdeviceptr base, const Allocation &allocation) { insert_locked(base, allocation); }
+void register_allocation_locked(CUdeviceptr base, const Allocation& allocation) { insert_locked(base, allocation); }
 
-Allocation *find_allocation_locked(CUdeviceptr ptr, CUdeviceptr *base) {
+Allocation* find_allocation_locked(CUdeviceptr ptr, CUdeviceptr* base) {
   auto it = g_allocations.upper_bound(ptr);
   if (it == g_allocations.begin()) return nullptr;
   --it;
@@ -177,7 +177,7 @@ Allocation *find_allocation_locked(CUdeviceptr ptr, CUdeviceptr *base) {
   return &it->second;
 }
 
-bool remove_allocation_locked(CUdeviceptr base, Allocation *out) {
+bool remove_allocation_locked(CUdeviceptr base, Allocation* out) {
   auto it = g_allocations.find(base);
   if (it == g_allocations.end()) return false;
   *out = it->second;
@@ -186,7 +186,7 @@ bool remove_allocation_locked(CUdeviceptr base, Allocation *out) {
   return true;
 }
 
-void memory_release_context_locked(CUctx_st *ctx) {
+void memory_release_context_locked(CUctx_st* ctx) {
   for (auto it = g_allocations.begin(); it != g_allocations.end();) {
     if (it->second.ctx == ctx && it->second.kind != AllocKind::pool) {
       uncharge_device(it->second.device, it->second.held);
@@ -200,11 +200,11 @@ void memory_release_context_locked(CUctx_st *ctx) {
 
 }  // namespace gpuslice::fakecuda
 
-extern "C" CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+extern "C" CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   return alloc_common(dptr, bytesize, bytesize, AllocKind::linear);
 }
 
-extern "C" CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
+extern "C" CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
   if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr wide = 0;
   CUresult rc = alloc_common(&wide, bytesize, bytesize, AllocKind::legacy32);
@@ -212,7 +212,7 @@ extern "C" CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
   return rc;
 }
 
-extern "C" CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+extern "C" CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
                                        unsigned int ElementSizeBytes) {
   if (pPitch == nullptr || WidthInBytes == 0 || Height == 0) return CUDA_ERROR_INVALID_VALUE;
   if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) return CUDA_ERROR_INVALID_VALUE;
@@ -223,7 +223,7 @@ extern "C" CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t
   return rc;
 }
 
-extern "C" CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int WidthInBytes,
+extern "C" CUresult cuMemAllocPitch(CUdeviceptr_v1* dptr, unsigned int* pPitch, unsigned int WidthInBytes,
                                     unsigned int Height, unsigned int ElementSizeBytes) {
   if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0) return CUDA_ERROR_INVALID_VALUE;
   if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) return CUDA_ERROR_INVALID_VALUE;
@@ -245,7 +245,7 @@ extern "C" CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, 
 // rest stays on the host (charged nowhere); cuMemAdvise(SET_PREFERRED_LOCATION,
 // host) moves it to the host.
 std::uint64_t device_free_now(std::uint32_t dev) {
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   State::Lock lock(*r.state);
   if (!lock.ok()) return 0;
   r.state->reap_locked(r.slot);
@@ -254,22 +254,22 @@ std::uint64_t device_free_now(std::uint32_t dev) {
   return used < total ? total - used : 0;
 }
 
-extern "C" CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+extern "C" CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
   if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   const std::uint64_t free_bytes = device_free_now(ctx->device);
   const std::uint64_t resident = bytesize < free_bytes ? bytesize : free_bytes;
   // The address is host memory (managed memory is host-accessible, as on a
   // real system); the device holds what fits, the rest stays on the host.
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   if (resident > 0) {
     if (CUresult rc = charge_device(ctx->device, resident); rc != CUDA_SUCCESS) return rc;
   }
-  void *host = managed_map(bytesize);
+  void* host = managed_map(bytesize);
   if (host == nullptr) {
     if (resident > 0) uncharge_device(ctx->device, resident);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -293,7 +293,7 @@ extern "C" CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
 extern "C" CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location) {
   if (!initialized()) return uninitialized_error();
   if (count == 0) return CUDA_ERROR_INVALID_VALUE;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   auto it = g_allocations.find(devPtr);
   if (it == g_allocations.end() || it->second.kind != AllocKind::managed) return CUDA_ERROR_INVALID_VALUE;
@@ -316,7 +316,7 @@ extern "C" CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise a
 extern "C" CUresult cuMemFree_v2(CUdeviceptr dptr) { return free_common(dptr); }
 extern "C" CUresult cuMemFree(CUdeviceptr_v1 dptr) { return free_common(dptr); }
 
-extern "C" CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+extern "C" CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::uint64_t f = 0;
   std::uint64_t t = 0;
@@ -328,7 +328,7 @@ extern "C" CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
   return rc;
 }
 
-extern "C" CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
+extern "C" CUresult cuMemGetInfo(unsigned int* free, unsigned int* total) {
   if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::uint64_t f = 0;
   std::uint64_t t = 0;
@@ -340,7 +340,7 @@ extern "C" CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
   return rc;
 }
 
-extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
   if (!initialized()) return uninitialized_error();
   CUresult rc = CUDA_SUCCESS;
   {
@@ -360,7 +360,7 @@ extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, C
   return rc;
 }
 
-extern "C" CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr) {
+extern "C" CUresult cuMemGetAddressRange(CUdeviceptr_v1* pbase, unsigned int* psize, CUdeviceptr_v1 dptr) {
   CUdeviceptr base = 0;
   size_t size = 0;
   CUresult rc = cuMemGetAddressRange_v2(&base, &size, dptr);

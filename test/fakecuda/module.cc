@@ -20,7 +20,7 @@ HandlePool<CUlib_st> g_libraries;
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
 
-bool starts_statement(const std::string &text, std::size_t at) {
+bool starts_statement(const std::string& text, std::size_t at) {
   if (at == 0) return true;
   char c = text[at - 1];
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ';' || c == '{' || c == '}';
@@ -29,7 +29,7 @@ bool starts_statement(const std::string &text, std::size_t at) {
 // PTX global declarations: `.global [.align A] .<b|u|s|f><bits> name[N]...;`
 // (`ld.global` and friends are instructions, not declarations). Lays them out
 // in order, each aligned, and returns the total size.
-std::uint64_t parse_globals(const std::string &text, std::map<std::string, CUmod_st::Global> &out) {
+std::uint64_t parse_globals(const std::string& text, std::map<std::string, CUmod_st::Global>& out) {
   std::uint64_t total = 0;
   for (std::size_t pos = text.find(".global"); pos != std::string::npos; pos = text.find(".global", pos + 7)) {
     std::size_t after = pos + 7;
@@ -44,8 +44,8 @@ std::uint64_t parse_globals(const std::string &text, std::map<std::string, CUmod
     while (decl >> token) {
       if (token == ".align") {
         decl >> align;
-      } else if (token.size() > 2 && token[0] == '.' && std::strchr("busf", token[1]) != nullptr &&
-                 token[2] >= '0' && token[2] <= '9') {
+      } else if (token.size() > 2 && token[0] == '.' && std::strchr("busf", token[1]) != nullptr && token[2] >= '0' &&
+                 token[2] <= '9') {
         element = std::strtoull(token.c_str() + 2, nullptr, 10) / 8;
       } else if (token[0] != '.') {
         name = token;
@@ -70,7 +70,7 @@ std::uint64_t parse_globals(const std::string &text, std::map<std::string, CUmod
 
 // Charges the module's memory on `dev`: its globals plus the image (code),
 // rounded up to 64 KiB. OUT_OF_MEMORY when the device is full.
-CUresult place_locked(CUmod_st *module, std::uint32_t dev) {
+CUresult place_locked(CUmod_st* module, std::uint32_t dev) {
   if (module->placed) return CUDA_SUCCESS;
   std::uint64_t held = 0;
   if (state().header().module_memory != 0) held = round_up(module->globals_bytes + module->image.size(), 64 * 1024);
@@ -84,8 +84,8 @@ CUresult place_locked(CUmod_st *module, std::uint32_t dev) {
   return CUDA_SUCCESS;
 }
 
-CUmod_st *load_locked(std::string image, bool opaque, CUctx_st *ctx) {
-  CUmod_st *module = g_modules.make();
+CUmod_st* load_locked(std::string image, bool opaque, CUctx_st* ctx) {
+  CUmod_st* module = g_modules.make();
   module->ctx = ctx;
   module->image = std::move(image);
   module->opaque = opaque;
@@ -93,15 +93,15 @@ CUmod_st *load_locked(std::string image, bool opaque, CUctx_st *ctx) {
   return module;
 }
 
-void unload_locked(CUmod_st *module) {
+void unload_locked(CUmod_st* module) {
   if (module->placed) uncharge_device(module->device, module->held);
   module->placed = false;
-  for (auto &entry : module->functions) g_functions.retire(entry.second);
+  for (auto& entry : module->functions) g_functions.retire(entry.second);
   module->functions.clear();
   g_modules.retire(module);
 }
 
-CUresult get_function_locked(CUmod_st *module, const char *name, CUfunc_st **out) {
+CUresult get_function_locked(CUmod_st* module, const char* name, CUfunc_st** out) {
   auto it = module->functions.find(name);
   if (it != module->functions.end()) {
     *out = it->second;
@@ -110,7 +110,7 @@ CUresult get_function_locked(CUmod_st *module, const char *name, CUfunc_st **out
   if (*name == '\0' || (!module->opaque && module->image.find(name) == std::string::npos)) {
     return CUDA_ERROR_NOT_FOUND;
   }
-  CUfunc_st *function = g_functions.make();
+  CUfunc_st* function = g_functions.make();
   function->module = module;
   function->name = name;
   function->duration_ns = kernel_duration_ns(function->name);
@@ -119,16 +119,16 @@ CUresult get_function_locked(CUmod_st *module, const char *name, CUfunc_st **out
   return CUDA_SUCCESS;
 }
 
-CUresult module_load(CUmodule *module, const void *image, std::uint64_t limit = ~std::uint64_t{0}) {
+CUresult module_load(CUmodule* module, const void* image, std::uint64_t limit = ~std::uint64_t{0}) {
   if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::string text;
   bool opaque = false;
   if (CUresult rc = read_image(image, &text, &opaque, limit); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
-  CUmod_st *loaded = load_locked(std::move(text), opaque, ctx);
+  CUmod_st* loaded = load_locked(std::move(text), opaque, ctx);
   if (CUresult rc = place_locked(loaded, ctx->device); rc != CUDA_SUCCESS) {
     unload_locked(loaded);
     return rc;
@@ -137,7 +137,7 @@ CUresult module_load(CUmodule *module, const void *image, std::uint64_t limit = 
   return CUDA_SUCCESS;
 }
 
-CUresult get_global(CUdeviceptr *dptr, size_t *bytes, CUmod_st *module, const char *name) {
+CUresult get_global(CUdeviceptr* dptr, size_t* bytes, CUmod_st* module, const char* name) {
   auto it = module->globals.find(name);
   if (it == module->globals.end()) return CUDA_ERROR_NOT_FOUND;
   if (dptr != nullptr) *dptr = module->globals_base + it->second.offset;
@@ -149,15 +149,15 @@ CUresult get_global(CUdeviceptr *dptr, size_t *bytes, CUmod_st *module, const ch
 
 namespace gpuslice::fakecuda {
 
-void modules_release_context_locked(CUctx_st *ctx) {
-  g_modules.for_each_live([&](CUmod_st *module) {
+void modules_release_context_locked(CUctx_st* ctx) {
+  g_modules.for_each_live([&](CUmod_st* module) {
     if (module->ctx == ctx) unload_locked(module);
   });
 }
 
-CUfunc_st *function_from_handle(CUfunction f) { return alive(f) ? f : nullptr; }
+CUfunc_st* function_from_handle(CUfunction f) { return alive(f) ? f : nullptr; }
 
-CUresult place_library_at_launch(CUfunc_st *function, std::uint32_t dev) {
+CUresult place_library_at_launch(CUfunc_st* function, std::uint32_t dev) {
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(function) || function->module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   return place_locked(function->module, dev);
@@ -165,19 +165,19 @@ CUresult place_library_at_launch(CUfunc_st *function, std::uint32_t dev) {
 
 }  // namespace gpuslice::fakecuda
 
-extern "C" CUresult cuModuleLoadData(CUmodule *module, const void *image) { return module_load(module, image); }
+extern "C" CUresult cuModuleLoadData(CUmodule* module, const void* image) { return module_load(module, image); }
 
-extern "C" CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
-                                       CUjit_option *options, void **optionValues) {
+extern "C" CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
+                                       CUjit_option* options, void** optionValues) {
   if (numOptions > 0 && (options == nullptr || optionValues == nullptr)) return CUDA_ERROR_INVALID_VALUE;
   return module_load(module, image);
 }
 
-extern "C" CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+extern "C" CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
   return module_load(module, fatCubin);
 }
 
-extern "C" CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+extern "C" CUresult cuModuleLoad(CUmodule* module, const char* fname) {
   if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::ifstream file(fname, std::ios::binary);
@@ -196,7 +196,7 @@ extern "C" CUresult cuModuleUnload(CUmodule hmod) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+extern "C" CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
   if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -204,14 +204,14 @@ extern "C" CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
   return get_function_locked(hmod, name, hfunc);
 }
 
-extern "C" CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) {
+extern "C" CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   *mode = CU_MODULE_LAZY_LOADING;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
+extern "C" CUresult cuFuncGetName(const char** name, CUfunction hfunc) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
@@ -219,7 +219,7 @@ extern "C" CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
+extern "C" CUresult cuFuncGetModule(CUmodule* hmod, CUfunction hfunc) {
   if (hmod == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
@@ -227,7 +227,7 @@ extern "C" CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
+extern "C" CUresult cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunction hfunc) {
   if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!alive(hfunc)) return CUDA_ERROR_INVALID_HANDLE;
@@ -265,7 +265,7 @@ extern "C" CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) 
   return alive(hfunc) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-extern "C" CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+extern "C" CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction func, int blockSize,
                                                                 size_t dynamicSMemSize) {
   (void)dynamicSMemSize;
   if (numBlocks == nullptr || blockSize <= 0 || blockSize > 1024) return CUDA_ERROR_INVALID_VALUE;
@@ -279,9 +279,9 @@ extern "C" CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, 
 // Libraries are context-independent modules; a CUkernel is the same object as
 // the CUfunction it resolves to, which is what lets a CUkernel be passed where a
 // CUfunction is expected, as the driver allows.
-extern "C" CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
-                                      void **jitOptionsValues, unsigned int numJitOptions,
-                                      CUlibraryOption *libraryOptions, void **libraryOptionValues,
+extern "C" CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions,
+                                      void** jitOptionsValues, unsigned int numJitOptions,
+                                      CUlibraryOption* libraryOptions, void** libraryOptionValues,
                                       unsigned int numLibraryOptions) {
   (void)jitOptions;
   (void)jitOptionsValues;
@@ -295,25 +295,25 @@ extern "C" CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUji
   bool opaque = false;
   if (CUresult rc = read_image(code, &text, &opaque); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
-  CUmod_st *module = load_locked(std::move(text), opaque, nullptr);
+  CUmod_st* module = load_locked(std::move(text), opaque, nullptr);
   // Loaded into the current context's device now; with no context current, on
   // first use of a global (the real driver loads libraries lazily too).
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (current_context(&ctx) == CUDA_SUCCESS) {
     if (CUresult rc = place_locked(module, ctx->device); rc != CUDA_SUCCESS) {
       unload_locked(module);
       return rc;
     }
   }
-  CUlib_st *created = g_libraries.make();
+  CUlib_st* created = g_libraries.make();
   created->module = module;
   *library = created;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
-                                          void **jitOptionsValues, unsigned int numJitOptions,
-                                          CUlibraryOption *libraryOptions, void **libraryOptionValues,
+extern "C" CUresult cuLibraryLoadFromFile(CUlibrary* library, const char* fileName, CUjit_option* jitOptions,
+                                          void** jitOptionsValues, unsigned int numJitOptions,
+                                          CUlibraryOption* libraryOptions, void** libraryOptionValues,
                                           unsigned int numLibraryOptions) {
   if (library == nullptr || fileName == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
@@ -330,10 +330,10 @@ extern "C" CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNa
                            libraryOptionValues, numLibraryOptions);
 }
 
-extern "C" CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name) {
+extern "C" CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
@@ -341,7 +341,7 @@ extern "C" CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibra
   return get_global(dptr, bytes, library->module, name);
 }
 
-extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {
+extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -365,10 +365,10 @@ extern "C" CUresult cuLibraryUnload(CUlibrary library) {
 
 // The module of the library in the current context: a library loaded with no
 // context current is placed there now (cuda.h: "for the current context").
-extern "C" CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
+extern "C" CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library) {
   if (pMod == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
@@ -377,23 +377,23 @@ extern "C" CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+extern "C" CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name) {
   if (pKernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
-  CUfunc_st *function = nullptr;
+  CUfunc_st* function = nullptr;
   if (CUresult rc = get_function_locked(library->module, name, &function); rc != CUDA_SUCCESS) return rc;
   *pKernel = reinterpret_cast<CUkernel>(function);
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+extern "C" CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
   if (pFunc == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  auto *function = reinterpret_cast<CUfunc_st *>(kernel);
+  auto* function = reinterpret_cast<CUfunc_st*>(kernel);
   if (!alive(function)) return CUDA_ERROR_INVALID_HANDLE;
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   // The function in the current context: its lazily loaded library is placed now.
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -402,6 +402,6 @@ extern "C" CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
+extern "C" CUresult cuKernelGetName(const char** name, CUkernel hfunc) {
   return cuFuncGetName(name, reinterpret_cast<CUfunction>(hfunc));
 }

@@ -46,7 +46,7 @@ constexpr std::uint64_t kMonitorMagic = 0x524f54494e4f4d46ull;  // "FMONITOR"
 constexpr std::uint32_t kWatches = 256;
 
 // Shared by every process of the simulated machine: <state>.monitor.
-struct Watch {  // one (container, device)
+struct Watch {                     // one (container, device)
   std::atomic<std::uint64_t> key;  // 0 = free
   std::atomic<std::uint64_t> limit_seen;
   std::atomic<std::uint64_t> ceiling;
@@ -85,23 +85,23 @@ struct MonitorConfig {
 };
 
 MonitorConfig g_config;
-MonitorShared *g_shared = nullptr;
-State *g_state = nullptr;
+MonitorShared* g_shared = nullptr;
+State* g_state = nullptr;
 int g_slot = -1;
-const Region *g_region = nullptr;  // mapped read-only once it exists
+const Region* g_region = nullptr;  // mapped read-only once it exists
 int g_region_device[kMaxDevices];  // fake device -> region entry; -1 unknown
 std::atomic<int> g_reports{0};
 
-std::uint64_t fnv1a(const char *text) {
+std::uint64_t fnv1a(const char* text) {
   std::uint64_t h = 0xcbf29ce484222325ull;
   for (; *text != '\0'; ++text) h = (h ^ static_cast<unsigned char>(*text)) * 0x100000001b3ull;
   return h == 0 ? 1 : h;
 }
 
-bool parse_ms(const char *name, std::uint64_t lo, std::uint64_t hi, std::uint64_t &out, char *error, std::size_t len) {
-  const char *v = std::getenv(name);
+bool parse_ms(const char* name, std::uint64_t lo, std::uint64_t hi, std::uint64_t& out, char* error, std::size_t len) {
+  const char* v = std::getenv(name);
   if (v == nullptr || v[0] == '\0') return true;
-  char *end = nullptr;
+  char* end = nullptr;
   errno = 0;
   unsigned long long value = std::strtoull(v, &end, 10);
   if (v[0] < '0' || v[0] > '9' || errno != 0 || *end != '\0' || value < lo || value > hi) {
@@ -113,37 +113,37 @@ bool parse_ms(const char *name, std::uint64_t lo, std::uint64_t hi, std::uint64_
   return true;
 }
 
-MonitorShared *map_shared(const char *state_path) {
+MonitorShared* map_shared(const char* state_path) {
   char path[1100];
   std::snprintf(path, sizeof(path), "%s.monitor", state_path);
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return nullptr;
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0 ||
       (static_cast<std::size_t>(st.st_size) < sizeof(MonitorShared) && ftruncate(fd, sizeof(MonitorShared)) != 0)) {
     close(fd);
     return nullptr;
   }
-  void *p = mmap(nullptr, sizeof(MonitorShared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, sizeof(MonitorShared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return nullptr;
-  auto *shared = static_cast<MonitorShared *>(p);
+  auto* shared = static_cast<MonitorShared*>(p);
   shared->magic.store(kMonitorMagic, std::memory_order_relaxed);
   return shared;
 }
 
-const Region *region() {
+const Region* region() {
   if (g_region != nullptr) return g_region;
   int fd = open(g_config.region, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return nullptr;
-  struct stat st{};
-  void *p = MAP_FAILED;
+  struct stat st {};
+  void* p = MAP_FAILED;
   if (fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(Region)) {
     p = mmap(nullptr, sizeof(Region), PROT_READ, MAP_SHARED, fd, 0);
   }
   close(fd);
   if (p == MAP_FAILED) return nullptr;
-  auto *r = static_cast<const Region *>(p);
+  auto* r = static_cast<const Region*>(p);
   if (r->header.magic != kRegionMagic || r->header.abi_version != kRegionAbiVersion) {
     munmap(p, sizeof(Region));
     return nullptr;
@@ -152,12 +152,12 @@ const Region *region() {
   return g_region;
 }
 
-int region_device(State &state, std::uint32_t dev, const Region &r) {
+int region_device(State& state, std::uint32_t dev, const Region& r) {
   if (g_region_device[dev] >= 0) return g_region_device[dev];
   unsigned char uuid[16];
   device_uuid(state.header(), dev, uuid);
   for (int i = 0; i < static_cast<int>(gpuslice::kMaxDevices); ++i) {
-    const DeviceState &d = r.devices[i];
+    const DeviceState& d = r.devices[i];
     if (d.uuid_state.load(std::memory_order_acquire) == 2 && std::memcmp(d.uuid, uuid, 16) == 0) {
       g_region_device[dev] = i;
       return i;
@@ -168,10 +168,10 @@ int region_device(State &state, std::uint32_t dev, const Region &r) {
 
 // Device bytes held by the live processes of this container, and of them the
 // managed grants in flight. State lock held.
-std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *own, std::uint64_t *in_flight = nullptr) {
+std::uint64_t container_total(State& state, std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr) {
   std::uint64_t total = 0;
   for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
-    const ProcSlot &slot = state.header().slot[i];
+    const ProcSlot& slot = state.header().slot[i];
     if (slot.state.load(std::memory_order_acquire) != 1) continue;
     if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
         g_shared->member_generation[i].load(std::memory_order_acquire) !=
@@ -188,10 +188,10 @@ std::uint64_t container_total(State &state, std::uint32_t dev, std::uint64_t *ow
   return total;
 }
 
-Watch *watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total) {
+Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total) {
   const std::uint64_t key = g_config.container * 31 + dev + 1;
   for (std::uint32_t probe = 0; probe < kWatches; ++probe) {
-    Watch &w = g_shared->watch[(key + probe) % kWatches];
+    Watch& w = g_shared->watch[(key + probe) % kWatches];
     std::uint64_t seen = w.key.load(std::memory_order_acquire);
     if (seen == key) return &w;
     if (seen == 0) {
@@ -209,20 +209,21 @@ struct Grant {
   std::uint64_t bytes;
   bool implicit;  // context or module memory: measured by the library after the call
   bool managed;   // cuMemAllocManaged: spilled (advised to the host) after the call
-  const char *call;
+  const char* call;
 };
 
 // One line per live process of the container: what the simulator says it
 // holds on the device, and what gpuslice's region slot with its pid counts.
 // State lock held.
-int append_processes(char *text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
+int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
   if (g_state == nullptr || used < 0 || static_cast<std::size_t>(used) >= len) return used;
-  const gpuslice::Region *r = region();
+  const gpuslice::Region* r = region();
   for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
-    const ProcSlot &slot = g_state->header().slot[i];
+    const ProcSlot& slot = g_state->header().slot[i];
     if (slot.state.load(std::memory_order_acquire) != 1) continue;
     if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
-        g_shared->member_generation[i].load(std::memory_order_acquire) != slot.generation.load(std::memory_order_relaxed)) {
+        g_shared->member_generation[i].load(std::memory_order_acquire) !=
+            slot.generation.load(std::memory_order_relaxed)) {
       continue;
     }
     const bool alive = i == g_slot || g_state->slot_alive(i);
@@ -233,7 +234,7 @@ int append_processes(char *text, std::size_t len, int used, std::uint32_t dev, i
     unsigned state = 0;
     if (r != nullptr && region_dev >= 0) {
       for (std::uint32_t k = 0; k < gpuslice::kMaxSlots; ++k) {
-        const gpuslice::Slot &gs = r->slots[k];
+        const gpuslice::Slot& gs = r->slots[k];
         const std::uint32_t st = gs.state.load(std::memory_order_acquire);
         if (st != gpuslice::kSlotFree && gs.pid.load(std::memory_order_relaxed) == pid) {
           committed = static_cast<long long>(gs.committed_bytes[region_dev].load(std::memory_order_relaxed));
@@ -246,7 +247,7 @@ int append_processes(char *text, std::size_t len, int used, std::uint32_t dev, i
     char proc[64] = "gone";
     char path[64];
     std::snprintf(path, sizeof(path), "/proc/%u/status", pid);
-    if (FILE *f = std::fopen(path, "re")) {
+    if (FILE* f = std::fopen(path, "re")) {
       char line[256];
       char st = '?';
       int threads = -1;
@@ -272,7 +273,7 @@ int append_processes(char *text, std::size_t len, int used, std::uint32_t dev, i
 // counts as spilled (host memory), plus agent_extra_bytes. Spilled bytes are
 // read as the library reads them for the allowance (in, used, out), so the
 // figure is never below the library's own at any instant.
-std::uint64_t resident_count(const DeviceState &d) {
+std::uint64_t resident_count(const DeviceState& d) {
   const std::uint64_t in = d.spilled_in_bytes.load(std::memory_order_seq_cst);
   const std::uint64_t used = d.used_bytes.load(std::memory_order_seq_cst);
   const std::uint64_t out = d.spilled_out_bytes.load(std::memory_order_seq_cst);
@@ -280,13 +281,13 @@ std::uint64_t resident_count(const DeviceState &d) {
   return (used > spilled ? used - spilled : 0) + d.agent_extra_bytes.load(std::memory_order_acquire);
 }
 
-void report(const char *invariant, const char *detail, std::uint32_t dev, int region_dev, std::uint64_t total,
-            std::uint64_t own, std::uint64_t limit, const DeviceState &d, const Grant *grant) {
+void report(const char* invariant, const char* detail, std::uint32_t dev, int region_dev, std::uint64_t total,
+            std::uint64_t own, std::uint64_t limit, const DeviceState& d, const Grant* grant) {
   g_shared->violations.fetch_add(1, std::memory_order_relaxed);
   const int n = g_reports.fetch_add(1, std::memory_order_relaxed);
   if (n >= 20) return;
   static char text[16384];  // state lock held: one report at a time
-  const ChaosConfig &chaos = chaos_config();
+  const ChaosConfig& chaos = chaos_config();
   const unsigned long long resident = d.resident_limit_bytes.load(std::memory_order_relaxed);
   int used = std::snprintf(
       text, sizeof(text),
@@ -296,8 +297,8 @@ void report(const char *invariant, const char *detail, std::uint32_t dev, int re
       "%llu)\n  grant: %s%llu bytes in %s\n"
       "  replay: the same FAKECUDA_CHAOS_SEED and schedule (test/chaos/README.md)\n",
       invariant, static_cast<unsigned long long>(chaos.seed), static_cast<unsigned long long>(chaos.stream),
-      static_cast<int>(getpid()), chaos_thread_ordinal(), g_config.region, dev, region_dev,
-      detail, static_cast<unsigned long long>(total), static_cast<unsigned long long>(own),
+      static_cast<int>(getpid()), chaos_thread_ordinal(), g_config.region, dev, region_dev, detail,
+      static_cast<unsigned long long>(total), static_cast<unsigned long long>(own),
       static_cast<unsigned long long>(limit),
       static_cast<unsigned long long>(d.quota_bytes.load(std::memory_order_relaxed)), resident,
       static_cast<unsigned long long>(resident_count(d)),
@@ -305,13 +306,14 @@ void report(const char *invariant, const char *detail, std::uint32_t dev, int re
       static_cast<unsigned long long>(d.spilled_in_bytes.load(std::memory_order_relaxed) -
                                       d.spilled_out_bytes.load(std::memory_order_relaxed)),
       static_cast<unsigned long long>(d.agent_extra_bytes.load(std::memory_order_relaxed)),
-      grant == nullptr ? "none (background check) " : (grant->implicit ? "implicit " : (grant->managed ? "managed " : "")),
+      grant == nullptr ? "none (background check) "
+                       : (grant->implicit ? "implicit " : (grant->managed ? "managed " : "")),
       static_cast<unsigned long long>(grant != nullptr ? grant->bytes : 0), grant != nullptr ? grant->call : "-");
   if (used < 0) return;
   used = append_processes(text, sizeof(text), used, dev, region_dev);
   if (static_cast<std::size_t>(used) < sizeof(text)) {
-    int m = std::snprintf(text + used, sizeof(text) - used, "  last %d operations of pid %d, oldest first:\n", g_config.ring,
-                          static_cast<int>(getpid()));
+    int m = std::snprintf(text + used, sizeof(text) - used, "  last %d operations of pid %d, oldest first:\n",
+                          g_config.ring, static_cast<int>(getpid()));
     if (m > 0) used += m;
   }
   if (static_cast<std::size_t>(used) < sizeof(text)) {
@@ -328,12 +330,12 @@ void report(const char *invariant, const char *detail, std::uint32_t dev, int re
 }
 
 // State lock held.
-void check(State &state, std::uint32_t dev, const Grant *grant) {
-  const gpuslice::Region *r = region();
+void check(State& state, std::uint32_t dev, const Grant* grant) {
+  const gpuslice::Region* r = region();
   if (r == nullptr || dev >= gpuslice::kMaxDevices) return;
   const int rd = region_device(state, dev, *r);
   if (rd < 0) return;
-  const DeviceState &d = r->devices[rd];
+  const DeviceState& d = r->devices[rd];
   g_shared->checks.fetch_add(1, std::memory_order_relaxed);
   std::uint64_t own = 0;
   std::uint64_t in_flight = 0;
@@ -342,7 +344,7 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
   const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);
   if (resident != 0 && resident < limit) limit = resident;
   if (g_config.resident_env < limit) limit = g_config.resident_env;
-  Watch *w = watch_for(dev, limit, total);
+  Watch* w = watch_for(dev, limit, total);
   if (w == nullptr) return;
   const std::uint64_t now = mono_ns();
   const std::uint64_t lag = g_config.lag_ns;
@@ -353,7 +355,8 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
   // Implicit grants of the last `lag`: an explicit grant may find the device
   // above the limit by at most their sum (the library measures them after
   // the call and then counts them, or destroys what does not fit).
-  if (now >= w->implicit_until_ns.load(std::memory_order_relaxed)) w->implicit_bytes.store(0, std::memory_order_relaxed);
+  if (now >= w->implicit_until_ns.load(std::memory_order_relaxed))
+    w->implicit_bytes.store(0, std::memory_order_relaxed);
   if (grant != nullptr && grant->implicit && grant->bytes > 0) {
     w->implicit_until_ns.store(now + lag, std::memory_order_relaxed);
     w->implicit_bytes.fetch_add(grant->bytes, std::memory_order_relaxed);
@@ -383,8 +386,8 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
         w->excess_since_ns.store(now, std::memory_order_relaxed);
       } else if (now - since > lag && w->excess_reported.load(std::memory_order_relaxed) != since) {
         w->excess_reported.store(since, std::memory_order_relaxed);
-        report("quota", "the container stayed above its limit longer than FAKECUDA_MONITOR_LAG_MS", dev, rd, total,
-               own, ceiling, d, grant);
+        report("quota", "the container stayed above its limit longer than FAKECUDA_MONITOR_LAG_MS", dev, rd, total, own,
+               ceiling, d, grant);
       }
     }
   } else {
@@ -409,14 +412,14 @@ void check(State &state, std::uint32_t dev, const Grant *grant) {
   }
 }
 
-bool call_is(const char *call, const char *name) { return call != nullptr && std::strcmp(call, name) == 0; }
+bool call_is(const char* call, const char* name) { return call != nullptr && std::strcmp(call, name) == 0; }
 
 // Entry points (or their helpers) that allocate on the program's request; a
 // grant anywhere else (contexts, module/library placement) is implicit.
-bool explicit_call(const char *call) {
-  static const char *const kExplicit[] = {"alloc_common", "cuMemAllocManaged", "create_array", "cuMipmappedArrayCreate",
-                                          "alloc_async",  "cuMemCreate"};
-  for (const char *name : kExplicit) {
+bool explicit_call(const char* call) {
+  static const char* const kExplicit[] = {"alloc_common",           "cuMemAllocManaged", "create_array",
+                                          "cuMipmappedArrayCreate", "alloc_async",       "cuMemCreate"};
+  for (const char* name : kExplicit) {
     if (call_is(call, name)) return true;
   }
   return false;
@@ -434,8 +437,8 @@ void land_managed() {
   t_managed_in_flight = 0;
 }
 
-void on_charge(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
-  const char *call = last_call();
+void on_charge(State& state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
+  const char* call = last_call();
   ring_record(context ? OpKind::context_charge : OpKind::charge, call, dev, bytes);
   if (g_config.on && slot == g_slot) {
     Grant grant{bytes, context || !explicit_call(call),
@@ -454,8 +457,8 @@ void on_charge(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, b
   chaos_point(call);
 }
 
-void on_uncharge(State &, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
-  const char *call = last_call();
+void on_uncharge(State&, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
+  const char* call = last_call();
   ring_record(context ? OpKind::context_uncharge : OpKind::uncharge, call, dev, bytes);
   if (g_config.on && slot == g_slot) land_managed();
   chaos_point(call);
@@ -489,12 +492,12 @@ extern "C" int fakecuda_monitor_checkpoint(void) {
   // table are shared by this process's threads).
   State::Lock lock(*g_state);
   if (!lock.ok()) return 0;
-  const gpuslice::Region *r = region();
+  const gpuslice::Region* r = region();
   if (r == nullptr) return 0;
   const std::uint32_t pid = static_cast<std::uint32_t>(getpid());
-  const gpuslice::Slot *own = nullptr;
+  const gpuslice::Slot* own = nullptr;
   for (std::uint32_t i = 0; i < gpuslice::kMaxSlots; ++i) {
-    const gpuslice::Slot &slot = r->slots[i];
+    const gpuslice::Slot& slot = r->slots[i];
     if (slot.state.load(std::memory_order_acquire) == gpuslice::kSlotLive &&
         slot.pid.load(std::memory_order_acquire) == pid) {
       own = &slot;
@@ -504,7 +507,7 @@ extern "C" int fakecuda_monitor_checkpoint(void) {
   int found = 0;
   for (std::uint32_t dev = 0; dev < g_state->device_count(); ++dev) {
     check(*g_state, dev, nullptr);
-    const ProcSlot &mine = g_state->header().slot[g_slot];
+    const ProcSlot& mine = g_state->header().slot[g_slot];
     const std::uint64_t held =
         mine.alloc_bytes[dev].load(std::memory_order_relaxed) + mine.context_bytes[dev].load(std::memory_order_relaxed);
     const int rd = region_device(*g_state, dev, *r);
@@ -515,7 +518,7 @@ extern "C" int fakecuda_monitor_checkpoint(void) {
     committed = committed > spilled ? committed - spilled : 0;
     if (held > committed) {
       ++found;
-      Watch *w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
+      Watch* w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
       char detail[256];
       std::snprintf(detail, sizeof(detail),
                     "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it, spilled "
@@ -531,11 +534,11 @@ extern "C" int fakecuda_monitor_checkpoint(void) {
 
 namespace gpuslice::fakecuda {
 
-bool probes_configure(const char *state_path, char *error, std::size_t len) {
+bool probes_configure(const char* state_path, char* error, std::size_t len) {
   ChaosConfig chaos;
   if (!chaos_configure(chaos, error, len)) return false;
   MonitorConfig config;
-  const char *on = std::getenv("FAKECUDA_MONITOR");
+  const char* on = std::getenv("FAKECUDA_MONITOR");
   if (on != nullptr && on[0] != '\0' && std::strcmp(on, "0") != 0) {
     if (std::strcmp(on, "1") != 0) {
       std::snprintf(error, len, "FAKECUDA_MONITOR='%s': expected 0 or 1", on);
@@ -552,19 +555,19 @@ bool probes_configure(const char *state_path, char *error, std::size_t len) {
   }
   config.lag_ns = lag_ms * 1000000;
   config.ring = static_cast<int>(ring);
-  const char *report = std::getenv("FAKECUDA_MONITOR_REPORT");
+  const char* report = std::getenv("FAKECUDA_MONITOR_REPORT");
   if (report != nullptr && report[0] != '\0') {
     std::snprintf(config.report, sizeof(config.report), "%s", report);
   } else {
     std::snprintf(config.report, sizeof(config.report), "%s.violations", state_path);
   }
   // The container: the region the library would use (README.md's table).
-  const char *region = std::getenv("GPUSLICE_REGION");
+  const char* region = std::getenv("GPUSLICE_REGION");
   if (region == nullptr || region[0] == '\0') region = std::getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
   if (region == nullptr || region[0] == '\0') region = "/dev/shm/gpuslice.region";
   std::snprintf(config.region, sizeof(config.region), "%s", region);
   config.container = fnv1a(config.region);
-  if (const char *v = std::getenv("GPUSLICE_MEMORY_RESIDENT"); v != nullptr && v[0] != '\0') {
+  if (const char* v = std::getenv("GPUSLICE_MEMORY_RESIDENT"); v != nullptr && v[0] != '\0') {
     std::uint64_t bytes = 0;
     if (parse_size(v, bytes) && bytes > 0) config.resident_env = bytes;
   }
@@ -579,14 +582,14 @@ bool probes_configure(const char *state_path, char *error, std::size_t len) {
   return true;
 }
 
-void probes_attach(State *state, int slot) {
+void probes_attach(State* state, int slot) {
   g_state = state;
   g_slot = slot;
-  for (int &d : g_region_device) d = -1;
+  for (int& d : g_region_device) d = -1;
   if (g_config.on && g_shared != nullptr && slot >= 0) {
     const std::uint32_t generation = state->header().slot[slot].generation.load(std::memory_order_relaxed);
     g_shared->member_generation[slot].store(0, std::memory_order_release);
-    for (auto &bytes : g_shared->managed_in_flight[slot]) bytes.store(0, std::memory_order_relaxed);
+    for (auto& bytes : g_shared->managed_in_flight[slot]) bytes.store(0, std::memory_order_relaxed);
     g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
     g_shared->member_generation[slot].store(generation, std::memory_order_release);
     if (g_config.interval_ms > 0) std::thread(sampler).detach();

@@ -22,19 +22,19 @@ using namespace gpuslice::fakecuda;
 namespace {
 
 std::mutex g_mu;
-int g_init_count = 0;       // nvmlInit/nvmlShutdown nest
-State *g_state = nullptr;   // kept for the process's life once attached
+int g_init_count = 0;      // nvmlInit/nvmlShutdown nest
+State* g_state = nullptr;  // kept for the process's life once attached
 nvmlDevice_st g_devices[kMaxDevices];
 
 // Utilisation with no lastSeenTimeStamp covers the last second, like nvidia-smi's sample.
 constexpr std::uint64_t kDefaultWindowNs = 1000000000ull;
 
-State *attached() {
+State* attached() {
   std::lock_guard<std::mutex> guard(g_mu);
   return g_init_count > 0 ? g_state : nullptr;
 }
 
-nvmlReturn_t check_device(nvmlDevice_t device, State **state, std::uint32_t *index) {
+nvmlReturn_t check_device(nvmlDevice_t device, State** state, std::uint32_t* index) {
   *state = attached();
   if (*state == nullptr) return NVML_ERROR_UNINITIALIZED;
   auto address = reinterpret_cast<std::uintptr_t>(device);
@@ -74,7 +74,7 @@ nvmlReturn_t init(unsigned int flags) {
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t copy_string(const char *text, char *out, unsigned int length) {
+nvmlReturn_t copy_string(const char* text, char* out, unsigned int length) {
   if (out == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   if (std::strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
   std::memcpy(out, text, std::strlen(text) + 1);
@@ -82,9 +82,9 @@ nvmlReturn_t copy_string(const char *text, char *out, unsigned int length) {
 }
 
 template <typename Info>
-nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, Info *infos, bool with_instances) {
+nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* infoCount, Info* infos, bool with_instances) {
   if (infoCount == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  State *state = nullptr;
+  State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
   ProcessUsage usage[kMaxSlots];
@@ -115,8 +115,8 @@ nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, Inf
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t memory_used(nvmlDevice_t device, std::uint64_t *total, std::uint64_t *used) {
-  State *state = nullptr;
+nvmlReturn_t memory_used(nvmlDevice_t device, std::uint64_t* total, std::uint64_t* used) {
+  State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
   State::Lock lock(*state);
@@ -132,8 +132,8 @@ constexpr std::uint64_t kSampleBuffer = 10;  // periods the periodic model keeps
 
 // Ideal profile: one sample per process over the exact window since
 // lastSeenTimeStamp (or the last second), stamped now.
-unsigned exact_samples(State &state, std::uint32_t dev, unsigned long long last_seen,
-                       nvmlProcessUtilizationSample_t *samples) {
+unsigned exact_samples(State& state, std::uint32_t dev, unsigned long long last_seen,
+                       nvmlProcessUtilizationSample_t* samples) {
   // NVML timestamps are CPU (wall-clock) microseconds; the timeline is CLOCK_MONOTONIC.
   const std::uint64_t now_mono = mono_ns();
   const std::uint64_t now_real = realtime_ns();
@@ -159,9 +159,9 @@ unsigned exact_samples(State &state, std::uint32_t dev, unsigned long long last_
 // period has ended, and is stamped with its end (CPU microseconds). One sample
 // per process with a non-zero integer percent, for each of the last
 // kSampleBuffer periods whose stamp is newer than last_seen.
-unsigned periodic_samples(State &state, std::uint32_t dev, unsigned long long last_seen,
-                          nvmlProcessUtilizationSample_t *samples) {
-  const StateHeader &header = state.header();
+unsigned periodic_samples(State& state, std::uint32_t dev, unsigned long long last_seen,
+                          nvmlProcessUtilizationSample_t* samples) {
+  const StateHeader& header = state.header();
   const std::uint64_t period = header.nvml_period_ns;
   const std::uint64_t origin = header.created_mono_ns;
   const std::uint64_t now = mono_ns();
@@ -223,7 +223,7 @@ nvmlReturn_t nvmlShutdown(void) {
   return NVML_SUCCESS;
 }
 
-const char *nvmlErrorString(nvmlReturn_t result) {
+const char* nvmlErrorString(nvmlReturn_t result) {
   switch (result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
@@ -247,51 +247,51 @@ const char *nvmlErrorString(nvmlReturn_t result) {
   }
 }
 
-nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned int length) {
   if (attached() == nullptr) return NVML_ERROR_UNINITIALIZED;
   return copy_string(kDriverVersionString, version, length);
 }
 
-nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+nvmlReturn_t nvmlSystemGetNVMLVersion(char* version, unsigned int length) {
   if (attached() == nullptr) return NVML_ERROR_UNINITIALIZED;
   char text[64];
   std::snprintf(text, sizeof(text), "%d.%s", kDriverVersion / 1000, kDriverVersionString);
   return copy_string(text, version, length);
 }
 
-nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion) {
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int* cudaDriverVersion) {
   if (cudaDriverVersion == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   *cudaDriverVersion = kDriverVersion;
   return NVML_SUCCESS;
 }
-nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion) {
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int* cudaDriverVersion) {
   return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
 }
 
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* deviceCount) {
   if (deviceCount == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  State *state = attached();
+  State* state = attached();
   if (state == nullptr) return NVML_ERROR_UNINITIALIZED;
   *deviceCount = state->device_count();
   return NVML_SUCCESS;
 }
-nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
+nvmlReturn_t nvmlDeviceGetCount(unsigned int* deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
 
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
   if (device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  State *state = attached();
+  State* state = attached();
   if (state == nullptr) return NVML_ERROR_UNINITIALIZED;
   if (index >= state->device_count()) return NVML_ERROR_INVALID_ARGUMENT;
   *device = &g_devices[index];
   return NVML_SUCCESS;
 }
-nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t* device) {
   return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
-nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_t* device) {
   if (uuid == nullptr || device == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  State *state = attached();
+  State* state = attached();
   if (state == nullptr) return NVML_ERROR_UNINITIALIZED;
   for (std::uint32_t i = 0; i < state->device_count(); ++i) {
     char text[NVML_DEVICE_UUID_BUFFER_SIZE];
@@ -304,17 +304,17 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
   return NVML_ERROR_NOT_FOUND;
 }
 
-nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int* index) {
   if (index == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  State *state = nullptr;
+  State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
   *index = dev;
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
-  State *state = nullptr;
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int length) {
+  State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
   char text[NVML_DEVICE_UUID_BUFFER_SIZE];
@@ -322,14 +322,14 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
   return copy_string(text, uuid, length);
 }
 
-nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-  State *state = nullptr;
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int length) {
+  State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
   return copy_string(kDeviceName, name, length);
 }
 
-nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   std::uint64_t total = 0;
   std::uint64_t used = 0;
@@ -340,7 +340,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
   if (memory == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
   std::uint64_t total = 0;
@@ -353,30 +353,29 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
-                                                  nvmlProcessInfo_v1_t *infos) {
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                  nvmlProcessInfo_v1_t* infos) {
   return running_processes(device, infoCount, infos, false);
 }
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_v2_t *infos) {
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
+                                                     nvmlProcessInfo_v2_t* infos) {
   return running_processes(device, infoCount, infos, true);
 }
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_t *infos) {
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                     nvmlProcessInfo_t* infos) {
   return running_processes(device, infoCount, infos, true);
 }
 
-nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
-                                             unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp) {
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
+                                             unsigned int* processSamplesCount, unsigned long long lastSeenTimeStamp) {
   if (processSamplesCount == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  State *state = nullptr;
+  State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
   sched_catch_up(*state);
   nvmlProcessUtilizationSample_t samples[kMaxSamples];
-  unsigned int count = state->header().nvml_period_ns != 0
-                           ? periodic_samples(*state, dev, lastSeenTimeStamp, samples)
-                           : exact_samples(*state, dev, lastSeenTimeStamp, samples);
+  unsigned int count = state->header().nvml_period_ns != 0 ? periodic_samples(*state, dev, lastSeenTimeStamp, samples)
+                                                           : exact_samples(*state, dev, lastSeenTimeStamp, samples);
   if (count == 0) return NVML_ERROR_NOT_FOUND;  // no valid sample newer than lastSeenTimeStamp
   if (utilization == nullptr || *processSamplesCount < count) {
     *processSamplesCount = count;
@@ -387,9 +386,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
   return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization) {
   if (utilization == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  State *state = nullptr;
+  State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
   std::uint64_t now = mono_ns();

@@ -11,7 +11,7 @@ namespace {
 
 struct PointerInfo {
   CUmemorytype type = static_cast<CUmemorytype>(0);
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   int device = -2;
   CUdeviceptr base = 0;
   std::uint64_t size = 0;
@@ -23,9 +23,9 @@ struct PointerInfo {
 };
 
 // Runtime mutex held. false: not CUDA memory.
-bool classify_locked(CUdeviceptr ptr, PointerInfo *info) {
+bool classify_locked(CUdeviceptr ptr, PointerInfo* info) {
   CUdeviceptr base = 0;
-  if (const Allocation *a = find_allocation_locked(ptr, &base); a != nullptr) {
+  if (const Allocation* a = find_allocation_locked(ptr, &base); a != nullptr) {
     info->type = CU_MEMORYTYPE_DEVICE;
     info->ctx = a->ctx;
     info->device = static_cast<int>(a->device);
@@ -41,7 +41,7 @@ bool classify_locked(CUdeviceptr ptr, PointerInfo *info) {
   std::uint64_t size = 0;
   if (vmm_find_mapping_locked(ptr, &base, &size)) {
     info->type = CU_MEMORYTYPE_DEVICE;
-    CUctx_st *ctx = nullptr;
+    CUctx_st* ctx = nullptr;
     if (current_context(&ctx) == CUDA_SUCCESS) {
       info->ctx = ctx;
       info->device = static_cast<int>(ctx->device);
@@ -55,9 +55,9 @@ bool classify_locked(CUdeviceptr ptr, PointerInfo *info) {
   std::uintptr_t hbase = 0;
   unsigned flags = 0;
   bool registered = false;
-  if (host_range_find_locked(reinterpret_cast<void *>(ptr), &hbase, &size, &flags, &registered)) {
+  if (host_range_find_locked(reinterpret_cast<void*>(ptr), &hbase, &size, &flags, &registered)) {
     info->type = CU_MEMORYTYPE_HOST;
-    CUctx_st *ctx = nullptr;
+    CUctx_st* ctx = nullptr;
     if (current_context(&ctx) == CUDA_SUCCESS) {
       info->ctx = ctx;
       info->device = static_cast<int>(ctx->device);
@@ -73,19 +73,19 @@ bool classify_locked(CUdeviceptr ptr, PointerInfo *info) {
 }
 
 template <typename T>
-void put(void *data, T value) {
+void put(void* data, T value) {
   std::memcpy(data, &value, sizeof(T));
 }
 
 // One attribute of a known pointer.
-CUresult attribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr, const PointerInfo &info) {
+CUresult attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr, const PointerInfo& info) {
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: put<CUcontext>(data, info.ctx); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: put<unsigned>(data, info.type); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: put<CUdeviceptr>(data, ptr); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
       if (!info.host_accessible) return CUDA_ERROR_INVALID_VALUE;
-      put<void *>(data, reinterpret_cast<void *>(ptr));
+      put<void*>(data, reinterpret_cast<void*>(ptr));
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: put<int>(data, 1); return CUDA_SUCCESS;  // copies here always synchronise
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: put<unsigned long long>(data, info.buffer_id); return CUDA_SUCCESS;
@@ -97,10 +97,14 @@ CUresult attribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr, c
     case CU_POINTER_ATTRIBUTE_MAPPED: put<int>(data, info.mapped ? 1 : 0); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: put<unsigned long long>(data, 0); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: put<int>(data, 0); return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: put<unsigned long long>(data, CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+      put<unsigned long long>(data, CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: put<CUmemoryPool>(data, info.pool); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: put<size_t>(data, info.size); return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: put<void *>(data, reinterpret_cast<void *>(info.base)); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+      put<void*>(data, reinterpret_cast<void*>(info.base));
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: put<unsigned long long>(data, info.buffer_id); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: put<int>(data, 0); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_P2P_TOKENS: return CUDA_ERROR_NOT_SUPPORTED;  // nv-p2p.h tokens: no kernel module here
@@ -110,7 +114,7 @@ CUresult attribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr, c
 
 }  // namespace
 
-extern "C" CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
+extern "C" CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
   if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   PointerInfo info;
@@ -119,7 +123,7 @@ extern "C" CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, 
     if (!classify_locked(ptr, &info)) return CUDA_ERROR_INVALID_VALUE;
   }
   if (attr == CU_POINTER_ATTRIBUTE_DEVICE_POINTER) {
-    CUctx_st *ctx = nullptr;
+    CUctx_st* ctx = nullptr;
     if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
   }
   return attribute(data, attr, ptr, info);
@@ -127,7 +131,7 @@ extern "C" CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, 
 
 // cuda.h: unlike cuPointerGetAttribute, a pointer that is not CUDA memory is
 // not an error: every attribute gets its default (zero/NULL) value.
-extern "C" CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+extern "C" CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
                                            CUdeviceptr ptr) {
   if (numAttributes == 0 || attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
@@ -144,7 +148,7 @@ extern "C" CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer
       switch (attributes[i]) {
         case CU_POINTER_ATTRIBUTE_CONTEXT: put<CUcontext>(data[i], nullptr); break;
         case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: put<CUdeviceptr>(data[i], 0); break;
-        case CU_POINTER_ATTRIBUTE_HOST_POINTER: put<void *>(data[i], nullptr); break;
+        case CU_POINTER_ATTRIBUTE_HOST_POINTER: put<void*>(data[i], nullptr); break;
         case CU_POINTER_ATTRIBUTE_BUFFER_ID: put<unsigned long long>(data[i], 0); break;
         case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: put<CUdeviceptr>(data[i], 0); break;
         case CU_POINTER_ATTRIBUTE_RANGE_SIZE: put<size_t>(data[i], 0); break;
@@ -155,7 +159,7 @@ extern "C" CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer
     }
     CUresult rc = attribute(data[i], attributes[i], ptr, info);
     if (rc == CUDA_ERROR_INVALID_VALUE && attributes[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER) {
-      put<void *>(data[i], nullptr);  // device memory has no host pointer
+      put<void*>(data[i], nullptr);  // device memory has no host pointer
     } else if (rc != CUDA_SUCCESS) {
       return rc;
     }
@@ -165,7 +169,7 @@ extern "C" CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer
 
 // Only SYNC_MEMOPS can be set (cuda.h); copies here are always synchronous
 // with respect to it, so setting it changes nothing observable.
-extern "C" CUresult cuPointerSetAttribute(const void *value, CUpointer_attribute attr, CUdeviceptr ptr) {
+extern "C" CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute attr, CUdeviceptr ptr) {
   if (value == nullptr || attr != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);

@@ -17,7 +17,7 @@ struct CUmemPoolHandle_st {
   static constexpr std::uint32_t kAlive = 0x9B9B9B9B;
   std::uint32_t device = 0;
   bool is_default = false;
-  bool host = false;  // CU_MEM_LOCATION_TYPE_HOST[_NUMA]: holds no device memory
+  bool host = false;             // CU_MEM_LOCATION_TYPE_HOST[_NUMA]: holds no device memory
   bool destroy_pending = false;  // destroyed with allocations outstanding
   std::uint64_t reserved = 0;
   std::uint64_t reserved_high = 0;
@@ -38,14 +38,14 @@ namespace {
 constexpr std::uint64_t kChunk = std::uint64_t{2} << 20;
 
 HandlePool<CUmemPoolHandle_st> g_pools;  // runtime mutex
-CUmemPoolHandle_st *g_default_pool[kMaxDevices] = {};
-CUmemPoolHandle_st *g_current_pool[kMaxDevices] = {};
+CUmemPoolHandle_st* g_default_pool[kMaxDevices] = {};
+CUmemPoolHandle_st* g_current_pool[kMaxDevices] = {};
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
 
-CUmemPoolHandle_st *default_pool_locked(std::uint32_t dev) {
+CUmemPoolHandle_st* default_pool_locked(std::uint32_t dev) {
   if (g_default_pool[dev] == nullptr) {
-    CUmemPoolHandle_st *pool = g_pools.make();
+    CUmemPoolHandle_st* pool = g_pools.make();
     pool->device = dev;
     pool->is_default = true;
     g_default_pool[dev] = pool;
@@ -55,7 +55,7 @@ CUmemPoolHandle_st *default_pool_locked(std::uint32_t dev) {
 }
 
 // Releases whole chunks of unused reserve while the reserve is above `keep`.
-void trim_locked(CUmemPoolHandle_st *pool, std::uint64_t keep) {
+void trim_locked(CUmemPoolHandle_st* pool, std::uint64_t keep) {
   if (keep >= pool->reserved) return;
   std::uint64_t target = std::max(round_up(pool->used, kChunk), round_up(keep, kChunk));
   if (target >= pool->reserved) return;
@@ -64,13 +64,13 @@ void trim_locked(CUmemPoolHandle_st *pool, std::uint64_t keep) {
 }
 
 void trim_device_pools_locked(std::uint32_t dev, bool to_used) {
-  g_pools.for_each_live([&](CUmemPoolHandle_st *pool) {
+  g_pools.for_each_live([&](CUmemPoolHandle_st* pool) {
     // A destroyed pool keeps its reserve until its last allocation is freed.
     if (pool->device == dev && !pool->destroy_pending) trim_locked(pool, to_used ? 0 : pool->release_threshold);
   });
 }
 
-CUresult pool_alloc_locked(CUmemPoolHandle_st *pool, std::uint64_t size, CUctx_st *ctx, CUdeviceptr *out) {
+CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_st* ctx, CUdeviceptr* out) {
   if (pool->used + size > pool->reserved) {
     std::uint64_t grow = round_up(pool->used + size - pool->reserved, kChunk);
     std::uint64_t limit = pool->max_size != 0 ? pool->max_size : state().header().memory_bytes;
@@ -108,10 +108,10 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st *pool, std::uint64_t size, CUctx_s
 // slept, outside the driver's lock, before a stream-ordered allocation looks
 // at the device's current pool, and after a pool's reserve is read for
 // cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT). 0 = none.
-unsigned delay_knob(const char *name) {
-  const char *text = std::getenv(name);
+unsigned delay_knob(const char* name) {
+  const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return 0;
-  char *end = nullptr;
+  char* end = nullptr;
   const unsigned long v = std::strtoul(text, &end, 10);
   if (*end != '\0' || v > 10'000'000) {
     std::fprintf(stderr, "fakecuda: %s=%s: expected microseconds, 0 to 10000000; ignored\n", name, text);
@@ -119,7 +119,7 @@ unsigned delay_knob(const char *name) {
   }
   return static_cast<unsigned>(v);
 }
-void knob_sleep(const char *name, unsigned *cached, std::atomic<int> *read) {
+void knob_sleep(const char* name, unsigned* cached, std::atomic<int>* read) {
   if (read->load(std::memory_order_acquire) == 0) {
     *cached = delay_knob(name);
     read->store(1, std::memory_order_release);
@@ -129,11 +129,11 @@ void knob_sleep(const char *name, unsigned *cached, std::atomic<int> *read) {
 unsigned g_alloc_delay_us = 0, g_query_delay_us = 0;
 std::atomic<int> g_alloc_delay_read{0}, g_query_delay_read{0};
 
-CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemPoolHandle_st *pool, CUstream hStream, bool ptsz) {
+CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUmemPoolHandle_st* pool, CUstream hStream, bool ptsz) {
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (pool == nullptr) knob_sleep("FAKECUDA_ALLOC_ASYNC_DELAY_US", &g_alloc_delay_us, &g_alloc_delay_read);
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (pool == nullptr) {
@@ -147,7 +147,7 @@ CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemPoolHandle_st *poo
 
 CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   std::lock_guard<std::mutex> guard(runtime().mu);
   Allocation allocation;
@@ -164,7 +164,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
 
 namespace gpuslice::fakecuda {
 
-void pool_return_locked(CUmemPoolHandle_st *pool, std::uint64_t size) {
+void pool_return_locked(CUmemPoolHandle_st* pool, std::uint64_t size) {
   pool->used -= size;
   --pool->outstanding;
   if (pool->destroy_pending && pool->outstanding == 0) {
@@ -180,28 +180,25 @@ void pools_trim_at_sync(std::uint32_t dev) {
 
 }  // namespace gpuslice::fakecuda
 
-extern "C" CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+extern "C" CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   return alloc_async(dptr, bytesize, nullptr, hStream, false);
 }
-extern "C" CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+extern "C" CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   return alloc_async(dptr, bytesize, nullptr, hStream, true);
 }
-extern "C" CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                            CUstream hStream) {
+extern "C" CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return alloc_async(dptr, bytesize, pool, hStream, false);
 }
-extern "C" CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+extern "C" CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                                  CUstream hStream) {
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return alloc_async(dptr, bytesize, pool, hStream, true);
 }
 extern "C" CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream, false); }
-extern "C" CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-  return free_async(dptr, hStream, true);
-}
+extern "C" CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { return free_async(dptr, hStream, true); }
 
-extern "C" CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+extern "C" CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps) {
   if (pool == nullptr || poolProps == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
@@ -212,7 +209,7 @@ extern "C" CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *po
   if (!host && !valid_device(poolProps->location.id)) return CUDA_ERROR_INVALID_VALUE;
   if (where == CU_MEM_LOCATION_TYPE_HOST_NUMA && poolProps->location.id < 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> guard(runtime().mu);
-  CUmemPoolHandle_st *created = g_pools.make();
+  CUmemPoolHandle_st* created = g_pools.make();
   created->host = host;
   created->device = host ? 0 : static_cast<std::uint32_t>(poolProps->location.id);
   created->max_size = poolProps->maxSize;
@@ -236,7 +233,7 @@ extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+extern "C" CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool_out, CUdevice dev) {
   if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -245,7 +242,7 @@ extern "C" CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice d
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+extern "C" CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -275,54 +272,53 @@ extern "C" CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+extern "C" CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending) return CUDA_ERROR_INVALID_VALUE;  // a destroyed handle
   switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-      pool->reuse_follow_event_dependencies = *static_cast<int *>(value);
+      pool->reuse_follow_event_dependencies = *static_cast<int*>(value);
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-      pool->reuse_allow_opportunistic = *static_cast<int *>(value);
+      pool->reuse_allow_opportunistic = *static_cast<int*>(value);
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-      pool->reuse_allow_internal_dependencies = *static_cast<int *>(value);
+      pool->reuse_allow_internal_dependencies = *static_cast<int*>(value);
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-      pool->release_threshold = *static_cast<cuuint64_t *>(value);
+      pool->release_threshold = *static_cast<cuuint64_t*>(value);
       return CUDA_SUCCESS;
     // The high watermarks can only be reset, by writing 0.
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-      if (*static_cast<cuuint64_t *>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
+      if (*static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
       pool->reserved_high = pool->reserved;
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-      if (*static_cast<cuuint64_t *>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
+      if (*static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
       pool->used_high = pool->used;
       return CUDA_SUCCESS;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
+    default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
-CUresult pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+CUresult pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value);
 
-extern "C" CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+extern "C" CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   const CUresult rc = pool_get_attribute(pool, attr, value);
   if (rc == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
     knob_sleep("FAKECUDA_POOL_QUERY_DELAY_US", &g_query_delay_us, &g_query_delay_read);
   return rc;
 }
 
-CUresult pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+CUresult pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending) return CUDA_ERROR_INVALID_VALUE;  // a destroyed handle
-  auto *as_int = static_cast<int *>(value);
-  auto *as_u64 = static_cast<cuuint64_t *>(value);
+  auto* as_int = static_cast<int*>(value);
+  auto* as_u64 = static_cast<cuuint64_t*>(value);
   switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: *as_int = pool->reuse_follow_event_dependencies; break;
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: *as_int = pool->reuse_allow_opportunistic; break;

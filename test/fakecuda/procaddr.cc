@@ -17,26 +17,26 @@
 namespace {
 
 struct EntryPoint {
-  const char *base;
+  const char* base;
   int version;
   int variant;  // 0 plain, 1 _ptsz, 2 _ptds
-  void *function;
-  const char *symbol;
+  void* function;
+  const char* symbol;
 };
 
-const std::vector<EntryPoint> &table() {
+const std::vector<EntryPoint>& table() {
   static const std::vector<EntryPoint> sorted = [] {
     std::vector<EntryPoint> rows = {
 #include "entry_table.inc"
         // cuda.h maps cuGraphInstantiate to cuGraphInstantiateWithFlags from
         // CUDA 12.0 on, whose ABI the name has at that version.
-        {"cuGraphInstantiate", 12000, 0, reinterpret_cast<void *>(&::cuGraphInstantiateWithFlags),
+        {"cuGraphInstantiate", 12000, 0, reinterpret_cast<void*>(&::cuGraphInstantiateWithFlags),
          "cuGraphInstantiateWithFlags"},
         // The profiler control API (cudaProfilerTypedefs.h, not cudaTypedefs.h).
-        {"cuProfilerStart", 4000, 0, reinterpret_cast<void *>(&::cuProfilerStart), "cuProfilerStart"},
-        {"cuProfilerStop", 4000, 0, reinterpret_cast<void *>(&::cuProfilerStop), "cuProfilerStop"},
+        {"cuProfilerStart", 4000, 0, reinterpret_cast<void*>(&::cuProfilerStart), "cuProfilerStart"},
+        {"cuProfilerStop", 4000, 0, reinterpret_cast<void*>(&::cuProfilerStop), "cuProfilerStop"},
     };
-    std::stable_sort(rows.begin(), rows.end(), [](const EntryPoint &a, const EntryPoint &b) {
+    std::stable_sort(rows.begin(), rows.end(), [](const EntryPoint& a, const EntryPoint& b) {
       int order = std::strcmp(a.base, b.base);
       return order != 0 ? order < 0 : a.version < b.version;
     });
@@ -45,16 +45,16 @@ const std::vector<EntryPoint> &table() {
   return sorted;
 }
 
-CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                 CUdriverProcAddressQueryResult *status) {
+CUresult resolve(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                 CUdriverProcAddressQueryResult* status) {
   constexpr cuuint64_t kKnownFlags = CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   if (symbol == nullptr || pfn == nullptr || (flags & ~kKnownFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
   *pfn = nullptr;
-  const std::vector<EntryPoint> &rows = table();
+  const std::vector<EntryPoint>& rows = table();
   auto first = std::lower_bound(rows.begin(), rows.end(), symbol,
-                                [](const EntryPoint &e, const char *name) { return std::strcmp(e.base, name) < 0; });
-  const EntryPoint *plain = nullptr;
-  const EntryPoint *per_thread = nullptr;
+                                [](const EntryPoint& e, const char* name) { return std::strcmp(e.base, name) < 0; });
+  const EntryPoint* plain = nullptr;
+  const EntryPoint* per_thread = nullptr;
   bool known = false;
   for (auto it = first; it != rows.end() && std::strcmp(it->base, symbol) == 0; ++it) {
     known = true;
@@ -67,7 +67,7 @@ CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint64_t fla
   }
   // Flags only choose between stream variants; DEFAULT means the legacy stream,
   // as for a program built without --default-stream per-thread.
-  const EntryPoint *chosen = plain;
+  const EntryPoint* chosen = plain;
   if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 && per_thread != nullptr &&
       (plain == nullptr || per_thread->version >= plain->version)) {
     chosen = per_thread;
@@ -85,15 +85,15 @@ CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint64_t fla
 
 // FAKECUDA_TRACE_PROCADDR=1 prints every lookup: what a client resolves at
 // which version (e.g. to see what cuda-bindings asks for at import).
-void trace(const char *symbol, int cudaVersion, cuuint64_t flags, CUresult rc, void *pfn) {
+void trace(const char* symbol, int cudaVersion, cuuint64_t flags, CUresult rc, void* pfn) {
   static const bool enabled = [] {
-    const char *value = std::getenv("FAKECUDA_TRACE_PROCADDR");
+    const char* value = std::getenv("FAKECUDA_TRACE_PROCADDR");
     return value != nullptr && *value == '1';
   }();
   if (!enabled) return;
-  const char *found = "-";
+  const char* found = "-";
   if (rc == CUDA_SUCCESS) {
-    for (const EntryPoint &e : table()) {
+    for (const EntryPoint& e : table()) {
       if (e.function == pfn) found = e.symbol;
     }
   }
@@ -103,14 +103,14 @@ void trace(const char *symbol, int cudaVersion, cuuint64_t flags, CUresult rc, v
 
 }  // namespace
 
-extern "C" CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                                        CUdriverProcAddressQueryResult *symbolStatus) {
+extern "C" CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                                        CUdriverProcAddressQueryResult* symbolStatus) {
   CUresult rc = resolve(symbol, pfn, cudaVersion, flags, symbolStatus);
   trace(symbol, cudaVersion, flags, rc, pfn != nullptr ? *pfn : nullptr);
   return rc;
 }
 
-extern "C" CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+extern "C" CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
   CUresult rc = resolve(symbol, pfn, cudaVersion, flags, nullptr);
   trace(symbol, cudaVersion, flags, rc, pfn != nullptr ? *pfn : nullptr);
   return rc;
@@ -120,7 +120,7 @@ extern "C" CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVer
 // every stub in section fakecuda_stubs; the linker provides its bounds).
 extern "C" const char __start_fakecuda_stubs[];
 extern "C" const char __stop_fakecuda_stubs[];
-extern "C" int fakecuda_symbol_is_stub(const void *function) {
-  auto *p = static_cast<const char *>(function);
+extern "C" int fakecuda_symbol_is_stub(const void* function) {
+  auto* p = static_cast<const char*>(function);
   return p >= __start_fakecuda_stubs && p < __stop_fakecuda_stubs ? 1 : 0;
 }

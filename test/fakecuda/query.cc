@@ -13,12 +13,12 @@ char g_path[1024];
 
 // The state cuInit attached to, else the one FAKECUDA_STATE names (attached
 // once, read-mostly: queries only reap and read).
-State *query_state() {
-  Runtime &r = runtime();
+State* query_state() {
+  Runtime& r = runtime();
   if (initialized() || r.init_state.load(std::memory_order_acquire) == static_cast<int>(InitState::forked)) {
     return r.state;
   }
-  static State *attached = [] {
+  static State* attached = [] {
     state_path_from_env(g_path, sizeof(g_path));
     char error[1400];
     return State::open_existing(g_path, error, sizeof(error));
@@ -26,13 +26,15 @@ State *query_state() {
   return attached;
 }
 
-bool valid(State *s, int dev) { return s != nullptr && dev >= 0 && static_cast<std::uint32_t>(dev) < s->device_count(); }
+bool valid(State* s, int dev) {
+  return s != nullptr && dev >= 0 && static_cast<std::uint32_t>(dev) < s->device_count();
+}
 
 int own_slot() { return initialized() ? runtime().slot : -1; }
 
 // Sums one field of the usage of processes matching pid (0 = this process).
 std::uint64_t process_usage(int dev, int pid, bool context_only) {
-  State *s = query_state();
+  State* s = query_state();
   if (!valid(s, dev)) return 0;
   auto wanted = static_cast<std::uint32_t>(pid);
   if (pid == 0) {
@@ -56,17 +58,17 @@ std::uint64_t process_usage(int dev, int pid, bool context_only) {
 }  // namespace
 
 extern "C" int fakecuda_device_count(void) {
-  State *s = query_state();
+  State* s = query_state();
   return s == nullptr ? -1 : static_cast<int>(s->device_count());
 }
 
 extern "C" uint64_t fakecuda_device_total_bytes(int dev) {
-  State *s = query_state();
+  State* s = query_state();
   return valid(s, dev) ? s->header().memory_bytes : 0;
 }
 
 extern "C" uint64_t fakecuda_device_used_bytes(int dev) {
-  State *s = query_state();
+  State* s = query_state();
   if (!valid(s, dev)) return 0;
   State::Lock lock(*s);
   if (!lock.ok()) return 0;
@@ -76,12 +78,10 @@ extern "C" uint64_t fakecuda_device_used_bytes(int dev) {
 
 extern "C" uint64_t fakecuda_process_used_bytes(int dev, int pid_or_0) { return process_usage(dev, pid_or_0, false); }
 
-extern "C" uint64_t fakecuda_process_context_bytes(int dev, int pid_or_0) {
-  return process_usage(dev, pid_or_0, true);
-}
+extern "C" uint64_t fakecuda_process_context_bytes(int dev, int pid_or_0) { return process_usage(dev, pid_or_0, true); }
 
 extern "C" int fakecuda_process_count(int dev) {
-  State *s = query_state();
+  State* s = query_state();
   if (!valid(s, dev)) return 0;
   State::Lock lock(*s);
   if (!lock.ok()) return 0;
@@ -90,33 +90,33 @@ extern "C" int fakecuda_process_count(int dev) {
 }
 
 extern "C" uint64_t fakecuda_busy_ns(int dev, int pid_or_0, uint64_t t0_ns, uint64_t t1_ns) {
-  State *s = query_state();
+  State* s = query_state();
   if (!valid(s, dev)) return 0;
   return timeline_busy_ns(*s, static_cast<std::uint32_t>(dev), static_cast<std::uint32_t>(pid_or_0), t0_ns, t1_ns);
 }
 
 extern "C" uint64_t fakecuda_busy_until_ns(int dev) {
-  State *s = query_state();
+  State* s = query_state();
   return valid(s, dev) ? s->device(static_cast<std::uint32_t>(dev)).busy_until_ns.load(std::memory_order_acquire) : 0;
 }
 
 extern "C" uint64_t fakecuda_now_ns(void) { return mono_ns(); }
 
 extern "C" int fakecuda_reap(void) {
-  State *s = query_state();
+  State* s = query_state();
   if (s == nullptr) return 0;
   State::Lock lock(*s);
   return lock.ok() ? s->reap_locked(own_slot()) : 0;
 }
 
-extern "C" const char *fakecuda_state_path(void) {
+extern "C" const char* fakecuda_state_path(void) {
   if (query_state() == nullptr) return "";
   if (initialized()) return runtime().state_path;
   return g_path;
 }
 
-extern "C" const char *fakecuda_profile(void) {
-  State *s = query_state();
+extern "C" const char* fakecuda_profile(void) {
+  State* s = query_state();
   if (s == nullptr) return "";
   return sched_enabled(s->header()) ? "realistic" : "ideal";
 }

@@ -9,9 +9,9 @@
 
 namespace gpuslice::fakecuda {
 
-Runtime &runtime() {
+Runtime& runtime() {
   // Never destroyed: other threads may still call in while the process exits.
-  static Runtime *instance = new Runtime();
+  static Runtime* instance = new Runtime();
   return *instance;
 }
 
@@ -20,7 +20,7 @@ std::uint64_t next_object_id_locked() { return runtime().next_object_id++; }
 namespace {
 
 void after_fork_in_child() {
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   // The real driver cannot be used in a child forked after cuInit. The child
   // keeps the parent's state-file descriptor (unused) until exec or exit, as
   // it keeps the real driver's device files: a parent SIGKILLed meanwhile
@@ -47,7 +47,7 @@ void after_fork_in_child() {
 // (from destructors, other libraries' exit paths) return
 // CUDA_ERROR_DEINITIALIZED ("driver shutting down") instead of crashing.
 [[gnu::destructor]] void driver_teardown() {
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   int expected = static_cast<int>(InitState::ok);
   if (!r.init_state.compare_exchange_strong(expected, static_cast<int>(InitState::deinitialized),
                                             std::memory_order_acq_rel)) {
@@ -56,7 +56,7 @@ void after_fork_in_child() {
   if (r.state != nullptr) r.state->release_slot(r.slot);
 }
 
-CUresult fail_init(Runtime &r, CUresult result) {
+CUresult fail_init(Runtime& r, CUresult result) {
   r.init_result = result;
   r.init_state.store(static_cast<int>(InitState::failed), std::memory_order_release);
   return result;
@@ -70,7 +70,7 @@ using namespace gpuslice::fakecuda;
 
 extern "C" CUresult cuInit(unsigned int Flags) {
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   auto current = static_cast<InitState>(r.init_state.load(std::memory_order_acquire));
   if (current == InitState::ok) return CUDA_SUCCESS;
   if (current == InitState::forked) return CUDA_ERROR_NOT_INITIALIZED;
@@ -80,8 +80,8 @@ extern "C" CUresult cuInit(unsigned int Flags) {
   if (current == InitState::ok) return CUDA_SUCCESS;
   if (current != InitState::none) return current == InitState::failed ? r.init_result : uninitialized_error();
   struct Initializing {
-    std::atomic<bool> &flag;
-    explicit Initializing(std::atomic<bool> &f) : flag(f) { flag.store(true, std::memory_order_relaxed); }
+    std::atomic<bool>& flag;
+    explicit Initializing(std::atomic<bool>& f) : flag(f) { flag.store(true, std::memory_order_relaxed); }
     ~Initializing() { flag.store(false, std::memory_order_relaxed); }
   } initializing(r.initializing);
 
@@ -95,7 +95,7 @@ extern "C" CUresult cuInit(unsigned int Flags) {
     std::fprintf(stderr, "fakecuda: %s\n", error);
     return fail_init(r, CUDA_ERROR_INVALID_VALUE);
   }
-  State *state = State::open_or_create(config, error, sizeof(error));
+  State* state = State::open_or_create(config, error, sizeof(error));
   if (state == nullptr) {
     std::fprintf(stderr, "%s\n", error);
     return fail_init(r, CUDA_ERROR_OPERATING_SYSTEM);
@@ -125,7 +125,7 @@ extern "C" CUresult cuInit(unsigned int Flags) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuDriverGetVersion(int *driverVersion) {
+extern "C" CUresult cuDriverGetVersion(int* driverVersion) {
   if (driverVersion == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *driverVersion = kDriverVersion;
   return CUDA_SUCCESS;
@@ -133,7 +133,7 @@ extern "C" CUresult cuDriverGetVersion(int *driverVersion) {
 
 // Private tables of the real driver (used by libcudart): not simulated, which is
 // why the real runtime cannot run on the fake.
-extern "C" CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+extern "C" CUresult cuGetExportTable(const void** ppExportTable, const CUuuid* pExportTableId) {
   if (ppExportTable == nullptr || pExportTableId == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *ppExportTable = nullptr;
   return CUDA_ERROR_NOT_SUPPORTED;

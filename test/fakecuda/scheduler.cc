@@ -15,20 +15,20 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-void init_locked(SchedDevice &sd) {
+void init_locked(SchedDevice& sd) {
   if (sd.initialized != 0) return;
   for (std::uint32_t i = 0; i < kSchedEntries; ++i) sd.entries[i].next = i + 1 < kSchedEntries ? i + 1 : kNoEntry;
   sd.free_head = 0;
-  for (SchedStream &s : sd.streams) s.head = s.tail = kNoEntry;
+  for (SchedStream& s : sd.streams) s.head = s.tail = kNoEntry;
   sd.initialized = 1;
 }
 
-const SchedEntry &head_of(const SchedDevice &sd, const SchedStream &s) { return sd.entries[s.head]; }
+const SchedEntry& head_of(const SchedDevice& sd, const SchedStream& s) { return sd.entries[s.head]; }
 
 // Removes a stream's head entry; gives the stream slot back once it is empty.
-void pop_head(SchedDevice &sd, SchedStream &s) {
+void pop_head(SchedDevice& sd, SchedStream& s) {
   std::uint32_t index = s.head;
-  SchedEntry &e = sd.entries[index];
+  SchedEntry& e = sd.entries[index];
   s.remaining_ns -= e.remaining_ns;
   s.head = e.next;
   if (s.head == kNoEntry) s.tail = kNoEntry;
@@ -42,20 +42,20 @@ void pop_head(SchedDevice &sd, SchedStream &s) {
   }
 }
 
-bool target_pending(const SchedDevice &sd, SchedTarget where, std::uint64_t ticket) {
+bool target_pending(const SchedDevice& sd, SchedTarget where, std::uint64_t ticket) {
   if (where.stream >= kSchedStreams) return false;
-  const SchedStream &s = sd.streams[where.stream];
+  const SchedStream& s = sd.streams[where.stream];
   return s.used != 0 && s.generation == where.generation && head_of(sd, s).ticket <= ticket;
 }
 
 // May the head of `s` run now? Stream order holds by construction; the legacy
 // stream waits for every earlier entry of its context, a blocking stream for
 // earlier legacy-stream entries, a wait entry for the entry it waits on.
-bool head_runnable(const SchedDevice &sd, const SchedStream &s) {
-  const SchedEntry &head = head_of(sd, s);
+bool head_runnable(const SchedDevice& sd, const SchedStream& s) {
+  const SchedEntry& head = head_of(sd, s);
   if (head.kind == SchedKind::wait && target_pending(sd, head.wait_on, head.wait_ticket)) return false;
   if (!s.info.legacy && !s.info.blocking) return true;
-  for (const SchedStream &other : sd.streams) {
+  for (const SchedStream& other : sd.streams) {
     if (other.used == 0 || &other == &s || other.info.ctx_key != s.info.ctx_key) continue;
     if (!s.info.legacy && !other.info.legacy) continue;
     if (head_of(sd, other).ticket < head.ticket) return false;
@@ -63,19 +63,19 @@ bool head_runnable(const SchedDevice &sd, const SchedStream &s) {
   return true;
 }
 
-bool owner_gone(const StateHeader &header, const SchedStream &s) {
-  const ProcSlot &slot = header.slot[s.info.slot];
+bool owner_gone(const StateHeader& header, const SchedStream& s) {
+  const ProcSlot& slot = header.slot[s.info.slot];
   return slot.state.load(std::memory_order_acquire) == 0 ||
          slot.generation.load(std::memory_order_relaxed) != s.info.slot_generation;
 }
 
-void log_done(SchedDevice &sd, std::uint64_t ticket, std::uint64_t end_ns) {
-  SchedDone &slot = sd.done[ticket % kDoneLog];
+void log_done(SchedDevice& sd, std::uint64_t ticket, std::uint64_t end_ns) {
+  SchedDone& slot = sd.done[ticket % kDoneLog];
   slot.ticket = ticket;
   slot.end_ns = end_ns;
 }
 
-void close_segment(State &state, std::uint32_t dev, SchedDevice &sd) {
+void close_segment(State& state, std::uint32_t dev, SchedDevice& sd) {
   if (sd.segment_start_ns != 0 && sd.now_ns > sd.segment_start_ns) {
     timeline_append(state, dev, sd.segment_start_ns, sd.now_ns, sd.segment_pids);
   }
@@ -84,18 +84,18 @@ void close_segment(State &state, std::uint32_t dev, SchedDevice &sd) {
 
 // Drops the work of processes that are gone (the driver discards an exited
 // process's queued work) and completes every runnable zero-length head.
-void settle(State &state, std::uint32_t dev, SchedDevice &sd) {
-  DeviceShared &device = state.device(dev);
-  for (SchedStream &s : sd.streams) {
+void settle(State& state, std::uint32_t dev, SchedDevice& sd) {
+  DeviceShared& device = state.device(dev);
+  for (SchedStream& s : sd.streams) {
     if (s.used == 0 || !owner_gone(state.header(), s)) continue;
     while (s.used != 0) pop_head(sd, s);
   }
   bool changed = true;
   while (changed) {
     changed = false;
-    for (SchedStream &s : sd.streams) {
+    for (SchedStream& s : sd.streams) {
       while (s.used != 0 && head_of(sd, s).remaining_ns == 0 && head_runnable(sd, s)) {
-        const SchedEntry &head = head_of(sd, s);
+        const SchedEntry& head = head_of(sd, s);
         log_done(sd, head.ticket, sd.now_ns);
         if (head.kind == SchedKind::kernel) device.kernels.fetch_add(1, std::memory_order_relaxed);
         pop_head(sd, s);
@@ -111,14 +111,14 @@ std::size_t sched_bytes(std::uint32_t devices) {
   return (std::size_t{devices} * sizeof(SchedDevice) + 4095) & ~std::size_t{4095};
 }
 
-SchedDevice &sched_device(State &state, std::uint32_t dev) {
-  auto *base = reinterpret_cast<char *>(&state.header()) + state.header().sched_offset;
-  SchedDevice &sd = reinterpret_cast<SchedDevice *>(base)[dev];
+SchedDevice& sched_device(State& state, std::uint32_t dev) {
+  auto* base = reinterpret_cast<char*>(&state.header()) + state.header().sched_offset;
+  SchedDevice& sd = reinterpret_cast<SchedDevice*>(base)[dev];
   init_locked(sd);
   return sd;
 }
 
-std::uint64_t jittered_ns(const StateHeader &header, std::uint32_t dev, std::uint64_t index,
+std::uint64_t jittered_ns(const StateHeader& header, std::uint32_t dev, std::uint64_t index,
                           std::uint64_t duration_ns) {
   if (header.jitter_pct == 0 || duration_ns == 0) return duration_ns;
   std::uint64_t r = splitmix64(header.seed ^ (std::uint64_t{dev} << 56) ^ splitmix64(index));
@@ -128,10 +128,10 @@ std::uint64_t jittered_ns(const StateHeader &header, std::uint32_t dev, std::uin
   return scaled < 1.0 ? 1 : static_cast<std::uint64_t>(scaled);
 }
 
-void sched_advance_locked(State &state, std::uint32_t dev, std::uint64_t now) {
-  StateHeader &header = state.header();
-  SchedDevice &sd = sched_device(state, dev);
-  DeviceShared &device = state.device(dev);
+void sched_advance_locked(State& state, std::uint32_t dev, std::uint64_t now) {
+  StateHeader& header = state.header();
+  SchedDevice& sd = sched_device(state, dev);
+  DeviceShared& device = state.device(dev);
   if (sd.now_ns == 0) sd.now_ns = now;
   for (;;) {
     settle(state, dev, sd);
@@ -144,7 +144,7 @@ void sched_advance_locked(State &state, std::uint32_t dev, std::uint64_t now) {
     std::uint32_t contexts = 0;
     std::uint64_t seen_ctx = 0;
     for (std::uint32_t i = 0; i < kSchedStreams; ++i) {
-      const SchedStream &s = sd.streams[i];
+      const SchedStream& s = sd.streams[i];
       if (s.used == 0 || head_of(sd, s).kind != SchedKind::kernel || !head_runnable(sd, s)) continue;
       ready[ready_count++] = i;
       std::uint64_t key = s.info.ctx_key;
@@ -195,19 +195,19 @@ void sched_advance_locked(State &state, std::uint32_t dev, std::uint64_t now) {
     std::uint64_t blocks = 0;
     std::uint32_t admitted = 0;
     for (; admitted < running_count; ++admitted) {
-      const SchedEntry &e = head_of(sd, sd.streams[running[admitted]]);
+      const SchedEntry& e = head_of(sd, sd.streams[running[admitted]]);
       std::uint64_t b = e.blocks < header.sms ? e.blocks : header.sms;
       if (admitted > 0 && blocks + b > header.sms) break;
       blocks += b;
       if (e.remaining_ns < step) step = e.remaining_ns;
     }
-    const SchedStream &first = sd.streams[running[0]];
+    const SchedStream& first = sd.streams[running[0]];
     if (sd.segment_start_ns == 0) {
       sd.segment_start_ns = sd.now_ns;
       sd.segment_pids = first.info.pids;
     }
     for (std::uint32_t k = 0; k < admitted; ++k) {
-      SchedStream &s = sd.streams[running[k]];
+      SchedStream& s = sd.streams[running[k]];
       sd.entries[s.head].remaining_ns -= step;
       s.remaining_ns -= step;
     }
@@ -223,7 +223,7 @@ void sched_advance_locked(State &state, std::uint32_t dev, std::uint64_t now) {
   device.busy_until_ns.store(sd.now_ns, std::memory_order_relaxed);
 }
 
-void sched_catch_up(State &state) {
+void sched_catch_up(State& state) {
   if (!sched_enabled(state.header())) return;
   State::Lock lock(state);
   if (!lock.ok()) return;
@@ -231,14 +231,14 @@ void sched_catch_up(State &state) {
   for (std::uint32_t d = 0; d < state.device_count(); ++d) sched_advance_locked(state, d, now);
 }
 
-std::uint64_t sched_submit_locked(State &state, std::uint32_t dev, const SchedStreamInfo &info, SchedEntry entry,
-                                  SchedTarget *where) {
-  SchedDevice &sd = sched_device(state, dev);
+std::uint64_t sched_submit_locked(State& state, std::uint32_t dev, const SchedStreamInfo& info, SchedEntry entry,
+                                  SchedTarget* where) {
+  SchedDevice& sd = sched_device(state, dev);
   if (sd.free_head == kNoEntry) return 0;
   std::uint32_t index = kSchedStreams;
   std::uint32_t unused = kSchedStreams;
   for (std::uint32_t i = 0; i < kSchedStreams; ++i) {
-    const SchedStream &s = sd.streams[i];
+    const SchedStream& s = sd.streams[i];
     if (s.used != 0 && s.info.key == info.key) {
       index = i;
       break;
@@ -248,14 +248,14 @@ std::uint64_t sched_submit_locked(State &state, std::uint32_t dev, const SchedSt
   if (index == kSchedStreams) {
     if (unused == kSchedStreams) return 0;
     index = unused;
-    SchedStream &s = sd.streams[index];
+    SchedStream& s = sd.streams[index];
     s.info = info;
     s.remaining_ns = 0;
     s.head = s.tail = kNoEntry;
     s.count = 0;
     s.used = 1;
   }
-  SchedStream &s = sd.streams[index];
+  SchedStream& s = sd.streams[index];
   std::uint32_t slot = sd.free_head;
   sd.free_head = sd.entries[slot].next;
   entry.ticket = ++sd.next_ticket;
@@ -274,10 +274,10 @@ std::uint64_t sched_submit_locked(State &state, std::uint32_t dev, const SchedSt
   return entry.ticket;
 }
 
-SchedPending sched_stream_pending_locked(State &state, std::uint32_t dev, std::uint64_t stream_key,
+SchedPending sched_stream_pending_locked(State& state, std::uint32_t dev, std::uint64_t stream_key,
                                          std::uint64_t up_to) {
-  SchedDevice &sd = sched_device(state, dev);
-  for (const SchedStream &s : sd.streams) {
+  SchedDevice& sd = sched_device(state, dev);
+  for (const SchedStream& s : sd.streams) {
     if (s.used == 0 || s.info.key != stream_key) continue;
     if (sd.entries[s.tail].ticket <= up_to) return SchedPending{s.count, s.remaining_ns};
     SchedPending pending{0, 0};
@@ -290,11 +290,10 @@ SchedPending sched_stream_pending_locked(State &state, std::uint32_t dev, std::u
   return SchedPending{0, 0};
 }
 
-SchedPending sched_context_pending_locked(State &state, std::uint32_t dev, std::uint64_t ctx_key,
-                                          std::uint64_t up_to) {
-  SchedDevice &sd = sched_device(state, dev);
+SchedPending sched_context_pending_locked(State& state, std::uint32_t dev, std::uint64_t ctx_key, std::uint64_t up_to) {
+  SchedDevice& sd = sched_device(state, dev);
   SchedPending total{0, 0};
-  for (const SchedStream &s : sd.streams) {
+  for (const SchedStream& s : sd.streams) {
     if (s.used == 0 || s.info.ctx_key != ctx_key) continue;
     SchedPending one = sched_stream_pending_locked(state, dev, s.info.key, up_to);
     total.entries += one.entries;
@@ -303,11 +302,11 @@ SchedPending sched_context_pending_locked(State &state, std::uint32_t dev, std::
   return total;
 }
 
-bool sched_ticket_done_locked(State &state, std::uint32_t dev, SchedTarget where, std::uint64_t ticket,
-                              std::uint64_t *end_ns) {
-  SchedDevice &sd = sched_device(state, dev);
+bool sched_ticket_done_locked(State& state, std::uint32_t dev, SchedTarget where, std::uint64_t ticket,
+                              std::uint64_t* end_ns) {
+  SchedDevice& sd = sched_device(state, dev);
   if (target_pending(sd, where, ticket)) return false;
-  const SchedDone &done = sd.done[ticket % kDoneLog];
+  const SchedDone& done = sd.done[ticket % kDoneLog];
   // A completion older than the log (or dropped with its process) reads as "now".
   *end_ns = done.ticket == ticket ? done.end_ns : sd.now_ns;
   return true;

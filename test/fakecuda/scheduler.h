@@ -25,8 +25,8 @@
 namespace gpuslice::fakecuda {
 
 inline constexpr std::uint32_t kSchedEntries = 65536;  // pending launches per device
-inline constexpr std::uint32_t kSchedStreams = 256;   // streams with pending work per device
-inline constexpr std::uint32_t kDoneLog = 65536;      // completion times kept for events (>= kSchedEntries)
+inline constexpr std::uint32_t kSchedStreams = 256;    // streams with pending work per device
+inline constexpr std::uint32_t kDoneLog = 65536;       // completion times kept for events (>= kSchedEntries)
 inline constexpr std::uint32_t kNoEntry = 0xffffffffu;
 
 enum class SchedKind : std::uint8_t { kernel = 1, marker = 2, wait = 3 };
@@ -87,37 +87,35 @@ struct SchedDevice {
   SchedDone done[kDoneLog];  // indexed by ticket % kDoneLog
 };
 
-inline bool sched_enabled(const StateHeader &header) {
+inline bool sched_enabled(const StateHeader& header) {
   return header.profile == static_cast<std::uint32_t>(Profile::realistic);
 }
-SchedDevice &sched_device(State &state, std::uint32_t dev);
+SchedDevice& sched_device(State& state, std::uint32_t dev);
 std::size_t sched_bytes(std::uint32_t devices);
 
 // Runs the simulation of `dev` up to max(now, simulated time). Lock held.
-void sched_advance_locked(State &state, std::uint32_t dev, std::uint64_t now);
+void sched_advance_locked(State& state, std::uint32_t dev, std::uint64_t now);
 // Brings every device up to now (takes the lock). No-op for the ideal profile.
-void sched_catch_up(State &state);
+void sched_catch_up(State& state);
 // Appends an entry to its stream at the simulated now; returns its ticket (and
 // where it lives), 0 if the device's tables are full.
-std::uint64_t sched_submit_locked(State &state, std::uint32_t dev, const SchedStreamInfo &stream, SchedEntry entry,
-                                  SchedTarget *where);
+std::uint64_t sched_submit_locked(State& state, std::uint32_t dev, const SchedStreamInfo& stream, SchedEntry entry,
+                                  SchedTarget* where);
 
 // What is still pending among a stream's (or a context's) entries with ticket <= up_to.
 struct SchedPending {
   std::uint64_t entries;       // how many
   std::uint64_t remaining_ns;  // their summed remaining run time (a lower bound on the wait)
 };
-SchedPending sched_stream_pending_locked(State &state, std::uint32_t dev, std::uint64_t stream_key,
+SchedPending sched_stream_pending_locked(State& state, std::uint32_t dev, std::uint64_t stream_key,
                                          std::uint64_t up_to);
-SchedPending sched_context_pending_locked(State &state, std::uint32_t dev, std::uint64_t ctx_key,
-                                          std::uint64_t up_to);
+SchedPending sched_context_pending_locked(State& state, std::uint32_t dev, std::uint64_t ctx_key, std::uint64_t up_to);
 // True (and its completion time) once `ticket`, submitted at `where`, has run.
-bool sched_ticket_done_locked(State &state, std::uint32_t dev, SchedTarget where, std::uint64_t ticket,
-                              std::uint64_t *end_ns);
+bool sched_ticket_done_locked(State& state, std::uint32_t dev, SchedTarget where, std::uint64_t ticket,
+                              std::uint64_t* end_ns);
 
 // Per-kernel run time under the profile's jitter: duration * (1 + u * pct / 100),
 // u uniform in [-1, 1], deterministic in (seed, dev, index).
-std::uint64_t jittered_ns(const StateHeader &header, std::uint32_t dev, std::uint64_t index,
-                          std::uint64_t duration_ns);
+std::uint64_t jittered_ns(const StateHeader& header, std::uint32_t dev, std::uint64_t index, std::uint64_t duration_ns);
 
 }  // namespace gpuslice::fakecuda

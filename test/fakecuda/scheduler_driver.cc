@@ -10,17 +10,17 @@ namespace gpuslice::fakecuda {
 
 namespace {
 
-constexpr std::uint64_t kMinPollNs = 2000;            // shortest wait between checks
-constexpr std::uint64_t kSpinBelowNs = 200000;        // shorter waits yield instead of sleeping
-constexpr std::uint64_t kReapEveryNs = 20000000;      // waiters reap dead processes this often
+constexpr std::uint64_t kMinPollNs = 2000;        // shortest wait between checks
+constexpr std::uint64_t kSpinBelowNs = 200000;    // shorter waits yield instead of sleeping
+constexpr std::uint64_t kReapEveryNs = 20000000;  // waiters reap dead processes this often
 
 std::uint64_t own_slot_bits() { return std::uint64_t{static_cast<std::uint32_t>(runtime().slot)}; }
 
 // Process-unique keys for streams and contexts across every process's entries.
 std::uint64_t key_of(std::uint64_t id) { return (own_slot_bits() + 1) << 40 | id; }
 
-SchedStreamInfo info_for(CUstream_st *stream) {
-  Runtime &r = runtime();
+SchedStreamInfo info_for(CUstream_st* stream) {
+  Runtime& r = runtime();
   SchedStreamInfo info;
   info.key = key_of(stream->id);
   info.ctx_key = key_of(stream->ctx->id);
@@ -32,7 +32,7 @@ SchedStreamInfo info_for(CUstream_st *stream) {
   return info;
 }
 
-void note_ticket(CUstream_st *stream, std::uint64_t ticket) {
+void note_ticket(CUstream_st* stream, std::uint64_t ticket) {
   stream->last_ticket.store(ticket, std::memory_order_release);
   stream->ctx->last_ticket.store(ticket, std::memory_order_release);
 }
@@ -56,8 +56,8 @@ void wait_for(std::uint64_t ns) {
 // nothing left, sleeping for the remaining run time it reports: a lower bound on
 // the wait, so the caller never oversleeps the uncontended finish.
 template <typename Pending>
-void wait_until_idle(std::uint32_t dev, Pending &&pending) {
-  State &s = state();
+void wait_until_idle(std::uint32_t dev, Pending&& pending) {
+  State& s = state();
   std::uint64_t last_reap = mono_ns();
   for (;;) {
     SchedPending left{0, 0};
@@ -79,7 +79,7 @@ void wait_until_idle(std::uint32_t dev, Pending &&pending) {
   }
 }
 
-SchedPending stream_pending_locked(CUstream_st *stream) {
+SchedPending stream_pending_locked(CUstream_st* stream) {
   if (stream == stream->ctx->null_stream) {
     return sched_context_pending_locked(state(), stream->ctx->device, key_of(stream->ctx->id),
                                         stream->ctx->last_ticket.load(std::memory_order_acquire));
@@ -88,9 +88,9 @@ SchedPending stream_pending_locked(CUstream_st *stream) {
                                      stream->last_ticket.load(std::memory_order_acquire));
 }
 
-std::uint64_t submit(CUstream_st *stream, const SchedEntry &entry, SchedTarget *where = nullptr) {
+std::uint64_t submit(CUstream_st* stream, const SchedEntry& entry, SchedTarget* where = nullptr) {
   const SchedStreamInfo info = info_for(stream);
-  State &s = state();
+  State& s = state();
   const std::uint32_t dev = stream->ctx->device;
   const std::uint64_t depth = s.header().queue_depth;
   for (;;) {
@@ -120,10 +120,10 @@ std::uint64_t submit(CUstream_st *stream, const SchedEntry &entry, SchedTarget *
 
 }  // namespace
 
-CUresult sched_launch(CUstream_st *stream, std::uint64_t duration_ns, std::uint64_t blocks) {
+CUresult sched_launch(CUstream_st* stream, std::uint64_t duration_ns, std::uint64_t blocks) {
   SchedEntry entry;
   entry.kind = SchedKind::kernel;
-  const StateHeader &header = state().header();
+  const StateHeader& header = state().header();
   static std::atomic<std::uint64_t> launches{0};
   std::uint64_t index = launches.fetch_add(1, std::memory_order_relaxed) ^ (own_slot_bits() << 48);
   entry.remaining_ns = jittered_ns(header, stream->ctx->device, index, duration_ns) + header.launch_cost_ns;
@@ -131,25 +131,25 @@ CUresult sched_launch(CUstream_st *stream, std::uint64_t duration_ns, std::uint6
   return submit(stream, entry) != 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
 }
 
-bool sched_stream_idle(CUstream_st *stream) {
-  State &s = state();
+bool sched_stream_idle(CUstream_st* stream) {
+  State& s = state();
   State::Lock lock(s);
   if (!lock.ok()) return true;
   sched_advance_locked(s, stream->ctx->device, mono_ns());
   return stream_pending_locked(stream).entries == 0;
 }
 
-void sched_stream_wait(CUstream_st *stream) {
+void sched_stream_wait(CUstream_st* stream) {
   wait_until_idle(stream->ctx->device, [&] { return stream_pending_locked(stream); });
 }
 
-void sched_context_wait(CUctx_st *ctx) {
+void sched_context_wait(CUctx_st* ctx) {
   std::uint64_t up_to = ctx->last_ticket.load(std::memory_order_acquire);
   std::uint64_t key = key_of(ctx->id);
   wait_until_idle(ctx->device, [&] { return sched_context_pending_locked(state(), ctx->device, key, up_to); });
 }
 
-void sched_event_record(CUevent_st *event, CUstream_st *stream) {
+void sched_event_record(CUevent_st* event, CUstream_st* stream) {
   event->time_ns.store(0, std::memory_order_release);
   event->device = stream->ctx->device;
   SchedEntry marker;
@@ -160,10 +160,10 @@ void sched_event_record(CUevent_st *event, CUstream_st *stream) {
   event->ticket.store(ticket, std::memory_order_release);
 }
 
-bool sched_event_done(CUevent_st *event) {
+bool sched_event_done(CUevent_st* event) {
   std::uint64_t ticket = event->ticket.load(std::memory_order_acquire);
   if (ticket == 0) return true;
-  State &s = state();
+  State& s = state();
   State::Lock lock(s);
   if (!lock.ok()) return true;
   sched_advance_locked(s, event->device, mono_ns());
@@ -174,21 +174,21 @@ bool sched_event_done(CUevent_st *event) {
   return true;
 }
 
-void sched_event_wait(CUevent_st *event) {
+void sched_event_wait(CUevent_st* event) {
   std::uint64_t ticket = event->ticket.load(std::memory_order_acquire);
   if (ticket == 0) return;
   wait_until_idle(event->device, [&] {
     std::uint64_t end = 0;
     if (sched_ticket_done_locked(state(), event->device, event->where, ticket, &end)) return SchedPending{0, 0};
     // Still queued on its stream: wait at least for the work ahead of it there.
-    const SchedStream &queue = sched_device(state(), event->device).streams[event->where.stream];
+    const SchedStream& queue = sched_device(state(), event->device).streams[event->where.stream];
     SchedPending ahead = sched_stream_pending_locked(state(), event->device, queue.info.key, ticket);
     return SchedPending{ahead.entries > 0 ? ahead.entries : 1, ahead.remaining_ns};
   });
   sched_event_done(event);
 }
 
-void sched_stream_wait_event(CUstream_st *stream, CUevent_st *event) {
+void sched_stream_wait_event(CUstream_st* stream, CUevent_st* event) {
   std::uint64_t ticket = event->ticket.load(std::memory_order_acquire);
   if (ticket == 0) return;  // already complete (or never recorded): nothing to wait for
   // Only events of the same device are modelled as dependencies.

@@ -25,7 +25,7 @@ std::uint64_t mono_ns() {
 
 namespace {
 
-std::uint64_t fnv1a(const char *text) {
+std::uint64_t fnv1a(const char* text) {
   std::uint64_t hash = 0xcbf29ce484222325ull;
   for (; *text != '\0'; ++text) {
     hash ^= static_cast<unsigned char>(*text);
@@ -39,14 +39,14 @@ std::size_t sched_offset_for(std::uint32_t devices) {
   return ring_offset() + std::size_t{devices} * kRingEntries * sizeof(RingEntry);
 }
 // The scheduler's tables exist only in realistic-profile files.
-std::size_t total_size_for(const Config &config) {
+std::size_t total_size_for(const Config& config) {
   std::size_t total = sched_offset_for(config.devices);
   if (config.profile == Profile::realistic) total += sched_bytes(config.devices);
   return total;
 }
 
 bool slot_lock(int fd, int index, short type, int cmd) {
-  struct flock lock{};
+  struct flock lock {};
   lock.l_type = type;
   lock.l_whence = SEEK_SET;
   lock.l_start = kSlotLockBase + index;
@@ -56,20 +56,20 @@ bool slot_lock(int fd, int index, short type, int cmd) {
 
 }  // namespace
 
-State *State::map_fd(int fd, char *error, std::size_t error_len) {
-  struct stat st{};
+State* State::map_fd(int fd, char* error, std::size_t error_len) {
+  struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(StateHeader)) {
     std::snprintf(error, error_len, "fakecuda: state file too small or unreadable");
     close(fd);
     return nullptr;
   }
-  void *map = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* map = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) {
     std::snprintf(error, error_len, "fakecuda: mmap of state file failed: %s", std::strerror(errno));
     close(fd);
     return nullptr;
   }
-  auto *header = static_cast<StateHeader *>(map);
+  auto* header = static_cast<StateHeader*>(map);
   if (header->magic != kStateMagic || header->abi_version != kStateAbiVersion ||
       header->header_size != sizeof(StateHeader) || header->total_size != static_cast<std::uint64_t>(st.st_size)) {
     std::snprintf(error, error_len,
@@ -80,7 +80,7 @@ State *State::map_fd(int fd, char *error, std::size_t error_len) {
     close(fd);
     return nullptr;
   }
-  auto *state = new (std::nothrow) State();
+  auto* state = new (std::nothrow) State();
   if (state == nullptr) {
     munmap(map, static_cast<std::size_t>(st.st_size));
     close(fd);
@@ -93,7 +93,7 @@ State *State::map_fd(int fd, char *error, std::size_t error_len) {
   return state;
 }
 
-State *State::open_existing(const char *path, char *error, std::size_t error_len) {
+State* State::open_existing(const char* path, char* error, std::size_t error_len) {
   int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     std::snprintf(error, error_len, "fakecuda: cannot open state file %s: %s", path, std::strerror(errno));
@@ -102,7 +102,7 @@ State *State::open_existing(const char *path, char *error, std::size_t error_len
   return map_fd(fd, error, error_len);
 }
 
-State *State::open_or_create(const Config &config, char *error, std::size_t error_len) {
+State* State::open_or_create(const Config& config, char* error, std::size_t error_len) {
   for (int attempt = 0; attempt < 8; ++attempt) {
     int fd = open(config.state_path, O_RDWR | O_CLOEXEC);
     if (fd >= 0) return map_fd(fd, error, error_len);
@@ -123,7 +123,7 @@ State *State::open_or_create(const Config &config, char *error, std::size_t erro
       return nullptr;
     }
     std::size_t total = total_size_for(config);
-    void *map = MAP_FAILED;
+    void* map = MAP_FAILED;
     if (ftruncate(temp_fd, static_cast<off_t>(total)) == 0) {
       map = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, temp_fd, 0);
     }
@@ -134,7 +134,7 @@ State *State::open_or_create(const Config &config, char *error, std::size_t erro
       return nullptr;
     }
     // The file is zero-filled, which is the valid initial value of every atomic.
-    auto *header = static_cast<StateHeader *>(map);
+    auto* header = static_cast<StateHeader*>(map);
     header->abi_version = kStateAbiVersion;
     header->header_size = sizeof(StateHeader);
     header->total_size = total;
@@ -147,8 +147,8 @@ State *State::open_or_create(const Config &config, char *error, std::size_t erro
     {
       timespec real{};
       clock_gettime(CLOCK_REALTIME, &real);
-      header->created_real_ns = static_cast<std::uint64_t>(real.tv_sec) * 1000000000ull +
-                                static_cast<std::uint64_t>(real.tv_nsec);
+      header->created_real_ns =
+          static_cast<std::uint64_t>(real.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(real.tv_nsec);
     }
     header->ring_offset = ring_offset();
     header->ring_entries = kRingEntries;
@@ -192,12 +192,12 @@ State::~State() {
   if (fd_ >= 0) close(fd_);
 }
 
-RingEntry *State::ring(std::uint32_t index) {
-  auto *base = reinterpret_cast<char *>(header_) + header_->ring_offset;
-  return reinterpret_cast<RingEntry *>(base) + std::size_t{index} * header_->ring_entries;
+RingEntry* State::ring(std::uint32_t index) {
+  auto* base = reinterpret_cast<char*>(header_) + header_->ring_offset;
+  return reinterpret_cast<RingEntry*>(base) + std::size_t{index} * header_->ring_entries;
 }
 
-State::Lock::Lock(State &state) : state_(state) {
+State::Lock::Lock(State& state) : state_(state) {
   int rc = pthread_mutex_lock(&state_.header_->mutex);
   if (rc == EOWNERDEAD) {
     // The previous holder died inside a critical section. Each one leaves the
@@ -215,7 +215,7 @@ State::Lock::~Lock() {
 
 bool State::slot_alive(int index) const {
   if (fd_ < 0) return true;  // cannot tell: never reap on a guess
-  struct flock lock{};
+  struct flock lock {};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;
   lock.l_start = kSlotLockBase + index;
@@ -227,7 +227,7 @@ bool State::slot_alive(int index) const {
 int State::reap_locked(int own_slot) {
   int reaped = 0;
   for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
-    ProcSlot &slot = header_->slot[i];
+    ProcSlot& slot = header_->slot[i];
     if (i == own_slot || slot.state.load(std::memory_order_acquire) == 0) continue;
     if (slot_alive(i)) continue;
     // Like the real driver at process exit: everything the process held is freed.
@@ -247,7 +247,7 @@ int State::claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uin
                              std::uint64_t pidns_inode) {
   reap_locked(-1);
   for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
-    ProcSlot &slot = header_->slot[i];
+    ProcSlot& slot = header_->slot[i];
     if (slot.state.load(std::memory_order_acquire) != 0) continue;
     // Liveness lock first: if we die before publishing, the slot is still free.
     if (!slot_lock(fd_, i, F_WRLCK, F_OFD_SETLK)) continue;
@@ -264,10 +264,10 @@ int State::claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uin
 
 std::uint64_t State::device_used_locked(std::uint32_t dev) const {
   std::uint64_t used = 0;
-  for (const ProcSlot &slot : header_->slot) {
+  for (const ProcSlot& slot : header_->slot) {
     if (slot.state.load(std::memory_order_acquire) == 0) continue;
-    used += slot.alloc_bytes[dev].load(std::memory_order_relaxed) +
-            slot.context_bytes[dev].load(std::memory_order_relaxed);
+    used +=
+        slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);
   }
   return used;
 }
@@ -279,7 +279,7 @@ bool State::charge_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes, 
   if (own_slot < 0 || dev >= header_->devices) return false;
   std::uint64_t used = device_used_locked(dev);
   if (bytes > header_->memory_bytes || used > header_->memory_bytes - bytes) return false;
-  ProcSlot &slot = header_->slot[own_slot];
+  ProcSlot& slot = header_->slot[own_slot];
   (context ? slot.context_bytes[dev] : slot.alloc_bytes[dev]).fetch_add(bytes, std::memory_order_relaxed);
   if (ChargeProbe probe = g_charge_probe.load(std::memory_order_acquire)) probe(*this, own_slot, dev, bytes, context);
   return true;
@@ -287,7 +287,7 @@ bool State::charge_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes, 
 
 void State::uncharge(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
   if (own_slot < 0 || dev >= header_->devices || bytes == 0) return;
-  ProcSlot &slot = header_->slot[own_slot];
+  ProcSlot& slot = header_->slot[own_slot];
   (context ? slot.context_bytes[dev] : slot.alloc_bytes[dev]).fetch_sub(bytes, std::memory_order_relaxed);
   if (ChargeProbe probe = g_uncharge_probe.load(std::memory_order_acquire)) probe(*this, own_slot, dev, bytes, context);
 }
@@ -295,7 +295,7 @@ void State::uncharge(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool 
 void State::release_slot(int own_slot) {
   if (own_slot < 0) return;
   Lock lock(*this);
-  ProcSlot &slot = header_->slot[own_slot];
+  ProcSlot& slot = header_->slot[own_slot];
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
     slot.alloc_bytes[d].store(0, std::memory_order_relaxed);
     slot.context_bytes[d].store(0, std::memory_order_relaxed);
@@ -318,7 +318,7 @@ ProcessIdentity current_process_identity() {
   ProcessIdentity id{};
   id.pid = static_cast<std::uint32_t>(getpid());
   id.host_pid = id.pid;
-  if (FILE *status = std::fopen("/proc/self/status", "re")) {
+  if (FILE* status = std::fopen("/proc/self/status", "re")) {
     char line[512];
     while (std::fgets(line, sizeof(line), status) != nullptr) {
       unsigned first = 0;
@@ -331,13 +331,13 @@ ProcessIdentity current_process_identity() {
     }
     std::fclose(status);
   }
-  if (FILE *stat_file = std::fopen("/proc/self/stat", "re")) {
+  if (FILE* stat_file = std::fopen("/proc/self/stat", "re")) {
     char buffer[1024];
     std::size_t n = std::fread(buffer, 1, sizeof(buffer) - 1, stat_file);
     buffer[n] = '\0';
     std::fclose(stat_file);
     // Field 22 (starttime) counted after the ')' that ends the command name.
-    if (const char *p = std::strrchr(buffer, ')')) {
+    if (const char* p = std::strrchr(buffer, ')')) {
       int field = 2;
       for (; *p != '\0' && field < 22; ++p) {
         if (*p == ' ') ++field;
@@ -345,7 +345,7 @@ ProcessIdentity current_process_identity() {
       id.start_time = std::strtoull(p, nullptr, 10);
     }
   }
-  struct stat ns{};
+  struct stat ns {};
   if (stat("/proc/self/ns/pid", &ns) == 0) id.pidns_inode = ns.st_ino;
   return id;
 }
@@ -363,7 +363,7 @@ std::uint64_t splitmix64(std::uint64_t x) {
 }
 }  // namespace
 
-void device_uuid(const StateHeader &header, std::uint32_t dev, unsigned char out[16]) {
+void device_uuid(const StateHeader& header, std::uint32_t dev, unsigned char out[16]) {
   std::uint64_t a = splitmix64(header.uuid_seed ^ (0x1000 + dev));
   std::uint64_t b = splitmix64(a ^ 0x5eed);
   for (int i = 0; i < 8; ++i) {
@@ -374,11 +374,11 @@ void device_uuid(const StateHeader &header, std::uint32_t dev, unsigned char out
   out[8] = static_cast<unsigned char>((out[8] & 0x3f) | 0x80);
 }
 
-void device_uuid_string(const StateHeader &header, std::uint32_t dev, char *out, std::size_t len) {
+void device_uuid_string(const StateHeader& header, std::uint32_t dev, char* out, std::size_t len) {
   unsigned char u[16];
   device_uuid(header, dev, u);
-  std::snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  std::snprintf(out, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+                u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
 }
 
 }  // namespace gpuslice::fakecuda

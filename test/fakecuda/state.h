@@ -36,7 +36,7 @@ struct RingEntry {
   std::atomic<std::uint64_t> seq;       // 2*index+2 once entry `index` is complete
   std::atomic<std::uint64_t> start_ns;  // CLOCK_MONOTONIC
   std::atomic<std::uint64_t> end_ns;
-  std::atomic<std::uint64_t> pids;      // host_pid << 32 | pid (pid in the launcher's namespace)
+  std::atomic<std::uint64_t> pids;  // host_pid << 32 | pid (pid in the launcher's namespace)
 };
 static_assert(sizeof(RingEntry) == 32);
 
@@ -51,12 +51,12 @@ struct alignas(64) DeviceShared {
 // the state file at kSlotLockBase + index: the kernel drops it when the process
 // dies, whatever its pid namespace, and pid reuse cannot fake it.
 struct alignas(64) ProcSlot {
-  std::atomic<std::uint32_t> state;       // 0 free, 1 claimed
-  std::atomic<std::uint32_t> pid;         // getpid() of the owner (its own namespace)
-  std::atomic<std::uint32_t> host_pid;    // first NSpid field: what NVML reports
-  std::atomic<std::uint32_t> generation;  // bumped at each claim
-  std::atomic<std::uint64_t> start_time;  // /proc/<pid>/stat field 22 (clock ticks)
-  std::atomic<std::uint64_t> pidns_inode; // /proc/self/ns/pid inode
+  std::atomic<std::uint32_t> state;                       // 0 free, 1 claimed
+  std::atomic<std::uint32_t> pid;                         // getpid() of the owner (its own namespace)
+  std::atomic<std::uint32_t> host_pid;                    // first NSpid field: what NVML reports
+  std::atomic<std::uint32_t> generation;                  // bumped at each claim
+  std::atomic<std::uint64_t> start_time;                  // /proc/<pid>/stat field 22 (clock ticks)
+  std::atomic<std::uint64_t> pidns_inode;                 // /proc/self/ns/pid inode
   std::atomic<std::uint64_t> alloc_bytes[kMaxDevices];    // allocations, pool reserves, VMM, arrays
   std::atomic<std::uint64_t> context_bytes[kMaxDevices];  // FAKECUDA_CONTEXT_MEMORY per live context
   std::atomic<std::uint32_t> contexts[kMaxDevices];       // live contexts (primary counted once)
@@ -75,19 +75,19 @@ struct StateHeader {
   std::uint64_t uuid_seed;      // from the state file's path: UUIDs are stable per path
   std::uint64_t created_mono_ns;
   std::uint64_t created_real_ns;  // CLOCK_REALTIME at the same instant: NVML sample timestamps
-  std::uint64_t ring_offset;    // byte offset of device 0's ring
+  std::uint64_t ring_offset;      // byte offset of device 0's ring
   std::uint64_t ring_entries;
   // Timing model (README "Profiles"); fixed by the file's creator like the rest.
-  std::uint32_t profile;          // Profile
-  std::uint32_t jitter_pct;       // each kernel's run time varies uniformly by +-jitter_pct %
-  std::uint32_t module_memory;    // 1: loaded modules hold device memory (globals + code)
+  std::uint32_t profile;        // Profile
+  std::uint32_t jitter_pct;     // each kernel's run time varies uniformly by +-jitter_pct %
+  std::uint32_t module_memory;  // 1: loaded modules hold device memory (globals + code)
   std::uint32_t reserved0;
-  std::uint64_t seed;             // jitter's seed
-  std::uint64_t nvml_period_ns;   // NVML sample period; 0 = exact windows (ideal)
-  std::uint64_t timeslice_ns;     // realistic scheduler's slice between contexts
-  std::uint64_t launch_cost_ns;   // device time a launch takes before its kernel runs
-  std::uint64_t queue_depth;      // pending launches per stream before a launch blocks; 0 = unbounded
-  std::uint64_t sched_offset;     // byte offset of device 0's scheduler (realistic profile only)
+  std::uint64_t seed;                 // jitter's seed
+  std::uint64_t nvml_period_ns;       // NVML sample period; 0 = exact windows (ideal)
+  std::uint64_t timeslice_ns;         // realistic scheduler's slice between contexts
+  std::uint64_t launch_cost_ns;       // device time a launch takes before its kernel runs
+  std::uint64_t queue_depth;          // pending launches per stream before a launch blocks; 0 = unbounded
+  std::uint64_t sched_offset;         // byte offset of device 0's scheduler (realistic profile only)
   alignas(64) pthread_mutex_t mutex;  // robust, process-shared
   DeviceShared device[kMaxDevices];
   ProcSlot slot[kMaxSlots];
@@ -115,11 +115,11 @@ struct Config {
 
 // Reads FAKECUDA_* from the environment. On failure writes one line naming the
 // variable, the value and what was expected into `error` and returns false.
-bool parse_config(Config &config, char *error, std::size_t error_len);
+bool parse_config(Config& config, char* error, std::size_t error_len);
 // Strict size parser: digits, then optional B, K/M/G/T (base 1000) or Ki/Mi/Gi/Ti (1024).
-bool parse_size(const char *text, std::uint64_t &out);
+bool parse_size(const char* text, std::uint64_t& out);
 // The path FAKECUDA_STATE names, or the per-user default.
-void state_path_from_env(char *out, std::size_t len);
+void state_path_from_env(char* out, std::size_t len);
 
 std::uint64_t mono_ns();
 
@@ -128,29 +128,29 @@ class State {
  public:
   // Attaches to config.state_path, creating it race-free (built in a temporary
   // file, then link()ed into place) if absent. nullptr + message on failure.
-  static State *open_or_create(const Config &config, char *error, std::size_t error_len);
+  static State* open_or_create(const Config& config, char* error, std::size_t error_len);
   // Attaches to an existing file only.
-  static State *open_existing(const char *path, char *error, std::size_t error_len);
+  static State* open_existing(const char* path, char* error, std::size_t error_len);
   ~State();
-  State(const State &) = delete;
-  State &operator=(const State &) = delete;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
 
-  StateHeader &header() { return *header_; }
-  DeviceShared &device(std::uint32_t index) { return header_->device[index]; }
-  RingEntry *ring(std::uint32_t index);
+  StateHeader& header() { return *header_; }
+  DeviceShared& device(std::uint32_t index) { return header_->device[index]; }
+  RingEntry* ring(std::uint32_t index);
   std::uint32_t device_count() const { return header_->devices; }
 
   // Robust-mutex guard. ok() is false only if the mutex is unrecoverable.
   class Lock {
    public:
-    explicit Lock(State &state);
+    explicit Lock(State& state);
     ~Lock();
     bool ok() const { return locked_; }
-    Lock(const Lock &) = delete;
-    Lock &operator=(const Lock &) = delete;
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
 
    private:
-    State &state_;
+    State& state_;
     bool locked_ = false;
   };
 
@@ -158,8 +158,7 @@ class State {
   // Frees every claimed slot whose owner is gone (skipping own_slot). Returns the count.
   int reap_locked(int own_slot);
   // Claims a slot for this process and takes its liveness lock. -1 if none free.
-  int claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uint64_t start_time,
-                        std::uint64_t pidns_inode);
+  int claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uint64_t start_time, std::uint64_t pidns_inode);
   // Bytes held on a device by every claimed slot.
   std::uint64_t device_used_locked(std::uint32_t dev) const;
   // Adds `bytes` to own slot's allocation (or context) counter if the device has room.
@@ -177,16 +176,16 @@ class State {
 
  private:
   State() = default;
-  static State *map_fd(int fd, char *error, std::size_t error_len);
+  static State* map_fd(int fd, char* error, std::size_t error_len);
   int fd_ = -1;
-  StateHeader *header_ = nullptr;
+  StateHeader* header_ = nullptr;
   std::size_t mapped_size_ = 0;
 };
 
 // Test probes of the simulated driver (chaos.h): called after every charge
 // granted by charge_locked (state Lock held) and after every uncharge. Null
 // (the default) costs one load and a branch.
-using ChargeProbe = void (*)(State &state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context);
+using ChargeProbe = void (*)(State& state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context);
 extern std::atomic<ChargeProbe> g_charge_probe;
 extern std::atomic<ChargeProbe> g_uncharge_probe;
 
@@ -204,14 +203,14 @@ ProcessIdentity current_process_identity();
 namespace gpuslice::fakecuda {
 
 // What both libraries report for every simulated device.
-inline constexpr const char *kDeviceName = "NVIDIA H100 80GB HBM3 (fakecuda)";
-inline constexpr int kDriverVersion = 13000;          // cuDriverGetVersion
-inline constexpr const char *kDriverVersionString = "580.65.06";  // nvmlSystemGetDriverVersion
+inline constexpr const char* kDeviceName = "NVIDIA H100 80GB HBM3 (fakecuda)";
+inline constexpr int kDriverVersion = 13000;                      // cuDriverGetVersion
+inline constexpr const char* kDriverVersionString = "580.65.06";  // nvmlSystemGetDriverVersion
 
 // 16 UUID bytes, deterministic per (state file path, device index).
-void device_uuid(const StateHeader &header, std::uint32_t dev, unsigned char out[16]);
+void device_uuid(const StateHeader& header, std::uint32_t dev, unsigned char out[16]);
 // NVML's spelling of the same bytes: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
-void device_uuid_string(const StateHeader &header, std::uint32_t dev, char *out, std::size_t len);
+void device_uuid_string(const StateHeader& header, std::uint32_t dev, char* out, std::size_t len);
 
 // One process's holdings on one device, for NVML, fakecuda-ctl and the test API.
 struct ProcessUsage {
@@ -225,6 +224,6 @@ struct ProcessUsage {
 };
 // With the state Lock held, after reaping: every claimed slot that has a context
 // or memory on `dev` (every device if dev < 0). Returns how many exist; fills at most `max`.
-int collect_usage_locked(State &state, int dev, ProcessUsage *out, int max);
+int collect_usage_locked(State& state, int dev, ProcessUsage* out, int max);
 
 }  // namespace gpuslice::fakecuda

@@ -13,48 +13,47 @@ using namespace gpuslice::fakecuda;
 namespace {
 
 struct PerThreadStream {
-  CUctx_st *ctx = nullptr;
-  CUstream_st *stream = nullptr;
+  CUctx_st* ctx = nullptr;
+  CUstream_st* stream = nullptr;
 };
 // CU_STREAM_PER_THREAD / _ptsz: one stream per (thread, context).
 thread_local PerThreadStream t_per_thread[8];
 thread_local unsigned t_per_thread_next = 0;
 
-void atomic_max(std::atomic<std::uint64_t> &target, std::uint64_t value) {
+void atomic_max(std::atomic<std::uint64_t>& target, std::uint64_t value) {
   std::uint64_t current = target.load(std::memory_order_relaxed);
-  while (current < value && !target.compare_exchange_weak(current, value, std::memory_order_acq_rel)) {
-  }
+  while (current < value && !target.compare_exchange_weak(current, value, std::memory_order_acq_rel)) {}
 }
 
-[[gnu::noinline, gnu::cold]] CUstream_st *make_per_thread_stream(CUctx_st *ctx) {
-  Runtime &r = runtime();
+[[gnu::noinline, gnu::cold]] CUstream_st* make_per_thread_stream(CUctx_st* ctx) {
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
-  CUstream_st *stream = r.streams.make();
+  CUstream_st* stream = r.streams.make();
   stream->ctx = ctx;
   stream->special = true;
   stream->id = next_object_id_locked();
-  PerThreadStream &slot = t_per_thread[t_per_thread_next++ % 8];
+  PerThreadStream& slot = t_per_thread[t_per_thread_next++ % 8];
   slot.ctx = ctx;
   slot.stream = stream;
   return stream;
 }
 
-CUstream_st *per_thread_stream(CUctx_st *ctx) {
-  for (PerThreadStream &slot : t_per_thread) {
+CUstream_st* per_thread_stream(CUctx_st* ctx) {
+  for (PerThreadStream& slot : t_per_thread) {
     if (slot.ctx == ctx && alive(slot.stream) && slot.stream->ctx == ctx) return slot.stream;
   }
   return make_per_thread_stream(ctx);
 }
 
 // Legacy (null) streams synchronise with all work of their context.
-std::uint64_t stream_end(const CUstream_st *stream) {
+std::uint64_t stream_end(const CUstream_st* stream) {
   if (stream == stream->ctx->null_stream) return stream->ctx->last_end_ns.load(std::memory_order_acquire);
   return stream->last_end_ns.load(std::memory_order_acquire);
 }
 
 CUresult stream_synchronize(CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (realistic()) {
@@ -68,23 +67,23 @@ CUresult stream_synchronize(CUstream hStream, bool ptsz) {
 
 CUresult stream_query(CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (realistic()) return sched_stream_idle(stream) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
   return mono_ns() >= stream_end(stream) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
-CUresult stream_create(CUstream *phStream, unsigned int flags, int priority) {
+CUresult stream_create(CUstream* phStream, unsigned int flags, int priority) {
   if (phStream == nullptr || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
-  CUstream_st *stream = r.streams.make();
+  CUstream_st* stream = r.streams.make();
   stream->ctx = ctx;
   stream->flags = flags;
   // Priorities outside [greatest, least] = [-5, 0] are clamped, as documented.
@@ -96,7 +95,7 @@ CUresult stream_create(CUstream *phStream, unsigned int flags, int priority) {
 
 CUresult stream_wait_event(CUstream hStream, CUevent hEvent, bool ptsz) {
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
   if (realistic()) {
@@ -110,7 +109,7 @@ CUresult stream_wait_event(CUstream hStream, CUevent hEvent, bool ptsz) {
 CUresult event_record(CUevent hEvent, CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_SUCCESS;  // not part of the graph model
   if (realistic()) {
@@ -124,7 +123,7 @@ CUresult event_record(CUevent hEvent, CUstream hStream, bool ptsz) {
   return CUDA_SUCCESS;
 }
 
-CUresult elapsed_time(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+CUresult elapsed_time(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   if (pMilliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!alive(hStart) || !alive(hEnd)) return CUDA_ERROR_INVALID_HANDLE;
@@ -148,11 +147,10 @@ void sleep_until(std::uint64_t end_ns) {
   timespec deadline{};
   deadline.tv_sec = static_cast<time_t>(end_ns / 1000000000ull);
   deadline.tv_nsec = static_cast<long>(end_ns % 1000000000ull);
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, nullptr) == EINTR) {
-  }
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, nullptr) == EINTR) {}
 }
 
-void stream_wait_idle(CUstream_st *stream) {
+void stream_wait_idle(CUstream_st* stream) {
   if (realistic()) {
     sched_stream_wait(stream);
   } else {
@@ -160,13 +158,13 @@ void stream_wait_idle(CUstream_st *stream) {
   }
 }
 
-void note_stream_work(CUstream_st *stream, std::uint64_t end_ns) {
+void note_stream_work(CUstream_st* stream, std::uint64_t end_ns) {
   atomic_max(stream->last_end_ns, end_ns);
   atomic_max(stream->ctx->last_end_ns, end_ns);
 }
 
-CUresult resolve_stream(CUstream handle, bool per_thread_default, CUstream_st **out) {
-  CUctx_st *ctx = nullptr;
+CUresult resolve_stream(CUstream handle, bool per_thread_default, CUstream_st** out) {
+  CUctx_st* ctx = nullptr;
   if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
     if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
     bool per_thread = handle == CU_STREAM_PER_THREAD || (handle == nullptr && per_thread_default);
@@ -181,12 +179,12 @@ CUresult resolve_stream(CUstream handle, bool per_thread_default, CUstream_st **
   return CUDA_SUCCESS;
 }
 
-void streams_release_context_locked(CUctx_st *ctx) {
-  Runtime &r = runtime();
-  r.streams.for_each_live([&](CUstream_st *stream) {
+void streams_release_context_locked(CUctx_st* ctx) {
+  Runtime& r = runtime();
+  r.streams.for_each_live([&](CUstream_st* stream) {
     if (stream->ctx == ctx) r.streams.retire(stream);
   });
-  r.events.for_each_live([&](CUevent_st *event) {
+  r.events.for_each_live([&](CUevent_st* event) {
     if (event->ctx == ctx) r.events.retire(event);
   });
   ctx->null_stream = nullptr;
@@ -194,15 +192,15 @@ void streams_release_context_locked(CUctx_st *ctx) {
 
 }  // namespace gpuslice::fakecuda
 
-extern "C" CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) { return stream_create(phStream, Flags, 0); }
+extern "C" CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) { return stream_create(phStream, Flags, 0); }
 
-extern "C" CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
+extern "C" CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
   return stream_create(phStream, flags, priority);
 }
 
 extern "C" CUresult cuStreamDestroy_v2(CUstream hStream) {
   if (!initialized()) return uninitialized_error();
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   if (!alive(hStream) || hStream->special) return CUDA_ERROR_INVALID_HANDLE;
   // Queued work still completes on the device timeline; only the handle goes.
@@ -225,61 +223,61 @@ extern "C" CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, uns
   return stream_wait_event(hStream, hEvent, true);
 }
 
-extern "C" CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
+extern "C" CUresult cuStreamGetCtx(CUstream hStream, CUcontext* pctx) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *pctx = stream->ctx;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
+extern "C" CUresult cuStreamGetFlags(CUstream hStream, unsigned int* flags) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *flags = stream->flags;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuStreamGetPriority(CUstream hStream, int *priority) {
+extern "C" CUresult cuStreamGetPriority(CUstream hStream, int* priority) {
   if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *priority = stream->priority;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId) {
+extern "C" CUresult cuStreamGetId(CUstream hStream, unsigned long long* streamId) {
   if (streamId == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *streamId = stream->id;
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device) {
+extern "C" CUresult cuStreamGetDevice(CUstream hStream, CUdevice* device) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUstream_st *stream = nullptr;
+  CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
   *device = static_cast<CUdevice>(stream->ctx->device);
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+extern "C" CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   constexpr unsigned kKnown = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
   if (phEvent == nullptr || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   if ((Flags & CU_EVENT_INTERPROCESS) != 0 && (Flags & CU_EVENT_DISABLE_TIMING) == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  CUctx_st *ctx = nullptr;
+  CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
-  CUevent_st *event = r.events.make();
+  CUevent_st* event = r.events.make();
   event->ctx = ctx;
   event->flags = Flags;
   *phEvent = event;
@@ -288,7 +286,7 @@ extern "C" CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 
 extern "C" CUresult cuEventDestroy_v2(CUevent hEvent) {
   if (!initialized()) return uninitialized_error();
-  Runtime &r = runtime();
+  Runtime& r = runtime();
   std::lock_guard<std::mutex> guard(r.mu);
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
   r.events.retire(hEvent);
@@ -297,9 +295,7 @@ extern "C" CUresult cuEventDestroy_v2(CUevent hEvent) {
 extern "C" CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
 
 extern "C" CUresult cuEventRecord(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream, false); }
-extern "C" CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
-  return event_record(hEvent, hStream, true);
-}
+extern "C" CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return event_record(hEvent, hStream, true); }
 extern "C" CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
   if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
   return event_record(hEvent, hStream, false);
@@ -329,9 +325,9 @@ extern "C" CUresult cuEventSynchronize(CUevent hEvent) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+extern "C" CUresult cuEventElapsedTime(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   return elapsed_time(pMilliseconds, hStart, hEnd);
 }
-extern "C" CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+extern "C" CUresult cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart, CUevent hEnd) {
   return elapsed_time(pMilliseconds, hStart, hEnd);
 }

@@ -4,11 +4,11 @@
 
 namespace gpuslice::fakecuda {
 
-void timeline_append(State &state, std::uint32_t dev, std::uint64_t start, std::uint64_t end, std::uint64_t pids) {
-  DeviceShared &device = state.device(dev);
+void timeline_append(State& state, std::uint32_t dev, std::uint64_t start, std::uint64_t end, std::uint64_t pids) {
+  DeviceShared& device = state.device(dev);
   const std::uint64_t entries = state.header().ring_entries;
   std::uint64_t index = device.ring_head.fetch_add(1, std::memory_order_acq_rel);
-  RingEntry &entry = state.ring(dev)[index & (entries - 1)];
+  RingEntry& entry = state.ring(dev)[index & (entries - 1)];
   // Sequence lock: odd while the fields are rewritten, 2*index+2 once complete.
   // Release stores on the fields (not a fence, which TSan cannot model): a
   // reader that sees a new field value also sees the odd sequence number.
@@ -19,8 +19,8 @@ void timeline_append(State &state, std::uint32_t dev, std::uint64_t start, std::
   entry.seq.store(2 * index + 2, std::memory_order_release);
 }
 
-std::uint64_t timeline_submit(State &state, std::uint32_t dev, std::uint64_t duration_ns, const Submitter &who) {
-  DeviceShared &device = state.device(dev);
+std::uint64_t timeline_submit(State& state, std::uint32_t dev, std::uint64_t duration_ns, const Submitter& who) {
+  DeviceShared& device = state.device(dev);
   const std::uint64_t now = mono_ns();
   std::uint64_t busy_until = device.busy_until_ns.load(std::memory_order_acquire);
   if (duration_ns == 0) return busy_until > now ? busy_until : now;
@@ -42,8 +42,7 @@ std::uint64_t timeline_submit(State &state, std::uint32_t dev, std::uint64_t dur
   return end;
 }
 
-std::uint64_t timeline_busy_ns(State &state, std::uint32_t dev, std::uint32_t pid, std::uint64_t t0,
-                               std::uint64_t t1) {
+std::uint64_t timeline_busy_ns(State& state, std::uint32_t dev, std::uint32_t pid, std::uint64_t t0, std::uint64_t t1) {
   sched_catch_up(state);  // the realistic scheduler writes the ring lazily
   std::uint64_t busy = 0;
   timeline_for_each(state, dev, [&](std::uint64_t start, std::uint64_t end, std::uint64_t pids) {

@@ -18,29 +18,29 @@ struct Submitter {
 // Schedules `duration_ns` of work on `dev` and returns its end time
 // (CLOCK_MONOTONIC ns). Zero-length work occupies no time but still completes
 // only after everything submitted before it.
-std::uint64_t timeline_submit(State &state, std::uint32_t dev, std::uint64_t duration_ns, const Submitter &who);
+std::uint64_t timeline_submit(State& state, std::uint32_t dev, std::uint64_t duration_ns, const Submitter& who);
 
 // Appends one busy interval [start, end) of `pids` (host_pid << 32 | pid) to the ring.
-void timeline_append(State &state, std::uint32_t dev, std::uint64_t start, std::uint64_t end, std::uint64_t pids);
+void timeline_append(State& state, std::uint32_t dev, std::uint64_t start, std::uint64_t end, std::uint64_t pids);
 
 // Device time inside [t0, t1) spent on kernels of `pid` (matched against the
 // recorded pid or host pid; 0 = every process).
-std::uint64_t timeline_busy_ns(State &state, std::uint32_t dev, std::uint32_t pid, std::uint64_t t0, std::uint64_t t1);
+std::uint64_t timeline_busy_ns(State& state, std::uint32_t dev, std::uint32_t pid, std::uint64_t t0, std::uint64_t t1);
 
 // Per-process busy time in [t0, t1): calls visit(host_pid, busy_ns) once per host pid seen.
 template <typename Visit>
-void timeline_busy_by_process(State &state, std::uint32_t dev, std::uint64_t t0, std::uint64_t t1, Visit &&visit);
+void timeline_busy_by_process(State& state, std::uint32_t dev, std::uint64_t t0, std::uint64_t t1, Visit&& visit);
 
 // Reads every complete ring entry still held; visit(start, end, pids).
 template <typename Visit>
-void timeline_for_each(State &state, std::uint32_t dev, Visit &&visit) {
-  DeviceShared &device = state.device(dev);
-  RingEntry *ring = state.ring(dev);
+void timeline_for_each(State& state, std::uint32_t dev, Visit&& visit) {
+  DeviceShared& device = state.device(dev);
+  RingEntry* ring = state.ring(dev);
   const std::uint64_t entries = state.header().ring_entries;
   std::uint64_t head = device.ring_head.load(std::memory_order_acquire);
   std::uint64_t first = head > entries ? head - entries : 0;
   for (std::uint64_t i = first; i < head; ++i) {
-    RingEntry &entry = ring[i & (entries - 1)];
+    RingEntry& entry = ring[i & (entries - 1)];
     std::uint64_t seq = entry.seq.load(std::memory_order_acquire);
     if (seq != 2 * i + 2) continue;  // being written, or already overwritten by a newer lap
     std::uint64_t start = entry.start_ns.load(std::memory_order_acquire);
@@ -52,7 +52,7 @@ void timeline_for_each(State &state, std::uint32_t dev, Visit &&visit) {
 }
 
 template <typename Visit>
-void timeline_busy_by_process(State &state, std::uint32_t dev, std::uint64_t t0, std::uint64_t t1, Visit &&visit) {
+void timeline_busy_by_process(State& state, std::uint32_t dev, std::uint64_t t0, std::uint64_t t1, Visit&& visit) {
   constexpr int kMax = 256;
   std::uint32_t pids[kMax];
   std::uint64_t busy[kMax];

@@ -25,7 +25,7 @@ struct Physical {
   int mappings = 0;
   bool charged = true;  // false: host-located, or imported from another process
   CUmemAllocationProp prop{};
-  void *bytes = nullptr;  // contents, mapped at first access (bytes.cc); shared by all its mappings
+  void* bytes = nullptr;  // contents, mapped at first access (bytes.cc); shared by all its mappings
   // Shareable (POSIX fd requested) and imported allocations keep their bytes
   // in a memfd, which is what an export hands out: importers in other
   // processes map the same pages. Its last sizeof(ExportRecord) bytes, past
@@ -53,29 +53,29 @@ struct Mapping {
 // All under the runtime mutex.
 std::map<CUmemGenericAllocationHandle, Physical> g_physical;
 std::map<CUdeviceptr, std::uint64_t> g_reservations;  // base -> size
-std::map<CUdeviceptr, Mapping> g_mappings;             // base -> mapping
+std::map<CUdeviceptr, Mapping> g_mappings;            // base -> mapping
 CUmemGenericAllocationHandle g_next_handle = 0x7000;
 std::uint64_t g_next_va = kVaBase;
 
-bool host_located(const CUmemAllocationProp &prop) {
+bool host_located(const CUmemAllocationProp& prop) {
   return prop.location.type == CU_MEM_LOCATION_TYPE_HOST || prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
 }
 
 // Device memory, or pinned host memory (CU_MEM_LOCATION_TYPE_HOST[_NUMA], CUDA
 // 12.2+), which holds no device memory.
-bool valid_prop(const CUmemAllocationProp *prop) {
+bool valid_prop(const CUmemAllocationProp* prop) {
   if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return false;
   if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST) return true;
   if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) return prop->location.id >= 0;
   return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(prop->location.id);
 }
 
-bool shareable(const Physical &physical) {
+bool shareable(const Physical& physical) {
   return (physical.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
 }
 
 // The memfd holding a shareable allocation's bytes (sparse: costs nothing until touched).
-int content_fd_locked(Physical &physical) {
+int content_fd_locked(Physical& physical) {
   if (physical.fd >= 0) return physical.fd;
   int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
   if (fd < 0) return -1;
@@ -117,7 +117,7 @@ bool overlaps_mapping_locked(CUdeviceptr ptr, std::uint64_t size) {
 
 namespace gpuslice::fakecuda {
 
-bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *size) {
+bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr* base, std::uint64_t* size) {
   auto it = g_mappings.upper_bound(ptr);
   if (it == g_mappings.begin()) return false;
   --it;
@@ -127,15 +127,15 @@ bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr *base, std::uint64_t *
   return true;
 }
 
-CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char **out) {
+CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char** out) {
   CUdeviceptr base = 0;
   std::uint64_t size = 0;
   if (!vmm_find_mapping_locked(ptr, &base, &size)) return CUDA_ERROR_NOT_FOUND;
   if (len > size - (ptr - base)) return CUDA_ERROR_INVALID_VALUE;  // mappings are not stitched together
-  const Mapping &mapping = g_mappings[base];
-  Physical &physical = g_physical[mapping.handle];
+  const Mapping& mapping = g_mappings[base];
+  Physical& physical = g_physical[mapping.handle];
   if (physical.bytes == nullptr) {
-    void *p = MAP_FAILED;
+    void* p = MAP_FAILED;
     if (shareable(physical) || physical.fd >= 0) {
       int fd = content_fd_locked(physical);
       if (fd >= 0) p = mmap(nullptr, physical.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -145,13 +145,13 @@ CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char **ou
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     physical.bytes = p;
   }
-  *out = static_cast<unsigned char *>(physical.bytes) + mapping.offset + (ptr - base);
+  *out = static_cast<unsigned char*>(physical.bytes) + mapping.offset + (ptr - base);
   return CUDA_SUCCESS;
 }
 
 }  // namespace gpuslice::fakecuda
 
-extern "C" CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+extern "C" CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                                   CUmemAllocationGranularity_flags option) {
   if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
@@ -163,7 +163,7 @@ extern "C" CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUm
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                                 unsigned long long flags) {
   if (handle == nullptr || prop == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
@@ -196,7 +196,7 @@ extern "C" CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+extern "C" CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   std::lock_guard<std::mutex> guard(runtime().mu);
@@ -209,7 +209,7 @@ extern "C" CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *ha
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+extern "C" CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
                                                            CUmemGenericAllocationHandle handle) {
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
@@ -220,7 +220,7 @@ extern "C" CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+extern "C" CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                         unsigned long long flags) {
   (void)addr;  // a hint the driver may ignore; so does the fake
   if (ptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -290,7 +290,7 @@ extern "C" CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   return CUDA_SUCCESS;
 }
 
-extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   for (size_t i = 0; i < count; ++i) {
@@ -312,7 +312,7 @@ extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
 
 // Export as a POSIX file descriptor (the only handle type modelled), allowed
 // only if the allocation asked for it in requestedHandleTypes.
-extern "C" CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+extern "C" CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
                                                  CUmemAllocationHandleType handleType, unsigned long long flags) {
   if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
@@ -323,8 +323,8 @@ extern "C" CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGen
   if ((it->second.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  ExportRecord record{kExportMagic, static_cast<std::uint32_t>(getpid()), it->second.device, handle,
-                      it->second.size, it->second.prop};
+  ExportRecord record{kExportMagic,   static_cast<std::uint32_t>(getpid()), it->second.device, handle, it->second.size,
+                      it->second.prop};
   int content = content_fd_locked(it->second);
   if (content < 0) return CUDA_ERROR_OPERATING_SYSTEM;
   if (pwrite(content, &record, sizeof(record), static_cast<off_t>(it->second.size)) !=
@@ -333,14 +333,14 @@ extern "C" CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGen
   }
   int fd = fcntl(content, F_DUPFD_CLOEXEC, 0);  // the caller owns (and may close) its own descriptor
   if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
-  *static_cast<int *>(shareableHandle) = fd;
+  *static_cast<int*>(shareableHandle) = fd;
   return CUDA_SUCCESS;
 }
 
 // Import: in the exporting process, the same allocation with one more
 // reference (as cuMemRetainAllocationHandle); in another process, a new handle
 // to the same memory, which stays charged to the exporter only.
-extern "C" CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+extern "C" CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
                                                    CUmemAllocationHandleType shHandleType) {
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();

@@ -46,14 +46,12 @@ SliceRequest claim_request() {
 
 // validate_cdi.py on a file: exit code and output.
 gpuslice::test::Result validate_file(const std::string& path) {
-  return gpuslice::test::run({GPUSLICE_PYTHON, GPUSLICE_HAMI_SOURCE_DIR "/validate_cdi.py",
-                              GPUSLICE_HAMI_SOURCE_DIR "/cdi-schema", path},
-                             {}, 60000);
+  return gpuslice::test::run(
+      {GPUSLICE_PYTHON, GPUSLICE_HAMI_SOURCE_DIR "/validate_cdi.py", GPUSLICE_HAMI_SOURCE_DIR "/cdi-schema", path}, {},
+      60000);
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 std::vector<std::string> env_of(const json& spec) {
   return spec["devices"][0]["containerEdits"]["env"].get<std::vector<std::string>>();
@@ -154,10 +152,14 @@ TEST(CdiSpec, BadInputIsRefusedNamingTheField) {
       {[](SliceRequest& r) { r.region_container_dir = "/etc"; }, "--region-dir '/etc'"},
       {[](SliceRequest& r) { r.region_container_dir = "/"; }, "--region-dir '/'"},
       // What the container must not rewrite is never inside its writable directory.
-      {[](SliceRequest& r) { r.region_host_dir = "/usr2/local"; r.library_host = "/usr2/local/lib/libgpuslice.so"; },
+      {[](SliceRequest& r) {
+         r.region_host_dir = "/usr2/local";
+         r.library_host = "/usr2/local/lib/libgpuslice.so";
+       },
        "holds --library-host"},
       {[](SliceRequest& r) { r.config_host_file = r.region_host_dir + "/gpuslice.conf"; }, "holds --config-host-file"},
-      {[](SliceRequest& r) { r.preload_host_file = r.region_host_dir + "/ld.so.preload"; }, "holds --preload-host-file"},
+      {[](SliceRequest& r) { r.preload_host_file = r.region_host_dir + "/ld.so.preload"; },
+       "holds --preload-host-file"},
       // Keys the CDI library refuses (Kubernetes' annotation key rules).
       {[](SliceRequest& r) { r.annotations["bad key"] = "v"; }, "--annotation key 'bad key'"},
       {[](SliceRequest& r) { r.annotations["a/b/c"] = "v"; }, "--annotation key 'a/b/c'"},
@@ -261,11 +263,10 @@ struct HostLayout {
   }
   // The defaults above, less any flag `extra` gives again (CLI11 takes each once).
   std::vector<std::string> argv(std::vector<std::string> extra) const {
-    const std::pair<std::string, std::string> defaults[] = {
-        {"--name", "c1a1e000-aaaa-4bbb-8ccc-dddddddddddd"},
-        {"--region-host-dir", region_dir},
-        {"--library-host", gpuslice::test::preload_library()},
-        {"--preload-host-file", preload}};
+    const std::pair<std::string, std::string> defaults[] = {{"--name", "c1a1e000-aaaa-4bbb-8ccc-dddddddddddd"},
+                                                            {"--region-host-dir", region_dir},
+                                                            {"--library-host", gpuslice::test::preload_library()},
+                                                            {"--preload-host-file", preload}};
     std::vector<std::string> a = {gpuslice::test::bin("gpuslice-cdi")};
     for (const auto& [flag, value] : defaults) {
       if (std::find(extra.begin(), extra.end(), flag) != extra.end()) continue;
@@ -287,20 +288,20 @@ struct HostLayout {
 TEST(CdiSpec, EmittedSpecValidatesAgainstTheCdiSchema) {
   HostLayout host;
   const std::string out = host.box.path("gpuslice-claim.json");
-  const gpuslice::test::Result emit = gpuslice::test::run(
-      host.argv({"--memory", "8Gi", "--sm-limit", "30", "--priority", "low", "--container-name", "trainer",
-                 "--annotation", "gpuslice.io/claim=default/train", "--output", out}),
-      {}, 30000);
+  const gpuslice::test::Result emit =
+      gpuslice::test::run(host.argv({"--memory", "8Gi", "--sm-limit", "30", "--priority", "low", "--container-name",
+                                     "trainer", "--annotation", "gpuslice.io/claim=default/train", "--output", out}),
+                          {}, 30000);
   ASSERT_EQ(emit.exit_code, 0) << emit.describe();
   EXPECT_EQ(emit.out, "gpuslice.io/slice=c1a1e000-aaaa-4bbb-8ccc-dddddddddddd\n");
   const gpuslice::test::Result v = validate_file(out);
   if (v.exit_code == 77) GTEST_SKIP() << v.out;
   EXPECT_EQ(v.exit_code, 0) << v.describe();
   // The same on stdout, with LD_PRELOAD injection and a plain name: version 0.3.0.
-  const gpuslice::test::Result emit2 = gpuslice::test::run(
-      {gpuslice::test::bin("gpuslice-cdi"), "--name", "slice-a", "--region-host-dir", host.region_dir,
-       "--library-host", gpuslice::test::preload_library(), "--inject", "env"},
-      {}, 30000);
+  const gpuslice::test::Result emit2 =
+      gpuslice::test::run({gpuslice::test::bin("gpuslice-cdi"), "--name", "slice-a", "--region-host-dir",
+                           host.region_dir, "--library-host", gpuslice::test::preload_library(), "--inject", "env"},
+                          {}, 30000);
   ASSERT_EQ(emit2.exit_code, 0) << emit2.describe();
   EXPECT_EQ(json::parse(emit2.out)["cdiVersion"], "0.3.0");
   write_text(host.box.path("stdout.json"), emit2.out);

@@ -85,8 +85,8 @@ struct HamiNode {
 bool namespaces_available() {
   static const int answer = [] {
     if (const char* no = std::getenv("GPUSLICE_TEST_NO_MOUNT_NAMESPACE"); no != nullptr && *no == '1') return 0;
-    const Result r = test::run({GPUSLICE_HAMI_SOURCE_DIR "/hami_container.sh", "/nonexistent", "/nonexistent", "true"},
-                               {}, 30000);
+    const Result r =
+        test::run({GPUSLICE_HAMI_SOURCE_DIR "/hami_container.sh", "/nonexistent", "/nonexistent", "true"}, {}, 30000);
     return r.exit_code == 77 && r.err.find("cannot make a mount namespace") != std::string::npos ? 0 : 1;
   }();
   return answer == 1;
@@ -109,8 +109,7 @@ struct HamiContainer {
            {"NVIDIA_VISIBLE_DEVICES", kGpuUuid},
            {"CUDA_DEVICE_MEMORY_LIMIT_0", std::to_string(mem_mib) + "m"},
            {"CUDA_DEVICE_SM_LIMIT", std::to_string(sm)},
-           {"CUDA_DEVICE_MEMORY_SHARED_CACHE",
-            (in_namespace ? "/usr/local/vgpu/"s : dir + "/") + cache_file}};
+           {"CUDA_DEVICE_MEMORY_SHARED_CACHE", (in_namespace ? "/usr/local/vgpu/"s : dir + "/") + cache_file}};
     if (!in_namespace) env["LD_PRELOAD"] = node.library();
   }
   std::vector<std::string> argv(std::vector<std::string> ops) const {
@@ -142,8 +141,10 @@ TEST(HamiDropIn, LibraryWorksInstalledAsLibvgpuSo) {
   HamiNode node(box);
   // The name and path are HAMi's; the quota is HAMi's variable; the region is
   // named with gpuslice's own variable so this runs without the region alias.
-  Env env{{"LD_LIBRARY_PATH", test::fakecuda_dir()}, {"FAKECUDA_STATE", box.path("fakecuda.state")},
-          {"LD_PRELOAD", node.library()},           {"GPUSLICE_REGION", box.path("c.region")},
+  Env env{{"LD_LIBRARY_PATH", test::fakecuda_dir()},
+          {"FAKECUDA_STATE", box.path("fakecuda.state")},
+          {"LD_PRELOAD", node.library()},
+          {"GPUSLICE_REGION", box.path("c.region")},
           {"CUDA_DEVICE_MEMORY_LIMIT_0", "64m"}};
   const Result r = test::run({test::bin("cuprobe"), "init", "ctx", "0", "fill", "alloc", std::to_string(kMi)}, env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
@@ -157,8 +158,10 @@ TEST(HamiDropIn, LoadedThroughEtcLdSoPreloadInAMountNamespace) {
   HamiNode node(box);
   const std::string dir = node.container_dir("0f4e8c2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b", "main");
   // No LD_PRELOAD: only /etc/ld.so.preload (inside the namespace) names the library.
-  Env env{{"LD_LIBRARY_PATH", test::fakecuda_dir()}, {"FAKECUDA_STATE", box.path("fakecuda.state")},
-          {"GPUSLICE_REGION", box.path("c.region")}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "48m"}};
+  Env env{{"LD_LIBRARY_PATH", test::fakecuda_dir()},
+          {"FAKECUDA_STATE", box.path("fakecuda.state")},
+          {"GPUSLICE_REGION", box.path("c.region")},
+          {"CUDA_DEVICE_MEMORY_LIMIT_0", "48m"}};
   const Result r = test::run({GPUSLICE_HAMI_SOURCE_DIR "/hami_container.sh", node.hook, dir, test::bin("cuprobe"),
                               "init", "ctx", "0", "fill", "alloc", std::to_string(kMi)},
                              env);
@@ -166,7 +169,8 @@ TEST(HamiDropIn, LoadedThroughEtcLdSoPreloadInAMountNamespace) {
   EXPECT_EQ(fill_bytes(r), std::to_string(48 * kMi)) << "the library was not loaded from /etc/ld.so.preload\n"
                                                      << r.describe();
   // Without the preload file the same program is not limited (the test can fail).
-  const Result unlimited = test::run({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(64 * kMi)}, env);
+  const Result unlimited =
+      test::run({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(64 * kMi)}, env);
   EXPECT_EQ(test::field(test::lines_with(unlimited.out, "alloc ").at(0), "rc"), "0") << unlimited.describe();
   // The runtime's mount point of libvgpu.so is in the host directory, as under HAMi.
   EXPECT_TRUE(file_exists(dir + "/libvgpu.so"));
@@ -180,14 +184,14 @@ TEST(HamiDropIn, TwoHamiContainersOnOneDeviceLimitedAndReported) {
   HamiContainer b(node, box, "7d9a1c3e-5f7b-4a2c-9e4d-6b8f0a2c4e6d", "server", 64, 50);
   RecordProperty("injection", a.how());
   const std::string go = box.path("go");
-  const pid_t pa = test::spawn(a.argv({"init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch",
-                                       box.path("held-a"), "waitfile", go}),
-                               a.env, box.path("a.out"));
-  const pid_t pb = test::spawn(b.argv({"init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch",
-                                       box.path("held-b"), "waitfile", go}),
-                               b.env, box.path("b.out"));
-  const bool held = eventually([&] { return file_exists(box.path("held-a")) && file_exists(box.path("held-b")); },
-                               60000);
+  const pid_t pa = test::spawn(
+      a.argv({"init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch", box.path("held-a"), "waitfile", go}),
+      a.env, box.path("a.out"));
+  const pid_t pb = test::spawn(
+      b.argv({"init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch", box.path("held-b"), "waitfile", go}),
+      b.env, box.path("b.out"));
+  const bool held =
+      eventually([&] { return file_exists(box.path("held-a")) && file_exists(box.path("held-b")); }, 60000);
   // The agent, as a DaemonSet would run it with --hami-root=/usr/local/vgpu.
   agent::AgentConfig cfg = agent_test::config_for(box, true);
   cfg.hami_root = node.vgpu_root();
@@ -296,7 +300,7 @@ TEST(HamiDropIn, LogLevelPriorityAndOversubscribeFromHamiVariables) {
   const Result quiet = test::run(c.argv({"init", "ctx", "0", "alloc", std::to_string(kMi)}), c.env);
   ASSERT_EQ(quiet.exit_code, 0) << quiet.describe();
   EXPECT_EQ(quiet.err.find("GPUSLICE_MEMORY_LIMIT"), std::string::npos) << "no debug listing by default\n"
-                                                                         << quiet.describe();
+                                                                        << quiet.describe();
   c.env["LIBCUDA_LOG_LEVEL"] = "4";  // HAMi-core's most verbose level
   if (GPUSLICE_HAVE_ALIAS_CUDA_TASK_PRIORITY) c.env["CUDA_TASK_PRIORITY"] = "0";
   if (GPUSLICE_HAVE_ALIAS_CUDA_OVERSUBSCRIBE) c.env["CUDA_OVERSUBSCRIBE"] = "true";

@@ -25,7 +25,8 @@ constexpr char kPodB[] = "7d9a1c3e-5f7b-4a2c-9e4d-6b8f0a2c4e6d";
 constexpr char kClaim[] = "c1a1e000-aaaa-4bbb-8ccc-dddddddddddd";
 
 void mkdirs(const std::string& path) {
-  for (std::size_t pos = 1; (pos = path.find('/', pos)) != std::string::npos; ++pos) mkdir(path.substr(0, pos).c_str(), 0755);
+  for (std::size_t pos = 1; (pos = path.find('/', pos)) != std::string::npos; ++pos)
+    mkdir(path.substr(0, pos).c_str(), 0755);
   mkdir(path.c_str(), 0755);
 }
 
@@ -153,8 +154,8 @@ TEST(HamiLayout, HamiCoreCacheFilesAreSkippedAndDirectoriesKept) {
 }
 
 TEST(HamiLayout, AgentRefusesARelativeHamiRoot) {
-  const test::Result r = test::run({test::bin("gpuslice-agent"), "--hami-root", "usr/local/vgpu", "--once", "--no-nvml"},
-                                   {}, 30000);
+  const test::Result r =
+      test::run({test::bin("gpuslice-agent"), "--hami-root", "usr/local/vgpu", "--once", "--no-nvml"}, {}, 30000);
   EXPECT_EQ(r.exit_code, 64) << r.describe();
   EXPECT_NE(r.err.find("--hami-root"), std::string::npos) << r.describe();
   EXPECT_NE(r.err.find("absolute"), std::string::npos) << r.describe();
@@ -170,8 +171,8 @@ TEST(HamiLayout, AgentBinaryReportsHamiRegions) {
                                     root + "/", "--once", "--no-nvml"},
                                    {}, 30000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_FALSE(series(r.out, "gpuslice_memory_quota_bytes", {"container=\"trainer\"", "pod_uid=\""s + kPodA + "\""})
-                   .empty())
+  EXPECT_FALSE(
+      series(r.out, "gpuslice_memory_quota_bytes", {"container=\"trainer\"", "pod_uid=\""s + kPodA + "\""}).empty())
       << r.out;
   shm::detach(hami);
 }

@@ -138,8 +138,7 @@ TEST(HamiLifecycle, HamiStartUpCopyDoesNotTouchTheProtectedLibrary) {
   const Result in = node.install(gpuslice::test::preload_library(), true);
   ASSERT_EQ(in.exit_code, 0) << in.describe();
   if (!immutable(node.target)) {
-    GTEST_SKIP() << "cannot mark files immutable here (CAP_LINUX_IMMUTABLE or file-system support missing): "
-                 << in.err;
+    GTEST_SKIP() << "cannot mark files immutable here (CAP_LINUX_IMMUTABLE or file-system support missing): " << in.err;
   }
   const pid_t pid = node.start_workload();
   ASSERT_TRUE(node.wait_ready()) << slurp(node.out);
@@ -148,7 +147,8 @@ TEST(HamiLifecycle, HamiStartUpCopyDoesNotTouchTheProtectedLibrary) {
   EXPECT_EQ(hami.exit_code, 0) << hami.describe();
   EXPECT_NE(hami.err.find("Operation not permitted"), std::string::npos) << hami.describe();
   EXPECT_TRUE(slurp(node.target) == node.gpuslice) << "still gpuslice";
-  EXPECT_EQ(slurp(node.vgpu + "/ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n") << "the rest of HAMi's files are copied";
+  EXPECT_EQ(slurp(node.vgpu + "/ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n")
+      << "the rest of HAMi's files are copied";
   expect_unharmed(gpuslice::test::wait(pid, node.out));
   // The drop-in's next round finds its library in place and does nothing.
   const ino_t now = inode(node.target);

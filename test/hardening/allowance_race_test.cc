@@ -15,8 +15,10 @@ namespace {
 
 TEST(AllowanceRace, NoAllocationLandsOnTheDeviceOverTheAllowanceWhileSpilledMemoryIsFreed) {
   Sandbox box;
-  const Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", "64Mi"},
-                                    {"GPUSLICE_OVERSUBSCRIBE", "spill"}, {"FAKECUDA_MEMORY", "4Gi"}});
+  const Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"},
+                                    {"GPUSLICE_MEMORY_RESIDENT", "64Mi"},
+                                    {"GPUSLICE_OVERSUBSCRIBE", "spill"},
+                                    {"FAKECUDA_MEMORY", "4Gi"}});
   // 60 MiB resident under a 64 MiB allowance; 8 MiB spilled and freed in a
   // loop; 10 MiB allocations that must spill (60 + 10 > 64) and would fit
   // if the reader missed the 8 MiB being freed (60 + 10 - 8 <= 64).

@@ -58,7 +58,8 @@ INSTANTIATE_TEST_SUITE_P(Settings, NullLaunchConfig, ::testing::Values("unlimite
                          [](const auto& info) {
                            const std::string s = info.param;
                            return s == "fail-closed" ? std::string("FailClosedBootstrap")
-                                                     : s == "limited" ? std::string("Limited") : std::string("Unlimited");
+                                  : s == "limited"   ? std::string("Limited")
+                                                     : std::string("Unlimited");
                          });
 
 // The deprecated launches are admitted like cuLaunchKernel: 300 kernels of

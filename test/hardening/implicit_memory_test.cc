@@ -54,17 +54,17 @@ TEST_P(MeasuredWhileReleasing, IsNeverCountedShort) {
   EXPECT_EQ(num(r, "measure-vs-release", "mismatches"), 0) << r.out;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Releases, MeasuredWhileReleasing,
-    ::testing::Values(Case{"ctx", "ctx-destroy"}, Case{"ctx", "primary-release"}, Case{"ctx", "sync-trim"},
-                      Case{"ctx", "pool-trim"}, Case{"ctx", "module-unload"}, Case{"ctx", "library-unload"},
-                      Case{"module", "ctx-destroy"}, Case{"module", "sync-trim"}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = std::string(info.param.measured) + "_" + info.param.kind;
-      for (char& c : name)
-        if (c == '-') c = '_';
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Releases, MeasuredWhileReleasing,
+                         ::testing::Values(Case{"ctx", "ctx-destroy"}, Case{"ctx", "primary-release"},
+                                           Case{"ctx", "sync-trim"}, Case{"ctx", "pool-trim"},
+                                           Case{"ctx", "module-unload"}, Case{"ctx", "library-unload"},
+                                           Case{"module", "ctx-destroy"}, Case{"module", "sync-trim"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = std::string(info.param.measured) + "_" + info.param.kind;
+                           for (char& c : name)
+                             if (c == '-') c = '_';
+                           return name;
+                         });
 
 // An array creation that does not fit what is left of the quota makes
 // gpuslice trim the process's idle pool reserve before it refuses

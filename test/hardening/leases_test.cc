@@ -30,15 +30,17 @@ TEST(Leases, SmiLoweringTheQuotaHoldsForSpareLeasesOfEveryProcess) {
   std::vector<pid_t> pids;
   for (int i = 0; i < 8; ++i) {
     const std::string n = std::to_string(i);
-    pids.push_back(spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(1), "touch", box.path("ready" + n),
-                          "waitfile", box.path("go"), "alloc", mib(8), "alloc", mib(8), "alloc", mib(8), "alloc",
-                          mib(8), "touch", box.path("done" + n), "waitfile", box.path("exit"), "freeall"},
+    pids.push_back(spawn({bin("cuprobe"), "init",           "ctx",    "0",
+                          "alloc",        mib(1),           "touch",  box.path("ready" + n),
+                          "waitfile",     box.path("go"),   "alloc",  mib(8),
+                          "alloc",        mib(8),           "alloc",  mib(8),
+                          "alloc",        mib(8),           "touch",  box.path("done" + n),
+                          "waitfile",     box.path("exit"), "freeall"},
                          env, box.path("out" + n)));
   }
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(gpuslice::test::await_file(box.path("ready" + std::to_string(i)), 30000));
-  Result smi = run({bin("gpuslice-smi"), "set", "--region", env.at("GPUSLICE_REGION"), "--device", "0", "--memory",
-                    "128Mi"},
-                   {});
+  Result smi = run(
+      {bin("gpuslice-smi"), "set", "--region", env.at("GPUSLICE_REGION"), "--device", "0", "--memory", "128Mi"}, {});
   ASSERT_EQ(smi.exit_code, 0) << smi.describe();
   run({"/usr/bin/touch", box.path("go")}, {});
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(gpuslice::test::await_file(box.path("done" + std::to_string(i)), 30000));

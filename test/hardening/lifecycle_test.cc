@@ -72,7 +72,8 @@ TEST_P(LifecycleFork, ChildThatExitsDoesNotFreeItsParentsCharge) {
   Result r = run({bin("lifecycle_probe"), "fork-exit", GetParam()}, limited(box));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "fork-exit", "extra_bytes"), std::to_string(2 * kMi))
-      << "the parent holds 6 MiB of 8: it may add 2, whatever its child did at exit\n" << r.describe();
+      << "the parent holds 6 MiB of 8: it may add 2, whatever its child did at exit\n"
+      << r.describe();
 }
 
 TEST_P(LifecycleFork, ChildWithoutForkHandlersAccountsOnItsOwnSlot) {
@@ -81,7 +82,8 @@ TEST_P(LifecycleFork, ChildWithoutForkHandlersAccountsOnItsOwnSlot) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "fork-inherit", "child_bytes"), std::to_string(8 * kMi)) << r.describe();
   EXPECT_EQ(value(r, "fork-inherit", "parent_bytes"), std::to_string(8 * kMi))
-      << "the dead child's memory was its own (reaped), not charged to the parent\n" << r.describe();
+      << "the dead child's memory was its own (reaped), not charged to the parent\n"
+      << r.describe();
 }
 
 // vfork is left out: a vfork child that calls exit() runs every library's destructors in its
@@ -95,7 +97,8 @@ TEST(Lifecycle, AllocationsAfterTheExitReleaseAreRefused) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "hold", "rc"), "0") << r.describe();
   EXPECT_EQ(value(r, "late", "ok_mib"), "0")
-      << "a destructor that runs after gpuslice's own must not allocate unlimited\n" << r.describe();
+      << "a destructor that runs after gpuslice's own must not allocate unlimited\n"
+      << r.describe();
 }
 
 TEST(Lifecycle, ExecLeavesNothingChargedToTheNewImage) {
@@ -103,7 +106,8 @@ TEST(Lifecycle, ExecLeavesNothingChargedToTheNewImage) {
   Result r = run({bin("lifecycle_probe"), "exec"}, limited(box));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "fill", "bytes"), std::to_string(8 * kMi))
-      << "the image before execve held 6 MiB; its memory went with it\n" << r.describe();
+      << "the image before execve held 6 MiB; its memory went with it\n"
+      << r.describe();
 }
 
 // --- 3. NULL out-parameters as the first call ---

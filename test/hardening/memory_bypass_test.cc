@@ -83,8 +83,9 @@ TEST(MemoryBypass, DestroyedPoolIsReleasedByASynchronousFreeOfItsLastAllocation)
 // the current context's: per-device quotas 0=8Gi,1=1Gi.
 TEST(MemoryBypass, AllocAsyncOnAnotherDevicesStreamIsChargedThere) {
   Sandbox box;
-  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "0=8Gi,1=1Gi"}, {"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_MEMORY", "16Gi"}},
-                   {"pool-other-device", "900", "3"});
+  Result r =
+      probe(box, {{"GPUSLICE_MEMORY_LIMIT", "0=8Gi,1=1Gi"}, {"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_MEMORY", "16Gi"}},
+            {"pool-other-device", "900", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(field_int(r, "pool-other-device", "succeeded"), 1) << r.out;
   EXPECT_LT(field_u64(r, "pool-other-device", "device1_used"), 1024 * kMi) << r.out;
@@ -92,8 +93,9 @@ TEST(MemoryBypass, AllocAsyncOnAnotherDevicesStreamIsChargedThere) {
 
 TEST(MemoryBypass, AllocFromAnotherDevicesPoolIsChargedToThatDevice) {
   Sandbox box;
-  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "0=8Gi,1=1Gi"}, {"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_MEMORY", "16Gi"}},
-                   {"pool-foreign-pool", "900", "3"});
+  Result r =
+      probe(box, {{"GPUSLICE_MEMORY_LIMIT", "0=8Gi,1=1Gi"}, {"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_MEMORY", "16Gi"}},
+            {"pool-foreign-pool", "900", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(field_int(r, "pool-foreign-pool", "succeeded"), 1) << r.out;
   EXPECT_LT(field_u64(r, "pool-foreign-pool", "device1_used"), 1024 * kMi) << r.out;
@@ -123,8 +125,9 @@ TEST(MemoryRefused, HostLocatedPoolAndVmmMemoryIsNotCharged) {
 // device) is counted while loaded; a load beyond the quota fails.
 TEST(MemoryBypass, ModuleMemoryIsCountedWhileLoaded) {
   Sandbox box;
-  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "16Gi"}, {"FAKECUDA_MODULE_MEMORY", "1"}},
-                   {"module-memory", "600"});
+  Result r =
+      probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "16Gi"}, {"FAKECUDA_MODULE_MEMORY", "1"}},
+            {"module-memory", "600"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(field_int(r, "module", "rc1"), CUDA_SUCCESS) << r.out;
   EXPECT_EQ(field_int(r, "module", "rc2"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
@@ -171,9 +174,9 @@ TEST(MemoryRefused, PrimaryContextResetReleasesWhatItOwned) {
 // gpuslice counts equals what the device holds for the process, every time.
 TEST(MemoryBypass, ContextMemoryIsExactWhileAnotherThreadAllocates) {
   Sandbox box;
-  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "12Gi"}, {"FAKECUDA_MEMORY", "16Gi"},
-                         {"FAKECUDA_CONTEXT_MEMORY", "256Mi"}},
-                   {"ctx-race", "300"});
+  Result r =
+      probe(box, {{"GPUSLICE_MEMORY_LIMIT", "12Gi"}, {"FAKECUDA_MEMORY", "16Gi"}, {"FAKECUDA_CONTEXT_MEMORY", "256Mi"}},
+            {"ctx-race", "300"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(field_int(r, "ctx-race", "tries"), 300) << r.out;
   EXPECT_EQ(field_int(r, "ctx-race", "mismatches"), 0) << r.out;

@@ -29,11 +29,9 @@ class ChildEnv : public ::testing::Test {
     for (const auto& [k, v] : kVars) unsetenv(k);
   }
   static constexpr std::pair<const char*, const char*> kVars[] = {
-      {"LD_PRELOAD", "/x/libgpuslice.so"},      {"GPUSLICE_MEMORY_LIMIT", "1Gi"},
-      {"GPUSLICE_LOG_LEVEL", "debug"},          {"CUDA_DEVICE_MEMORY_LIMIT_0", "2g"},
-      {"CUDA_DEVICE_SM_LIMIT", "30"},           {"FAKECUDA_STATE", "/tmp/dev"},
-      {"FAKECUDA_PROFILE", "realistic"},        {"LD_LIBRARY_PATH", "/opt/lib"},
-      {"CHILD_ENV_TEST_KEEP", "yes"},
+      {"LD_PRELOAD", "/x/libgpuslice.so"},  {"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_LOG_LEVEL", "debug"},
+      {"CUDA_DEVICE_MEMORY_LIMIT_0", "2g"}, {"CUDA_DEVICE_SM_LIMIT", "30"},   {"FAKECUDA_STATE", "/tmp/dev"},
+      {"FAKECUDA_PROFILE", "realistic"},    {"LD_LIBRARY_PATH", "/opt/lib"},  {"CHILD_ENV_TEST_KEEP", "yes"},
   };
 };
 

@@ -26,7 +26,8 @@ std::string bin(const std::string& name) { return build_dir() + "/bin/" + name; 
 std::string Result::describe() const {
   std::ostringstream s;
   s << "exit=" << exit_code << " signal=" << signal << (timed_out ? " TIMED OUT" : "") << "\n--- stdout\n"
-    << out << "--- stderr\n" << err;
+    << out << "--- stderr\n"
+    << err;
   return s.str();
 }
 

@@ -13,12 +13,12 @@
 namespace gpuslice::test {
 
 std::string build_dir();
-std::string preload_library();   // <build>/lib/libgpuslice.so
-std::string fakecuda_dir();      // <build>/fakecuda
+std::string preload_library();             // <build>/lib/libgpuslice.so
+std::string fakecuda_dir();                // <build>/fakecuda
 std::string bin(const std::string& name);  // <build>/bin/<name>
 
 struct Result {
-  int exit_code = -1;   // -1 if killed by a signal
+  int exit_code = -1;  // -1 if killed by a signal
   int signal = 0;
   bool timed_out = false;
   std::string out;

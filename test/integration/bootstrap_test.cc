@@ -27,11 +27,13 @@ TEST(Bootstrap, ManyThreadsMakeTheFirstCallAtOnce) {
 
 TEST(Bootstrap, ForkedChildAccountsOnItsOwnSlot) {
   Sandbox box;
-  Result r = run({bin("race_probe"), "fork", std::to_string(kMi)}, merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "8Mi"}}));
+  Result r =
+      run({bin("race_probe"), "fork", std::to_string(kMi)}, merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "8Mi"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "child", "bytes"), std::to_string(8 * kMi)) << r.describe();
   EXPECT_EQ(value(r, "parent", "bytes"), std::to_string(8 * kMi))
-      << "the dead child's memory is its own, reaped, not the parent's\n" << r.describe();
+      << "the dead child's memory is its own, reaped, not the parent's\n"
+      << r.describe();
 }
 
 TEST(Bootstrap, RtldNextStillMeansNextAfterTheCaller) {

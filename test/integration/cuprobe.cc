@@ -81,8 +81,8 @@ void* resolve(const char* name, int version, bool stream_variant) {
   static const bool ptsz = std::getenv("PROBE_PTSZ") != nullptr;
   void* fn = nullptr;
   CUdriverProcAddressQueryResult status{};
-  cuuint64_t flags = (ptsz && stream_variant) ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
-                                              : CU_GET_PROC_ADDRESS_DEFAULT;
+  cuuint64_t flags =
+      (ptsz && stream_variant) ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
   if (g_gpa(name, &fn, version, flags, &status) != CUDA_SUCCESS) return nullptr;
   return fn;
 }
@@ -258,7 +258,8 @@ CUresult allocate(Kind kind, unsigned long long a, unsigned long long b, unsigne
       if (rc != CUDA_SUCCESS) break;
       h.size = a;
       if (b != 0) {  // "vmm N 1": reserve a range, map it and release the handle at once
-        if ((rc = g.addr_reserve(&h.ptr, a, 0, 0, 0)) == CUDA_SUCCESS && (rc = g.mem_map(h.ptr, a, 0, h.handle, 0)) == CUDA_SUCCESS)
+        if ((rc = g.addr_reserve(&h.ptr, a, 0, 0, 0)) == CUDA_SUCCESS &&
+            (rc = g.mem_map(h.ptr, a, 0, h.handle, 0)) == CUDA_SUCCESS)
           rc = g.mem_release(h.handle), h.handle = 0;
       }
       break;
@@ -321,9 +322,9 @@ CUresult release(const Held& h) {
 
 bool parse_kind(const std::string& s, Kind* k) {
   static const std::pair<const char*, Kind> kinds[] = {
-      {"alloc", Kind::linear}, {"managed", Kind::managed}, {"pitch", Kind::pitch}, {"async", Kind::async},
-      {"poolasync", Kind::pool}, {"vmm", Kind::vmm}, {"array", Kind::array}, {"array3d", Kind::array3d},
-      {"mipmap", Kind::mipmap}};
+      {"alloc", Kind::linear}, {"managed", Kind::managed}, {"pitch", Kind::pitch},
+      {"async", Kind::async},  {"poolasync", Kind::pool},  {"vmm", Kind::vmm},
+      {"array", Kind::array},  {"array3d", Kind::array3d}, {"mipmap", Kind::mipmap}};
   for (auto& [name, kind] : kinds)
     if (s == name) return *k = kind, true;
   return false;
@@ -380,7 +381,9 @@ int main(int argc, char** argv) {
     } else if (parse_kind(op, &kind)) {
       CUresult rc = allocate(kind, u(arg(1)), u(arg(2)), u(arg(3)));
       std::printf("%s rc=%d\n", op.c_str(), rc);
-      i += (kind == Kind::array3d || kind == Kind::mipmap) ? 3 : (kind == Kind::pitch || kind == Kind::array || kind == Kind::vmm) ? 2 : 1;
+      i += (kind == Kind::array3d || kind == Kind::mipmap)                     ? 3
+           : (kind == Kind::pitch || kind == Kind::array || kind == Kind::vmm) ? 2
+                                                                               : 1;
     } else if (op == "fill") {
       // fill KIND CHUNK: allocate CHUNK-byte blocks until refused.
       Kind k;

@@ -11,11 +11,11 @@ using namespace gpuslice::test;
 namespace {
 
 struct Family {
-  const char* name;      // cuprobe op
+  const char* name;  // cuprobe op
   unsigned long long chunk;
 };
 // Chunks are whole pool/VMM granules (2 MiB) where the driver works in them.
-const Family kFamilies[] = {{"alloc", kMi},       {"managed", kMi}, {"pitch", kMi},     {"async", 2 * kMi},
+const Family kFamilies[] = {{"alloc", kMi},         {"managed", kMi}, {"pitch", kMi}, {"async", 2 * kMi},
                             {"poolasync", 2 * kMi}, {"vmm", 2 * kMi}, {"array", kMi}};
 void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }  // not the struct's bytes
 const Path kPaths[] = {Path::direct, Path::per_thread, Path::get_proc_address, Path::get_proc_address_ptsz};
@@ -46,7 +46,8 @@ TEST_P(FamilyPath, FillsQuotaExactlyThenOutOfMemoryAndRefills) {
   EXPECT_EQ(std::stoull(frees[1]), quota);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPaths, FamilyPath, ::testing::Combine(::testing::ValuesIn(kFamilies), ::testing::ValuesIn(kPaths)),
+INSTANTIATE_TEST_SUITE_P(AllPaths, FamilyPath,
+                         ::testing::Combine(::testing::ValuesIn(kFamilies), ::testing::ValuesIn(kPaths)),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param).name) + "_" + path_name(std::get<1>(info.param));
                          });
@@ -61,11 +62,11 @@ TEST_P(RealisticFamily, FillsTheQuotaLessTheContextExactly) {
   const Family family = GetParam();
   Sandbox box;
   const unsigned long long quota = 1024 * kMi, context = 512 * kMi;
-  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_PROFILE", "realistic"},
-                              {"FAKECUDA_MEMORY", "4Gi"}});
+  Env env = merge(box.env(),
+                  {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_PROFILE", "realistic"}, {"FAKECUDA_MEMORY", "4Gi"}});
   const std::string chunk = std::to_string(family.chunk);
-  Result r = probe(Path::direct, env, {"init", "ctx", "0", "fill", family.name, chunk, "meminfo", "freeall", "sync",
-                                       "meminfo"});
+  Result r = probe(Path::direct, env,
+                   {"init", "ctx", "0", "fill", family.name, chunk, "meminfo", "freeall", "sync", "meminfo"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(std::stoull(value(r, "fill", "bytes")), quota - context) << r.describe();
   EXPECT_EQ(value(r, "fill", "rc"), "2") << r.describe();
@@ -82,9 +83,8 @@ TEST(MemoryQuota, DeviceNeverHoldsMoreThanQuotaAsSimulatedDriverCounts) {
   Sandbox box;
   Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "32Mi"}});
   const std::string held = box.path("held"), go = box.path("go");
-  pid_t pid = spawn({bin("cuprobe"), "init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch", held,
-                     "waitfile", go},
-                    env);
+  pid_t pid = spawn(
+      {bin("cuprobe"), "init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch", held, "waitfile", go}, env);
   for (int i = 0; i < 5000 && access(held.c_str(), F_OK) != 0; ++i) usleep(1000);
   EXPECT_EQ(device_used(box), 32 * kMi);
   run({"/usr/bin/touch", go}, {});
@@ -96,7 +96,8 @@ TEST(MemoryQuota, DeviceNeverHoldsMoreThanQuotaAsSimulatedDriverCounts) {
 TEST(MemoryQuota, CuMemGetInfoAndTotalMemReportTheQuota) {
   Sandbox box;
   Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "100Mi"}, {"FAKECUDA_MEMORY", "1Gi"}});
-  Result r = probe(Path::get_proc_address, env, {"init", "ctx", "0", "alloc", std::to_string(30 * kMi), "meminfo", "totalmem", "0"});
+  Result r = probe(Path::get_proc_address, env,
+                   {"init", "ctx", "0", "alloc", std::to_string(30 * kMi), "meminfo", "totalmem", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "meminfo", "total"), std::to_string(100 * kMi));
   EXPECT_EQ(value(r, "meminfo", "free"), std::to_string(70 * kMi));
@@ -116,8 +117,8 @@ TEST(MemoryQuota, UnlimitedReportsTheRealCard) {
 // ignored, the real card reported, and no region file created.
 TEST(MemoryQuota, PassthroughForwardsEverythingAndSharesNothing) {
   Sandbox box;
-  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "100Mi"}, {"FAKECUDA_MEMORY", "1Gi"},
-                              {"CUDA_DISABLE_CONTROL", "true"}});
+  Env env = merge(box.env(),
+                  {{"GPUSLICE_MEMORY_LIMIT", "100Mi"}, {"FAKECUDA_MEMORY", "1Gi"}, {"CUDA_DISABLE_CONTROL", "true"}});
   Result r = probe(Path::direct, env, {"init", "ctx", "0", "alloc", std::to_string(300 * kMi), "meminfo"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "alloc", "rc"), "0") << r.out;
@@ -129,7 +130,8 @@ TEST(MemoryQuota, PassthroughForwardsEverythingAndSharesNothing) {
 TEST(MemoryQuota, NullArgumentsBehaveAsTheDriver) {
   Sandbox box;
   Result native = probe(Path::direct, box.env(false), {"init", "ctx", "0", "meminfo-null"});
-  Result wrapped = probe(Path::direct, merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "8Mi"}}), {"init", "ctx", "0", "meminfo-null"});
+  Result wrapped =
+      probe(Path::direct, merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "8Mi"}}), {"init", "ctx", "0", "meminfo-null"});
   EXPECT_EQ(value(native, "meminfo-null", "rc"), value(wrapped, "meminfo-null", "rc")) << wrapped.describe();
   EXPECT_NE(value(wrapped, "meminfo-null", "rc"), "0");
 }
@@ -168,8 +170,9 @@ TEST(MemoryQuota, CreatedContextIsReturnedOnDestroy) {
 TEST(MemoryQuota, PerDeviceQuotasOnAMultiGpuContainer) {
   Sandbox box;
   Env env = merge(box.env(), {{"FAKECUDA_DEVICES", "2"}, {"GPUSLICE_MEMORY_LIMIT", "0=32Mi,1=16Mi"}});
-  Result r = probe(Path::direct, env,
-                   {"init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "ctx", "1", "fill", "alloc", std::to_string(kMi)});
+  Result r = probe(
+      Path::direct, env,
+      {"init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "ctx", "1", "fill", "alloc", std::to_string(kMi)});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   auto filled = values(r, "fill", "bytes");
   ASSERT_EQ(filled.size(), 2u);
@@ -183,9 +186,9 @@ TEST(MemoryQuota, HamiAliasesAndPrecedence) {
                        {"init", "ctx", "0", "fill", "alloc", std::to_string(kMi)});
   EXPECT_EQ(value(alias, "fill", "bytes"), std::to_string(24 * kMi)) << alias.describe();
   Sandbox box2;
-  Result both = probe(Path::direct,
-                      merge(box2.env(), {{"CUDA_DEVICE_MEMORY_LIMIT", "24m"}, {"GPUSLICE_MEMORY_LIMIT", "12Mi"}}),
-                      {"init", "ctx", "0", "fill", "alloc", std::to_string(kMi)});
+  Result both =
+      probe(Path::direct, merge(box2.env(), {{"CUDA_DEVICE_MEMORY_LIMIT", "24m"}, {"GPUSLICE_MEMORY_LIMIT", "12Mi"}}),
+            {"init", "ctx", "0", "fill", "alloc", std::to_string(kMi)});
   EXPECT_EQ(value(both, "fill", "bytes"), std::to_string(12 * kMi)) << both.describe();
 }
 
@@ -217,7 +220,8 @@ TEST(MemoryQuota, PoolReserveIsCountedUntilTrimmedAtSync) {
 TEST(MemoryQuota, LegacyAbiIsRefusedNotBypassed) {
   for (Path p : {Path::direct, Path::get_proc_address}) {
     Sandbox box;
-    Result r = probe(p, merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "8Mi"}}), {"init", "ctx", "0", "legacy-alloc", std::to_string(64 * kMi)});
+    Result r = probe(p, merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "8Mi"}}),
+                     {"init", "ctx", "0", "legacy-alloc", std::to_string(64 * kMi)});
     EXPECT_EQ(value(r, "legacy-alloc", "rc"), "801") << path_name(p) << "\n" << r.describe();
     EXPECT_EQ(device_used(box), 0u);
   }
@@ -236,8 +240,9 @@ TEST(MemoryQuota, FreeOfAnUncountedPointerIsForwarded) {
 // library reserved for it go back.
 TEST(MemoryQuota, AllocationWithoutContextFailsInTheDriverAndHoldsNothing) {
   Sandbox box;
-  const std::vector<std::string> script = {"init", "ctx", "0", "alloc", std::to_string(kMi), "ctxnone", "alloc",
-                                           std::to_string(kMi), "ctx", "0", "fill", "alloc", std::to_string(kMi)};
+  const std::vector<std::string> script = {
+      "init", "ctx", "0",    "alloc", std::to_string(kMi), "ctxnone", "alloc", std::to_string(kMi),
+      "ctx",  "0",   "fill", "alloc", std::to_string(kMi)};
   Result native = probe(Path::direct, box.env(false), script);
   Result wrapped = probe(Path::direct, merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}}), script);
   ASSERT_EQ(wrapped.exit_code, 0) << wrapped.describe();

@@ -84,8 +84,9 @@ TEST(Processes, KilledProcessMemoryReturnsWithoutWaitingForAnyone) {
   Sandbox box;
   Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "16Mi"}});
   const std::string held = box.path("held");
-  pid_t hog = spawn({bin("cuprobe"), "init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch", held, "sleep", "60000"},
-                    env, "/dev/null");
+  pid_t hog =
+      spawn({bin("cuprobe"), "init", "ctx", "0", "fill", "alloc", std::to_string(kMi), "touch", held, "sleep", "60000"},
+            env, "/dev/null");
   for (int waited_ms = 0; access(held.c_str(), F_OK) != 0; ++waited_ms) {
     if (waited_ms >= 60000) {
       kill(hog, SIGKILL);
@@ -108,7 +109,7 @@ struct BadInput {
   const char* value;
 };
 void PrintTo(const BadInput& b, std::ostream* os) { *os << b.var << "=" << b.value; }
-const BadInput kBadInputs[] = {{"GPUSLICE_MEMORY_LIMIT", "lots"},   {"GPUSLICE_MEMORY_LIMIT", "8Gb!"},
+const BadInput kBadInputs[] = {{"GPUSLICE_MEMORY_LIMIT", "lots"},    {"GPUSLICE_MEMORY_LIMIT", "8Gb!"},
                                {"GPUSLICE_MEMORY_LIMIT", "0=8Gi,x"}, {"GPUSLICE_MEMORY_LIMIT", "-5"},
                                {"CUDA_DEVICE_MEMORY_LIMIT", "12q"},  {"GPUSLICE_SM_LIMIT", "150"},
                                {"GPUSLICE_SM_POLICY", "sometimes"}};
@@ -156,7 +157,8 @@ TEST(Processes, UnwritableRegionDirectoryFailsClosed) {
 
 TEST(Processes, WithoutTheLibraryTheProbeBehavesTheSame) {
   Sandbox box;
-  const std::vector<std::string> ops{"init", "ctx", "0", "alloc", "1048576", "meminfo", "totalmem", "0", "free", "sync"};
+  const std::vector<std::string> ops{"init",    "ctx",      "0", "alloc", "1048576",
+                                     "meminfo", "totalmem", "0", "free",  "sync"};
   for (Path p : {Path::direct, Path::get_proc_address}) {
     Result native = probe(p, box.env(false), ops);
     Result wrapped = probe(p, box.env(), ops);

@@ -56,7 +56,7 @@ TEST(ComputeBucket, FreshEntryStartsEmptyThenRefillsAtTheShare) {
   EXPECT_EQ(d->tokens_ns.load(), 0);  // no burst for a new container
   EXPECT_EQ(d->last_refill_ns.load(), t0);
   EXPECT_EQ(capacity_ns(300), 15'000'000);  // 30% of 50 ms
-  refill(*d, t0 + 10'000'000);  // 10 ms at 30%
+  refill(*d, t0 + 10'000'000);              // 10 ms at 30%
   EXPECT_EQ(d->tokens_ns.load(), 3'000'000);
   EXPECT_EQ(credited_ns(*d).load(), 3'000'000u);
   refill(*d, t0 + 10'000'000 + kMinRefillNs / 2);  // too close: skipped

@@ -33,7 +33,7 @@ TEST(ComputeControl, TrueUpReplacesProvisionalPricesByMeasuredTime) {
   d->tokens_ns.store(0);
   credited_ns(*d).store(0);
   s.spent_mark = 0;
-  spend(*d, 2'000'000);  // provisional: 2 ms
+  spend(*d, 2'000'000);                                                          // provisional: 2 ms
   StepResult r = control_step(*d, s, Measurement{50'000'000, 5'000'000, 0}, 1);  // measured: 5 ms
   EXPECT_EQ(r.adjust_ns, -3'000'000);
   EXPECT_EQ(d->tokens_ns.load(), -5'000'000);  // charged exactly what ran
@@ -63,7 +63,7 @@ TEST(ComputeControl, ScaleIsMeasuredTimePerNominalNanosecond) {
   control_begin(*d, s);
   EXPECT_EQ(scale_updated_ns(*d).load(), 0u);
   for (int i = 0; i < 20; ++i) {
-    spend(*d, price_ns(1'000'000, d->cost_scale_ppm.load()));  // 1 ms nominal at the current price ...
+    spend(*d, price_ns(1'000'000, d->cost_scale_ppm.load()));             // 1 ms nominal at the current price ...
     control_step(*d, s, Measurement{50'000'000, 7'000'000, 0}, 100 + i);  // ... that took 7 ms
   }
   EXPECT_NEAR(static_cast<double>(d->cost_scale_ppm.load()), 7e6, 7e4);
@@ -86,7 +86,7 @@ TEST(ComputeControl, KernelsFarCheaperThanThePriorStillCalibrate) {
   ControlState s;
   control_begin(*d, s);
   for (int i = 0; i < 5; ++i) {
-    spend(*d, price_ns(5'000'000, d->cost_scale_ppm.load()));  // 5 ms nominal per window
+    spend(*d, price_ns(5'000'000, d->cost_scale_ppm.load()));        // 5 ms nominal per window
     control_step(*d, s, Measurement{50'000'000, 1'000, 0}, 10 + i);  // 1 us measured
   }
   EXPECT_NE(scale_updated_ns(*d).load(), 0u);
@@ -137,7 +137,7 @@ TEST(ComputeElection, OneOwnerStaleTakeoverAndDrop) {
   EXPECT_TRUE(hold_feedback(*d, 200, 1'200'000'000 + kOwnerTimeoutNs + 1));
   EXPECT_EQ(d->feedback_owner_pid.load(), 200u);
   EXPECT_FALSE(hold_feedback(*d, 100, 1'200'000'000 + kOwnerTimeoutNs + 2));  // the stalled one finds it gone
-  drop_feedback(*d, 100);  // not the owner: no effect
+  drop_feedback(*d, 100);                                                     // not the owner: no effect
   EXPECT_EQ(d->feedback_owner_pid.load(), 200u);
   drop_feedback(*d, 200);
   EXPECT_EQ(d->feedback_owner_pid.load(), 0u);
@@ -213,8 +213,10 @@ double run_model(std::uint32_t pct, std::uint64_t true_ns, double seconds, bool 
     m.busy_until = start + true_ns;
     m.kernels.emplace_back(start, m.busy_until);
     // The application's own pacing: at most 10 ms of its work queued.
-    if (m.busy_until > m.now + 10'000'000) m.advance(m.busy_until - m.now - 5'000'000);
-    else m.advance(1'000);  // launch overhead
+    if (m.busy_until > m.now + 10'000'000)
+      m.advance(m.busy_until - m.now - 5'000'000);
+    else
+      m.advance(1'000);  // launch overhead
   }
   g_model = nullptr;
   return 100.0 * static_cast<double>(m.busy_in(t0, t1)) / static_cast<double>(t1 - t0);

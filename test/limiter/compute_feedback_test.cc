@@ -113,7 +113,7 @@ TEST_F(Fixture, ElectedOwnerMeasuresNvmlWindowsAndPublishesUtilisation) {
   EXPECT_TRUE(loop.entry(0).control.primed);
   script.ours_pct = 40;
   script.others_pct = 35;
-  spend(d, 10'000'000);  // 10 ms admitted at the prior price ...
+  spend(d, 10'000'000);          // 10 ms admitted at the prior price ...
   step(loop, kControlPeriodNs);  // ... 20 ms measured (40% of 50 ms)
   ASSERT_EQ(script.last_seen.size(), 1u);
   EXPECT_EQ(d.util_permille.load(), 400u);

@@ -31,7 +31,8 @@ TEST(GraphCosts, InsertFindEraseAndReuse) {
 TEST(GraphCosts, ChurnKeepsWorkingWithTombstones) {
   auto t = std::make_unique<GraphCostTable>();
   for (std::uintptr_t round = 0; round < 50; ++round) {
-    for (std::uintptr_t i = 0; i < 1000; ++i) ASSERT_TRUE(t->insert(0x10000 + (round * 1000 + i) * 64, GraphCost{i, 1}));
+    for (std::uintptr_t i = 0; i < 1000; ++i)
+      ASSERT_TRUE(t->insert(0x10000 + (round * 1000 + i) * 64, GraphCost{i, 1}));
     for (std::uintptr_t i = 0; i < 1000; ++i) t->erase(0x10000 + (round * 1000 + i) * 64);
   }
   GraphCost c;
@@ -112,7 +113,7 @@ TEST(GraphCosts, NodePricesAreErasedWithTheirExecutableAndStayExact) {
     const std::uintptr_t exec = 0x7f0000000000 + (i % 64) * 0x1000;  // the driver reuses addresses
     const std::uintptr_t node_a = 0x500000 + i * 0x40, node_b = node_a + 0x20;
     ASSERT_TRUE(execs->insert(exec, GraphCost{300, 3}));  // three nodes of 100
-    nodes->forget(exec);  // priced from its graph (hook/graph.cc price())
+    nodes->forget(exec);                                  // priced from its graph (hook/graph.cc price())
     r.set_node(exec, node_a, GraphCost{1000, 1});
     r.set_node(exec, node_b, GraphCost{10, 1});
     r.set_node(exec, node_a, GraphCost{2000, 1});  // replaces 1000, not the graph's 100

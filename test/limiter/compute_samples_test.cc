@@ -14,7 +14,7 @@ namespace {
 
 constexpr std::uint32_t kOurs = 100, kOther = 200;
 constexpr std::uint64_t kT0 = 1'700'000'000'000'000ull;  // CPU us
-constexpr std::uint64_t kP = 166'000;                     // sample period, us
+constexpr std::uint64_t kP = 166'000;                    // sample period, us
 
 bool ours(const void*, std::uint32_t pid) noexcept { return pid == kOurs; }
 
@@ -182,8 +182,9 @@ TEST(ComputeSamples, PerProcessWindowSumsEachProcessOverItsPeriods) {
   // The same answer split ours (pid 1) vs others gives the same times.
   SampleClock c2{kT0, true, true, false, kP};
   Measurement m;
-  ASSERT_TRUE(samples_reduce(c2, NVML_SUCCESS, s.data(), 4, kT0 + 2 * kP + 1'000,
-                             [](const void*, std::uint32_t pid) noexcept { return pid == 1; }, nullptr, &m));
+  ASSERT_TRUE(samples_reduce(
+      c2, NVML_SUCCESS, s.data(), 4, kT0 + 2 * kP + 1'000,
+      [](const void*, std::uint32_t pid) noexcept { return pid == 1; }, nullptr, &m));
   EXPECT_EQ(m.window_ns, window_ns);
   EXPECT_EQ(m.busy_ns, p.busy[1]);
   EXPECT_EQ(m.others_ns, p.busy[2] + p.busy[3]);
@@ -194,8 +195,7 @@ TEST(ComputeSamples, PerProcessWindowWaitsForASampleLikeTheSplitOne) {
   SampleClock c{kT0, true, true, false, kP};
   PerProcess p;
   std::uint64_t window_ns = 0;
-  EXPECT_FALSE(samples_window(c, NVML_ERROR_NOT_FOUND, nullptr, 0, kT0 + kP + 10'000, PerProcess::add, &p,
-                              &window_ns));
+  EXPECT_FALSE(samples_window(c, NVML_ERROR_NOT_FOUND, nullptr, 0, kT0 + kP + 10'000, PerProcess::add, &p, &window_ns));
   EXPECT_EQ(c.last_seen_us, kT0);
   EXPECT_EQ(p.busy[1] + p.busy[2] + p.busy[3], 0u);
 }

@@ -32,11 +32,11 @@ std::vector<std::string> load(const std::string& path, unsigned kernel_us, doubl
 
 // Above the target is the limiter's failure; below it can also be a loaded
 // machine not running the load often enough, hence the wider lower margin.
-#define EXPECT_SHARE(achieved, target, over, under)              \
-  do {                                                          \
-    const double a_ = (achieved), t_ = (target);                \
-    EXPECT_LE(a_, t_ + (over)) << "target " << t_;              \
-    EXPECT_GE(a_, t_ - (under)) << "target " << t_;             \
+#define EXPECT_SHARE(achieved, target, over, under) \
+  do {                                              \
+    const double a_ = (achieved), t_ = (target);    \
+    EXPECT_LE(a_, t_ + (over)) << "target " << t_;  \
+    EXPECT_GE(a_, t_ - (under)) << "target " << t_; \
   } while (0)
 
 std::uint64_t after(std::uint64_t t, double seconds) { return t + static_cast<std::uint64_t>(seconds * 1e9); }

@@ -22,8 +22,8 @@ std::vector<std::string> spin(const std::string& path, unsigned kernel_us, doubl
   std::ostringstream s, m;
   s << seconds;
   m << inflight_ms;
-  return {"--path", path, "--kernel-us", std::to_string(kernel_us), "--seconds", s.str(), "--via", via,
-          "--inflight-ms", m.str()};
+  return {"--path", path,    "--kernel-us", std::to_string(kernel_us), "--seconds",
+          s.str(),  "--via", via,           "--inflight-ms",           m.str()};
 }
 
 std::uint64_t ContainerResult::first_start() const {
@@ -53,9 +53,7 @@ Env Machine::env(bool preload) const {
   return e;
 }
 
-std::string Machine::region_path(const std::string& container) const {
-  return sandbox_.path(container + ".region");
-}
+std::string Machine::region_path(const std::string& container) const { return sandbox_.path(container + ".region"); }
 
 std::vector<ContainerResult> Machine::run(const std::vector<Container>& containers, int timeout_ms) {
   struct Pending {

@@ -26,7 +26,7 @@ struct Container {
   std::string sm_limit;   // GPUSLICE_SM_LIMIT ("" = unset: unlimited)
   std::string sm_policy;  // GPUSLICE_SM_POLICY ("" = default, hard)
   std::vector<Proc> procs;
-  Env extra;              // more environment
+  Env extra;  // more environment
 };
 
 struct ProcResult {

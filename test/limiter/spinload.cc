@@ -149,8 +149,7 @@ void worker(const Args& a, const Api& api, CUcontext ctx, CUfunction f, Totals* 
   const std::uint64_t start = now_ns();
   const std::uint64_t stop = start + static_cast<std::uint64_t>(a.seconds * 1e9);
   std::uint64_t cur = totals->start.load();
-  while (start < cur && !totals->start.compare_exchange_weak(cur, start)) {
-  }
+  while (start < cur && !totals->start.compare_exchange_weak(cur, start)) {}
   std::uint64_t launches = 0, errors = 0, batches = 0;
   unsigned in_batch = 0;
   while (now_ns() < stop) {
@@ -180,8 +179,7 @@ void worker(const Args& a, const Api& api, CUcontext ctx, CUfunction f, Totals* 
   totals->launches += launches;
   totals->errors += errors;
   std::uint64_t e = totals->end.load();
-  while (end > e && !totals->end.compare_exchange_weak(e, end)) {
-  }
+  while (end > e && !totals->end.compare_exchange_weak(e, end)) {}
 }
 
 bool parse(int argc, char** argv, Args* a) {
@@ -189,16 +187,26 @@ bool parse(int argc, char** argv, Args* a) {
     std::string k = argv[i];
     if (i + 1 >= argc) return false;
     const char* v = argv[++i];
-    if (k == "--path") a->path = v;
-    else if (k == "--via") a->via = v;
-    else if (k == "--kernel-us") a->kernel_us = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
-    else if (k == "--seconds") a->seconds = std::strtod(v, nullptr);
-    else if (k == "--inflight-ms") a->inflight_ms = std::strtod(v, nullptr);
-    else if (k == "--graph-kernels") a->graph_kernels = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
-    else if (k == "--grid") a->grid = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
-    else if (k == "--device") a->device = std::atoi(v);
-    else if (k == "--threads") a->threads = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
-    else return false;
+    if (k == "--path")
+      a->path = v;
+    else if (k == "--via")
+      a->via = v;
+    else if (k == "--kernel-us")
+      a->kernel_us = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
+    else if (k == "--seconds")
+      a->seconds = std::strtod(v, nullptr);
+    else if (k == "--inflight-ms")
+      a->inflight_ms = std::strtod(v, nullptr);
+    else if (k == "--graph-kernels")
+      a->graph_kernels = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
+    else if (k == "--grid")
+      a->grid = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
+    else if (k == "--device")
+      a->device = std::atoi(v);
+    else if (k == "--threads")
+      a->threads = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
+    else
+      return false;
   }
   const std::string b = base_path(*a);
   return (b == "kernel" || b == "ex" || b == "coop" || b == "graph") && (a->via == "symbol" || a->via == "procaddr") &&

@@ -35,7 +35,8 @@ void row_ok(const std::string& name, const std::string& path, const std::string&
 
 void row(const std::string& name, const std::string& path, const std::string& kernel, const std::string& target,
          double achieved, double tolerance, double target_value) {
-  row_ok(name, path, kernel, target, achieved, achieved >= target_value - tolerance && achieved <= target_value + tolerance);
+  row_ok(name, path, kernel, target, achieved,
+         achieved >= target_value - tolerance && achieved <= target_value + tolerance);
 }
 
 bool check_ran(const std::vector<ContainerResult>& results) {
@@ -65,8 +66,8 @@ void single(const std::string& name, const std::string& path, const std::string&
   std::string kernel = std::to_string(kernel_us) + " us";
   if (path.rfind("graph", 0) == 0) kernel = "graph of 10 x " + kernel;
   row(name, path + (via == "procaddr" ? " (cuGetProcAddress)" : ""), kernel,
-      std::to_string(limit) + (procs > 1 ? " (" + std::to_string(procs) + " processes)" : ""), m.share(results[0], t0, t1),
-      2.0, limit);
+      std::to_string(limit) + (procs > 1 ? " (" + std::to_string(procs) + " processes)" : ""),
+      m.share(results[0], t0, t1), 2.0, limit);
 }
 
 void pair(const std::string& name, const std::string& limit_a, const std::string& limit_b, unsigned kernel_us) {
@@ -155,12 +156,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("Simulated driver (test/fakecuda), not a GPU. Window %.1f s from the first launch; achieved = "
-              "device time on the simulated timeline / window.\n\n",
-              g_window);
-  std::printf("| case | launch path | kernel | target %% | achieved %% | within tolerance |\n|---|---|---|---|---|---|\n");
-  for (unsigned limit : {10u, 25u, 50u, 75u, 90u}) single("1000us-" + std::to_string(limit), "kernel", "symbol", 1000, limit);
-  for (unsigned limit : {10u, 25u, 50u, 75u, 90u}) single("20us-" + std::to_string(limit), "kernel", "symbol", 20, limit);
+  std::printf(
+      "Simulated driver (test/fakecuda), not a GPU. Window %.1f s from the first launch; achieved = "
+      "device time on the simulated timeline / window.\n\n",
+      g_window);
+  std::printf(
+      "| case | launch path | kernel | target %% | achieved %% | within tolerance |\n|---|---|---|---|---|---|\n");
+  for (unsigned limit : {10u, 25u, 50u, 75u, 90u})
+    single("1000us-" + std::to_string(limit), "kernel", "symbol", 1000, limit);
+  for (unsigned limit : {10u, 25u, 50u, 75u, 90u})
+    single("20us-" + std::to_string(limit), "kernel", "symbol", 20, limit);
   for (unsigned limit : {10u, 25u, 50u, 75u, 90u}) single("ex-" + std::to_string(limit), "ex", "symbol", 1000, limit);
   for (unsigned limit : {10u, 25u, 50u, 75u, 90u})
     single("graph-" + std::to_string(limit), "graph", "symbol", 100, limit);

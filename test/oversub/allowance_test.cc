@@ -21,7 +21,6 @@
 namespace gpuslice::test {
 namespace {
 
-
 constexpr unsigned long long kMi = 1ull << 20;
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
@@ -31,7 +30,6 @@ std::vector<std::string> rcs(const Result& r, const std::string& op) {
   for (const std::string& line : lines_with(r.out, op + " ")) out.push_back(field(line, "rc"));
   return out;
 }
-
 
 template <class Pred>
 bool await_region(const std::string& path, Pred pred, int ms = 20000) {
@@ -46,8 +44,9 @@ bool await_region(const std::string& path, Pred pred, int ms = 20000) {
 }
 
 Env allowance_env(const Sandbox& box, const std::string& policy, const std::string& allowance) {
-  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", allowance},
-                              {"FAKECUDA_MEMORY", "4Gi"}});
+  Env env =
+      merge(box.env(),
+            {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", allowance}, {"FAKECUDA_MEMORY", "4Gi"}});
   if (!policy.empty()) env["GPUSLICE_OVERSUBSCRIBE"] = policy;
   return env;
 }
@@ -157,8 +156,8 @@ TEST(Allowance, ADeadHoldersMemoryIsReapedWhileWaiting) {
                              env, box.path("holder.out"));
   ASSERT_TRUE(gpuslice::test::await_file(box.path("holding"), 20000));
   const auto t0 = std::chrono::steady_clock::now();
-  const pid_t waiter = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(32), "freeall"}, env,
-                             box.path("waiter.out"));
+  const pid_t waiter =
+      spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(32), "freeall"}, env, box.path("waiter.out"));
   ASSERT_TRUE(await_region(env["GPUSLICE_REGION"], [](DeviceState& d) { return d.oversub_waiting.load() == 1; }));
   kill(holder, SIGKILL);
   wait(holder, box.path("holder.out"));
@@ -173,13 +172,13 @@ TEST(Allowance, ADeadHoldersMemoryIsReapedWhileWaiting) {
 TEST(Allowance, CuMemReleaseWakesTheContainersWaiters) {
   Sandbox box;
   Env env = merge(allowance_env(box, "wait", "64Mi"), {{"GPUSLICE_OVERSUBSCRIBE_WAIT", "20s"}});
-  const pid_t holder = spawn({bin("cuprobe"), "init", "ctx", "0", "vmm", mib(48), "0", "touch", box.path("holding"),
-                              "waitfile", box.path("release"), "free", "touch", box.path("released"), "waitfile",
-                              box.path("exit")},
-                             env, box.path("holder.out"));
+  const pid_t holder =
+      spawn({bin("cuprobe"), "init", "ctx", "0", "vmm", mib(48), "0", "touch", box.path("holding"), "waitfile",
+             box.path("release"), "free", "touch", box.path("released"), "waitfile", box.path("exit")},
+            env, box.path("holder.out"));
   ASSERT_TRUE(gpuslice::test::await_file(box.path("holding"), 20000));
-  const pid_t waiter = spawn({bin("cuprobe"), "init", "ctx", "0", "vmm", mib(32), "0", "freeall"}, env,
-                             box.path("waiter.out"));
+  const pid_t waiter =
+      spawn({bin("cuprobe"), "init", "ctx", "0", "vmm", mib(32), "0", "freeall"}, env, box.path("waiter.out"));
   ASSERT_TRUE(await_region(env["GPUSLICE_REGION"], [](DeviceState& d) { return d.oversub_waiting.load() == 1; }))
       << "the second allocation never waited";
   std::uint32_t before = 0;

@@ -30,8 +30,10 @@ std::vector<std::string> rcs(const Result& r, const std::string& op) {
 }
 
 Env allowance_env(const Sandbox& box, const std::string& policy) {
-  return merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", "64Mi"},
-                           {"GPUSLICE_OVERSUBSCRIBE", policy}, {"FAKECUDA_MEMORY", "4Gi"}});
+  return merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"},
+                           {"GPUSLICE_MEMORY_RESIDENT", "64Mi"},
+                           {"GPUSLICE_OVERSUBSCRIBE", policy},
+                           {"FAKECUDA_MEMORY", "4Gi"}});
 }
 
 // `count` managed allocations of 16 MiB, then (with `hold`) a file saying so

@@ -20,7 +20,6 @@
 namespace gpuslice::test {
 namespace {
 
-
 constexpr unsigned long long kMi = 1ull << 20;
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
@@ -29,7 +28,6 @@ std::string value_of(const Result& r, const std::string& op, const std::string& 
   auto lines = lines_with(r.out, op + " ");
   return lines.size() > nth ? field(lines[nth], key) : "";
 }
-
 
 // Two containers on one 2 GiB simulated device: A holds 1800 MiB until
 // `release` exists; B (its own region, 1 GiB quota) comes second.
@@ -120,7 +118,8 @@ TEST(Oversubscribe, WaitSucceedsWhenTheOtherContainerFrees) {
   TwoContainers t;
   const pid_t holder = t.start_holder();
   Env b = merge(t.b, {{"GPUSLICE_OVERSUBSCRIBE", "wait"}, {"GPUSLICE_OVERSUBSCRIBE_WAIT", "60s"}});
-  const pid_t waiter = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(512), "freeall"}, b, t.box.path("b.out"));
+  const pid_t waiter =
+      spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(512), "freeall"}, b, t.box.path("b.out"));
   // Once B is waiting (its region says so), A frees.
   bool waiting = false;
   for (int i = 0; i < 10000 && !waiting; ++i) {
@@ -144,11 +143,13 @@ TEST(Oversubscribe, WaitSucceedsWhenTheOtherContainerFrees) {
 // resident + spilled = allocated, exactly, and both return to zero.
 TEST(Oversubscribe, SpillBeyondTheResidentAllowanceWithinTheQuota) {
   Sandbox box;
-  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", "256Mi"},
-                              {"GPUSLICE_OVERSUBSCRIBE", "spill"}, {"FAKECUDA_MEMORY", "4Gi"}});
+  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"},
+                              {"GPUSLICE_MEMORY_RESIDENT", "256Mi"},
+                              {"GPUSLICE_OVERSUBSCRIBE", "spill"},
+                              {"FAKECUDA_MEMORY", "4Gi"}});
   const std::string hold = box.path("hold");
-  const pid_t pid = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(200), "alloc", mib(300), "alloc",
-                           mib(400), "alloc", mib(200), "touch", box.path("allocated"), "waitfile", hold, "freeall"},
+  const pid_t pid = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(200), "alloc", mib(300), "alloc", mib(400),
+                           "alloc", mib(200), "touch", box.path("allocated"), "waitfile", hold, "freeall"},
                           env, box.path("out"));
   for (int i = 0; i < 10000 && access(box.path("allocated").c_str(), F_OK) != 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -166,9 +167,8 @@ TEST(Oversubscribe, SpillBeyondTheResidentAllowanceWithinTheQuota) {
   EXPECT_NE(smi.out.find("\"spilled_bytes\":" + std::to_string(700 * kMi)), std::string::npos) << smi.out;
   EXPECT_NE(smi.out.find("\"oversubscribe\":\"spill\""), std::string::npos) << smi.out;
   // And to the node agent's scrape (one cycle, no NVML).
-  Result agent = run({bin("gpuslice-agent"), "--region-dir", box.dir(), "--no-nvml", "--once", "--listen", "off",
-                      "--grace", "0"},
-                     {});
+  Result agent = run(
+      {bin("gpuslice-agent"), "--region-dir", box.dir(), "--no-nvml", "--once", "--listen", "off", "--grace", "0"}, {});
   ASSERT_EQ(agent.exit_code, 0) << agent.describe();
   EXPECT_NE(agent.out.find("gpuslice_memory_spilled_bytes{"), std::string::npos) << agent.out;
   EXPECT_NE(agent.out.find("} " + std::to_string(700 * kMi)), std::string::npos) << agent.out;
@@ -190,12 +190,14 @@ TEST(Oversubscribe, SpillBeyondTheResidentAllowanceWithinTheQuota) {
 // with it, and they stop counting as spilled too.
 TEST(Oversubscribe, SpilledMemoryOfADestroyedContextStopsCounting) {
   Sandbox box;
-  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", "128Mi"},
-                              {"GPUSLICE_OVERSUBSCRIBE", "spill"}, {"FAKECUDA_MEMORY", "4Gi"}});
-  const pid_t pid = spawn({bin("cuprobe"), "init", "ctxcreate", "0", "alloc", mib(100), "alloc", mib(300),
-                           "touch", box.path("allocated"), "waitfile", box.path("destroy"), "ctxdestroy", "touch",
-                           box.path("destroyed"), "waitfile", box.path("exit")},
-                          env, box.path("out"));
+  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"},
+                              {"GPUSLICE_MEMORY_RESIDENT", "128Mi"},
+                              {"GPUSLICE_OVERSUBSCRIBE", "spill"},
+                              {"FAKECUDA_MEMORY", "4Gi"}});
+  const pid_t pid = spawn(
+      {bin("cuprobe"), "init", "ctxcreate", "0", "alloc", mib(100), "alloc", mib(300), "touch", box.path("allocated"),
+       "waitfile", box.path("destroy"), "ctxdestroy", "touch", box.path("destroyed"), "waitfile", box.path("exit")},
+      env, box.path("out"));
   auto await = [&](const std::string& f) {
     for (int i = 0; i < 10000 && access(f.c_str(), F_OK) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -222,8 +224,10 @@ TEST(Oversubscribe, SpilledMemoryOfADestroyedContextStopsCounting) {
 // share, spilled bytes included, exactly.
 TEST(Oversubscribe, KilledWhileHoldingSpilledMemoryLeavesExactCounts) {
   Sandbox box;
-  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", "128Mi"},
-                              {"GPUSLICE_OVERSUBSCRIBE", "spill"}, {"FAKECUDA_MEMORY", "4Gi"}});
+  Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"},
+                              {"GPUSLICE_MEMORY_RESIDENT", "128Mi"},
+                              {"GPUSLICE_OVERSUBSCRIBE", "spill"},
+                              {"FAKECUDA_MEMORY", "4Gi"}});
   const pid_t pid = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(100), "alloc", mib(300), "touch",
                            box.path("allocated"), "waitfile", box.path("never")},
                           env, box.path("out"));

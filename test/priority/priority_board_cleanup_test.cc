@@ -66,7 +66,7 @@ class BoardCleanupTest : public ::testing::Test {
 TEST_F(BoardCleanupTest, RemovesOnlyFilesUnusedForTheGraceWithNobodyAlive) {
   close(publish(Priority::high, 1));  // writer gone, old: removed
   age(1, 120);
-  close(publish(Priority::low, 2));  // writer gone, recent: kept
+  close(publish(Priority::low, 2));                // writer gone, recent: kept
   const int alive = publish(Priority::normal, 3);  // old but its writer lives (idle): kept
   age(3, 120);
   const auto r = clean_priority_board(dir_, wall_ns(), kGrace);

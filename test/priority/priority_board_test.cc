@@ -177,7 +177,8 @@ TEST_F(Board, OtherDevicesShortFilesAndLinksAreIgnored) {
   close(fd);
   // A symbolic link to a valid record is not followed.
   const int valid = publish(Priority::normal, 3);
-  ASSERT_EQ(symlink((dir_ + "/normal/" + kUuid + ".1-3.act").c_str(), (dir_ + "/high/" + kUuid + ".0-4.act").c_str()), 0);
+  ASSERT_EQ(symlink((dir_ + "/normal/" + kUuid + ".1-3.act").c_str(), (dir_ + "/high/" + kUuid + ".0-4.act").c_str()),
+            0);
   scan_all();
   int high = 0;
   for (int i = 0; i < count_; ++i) high += peers_[i].level == Priority::high;

@@ -76,8 +76,8 @@ void flood(const std::string& dir, const std::string& uuid, int count) {
 }
 
 struct Events {
-  int opens = 0;     // files of the directory opened
-  int dir_reads = 0; // reads of the directory itself (getdents)
+  int opens = 0;      // files of the directory opened
+  int dir_reads = 0;  // reads of the directory itself (getdents)
   bool overflow = false;
 };
 
@@ -141,8 +141,8 @@ TEST(PriorityFlood, FilesInLowCannotHideHighFromNormal) {
     char name[gpuslice::shm::kBoardNameMax];
     ASSERT_TRUE(gpuslice::shm::activity_name(uuid.c_str(), 7, static_cast<std::uint64_t>(i), name));
     gpuslice::shm::Error err{};
-    const int fd = gpuslice::shm::open_own_activity(m.sandbox().path("board").c_str(), gpuslice::Priority::low,
-                                                    name, "flood", &err);
+    const int fd = gpuslice::shm::open_own_activity(m.sandbox().path("board").c_str(), gpuslice::Priority::low, name,
+                                                    "flood", &err);
     ASSERT_GE(fd, 0) << err.message;
     held.push_back(fd);
   }

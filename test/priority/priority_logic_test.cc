@@ -172,7 +172,7 @@ TEST(PriorityPublish, RateLimited) {
 TEST(PriorityBound, LearnsTheLaunchCost) {
   InflightEstimate e;
   EXPECT_EQ(bound_launches(e), kMinBoundLaunches);  // nothing measured: the minimum
-  observe_launch(e, 0);                              // no information
+  observe_launch(e, 0);                             // no information
   EXPECT_EQ(e.avg_ns, 0u);
   for (int i = 0; i < 20; ++i) observe_launch(e, 100'000);
   EXPECT_EQ(e.avg_ns, 100'000u);
@@ -209,7 +209,7 @@ TEST(PriorityPublish, BurstQueuesBehindTheLowerBacklog) {
   // A low neighbour published that its queued work is done 0.8 ms from now.
   const PeerSample low{Priority::low, kT0 + 800'000 + kLingerNs, kT0};
   EXPECT_EQ(lower_backlog(Priority::high, &low, 1, kT0), kT0 + 800'000);
-  EXPECT_EQ(lower_backlog(Priority::low, &low, 1, kT0), 0u);  // not lower than itself
+  EXPECT_EQ(lower_backlog(Priority::low, &low, 1, kT0), 0u);             // not lower than itself
   EXPECT_EQ(lower_backlog(Priority::high, &low, 1, kT0 + 800'000), 0u);  // done
   // Not believed beyond kMaxAheadNs; a dead writer has no backlog either.
   const PeerSample liar{Priority::low, kT0 + 1000 * kMs, kT0};

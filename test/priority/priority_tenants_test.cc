@@ -30,7 +30,9 @@ Container tenant(const Machine& m, const std::string& name, const std::string& p
   return c;
 }
 
-Proc low_proc(double seconds, double delay = 0) { return Proc{spin("kernel", 1000, seconds, "symbol", 20.0), delay, 0}; }
+Proc low_proc(double seconds, double delay = 0) {
+  return Proc{spin("kernel", 1000, seconds, "symbol", 20.0), delay, 0};
+}
 Proc high_proc(double seconds, double delay = 0, double kill_after = 0) {
   return Proc{spin("kernel", 200, seconds, "symbol", 2.0), delay, kill_after};
 }
@@ -76,7 +78,7 @@ TEST(PriorityTenants, KilledHighPriorityProcessReleasesTheDevice) {
   const ProcResult& low = results[0].procs[0];
   ASSERT_EQ(low.result.exit_code, 0) << low.result.describe();
   ASSERT_EQ(results[1].procs[0].result.signal, SIGKILL);
-  const std::uint64_t killed = t0 + 1000 * kMs;  // the kill happens at or just after this
+  const std::uint64_t killed = t0 + 1000 * kMs;                  // the kill happens at or just after this
   EXPECT_LT(m.share(results[0], t0 + 500 * kMs, killed), 20.0);  // it was held
   EXPECT_GT(m.share(results[0], killed + 100 * kMs, killed + 600 * kMs), 80.0);
 }

@@ -32,8 +32,8 @@ struct User {
 
 bool user(const char* name, User* out) {
   if (getpwnam(name) == nullptr) {
-    const std::string cmd = std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + name +
-                            " >/dev/null 2>&1";
+    const std::string cmd =
+        std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + name + " >/dev/null 2>&1";
     if (system(cmd.c_str()) != 0) return false;
   }
   const passwd* pw = getpwnam(name);
@@ -104,21 +104,23 @@ std::uint32_t priority_word(const std::string& path) {
 // The case: user 2 ran `gpuslice-smi set` on user 1's job region.
 TEST_F(Users, AnotherUserCanNeitherJoinNorChangeAJobsRegion) {
   const std::string region = shared_ + "/job1.region";
-  ASSERT_EQ(as(a_, [&] {
-              shm::Error err{};
-              Region* r = shm::attach(region.c_str(), "job1", &err);
-              return r != nullptr ? 0 : 1;
-            }),
+  ASSERT_EQ(as(a_,
+               [&] {
+                 shm::Error err{};
+                 Region* r = shm::attach(region.c_str(), "job1", &err);
+                 return r != nullptr ? 0 : 1;
+               }),
             0);
   struct stat st;
   ASSERT_EQ(stat(region.c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, a_.uid);
   EXPECT_EQ(st.st_mode & 07777, 0600u) << "a region in a directory shared by users is its creator's alone";
   // User 2: cannot join it (a process of theirs naming it fails closed) ...
-  EXPECT_EQ(as(b_, [&] {
-              shm::Error err{};
-              return shm::attach(region.c_str(), "x", &err) == nullptr ? 0 : 1;
-            }),
+  EXPECT_EQ(as(b_,
+               [&] {
+                 shm::Error err{};
+                 return shm::attach(region.c_str(), "x", &err) == nullptr ? 0 : 1;
+               }),
             0);
   // ... nor change its limits.
   EXPECT_NE(as(b_, [&] { return smi({"set", "--region", region, "--priority", "low"}); }), 0);
@@ -135,17 +137,19 @@ TEST_F(Users, AnotherUserCanNeitherJoinNorChangeAJobsRegion) {
 // user 1's process refuses to join it (user 2 would control its limits).
 TEST_F(Users, ARegionPlantedByAnotherUserIsNotJoined) {
   const std::string region = shared_ + "/job1.region";
-  ASSERT_EQ(as(b_, [&] {
-              shm::Error err{};
-              Region* r = shm::attach(region.c_str(), "planted", &err);
-              return r != nullptr && chmod(region.c_str(), 0666) == 0 ? 0 : 1;
-            }),
+  ASSERT_EQ(as(b_,
+               [&] {
+                 shm::Error err{};
+                 Region* r = shm::attach(region.c_str(), "planted", &err);
+                 return r != nullptr && chmod(region.c_str(), 0666) == 0 ? 0 : 1;
+               }),
             0);
-  EXPECT_EQ(as(a_, [&] {
-              shm::Error err{};
-              if (shm::attach(region.c_str(), "job1", &err) != nullptr) return 1;
-              return std::strstr(err.message, "owned by uid") != nullptr ? 0 : 2;
-            }),
+  EXPECT_EQ(as(a_,
+               [&] {
+                 shm::Error err{};
+                 if (shm::attach(region.c_str(), "job1", &err) != nullptr) return 1;
+                 return std::strstr(err.message, "owned by uid") != nullptr ? 0 : 2;
+               }),
             0);
   // Outside a shared directory (a container's own, or a job directory the
   // operator gave a user) regions stay 0666: every user of the container
@@ -198,18 +202,20 @@ TEST_F(Users, AnotherUsersActivityFileCannotBeForgedOrRemoved) {
   EXPECT_EQ(as(b_, [&] { return unlink(path.c_str()) != 0 ? 0 : 1; }), 0) << "removed";
   // A file user 2 plants under the name user 1 will use, writable by all: user
   // 1 never writes into it (user 2 could then forge its activity).
-  EXPECT_EQ(as(b_, [&] {
-              const int fd = open((board + "/high/" + planted).c_str(), O_CREAT | O_WRONLY, 0666);
-              return fd >= 0 && fchmod(fd, 0666) == 0 ? 0 : 1;
-            }),
+  EXPECT_EQ(as(b_,
+               [&] {
+                 const int fd = open((board + "/high/" + planted).c_str(), O_CREAT | O_WRONLY, 0666);
+                 return fd >= 0 && fchmod(fd, 0666) == 0 ? 0 : 1;
+               }),
             0);
-  EXPECT_EQ(as(a_, [&] {
-              shm::Error err{};
-              const int fd = shm::open_own_activity(board.c_str(), Priority::high, planted, "job1", &err);
-              if (fd < 0) return std::strstr(err.message, "another user") != nullptr ? 0 : 2;
-              struct stat own;
-              return fstat(fd, &own) == 0 && own.st_uid == geteuid() ? 0 : 1;  // replaced, never written
-            }),
+  EXPECT_EQ(as(a_,
+               [&] {
+                 shm::Error err{};
+                 const int fd = shm::open_own_activity(board.c_str(), Priority::high, planted, "job1", &err);
+                 if (fd < 0) return std::strstr(err.message, "another user") != nullptr ? 0 : 2;
+                 struct stat own;
+                 return fstat(fd, &own) == 0 && own.st_uid == geteuid() ? 0 : 1;  // replaced, never written
+               }),
             0);
   ASSERT_EQ(stat((board + "/high/" + planted).c_str(), &st), 0);
   EXPECT_TRUE(st.st_uid == a_.uid || st.st_size == 0) << "user 1 wrote into user 2's file";

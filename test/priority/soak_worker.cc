@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
   const std::string name = "spin_" + std::to_string(kernel_us) + "us";
   CUmodule module = nullptr;
   CUfunction f = nullptr;
-  if (cuModuleLoadData(&module, name.c_str()) != CUDA_SUCCESS || cuModuleGetFunction(&f, module, name.c_str()) != CUDA_SUCCESS)
+  if (cuModuleLoadData(&module, name.c_str()) != CUDA_SUCCESS ||
+      cuModuleGetFunction(&f, module, name.c_str()) != CUDA_SUCCESS)
     return 4;
   CUstream stream = nullptr;
   if (cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 5;
@@ -89,8 +90,10 @@ int main(int argc, char** argv) {
     const unsigned kernels = serve ? 10 : 8;
     const double t0 = now_s();
     for (unsigned k = 0; k < kernels; ++k) {
-      if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr) == CUDA_SUCCESS) ++launches;
-      else ++errors;
+      if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr) == CUDA_SUCCESS)
+        ++launches;
+      else
+        ++errors;
     }
     if (cuStreamSynchronize(stream) != CUDA_SUCCESS) ++errors;
     if (serve) {
@@ -105,8 +108,9 @@ int main(int argc, char** argv) {
     p50 = latencies[latencies.size() / 2];
     p99 = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
   }
-  std::printf("{\"pid\": %d, \"allocs\": %llu, \"refusals\": %llu, \"most_bytes\": %llu, \"launches\": %llu, "
-              "\"errors\": %llu, \"bursts\": %zu, \"p50_ms\": %.3f, \"p99_ms\": %.3f}\n",
-              static_cast<int>(getpid()), allocs, refusals, most, launches, errors, latencies.size(), p50, p99);
+  std::printf(
+      "{\"pid\": %d, \"allocs\": %llu, \"refusals\": %llu, \"most_bytes\": %llu, \"launches\": %llu, "
+      "\"errors\": %llu, \"bursts\": %zu, \"p50_ms\": %.3f, \"p99_ms\": %.3f}\n",
+      static_cast<int>(getpid()), allocs, refusals, most, launches, errors, latencies.size(), p50, p99);
   return 0;
 }

@@ -33,9 +33,7 @@ bool ok(CUresult rc, const char* what) {
   return false;
 }
 
-std::uint64_t device_allocations() {
-  return fakecuda_process_used_bytes(0, 0) - fakecuda_process_context_bytes(0, 0);
-}
+std::uint64_t device_allocations() { return fakecuda_process_used_bytes(0, 0) - fakecuda_process_context_bytes(0, 0); }
 
 int spill_race(std::size_t hold, std::size_t churn_size, std::size_t size, long rounds, std::uint64_t limit) {
   CUdevice dev = 0;

@@ -99,8 +99,7 @@ int null_config() {
   // First CUDA calls of the process: nothing is loaded yet.
   std::printf("null direct rc=%d\n", static_cast<int>(cuLaunchKernelEx(nullptr, nullptr, nullptr, nullptr)));
   std::printf("null direct_ptsz rc=%d\n", static_cast<int>(cuLaunchKernelEx_ptsz(nullptr, nullptr, nullptr, nullptr)));
-  std::printf("null multi_device rc=%d\n",
-              static_cast<int>(cuLaunchCooperativeKernelMultiDevice(nullptr, 1, 0)));
+  std::printf("null multi_device rc=%d\n", static_cast<int>(cuLaunchCooperativeKernelMultiDevice(nullptr, 1, 0)));
   const CUresult init = cuInit(0);
   std::printf("init rc=%d\n", static_cast<int>(init));
   if (init == CUDA_SUCCESS) {

@@ -243,10 +243,11 @@ int lazy_library(std::size_t bytes, const std::string& how) {
   const long long again_counted = counted_used(), again_held = held();
   cuLibraryUnload(lib);  // already unloaded when a placement was refused
   const long long unloaded = counted_used(), unloaded_held = held();
-  std::printf("lazy-library how=%s rc=%d again_rc=%d loaded=%lld loaded_held=%lld placed=%lld placed_held=%lld "
-              "again=%lld again_held=%lld unloaded=%lld unloaded_held=%lld\n",
-              how.c_str(), static_cast<int>(rc), static_cast<int>(again), loaded, loaded_held, placed, placed_held,
-              again_counted, again_held, unloaded, unloaded_held);
+  std::printf(
+      "lazy-library how=%s rc=%d again_rc=%d loaded=%lld loaded_held=%lld placed=%lld placed_held=%lld "
+      "again=%lld again_held=%lld unloaded=%lld unloaded_held=%lld\n",
+      how.c_str(), static_cast<int>(rc), static_cast<int>(again), loaded, loaded_held, placed, placed_held,
+      again_counted, again_held, unloaded, unloaded_held);
   return 0;
 }
 
@@ -266,9 +267,10 @@ int set_limit(std::size_t bytes) {
   check(cuDevicePrimaryCtxRetain(&other, 0), "cuDevicePrimaryCtxRetain");
   check(cuCtxSetCurrent(other), "cuCtxSetCurrent");
   const long long destroyed = counted_used(), destroyed_held = held();
-  std::printf("set-limit rc=%d limit=%zu before=%lld before_held=%lld set=%lld set_held=%lld destroyed=%lld "
-              "destroyed_held=%lld\n",
-              static_cast<int>(rc), limit, before, before_held, set, set_held, destroyed, destroyed_held);
+  std::printf(
+      "set-limit rc=%d limit=%zu before=%lld before_held=%lld set=%lld set_held=%lld destroyed=%lld "
+      "destroyed_held=%lld\n",
+      static_cast<int>(rc), limit, before, before_held, set, set_held, destroyed, destroyed_held);
   return 0;
 }
 

@@ -130,9 +130,7 @@ const Scenario kScenarios[] = {
     {"context", "tries", "N", kInit, [](const Args& a) { return context::tries(static_cast<int>(a.number(0))); }},
 
     {"implicit", "measure-vs-release", "ctx|module KIND ROUNDS", kInit,
-     [](const Args& a) {
-       return implicit::measure_vs_release(a.text(0), a.text(1), static_cast<int>(a.number(2)));
-     }},
+     [](const Args& a) { return implicit::measure_vs_release(a.text(0), a.text(1), static_cast<int>(a.number(2))); }},
     {"implicit", "set-limit", "MIB", kInit, [](const Args& a) { return implicit::set_limit(a.mib(0)); }},
     {"implicit", "lazy-library", "MIB global|kernel|launch|launch-ex|launch-stream", kInit,
      [](const Args& a) { return implicit::lazy_library(a.mib(0), a.text(1)); }},
@@ -178,8 +176,7 @@ const Scenario kScenarios[] = {
     {"monitor", "hold-managed", "MIB HOLD_MS", kOwnInit,
      [](const Args& a) { return monitor::hold(a.mib(0), static_cast<unsigned>(a.number(1)), false, true); }},
 
-    {"pool", "reclaim", "MIB_POOL MIB_ALLOC", kInit,
-     [](const Args& a) { return pool::reclaim(a.mib(0), a.mib(1)); }},
+    {"pool", "reclaim", "MIB_POOL MIB_ALLOC", kInit, [](const Args& a) { return pool::reclaim(a.mib(0), a.mib(1)); }},
     {"pool", "threshold", "MIB", kInit, [](const Args& a) { return pool::threshold(a.mib(0)); }},
     {"pool", "set-mempool", "MIB", kInit, [](const Args& a) { return pool::set_mempool(a.mib(0)); }},
     {"pool", "driver-oom", "MIB_HELD MIB_MORE", kInit,
@@ -188,8 +185,7 @@ const Scenario kScenarios[] = {
     {"pool", "oversize", "ROUNDS MIB", kInit,
      [](const Args& a) { return pool::oversize(static_cast<int>(a.number(0)), a.mib(1)); }},
 
-    {"pool-race", "reconcile-order", "MIB", kInit,
-     [](const Args& a) { return pool_race::reconcile_order(a.mib(0)); }},
+    {"pool-race", "reconcile-order", "MIB", kInit, [](const Args& a) { return pool_race::reconcile_order(a.mib(0)); }},
     {"pool-race", "set-mempool", "MIB", kInit, [](const Args& a) { return pool_race::set_mempool(a.mib(0)); }},
     {"pool-race", "allowance-wait", "MIB_A MIB_B", kInit,
      [](const Args& a) { return pool_race::allowance_wait(a.mib(0), a.mib(1)); }},
@@ -218,8 +214,8 @@ int main(int argc, char** argv) {
       if (s.init) check(cuInit(0), "cuInit");
       return s.run(args);
     } catch (const BadArgument& e) {
-      std::fprintf(stderr, "gpuslice-probe %s %s: %s (usage: %s %s %s)\n", s.family, s.name, e.what(), s.family,
-                   s.name, s.usage);
+      std::fprintf(stderr, "gpuslice-probe %s %s: %s (usage: %s %s %s)\n", s.family, s.name, e.what(), s.family, s.name,
+                   s.usage);
       return 64;
     }
   }

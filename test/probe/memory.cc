@@ -172,9 +172,10 @@ int pool_other_device(std::size_t bytes, int rounds, bool foreign_pool) {
     if (last == CUDA_SUCCESS) ++ok;
     cuStreamSynchronize(foreign_pool ? s0 : s1);
   }
-  std::printf("%s succeeded=%d rounds=%d last_rc=%d device1_used=%llu\n",
-              foreign_pool ? "pool-foreign-pool" : "pool-other-device", ok, rounds, static_cast<int>(last),
-              static_cast<unsigned long long>(fakecuda_process_used_bytes(1, 0) - fakecuda_process_context_bytes(1, 0)));
+  std::printf(
+      "%s succeeded=%d rounds=%d last_rc=%d device1_used=%llu\n",
+      foreign_pool ? "pool-foreign-pool" : "pool-other-device", ok, rounds, static_cast<int>(last),
+      static_cast<unsigned long long>(fakecuda_process_used_bytes(1, 0) - fakecuda_process_context_bytes(1, 0)));
   return 0;
 }
 
@@ -217,9 +218,10 @@ int module_memory(std::size_t bytes) {
   const CUresult rc3 = cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
   const std::size_t library = counted_used();
   if (rc3 == CUDA_SUCCESS) check(cuLibraryUnload(lib), "cuLibraryUnload");
-  std::printf("module rc1=%d rc2=%d rc3=%d before=%zu loaded=%zu second=%zu unloaded=%zu library=%zu after=%zu held=%llu\n",
-              static_cast<int>(rc1), static_cast<int>(rc2), static_cast<int>(rc3), before, loaded, second, unloaded,
-              library, counted_used(), static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)));
+  std::printf(
+      "module rc1=%d rc2=%d rc3=%d before=%zu loaded=%zu second=%zu unloaded=%zu library=%zu after=%zu held=%llu\n",
+      static_cast<int>(rc1), static_cast<int>(rc2), static_cast<int>(rc3), before, loaded, second, unloaded, library,
+      counted_used(), static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)));
   return 0;
 }
 
@@ -286,8 +288,7 @@ int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset, bool arr
     }
   }
   std::printf("%s%s succeeded=%d rounds=%d last_rc=%d\n", primary_reset ? "primary-reset-live" : "ctx-destroy-live",
-              arrays ? "-array" : "", ok,
-              rounds, static_cast<int>(last));
+              arrays ? "-array" : "", ok, rounds, static_cast<int>(last));
   return 0;
 }
 

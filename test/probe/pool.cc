@@ -96,8 +96,8 @@ int threshold(std::size_t bytes) {
   const std::size_t synced = counted(0);
   const unsigned long long synced_held = held(0);
   check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
-  std::printf("threshold synced=%zu synced_held=%llu trimmed=%zu trimmed_held=%llu\n", synced, synced_held,
-              counted(0), held(0));
+  std::printf("threshold synced=%zu synced_held=%llu trimmed=%zu trimmed_held=%llu\n", synced, synced_held, counted(0),
+              held(0));
   return 0;
 }
 
@@ -162,8 +162,8 @@ int threads(int rounds) {
         seed = seed * 1103515245u + 12345u;
         const std::size_t bytes = (64 + (seed >> 8) % 3000) * kKi;
         CUdeviceptr p = 0;
-        const CUresult rc = from_created ? cuMemAllocFromPoolAsync(&p, bytes, created[dev], s)
-                                         : cuMemAllocAsync(&p, bytes, s);
+        const CUresult rc =
+            from_created ? cuMemAllocFromPoolAsync(&p, bytes, created[dev], s) : cuMemAllocAsync(&p, bytes, s);
         if (rc != CUDA_SUCCESS) {
           failures.fetch_add(1);
           continue;
@@ -184,8 +184,8 @@ int threads(int rounds) {
     check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
     check(cuCtxSynchronize(), "cuCtxSynchronize");
   }
-  std::printf("threads live failures=%d counted0=%zu held0=%llu counted1=%zu held1=%llu\n", failures.load(),
-              counted(0), held(0), counted(1), held(1));
+  std::printf("threads live failures=%d counted0=%zu held0=%llu counted1=%zu held1=%llu\n", failures.load(), counted(0),
+              held(0), counted(1), held(1));
   for (int t = 0; t < kThreads; ++t) {
     for (CUdeviceptr p : kept[t]) check(cuMemFreeAsync(p, streams[t]), "cuMemFreeAsync");
   }

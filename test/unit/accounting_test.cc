@@ -148,7 +148,8 @@ void race_threads(Region* r, const shm::ProcessIdentity& self, int dev, std::uin
   std::atomic<std::uint64_t> granted{0}, refused{0};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      const int slot = shared_slot ? common : shm::claim_slot(r, dead_identity(self, static_cast<std::uint64_t>(t + 1)));
+      const int slot =
+          shared_slot ? common : shm::claim_slot(r, dead_identity(self, static_cast<std::uint64_t>(t + 1)));
       std::mt19937_64 rng(static_cast<std::uint64_t>(t));
       std::vector<std::uint64_t> held;
       for (int i = 0; i < kIterations; ++i) {

@@ -66,10 +66,10 @@ TEST(FeedbackThread, BlocksEverySignalAndLeavesTheCallersMask) {
   }
   ASSERT_FALSE(task.empty()) << "no thread named gpuslice-fb";
   const std::uint64_t blocked = blocked_mask(task);
-  for (int sig : {SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGTERM, SIGCHLD, SIGCONT,
-                  SIGTSTP, SIGWINCH, SIGIO, SIGPROF, SIGVTALRM, SIGURG})
-    EXPECT_TRUE(has(blocked, sig)) << "the feedback thread accepts signal " << sig << " (SigBlk " << std::hex
-                                   << blocked << ")";
+  for (int sig : {SIGHUP, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGTERM, SIGCHLD, SIGCONT, SIGTSTP,
+                  SIGWINCH, SIGIO, SIGPROF, SIGVTALRM, SIGURG})
+    EXPECT_TRUE(has(blocked, sig)) << "the feedback thread accepts signal " << sig << " (SigBlk " << std::hex << blocked
+                                   << ")";
   for (int sig = SIGRTMIN; sig <= SIGRTMAX; ++sig)
     EXPECT_TRUE(has(blocked, sig)) << "the feedback thread accepts real-time signal " << sig;
 }

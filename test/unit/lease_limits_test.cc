@@ -30,7 +30,8 @@ class LeaseLimits : public RegionFixture {
   std::uint64_t owed(int slot, int dev) const { return limiter::lease_owed(word(slot, dev)); }
   std::uint64_t sum_of_shares(int dev) const {
     std::uint64_t sum = 0;
-    for (std::uint32_t i = 0; i < kMaxSlots; ++i) sum += committed(static_cast<int>(i), dev) - owed(static_cast<int>(i), dev);
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i)
+      sum += committed(static_cast<int>(i), dev) - owed(static_cast<int>(i), dev);
     return sum;
   }
   // Bytes in use by the slot: what it committed less its spare and owed parts.

@@ -38,7 +38,8 @@ class Lease : public RegionFixture {
   // What used_bytes must be when every slot is quiescent: sum of shares.
   std::uint64_t sum_of_shares(int dev) const {
     std::uint64_t sum = 0;
-    for (std::uint32_t i = 0; i < kMaxSlots; ++i) sum += committed(static_cast<int>(i), dev) - owed(static_cast<int>(i), dev);
+    for (std::uint32_t i = 0; i < kMaxSlots; ++i)
+      sum += committed(static_cast<int>(i), dev) - owed(static_cast<int>(i), dev);
     return sum;
   }
   // A slot claimed under an identity that is certainly dead: reap_dead
@@ -182,9 +183,7 @@ TEST_F(Lease, ExitReleaseClosesLeasesAndStaleTagsNeverMatch) {
 }
 
 TEST_F(Lease, LeaseHoldersAreMarkedUntilTheirSlotIsFreed) {
-  auto holder = [&](int slot) {
-    return (region_->header.lease_holders[slot / 64].load() >> (slot % 64)) & 1;
-  };
+  auto holder = [&](int slot) { return (region_->header.lease_holders[slot / 64].load() >> (slot % 64)) & 1; };
   const int dev = make_device(region_, 0, std::uint64_t{1} << 30);
   EXPECT_EQ(holder(slot_), 0u);
   ASSERT_TRUE(limiter::reserve(region_, slot_, dev, kMi, self_));  // exact form: no lease, no mark
@@ -293,8 +292,7 @@ TEST_P(LeaseVictimDies, UsedBytesExactAfterReaping) {
   EXPECT_EQ(region_->devices[dev].accounting_errors.load(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Lease, LeaseVictimDies,
-                         ::testing::Values(Stop::after_bracket, Stop::after_clear, Stop::none),
+INSTANTIATE_TEST_SUITE_P(Lease, LeaseVictimDies, ::testing::Values(Stop::after_bracket, Stop::after_clear, Stop::none),
                          [](const ::testing::TestParamInfo<Stop>& info) {
                            switch (info.param) {
                              case Stop::after_bracket: return std::string("AfterOpeningItsBracket");

@@ -160,7 +160,8 @@ TEST_F(OptionsFile, DebugListingSaysWhereEachValueCameFrom) {
 TEST_F(OptionsFile, NamedFileMissingIsAnError) {
   const Loaded l = load({"GPUSLICE_CONFIG_FILE=" + missing()}, missing());
   ASSERT_FALSE(l.ok);
-  EXPECT_THAT(l.error, StartsWith("gpuslice: GPUSLICE_CONFIG_FILE='" + missing() + "': cannot open the configuration file"));
+  EXPECT_THAT(l.error,
+              StartsWith("gpuslice: GPUSLICE_CONFIG_FILE='" + missing() + "': cannot open the configuration file"));
   EXPECT_THAT(l.error, HasSubstr("No such file or directory (ENOENT)"));
 }
 
@@ -192,20 +193,26 @@ struct Malformed {
 
 TEST_F(OptionsFile, MalformedFilesAreRefusedNamingFileAndLine) {
   const Malformed cases[] = {
-      {"GPUSLICE_MEMORY_LIMIT\n", ":1: 'GPUSLICE_MEMORY_LIMIT' has no '=', expected NAME=VALUE (a gpuslice option or "
-                                  "HAMi alias), a # comment or a blank line"},
+      {"GPUSLICE_MEMORY_LIMIT\n",
+       ":1: 'GPUSLICE_MEMORY_LIMIT' has no '=', expected NAME=VALUE (a gpuslice option or "
+       "HAMi alias), a # comment or a blank line"},
       {"# ok\n = 5\n", ":2: '= 5' has no name before '=', expected NAME=VALUE"},
-      {"GPUSLICE_MEMORY_LIMT=1Gi\n", ":1: 'GPUSLICE_MEMORY_LIMT' is not a gpuslice option or HAMi alias, expected a "
-                                     "name from the README's option table"},
+      {"GPUSLICE_MEMORY_LIMT=1Gi\n",
+       ":1: 'GPUSLICE_MEMORY_LIMT' is not a gpuslice option or HAMi alias, expected a "
+       "name from the README's option table"},
       {"export GPUSLICE_MEMORY_LIMIT=1Gi\n", ":1: 'export GPUSLICE_MEMORY_LIMIT' is not a gpuslice option"},
-      {"CUDA_DEVICE_MEMORY_LIMIT_16=1g\n", ":1: 'CUDA_DEVICE_MEMORY_LIMIT_16': bad device index in the name, expected "
-                                           "<alias>_<i> with i in 0-15"},
-      {"GPUSLICE_SM_LIMIT=30\nGPUSLICE_SM_LIMIT=40\n", ":2: GPUSLICE_SM_LIMIT is already set on line 1, expected each "
-                                                       "name at most once"},
-      {"GPUSLICE_CONFIG_FILE=/etc/other.conf\n", ":1: GPUSLICE_CONFIG_FILE names the file itself, expected it in the "
-                                                 "environment only"},
+      {"CUDA_DEVICE_MEMORY_LIMIT_16=1g\n",
+       ":1: 'CUDA_DEVICE_MEMORY_LIMIT_16': bad device index in the name, expected "
+       "<alias>_<i> with i in 0-15"},
+      {"GPUSLICE_SM_LIMIT=30\nGPUSLICE_SM_LIMIT=40\n",
+       ":2: GPUSLICE_SM_LIMIT is already set on line 1, expected each "
+       "name at most once"},
+      {"GPUSLICE_CONFIG_FILE=/etc/other.conf\n",
+       ":1: GPUSLICE_CONFIG_FILE names the file itself, expected it in the "
+       "environment only"},
       // A malformed quota in the file fails closed as in the environment, located.
-      {"\nGPUSLICE_MEMORY_LIMIT=0\n", ":2: GPUSLICE_MEMORY_LIMIT='0': a quota of 0 bytes would refuse every allocation"},
+      {"\nGPUSLICE_MEMORY_LIMIT=0\n",
+       ":2: GPUSLICE_MEMORY_LIMIT='0': a quota of 0 bytes would refuse every allocation"},
       {"GPUSLICE_MEMORY_LIMIT=\"1Gi\"\n", ":1: GPUSLICE_MEMORY_LIMIT='\"1Gi\"': not a non-negative integer"},
       {"CUDA_DEVICE_MEMORY_LIMIT_1=12x\n", ":1: CUDA_DEVICE_MEMORY_LIMIT_1='12x': unknown unit"},
   };

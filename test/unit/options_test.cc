@@ -81,9 +81,19 @@ TEST(ParseSize, AcceptedForms) {
 }
 
 TEST(ParseSize, RejectedForms) {
-  for (const char* text : {"", " 8Gi", "8Gi ", "8 Gi", "-1", "+1", "1.5Gi", "1,5G", "8gi", "8g", "8gb", "8m", "8Gib",
-                           "8GiBB", "8Ti2", "Gi", "0x10", "1e9", "8K i", "18446744073709551616", "16777216Ti",
-                           "99999999999999999999999", "8\n", "8Pi", "8iB"}) {
+  for (const char* text : {"",           " 8Gi",
+                           "8Gi ",       "8 Gi",
+                           "-1",         "+1",
+                           "1.5Gi",      "1,5G",
+                           "8gi",        "8g",
+                           "8gb",        "8m",
+                           "8Gib",       "8GiBB",
+                           "8Ti2",       "Gi",
+                           "0x10",       "1e9",
+                           "8K i",       "18446744073709551616",
+                           "16777216Ti", "99999999999999999999999",
+                           "8\n",        "8Pi",
+                           "8iB"}) {
     std::uint64_t v = 12345;
     EXPECT_FALSE(parse_size(text, &v)) << "'" << text << "'";
     EXPECT_EQ(v, 12345u) << "output untouched on error: '" << text << "'";
@@ -272,22 +282,32 @@ TEST_P(ParseErrors, NamesVariableValueAndExpectation) {
 INSTANTIATE_TEST_SUITE_P(
     All, ParseErrors,
     ::testing::Values(
-        Rejected{{"GPUSLICE_MEMORY_LIMIT=0"}, "GPUSLICE_MEMORY_LIMIT='0'", "a quota of 0 bytes would refuse every allocation"},
+        Rejected{{"GPUSLICE_MEMORY_LIMIT=0"},
+                 "GPUSLICE_MEMORY_LIMIT='0'",
+                 "a quota of 0 bytes would refuse every allocation"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=0Gi"}, "GPUSLICE_MEMORY_LIMIT='0Gi'", "a quota of 0 bytes"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT="}, "GPUSLICE_MEMORY_LIMIT=''", "empty value"},
-        Rejected{{"GPUSLICE_MEMORY_LIMIT=8gb"}, "GPUSLICE_MEMORY_LIMIT='8gb'", "unknown unit or trailing characters 'gb'"},
-        Rejected{{"GPUSLICE_MEMORY_LIMIT=8Gi "}, "GPUSLICE_MEMORY_LIMIT='8Gi '", "unknown unit or trailing characters 'Gi '"},
+        Rejected{
+            {"GPUSLICE_MEMORY_LIMIT=8gb"}, "GPUSLICE_MEMORY_LIMIT='8gb'", "unknown unit or trailing characters 'gb'"},
+        Rejected{{"GPUSLICE_MEMORY_LIMIT=8Gi "},
+                 "GPUSLICE_MEMORY_LIMIT='8Gi '",
+                 "unknown unit or trailing characters 'Gi '"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=-1"}, "GPUSLICE_MEMORY_LIMIT='-1'", "not a non-negative integer"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=1.5Gi"}, "GPUSLICE_MEMORY_LIMIT='1.5Gi'", "fractions are not accepted"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=99999999999Ti"}, "GPUSLICE_MEMORY_LIMIT='99999999999Ti'", "too large"},
-        Rejected{{"GPUSLICE_MEMORY_LIMIT=0=8Gi,16=1Gi"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,16=1Gi'", "bad device index '16'"},
-        Rejected{{"GPUSLICE_MEMORY_LIMIT=0=8Gi,01=1Gi"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,01=1Gi'", "bad device index '01'"},
+        Rejected{
+            {"GPUSLICE_MEMORY_LIMIT=0=8Gi,16=1Gi"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,16=1Gi'", "bad device index '16'"},
+        Rejected{
+            {"GPUSLICE_MEMORY_LIMIT=0=8Gi,01=1Gi"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,01=1Gi'", "bad device index '01'"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=x=1Gi"}, "GPUSLICE_MEMORY_LIMIT='x=1Gi'", "bad device index 'x'"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT==1Gi"}, "GPUSLICE_MEMORY_LIMIT='=1Gi'", "bad device index ''"},
-        Rejected{{"GPUSLICE_MEMORY_LIMIT=0=8Gi,0=1Gi"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,0=1Gi'", "device 0 is listed twice"},
+        Rejected{
+            {"GPUSLICE_MEMORY_LIMIT=0=8Gi,0=1Gi"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,0=1Gi'", "device 0 is listed twice"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=0=8Gi,,1=1Gi"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,,1=1Gi'", "empty entry"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=0=8Gi,"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,'", "empty entry"},
-        Rejected{{"GPUSLICE_MEMORY_LIMIT=0=8Gi,4Gi"}, "GPUSLICE_MEMORY_LIMIT='0=8Gi,4Gi'", "entry '4Gi' has no device index"},
+        Rejected{{"GPUSLICE_MEMORY_LIMIT=0=8Gi,4Gi"},
+                 "GPUSLICE_MEMORY_LIMIT='0=8Gi,4Gi'",
+                 "entry '4Gi' has no device index"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=1=0"}, "GPUSLICE_MEMORY_LIMIT='1=0'", "device 1: a quota of 0 bytes"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=1="}, "GPUSLICE_MEMORY_LIMIT='1='", "device 1: empty value"},
         Rejected{{"GPUSLICE_MEMORY_LIMIT=2=8G8"}, "GPUSLICE_MEMORY_LIMIT='2=8G8'", "device 2: unknown unit"},
@@ -304,30 +324,35 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{{"GPUSLICE_REGION=/" + std::string(4100, 'r')}, "GPUSLICE_REGION='/rrrr", "path too long"},
         Rejected{{"GPUSLICE_REGION=/tmp/a\tb"}, "GPUSLICE_REGION='/tmp/a\\x09b'", "control character"},
         Rejected{{"GPUSLICE_CONTAINER_NAME=" + std::string(64, 'c')}, "GPUSLICE_CONTAINER_NAME='cccc", "too long"},
-        Rejected{{"GPUSLICE_CONTAINER_NAME=caf\xc3\xa9"}, "GPUSLICE_CONTAINER_NAME='caf\\xc3\\xa9'", "not printable ASCII"},
+        Rejected{
+            {"GPUSLICE_CONTAINER_NAME=caf\xc3\xa9"}, "GPUSLICE_CONTAINER_NAME='caf\\xc3\\xa9'", "not printable ASCII"},
         Rejected{{"GPUSLICE_CONTAINER_NAME="}, "GPUSLICE_CONTAINER_NAME=''", "empty value"},
         Rejected{{"GPUSLICE_REAL_LIBCUDA="}, "GPUSLICE_REAL_LIBCUDA=''", "empty value"},
         Rejected{{"GPUSLICE_REAL_LIBNVML=lib\x01.so"}, "GPUSLICE_REAL_LIBNVML='lib\\x01.so'", "control character"},
         Rejected{{"GPUSLICE_LOG_LEVEL=verbose"}, "GPUSLICE_LOG_LEVEL='verbose'", "expected error, warn, info or debug"},
         Rejected{{"GPUSLICE_LOG_LEVEL=3"}, "GPUSLICE_LOG_LEVEL='3'", "unknown value"},
         Rejected{{"CUDA_DEVICE_MEMORY_LIMIT=4096mb"}, "CUDA_DEVICE_MEMORY_LIMIT='4096mb'", "k/m/g suffix (base 1024)"},
-        Rejected{{"CUDA_DEVICE_MEMORY_LIMIT_2=lots"}, "CUDA_DEVICE_MEMORY_LIMIT_2='lots'", "not a non-negative integer"},
-        Rejected{{"CUDA_DEVICE_MEMORY_LIMIT_16=1g"}, "CUDA_DEVICE_MEMORY_LIMIT_16='1g'", "bad device index in the variable name"},
+        Rejected{
+            {"CUDA_DEVICE_MEMORY_LIMIT_2=lots"}, "CUDA_DEVICE_MEMORY_LIMIT_2='lots'", "not a non-negative integer"},
+        Rejected{{"CUDA_DEVICE_MEMORY_LIMIT_16=1g"},
+                 "CUDA_DEVICE_MEMORY_LIMIT_16='1g'",
+                 "bad device index in the variable name"},
         Rejected{{"CUDA_DEVICE_MEMORY_LIMIT_x=1g"}, "CUDA_DEVICE_MEMORY_LIMIT_x='1g'", "bad device index"},
         Rejected{{"CUDA_DEVICE_MEMORY_LIMIT_=1g"}, "CUDA_DEVICE_MEMORY_LIMIT_='1g'", "bad device index"},
         Rejected{{"CUDA_DEVICE_SM_LIMIT_01=5"}, "CUDA_DEVICE_SM_LIMIT_01='5'", "bad device index"},
         Rejected{{"CUDA_DEVICE_SM_LIMIT=150"}, "CUDA_DEVICE_SM_LIMIT='150'", "expected an integer 0-100"},
         Rejected{{"CUDA_DEVICE_SM_LIMIT_1=-1"}, "CUDA_DEVICE_SM_LIMIT_1='-1'", "expected an integer 0-100"},
         // A malformed alias fails closed even when ours would win.
-        Rejected{{"GPUSLICE_MEMORY_LIMIT=1Gi", "CUDA_DEVICE_MEMORY_LIMIT=junk"}, "CUDA_DEVICE_MEMORY_LIMIT='junk'",
+        Rejected{{"GPUSLICE_MEMORY_LIMIT=1Gi", "CUDA_DEVICE_MEMORY_LIMIT=junk"},
+                 "CUDA_DEVICE_MEMORY_LIMIT='junk'",
                  "not a non-negative integer"}),
     [](const ::testing::TestParamInfo<Rejected>& info) { return "case" + std::to_string(info.index); });
 
 // Found by libFuzzer: escapes of a long value pushed "expected" out of the
 // 512-byte message. Values are cut by output width, not input length.
 TEST(ParseOptions, LongEscapedValuesLeaveRoomForTheExpectation) {
-  for (const std::string& value : {"5=8G" + std::string(200, '\x01'), std::string(300, '\xff'),
-                                   "0=" + std::string(200, '\x7f') + "=1"}) {
+  for (const std::string& value :
+       {"5=8G" + std::string(200, '\x01'), std::string(300, '\xff'), "0=" + std::string(200, '\x7f') + "=1"}) {
     for (const char* name : {"GPUSLICE_MEMORY_LIMIT", "GPUSLICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_15",
                              "GPUSLICE_REGION", "GPUSLICE_CONTAINER_NAME"}) {
       const Parsed p = parse({std::string(name) + "=" + value});
@@ -354,8 +379,12 @@ TEST(FormatOptions, EffectiveValuesWithSources) {
   const int n = format_effective_options(p.options, buf, sizeof buf);
   ASSERT_GT(n, 0);
   const std::string text(buf, static_cast<std::size_t>(n));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[0]=8Gi (8589934592 bytes) (GPUSLICE_MEMORY_LIMIT, environment)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[1]=1000 (1000 bytes) (CUDA_DEVICE_MEMORY_LIMIT_1, environment)\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[0]=8Gi (8589934592 bytes) (GPUSLICE_MEMORY_LIMIT, environment)\n"));
+  EXPECT_THAT(
+      text,
+      HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[1]=1000 (1000 bytes) (CUDA_DEVICE_MEMORY_LIMIT_1, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_LIMIT[other devices]=unlimited (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_SM_LIMIT=100 (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_LOG_LEVEL=debug (GPUSLICE_LOG_LEVEL, environment)\n"));
@@ -388,7 +417,6 @@ TEST(OptionTable, ConstexprView) {
     EXPECT_NE(std::string(o.range), "");
   }
 }
-
 
 // ---- options added with the generated table ----
 
@@ -489,8 +517,8 @@ TEST(HamiAliases, CorePolicyDisableLiftsOnlyTheAliasSmLimit) {
 }
 
 TEST(NewOptions, PassthroughClearsEveryLimit) {
-  const Parsed p = parse({"CUDA_DISABLE_CONTROL=true", "GPUSLICE_MEMORY_LIMIT=1Gi", "GPUSLICE_SM_LIMIT=20",
-                          "GPUSLICE_PRIORITY=low"});
+  const Parsed p = parse(
+      {"CUDA_DISABLE_CONTROL=true", "GPUSLICE_MEMORY_LIMIT=1Gi", "GPUSLICE_SM_LIMIT=20", "GPUSLICE_PRIORITY=low"});
   ASSERT_TRUE(p.ok) << p.error;
   EXPECT_TRUE(p.options.passthrough);
   EXPECT_EQ(p.options.memory_limit[0], kUnlimited);
@@ -508,7 +536,8 @@ TEST(FormatOptions, EveryNewOptionIsPrinted) {
   const std::string text(buf, static_cast<std::size_t>(n));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PRIORITY=low (GPUSLICE_PRIORITY, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE=fail (default)\n"));
-  EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE_WAIT=1500ms (GPUSLICE_OVERSUBSCRIBE_WAIT, environment)\n"));
+  EXPECT_THAT(text,
+              HasSubstr("gpuslice: GPUSLICE_OVERSUBSCRIBE_WAIT=1500ms (GPUSLICE_OVERSUBSCRIBE_WAIT, environment)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_PASSTHROUGH=false (default)\n"));
   EXPECT_THAT(text, HasSubstr("gpuslice: GPUSLICE_MEMORY_RESIDENT=unlimited (default)\n"));
 }

@@ -27,9 +27,7 @@ std::string stat_line(const std::string& comm, char state, const std::string& st
 }
 
 bool parse(const std::string& text, procfs::Stat* out) { return procfs::parse_stat(text.data(), text.size(), out); }
-bool nspid(const std::string& text, procfs::NsPids* out) {
-  return procfs::parse_nspid(text.data(), text.size(), out);
-}
+bool nspid(const std::string& text, procfs::NsPids* out) { return procfs::parse_nspid(text.data(), text.size(), out); }
 
 }  // namespace
 
@@ -91,15 +89,15 @@ TEST(ProcStat, MalformedLinesAreRefused) {
   const std::string fields = stat_line("", 'S', "1").substr(9);  // " 12 15 ... 1 123 456 789\n"
   procfs::Stat ok;
   ASSERT_TRUE(parse("4242 (comm) S" + fields, &ok));  // the cases below differ from it in one place
-  EXPECT_FALSE(parse("x242 (comm) S" + stat_line("", 'S', "1").substr(9), &s));   // pid not a number
-  EXPECT_FALSE(parse("4242 comm) S" + stat_line("", 'S', "1").substr(9), &s));    // no '('
-  EXPECT_FALSE(parse(stat_line("c", 'S', "12x"), &s));                            // junk in field 22
-  EXPECT_FALSE(parse(stat_line("c", 'S', ""), &s));                               // empty field 22
+  EXPECT_FALSE(parse("x242 (comm) S" + stat_line("", 'S', "1").substr(9), &s));  // pid not a number
+  EXPECT_FALSE(parse("4242 comm) S" + stat_line("", 'S', "1").substr(9), &s));   // no '('
+  EXPECT_FALSE(parse(stat_line("c", 'S', "12x"), &s));                           // junk in field 22
+  EXPECT_FALSE(parse(stat_line("c", 'S', ""), &s));                              // empty field 22
   EXPECT_FALSE(parse(stat_line("c", 'S', "99999999999999999999999"), &s));       // overflows 64 bits
   std::string cut = stat_line("c", 'S', "1");
   cut.resize(cut.find(" 60 "));  // ends at field 20
   EXPECT_FALSE(parse(cut, &s));
-  EXPECT_FALSE(parse("4242 (c)  S 1 2", &s));  // two spaces: no state
+  EXPECT_FALSE(parse("4242 (c)  S 1 2", &s));                                        // two spaces: no state
   EXPECT_FALSE(parse("99999999999 (c) S" + stat_line("", 'S', "1").substr(9), &s));  // pid beyond 32 bits
   EXPECT_EQ(s.start_time, 11u) << "a refused line leaves the output alone";
 }

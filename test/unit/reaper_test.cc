@@ -94,7 +94,7 @@ TEST_F(Reaper, DeadProcessStaysCountedWhileItsForkedChildHoldsItsFiles) {
   const int own = open(path_.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(own, 0);
   shm::set_slot_lock_fd(region_, own);
-  int hold[2];  // the grandchild lives until the write end closes
+  int hold[2];    // the grandchild lives until the write end closes
   int report[2];  // the child tells its child's pid
   ASSERT_EQ(pipe(hold), 0);
   ASSERT_EQ(pipe(report), 0);
@@ -104,12 +104,12 @@ TEST_F(Reaper, DeadProcessStaysCountedWhileItsForkedChildHoldsItsFiles) {
     shm::read_identity(0, &me);
     const int fd = open(path_.c_str(), O_RDWR | O_CLOEXEC);
     const int slot = shm::claim_slot(region_, me);
-    if (fd < 0 || slot < 0 || !limiter::reserve(region_, slot, dev, 5000, me) || !shm::lock_slot_file(fd, slot)) return 1;
+    if (fd < 0 || slot < 0 || !limiter::reserve(region_, slot, dev, 5000, me) || !shm::lock_slot_file(fd, slot))
+      return 1;
     const pid_t grandchild = fork();
     if (grandchild == 0) {
       char byte;
-      while (read(hold[0], &byte, 1) > 0) {
-      }
+      while (read(hold[0], &byte, 1) > 0) {}
       _exit(0);
     }
     return write(report[1], &grandchild, sizeof grandchild) == sizeof grandchild ? 0 : 1;
@@ -126,7 +126,8 @@ TEST_F(Reaper, DeadProcessStaysCountedWhileItsForkedChildHoldsItsFiles) {
   for (int i = 0; i < 500 && !gone; ++i) {
     gone = kill(grandchild, 0) != 0;
     shm::procfs::Stat st{};
-    if (!gone && shm::procfs::read_stat(static_cast<std::uint32_t>(grandchild), &st) == 0 && st.state == 'Z') gone = true;
+    if (!gone && shm::procfs::read_stat(static_cast<std::uint32_t>(grandchild), &st) == 0 && st.state == 'Z')
+      gone = true;
     if (!gone) usleep(10 * 1000);
   }
   ASSERT_TRUE(gone);
@@ -387,7 +388,7 @@ TEST_F(Reaper, DeadReaperIsFinishedExactlyOnce) {
     // The dead reaper's work so far.
     region_->slots[a].state.store(kSlotReaping);
     region_->slots[b].state.store(kSlotReaping);
-    if (stage >= 1) region_->devices[dev].used_bytes.store(3);   // it had fixed used_bytes
+    if (stage >= 1) region_->devices[dev].used_bytes.store(3);  // it had fixed used_bytes
     if (stage >= 2) {  // and freed one slot (counters and identity first, as the reaper does)
       region_->slots[a].committed_bytes[dev].store(0);
       region_->slots[a].start_time.store(0);
@@ -441,14 +442,16 @@ TEST_F(Reaper, RacingReapersAndAllocators) {
   for (int i = 0; i < kPlanted; ++i) {
     const std::uint64_t held = rng() % 5000, inflight = rng() % 700;
     const int steps = static_cast<int>(rng() % 4);
-    ASSERT_GE(plant_dead_slot(static_cast<std::uint64_t>(1000 + i), [&](int s) {
-      Slot& slot = region_->slots[s];
-      region_->devices[dev].used_bytes.fetch_add(held);
-      slot.committed_bytes[dev].fetch_add(held);
-      if (steps >= 1) slot.seq.fetch_add(1);
-      if (steps >= 2) region_->devices[dev].used_bytes.fetch_add(inflight);
-      if (steps >= 3) slot.committed_bytes[dev].fetch_add(inflight);
-    }), 0);
+    ASSERT_GE(plant_dead_slot(static_cast<std::uint64_t>(1000 + i),
+                              [&](int s) {
+                                Slot& slot = region_->slots[s];
+                                region_->devices[dev].used_bytes.fetch_add(held);
+                                slot.committed_bytes[dev].fetch_add(held);
+                                if (steps >= 1) slot.seq.fetch_add(1);
+                                if (steps >= 2) region_->devices[dev].used_bytes.fetch_add(inflight);
+                                if (steps >= 3) slot.committed_bytes[dev].fetch_add(inflight);
+                              }),
+              0);
     if (i % 16 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -18,7 +18,7 @@
 namespace gpuslice {
 namespace {
 
-#define EXPECT_FIELD(Type, field, offset, size)           \
+#define EXPECT_FIELD(Type, field, offset, size)          \
   EXPECT_EQ(offsetof(Type, field), std::size_t{offset}); \
   EXPECT_EQ(sizeof(Type::field), std::size_t{size})
 
@@ -228,8 +228,7 @@ TEST_P(OldRegion, IsRefusedNamingTheFileAndBothVersions) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RegionLayout, OldRegion,
-                         ::testing::Values(OldAbi{1, 248, 463104}, OldAbi{2, 512, 665088},
-                                           OldAbi{3, 512, 927232}),
+                         ::testing::Values(OldAbi{1, 248, 463104}, OldAbi{2, 512, 665088}, OldAbi{3, 512, 927232}),
                          [](const ::testing::TestParamInfo<OldAbi>& info) {
                            return "AbiV" + std::to_string(info.param.version);
                          });

@@ -124,8 +124,7 @@ TEST(RegionFile, ThreadsRaceToCreate) {
     for (int i = 0; i < kThreads; ++i) {
       threads.emplace_back([&, i] {
         ready.fetch_add(1);
-        while (ready.load() < kThreads) {
-        }
+        while (ready.load() < kThreads) {}
         shm::Error err{};
         bool created = false;
         regions[i] = shm::attach(path.c_str(), "race", &err, &created);
@@ -229,12 +228,14 @@ TEST_F(RegionValidation, Empty) {
 
 TEST_F(RegionValidation, TruncatedHeader) {
   std::string bytes = valid_region_bytes(dir_);
-  expect_rejected(bytes.substr(0, 100), "truncated header: file holds 100 bytes", "expected a gpuslice region of " + kRegionSize);
+  expect_rejected(bytes.substr(0, 100), "truncated header: file holds 100 bytes",
+                  "expected a gpuslice region of " + kRegionSize);
 }
 
 TEST_F(RegionValidation, TruncatedBody) {
   std::string bytes = valid_region_bytes(dir_);
-  expect_rejected(bytes.substr(0, 4096), "wrong size: file holds 4096 bytes", "expected total_size " + kRegionSize + " bytes");
+  expect_rejected(bytes.substr(0, 4096), "wrong size: file holds 4096 bytes",
+                  "expected total_size " + kRegionSize + " bytes");
 }
 
 TEST_F(RegionValidation, GrownFile) {
@@ -332,7 +333,8 @@ TEST(RegionFile, AttachExistingDoesNotCreate) {
   const std::string path = dir.file("region");
   shm::Error err{};
   EXPECT_EQ(shm::attach_existing(path.c_str(), true, &err), nullptr);
-  EXPECT_THAT(std::string(err.message), HasSubstr("No such file or directory (ENOENT), expected an existing region file"));
+  EXPECT_THAT(std::string(err.message),
+              HasSubstr("No such file or directory (ENOENT), expected an existing region file"));
   EXPECT_TRUE(list_dir(dir.path()).empty());
   Region* created = shm::attach(path.c_str(), "n", &err);
   ASSERT_NE(created, nullptr);

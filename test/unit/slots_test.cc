@@ -122,8 +122,7 @@ TEST_F(SlotLiveness, ZombieLeaderWithLiveThreadsIsAlive) {
     if (shm::claim_slot(region_, me) < 0) return 1;
     std::thread([fd = release[0]] {
       char c;
-      while (read(fd, &c, 1) < 0 && errno == EINTR) {
-      }
+      while (read(fd, &c, 1) < 0 && errno == EINTR) {}
       _exit(0);  // the whole process, whatever helper threads a runtime (TSan) keeps
     }).detach();
     ready.notify();
@@ -138,7 +137,8 @@ TEST_F(SlotLiveness, ZombieLeaderWithLiveThreadsIsAlive) {
   }
   ASSERT_GE(slot, 0);
   shm::procfs::Stat st;
-  for (int i = 0; i < 2000 && shm::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) == 0 && st.state != 'Z'; ++i) {
+  for (int i = 0; i < 2000 && shm::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) == 0 && st.state != 'Z';
+       ++i) {
     usleep(1000);
   }
   ASSERT_EQ(st.state, 'Z') << "the leader did not become a zombie";
@@ -314,8 +314,7 @@ TEST_F(Devices, ThreadsAgreeOnEntries) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       ready.fetch_add(1);
-      while (ready.load() < kThreads) {
-      }
+      while (ready.load() < kThreads) {}
       for (int i = 0; i < 8; ++i) {
         const int n = (i + t) % 8;  // every thread in another order
         got[t][n] = shm::device_index(region_, uuid_of(n).data(), 1, 100, SmPolicy::hard);

@@ -52,7 +52,7 @@ class Signal {
  public:
   Signal();
   ~Signal();
-  void notify();            // write one byte
+  void notify();              // write one byte
   bool wait(int timeout_ms);  // read one byte
   void close_read();
   void close_write();

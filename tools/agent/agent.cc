@@ -65,14 +65,17 @@ Agent::~Agent() = default;
 void Agent::start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!config_.use_nvml) {
-    log(LogLevel::info, "running without NVML (--no-nvml): reaping and metrics only; no utilisation feedback, "
+    log(LogLevel::info,
+        "running without NVML (--no-nvml): reaping and metrics only; no utilisation feedback, "
         "no memory reconciliation");
     return;
   }
   std::string why;
   if (!nvml_.open(config_.nvml_library, &why)) {
-    log(LogLevel::warn, "running without NVML (%s): reaping and metrics only; no utilisation feedback, no memory "
-        "reconciliation", why.c_str());
+    log(LogLevel::warn,
+        "running without NVML (%s): reaping and metrics only; no utilisation feedback, no memory "
+        "reconciliation",
+        why.c_str());
     return;
   }
   log(LogLevel::info, "NVML loaded from %s: %zu device(s)", config_.nvml_library.c_str(), nvml_.device_count());
@@ -110,7 +113,8 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
     if (config_.grace_ns != 0) {
       timespec wall{};
       clock_gettime(CLOCK_REALTIME, &wall);
-      const std::uint64_t wall_ns = static_cast<std::uint64_t>(wall.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(wall.tv_nsec);
+      const std::uint64_t wall_ns =
+          static_cast<std::uint64_t>(wall.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(wall.tv_nsec);
       stats_.board_files_removed += clean_priority_board(config_.priority_board, wall_ns, config_.grace_ns).removed;
     }
   }
@@ -141,7 +145,8 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
       if (s.key.pidns_inode == 0) {
         log_once(LogLevel::warn, "no-ns:"s + t->rel,
                  "region %s: process %u registered without its pid namespace (no /proc in the container?): the agent "
-                 "cannot map or reap it", t->rel.c_str(), s.key.pid);
+                 "cannot map or reap it",
+                 t->rel.c_str(), s.key.pid);
       }
     }
   }
@@ -169,8 +174,8 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   device_util_.clear();
   if (gpu != nullptr) {
     for (const GpuDevice& g : gpu->devices) {
-      device_util_.push_back({g.uuid_text, g.device_util_known ? g.device_util_pct : 0,
-                              static_cast<std::uint32_t>(g.processes.size())});
+      device_util_.push_back(
+          {g.uuid_text, g.device_util_known ? g.device_util_pct : 0, static_cast<std::uint32_t>(g.processes.size())});
     }
   }
   ++stats_.cycles;

@@ -32,11 +32,11 @@ struct AgentConfig {
   // HAMi): its containers/<pod-uid>_<container>/ and claims/<claim-uid>/
   // subdirectories are watched too (layout.h). Empty = not watched.
   std::string hami_root;
-  std::uint64_t interval_ns = 100'000'000;         // one cycle
-  std::uint64_t rescan_ns = 1'000'000'000;         // directory re-read
-  std::uint64_t verify_ns = 1'000'000'000;         // /proc re-check of processes without a pidfd
-  std::uint64_t grace_ns = 300'000'000'000;        // unused region removal; 0 = never
-  std::uint64_t unseen_grace_ns = 2'000'000'000;   // a process no /proc scan finds is dead after this
+  std::uint64_t interval_ns = 100'000'000;        // one cycle
+  std::uint64_t rescan_ns = 1'000'000'000;        // directory re-read
+  std::uint64_t verify_ns = 1'000'000'000;        // /proc re-check of processes without a pidfd
+  std::uint64_t grace_ns = 300'000'000'000;       // unused region removal; 0 = never
+  std::uint64_t unseen_grace_ns = 2'000'000'000;  // a process no /proc scan finds is dead after this
   std::uint64_t bypass_tolerance_bytes = std::uint64_t{768} << 20;
   bool use_nvml = true;
   std::string nvml_library = "libnvidia-ml.so.1";
@@ -47,8 +47,8 @@ struct AgentConfig {
 
 struct AgentStats {
   std::uint64_t cycles = 0;
-  std::uint64_t last_cycle_ns = 0;       // wall time of the last cycle
-  std::uint64_t last_cycle_cpu_ns = 0;   // CPU time of the agent's thread in it
+  std::uint64_t last_cycle_ns = 0;      // wall time of the last cycle
+  std::uint64_t last_cycle_cpu_ns = 0;  // CPU time of the agent's thread in it
   std::uint64_t max_cycle_ns = 0;
   std::uint64_t total_cycle_cpu_ns = 0;
   std::uint64_t slots_reaped = 0;

@@ -32,7 +32,8 @@ bool liveness_held(int fd) {
 }
 
 std::uint64_t mtime_ns(const struct stat& st) {
-  return static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
+  return static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1'000'000'000ull +
+         static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
 }
 
 void clean_level(const std::string& board, const char* level, std::uint64_t now, std::uint64_t grace,

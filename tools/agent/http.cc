@@ -24,7 +24,8 @@ struct HttpServer::Impl {
 namespace {
 std::uint64_t wall_ms() {
   return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
 }
 }  // namespace
 

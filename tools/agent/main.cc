@@ -47,10 +47,11 @@ int main(int argc, char** argv) {
   std::string interval = "100ms", rescan = "1s", grace = "5m", tolerance = "768Mi", listen = kDefaultListen;
   std::string level = "info";
   bool no_nvml = false, once = false;
-  CLI::App app{"gpuslice-agent: the gpuslice node agent. Watches every container's region, writes measured GPU "
-               "utilisation and NVML-reconciled memory into them, reaps dead processes, removes unused regions and "
-               "serves /metrics and /healthz.",
-               "gpuslice-agent"};
+  CLI::App app{
+      "gpuslice-agent: the gpuslice node agent. Watches every container's region, writes measured GPU "
+      "utilisation and NVML-reconciled memory into them, reaps dead processes, removes unused regions and "
+      "serves /metrics and /healthz.",
+      "gpuslice-agent"};
   app.set_version_flag("--version", GPUSLICE_VERSION);
   app.add_option("--region-dir", cfg.region_dir, "Directory holding the regions (<dir>/<file> or <dir>/<pod>/<file>)")
       ->capture_default_str();
@@ -61,7 +62,8 @@ int main(int argc, char** argv) {
   app.add_option("--rescan", rescan, "How often the region directory is re-read")->capture_default_str();
   app.add_option("--grace", grace, "Remove a region nobody has used for this long (0 = never)")->capture_default_str();
   app.add_option("--priority-board", cfg.priority_board,
-                 "Priority board whose stale files (unused for --grace) are removed; '' = none")->capture_default_str();
+                 "Priority board whose stale files (unused for --grace) are removed; '' = none")
+      ->capture_default_str();
   app.add_option("--bypass-tolerance", tolerance,
                  "Report a process holding more than its accounted memory plus this (context memory)")
       ->capture_default_str();
@@ -92,7 +94,8 @@ int main(int argc, char** argv) {
     return usage_error("--bypass-tolerance '"s + tolerance + "': expected a size (e.g. 768Mi)");
   }
   LogLevel log_level;
-  if (!parse_log_level(level, &log_level)) return usage_error("--log-level '"s + level + "': expected error|warn|info|debug");
+  if (!parse_log_level(level, &log_level))
+    return usage_error("--log-level '"s + level + "': expected error|warn|info|debug");
   if (cfg.max_regions == 0) return usage_error("--max-regions: expected at least 1");
   if (!cfg.hami_root.empty() && cfg.hami_root[0] != '/') {
     return usage_error("--hami-root '"s + cfg.hami_root + "': expected an absolute directory (e.g. /usr/local/vgpu)");

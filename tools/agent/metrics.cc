@@ -98,10 +98,14 @@ std::string escape_label(const std::string& value) {
   std::string out;
   out.reserve(value.size());
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -156,36 +160,42 @@ std::string render_metrics(const MetricsInput& in) {
     if (container.empty()) container = t->owner.container;
     const std::string base = region_labels(container, t->rel);
     const std::string owner = owner_labels_text(t->owner);
-    region_rows.push_back({base + owner, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat, priority, held_ns,
-                           held_until_ns});
+    region_rows.push_back({base + owner, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat, priority,
+                           held_ns, held_until_ns});
     for (int i = 0; i < count; ++i) {
       const int dev = devs[i].index;
       std::uint32_t processes = 0;
       for (const SlotSample& s : t->sample.slots) {
         if (s.committed_bytes[dev] != 0 || s.nvml_now_bytes[dev] != 0) ++processes;
       }
-      rows.push_back({t, base + ",device=\"" + std::to_string(dev) + "\",uuid=\"" + format_uuid(devs[i].uuid) + "\"" + owner,
-                      devs[i], &t->sample.stats[dev], processes});
+      rows.push_back(
+          {t, base + ",device=\"" + std::to_string(dev) + "\",uuid=\"" + format_uuid(devs[i].uuid) + "\"" + owner,
+           devs[i], &t->sample.stats[dev], processes});
     }
   }
 
   std::string out;
   out.reserve(512 + rows.size() * 1400);
   Writer w(&out);
-  w.family("gpuslice_memory_quota_bytes", "gauge", "Device-memory quota of the container on the device (absent when unlimited).");
+  w.family("gpuslice_memory_quota_bytes", "gauge",
+           "Device-memory quota of the container on the device (absent when unlimited).");
   for (const Row& r : rows) {
     if (r.dev.quota_bytes != kUnlimited) w.sample_u64(r.labels, r.dev.quota_bytes);
   }
-  w.family("gpuslice_memory_used_bytes", "gauge", "Device memory the container uses: counted by gpuslice plus what NVML shows beyond that.");
+  w.family("gpuslice_memory_used_bytes", "gauge",
+           "Device memory the container uses: counted by gpuslice plus what NVML shows beyond that.");
   for (const Row& r : rows) {
     const std::uint64_t sum = r.dev.used_bytes + r.dev.agent_extra_bytes;
     w.sample_u64(r.labels, sum < r.dev.used_bytes ? kUnlimited : sum);
   }
-  w.family("gpuslice_memory_counted_bytes", "gauge", "Device memory reserved through gpuslice (DeviceState::used_bytes).");
+  w.family("gpuslice_memory_counted_bytes", "gauge",
+           "Device memory reserved through gpuslice (DeviceState::used_bytes).");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.used_bytes);
-  w.family("gpuslice_memory_agent_extra_bytes", "gauge", "Device memory NVML shows for the container beyond what gpuslice counted (contexts, bypasses).");
+  w.family("gpuslice_memory_agent_extra_bytes", "gauge",
+           "Device memory NVML shows for the container beyond what gpuslice counted (contexts, bypasses).");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.agent_extra_bytes);
-  w.family("gpuslice_memory_nvml_bytes", "gauge", "Device memory NVML reports for the container's processes (last cycle).");
+  w.family("gpuslice_memory_nvml_bytes", "gauge",
+           "Device memory NVML reports for the container's processes (last cycle).");
   for (const Row& r : rows) {
     if (r.stats->nvml_known) w.sample_u64(r.labels, r.stats->nvml_bytes);
   }
@@ -195,15 +205,21 @@ std::string render_metrics(const MetricsInput& in) {
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oom_refusals);
   w.family("gpuslice_accounting_errors_total", "counter", "Accounting inconsistencies detected and clamped.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.accounting_errors);
-  w.family("gpuslice_memory_resident_bytes", "gauge", "Device memory counted for the container that is resident on the device (counted minus spilled).");
-  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.used_bytes > r.dev.spilled_bytes ? r.dev.used_bytes - r.dev.spilled_bytes : 0);
-  w.family("gpuslice_memory_spilled_bytes", "gauge", "Memory served as host-resident managed memory under GPUSLICE_OVERSUBSCRIBE=spill (within the quota).");
+  w.family("gpuslice_memory_resident_bytes", "gauge",
+           "Device memory counted for the container that is resident on the device (counted minus spilled).");
+  for (const Row& r : rows)
+    w.sample_u64(r.labels, r.dev.used_bytes > r.dev.spilled_bytes ? r.dev.used_bytes - r.dev.spilled_bytes : 0);
+  w.family("gpuslice_memory_spilled_bytes", "gauge",
+           "Memory served as host-resident managed memory under GPUSLICE_OVERSUBSCRIBE=spill (within the quota).");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.spilled_bytes);
-  w.family("gpuslice_memory_resident_limit_bytes", "gauge", "Device-resident allowance (GPUSLICE_MEMORY_RESIDENT; absent = the quota).");
+  w.family("gpuslice_memory_resident_limit_bytes", "gauge",
+           "Device-resident allowance (GPUSLICE_MEMORY_RESIDENT; absent = the quota).");
   for (const Row& r : rows) {
-    if (r.dev.resident_limit_bytes != 0 && r.dev.resident_limit_bytes != kUnlimited) w.sample_u64(r.labels, r.dev.resident_limit_bytes);
+    if (r.dev.resident_limit_bytes != 0 && r.dev.resident_limit_bytes != kUnlimited)
+      w.sample_u64(r.labels, r.dev.resident_limit_bytes);
   }
-  w.family("gpuslice_memory_waits_total", "counter", "Allocations that waited for device memory under GPUSLICE_OVERSUBSCRIBE=wait.");
+  w.family("gpuslice_memory_waits_total", "counter",
+           "Allocations that waited for device memory under GPUSLICE_OVERSUBSCRIBE=wait.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_waits);
   w.family("gpuslice_memory_wait_seconds_total", "counter", "Time allocations spent waiting for device memory.");
   for (const Row& r : rows) w.sample(r.labels, static_cast<double>(r.dev.oversub_wait_ns) / 1e9);
@@ -211,27 +227,33 @@ std::string render_metrics(const MetricsInput& in) {
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_timeouts);
   w.family("gpuslice_memory_waiting", "gauge", "Allocations waiting for device memory now.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_waiting);
-  w.family("gpuslice_sm_limit_percent", "gauge", "Share of the device's compute time the container may use (100 = unlimited).");
+  w.family("gpuslice_sm_limit_percent", "gauge",
+           "Share of the device's compute time the container may use (100 = unlimited).");
   for (const Row& r : rows) w.sample_u64(r.labels, sm_unlimited(r.dev.sm_limit_pct) ? 100 : r.dev.sm_limit_pct);
-  w.family("gpuslice_sm_utilization_ratio", "gauge", "Measured SM utilisation of the container on the device (0-1; absent before the first sample).");
+  w.family("gpuslice_sm_utilization_ratio", "gauge",
+           "Measured SM utilisation of the container on the device (0-1; absent before the first sample).");
   for (const Row& r : rows) {
     if (r.dev.util_updated_ns != 0) w.sample(r.labels, static_cast<double>(r.dev.util_permille) / 1000.0);
   }
-  w.family("gpuslice_throttled_seconds_total", "counter", "Time the container's launching threads were held back by the SM limit.");
+  w.family("gpuslice_throttled_seconds_total", "counter",
+           "Time the container's launching threads were held back by the SM limit.");
   for (const Row& r : rows) w.sample(r.labels, static_cast<double>(r.dev.throttled_ns) / 1e9);
   w.family("gpuslice_launches_total", "counter", "Kernels launched by the container.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.launches);
   w.family("gpuslice_processes", "gauge", "Processes of the container holding memory on the device.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.processes);
-  w.family("gpuslice_bypass_suspected_processes", "gauge", "Registered processes holding more device memory than they accounted for, beyond the tolerance.");
+  w.family("gpuslice_bypass_suspected_processes", "gauge",
+           "Registered processes holding more device memory than they accounted for, beyond the tolerance.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.stats->suspected);
-  w.family("gpuslice_unregistered_processes", "gauge", "Processes of the container's pid namespace using the device without gpuslice.");
+  w.family("gpuslice_unregistered_processes", "gauge",
+           "Processes of the container's pid namespace using the device without gpuslice.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.stats->unregistered);
 
   w.family("gpuslice_container_processes", "gauge", "Processes registered in the container's region.");
   for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.processes);
 
-  w.family("gpuslice_device_sm_utilization_ratio", "gauge", "Measured SM utilisation of the whole device (0-1), from NVML.");
+  w.family("gpuslice_device_sm_utilization_ratio", "gauge",
+           "Measured SM utilisation of the whole device (0-1), from NVML.");
   for (const MetricsDevice& d : in.devices) w.sample("uuid=\""s + escape_label(d.uuid) + "\"", d.util_pct / 100.0);
   w.family("gpuslice_device_processes", "gauge", "Compute processes NVML lists on the device.");
   for (const MetricsDevice& d : in.devices) w.sample_u64("uuid=\""s + escape_label(d.uuid) + "\"", d.processes);
@@ -255,28 +277,35 @@ std::string render_metrics(const MetricsInput& in) {
   w.sample_u64("", s.invalid_files);
   w.family("gpuslice_agent_regions_removed_total", "counter", "Unused regions removed after the grace period.");
   w.sample_u64("", s.regions_removed);
-  w.family("gpuslice_agent_regions_truncated_total", "counter", "Regions dropped because their file shrank while mapped.");
+  w.family("gpuslice_agent_regions_truncated_total", "counter",
+           "Regions dropped because their file shrank while mapped.");
   w.sample_u64("", s.regions_dropped_truncated);
   w.family("gpuslice_agent_slots_reaped_total", "counter", "Slots of exited processes reclaimed by the agent.");
   w.sample_u64("", s.slots_reaped);
   w.family("gpuslice_agent_pid_scans_total", "counter", "Full /proc scans to map processes of other pid namespaces.");
   w.sample_u64("", s.pid_scans);
-  w.family("gpuslice_agent_bypass_reports_total", "counter", "Registered processes reported for holding more than they accounted for.");
+  w.family("gpuslice_agent_bypass_reports_total", "counter",
+           "Registered processes reported for holding more than they accounted for.");
   w.sample_u64("", s.bypass_reports);
-  w.family("gpuslice_agent_unregistered_reports_total", "counter", "Unregistered processes reported in a container's pid namespace.");
+  w.family("gpuslice_agent_unregistered_reports_total", "counter",
+           "Unregistered processes reported in a container's pid namespace.");
   w.sample_u64("", s.unregistered_reports);
   w.family("gpuslice_agent_nvml_available", "gauge", "1 if NVML was loaded (utilisation and reconciliation run).");
   w.sample_u64("", s.nvml_available ? 1 : 0);
   w.family("gpuslice_agent_heartbeat_age_seconds", "gauge", "Time since the agent's heartbeat in each region.");
   const std::uint64_t now = monotonic_ns();
   for (const RegionRow& r : region_rows) {
-    if (r.heartbeat_ns != 0) w.sample(r.labels, now >= r.heartbeat_ns ? static_cast<double>(now - r.heartbeat_ns) / 1e9 : 0.0);
+    if (r.heartbeat_ns != 0)
+      w.sample(r.labels, now >= r.heartbeat_ns ? static_cast<double>(now - r.heartbeat_ns) / 1e9 : 0.0);
   }
-  w.family("gpuslice_priority_level", "gauge", "Priority of the container's work (1 low, 2 normal, 3 high; docs/priority.md).");
+  w.family("gpuslice_priority_level", "gauge",
+           "Priority of the container's work (1 low, 2 normal, 3 high; docs/priority.md).");
   for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.priority >= 1 && r.priority <= 3 ? r.priority : 2);
-  w.family("gpuslice_priority_held", "gauge", "1 while the container's launches are held by a higher-priority container.");
+  w.family("gpuslice_priority_held", "gauge",
+           "1 while the container's launches are held by a higher-priority container.");
   for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.held_until_ns > now ? 1 : 0);
-  w.family("gpuslice_priority_held_seconds_total", "counter", "Time the container's launches waited for higher-priority containers.");
+  w.family("gpuslice_priority_held_seconds_total", "counter",
+           "Time the container's launches waited for higher-priority containers.");
   for (const RegionRow& r : region_rows) w.sample(r.labels, static_cast<double>(r.held_ns) / 1e9);
   return out;
 }

@@ -40,7 +40,7 @@ struct Nvml::Device {
   std::vector<nvmlProcessInfo_t> process_buf;
   std::vector<nvmlProcessUtilizationSample_t> util_buf;
   bool util_unsupported = false;
-  bool util_known_once = false;           // a window was measured: device_util_permille holds its share
+  bool util_known_once = false;            // a window was measured: device_util_permille holds its share
   std::uint32_t device_util_permille = 0;  // the latest window's (kept between windows, for the metrics)
   bool rates_unsupported = false;
 };
@@ -103,8 +103,10 @@ bool Nvml::open(const std::string& library, std::string* why) {
     handle_ = nullptr;
     return false;
   }
-  if (api_->processes == nullptr) log(LogLevel::warn, "%s lacks nvmlDeviceGetComputeRunningProcesses_v3: no memory reconciliation", library.c_str());
-  if (api_->process_util == nullptr) log(LogLevel::warn, "%s lacks nvmlDeviceGetProcessUtilization: no utilisation feedback", library.c_str());
+  if (api_->processes == nullptr)
+    log(LogLevel::warn, "%s lacks nvmlDeviceGetComputeRunningProcesses_v3: no memory reconciliation", library.c_str());
+  if (api_->process_util == nullptr)
+    log(LogLevel::warn, "%s lacks nvmlDeviceGetProcessUtilization: no utilisation feedback", library.c_str());
   return true;
 }
 

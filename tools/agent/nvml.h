@@ -12,7 +12,7 @@
 namespace gpuslice::agent {
 
 struct GpuProcess {
-  std::uint32_t host_pid = 0;   // NVML reports pids of the host (initial) pid namespace
+  std::uint32_t host_pid = 0;    // NVML reports pids of the host (initial) pid namespace
   std::uint64_t used_bytes = 0;  // device memory it holds (context included)
   bool used_known = true;        // false: NVML_VALUE_NOT_AVAILABLE
 };
@@ -27,11 +27,11 @@ struct GpuDevice {
   // container's share is limiter::share_permille(sum, util_window_ns).
   std::unordered_map<std::uint32_t, std::uint64_t> util_busy_ns;
   std::uint64_t util_window_ns = 0;
-  bool util_known = false;             // a window closed this cycle (util_busy_ns, util_window_ns are valid)
+  bool util_known = false;                 // a window closed this cycle (util_busy_ns, util_window_ns are valid)
   std::uint32_t device_util_permille = 0;  // the whole device (limiter::share_permille)
   std::uint32_t device_util_pct = 0;       // the same, in whole percents (metrics)
   bool device_util_known = false;
-  std::uint64_t util_sampled_ns = 0;   // CLOCK_MONOTONIC at the window's end; 0 = unknown
+  std::uint64_t util_sampled_ns = 0;  // CLOCK_MONOTONIC at the window's end; 0 = unknown
   bool processes_known = false;
 
   // The device time of one host pid in the window (0 without a sample).

@@ -172,8 +172,8 @@ void Reconciler::compute_region(TrackedRegion& t) {
           log(LogLevel::warn,
               "container \"%s\" (region %s): process %u (host pid %u) holds %s on %s according to NVML but "
               "accounted for %s (tolerance %s): device memory allocated outside gpuslice (possible bypass)",
-              printable(rs.container_name, sizeof rs.container_name).c_str(), t.rel.c_str(), s.key.pid,
-              s.res.host_pid, format_bytes(used).c_str(), g.uuid_text.c_str(), format_bytes(accounted).c_str(),
+              printable(rs.container_name, sizeof rs.container_name).c_str(), t.rel.c_str(), s.key.pid, s.res.host_pid,
+              format_bytes(used).c_str(), g.uuid_text.c_str(), format_bytes(accounted).c_str(),
               format_bytes(tolerance_).c_str());
         }
       }
@@ -192,7 +192,7 @@ void Reconciler::attribute_unregistered(const std::unordered_map<std::uint64_t, 
       if (inserted || now_ns_ - c.checked_ns >= kRecheckNs) {
         ProcInfo info;
         c = read_proc_info(host_pid, false, &info) ? NsCache{info.pidns_inode, info.start_time, now_ns_}
-                                                    : NsCache{0, 0, now_ns_};
+                                                   : NsCache{0, 0, now_ns_};
       }
       // Our own (or the initial) namespace holds every process of the node
       // that is not in a container: nothing to attribute it to.

@@ -67,8 +67,8 @@ class Reconciler {
   const GpuSample* gpu_ = nullptr;
   std::uint64_t now_ns_ = 0;
   std::vector<std::unordered_map<std::uint32_t, GpuProc>> procs_;  // per NVML device: host pid -> usage
-  std::unordered_set<std::uint32_t> claimed_;                       // host pids registered in some slot
-  std::unordered_map<std::uint32_t, NsCache> ns_cache_;             // unregistered host pid -> namespace
+  std::unordered_set<std::uint32_t> claimed_;                      // host pids registered in some slot
+  std::unordered_map<std::uint32_t, NsCache> ns_cache_;            // unregistered host pid -> namespace
   // Reports already made -> cycle stamp when last confirmed (forgotten once the
   // condition is gone, so that it is reported again if it comes back).
   std::unordered_map<std::string, std::uint64_t> reported_;

@@ -50,9 +50,7 @@ std::string strip_prefix(const char* message) {
   return message;
 }
 
-std::string errno_message(const char* what, int err) {
-  return std::string(what) + ": " + std::strerror(err);
-}
+std::string errno_message(const char* what, int err) { return std::string(what) + ": " + std::strerror(err); }
 
 }  // namespace
 
@@ -123,8 +121,8 @@ bool MappedRegion::unlinked() const {
   return fd_ >= 0 && fstat(fd_, &st) == 0 && st.st_nlink == 0;
 }
 
-bool open_region(int dirfd, const char* name, bool writable, bool follow_symlinks, MappedRegion* out,
-                 std::string* why, bool* missing) {
+bool open_region(int dirfd, const char* name, bool writable, bool follow_symlinks, MappedRegion* out, std::string* why,
+                 bool* missing) {
   out->reset();
   if (missing != nullptr) *missing = false;
   int flags = (writable ? O_RDWR : O_RDONLY) | O_NONBLOCK | O_CLOEXEC | O_NOCTTY;

@@ -68,8 +68,8 @@ class MappedRegion {
 // open a host file). Maps it (read-only unless writable) and validates the
 // header. On failure `why` holds "<what is wrong>, expected <what>" and
 // `missing` (optional) tells whether the file simply does not exist.
-bool open_region(int dirfd, const char* name, bool writable, bool follow_symlinks, MappedRegion* out,
-                 std::string* why, bool* missing = nullptr);
+bool open_region(int dirfd, const char* name, bool writable, bool follow_symlinks, MappedRegion* out, std::string* why,
+                 bool* missing = nullptr);
 
 // Checks the header of a mapping again (a container may rewrite it at any
 // time). Guarded; false + why if it is no longer a valid region.

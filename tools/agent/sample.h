@@ -32,20 +32,20 @@ struct SlotSample {
 
 // Per device entry, the agent's conclusions of the last cycle.
 struct DeviceStats {
-  std::uint64_t nvml_bytes = 0;      // what NVML says the container's processes hold
+  std::uint64_t nvml_bytes = 0;  // what NVML says the container's processes hold
   bool nvml_known = false;
-  std::uint32_t suspected = 0;       // registered processes holding more than they accounted for
-  std::uint32_t unregistered = 0;    // processes of the container's pid namespace outside gpuslice
-  std::uint64_t util_busy_ns = 0;    // its processes' device time in NVML's window (GpuDevice::util_window_ns)
+  std::uint32_t suspected = 0;     // registered processes holding more than they accounted for
+  std::uint32_t unregistered = 0;  // processes of the container's pid namespace outside gpuslice
+  std::uint64_t util_busy_ns = 0;  // its processes' device time in NVML's window (GpuDevice::util_window_ns)
   std::uint64_t util_permille = 0;
 };
 
 struct RegionSample {
   char container_name[sizeof(RegionHeader::container_name)] = {};  // raw; printable() before use
-  std::vector<DeviceSample> devices;  // published entries
-  std::vector<SlotSample> slots;      // slots of processes (live, or claiming with an identity)
-  std::uint32_t busy_slots = 0;       // every slot that is not free
-  std::uint32_t reaping_slots = 0;    // left mid-reap by a dead reaper
+  std::vector<DeviceSample> devices;                               // published entries
+  std::vector<SlotSample> slots;    // slots of processes (live, or claiming with an identity)
+  std::uint32_t busy_slots = 0;     // every slot that is not free
+  std::uint32_t reaping_slots = 0;  // left mid-reap by a dead reaper
   std::array<DeviceStats, kMaxDevices> stats{};
 };
 

@@ -47,8 +47,10 @@ void for_each_entry(int fd, std::size_t limit, F&& visit) {
   while (dirent* e = readdir(d)) {
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
     if (++n > limit) {
-      log_once(LogLevel::warn, "too-many-entries", "a directory below the region directory holds more than %zu entries; "
-               "the rest are ignored", limit);
+      log_once(LogLevel::warn, "too-many-entries",
+               "a directory below the region directory holds more than %zu entries; "
+               "the rest are ignored",
+               limit);
       break;
     }
     visit(dirfd(d), e);
@@ -167,8 +169,8 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
   seen[rel] = true;
   if (!S_ISREG(st.st_mode)) {
     if (!S_ISDIR(st.st_mode)) {
-      log_once(LogLevel::warn, "skip:"s + rel, "skipping %s: %s, expected a regular region file",
-               rel.c_str(), S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : "not a regular file");
+      log_once(LogLevel::warn, "skip:"s + rel, "skipping %s: %s, expected a regular region file", rel.c_str(),
+               S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : "not a regular file");
     }
     return;
   }
@@ -324,8 +326,10 @@ void RegionSet::restore(TrackedRegion& t, int dirfd) {
   }
   // A new process created a fresh region under the name meanwhile: both are
   // real now. The old one is watched (and removed once unused) as it is.
-  log(LogLevel::warn, "region %s was re-created while its unused predecessor was being removed, and a process "
-      "attached to the old one; it keeps the old file's quota until it exits", t.rel.c_str());
+  log(LogLevel::warn,
+      "region %s was re-created while its unused predecessor was being removed, and a process "
+      "attached to the old one; it keeps the old file's quota until it exits",
+      t.rel.c_str());
 }
 
 }  // namespace gpuslice::agent

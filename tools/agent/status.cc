@@ -29,7 +29,8 @@ std::string key_of(const ExpositionSample& s) {
 // name{k="v",...} value   or   name value
 bool parse_line(const std::string& line, ExpositionSample* out) {
   std::size_t i = 0;
-  while (i < line.size() && (std::isalnum(static_cast<unsigned char>(line[i])) || line[i] == '_' || line[i] == ':')) ++i;
+  while (i < line.size() && (std::isalnum(static_cast<unsigned char>(line[i])) || line[i] == '_' || line[i] == ':'))
+    ++i;
   if (i == 0) return false;
   out->metric = line.substr(0, i);
   out->labels.clear();

@@ -29,8 +29,12 @@ bool parse_duration(const std::string& text, std::uint64_t* ns) {
     }
   }
   if (!digits) return false;
-  static const std::pair<const char*, std::uint64_t> kUnits[] = {
-      {"ns", 1}, {"us", 1000}, {"ms", 1'000'000}, {"s", 1'000'000'000}, {"m", 60'000'000'000}, {"h", 3'600'000'000'000}};
+  static const std::pair<const char*, std::uint64_t> kUnits[] = {{"ns", 1},
+                                                                 {"us", 1000},
+                                                                 {"ms", 1'000'000},
+                                                                 {"s", 1'000'000'000},
+                                                                 {"m", 60'000'000'000},
+                                                                 {"h", 3'600'000'000'000}};
   const std::string unit = text.substr(i);
   for (const auto& [name, scale] : kUnits) {
     if (unit == name) {

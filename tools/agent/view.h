@@ -12,7 +12,7 @@
 namespace gpuslice::agent {
 
 struct DeviceView {
-  int index = 0;                 // entry in the region (not a CUDA ordinal)
+  int index = 0;  // entry in the region (not a CUDA ordinal)
   std::uint8_t uuid[16] = {};
   std::uint64_t quota_bytes = 0;  // kUnlimited = none
   std::uint64_t used_bytes = 0;
@@ -59,8 +59,8 @@ struct RegionView {
   std::uint32_t priority = 0;                // gpuslice::Priority word (0 = not recorded yet)
   std::uint64_t priority_held_ns = 0;        // total time launches were held by higher priority
   std::uint64_t priority_held_until_ns = 0;  // held now if in the future (CLOCK_MONOTONIC)
-  std::vector<DeviceView> devices;  // published entries, by index
-  std::vector<SlotView> slots;      // slots that are not free, by index
+  std::vector<DeviceView> devices;           // published entries, by index
+  std::vector<SlotView> slots;               // slots that are not free, by index
 
   // Processes (non-free slots) holding memory on, or known by NVML on, entry `dev`.
   int processes_on(int dev) const;

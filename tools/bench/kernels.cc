@@ -26,10 +26,14 @@ std::string kernels_ptx(const std::vector<unsigned>& spin_micros) {
            "  ld.param.u64 %rd1, [duration_ns];\n"
            "  mov.u64 %rd2, %globaltimer;\n"
            "  add.u64 %rd3, %rd2, %rd1;\n"
-           "$Lspin_" + std::to_string(micros) + ":\n"
+           "$Lspin_" +
+           std::to_string(micros) +
+           ":\n"
            "  mov.u64 %rd4, %globaltimer;\n"
            "  setp.lt.u64 %p1, %rd4, %rd3;\n"
-           "  @%p1 bra $Lspin_" + std::to_string(micros) + ";\n"
+           "  @%p1 bra $Lspin_" +
+           std::to_string(micros) +
+           ";\n"
            "  ret;\n"
            "}\n";
   }

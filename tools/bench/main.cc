@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
   app.add_option("--sweep", sweep, "SM limits for the compute sweep, e.g. 10,50,90")
       ->delimiter(',')
       ->check(CLI::Range(1, 99));
-  app.add_option("--kernel-us", kernel_us, "spin kernel length in microseconds [1000]")->check(CLI::Range(10u, 100000u));
+  app.add_option("--kernel-us", kernel_us, "spin kernel length in microseconds [1000]")
+      ->check(CLI::Range(10u, 100000u));
   app.add_option("--window", window_s, "compute measurement window in seconds [1.5, --quick 0.4]")
       ->check(CLI::Range(0.05, 60.0));
   app.add_option("--profile", profile,
@@ -166,13 +167,14 @@ int main(int argc, char** argv) {
   }
 
   const DriverMode driver_mode = driver_name == "real"        ? DriverMode::real
-                                : driver_name == "simulated" ? DriverMode::simulated
-                                                             : DriverMode::automatic;
+                                 : driver_name == "simulated" ? DriverMode::simulated
+                                                              : DriverMode::automatic;
   Plan plan = make_plan(quick);
   // A realistic simulated context holds 512 MiB of the quota (as on a GPU):
   // quotas that leave room for one, and for one per racing process.
   const char* profile_env = std::getenv("FAKECUDA_PROFILE");
-  if (profile == "realistic" || (profile.empty() && profile_env != nullptr && std::string(profile_env) == "realistic")) {
+  if (profile == "realistic" ||
+      (profile.empty() && profile_env != nullptr && std::string(profile_env) == "realistic")) {
     plan.quotas_mib = quick ? std::vector<std::uint64_t>{1024} : std::vector<std::uint64_t>{1024, 2048, 4096};
     plan.shared_quota_mib = 4096;
   }
@@ -218,11 +220,15 @@ int main(int argc, char** argv) {
   if (!driver.notice.empty() && !quiet) std::fprintf(stderr, "%s\n", driver.notice.c_str());
 
   Workers workers(context);
-  json report{{"tool", "gpuslice-bench"}, {"version", kVersion}, {"quick", quick},
-              {"driver", driver.description}, {"library", context.library}};
+  json report{{"tool", "gpuslice-bench"},
+              {"version", kVersion},
+              {"quick", quick},
+              {"driver", driver.description},
+              {"library", context.library}};
   int status = 0;
   try {
-    json probe = workers.run(json{{"task", "probe"}}, WorkerEnv{false, {{"FAKECUDA_STATE", workers.fresh_path("probe")}}});
+    json probe =
+        workers.run(json{{"task", "probe"}}, WorkerEnv{false, {{"FAKECUDA_STATE", workers.fresh_path("probe")}}});
     if (probe.contains("error")) {
       std::fprintf(stderr, "gpuslice-bench: cannot use the driver: %s\n", probe["error"].get<std::string>().c_str());
       remove_tree(context.tmp_dir);

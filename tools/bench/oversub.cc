@@ -234,11 +234,11 @@ json measure_oversub(Workers& workers, const Plan& plan, Progress& progress) {
   // realistic simulated profile, none on the ideal one, hundreds of MiB on a
   // GPU): the allowance leaves room for two of them.
   progress.step("oversubscription: what a context counts");
-  const json probe = workers.run(json{{"task", "memplan"}},
-                                 WorkerEnv{true,
-                                           {{"FAKECUDA_STATE", workers.fresh_path("fakecuda.state")},
-                                            {"GPUSLICE_REGION", workers.fresh_path("gpuslice.region")},
-                                            {"GPUSLICE_MEMORY_LIMIT", "8Gi"}}});
+  const json probe =
+      workers.run(json{{"task", "memplan"}}, WorkerEnv{true,
+                                                       {{"FAKECUDA_STATE", workers.fresh_path("fakecuda.state")},
+                                                        {"GPUSLICE_REGION", workers.fresh_path("gpuslice.region")},
+                                                        {"GPUSLICE_MEMORY_LIMIT", "8Gi"}}});
   if (!ok(probe)) return json{{"error", "context probe: " + probe.value("error", std::string("failed"))}};
   const auto context = probe["context_bytes"].get<std::uint64_t>();
   const std::uint64_t contexts = (2 * context + kMiB - 1) / kMiB * kMiB;
@@ -273,11 +273,11 @@ void print_oversub_table(const json& report, std::FILE* out) {
                "\nOversubscription (%s): quota %.0f MiB, resident allowance %.0f MiB (2 contexts of %.0f MiB + "
                "%.0f MiB);\n  holder frees %d x %.0f MiB, grower allocates %d x %.0f MiB\n",
                simulated ? "SIMULATED driver" : "GPU", mib(o["quota_bytes"]), mib(o["resident_limit_bytes"]),
-               mib(o["context_bytes"]),
-               mib(o["resident_limit_bytes"]) - 2 * mib(o["context_bytes"]), o["holder_chunks"].get<int>(),
-               mib(o["chunk_bytes"]), o["grower_chunks"].get<int>(), mib(o["chunk_bytes"]));
-  std::fprintf(out, "  %-8s %-10s %-14s %-14s %-12s %-8s %-8s %s\n", "policy", "granted", "max counted",
-               "max resident", "max spilled", "spills", "waits", "longest alloc");
+               mib(o["context_bytes"]), mib(o["resident_limit_bytes"]) - 2 * mib(o["context_bytes"]),
+               o["holder_chunks"].get<int>(), mib(o["chunk_bytes"]), o["grower_chunks"].get<int>(),
+               mib(o["chunk_bytes"]));
+  std::fprintf(out, "  %-8s %-10s %-14s %-14s %-12s %-8s %-8s %s\n", "policy", "granted", "max counted", "max resident",
+               "max spilled", "spills", "waits", "longest alloc");
   for (const char* policy : {"spill", "wait"}) {
     if (!o.contains(policy)) continue;
     const json& c = o[policy];
@@ -291,8 +291,9 @@ void print_oversub_table(const json& report, std::FILE* out) {
                  mib(c["max_counted_bytes"]), mib(c["max_resident_bytes"]), mib(c["max_spilled_bytes"]),
                  c["spills"].get<int>(), c["waits"].get<int>(), c["grower_longest_alloc_ms"].get<double>());
   }
-  std::fprintf(out, "  (MiB; resident = counted - spilled, from the region; a waiting allocation is counted while it "
-                    "waits)\n");
+  std::fprintf(out,
+               "  (MiB; resident = counted - spilled, from the region; a waiting allocation is counted while it "
+               "waits)\n");
 }
 
 }  // namespace gpuslice::bench

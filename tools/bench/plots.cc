@@ -35,13 +35,16 @@ bool write_plots(const std::string& report_path, const std::string& dir, bool qu
     std::fprintf(stderr,
                  "gpuslice-bench: --plots: no Python at %s (%s): run tools/setup.sh <build> to make <build>/venv "
                  "with matplotlib, or set GPUSLICE_BENCH_PYTHON to a Python that has it\n",
-                 python.c_str(), from_env != nullptr && *from_env != '\0' ? "GPUSLICE_BENCH_PYTHON" : "the build's venv");
+                 python.c_str(),
+                 from_env != nullptr && *from_env != '\0' ? "GPUSLICE_BENCH_PYTHON" : "the build's venv");
     return false;
   }
   const std::string script = exe_dir() + "/gpuslice-bench-plot.py";
   if (access(script.c_str(), R_OK) != 0) {
-    std::fprintf(stderr, "gpuslice-bench: --plots: the plotting script %s is missing (the build copies "
-                         "tools/bench/plot.py there)\n", script.c_str());
+    std::fprintf(stderr,
+                 "gpuslice-bench: --plots: the plotting script %s is missing (the build copies "
+                 "tools/bench/plot.py there)\n",
+                 script.c_str());
     return false;
   }
   std::vector<std::string> args{python, script, "--report", report_path, "--out", dir};
@@ -55,13 +58,13 @@ bool write_plots(const std::string& report_path, const std::string& dir, bool qu
     return false;
   }
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
   if (WIFEXITED(status) && WEXITSTATUS(status) == kNoMatplotlib) {
     // plot.py said which Python lacks matplotlib; say how to get it.
-    std::fprintf(stderr, "gpuslice-bench: --plots needs matplotlib: tools/setup.sh installs it into <build>/venv "
-                         "(pinned in tools/bench/requirements.txt); the report itself is complete\n");
+    std::fprintf(stderr,
+                 "gpuslice-bench: --plots needs matplotlib: tools/setup.sh installs it into <build>/venv "
+                 "(pinned in tools/bench/requirements.txt); the report itself is complete\n");
   } else {
     std::fprintf(stderr, "gpuslice-bench: --plots: %s %s failed (exit status %d)\n", python.c_str(), script.c_str(),
                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);

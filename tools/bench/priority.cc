@@ -32,13 +32,13 @@ constexpr int kScanSteps = 40;
 constexpr std::size_t kScanBursts = 40;
 
 struct Shape {
-  unsigned kernel_us = 200;      // inference kernels
-  int kernels = 20;              // per burst
+  unsigned kernel_us = 200;  // inference kernels
+  int kernels = 20;          // per burst
   int bursts = 200;
   std::uint64_t gap_min_ns = 5 * kMs;
   std::uint64_t gap_max_ns = 50 * kMs;
-  unsigned training_us = 1000;   // the low tenant's kernels
-  int training_depth = 16;       // ... and how many it keeps queued (natively)
+  unsigned training_us = 1000;        // the low tenant's kernels
+  int training_depth = 16;            // ... and how many it keeps queued (natively)
   std::uint64_t lead_ns = 300 * kMs;  // the training tenant ramps up first
 };
 
@@ -76,8 +76,8 @@ struct BurstSession {
   BurstSession& operator=(const BurstSession&) = delete;
   void launch() {
     void* params[] = {&duration_ns};
-    GPUSLICE_BENCH_CHECK(api, api.cuLaunchKernel(spin, static_cast<unsigned>(sms), 1, 1, 128, 1, 1, 0, stream, params,
-                                                 nullptr));
+    GPUSLICE_BENCH_CHECK(
+        api, api.cuLaunchKernel(spin, static_cast<unsigned>(sms), 1, 1, 128, 1, 1, 0, stream, params, nullptr));
   }
   DriverApi api;
   CUdevice device = 0;
@@ -233,9 +233,9 @@ std::vector<json> together(Workers& workers, std::vector<json> specs, const std:
 }
 
 json burst_spec(const Shape& s, bool neighbour) {
-  return json{{"task", "burst"},         {"kernel_us", s.kernel_us}, {"kernels", s.kernels},
-              {"bursts", s.bursts},      {"gap_min_ns", s.gap_min_ns}, {"gap_max_ns", s.gap_max_ns},
-              {"lead_ns", s.lead_ns},    {"neighbour", neighbour},     {"seed", 42}};
+  return json{{"task", "burst"},      {"kernel_us", s.kernel_us},   {"kernels", s.kernels},
+              {"bursts", s.bursts},   {"gap_min_ns", s.gap_min_ns}, {"gap_max_ns", s.gap_max_ns},
+              {"lead_ns", s.lead_ns}, {"neighbour", neighbour},     {"seed", 42}};
 }
 
 // The training tenant: the bench's spin worker, deep queue, for longer than
@@ -244,8 +244,11 @@ json training_spec(const Shape& s) {
   const std::uint64_t run_ns =
       s.lead_ns + static_cast<std::uint64_t>(s.bursts) * (s.gap_max_ns + 2 * s.kernels * s.kernel_us * 1000ull) +
       500 * kMs;
-  return json{{"task", "spin"},  {"kernel_us", s.training_us}, {"depth", s.training_depth},
-              {"run_ns", run_ns}, {"windows", json::array({json::array({s.lead_ns, run_ns})})}};
+  return json{{"task", "spin"},
+              {"kernel_us", s.training_us},
+              {"depth", s.training_depth},
+              {"run_ns", run_ns},
+              {"windows", json::array({json::array({s.lead_ns, run_ns})})}};
 }
 
 WorkerEnv env_for(Workers& workers, const std::string& device, const std::string& board, const char* priority) {
@@ -283,11 +286,11 @@ json measure_priority(Workers& workers, const Plan& plan, Progress& progress) {
            {"training", json{{"kernel_us", s.training_us}, {"queued_kernels", s.training_depth}}}};
   const std::string board = workers.fresh_dir("priority-board");
   progress.step("priority: inference bursts alone, native");
-  out["alone_native"] = workers.run(burst_spec(s, false),
-                                    env_for(workers, workers.fresh_path("fakecuda.state"), board, nullptr));
+  out["alone_native"] =
+      workers.run(burst_spec(s, false), env_for(workers, workers.fresh_path("fakecuda.state"), board, nullptr));
   progress.step("priority: inference bursts alone, gpuslice (GPUSLICE_PRIORITY=high)");
-  out["alone_gpuslice"] = workers.run(burst_spec(s, false),
-                                      env_for(workers, workers.fresh_path("fakecuda.state"), board, "high"));
+  out["alone_gpuslice"] =
+      workers.run(burst_spec(s, false), env_for(workers, workers.fresh_path("fakecuda.state"), board, "high"));
   progress.step("priority: inference next to a saturating training tenant, native");
   out["neighbour_native"] = with_neighbour(workers, s, false);
   progress.step("priority: inference (high) next to training (low), gpuslice");
@@ -315,14 +318,14 @@ void print_priority_table(const json& report, std::FILE* out) {
   if (!report.contains("priority")) return;
   const json& p = report["priority"];
   const bool simulated = report.value("device", std::string()) == "simulated";
-  std::fprintf(out, "\nPriority (%s): inference = %d x %d us kernels per burst then synchronize, %s ms idle gaps;\n"
-                    "training = %d us kernels, %d queued natively\n",
+  std::fprintf(out,
+               "\nPriority (%s): inference = %d x %d us kernels per burst then synchronize, %s ms idle gaps;\n"
+               "training = %d us kernels, %d queued natively\n",
                simulated ? "SIMULATED driver" : "GPU", p["inference"]["kernels_per_burst"].get<int>(),
                p["inference"]["kernel_us"].get<int>(), p["inference"]["gap_ms"].dump().c_str(),
                p["training"]["kernel_us"].get<int>(), p["training"]["queued_kernels"].get<int>());
   std::fprintf(out, "  %-34s %9s %9s %9s %9s %9s %13s %13s\n", "case", "p50 ms", "p90 ms", "p99 ms", "harvest", "train",
-               "reaction p50/99",
-               "release p50/99");
+               "reaction p50/99", "release p50/99");
   for (const char* key : {"alone_native", "alone_gpuslice", "neighbour_native", "neighbour_gpuslice"}) {
     if (!p.contains(key)) continue;
     const json& r = p[key];
@@ -335,7 +338,8 @@ void print_priority_table(const json& report, std::FILE* out) {
     if (r.contains("training_share"))
       std::snprintf(train, sizeof train, "%.1f%%", 100 * r["training_share"].get<double>());
     auto pair = [](const json& q, char* buf, std::size_t cap) {
-      if (q.value("n", 0) > 0) std::snprintf(buf, cap, "%.2f/%.2f", q["p50_ms"].get<double>(), q["p99_ms"].get<double>());
+      if (q.value("n", 0) > 0)
+        std::snprintf(buf, cap, "%.2f/%.2f", q["p50_ms"].get<double>(), q["p99_ms"].get<double>());
     };
     if (r.contains("reaction")) pair(r["reaction"], reaction, sizeof reaction);
     if (r.contains("release")) pair(r["release"], release, sizeof release);

@@ -101,8 +101,9 @@ void print_latency(const json& r, std::FILE* out) {
     std::fprintf(out, "  (gpuslice memory rows run with GPUSLICE_MEMORY_LIMIT=%s)\n", m.value("quota", "").c_str());
   }
   if (r.contains("launch")) {
-    std::fprintf(out, "  (*) wall time per call, empty kernels only: the compute limiter prices launches by an\n"
-                      "      estimate until it has measured device time, so these launches are paced, not free\n");
+    std::fprintf(out,
+                 "  (*) wall time per call, empty kernels only: the compute limiter prices launches by an\n"
+                 "      estimate until it has measured device time, so these launches are paced, not free\n");
   }
 }
 
@@ -132,16 +133,16 @@ void print_quota(const json& q, std::FILE* out) {
     std::fprintf(out, "%s\n", error_of(s).c_str());
     return;
   }
-  std::fprintf(out, "%s usable in total, %s held at the last refusal (%s), %s over the quota%s\n",
-               bytes(s["usable_bytes"].get<double>()).c_str(),
-               bytes(s.value("held_at_last_refusal_bytes", 0.0)).c_str(),
-               percent(s["accuracy"].get<double>(), "%.2f%%").c_str(),
-               bytes(s["over_quota_bytes"].get<double>()).c_str(),
-               s["all_held_at_once"].get<bool>() ? "" : " (warning: fills did not overlap)");
+  std::fprintf(
+      out, "%s usable in total, %s held at the last refusal (%s), %s over the quota%s\n",
+      bytes(s["usable_bytes"].get<double>()).c_str(), bytes(s.value("held_at_last_refusal_bytes", 0.0)).c_str(),
+      percent(s["accuracy"].get<double>(), "%.2f%%").c_str(), bytes(s["over_quota_bytes"].get<double>()).c_str(),
+      s["all_held_at_once"].get<bool>() ? "" : " (warning: fills did not overlap)");
 }
 
 void print_sweep(const json& s, std::FILE* out) {
-  std::fprintf(out, "\nCompute limit: spin_%uus kernels back to back, %.1f s window after %.1f s, device share from %s\n",
+  std::fprintf(out,
+               "\nCompute limit: spin_%uus kernels back to back, %.1f s window after %.1f s, device share from %s\n",
                s["kernel_us"].get<unsigned>(), s["window_s"].get<double>(), s.value("warmup_s", 0.0),
                s.value("share_source", "") == "timeline" ? "the simulated device timeline" : "event timings");
   std::fprintf(out, "  %d process(es) per container, %d stream(s) each, %d kernels queued per process\n",
@@ -173,7 +174,8 @@ void print_sweep(const json& s, std::FILE* out) {
 
 void print_tenants(const json& t, std::FILE* out) {
   const auto limits = t["limits"].get<std::vector<int>>();
-  const std::string title = "Two tenants, limits " + std::to_string(limits[0]) + "% and " + std::to_string(limits[1]) + "%";
+  const std::string title =
+      "Two tenants, limits " + std::to_string(limits[0]) + "% and " + std::to_string(limits[1]) + "%";
   std::fprintf(out, "\n%-36s %-10s %-10s %s\n", title.c_str(), "A", "B", "Jain's index");
   auto line = [&](const char* name, const json& j, const char* jain_note) {
     if (!ok(j)) {

@@ -47,10 +47,9 @@ bool ok(const json& result) { return result.is_object() && !result.contains("err
 json spin_spec(const Plan& plan, std::uint64_t run_ns, const std::vector<std::vector<std::uint64_t>>& windows) {
   const double kernels = plan.queue_ms * 1000.0 / plan.kernel_us;
   const int depth = std::clamp(static_cast<int>(std::ceil(kernels)), 4, 256);
-  return json{{"task", "spin"},     {"kernel_us", plan.kernel_us}, {"depth", depth},    {"streams", plan.streams},
-              {"run_ns", run_ns}, {"windows", windows}, {"bin_ns", kTimelineBinNs}};
+  return json{{"task", "spin"},   {"kernel_us", plan.kernel_us}, {"depth", depth},          {"streams", plan.streams},
+              {"run_ns", run_ns}, {"windows", windows},          {"bin_ns", kTimelineBinNs}};
 }
-
 
 double window_share(const json& result, std::size_t window) {
   return result.at("windows").at(window).at("share").get<double>();
@@ -189,9 +188,10 @@ json measure_quota(Workers& workers, const Plan& plan, Progress& progress) {
     const std::uint64_t quota = mib * kMiB;
     progress.step("memory quota " + std::to_string(mib) + " MiB: allocate until out of memory");
     // The ceiling keeps an unenforced quota from filling a real GPU.
-    const json spec{{"task", "quota"}, {"chunk", kChunk}, {"min_chunk", kMinChunk}, {"ceiling_bytes", 2 * quota + 64 * kMiB}};
-    json r = workers.run(spec, container(workers, fresh_device(workers),
-                                         {{"GPUSLICE_MEMORY_LIMIT", std::to_string(mib) + "Mi"}}));
+    const json spec{
+        {"task", "quota"}, {"chunk", kChunk}, {"min_chunk", kMinChunk}, {"ceiling_bytes", 2 * quota + 64 * kMiB}};
+    json r = workers.run(
+        spec, container(workers, fresh_device(workers), {{"GPUSLICE_MEMORY_LIMIT", std::to_string(mib) + "Mi"}}));
     json row{{"quota_bytes", quota}};
     if (ok(r)) {
       const auto usable = r["usable_bytes"].get<std::uint64_t>();
@@ -224,10 +224,11 @@ json measure_quota(Workers& workers, const Plan& plan, Progress& progress) {
                   {"min_chunk", kMinChunk},
                   {"hold_ns", hold_ns},
                   {"ceiling_bytes", 2 * quota + 64 * kMiB}};
-  const WorkerEnv env =
-      container(workers, fresh_device(workers), {{"GPUSLICE_MEMORY_LIMIT", std::to_string(plan.shared_quota_mib) + "Mi"}});
-  std::vector<json> results = run_together(workers, std::vector<json>(static_cast<std::size_t>(plan.quota_processes), spec),
-                                           std::vector<WorkerEnv>(static_cast<std::size_t>(plan.quota_processes), env));
+  const WorkerEnv env = container(workers, fresh_device(workers),
+                                  {{"GPUSLICE_MEMORY_LIMIT", std::to_string(plan.shared_quota_mib) + "Mi"}});
+  std::vector<json> results =
+      run_together(workers, std::vector<json>(static_cast<std::size_t>(plan.quota_processes), spec),
+                   std::vector<WorkerEnv>(static_cast<std::size_t>(plan.quota_processes), env));
   json shared{{"quota_bytes", quota}, {"processes", plan.quota_processes}};
   std::uint64_t total = 0;
   std::uint64_t held_at_refusal = 0;
@@ -293,8 +294,9 @@ json measure_sweep(Workers& workers, const Plan& plan, Progress& progress) {
   std::vector<double> abs_errors;
   for (int limit : plan.sweep_limits) {
     progress.step("compute: GPUSLICE_SM_LIMIT=" + std::to_string(limit));
-    json r = run_tenants(workers, plan, {spec},
-                         {container(workers, fresh_device(workers), {{"GPUSLICE_SM_LIMIT", std::to_string(limit)}})})[0];
+    json r =
+        run_tenants(workers, plan, {spec},
+                    {container(workers, fresh_device(workers), {{"GPUSLICE_SM_LIMIT", std::to_string(limit)}})})[0];
     json point{{"limit", limit}};
     if (ok(r)) {
       const double share = window_share(r, 0);
@@ -346,10 +348,9 @@ json measure_tenants(Workers& workers, const Plan& plan, Progress& progress) {
   progress.step("two tenants, gpuslice (" + std::to_string(limits[0]) + "% and " + std::to_string(limits[1]) + "%)");
   {
     const std::string device = fresh_device(workers);
-    std::vector<json> r =
-        run_tenants(workers, plan, {spec, spec},
-                    {container(workers, device, {{"GPUSLICE_SM_LIMIT", std::to_string(limits[0])}}),
-                     container(workers, device, {{"GPUSLICE_SM_LIMIT", std::to_string(limits[1])}})});
+    std::vector<json> r = run_tenants(workers, plan, {spec, spec},
+                                      {container(workers, device, {{"GPUSLICE_SM_LIMIT", std::to_string(limits[0])}}),
+                                       container(workers, device, {{"GPUSLICE_SM_LIMIT", std::to_string(limits[1])}})});
     if (ok(r[0]) && ok(r[1])) {
       std::vector<double> shares{window_share(r[0], 0), window_share(r[1], 0)};
       // Fairness relative to the entitlement: 1.0 when both get the same
@@ -396,10 +397,10 @@ json measure_noisy(Workers& workers, const Plan& plan, Progress& progress) {
   progress.step("noisy neighbour, gpuslice (A at " + std::to_string(plan.noisy_limit) + "%, then unlimited B joins)");
   {
     const std::string device = fresh_device(workers);
-    out["gpuslice"] = summarize(
-        run_tenants(workers, plan, {a, b},
-                    {container(workers, device, {{"GPUSLICE_SM_LIMIT", std::to_string(plan.noisy_limit)}}),
-                     container(workers, device)}));
+    out["gpuslice"] =
+        summarize(run_tenants(workers, plan, {a, b},
+                              {container(workers, device, {{"GPUSLICE_SM_LIMIT", std::to_string(plan.noisy_limit)}}),
+                               container(workers, device)}));
   }
   return out;
 }

@@ -21,19 +21,19 @@ struct Plan {
   std::vector<std::uint64_t> quotas_mib;  // quota accuracy, one process each
   std::uint64_t shared_quota_mib = 1024;  // quota raced for by several processes
   int quota_processes = 4;
-  unsigned kernel_us = 1000;              // spin kernel length
-  double window_s = 1.5;                  // compute measurement window
-  double warmup_s = 0.3;                  // before each window
+  unsigned kernel_us = 1000;  // spin kernel length
+  double window_s = 1.5;      // compute measurement window
+  double warmup_s = 0.3;      // before each window
   int launch_batches = 200;
   int memory_batches = 200;
   int tenant_a_limit = 30;
   int tenant_b_limit = 60;
   int noisy_limit = 50;
-  int procs = 1;                          // processes per container (compute sections)
-  int streams = 1;                        // streams per process (compute sections)
-  double queue_ms = 20;                   // device work each process keeps queued (at least 4 kernels)
-  std::string profile;                    // simulated driver's FAKECUDA_PROFILE ("" on a real GPU)
-  unsigned training_us = 1000;            // priority section: the low tenant's kernel length
+  int procs = 1;                // processes per container (compute sections)
+  int streams = 1;              // streams per process (compute sections)
+  double queue_ms = 20;         // device work each process keeps queued (at least 4 kernels)
+  std::string profile;          // simulated driver's FAKECUDA_PROFILE ("" on a real GPU)
+  unsigned training_us = 1000;  // priority section: the low tenant's kernel length
 };
 
 // Prints "[ 3/24] what" lines on stderr unless quiet.

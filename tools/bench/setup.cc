@@ -77,9 +77,10 @@ DriverChoice choose_driver(DriverMode mode) {
                                  : "no CUDA driver (libcuda.so.1) found, and no simulated driver at " + fake_dir());
   }
   const std::string dir = fake_dir();
-  std::string notice = mode == DriverMode::simulated
-                           ? ""
-                           : "gpuslice-bench: no CUDA driver (libcuda.so.1) found; using the simulated driver in " + dir;
+  std::string notice =
+      mode == DriverMode::simulated
+          ? ""
+          : "gpuslice-bench: no CUDA driver (libcuda.so.1) found; using the simulated driver in " + dir;
   return {prepend_path(dir), dir + "/libcuda.so.1 (simulated)", notice};
 }
 

@@ -82,8 +82,7 @@ nlohmann::json Workers::finish(pid_t pid) {
   const Running files = it->second;
   running_.erase(it);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   const std::string out = slurp(files.out);
   const std::string err = slurp(files.err);
   if (context_.verbose && !err.empty()) std::fprintf(stderr, "%s", err.c_str());

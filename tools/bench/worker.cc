@@ -75,8 +75,8 @@ class Session {
 std::uint64_t start_time(const json& spec) {
   if (!spec.contains("barrier")) return shm::monotonic_ns();
   const json& barrier = spec["barrier"];
-  const std::uint64_t start = barrier_arrive_and_wait(barrier.at("dir").get<std::string>(),
-                                                      barrier.at("index").get<int>(), kBarrierTimeoutNs);
+  const std::uint64_t start =
+      barrier_arrive_and_wait(barrier.at("dir").get<std::string>(), barrier.at("index").get<int>(), kBarrierTimeoutNs);
   shm::sleep_until_ns(start);
   return start;
 }
@@ -93,8 +93,8 @@ json probe(const json&) {
   size_t free_bytes = 0;
   size_t visible_total = 0;
   GPUSLICE_BENCH_CHECK(api, api.cuMemGetInfo(&free_bytes, &visible_total));
-  return json{{"device_name", name},   {"simulated", api.simulated()}, {"driver_version", version},
-              {"total_bytes", total},  {"free_bytes", free_bytes},     {"sms", s.sms},
+  return json{{"device_name", name},  {"simulated", api.simulated()}, {"driver_version", version},
+              {"total_bytes", total}, {"free_bytes", free_bytes},     {"sms", s.sms},
               {"pid", getpid()}};
 }
 
@@ -275,7 +275,8 @@ json spin(const json& spec) {
   const auto bin_ns = spec.value<std::uint64_t>("bin_ns", 0);
   std::uint64_t end_of_windows = 0;
   for (const auto& w : windows) end_of_windows = std::max(end_of_windows, start + w[1]);
-  const std::size_t bin_count = bin_ns == 0 ? 0 : static_cast<std::size_t>((end_of_windows - start + bin_ns - 1) / bin_ns);
+  const std::size_t bin_count =
+      bin_ns == 0 ? 0 : static_cast<std::size_t>((end_of_windows - start + bin_ns - 1) / bin_ns);
   std::vector<double> bin_busy_ns(bin_count, 0.0);
   std::vector<double> event_busy_ns(windows.size(), 0.0);
   auto retire = [&](InFlight& k) {
@@ -345,7 +346,8 @@ json spin(const json& spec) {
     const std::uint64_t t0 = start + windows[w][0];
     const std::uint64_t t1 = start + windows[w][1];
     const double busy = api.simulated() ? timeline_busy_ns[w] : event_busy_ns[w];
-    result_windows.push_back(json{{"busy_ns", busy}, {"length_ns", t1 - t0}, {"share", busy / static_cast<double>(t1 - t0)}});
+    result_windows.push_back(
+        json{{"busy_ns", busy}, {"length_ns", t1 - t0}, {"share", busy / static_cast<double>(t1 - t0)}});
   }
   for (InFlight& k : ring) {
     api.cuEventDestroy(k.begin);

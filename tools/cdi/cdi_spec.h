@@ -32,13 +32,13 @@ enum class Inject { preload_file, env };
 
 struct SliceRequest {
   std::string kind = kDefaultKind;
-  std::string device_name;        // CDI device name (e.g. the claim UID)
-  std::string memory_limit;       // GPUSLICE_MEMORY_LIMIT syntax ("" = unlimited)
-  std::string sm_limit;           // GPUSLICE_SM_LIMIT syntax ("" = unlimited)
-  std::string sm_policy;          // hard | elastic ("" = the library's default)
-  std::string priority;           // high | normal | low ("" = default)
-  std::string container_name;     // GPUSLICE_CONTAINER_NAME ("" = none)
-  std::string region_host_dir;    // host directory holding the region (the agent watches it)
+  std::string device_name;      // CDI device name (e.g. the claim UID)
+  std::string memory_limit;     // GPUSLICE_MEMORY_LIMIT syntax ("" = unlimited)
+  std::string sm_limit;         // GPUSLICE_SM_LIMIT syntax ("" = unlimited)
+  std::string sm_policy;        // hard | elastic ("" = the library's default)
+  std::string priority;         // high | normal | low ("" = default)
+  std::string container_name;   // GPUSLICE_CONTAINER_NAME ("" = none)
+  std::string region_host_dir;  // host directory holding the region (the agent watches it)
   std::string region_container_dir = "/run/gpuslice";
   std::string region_file = "slice.region";
   std::string library_host = "/usr/local/gpuslice/lib/libgpuslice.so";

@@ -27,7 +27,11 @@ bool valid_utf8(const std::string& s) {
   std::size_t i = 0;
   while (i < s.size()) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    const std::size_t more = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 9;
+    const std::size_t more = c < 0x80                 ? 0
+                             : c >= 0xc2 && c <= 0xdf ? 1
+                             : c >= 0xe0 && c <= 0xef ? 2
+                             : c >= 0xf0 && c <= 0xf4 ? 3
+                                                      : 9;
     if (more == 9 || i + more >= s.size()) return false;  // a bad lead byte, or cut short
     for (std::size_t k = 1; k <= more; ++k) {
       if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
@@ -75,8 +79,8 @@ bool path_ok(const char* flag, const std::string& what, const std::string& path,
 // Trees of the host (or of the container's own system) that must never be
 // bound read-write into a container, or shadowed in it.
 bool system_tree(const std::string& top) {
-  static const char* const kTrees[] = {"etc",  "usr", "bin",  "sbin", "lib",  "lib32", "lib64",
-                                       "libx32", "boot", "dev", "proc", "sys",  "root"};
+  static const char* const kTrees[] = {"etc",    "usr",  "bin", "sbin", "lib", "lib32", "lib64",
+                                       "libx32", "boot", "dev", "proc", "sys", "root"};
   for (const char* t : kTrees) {
     if (top == t) return true;
   }
@@ -113,10 +117,9 @@ bool region_dirs_ok(const SliceRequest& r, std::string* why) {
     return false;
   }
   // Nothing the container must not change may live in what it can write.
-  const std::pair<const char*, const std::string*> protected_files[] = {
-      {"--library-host", &r.library_host},
-      {"--preload-host-file", &r.preload_host_file},
-      {"--config-host-file", &r.config_host_file}};
+  const std::pair<const char*, const std::string*> protected_files[] = {{"--library-host", &r.library_host},
+                                                                        {"--preload-host-file", &r.preload_host_file},
+                                                                        {"--config-host-file", &r.config_host_file}};
   for (const auto& [flag, file] : protected_files) {
     if (file->empty() || (flag == "--preload-host-file"s && r.inject != Inject::preload_file)) continue;
     if (covers(r.region_host_dir, *file)) {
@@ -267,8 +270,8 @@ std::vector<std::string> preload_entries(const std::string& text) {
 bool check_host(const SliceRequest& r, std::string* why) {
   struct stat st {};
   if (stat(r.region_host_dir.c_str(), &st) != 0) {
-    *why = "--region-host-dir '" + r.region_host_dir + "': " +
-           (errno == ENOENT ? "no such directory"s : std::string(std::strerror(errno))) +
+    *why = "--region-host-dir '" + r.region_host_dir +
+           "': " + (errno == ENOENT ? "no such directory"s : std::string(std::strerror(errno))) +
            " (expected the slice's directory, created before the spec: the runtime cannot bind a missing one)";
     return false;
   }

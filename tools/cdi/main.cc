@@ -67,10 +67,11 @@ int main(int argc, char** argv) {
   std::string inject = "ld.so.preload", output, config_file;
   bool no_config_file = false;
   std::vector<std::string> annotations;
-  CLI::App app{"gpuslice-cdi: emits a CDI spec (JSON, the lowest cdiVersion its content needs: 0.3.0, 0.5.0 or "
-               "0.6.0) whose device injects gpuslice with the given limits: environment, library, region "
-               "directory, the slice's configuration file and /etc/ld.so.preload; writes that configuration file.",
-               "gpuslice-cdi"};
+  CLI::App app{
+      "gpuslice-cdi: emits a CDI spec (JSON, the lowest cdiVersion its content needs: 0.3.0, 0.5.0 or "
+      "0.6.0) whose device injects gpuslice with the given limits: environment, library, region "
+      "directory, the slice's configuration file and /etc/ld.so.preload; writes that configuration file.",
+      "gpuslice-cdi"};
   app.set_version_flag("--version", GPUSLICE_VERSION);
   app.add_option("--name", req.device_name, "CDI device name (e.g. the ResourceClaim's UID)")->required();
   app.add_option("--kind", req.kind, "CDI kind <vendor>/<class>")->capture_default_str();
@@ -86,8 +87,10 @@ int main(int argc, char** argv) {
   app.add_option("--region-file", req.region_file, "The region's file name")->capture_default_str();
   app.add_option("--library-host", req.library_host, "libgpuslice.so on the host")->capture_default_str();
   app.add_option("--library", req.library_container, "Its path in the container")->capture_default_str();
-  app.add_option("--inject", inject, "ld.so.preload (mount a preload file; survives a cleared environment) | env "
-                 "(LD_PRELOAD)")->capture_default_str();
+  app.add_option("--inject", inject,
+                 "ld.so.preload (mount a preload file; survives a cleared environment) | env "
+                 "(LD_PRELOAD)")
+      ->capture_default_str();
   app.add_option("--preload-host-file", req.preload_host_file,
                  "Host file naming the library (one line), mounted at /etc/ld.so.preload")
       ->capture_default_str();
@@ -97,7 +100,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-config-file", no_config_file,
                "Write and mount no configuration file (a process that clears its environment is then unlimited)");
   app.add_option("--annotation", annotations, "key=value added to the spec's annotations (repeatable)");
-  app.add_option("--output", output, "Write the spec here (atomically) instead of stdout, e.g. /var/run/cdi/gpuslice-<name>.json");
+  app.add_option("--output", output,
+                 "Write the spec here (atomically) instead of stdout, e.g. /var/run/cdi/gpuslice-<name>.json");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -128,8 +132,8 @@ int main(int argc, char** argv) {
     return usage_error("--no-config-file and --config-host-file: expected one of them");
   }
   if (!no_config_file) {
-    req.config_host_file = config_file.empty() ? gpuslice::cdi::default_config_host_file(req.region_host_dir)
-                                               : config_file;
+    req.config_host_file =
+        config_file.empty() ? gpuslice::cdi::default_config_host_file(req.region_host_dir) : config_file;
   }
   std::string why;
   if (!gpuslice::cdi::validate(req, &why) || !gpuslice::cdi::check_host(req, &why)) return usage_error(why);

@@ -19,8 +19,7 @@ bool inherited(const std::string& name, const ChildEnvRules& rules) {
   return true;
 }
 
-std::vector<std::string> child_environment(const std::map<std::string, std::string>& set,
-                                           const ChildEnvRules& rules) {
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& set, const ChildEnvRules& rules) {
   std::map<std::string, std::string> all;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);

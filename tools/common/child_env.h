@@ -30,8 +30,7 @@ bool inherited(const std::string& name, const ChildEnvRules& rules);
 
 // The child's environment as NAME=value entries: the parent's inherited
 // variables, then `set` on top (an empty value unsets), sorted by name.
-std::vector<std::string> child_environment(const std::map<std::string, std::string>& set,
-                                           const ChildEnvRules& rules);
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& set, const ChildEnvRules& rules);
 
 // An execve/posix_spawn envp view of `entries` (valid while they live).
 std::vector<char*> envp_of(std::vector<std::string>& entries);

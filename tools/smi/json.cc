@@ -28,10 +28,13 @@ json device_json(const agent::DeviceView& d, const agent::RegionView& v, std::ui
       {"oom_refusals", d.oom_refusals},
       {"accounting_errors", d.accounting_errors},
       {"resident_limit_bytes", d.resident_limit_bytes == 0 || d.resident_limit_bytes == kUnlimited
-                                   ? json(nullptr) : json(d.resident_limit_bytes)},
+                                   ? json(nullptr)
+                                   : json(d.resident_limit_bytes)},
       {"spilled_bytes", d.spilled_bytes},
       {"spills", d.spills},
-      {"oversubscribe", d.oversub_policy == 1 ? "spill" : d.oversub_policy == 2 ? "wait" : "fail"},
+      {"oversubscribe", d.oversub_policy == 1   ? "spill"
+                        : d.oversub_policy == 2 ? "wait"
+                                                : "fail"},
       {"waits", d.oversub_waits},
       {"wait_ns", d.oversub_wait_ns},
       {"wait_timeouts", d.oversub_timeouts},

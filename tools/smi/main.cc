@@ -66,14 +66,15 @@ int show(const std::string& region, const std::string& region_dir, bool json, bo
       for (const std::string& s : skipped) std::fprintf(stderr, "%s\n", s.c_str());
     }
     std::string text = json ? render_json(snap) : render_table(snap);
-    if (watch && tty && !json) text = "\033[H\033[2J"s + text;  // redraw in place
-    else if (watch && round > 0 && !json) text = "\n"s + text;
+    if (watch && tty && !json)
+      text = "\033[H\033[2J"s + text;  // redraw in place
+    else if (watch && round > 0 && !json)
+      text = "\n"s + text;
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     if (!watch || (count > 0 && round + 1 >= count)) break;
     timespec ts{static_cast<time_t>(interval_ns / 1'000'000'000), static_cast<long>(interval_ns % 1'000'000'000)};
-    while (!g_stop && nanosleep(&ts, &ts) != 0) {
-    }
+    while (!g_stop && nanosleep(&ts, &ts) != 0) {}
   }
   return kExitOk;
 }
@@ -81,11 +82,12 @@ int show(const std::string& region, const std::string& region_dir, bool json, bo
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"gpuslice-smi: what gpuslice regions hold (memory quota and use, SM limit and measured utilisation, "
-               "processes) and run-time changes to a container's limits.\n"
-               "Without --region/--region-dir it shows this container's region: $GPUSLICE_REGION, else the default "
-               "path. Exit status: 0 ok, 1 failed, 2 missing or invalid region, 64 usage error.",
-               "gpuslice-smi"};
+  CLI::App app{
+      "gpuslice-smi: what gpuslice regions hold (memory quota and use, SM limit and measured utilisation, "
+      "processes) and run-time changes to a container's limits.\n"
+      "Without --region/--region-dir it shows this container's region: $GPUSLICE_REGION, else the default "
+      "path. Exit status: 0 ok, 1 failed, 2 missing or invalid region, 64 usage error.",
+      "gpuslice-smi"};
   app.set_version_flag("--version", GPUSLICE_VERSION);
   std::string region, region_dir, watch_value;
   bool json = false;
@@ -93,15 +95,17 @@ int main(int argc, char** argv) {
   app.add_option("--region", region, "Region file to show (default: $GPUSLICE_REGION, else /dev/shm/gpuslice.region)");
   app.add_option("--region-dir", region_dir, "Show every region below this directory (the node's view)");
   app.add_flag("--json", json, "One JSON document (per refresh) instead of the table");
-  CLI::Option* watch = app.add_option("--watch", watch_value, "Refresh every INTERVAL (seconds or e.g. 500ms; default 1s)")
-                           ->expected(0, 1)
-                           ->option_text("[INTERVAL]");
+  CLI::Option* watch =
+      app.add_option("--watch", watch_value, "Refresh every INTERVAL (seconds or e.g. 500ms; default 1s)")
+          ->expected(0, 1)
+          ->option_text("[INTERVAL]");
   app.add_option("--count", count, "With --watch: stop after this many refreshes");
 
   SetRequest set;
   CLI::App* set_cmd = app.add_subcommand("set", "Change a running container's limits through its region");
   set_cmd->add_option("--region", set.region, "Region file (default: $GPUSLICE_REGION, else the default path)");
-  set_cmd->add_option("--device", set.device, "Device entry number (as in --json) or UUID; default: every device in use");
+  set_cmd->add_option("--device", set.device,
+                      "Device entry number (as in --json) or UUID; default: every device in use");
   set_cmd->add_option("--memory", set.memory, "Memory quota: size (8Gi, 500M, ...) or 'unlimited'");
   set_cmd->add_option("--sm-limit", set.sm_limit, "Compute share 1-100 (%) or 'unlimited'");
   set_cmd->add_option("--sm-policy", set.policy, "hard | elastic");
@@ -126,8 +130,9 @@ int main(int argc, char** argv) {
   }
 
   if (*options_cmd) {
-    const std::string text = options_json ? render_options_json() : options_markdown ? render_options_markdown()
-                                                                                     : render_options_text();
+    const std::string text = options_json       ? render_options_json()
+                             : options_markdown ? render_options_markdown()
+                                                : render_options_text();
     std::fwrite(text.data(), 1, text.size(), stdout);
     return kExitOk;
   }

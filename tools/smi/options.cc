@@ -41,8 +41,12 @@ std::string render_options_text() {
 std::string render_options_json() {
   nlohmann::json options = nlohmann::json::array();
   for (const OptionInfo& o : kOptions) {
-    options.push_back({{"name", o.env}, {"id", o.id}, {"type", o.type_name}, {"default", o.default_value},
-                       {"values", o.range}, {"doc", o.doc}});
+    options.push_back({{"name", o.env},
+                       {"id", o.id},
+                       {"type", o.type_name},
+                       {"default", o.default_value},
+                       {"values", o.range},
+                       {"doc", o.doc}});
   }
   nlohmann::json aliases = nlohmann::json::array();
   for (const OptionAlias& a : kOptionAliases) {

@@ -37,7 +37,9 @@ bool all_digits(const std::string& s) {
 }
 
 std::string describe_quota(std::uint64_t q) { return q == kUnlimited ? "unlimited" : agent::format_bytes(q); }
-std::string describe_sm(std::uint32_t pct) { return agent::sm_unlimited(pct) ? "unlimited" : std::to_string(pct) + "%"; }
+std::string describe_sm(std::uint32_t pct) {
+  return agent::sm_unlimited(pct) ? "unlimited" : std::to_string(pct) + "%";
+}
 
 // What one entry held before the change (plain data: filled under the guard).
 struct Change {
@@ -76,9 +78,10 @@ void report(const Change& c, const Values& v, const std::string& path) {
   std::printf("gpuslice-smi: %s: device %d (%s): %s\n", path.c_str(), c.index, agent::format_uuid(c.uuid).c_str(),
               changes.c_str());
   if (v.memory && v.quota != kUnlimited && c.used > v.quota) {
-    std::printf("gpuslice-smi: %s: device %d uses %s, above the new quota: allocations are refused until usage "
-                "drops below it (nothing already allocated is taken away)\n",
-                path.c_str(), c.index, agent::format_bytes(c.used).c_str());
+    std::printf(
+        "gpuslice-smi: %s: device %d uses %s, above the new quota: allocations are refused until usage "
+        "drops below it (nothing already allocated is taken away)\n",
+        path.c_str(), c.index, agent::format_bytes(c.used).c_str());
   }
 }
 
@@ -90,8 +93,9 @@ int run_set(const SetRequest& req) {
     v.memory = true;
     if (req.memory != "unlimited") {
       if (!limiter::parse_size(req.memory.c_str(), &v.quota)) {
-        return usage("--memory '"s + req.memory +
-                     "': expected a size: digits and B, K/M/G/T (base 1000) or Ki/Mi/Gi/Ti (base 1024), or 'unlimited'");
+        return usage(
+            "--memory '"s + req.memory +
+            "': expected a size: digits and B, K/M/G/T (base 1000) or Ki/Mi/Gi/Ti (base 1024), or 'unlimited'");
       }
       if (v.quota == 0) return usage("--memory 0 would refuse every allocation; use 'unlimited' for no quota");
     }
@@ -104,9 +108,12 @@ int run_set(const SetRequest& req) {
   }
   if (!req.policy.empty()) {
     v.policy = true;
-    if (req.policy == "hard") v.sm_policy = SmPolicy::hard;
-    else if (req.policy == "elastic") v.sm_policy = SmPolicy::elastic;
-    else return usage("--sm-policy '"s + req.policy + "': expected hard or elastic");
+    if (req.policy == "hard")
+      v.sm_policy = SmPolicy::hard;
+    else if (req.policy == "elastic")
+      v.sm_policy = SmPolicy::elastic;
+    else
+      return usage("--sm-policy '"s + req.policy + "': expected hard or elastic");
   }
   if (!v.memory && !v.sm && !v.policy) {
     if (!req.priority.empty()) return run_set_priority(req.region, req.priority);
@@ -163,8 +170,10 @@ int run_set(const SetRequest& req) {
   for (int i = 0; i < changed; ++i) report(changes[i], v, req.region);
   if (changed > 0) return kExitOk;
   if (req.device.empty()) {
-    std::fprintf(stderr, "gpuslice-smi: %s: no device in use yet, expected --device UUID to set a device's limits "
-                 "before its first use\n", req.region.c_str());
+    std::fprintf(stderr,
+                 "gpuslice-smi: %s: no device in use yet, expected --device UUID to set a device's limits "
+                 "before its first use\n",
+                 req.region.c_str());
   } else if (by_uuid) {
     std::fprintf(stderr, "gpuslice-smi: %s: every device entry is taken, expected a free one for %s\n",
                  req.region.c_str(), req.device.c_str());

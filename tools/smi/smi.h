@@ -13,9 +13,9 @@ namespace gpuslice::smi {
 
 // Exit codes.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailed = 1;     // could not do what was asked (e.g. write refused)
-inline constexpr int kExitNoRegion = 2;   // the region is missing or not a valid region
-inline constexpr int kExitUsage = 64;     // bad command line (EX_USAGE)
+inline constexpr int kExitFailed = 1;    // could not do what was asked (e.g. write refused)
+inline constexpr int kExitNoRegion = 2;  // the region is missing or not a valid region
+inline constexpr int kExitUsage = 64;    // bad command line (EX_USAGE)
 
 struct Shown {
   std::string path;  // as given, or relative to --region-dir
@@ -52,11 +52,11 @@ std::string render_options_markdown();
 
 struct SetRequest {
   std::string region;
-  std::string device;   // "" = every device entry; digits = entry index; else a UUID
-  std::string memory;   // "" = unchanged; size or "unlimited"
-  std::string sm_limit; // "" = unchanged; 1-100[%] or "unlimited"
-  std::string policy;   // "" = unchanged; hard | elastic
-  std::string priority; // "" = unchanged; high | normal | low (the whole container)
+  std::string device;    // "" = every device entry; digits = entry index; else a UUID
+  std::string memory;    // "" = unchanged; size or "unlimited"
+  std::string sm_limit;  // "" = unchanged; 1-100[%] or "unlimited"
+  std::string policy;    // "" = unchanged; hard | elastic
+  std::string priority;  // "" = unchanged; high | normal | low (the whole container)
 };
 // Applies the request; prints what changed on stdout; returns an exit code.
 int run_set(const SetRequest& req);

@@ -114,10 +114,10 @@ std::string agent_line(const Snapshot& s) {
 }  // namespace
 
 std::string render_table(const Snapshot& s) {
-  const std::vector<Column> cols = {{"Container", 20, Align::left},  {"Memory used / quota", 21, Align::right},
-                                    {"Mem%", 4, Align::right},       {"SM limit", 12, Align::right},
-                                    {"SM util", 7, Align::right},    {"Throttled", 9, Align::right},
-                                    {"OOM", 5, Align::right},        {"Procs", 5, Align::right}};
+  const std::vector<Column> cols = {{"Container", 20, Align::left}, {"Memory used / quota", 21, Align::right},
+                                    {"Mem%", 4, Align::right},      {"SM limit", 12, Align::right},
+                                    {"SM util", 7, Align::right},   {"Throttled", 9, Align::right},
+                                    {"OOM", 5, Align::right},       {"Procs", 5, Align::right}};
   const std::size_t width = total_width(cols);
   std::string out;
   {
@@ -178,8 +178,8 @@ std::string render_table(const Snapshot& s) {
     out += rule(cols, '-', '+');
   }
 
-  const std::vector<Column> pcols = {{"GPU", 12, Align::left},     {"Container", 20, Align::left},
-                                     {"PID", 8, Align::right},     {"Host PID", 8, Align::right},
+  const std::vector<Column> pcols = {{"GPU", 12, Align::left},      {"Container", 20, Align::left},
+                                     {"PID", 8, Align::right},      {"Host PID", 8, Align::right},
                                      {"Counted", 10, Align::right}, {"Context", 10, Align::right},
                                      {"NVML", 10, Align::right}};
   out += "\n"s + rule(pcols, '-', '+');
@@ -196,9 +196,10 @@ std::string render_table(const Snapshot& s) {
       for (const DeviceView& d : r.view.devices) {
         const int i = d.index;
         if (p.committed_bytes[i] == 0 && p.nvml_used_bytes[i] == 0) continue;
-        out += row(pcols, {agent::format_uuid(d.uuid).substr(0, 12), container_label(r, s.now_ns), std::to_string(p.pid), host,
-                           format_bytes(p.committed_bytes[i]), format_bytes(p.context_bytes[i]),
-                           p.nvml_used_bytes[i] != 0 ? format_bytes(p.nvml_used_bytes[i]) : "-"});
+        out +=
+            row(pcols, {agent::format_uuid(d.uuid).substr(0, 12), container_label(r, s.now_ns), std::to_string(p.pid),
+                        host, format_bytes(p.committed_bytes[i]), format_bytes(p.context_bytes[i]),
+                        p.nvml_used_bytes[i] != 0 ? format_bytes(p.nvml_used_bytes[i]) : "-"});
         shown = any = true;
       }
       if (!shown) {

@@ -19,7 +19,7 @@ std::vector<unsigned char> Pattern(size_t n, unsigned seed) {
 }
 
 long ResidentKiB() {
-  FILE *f = std::fopen("/proc/self/statm", "r");
+  FILE* f = std::fopen("/proc/self/statm", "r");
   long pages = 0, resident = 0;
   if (f != nullptr) {
     if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
@@ -74,7 +74,7 @@ TEST_F(FakeCuda, LargeAllocationsCostNothingUntilTouched) {
   InitWithContext();
   const long before = ResidentKiB();
   std::vector<CUdeviceptr> blocks(4);
-  for (CUdeviceptr &p : blocks) ASSERT_CU(cuMemAlloc(&p, 8ull << 30));
+  for (CUdeviceptr& p : blocks) ASSERT_CU(cuMemAlloc(&p, 8ull << 30));
   for (size_t i = 0; i < blocks.size(); ++i) {
     const unsigned value = 0x01020304u * static_cast<unsigned>(i + 1);
     ASSERT_CU(cuMemsetD32(blocks[i] + (8ull << 30) - 4, value, 1));
@@ -97,7 +97,7 @@ TEST_F(FakeCuda, ManagedMemoryIsHostAccessible) {
   CUdeviceptr m = 0;
   ASSERT_CU(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL));
   EXPECT_LT(m, 1ull << 44);  // below every device window
-  auto *host = reinterpret_cast<unsigned *>(m);
+  auto* host = reinterpret_cast<unsigned*>(m);
   for (unsigned i = 0; i < 1024; ++i) host[i] = i;
   std::vector<unsigned> out(1024);
   ASSERT_CU(cuMemcpyDtoH(out.data(), m, 4096));
@@ -105,11 +105,11 @@ TEST_F(FakeCuda, ManagedMemoryIsHostAccessible) {
   ASSERT_CU(cuMemsetD32(m, 7, 1024));
   EXPECT_EQ(host[1023], 7u);
   int managed = 0;
-  void *host_ptr = nullptr;
+  void* host_ptr = nullptr;
   ASSERT_CU(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, m));
   ASSERT_CU(cuPointerGetAttribute(&host_ptr, CU_POINTER_ATTRIBUTE_HOST_POINTER, m + 8));
   EXPECT_EQ(managed, 1);
-  EXPECT_EQ(host_ptr, reinterpret_cast<void *>(m + 8));
+  EXPECT_EQ(host_ptr, reinterpret_cast<void*>(m + 8));
   CUmemLocation device0{};
   device0.type = CU_MEM_LOCATION_TYPE_DEVICE;
   ASSERT_CU(cuMemPrefetchAsync(m, 4096, device0, 0, nullptr));
@@ -191,7 +191,7 @@ TEST_F(FakeCuda, PitchedAnd3DCopies) {
   ASSERT_CU(cuMemcpy3D(&down));
   EXPECT_EQ(box[0], static_cast<unsigned char>(1 * 100 + 14));
   EXPECT_EQ(box[8], static_cast<unsigned char>(5 * 100 + 14));  // slice 1 starts at row 4, +1
-  down.srcPitch = 8;  // narrower than the row it addresses
+  down.srcPitch = 8;                                            // narrower than the row it addresses
   EXPECT_EQ(cuMemcpy3D(&down), CUDA_ERROR_INVALID_VALUE);
 }
 
@@ -278,7 +278,7 @@ TEST_F(FakeCuda, PageLockedHostMemory) {
   EXPECT_EQ(cuMemFreeHost(buffer.data()), CUDA_ERROR_INVALID_VALUE);  // not the driver's allocation
   ASSERT_CU(cuMemHostUnregister(buffer.data()));
   EXPECT_EQ(cuMemHostUnregister(buffer.data()), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
-  void *pinned = nullptr;
+  void* pinned = nullptr;
   EXPECT_EQ(cuMemHostAlloc(&pinned, 4096, 0x40), CUDA_ERROR_INVALID_VALUE);
   ASSERT_CU(cuMemHostAlloc(&pinned, 4096, CU_MEMHOSTALLOC_PORTABLE));
   unsigned flags = 0;
@@ -301,8 +301,8 @@ TEST_F(FakeCuda, PointerAttributes) {
   int ordinal = -1;
   CUdeviceptr start = 0;
   size_t size = 0;
-  void *host = reinterpret_cast<void *>(1);
-  void *data[] = {&type, &ordinal, &start, &size, &host};
+  void* host = reinterpret_cast<void*>(1);
+  void* data[] = {&type, &ordinal, &start, &size, &host};
   ASSERT_CU(cuPointerGetAttributes(5, attrs, data, a + 10));
   EXPECT_EQ(type, static_cast<unsigned>(CU_MEMORYTYPE_DEVICE));
   EXPECT_EQ(ordinal, 0);
@@ -344,9 +344,12 @@ TEST_F(FakeCuda, SynchronousCopiesWaitForTheLegacyStream) {
     double t0, at;
   } seen{NowMs(), 0};
   ASSERT_CU(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
-  ASSERT_CU(cuLaunchHostFunc(nullptr, [](void *p) { static_cast<Seen *>(p)->at = NowMs(); }, &seen));
+  ASSERT_CU(cuLaunchHostFunc(
+      nullptr, [](void* p) { static_cast<Seen*>(p)->at = NowMs(); }, &seen));
   EXPECT_GE(seen.at - seen.t0, 29.0);
-  EXPECT_EQ(cuStreamAddCallback(nullptr, [](CUstream, CUresult, void *) {}, nullptr, 1), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuStreamAddCallback(
+                nullptr, [](CUstream, CUresult, void*) {}, nullptr, 1),
+            CUDA_ERROR_INVALID_VALUE);
 }
 
 }  // namespace

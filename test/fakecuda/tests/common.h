@@ -20,7 +20,7 @@
 
 #include "fakecuda_query.h"
 
-extern char **environ;
+extern char** environ;
 
 // The per-thread-default-stream entry points, which plain cuda.h only declares
 // under CUDA_API_PER_THREAD_DEFAULT_STREAM (as the same names): same types.
@@ -66,7 +66,7 @@ class FakeCuda : public ::testing::Test {
     rmdir(dir_.c_str());
   }
   // Initialises and makes a created context on device 0 current.
-  void InitWithContext(CUcontext *ctx = nullptr) {
+  void InitWithContext(CUcontext* ctx = nullptr) {
     ASSERT_CU(cuInit(0));
     CUcontext created = nullptr;
     ASSERT_CU(cuCtxCreate(&created, nullptr, 0, 0));
@@ -80,9 +80,9 @@ class FakeCuda : public ::testing::Test {
 // path; its stdout is readable line by line.
 struct Child {
   pid_t pid = -1;
-  FILE *out = nullptr;
+  FILE* out = nullptr;
 
-  static Child Spawn(const std::vector<std::string> &args, const std::vector<std::string> &prefix = {}) {
+  static Child Spawn(const std::vector<std::string>& args, const std::vector<std::string>& prefix = {}) {
     Child child;
     int fds[2];
     if (pipe(fds) != 0) return child;
@@ -93,16 +93,16 @@ struct Child {
     std::vector<std::string> argv_storage = prefix;
     argv_storage.push_back(FAKECUDA_HELPER);
     argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-    std::vector<char *> argv;
-    for (std::string &arg : argv_storage) argv.push_back(arg.data());
+    std::vector<char*> argv;
+    for (std::string& arg : argv_storage) argv.push_back(arg.data());
     argv.push_back(nullptr);
     std::vector<std::string> env_storage;
-    for (char **e = environ; *e != nullptr; ++e) {
+    for (char** e = environ; *e != nullptr; ++e) {
       if (std::string(*e).rfind("LD_LIBRARY_PATH=", 0) != 0) env_storage.emplace_back(*e);
     }
     env_storage.push_back(std::string("LD_LIBRARY_PATH=") + FAKECUDA_LIB_DIR);
-    std::vector<char *> envp;
-    for (std::string &entry : env_storage) envp.push_back(entry.data());
+    std::vector<char*> envp;
+    for (std::string& entry : env_storage) envp.push_back(entry.data());
     envp.push_back(nullptr);
     int rc = posix_spawnp(&child.pid, argv[0], &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);

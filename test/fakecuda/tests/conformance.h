@@ -20,6 +20,8 @@ namespace conformance {
 
 #define CONFORMANCE_STR2(x) #x
 #define CONFORMANCE_STR(x) CONFORMANCE_STR2(x)  // cuda.h maps names to versioned symbols first
+// An X-macro list, kept as written (clang-format 14 reflows it differently on each pass).
+// clang-format off
 #define CONFORMANCE_CUDA(X)                                                                                     \
   X(cuInit) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceTotalMem) X(cuCtxCreate) X(cuCtxDestroy)            \
   X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPopCurrent) X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree)      \
@@ -33,6 +35,7 @@ namespace conformance {
 #define CONFORMANCE_NVML(X)                                                                                     \
   X(nvmlInit_v2) X(nvmlShutdown) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetProcessUtilization)            \
   X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetComputeRunningProcesses_v3)
+// clang-format on
 
 struct Driver {
 #define CONFORMANCE_MEMBER(name) decltype(&::name) name = nullptr;
@@ -43,12 +46,12 @@ struct Driver {
   std::string why;  // empty once loaded
 
   static bool RealRequested() {
-    const char *value = std::getenv("GPUSLICE_TEST_REAL_DRIVER");
+    const char* value = std::getenv("GPUSLICE_TEST_REAL_DRIVER");
     return value != nullptr && std::strcmp(value, "1") == 0;
   }
 
   // Loads once per process; `why` says what is missing.
-  static Driver &Get() {
+  static Driver& Get() {
     static Driver driver = Load();
     return driver;
   }
@@ -59,12 +62,12 @@ struct Driver {
     d.real = RealRequested();
     std::string cuda = d.real ? "libcuda.so.1" : std::string(FAKECUDA_LIB_DIR) + "/libcuda.so.1";
     std::string nvml = d.real ? "libnvidia-ml.so.1" : std::string(FAKECUDA_LIB_DIR) + "/libnvidia-ml.so.1";
-    void *cuda_lib = dlopen(cuda.c_str(), RTLD_NOW | RTLD_LOCAL);
+    void* cuda_lib = dlopen(cuda.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (cuda_lib == nullptr) {
       d.why = std::string("cannot load ") + cuda + ": " + dlerror();
       return d;
     }
-    void *nvml_lib = dlopen(nvml.c_str(), RTLD_NOW | RTLD_LOCAL);
+    void* nvml_lib = dlopen(nvml.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (nvml_lib == nullptr) {
       d.why = std::string("cannot load ") + nvml + ": " + dlerror();
       return d;
@@ -74,8 +77,8 @@ struct Driver {
       d.why = "GPUSLICE_TEST_REAL_DRIVER=1 but the libcuda.so.1 found is the simulator";
       return d;
     }
-#define CONFORMANCE_LOAD(name)                                                                   \
-  d.name = reinterpret_cast<decltype(d.name)>(dlsym(cuda_lib, CONFORMANCE_STR(name)));           \
+#define CONFORMANCE_LOAD(name)                                                                                \
+  d.name = reinterpret_cast<decltype(d.name)>(dlsym(cuda_lib, CONFORMANCE_STR(name)));                        \
   if (d.name == nullptr) d.name = reinterpret_cast<decltype(d.name)>(dlsym(nvml_lib, CONFORMANCE_STR(name))); \
   if (d.name == nullptr && d.why.empty()) d.why = std::string("missing symbol ") + CONFORMANCE_STR(name);
     CONFORMANCE_CUDA(CONFORMANCE_LOAD)
@@ -97,7 +100,7 @@ class Conformance : public ::testing::Test {
       setenv("FAKECUDA_STATE", (dir_ + "/state").c_str(), 1);
       setenv("FAKECUDA_DEVICES", "2", 1);
     }
-    Driver &d = Driver::Get();
+    Driver& d = Driver::Get();
     if (!d.why.empty()) {
       if (d.real) GTEST_SKIP() << "no real NVIDIA driver: " << d.why;
       FAIL() << d.why;
@@ -108,13 +111,13 @@ class Conformance : public ::testing::Test {
     unlink((dir_ + "/state").c_str());
     rmdir(dir_.c_str());
   }
-  Driver &cu() { return Driver::Get(); }
+  Driver& cu() { return Driver::Get(); }
   std::string dir_;
 };
 
 // Real PTX whose behaviour the simulator reproduces by name: `noop` does
 // nothing, `spin_1000us` spins on %globaltimer for 1 ms.
-inline constexpr const char *kPtx = R"(.version 7.0
+inline constexpr const char* kPtx = R"(.version 7.0
 .target sm_75
 .address_size 64
 .visible .entry noop() { ret; }

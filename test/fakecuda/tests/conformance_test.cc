@@ -110,8 +110,7 @@ TEST_F(Conformance, KernelHandleTakesTheStreamsContext) {
   auto f = reinterpret_cast<CUfunction>(kernel);
   EXPECT_CU(cu().cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, sb, nullptr, nullptr));  // a is current
   CUcontext popped = nullptr;
-  while (cu().cuCtxPopCurrent(&popped) == CUDA_SUCCESS) {
-  }
+  while (cu().cuCtxPopCurrent(&popped) == CUDA_SUCCESS) {}
   EXPECT_CU(cu().cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, sb, nullptr, nullptr));  // none is current
   EXPECT_EQ(cu().cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), CUDA_ERROR_INVALID_CONTEXT);
   ASSERT_CU(cu().cuStreamSynchronize(sb));
@@ -233,7 +232,7 @@ TEST_F(Conformance, RetainedVmmHandleNeedsItsOwnRelease) {
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   ASSERT_CU(cu().cuMemSetAccess(va, granule, &access, 1));
-  ASSERT_CU(cu().cuMemRetainAllocationHandle(&retained, reinterpret_cast<void *>(va)));
+  ASSERT_CU(cu().cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(va)));
   EXPECT_EQ(retained, handle);
   ASSERT_CU(cu().cuMemRelease(handle));
   ASSERT_CU(cu().cuMemRelease(retained));

@@ -7,7 +7,7 @@ using namespace fakecuda_test;
 
 namespace {
 
-constexpr const char *kImage = "// fake PTX\n.entry spin_25000us\n.entry spin_1000us\n.entry noop\n";
+constexpr const char* kImage = "// fake PTX\n.entry spin_25000us\n.entry spin_1000us\n.entry noop\n";
 
 struct Kernels {
   CUmodule module = nullptr;
@@ -32,7 +32,7 @@ TEST_F(FakeCuda, ModulesAndFunctions) {
   Kernels k = Load();
   CUfunction missing = nullptr;
   EXPECT_EQ(cuModuleGetFunction(&missing, k.module, "absent"), CUDA_ERROR_NOT_FOUND);
-  const char *name = nullptr;
+  const char* name = nullptr;
   EXPECT_CU(cuFuncGetName(&name, k.spin25ms));
   EXPECT_STREQ(name, "spin_25000us");
   int value = 0;
@@ -152,7 +152,7 @@ TEST_F(FakeCuda, GraphsRunTheirKernelsInOrder) {
   CUDA_KERNEL_NODE_PARAMS_v1 legacy{};
   memcpy(&legacy, &params, sizeof(legacy));
   legacy.func = k.spin25ms;
-  using AddV1 = CUresult (*)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS_v1 *);
+  using AddV1 = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_KERNEL_NODE_PARAMS_v1*);
   auto add_v1 = reinterpret_cast<AddV1>(dlsym(RTLD_DEFAULT, "cuGraphAddKernelNode"));
   ASSERT_CU(add_v1(&second, graph, &first, 1, &legacy));
   size_t count = 0;
@@ -216,14 +216,15 @@ TEST_F(FakeCuda, ConcurrentLaunchersShareOneTimeline) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       EXPECT_CU(cuCtxSetCurrent(ctx));
-      for (int i = 0; i < 50; ++i) EXPECT_CU(cuLaunchKernel_ptsz(k.spin1ms, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+      for (int i = 0; i < 50; ++i)
+        EXPECT_CU(cuLaunchKernel_ptsz(k.spin1ms, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
       EXPECT_CU(cuStreamSynchronize_ptsz(CU_STREAM_PER_THREAD));
     });
   }
   std::thread reader([&] {
     for (int i = 0; i < 50; ++i) (void)fakecuda_busy_ns(0, 0, t0, fakecuda_now_ns());
   });
-  for (auto &thread : threads) thread.join();
+  for (auto& thread : threads) thread.join();
   reader.join();
   uint64_t t1 = fakecuda_now_ns();
   EXPECT_EQ(fakecuda_busy_ns(0, 0, t0, t1 + 1000000000), 200000000u);

@@ -8,7 +8,7 @@ using namespace fakecuda_test;
 
 namespace {
 
-constexpr const char *kImage = ".entry spin_1000us\n";
+constexpr const char* kImage = ".entry spin_1000us\n";
 
 // cuMemFree's range is handed out again, as the real driver does.
 TEST_F(FakeCuda, FreedAddressesAreReused) {
@@ -67,8 +67,7 @@ TEST_F(FakeCuda, KernelHandleLaunchRunsOnTheStreamsDevice) {
   ASSERT_CU(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s1, nullptr, nullptr));
   // Empty the thread's context stack (cuCtxSetCurrent(NULL) only pops its top).
   CUcontext popped = nullptr;
-  while (cuCtxPopCurrent(&popped) == CUDA_SUCCESS) {
-  }
+  while (cuCtxPopCurrent(&popped) == CUDA_SUCCESS) {}
   ASSERT_EQ(cuCtxGetCurrent(&popped), CUDA_SUCCESS);
   ASSERT_EQ(popped, nullptr);
   ASSERT_CU(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s1, nullptr, nullptr));

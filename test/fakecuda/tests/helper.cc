@@ -29,8 +29,8 @@ namespace {
 PFN_cuGetProcAddress_v12000 get_proc = nullptr;
 
 template <typename F>
-F resolve(const char *name, int version) {
-  void *fn = nullptr;
+F resolve(const char* name, int version) {
+  void* fn = nullptr;
   CUdriverProcAddressQueryResult status;
   if (get_proc(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) {
     std::fprintf(stderr, "helper: cannot resolve %s\n", name);
@@ -45,13 +45,13 @@ unsigned long long now_ns() {
   return ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 
-#define CHECK(call)                                                   \
-  do {                                                                \
-    CUresult rc_ = (call);                                            \
-    if (rc_ != CUDA_SUCCESS) {                                        \
-      std::fprintf(stderr, "helper: %s = %d\n", #call, (int)rc_);     \
-      return 4;                                                       \
-    }                                                                 \
+#define CHECK(call)                                               \
+  do {                                                            \
+    CUresult rc_ = (call);                                        \
+    if (rc_ != CUDA_SUCCESS) {                                    \
+      std::fprintf(stderr, "helper: %s = %d\n", #call, (int)rc_); \
+      return 4;                                                   \
+    }                                                             \
   } while (0)
 
 // Called from this program's ELF destructor, which runs after the destructors
@@ -68,9 +68,9 @@ unsigned long long g_late_bytes = 0;
 
 }  // namespace
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc < 3) return 2;
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW);
   if (lib == nullptr) return 5;
   get_proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(lib, "cuGetProcAddress_v2"));
   if (get_proc == nullptr) return 5;
@@ -137,7 +137,7 @@ int main(int argc, char **argv) {
     auto set32 = resolve<PFN_cuMemsetD32_v3020>("cuMemsetD32", 3020);
     unsigned long long bytes = std::strtoull(argv[3], nullptr, 10);
     CUmemGenericAllocationHandle handle = 0;
-    CHECK(import(&handle, reinterpret_cast<void *>(static_cast<std::intptr_t>(value)),
+    CHECK(import(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(value)),
                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     CUdeviceptr va = 0;
     CHECK(reserve(&va, bytes, 0, 0, 0));

@@ -79,7 +79,7 @@ TEST_F(FakeCuda, ExportedHandleImportsWithAReference) {
   ASSERT_CU(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   ASSERT_GE(fd, 0);
   CUmemGenericAllocationHandle imported = 0;
-  ASSERT_CU(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void *>(static_cast<std::intptr_t>(fd)),
+  ASSERT_CU(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   close(fd);
   EXPECT_EQ(imported, handle);

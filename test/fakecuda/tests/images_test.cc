@@ -15,7 +15,7 @@ namespace {
 
 // A minimal ELF64 "cubin": a null section, .text.<kernel> and .shstrtab. The
 // bytes contain NULs right after the magic, as every real cubin does.
-std::string MakeCubin(const std::string &kernel) {
+std::string MakeCubin(const std::string& kernel) {
   std::string strtab = std::string("\0.shstrtab\0.text.", 17) + kernel + std::string("\0", 1);
   Elf64_Ehdr eh{};
   std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
@@ -42,14 +42,14 @@ std::string MakeCubin(const std::string &kernel) {
   sh[2].sh_type = SHT_PROGBITS;
   sh[2].sh_offset = code_at;
   sh[2].sh_size = code.size();
-  std::string out(reinterpret_cast<const char *>(&eh), sizeof(eh));
+  std::string out(reinterpret_cast<const char*>(&eh), sizeof(eh));
   out += strtab + code;
-  out.append(reinterpret_cast<const char *>(sh), sizeof(sh));
+  out.append(reinterpret_cast<const char*>(sh), sizeof(sh));
   return out;
 }
 
 // A fatbin (fatbinary_section.h's magic, NVIDIA's layout) with one entry.
-std::string MakeFatbin(const std::string &payload, std::uint16_t kind, std::uint64_t flags) {
+std::string MakeFatbin(const std::string& payload, std::uint16_t kind, std::uint64_t flags) {
   struct Header {
     std::uint32_t magic;
     std::uint16_t version, header_size;
@@ -68,8 +68,8 @@ std::string MakeFatbin(const std::string &payload, std::uint16_t kind, std::uint
   body.resize((body.size() + 8) / 8 * 8, '\0');
   Entry e{kind, 0, sizeof(Entry), body.size(), 0, 0, 0, 0, 90, 0, 0, flags, 0, 0};
   Header h{0xBA55ED50u, 1, sizeof(Header), sizeof(Entry) + body.size()};
-  return std::string(reinterpret_cast<const char *>(&h), sizeof(h)) +
-         std::string(reinterpret_cast<const char *>(&e), sizeof(e)) + body;
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) +
+         std::string(reinterpret_cast<const char*>(&e), sizeof(e)) + body;
 }
 
 TEST_F(FakeCuda, BinaryImagesAreNotCStrings) {
@@ -89,9 +89,9 @@ TEST_F(FakeCuda, BinaryImagesAreNotCStrings) {
   EXPECT_EQ(cuModuleGetFunction(&f, module, "other_kernel"), CUDA_ERROR_NOT_FOUND);
   struct {
     int magic, version;
-    const unsigned long long *data;
-    void *unused;
-  } wrapper{0x466243B1, 1, reinterpret_cast<const unsigned long long *>(fatbin.data()), nullptr};
+    const unsigned long long* data;
+    void* unused;
+  } wrapper{0x466243B1, 1, reinterpret_cast<const unsigned long long*>(fatbin.data()), nullptr};
   CUlibrary library = nullptr;
   CUkernel kernel = nullptr;
   ASSERT_CU(cuLibraryLoadData(&library, &wrapper, nullptr, nullptr, 0, nullptr, nullptr, 0));
@@ -101,7 +101,7 @@ TEST_F(FakeCuda, BinaryImagesAreNotCStrings) {
   EXPECT_CU(cuModuleGetFunction(&f, module, "any_name_at_all"));
   // Garbage after an ELF magic is refused.
   std::string broken = cubin.substr(0, sizeof(Elf64_Ehdr));
-  reinterpret_cast<Elf64_Ehdr *>(broken.data())->e_shentsize = 12;
+  reinterpret_cast<Elf64_Ehdr*>(broken.data())->e_shentsize = 12;
   EXPECT_EQ(cuModuleLoadData(&module, broken.data()), CUDA_ERROR_INVALID_IMAGE);
   // A cubin cut short (a truncated file, or fewer bytes than it claims given
   // to the linker) is refused, never read past its end.
@@ -113,13 +113,13 @@ TEST_F(FakeCuda, BinaryImagesAreNotCStrings) {
   unlink(path.c_str());
   CUlinkState link = nullptr;
   ASSERT_CU(cuLinkCreate(0, nullptr, nullptr, &link));
-  EXPECT_EQ(cuLinkAddData(link, CU_JIT_INPUT_CUBIN, const_cast<char *>(cubin.data()), cubin.size() - 8, "short", 0,
+  EXPECT_EQ(cuLinkAddData(link, CU_JIT_INPUT_CUBIN, const_cast<char*>(cubin.data()), cubin.size() - 8, "short", 0,
                           nullptr, nullptr),
             CUDA_ERROR_INVALID_IMAGE);
   ASSERT_CU(cuLinkDestroy(link));
 }
 
-std::string ReadFile(const std::string &path) {
+std::string ReadFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   std::stringstream bytes;
   bytes << file.rdbuf();
@@ -141,12 +141,12 @@ TEST_F(FakeCuda, CubinAndFatbinFromTheToolkit) {
   std::ofstream(ptx) << ".version 8.0\n.target sm_90\n.address_size 64\n"
                         ".visible .entry scale_rows(.param .u64 p) { ret; }\n";
   const std::string images = " --image3=kind=elf,sm=90,file=" + cubin + " --image3=kind=ptx,sm=90,file=" + ptx;
-  for (const std::string &cmd : {ptxas + " -arch=sm_90 " + ptx + " -o " + cubin,
-                                 fatbinary + " --create=" + fat + images,
-                                 fatbinary + " --compress-all --create=" + packed + images}) {
+  for (const std::string& cmd :
+       {ptxas + " -arch=sm_90 " + ptx + " -o " + cubin, fatbinary + " --create=" + fat + images,
+        fatbinary + " --compress-all --create=" + packed + images}) {
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
-  for (const std::string &path : {cubin, fat}) {
+  for (const std::string& path : {cubin, fat}) {
     const std::string bytes = ReadFile(path);
     CUmodule module = nullptr;
     CUfunction f = nullptr;
@@ -159,7 +159,7 @@ TEST_F(FakeCuda, CubinAndFatbinFromTheToolkit) {
   CUfunction f = nullptr;
   ASSERT_CU(cuModuleLoadData(&module, bytes.data()));
   EXPECT_CU(cuModuleGetFunction(&f, module, "scale_cols"));  // opaque: any name
-  for (const std::string &path : {ptx, cubin, fat, packed}) unlink(path.c_str());
+  for (const std::string& path : {ptx, cubin, fat, packed}) unlink(path.c_str());
 }
 
 float KernelMs(CUfunction gate, CUfunction f) {
@@ -179,7 +179,8 @@ TEST_F(FakeCuda, KernelDurationsComeFromTheEnvironment) {
   setenv("FAKECUDA_KERNEL_US", "saxpy=2000,*=500,spin_300us=9", 1);
   InitWithContext();
   CUmodule module = nullptr;
-  ASSERT_CU(cuModuleLoadData(&module, ".entry saxpy(){} .entry axpby(){} .entry spin_300us(){} .entry spin_50000us(){}"));
+  ASSERT_CU(
+      cuModuleLoadData(&module, ".entry saxpy(){} .entry axpby(){} .entry spin_300us(){} .entry spin_50000us(){}"));
   CUfunction saxpy = nullptr, other = nullptr, spin = nullptr, gate = nullptr;
   ASSERT_CU(cuModuleGetFunction(&gate, module, "spin_50000us"));
   ASSERT_CU(cuModuleGetFunction(&saxpy, module, "saxpy"));
@@ -202,10 +203,10 @@ TEST_F(FakeCuda, LinkerOutputHoldsEveryInput) {
   char info[64] = "stale", error[64] = "stale";
   CUjit_option options[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
                             CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-  void *values[] = {info, reinterpret_cast<void *>(sizeof(info)), error, reinterpret_cast<void *>(sizeof(error))};
+  void* values[] = {info, reinterpret_cast<void*>(sizeof(info)), error, reinterpret_cast<void*>(sizeof(error))};
   CUlinkState link = nullptr;
   ASSERT_CU(cuLinkCreate(4, options, values, &link));
-  void *out = nullptr;
+  void* out = nullptr;
   size_t size = 0;
   EXPECT_EQ(cuLinkComplete(link, &out, &size), CUDA_ERROR_INVALID_VALUE);  // nothing added yet
   char ptx[] = ".visible .entry from_ptx() { ret; }";
@@ -214,8 +215,7 @@ TEST_F(FakeCuda, LinkerOutputHoldsEveryInput) {
   ASSERT_CU(cuLinkAddData(link, CU_JIT_INPUT_CUBIN, cubin.data(), cubin.size(), "b.cubin", 0, nullptr, nullptr));
   EXPECT_EQ(cuLinkAddData(link, CU_JIT_INPUT_NVVM, ptx, sizeof(ptx), "c.ltoir", 0, nullptr, nullptr),
             CUDA_ERROR_INVALID_VALUE);  // LTO-IR needs CU_JIT_LTO
-  EXPECT_EQ(cuLinkAddFile(link, CU_JIT_INPUT_PTX, "/nonexistent.ptx", 0, nullptr, nullptr),
-            CUDA_ERROR_FILE_NOT_FOUND);
+  EXPECT_EQ(cuLinkAddFile(link, CU_JIT_INPUT_PTX, "/nonexistent.ptx", 0, nullptr, nullptr), CUDA_ERROR_FILE_NOT_FOUND);
   ASSERT_CU(cuLinkComplete(link, &out, &size));
   EXPECT_STREQ(info, "");
   EXPECT_STREQ(error, "");
@@ -277,7 +277,7 @@ TEST_F(FakeCuda, CaptureInfoAndProfiler) {
   CUgraph ended = nullptr;
   ASSERT_CU(cuStreamEndCapture(stream, &ended));
   EXPECT_EQ(ended, graph);
-  void *start = nullptr;
+  void* start = nullptr;
   CUdriverProcAddressQueryResult found{};
   ASSERT_CU(cuGetProcAddress("cuProfilerStart", &start, 13000, 0, &found));
   ASSERT_NE(start, nullptr);

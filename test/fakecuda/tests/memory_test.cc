@@ -123,9 +123,9 @@ TEST_F(FakeCuda, EveryAllocationFamilyIsCountedExactly) {
 TEST_F(FakeCuda, LegacyThirtyTwoBitAllocation) {
   InitWithContext();
   // cuda.h maps cuMemAlloc to cuMemAlloc_v2; the 2.x ABI is only reachable raw.
-  using LegacyAlloc = CUresult (*)(unsigned int *, unsigned int);
+  using LegacyAlloc = CUresult (*)(unsigned int*, unsigned int);
   using LegacyFree = CUresult (*)(unsigned int);
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   ASSERT_NE(lib, nullptr);
   auto legacy_alloc = reinterpret_cast<LegacyAlloc>(dlsym(lib, "cuMemAlloc"));
   auto legacy_free = reinterpret_cast<LegacyFree>(dlsym(lib, "cuMemFree"));
@@ -212,7 +212,7 @@ TEST_F(FakeCuda, AddressesAreUniqueAndRangesResolve) {
     }
   }
   CUdeviceptr previous_end = 0;
-  for (auto &[base, size] : live) {
+  for (auto& [base, size] : live) {
     EXPECT_GE(base, previous_end);
     previous_end = base + size;
     CUdeviceptr found = 0;
@@ -294,7 +294,7 @@ TEST_F(FakeCuda, ContextStack) {
 }
 
 TEST_F(FakeCuda, ErrorNamesCoverReturnedCodes) {
-  const char *text = nullptr;
+  const char* text = nullptr;
   for (CUresult code : {CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_INITIALIZED,
                         CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_READY,
                         CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED}) {

@@ -12,9 +12,9 @@ using namespace fakecuda_test;
 
 namespace {
 
-std::string RunCtl(const std::string &args) {
+std::string RunCtl(const std::string& args) {
   std::string command = std::string(FAKECUDA_CTL) + " " + args;
-  FILE *pipe = popen(command.c_str(), "r");
+  FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   char buffer[4096];
   while (pipe != nullptr && std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
@@ -75,7 +75,7 @@ TEST_F(FakeCuda, KilledMidAllocationLeavesNothingBehind) {
       ASSERT_EQ(children.back().ReadLine(), "ready");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
-    for (Child &child : children) child.Kill();  // at an arbitrary instruction, maybe holding the lock
+    for (Child& child : children) child.Kill();  // at an arbitrary instruction, maybe holding the lock
     EXPECT_EQ(fakecuda_device_used_bytes(0), 0u) << "round " << round;
   }
   // The shared lock survived its owners: a new process allocates normally.
@@ -92,11 +92,11 @@ TEST_F(FakeCuda, ConcurrentFirstProcessesAgreeOnOneState) {
   for (int i = 0; i < 6; ++i) children.push_back(Child::Spawn({"alloc", std::to_string(kMiB), "1"}));
   // EXPECT, not ASSERT: a child that failed must not leave the others running
   // (they would hold CTest's output pipe open until its timeout).
-  for (Child &child : children) EXPECT_EQ(child.ReadLine(), "ready");
+  for (Child& child : children) EXPECT_EQ(child.ReadLine(), "ready");
   if (!HasFailure()) {
     EXPECT_EQ(fakecuda_device_used_bytes(0), 6 * kMiB);
   }
-  for (Child &child : children) child.Kill();
+  for (Child& child : children) child.Kill();
   EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
 }
 
@@ -113,7 +113,7 @@ TEST_F(FakeCuda, CtlReportsAndResets) {
   EXPECT_NE(status.find("\"device\": 1, \"used_bytes\": " + std::to_string(3 * kMiB)), std::string::npos) << status;
   EXPECT_EQ(RunCtl("bogus"), "");
   RunCtl("reset");
-  struct stat st{};
+  struct stat st {};
   EXPECT_NE(stat(state_.c_str(), &st), 0);
 }
 

@@ -63,10 +63,9 @@ TEST_F(FakeCuda, NvmlAgreesWithTheDriver) {
   CUuuid bytes;
   ASSERT_CU(cuDeviceGetUuid(&bytes, 0));
   char expected[64];
-  const auto *u = reinterpret_cast<const unsigned char *>(bytes.bytes);
-  snprintf(expected, sizeof(expected),
-           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
-           u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  const auto* u = reinterpret_cast<const unsigned char*>(bytes.bytes);
+  snprintf(expected, sizeof(expected), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+           u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
   EXPECT_STREQ(uuid, expected);
   nvmlDevice_t by_uuid = nullptr;
   ASSERT_EQ(nvmlDeviceGetHandleByUUID(uuid, &by_uuid), NVML_SUCCESS);

@@ -129,7 +129,7 @@ TEST_F(FakeCuda, VmmHoldsMemoryUntilReleasedAndUnmapped) {
   ASSERT_CU(cuMemAddressReserve(&va, 8 * kMiB, 0, 0, 0));
   EXPECT_EQ(fakecuda_device_used_bytes(0), 4 * kMiB);  // address space is free
   ASSERT_CU(cuMemMap(va, 4 * kMiB, 0, handle, 0));
-  ASSERT_CU(cuMemMap(va + 4 * kMiB, 2 * kMiB, 2 * kMiB, handle, 0));  // a second mapping of the same memory
+  ASSERT_CU(cuMemMap(va + 4 * kMiB, 2 * kMiB, 2 * kMiB, handle, 0));          // a second mapping of the same memory
   EXPECT_EQ(cuMemMap(va, 2 * kMiB, 0, handle, 0), CUDA_ERROR_INVALID_VALUE);  // overlaps
   CUmemAccessDesc access{};
   access.location = prop.location;
@@ -161,7 +161,7 @@ TEST_F(FakeCuda, VmmUnmapThenReleaseAndOom) {
   CUdeviceptr va = 0;
   ASSERT_CU(cuMemAddressReserve(&va, 6 * kMiB, 0, 0, 0));
   ASSERT_CU(cuMemMap(va, 6 * kMiB, 0, handle, 0));
-  ASSERT_CU(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void *>(va + 10)));
+  ASSERT_CU(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(va + 10)));
   EXPECT_EQ(retained, handle);
   EXPECT_CU(cuMemUnmap(va, 6 * kMiB));
   EXPECT_CU(cuMemRelease(handle));

@@ -14,7 +14,8 @@ using namespace fakecuda_test;
 
 namespace {
 
-constexpr const char *kImage = ".entry spin_50000us\n.entry spin_20000us\n.entry spin_10000us\n.entry spin_5000us\n.entry spin_1000us\n";
+constexpr const char* kImage =
+    ".entry spin_50000us\n.entry spin_20000us\n.entry spin_10000us\n.entry spin_5000us\n.entry spin_1000us\n";
 
 class Realistic : public FakeCuda {
  protected:
@@ -26,7 +27,7 @@ class Realistic : public FakeCuda {
     setenv("FAKECUDA_LAUNCH_COST_US", "0", 1);
     setenv("FAKECUDA_TIMESLICE_US", "2000", 1);
   }
-  CUfunction Function(const char *name) {
+  CUfunction Function(const char* name) {
     if (module_ == nullptr) {
       EXPECT_CU(cuModuleLoadData(&module_, kImage));
     }
@@ -111,8 +112,8 @@ float ArrivalAfterGate(CUevent gate) {
   EXPECT_CU(cuEventSynchronize(gate));
   return Ms(gate, now);
 }
-#define SKIP_IF_LATE(gate)                                                                            \
-  if (float late_ms = ArrivalAfterGate(gate); late_ms >= 0)                                           \
+#define SKIP_IF_LATE(gate)                                  \
+  if (float late_ms = ArrivalAfterGate(gate); late_ms >= 0) \
   GTEST_SKIP() << "launches arrived " << late_ms << " ms after the 50 ms gate ended: machine too loaded"
 
 // Two contexts with a 20 ms kernel each, released at one instant: the device
@@ -264,7 +265,9 @@ TEST_F(Realistic, NvmlSamplesOnItsOwnPeriod) {
   CUfunction f = Function("spin_10000us");
   for (int i = 0; i < 5; ++i) ASSERT_CU(Launch(f, nullptr));  // 50 ms of work
   ASSERT_CU(cuCtxSynchronize());
-  struct timespec pause_for{0, 45000000};  // two more periods end
+  struct timespec pause_for {
+    0, 45000000
+  };  // two more periods end
   nanosleep(&pause_for, nullptr);
   nvmlProcessUtilizationSample_t samples[64];
   unsigned count = 64;
@@ -301,7 +304,7 @@ TEST_F(Realistic, NvmlSamplesOnItsOwnPeriod) {
 
 // The driver discards the queued work of a process that exits (normally or
 // killed): it is never run, nor charged, and does not delay anyone else.
-void ExpectQueuedWorkDropped(const char *how) {
+void ExpectQueuedWorkDropped(const char* how) {
   setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
   ASSERT_CU(cuInit(0));
   Child child = Child::Spawn({how, "200000", "5"});  // 1 s of kernels, never synchronised
@@ -430,7 +433,7 @@ TEST_F(Realistic, ProcessesAreChargedForTheSlicesTheyRan) {
   Child a = Child::Spawn({"spin", "20000", "10"});
   Child b = Child::Spawn({"spin", "20000", "10"});
   unsigned long long pid[2] = {}, start[2] = {}, end[2] = {};
-  Child *children[2] = {&a, &b};
+  Child* children[2] = {&a, &b};
   for (int i = 0; i < 2; ++i) {
     std::string line = children[i]->ReadLine();
     ASSERT_EQ(std::sscanf(line.c_str(), "%llu %llu %llu", &pid[i], &start[i], &end[i]), 3) << line;

@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc != 3) return 2;
   const size_t bytes = std::strtoull(argv[2], nullptr, 10);
   CUdevice dev = 0;

@@ -91,8 +91,7 @@ int deadlock(const char* lib, bool launch) {
   void* h = dlopen(lib, RTLD_NOW);
   a.join();
   auto ctor_rc = h ? reinterpret_cast<int*>(dlsym(h, "lifecycle_ctor_rc")) : nullptr;
-  std::printf("deadlock loaded=%d ctor_rc=%d thread_rc=%d\n", h != nullptr, ctor_rc ? *ctor_rc : -2,
-              thread_rc.load());
+  std::printf("deadlock loaded=%d ctor_rc=%d thread_rc=%d\n", h != nullptr, ctor_rc ? *ctor_rc : -2, thread_rc.load());
   return 0;
 }
 
@@ -180,7 +179,8 @@ int quiet() {
   const CUresult alloc_rc = cuMemAlloc(&p, kMi);
   CUmodule module = nullptr;
   CUfunction f = nullptr;
-  if (cuModuleLoadData(&module, "spin_10us") != CUDA_SUCCESS || cuModuleGetFunction(&f, module, "spin_10us") != CUDA_SUCCESS)
+  if (cuModuleLoadData(&module, "spin_10us") != CUDA_SUCCESS ||
+      cuModuleGetFunction(&f, module, "spin_10us") != CUDA_SUCCESS)
     return 4;
   int launched = 0;
   for (int i = 0; i < 20; ++i)

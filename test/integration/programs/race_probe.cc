@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i)
       threads.emplace_back([&] {
-        while (start.load() == 0) {
-        }
+        while (start.load() == 0) {}
         CUdeviceptr p = 0;
         if (init_and_alloc(bytes, &p) == CUDA_SUCCESS) ok.fetch_add(1);
       });

@@ -16,8 +16,16 @@
 namespace {
 
 std::string mutate(std::string s, std::mt19937_64& rng, const std::vector<std::string>& seeds) {
-  static const char* const kTokens[] = {"=", ",", "0", "9", "Gi", "G", "Ki", "B", "%", "\n", "-", ".", "_0", "_15",
-                                        "_16", "18446744073709551615", "GPUSLICE_", "CUDA_DEVICE_", "\xff", " "};
+  static const char* const kTokens[] = {"=",         ",",
+                                        "0",         "9",
+                                        "Gi",        "G",
+                                        "Ki",        "B",
+                                        "%",         "\n",
+                                        "-",         ".",
+                                        "_0",        "_15",
+                                        "_16",       "18446744073709551615",
+                                        "GPUSLICE_", "CUDA_DEVICE_",
+                                        "\xff",      " "};
   const int edits = 1 + static_cast<int>(rng() % 6);
   for (int e = 0; e < edits; ++e) {
     const std::size_t pos = s.empty() ? 0 : rng() % (s.size() + 1);

@@ -20,11 +20,26 @@ bool reference_size(const std::string& s, std::uint64_t* out) {
   static const struct {
     const char* suffix;
     unsigned __int128 factor;
-  } kUnits[] = {{"", 1},          {"B", 1},       {"K", 1000},         {"KB", 1000},        {"k", 1000},
-                {"kB", 1000},     {"M", 1000000}, {"MB", 1000000},     {"G", 1000000000},   {"GB", 1000000000},
-                {"T", 1000000000000ull}, {"TB", 1000000000000ull}, {"Ki", 1024}, {"KiB", 1024},
-                {"Mi", 1u << 20}, {"MiB", 1u << 20}, {"Gi", 1u << 30}, {"GiB", 1u << 30},
-                {"Ti", 1ull << 40}, {"TiB", 1ull << 40}};
+  } kUnits[] = {{"", 1},
+                {"B", 1},
+                {"K", 1000},
+                {"KB", 1000},
+                {"k", 1000},
+                {"kB", 1000},
+                {"M", 1000000},
+                {"MB", 1000000},
+                {"G", 1000000000},
+                {"GB", 1000000000},
+                {"T", 1000000000000ull},
+                {"TB", 1000000000000ull},
+                {"Ki", 1024},
+                {"KiB", 1024},
+                {"Mi", 1u << 20},
+                {"MiB", 1u << 20},
+                {"Gi", 1u << 30},
+                {"GiB", 1u << 30},
+                {"Ti", 1ull << 40},
+                {"TiB", 1ull << 40}};
   for (const auto& u : kUnits) {
     if (unit != u.suffix) continue;
     unsigned __int128 v = 0;
@@ -103,9 +118,11 @@ std::vector<std::string> seeds() {
   return {
       "GPUSLICE_MEMORY_LIMIT=8Gi",
       "GPUSLICE_MEMORY_LIMIT=0=8Gi,1=4Gi,15=1T\nGPUSLICE_SM_LIMIT=0=30,1=50%",
-      "CUDA_DEVICE_MEMORY_LIMIT=4096m\nCUDA_DEVICE_MEMORY_LIMIT_1=2g\nCUDA_DEVICE_SM_LIMIT=40\nCUDA_DEVICE_SM_LIMIT_3=0",
+      "CUDA_DEVICE_MEMORY_LIMIT=4096m\nCUDA_DEVICE_MEMORY_LIMIT_1=2g\nCUDA_DEVICE_SM_LIMIT=40\nCUDA_DEVICE_SM_LIMIT_3="
+      "0",
       "GPUSLICE_SM_POLICY=elastic\nGPUSLICE_LOG_LEVEL=debug\nGPUSLICE_CONTAINER_NAME=c1",
-      "GPUSLICE_REGION=/dev/shm/x.region\nGPUSLICE_REAL_LIBCUDA=/usr/lib/libcuda.so.1\nGPUSLICE_REAL_LIBNVML=libnvidia-ml.so.1",
+      "GPUSLICE_REGION=/dev/shm/x.region\nGPUSLICE_REAL_LIBCUDA=/usr/lib/"
+      "libcuda.so.1\nGPUSLICE_REAL_LIBNVML=libnvidia-ml.so.1",
       "8Gi\n18446744073709551615\n16777215TiB\n1000kB\n12\n0",
       "GPUSLICE_MEMORY_LIMIT=1.5Gi\nGPUSLICE_SM_LIMIT=101\nPATH=/bin",
       "GPUSLICE_MEMORY_LIMIT=5=8G" + std::string(90, '\x01') + "i,CUD1=4GiA_0Y_",
