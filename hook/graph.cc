@@ -8,6 +8,7 @@
 // from measured device time.
 #include <cuda.h>
 
+#include "hook/kernels.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_graphs.h"
@@ -61,6 +62,74 @@ struct Walker {
     }
   }
 };
+
+// A kernel node may name a CUkernel (as `func` cast to CUfunction, or as
+// `kern` with `func` NULL: the CUDA 12+ runtime's lazily loaded kernels)
+// whose library was never placed in the node's context: the driver places it
+// when the graph is instantiated or first launched. Before instantiating,
+// each such kernel's library is placed measured in that context (kernels.h),
+// so the placement is counted whichever the driver's moment is; one that does
+// not fit refuses the instantiation (CUDA_ERROR_OUT_OF_MEMORY). Only while
+// kernels.h's check is on (a CUkernel was handed out and not yet seen placed
+// everywhere); otherwise nothing is walked.
+// A kernel node's kernel: `func`, else `kern` in `ctx` (NULL: the current one).
+template <class Params>  // CUDA_KERNEL_NODE_PARAMS_v2 or _v3: func, kern, ctx alike
+CUresult place_node_params(const Params* params) noexcept {
+  if (__builtin_expect((g_kernel_check.load(std::memory_order_relaxed) & 1) == 0, 1)) return CUDA_SUCCESS;
+  if (params->func != nullptr) return place_node_kernel(params->func, nullptr);
+  return place_node_kernel(reinterpret_cast<CUfunction>(params->kern), params->ctx);
+}
+
+struct Placer {
+  decltype(&::cuGraphGetNodes) get_nodes;
+  decltype(&::cuGraphNodeGetType) node_type;
+  decltype(&::cuGraphKernelNodeGetParams_v2) kernel_params;
+  decltype(&::cuGraphChildGraphNodeGetGraph) child_graph;
+
+  CUresult walk(CUgraph graph, int depth) const noexcept {
+    std::size_t count = 0;
+    if (depth > kMaxDepth || get_nodes(graph, nullptr, &count) != CUDA_SUCCESS || count == 0) return CUDA_SUCCESS;
+    CUgraphNode local[kStackNodes];
+    CUgraphNode* nodes = local;
+    const std::size_t map_bytes = count > kStackNodes ? count * sizeof(CUgraphNode) : 0;
+    if (map_bytes != 0) {
+      nodes = static_cast<CUgraphNode*>(limiter::table_detail::map_pages(map_bytes));
+      if (nodes == nullptr) return CUDA_SUCCESS;
+    }
+    CUresult rc = CUDA_SUCCESS;
+    if (get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
+      for (std::size_t i = 0; i < count && rc == CUDA_SUCCESS; ++i) rc = visit(nodes[i], depth);
+    }
+    if (map_bytes != 0) limiter::table_detail::unmap_pages(nodes, map_bytes);
+    return rc;
+  }
+
+  CUresult visit(CUgraphNode node, int depth) const noexcept {
+    CUgraphNodeType type;
+    if (node_type(node, &type) != CUDA_SUCCESS) return CUDA_SUCCESS;
+    if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
+      CUDA_KERNEL_NODE_PARAMS params{};
+      if (kernel_params(node, &params) != CUDA_SUCCESS) return CUDA_SUCCESS;
+      return place_node_params(&params);
+    }
+    if (type == CU_GRAPH_NODE_TYPE_GRAPH && child_graph != nullptr) {
+      CUgraph child = nullptr;
+      if (child_graph(node, &child) == CUDA_SUCCESS && child != nullptr) return walk(child, depth + 1);
+    }
+    return CUDA_SUCCESS;
+  }
+};
+
+// Kernels of `graph` placed measured (above): CUDA_SUCCESS, or
+// CUDA_ERROR_OUT_OF_MEMORY when a placement does not fit.
+CUresult place_graph_kernels(CUgraph graph) noexcept {
+  if (__builtin_expect((g_kernel_check.load(std::memory_order_relaxed) & 1) == 0, 1) || graph == nullptr)
+    return CUDA_SUCCESS;
+  const Placer p{real_cuGraphGetNodes, real_cuGraphNodeGetType, real_cuGraphKernelNodeGetParams_v2,
+                 real_cuGraphChildGraphNodeGetGraph};
+  if (p.get_nodes == nullptr || p.node_type == nullptr || p.kernel_params == nullptr) return CUDA_SUCCESS;
+  return p.walk(graph, 0);
+}
 
 // SM count of the device the executable was instantiated for (the current
 // context's): the same waves arithmetic as a direct launch on it.
@@ -129,6 +198,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* exec, 
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphInstantiateWithFlags == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if ((rc = place_graph_kernels(graph)) != CUDA_SUCCESS) return rc;
   return priced(real_cuGraphInstantiateWithFlags(exec, graph, flags), exec, graph);
 }
 // CUDA 10-11's forms (error node and log buffer), still resolvable by old runtimes.
@@ -137,6 +207,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* exec, CUgraph g
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphInstantiate == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if ((rc = place_graph_kernels(graph)) != CUDA_SUCCESS) return rc;
   return priced(real_cuGraphInstantiate(exec, graph, error_node, log, log_size), exec, graph);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph graph, CUgraphNode* error_node,
@@ -144,6 +215,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* exec, CUgrap
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphInstantiate_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if ((rc = place_graph_kernels(graph)) != CUDA_SUCCESS) return rc;
   return priced(real_cuGraphInstantiate_v2(exec, graph, error_node, log, log_size), exec, graph);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph,
@@ -151,6 +223,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* exec,
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphInstantiateWithParams == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if ((rc = place_graph_kernels(graph)) != CUDA_SUCCESS) return rc;
   return priced(real_cuGraphInstantiateWithParams(exec, graph, params), exec, graph);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph graph,
@@ -158,6 +231,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(CUgraphExec* 
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphInstantiateWithParams_ptsz == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if ((rc = place_graph_kernels(graph)) != CUDA_SUCCESS) return rc;
   return priced(real_cuGraphInstantiateWithParams_ptsz(exec, graph, params), exec, graph);
 }
 // An update may swap the executable's kernels: price it again from the new graph.
@@ -166,6 +240,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph 
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphExecUpdate_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if ((rc = place_graph_kernels(graph)) != CUDA_SUCCESS) return rc;
   rc = real_cuGraphExecUpdate_v2(exec, graph, info);
   if (rc == CUDA_SUCCESS) price(exec, graph);
   return rc;
@@ -195,6 +270,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams(CUgraphExec exec
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphExecKernelNodeSetParams == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if (params != nullptr && (rc = place_node_kernel(params->func, nullptr)) != CUDA_SUCCESS) return rc;
   rc = real_cuGraphExecKernelNodeSetParams(exec, node, params);
   if (rc == CUDA_SUCCESS && params != nullptr)
     reprice_node(exec, node, kernel_cost(params->gridDimX, params->gridDimY, params->gridDimZ));
@@ -205,6 +281,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec e
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphExecKernelNodeSetParams_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if (params != nullptr && (rc = place_node_params(params)) != CUDA_SUCCESS) return rc;
   rc = real_cuGraphExecKernelNodeSetParams_v2(exec, node, params);
   if (rc == CUDA_SUCCESS && params != nullptr)
     reprice_node(exec, node, kernel_cost(params->gridDimX, params->gridDimY, params->gridDimZ));
@@ -217,6 +294,12 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec exec, CUgr
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGraphExecNodeSetParams == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  if (params != nullptr && params->type == CU_GRAPH_NODE_TYPE_KERNEL &&
+      (rc = place_node_params(&params->kernel)) != CUDA_SUCCESS)
+    return rc;
+  if (params != nullptr && params->type == CU_GRAPH_NODE_TYPE_GRAPH &&
+      (rc = place_graph_kernels(params->graph.graph)) != CUDA_SUCCESS)
+    return rc;
   rc = real_cuGraphExecNodeSetParams(exec, node, params);
   if (rc != CUDA_SUCCESS || params == nullptr) return rc;
   if (params->type == CU_GRAPH_NODE_TYPE_KERNEL) {

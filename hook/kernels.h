@@ -23,12 +23,22 @@ namespace gpuslice::hook {
 // change came in meanwhile).
 extern std::atomic<std::uint64_t> g_kernel_check;
 [[gnu::cold, gnu::noinline]] CUresult place_launched_kernel(CUfunction f, CUstream s) noexcept;
+[[gnu::cold, gnu::noinline]] CUresult place_kernel_in_context(CUfunction f, CUcontext ctx) noexcept;
 
 // Before every launch of `f` on `s`: CUDA_SUCCESS, or the launch's error
 // (CUDA_ERROR_OUT_OF_MEMORY: the placement does not fit; the library is unloaded).
 inline CUresult place_kernel(CUfunction f, CUstream s) noexcept {
   if (__builtin_expect((g_kernel_check.load(std::memory_order_relaxed) & 1) != 0, 0))
     return place_launched_kernel(f, s);
+  return CUDA_SUCCESS;
+}
+
+// A graph's kernel node names `f` in `ctx` (NULL: the current context): its
+// library placed there measured if it never was (graph.cc, before an
+// instantiation or a node change). CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY.
+inline CUresult place_node_kernel(CUfunction f, CUcontext ctx) noexcept {
+  if (__builtin_expect((g_kernel_check.load(std::memory_order_relaxed) & 1) != 0, 0))
+    return place_kernel_in_context(f, ctx);
   return CUDA_SUCCESS;
 }
 

@@ -493,6 +493,21 @@ CUresult place_launched_kernel(CUfunction f, CUstream s) noexcept {
   return CUDA_SUCCESS;
 }
 
+// A graph node's kernel in `ctx` (NULL: the current context): placed as a
+// launch on the NULL stream of that context would place it.
+CUresult place_kernel_in_context(CUfunction f, CUcontext ctx) noexcept {
+  CUcontext current = nullptr;
+  if (ctx == nullptr || (real_cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx))
+    return place_launched_kernel(f, nullptr);
+  if (real_cuCtxPushCurrent_v2 == nullptr || real_cuCtxPopCurrent_v2 == nullptr ||
+      real_cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+    return CUDA_SUCCESS;
+  const CUresult rc = place_launched_kernel(f, nullptr);
+  CUcontext popped = nullptr;
+  real_cuCtxPopCurrent_v2(&popped);
+  return rc;
+}
+
 void kernels_context_created() noexcept {
   g_live_contexts.fetch_add(1, std::memory_order_seq_cst);
   if (g_kernels->size() != 0) kernels_dirty();

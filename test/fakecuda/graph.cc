@@ -81,6 +81,13 @@ CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool ptsz) {
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   for (CUfunc_st* function : hGraphExec->kernels) {
     if (!alive(function)) return CUDA_ERROR_INVALID_HANDLE;  // its module was unloaded
+    // A node naming a CUkernel of a library loaded with no context current
+    // and never used since: placed now, as a direct launch places it
+    // (launch.cc; README "Modules").
+    CUmod_st* module = function->module;
+    if (module != nullptr && module->ctx == nullptr && !module->placed.load(std::memory_order_acquire)) {
+      if (CUresult rc = place_library_at_launch(function, stream->ctx->device); rc != CUDA_SUCCESS) return rc;
+    }
   }
   for (CUfunc_st* function : hGraphExec->kernels) {
     if (stream->capture.load(std::memory_order_acquire) != nullptr) {

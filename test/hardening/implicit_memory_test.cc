@@ -146,8 +146,13 @@ TEST_P(LazyLibrary, PlacementBeyondTheResidentAllowanceIsRefused) {
 // way): the driver places the library then. Before, that placement was never
 // counted (the simulator did not model it either): the device held the
 // library beyond the count, and a 3 GiB one was launched past a 2 GiB quota.
+// "graph*": the kernel is named by a graph's kernel node (as func, or as
+// kern), instantiated and launched; gpuslice places it measured before the
+// instantiation. Before, the graph's launch placed it uncounted (512 MiB
+// beyond the count; a 3 GiB library past the 2 GiB quota).
 INSTANTIATE_TEST_SUITE_P(FirstUse, LazyLibrary,
-                         ::testing::Values("global", "kernel", "launch", "launch-ex", "launch-stream"),
+                         ::testing::Values("global", "kernel", "launch", "launch-ex", "launch-stream", "graph",
+                                           "graph-kern"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name)

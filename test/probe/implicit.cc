@@ -23,7 +23,9 @@
 //       kernel resolved with no context current (cuLibraryGetKernel) cast to
 //       CUfunction: launch (cuLaunchKernel, NULL stream), launch-ex
 //       (cuLaunchKernelEx, a stream), launch-stream (cuLaunchKernel into a
-//       stream of the context, none current in the thread)
+//       stream of the context, none current in the thread); or a graph
+//       kernel node naming it: graph (as func), graph-kern (as kern, func
+//       NULL), the graph instantiated and launched into a stream
 //   module-load MIB
 //       cuModuleLoadData of an image with a MIB global in the primary
 //       context; prints rc, counted and held after it
@@ -196,7 +198,7 @@ int lazy_library(std::size_t bytes, const std::string& how) {
   check(cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
   // launch*: the kernel is resolved with no context current (nothing placed
   // yet) and launched as a CUfunction, as the CUDA 12+ runtime does.
-  const bool launch = how.rfind("launch", 0) == 0;
+  const bool launch = how.rfind("launch", 0) == 0 || how.rfind("graph", 0) == 0;
   CUkernel kernel = nullptr;
   if (launch) check(cuLibraryGetKernel(&kernel, lib, "k"), "cuLibraryGetKernel");
   CUcontext ctx = nullptr;
@@ -221,6 +223,29 @@ int lazy_library(std::size_t bytes, const std::string& how) {
     check(cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
     rc = cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr);
     check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  }
+  if (how == "graph" || how == "graph-kern") {
+    // A graph with one kernel node naming the kernel: as `func` (cast to
+    // CUfunction) or as `kern` (func NULL), instantiated and launched.
+    CUgraph graph = nullptr;
+    check(cuGraphCreate(&graph, 0), "cuGraphCreate");
+    CUDA_KERNEL_NODE_PARAMS params{};
+    if (how == "graph")
+      params.func = f;
+    else
+      params.kern = kernel;
+    params.gridDimX = params.gridDimY = params.gridDimZ = 1;
+    params.blockDimX = params.blockDimY = params.blockDimZ = 1;
+    CUgraphNode node = nullptr;
+    rc = cuGraphAddKernelNode(&node, graph, nullptr, 0, &params);
+    CUgraphExec exec = nullptr;
+    if (rc == CUDA_SUCCESS) rc = cuGraphInstantiateWithFlags(&exec, graph, 0);
+    if (rc == CUDA_SUCCESS) rc = cuGraphLaunch(exec, stream);
+    if (exec != nullptr) {
+      cuStreamSynchronize(stream);
+      cuGraphExecDestroy(exec);
+    }
+    cuGraphDestroy(graph);
   }
   if (launch) cuStreamSynchronize(stream);
   if (launch) {

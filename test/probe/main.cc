@@ -132,7 +132,7 @@ const Scenario kScenarios[] = {
     {"implicit", "measure-vs-release", "ctx|module KIND ROUNDS", kInit,
      [](const Args& a) { return implicit::measure_vs_release(a.text(0), a.text(1), static_cast<int>(a.number(2))); }},
     {"implicit", "set-limit", "MIB", kInit, [](const Args& a) { return implicit::set_limit(a.mib(0)); }},
-    {"implicit", "lazy-library", "MIB global|kernel|launch|launch-ex|launch-stream", kInit,
+    {"implicit", "lazy-library", "MIB global|kernel|launch|launch-ex|launch-stream|graph|graph-kern", kInit,
      [](const Args& a) { return implicit::lazy_library(a.mib(0), a.text(1)); }},
     {"implicit", "module-load", "MIB", kInit, [](const Args& a) { return implicit::module_load(a.mib(0)); }},
     {"implicit", "reset-vs-place", "ROUNDS", kInit,
