@@ -259,12 +259,12 @@ TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
 // counts what the process holds beyond its count: the module, exactly.
 // Before, the fallback (the difference minus what the counted bytes had
 // moved by then) counted it as 0: 32 MiB on the device beyond the count
-// (gate_probe).
+// (gpuslice-probe gate).
 TEST(MeasureGate, ATimedOutMeasurementIsNeverCountedShort) {
   Sandbox box;
   Env env = kDevice;
   env["FAKECUDA_POOL_QUERY_DELAY_US"] = "1500000";
-  std::vector<std::string> args{bin("gate_probe"), "stuck-release", "32"};
+  std::vector<std::string> args{bin("gpuslice-probe"), "gate", "stuck-release", "32"};
   Result r = run(args, merge(box.env(), env), 60000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(num(r, "stuck-release", "rc"), 0) << r.out;

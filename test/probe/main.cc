@@ -169,6 +169,8 @@ const Scenario kScenarios[] = {
     {"memory", "ctx-race", "TRIES", kInit,
      [](const Args& a) { return memory::ctx_race(static_cast<int>(a.number(0))); }},
 
+    {"gate", "stuck-release", "MIB", kInit, [](const Args& a) { return gate::stuck_release(a.mib(0)); }},
+
     {"monitor", "hold", "MIB HOLD_MS [checkpoint]", kOwnInit,
      [](const Args& a) {
        return monitor::hold(a.mib(0), static_cast<unsigned>(a.number(1)), a.flag(2, "checkpoint"), false);

@@ -94,6 +94,9 @@ int free_async_linear(std::size_t bytes, int rounds);
 int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset, bool arrays);
 int ctx_race(int tries);
 }  // namespace memory
+namespace gate {
+int stuck_release(std::size_t bytes);
+}
 namespace monitor {
 int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint, bool managed);
 }

@@ -1,4 +1,4 @@
-// gate_probe: a measurement of implicit memory whose gate times out (another
+// gpuslice-probe gate: a measurement of implicit memory whose gate times out (another
 // thread's counting operation stays in flight longer than measure.h's
 // kDrainNs, 2 s) while that operation releases device memory inside the
 // measured call and settles its count only after it, for
@@ -6,7 +6,7 @@
 // preload library with FAKECUDA_POOL_QUERY_DELAY_US set, which delays the
 // pool reconciliation after the synchronisation (the release's bookkeeping).
 //
-//   gate_probe stuck-release MIB
+//   stuck-release MIB
 //       thread B: a 96 MiB stream-ordered allocation, a 2.5 s kernel and the
 //       free on one stream, then cuStreamSynchronize (in flight 2.5 s; the
 //       pool is trimmed at its end, then reconciled, ~1.5 s later with
@@ -29,17 +29,10 @@
 #include <thread>
 
 #include "fakecuda_query.h"
+#include "probe.h"
 
+namespace gpuslice::probe::gate {
 namespace {
-
-constexpr std::size_t kMi = std::size_t{1} << 20;
-
-void check(CUresult rc, const char* what) {
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "gate_probe: %s failed: %d\n", what, static_cast<int>(rc));
-    std::exit(2);
-  }
-}
 
 long long counted_used() {
   size_t free_b = 0, total = 0;
@@ -47,6 +40,8 @@ long long counted_used() {
   return static_cast<long long>(total - free_b);
 }
 long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 0)); }
+
+}  // namespace
 
 int stuck_release(std::size_t bytes) {
   using clock = std::chrono::steady_clock;
@@ -59,7 +54,7 @@ int stuck_release(std::size_t bytes) {
   check(cuModuleLoadData(&spin_module, ".entry spin_2500000us\n"), "cuModuleLoadData(spin)");
   CUfunction spin = nullptr;
   check(cuModuleGetFunction(&spin, spin_module, "spin_2500000us"), "cuModuleGetFunction");
-  char fifo[] = "/tmp/gate_probe.XXXXXX";
+  char fifo[] = "/tmp/gpuslice-probe-gate.XXXXXX";
   if (mkdtemp(fifo) == nullptr) return 2;
   const std::string path = std::string(fifo) + "/image";
   if (mkfifo(path.c_str(), 0600) != 0) return 2;
@@ -100,12 +95,4 @@ int stuck_release(std::size_t bytes) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  check(cuInit(0), "cuInit");
-  const std::string what = argc > 1 ? argv[1] : "";
-  if (what == "stuck-release" && argc == 3) return stuck_release(std::strtoull(argv[2], nullptr, 10) * kMi);
-  std::fprintf(stderr, "usage: gate_probe stuck-release MIB\n");
-  return 64;
-}
+}  // namespace gpuslice::probe::gate
