@@ -21,16 +21,24 @@ namespace {
 constexpr int kMaxDepth = 8;
 constexpr std::size_t kStackNodes = 128;
 
-struct Walker {
+// The graph inspection entry points (not hooked: hook/real.h's internal
+// list) and one walk over a graph's kernel nodes, child graphs included
+// (recursively, to kMaxDepth), for pricing and for placement alike.
+// `on_kernel(params)` gets each kernel node's parameters, or nullptr where
+// the driver would not give them; a result other than CUDA_SUCCESS stops the
+// walk and is returned.
+struct GraphNodes {
   decltype(&::cuGraphGetNodes) get_nodes;
   decltype(&::cuGraphNodeGetType) node_type;
   decltype(&::cuGraphKernelNodeGetParams_v2) kernel_params;
   decltype(&::cuGraphChildGraphNodeGetGraph) child_graph;
-  std::uint64_t sm_recip;
 
-  void walk(CUgraph graph, int depth, limiter::GraphCost* cost) const noexcept {
+  bool usable() const noexcept { return get_nodes != nullptr && node_type != nullptr && kernel_params != nullptr; }
+
+  template <class OnKernel>
+  CUresult walk(CUgraph graph, int depth, OnKernel&& on_kernel) const noexcept {
     std::size_t count = 0;
-    if (depth > kMaxDepth || get_nodes(graph, nullptr, &count) != CUDA_SUCCESS || count == 0) return;
+    if (depth > kMaxDepth || get_nodes(graph, nullptr, &count) != CUDA_SUCCESS || count == 0) return CUDA_SUCCESS;
     CUgraphNode local[kStackNodes];
     CUgraphNode* nodes = local;
     // A large graph's node list goes to mmap'd pages, never malloc (the rule
@@ -38,28 +46,48 @@ struct Walker {
     const std::size_t map_bytes = count > kStackNodes ? count * sizeof(CUgraphNode) : 0;
     if (map_bytes != 0) {
       nodes = static_cast<CUgraphNode*>(limiter::table_detail::map_pages(map_bytes));
-      if (nodes == nullptr) return;
+      if (nodes == nullptr) return CUDA_SUCCESS;
     }
+    CUresult rc = CUDA_SUCCESS;
     if (get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
-      for (std::size_t i = 0; i < count; ++i) visit(nodes[i], depth, cost);
+      for (std::size_t i = 0; i < count && rc == CUDA_SUCCESS; ++i) rc = visit(nodes[i], depth, on_kernel);
     }
     if (map_bytes != 0) limiter::table_detail::unmap_pages(nodes, map_bytes);
+    return rc;
   }
 
-  void visit(CUgraphNode node, int depth, limiter::GraphCost* cost) const noexcept {
+  template <class OnKernel>
+  CUresult visit(CUgraphNode node, int depth, OnKernel&& on_kernel) const noexcept {
     CUgraphNodeType type;
-    if (node_type(node, &type) != CUDA_SUCCESS) return;
+    if (node_type(node, &type) != CUDA_SUCCESS) return CUDA_SUCCESS;
     if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
       CUDA_KERNEL_NODE_PARAMS params{};
-      std::uint64_t blocks = 1;
-      if (kernel_params(node, &params) == CUDA_SUCCESS)
-        blocks = std::uint64_t{params.gridDimX} * params.gridDimY * params.gridDimZ;
-      cost->nominal_ns += limiter::nominal_ns(blocks, sm_recip);
-      cost->kernels += 1;
-    } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && child_graph != nullptr) {
-      CUgraph child = nullptr;
-      if (child_graph(node, &child) == CUDA_SUCCESS && child != nullptr) walk(child, depth + 1, cost);
+      return on_kernel(kernel_params(node, &params) == CUDA_SUCCESS ? &params : nullptr);
     }
+    if (type == CU_GRAPH_NODE_TYPE_GRAPH && child_graph != nullptr) {
+      CUgraph child = nullptr;
+      if (child_graph(node, &child) == CUDA_SUCCESS && child != nullptr) return walk(child, depth + 1, on_kernel);
+    }
+    return CUDA_SUCCESS;
+  }
+};
+
+GraphNodes graph_nodes() noexcept {
+  return GraphNodes{real_cuGraphGetNodes, real_cuGraphNodeGetType, real_cuGraphKernelNodeGetParams_v2,
+                    real_cuGraphChildGraphNodeGetGraph};
+}
+
+// Pricing: each kernel node at its grid's waves on the executable's device
+// (a node whose parameters cannot be read: one block).
+struct Pricer {
+  std::uint64_t sm_recip;
+  limiter::GraphCost* cost;
+  CUresult operator()(const CUDA_KERNEL_NODE_PARAMS* params) const noexcept {
+    const std::uint64_t blocks =
+        params != nullptr ? std::uint64_t{params->gridDimX} * params->gridDimY * params->gridDimZ : 1;
+    cost->nominal_ns += limiter::nominal_ns(blocks, sm_recip);
+    cost->kernels += 1;
+    return CUDA_SUCCESS;
   }
 };
 
@@ -80,55 +108,16 @@ CUresult place_node_params(const Params* params) noexcept {
   return place_node_kernel(reinterpret_cast<CUfunction>(params->kern), params->ctx);
 }
 
-struct Placer {
-  decltype(&::cuGraphGetNodes) get_nodes;
-  decltype(&::cuGraphNodeGetType) node_type;
-  decltype(&::cuGraphKernelNodeGetParams_v2) kernel_params;
-  decltype(&::cuGraphChildGraphNodeGetGraph) child_graph;
-
-  CUresult walk(CUgraph graph, int depth) const noexcept {
-    std::size_t count = 0;
-    if (depth > kMaxDepth || get_nodes(graph, nullptr, &count) != CUDA_SUCCESS || count == 0) return CUDA_SUCCESS;
-    CUgraphNode local[kStackNodes];
-    CUgraphNode* nodes = local;
-    const std::size_t map_bytes = count > kStackNodes ? count * sizeof(CUgraphNode) : 0;
-    if (map_bytes != 0) {
-      nodes = static_cast<CUgraphNode*>(limiter::table_detail::map_pages(map_bytes));
-      if (nodes == nullptr) return CUDA_SUCCESS;
-    }
-    CUresult rc = CUDA_SUCCESS;
-    if (get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
-      for (std::size_t i = 0; i < count && rc == CUDA_SUCCESS; ++i) rc = visit(nodes[i], depth);
-    }
-    if (map_bytes != 0) limiter::table_detail::unmap_pages(nodes, map_bytes);
-    return rc;
-  }
-
-  CUresult visit(CUgraphNode node, int depth) const noexcept {
-    CUgraphNodeType type;
-    if (node_type(node, &type) != CUDA_SUCCESS) return CUDA_SUCCESS;
-    if (type == CU_GRAPH_NODE_TYPE_KERNEL) {
-      CUDA_KERNEL_NODE_PARAMS params{};
-      if (kernel_params(node, &params) != CUDA_SUCCESS) return CUDA_SUCCESS;
-      return place_node_params(&params);
-    }
-    if (type == CU_GRAPH_NODE_TYPE_GRAPH && child_graph != nullptr) {
-      CUgraph child = nullptr;
-      if (child_graph(node, &child) == CUDA_SUCCESS && child != nullptr) return walk(child, depth + 1);
-    }
-    return CUDA_SUCCESS;
-  }
-};
-
 // Kernels of `graph` placed measured (above): CUDA_SUCCESS, or
 // CUDA_ERROR_OUT_OF_MEMORY when a placement does not fit.
 CUresult place_graph_kernels(CUgraph graph) noexcept {
   if (__builtin_expect((g_kernel_check.load(std::memory_order_relaxed) & 1) == 0, 1) || graph == nullptr)
     return CUDA_SUCCESS;
-  const Placer p{real_cuGraphGetNodes, real_cuGraphNodeGetType, real_cuGraphKernelNodeGetParams_v2,
-                 real_cuGraphChildGraphNodeGetGraph};
-  if (p.get_nodes == nullptr || p.node_type == nullptr || p.kernel_params == nullptr) return CUDA_SUCCESS;
-  return p.walk(graph, 0);
+  const GraphNodes g = graph_nodes();
+  if (!g.usable()) return CUDA_SUCCESS;
+  return g.walk(graph, 0, [](const CUDA_KERNEL_NODE_PARAMS* params) {
+    return params != nullptr ? place_node_params(params) : CUDA_SUCCESS;
+  });
 }
 
 // SM count of the device the executable was instantiated for (the current
@@ -142,20 +131,11 @@ std::uint64_t current_sm_reciprocal() noexcept {
   return limiter::sm_reciprocal(static_cast<std::uint32_t>(sms));
 }
 
-Walker make_walker() noexcept {
-  // Graph inspection entry points (not hooked: hook/real.h's internal list).
-  return Walker{real_cuGraphGetNodes, real_cuGraphNodeGetType, real_cuGraphKernelNodeGetParams_v2,
-                real_cuGraphChildGraphNodeGetGraph, current_sm_reciprocal()};
-}
-bool usable(const Walker& w) noexcept {
-  return w.get_nodes != nullptr && w.node_type != nullptr && w.kernel_params != nullptr;
-}
-
 void price(CUgraphExec exec, CUgraph graph) noexcept {
   if (exec == nullptr || graph == nullptr) return;
-  const Walker w = make_walker();
+  const GraphNodes g = graph_nodes();
   limiter::GraphCost cost;
-  if (usable(w)) w.walk(graph, 0, &cost);
+  if (g.usable()) g.walk(graph, 0, Pricer{current_sm_reciprocal(), &cost});
   // Priced from the graph: earlier node changes (of this executable, or of
   // one destroyed at this address behind our back) no longer apply.
   limiter::graph_node_prices().forget(reinterpret_cast<std::uintptr_t>(exec));
@@ -172,8 +152,8 @@ void reprice_node(CUgraphExec exec, CUgraphNode node, const limiter::GraphCost& 
   const auto node_id = reinterpret_cast<std::uintptr_t>(node);
   limiter::GraphCost before;
   if (!limiter::graph_node_prices().find(exec_key, node_id, &before)) {
-    const Walker w = make_walker();
-    if (usable(w)) w.visit(node, 0, &before);
+    const GraphNodes g = graph_nodes();
+    if (g.usable()) g.visit(node, 0, Pricer{current_sm_reciprocal(), &before});
   }
   limiter::graph_costs().insert(exec_key, limiter::reprice(cost, before, now));
   limiter::graph_node_prices().set(exec_key, node_id, now);
@@ -305,9 +285,9 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec exec, CUgr
   if (params->type == CU_GRAPH_NODE_TYPE_KERNEL) {
     reprice_node(exec, node, kernel_cost(params->kernel.gridDimX, params->kernel.gridDimY, params->kernel.gridDimZ));
   } else if (params->type == CU_GRAPH_NODE_TYPE_GRAPH && params->graph.graph != nullptr) {
-    const Walker w = make_walker();
+    const GraphNodes g = graph_nodes();
     limiter::GraphCost now;
-    if (usable(w)) w.walk(params->graph.graph, 1, &now);
+    if (g.usable()) g.walk(params->graph.graph, 1, Pricer{current_sm_reciprocal(), &now});
     reprice_node(exec, node, now);
   }
   return rc;
