@@ -43,7 +43,7 @@ namespace {
 
 using limiter::Counted;
 
-constinit NoDestroy<limiter::PointerTable<Counted>> g_contexts;  // CUcontext -> what was charged for it
+constinit NoDestroy<platform::PointerTable<Counted>> g_contexts;  // CUcontext -> what was charged for it
 struct Primary {
   int refs = 0;
   Counted counted{-1, 0};
@@ -51,7 +51,7 @@ struct Primary {
 };
 // Device memory a context's resource limits made the driver reserve
 // (cuCtxSetLimit), keyed by limit_key(): released with the context.
-constinit NoDestroy<limiter::PointerTable<Counted>> g_limits;
+constinit NoDestroy<platform::PointerTable<Counted>> g_limits;
 std::uint64_t limit_key(CUcontext ctx, unsigned limit) noexcept {
   return (reinterpret_cast<std::uint64_t>(ctx) << 4) | (limit & 15u);
 }
@@ -88,8 +88,8 @@ std::uint32_t host_pid() noexcept {
   if (pid != 0) return pid;
   // NVML reports host pids: the first NSpid field is our pid in the
   // outermost namespace this /proc can see (read without stdio: no heap).
-  shm::procfs::NsPids ids{};
-  if (shm::procfs::read_nspid(0, &ids) != 0) return 0;
+  platform::procfs::NsPids ids{};
+  if (platform::procfs::read_nspid(0, &ids) != 0) return 0;
   cached.store(ids.outermost, std::memory_order_relaxed);
   return ids.outermost;
 }
@@ -101,7 +101,7 @@ bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
   if (entry < 0 || g_process.region->devices[entry].quota_bytes.load(std::memory_order_relaxed) == kUnlimited)
     return false;
   // done: NVML usable; failed: unusable (nothing is measured).
-  static constinit shm::OnceFlag nvml_once;
+  static constinit platform::OnceFlag nvml_once;
   if (nvml_once.claim()) {
     const bool ok = load_nvml() && real_nvmlInit_v2 != nullptr && real_nvmlDeviceGetHandleByUUID != nullptr &&
                     real_nvmlDeviceGetComputeRunningProcesses_v3 != nullptr && real_nvmlInit_v2() == NVML_SUCCESS;
@@ -111,11 +111,11 @@ bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
       nvml_once.fail();
   }
   // Another thread loading NVML: wait for it, bounded (1 s), else measure nothing.
-  if (nvml_once.wait(shm::monotonic_ns, 1'000'000'000) != shm::OnceFlag::kDone) return false;
+  if (nvml_once.wait(platform::monotonic_ns, 1'000'000'000) != platform::OnceFlag::kDone) return false;
   CUuuid u{};
   if (real_cuDeviceGetUuid_v2(&u, ordinal) != CUDA_SUCCESS) return false;
-  char uuid[shm::kUuidTextSize];
-  shm::format_uuid(reinterpret_cast<const std::uint8_t*>(u.bytes), uuid);
+  char uuid[platform::kUuidTextSize];
+  platform::format_uuid(reinterpret_cast<const std::uint8_t*>(u.bytes), uuid);
   nvmlDevice_t dev{};
   if (real_nvmlDeviceGetHandleByUUID(uuid, &dev) != NVML_SUCCESS) return false;
   nvmlProcessInfo_t procs[256];
@@ -259,7 +259,7 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept
     if (c.bytes == 0) return rc;
     // A handle value still recorded is a context destroyed behind our back
     // (the driver reuses handles): what it held went with it.
-    if (!limiter::record(*g_contexts, reinterpret_cast<std::uint64_t>(ctx), c, [](const Counted& stale) {
+    if (!platform::record(*g_contexts, reinterpret_cast<std::uint64_t>(ctx), c, [](const Counted& stale) {
           if (stale.bytes != 0) release(stale.entry, stale.bytes);
         })) {
       release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
@@ -357,14 +357,14 @@ static std::atomic<bool> g_measure_atfork{false};
 void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
   if (t_measuring) return;  // the measurer's own thread (measured call calling back)
   const int saved_errno = errno;
-  const std::uint64_t give_up = shm::monotonic_ns() + 4 * kDrainNs;  // a measurement stuck in the driver
+  const std::uint64_t give_up = platform::monotonic_ns() + 4 * kDrainNs;  // a measurement stuck in the driver
   for (;;) {
     // Take the mark back: this operation has not touched the driver.
     if (c == &g_counting_ops)
       g_counting_ops.fetch_sub(1, std::memory_order_seq_cst);
     else
       c->store(c->load(std::memory_order_relaxed) - 1, std::memory_order_release);
-    while (g_measure_gate.load(std::memory_order_acquire) != 0 && shm::monotonic_ns() < give_up) sched_yield();
+    while (g_measure_gate.load(std::memory_order_acquire) != 0 && platform::monotonic_ns() < give_up) sched_yield();
     if (c == &g_counting_ops) {
       g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
       if (g_measure_gate.load(std::memory_order_seq_cst) == 0) break;
@@ -373,7 +373,7 @@ void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
       std::atomic_signal_fence(std::memory_order_seq_cst);
       if (g_measure_gate.load(std::memory_order_relaxed) == 0) break;
     }
-    if (shm::monotonic_ns() >= give_up) break;  // go on: the measurement sees us and is not exact
+    if (platform::monotonic_ns() >= give_up) break;  // go on: the measurement sees us and is not exact
   }
   errno = saved_errno;
 }
@@ -391,8 +391,8 @@ bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
   }
   std::uint64_t ops = 0;
   bool busy = true, readable = false;
-  const std::uint64_t deadline = shm::monotonic_ns() + kDrainNs;
-  while ((readable = read_op_counts(&ops, &busy)) && busy && shm::monotonic_ns() < deadline) sched_yield();
+  const std::uint64_t deadline = platform::monotonic_ns() + kDrainNs;
+  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline) sched_yield();
   errno = saved_errno;
   if (ops_out != nullptr) *ops_out = ops;
   return counting_on() && readable && !busy;  // without the bracket nothing proves quiet
@@ -419,8 +419,8 @@ static bool wait_quiet(std::uint64_t ns) noexcept {
   const int saved_errno = errno;
   std::uint64_t ops = 0;
   bool busy = true, readable = false;
-  const std::uint64_t deadline = shm::monotonic_ns() + ns;
-  while ((readable = read_op_counts(&ops, &busy)) && busy && shm::monotonic_ns() < deadline) sched_yield();
+  const std::uint64_t deadline = platform::monotonic_ns() + ns;
+  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline) sched_yield();
   errno = saved_errno;
   return readable && !busy;
 }

@@ -45,14 +45,14 @@ struct GraphNodes {
     // of every wrapper: the process's malloc may itself be interposed).
     const std::size_t map_bytes = count > kStackNodes ? count * sizeof(CUgraphNode) : 0;
     if (map_bytes != 0) {
-      nodes = static_cast<CUgraphNode*>(limiter::table_detail::map_pages(map_bytes));
+      nodes = static_cast<CUgraphNode*>(platform::table_detail::map_pages(map_bytes));
       if (nodes == nullptr) return CUDA_SUCCESS;
     }
     CUresult rc = CUDA_SUCCESS;
     if (get_nodes(graph, nodes, &count) == CUDA_SUCCESS) {
       for (std::size_t i = 0; i < count && rc == CUDA_SUCCESS; ++i) rc = visit(nodes[i], depth, on_kernel);
     }
-    if (map_bytes != 0) limiter::table_detail::unmap_pages(nodes, map_bytes);
+    if (map_bytes != 0) platform::table_detail::unmap_pages(nodes, map_bytes);
     return rc;
   }
 

@@ -21,7 +21,7 @@ namespace {
 
 // Claimed by the thread that initialises; reset when there is no device yet
 // (the next launch tries again) and in a forked child.
-shm::OnceFlag g_init;
+platform::OnceFlag g_init;
 
 // --- caches refreshed by the feedback thread ---
 // Re-reads each mapped device's limit; true if any is limited.
@@ -146,7 +146,7 @@ void start_feedback() noexcept {
   host.entries = used_entries;
   host.warn = warn_feedback;
   host.mono_ns = mono_ns;
-  host.real_us = shm::realtime_us;
+  host.real_us = platform::realtime_us;
   if (!limiter::ensure_feedback_thread(host))
     GPUSLICE_LOG(warn,
                  "cannot start the compute feedback thread; limits hold on estimates alone and run-time "
@@ -155,8 +155,8 @@ void start_feedback() noexcept {
 
 }  // namespace
 
-std::uint64_t mono_ns() noexcept { return shm::monotonic_ns(); }
-void sleep_ns(std::uint64_t ns) noexcept { shm::sleep_ns(ns); }
+std::uint64_t mono_ns() noexcept { return platform::monotonic_ns(); }
+void sleep_ns(std::uint64_t ns) noexcept { platform::sleep_ns(ns); }
 
 [[gnu::tls_model("initial-exec")]] constinit thread_local std::uint32_t t_unlimited_launches = 0;
 

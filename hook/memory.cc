@@ -41,7 +41,7 @@ bool counting_init() noexcept {
 std::atomic<std::uint64_t>* claim_op_counter() noexcept {
   std::atomic<std::uint64_t>* mine = &g_counting_ops;
   const int saved_errno = errno;  // the caller's errno survives our syscalls
-  const std::uint64_t epoch = limiter::table_detail::process_epoch();
+  const std::uint64_t epoch = platform::table_detail::process_epoch();
   if (g_counting_state.load(std::memory_order_relaxed) == 2) {
     const std::uint64_t me = (epoch << 32) | static_cast<std::uint32_t>(syscall(SYS_gettid));
     for (int pass = 0; pass < 2 && mine == &g_counting_ops; ++pass) {
@@ -65,7 +65,7 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
 }
 
 bool op_counter_owner_alive(std::uint64_t owner) noexcept {
-  if ((owner >> 32) != (limiter::table_detail::process_epoch() & 0xffffffffu)) return false;  // a parent's
+  if ((owner >> 32) != (platform::table_detail::process_epoch() & 0xffffffffu)) return false;  // a parent's
   const int saved_errno = errno;
   const bool gone = syscall(SYS_tgkill, getpid(), static_cast<pid_t>(owner & 0xffffffffu), 0) != 0 && errno == ESRCH;
   errno = saved_errno;
@@ -116,7 +116,7 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
     return;
   }
   const limiter::AllocRecord rec{r.bytes, r.entry, kind};
-  if (__builtin_expect(limiter::record(table, key, rec, release_record), 1)) return;
+  if (__builtin_expect(platform::record(table, key, rec, release_record), 1)) return;
   GPUSLICE_WARN_CAPPED(3, "allocation table full; %llu bytes stay counted until the process exits",
                        static_cast<unsigned long long>(r.bytes));
 }

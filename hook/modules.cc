@@ -34,7 +34,7 @@ namespace {
 
 using limiter::Counted;
 
-constinit NoDestroy<limiter::PointerTable<Counted>> g_loaded;  // CUmodule -> what was charged
+constinit NoDestroy<platform::PointerTable<Counted>> g_loaded;  // CUmodule -> what was charged
 // A library's placements on a device, keyed by placed_key(): what was
 // charged for them all, and the context of the last one measured (0 bytes
 // when NVML could not see it: still placed). A use in another context of the
@@ -45,7 +45,7 @@ struct Placed {
   std::uint64_t bytes;
   CUcontext ctx;
 };
-constinit NoDestroy<limiter::PointerTable<Placed>> g_placed;
+constinit NoDestroy<platform::PointerTable<Placed>> g_placed;
 // CUkernel -> its CUlibrary (from cuLibraryGetKernel), for cuKernelGetFunction
 // and launches (kernels.h), with the contexts its library was measured (or
 // found placed) in since the last context went (`epoch`: g_context_epoch
@@ -61,7 +61,7 @@ struct KernelRecord {
   std::uint32_t n;     // entries of seen[] in use
   std::uint32_t next;  // the one replaced next once all are
 };
-constinit NoDestroy<limiter::PointerTable<KernelRecord>> g_kernels;
+constinit NoDestroy<platform::PointerTable<KernelRecord>> g_kernels;
 std::atomic<int> g_live_contexts{0};
 std::atomic<std::uint64_t> g_context_epoch{0};
 // Libraries unloaded so far: invalidates the threads' last resolved kernel.
@@ -141,8 +141,8 @@ CUresult load_counted(Handle* out, Load&& load, Unload&& unload) noexcept {
 }
 
 // Records what was charged for a module, or a library's placement on `dev`.
-void remember_in(limiter::PointerTable<Counted>& table, std::uint64_t key, const Counted& counted) noexcept {
-  if (!limiter::record(table, key, counted, [](const Counted& stale) {
+void remember_in(platform::PointerTable<Counted>& table, std::uint64_t key, const Counted& counted) noexcept {
+  if (!platform::record(table, key, counted, [](const Counted& stale) {
         if (stale.bytes != 0) release(stale.entry, stale.bytes);
       })) {
     release(counted.entry, counted.bytes);  // cannot track it: do not hold budget we could never return

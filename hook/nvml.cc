@@ -21,7 +21,7 @@ int entry_of(nvmlDevice_t device) noexcept {
   if (real_nvmlDeviceGetUUID == nullptr) return -1;
   char text[96] = {};
   std::uint8_t want[16];
-  if (real_nvmlDeviceGetUUID(device, text, sizeof text) != NVML_SUCCESS || !shm::parse_uuid(text, want)) return -1;
+  if (real_nvmlDeviceGetUUID(device, text, sizeof text) != NVML_SUCCESS || !platform::parse_uuid(text, want)) return -1;
   // NVML does not need cuInit, but ordinals do; cuInit is idempotent.
   if (real_cuInit(0) != CUDA_SUCCESS) return -1;
   int count = 0;

@@ -16,7 +16,7 @@ namespace {
 
 constexpr std::uint64_t kWaitSliceNs = 20'000'000;  // re-try at least this often: frees elsewhere wake nobody
 
-std::uint64_t now_ns() noexcept { return shm::monotonic_ns(); }
+std::uint64_t now_ns() noexcept { return platform::monotonic_ns(); }
 
 DeviceState& device(int entry) noexcept { return g_process.region->devices[entry]; }
 

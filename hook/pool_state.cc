@@ -24,11 +24,11 @@ constinit std::atomic<std::uint32_t> g_cache[1u << kCacheBits];
 constinit std::atomic<PoolState*> g_current[kMaxDevices];
 
 namespace {
-constinit NoDestroy<limiter::PointerTable<PoolRecord>>
+constinit NoDestroy<platform::PointerTable<PoolRecord>>
     g_records_storage;  // never destroyed: calls made during exit find it
 }  // namespace
 // Live allocations: device pointer -> its pool's slot and its size.
-constinit limiter::PointerTable<PoolRecord>& g_records = g_records_storage.value;
+constinit platform::PointerTable<PoolRecord>& g_records = g_records_storage.value;
 
 namespace {
 
@@ -316,7 +316,7 @@ void reclaim_all() noexcept {
   }
 }
 
-// A record displaced by the stale-record rule (limiter::record): its bytes
+// A record displaced by the stale-record rule (platform::record): its bytes
 // went back to its pool (a cuMemFree racing with this allocation).
 void settle_stale(const PoolRecord& rec) noexcept { freed(g_states[rec.slot], rec.bytes); }
 
@@ -356,7 +356,7 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, Re
       // mutex free, then grow again from the start: the room may have gone
       // to another allocation meanwhile.
       lock.unlock();
-      const std::uint64_t now = shm::monotonic_ns();
+      const std::uint64_t now = platform::monotonic_ns();
       if (give_up == 0) give_up = now + std::uint64_t{config().options.oversubscribe_wait} * 1'000'000ull;
       admitted = now < give_up && resident_admits(entry);
       give_back(entry, held);

@@ -160,13 +160,13 @@ struct PoolRecord {
 };
 // Never destroyed, constant-initialised (usable from other libraries'
 // constructors and during exit).
-extern limiter::PointerTable<PoolRecord>& g_records;
+extern platform::PointerTable<PoolRecord>& g_records;
 [[gnu::cold, gnu::noinline]] void settle_stale(const PoolRecord& rec) noexcept;
 [[gnu::cold, gnu::noinline]] void finalize_if_drained(PoolState& st) noexcept;
 
 inline bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) noexcept {
   const PoolRecord rec{bytes, static_cast<std::uint32_t>(&st - g_states)};
-  return limiter::record(g_records, ptr, rec, settle_stale);
+  return platform::record(g_records, ptr, rec, settle_stale);
 }
 // Exactly once per record; false if `ptr` is not a pool allocation of ours.
 inline bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) noexcept {

@@ -39,13 +39,13 @@ Priority level_of_option(int index) noexcept {
 void read_board_path() noexcept {
   const Config& cfg = config();
   const char* value = cfg.valid ? cfg.options.priority_board : shm::kDefaultPriorityBoard;
-  if (!shm::copy_string(g_board, sizeof g_board, value))
-    shm::copy_string(g_board, sizeof g_board, shm::kDefaultPriorityBoard);
+  if (!platform::copy_string(g_board, sizeof g_board, value))
+    platform::copy_string(g_board, sizeof g_board, shm::kDefaultPriorityBoard);
 }
 
 void unlink_own(Device& p) noexcept {
   char path[shm::kBoardPathMax];
-  shm::Text t(path, sizeof path);
+  platform::Text t(path, sizeof path);
   t.str(g_board).ch('/').str(shm::level_directory(p.own_level)).ch('/').str(p.own_name);
   if (!t.truncated()) unlink(path);
 }
@@ -166,7 +166,7 @@ bool refresh(Device& p, Region* r, int entry, Priority self, std::uint64_t now) 
   p.own_lock.lock();
   p.state.store(&r->devices[entry], std::memory_order_relaxed);
   if (!p.named) {
-    shm::format_uuid(r->devices[entry].uuid, p.uuid);
+    platform::format_uuid(r->devices[entry].uuid, p.uuid);
     p.named = shm::activity_name(p.uuid, g_region_dev, g_region_ino, p.own_name);
   }
   // Readers and the agent remove files nobody holds a liveness lock on; one

@@ -42,7 +42,7 @@ struct alignas(64) Device {
   // is busy: it never waits behind a directory.
   SleepLock peers_lock;
   bool named = false;
-  char uuid[shm::kUuidTextSize] = {};
+  char uuid[platform::kUuidTextSize] = {};
   char own_name[shm::kBoardNameMax] = {};
   int own_fd = -1;
   Priority own_level = Priority::unset;

@@ -57,10 +57,10 @@ struct alignas(64) GateDevice {
 };
 GateDevice g_gate[kMaxDevices];
 
-shm::OnceFlag g_setup;  // the board's set-up and the fork handler
+platform::OnceFlag g_setup;  // the board's set-up and the fork handler
 
-using shm::sleep_ns;
-std::uint64_t mono_ns() noexcept { return shm::monotonic_ns(); }
+using platform::sleep_ns;
+std::uint64_t mono_ns() noexcept { return platform::monotonic_ns(); }
 
 void after_fork_in_child() noexcept {
   // CUDA does not survive fork(): the child's markers are gone.

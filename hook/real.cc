@@ -99,14 +99,14 @@ void* open_first(const char* override_path, const limiter::OptionSource& source,
 
 constexpr std::uint64_t kLoadWaitNs = 1'000'000'000;
 // Running: loading; failed: unavailable (not retried).
-shm::OnceFlag g_driver_state;
-shm::OnceFlag g_nvml_state;
+platform::OnceFlag g_driver_state;
+platform::OnceFlag g_nvml_state;
 
 // Two threads resolve at once only when one of them could not wait for the
 // other (see load_once). The first value wins; a thread stops as soon as the
 // other has published everything (it then writes nothing at all), and never
 // writes a pointer already set: the wrappers read these words plainly.
-bool publish(void** slot, void* value, const shm::OnceFlag& state) noexcept {
+bool publish(void** slot, void* value, const platform::OnceFlag& state) noexcept {
   if (state.done()) return false;
   void* expected = nullptr;
   if (value != nullptr && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == nullptr)
@@ -115,7 +115,7 @@ bool publish(void** slot, void* value, const shm::OnceFlag& state) noexcept {
 }
 
 void resolve(void* handle, bool nvml) noexcept {
-  const shm::OnceFlag& state = nvml ? g_nvml_state : g_driver_state;
+  const platform::OnceFlag& state = nvml ? g_nvml_state : g_driver_state;
   for (const Hook& h : kHooks) {
     if (h.nvml == nvml && !publish(h.real, real_dlsym(handle, h.name), state)) return;
   }
@@ -173,7 +173,7 @@ bool load_nvml_now() noexcept {
   return true;
 }
 
-using shm::monotonic_ns;
+using platform::monotonic_ns;
 
 // Loading never waits unboundedly for another thread. A thread that finds
 // the load in progress elsewhere may hold the loader lock (a library
@@ -184,16 +184,16 @@ using shm::monotonic_ns;
 // the same handle, and publish() keeps each pointer written once. A nested
 // call on a loading thread (the driver's constructors calling dlsym) sees
 // "unavailable".
-bool load_once(shm::OnceFlag& state, bool (*load)() noexcept) noexcept {
-  shm::OnceFlag::State s = state.state();
-  if (s == shm::OnceFlag::kDone) return true;
-  if (s == shm::OnceFlag::kFailed || t_loading) return false;
+bool load_once(platform::OnceFlag& state, bool (*load)() noexcept) noexcept {
+  platform::OnceFlag::State s = state.state();
+  if (s == platform::OnceFlag::kDone) return true;
+  if (s == platform::OnceFlag::kFailed || t_loading) return false;
   if (!state.claim()) {
     // Usually the other thread is done in microseconds. If it is not, it may
     // be waiting for the loader lock this thread holds: stop waiting, load.
     s = state.wait(monotonic_ns, kLoadWaitNs);
-    if (s == shm::OnceFlag::kDone) return true;
-    if (s == shm::OnceFlag::kFailed) return false;
+    if (s == platform::OnceFlag::kDone) return true;
+    if (s == platform::OnceFlag::kFailed) return false;
   }
   t_loading = true;
   const bool ok = load();

@@ -20,7 +20,7 @@ struct SleepLock {
     return word.compare_exchange_strong(expected, 1, std::memory_order_acquire);
   }
   void lock() noexcept {
-    while (!try_lock()) shm::sleep_ns(kPollNs);
+    while (!try_lock()) platform::sleep_ns(kPollNs);
   }
   void unlock() noexcept { word.store(0, std::memory_order_release); }
   // In a fork child: the thread that held it does not exist there.

@@ -55,10 +55,10 @@ struct Export {
 // that touches several records (a release dropping the last reference, an
 // unmap) takes them one at a time; the orders below keep every record
 // reachable from what still references it.
-constinit NoDestroy<limiter::PointerTable<Physical>> g_physical;  // root handle -> counted allocation
-constinit NoDestroy<limiter::PointerTable<Alias>> g_alias;        // imported handle -> root
-constinit NoDestroy<limiter::PointerTable<Mapping>> g_mappings;   // mapped address -> mapping
-constinit NoDestroy<limiter::PointerTable<Export>> g_exports;     // export_key(identity) -> export
+constinit NoDestroy<platform::PointerTable<Physical>> g_physical;  // root handle -> counted allocation
+constinit NoDestroy<platform::PointerTable<Alias>> g_alias;        // imported handle -> root
+constinit NoDestroy<platform::PointerTable<Mapping>> g_mappings;   // mapped address -> mapping
+constinit NoDestroy<platform::PointerTable<Export>> g_exports;     // export_key(identity) -> export
 
 Handle root_of(Handle h) noexcept {
   Alias a{};
@@ -112,15 +112,15 @@ bool fd_identity(int fd, std::uint64_t* dev, std::uint64_t* ino) noexcept {
 // collide keep the first; the second's re-import counts as foreign memory,
 // charged at map, never less).
 std::uint64_t export_key(const Export& e) noexcept {
-  std::uint64_t k = limiter::table_detail::mix(static_cast<std::uint64_t>(e.type) + 1);
+  std::uint64_t k = platform::table_detail::mix(static_cast<std::uint64_t>(e.type) + 1);
   if (e.type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
-    k = limiter::table_detail::mix(k ^ e.dev);
-    k = limiter::table_detail::mix(k ^ e.ino);
+    k = platform::table_detail::mix(k ^ e.dev);
+    k = platform::table_detail::mix(k ^ e.ino);
   } else {
     for (std::size_t i = 0; i < sizeof e.fabric; i += 8) {
       std::uint64_t w;
       std::memcpy(&w, e.fabric + i, 8);
-      k = limiter::table_detail::mix(k ^ w);
+      k = platform::table_detail::mix(k ^ w);
     }
   }
   return k == 0 || k == ~std::uint64_t{0} ? 1 : k;
@@ -207,7 +207,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handl
   // released behind our back, and what it held went with it.
   g_alias->erase(*handle, nullptr);
   const Physical fresh{r.bytes, r.entry, 1, false, false};
-  if (!gpuslice::limiter::record(*g_physical, *handle, fresh, [](const Physical& stale) {
+  if (!gpuslice::platform::record(*g_physical, *handle, fresh, [](const Physical& stale) {
         if (stale.bytes != 0) release(stale.entry, stale.bytes);
       })) {
     // No memory for our bookkeeping: undo rather than lose track.
@@ -309,7 +309,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t o
   const bool counted = add_ref(root);
   if (!counted && foreign_entry >= 0) release(foreign_entry, size);
   const Mapping m{size, counted ? root : 0, counted && foreign_entry >= 0 ? size : 0, foreign_entry};
-  if (!gpuslice::limiter::record(*g_mappings, ptr, m, [](const Mapping& stale) {  // an unmap we never saw
+  if (!gpuslice::platform::record(*g_mappings, ptr, m, [](const Mapping& stale) {  // an unmap we never saw
         if (stale.charged != 0) release(stale.entry, stale.charged);
         unref(stale.root);
       })) {

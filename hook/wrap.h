@@ -102,7 +102,7 @@ struct CountingOp {
  private:
   static std::atomic<std::uint64_t>* begin() noexcept {
     std::atomic<std::uint64_t>* c = t_op_counter;
-    if (__builtin_expect(c == nullptr || t_op_epoch != limiter::table_detail::process_epoch(), 0))
+    if (__builtin_expect(c == nullptr || t_op_epoch != platform::table_detail::process_epoch(), 0))
       c = claim_op_counter();
     if (c == &g_counting_ops) {
       g_counting_ops.fetch_add(1, std::memory_order_seq_cst);

@@ -17,7 +17,7 @@ struct AllocRecord {
   AllocKind kind;
 };
 
-using AllocTable = PointerTable<AllocRecord>;
+using AllocTable = platform::PointerTable<AllocRecord>;
 
 // What was charged for a driver object that is not an allocation (a
 // context, a module, a library's placement, a context's resource limit):

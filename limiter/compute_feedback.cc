@@ -44,8 +44,8 @@ bool FeedbackLoop::open_device(int e) noexcept {
   EntryFeedback& f = entries_[e];
   if (f.nvml_device != nullptr) return true;
   if (f.nvml_failed) return false;
-  char uuid[shm::kUuidTextSize];
-  shm::format_uuid(host_.region->devices[e].uuid, uuid);
+  char uuid[platform::kUuidTextSize];
+  platform::format_uuid(host_.region->devices[e].uuid, uuid);
   if (nvml_.handle_by_uuid(uuid, &f.nvml_device) != NVML_SUCCESS || f.nvml_device == nullptr) {
     f.nvml_device = nullptr;
     f.nvml_failed = true;
@@ -243,7 +243,7 @@ void* feedback_main(void* arg) noexcept {
     g_in_tick.store(true, std::memory_order_seq_cst);
     if (!g_stopping.load(std::memory_order_seq_cst)) loop->tick();
     g_in_tick.store(false, std::memory_order_release);
-    shm::sleep_ns(kFeedbackTickNs);
+    platform::sleep_ns(kFeedbackTickNs);
   }
   return nullptr;
 }
@@ -286,7 +286,7 @@ void stop_feedback_thread() noexcept {
   g_stopping.store(true, std::memory_order_seq_cst);
   // A tick in progress ends within a few NVML calls; never wait longer than
   // 100 ms on it (a stalled NVML must not hold the exit up).
-  for (int i = 0; i < 1000 && g_in_tick.load(std::memory_order_seq_cst); ++i) shm::sleep_ns(100'000);
+  for (int i = 0; i < 1000 && g_in_tick.load(std::memory_order_seq_cst); ++i) platform::sleep_ns(100'000);
 }
 
 void record_departure(Region* r, std::uint32_t nvml_pid, std::uint32_t self, std::uint64_t now_ns) noexcept {

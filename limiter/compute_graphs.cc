@@ -65,7 +65,8 @@ void GraphCostTable::erase(std::uintptr_t key) noexcept {
 bool GraphNodePrices::find(std::uintptr_t exec, std::uintptr_t node, GraphCost* out) const noexcept {
   Record r{};
   // PointerTable::find is logically const (it takes the shard's lock).
-  if (!const_cast<PointerTable<Record>&>(table_).find(node_key(exec, node), &r) || r.exec != exec || r.node != node)
+  if (!const_cast<platform::PointerTable<Record>&>(table_).find(node_key(exec, node), &r) || r.exec != exec ||
+      r.node != node)
     return false;
   *out = r.cost;
   return true;
@@ -73,10 +74,10 @@ bool GraphNodePrices::find(std::uintptr_t exec, std::uintptr_t node, GraphCost* 
 
 bool GraphNodePrices::set(std::uintptr_t exec, std::uintptr_t node, const GraphCost& now) noexcept {
   switch (table_.put(node_key(exec, node), Record{now, exec, node}, nullptr)) {
-    case PointerTable<Record>::Put::inserted: live_.fetch_add(1, std::memory_order_relaxed); return true;
-    case PointerTable<Record>::Put::replaced:  // the same node changed again (or a colliding pair's record)
+    case platform::PointerTable<Record>::Put::inserted: live_.fetch_add(1, std::memory_order_relaxed); return true;
+    case platform::PointerTable<Record>::Put::replaced:  // the same node changed again (or a colliding pair's record)
       return true;
-    case PointerTable<Record>::Put::full: break;
+    case platform::PointerTable<Record>::Put::full: break;
   }
   return false;
 }

@@ -77,7 +77,7 @@ class GraphNodePrices {
     std::uintptr_t exec;  // the key is a hash: a record is only its own pair's
     std::uintptr_t node;
   };
-  PointerTable<Record> table_;
+  platform::PointerTable<Record> table_;
   std::atomic<std::size_t> live_{0};
 };
 GraphNodePrices& graph_node_prices() noexcept;

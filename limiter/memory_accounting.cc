@@ -276,12 +276,13 @@ void release_locked(DeviceState& d, Slot& s, int dev, std::uint64_t tag, std::ui
   uncount_used(d, take);
 }
 
-using shm::monotonic_ns;
+using platform::monotonic_ns;
 
 // Another process is reaping (microseconds of work): give it a moment, bounded.
 void wait_for_reaper(const Region* r) {
-  const std::uint64_t deadline = monotonic_ns() + 20'000'000;
-  while (r->header.reaper_lock.load(std::memory_order_relaxed) != 0 && monotonic_ns() < deadline) sched_yield();
+  const std::uint64_t deadline = platform::monotonic_ns() + 20'000'000;
+  while (r->header.reaper_lock.load(std::memory_order_relaxed) != 0 && platform::monotonic_ns() < deadline)
+    sched_yield();
 }
 
 [[gnu::noinline, gnu::cold]] bool reserve_slow(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,

@@ -9,7 +9,7 @@
 namespace gpuslice::limiter {
 namespace values {
 
-using shm::Text;
+using platform::Text;
 
 namespace {
 
@@ -17,7 +17,7 @@ constexpr std::size_t kMaxRegionPath = 4000;  // attach needs room for a tempora
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
-Text& quote_span(Text& t, Span s, std::size_t max) {
+platform::Text& quote_span(platform::Text& t, Span s, std::size_t max) {
   char shown[72];
   const std::size_t n = s.n < sizeof shown - 1 ? s.n : sizeof shown - 1;
   for (std::size_t i = 0; i < n; ++i) shown[i] = s.p[i];
@@ -89,7 +89,7 @@ constexpr const char* kSizeExpected =
     "optionally followed by B, e.g. 8Gi or 8000M";
 constexpr const char* kHamiExpected = "expected bytes or an integer with a k/m/g suffix (base 1024), e.g. 4096m";
 
-void explain_size(Text& t, SizeStatus st, Span unit, const char* expected) {
+void explain_size(platform::Text& t, SizeStatus st, Span unit, const char* expected) {
   switch (st) {
     case SizeStatus::ok: break;
     case SizeStatus::empty: t.str("empty value, "); break;
@@ -106,7 +106,7 @@ void explain_size(Text& t, SizeStatus st, Span unit, const char* expected) {
 
 bool parse_path(const char* name, const char* value, bool absolute, std::size_t max, char* dst, std::size_t cap,
                 shm::Error* err) {
-  const std::size_t n = shm::bounded_len(value, max + 1);
+  const std::size_t n = platform::bounded_len(value, max + 1);
   if (n == 0) {
     fail(err, name, value)
         .str("empty value, expected ")
@@ -131,14 +131,14 @@ bool parse_path(const char* name, const char* value, bool absolute, std::size_t 
         .str(", expected an absolute path such as /dev/shm/gpuslice.region");
     return false;
   }
-  shm::copy_string(dst, cap, value);
+  platform::copy_string(dst, cap, value);
   return true;
 }
 
 // ---- words, flags, durations -------------------------------------------------
 
 // "hard or elastic" from "hard | elastic (any case)".
-Text& list_words(Text& t, const char* range) {
+platform::Text& list_words(platform::Text& t, const char* range) {
   const char* p = range;
   for (;;) {
     const char* end = p;
@@ -203,14 +203,14 @@ bool span_equals(Span s, const char* word, bool any_case) {
 }
 
 // "gpuslice: NAME='value': " -- the caller appends "<what>, expected <what>".
-Text fail(shm::Error* err, const char* name, const char* value) {
-  Text t(err->message, sizeof err->message);
+platform::Text fail(shm::Error* err, const char* name, const char* value) {
+  platform::Text t(err->message, sizeof err->message);
   t.str("gpuslice: ").str(name).ch('=').quoted(value, kValueShown).str(": ");
   return t;
 }
 
 void set_source(OptionSource* s, const char* name) {
-  shm::copy_string(s->name, sizeof s->name, name);
+  platform::copy_string(s->name, sizeof s->name, name);
   s->line = 0;
 }
 
@@ -229,7 +229,7 @@ bool parse_percent_span(Span s, std::uint32_t min, bool allow_percent_sign, std:
   return true;
 }
 
-bool parse_quota(Span s, std::uint64_t* out, Text& t) {
+bool parse_quota(Span s, std::uint64_t* out, platform::Text& t) {
   Span unit{};
   const SizeStatus st = parse_size_span(s, kUnits, out, &unit);
   if (st != SizeStatus::ok) {
@@ -249,7 +249,7 @@ bool parse_quota(Span s, std::uint64_t* out, Text& t) {
   return true;
 }
 
-bool parse_sm(Span s, std::uint32_t* out, Text& t) {
+bool parse_sm(Span s, std::uint32_t* out, platform::Text& t) {
   if (parse_percent_span(s, 1, true, out)) return true;
   if (s.n == 1 && s.p[0] == '0') {
     t.str("0% would forbid all compute, ");
@@ -268,7 +268,7 @@ bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerD
   bool list = false;
   for (std::size_t i = 0; i < n; ++i) list = list || value[i] == '=';
   if (!list) {
-    Text t = fail(err, name, value);
+    platform::Text t = fail(err, name, value);
     T v{};
     if (!one(Span{value, n}, &v, t)) return false;
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
@@ -290,7 +290,7 @@ bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerD
       return false;
     }
     if (eq == entry.n) {
-      Text t = fail(err, name, value);
+      platform::Text t = fail(err, name, value);
       t.str("entry ");
       quote_span(t, entry, 60)
           .str(
@@ -305,7 +305,7 @@ bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerD
       index = index * 10 + static_cast<std::uint32_t>(entry.p[i] - '0');
     }
     if (!index_ok || index >= kMaxDevices) {
-      Text t = fail(err, name, value);
+      platform::Text t = fail(err, name, value);
       t.str("bad device index ");
       quote_span(t, Span{entry.p, eq}, 12).str(", expected a device index 0-").u64(kMaxDevices - 1);
       return false;
@@ -314,7 +314,7 @@ bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerD
       fail(err, name, value).str("device ").u64(index).str(" is listed twice, expected each device at most once");
       return false;
     }
-    Text t = fail(err, name, value);
+    platform::Text t = fail(err, name, value);
     t.str("device ").u64(index).str(": ");
     if (!one(Span{entry.p + eq + 1, entry.n - eq - 1}, &out->value[index], t)) return false;
     out->set[index] = true;
@@ -429,27 +429,27 @@ static_assert(every_word_option_checked(),
 
 // ---- one value of each type ---------------------------------------------------
 
-bool Scalar<OptionType::policy>::parse(const OptionInfo& info, Span v, SmPolicy* dst, Text& t) {
+bool Scalar<OptionType::policy>::parse(const OptionInfo& info, Span v, SmPolicy* dst, platform::Text& t) {
   const int i = word_index(info.range, v);
   if (i < 0) return list_words(t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected "), info.range), false;
   *dst = static_cast<SmPolicy>(i);
   return true;
 }
 
-bool Scalar<OptionType::level>::parse(const OptionInfo& info, Span v, int* dst, Text& t) {
+bool Scalar<OptionType::level>::parse(const OptionInfo& info, Span v, int* dst, platform::Text& t) {
   const int i = word_index(info.range, v);
   if (i < 0) return list_words(t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected "), info.range), false;
   *dst = i;
   return true;
 }
 
-bool Scalar<OptionType::flag>::parse(const OptionInfo&, Span v, bool* dst, Text& t) {
+bool Scalar<OptionType::flag>::parse(const OptionInfo&, Span v, bool* dst, platform::Text& t) {
   if (parse_flag_span(v, dst)) return true;
   t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected true or false (also 1/0, yes/no, on/off)");
   return false;
 }
 
-bool Scalar<OptionType::duration_ms>::parse(const OptionInfo&, Span v, std::uint32_t* dst, Text& t) {
+bool Scalar<OptionType::duration_ms>::parse(const OptionInfo&, Span v, std::uint32_t* dst, platform::Text& t) {
   if (parse_duration_span(v, dst)) return true;
   t.str(v.n == 0 ? "empty value" : "not a duration")
       .str(", expected milliseconds 0-3600000, or a number followed by ms or s (at most 3600s), e.g. 30s");
@@ -458,12 +458,12 @@ bool Scalar<OptionType::duration_ms>::parse(const OptionInfo&, Span v, std::uint
 
 bool parse_path_into(const OptionInfo& info, const char* value, char* dst, std::size_t cap, shm::Error* err,
                      const char* name) {
-  const bool absolute = shm::starts_with(info.range, "absolute");
+  const bool absolute = platform::starts_with(info.range, "absolute");
   return parse_path(name, value, absolute, absolute ? kMaxRegionPathLength : cap - 1, dst, cap, err);
 }
 
 bool parse_name_into(const char* name, const char* value, char* dst, std::size_t cap, shm::Error* err) {
-  const std::size_t n = shm::bounded_len(value, cap);
+  const std::size_t n = platform::bounded_len(value, cap);
   if (n == 0 || n >= cap) {
     fail(err, name, value)
         .str(n == 0 ? "empty value" : "too long")
@@ -484,13 +484,13 @@ bool parse_name_into(const char* name, const char* value, char* dst, std::size_t
       return false;
     }
   }
-  shm::copy_string(dst, cap, value);
+  platform::copy_string(dst, cap, value);
   return true;
 }
 
 // ---- HAMi-core's grammars (the aliases) -------------------------------------
 
-bool parse_alias_memory(Span s, std::uint64_t* out, Text& t) {
+bool parse_alias_memory(Span s, std::uint64_t* out, platform::Text& t) {
   Span unit{};
   const SizeStatus st = parse_size_span(s, kHamiUnits, out, &unit);
   if (st == SizeStatus::ok) {
@@ -502,7 +502,7 @@ bool parse_alias_memory(Span s, std::uint64_t* out, Text& t) {
   return false;
 }
 
-bool parse_alias_sm(Span s, std::uint32_t* out, Text& t) {
+bool parse_alias_sm(Span s, std::uint32_t* out, platform::Text& t) {
   if (parse_percent_span(s, 0, false, out)) {
     if (*out == 0) *out = 100;  // HAMi-core: 0 = no limit
     return true;

@@ -60,7 +60,7 @@ constexpr int word_index(const char* range, Span value) {
 // time with this very function, option_values.cc.)
 
 // "gpuslice: NAME='value': " -- the caller appends "<what>, expected <what>".
-shm::Text fail(shm::Error* err, const char* name, const char* value);
+platform::Text fail(shm::Error* err, const char* name, const char* value);
 void set_source(OptionSource* s, const char* name);
 
 // 1-100 (or min-100), optionally followed by '%' where allowed.
@@ -75,12 +75,12 @@ struct PerDevice {
 
 // Parses one element; on failure appends "<what>, expected <what>" to t.
 template <class T>
-using ParseOne = bool (*)(Span, T*, shm::Text&);
+using ParseOne = bool (*)(Span, T*, platform::Text&);
 
-bool parse_quota(Span s, std::uint64_t* out, shm::Text& t);         // our size grammar, > 0
-bool parse_sm(Span s, std::uint32_t* out, shm::Text& t);            // 1-100[%]
-bool parse_alias_memory(Span s, std::uint64_t* out, shm::Text& t);  // HAMi-core: bytes or k/m/g (base 1024)
-bool parse_alias_sm(Span s, std::uint32_t* out, shm::Text& t);      // HAMi-core: 0-100, 0 = 100
+bool parse_quota(Span s, std::uint64_t* out, platform::Text& t);         // our size grammar, > 0
+bool parse_sm(Span s, std::uint32_t* out, platform::Text& t);            // 1-100[%]
+bool parse_alias_memory(Span s, std::uint64_t* out, platform::Text& t);  // HAMi-core: bytes or k/m/g (base 1024)
+bool parse_alias_sm(Span s, std::uint32_t* out, platform::Text& t);      // HAMi-core: 0-100, 0 = 100
 
 // "8Gi" (every device) or "0=8Gi,1=4Gi". Instantiated for std::uint64_t and
 // std::uint32_t (option_values.cc).
@@ -94,21 +94,21 @@ struct Scalar;
 
 template <>
 struct Scalar<OptionType::policy> {
-  static bool parse(const OptionInfo& info, Span v, SmPolicy* dst, shm::Text& t);
+  static bool parse(const OptionInfo& info, Span v, SmPolicy* dst, platform::Text& t);
 };
 template <>
 struct Scalar<OptionType::level> {
-  static bool parse(const OptionInfo& info, Span v, int* dst, shm::Text& t);
+  static bool parse(const OptionInfo& info, Span v, int* dst, platform::Text& t);
 };
 template <>
 struct Scalar<OptionType::choice> : Scalar<OptionType::level> {};
 template <>
 struct Scalar<OptionType::flag> {
-  static bool parse(const OptionInfo&, Span v, bool* dst, shm::Text& t);
+  static bool parse(const OptionInfo&, Span v, bool* dst, platform::Text& t);
 };
 template <>
 struct Scalar<OptionType::duration_ms> {
-  static bool parse(const OptionInfo&, Span v, std::uint32_t* dst, shm::Text& t);
+  static bool parse(const OptionInfo&, Span v, std::uint32_t* dst, platform::Text& t);
 };
 
 // Paths (absolute where the range column says so) and names.

@@ -15,14 +15,14 @@
 namespace gpuslice::limiter {
 namespace {
 
-using shm::Text;
+using platform::Text;
 using namespace values;
 using env::Found;
 using env::name_of;
 
 std::size_t option_index(const char* env) {
   for (std::size_t k = 0; k < kOptionCount; ++k) {
-    if (shm::starts_with(kOptions[k].env, env) && length(kOptions[k].env) == length(env)) return k;
+    if (platform::starts_with(kOptions[k].env, env) && length(kOptions[k].env) == length(env)) return k;
   }
   return kOptionCount;
 }
@@ -50,14 +50,14 @@ std::size_t alias_of(const Found& f, std::size_t k, bool per_device) {
 bool map_alias(const OptionAlias& alias, const char* value, char* buf, std::size_t cap, bool* empty, shm::Error* err) {
   *empty = false;
   if (alias.map == nullptr) {
-    shm::copy_string(buf, cap, value);
+    platform::copy_string(buf, cap, value);
     return true;
   }
   const char* word = nullptr;
   std::size_t n = 0;
   bool fallback = false;
   if (env::match_alias(alias.map, value, &word, &n, &fallback)) {
-    shm::copy_string(buf, n + 1 < cap ? n + 1 : cap, word);
+    platform::copy_string(buf, n + 1 < cap ? n + 1 : cap, word);
     *empty = n == 0;
     return true;
   }
@@ -86,7 +86,7 @@ void alias_fallback_warning(const Found& f, Options* out) {
     if (!env::match_alias(alias.map, f.alias[a], &word, &n, &fallback) || !fallback) continue;
     char keys[160];
     env::list_alias_keys(alias.map, keys, sizeof keys);
-    Text t(out->alias_warning, sizeof out->alias_warning);
+    platform::Text t(out->alias_warning, sizeof out->alias_warning);
     t.str(alias.env)
         .ch('=')
         .quoted(f.alias[a], kValueShown)
@@ -106,10 +106,10 @@ void alias_fallback_warning(const Found& f, Options* out) {
 // The default column of options.def: the value, optionally followed by a
 // remark in parentheses; `<uid>` stands for the real user id.
 void default_text(const OptionInfo& info, char* buf, std::size_t cap) {
-  Text t(buf, cap);
+  platform::Text t(buf, cap);
   for (const char* p = info.default_value; *p != '\0'; ++p) {
     if (p[0] == ' ' && p[1] == '(') break;
-    if (shm::starts_with(p, "<uid>")) {
+    if (platform::starts_with(p, "<uid>")) {
       t.u64(getuid());
       p += 4;
       continue;
@@ -127,7 +127,7 @@ struct Resolve {  // scalar words, flags and durations
     const OptionInfo& info = kOptions[k];
     char text[128];
     default_text(info, text, sizeof text);
-    Text ignored(err->message, sizeof err->message);
+    platform::Text ignored(err->message, sizeof err->message);
     if (!Scalar<T>::parse(info, Span{text, length(text)}, &dst, ignored)) {
       fail(err, info.env, text).str("options.def default does not parse (a bug in the table)");
       return false;
@@ -145,7 +145,7 @@ struct Resolve {  // scalar words, flags and durations
       value = mapped;
       from = kOptionAliases[a].env;
     }
-    Text t = fail(err, from, value == mapped ? f.alias[alias_of(f, k, false)] : value);
+    platform::Text t = fail(err, from, value == mapped ? f.alias[alias_of(f, k, false)] : value);
     if (!Scalar<T>::parse(info, Span{value, length(value)}, &dst, t)) return false;
     set_source(&src, from);
     return true;
@@ -199,7 +199,7 @@ bool resolve_per_device(const Found& f, std::size_t k, ParseOne<V> ours_one, Par
   if (a != kOptionAliasCount) {
     const char* alias_name = kOptionAliases[a].env;
     if (const char* v = f.alias[a]) {
-      Text t = fail(err, alias_name, v);
+      platform::Text t = fail(err, alias_name, v);
       V value{};
       if (!alias_one(Span{v, length(v)}, &value, t)) return false;
       if (value != 0) {  // CUDA_DEVICE_MEMORY_LIMIT=0: not set
@@ -214,7 +214,7 @@ bool resolve_per_device(const Found& f, std::size_t k, ParseOne<V> ours_one, Par
       if (v == nullptr) continue;
       char name[64];
       name_of(f.alias_device_name[a][d], name, sizeof name);
-      Text t = fail(err, name, v);
+      platform::Text t = fail(err, name, v);
       if (!alias_one(Span{v, length(v)}, &device.value[d], t)) return false;
       device.set[d] = device.value[d] != 0;
     }
@@ -264,7 +264,7 @@ void apply_core_policy_disable(const Found& f, Options* out) {
     if (!span_equals(Span{alias.env, length(alias.env)}, "GPU_CORE_UTILIZATION_POLICY", false)) continue;
     if (f.alias[a] == nullptr || !span_equals(Span{f.alias[a], length(f.alias[a])}, "disable", true)) return;
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
-      if (shm::starts_with(out->sm_limit_source[d].name, "CUDA_DEVICE_SM_LIMIT")) {
+      if (platform::starts_with(out->sm_limit_source[d].name, "CUDA_DEVICE_SM_LIMIT")) {
         out->sm_limit[d] = 100;
         set_source(&out->sm_limit_source[d], alias.env);
       }

@@ -7,7 +7,7 @@
 namespace gpuslice::limiter::env {
 namespace {
 
-using shm::Text;
+using platform::Text;
 
 constexpr std::size_t kValueShown = 100;  // output characters of a value quoted in a message
 
@@ -76,7 +76,7 @@ bool collect(char* const* envp, Found* f, Options* out, shm::Error* err) {
       int index = 0;
       if (const char* v = per_device_alias(entry, alias.env, &index)) {
         if (index < 0) {
-          Text t(err->message, sizeof err->message);
+          platform::Text t(err->message, sizeof err->message);
           t.str("gpuslice: ");
           t.str(entry, static_cast<std::size_t>(v - 1 - entry) < 60 ? static_cast<std::size_t>(v - 1 - entry) : 60);
           t.ch('=')
@@ -96,7 +96,7 @@ bool collect(char* const* envp, Found* f, Options* out, shm::Error* err) {
     }
     bool assignment = false;
     for (const char* c = entry; *c != '\0' && !assignment; ++c) assignment = *c == '=';
-    if (!known && assignment && shm::starts_with(entry, "GPUSLICE_") && out->unknown_variable[0] == '\0') {
+    if (!known && assignment && platform::starts_with(entry, "GPUSLICE_") && out->unknown_variable[0] == '\0') {
       std::size_t n = 0;
       while (entry[n] != '\0' && entry[n] != '=' && n + 1 < sizeof out->unknown_variable) {
         out->unknown_variable[n] = entry[n];
@@ -218,7 +218,7 @@ bool match_alias(const char* map, const char* value, const char** word, std::siz
 }
 
 void list_alias_keys(const char* map, char* buf, std::size_t cap) {
-  shm::Text t(buf, cap);
+  platform::Text t(buf, cap);
   bool first = true;
   for (const char* p = map; *p != '\0';) {
     const char* eq = p;

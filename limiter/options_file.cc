@@ -14,7 +14,7 @@
 namespace gpuslice::limiter {
 namespace {
 
-using shm::Text;
+using platform::Text;
 
 bool blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 
@@ -43,8 +43,8 @@ bool same_name(const char* entry, const char* name) {
 }
 
 // "gpuslice: FILE:LINE: " -- the caller appends "<what>, expected <what>".
-Text at_line(shm::Error* err, const char* path, std::uint32_t line) {
-  Text t(err->message, sizeof err->message);
+platform::Text at_line(shm::Error* err, const char* path, std::uint32_t line) {
+  platform::Text t(err->message, sizeof err->message);
   t.str("gpuslice: ").escaped(path, 200).ch(':').u64(line).str(": ");
   return t;
 }
@@ -63,7 +63,7 @@ bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent
       *absent = true;
       return true;
     }
-    Text t(err->message, sizeof err->message);
+    platform::Text t(err->message, sizeof err->message);
     t.str("gpuslice: ");
     if (named) t.str("GPUSLICE_CONFIG_FILE=").quoted(path, 200).str(": ");
     t.str("cannot open the configuration file ")
@@ -76,7 +76,7 @@ bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    Text t(err->message, sizeof err->message);
+    platform::Text t(err->message, sizeof err->message);
     t.str("gpuslice: the configuration file ")
         .escaped(path, 200)
         .str(" is not a regular file, expected a file of NAME=VALUE lines");
@@ -89,7 +89,7 @@ bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent
     if (n < 0) {
       const int e = errno;
       close(fd);
-      Text t(err->message, sizeof err->message);
+      platform::Text t(err->message, sizeof err->message);
       t.str("gpuslice: cannot read the configuration file ").escaped(path, 200).str(": ").errno_text(e);
       return false;
     }
@@ -97,7 +97,7 @@ bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent
     total += static_cast<std::size_t>(n);
     if (total > kConfigFileMaxBytes) {
       close(fd);
-      Text t(err->message, sizeof err->message);
+      platform::Text t(err->message, sizeof err->message);
       t.str("gpuslice: the configuration file ")
           .escaped(path, 200)
           .str(" is larger than ")
@@ -144,7 +144,7 @@ bool split_entries(const char* path, ConfigFileBuffer* buf, shm::Error* err) {
       std::size_t n = 0;
       for (; n < sizeof shown - 1 && b + n < e; ++n) shown[n] = b[n];
       shown[n] = '\0';
-      Text t = at_line(err, path, line);
+      platform::Text t = at_line(err, path, line);
       t.quoted(shown, 72).str(eq == e ? " has no '=', " : " has no name before '=', ").str(kLineExpected);
       return false;
     }
@@ -160,7 +160,7 @@ bool split_entries(const char* path, ConfigFileBuffer* buf, shm::Error* err) {
     if (kind != env::Name::option && kind != env::Name::alias) {
       char name[72];
       env::name_of(entry, name, sizeof name);
-      Text t = at_line(err, path, line);
+      platform::Text t = at_line(err, path, line);
       t.quoted(name, 64);
       if (kind == env::Name::bad_device_index) {
         t.str(": bad device index in the name, expected <alias>_<i> with i in 0-").u64(kMaxDevices - 1);
@@ -223,9 +223,9 @@ void locate_error(const char* path, const ConfigFileBuffer& buf, shm::Error* err
   const std::uint32_t line = line_of(buf, rest);
   if (line == 0) return;
   shm::Error located;
-  Text t(located.message, sizeof located.message);
+  platform::Text t(located.message, sizeof located.message);
   t.str(kPrefix).escaped(path, 200).ch(':').u64(line).str(": ").str(rest);
-  Text(err->message, sizeof err->message).str(located.message);
+  platform::Text(err->message, sizeof err->message).str(located.message);
 }
 
 }  // namespace
@@ -241,8 +241,8 @@ bool load_options(char* const* envp, const char* default_file, ConfigFileBuffer*
   // file says, and it names the file.
   if (!resolve_found(found, out, err)) return false;
   const bool named = found.ours[kConfigOption] != nullptr;
-  shm::copy_string(buf->path, sizeof buf->path, named ? out->config_file : default_file);
-  if (!named) shm::copy_string(out->config_file, sizeof out->config_file, default_file);
+  platform::copy_string(buf->path, sizeof buf->path, named ? out->config_file : default_file);
+  if (!named) platform::copy_string(out->config_file, sizeof out->config_file, default_file);
   const char* path = buf->path;
   bool absent = false;
   if (!read_file(path, named, buf, &absent, err)) return false;
@@ -270,7 +270,7 @@ bool load_options(char* const* envp, const char* default_file, ConfigFileBuffer*
     locate_error(path, *buf, err);
     return false;
   }
-  if (!named) shm::copy_string(out->config_file, sizeof out->config_file, path);
+  if (!named) platform::copy_string(out->config_file, sizeof out->config_file, path);
     // Sources that name a variable the file set (and the environment did not).
 #define GPUSLICE_OPTION(id, env, kind, def, range, doc) mark(out->id##_source, *buf);
 #include "gpuslice/options.def"

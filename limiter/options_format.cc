@@ -6,10 +6,10 @@
 namespace gpuslice::limiter {
 namespace {
 
-using shm::Text;
+using platform::Text;
 
 // A Markdown table cell: '|' would end the cell.
-Text& cell(Text& t, const char* s) {
+platform::Text& cell(platform::Text& t, const char* s) {
   for (; *s != '\0'; ++s) {
     if (*s == '|') t.ch('\\');
     t.ch(*s);
@@ -17,9 +17,9 @@ Text& cell(Text& t, const char* s) {
   return t;
 }
 
-int finish(const Text& t) { return t.truncated() ? -1 : static_cast<int>(t.size()); }
+int finish(const platform::Text& t) { return t.truncated() ? -1 : static_cast<int>(t.size()); }
 
-Text& line(Text& t, const char* name) { return t.str("gpuslice: ").str(name); }
+platform::Text& line(platform::Text& t, const char* name) { return t.str("gpuslice: ").str(name); }
 
 bool is_default(const OptionSource& s) {
   const char* d = "default";
@@ -30,7 +30,7 @@ bool is_default(const OptionSource& s) {
 
 // Where the value came from: "(default)", "(NAME, environment)" or
 // "(NAME, FILE:LINE)" for a line of the configuration file.
-Text& tail(Text& t, const OptionSource& src, const char* file) {
+platform::Text& tail(platform::Text& t, const OptionSource& src, const char* file) {
   if (is_default(src)) return t.str(" (default)\n");
   t.str(" (").str(src.name).str(", ");
   if (src.line == 0) return t.str("environment)\n");
@@ -47,7 +47,7 @@ bool all_set(const OptionSource (&sources)[kMaxDevices]) {
 }  // namespace
 
 int format_options_markdown(char* buf, std::size_t cap) noexcept {
-  Text t(buf, cap);
+  platform::Text t(buf, cap);
   t.str("| Variable | Default | Accepted values | Description |\n");
   t.str("|---|---|---|---|\n");
   for (const OptionInfo& o : kOptions) {
@@ -79,7 +79,7 @@ int format_options_markdown(char* buf, std::size_t cap) noexcept {
 namespace {
 
 // The word of index i in a range column "a | b | c (remark)".
-Text& word(Text& t, const char* range, int i) {
+platform::Text& word(platform::Text& t, const char* range, int i) {
   const char* p = range;
   for (int k = 0;; ++k) {
     const char* end = p;
@@ -91,8 +91,8 @@ Text& word(Text& t, const char* range, int i) {
 }
 
 template <class V>
-void per_device(Text& t, const OptionInfo& info, const V (&values)[kMaxDevices], const OptionSource (&src)[kMaxDevices],
-                bool size, const char* file) {
+void per_device(platform::Text& t, const OptionInfo& info, const V (&values)[kMaxDevices],
+                const OptionSource (&src)[kMaxDevices], bool size, const char* file) {
   bool any = false;
   for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
     if (is_default(src[d])) continue;
@@ -124,7 +124,7 @@ void per_device(Text& t, const OptionInfo& info, const V (&values)[kMaxDevices],
 template <OptionType T>
 struct Print {
   template <class V, class S>
-  static void run(Text& t, const OptionInfo& info, const V& value, const S& src, const char* file) {
+  static void run(platform::Text& t, const OptionInfo& info, const V& value, const S& src, const char* file) {
     line(t, info.env).ch('=');
     if constexpr (T == OptionType::policy || T == OptionType::level || T == OptionType::choice) {
       word(t, info.range, static_cast<int>(value));
@@ -140,14 +140,14 @@ struct Print {
 };
 template <>
 struct Print<OptionType::per_device_size> {
-  static void run(Text& t, const OptionInfo& info, const std::uint64_t (&v)[kMaxDevices],
+  static void run(platform::Text& t, const OptionInfo& info, const std::uint64_t (&v)[kMaxDevices],
                   const OptionSource (&s)[kMaxDevices], const char* file) {
     per_device(t, info, v, s, true, file);
   }
 };
 template <>
 struct Print<OptionType::per_device_percent> {
-  static void run(Text& t, const OptionInfo& info, const std::uint32_t (&v)[kMaxDevices],
+  static void run(platform::Text& t, const OptionInfo& info, const std::uint32_t (&v)[kMaxDevices],
                   const OptionSource (&s)[kMaxDevices], const char* file) {
     per_device(t, info, v, s, false, file);
   }
@@ -156,7 +156,7 @@ struct Print<OptionType::per_device_percent> {
 }  // namespace
 
 int format_effective_options(const Options& o, char* buf, std::size_t cap) noexcept {
-  Text t(buf, cap);
+  platform::Text t(buf, cap);
   std::size_t k = 0;
 #define GPUSLICE_OPTION(id, env, kind, def, range, doc) \
   Print<OptionType::kind>::run(t, kOptions[k++], o.id, o.id##_source, o.config_file);

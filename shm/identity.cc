@@ -15,14 +15,14 @@ bool read_identity(std::uint32_t pid, ProcessIdentity* out) noexcept {
   out->pid = self ? static_cast<std::uint32_t>(getpid()) : pid;
   out->pidns_inode = 0;
   out->start_time = 0;
-  procfs::Stat f;
-  if (procfs::read_stat(pid, &f) != 0) return false;
+  platform::procfs::Stat f;
+  if (platform::procfs::read_stat(pid, &f) != 0) return false;
   // /proc mounted for another pid namespace (a container given the host's
   // /proc): /proc/<pid> would name other processes, so we know nothing.
   if (self && f.pid != out->pid) return false;
   out->start_time = f.start_time;
   char path[64];
-  procfs::path(path, sizeof path, pid, "ns/pid");
+  platform::procfs::path(path, sizeof path, pid, "ns/pid");
   struct stat st;
   // Another user's process: the ns link needs ptrace access; the start time
   // alone is still an identity, with an unknown namespace.
@@ -36,8 +36,8 @@ Liveness identity_liveness(std::uint32_t pid, std::uint64_t pidns_inode, std::ui
     return Liveness::unknown;
   }
   if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return Liveness::dead;
-  procfs::Stat f;
-  const int e = procfs::read_stat(pid, &f);
+  platform::procfs::Stat f;
+  const int e = platform::procfs::read_stat(pid, &f);
   if (e == ENOENT || e == ESRCH) return Liveness::dead;  // exited between kill() and open()
   if (e != 0) return Liveness::alive;                    // exists, unreadable: cannot prove it dead
   // A zombie has released its device memory with its address space; its

@@ -19,7 +19,7 @@ namespace {
 
 void fail(Error* err, const char* path, const char* what, int error) noexcept {
   if (err == nullptr) return;
-  Text t(err->message, sizeof err->message);
+  platform::Text t(err->message, sizeof err->message);
   t.str("gpuslice: priority board ").escaped(path).str(": ").str(what);
   if (error != 0) t.str(": ").errno_text(error);
 }
@@ -43,7 +43,7 @@ bool make_dirs(char* path, mode_t mode) noexcept {
 }
 
 bool level_dir(const char* board, Priority level, char out[kBoardPathMax]) noexcept {
-  Text t(out, kBoardPathMax);
+  platform::Text t(out, kBoardPathMax);
   t.str(board).ch('/').str(level_directory(level));
   return !t.truncated();
 }
@@ -76,13 +76,13 @@ const char* level_directory(Priority p) noexcept {
   }
 }
 
-bool activity_name(const char uuid_text[kUuidTextSize], std::uint64_t region_dev, std::uint64_t region_ino,
+bool activity_name(const char uuid_text[platform::kUuidTextSize], std::uint64_t region_dev, std::uint64_t region_ino,
                    char out[kBoardNameMax]) noexcept {
   char dev[24], ino[24];
-  Text d(dev, sizeof dev), i(ino, sizeof ino);
+  platform::Text d(dev, sizeof dev), i(ino, sizeof ino);
   d.hex(region_dev);
   i.hex(region_ino);
-  Text t(out, kBoardNameMax);
+  platform::Text t(out, kBoardNameMax);
   t.str(uuid_text).ch('.').str(dev + 2).ch('-').str(ino + 2).str(".act");  // without the 0x prefixes
   return !t.truncated();
 }
@@ -171,7 +171,8 @@ int open_own_activity(const char* board, Priority level, const char* name, const
     rec.magic = kPriorityMagic;
     rec.abi_version = kPriorityAbiVersion;
     rec.size = sizeof rec;
-    copy_string(rec.container_name, sizeof rec.container_name, container_name != nullptr ? container_name : "");
+    platform::copy_string(rec.container_name, sizeof rec.container_name,
+                          container_name != nullptr ? container_name : "");
   }
   rec.level = static_cast<std::uint32_t>(level);
   rec.writer_pid = static_cast<std::uint32_t>(getpid());

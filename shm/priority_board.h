@@ -23,7 +23,7 @@ const char* level_directory(Priority p) noexcept;
 // File name of a container's activity on a device: "<GPU-uuid>.<key>.act",
 // key = the container's region file as <st_dev>-<st_ino> in hex (the same file
 // for every process of the container, whatever its mount namespace).
-bool activity_name(const char uuid_text[kUuidTextSize], std::uint64_t region_dev, std::uint64_t region_ino,
+bool activity_name(const char uuid_text[platform::kUuidTextSize], std::uint64_t region_dev, std::uint64_t region_ino,
                    char out[kBoardNameMax]) noexcept;
 
 // Opens (creating it and the level directory if needed, mode 0644 / 01777 set

@@ -22,8 +22,8 @@ constexpr std::size_t kRegionBytes = sizeof(Region);
 
 // Starts "gpuslice: GPUSLICE_REGION=<path>: "; the caller appends
 // "<what is wrong>, expected <what>".
-Text region_error(Error* err, const char* path) {
-  Text t(err->message, sizeof err->message);
+platform::Text region_error(Error* err, const char* path) {
+  platform::Text t(err->message, sizeof err->message);
   t.str("gpuslice: GPUSLICE_REGION=").escaped(path, 160).str(": ");
   return t;
 }
@@ -37,7 +37,7 @@ T load_field(const unsigned char* data, std::size_t offset) {
 
 // data holds `avail` bytes of a file of `file_size` bytes. Appends
 // "<what is wrong>, expected <what>" to t on failure.
-bool validate_impl(const unsigned char* data, std::size_t avail, std::uint64_t file_size, Text& t) {
+bool validate_impl(const unsigned char* data, std::size_t avail, std::uint64_t file_size, platform::Text& t) {
   const std::uint64_t want_size = kRegionBytes;
   if (avail < sizeof(std::uint64_t)) {
     t.str("file holds only ")
@@ -129,7 +129,7 @@ Region* map_existing(int fd, const char* path, bool writable, Error* err) {
     // SIGBUS): read what is there for the most useful message.
     unsigned char head[sizeof(RegionHeader)];
     ssize_t n = pread(fd, head, sizeof head, 0);
-    Text t = region_error(err, path);
+    platform::Text t = region_error(err, path);
     if (n < 0) {
       t.str("cannot read: ").errno_text(errno).str(", expected a readable region file");
       return nullptr;
@@ -144,7 +144,7 @@ Region* map_existing(int fd, const char* path, bool writable, Error* err) {
     region_error(err, path).str("cannot map: ").errno_text(errno).str(", expected a mappable region file");
     return nullptr;
   }
-  Text t = region_error(err, path);
+  platform::Text t = region_error(err, path);
   if (!validate_impl(reinterpret_cast<const unsigned char*>(r), kRegionBytes, file_size, t)) {
     munmap(r, kRegionBytes);
     return nullptr;
@@ -203,7 +203,7 @@ bool shared_by_users(const char* dir) {
 
 // The directory part of `path` ("." when none).
 void dir_of(const char* path, char out[kPathCap]) {
-  const std::size_t len = bounded_len(path, kPathCap - 1);
+  const std::size_t len = platform::bounded_len(path, kPathCap - 1);
   std::memcpy(out, path, len);
   out[len] = '\0';
   char* slash = std::strrchr(out, '/');
@@ -228,7 +228,7 @@ void initialise(Region* r, const char* container_name) {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   h.created_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<std::uint64_t>(ts.tv_nsec);
-  if (container_name != nullptr) copy_string(h.container_name, sizeof h.container_name, container_name);
+  if (container_name != nullptr) platform::copy_string(h.container_name, sizeof h.container_name, container_name);
   h.magic = kRegionMagic;
 }
 
@@ -238,7 +238,7 @@ enum class CreateResult { created, lost_race, failed };
 // publishes it with link() (atomic, fails if the name exists): nobody can
 // ever map a half-initialised region, and exactly one creator wins.
 CreateResult create_region(const char* path, const char* container_name, Error* err, Region** out, int* keep_fd) {
-  const std::size_t path_len = bounded_len(path, kPathCap);
+  const std::size_t path_len = platform::bounded_len(path, kPathCap);
   char dir[kPathCap];
   std::memcpy(dir, path, path_len + 1);
   char* slash = nullptr;
@@ -266,7 +266,7 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
   char temp[kPathCap];
   int fd = -1;
   for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    Text name(temp, sizeof temp);
+    platform::Text name(temp, sizeof temp);
     name.str(dir)
         .str("/.")
         .str(base)
@@ -400,7 +400,7 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
     region_error(err, "").str("empty path, expected a region file path");
     return nullptr;
   }
-  if (bounded_len(path, kPathCap) >= kPathCap - 64) {
+  if (platform::bounded_len(path, kPathCap) >= kPathCap - 64) {
     region_error(err, path).str("path too long, expected at most ").u64(kPathCap - 64).str(" bytes");
     return nullptr;
   }
@@ -423,7 +423,7 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
     }
     const int e = errno;
     if (e != ENOENT || !create) {
-      Text t = region_error(err, path);
+      platform::Text t = region_error(err, path);
       t.str("cannot open: ").errno_text(e).str(", expected ");
       t.str(create ? "a region file readable and writable by uid " : "an existing region file readable by uid ")
           .u64(getuid());
@@ -448,7 +448,7 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
 Region* create_private(const char* container_name, Error* err) noexcept {
   void* p = mmap(nullptr, kRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    Text t(err->message, sizeof err->message);
+    platform::Text t(err->message, sizeof err->message);
     t.str("gpuslice: cannot map a private region: ").errno_text(errno);
     return nullptr;
   }
@@ -498,7 +498,7 @@ Region* attach_existing(const char* path, bool writable, Error* err) noexcept {
 }
 
 bool validate_header(const void* data, std::size_t size, Error* err) noexcept {
-  Text t(err->message, sizeof err->message);
+  platform::Text t(err->message, sizeof err->message);
   t.str("gpuslice: region header: ");
   if (data == nullptr) size = 0;
   if (!validate_impl(static_cast<const unsigned char*>(data), size, size, t)) return false;

@@ -138,7 +138,7 @@ int device_index(Region* r, const std::uint8_t uuid[16], std::uint64_t quota_byt
           break;
         }
         if (state == kDeviceWriting) {
-          const std::uint64_t now = monotonic_ns();
+          const std::uint64_t now = platform::monotonic_ns();
           if (wait_start == 0) wait_start = now;
           if (now - wait_start < claim_timeout_ns) {
             sched_yield();

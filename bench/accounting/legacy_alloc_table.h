@@ -1,5 +1,5 @@
 // The allocation table before issue 14 (commit 04aeaed), kept only so that
-// table_bench compares it with limiter::PointerTable in one run.
+// table_bench compares it with platform::PointerTable in one run.
 //
 // Process-local map: device pointer / handle -> what was counted for it, so
 // that a free releases exactly what its allocation reserved, exactly once.

@@ -14,7 +14,7 @@ namespace {
 
 using gpuslice::legacy::AllocTable;
 using gpuslice::limiter::AllocRecord;
-using gpuslice::limiter::PointerTable;
+using gpuslice::platform::PointerTable;
 
 // A per-thread stride of distinct 256-byte-aligned addresses; each thread
 // keeps kLive allocations alive, so erases hit populated clusters.

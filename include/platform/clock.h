@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstdint>
 
-namespace gpuslice::shm {
+namespace gpuslice::platform {
 
 inline std::uint64_t monotonic_ns() noexcept {
   timespec ts{};
@@ -38,4 +38,4 @@ inline void sleep_until_ns(std::uint64_t deadline_ns) noexcept {
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &deadline, nullptr) == EINTR) {}
 }
 
-}  // namespace gpuslice::shm
+}  // namespace gpuslice::platform

@@ -17,7 +17,7 @@
 #include <atomic>
 #include <cstdint>
 
-namespace gpuslice::shm {
+namespace gpuslice::platform {
 
 class OnceFlag {
  public:
@@ -64,4 +64,4 @@ class OnceFlag {
   std::atomic<int> state_{kIdle};
 };
 
-}  // namespace gpuslice::shm
+}  // namespace gpuslice::platform

@@ -14,7 +14,7 @@
 
 #include <new>
 
-namespace gpuslice::limiter::table_detail {
+namespace gpuslice::platform::table_detail {
 
 void* map_pages(std::size_t bytes) noexcept {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -116,4 +116,4 @@ std::uint64_t epoch_slow() noexcept {
   return e;  // another thread of this process took the epoch first
 }
 
-}  // namespace gpuslice::limiter::table_detail
+}  // namespace gpuslice::platform::table_detail

@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace gpuslice::limiter {
+namespace gpuslice::platform {
 
 namespace table_detail {
 
@@ -442,4 +442,4 @@ bool record(PointerTable<V>& table, std::uint64_t key, const V& value, Settle&& 
   return false;
 }
 
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::platform

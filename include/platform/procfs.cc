@@ -8,7 +8,7 @@
 
 #include "platform/text.h"
 
-namespace gpuslice::shm::procfs {
+namespace gpuslice::platform::procfs {
 namespace {
 
 bool digit(char c) noexcept { return c >= '0' && c <= '9'; }
@@ -157,4 +157,4 @@ int read_nspid(std::uint32_t pid, NsPids* out) noexcept {
   return parse_nspid(buf, static_cast<std::size_t>(len), out) ? 0 : EINVAL;
 }
 
-}  // namespace gpuslice::shm::procfs
+}  // namespace gpuslice::platform::procfs

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace gpuslice::shm::procfs {
+namespace gpuslice::platform::procfs {
 
 // "/proc/<pid>/<leaf>", or "/proc/self/<leaf>" for pid 0, into buf[cap].
 void path(char* buf, std::size_t cap, std::uint32_t pid, const char* leaf) noexcept;
@@ -44,4 +44,4 @@ bool parse_nspid(const char* text, std::size_t len, NsPids* out) noexcept;
 // no NSpid line).
 int read_nspid(std::uint32_t pid, NsPids* out) noexcept;
 
-}  // namespace gpuslice::shm::procfs
+}  // namespace gpuslice::platform::procfs

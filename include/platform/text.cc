@@ -2,7 +2,7 @@
 
 #include <cerrno>
 
-namespace gpuslice::shm {
+namespace gpuslice::platform {
 
 Text& Text::str(const char* s, std::size_t n) noexcept {
   if (cap_ == 0) {
@@ -172,4 +172,4 @@ bool starts_with(const char* s, const char* prefix) noexcept {
   return true;
 }
 
-}  // namespace gpuslice::shm
+}  // namespace gpuslice::platform

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace gpuslice::shm {
+namespace gpuslice::platform {
 
 class Text {
  public:
@@ -47,4 +47,4 @@ std::size_t bounded_len(const char* s, std::size_t max) noexcept;
 bool copy_string(char* dst, std::size_t cap, const char* s) noexcept;
 bool starts_with(const char* s, const char* prefix) noexcept;
 
-}  // namespace gpuslice::shm
+}  // namespace gpuslice::platform

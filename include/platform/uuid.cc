@@ -1,6 +1,6 @@
 #include "platform/uuid.h"
 
-namespace gpuslice::shm {
+namespace gpuslice::platform {
 
 void format_uuid(const std::uint8_t uuid[16], char out[kUuidTextSize]) noexcept {
   static const char kHex[] = "0123456789abcdef";
@@ -37,4 +37,4 @@ bool parse_uuid(const char* text, std::uint8_t out[16]) noexcept {
   return digits == 32;
 }
 
-}  // namespace gpuslice::shm
+}  // namespace gpuslice::platform

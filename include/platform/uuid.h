@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace gpuslice::shm {
+namespace gpuslice::platform {
 
 inline constexpr std::size_t kUuidTextSize = 41;  // "GPU-" + 36 characters + NUL
 
@@ -16,4 +16,4 @@ void format_uuid(const std::uint8_t uuid[16], char out[kUuidTextSize]) noexcept;
 // case; exactly 32 digits. False (out unspecified) otherwise.
 bool parse_uuid(const char* text, std::uint8_t out[16]) noexcept;
 
-}  // namespace gpuslice::shm
+}  // namespace gpuslice::platform

@@ -15,7 +15,7 @@
 
 namespace gpuslice::test::limiter {
 
-std::uint64_t mono_now_ns() { return shm::monotonic_ns(); }
+std::uint64_t mono_now_ns() { return platform::monotonic_ns(); }
 
 std::vector<std::string> spin(const std::string& path, unsigned kernel_us, double seconds, const std::string& via,
                               double inflight_ms) {

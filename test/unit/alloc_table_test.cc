@@ -89,7 +89,7 @@ TEST(PointerTable, UpdateInPlaceAndUpsert) {
     std::uint64_t bytes;
     int refs;
   };
-  PointerTable<Refs> t;
+  platform::PointerTable<Refs> t;
   EXPECT_FALSE(t.update(5, [](Refs&) { return false; }));
   bool inserted = false;
   ASSERT_TRUE(t.upsert(5, Refs{64, 0}, [&](Refs& r, bool fresh) { inserted = fresh, ++r.refs; }));
@@ -154,10 +154,10 @@ TEST(PointerTable, PutReplacesAndRecordSettlesTheStaleRecordOnce) {
 TEST(PointerTable, WaitersOnAStalledHolderSleepInsteadOfSpinning) {
   AllocTable t;
   // Keys of one shard (the shard is the hash's top bits).
-  const std::uint64_t shard = table_detail::mix(ptr(1)) >> (64 - AllocTable::kShardBits);
+  const std::uint64_t shard = platform::table_detail::mix(ptr(1)) >> (64 - AllocTable::kShardBits);
   std::vector<std::uint64_t> keys;
   for (std::uint64_t i = 2; keys.size() < 5; ++i) {
-    if (table_detail::mix(ptr(i)) >> (64 - AllocTable::kShardBits) == shard) keys.push_back(ptr(i));
+    if (platform::table_detail::mix(ptr(i)) >> (64 - AllocTable::kShardBits) == shard) keys.push_back(ptr(i));
   }
   ASSERT_TRUE(t.insert(ptr(1), rec(1)));
   std::atomic<bool> holding{false};

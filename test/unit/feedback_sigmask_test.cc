@@ -18,7 +18,7 @@
 
 namespace {
 
-std::uint64_t mono() noexcept { return gpuslice::shm::monotonic_ns(); }
+std::uint64_t mono() noexcept { return gpuslice::platform::monotonic_ns(); }
 
 // SigBlk of one of this process's threads, as the kernel reports it.
 std::uint64_t blocked_mask(const std::string& task_dir) {

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-using gpuslice::shm::OnceFlag;
+using gpuslice::platform::OnceFlag;
 
 namespace {
 

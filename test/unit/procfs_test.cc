@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <thread>
 
-using namespace gpuslice::shm;
+namespace platform = gpuslice::platform;
 
 namespace {
 
@@ -26,13 +26,17 @@ std::string stat_line(const std::string& comm, char state, const std::string& st
   return s;
 }
 
-bool parse(const std::string& text, procfs::Stat* out) { return procfs::parse_stat(text.data(), text.size(), out); }
-bool nspid(const std::string& text, procfs::NsPids* out) { return procfs::parse_nspid(text.data(), text.size(), out); }
+bool parse(const std::string& text, platform::procfs::Stat* out) {
+  return platform::procfs::parse_stat(text.data(), text.size(), out);
+}
+bool nspid(const std::string& text, platform::procfs::NsPids* out) {
+  return platform::procfs::parse_nspid(text.data(), text.size(), out);
+}
 
 }  // namespace
 
 TEST(ProcStat, ReadsPidStateAndStartTime) {
-  procfs::Stat s;
+  platform::procfs::Stat s;
   ASSERT_TRUE(parse(stat_line("python3", 'S', "987654321"), &s));
   EXPECT_EQ(s.pid, 4242u);
   EXPECT_EQ(s.state, 'S');
@@ -47,8 +51,8 @@ TEST(ProcStat, OwnThreadCount) {
   std::thread t([&] {
     while (!stop.load()) usleep(1000);
   });
-  procfs::Stat s;
-  ASSERT_EQ(procfs::read_stat(0, &s), 0);
+  platform::procfs::Stat s;
+  ASSERT_EQ(platform::procfs::read_stat(0, &s), 0);
   std::uint64_t tasks = 0;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) tasks += entry.exists() ? 1 : 0;
   EXPECT_GE(s.num_threads, 2u);
@@ -58,7 +62,7 @@ TEST(ProcStat, OwnThreadCount) {
 }
 
 TEST(ProcStat, CommWithSpacesAndParenthesesEndsAtTheLastParenthesis) {
-  procfs::Stat s;
+  platform::procfs::Stat s;
   ASSERT_TRUE(parse(stat_line("a) Z 1 (b", 'R', "77"), &s));  // a fake state and fields inside comm
   EXPECT_EQ(s.state, 'R');
   EXPECT_EQ(s.start_time, 77u);
@@ -75,19 +79,19 @@ TEST(ProcStat, CommWithSpacesAndParenthesesEndsAtTheLastParenthesis) {
 TEST(ProcStat, TheLastFieldNeedsNoSeparator) {
   std::string line = stat_line("x", 'S', "31337");
   line.resize(line.find(" 123 456"));
-  procfs::Stat s;
+  platform::procfs::Stat s;
   ASSERT_TRUE(parse(line, &s));
   EXPECT_EQ(s.start_time, 31337u);
 }
 
 TEST(ProcStat, MalformedLinesAreRefused) {
-  procfs::Stat s;
+  platform::procfs::Stat s;
   s.start_time = 11;
   EXPECT_FALSE(parse("", &s));
   EXPECT_FALSE(parse("4242", &s));
   EXPECT_FALSE(parse("4242 (no closing S 1 2 3", &s));
   const std::string fields = stat_line("", 'S', "1").substr(9);  // " 12 15 ... 1 123 456 789\n"
-  procfs::Stat ok;
+  platform::procfs::Stat ok;
   ASSERT_TRUE(parse("4242 (comm) S" + fields, &ok));  // the cases below differ from it in one place
   EXPECT_FALSE(parse("x242 (comm) S" + stat_line("", 'S', "1").substr(9), &s));  // pid not a number
   EXPECT_FALSE(parse("4242 comm) S" + stat_line("", 'S', "1").substr(9), &s));   // no '('
@@ -103,23 +107,23 @@ TEST(ProcStat, MalformedLinesAreRefused) {
 }
 
 TEST(ProcStat, ThisProcess) {
-  procfs::Stat s;
-  ASSERT_EQ(procfs::read_stat(0, &s), 0);
+  platform::procfs::Stat s;
+  ASSERT_EQ(platform::procfs::read_stat(0, &s), 0);
   EXPECT_EQ(s.pid, static_cast<std::uint32_t>(getpid()));
   EXPECT_EQ(s.state, 'R');
   EXPECT_GT(s.start_time, 0u);
-  procfs::Stat by_pid;
-  ASSERT_EQ(procfs::read_stat(static_cast<std::uint32_t>(getpid()), &by_pid), 0);
+  platform::procfs::Stat by_pid;
+  ASSERT_EQ(platform::procfs::read_stat(static_cast<std::uint32_t>(getpid()), &by_pid), 0);
   EXPECT_EQ(by_pid.start_time, s.start_time);
 }
 
 TEST(ProcStat, AMissingProcessIsENOENT) {
-  procfs::Stat s;
-  EXPECT_EQ(procfs::read_stat(0x7ffffff0u, &s), ENOENT);
+  platform::procfs::Stat s;
+  EXPECT_EQ(platform::procfs::read_stat(0x7ffffff0u, &s), ENOENT);
 }
 
 TEST(ProcNsPid, OutermostAndInnermost) {
-  procfs::NsPids p;
+  platform::procfs::NsPids p;
   ASSERT_TRUE(nspid("Name:\tx\nNStgid:\t1234\t56\t7\nNSpid:\t1234\t56\t7\nNSpgid:\t1\n", &p));
   EXPECT_EQ(p.outermost, 1234u);
   EXPECT_EQ(p.innermost, 7u);
@@ -132,7 +136,7 @@ TEST(ProcNsPid, OutermostAndInnermost) {
 }
 
 TEST(ProcNsPid, MissingOrMalformedLinesAreRefused) {
-  procfs::NsPids p;
+  platform::procfs::NsPids p;
   p.outermost = 3;
   EXPECT_FALSE(nspid("", &p));
   EXPECT_FALSE(nspid("Name:\tNSpid: 5\nPid:\t5\n", &p));  // only at a line's start
@@ -144,8 +148,8 @@ TEST(ProcNsPid, MissingOrMalformedLinesAreRefused) {
 }
 
 TEST(ProcNsPid, ThisProcess) {
-  procfs::NsPids p;
-  ASSERT_EQ(procfs::read_nspid(0, &p), 0);
+  platform::procfs::NsPids p;
+  ASSERT_EQ(platform::procfs::read_nspid(0, &p), 0);
   EXPECT_EQ(p.innermost, static_cast<std::uint32_t>(getpid()));
   EXPECT_NE(p.outermost, 0u);
 }
@@ -157,19 +161,19 @@ TEST(ProcFile, ReadsWholeAndCutsAtTheBuffer) {
   ASSERT_EQ(write(fd, "0123456789", 10), 10);
   close(fd);
   char buf[32];
-  EXPECT_EQ(procfs::read_file(path, buf, sizeof buf), 10);
+  EXPECT_EQ(platform::procfs::read_file(path, buf, sizeof buf), 10);
   EXPECT_STREQ(buf, "0123456789");
   char small[5];
-  EXPECT_EQ(procfs::read_file(path, small, sizeof small), 4);
+  EXPECT_EQ(platform::procfs::read_file(path, small, sizeof small), 4);
   EXPECT_STREQ(small, "0123");
   unlink(path);
-  EXPECT_EQ(procfs::read_file(path, buf, sizeof buf), -ENOENT);
+  EXPECT_EQ(platform::procfs::read_file(path, buf, sizeof buf), -ENOENT);
 }
 
 TEST(ProcFile, Paths) {
   char buf[64];
-  procfs::path(buf, sizeof buf, 0, "stat");
+  platform::procfs::path(buf, sizeof buf, 0, "stat");
   EXPECT_STREQ(buf, "/proc/self/stat");
-  procfs::path(buf, sizeof buf, 4242, "ns/pid");
+  platform::procfs::path(buf, sizeof buf, 4242, "ns/pid");
   EXPECT_STREQ(buf, "/proc/4242/ns/pid");
 }

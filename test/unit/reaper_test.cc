@@ -125,8 +125,8 @@ TEST_F(Reaper, DeadProcessStaysCountedWhileItsForkedChildHoldsItsFiles) {
   bool gone = false;
   for (int i = 0; i < 500 && !gone; ++i) {
     gone = kill(grandchild, 0) != 0;
-    shm::procfs::Stat st{};
-    if (!gone && shm::procfs::read_stat(static_cast<std::uint32_t>(grandchild), &st) == 0 && st.state == 'Z')
+    platform::procfs::Stat st{};
+    if (!gone && platform::procfs::read_stat(static_cast<std::uint32_t>(grandchild), &st) == 0 && st.state == 'Z')
       gone = true;
     if (!gone) usleep(10 * 1000);
   }
@@ -191,8 +191,8 @@ TEST_F(Reaper, SigkillAtRandomPointsIsRecoveredExactly) {
       for (int i = 0; i < 1000; ++i) {  // until they are really dead (zombies, every thread gone)
         bool all_dead = true;
         for (pid_t pid : pids) {
-          shm::procfs::Stat st;
-          if (shm::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) != 0) continue;
+          platform::procfs::Stat st;
+          if (platform::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) != 0) continue;
           if (st.state != 'Z' || st.num_threads > 1) all_dead = false;
         }
         if (all_dead) break;

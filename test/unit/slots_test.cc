@@ -136,8 +136,8 @@ TEST_F(SlotLiveness, ZombieLeaderWithLiveThreadsIsAlive) {
     if (region_->slots[i].pid.load() == static_cast<std::uint32_t>(pid)) slot = i;
   }
   ASSERT_GE(slot, 0);
-  shm::procfs::Stat st;
-  for (int i = 0; i < 2000 && shm::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) == 0 && st.state != 'Z';
+  platform::procfs::Stat st;
+  for (int i = 0; i < 2000 && platform::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) == 0 && st.state != 'Z';
        ++i) {
     usleep(1000);
   }

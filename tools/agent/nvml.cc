@@ -205,7 +205,7 @@ void Nvml::sample_utilisation(Device& dev, GpuDevice* out) {
     // starts from "now" instead: it has no cycle to report at once), so a
     // device's utilisation is known from the agent's first cycle.
     if (dev.util_clock.last_seen_us == 0)
-      limiter::samples_begin(dev.util_clock, shm::realtime_us() - limiter::kNoSampleIdleUs);
+      limiter::samples_begin(dev.util_clock, platform::realtime_us() - limiter::kNoSampleIdleUs);
     // One call in the steady state: the buffer only grows when NVML says so.
     if (dev.util_buf.empty()) dev.util_buf.resize(64);
     unsigned int count = 0;
@@ -214,7 +214,7 @@ void Nvml::sample_utilisation(Device& dev, GpuDevice* out) {
     for (int attempt = 0; attempt < 3; ++attempt) {
       count = static_cast<unsigned int>(dev.util_buf.size());
       asked_ns = monotonic_ns();
-      asked_us = shm::realtime_us();
+      asked_us = platform::realtime_us();
       rc = api_->process_util(dev.handle, dev.util_buf.data(), &count, dev.util_clock.last_seen_us);
       if (rc != NVML_ERROR_INSUFFICIENT_SIZE) break;
       dev.util_buf.resize(std::max<std::size_t>(count + 16, dev.util_buf.size() * 2));

@@ -36,13 +36,13 @@ bool read_proc_info(std::uint32_t host_pid, bool want_ns_pid, ProcInfo* out) {
   } else if (errno == ENOENT || errno == ESRCH) {
     return false;
   }  // else (EACCES: no ptrace access): namespace unknown
-  shm::procfs::Stat stat_line;
-  if (shm::procfs::read_stat(host_pid, &stat_line) != 0) return false;
+  platform::procfs::Stat stat_line;
+  if (platform::procfs::read_stat(host_pid, &stat_line) != 0) return false;
   out->start_time = stat_line.start_time;
   out->zombie = stat_line.state == 'Z' || stat_line.state == 'X';
   if (want_ns_pid) {
-    shm::procfs::NsPids ns;
-    if (const int e = shm::procfs::read_nspid(host_pid, &ns); e != 0 && e != EINVAL) return false;
+    platform::procfs::NsPids ns;
+    if (const int e = platform::procfs::read_nspid(host_pid, &ns); e != 0 && e != EINVAL) return false;
     out->ns_pid = ns.innermost;  // 0 without an NSpid line
   }
   return true;

@@ -195,12 +195,12 @@ bool revalidate(const Region* r, std::string* why) {
 }
 
 std::string format_uuid(const std::uint8_t uuid[16]) {
-  char text[shm::kUuidTextSize];
-  shm::format_uuid(uuid, text);
+  char text[platform::kUuidTextSize];
+  platform::format_uuid(uuid, text);
   return text;
 }
 
-bool parse_uuid(const char* text, std::uint8_t out[16]) { return shm::parse_uuid(text, out); }
+bool parse_uuid(const char* text, std::uint8_t out[16]) { return platform::parse_uuid(text, out); }
 
 std::string printable(const char* data, std::size_t max_bytes) {
   std::string out;
@@ -217,6 +217,6 @@ std::string printable(const char* data, std::size_t max_bytes) {
   return out;
 }
 
-std::uint64_t monotonic_ns() { return shm::monotonic_ns(); }
+std::uint64_t monotonic_ns() { return platform::monotonic_ns(); }
 
 }  // namespace gpuslice::agent

@@ -29,10 +29,10 @@ void touch(const std::string& path) {
 std::uint64_t barrier_arrive_and_wait(const std::string& dir, int index, std::uint64_t timeout_ns) {
   touch(dir + "/ready." + std::to_string(index));
   const std::string go = dir + "/go";
-  const std::uint64_t deadline = shm::monotonic_ns() + timeout_ns;
+  const std::uint64_t deadline = platform::monotonic_ns() + timeout_ns;
   while (!exists(go)) {
-    if (shm::monotonic_ns() > deadline) throw std::runtime_error("no start signal from the orchestrator");
-    shm::sleep_ns(kPollNs);
+    if (platform::monotonic_ns() > deadline) throw std::runtime_error("no start signal from the orchestrator");
+    platform::sleep_ns(kPollNs);
   }
   std::ifstream in(go);
   unsigned long long start = 0;
@@ -42,7 +42,7 @@ std::uint64_t barrier_arrive_and_wait(const std::string& dir, int index, std::ui
 
 bool barrier_release(const std::string& dir, int count, const std::vector<pid_t>& pids, std::uint64_t lead_ns,
                      std::uint64_t timeout_ns, std::uint64_t* start_ns) {
-  const std::uint64_t deadline = shm::monotonic_ns() + timeout_ns;
+  const std::uint64_t deadline = platform::monotonic_ns() + timeout_ns;
   for (int i = 0; i < count; ++i) {
     while (!exists(dir + "/ready." + std::to_string(i))) {
       for (pid_t pid : pids) {
@@ -52,11 +52,11 @@ bool barrier_release(const std::string& dir, int count, const std::vector<pid_t>
           return false;
         }
       }
-      if (shm::monotonic_ns() > deadline) return false;
-      shm::sleep_ns(kPollNs);
+      if (platform::monotonic_ns() > deadline) return false;
+      platform::sleep_ns(kPollNs);
     }
   }
-  *start_ns = shm::monotonic_ns() + lead_ns;
+  *start_ns = platform::monotonic_ns() + lead_ns;
   // Written then renamed: a worker never reads a half-written start time.
   const std::string tmp = dir + "/go.tmp";
   {

@@ -54,7 +54,7 @@ json memplan(const json& spec) {
   GPUSLICE_BENCH_CHECK(api, api.cuCtxSetCurrent(ctx));
   size_t free_bytes = 0, total = 0;
   GPUSLICE_BENCH_CHECK(api, api.cuMemGetInfo(&free_bytes, &total));
-  std::uint64_t start = shm::monotonic_ns();
+  std::uint64_t start = platform::monotonic_ns();
   if (spec.contains("barrier")) {
     const json& b = spec["barrier"];
     start = barrier_arrive_and_wait(b.at("dir").get<std::string>(), b.at("index").get<int>(), kBarrierTimeoutNs);
@@ -63,9 +63,9 @@ json memplan(const json& spec) {
   json done = json::array();
   for (const json& action : spec.value("actions", json::array())) {
     const auto at = action.at("at_ns").get<std::uint64_t>();
-    shm::sleep_until_ns(start + at);
+    platform::sleep_until_ns(start + at);
     const std::string op = action.at("op").get<std::string>();
-    const std::uint64_t began = shm::monotonic_ns();
+    const std::uint64_t began = platform::monotonic_ns();
     CUresult rc = CUDA_SUCCESS;
     if (op == "alloc") {
       CUdeviceptr p = 0;
@@ -80,7 +80,7 @@ json memplan(const json& spec) {
       }
       held.clear();
     }
-    const std::uint64_t ended = shm::monotonic_ns();
+    const std::uint64_t ended = platform::monotonic_ns();
     done.push_back(json{{"op", op},
                         {"at_ms", static_cast<double>(at) / 1e6},
                         {"began_ms", static_cast<double>(began - start) / 1e6},
@@ -103,7 +103,7 @@ json memwatch(const json& spec) {
   if (void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL); handle != nullptr) {
     device_used = reinterpret_cast<DeviceUsed>(dlsym(handle, "fakecuda_device_used_bytes"));
   }
-  std::uint64_t start = shm::monotonic_ns();
+  std::uint64_t start = platform::monotonic_ns();
   if (spec.contains("barrier")) {
     const json& b = spec["barrier"];
     start = barrier_arrive_and_wait(b.at("dir").get<std::string>(), b.at("index").get<int>(), kBarrierTimeoutNs);
@@ -113,15 +113,15 @@ json memwatch(const json& spec) {
   shm::Error err{};
   for (int i = 0; i < 200 && region == nullptr; ++i) {
     region = shm::attach_existing(region_path.c_str(), false, &err);
-    if (region == nullptr) shm::sleep_ns(5 * kMs);
+    if (region == nullptr) platform::sleep_ns(5 * kMs);
   }
   if (region == nullptr) throw std::runtime_error(err.message);
   const DeviceState& d = region->devices[0];
   json t_ms = json::array(), counted = json::array(), spilled = json::array(), waiting = json::array(),
        device = json::array();
   for (std::uint64_t k = 0; k * interval <= run_ns; ++k) {
-    shm::sleep_until_ns(start + k * interval);
-    t_ms.push_back(static_cast<double>(shm::monotonic_ns() - start) / 1e6);
+    platform::sleep_until_ns(start + k * interval);
+    t_ms.push_back(static_cast<double>(platform::monotonic_ns() - start) / 1e6);
     // spilled first: a spill adds to used_bytes before spilled_bytes, so this
     // order never shows more spilled than counted.
     const std::uint64_t s = d.spilled_bytes.load(std::memory_order_acquire);

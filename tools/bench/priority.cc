@@ -124,12 +124,12 @@ json run_burst_worker(const json& spec) {
   // Warm-up outside the measurement.
   s.launch();
   GPUSLICE_BENCH_CHECK(s.api, s.api.cuStreamSynchronize(s.stream));
-  std::uint64_t start = shm::monotonic_ns();
+  std::uint64_t start = platform::monotonic_ns();
   if (spec.contains("barrier")) {
     const json& b = spec["barrier"];
     start = barrier_arrive_and_wait(b.at("dir").get<std::string>(), b.at("index").get<int>(), kBarrierTimeoutNs);
   }
-  shm::sleep_until_ns(start + spec.value<std::uint64_t>("lead_ns", 0));
+  platform::sleep_until_ns(start + spec.value<std::uint64_t>("lead_ns", 0));
   std::mt19937_64 rng(spec.value<std::uint64_t>("seed", 42));
   std::uniform_int_distribution<std::uint64_t> gap(gap_min, gap_max);
   std::vector<double> latency, device_latency;
@@ -144,18 +144,18 @@ json run_burst_worker(const json& spec) {
   GPUSLICE_BENCH_CHECK(s.api, s.api.cuEventCreate(&begin, CU_EVENT_DEFAULT));
   GPUSLICE_BENCH_CHECK(s.api, s.api.cuEventCreate(&end, CU_EVENT_DEFAULT));
   for (int b = 0; b < bursts; ++b) {
-    const std::uint64_t t0 = shm::monotonic_ns();
+    const std::uint64_t t0 = platform::monotonic_ns();
     GPUSLICE_BENCH_CHECK(s.api, s.api.cuEventRecord(begin, s.stream));
     for (int k = 0; k < kernels; ++k) s.launch();
     GPUSLICE_BENCH_CHECK(s.api, s.api.cuEventRecord(end, s.stream));
     GPUSLICE_BENCH_CHECK(s.api, s.api.cuStreamSynchronize(s.stream));
-    const std::uint64_t t1 = shm::monotonic_ns();
+    const std::uint64_t t1 = platform::monotonic_ns();
     latency.push_back(static_cast<double>(t1 - t0));
     float ms = 0;
     GPUSLICE_BENCH_CHECK(s.api, s.api.cuEventElapsedTime(&ms, begin, end));
     device_latency.push_back(static_cast<double>(ms) * 1e6);
     busy_spans.emplace_back(t0, t1);
-    shm::sleep_ns(gap(rng));
+    platform::sleep_ns(gap(rng));
   }
   s.api.cuEventDestroy(begin);
   s.api.cuEventDestroy(end);

@@ -73,11 +73,11 @@ class Session {
 };
 
 std::uint64_t start_time(const json& spec) {
-  if (!spec.contains("barrier")) return shm::monotonic_ns();
+  if (!spec.contains("barrier")) return platform::monotonic_ns();
   const json& barrier = spec["barrier"];
   const std::uint64_t start =
       barrier_arrive_and_wait(barrier.at("dir").get<std::string>(), barrier.at("index").get<int>(), kBarrierTimeoutNs);
-  shm::sleep_until_ns(start);
+  platform::sleep_until_ns(start);
   return start;
 }
 
@@ -114,30 +114,30 @@ json launch(const json& spec) {
 
   std::vector<double> call_ns;
   for (int b = 0; b < batches; ++b) {
-    const std::uint64_t t0 = shm::monotonic_ns();
+    const std::uint64_t t0 = platform::monotonic_ns();
     for (int i = 0; i < batch; ++i) GPUSLICE_BENCH_CHECK(api, s.launch_empty());
-    const std::uint64_t t1 = shm::monotonic_ns();
+    const std::uint64_t t1 = platform::monotonic_ns();
     call_ns.push_back(static_cast<double>(t1 - t0) / batch);
     GPUSLICE_BENCH_CHECK(api, api.cuStreamSynchronize(s.stream));
   }
   std::vector<double> roundtrip_ns;
   for (int r = 0; r < roundtrips; ++r) {
-    const std::uint64_t t0 = shm::monotonic_ns();
+    const std::uint64_t t0 = platform::monotonic_ns();
     GPUSLICE_BENCH_CHECK(api, s.launch_empty());
     GPUSLICE_BENCH_CHECK(api, api.cuStreamSynchronize(s.stream));
-    roundtrip_ns.push_back(static_cast<double>(shm::monotonic_ns() - t0));
+    roundtrip_ns.push_back(static_cast<double>(platform::monotonic_ns() - t0));
   }
   std::vector<double> per_s;
   for (int run = 0; run < 5; ++run) {
     // At most ~0.5 s per run, however slow launches are.
-    const std::uint64_t t0 = shm::monotonic_ns();
+    const std::uint64_t t0 = platform::monotonic_ns();
     int launched = 0;
-    while (launched < throughput_launches && (launched % 1000 != 0 || shm::monotonic_ns() - t0 < 500000000ull)) {
+    while (launched < throughput_launches && (launched % 1000 != 0 || platform::monotonic_ns() - t0 < 500000000ull)) {
       GPUSLICE_BENCH_CHECK(api, s.launch_empty());
       ++launched;
     }
     GPUSLICE_BENCH_CHECK(api, api.cuStreamSynchronize(s.stream));
-    per_s.push_back(launched / (static_cast<double>(shm::monotonic_ns() - t0) / 1e9));
+    per_s.push_back(launched / (static_cast<double>(platform::monotonic_ns() - t0) / 1e9));
   }
   return json{{"call_ns", median(call_ns)},
               {"call_ns_p90", quantile(call_ns, 0.9)},
@@ -157,11 +157,11 @@ json memops(const json& spec) {
   std::vector<double> alloc_ns;
   std::vector<double> free_ns;
   for (int b = 0; b < batches + 5; ++b) {
-    const std::uint64_t t0 = shm::monotonic_ns();
+    const std::uint64_t t0 = platform::monotonic_ns();
     for (CUdeviceptr& p : pointers) GPUSLICE_BENCH_CHECK(api, api.cuMemAlloc(&p, bytes));
-    const std::uint64_t t1 = shm::monotonic_ns();
+    const std::uint64_t t1 = platform::monotonic_ns();
     for (CUdeviceptr p : pointers) GPUSLICE_BENCH_CHECK(api, api.cuMemFree(p));
-    const std::uint64_t t2 = shm::monotonic_ns();
+    const std::uint64_t t2 = platform::monotonic_ns();
     if (b < 5) continue;  // warm-up
     alloc_ns.push_back(static_cast<double>(t1 - t0) / batch);
     free_ns.push_back(static_cast<double>(t2 - t1) / batch);
@@ -170,9 +170,9 @@ json memops(const json& spec) {
   size_t free_bytes = 0;
   size_t total = 0;
   for (int b = 0; b < batches + 5; ++b) {
-    const std::uint64_t t0 = shm::monotonic_ns();
+    const std::uint64_t t0 = platform::monotonic_ns();
     for (int i = 0; i < batch; ++i) GPUSLICE_BENCH_CHECK(api, api.cuMemGetInfo(&free_bytes, &total));
-    if (b >= 5) info_ns.push_back(static_cast<double>(shm::monotonic_ns() - t0) / batch);
+    if (b >= 5) info_ns.push_back(static_cast<double>(platform::monotonic_ns() - t0) / batch);
   }
   return json{{"alloc_ns", median(alloc_ns)},
               {"free_ns", median(free_ns)},
@@ -212,11 +212,11 @@ json quota(const json& spec) {
     if (rc != CUDA_ERROR_OUT_OF_MEMORY) break;
     chunk /= 2;
   }
-  const std::uint64_t done = shm::monotonic_ns();
+  const std::uint64_t done = platform::monotonic_ns();
   size_t free_at_oom = 0;
   size_t total_at_oom = 0;
   GPUSLICE_BENCH_CHECK(api, api.cuMemGetInfo(&free_at_oom, &total_at_oom));
-  if (hold_ns != 0) shm::sleep_until_ns(start + hold_ns);
+  if (hold_ns != 0) platform::sleep_until_ns(start + hold_ns);
   for (CUdeviceptr p : held) GPUSLICE_BENCH_CHECK(api, api.cuMemFree(p));
   return json{{"usable_bytes", usable},
               {"allocations", held.size()},
@@ -269,7 +269,7 @@ json spin(const json& spec) {
   const std::uint64_t start = start_time(spec);
   // A tenant that arrives later (the noisy neighbour) keeps the common start
   // so that every process's windows are the same instants.
-  if (const auto delay = spec.value<std::uint64_t>("delay_ns", 0); delay != 0) shm::sleep_until_ns(start + delay);
+  if (const auto delay = spec.value<std::uint64_t>("delay_ns", 0); delay != 0) platform::sleep_until_ns(start + delay);
   // Optional: busy time in bins of bin_ns from the start to the end of the
   // last window (the share over time that --plots draws).
   const auto bin_ns = spec.value<std::uint64_t>("bin_ns", 0);
@@ -320,15 +320,15 @@ json spin(const json& spec) {
   std::uint64_t launched = 0;
   std::uint64_t in_launch_ns = 0;
   const std::uint64_t stop = start + run_ns;
-  for (std::uint64_t i = 0; shm::monotonic_ns() < stop; ++i) {
-    if (const std::uint64_t now = shm::monotonic_ns(); now - read_until >= kReadSliceNs) read_timeline(now);
+  for (std::uint64_t i = 0; platform::monotonic_ns() < stop; ++i) {
+    if (const std::uint64_t now = platform::monotonic_ns(); now - read_until >= kReadSliceNs) read_timeline(now);
     InFlight& k = ring[i % depth];
     if (k.pending) retire(k);
     k.stream = streams[i % streams.size()];
-    k.launched_ns = shm::monotonic_ns();
+    k.launched_ns = platform::monotonic_ns();
     GPUSLICE_BENCH_CHECK(api, api.cuEventRecord(k.begin, k.stream));
     GPUSLICE_BENCH_CHECK(api, s.launch_spin(k.stream, stream_count));
-    in_launch_ns += shm::monotonic_ns() - k.launched_ns;
+    in_launch_ns += platform::monotonic_ns() - k.launched_ns;
     GPUSLICE_BENCH_CHECK(api, api.cuEventRecord(k.end, k.stream));
     k.pending = true;
     ++launched;
@@ -338,7 +338,7 @@ json spin(const json& spec) {
   }
   if (api.simulated()) {
     // Work still queued at `stop` runs after it: wait until the windows are over.
-    shm::sleep_until_ns(end_of_windows);
+    platform::sleep_until_ns(end_of_windows);
     read_timeline(end_of_windows);
   }
   json result_windows = json::array();
