@@ -224,9 +224,15 @@ bool State::slot_alive(int index) const {
   return lock.l_type != F_UNLCK;
 }
 
+int State::slots_high() const {
+  const std::uint32_t high = header_->slots_high.load(std::memory_order_acquire);
+  return static_cast<int>(high < kMaxSlots ? high : kMaxSlots);
+}
+
 int State::reap_locked(int own_slot) {
   int reaped = 0;
-  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+  const int high = slots_high();
+  for (int i = 0; i < high; ++i) {
     ProcSlot& slot = header_->slot[i];
     if (i == own_slot || slot.state.load(std::memory_order_acquire) == 0) continue;
     if (slot_alive(i)) continue;
@@ -251,6 +257,10 @@ int State::claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uin
     if (slot.state.load(std::memory_order_acquire) != 0) continue;
     // Liveness lock first: if we die before publishing, the slot is still free.
     if (!slot_lock(fd_, i, F_WRLCK, F_OFD_SETLK)) continue;
+    // The mark first: a claimer that dies before publishing leaves it one
+    // slot too high (harmless), never a live slot above it.
+    if (header_->slots_high.load(std::memory_order_relaxed) < static_cast<std::uint32_t>(i) + 1)
+      header_->slots_high.store(static_cast<std::uint32_t>(i) + 1, std::memory_order_release);
     slot.pid.store(pid, std::memory_order_relaxed);
     slot.host_pid.store(host_pid, std::memory_order_relaxed);
     slot.start_time.store(start_time, std::memory_order_relaxed);
@@ -264,7 +274,9 @@ int State::claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uin
 
 std::uint64_t State::device_used_locked(std::uint32_t dev) const {
   std::uint64_t used = 0;
-  for (const ProcSlot& slot : header_->slot) {
+  const int high = slots_high();
+  for (int i = 0; i < high; ++i) {
+    const ProcSlot& slot = header_->slot[i];
     if (slot.state.load(std::memory_order_acquire) == 0) continue;
     used +=
         slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);

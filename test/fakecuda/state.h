@@ -21,7 +21,7 @@
 namespace gpuslice::fakecuda {
 
 inline constexpr std::uint64_t kStateMagic = 0x4554415453414b46ull;  // "FKASTATE"
-inline constexpr std::uint32_t kStateAbiVersion = 2;
+inline constexpr std::uint32_t kStateAbiVersion = 3;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 512;
 // >= 10 s of back-to-back 20 us kernels (500,000) per device.
@@ -89,6 +89,10 @@ struct StateHeader {
   std::uint64_t queue_depth;          // pending launches per stream before a launch blocks; 0 = unbounded
   std::uint64_t sched_offset;         // byte offset of device 0's scheduler (realistic profile only)
   alignas(64) pthread_mutex_t mutex;  // robust, process-shared
+  // One past the highest slot ever claimed: scans of the slots (usage,
+  // reaping) stop there, so an allocation costs what the processes in use
+  // make it cost, not a walk of all kMaxSlots. Only grows (under the mutex).
+  std::atomic<std::uint32_t> slots_high;
   DeviceShared device[kMaxDevices];
   ProcSlot slot[kMaxSlots];
 };
@@ -157,6 +161,8 @@ class State {
   // --- with Lock held ---
   // Frees every claimed slot whose owner is gone (skipping own_slot). Returns the count.
   int reap_locked(int own_slot);
+  // One past the highest slot ever claimed (StateHeader::slots_high).
+  int slots_high() const;
   // Claims a slot for this process and takes its liveness lock. -1 if none free.
   int claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uint64_t start_time, std::uint64_t pidns_inode);
   // Bytes held on a device by every claimed slot.

@@ -7,7 +7,9 @@ namespace gpuslice::fakecuda {
 int collect_usage_locked(State& state, int dev, ProcessUsage* out, int max) {
   int count = 0;
   StateHeader& header = state.header();
-  for (const ProcSlot& slot : header.slot) {
+  const int high = state.slots_high();
+  for (int i = 0; i < high; ++i) {
+    const ProcSlot& slot = header.slot[i];
     if (slot.state.load(std::memory_order_acquire) == 0) continue;
     for (std::uint32_t d = 0; d < header.devices; ++d) {
       if (dev >= 0 && d != static_cast<std::uint32_t>(dev)) continue;
