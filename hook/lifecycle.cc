@@ -26,6 +26,38 @@ std::atomic<bool> g_atfork_registered{false};
 std::atomic<int> g_slot_lock_fd{-1};  // our own description of the region file (shm::lock_slot_file)
 std::atomic<ReclaimFn> g_pool_reclaim{nullptr};
 
+// The thread reserve: bytes a thread freed, kept (up to kThreadReserveMax)
+// for its own next allocations, so that a thread that frees and allocates
+// small blocks in turn moves no shared word: the free adds here and the
+// allocation takes from here, where the lease fast path would CAS the slot's
+// lease word each way (docs/memory-accounting.md, "The thread reserve").
+// The bytes stay counted as in use by the slot (committed_bytes), so nothing
+// is ever counted short: they are only not offered as spare to the other
+// processes until the thread gives them back, which it does whenever its
+// allocation takes the slow path, when it frees more than the reserve holds,
+// and when it exits (a pthread key's destructor). They are spent only while
+// the slot's lease word is open for our claim (limiter::lease_open): a word
+// made STALE by a limit change, CLOSED by the exit release or OWED after a
+// theft stops the spending as it stops the lease fast path. Keyed by the
+// claim (slot and lease tag) and the device entry: a forked child's copy of
+// its parent thread's reserve names the parent's claim and is dropped.
+// Allocations below the driver's 2 MiB large-page granule are the small ones
+// a program makes and frees at a high rate.
+constexpr std::uint64_t kThreadReserveMax = std::uint64_t{2} << 20;
+struct ThreadReserve {
+  std::uint64_t bytes;
+  std::uint64_t tag;  // the claim's lease tag
+  int slot;
+  int entry;
+  bool keyed;  // the pthread key's value is set: the reserve is given back at thread exit
+};
+[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadReserve t_reserve{0, 0, -1, -1, false};
+pthread_key_t g_reserve_key;
+std::atomic<bool> g_reserve_key_made{false};
+
+void give_back(ThreadReserve& t) noexcept;  // below, beside release()
+void give_back_thread_reserve_at_exit(void* reserve) noexcept { give_back(*static_cast<ThreadReserve*>(reserve)); }
+
 // Ownership of the slot across process creation. The word lives in a page
 // the kernel zeroes in every child it forks (MADV_WIPEONFORK), however the
 // child was made: fork() with its handlers, _Fork(), raw clone(). A child
@@ -75,7 +107,13 @@ void hold_slot_lock(int fd) noexcept { g_slot_lock_fd.store(fd, std::memory_orde
 // The slot just claimed (g_process.slot) is this process's: the fork handler
 // and the owner word (bootstrap.cc calls this once the claim succeeded).
 void own_claimed_slot() noexcept {
-  if (!g_atfork_registered.exchange(true)) pthread_atfork(nullptr, nullptr, after_fork_in_child);
+  if (!g_atfork_registered.exchange(true)) {
+    pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    // No heap: keys are a fixed table in libc. Without one (all taken) the
+    // thread reserve stays off (kept_for_thread checks g_reserve_key_made).
+    if (pthread_key_create(&g_reserve_key, give_back_thread_reserve_at_exit) == 0)
+      g_reserve_key_made.store(true, std::memory_order_release);
+  }
   map_owner_word();
   g_owner.load(std::memory_order_acquire)->store(kSlotOurs, std::memory_order_release);
 }
@@ -126,6 +164,9 @@ bool refused_after_exit() noexcept {
 [[gnu::noinline]] bool reserve_slow(int slot, int entry, std::uint64_t bytes) noexcept {
   AddingCall bracket;
   if (refused_after_exit() || !region_intact() || slot < 0) return false;
+  // What this thread kept goes back first: the admission below, a theft
+  // from the other slots and a refusal all see it as the slot's spare.
+  if (t_reserve.bytes != 0) give_back(t_reserve);
   // Oversubscription reads used_bytes as device-resident memory: a spare
   // lease would count as resident there, so its processes take none.
   if (oversubscribing() ? limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)
@@ -144,6 +185,60 @@ bool refused_after_exit() noexcept {
   limiter::release(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
 }
 
+// Bytes back to the slot: kept as its spare (one CAS) or released.
+void release_to_slot(int slot, int entry, std::uint64_t bytes) noexcept {
+  if (!region_intact()) return;
+  if (__builtin_expect(limiter::lease_free(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed),
+                                           entry, bytes),
+                       1))
+    return;
+  release_slow(slot, entry, bytes);
+}
+
+// The reserve's bytes go back to the claim they were counted on, if that is
+// still ours; a reserve of another claim (a forked child's copy of its
+// parent's, a claim given up at exit) is only forgotten: its bytes were the
+// other claim's, released with it.
+void give_back(ThreadReserve& t) noexcept {
+  const std::uint64_t bytes = t.bytes;
+  t.bytes = 0;
+  if (bytes == 0) return;
+  if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  if (slot < 0 || slot != t.slot || t.tag != g_process.lease_tag.load(std::memory_order_relaxed)) return;
+  release_to_slot(slot, t.entry, bytes);
+}
+
+// Keeps `bytes` freed on (slot, entry) in the calling thread's reserve; false
+// (nothing kept) when the reserve would exceed kThreadReserveMax or the
+// slot's lease cap (the most it would keep as spare: nothing under
+// oversubscription, little near the quota), when the lease word is not open
+// for our claim, when the thread keeps bytes of another entry, or without a
+// pthread key to give them back at thread exit. Reads the slot's lease line,
+// writes nothing shared.
+inline bool kept_for_thread(int slot, int entry, std::uint64_t bytes) noexcept {
+  ThreadReserve& t = t_reserve;
+  const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);
+  std::uint64_t held = t.bytes;
+  if (__builtin_expect(t.slot != slot || t.entry != entry || t.tag != tag, 0)) {
+    if (held != 0 && t.slot == slot && t.tag == tag) return false;  // ours, on another entry: kept there
+    if (!g_reserve_key_made.load(std::memory_order_acquire)) return false;
+    held = 0;  // empty, or another claim's (see give_back): re-keyed below
+  }
+  if (bytes > kThreadReserveMax - held || !region_intact()) return false;
+  const std::uint64_t cap = limiter::lease_keep_cap(g_process.region, slot, tag, entry);
+  if (bytes > cap || held > cap - bytes) return false;
+  if (__builtin_expect(!t.keyed, 0)) {
+    if (pthread_setspecific(g_reserve_key, &t) != 0) return false;
+    t.keyed = true;
+  }
+  t.slot = slot;
+  t.entry = entry;
+  t.tag = tag;
+  t.bytes = held + bytes;
+  return true;
+}
+
 }  // namespace
 
 // No slot (bootstrap failed closed, or the process is past its exit-time
@@ -156,9 +251,17 @@ bool refused_after_exit() noexcept {
 // must fail closed, not raise SIGBUS.
 bool reserve(int entry, std::uint64_t bytes) noexcept {
   const int slot = own_slot();
-  if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact() &&
-      limiter::lease_alloc(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))
-    return true;
+  if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact()) {
+    const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);
+    ThreadReserve& t = t_reserve;
+    // From the thread reserve: a plain load of the lease word, no write.
+    if (t.bytes >= bytes && t.slot == slot && t.entry == entry && t.tag == tag &&
+        limiter::lease_open(g_process.region, slot, tag, entry)) {
+      t.bytes -= bytes;
+      return true;
+    }
+    if (limiter::lease_alloc(g_process.region, slot, tag, entry, bytes)) return true;
+  }
   return reserve_slow(slot, entry, bytes);
 }
 
@@ -167,12 +270,9 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
 void release(int entry, std::uint64_t bytes) noexcept {
   if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
   const int slot = g_process.slot.load(std::memory_order_acquire);
-  if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0 || !region_intact()) return;
-  if (__builtin_expect(limiter::lease_free(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed),
-                                           entry, bytes),
-                       1))
-    return;
-  release_slow(slot, entry, bytes);
+  if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0) return;
+  if (__builtin_expect(kept_for_thread(slot, entry, bytes), 1)) return;
+  release_to_slot(slot, entry, bytes);
 }
 
 bool charge(int entry, std::uint64_t bytes) noexcept {

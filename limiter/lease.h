@@ -77,6 +77,23 @@ inline bool lease_alloc(Region* r, int slot, std::uint64_t tag, int dev, std::ui
   return true;
 }
 
+// Whether the slot's lease word is open for the claim `tag` (its tag, no
+// flag set): what lets a thread spend the bytes it keeps for itself
+// (hook/lifecycle.cc, "thread reserve") with one plain load. A word that
+// went STALE, CLOSED or OWED stops that spending as it stops lease_alloc.
+inline bool lease_open(const Region* r, int slot, std::uint64_t tag, int dev) noexcept {
+  return (r->slots[slot].lease[dev].word.load(std::memory_order_relaxed) & kLeaseTagMask) == tag;
+}
+// The most freed bytes a thread may keep for itself on the slot: the lease
+// cap (what a free may keep as spare: 0 under oversubscription, shrinking
+// near the quota) while the word is open for `tag`, else 0. Two plain loads
+// of one line.
+inline std::uint64_t lease_keep_cap(const Region* r, int slot, std::uint64_t tag, int dev) noexcept {
+  const Slot::Lease& l = r->slots[slot].lease[dev];
+  if ((l.word.load(std::memory_order_relaxed) & kLeaseTagMask) != tag) return 0;
+  return l.cap_bytes.load(std::memory_order_relaxed);
+}
+
 // A free kept as spare: one CAS, or false (slow path) when the spare would
 // exceed the lease cap or the bytes this slot holds (a release of bytes never
 // reserved then takes the clamped slow path).
