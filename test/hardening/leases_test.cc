@@ -1,7 +1,9 @@
 // Quota leases across processes, end to end (issue 20): a quota lowered at
 // run time with gpuslice-smi set holds at the next allocation of every
 // process, spare leases included; and a process started after another was
-// SIGKILLed sees the truth in its first cuMemGetInfo (start-up reap).
+// SIGKILLed sees the truth in its first cuMemGetInfo (start-up reap); what a
+// thread keeps of its frees (the thread reserve) is spent only under the
+// limits in force and goes back to the container when the thread exits.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -81,6 +83,44 @@ TEST(Leases, FirstMemGetInfoAfterAKilledProcessIsTrue) {
   Result r = run({bin("cuprobe"), "init", "ctx", "0", "meminfo"}, env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(field(lines_with(r.out, "meminfo ").at(0), "free"), fresh_free) << r.describe();
+}
+
+// Sixteen threads each allocate and free 2 MiB, keeping it for themselves,
+// and exit; then one allocation asks for the whole 64 MiB quota. The threads'
+// reserves went back at their exit: nothing is left counted. (Without the
+// exit-time give-back, up to 32 MiB stayed counted as in use and the
+// allocation was refused.)
+TEST(ThreadReserve, GoesBackToTheContainerWhenItsThreadExits) {
+  Sandbox box;
+  const Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}});
+  Result r = run({bin("gpuslice-probe"), "reserve", "thread-exit", "16", "2", "64"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::string line = lines_with(r.out, "thread-exit ").at(0);
+  EXPECT_EQ(field(line, "freed"), "16") << r.describe();
+  EXPECT_EQ(field(line, "big_rc"), "0") << "the exited threads' reserves stayed counted\n" << r.describe();
+}
+
+// A process holds 100 MiB and keeps 1 MiB it freed in its thread's reserve;
+// gpuslice-smi lowers the quota to 64 MiB; its next 1 MiB allocation must be
+// refused: the reserve was admitted under the old quota and its lease word
+// is STALE now. (Spending it regardless admitted 1 MiB over the new quota.)
+TEST(ThreadReserve, IsNotSpentPastAQuotaLoweredAtRunTime) {
+  Sandbox box;
+  const Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "4Gi"}});
+  const pid_t pid = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(100), "alloc", mib(1), "free", "alloc",
+                           mib(1), "free", "touch", box.path("ready"), "waitfile", box.path("go"), "alloc", mib(1)},
+                          env, box.path("out"));
+  ASSERT_TRUE(gpuslice::test::await_file(box.path("ready"), 30000));
+  Result smi =
+      run({bin("gpuslice-smi"), "set", "--region", env.at("GPUSLICE_REGION"), "--device", "0", "--memory", "64Mi"}, {});
+  ASSERT_EQ(smi.exit_code, 0) << smi.describe();
+  run({"/usr/bin/touch", box.path("go")}, {});
+  Result r = wait(pid, box.path("out"));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::vector<std::string> allocs = lines_with(r.out, "alloc ");
+  ASSERT_EQ(allocs.size(), 4u) << r.describe();
+  EXPECT_EQ(field(allocs[2], "rc"), "0") << "the second 1 MiB, from the reserve, before the change\n" << r.describe();
+  EXPECT_EQ(field(allocs[3], "rc"), "2") << "admitted over the lowered quota\n" << r.describe();
 }
 
 }  // namespace

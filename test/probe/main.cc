@@ -191,6 +191,8 @@ const Scenario kScenarios[] = {
     {"pool-race", "set-mempool", "MIB", kInit, [](const Args& a) { return pool_race::set_mempool(a.mib(0)); }},
     {"pool-race", "allowance-wait", "MIB_A MIB_B", kInit,
      [](const Args& a) { return pool_race::allowance_wait(a.mib(0), a.mib(1)); }},
+    {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
+     [](const Args& a) { return reserve::thread_exit(static_cast<int>(a.number(0)), a.mib(1), a.mib(2)); }},
 };
 
 int usage(const char* why) {

@@ -97,6 +97,9 @@ int ctx_race(int tries);
 namespace gate {
 int stuck_release(std::size_t bytes);
 }
+namespace reserve {
+int thread_exit(int threads, std::size_t bytes, std::size_t big);
+}
 namespace monitor {
 int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint, bool managed);
 }
