@@ -162,13 +162,10 @@ void oversub_unspill(int entry, std::uint64_t bytes) noexcept {
   limiter::uncount_spilled(g_process.region, own_slot(), entry, bytes);
 }
 
-void oversub_freed(int entry, limiter::AllocKind, std::uint64_t) noexcept {
-  if (entry < 0 || static_cast<unsigned>(entry) >= kMaxDevices || g_process.region == nullptr) return;
+void wake_oversub_waiters(int entry) noexcept {
   DeviceState& d = device(entry);
-  if (d.oversub_waiting.load(std::memory_order_seq_cst) != 0) {
-    d.free_generation.fetch_add(1, std::memory_order_seq_cst);
-    futex_wake_all(&d.free_generation);
-  }
+  d.free_generation.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&d.free_generation);
 }
 
 }  // namespace gpuslice::hook

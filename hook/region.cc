@@ -14,11 +14,8 @@ namespace {
 
 // The region file stays open to be looked at: a file shrunk under our shared
 // mapping raises SIGBUS at the next touch, and the library installs no signal
-// handler. region_intact() looks (fstat) at most once per coarse clock tick.
-std::atomic<int> g_region_fd{-1};
-std::atomic<std::int64_t> g_region_checked_tick{-1};
-std::atomic<bool> g_region_lost{false};
-
+// handler. region_intact() (runtime.h) looks (fstat) at most once per coarse
+// clock tick.
 [[gnu::cold, gnu::noinline]] bool region_file_check(int fd) noexcept {
   shm::Error err{};
   if (shm::mapped_file_intact(fd, config().options.region, &err)) return true;
@@ -34,16 +31,13 @@ std::atomic<int> g_ordinal_of_entry[kMaxDevices];
 
 }  // namespace
 
+std::atomic<int> g_region_fd{-1};
+std::atomic<std::int64_t> g_region_checked_tick{-1};
+std::atomic<bool> g_region_lost{false};
+
 void watch_region_file(int fd) noexcept { g_region_fd.store(fd, std::memory_order_release); }
 
-bool region_intact(bool force) noexcept {
-  if (__builtin_expect(g_region_lost.load(std::memory_order_relaxed), 0)) return false;
-  const int fd = g_region_fd.load(std::memory_order_relaxed);
-  if (fd < 0) return true;
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // vDSO: no syscall
-  const std::int64_t tick = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-  if (!force && g_region_checked_tick.load(std::memory_order_relaxed) == tick) return true;
+bool region_check_now(int fd, std::int64_t tick) noexcept {
   g_region_checked_tick.store(tick, std::memory_order_relaxed);
   return region_file_check(fd);
 }

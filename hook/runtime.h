@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -45,8 +46,22 @@ inline CUresult ensure_ready() noexcept {
 // the file at most once per coarse clock tick (a few ms) unless `force`; on
 // the first failure logs one error line and fails closed (g_ready). Call it
 // on a slow path before touching the region; the accounting calls below and
-// device_entry() already do.
-bool region_intact(bool force = false) noexcept;
+// device_entry() already do. Inline: the allocation and free fast paths pay
+// a coarse-clock read (vDSO, no syscall) and a compare, no call.
+extern std::atomic<int> g_region_fd;                     // region.cc; -1: not watched
+extern std::atomic<std::int64_t> g_region_checked_tick;  // the tick of the last look
+extern std::atomic<bool> g_region_lost;
+[[gnu::cold, gnu::noinline]] bool region_check_now(int fd, std::int64_t tick) noexcept;
+inline bool region_intact(bool force = false) noexcept {
+  if (__builtin_expect(g_region_lost.load(std::memory_order_relaxed), 0)) return false;
+  const int fd = g_region_fd.load(std::memory_order_relaxed);
+  if (fd < 0) return true;
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // vDSO: no syscall
+  const std::int64_t tick = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  if (__builtin_expect(!force && g_region_checked_tick.load(std::memory_order_relaxed) == tick, 1)) return true;
+  return region_check_now(fd, tick);
+}
 
 // Region device entry for a CUDA device ordinal (claimed on first use with the
 // quota and SM limit configured for that ordinal), or -1.

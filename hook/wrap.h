@@ -139,7 +139,14 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
 
 // Counted memory went back to the driver and its bytes to the budget:
 // allocations of the container waiting for memory are woken (oversub.cc).
-void oversub_freed(int entry, limiter::AllocKind kind, std::uint64_t bytes) noexcept;
+// Inline: every free pays one load of the device's waiter count (seq_cst: a
+// plain load on x86; the waiter's seq_cst increment pairs with it).
+[[gnu::cold, gnu::noinline]] void wake_oversub_waiters(int entry) noexcept;
+inline void oversub_freed(int entry, limiter::AllocKind, std::uint64_t) noexcept {
+  if (entry < 0 || static_cast<unsigned>(entry) >= kMaxDevices || g_process.region == nullptr) return;
+  if (g_process.region->devices[entry].oversub_waiting.load(std::memory_order_seq_cst) != 0)
+    wake_oversub_waiters(entry);
+}
 // Spilled memory went back to the driver: its bytes stop counting as spilled
 // (before they leave the budget, so resident memory is never understated).
 void oversub_unspill(int entry, std::uint64_t bytes) noexcept;
