@@ -74,11 +74,12 @@ std::uint64_t committed_on(int entry) noexcept {
   const int slot = g_process.slot.load(std::memory_order_acquire);
   if (entry < 0 || slot < 0 || g_process.region == nullptr) return 0;
   // In use only: allocations served from the spare quota lease move NVML's
-  // count but not committed_bytes (limiter/lease.h).
+  // count but not committed_bytes (limiter/lease.h), and what threads keep
+  // of their frees is counted but not on the device (the thread reserve).
   const Slot& s = g_process.region->slots[slot];
   const std::uint64_t committed = s.committed_bytes[entry].load(std::memory_order_acquire);
   const std::uint64_t lease = s.lease[entry].word.load(std::memory_order_acquire);
-  const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease);
+  const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease) + thread_reserves_on(entry);
   return committed > not_used ? committed - not_used : 0;
 }
 

@@ -26,37 +26,32 @@ std::atomic<bool> g_atfork_registered{false};
 std::atomic<int> g_slot_lock_fd{-1};  // our own description of the region file (shm::lock_slot_file)
 std::atomic<ReclaimFn> g_pool_reclaim{nullptr};
 
-// The thread reserve: bytes a thread freed, kept (up to kThreadReserveMax)
-// for its own next allocations, so that a thread that frees and allocates
-// small blocks in turn moves no shared word: the free adds here and the
-// allocation takes from here, where the lease fast path would CAS the slot's
-// lease word each way (docs/memory-accounting.md, "The thread reserve").
-// The bytes stay counted as in use by the slot (committed_bytes), so nothing
-// is ever counted short: they are only not offered as spare to the other
-// processes until the thread gives them back, which it does whenever its
-// allocation takes the slow path, when it frees more than the reserve holds,
-// and when it exits (a pthread key's destructor). They are spent only while
-// the slot's lease word is open for our claim (limiter::lease_open): a word
-// made STALE by a limit change, CLOSED by the exit release or OWED after a
-// theft stops the spending as it stops the lease fast path. Keyed by the
-// claim (slot and lease tag) and the device entry: a forked child's copy of
-// its parent thread's reserve names the parent's claim and is dropped.
-// Allocations below the driver's 2 MiB large-page granule are the small ones
-// a program makes and frees at a high rate.
+// The thread reserve (runtime.h): bytes a thread freed, kept (up to
+// kThreadReserveMax) for its own next allocations, so that a thread that
+// frees and allocates small blocks in turn moves no shared word: the free
+// adds to it and the allocation takes from it, where the lease fast path
+// would CAS the slot's lease word each way (docs/memory-accounting.md, "The
+// thread reserve"). The bytes stay counted as in use by the slot
+// (committed_bytes), so nothing is ever counted short; they are only not
+// offered as spare to the other processes until the thread gives them back,
+// which it does whenever its allocation takes the slow path, when it frees
+// more than the reserve may hold, and when it exits (a pthread key's
+// destructor). They are spent only while the slot's lease word is open for
+// our claim (limiter::lease_open): a word made STALE by a limit change,
+// CLOSED by the exit release or OWED after a theft stops the spending as it
+// stops the lease fast path. Keyed by the claim (slot and lease tag) and the
+// device entry. Allocations below the driver's 2 MiB large-page granule are
+// the small ones a program makes and frees at a high rate.
 constexpr std::uint64_t kThreadReserveMax = std::uint64_t{2} << 20;
-struct ThreadReserve {
-  std::uint64_t bytes;
-  std::uint64_t tag;  // the claim's lease tag
-  int slot;
-  int entry;
-  bool keyed;  // the pthread key's value is set: the reserve is given back at thread exit
-};
-[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadReserve t_reserve{0, 0, -1, -1, false};
 pthread_key_t g_reserve_key;
 std::atomic<bool> g_reserve_key_made{false};
 
 void give_back(ThreadReserve& t) noexcept;  // below, beside release()
-void give_back_thread_reserve_at_exit(void* reserve) noexcept { give_back(*static_cast<ThreadReserve*>(reserve)); }
+// Only the thread's present reserve: a forked child's thread may carry its
+// parent's key value, the reserve of a counter it never claimed.
+void give_back_thread_reserve_at_exit(void* reserve) noexcept {
+  if (reserve == t_reserve) give_back(*static_cast<ThreadReserve*>(reserve));
+}
 
 // Ownership of the slot across process creation. The word lives in a page
 // the kernel zeroes in every child it forks (MADV_WIPEONFORK), however the
@@ -166,7 +161,7 @@ bool refused_after_exit() noexcept {
   if (refused_after_exit() || !region_intact() || slot < 0) return false;
   // What this thread kept goes back first: the admission below, a theft
   // from the other slots and a refusal all see it as the slot's spare.
-  if (t_reserve.bytes != 0) give_back(t_reserve);
+  if (ThreadReserve* t = t_reserve; t != nullptr && t->bytes.load(std::memory_order_relaxed) != 0) give_back(*t);
   // Oversubscription reads used_bytes as device-resident memory: a spare
   // lease would count as resident there, so its processes take none.
   if (oversubscribing() ? limiter::reserve(g_process.region, slot, entry, bytes, g_process.self)
@@ -196,46 +191,49 @@ void release_to_slot(int slot, int entry, std::uint64_t bytes) noexcept {
 }
 
 // The reserve's bytes go back to the claim they were counted on, if that is
-// still ours; a reserve of another claim (a forked child's copy of its
-// parent's, a claim given up at exit) is only forgotten: its bytes were the
-// other claim's, released with it.
+// still ours; a reserve of another claim (a claim given up at exit) is only
+// forgotten: its bytes were that claim's, released with it.
 void give_back(ThreadReserve& t) noexcept {
-  const std::uint64_t bytes = t.bytes;
-  t.bytes = 0;
+  const std::uint64_t bytes = t.bytes.load(std::memory_order_relaxed);
   if (bytes == 0) return;
+  t.bytes.store(0, std::memory_order_relaxed);
   if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
   const int slot = g_process.slot.load(std::memory_order_acquire);
-  if (slot < 0 || slot != t.slot || t.tag != g_process.lease_tag.load(std::memory_order_relaxed)) return;
-  release_to_slot(slot, t.entry, bytes);
+  if (slot < 0 || slot != t.slot.load(std::memory_order_relaxed) ||
+      t.tag.load(std::memory_order_relaxed) != g_process.lease_tag.load(std::memory_order_relaxed))
+    return;
+  release_to_slot(slot, t.entry.load(std::memory_order_relaxed), bytes);
 }
 
 // Keeps `bytes` freed on (slot, entry) in the calling thread's reserve; false
 // (nothing kept) when the reserve would exceed kThreadReserveMax or the
 // slot's lease cap (the most it would keep as spare: nothing under
 // oversubscription, little near the quota), when the lease word is not open
-// for our claim, when the thread keeps bytes of another entry, or without a
-// pthread key to give them back at thread exit. Reads the slot's lease line,
-// writes nothing shared.
+// for our claim, when the thread keeps bytes of another entry, when it has
+// no reserve (no op counter of its own) or no pthread key to give them back
+// at thread exit. Reads the slot's lease line, writes nothing shared.
 inline bool kept_for_thread(int slot, int entry, std::uint64_t bytes) noexcept {
-  ThreadReserve& t = t_reserve;
+  ThreadReserve* t = t_reserve;
+  if (t == nullptr) return false;
   const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);
-  std::uint64_t held = t.bytes;
-  if (__builtin_expect(t.slot != slot || t.entry != entry || t.tag != tag, 0)) {
-    if (held != 0 && t.slot == slot && t.tag == tag) return false;  // ours, on another entry: kept there
-    if (!g_reserve_key_made.load(std::memory_order_acquire)) return false;
-    held = 0;  // empty, or another claim's (see give_back): re-keyed below
+  std::uint64_t held = t->bytes.load(std::memory_order_relaxed);
+  const bool same_claim =
+      t->slot.load(std::memory_order_relaxed) == slot && t->tag.load(std::memory_order_relaxed) == tag;
+  if (__builtin_expect(!same_claim || t->entry.load(std::memory_order_relaxed) != entry, 0)) {
+    if (held != 0 && same_claim) return false;  // ours, on another entry: kept there
+    held = 0;                                   // empty, or another claim's (see give_back): re-keyed below
   }
   if (bytes > kThreadReserveMax - held || !region_intact()) return false;
   const std::uint64_t cap = limiter::lease_keep_cap(g_process.region, slot, tag, entry);
   if (bytes > cap || held > cap - bytes) return false;
-  if (__builtin_expect(!t.keyed, 0)) {
-    if (pthread_setspecific(g_reserve_key, &t) != 0) return false;
-    t.keyed = true;
+  if (__builtin_expect(!t->keyed, 0)) {
+    if (!g_reserve_key_made.load(std::memory_order_acquire) || pthread_setspecific(g_reserve_key, t) != 0) return false;
+    t->keyed = true;
   }
-  t.slot = slot;
-  t.entry = entry;
-  t.tag = tag;
-  t.bytes = held + bytes;
+  t->slot.store(slot, std::memory_order_relaxed);
+  t->entry.store(entry, std::memory_order_relaxed);
+  t->tag.store(tag, std::memory_order_relaxed);
+  t->bytes.store(held + bytes, std::memory_order_relaxed);
   return true;
 }
 
@@ -253,12 +251,15 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
   const int slot = own_slot();
   if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact()) {
     const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);
-    ThreadReserve& t = t_reserve;
     // From the thread reserve: a plain load of the lease word, no write.
-    if (t.bytes >= bytes && t.slot == slot && t.entry == entry && t.tag == tag &&
-        limiter::lease_open(g_process.region, slot, tag, entry)) {
-      t.bytes -= bytes;
-      return true;
+    if (ThreadReserve* t = t_reserve; t != nullptr) {
+      const std::uint64_t held = t->bytes.load(std::memory_order_relaxed);
+      if (held >= bytes && t->slot.load(std::memory_order_relaxed) == slot &&
+          t->entry.load(std::memory_order_relaxed) == entry && t->tag.load(std::memory_order_relaxed) == tag &&
+          limiter::lease_open(g_process.region, slot, tag, entry)) {
+        t->bytes.store(held - bytes, std::memory_order_relaxed);
+        return true;
+      }
     }
     if (limiter::lease_alloc(g_process.region, slot, tag, entry, bytes)) return true;
   }
@@ -283,6 +284,14 @@ bool charge(int entry, std::uint64_t bytes) noexcept {
 }
 
 void set_pool_reclaim(ReclaimFn fn) noexcept { g_pool_reclaim.store(fn, std::memory_order_release); }
+
+void reset_thread_reserve(ThreadReserve& t) noexcept {
+  t.bytes.store(0, std::memory_order_relaxed);
+  t.tag.store(0, std::memory_order_relaxed);
+  t.slot.store(-1, std::memory_order_relaxed);
+  t.entry.store(-1, std::memory_order_relaxed);
+  t.keyed = false;
+}
 
 // At a clean exit the driver frees everything this process held: return it to
 // the container's budget now instead of waiting for a reaper.

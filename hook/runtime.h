@@ -63,6 +63,29 @@ inline bool region_intact(bool force = false) noexcept {
   return region_check_now(fd, tick);
 }
 
+// What a thread keeps of its frees for its own next allocations (the thread
+// reserve: lifecycle.cc, docs/memory-accounting.md). It lives in the
+// thread's op counter (wrap.h), so that a measurement can add up every
+// thread's (thread_reserves_on): written only by its thread (relaxed stores,
+// plain moves), read by the measurer once every operation settled. Counted
+// as in use by the slot (committed_bytes) but not on the device.
+struct ThreadReserve {
+  std::atomic<std::uint64_t> bytes;
+  std::atomic<std::uint64_t> tag;  // the lease tag of the claim it was counted on
+  std::atomic<int> slot;
+  std::atomic<int> entry;
+  bool keyed;  // the pthread key's value is this reserve: given back at thread exit
+};
+// The calling thread's reserve (its op counter's), or nullptr: none before
+// its first counting operation, without per-thread counters, in a forked
+// child until it claimed a counter of its own (memory.cc).
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local ThreadReserve* t_reserve;
+// A claimed counter's reserve starts empty, unkeyed (memory.cc).
+void reset_thread_reserve(ThreadReserve& t) noexcept;
+// The bytes the threads of this process keep on `entry` for its present claim
+// (lifecycle.cc): counted in committed_bytes, not held on the device.
+std::uint64_t thread_reserves_on(int entry) noexcept;
+
 // Region device entry for a CUDA device ordinal (claimed on first use with the
 // quota and SM limit configured for that ordinal), or -1.
 int device_entry(CUdevice ordinal) noexcept;

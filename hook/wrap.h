@@ -61,6 +61,7 @@ inline bool counting_on() noexcept {
 struct alignas(64) OpCounter {
   std::atomic<std::uint64_t> ops;    // 2 per finished operation of the owner; odd while one is in flight
   std::atomic<std::uint64_t> owner;  // process epoch << 32 | kernel thread id; 0 = free
+  ThreadReserve reserve;             // the owner's thread reserve (runtime.h)
 };
 inline constexpr unsigned kOpCounters = 256;
 extern OpCounter g_op_counters[kOpCounters];

@@ -17,6 +17,11 @@
 //       inside the load (which returns at ~3 s), its count is settled at ~4 s. Prints rc, what gpuslice counts
 //       (counted = cuMemGetInfo's total - free) and what the device holds
 //       (held) once everything is quiet.
+//       With `keep`, a fourth thread first allocates and frees 2 MiB, which
+//       it keeps for itself (the thread reserve: counted, not on the
+//       device) through the measurement, and allocates 2 MiB again (from
+//       it) once the load returned: the settle must not take the kept bytes
+//       for memory on the device.
 #include <cuda.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -43,7 +48,7 @@ long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 
 
 }  // namespace
 
-int stuck_release(std::size_t bytes) {
+int stuck_release(std::size_t bytes, bool keep) {
   using clock = std::chrono::steady_clock;
   CUcontext ctx = nullptr;
   check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
@@ -60,6 +65,23 @@ int stuck_release(std::size_t bytes) {
   if (mkfifo(path.c_str(), 0600) != 0) return 2;
   const std::string image = ".global .align 8 .b8 big[" + std::to_string(bytes) + "];\n.entry k\n";
 
+  std::atomic<int> keeper_step{0};  // 1: keeping 2 MiB; 2: the load returned; 3: allocated again
+  std::thread keeper;
+  if (keep) {
+    keeper = std::thread([&] {
+      cuCtxSetCurrent(ctx);
+      CUdeviceptr k = 0;
+      check(cuMemAlloc(&k, 2 * kMi), "cuMemAlloc(keeper)");
+      check(cuMemFree(k), "cuMemFree(keeper)");
+      keeper_step.store(1);
+      while (keeper_step.load() != 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      check(cuMemAlloc(&k, 2 * kMi), "cuMemAlloc(keeper, again)");
+      keeper_step.store(3);
+      while (keeper_step.load() != 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      check(cuMemFree(k), "cuMemFree(keeper, again)");
+    });
+    while (keeper_step.load() != 1) std::this_thread::yield();
+  }
   std::atomic<bool> syncing{false};
   std::thread b([&] {
     cuCtxSetCurrent(ctx);
@@ -87,7 +109,15 @@ int stuck_release(std::size_t bytes) {
   writer.join();
   unlink(path.c_str());
   rmdir(fifo);
+  if (keep) {
+    keeper_step.store(2);
+    while (keeper_step.load() != 3) std::this_thread::yield();
+  }
   const long long counted = counted_used(), h = held();
+  if (keep) {
+    keeper_step.store(4);
+    keeper.join();
+  }
   if (module != nullptr) check(cuModuleUnload(module), "cuModuleUnload");
   const long long unloaded = counted_used(), unloaded_held = held();
   std::printf("stuck-release rc=%d load_s=%.2f counted=%lld held=%lld unloaded=%lld unloaded_held=%lld\n",

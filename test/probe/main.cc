@@ -169,7 +169,8 @@ const Scenario kScenarios[] = {
     {"memory", "ctx-race", "TRIES", kInit,
      [](const Args& a) { return memory::ctx_race(static_cast<int>(a.number(0))); }},
 
-    {"gate", "stuck-release", "MIB", kInit, [](const Args& a) { return gate::stuck_release(a.mib(0)); }},
+    {"gate", "stuck-release", "MIB [keep]", kInit,
+     [](const Args& a) { return gate::stuck_release(a.mib(0), a.flag(1, "keep")); }},
 
     {"monitor", "hold", "MIB HOLD_MS [checkpoint]", kOwnInit,
      [](const Args& a) {

@@ -95,7 +95,7 @@ int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset, bool arr
 int ctx_race(int tries);
 }  // namespace memory
 namespace gate {
-int stuck_release(std::size_t bytes);
+int stuck_release(std::size_t bytes, bool keep);
 }
 namespace reserve {
 int thread_exit(int threads, std::size_t bytes, std::size_t big);
