@@ -86,12 +86,16 @@ inline bool lease_open(const Region* r, int slot, std::uint64_t tag, int dev) no
 }
 // The most freed bytes a thread may keep for itself on the slot: the lease
 // cap (what a free may keep as spare: 0 under oversubscription, shrinking
-// near the quota) while the word is open for `tag`, else 0. Two plain loads
-// of one line.
+// near the quota) while the word is open for `tag`, else 0. Plain loads.
+// Like lease_free's room, never more than the slot holds (committed_bytes):
+// a release of bytes never reserved is not kept.
 inline std::uint64_t lease_keep_cap(const Region* r, int slot, std::uint64_t tag, int dev) noexcept {
-  const Slot::Lease& l = r->slots[slot].lease[dev];
+  const Slot& s = r->slots[slot];
+  const Slot::Lease& l = s.lease[dev];
   if ((l.word.load(std::memory_order_relaxed) & kLeaseTagMask) != tag) return 0;
-  return l.cap_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t cap = l.cap_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t committed = s.committed_bytes[dev].load(std::memory_order_relaxed);
+  return cap < committed ? cap : committed;
 }
 
 // A free kept as spare: one CAS, or false (slow path) when the spare would
