@@ -45,39 +45,6 @@ unsigned stream_home(std::uintptr_t key) noexcept {
   return static_cast<unsigned>(((key >> 3) * 0x9e3779b97f4a7c15ull) >> (64 - kStreamCacheBits));
 }
 
-bool special_stream(CUstream s) noexcept {
-  const auto v = reinterpret_cast<std::uintptr_t>(s);
-  return v == 0 || v == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY) ||
-         v == reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD);
-}
-
-int current_ordinal() noexcept {
-  CUdevice dev = 0;
-  return real_cuCtxGetDevice(&dev) == CUDA_SUCCESS ? static_cast<int>(dev) : -1;
-}
-
-// Asks the driver: cuStreamGetDevice (CUDA 12.8+), else the stream's context
-// made current for one cuCtxGetDevice.
-// (Those entry points are nullptr on a driver without them: real.h.)
-[[gnu::noinline, gnu::cold]] int ask_stream_ordinal(CUstream s) noexcept {
-  if (real_cuStreamGetDevice != nullptr) {
-    CUdevice dev = 0;
-    if (real_cuStreamGetDevice(s, &dev) == CUDA_SUCCESS) return static_cast<int>(dev);
-  }
-  auto get_ctx = real_cuStreamGetCtx;
-  auto push = real_cuCtxPushCurrent_v2;
-  auto pop = real_cuCtxPopCurrent_v2;
-  CUcontext ctx = nullptr;
-  if (get_ctx == nullptr || get_ctx(s, &ctx) != CUDA_SUCCESS || ctx == nullptr) return -1;
-  CUcontext current = nullptr;
-  if (real_cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return current_ordinal();
-  if (push == nullptr || pop == nullptr || push(ctx) != CUDA_SUCCESS) return -1;
-  const int ordinal = current_ordinal();
-  CUcontext popped = nullptr;
-  pop(&popped);
-  return ordinal;
-}
-
 // No device to charge (no current context for a default stream, or a driver
 // that cannot tell a stream's device): the launch most likely fails in the
 // driver and is refunded; if it runs, it is charged to the first limited
@@ -90,26 +57,9 @@ int current_ordinal() noexcept {
 
 }  // namespace
 
-CUresult create_event_for_stream(CUstream s, CUevent* out) noexcept {
-  if (real_cuEventCreate == nullptr) return CUDA_ERROR_NOT_FOUND;
-  if (special_stream(s)) return real_cuEventCreate(out, CU_EVENT_DISABLE_TIMING);
-  auto get_ctx = real_cuStreamGetCtx;
-  auto push = real_cuCtxPushCurrent_v2;
-  auto pop = real_cuCtxPopCurrent_v2;
-  CUcontext ctx = nullptr, current = nullptr;
-  if (get_ctx == nullptr || get_ctx(s, &ctx) != CUDA_SUCCESS || ctx == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (real_cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx)
-    return real_cuEventCreate(out, CU_EVENT_DISABLE_TIMING);
-  if (push == nullptr || pop == nullptr || push(ctx) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_CONTEXT;
-  const CUresult rc = real_cuEventCreate(out, CU_EVENT_DISABLE_TIMING);
-  CUcontext popped = nullptr;
-  pop(&popped);
-  return rc;
-}
-
 int stream_ordinal(CUstream s, bool ptsz) noexcept {
   (void)ptsz;  // a _ptsz launch on the null stream goes to the per-thread stream: the current context's
-  if (special_stream(s)) return current_ordinal();
+  if (current_context_stream(s)) return current_ordinal();
   const auto key = reinterpret_cast<std::uintptr_t>(s);
   if ((key >> 56) != 0) return ask_stream_ordinal(s);  // does not fit a cache word
   std::atomic<std::uint64_t>& word = g_stream_cache[stream_home(key)];
@@ -123,7 +73,7 @@ int stream_ordinal(CUstream s, bool ptsz) noexcept {
 
 void forget_stream(CUstream s) noexcept {
   const auto key = reinterpret_cast<std::uintptr_t>(s);
-  if (special_stream(s) || (key >> 56) != 0) return;
+  if (current_context_stream(s) || (key >> 56) != 0) return;
   std::atomic<std::uint64_t>& word = g_stream_cache[stream_home(key)];
   std::uint64_t cached = word.load(std::memory_order_relaxed);
   if ((cached >> 8) == key) word.compare_exchange_strong(cached, 0, std::memory_order_relaxed);

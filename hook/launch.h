@@ -1,9 +1,12 @@
 // The launch path's shared pieces (hook/launch*.cc): the mode every launch
 // wrapper tests first, the per-device state, and admission. docs/limiter.md
 // has the design.
-//   launch.cc           admission: which device a launch runs on, its price, the bucket
+//   launch.cc           admission: which device a launch runs on (cached per
+//                       stream), its price, the bucket
 //   launch_queue.cc     the queue bound (event markers behind the launches,
 //                       in a ring of launch_markers.h)
+//   launch_markers.h    the launch side's driver layer, shared with priority:
+//                       a stream's context and device, capture, event markers
 //   launch_init.cc      first-launch initialisation, fork, the feedback thread's wiring
 //   launch_wrappers.cc  the exported launch entry points
 #pragma once
@@ -68,9 +71,6 @@ void sleep_ns(std::uint64_t ns) noexcept;
 // sleep while the queue is over its bound; true when a marker is due behind this launch.
 [[gnu::noinline, gnu::cold]] bool check_queue(LaunchDevice& d, ThreadCounts& tc, CUstream s, bool ptsz) noexcept;
 void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept;
-// A marker event in the context of stream `s` (launch.cc: pushes that
-// context for the call when it is not the current one).
-CUresult create_event_for_stream(CUstream s, CUevent* out) noexcept;
 // While the device's price is still the prior (no measurement of the
 // container's kernels yet), a launch returns only once its kernel completed:
 // nothing is known of its length, so a process must not leave unmeasured

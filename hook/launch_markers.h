@@ -1,8 +1,9 @@
-// The launch side's driver layer, shared by the compute limiter's queue bound
-// (launch_queue.cc) and priority's gate (priority_gate.cc): the stream a
-// launch really goes to, whether that stream is being captured, and rings of
-// event markers recorded with the launches (a marker completes when the work
-// queued before it on its stream has run). Every driver call goes through
+// The launch side's driver layer, shared by admission (launch.cc), the
+// compute limiter's queue bound (launch_queue.cc) and priority's gate
+// (priority_gate.cc): the stream a launch really goes to, its context and
+// device, whether that stream is being captured, and rings of event markers
+// recorded with the launches (a marker completes when the work queued before
+// it on its stream has run). Every driver call goes through
 // hook/real.h's real_ pointers, resolved with the rest at load time: none of
 // these entry points is looked up by name later.
 #pragma once
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 
+#include "hook/real.h"
 #include "hook/sleep_lock.h"
 
 namespace gpuslice::hook {
@@ -20,6 +22,26 @@ namespace gpuslice::hook {
 inline CUstream target_stream(CUstream s, bool ptsz) noexcept {
   return ptsz && s == nullptr ? CU_STREAM_PER_THREAD : s;
 }
+
+// The null, legacy and per-thread streams: the current context's, whichever
+// that is when the work is queued (the driver has no context to tell for them).
+inline bool current_context_stream(CUstream s) noexcept {
+  const auto v = reinterpret_cast<std::uintptr_t>(s);
+  return v == 0 || v == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY) ||
+         v == reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD);
+}
+
+// The ordinal of the current context's device; -1 when no context is current.
+inline int current_ordinal() noexcept {
+  CUdevice dev = 0;
+  return real_cuCtxGetDevice(&dev) == CUDA_SUCCESS ? static_cast<int>(dev) : -1;
+}
+
+// The device of a stream that is not a current_context_stream(), asked of
+// the driver (uncached: launch::stream_ordinal() caches the answer):
+// cuStreamGetDevice (CUDA 12.8+), else the stream's context made current for
+// one cuCtxGetDevice. -1 when the driver cannot tell.
+[[gnu::noinline, gnu::cold]] int ask_stream_ordinal(CUstream s) noexcept;
 
 // Launches into a capturing stream do not run: an event record there would
 // become a node of the user's graph. False when the driver cannot tell.
@@ -47,6 +69,18 @@ bool ensure_marker_event(CUevent* event, unsigned flags) noexcept;
 // (e.g. an event of another context than the stream's), destroys it and sets
 // it to null, so that the next one is created afresh.
 CUresult record_marker_event(CUevent* event, CUstream target) noexcept;
+// An event created with `flags` in the context of stream `s` (that context
+// pushed for the call when it is not the current one; the current one for a
+// current_context_stream()). CUDA_ERROR_INVALID_HANDLE when the driver cannot
+// tell the stream's context, CUDA_ERROR_INVALID_CONTEXT when it cannot be
+// made current.
+CUresult create_event_for_stream(CUstream s, unsigned flags, CUevent* out) noexcept;
+// Records *event (created with `flags` in the current context unless it has
+// one already) on `target`, a target_stream(); when the driver refuses it
+// (an event of another context than the stream's: a stream of another
+// context, or device, than the current one), records one created in the
+// stream's own context instead. *event is null after a failure.
+CUresult record_marker_on_stream(CUevent* event, unsigned flags, CUstream target) noexcept;
 // Destroys *event, if any, and sets it to null.
 void drop_marker_event(CUevent* event) noexcept;
 // The device time between two completed markers of one stream (events

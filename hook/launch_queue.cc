@@ -31,20 +31,6 @@ void poll_markers(LaunchDevice& d) noexcept {
   d.markers.lock.unlock();
 }
 
-// Records `m.event` (created in the current context when it has none yet)
-// behind the launch, else one made in the stream's own context: the event
-// belongs to another context than the stream (a stream of another context,
-// or of another device, than the current one).
-CUresult record(Marker& m, CUstream target) noexcept {
-  if (ensure_marker_event(&m.event, CU_EVENT_DISABLE_TIMING) && record_marker_event(&m.event, target) == CUDA_SUCCESS)
-    return CUDA_SUCCESS;
-  if (create_event_for_stream(target, &m.event) != CUDA_SUCCESS) {
-    m.event = nullptr;
-    return CUDA_ERROR_INVALID_HANDLE;
-  }
-  return record_marker_event(&m.event, target);
-}
-
 // The waits' environment (limiter/compute_queue.h): the real clock, the
 // markers of one device, the launch's stream.
 struct DriverEnv {
@@ -85,7 +71,7 @@ void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept {
   d.queue.marker_tried(now);
   if (d.markers.pending() < kMarkers && !capturing(s, ptsz)) {
     Marker& m = d.markers.next();
-    if (record(m, target_stream(s, ptsz)) == CUDA_SUCCESS) {
+    if (record_marker_on_stream(&m.event, CU_EVENT_DISABLE_TIMING, target_stream(s, ptsz)) == CUDA_SUCCESS) {
       m.recorded_ns = now;
       m.count = d.queue.submitted_count();
       m.cost = d.queue.submitted_cost();

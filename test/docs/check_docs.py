@@ -11,6 +11,15 @@ Usage: check_docs.py SOURCE_DIR
   `test/chaos/`, `deploy/prometheus/gpuslice-rules.yaml`) exists, unless it is
   a build output (`build/...`, `<build>/...`).
 - README.md's "Layout" section names every top-level folder and no other.
+- A name qualified with a layer's namespace (`shm::validate_header`,
+  `limiter::Options`, `hook::launch::forget_all_streams()`,
+  `platform::monotonic_ns`) names words that the sources of that layer's
+  folder use unqualified: a name that moved to another layer (or namespace
+  qualifier) is stale wherever the docs still give the old one.
+- In CONTRIBUTING.md (its recipes) a name given with its file occurs in that
+  file: `name` (`file`...), `name` in `file`, `file`: `name`, and
+  `file` (`name`, `name` and ...). Placeholder names of a recipe (`cuFooCreate`)
+  are left out.
 """
 import pathlib
 import re
@@ -82,6 +91,67 @@ for doc in docs:
             c = c.split(":")[0]
             if not exists(c):
                 problems.append(f"{doc}:{n}: `{code}` names no file or folder of the repository")
+
+# Qualified names: the layer's folder must use each part unqualified (a
+# definition, or a use inside the namespace), not only as other::name.
+LAYER_FOLDER = {"shm": "shm", "limiter": "limiter", "hook": "hook", "platform": "include/platform"}
+QUALIFIED = re.compile(r"^(?:gpuslice::)?(shm|limiter|hook|platform)((?:::\w+)+)(?:\(\))?$")
+layer_words = {}
+
+
+def words_of(folder):
+    if folder not in layer_words:
+        text = "\n".join((root / f).read_text(errors="replace") for f in sorted(files)
+                         if f.startswith(folder + "/") and f.endswith((".h", ".cc", ".def")) and (root / f).is_file())
+        layer_words[folder] = set(re.findall(r"(?<![:\w])\w+", text))
+    return layer_words[folder]
+
+
+for doc in docs:
+    in_code_block = False
+    for n, line in enumerate((root / doc).read_text().splitlines(), 1):
+        if line.startswith("```"):
+            in_code_block = not in_code_block
+            continue
+        if in_code_block:
+            continue
+        for code in CODE.findall(line):
+            m = QUALIFIED.match(code.rstrip(".,:;"))
+            if not m:
+                continue
+            missing = [w for w in m.group(2).split("::")[1:] if w not in words_of(LAYER_FOLDER[m.group(1)])]
+            if missing:
+                problems.append(f"{doc}:{n}: `{code}`: {', '.join(missing)} not found in "
+                                f"{LAYER_FOLDER[m.group(1)]}/ (moved or renamed?)")
+
+# CONTRIBUTING.md: a name given with its file occurs in it. Paragraphs are
+# read as one line, so a claim broken over two lines is seen.
+IDENT = r"[A-Za-z_][\w:]*(?:\(\))?"
+REPO_PATH = r"(?:hook|limiter|shm|include|tools|test|bench|deploy|docs|\.ci)/[\w./-]*\w"
+NAME_THEN_PATH = [re.compile(rf"`({IDENT})` \(`({REPO_PATH})`"), re.compile(rf"`({IDENT})` in `({REPO_PATH})`")]
+PATH_THEN_NAME = re.compile(rf"`({REPO_PATH})`: `({IDENT})`")
+PATH_THEN_NAMES = re.compile(rf"`({REPO_PATH})` \(((?:`{IDENT}`|[^()`])*)\)")
+
+
+def named_in(path, name):
+    name = name.removesuffix("()").split("::")[-1]
+    text = (root / path).read_text(errors="replace")
+    return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None
+
+
+if (root / "CONTRIBUTING.md").exists():
+    contributing = (root / "CONTRIBUTING.md").read_text()
+    for para in re.split(r"\n\s*\n", contributing):
+        flat = re.sub(r"\s*\n\s*", " ", para)
+        claims = [(name, path) for pattern in NAME_THEN_PATH for name, path in pattern.findall(flat)]
+        claims += [(name, path) for path, name in PATH_THEN_NAME.findall(flat)]
+        claims += [(name, m.group(1)) for m in PATH_THEN_NAMES.finditer(flat) for name in re.findall(rf"`({IDENT})`", m.group(2))]
+        for name, path in claims:
+            if "foo" in name.lower() or not (root / path).is_file():
+                continue  # a recipe's placeholder; a missing file is reported above
+            if not named_in(path, name):
+                at = contributing[:contributing.find(para) + para.find(f"`{name}`")].count("\n") + 1
+                problems.append(f"CONTRIBUTING.md:{at}: `{name}` does not occur in `{path}`")
 
 readme = (root / "README.md").read_text()
 m = re.search(r"^## Layout\n(.*?)(?=^## )", readme, re.S | re.M)

@@ -67,16 +67,9 @@ const char* file_of(void* p) {
 }
 
 int stream_device(const std::string& mode, unsigned us, long max_launches, double seconds) {
-  check(cuInit(0), "cuInit");
-  CUdevice d0 = 0, d1 = 0;
-  check(cuDeviceGet(&d0, 0), "cuDeviceGet 0");
-  check(cuDeviceGet(&d1, 1), "cuDeviceGet 1");
-  CUcontext c0 = nullptr, c1 = nullptr;
-  check(cuDevicePrimaryCtxRetain(&c0, d0), "retain 0");
-  check(cuDevicePrimaryCtxRetain(&c1, d1), "retain 1");
-  check(cuCtxSetCurrent(c1), "set 1");
-  CUstream s1 = nullptr;
-  check(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), "cuStreamCreate on device 1");
+  const CUcontext c0 = primary(0);
+  use_primary(1);
+  const CUstream s1 = new_stream();
   CUkernel k = library_kernel(us);
   check(cuCtxSetCurrent(mode == "no-context" ? nullptr : c0), "cuCtxSetCurrent");
   const std::uint64_t start = now_ns();
@@ -112,7 +105,6 @@ int null_config() {
 }
 
 int entry_points() {
-  check(cuInit(0), "cuInit");
   const struct {
     const char* name;
     int version;
@@ -132,17 +124,8 @@ int entry_points() {
 }
 
 int legacy_launch(const std::string& name, unsigned us, long count) {
-  check(cuInit(0), "cuInit");
-  CUdevice dev = 0;
-  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, dev), "retain");
-  check(cuCtxSetCurrent(ctx), "set");
-  CUmodule module = nullptr;
-  const std::string kname = kernel_name(us);
-  check(cuModuleLoadData(&module, kname.c_str()), "cuModuleLoadData");
-  CUfunction f = nullptr;
-  check(cuModuleGetFunction(&f, module, kname.c_str()), "cuModuleGetFunction");
+  use_primary(0);
+  const CUfunction f = module_kernel(kernel_name(us), kernel_name(us));  // the name is the image
   // The deprecated launches take their block shape from cuFuncSetBlockShape.
   using SetBlockShape = CUresult (*)(CUfunction, int, int, int);
   if (void* shape = proc("cuFuncSetBlockShape", 2000)) reinterpret_cast<SetBlockShape>(shape)(f, 1, 1, 1);
@@ -181,17 +164,8 @@ int legacy_launch(const std::string& name, unsigned us, long count) {
 }
 
 int churn(unsigned us, long kernels) {
-  check(cuInit(0), "cuInit");
-  CUdevice dev = 0;
-  check(cuDeviceGet(&dev, 0), "cuDeviceGet");
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, dev), "retain");
-  check(cuCtxSetCurrent(ctx), "set");
-  CUmodule module = nullptr;
-  const std::string kname = kernel_name(us);
-  check(cuModuleLoadData(&module, kname.c_str()), "cuModuleLoadData");
-  CUfunction f = nullptr;
-  check(cuModuleGetFunction(&f, module, kname.c_str()), "cuModuleGetFunction");
+  use_primary(0);
+  const CUfunction f = module_kernel(kernel_name(us), kernel_name(us));  // the name is the image
   long launched = 0;
   for (long i = 0; i < kernels; ++i)
     if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr) == CUDA_SUCCESS) ++launched;

@@ -61,9 +61,7 @@ int tries(int n) {
 }
 
 int peak(std::size_t hold, int n, int free_after_ms) {
-  CUcontext primary = nullptr;
-  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  use_primary(0);
   CUdeviceptr p = 0;
   check(cuMemAlloc(&p, hold), "cuMemAlloc");
   std::atomic<bool> stop{false};
@@ -96,31 +94,22 @@ int peak(std::size_t hold, int n, int free_after_ms) {
   return 0;
 }
 
-long long counted_used() {
-  size_t free_b = 0, total = 0;
-  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
-  return static_cast<long long>(total - free_b);
-}
-long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 0)); }
-
 int destroy_vs_realloc(int rounds) {
   constexpr std::size_t kSize = 9 * kMi;
-  CUcontext primary = nullptr;
-  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
-  int reused = 0, shorts = 0;
-  long long max_short = 0;
+  const CUcontext home = use_primary(0);
+  int reused = 0;
+  Shortfall shorts;
   for (int i = 0; i < rounds; ++i) {
     CUcontext c1 = nullptr;
     check(cuCtxCreate(&c1, nullptr, 0, 0), "cuCtxCreate");
     CUdeviceptr x = 0;
     check(cuMemAlloc(&x, kSize), "cuMemAlloc");
-    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    check(cuCtxSetCurrent(home), "cuCtxSetCurrent");
     const long long before = held();
     std::atomic<bool> go{false};
     CUdeviceptr y = 0;
     std::thread b([&] {
-      cuCtxSetCurrent(primary);
+      cuCtxSetCurrent(home);
       while (!go.load()) std::this_thread::yield();
       while (held() > before - static_cast<long long>(kSize)) std::this_thread::yield();  // c1 and x are gone
       // The destroy's sweep is now asking the driver about x (and sleeping at
@@ -131,16 +120,13 @@ int destroy_vs_realloc(int rounds) {
     go.store(true);
     check(cuCtxDestroy(c1), "cuCtxDestroy");
     b.join();
-    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    check(cuCtxSetCurrent(home), "cuCtxSetCurrent");
     if (y == x) ++reused;
-    const long long c = counted_used(), h = held();
-    if (c < h) {
-      ++shorts;
-      if (h - c > max_short) max_short = h - c;
-    }
+    shorts.observe();
     if (y != 0) check(cuMemFree(y), "cuMemFree");
   }
-  std::printf("destroy-vs-realloc rounds=%d reused=%d shorts=%d max_short=%lld\n", rounds, reused, shorts, max_short);
+  std::printf("destroy-vs-realloc rounds=%d reused=%d shorts=%d max_short=%lld\n", rounds, reused, shorts.rounds,
+              shorts.max);
   return 0;
 }
 

@@ -33,37 +33,20 @@
 #include <string>
 #include <thread>
 
-#include "fakecuda_query.h"
 #include "probe.h"
 
 namespace gpuslice::probe::gate {
-namespace {
-
-long long counted_used() {
-  size_t free_b = 0, total = 0;
-  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
-  return static_cast<long long>(total - free_b);
-}
-long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 0)); }
-
-}  // namespace
 
 int stuck_release(std::size_t bytes, bool keep) {
   using clock = std::chrono::steady_clock;
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  CUstream stream = nullptr;
-  check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  CUmodule spin_module = nullptr;
-  check(cuModuleLoadData(&spin_module, ".entry spin_2500000us\n"), "cuModuleLoadData(spin)");
-  CUfunction spin = nullptr;
-  check(cuModuleGetFunction(&spin, spin_module, "spin_2500000us"), "cuModuleGetFunction");
+  const CUcontext ctx = use_primary(0);
+  const CUstream stream = new_stream();
+  const CUfunction spin = module_kernel(".entry spin_2500000us\n", "spin_2500000us");
   char fifo[] = "/tmp/gpuslice-probe-gate.XXXXXX";
   if (mkdtemp(fifo) == nullptr) return 2;
   const std::string path = std::string(fifo) + "/image";
   if (mkfifo(path.c_str(), 0600) != 0) return 2;
-  const std::string image = ".global .align 8 .b8 big[" + std::to_string(bytes) + "];\n.entry k\n";
+  const std::string image = image_with_global(bytes);
 
   std::atomic<int> keeper_step{0};  // 1: keeping 2 MiB; 2: the load returned; 3: allocated again
   std::thread keeper;

@@ -55,26 +55,29 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <thread>
 
-#include "fakecuda_query.h"
 #include "probe.h"
 
 namespace gpuslice::probe::implicit {
 
-// What gpuslice counts on the current context's device.
-long long counted_used() {
-  size_t free_b = 0, total = 0;
-  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
-  return static_cast<long long>(total - free_b);
+// A library loaded with no context current, so that the driver places it
+// only at its first use (CUDA 12.2+ default); `home` is current again after.
+CUlibrary load_lazily(const std::string& image, CUcontext home) {
+  CUcontext none = nullptr;
+  check(cuCtxPopCurrent(&none), "cuCtxPopCurrent");
+  CUlibrary lib = nullptr;
+  check(cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+  check(cuCtxSetCurrent(home), "cuCtxSetCurrent");
+  return lib;
 }
-long long held() { return static_cast<long long>(fakecuda_process_used_bytes(0, 0)); }
 
-std::string image_with_global(std::size_t bytes) {
-  return ".global .align 8 .b8 big[" + std::to_string(bytes) + "];\n.entry k\n";
+// Places a lazily loaded library in the current context: its first use.
+void place(CUlibrary lib) {
+  CUdeviceptr p = 0;
+  size_t size = 0;
+  check(cuLibraryGetGlobal(&p, &size, lib, "big"), "cuLibraryGetGlobal");
 }
 
 // One release of device memory of `kind` by the churn thread, undone before it returns.
@@ -131,35 +134,14 @@ int measure_vs_release(const std::string& measured, const std::string& kind, int
   // Not the primary context: "primary-release" must destroy it each time.
   CUcontext home = nullptr;
   check(cuCtxCreate(&home, nullptr, 0, 0), "cuCtxCreate");
-  CUstream stream = nullptr;
-  check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  CUmemPoolProps props{};
-  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  props.location.id = 0;
-  CUmemoryPool pool = nullptr;
-  check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
-  cuuint64_t threshold = ~cuuint64_t{0};  // keeps everything until trimmed
-  check(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "cuMemPoolSetAttribute");
+  const CUstream stream = new_stream();
+  const CUmemoryPool pool = new_pool(0, ~std::uint64_t{0});  // keeps everything until trimmed
   const std::string churn_image = image_with_global(96 * kMi);
   const std::string image = image_with_global(64 * kMi);
 
-  std::atomic<bool> stop{false}, pause{false};
-  std::atomic<int> paused{0};
-  std::thread churn([&] {
-    cuCtxSetCurrent(home);
-    while (!stop.load()) {
-      if (pause.load()) {
-        paused.store(1);
-        while (pause.load() && !stop.load()) std::this_thread::yield();
-        paused.store(0);
-        continue;
-      }
-      release_once(kind, home, stream, pool, churn_image);
-    }
-  });
-  int shorts = 0, mismatches = 0, refused = 0;
-  long long max_short = 0;
+  Churn churn(home, [&] { release_once(kind, home, stream, pool, churn_image); });
+  Shortfall shorts;
+  int mismatches = 0, refused = 0;
   for (int i = 0; i < rounds; ++i) {
     CUcontext ctx = nullptr;
     CUmodule mod = nullptr;
@@ -168,26 +150,18 @@ int measure_vs_release(const std::string& measured, const std::string& kind, int
       rc = cuCtxCreate(&ctx, nullptr, 0, 0);
     else
       rc = cuModuleLoadData(&mod, image.c_str());
-    pause.store(true);
-    while (paused.load() == 0) std::this_thread::yield();
+    churn.pause();
     cuCtxSetCurrent(home);
-    const long long c = counted_used(), h = held();
-    if (c != h) ++mismatches;
-    if (c < h) {
-      ++shorts;
-      if (h - c > max_short) max_short = h - c;
-    }
+    if (shorts.observe()) ++mismatches;
     if (rc != CUDA_SUCCESS) ++refused;
     if (ctx != nullptr) check(cuCtxDestroy(ctx), "cuCtxDestroy");
     if (mod != nullptr) check(cuModuleUnload(mod), "cuModuleUnload");
     cuCtxSetCurrent(home);
-    pause.store(false);
-    while (paused.load() != 0) std::this_thread::yield();
+    churn.resume();
   }
-  stop.store(true);
-  churn.join();
+  churn.stop();
   std::printf("measure-vs-release measured=%s kind=%s rounds=%d refused=%d shorts=%d max_short=%lld mismatches=%d\n",
-              measured.c_str(), kind.c_str(), rounds, refused, shorts, max_short, mismatches);
+              measured.c_str(), kind.c_str(), rounds, refused, shorts.rounds, shorts.max, mismatches);
   return 0;
 }
 
@@ -201,11 +175,8 @@ int lazy_library(std::size_t bytes, const std::string& how) {
   const bool launch = how.rfind("launch", 0) == 0 || how.rfind("graph", 0) == 0;
   CUkernel kernel = nullptr;
   if (launch) check(cuLibraryGetKernel(&kernel, lib, "k"), "cuLibraryGetKernel");
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  CUstream stream = nullptr;
-  if (launch) check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  const CUcontext ctx = use_primary(0);
+  const CUstream stream = launch ? new_stream() : nullptr;
   const long long loaded = counted_used(), loaded_held = held();
   CUresult rc = CUDA_SUCCESS;
   const auto f = reinterpret_cast<CUfunction>(kernel);
@@ -288,9 +259,7 @@ int set_limit(std::size_t bytes) {
   check(cuCtxGetLimit(&limit, CU_LIMIT_MALLOC_HEAP_SIZE), "cuCtxGetLimit");
   const long long set = counted_used(), set_held = held();
   check(cuCtxDestroy(ctx), "cuCtxDestroy");
-  CUcontext other = nullptr;
-  check(cuDevicePrimaryCtxRetain(&other, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(other), "cuCtxSetCurrent");
+  use_primary(0);
   const long long destroyed = counted_used(), destroyed_held = held();
   std::printf(
       "set-limit rc=%d limit=%zu before=%lld before_held=%lld set=%lld set_held=%lld destroyed=%lld "
@@ -303,21 +272,14 @@ int set_limit(std::size_t bytes) {
 // the window where the driver has released A's handle (B gets it back) but
 // A's cuLibraryUnload has not returned.
 int unload_vs_reuse(int rounds) {
-  CUcontext primary = nullptr;
-  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const CUcontext home = use_primary(0);
   const std::string image_a = image_with_global(24 * kMi), image_b = image_with_global(40 * kMi);
-  int hits = 0, shorts = 0, reused = 0;
-  long long max_short = 0;
+  int hits = 0, reused = 0;
+  Shortfall shorts;
   for (int i = 0; i < rounds; ++i) {
-    CUlibrary a = nullptr, b = nullptr;
-    CUcontext none = nullptr;
-    check(cuCtxPopCurrent(&none), "cuCtxPopCurrent");
-    check(cuLibraryLoadData(&a, image_a.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
-    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
-    CUdeviceptr p = 0;
-    size_t size = 0;
-    check(cuLibraryGetGlobal(&p, &size, a, "big"), "cuLibraryGetGlobal");
+    const CUlibrary a = load_lazily(image_a, home);
+    place(a);
+    CUlibrary b = nullptr;
     const long long before = held();
     std::atomic<bool> go{false}, a_done{false};
     bool hit = false;
@@ -325,11 +287,11 @@ int unload_vs_reuse(int rounds) {
       while (!go.load()) std::this_thread::yield();
       while (held() >= before) std::this_thread::yield();  // A's library left the device: its handle is free
       CUcontext popped = nullptr;
-      cuCtxSetCurrent(primary);
+      cuCtxSetCurrent(home);
       cuCtxPopCurrent(&popped);
       if (cuLibraryLoadData(&b, image_b.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0) != CUDA_SUCCESS) return;
       hit = b == a && !a_done.load();  // A's handle, A still inside cuLibraryUnload
-      cuCtxSetCurrent(primary);
+      cuCtxSetCurrent(home);
       CUdeviceptr q = 0;
       size_t qsize = 0;
       cuLibraryGetGlobal(&q, &qsize, b, "big");
@@ -340,36 +302,25 @@ int unload_vs_reuse(int rounds) {
     tb.join();
     if (b == a) ++reused;
     if (hit) ++hits;
-    const long long c = counted_used(), h = held();
-    if (c < h) {
-      ++shorts;
-      if (h - c > max_short) max_short = h - c;
-    }
+    shorts.observe();
     if (b != nullptr) cuLibraryUnload(b);
   }
-  std::printf("unload-vs-reuse rounds=%d reused=%d hits=%d shorts=%d max_short=%lld\n", rounds, reused, hits, shorts,
-              max_short);
+  std::printf("unload-vs-reuse rounds=%d reused=%d hits=%d shorts=%d max_short=%lld\n", rounds, reused, hits,
+              shorts.rounds, shorts.max);
   return 0;
 }
 
 // Two threads unload the same placed library at once; a library loaded next
 // gets the handle back and is placed.
 int double_unload(int rounds) {
-  CUcontext primary = nullptr;
-  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const CUcontext home = use_primary(0);
   const std::string image_a = image_with_global(24 * kMi), image_b = image_with_global(40 * kMi);
-  int shorts = 0, reused = 0, refused = 0;
-  long long max_short = 0;
+  int reused = 0, refused = 0;
+  Shortfall shorts;
   for (int i = 0; i < rounds; ++i) {
-    CUlibrary a = nullptr, b = nullptr;
-    CUcontext none = nullptr;
-    check(cuCtxPopCurrent(&none), "cuCtxPopCurrent");
-    check(cuLibraryLoadData(&a, image_a.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
-    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
-    CUdeviceptr p = 0;
-    size_t size = 0;
-    check(cuLibraryGetGlobal(&p, &size, a, "big"), "cuLibraryGetGlobal");
+    const CUlibrary a = load_lazily(image_a, home);
+    place(a);
+    CUlibrary b = nullptr;
     std::atomic<int> ready{0};
     CUresult rc[2] = {};
     std::thread t[2];
@@ -381,27 +332,19 @@ int double_unload(int rounds) {
       });
     for (std::thread& x : t) x.join();
     if (rc[0] != CUDA_SUCCESS || rc[1] != CUDA_SUCCESS) ++refused;
-    check(cuCtxPopCurrent(&none), "cuCtxPopCurrent");
-    check(cuLibraryLoadData(&b, image_b.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
-    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    b = load_lazily(image_b, home);
     if (b == a) ++reused;
-    check(cuLibraryGetGlobal(&p, &size, b, "big"), "cuLibraryGetGlobal");
-    const long long c = counted_used(), h = held();
-    if (c < h) {
-      ++shorts;
-      if (h - c > max_short) max_short = h - c;
-    }
+    place(b);
+    shorts.observe();
     check(cuLibraryUnload(b), "cuLibraryUnload");
   }
   std::printf("double-unload rounds=%d refused=%d reused=%d shorts=%d max_short=%lld\n", rounds, refused, reused,
-              shorts, max_short);
+              shorts.rounds, shorts.max);
   return 0;
 }
 
 int module_load(std::size_t bytes) {
-  CUcontext primary = nullptr;
-  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  use_primary(0);
   const std::string image = image_with_global(bytes);
   CUmodule mod = nullptr;
   const CUresult rc = cuModuleLoadData(&mod, image.c_str());
@@ -412,18 +355,12 @@ int module_load(std::size_t bytes) {
 }
 
 int reset_vs_place(int rounds) {
-  CUcontext primary = nullptr;
-  check(cuDevicePrimaryCtxRetain(&primary, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  const CUcontext home = use_primary(0);
   const std::string image = image_with_global(32 * kMi);
-  int placed = 0, shorts = 0;
-  long long max_short = 0;
+  int placed = 0;
+  Shortfall shorts;
   for (int i = 0; i < rounds; ++i) {
-    CUlibrary lib = nullptr;
-    CUcontext none = nullptr;
-    cuCtxPopCurrent(&none);
-    check(cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
-    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    const CUlibrary lib = load_lazily(image, home);
     std::atomic<int> phase{0};
     std::thread b([&] {
       cuDevicePrimaryCtxReset(0);  // the main thread's current context is gone
@@ -437,15 +374,12 @@ int reset_vs_place(int rounds) {
     size_t size = 0;
     if (cuLibraryGetGlobal(&p, &size, lib, "big") == CUDA_SUCCESS) ++placed;
     b.join();
-    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
-    const long long c = counted_used(), h = held();
-    if (c < h) {
-      ++shorts;
-      if (h - c > max_short) max_short = h - c;
-    }
+    check(cuCtxSetCurrent(home), "cuCtxSetCurrent");
+    shorts.observe();
     cuLibraryUnload(lib);
   }
-  std::printf("reset-vs-place rounds=%d placed=%d shorts=%d max_short=%lld\n", rounds, placed, shorts, max_short);
+  std::printf("reset-vs-place rounds=%d placed=%d shorts=%d max_short=%lld\n", rounds, placed, shorts.rounds,
+              shorts.max);
   return 0;
 }
 

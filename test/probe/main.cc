@@ -4,88 +4,14 @@
 // the call; the family's file says what the scenario does and prints.
 #include <cuda.h>
 
-#include <charconv>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "probe.h"
 
 namespace gpuslice::probe {
-
-void check(CUresult rc, const char* what) {
-  if (rc != CUDA_SUCCESS) {
-    std::fprintf(stderr, "gpuslice-probe: %s failed: %d\n", what, static_cast<int>(rc));
-    std::exit(2);
-  }
-}
-
-CUcontext primary(CUdevice dev) {
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  return ctx;
-}
-
-namespace {
-
-std::vector<std::string> split(const char* usage) {
-  std::istringstream in(usage);
-  std::vector<std::string> out;
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
-
-bool optional(const std::string& name) { return !name.empty() && name.front() == '['; }
-
-template <class T>
-T parse_integer(const std::string& word, const std::string& name) {
-  T value{};
-  const char* end = word.data() + word.size();
-  const auto [ptr, ec] = std::from_chars(word.data(), end, value);
-  if (word.empty() || ec != std::errc() || ptr != end)
-    throw BadArgument(name + ": expected a whole number, got '" + word + "'");
-  return value;
-}
-
-}  // namespace
-
-Args::Args(const char* usage, std::vector<std::string> words) : names_(split(usage)), words_(std::move(words)) {
-  std::size_t required = 0;
-  for (const std::string& n : names_) required += optional(n) ? 0 : 1;
-  if (words_.size() < required || words_.size() > names_.size())
-    throw BadArgument("expected " + std::string(*usage != '\0' ? usage : "no arguments") + ", got " +
-                      std::to_string(words_.size()) + " argument(s)");
-}
-
-std::string Args::name(std::size_t i) const {
-  return i < names_.size() ? names_[i] : "argument " + std::to_string(i + 1);
-}
-
-std::size_t Args::mib(std::size_t i) const { return parse_integer<std::size_t>(text(i), name(i)) * kMi; }
-
-long long Args::number(std::size_t i) const { return parse_integer<long long>(text(i), name(i)); }
-
-double Args::real(std::size_t i) const {
-  const std::string& word = text(i);
-  char* end = nullptr;
-  const double value = std::strtod(word.c_str(), &end);
-  if (word.empty() || *end != '\0') throw BadArgument(name(i) + ": expected a number, got '" + word + "'");
-  return value;
-}
-
-const std::string& Args::text(std::size_t i) const {
-  if (i >= words_.size()) throw BadArgument(name(i) + ": missing");
-  return words_[i];
-}
-
-bool Args::flag(std::size_t i, const char* word) const {
-  if (i >= words_.size()) return false;
-  if (words_[i] != word) throw BadArgument(name(i) + ": expected '" + word + "' or nothing, got '" + words_[i] + "'");
-  return true;
-}
 
 namespace {
 
@@ -102,98 +28,87 @@ constexpr bool kOwnInit = false;
 
 // One row per scenario, families in alphabetical order.
 const Scenario kScenarios[] = {
-    {"allowance", "spill-race", "HOLD_MIB CHURN_MIB MAIN_MIB ROUNDS LIMIT_MIB", kOwnInit,
-     [](const Args& a) {
-       return allowance::spill_race(a.mib(0), a.mib(1), a.mib(2), static_cast<long>(a.number(3)), a.mib(4));
-     }},
+    {"allowance", "spill-race", "HOLD_MIB CHURN_MIB MAIN_MIB ROUNDS LIMIT_MIB", kInit,
+     [](const Args& a) { return allowance::spill_race(a.mib(0), a.mib(1), a.mib(2), a.number<long>(3), a.mib(4)); }},
 
-    {"compute", "stream-device", "other-current|no-context KERNEL_US MAX_LAUNCHES SECONDS", kOwnInit,
+    {"compute", "stream-device", "other-current|no-context KERNEL_US MAX_LAUNCHES SECONDS", kInit,
      [](const Args& a) {
-       return compute::stream_device(a.text(0), static_cast<unsigned>(a.number(1)), static_cast<long>(a.number(2)),
-                                     a.real(3));
+       return compute::stream_device(a.text(0), a.number<unsigned>(1), a.number<long>(2), a.real(3));
      }},
     {"compute", "null-config", "", kOwnInit, [](const Args&) { return compute::null_config(); }},
-    {"compute", "entry-points", "", kOwnInit, [](const Args&) { return compute::entry_points(); }},
-    {"compute", "legacy-launch", "NAME KERNEL_US LAUNCHES", kOwnInit,
-     [](const Args& a) {
-       return compute::legacy_launch(a.text(0), static_cast<unsigned>(a.number(1)), static_cast<long>(a.number(2)));
-     }},
-    {"compute", "churn", "KERNEL_US KERNELS", kOwnInit,
-     [](const Args& a) { return compute::churn(static_cast<unsigned>(a.number(0)), static_cast<long>(a.number(1))); }},
+    {"compute", "entry-points", "", kInit, [](const Args&) { return compute::entry_points(); }},
+    {"compute", "legacy-launch", "NAME KERNEL_US LAUNCHES", kInit,
+     [](const Args& a) { return compute::legacy_launch(a.text(0), a.number<unsigned>(1), a.number<long>(2)); }},
+    {"compute", "churn", "KERNEL_US KERNELS", kInit,
+     [](const Args& a) { return compute::churn(a.number<unsigned>(0), a.number<long>(1)); }},
 
     {"context", "peak", "HOLD_MIB TRIES FREE_AFTER_MS", kInit,
-     [](const Args& a) {
-       return context::peak(a.mib(0), static_cast<int>(a.number(1)), static_cast<int>(a.number(2)));
-     }},
+     [](const Args& a) { return context::peak(a.mib(0), a.number<int>(1), a.number<int>(2)); }},
     {"context", "destroy-vs-realloc", "ROUNDS", kInit,
-     [](const Args& a) { return context::destroy_vs_realloc(static_cast<int>(a.number(0))); }},
-    {"context", "tries", "N", kInit, [](const Args& a) { return context::tries(static_cast<int>(a.number(0))); }},
+     [](const Args& a) { return context::destroy_vs_realloc(a.number<int>(0)); }},
+    {"context", "tries", "N", kInit, [](const Args& a) { return context::tries(a.number<int>(0)); }},
 
     {"implicit", "measure-vs-release", "ctx|module KIND ROUNDS", kInit,
-     [](const Args& a) { return implicit::measure_vs_release(a.text(0), a.text(1), static_cast<int>(a.number(2))); }},
+     [](const Args& a) { return implicit::measure_vs_release(a.text(0), a.text(1), a.number<int>(2)); }},
     {"implicit", "set-limit", "MIB", kInit, [](const Args& a) { return implicit::set_limit(a.mib(0)); }},
     {"implicit", "lazy-library", "MIB global|kernel|launch|launch-ex|launch-stream|graph|graph-kern", kInit,
      [](const Args& a) { return implicit::lazy_library(a.mib(0), a.text(1)); }},
     {"implicit", "module-load", "MIB", kInit, [](const Args& a) { return implicit::module_load(a.mib(0)); }},
     {"implicit", "reset-vs-place", "ROUNDS", kInit,
-     [](const Args& a) { return implicit::reset_vs_place(static_cast<int>(a.number(0))); }},
+     [](const Args& a) { return implicit::reset_vs_place(a.number<int>(0)); }},
     {"implicit", "unload-vs-reuse", "ROUNDS", kInit,
-     [](const Args& a) { return implicit::unload_vs_reuse(static_cast<int>(a.number(0))); }},
+     [](const Args& a) { return implicit::unload_vs_reuse(a.number<int>(0)); }},
     {"implicit", "double-unload", "ROUNDS", kInit,
-     [](const Args& a) { return implicit::double_unload(static_cast<int>(a.number(0))); }},
+     [](const Args& a) { return implicit::double_unload(a.number<int>(0)); }},
 
     {"memory", "vmm-retain", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::vmm_retain(a.mib(0), static_cast<int>(a.number(1))); }},
+     [](const Args& a) { return memory::vmm_retain(a.mib(0), a.number<int>(1)); }},
     {"memory", "vmm-import", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::vmm_import(a.mib(0), static_cast<int>(a.number(1))); }},
+     [](const Args& a) { return memory::vmm_import(a.mib(0), a.number<int>(1)); }},
     {"memory", "pool-destroy-live", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::pool_destroy_live(a.mib(0), static_cast<int>(a.number(1)), false); }},
+     [](const Args& a) { return memory::pool_destroy_live(a.mib(0), a.number<int>(1), false); }},
     {"memory", "pool-destroy-live-sync", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::pool_destroy_live(a.mib(0), static_cast<int>(a.number(1)), true); }},
+     [](const Args& a) { return memory::pool_destroy_live(a.mib(0), a.number<int>(1), true); }},
     {"memory", "pool-other-device", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::pool_other_device(a.mib(0), static_cast<int>(a.number(1)), false); }},
+     [](const Args& a) { return memory::pool_other_device(a.mib(0), a.number<int>(1), false); }},
     {"memory", "pool-foreign-pool", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::pool_other_device(a.mib(0), static_cast<int>(a.number(1)), true); }},
+     [](const Args& a) { return memory::pool_other_device(a.mib(0), a.number<int>(1), true); }},
     {"memory", "host-located", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::host_located(a.mib(0), static_cast<int>(a.number(1))); }},
+     [](const Args& a) { return memory::host_located(a.mib(0), a.number<int>(1)); }},
     {"memory", "module-memory", "MIB", kInit, [](const Args& a) { return memory::module_memory(a.mib(0)); }},
     {"memory", "pool-failed", "MIB", kInit, [](const Args& a) { return memory::pool_failed(a.mib(0)); }},
     {"memory", "free-async-linear", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::free_async_linear(a.mib(0), static_cast<int>(a.number(1))); }},
+     [](const Args& a) { return memory::free_async_linear(a.mib(0), a.number<int>(1)); }},
     {"memory", "ctx-destroy-live", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::ctx_destroy_live(a.mib(0), static_cast<int>(a.number(1)), false, false); }},
+     [](const Args& a) { return memory::ctx_destroy_live(a.mib(0), a.number<int>(1), false, false); }},
     {"memory", "ctx-destroy-live-array", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::ctx_destroy_live(a.mib(0), static_cast<int>(a.number(1)), false, true); }},
+     [](const Args& a) { return memory::ctx_destroy_live(a.mib(0), a.number<int>(1), false, true); }},
     {"memory", "primary-reset-live", "MIB ROUNDS", kInit,
-     [](const Args& a) { return memory::ctx_destroy_live(a.mib(0), static_cast<int>(a.number(1)), true, false); }},
-    {"memory", "ctx-race", "TRIES", kInit,
-     [](const Args& a) { return memory::ctx_race(static_cast<int>(a.number(0))); }},
+     [](const Args& a) { return memory::ctx_destroy_live(a.mib(0), a.number<int>(1), true, false); }},
+    {"memory", "ctx-race", "TRIES", kInit, [](const Args& a) { return memory::ctx_race(a.number<int>(0)); }},
 
     {"gate", "stuck-release", "MIB [keep]", kInit,
      [](const Args& a) { return gate::stuck_release(a.mib(0), a.flag(1, "keep")); }},
 
-    {"monitor", "hold", "MIB HOLD_MS [checkpoint]", kOwnInit,
-     [](const Args& a) {
-       return monitor::hold(a.mib(0), static_cast<unsigned>(a.number(1)), a.flag(2, "checkpoint"), false);
-     }},
-    {"monitor", "hold-managed", "MIB HOLD_MS", kOwnInit,
-     [](const Args& a) { return monitor::hold(a.mib(0), static_cast<unsigned>(a.number(1)), false, true); }},
+    {"monitor", "hold", "MIB HOLD_MS [checkpoint]", kInit,
+     [](const Args& a) { return monitor::hold(a.mib(0), a.number<unsigned>(1), a.flag(2, "checkpoint"), false); }},
+    {"monitor", "hold-managed", "MIB HOLD_MS", kInit,
+     [](const Args& a) { return monitor::hold(a.mib(0), a.number<unsigned>(1), false, true); }},
 
     {"pool", "reclaim", "MIB_POOL MIB_ALLOC", kInit, [](const Args& a) { return pool::reclaim(a.mib(0), a.mib(1)); }},
     {"pool", "threshold", "MIB", kInit, [](const Args& a) { return pool::threshold(a.mib(0)); }},
     {"pool", "set-mempool", "MIB", kInit, [](const Args& a) { return pool::set_mempool(a.mib(0)); }},
     {"pool", "driver-oom", "MIB_HELD MIB_MORE", kInit,
      [](const Args& a) { return pool::driver_oom(a.mib(0), a.mib(1)); }},
-    {"pool", "threads", "ROUNDS", kInit, [](const Args& a) { return pool::threads(static_cast<int>(a.number(0))); }},
-    {"pool", "oversize", "ROUNDS MIB", kInit,
-     [](const Args& a) { return pool::oversize(static_cast<int>(a.number(0)), a.mib(1)); }},
+    {"pool", "threads", "ROUNDS", kInit, [](const Args& a) { return pool::threads(a.number<int>(0)); }},
+    {"pool", "oversize", "ROUNDS MIB", kInit, [](const Args& a) { return pool::oversize(a.number<int>(0), a.mib(1)); }},
 
     {"pool-race", "reconcile-order", "MIB", kInit, [](const Args& a) { return pool_race::reconcile_order(a.mib(0)); }},
     {"pool-race", "set-mempool", "MIB", kInit, [](const Args& a) { return pool_race::set_mempool(a.mib(0)); }},
     {"pool-race", "allowance-wait", "MIB_A MIB_B", kInit,
      [](const Args& a) { return pool_race::allowance_wait(a.mib(0), a.mib(1)); }},
     {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
-     [](const Args& a) { return reserve::thread_exit(static_cast<int>(a.number(0)), a.mib(1), a.mib(2)); }},
+     [](const Args& a) { return reserve::thread_exit(a.number<int>(0), a.mib(1), a.mib(2)); }},
 };
 
 int usage(const char* why) {

@@ -23,24 +23,12 @@
 #include <cuda.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
-#include <thread>
 
-#include "fakecuda_query.h"
 #include "probe.h"
 
 namespace gpuslice::probe::memory {
-
-// cuMemGetInfo under gpuslice: total = the quota, used = what is counted.
-std::size_t counted_used() {
-  size_t free_b = 0, total = 0;
-  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
-  return total - free_b;
-}
 
 CUmemAllocationProp device_prop(int dev) {
   CUmemAllocationProp prop{};
@@ -62,12 +50,12 @@ CUresult create_and_map(std::size_t bytes, CUmemGenericAllocationHandle* h, CUde
 }
 
 void report(const char* name, int ok, int rounds, CUresult last) {
-  std::printf("%s succeeded=%d rounds=%d last_rc=%d counted=%zu\n", name, ok, rounds, static_cast<int>(last),
+  std::printf("%s succeeded=%d rounds=%d last_rc=%d counted=%lld\n", name, ok, rounds, static_cast<int>(last),
               counted_used());
 }
 
 int vmm_retain(std::size_t bytes, int rounds) {
-  cuCtxSetCurrent(primary(0));
+  use_primary(0);
   int ok = 0;
   CUresult last = CUDA_SUCCESS;
   for (int i = 0; i < rounds; ++i) {
@@ -85,7 +73,7 @@ int vmm_retain(std::size_t bytes, int rounds) {
 }
 
 int vmm_import(std::size_t bytes, int rounds) {
-  cuCtxSetCurrent(primary(0));
+  use_primary(0);
   int ok = 0;
   CUresult last = CUDA_SUCCESS;
   for (int i = 0; i < rounds; ++i) {
@@ -115,17 +103,12 @@ int vmm_import(std::size_t bytes, int rounds) {
 }
 
 int pool_destroy_live(std::size_t bytes, int rounds, bool sync_free) {
-  cuCtxSetCurrent(primary(0));
+  use_primary(0);
   int ok = 0;
   CUresult last = CUDA_SUCCESS;
   CUdeviceptr first = 0;
   for (int i = 0; i < rounds; ++i) {
-    CUmemPoolProps props{};
-    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = 0;
-    CUmemoryPool pool = nullptr;
-    check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+    const CUmemoryPool pool = new_pool(0);
     CUdeviceptr p = 0;
     last = cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr);
     if (last == CUDA_SUCCESS) {
@@ -145,23 +128,15 @@ int pool_destroy_live(std::size_t bytes, int rounds, bool sync_free) {
   }
   CUdeviceptr again = 0;
   const CUresult rc = cuMemAlloc(&again, bytes);
-  std::printf("after-free rc=%d counted=%zu\n", static_cast<int>(rc), counted_used());
+  std::printf("after-free rc=%d counted=%lld\n", static_cast<int>(rc), counted_used());
   return 0;
 }
 
-// A stream of device 1, created in device 1's primary context; device 0's is current after.
-CUstream stream_of(int dev, CUcontext* ctx) {
-  *ctx = primary(dev);
-  check(cuCtxSetCurrent(*ctx), "cuCtxSetCurrent");
-  CUstream s = nullptr;
-  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  return s;
-}
-
 int pool_other_device(std::size_t bytes, int rounds, bool foreign_pool) {
-  CUcontext ctx0 = nullptr, ctx1 = nullptr;
-  CUstream s1 = stream_of(1, &ctx1);
-  CUstream s0 = stream_of(0, &ctx0);  // device 0 current from here on
+  use_primary(1);
+  const CUstream s1 = new_stream();
+  use_primary(0);  // device 0 current from here on
+  const CUstream s0 = new_stream();
   CUmemoryPool pool1 = nullptr;
   if (foreign_pool) check(cuDeviceGetDefaultMemPool(&pool1, 1), "cuDeviceGetDefaultMemPool");
   int ok = 0;
@@ -172,16 +147,15 @@ int pool_other_device(std::size_t bytes, int rounds, bool foreign_pool) {
     if (last == CUDA_SUCCESS) ++ok;
     cuStreamSynchronize(foreign_pool ? s0 : s1);
   }
-  std::printf(
-      "%s succeeded=%d rounds=%d last_rc=%d device1_used=%llu\n",
-      foreign_pool ? "pool-foreign-pool" : "pool-other-device", ok, rounds, static_cast<int>(last),
-      static_cast<unsigned long long>(fakecuda_process_used_bytes(1, 0) - fakecuda_process_context_bytes(1, 0)));
+  std::printf("%s succeeded=%d rounds=%d last_rc=%d device1_used=%lld\n",
+              foreign_pool ? "pool-foreign-pool" : "pool-other-device", ok, rounds, static_cast<int>(last),
+              held_allocations(1));
   return 0;
 }
 
 // Host-located pools and VMM memory (CUDA 13) hold nothing on a device.
 int host_located(std::size_t bytes, int rounds) {
-  cuCtxSetCurrent(primary(0));
+  use_primary(0);
   CUmemPoolProps props{};
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
   props.location.type = CU_MEM_LOCATION_TYPE_HOST;
@@ -198,52 +172,49 @@ int host_located(std::size_t bytes, int rounds) {
     if (cuMemCreate(&h, bytes, &prop, 0) == CUDA_SUCCESS) ++vmm_ok;
   }
   cuStreamSynchronize(nullptr);
-  std::printf("host-located pool_ok=%d vmm_ok=%d rounds=%d counted=%zu\n", pool_ok, vmm_ok, rounds, counted_used());
+  std::printf("host-located pool_ok=%d vmm_ok=%d rounds=%d counted=%lld\n", pool_ok, vmm_ok, rounds, counted_used());
   return 0;
 }
 
 // Modules and libraries hold memory for their globals: counted while loaded.
 int module_memory(std::size_t bytes) {
-  cuCtxSetCurrent(primary(0));
-  const std::string image = ".global .align 8 .b8 big[" + std::to_string(bytes) + "];\n.entry k\n";
-  const std::size_t before = counted_used();
+  use_primary(0);
+  const std::string image = image_with_global(bytes);
+  const long long before = counted_used();
   CUmodule m1 = nullptr, m2 = nullptr;
   const CUresult rc1 = cuModuleLoadData(&m1, image.c_str());
-  const std::size_t loaded = counted_used();
+  const long long loaded = counted_used();
   const CUresult rc2 = cuModuleLoadData(&m2, image.c_str());
-  const std::size_t second = counted_used();
+  const long long second = counted_used();
   if (rc1 == CUDA_SUCCESS) check(cuModuleUnload(m1), "cuModuleUnload");
-  const std::size_t unloaded = counted_used();
+  const long long unloaded = counted_used();
   CUlibrary lib = nullptr;
   const CUresult rc3 = cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-  const std::size_t library = counted_used();
+  const long long library = counted_used();
   if (rc3 == CUDA_SUCCESS) check(cuLibraryUnload(lib), "cuLibraryUnload");
   std::printf(
-      "module rc1=%d rc2=%d rc3=%d before=%zu loaded=%zu second=%zu unloaded=%zu library=%zu after=%zu held=%llu\n",
+      "module rc1=%d rc2=%d rc3=%d before=%lld loaded=%lld second=%lld unloaded=%lld library=%lld after=%lld "
+      "held=%lld\n",
       static_cast<int>(rc1), static_cast<int>(rc2), static_cast<int>(rc3), before, loaded, second, unloaded, library,
-      counted_used(), static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)));
+      counted_used(), held());
   return 0;
 }
 
 int pool_failed(std::size_t bytes) {
-  cuCtxSetCurrent(primary(0));
-  const std::size_t before = counted_used();
+  use_primary(0);
+  const long long before = counted_used();
   CUdeviceptr p = 0;
   const CUresult null_rc = cuMemAllocFromPoolAsync(&p, bytes, nullptr, nullptr);
-  CUmemPoolProps props{};
-  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  CUmemoryPool pool = nullptr;
-  check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+  const CUmemoryPool pool = new_pool(0);
   check(cuMemPoolDestroy(pool), "cuMemPoolDestroy");
   const CUresult destroyed_rc = cuMemAllocFromPoolAsync(&p, bytes, pool, nullptr);
-  std::printf("pool-failed null_rc=%d destroyed_rc=%d before=%zu after=%zu\n", static_cast<int>(null_rc),
+  std::printf("pool-failed null_rc=%d destroyed_rc=%d before=%lld after=%lld\n", static_cast<int>(null_rc),
               static_cast<int>(destroyed_rc), before, counted_used());
   return 0;
 }
 
 int free_async_linear(std::size_t bytes, int rounds) {
-  cuCtxSetCurrent(primary(0));
+  use_primary(0);
   int ok = 0;
   CUresult last = CUDA_SUCCESS;
   for (int i = 0; i < rounds; ++i) {
@@ -263,8 +234,7 @@ int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset, bool arr
   for (int i = 0; i < rounds; ++i) {
     CUcontext ctx = nullptr;
     if (primary_reset) {
-      ctx = primary(0);
-      check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+      ctx = use_primary(0);
     } else {
       check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
     }
@@ -296,40 +266,22 @@ int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset, bool arr
 // after each creation (the other thread paused) compares what gpuslice counts
 // with what the simulated device holds for this process.
 int ctx_race(int tries) {
-  cuCtxSetCurrent(primary(0));
-  CUcontext main_ctx = nullptr;
-  cuCtxGetCurrent(&main_ctx);
-  std::atomic<bool> stop{false}, pause{false};
-  std::atomic<int> paused{0};
-  std::thread churn([&] {
-    cuCtxSetCurrent(main_ctx);
-    while (!stop.load()) {
-      if (pause.load()) {
-        paused.store(1);
-        while (pause.load() && !stop.load()) std::this_thread::yield();
-        paused.store(0);
-        continue;
-      }
-      CUdeviceptr p = 0;
-      if (cuMemAlloc(&p, 64 * kMi) == CUDA_SUCCESS) cuMemFree(p);
-    }
+  const CUcontext main_ctx = use_primary(0);
+  Churn churn(main_ctx, [] {
+    CUdeviceptr p = 0;
+    if (cuMemAlloc(&p, 64 * kMi) == CUDA_SUCCESS) cuMemFree(p);
   });
   int mismatches = 0;
   for (int i = 0; i < tries; ++i) {
     CUcontext ctx = nullptr;
     check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
-    pause.store(true);
-    while (paused.load() == 0) std::this_thread::yield();
-    const std::size_t counted = counted_used();
-    const std::uint64_t held = fakecuda_process_used_bytes(0, 0);
-    if (counted != held) ++mismatches;
-    pause.store(false);
-    while (paused.load() != 0) std::this_thread::yield();
+    churn.pause();
+    if (counted_used() != held()) ++mismatches;
+    churn.resume();
     check(cuCtxDestroy(ctx), "cuCtxDestroy");
     cuCtxSetCurrent(main_ctx);
   }
-  stop.store(true);
-  churn.join();
+  churn.stop();
   std::printf("ctx-race tries=%d mismatches=%d\n", tries, mismatches);
   return 0;
 }

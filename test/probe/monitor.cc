@@ -11,8 +11,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #include "fakecuda_query.h"
 #include "probe.h"
@@ -20,13 +18,7 @@
 namespace gpuslice::probe::monitor {
 
 int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint, bool managed) {
-  CUdevice dev = 0;
-  CUcontext ctx = nullptr;
-  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
-    std::fprintf(stderr, "gpuslice-probe monitor: setup failed\n");
-    return 2;
-  }
+  use_primary(0);
   CUdeviceptr p = 0;
   CUdeviceptr more = 0;
   CUresult rc = managed ? cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL) : cuMemAlloc(&p, bytes);
@@ -38,7 +30,7 @@ int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint, bool managed) {
   usleep(hold_ms * 1000);
   if (p != 0) cuMemFree(p);
   if (more != 0) cuMemFree(more);
-  cuDevicePrimaryCtxRelease(dev);
+  cuDevicePrimaryCtxRelease(0);
   return 0;
 }
 

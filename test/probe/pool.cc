@@ -3,8 +3,8 @@
 // its pools against what the simulated device holds. Links the simulated
 // driver directly, as an application links libcuda. One scenario per run;
 // each prints "key=value" lines (counted = cuMemGetInfo's total - free on a
-// device; held = fakecuda_process_used_bytes) and exits 0, or 2 when a setup
-// call failed.
+// device; held = held_allocations(): allocations and pool reserves, contexts
+// left out) and exits 0, or 2 when a setup call failed.
 //
 //   reclaim MIB_POOL MIB_ALLOC     pool allocation freed without sync, then cuMemAlloc
 //   threshold MIB                  release threshold keeps a freed allocation reserved
@@ -17,120 +17,93 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "fakecuda_query.h"
 #include "probe.h"
 
 namespace gpuslice::probe::pool {
 
-// What the container is charged on `dev` (cuMemGetInfo under gpuslice).
-std::size_t counted(int dev) {
+// What the container is charged on `dev`, whichever context is current.
+long long counted(int dev) {
   CUcontext before = nullptr;
   cuCtxGetCurrent(&before);
-  check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
-  size_t free_b = 0, total = 0;
-  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
+  use_primary(dev);
+  const long long bytes = counted_used();
   check(cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease");
   cuCtxSetCurrent(before);
-  return total - free_b;
-}
-
-// What the simulated device holds for this process (allocations and pool reserves).
-unsigned long long held(int dev) {
-  return static_cast<unsigned long long>(fakecuda_process_used_bytes(dev, 0) - fakecuda_process_context_bytes(dev, 0));
-}
-
-CUmemoryPool create_pool(int dev, std::uint64_t threshold) {
-  CUmemPoolProps props{};
-  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  props.location.id = dev;
-  CUmemoryPool pool = nullptr;
-  check(cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
-  cuuint64_t t = threshold;
-  check(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t), "cuMemPoolSetAttribute");
-  return pool;
-}
-
-CUstream new_stream() {
-  CUstream s = nullptr;
-  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  return s;
+  return bytes;
 }
 
 // A pool allocation freed without a synchronisation stays in the pool's
 // reserve; an allocation that needs that memory must not be refused for it.
 int reclaim(std::size_t pool_bytes, std::size_t alloc_bytes) {
-  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  use_primary(0);
   CUstream s = new_stream();
   CUdeviceptr p = 0;
   check(cuMemAllocAsync(&p, pool_bytes, s), "cuMemAllocAsync");
   check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
-  const std::size_t cached = counted(0);
-  const unsigned long long cached_held = held(0);
+  const long long cached = counted(0);
+  const long long cached_held = held_allocations(0);
   CUdeviceptr q = 0;
   const CUresult rc = cuMemAlloc(&q, alloc_bytes);
-  std::printf("reclaim cached=%zu cached_held=%llu alloc_rc=%d counted=%zu held=%llu\n", cached, cached_held,
-              static_cast<int>(rc), counted(0), held(0));
+  std::printf("reclaim cached=%lld cached_held=%lld alloc_rc=%d counted=%lld held=%lld\n", cached, cached_held,
+              static_cast<int>(rc), counted(0), held_allocations(0));
   return 0;
 }
 
 // A non-zero release threshold keeps freed memory in the pool across
 // synchronisations: the device holds it, so it stays counted until trimmed.
 int threshold(std::size_t bytes) {
-  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  use_primary(0);
   CUstream s = new_stream();
   CUmemoryPool pool = nullptr;
   check(cuDeviceGetDefaultMemPool(&pool, 0), "cuDeviceGetDefaultMemPool");
-  cuuint64_t t = 2 * bytes;
-  check(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t), "cuMemPoolSetAttribute");
+  set_release_threshold(pool, 2 * bytes);
   CUdeviceptr p = 0;
   check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");
   check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
-  const std::size_t synced = counted(0);
-  const unsigned long long synced_held = held(0);
+  const long long synced = counted(0);
+  const long long synced_held = held_allocations(0);
   check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
-  std::printf("threshold synced=%zu synced_held=%llu trimmed=%zu trimmed_held=%llu\n", synced, synced_held, counted(0),
-              held(0));
+  std::printf("threshold synced=%lld synced_held=%lld trimmed=%lld trimmed_held=%lld\n", synced, synced_held,
+              counted(0), held_allocations(0));
   return 0;
 }
 
 // cuMemAllocAsync allocates from the device's current pool, which
 // cuDeviceSetMemPool changes: the new pool's reserve is what gets counted.
 int set_mempool(std::size_t bytes) {
-  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  use_primary(0);
   CUstream s = new_stream();
   CUdeviceptr warm = 0;  // the default pool is the current one first
   check(cuMemAllocAsync(&warm, bytes, s), "cuMemAllocAsync (default pool)");
   check(cuMemFreeAsync(warm, s), "cuMemFreeAsync");
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
-  CUmemoryPool pool = create_pool(0, 4 * bytes);  // keeps what is freed into it
+  CUmemoryPool pool = new_pool(0, 4 * bytes);  // keeps what is freed into it
   check(cuDeviceSetMemPool(0, pool), "cuDeviceSetMemPool");
   CUdeviceptr p = 0;
   check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync (new pool)");
   check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
-  std::printf("set-mempool counted=%zu held=%llu\n", counted(0), held(0));
+  std::printf("set-mempool counted=%lld held=%lld\n", counted(0), held_allocations(0));
   return 0;
 }
 
 // The quota has room but the device does not: the driver's error, and the
 // count stays what it was.
 int driver_oom(std::size_t held_bytes, std::size_t more_bytes) {
-  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  use_primary(0);
   CUstream s = new_stream();
   CUdeviceptr p = 0;
   check(cuMemAllocAsync(&p, held_bytes, s), "cuMemAllocAsync");
-  const std::size_t before = counted(0);
+  const long long before = counted(0);
   CUdeviceptr q = 0;
   const CUresult rc = cuMemAllocAsync(&q, more_bytes, s);
-  std::printf("driver-oom rc=%d before=%zu after=%zu held=%llu\n", static_cast<int>(rc), before, counted(0), held(0));
+  std::printf("driver-oom rc=%d before=%lld after=%lld held=%lld\n", static_cast<int>(rc), before, counted(0),
+              held_allocations(0));
   return 0;
 }
 
@@ -143,7 +116,7 @@ int driver_oom(std::size_t held_bytes, std::size_t more_bytes) {
 int threads(int rounds) {
   constexpr int kThreads = 8;
   constexpr int kLive = 6;
-  CUmemoryPool created[2] = {create_pool(0, 0), create_pool(1, 0)};
+  CUmemoryPool created[2] = {new_pool(0, 0), new_pool(1, 0)};
   std::vector<std::vector<CUdeviceptr>> kept(kThreads);
   std::vector<CUstream> streams(kThreads);
   std::atomic<int> failures{0};
@@ -151,7 +124,7 @@ int threads(int rounds) {
   for (int t = 0; t < kThreads; ++t) {
     pool.emplace_back([&, t] {
       const int dev = t % 2;
-      check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
+      use_primary(dev);
       CUstream s = new_stream();
       streams[t] = s;
       const bool from_created = t / 2 == 1;
@@ -181,20 +154,20 @@ int threads(int rounds) {
   }
   for (auto& th : pool) th.join();
   for (int dev = 0; dev < 2; ++dev) {
-    check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
+    use_primary(dev);
     check(cuCtxSynchronize(), "cuCtxSynchronize");
   }
-  std::printf("threads live failures=%d counted0=%zu held0=%llu counted1=%zu held1=%llu\n", failures.load(), counted(0),
-              held(0), counted(1), held(1));
+  std::printf("threads live failures=%d counted0=%lld held0=%lld counted1=%lld held1=%lld\n", failures.load(),
+              counted(0), held_allocations(0), counted(1), held_allocations(1));
   for (int t = 0; t < kThreads; ++t) {
     for (CUdeviceptr p : kept[t]) check(cuMemFreeAsync(p, streams[t]), "cuMemFreeAsync");
   }
   for (int dev = 0; dev < 2; ++dev) {
-    check(cuCtxSetCurrent(primary(dev)), "cuCtxSetCurrent");
+    use_primary(dev);
     check(cuCtxSynchronize(), "cuCtxSynchronize");
   }
-  std::printf("threads freed counted0=%zu held0=%llu counted1=%zu held1=%llu\n", counted(0), held(0), counted(1),
-              held(1));
+  std::printf("threads freed counted0=%lld held0=%lld counted1=%lld held1=%lld\n", counted(0), held_allocations(0),
+              counted(1), held_allocations(1));
   return 0;
 }
 
@@ -202,12 +175,12 @@ int threads(int rounds) {
 // it arrives while a synchronisation reconciles the same pool (its size is
 // then already in the pool's `outstanding`, on its way to a reservation).
 int oversize(int rounds, std::size_t big) {
-  check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+  use_primary(0);
   std::atomic<bool> stop{false};
   std::atomic<int> admitted{0};
   std::atomic<int> churn_refused{0};
   std::thread churn([&] {
-    check(cuCtxSetCurrent(primary(0)), "cuCtxSetCurrent");
+    use_primary(0);
     CUstream s = new_stream();
     while (!stop.load()) {
       CUdeviceptr p = 0;
@@ -231,8 +204,8 @@ int oversize(int rounds, std::size_t big) {
   stop.store(true);
   churn.join();
   check(cuCtxSynchronize(), "cuCtxSynchronize");
-  std::printf("oversize rounds=%d admitted=%d churn_refused=%d counted=%zu held=%llu\n", rounds, admitted.load(),
-              churn_refused.load(), counted(0), held(0));
+  std::printf("oversize rounds=%d admitted=%d churn_refused=%d counted=%lld held=%lld\n", rounds, admitted.load(),
+              churn_refused.load(), counted(0), held_allocations(0));
   return 0;
 }
 

@@ -3,7 +3,7 @@
 // (FAKECUDA_POOL_QUERY_DELAY_US, FAKECUDA_ALLOC_ASYNC_DELAY_US), for
 // test/hardening/pool_race_test.cc. Prints "key=value" lines (counted =
 // cuMemGetInfo's total - free; held = what the simulated device holds for
-// this process) and exits 0, or 2 when a setup call failed.
+// this process, contexts left out) and exits 0, or 2 when a setup call failed.
 //
 //   reconcile-order MIB
 //       a synchronisation's reconciliation reads the pool's reserve (the
@@ -19,32 +19,17 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <string>
 #include <thread>
 
-#include "fakecuda_query.h"
 #include "probe.h"
 
 namespace gpuslice::probe::pool_race {
 
-long long counted_used() {
-  size_t free_b = 0, total = 0;
-  check(cuMemGetInfo(&free_b, &total), "cuMemGetInfo");
-  return static_cast<long long>(total - free_b);
-}
-long long held() {
-  return static_cast<long long>(fakecuda_process_used_bytes(0, 0) - fakecuda_process_context_bytes(0, 0));
-}
-
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 int reconcile_order(std::size_t bytes) {
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  CUstream s = nullptr;
-  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
   CUdeviceptr p = 0;
   check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");  // counted: the pool grew
   check(cuMemFreeAsync(p, s), "cuMemFreeAsync");            // still counted: the pool keeps it
@@ -59,29 +44,19 @@ int reconcile_order(std::size_t bytes) {
   const CUresult rc = cuMemAllocAsync(&p, bytes, s);
   if (rc == CUDA_SUCCESS) cuMemFreeAsync(p, s);
   sync.join();
-  std::printf("reconcile-order rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(), held());
+  std::printf("reconcile-order rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(),
+              held_allocations());
   return 0;
 }
 
 int set_mempool(std::size_t bytes) {
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  CUstream s = nullptr;
-  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  const cuuint64_t keep = ~cuuint64_t{0};
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  const std::uint64_t keep = ~std::uint64_t{0};
   CUmemoryPool first = nullptr;
   check(cuDeviceGetMemPool(&first, 0), "cuDeviceGetMemPool");
-  check(cuMemPoolSetAttribute(first, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, const_cast<cuuint64_t*>(&keep)),
-        "cuMemPoolSetAttribute");
-  CUmemPoolProps props{};
-  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  props.location.id = 0;
-  CUmemoryPool second = nullptr;
-  check(cuMemPoolCreate(&second, &props), "cuMemPoolCreate");
-  check(cuMemPoolSetAttribute(second, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, const_cast<cuuint64_t*>(&keep)),
-        "cuMemPoolSetAttribute");
+  set_release_threshold(first, keep);
+  const CUmemoryPool second = new_pool(0, keep);
   CUdeviceptr p = 0;
   check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");  // the first pool grows (counted) and keeps it
   check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
@@ -97,7 +72,7 @@ int set_mempool(std::size_t bytes) {
   CUdeviceptr p2 = 0;
   const CUresult rc2 = cuMemAllocAsync(&p2, bytes, s);
   std::printf("set-mempool rc1=%d rc2=%d counted=%lld held=%lld\n", static_cast<int>(rc1), static_cast<int>(rc2),
-              counted_used(), held());
+              counted_used(), held_allocations());
   return 0;
 }
 
@@ -106,11 +81,8 @@ int set_mempool(std::size_t bytes) {
 // waits; the first frees its allocation and synchronises (the pool is
 // trimmed, and the reconciliation gives its count back): the waiter goes on.
 int allowance_wait(std::size_t a, std::size_t b) {
-  CUcontext ctx = nullptr;
-  check(cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
-  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
-  CUstream s = nullptr;
-  check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
   CUdeviceptr pa = 0;
   check(cuMemAllocAsync(&pa, a, s), "cuMemAllocAsync");
   CUresult rc = CUDA_SUCCESS;

@@ -3,8 +3,9 @@
 // application links libcuda). Every scenario is a row of one table
 // (main.cc); each family of scenarios lives in its own file (memory.cc,
 // pool.cc, ...), whose opening comment says what each of its scenarios does
-// and prints. This header holds what they share and declares each family's
-// scenarios for the table.
+// and prints. This header holds what they share (defined in probe.cc: a
+// setup step or a figure the families take is written there once) and
+// declares each family's scenarios for the table.
 //
 //   gpuslice-probe FAMILY SCENARIO ARGS...    (no argument: the table)
 //
@@ -15,10 +16,15 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace gpuslice::probe {
@@ -30,8 +36,57 @@ inline constexpr std::size_t kKi = std::size_t{1} << 10;
 // and exits 2 (the test reports a setup failure, not a verdict).
 void check(CUresult rc, const char* what);
 
-// The primary context of `dev`, retained (check()ed).
-CUcontext primary(CUdevice dev);
+// Setup steps the families share, each check()ed. A CUdevice is its ordinal
+// (cuDeviceGet's answer in the simulator and in NVIDIA's driver).
+CUcontext primary(CUdevice dev);      // the primary context of `dev`, retained
+CUcontext use_primary(CUdevice dev);  // the same, made current in this thread
+CUstream new_stream();                // a non-blocking stream of the current context
+CUmemoryPool new_pool(int dev);       // a created pool of pinned memory on `dev`
+CUmemoryPool new_pool(int dev, std::uint64_t release_threshold);
+void set_release_threshold(CUmemoryPool pool, std::uint64_t bytes);
+// A module image whose global `big` holds `bytes` (and an entry `k`): the
+// simulator places that much device memory for it when it is loaded.
+std::string image_with_global(std::size_t bytes);
+// `name` of a module loaded from `image` into the current context.
+CUfunction module_kernel(const std::string& image, const std::string& name);
+
+// The two figures the scenarios print and compare. counted: what gpuslice
+// charges the container on the current context's device (cuMemGetInfo's
+// total - free under the library). held: what the simulated device holds for
+// this process on `dev` (fakecuda_process_used_bytes), contexts included or
+// allocations only.
+long long counted_used();
+long long held(int dev = 0);
+long long held_allocations(int dev = 0);
+
+// The rounds of a race in which gpuslice counted less than device 0 holds for
+// the process (the count short), and the largest such gap.
+struct Shortfall {
+  int rounds = 0;
+  long long max = 0;
+  // Compares counted_used() with held(); returns whether they differ.
+  bool observe();
+};
+
+// A thread that runs `step` again and again with `ctx` current until stopped
+// (at the latest by the destructor). pause() returns once it waits between
+// two steps, resume() once it runs again: the main thread looks at the
+// figures meanwhile.
+class Churn {
+ public:
+  Churn(CUcontext ctx, std::function<void()> step);
+  ~Churn();
+  Churn(const Churn&) = delete;
+  Churn& operator=(const Churn&) = delete;
+  void pause();
+  void resume();
+  void stop();
+
+ private:
+  std::atomic<bool> stop_{false}, pause_{false};
+  std::atomic<int> paused_{0};
+  std::thread thread_;  // last: starts once the flags exist
+};
 
 // A command line the table refuses: names the argument and what was expected.
 struct BadArgument : std::invalid_argument {
@@ -40,13 +95,21 @@ struct BadArgument : std::invalid_argument {
 
 // A scenario's arguments (the words after its name), read strictly against
 // the names of its usage line ("MIB ROUNDS [checkpoint]"): a word that is not
-// what its place expects throws BadArgument naming the place.
+// what its place expects (or does not fit the type read) throws BadArgument
+// naming the place.
 class Args {
  public:
   Args(const char* usage, std::vector<std::string> words);
   std::size_t size() const { return words_.size(); }
   std::size_t mib(std::size_t i) const;  // a count of MiB, in bytes
-  long long number(std::size_t i) const;
+  template <class T = long long>
+  T number(std::size_t i) const {
+    const long long value = whole(i);
+    if (!std::in_range<T>(value))
+      out_of_range(i, static_cast<long long>(std::numeric_limits<T>::min()),
+                   static_cast<unsigned long long>(std::numeric_limits<T>::max()));
+    return static_cast<T>(value);
+  }
   double real(std::size_t i) const;
   const std::string& text(std::size_t i) const;
   // An optional last word: absent, or exactly `word`.
@@ -54,6 +117,8 @@ class Args {
 
  private:
   std::string name(std::size_t i) const;
+  long long whole(std::size_t i) const;
+  [[noreturn]] void out_of_range(std::size_t i, long long lo, unsigned long long hi) const;
   std::vector<std::string> names_, words_;
 };
 

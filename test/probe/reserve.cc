@@ -18,8 +18,7 @@
 namespace gpuslice::probe::reserve {
 
 int thread_exit(int threads, std::size_t bytes, std::size_t big) {
-  const CUcontext ctx = primary(0);
-  check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  const CUcontext ctx = use_primary(0);
   std::atomic<int> freed{0};
   std::vector<std::thread> pool;
   for (int i = 0; i < threads; ++i) {
