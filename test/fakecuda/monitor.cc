@@ -42,7 +42,7 @@
 namespace gpuslice::fakecuda {
 namespace {
 
-constexpr std::uint64_t kMonitorMagic = 0x524f54494e4f4d46ull;  // "FMONITOR"
+constexpr std::uint64_t kMonitorMagic = 0x324f54494e4f4d46ull;  // "FMONITO2": Watch has the seen_ns words
 constexpr std::uint32_t kWatches = 256;
 
 // Shared by every process of the simulated machine: <state>.monitor.
@@ -53,9 +53,17 @@ struct Watch {                     // one (container, device)
   std::atomic<std::uint64_t> grace_until_ns;     // a limit change: excess tolerated until then
   std::atomic<std::uint64_t> implicit_until_ns;  // implicit grants: excess up to implicit_bytes tolerated until then
   std::atomic<std::uint64_t> implicit_bytes;
+  // A condition (excess, deficit) "stayed" only if checks saw it without a
+  // gap longer than lag/2: since = when the run of sightings began, seen = the
+  // last sighting. A check that finds it after a longer gap (no grant, the
+  // sampler starved on a loaded machine) cannot tell it held meanwhile and
+  // starts a new run, so a transient seen once and a new one seen much later
+  // are never taken for one long one.
   std::atomic<std::uint64_t> excess_since_ns;
+  std::atomic<std::uint64_t> excess_seen_ns;
   std::atomic<std::uint64_t> excess_reported;
   std::atomic<std::uint64_t> deficit_since_ns;
+  std::atomic<std::uint64_t> deficit_seen_ns;
   std::atomic<std::uint64_t> deficit_reported;
 };
 struct MonitorShared {
@@ -330,6 +338,21 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
 }
 
 // State lock held.
+// A check found the condition whose run `since`/`seen` track: returns when
+// the run began (now, for a new run: nothing seen, or last seen more than
+// lag/2 ago).
+std::uint64_t sighting(std::atomic<std::uint64_t>& since, std::atomic<std::uint64_t>& seen, std::uint64_t now,
+                       std::uint64_t lag) {
+  std::uint64_t begun = since.load(std::memory_order_relaxed);
+  const std::uint64_t last = seen.load(std::memory_order_relaxed);
+  if (begun == 0 || last == 0 || (now > last && now - last > lag / 2)) {
+    begun = now;
+    since.store(now, std::memory_order_relaxed);
+  }
+  seen.store(now, std::memory_order_relaxed);
+  return begun;
+}
+
 void check(State& state, std::uint32_t dev, const Grant* grant) {
   const gpuslice::Region* r = region();
   if (r == nullptr || dev >= gpuslice::kMaxDevices) return;
@@ -381,10 +404,8 @@ void check(State& state, std::uint32_t dev, const Grant* grant) {
       report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
              ceiling, d, grant);
     } else {
-      const std::uint64_t since = w->excess_since_ns.load(std::memory_order_relaxed);
-      if (since == 0) {
-        w->excess_since_ns.store(now, std::memory_order_relaxed);
-      } else if (now - since > lag && w->excess_reported.load(std::memory_order_relaxed) != since) {
+      const std::uint64_t since = sighting(w->excess_since_ns, w->excess_seen_ns, now, lag);
+      if (since != now && now - since > lag && w->excess_reported.load(std::memory_order_relaxed) != since) {
         w->excess_reported.store(since, std::memory_order_relaxed);
         report("quota", "the container stayed above its limit longer than FAKECUDA_MONITOR_LAG_MS", dev, rd, total, own,
                ceiling, d, grant);
@@ -399,10 +420,8 @@ void check(State& state, std::uint32_t dev, const Grant* grant) {
   }
   const std::uint64_t count = resident_count(d);
   if (total > count) {
-    const std::uint64_t since = w->deficit_since_ns.load(std::memory_order_relaxed);
-    if (since == 0) {
-      w->deficit_since_ns.store(now, std::memory_order_relaxed);
-    } else if (now - since > lag && w->deficit_reported.load(std::memory_order_relaxed) != since) {
+    const std::uint64_t since = sighting(w->deficit_since_ns, w->deficit_seen_ns, now, lag);
+    if (since != now && now - since > lag && w->deficit_reported.load(std::memory_order_relaxed) != since) {
       w->deficit_reported.store(since, std::memory_order_relaxed);
       report("count", "gpuslice's count stayed below what the device holds longer than FAKECUDA_MONITOR_LAG_MS", dev,
              rd, total, own, ceiling, d, grant);
