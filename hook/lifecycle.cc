@@ -241,10 +241,11 @@ inline bool kept_for_thread(int slot, int entry, std::uint64_t bytes) noexcept {
 
 // No slot (bootstrap failed closed, or the process is past its exit-time
 // release) means no admission: memory is never handed out uncounted.
-// Fast path: one CAS on our slot's lease word. It needs neither the exit
-// bracket (AddingCall) nor the exit check: release_all closes the lease words
-// and a stale thread's tag never matches a later claim's, so a late CAS
-// fails and falls to the slow path, which refuses. It does look at the
+// Fast paths: the thread reserve (a plain load of our slot's lease word, no
+// write), else one CAS on that word. They need neither the exit bracket
+// (AddingCall) nor the exit check: release_all closes the lease words and a
+// stale thread's tag never matches a later claim's, so a late spend or CAS
+// fails and falls to the slow path, which refuses. They do look at the
 // region file first (a coarse-clock read, no syscall): a truncated region
 // must fail closed, not raise SIGBUS.
 bool reserve(int entry, std::uint64_t bytes) noexcept {
