@@ -50,8 +50,9 @@ void graph_launch(benchmark::State& state, Fixture& f, const Calls& c) {
   }
 }
 
-// cuMemAlloc+cuMemFree costs the simulator ~850 ns and moves by more than
-// the ~30 ns gpuslice adds whenever the machine's load changes, and separate
+// cuMemAlloc+cuMemFree costs the simulator ~100 ns (~850 ns before its slot
+// scans stopped at the highest slot in use) and moves by more than the
+// ~25 ns gpuslice adds whenever the machine's load changes, and separate
 // native and gpuslice benchmarks run at different moments. So this call is
 // measured paired: each benchmark iteration is a block of kPairedBlock native
 // pairs and one of wrapped pairs (which goes first alternates), each timed
