@@ -60,7 +60,7 @@ CUresult create_array(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR& desc) {
   if (CUresult rc = level_bytes(desc, &bytes); rc != CUDA_SUCCESS) return rc;
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (CUresult rc = charge_device(ctx->device, bytes); rc != CUDA_SUCCESS) return rc;
   CUarray_st* array = g_arrays.make();
   array->ctx = ctx;
@@ -107,7 +107,7 @@ extern "C" CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESC
 
 extern "C" CUresult cuArrayDestroy(CUarray hArray) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
   uncharge_device(hArray->device, hArray->bytes);
   g_arrays.retire(hArray);
@@ -117,7 +117,7 @@ extern "C" CUresult cuArrayDestroy(CUarray hArray) {
 extern "C" CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* pArrayDescriptor, CUarray hArray) {
   if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
   if (hArray->desc.Depth != 0) return CUDA_ERROR_INVALID_VALUE;  // a 3D array: use cuArray3DGetDescriptor
   pArrayDescriptor->Width = hArray->desc.Width;
@@ -130,7 +130,7 @@ extern "C" CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* pArrayDescrip
 extern "C" CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* pArrayDescriptor, CUarray hArray) {
   if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hArray)) return CUDA_ERROR_INVALID_HANDLE;
   *pArrayDescriptor = hArray->desc;
   return CUDA_SUCCESS;
@@ -159,7 +159,7 @@ extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
   }
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (CUresult rc = charge_device(ctx->device, total); rc != CUDA_SUCCESS) return rc;
   CUmipmappedArray_st* array = g_mipmapped.make();
   array->ctx = ctx;
@@ -173,7 +173,7 @@ extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
 
 extern "C" CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hMipmappedArray)) return CUDA_ERROR_INVALID_HANDLE;
   uncharge_device(hMipmappedArray->device, hMipmappedArray->bytes);
   g_mipmapped.retire(hMipmappedArray);

@@ -94,7 +94,7 @@ CUresult copy(CUdeviceptr dst, Side dst_side, CUdeviceptr src, Side src_side, st
   unsigned char* to = nullptr;
   const unsigned char* from = nullptr;
   {
-    std::lock_guard<std::mutex> guard(runtime().mu);
+    std::lock_guard guard(runtime().mu);
     unsigned char* s = nullptr;
     if (dst_side == Side::host) {
       to = reinterpret_cast<unsigned char*>(dst);
@@ -123,7 +123,7 @@ CUresult set(CUdeviceptr dst, std::uint64_t pitch, T value, std::uint64_t width,
   const std::uint64_t span = (height - 1) * pitch + width * sizeof(T);
   unsigned char* to = nullptr;
   {
-    std::lock_guard<std::mutex> guard(runtime().mu);
+    std::lock_guard guard(runtime().mu);
     if (CUresult rc = locate_locked(dst, span, true, &to); rc != CUDA_SUCCESS) return rc;
   }
   for (std::uint64_t y = 0; y < height; ++y) {
@@ -173,7 +173,7 @@ CUresult copy3d(const Side3& src, const Side3& dst, std::uint64_t width, std::ui
   unsigned char* from = nullptr;
   unsigned char* to = nullptr;
   {
-    std::lock_guard<std::mutex> guard(runtime().mu);
+    std::lock_guard guard(runtime().mu);
     if (CUresult rc = side_pointer_locked(src, width, height, depth, &from); rc != CUDA_SUCCESS) return rc;
     if (CUresult rc = side_pointer_locked(dst, width, height, depth, &to); rc != CUDA_SUCCESS) return rc;
   }

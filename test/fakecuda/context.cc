@@ -83,7 +83,7 @@ CUresult create_context(CUcontext* pctx, unsigned int flags, CUdevice dev) {
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   auto device = static_cast<std::uint32_t>(dev);
   if (CUresult rc = charge_context(device); rc != CUDA_SUCCESS) return rc;
   CUctx_st* ctx = r.contexts.make();
@@ -154,7 +154,7 @@ extern "C" CUresult cuCtxDestroy_v2(CUcontext ctx) {
   wait_idle(ctx);
   Runtime& r = runtime();
   {
-    std::lock_guard<std::mutex> guard(r.mu);
+    std::lock_guard guard(r.mu);
     if (!alive(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     teardown_context_locked(ctx);
     r.contexts.retire(ctx);
@@ -172,7 +172,7 @@ extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   CUctx_st*& primary = r.primary[dev];
   if (primary == nullptr) {
     primary = r.contexts.make();
@@ -198,7 +198,7 @@ CUresult primary_release(CUdevice dev, bool reset) {
   Runtime& r = runtime();
   CUctx_st* primary = nullptr;
   {
-    std::lock_guard<std::mutex> guard(r.mu);
+    std::lock_guard guard(r.mu);
     primary = r.primary[dev];
     if (primary == nullptr || primary->retain_count == 0) return reset ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
     if (!reset && primary->retain_count > 1) {
@@ -207,7 +207,7 @@ CUresult primary_release(CUdevice dev, bool reset) {
     }
   }
   wait_idle(primary);
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   if (primary->retain_count == 0) return CUDA_SUCCESS;
   primary->retain_count = 0;
   teardown_context_locked(primary);
@@ -226,7 +226,7 @@ extern "C" CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   CUctx_st* primary = r.primary[dev];
   *flags = primary != nullptr ? primary->flags : 0;
   *active = primary != nullptr && primary->retain_count > 0 ? 1 : 0;
@@ -240,7 +240,7 @@ CUresult primary_set_flags(CUdevice dev, unsigned int flags, bool allow_active) 
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   if ((flags & ~0xFFu) != 0) return CUDA_ERROR_INVALID_VALUE;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   CUctx_st*& primary = r.primary[dev];
   if (primary == nullptr) {
     primary = r.contexts.make();
@@ -390,7 +390,7 @@ extern "C" CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
     // context (cuda.h: such reservations failing make cuCtxSetLimit return
     // CUDA_ERROR_OUT_OF_MEMORY). The default heap is part of the context's own
     // memory; a larger one holds the difference from now on.
-    std::lock_guard<std::mutex> guard(runtime().mu);
+    std::lock_guard guard(runtime().mu);
     const std::uint64_t extra = value > kDefaultLimits[limit] ? value - kDefaultLimits[limit] : 0;
     if (extra > ctx->heap_extra) {
       if (CUresult rc = charge_device(ctx->device, extra - ctx->heap_extra); rc != CUDA_SUCCESS) return rc;

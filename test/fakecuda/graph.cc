@@ -64,7 +64,7 @@ CUresult add_node_locked(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraph
 CUresult instantiate(CUgraphExec* phGraphExec, CUgraph hGraph) {
   if (phGraphExec == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hGraph)) return CUDA_ERROR_INVALID_VALUE;
   CUgraphExec_st* exec = g_execs.make();
   for (CUgraphNode_st* node : hGraph->nodes) {
@@ -113,7 +113,7 @@ CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode, bool ptsz) {
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   // The legacy stream synchronises with everything: it cannot be captured.
   if (stream == stream->ctx->null_stream) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (stream->capture.load(std::memory_order_relaxed) != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
   stream->capture_id = next_object_id_locked();
   stream->capture.store(g_graphs.make(), std::memory_order_release);
@@ -125,7 +125,7 @@ CUresult end_capture(CUstream hStream, CUgraph* phGraph, bool ptsz) {
   if (!initialized()) return uninitialized_error();
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUgraph_st* graph = stream->capture.load(std::memory_order_relaxed);
   if (graph == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
   stream->capture.store(nullptr, std::memory_order_release);
@@ -154,7 +154,7 @@ CUDA_KERNEL_NODE_PARAMS from_v1(const CUDA_KERNEL_NODE_PARAMS_v1& v1) {
 namespace gpuslice::fakecuda {
 
 CUresult capture_kernel_node(CUstream_st* stream, const CUDA_KERNEL_NODE_PARAMS& params) {
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUgraph_st* graph = stream->capture.load(std::memory_order_acquire);
   if (graph == nullptr) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   return add_node_locked(nullptr, graph, nullptr, 0, CU_GRAPH_NODE_TYPE_KERNEL, &params);
@@ -167,14 +167,14 @@ static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v1) <= sizeof(CUDA_KERNEL_NODE_PARA
 extern "C" CUresult cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
   if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   *phGraph = g_graphs.make();
   return CUDA_SUCCESS;
 }
 
 extern "C" CUresult cuGraphDestroy(CUgraph hGraph) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hGraph)) return CUDA_ERROR_INVALID_VALUE;
   for (CUgraphNode_st* node : hGraph->nodes) g_nodes.retire(node);
   hGraph->nodes.clear();
@@ -186,7 +186,7 @@ extern "C" CUresult cuGraphAddKernelNode_v2(CUgraphNode* phGraphNode, CUgraph hG
                                             size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS* nodeParams) {
   if (phGraphNode == nullptr || nodeParams == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   return add_node_locked(phGraphNode, hGraph, dependencies, numDependencies, CU_GRAPH_NODE_TYPE_KERNEL, nodeParams);
 }
 
@@ -201,14 +201,14 @@ extern "C" CUresult cuGraphAddEmptyNode(CUgraphNode* phGraphNode, CUgraph hGraph
                                         size_t numDependencies) {
   if (phGraphNode == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   return add_node_locked(phGraphNode, hGraph, dependencies, numDependencies, CU_GRAPH_NODE_TYPE_EMPTY, nullptr);
 }
 
 extern "C" CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, size_t* numNodes) {
   if (numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hGraph)) return CUDA_ERROR_INVALID_VALUE;
   if (nodes == nullptr) {
     *numNodes = hGraph->nodes.size();
@@ -278,7 +278,7 @@ extern "C" CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, 
 
 extern "C" CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hGraphExec)) return CUDA_ERROR_INVALID_VALUE;
   hGraphExec->kernels.clear();
   g_execs.retire(hGraphExec);

@@ -45,7 +45,7 @@ CUresult capture_info(CUstream hStream, CUstreamCaptureStatus* status, cuuint64_
   if (!initialized()) return uninitialized_error();
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUgraph_st* capturing = stream->capture.load(std::memory_order_acquire);
   *status = capturing != nullptr ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
   if (capturing != nullptr) {
@@ -65,7 +65,7 @@ CUresult prefetch(CUdeviceptr ptr, size_t count, CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUdeviceptr base = 0;
   const Allocation* a = find_allocation_locked(ptr, &base);
   if (a == nullptr || a->kind != AllocKind::managed || count > a->size - (ptr - base)) return CUDA_ERROR_INVALID_VALUE;

@@ -40,7 +40,7 @@ CUresult host_alloc(void** pp, std::uint64_t bytesize, unsigned flags) {
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   void* p = mmap(nullptr, round_up(bytesize, kPage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   g_host[reinterpret_cast<std::uintptr_t>(p)] = HostRange{bytesize, flags, false};
   *pp = p;
   return CUDA_SUCCESS;
@@ -75,7 +75,7 @@ extern "C" CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flag
 // Only what cuMemAllocHost/cuMemHostAlloc returned (not registered memory).
 extern "C" CUresult cuMemFreeHost(void* p) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   auto it = g_host.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == g_host.end() || it->second.registered) return CUDA_ERROR_INVALID_VALUE;
   munmap(p, round_up(it->second.size, kPage));
@@ -94,7 +94,7 @@ extern "C" CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int 
   if ((Flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) return CUDA_ERROR_NOT_SUPPORTED;
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
   if (overlaps_locked(addr, bytesize)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   g_host[addr] = HostRange{bytesize, Flags, true};
@@ -107,7 +107,7 @@ extern "C" CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int Fla
 extern "C" CUresult cuMemHostUnregister(void* p) {
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   auto it = g_host.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == g_host.end() || !it->second.registered) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
   g_host.erase(it);
@@ -118,7 +118,7 @@ extern "C" CUresult cuMemHostUnregister(void* p) {
 extern "C" CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) {
   if (pdptr == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   std::uintptr_t base = 0;
   std::uint64_t size = 0;
   unsigned flags = 0;
@@ -141,7 +141,7 @@ extern "C" CUresult cuMemHostGetDevicePointer(CUdeviceptr_v1* pdptr, void* p, un
 extern "C" CUresult cuMemHostGetFlags(unsigned int* pFlags, void* p) {
   if (pFlags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   std::uintptr_t base = 0;
   std::uint64_t size = 0;
   unsigned flags = 0;

@@ -38,7 +38,7 @@ extern "C" CUresult cuLinkCreate_v2(unsigned int numOptions, CUjit_option* optio
   if (!initialized()) return uninitialized_error();
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUlinkState_st* link = g_links.make();
   std::size_t info_size = 0, error_size = 0;
   char *info = nullptr, *error = nullptr;
@@ -98,7 +98,7 @@ extern "C" CUresult cuLinkAddData_v2(CUlinkState state, CUjitInputType type, voi
       break;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(state)) return CUDA_ERROR_INVALID_HANDLE;
   if (type == CU_JIT_INPUT_NVVM && !state->lto) return CUDA_ERROR_INVALID_VALUE;
   fatbin_append_entry(&state->output, kind, bytes, opaque);
@@ -131,7 +131,7 @@ extern "C" CUresult cuLinkAddFile(CUlinkState state, CUjitInputType type, const 
 extern "C" CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* sizeOut) {
   if (cubinOut == nullptr || sizeOut == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(state)) return CUDA_ERROR_INVALID_HANDLE;
   if (!state->inputs) return CUDA_ERROR_INVALID_VALUE;  // nothing to link
   *cubinOut = state->output.data();
@@ -141,7 +141,7 @@ extern "C" CUresult cuLinkComplete(CUlinkState state, void** cubinOut, size_t* s
 
 extern "C" CUresult cuLinkDestroy(CUlinkState state) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(state)) return CUDA_ERROR_INVALID_HANDLE;
   state->output.clear();
   state->output.shrink_to_fit();

@@ -48,7 +48,7 @@ CUresult alloc_common(CUdeviceptr* dptr, std::uint64_t held, std::uint64_t size,
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   CUdeviceptr base = 0;
   if (kind == AllocKind::legacy32) {
     std::uint64_t span = round_up(held, 512);
@@ -79,7 +79,7 @@ CUresult free_common(CUdeviceptr dptr) {
   if (!initialized()) return uninitialized_error();
   if (dptr == 0) return CUDA_SUCCESS;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   Allocation allocation;
   // Only the exact base of a live allocation: an interior or unknown pointer is an error.
   if (!remove_allocation_locked(dptr, &allocation)) return CUDA_ERROR_INVALID_VALUE;
@@ -265,7 +265,7 @@ extern "C" CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsign
   // The address is host memory (managed memory is host-accessible, as on a
   // real system); the device holds what fits, the rest stays on the host.
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   if (resident > 0) {
     if (CUresult rc = charge_device(ctx->device, resident); rc != CUDA_SUCCESS) return rc;
   }
@@ -294,7 +294,7 @@ extern "C" CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advis
   if (!initialized()) return uninitialized_error();
   if (count == 0) return CUDA_ERROR_INVALID_VALUE;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   auto it = g_allocations.find(devPtr);
   if (it == g_allocations.end() || it->second.kind != AllocKind::managed) return CUDA_ERROR_INVALID_VALUE;
   const bool host = location.type == CU_MEM_LOCATION_TYPE_HOST || location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
@@ -344,7 +344,7 @@ extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, C
   if (!initialized()) return uninitialized_error();
   CUresult rc = CUDA_SUCCESS;
   {
-    std::lock_guard<std::mutex> guard(runtime().mu);
+    std::lock_guard guard(runtime().mu);
     CUdeviceptr base = 0;
     std::uint64_t size = 0;
     if (!find_containing_locked(dptr, &base, &size)) {

@@ -127,7 +127,7 @@ CUresult module_load(CUmodule* module, const void* image, std::uint64_t limit = 
   std::string text;
   bool opaque = false;
   if (CUresult rc = read_image(image, &text, &opaque, limit); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUmod_st* loaded = load_locked(std::move(text), opaque, ctx);
   if (CUresult rc = place_locked(loaded, ctx->device); rc != CUDA_SUCCESS) {
     unload_locked(loaded);
@@ -158,7 +158,7 @@ void modules_release_context_locked(CUctx_st* ctx) {
 CUfunc_st* function_from_handle(CUfunction f) { return alive(f) ? f : nullptr; }
 
 CUresult place_library_at_launch(CUfunc_st* function, std::uint32_t dev) {
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(function) || function->module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   return place_locked(function->module, dev);
 }
@@ -190,7 +190,7 @@ extern "C" CUresult cuModuleLoad(CUmodule* module, const char* fname) {
 
 extern "C" CUresult cuModuleUnload(CUmodule hmod) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hmod) || hmod->ctx == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   unload_locked(hmod);
   return CUDA_SUCCESS;
@@ -199,7 +199,7 @@ extern "C" CUresult cuModuleUnload(CUmodule hmod) {
 extern "C" CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
   if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hmod)) return CUDA_ERROR_INVALID_HANDLE;
   return get_function_locked(hmod, name, hfunc);
 }
@@ -294,7 +294,7 @@ extern "C" CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUji
   std::string text;
   bool opaque = false;
   if (CUresult rc = read_image(code, &text, &opaque); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUmod_st* module = load_locked(std::move(text), opaque, nullptr);
   // Loaded into the current context's device now; with no context current, on
   // first use of a global (the real driver loads libraries lazily too).
@@ -335,7 +335,7 @@ extern "C" CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibra
   if (!initialized()) return uninitialized_error();
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult rc = place_locked(library->module, ctx->device); rc != CUDA_SUCCESS) return rc;
   return get_global(dptr, bytes, library->module, name);
@@ -344,7 +344,7 @@ extern "C" CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibra
 extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(hmod)) return CUDA_ERROR_INVALID_HANDLE;
   return get_global(dptr, bytes, hmod, name);
 }
@@ -352,7 +352,7 @@ extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmod
 extern "C" CUresult cuLibraryUnload(CUlibrary library) {
   if (!initialized()) return uninitialized_error();
   {
-    std::lock_guard<std::mutex> guard(runtime().mu);
+    std::lock_guard guard(runtime().mu);
     if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
     unload_locked(library->module);
     g_libraries.retire(library);
@@ -370,7 +370,7 @@ extern "C" CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library) {
   if (!initialized()) return uninitialized_error();
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult rc = place_locked(library->module, ctx->device); rc != CUDA_SUCCESS) return rc;
   *pMod = library->module;
@@ -380,7 +380,7 @@ extern "C" CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library) {
 extern "C" CUresult cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name) {
   if (pKernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
   CUfunc_st* function = nullptr;
   if (CUresult rc = get_function_locked(library->module, name, &function); rc != CUDA_SUCCESS) return rc;
@@ -396,7 +396,7 @@ extern "C" CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   // The function in the current context: its lazily loaded library is placed now.
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (CUresult rc = place_locked(function->module, ctx->device); rc != CUDA_SUCCESS) return rc;
   *pFunc = function;
   return CUDA_SUCCESS;

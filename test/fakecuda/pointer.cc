@@ -119,7 +119,7 @@ extern "C" CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, 
   if (!initialized()) return uninitialized_error();
   PointerInfo info;
   {
-    std::lock_guard<std::mutex> guard(runtime().mu);
+    std::lock_guard guard(runtime().mu);
     if (!classify_locked(ptr, &info)) return CUDA_ERROR_INVALID_VALUE;
   }
   if (attr == CU_POINTER_ATTRIBUTE_DEVICE_POINTER) {
@@ -138,7 +138,7 @@ extern "C" CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer
   PointerInfo info;
   bool known = false;
   {
-    std::lock_guard<std::mutex> guard(runtime().mu);
+    std::lock_guard guard(runtime().mu);
     known = classify_locked(ptr, &info);
   }
   for (unsigned i = 0; i < numAttributes; ++i) {
@@ -172,7 +172,7 @@ extern "C" CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer
 extern "C" CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute attr, CUdeviceptr ptr) {
   if (value == nullptr || attr != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   PointerInfo info;
   if (!classify_locked(ptr, &info)) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;

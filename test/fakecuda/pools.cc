@@ -135,7 +135,7 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUmemPoolHandle_st* poo
   if (pool == nullptr) knob_sleep("FAKECUDA_ALLOC_ASYNC_DELAY_US", &g_alloc_delay_us, &g_alloc_delay_read);
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (pool == nullptr) {
     default_pool_locked(stream->ctx->device);
     pool = g_current_pool[stream->ctx->device];
@@ -149,7 +149,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   Allocation allocation;
   if (!remove_allocation_locked(dptr, &allocation)) return CUDA_ERROR_INVALID_VALUE;
   if (allocation.kind == AllocKind::pool) {
@@ -174,7 +174,7 @@ void pool_return_locked(CUmemPoolHandle_st* pool, std::uint64_t size) {
 }
 
 void pools_trim_at_sync(std::uint32_t dev) {
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   trim_device_pools_locked(dev, false);
 }
 
@@ -208,7 +208,7 @@ extern "C" CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* po
   if (!host && where != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_NOT_SUPPORTED;
   if (!host && !valid_device(poolProps->location.id)) return CUDA_ERROR_INVALID_VALUE;
   if (where == CU_MEM_LOCATION_TYPE_HOST_NUMA && poolProps->location.id < 0) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUmemPoolHandle_st* created = g_pools.make();
   created->host = host;
   created->device = host ? 0 : static_cast<std::uint32_t>(poolProps->location.id);
@@ -219,7 +219,7 @@ extern "C" CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* po
 
 extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending || pool->is_default) return CUDA_ERROR_INVALID_VALUE;
   if (!pool->host && g_current_pool[pool->device] == pool) g_current_pool[pool->device] = g_default_pool[pool->device];
   // Documented: with allocations outstanding the call returns at once and the
@@ -237,7 +237,7 @@ extern "C" CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool_out, CUdevice d
   if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   *pool_out = default_pool_locked(static_cast<std::uint32_t>(dev));
   return CUDA_SUCCESS;
 }
@@ -246,7 +246,7 @@ extern "C" CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   default_pool_locked(static_cast<std::uint32_t>(dev));
   *pool = g_current_pool[dev];
   return CUDA_SUCCESS;
@@ -255,7 +255,7 @@ extern "C" CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
 extern "C" CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending || pool->host || pool->device != static_cast<std::uint32_t>(dev)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -266,7 +266,7 @@ extern "C" CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
 
 extern "C" CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending) return CUDA_ERROR_INVALID_VALUE;
   trim_locked(pool, minBytesToKeep);
   return CUDA_SUCCESS;
@@ -275,7 +275,7 @@ extern "C" CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
 extern "C" CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending) return CUDA_ERROR_INVALID_VALUE;  // a destroyed handle
   switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
@@ -315,7 +315,7 @@ extern "C" CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute
 CUresult pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (!alive(pool) || pool->destroy_pending) return CUDA_ERROR_INVALID_VALUE;  // a destroyed handle
   auto* as_int = static_cast<int*>(value);
   auto* as_u64 = static_cast<cuuint64_t*>(value);

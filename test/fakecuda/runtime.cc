@@ -30,7 +30,7 @@ void after_fork_in_child() {
   // cuInit in progress holds it throughout) would never be released. A child
   // forked during the parent's cuInit is a child of an initialising driver:
   // like one forked after cuInit, it cannot use the parent's CUDA state.
-  new (&r.mu) std::mutex();
+  new (&r.mu) RegistryMutex();
   if (r.init_state.load(std::memory_order_relaxed) == static_cast<int>(InitState::ok) ||
       r.initializing.load(std::memory_order_relaxed)) {
     r.initializing.store(false, std::memory_order_relaxed);
@@ -75,7 +75,7 @@ extern "C" CUresult cuInit(unsigned int Flags) {
   if (current == InitState::ok) return CUDA_SUCCESS;
   if (current == InitState::forked) return CUDA_ERROR_NOT_INITIALIZED;
   if (current == InitState::deinitialized) return CUDA_ERROR_DEINITIALIZED;
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   current = static_cast<InitState>(r.init_state.load(std::memory_order_acquire));
   if (current == InitState::ok) return CUDA_SUCCESS;
   if (current != InitState::none) return current == InitState::failed ? r.init_result : uninitialized_error();

@@ -27,7 +27,7 @@ void atomic_max(std::atomic<std::uint64_t>& target, std::uint64_t value) {
 
 [[gnu::noinline, gnu::cold]] CUstream_st* make_per_thread_stream(CUctx_st* ctx) {
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   CUstream_st* stream = r.streams.make();
   stream->ctx = ctx;
   stream->special = true;
@@ -82,7 +82,7 @@ CUresult stream_create(CUstream* phStream, unsigned int flags, int priority) {
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   CUstream_st* stream = r.streams.make();
   stream->ctx = ctx;
   stream->flags = flags;
@@ -201,7 +201,7 @@ extern "C" CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int 
 extern "C" CUresult cuStreamDestroy_v2(CUstream hStream) {
   if (!initialized()) return uninitialized_error();
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   if (!alive(hStream) || hStream->special) return CUDA_ERROR_INVALID_HANDLE;
   // Queued work still completes on the device timeline; only the handle goes.
   r.streams.retire(hStream);
@@ -276,7 +276,7 @@ extern "C" CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   CUevent_st* event = r.events.make();
   event->ctx = ctx;
   event->flags = Flags;
@@ -287,7 +287,7 @@ extern "C" CUresult cuEventCreate(CUevent* phEvent, unsigned int Flags) {
 extern "C" CUresult cuEventDestroy_v2(CUevent hEvent) {
   if (!initialized()) return uninitialized_error();
   Runtime& r = runtime();
-  std::lock_guard<std::mutex> guard(r.mu);
+  std::lock_guard guard(r.mu);
   if (!alive(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
   r.events.retire(hEvent);
   return CUDA_SUCCESS;

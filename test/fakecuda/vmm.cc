@@ -169,7 +169,7 @@ extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t siz
   if (!initialized()) return uninitialized_error();
   if (!valid_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
   if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   const bool host = host_located(*prop);
   auto dev = host ? 0u : static_cast<std::uint32_t>(prop->location.id);
   if (!host) {
@@ -188,7 +188,7 @@ extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t siz
 
 extern "C" CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   auto it = g_physical.find(handle);
   if (it == g_physical.end() || it->second.references == 0) return CUDA_ERROR_INVALID_VALUE;
   --it->second.references;
@@ -199,7 +199,7 @@ extern "C" CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 extern "C" CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   CUdeviceptr base = 0;
   std::uint64_t size = 0;
   if (!vmm_find_mapping_locked(reinterpret_cast<CUdeviceptr>(addr), &base, &size)) return CUDA_ERROR_INVALID_VALUE;
@@ -213,7 +213,7 @@ extern "C" CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* 
                                                            CUmemGenericAllocationHandle handle) {
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   auto it = g_physical.find(handle);
   if (it == g_physical.end()) return CUDA_ERROR_INVALID_VALUE;
   *prop = it->second.prop;
@@ -227,7 +227,7 @@ extern "C" CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t al
   if (!initialized()) return uninitialized_error();
   if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
   if (alignment != 0 && (alignment & (alignment - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   std::uint64_t align = std::max<std::uint64_t>(alignment, kGranularity);
   std::uint64_t base = (g_next_va + align - 1) / align * align;
   // Leave a granule of guard space between reservations.
@@ -239,7 +239,7 @@ extern "C" CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t al
 
 extern "C" CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   auto it = g_reservations.find(ptr);
   if (it == g_reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
   // The range must be unmapped first: freeing it would strand the mappings' memory.
@@ -255,7 +255,7 @@ extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
   if (size % kGranularity != 0 || offset % kGranularity != 0 || ptr % kGranularity != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   auto it = g_physical.find(handle);
   if (it == g_physical.end() || it->second.references == 0) return CUDA_ERROR_INVALID_HANDLE;
   if (offset + size > it->second.size) return CUDA_ERROR_INVALID_VALUE;
@@ -268,7 +268,7 @@ extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemG
 extern "C" CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   if (size == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   // The range must cover whole mappings: a partial unmap is an error.
   auto first = g_mappings.lower_bound(ptr);
   if (first != g_mappings.begin()) {
@@ -298,7 +298,7 @@ extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
       return CUDA_ERROR_INVALID_VALUE;
     }
   }
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   // Every byte of the range must be mapped.
   CUdeviceptr cursor = ptr;
   while (cursor < ptr + size) {
@@ -317,7 +317,7 @@ extern "C" CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGen
   if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
   if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   auto it = g_physical.find(handle);
   if (it == g_physical.end() || it->second.references == 0) return CUDA_ERROR_INVALID_VALUE;
   if ((it->second.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
@@ -354,7 +354,7 @@ extern "C" CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle*
       record.magic != kExportMagic) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  std::lock_guard<std::mutex> guard(runtime().mu);
+  std::lock_guard guard(runtime().mu);
   if (record.exporter_pid == static_cast<std::uint32_t>(getpid())) {
     auto it = g_physical.find(record.handle);
     if (it == g_physical.end()) return CUDA_ERROR_INVALID_VALUE;
