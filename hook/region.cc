@@ -3,8 +3,6 @@
 // ordinals and region device entries.
 #include "hook/runtime.h"
 
-#include <time.h>
-
 #include "hook/log.h"
 #include "hook/real.h"
 

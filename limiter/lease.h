@@ -90,10 +90,9 @@ inline bool lease_open(const Region* r, int slot, std::uint64_t tag, int dev) no
 // Like lease_free's room, never more than the slot holds (committed_bytes):
 // a release of bytes never reserved is not kept.
 inline std::uint64_t lease_keep_cap(const Region* r, int slot, std::uint64_t tag, int dev) noexcept {
+  if (!lease_open(r, slot, tag, dev)) return 0;
   const Slot& s = r->slots[slot];
-  const Slot::Lease& l = s.lease[dev];
-  if ((l.word.load(std::memory_order_relaxed) & kLeaseTagMask) != tag) return 0;
-  const std::uint64_t cap = l.cap_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t cap = s.lease[dev].cap_bytes.load(std::memory_order_relaxed);
   const std::uint64_t committed = s.committed_bytes[dev].load(std::memory_order_relaxed);
   return cap < committed ? cap : committed;
 }

@@ -170,27 +170,9 @@ class PointerTable {
   }
 
   // Live entries (exact when no other thread changes the table).
-  std::size_t size() const noexcept {
-    enter();
-    std::size_t n = 0;
-    for (Shard& s : shards_) {
-      lock(s);
-      n += s.count;
-      unlock(s);
-    }
-    return n;
-  }
+  std::size_t size() const noexcept { return sum(&Shard::count); }
   // Bytes of slot arrays mapped now (bounded by the peak live count).
-  std::size_t mapped_bytes() const noexcept {
-    enter();
-    std::size_t n = 0;
-    for (Shard& s : shards_) {
-      lock(s);
-      n += s.map_bytes;
-      unlock(s);
-    }
-    return n;
-  }
+  std::size_t mapped_bytes() const noexcept { return sum(&Shard::map_bytes); }
 
   // Calls f(key, const V&) for each entry, one shard at a time under its
   // lock: f must be short and must not call this table or the driver (a
@@ -280,6 +262,18 @@ class PointerTable {
   static constexpr std::uint64_t kAdopting = std::uint64_t{1} << 63;
 
   static bool reserved(std::uint64_t key) noexcept { return key == 0 || key == ~std::uint64_t{0}; }
+
+  // A field added up over the shards, each read under its lock.
+  std::size_t sum(std::size_t Shard::*field) const noexcept {
+    enter();
+    std::size_t n = 0;
+    for (Shard& s : shards_) {
+      lock(s);
+      n += s.*field;
+      unlock(s);
+    }
+    return n;
+  }
 
   static void lock(Shard& s) noexcept {
     if (__builtin_expect(s.lock.exchange(1, std::memory_order_acquire) == 0, 1)) return;
