@@ -5,6 +5,8 @@
 
 #include <new>
 
+#include "platform/pointer_table.h"
+
 namespace gpuslice::legacy {
 namespace {
 
@@ -25,15 +27,9 @@ AllocRecord record_of(std::uint64_t s, std::uint64_t bytes) {
   return {bytes, static_cast<std::int16_t>((s >> 16) & 0xffff), static_cast<AllocKind>((s >> 8) & 0xff)};
 }
 
-// Device pointers are aligned to 256 B..2 MiB: mix every bit into the index.
-std::uint64_t hash(std::uint64_t key) {
-  key ^= key >> 30;
-  key *= 0xbf58476d1ce4e5b9ull;
-  key ^= key >> 27;
-  key *= 0x94d049bb133111ebull;
-  key ^= key >> 31;
-  return key;
-}
+// Device pointers are aligned to 256 B..2 MiB: every bit mixed into the
+// index, by the same function the pointer table uses.
+std::uint64_t hash(std::uint64_t key) { return platform::table_detail::mix(key); }
 
 }  // namespace
 

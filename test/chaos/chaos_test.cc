@@ -34,9 +34,10 @@ Env monitored(const Sandbox& box, bool preload) {
                                   {"GPUSLICE_MEMORY_LIMIT", "64Mi"}});
 }
 
-// First a process under gpuslice creates the region's device entry (quota 64 MiB).
-void create_region(const Sandbox& box) {
-  Result r = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0"}, monitored(box, true));
+// First a process under gpuslice creates the region's device entry (quota
+// 64 MiB) and, with `machine`'s FAKECUDA_* settings, the simulated machine.
+void create_region(const Sandbox& box, const Env& machine = {}) {
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0"}, merge(monitored(box, true), machine));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   ASSERT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
   ASSERT_EQ(slurp(box.path("violations")), "") << "no violation under gpuslice";
@@ -85,9 +86,7 @@ TEST(ChaosMonitor, TwoShortDeficitsFarApartAreNotOneLongOne) {
   // so), so each run's first check, its context's grant, uncounted without
   // the library, sees a deficit at once.
   const Env context{{"FAKECUDA_CONTEXT_MEMORY", "1Mi"}};
-  Result made = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0"}, merge(monitored(box, true), context));
-  ASSERT_EQ(made.exit_code, 0) << made.describe();
-  ASSERT_EQ(slurp(box.path("violations")), "") << "no violation under gpuslice";
+  create_region(box, context);
   const Env env = merge(merge(monitored(box, false), context), {{"FAKECUDA_MONITOR_INTERVAL_MS", "0"}});
   Result first = run({GPUSLICE_PROBE, "monitor", "hold", "32", "0"}, env);
   ASSERT_EQ(first.exit_code, 0) << first.describe();

@@ -60,16 +60,20 @@ def exists(rel):
     return rel in files or rel in folders
 
 
-for doc in docs:
-    path = root / doc
-    text = path.read_text()
+def prose_lines(doc):
+    """(number, line) of each line of `doc` outside fenced code blocks."""
     in_code_block = False
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate((root / doc).read_text().splitlines(), 1):
         if line.startswith("```"):
             in_code_block = not in_code_block
             continue
-        if in_code_block:
-            continue
+        if not in_code_block:
+            yield n, line
+
+
+for doc in docs:
+    path = root / doc
+    for n, line in prose_lines(doc):
         for target in LINK.findall(line):
             if re.match(r"[a-z]+://|mailto:", target):
                 continue
@@ -108,13 +112,7 @@ def words_of(folder):
 
 
 for doc in docs:
-    in_code_block = False
-    for n, line in enumerate((root / doc).read_text().splitlines(), 1):
-        if line.startswith("```"):
-            in_code_block = not in_code_block
-            continue
-        if in_code_block:
-            continue
+    for n, line in prose_lines(doc):
         for code in CODE.findall(line):
             m = QUALIFIED.match(code.rstrip(".,:;"))
             if not m:
