@@ -133,6 +133,11 @@ std::uint64_t settle(Region* r, int slot, int dev, Stop stop, void (*between)(vo
 // A refill of `bytes` on `dev` that runs `between` after it read the lease
 // epoch and before it admits (a limit change racing it, in a test).
 bool refill(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(void*), void* ctx) noexcept;
+// A release of `bytes` on `dev` (the slow path) that runs `between` after it
+// read the lease word it takes its floor from and before it takes the bytes
+// out of committed_bytes (another thread of the slot settling or returning
+// its spare, in a test).
+void release(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(void*), void* ctx) noexcept;
 }  // namespace lease_steps
 
 }  // namespace gpuslice::limiter

@@ -266,14 +266,30 @@ bool admit_reclaiming(Region* r, int slot, std::uint64_t tag, int dev, std::uint
 
 // Inside the owner's bracket: releases `bytes` exactly, never into the spare
 // or owed part of committed (a release of bytes never reserved is clamped).
-void release_locked(DeviceState& d, Slot& s, int dev, std::uint64_t tag, std::uint64_t bytes) {
+// The floor (spare + owed) comes from the lease word, read before committed.
+// Another thread of ours that moves bytes out of the word into used_bytes
+// (take_spare then return_to_used; a settle) changes the word first and
+// committed after: a floor read before its word change beside a committed
+// read after its committed change is high by those bytes, and the take comes
+// out short though the bytes are ours. A short take is therefore tried again
+// with the word read afresh (what the other thread left is then consistent);
+// only a take still short after kReleaseTries fresh floors is counted as an
+// error. Every piece that was taken leaves used_bytes at once: never short.
+constexpr int kReleaseTries = 4;
+
+void release_locked(DeviceState& d, Slot& s, int dev, std::uint64_t tag, std::uint64_t bytes,
+                    void (*between)(void*) = nullptr, void* ctx = nullptr) {
   settle_locked(d, s, dev, tag);
-  const std::uint64_t word = s.lease[dev].word.load();
-  const std::uint64_t take = take_committed(s, dev, bytes, lease_spare(word) + lease_owed(word));
-  if (take != bytes) [[unlikely]]
-    d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
-  if (take == 0) return;
-  uncount_used(d, take);
+  std::uint64_t left = bytes;
+  for (int tries = 0; tries < kReleaseTries; ++tries) {
+    const std::uint64_t word = s.lease[dev].word.load();
+    if (between != nullptr && tries == 0) between(ctx);
+    const std::uint64_t take = take_committed(s, dev, left, lease_spare(word) + lease_owed(word));
+    uncount_used(d, take);
+    left -= take;
+    if (left == 0) return;
+  }
+  d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
 }
 
 using platform::monotonic_ns;
@@ -427,6 +443,13 @@ std::uint64_t settle(Region* r, int slot, int dev, Stop stop, void (*between)(vo
 
 bool refill(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(void*), void* ctx) noexcept {
   return valid(r, slot, dev) && reserve_refill(r, slot, lease_tag(r, slot), dev, bytes, between, ctx);
+}
+
+void release(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(void*), void* ctx) noexcept {
+  if (!valid(r, slot, dev) || bytes == 0) return;
+  Slot& s = r->slots[slot];
+  Bracket bracket(s);
+  release_locked(r->devices[dev], s, dev, lease_tag(r, slot), bytes, between, ctx);
 }
 
 }  // namespace lease_steps

@@ -32,12 +32,20 @@ std::string read_file(const std::string& path) {
 bool gone(pid_t pid) {
   for (int i = 0; i < 500; ++i) {
     if (kill(pid, 0) != 0) return true;
-    // An orphan's zombie has closed its files already: as good as gone here.
+    // An orphan's zombie has closed its files already: as good as gone here,
+    // once it is the last of its threads. A zombie leader whose other threads
+    // (a sanitizer's background thread) still run their exit still holds the
+    // files they share (/proc/<pid>/stat: state, field 3; num_threads, 20).
     std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
     std::string line;
     std::getline(stat, line);
     const auto paren = line.rfind(')');
-    if (paren != std::string::npos && line.size() > paren + 2 && line[paren + 2] == 'Z') return true;
+    if (paren != std::string::npos) {
+      std::istringstream fields(line.substr(paren + 1));
+      std::string field[18];
+      for (std::string& f : field) fields >> f;
+      if (field[0] == "Z" && field[17] == "1") return true;
+    }
     usleep(10 * 1000);
   }
   return false;
