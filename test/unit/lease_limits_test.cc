@@ -248,9 +248,9 @@ TEST_F(LeaseLimits, ReleaseRacingASpareReturnOrASettleOfItsSlotIsExact) {
             // Refused (more than the quota): our spare goes back on the way.
             EXPECT_FALSE(limiter::try_reserve(o->region, o->slot, o->dev, o->quota));
           } else {
-            ASSERT_NE(limiter::lease_steps::steal(o->region, o->thief, o->slot, o->dev,
-                                                  limiter::lease_steps::Stop::none),
-                      0u);
+            ASSERT_NE(
+                limiter::lease_steps::steal(o->region, o->thief, o->slot, o->dev, limiter::lease_steps::Stop::none),
+                0u);
             limiter::lease_steps::settle(o->region, o->slot, o->dev, limiter::lease_steps::Stop::none);
           }
         },
