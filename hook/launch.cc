@@ -24,7 +24,7 @@ std::atomic<int> g_mode{kModeCold};
 std::atomic<int> g_single_ordinal{-1};
 std::atomic<std::uint32_t> g_used_entries{0};
 LaunchDevice g_dev[kMaxDevices];
-[[gnu::tls_model("initial-exec")]] thread_local ThreadCounts t_counts[kMaxDevices];
+[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadCounts t_counts[kMaxDevices] = {};
 
 namespace {
 
@@ -53,6 +53,25 @@ unsigned stream_home(std::uintptr_t key) noexcept {
   for (unsigned i = 0; i < kMaxDevices; ++i)
     if (g_dev[i].state != nullptr && g_dev[i].limited.load(std::memory_order_relaxed) != 0) return static_cast<int>(i);
   return -1;
+}
+
+[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_returns_credit = false;
+
+// Spends `cost` from the bucket, and a small launch's next prices with it
+// (limiter::spend_ahead). True when the launch may go at once.
+inline bool spend(DeviceState& state, ThreadCounts& tc, std::int64_t cost) noexcept {
+  const std::int64_t ahead = limiter::ahead_for(cost);
+  if (ahead == 0) return limiter::spend(state, cost);
+  bool go = false;
+  const std::int64_t taken = limiter::spend_ahead(state, cost, ahead, &go);
+  if (taken != 0) {
+    tc.credit += taken;
+    if (__builtin_expect(!t_returns_credit, 0)) {
+      t_returns_credit = true;
+      return_credit_at_thread_exit();
+    }
+  }
+  return go;
 }
 
 }  // namespace
@@ -110,7 +129,9 @@ CUresult admit(std::uint64_t work, bool nominal, std::uint32_t kernels, CUstream
   tc.cost += static_cast<std::uint64_t>(cost);
   const std::uint32_t every = d.calibrated.load(std::memory_order_relaxed) != 0 ? kCheckEvery : 1;
   if (++tc.since_check >= every || tc.cost >= kCheckCostNs) t->marker = check_queue(d, tc, s, ptsz);
-  if (!limiter::spend(state, cost)) {
+  if (tc.credit >= cost) {
+    tc.credit -= cost;  // taken ahead by an earlier launch of this thread
+  } else if (!spend(state, tc, cost)) {
     if (capturing(s, ptsz)) {
       limiter::refund(state, cost);
       return CUDA_SUCCESS;

@@ -56,8 +56,12 @@ struct ThreadCounts {
   std::uint32_t launches;
   std::uint32_t since_check;
   std::uint64_t cost;
+  // Prices this thread took from the bucket ahead of its launches and has
+  // not spent yet (limiter::spend_ahead): kept across checks, given back
+  // when the thread exits, cleared in a forked child.
+  std::int64_t credit;
 };
-[[gnu::tls_model("initial-exec")]] extern thread_local ThreadCounts t_counts[kMaxDevices];
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local ThreadCounts t_counts[kMaxDevices];
 
 std::uint64_t mono_ns() noexcept;
 void sleep_ns(std::uint64_t ns) noexcept;
@@ -81,6 +85,10 @@ void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept;
 // Without a marker nothing tells us when the work completes.
 void forget_queue(LaunchDevice& d) noexcept;
 void reset_queue_after_fork(LaunchDevice& d) noexcept;
+
+// The thread's credit goes back to the bucket when it exits (a pthread key,
+// set at its first credit; launch_init.cc).
+[[gnu::noinline, gnu::cold]] void return_credit_at_thread_exit() noexcept;
 
 // --- initialisation (launch_init.cc) ---
 [[gnu::noinline, gnu::cold]] CUresult init_launch_path() noexcept;

@@ -61,7 +61,28 @@ bool load_nvml_api(limiter::NvmlApi* api) noexcept {
   return api->init != nullptr && api->handle_by_uuid != nullptr && api->process_utilization != nullptr;
 }
 
+// A thread's credit (ThreadCounts::credit) goes back to the buckets when it
+// exits: the key's value is the thread's own t_counts (a forked child's
+// thread may carry its parent's value; only its present counts are given).
+// The thread that calls exit() gives its own back in the atexit handler
+// below; threads still running at exit keep theirs (at most
+// limiter::kAheadMaxNs each per device, which the controller's true-up
+// refunds where the device is measured).
+pthread_key_t g_credit_key;
+std::atomic<bool> g_credit_key_made{false};
+
+void return_credit(void* counts) noexcept {
+  if (counts != static_cast<void*>(t_counts)) return;
+  for (unsigned i = 0; i < kMaxDevices; ++i) {
+    ThreadCounts& tc = t_counts[i];
+    if (tc.credit > 0 && g_dev[i].state != nullptr) limiter::refund(*g_dev[i].state, tc.credit);
+    tc.credit = 0;
+  }
+}
+
 void after_fork_in_child() noexcept {
+  // The forking thread's credit was taken by the parent, which keeps it.
+  for (ThreadCounts& tc : t_counts) tc.credit = 0;
   // CUDA does not survive fork(): the child starts the launch path afresh
   // (and with it its own feedback thread) on its first launch.
   g_mode.store(kModeCold, std::memory_order_relaxed);
@@ -80,6 +101,7 @@ void after_fork_in_child() noexcept {
 // limited device is recorded as departed: the work it leaves queued is still
 // measured as the container's once it runs (limiter/compute_feedback.h).
 void stop_feedback_at_exit() noexcept {
+  return_credit(t_counts);  // the exiting thread's: no key destructor runs for it
   limiter::stop_feedback_thread();
   if (g_used_entries.load(std::memory_order_relaxed) == 0 || g_ready.load(std::memory_order_acquire) != kReadyYes)
     return;
@@ -102,6 +124,10 @@ CUresult init_now() noexcept {
   if (!handlers_registered.exchange(true)) {
     pthread_atfork(nullptr, nullptr, after_fork_in_child);
     std::atexit(stop_feedback_at_exit);
+    // No heap: keys are a fixed table in libc. Without one (all taken) a
+    // thread's credit stays taken when it exits (at most limiter::kAheadMaxNs
+    // per device: conservative, and trued up by the controller).
+    if (pthread_key_create(&g_credit_key, return_credit) == 0) g_credit_key_made.store(true, std::memory_order_release);
   }
   const bool markers = markers_available();
   int count = 0;
@@ -170,6 +196,10 @@ bool recheck_limits() noexcept {
   g_mode.compare_exchange_strong(mode, kModeLimited, std::memory_order_release);
   start_feedback();  // once per process: the feedback owner keeps the limit accurate
   return true;
+}
+
+void return_credit_at_thread_exit() noexcept {
+  if (g_credit_key_made.load(std::memory_order_acquire)) pthread_setspecific(g_credit_key, t_counts);
 }
 
 CUresult init_launch_path() noexcept {

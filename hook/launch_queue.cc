@@ -93,7 +93,9 @@ void wait_while_uncalibrated(LaunchDevice& d) noexcept {
 bool check_queue(LaunchDevice& d, ThreadCounts& tc, CUstream s, bool ptsz) noexcept {
   d.queue.submit(tc.launches, tc.cost);
   d.state->launches.fetch_add(tc.launches, std::memory_order_relaxed);
-  tc = ThreadCounts{};
+  tc.launches = 0;  // the credit stays: it is the bucket's, not statistics
+  tc.since_check = 0;
+  tc.cost = 0;
   DriverEnv env{d, s, ptsz, false};
   if (d.calibrated.load(std::memory_order_relaxed) == 0 &&
       limiter::scale_updated_ns(*d.state).load(std::memory_order_relaxed) != 0)

@@ -79,6 +79,35 @@ inline void refund(DeviceState& d, std::int64_t cost) noexcept {
   d.tokens_ns.fetch_add(cost, std::memory_order_relaxed);
 }
 
+// --- prices a thread takes ahead ---
+// A launch of a small price also takes the price of its thread's next
+// kAheadLaunches - 1 launches, in the same RMW, while the balance has them;
+// the thread spends those from its own credit (hook/launch.cc), so the shared
+// word moves once per kAheadLaunches small launches instead of once per
+// launch (with 32 threads on 2 cores that contended RMW was 77% of
+// admission's time). Only prices up to kAheadMaxNs / kAheadLaunches are taken
+// ahead: a thread never holds more than kAheadMaxNs of device time, and large
+// kernels, whose launch rate is low, keep one RMW each. Taken early, not lost:
+// the controller's true-up refunds a window's provisional spend and charges
+// what the device measured (compute_control.h), and a thread's credit goes
+// back to the bucket when the thread exits.
+inline constexpr std::int64_t kAheadLaunches = 16;
+inline constexpr std::int64_t kAheadMaxNs = 64'000;
+constexpr std::int64_t ahead_for(std::int64_t cost) noexcept {
+  return cost > 0 && cost <= kAheadMaxNs / kAheadLaunches ? cost * (kAheadLaunches - 1) : 0;
+}
+// Spends `cost` and, when the balance has it as well, `ahead` more: one RMW.
+// Returns what was taken ahead: `ahead`, or 0 when the balance was short of
+// it (then given back, so only `cost` stays debited). *go is spend()'s
+// answer for `cost`: whether the launch may go at once.
+inline std::int64_t spend_ahead(DeviceState& d, std::int64_t cost, std::int64_t ahead, bool* go) noexcept {
+  const std::int64_t before = d.tokens_ns.fetch_sub(cost + ahead, std::memory_order_relaxed);
+  *go = before >= cost;
+  if (before >= cost + ahead) return ahead;
+  refund(d, ahead);
+  return 0;
+}
+
 using ClockFn = std::uint64_t (*)() noexcept;         // CLOCK_MONOTONIC ns
 using SleepFn = void (*)(std::uint64_t ns) noexcept;  // relative sleep, never spins
 // Sleeps until the balance is out of debt (refilling as time passes), or the

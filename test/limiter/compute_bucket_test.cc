@@ -75,6 +75,30 @@ TEST(ComputeBucket, SpendKeepsTheDebitAndRefundUndoesIt) {
   EXPECT_EQ(d->tokens_ns.load(), 400);
 }
 
+// A small price takes its thread's next launches' prices with it, in one
+// RMW, while the balance has them; short of them it takes only its own (the
+// rest given back), and a launch into debt keeps spend()'s answer.
+TEST(ComputeBucket, SpendAheadTakesTheNextPricesOnlyWhileTheBalanceHasThem) {
+  EXPECT_EQ(ahead_for(100), 100 * (kAheadLaunches - 1));
+  EXPECT_EQ(ahead_for(kAheadMaxNs / kAheadLaunches), kAheadMaxNs / kAheadLaunches * (kAheadLaunches - 1));
+  EXPECT_EQ(ahead_for(kAheadMaxNs / kAheadLaunches + 1), 0) << "a large price is spent alone";
+  EXPECT_EQ(ahead_for(0), 0);
+  auto d = limited_state(50);
+  bool go = false;
+  d->tokens_ns.store(10'000);
+  EXPECT_EQ(spend_ahead(*d, 100, 1'500, &go), 1'500);
+  EXPECT_TRUE(go);
+  EXPECT_EQ(d->tokens_ns.load(), 10'000 - 1'600);
+  d->tokens_ns.store(1'000);  // has this launch's price, not the next ones'
+  EXPECT_EQ(spend_ahead(*d, 100, 1'500, &go), 0);
+  EXPECT_TRUE(go);
+  EXPECT_EQ(d->tokens_ns.load(), 900);
+  d->tokens_ns.store(50);  // not even this launch's: the debit stands, as spend()'s
+  EXPECT_EQ(spend_ahead(*d, 100, 1'500, &go), 0);
+  EXPECT_FALSE(go);
+  EXPECT_EQ(d->tokens_ns.load(), -50) << "only this launch's price stays debited";
+}
+
 TEST(ComputeBucket, CreditCapsPositiveBalancesOnlyAndTracksWhatItAdded) {
   auto d = limited_state(50);
   d->tokens_ns.store(-5'000);

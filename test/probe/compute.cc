@@ -21,6 +21,11 @@
 //       "probe ... first_rc=<n>".
 //   churn KERNEL_US KERNELS
 //       Launches KERNELS kernels and exits at once, without synchronising.
+//   launch-then-exit thread|main LAUNCHES
+//       Launches LAUNCHES one-block 1 us kernels, synchronises, and ends the
+//       thread that launched them: a thread of its own that is joined
+//       (thread), or the main thread, which returns from main (main).
+//       Prints "probe launched=N".
 #include <cuda.h>
 #include <dlfcn.h>
 #include <time.h>
@@ -30,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "probe.h"
 
@@ -172,6 +178,31 @@ int churn(unsigned us, long kernels) {
   std::printf("churn pid=%d launched=%ld\n", static_cast<int>(getpid()), launched);
   std::fflush(stdout);
   return 0;  // no synchronisation: the work is still queued
+}
+
+int launch_then_exit(const std::string& where, long launches) {
+  if (where != "thread" && where != "main") {
+    std::fprintf(stderr, "launch-then-exit: expected thread or main, got %s\n", where.c_str());
+    return 64;
+  }
+  const CUcontext ctx = use_primary(0);
+  const CUfunction f = module_kernel(kernel_name(1), kernel_name(1));
+  long launched = 0;
+  auto launch = [&] {
+    check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    for (long i = 0; i < launches; ++i)
+      if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr) == CUDA_SUCCESS) ++launched;
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+  };
+  if (where == "thread") {
+    std::thread t(launch);
+    t.join();
+  } else {
+    launch();
+  }
+  std::printf("probe launched=%ld\n", launched);
+  std::fflush(stdout);
+  return 0;
 }
 
 }  // namespace gpuslice::probe::compute

@@ -41,6 +41,8 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return compute::legacy_launch(a.text(0), a.number<unsigned>(1), a.number<long>(2)); }},
     {"compute", "churn", "KERNEL_US KERNELS", kInit,
      [](const Args& a) { return compute::churn(a.number<unsigned>(0), a.number<long>(1)); }},
+    {"compute", "launch-then-exit", "thread|main LAUNCHES", kInit,
+     [](const Args& a) { return compute::launch_then_exit(a.text(0), a.number<long>(1)); }},
 
     {"context", "peak", "HOLD_MIB TRIES FREE_AFTER_MS", kInit,
      [](const Args& a) { return context::peak(a.mib(0), a.number<int>(1), a.number<int>(2)); }},

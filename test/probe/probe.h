@@ -132,6 +132,7 @@ int null_config();
 int entry_points();
 int legacy_launch(const std::string& name, unsigned us, long count);
 int churn(unsigned us, long kernels);
+int launch_then_exit(const std::string& where, long launches);
 }  // namespace compute
 namespace context {
 int peak(std::size_t hold, int n, int free_after_ms);

@@ -1,0 +1,62 @@
+// Prices a thread takes ahead (limiter::spend_ahead, hook/launch.cc): a
+// launch of a small price also takes its thread's next launches' prices from
+// the container's bucket, and the thread spends them from its own credit.
+// What it has not spent when it ends goes back to the bucket, whether the
+// thread is joined or is the main thread returning from main: the bucket's
+// spent total (credited_ns - tokens_ns, which refills and true-ups leave
+// alone) then grows by the prices of the launches that ran, nothing more.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "compute_support.h"
+#include "limiter/compute.h"
+#include "shm/region_file.h"
+
+namespace gpuslice::test::hardening {
+namespace {
+
+constexpr std::uint64_t kScalePpm = 5'000;  // a one-block kernel is priced 100 ns
+constexpr long kLaunches = 3;               // fewer than limiter::kAheadLaunches
+
+std::int64_t spent(const DeviceState& d) {
+  return static_cast<std::int64_t>(limiter::credited_ns(const_cast<DeviceState&>(d)).load() -
+                                   static_cast<std::uint64_t>(d.tokens_ns.load()));
+}
+
+class ThreadCredit : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ThreadCredit, GoesBackToTheBucketWhenItsThreadEnds) {
+  Sandbox box;
+  const Env env = merge(box.env(), {{"GPUSLICE_SM_LIMIT", "50"}});
+  // A first process names the device: its entry in the region exists from here.
+  Result first = run({bin("gpuslice-probe"), "compute", "launch-then-exit", "main", "1"}, env);
+  ASSERT_EQ(first.exit_code, 0) << first.describe();
+  shm::Error err{};
+  Region* region = shm::attach_existing(box.path("container.region").c_str(), true, &err);
+  ASSERT_NE(region, nullptr) << err.message;
+  DeviceState& d = region->devices[0];
+  ASSERT_EQ(d.sm_limit_pct.load(), 50u);
+  // A measured, small price (the controller's work, done here so that the
+  // probe's launches are priced alike) and a full bucket: every launch goes
+  // at once and the first takes the next ones' prices ahead.
+  d.cost_scale_ppm.store(kScalePpm);
+  limiter::scale_updated_ns(d).store(1);
+  d.tokens_ns.store(1'000'000'000);
+  const std::int64_t price = limiter::price_ns(limiter::kNominalWaveNs, kScalePpm);
+  ASSERT_GT(limiter::ahead_for(price), 0) << "the price is not small enough to be taken ahead";
+  const std::int64_t before = spent(d);
+
+  Result r = run({bin("gpuslice-probe"), "compute", "launch-then-exit", GetParam(), std::to_string(kLaunches)}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_EQ(probe_field(r, "launched"), static_cast<std::uint64_t>(kLaunches)) << r.describe();
+  ASSERT_EQ(d.cost_scale_ppm.load(), kScalePpm) << "the price changed during the run";
+  EXPECT_EQ(spent(d) - before, kLaunches * price)
+      << "the bucket kept " << spent(d) - before - kLaunches * price << " ns taken ahead and never spent";
+}
+
+INSTANTIATE_TEST_SUITE_P(Compute, ThreadCredit, ::testing::Values("thread", "main"),
+                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace gpuslice::test::hardening
