@@ -26,13 +26,6 @@ inline bool failed(benchmark::State& state, CUresult rc) {
 
 using Body = void (*)(benchmark::State&, Fixture&, const Calls&);
 
-void launch(benchmark::State& state, Fixture& f, const Calls& c) {
-  CUstream stream = f.streams[static_cast<std::size_t>(state.thread_index())];
-  for (auto _ : state) {
-    if (failed(state, c.launch(f.empty, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr))) break;
-  }
-}
-
 void launch_ex(benchmark::State& state, Fixture& f, const Calls& c) {
   CUlaunchConfig config{};
   config.gridDimX = config.gridDimY = config.gridDimZ = 1;
@@ -53,35 +46,71 @@ void graph_launch(benchmark::State& state, Fixture& f, const Calls& c) {
 // cuMemAlloc+cuMemFree costs the simulator ~100 ns (~850 ns before its slot
 // scans stopped at the highest slot in use) and moves by more than the
 // ~25 ns gpuslice adds whenever the machine's load changes, and separate
-// native and gpuslice benchmarks run at different moments. So this call is
-// measured paired: each benchmark iteration is a block of kPairedBlock native
-// pairs and one of wrapped pairs (which goes first alternates), each timed
-// with the thread's CPU clock; both sides come from the same moments. The
-// clock read (a system call) falls half in each side: it cancels in "added".
-constexpr int kPairedBlock = 32;
+// native and gpuslice benchmarks run at different moments (a limited
+// cuLaunchKernel at 32 threads on 2 cores: native 29-45 ns from one run to
+// the next). So these calls are measured paired: each benchmark iteration is
+// a block of calls per side — native, gpuslice, control; which goes first
+// rotates — each block timed with the thread's CPU clock, so all sides come
+// from the same moments. The clock read (a system call) falls a third in
+// each side: it cancels in "added".
+//
+// The control side makes the native calls after a private delay before each
+// (kControlSpin empty loop turns, no shared state): a cost that is the
+// caller's alone. Where the simulator's registry lock is contended (many
+// threads on few cores) a caller that arrives later than its competitor
+// spins for the lock longer, so any added cost grows with the thread count,
+// the library's or not. The control's growth from 1 to N threads is that
+// amplification, measured in the same moments as the library's
+// (docs/benchmarks.md, "Many threads, third stop").
+constexpr int kControlSpin = 100;
 
-void alloc_free_paired(benchmark::State& state, Fixture& f, const Calls&) {
-  double side_ns[2] = {0, 0};  // native, gpuslice
-  bool wrapped_first = state.thread_index() % 2 == 1;
+inline void private_delay() {
+  for (int i = 0; i < kControlSpin; ++i) asm volatile("");
+}
+
+// `block` calls of `op(calls, delay)` per side and iteration; op returns
+// false (after SkipWithError) when a call failed.
+template <class Op>
+void paired_blocks(benchmark::State& state, Fixture& f, int block, Op op) {
+  double side_ns[3] = {0, 0, 0};  // native, gpuslice, control
+  int first = state.thread_index() % 3;
   for (auto _ : state) {
-    for (int turn = 0; turn < 2; ++turn) {
-      const int side = (turn == 0) == wrapped_first ? 1 : 0;
-      const Calls& c = side == 0 ? f.native : f.wrapped;
+    for (int turn = 0; turn < 3; ++turn) {
+      const int side = (first + turn) % 3;
+      const Calls& c = side == 1 ? f.wrapped : f.native;
       timespec a{}, b{};
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-      for (int i = 0; i < kPairedBlock; ++i) {
-        CUdeviceptr p = 0;
-        if (failed(state, c.alloc(&p, kAllocBytes)) || failed(state, c.free(p))) return;
-      }
+      for (int i = 0; i < block; ++i)
+        if (!op(c, side == 2)) return;
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
       side_ns[side] += static_cast<double>(b.tv_sec - a.tv_sec) * 1e9 + static_cast<double>(b.tv_nsec - a.tv_nsec);
     }
-    wrapped_first = !wrapped_first;
+    first = (first + 1) % 3;
   }
-  // Summed over the threads by Google Benchmark; results.cc divides by pairs.
+  // Summed over the threads by Google Benchmark; results.cc divides by
+  // "pairs": the calls (for cuMemAlloc+cuMemFree, the pairs) of each side.
   state.counters["native_ns"] = side_ns[0];
   state.counters["gpuslice_ns"] = side_ns[1];
-  state.counters["pairs"] = static_cast<double>(state.iterations()) * kPairedBlock;
+  state.counters["control_ns"] = side_ns[2];
+  state.counters["pairs"] = static_cast<double>(state.iterations()) * block;
+}
+
+void launch_paired(benchmark::State& state, Fixture& f, const Calls&) {
+  CUstream stream = f.streams[static_cast<std::size_t>(state.thread_index())];
+  paired_blocks(state, f, 64, [&](const Calls& c, bool delay) {
+    if (delay) private_delay();
+    return !failed(state, c.launch(f.empty, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr));
+  });
+}
+
+void alloc_free_paired(benchmark::State& state, Fixture& f, const Calls&) {
+  paired_blocks(state, f, 32, [&](const Calls& c, bool delay) {
+    CUdeviceptr p = 0;
+    if (delay) private_delay();
+    if (failed(state, c.alloc(&p, kAllocBytes))) return false;
+    if (delay) private_delay();
+    return !failed(state, c.free(p));
+  });
 }
 
 void alloc_free_async(benchmark::State& state, Fixture& f, const Calls& c) {
@@ -118,7 +147,7 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"cuLaunchKernel", launch},
+    {"cuLaunchKernel", launch_paired, true},
     {"cuLaunchKernelEx", launch_ex},
     {"cuGraphLaunch", graph_launch},
     {"cuMemAlloc+cuMemFree", alloc_free_paired, true},

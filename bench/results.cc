@@ -122,7 +122,8 @@ bool add_results(Results& results, const std::string& config, const std::string&
     if (!split_name(b.value("run_name", b.value("name", "")), &call, &side)) continue;
     const int threads = b.value("threads", 1);
     if (side == "paired") {  // both sides from one benchmark (cases.cc): CPU ns per call of each
-      for (const char* s : {"native", "gpuslice"}) {
+      for (const char* s : {"native", "gpuslice", "control"}) {
+        if (std::string(s) == "control" && !b.contains("control_ns")) continue;
         Reps& reps = seen[Key{config, call, s, threads}];
         const double pairs = b.value("pairs", 0.0);
         if (b.value("error_occurred", false) || pairs <= 0) {
@@ -132,7 +133,9 @@ bool add_results(Results& results, const std::string& config, const std::string&
         const double ns = b.value(std::string(s) + "_ns", 0.0) / pairs;
         reps.cpu.push_back(ns);
         reps.real.push_back(ns);
-        reps.added.push_back((b.value("gpuslice_ns", 0.0) - b.value("native_ns", 0.0)) / pairs);
+        reps.added.push_back(
+            (b.value(std::string(s) == "control" ? "control_ns" : "gpuslice_ns", 0.0) - b.value("native_ns", 0.0)) /
+            pairs);
       }
       continue;
     }
@@ -272,6 +275,14 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
         std::snprintf(added_ratio, sizeof added_ratio, "%.2fx%s", a32 / a1, a32 <= 1.5 * a1 ? "" : " **MISSED**");
       std::fprintf(out, " %s %.2fx%s [%s -> %s: %s];", call.c_str(), ratio, ratio <= 1.5 ? "" : " **MISSED**",
                    added(n1->cpu_ns, w1->cpu_ns).c_str(), added(n32->cpu_ns, w32->cpu_ns).c_str(), added_ratio);
+      // The paired call's control (cases.cc): a private delay before each
+      // native call, no shared state; its growth is the simulator's.
+      const Measure* c1 = find(r, config, call, "control", 1);
+      const Measure* c32 = find(r, config, call, "control", 32);
+      if (c1 != nullptr && c32 != nullptr && c1->cpu_ns > n1->cpu_ns)
+        std::fprintf(out, " control (a private delay before each native call) [%s -> %s: %.2fx];",
+                     added(n1->cpu_ns, c1->cpu_ns).c_str(), added(n32->cpu_ns, c32->cpu_ns).c_str(),
+                     (c32->cpu_ns - n32->cpu_ns) / (c1->cpu_ns - n1->cpu_ns));
     }
   }
   std::fprintf(out, "\n");
