@@ -119,14 +119,17 @@ unsigned delay_knob(const char* name) {
   }
   return static_cast<unsigned>(v);
 }
-void knob_sleep(const char* name, unsigned* cached, std::atomic<int>* read) {
+// The knob is read once; threads that race to read it first each store the
+// same value (an atomic: TSan saw two first calls write a plain one at once).
+void knob_sleep(const char* name, std::atomic<unsigned>* cached, std::atomic<int>* read) {
   if (read->load(std::memory_order_acquire) == 0) {
-    *cached = delay_knob(name);
+    cached->store(delay_knob(name), std::memory_order_relaxed);
     read->store(1, std::memory_order_release);
   }
-  if (*cached != 0) std::this_thread::sleep_for(std::chrono::microseconds(*cached));
+  const unsigned us = cached->load(std::memory_order_relaxed);
+  if (us != 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
-unsigned g_alloc_delay_us = 0, g_query_delay_us = 0;
+std::atomic<unsigned> g_alloc_delay_us{0}, g_query_delay_us{0};
 std::atomic<int> g_alloc_delay_read{0}, g_query_delay_read{0};
 
 CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUmemPoolHandle_st* pool, CUstream hStream, bool ptsz) {
