@@ -55,8 +55,6 @@ unsigned stream_home(std::uintptr_t key) noexcept {
   return -1;
 }
 
-[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_returns_credit = false;
-
 // Spends `cost` from the bucket, and a small launch's next prices with it
 // (limiter::spend_ahead). True when the launch may go at once.
 inline bool spend(DeviceState& state, ThreadCounts& tc, std::int64_t cost) noexcept {
@@ -66,10 +64,7 @@ inline bool spend(DeviceState& state, ThreadCounts& tc, std::int64_t cost) noexc
   const std::int64_t taken = limiter::spend_ahead(state, cost, ahead, &go);
   if (taken != 0) {
     tc.credit += taken;
-    if (__builtin_expect(!t_returns_credit, 0)) {
-      t_returns_credit = true;
-      return_credit_at_thread_exit();
-    }
+    if (__builtin_expect(t_credit_owner == 0, 0)) arm_credit_return();
   }
   return go;
 }

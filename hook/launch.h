@@ -86,9 +86,13 @@ void record_marker(LaunchDevice& d, CUstream s, bool ptsz) noexcept;
 void forget_queue(LaunchDevice& d) noexcept;
 void reset_queue_after_fork(LaunchDevice& d) noexcept;
 
-// The thread's credit goes back to the bucket when it exits (a pthread key,
-// set at its first credit; launch_init.cc).
-[[gnu::noinline, gnu::cold]] void return_credit_at_thread_exit() noexcept;
+// The pid of the process whose buckets the thread's credit came from, once
+// its return at thread exit is armed (0: not armed). Armed at the thread's
+// first credit (a pthread key, launch_init.cc), disarmed when the credit
+// went back; a child forked without our handlers (_Fork, clone) finds
+// another pid there and drops the parent's credit instead of returning it.
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local std::uint32_t t_credit_owner;
+[[gnu::noinline, gnu::cold]] void arm_credit_return() noexcept;
 
 // --- initialisation (launch_init.cc) ---
 [[gnu::noinline, gnu::cold]] CUresult init_launch_path() noexcept;

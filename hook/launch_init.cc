@@ -73,16 +73,23 @@ std::atomic<bool> g_credit_key_made{false};
 
 void return_credit(void* counts) noexcept {
   if (counts != static_cast<void*>(t_counts)) return;
+  // Only credit this process took: a child forked without our handlers
+  // carries its parent's, which the parent still holds.
+  const bool ours = t_credit_owner == static_cast<std::uint32_t>(getpid());
   for (unsigned i = 0; i < kMaxDevices; ++i) {
     ThreadCounts& tc = t_counts[i];
-    if (tc.credit > 0 && g_dev[i].state != nullptr) limiter::refund(*g_dev[i].state, tc.credit);
+    if (ours && tc.credit > 0 && g_dev[i].state != nullptr) limiter::refund(*g_dev[i].state, tc.credit);
     tc.credit = 0;
   }
+  // Credit taken after this (another key's destructor launching) arms the
+  // return again; glibc runs the destructors again for keys set meanwhile.
+  t_credit_owner = 0;
 }
 
 void after_fork_in_child() noexcept {
   // The forking thread's credit was taken by the parent, which keeps it.
   for (ThreadCounts& tc : t_counts) tc.credit = 0;
+  t_credit_owner = 0;
   // CUDA does not survive fork(): the child starts the launch path afresh
   // (and with it its own feedback thread) on its first launch.
   g_mode.store(kModeCold, std::memory_order_relaxed);
@@ -124,9 +131,9 @@ CUresult init_now() noexcept {
   if (!handlers_registered.exchange(true)) {
     pthread_atfork(nullptr, nullptr, after_fork_in_child);
     std::atexit(stop_feedback_at_exit);
-    // No heap: keys are a fixed table in libc. Without one (all taken) a
-    // thread's credit stays taken when it exits (at most limiter::kAheadMaxNs
-    // per device: conservative, and trued up by the controller).
+    // Keys are a fixed table in libc. Without one (all taken) a thread's
+    // credit stays taken when it exits (at most limiter::kAheadMaxNs per
+    // device: conservative, and trued up by the controller).
     if (pthread_key_create(&g_credit_key, return_credit) == 0) g_credit_key_made.store(true, std::memory_order_release);
   }
   const bool markers = markers_available();
@@ -198,7 +205,13 @@ bool recheck_limits() noexcept {
   return true;
 }
 
-void return_credit_at_thread_exit() noexcept {
+[[gnu::tls_model("initial-exec")]] constinit thread_local std::uint32_t t_credit_owner = 0;
+
+// At a thread's first credit (never during bootstrap). pthread_setspecific
+// may allocate (glibc callocs a block for keys past its first 32); if it
+// fails, this thread's credit stays taken when it exits, as above.
+void arm_credit_return() noexcept {
+  t_credit_owner = static_cast<std::uint32_t>(getpid());
   if (g_credit_key_made.load(std::memory_order_acquire)) pthread_setspecific(g_credit_key, t_counts);
 }
 

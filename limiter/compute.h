@@ -98,9 +98,15 @@ constexpr std::int64_t ahead_for(std::int64_t cost) noexcept {
 }
 // Spends `cost` and, when the balance has it as well, `ahead` more: one RMW.
 // Returns what was taken ahead: `ahead`, or 0 when the balance was short of
-// it (then given back, so only `cost` stays debited). *go is spend()'s
-// answer for `cost`: whether the launch may go at once.
+// it (then only `cost` is debited). *go is spend()'s answer for `cost`:
+// whether the launch may go at once. A balance seen short beforehand is not
+// asked for `ahead` at all: debited and given back, it would look to other
+// threads like a debt for as long as this one is preempted in between.
 inline std::int64_t spend_ahead(DeviceState& d, std::int64_t cost, std::int64_t ahead, bool* go) noexcept {
+  if (d.tokens_ns.load(std::memory_order_relaxed) < cost + ahead) {
+    *go = spend(d, cost);
+    return 0;
+  }
   const std::int64_t before = d.tokens_ns.fetch_sub(cost + ahead, std::memory_order_relaxed);
   *go = before >= cost;
   if (before >= cost + ahead) return ahead;

@@ -21,13 +21,19 @@
 //       "probe ... first_rc=<n>".
 //   churn KERNEL_US KERNELS
 //       Launches KERNELS kernels and exits at once, without synchronising.
-//   launch-then-exit thread|main LAUNCHES
+//   launch-then-exit thread|main|fork LAUNCHES
 //       Launches LAUNCHES one-block 1 us kernels, synchronises, and ends the
 //       thread that launched them: a thread of its own that is joined
-//       (thread), or the main thread, which returns from main (main).
-//       Prints "probe launched=N".
+//       (thread), or the main thread, which returns from main (main). fork:
+//       the main thread launches, then makes a child with fork() that calls
+//       exit(0) at once; the parent waits for it and returns from main.
+//       (Not _Fork: its child may call only async-signal-safe functions, and
+//       exit() is not one; it hangs when another thread held the loader's
+//       lock at the _Fork.)
+//       Prints "probe launched=N child_status=S".
 #include <cuda.h>
 #include <dlfcn.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -181,8 +187,8 @@ int churn(unsigned us, long kernels) {
 }
 
 int launch_then_exit(const std::string& where, long launches) {
-  if (where != "thread" && where != "main") {
-    std::fprintf(stderr, "launch-then-exit: expected thread or main, got %s\n", where.c_str());
+  if (where != "thread" && where != "main" && where != "fork") {
+    std::fprintf(stderr, "launch-then-exit: expected thread, main or fork, got %s\n", where.c_str());
     return 64;
   }
   const CUcontext ctx = use_primary(0);
@@ -194,13 +200,20 @@ int launch_then_exit(const std::string& where, long launches) {
       if (cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr) == CUDA_SUCCESS) ++launched;
     check(cuCtxSynchronize(), "cuCtxSynchronize");
   };
+  int child_status = 0;
   if (where == "thread") {
     std::thread t(launch);
     t.join();
   } else {
     launch();
   }
-  std::printf("probe launched=%ld\n", launched);
+  if (where == "fork") {
+    std::fflush(stdout);
+    const pid_t child = fork();
+    if (child == 0) std::exit(0);  // atexit handlers run: the library's among them
+    if (child < 0 || waitpid(child, &child_status, 0) != child) child_status = -1;
+  }
+  std::printf("probe launched=%ld child_status=%d\n", launched, child_status);
   std::fflush(stdout);
   return 0;
 }
