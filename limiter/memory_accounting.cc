@@ -272,22 +272,28 @@ bool admit_reclaiming(Region* r, int slot, std::uint64_t tag, int dev, std::uint
 // committed after: a floor read before its word change beside a committed
 // read after its committed change is high by those bytes, and the take comes
 // out short though the bytes are ours. A short take is therefore tried again
-// with the word read afresh (what the other thread left is then consistent);
-// only a take still short after kReleaseTries fresh floors is counted as an
-// error. Every piece that was taken leaves used_bytes at once: never short.
-constexpr int kReleaseTries = 4;
+// while the word moved meanwhile, with the floor read afresh (what the other
+// thread left is then consistent); a take short under a word that did not
+// move is a release of bytes never reserved, counted as an error (so is one
+// still short after kReleaseTries floors, a bound no schedule should reach).
+// Every piece that was taken leaves used_bytes at once: never short.
+constexpr int kReleaseTries = 64;
 
 void release_locked(DeviceState& d, Slot& s, int dev, std::uint64_t tag, std::uint64_t bytes,
                     void (*between)(void*) = nullptr, void* ctx = nullptr) {
   settle_locked(d, s, dev, tag);
+  std::atomic<std::uint64_t>& word = s.lease[dev].word;
   std::uint64_t left = bytes;
-  for (int tries = 0; tries < kReleaseTries; ++tries) {
-    const std::uint64_t word = s.lease[dev].word.load();
-    if (between != nullptr && tries == 0) between(ctx);
-    const std::uint64_t take = take_committed(s, dev, left, lease_spare(word) + lease_owed(word));
+  std::uint64_t floor_word = word.load();
+  for (int tries = 1;; ++tries) {
+    if (between != nullptr && tries == 1) between(ctx);
+    const std::uint64_t take = take_committed(s, dev, left, lease_spare(floor_word) + lease_owed(floor_word));
     uncount_used(d, take);
     left -= take;
     if (left == 0) return;
+    const std::uint64_t now = word.load();
+    if (now == floor_word || tries == kReleaseTries) break;
+    floor_word = now;
   }
   d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
 }
