@@ -62,17 +62,13 @@ bool load_nvml_api(limiter::NvmlApi* api) noexcept {
 }
 
 // A thread's credit (ThreadCounts::credit) goes back to the buckets when it
-// exits: the key's value is the thread's own t_counts (a forked child's
-// thread may carry its parent's value; only its present counts are given).
-// The thread that calls exit() gives its own back in the atexit handler
-// below; threads still running at exit keep theirs (at most
-// limiter::kAheadMaxNs each per device, which the controller's true-up
-// refunds where the device is measured).
-pthread_key_t g_credit_key;
-std::atomic<bool> g_credit_key_made{false};
-
-void return_credit(void* counts) noexcept {
-  if (counts != static_cast<void*>(t_counts)) return;
+// exits (set_thread_exit: the hook's thread-exit key, lifecycle.cc). The
+// thread that calls exit() gives its own back in the atexit handler below;
+// threads still running at exit keep theirs (at most limiter::kAheadMaxNs
+// each per device, which the controller's true-up refunds where the device
+// is measured).
+void return_credit() noexcept {
+  if (t_credit_owner == 0) return;  // took none since it was last given back
   // Only credit this process took: a child forked without our handlers
   // carries its parent's, which the parent still holds.
   const bool ours = t_credit_owner == static_cast<std::uint32_t>(getpid());
@@ -81,9 +77,7 @@ void return_credit(void* counts) noexcept {
     if (ours && tc.credit > 0 && g_dev[i].state != nullptr) limiter::refund(*g_dev[i].state, tc.credit);
     tc.credit = 0;
   }
-  // Credit taken after this (another key's destructor launching) arms the
-  // return again; glibc runs the destructors again for keys set meanwhile.
-  t_credit_owner = 0;
+  t_credit_owner = 0;  // credit taken after this (another key's destructor launching) arms it again
 }
 
 void after_fork_in_child() noexcept {
@@ -108,7 +102,7 @@ void after_fork_in_child() noexcept {
 // limited device is recorded as departed: the work it leaves queued is still
 // measured as the container's once it runs (limiter/compute_feedback.h).
 void stop_feedback_at_exit() noexcept {
-  return_credit(t_counts);  // the exiting thread's: no key destructor runs for it
+  return_credit();  // the exiting thread's: no key destructor runs for it
   limiter::stop_feedback_thread();
   if (g_used_entries.load(std::memory_order_relaxed) == 0 || g_ready.load(std::memory_order_acquire) != kReadyYes)
     return;
@@ -131,10 +125,7 @@ CUresult init_now() noexcept {
   if (!handlers_registered.exchange(true)) {
     pthread_atfork(nullptr, nullptr, after_fork_in_child);
     std::atexit(stop_feedback_at_exit);
-    // Keys are a fixed table in libc. Without one (all taken) a thread's
-    // credit stays taken when it exits (at most limiter::kAheadMaxNs per
-    // device: conservative, and trued up by the controller).
-    if (pthread_key_create(&g_credit_key, return_credit) == 0) g_credit_key_made.store(true, std::memory_order_release);
+    set_thread_exit(return_credit);
   }
   const bool markers = markers_available();
   int count = 0;
@@ -207,12 +198,12 @@ bool recheck_limits() noexcept {
 
 [[gnu::tls_model("initial-exec")]] constinit thread_local std::uint32_t t_credit_owner = 0;
 
-// At a thread's first credit (never during bootstrap). pthread_setspecific
-// may allocate (glibc callocs a block for keys past its first 32); if it
-// fails, this thread's credit stays taken when it exits, as above.
+// At a thread's first credit. If the thread-exit key cannot be armed, this
+// thread's credit stays taken when it ends (at most limiter::kAheadMaxNs per
+// device: conservative, and trued up by the controller).
 void arm_credit_return() noexcept {
   t_credit_owner = static_cast<std::uint32_t>(getpid());
-  if (g_credit_key_made.load(std::memory_order_acquire)) pthread_setspecific(g_credit_key, t_counts);
+  arm_thread_exit();
 }
 
 CUresult init_launch_path() noexcept {

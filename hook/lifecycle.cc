@@ -35,22 +35,31 @@ std::atomic<ReclaimFn> g_pool_reclaim{nullptr};
 // (committed_bytes), so nothing is ever counted short; they are only not
 // offered as spare to the other processes until the thread gives them back,
 // which it does whenever its allocation takes the slow path, when it frees
-// more than the reserve may hold, and when it exits (a pthread key's
-// destructor). They are spent only while the slot's lease word is open for
+// more than the reserve may hold, and when it exits (the thread-exit key
+// below). They are spent only while the slot's lease word is open for
 // our claim (limiter::lease_open): a word made STALE by a limit change,
 // CLOSED by the exit release or OWED after a theft stops the spending as it
 // stops the lease fast path. Keyed by the claim (slot and lease tag) and the
 // device entry. Allocations below the driver's 2 MiB large-page granule are
 // the small ones a program makes and frees at a high rate.
 constexpr std::uint64_t kThreadReserveMax = std::uint64_t{2} << 20;
-pthread_key_t g_reserve_key;
-std::atomic<bool> g_reserve_key_made{false};
+
+// One pthread key for what a thread hands back when it ends: its thread
+// reserve and what the launch path registered (its credit of prices taken
+// ahead, hook/launch_init.cc). Armed once per thread (arm_thread_exit); its
+// value is only a non-null word. Each hand-back checks that what it finds
+// belongs to this process's present claim: a forked child's thread carries
+// its parent's armed key, and its reserve until it claims a counter.
+pthread_key_t g_thread_exit_key;
+std::atomic<bool> g_thread_exit_key_made{false};
+std::atomic<ThreadExitFn> g_thread_exit_fn{nullptr};
+[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_exit_armed = false;
 
 void give_back(ThreadReserve& t) noexcept;  // below, beside release()
-// Only the thread's present reserve: a forked child's thread may carry its
-// parent's key value, the reserve of a counter it never claimed.
-void give_back_thread_reserve_at_exit(void* reserve) noexcept {
-  if (reserve == t_reserve) give_back(*static_cast<ThreadReserve*>(reserve));
+void at_thread_exit(void*) noexcept {
+  t_exit_armed = false;  // a hand-back that takes more arms it again: glibc then runs this again
+  if (ThreadReserve* t = t_reserve) give_back(*t);
+  if (ThreadExitFn fn = g_thread_exit_fn.load(std::memory_order_acquire)) fn();
 }
 
 // Ownership of the slot across process creation. The word lives in a page
@@ -104,10 +113,11 @@ void hold_slot_lock(int fd) noexcept { g_slot_lock_fd.store(fd, std::memory_orde
 void own_claimed_slot() noexcept {
   if (!g_atfork_registered.exchange(true)) {
     pthread_atfork(nullptr, nullptr, after_fork_in_child);
-    // No heap: keys are a fixed table in libc. Without one (all taken) the
-    // thread reserve stays off (kept_for_thread checks g_reserve_key_made).
-    if (pthread_key_create(&g_reserve_key, give_back_thread_reserve_at_exit) == 0)
-      g_reserve_key_made.store(true, std::memory_order_release);
+    // No heap: keys are a fixed table in libc. Without one (all taken)
+    // nothing is armed: the thread reserve stays off, and a thread's launch
+    // credit stays taken when it ends (hook/launch_init.cc).
+    if (pthread_key_create(&g_thread_exit_key, at_thread_exit) == 0)
+      g_thread_exit_key_made.store(true, std::memory_order_release);
   }
   map_owner_word();
   g_owner.load(std::memory_order_acquire)->store(kSlotOurs, std::memory_order_release);
@@ -211,7 +221,8 @@ void give_back(ThreadReserve& t) noexcept {
 // oversubscription, little near the quota), when the lease word is not open
 // for our claim, when the thread keeps bytes of another entry, when it has
 // no reserve (no op counter of its own) or no pthread key to give them back
-// at thread exit. Reads the slot's lease line, writes nothing shared.
+// at thread exit (arm_thread_exit). Reads the slot's lease line, writes
+// nothing shared.
 inline bool kept_for_thread(int slot, int entry, std::uint64_t bytes) noexcept {
   ThreadReserve* t = t_reserve;
   if (t == nullptr) return false;
@@ -226,10 +237,7 @@ inline bool kept_for_thread(int slot, int entry, std::uint64_t bytes) noexcept {
   if (bytes > kThreadReserveMax - held || !region_intact()) return false;
   const std::uint64_t cap = limiter::lease_keep_cap(g_process.region, slot, tag, entry);
   if (bytes > cap || held > cap - bytes) return false;
-  if (__builtin_expect(!t->keyed, 0)) {
-    if (!g_reserve_key_made.load(std::memory_order_acquire) || pthread_setspecific(g_reserve_key, t) != 0) return false;
-    t->keyed = true;
-  }
+  if (__builtin_expect(!t_exit_armed, 0) && !arm_thread_exit()) return false;
   t->slot.store(slot, std::memory_order_relaxed);
   t->entry.store(entry, std::memory_order_relaxed);
   t->tag.store(tag, std::memory_order_relaxed);
@@ -286,12 +294,24 @@ bool charge(int entry, std::uint64_t bytes) noexcept {
 
 void set_pool_reclaim(ReclaimFn fn) noexcept { g_pool_reclaim.store(fn, std::memory_order_release); }
 
+void set_thread_exit(ThreadExitFn fn) noexcept { g_thread_exit_fn.store(fn, std::memory_order_release); }
+
+// pthread_setspecific may allocate (glibc callocs a block for keys past its
+// first 32): never during bootstrap, at a thread's first hand-back to arm.
+bool arm_thread_exit() noexcept {
+  if (t_exit_armed) return true;
+  if (!g_thread_exit_key_made.load(std::memory_order_acquire) ||
+      pthread_setspecific(g_thread_exit_key, &t_exit_armed) != 0)
+    return false;
+  t_exit_armed = true;
+  return true;
+}
+
 void reset_thread_reserve(ThreadReserve& t) noexcept {
   t.bytes.store(0, std::memory_order_relaxed);
   t.tag.store(0, std::memory_order_relaxed);
   t.slot.store(-1, std::memory_order_relaxed);
   t.entry.store(-1, std::memory_order_relaxed);
-  t.keyed = false;
 }
 
 // At a clean exit the driver frees everything this process held: return it to

@@ -74,17 +74,24 @@ struct ThreadReserve {
   std::atomic<std::uint64_t> tag;  // the lease tag of the claim it was counted on
   std::atomic<int> slot;
   std::atomic<int> entry;
-  bool keyed;  // the pthread key's value is this reserve: given back at thread exit
 };
 // The calling thread's reserve (its op counter's), or nullptr: none before
 // its first counting operation, without per-thread counters, in a forked
 // child until it claimed a counter of its own (memory.cc).
 [[gnu::tls_model("initial-exec")]] extern constinit thread_local ThreadReserve* t_reserve;
-// A claimed counter's reserve starts empty, unkeyed (memory.cc).
+// A claimed counter's reserve starts empty (lifecycle.cc; memory.cc calls it).
 void reset_thread_reserve(ThreadReserve& t) noexcept;
 // The bytes the threads of this process keep on `entry` for its present claim
-// (lifecycle.cc): counted in committed_bytes, not held on the device.
+// (memory.cc): counted in committed_bytes, not held on the device.
 std::uint64_t thread_reserves_on(int entry) noexcept;
+
+// When a thread ends (a pthread key, lifecycle.cc) it gives back its reserve
+// and runs the one function set here (the launch path's: its credit of
+// prices taken ahead). arm_thread_exit() arms that for the calling thread,
+// once; false when no key could be made or set (nothing is then given back).
+using ThreadExitFn = void (*)() noexcept;
+void set_thread_exit(ThreadExitFn fn) noexcept;
+bool arm_thread_exit() noexcept;
 
 // Region device entry for a CUDA device ordinal (claimed on first use with the
 // quota and SM limit configured for that ordinal), or -1.
