@@ -77,6 +77,15 @@ inline bool lease_alloc(Region* r, int slot, std::uint64_t tag, int dev, std::ui
   return true;
 }
 
+// The most spare a free may leave the slot's word holding: the lease cap,
+// never more than the slot holds (committed_bytes), so that a release of
+// bytes never reserved is not kept. Plain loads.
+inline std::uint64_t lease_room(const Slot& s, int dev) noexcept {
+  const std::uint64_t cap = s.lease[dev].cap_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t committed = s.committed_bytes[dev].load(std::memory_order_relaxed);
+  return cap < committed ? cap : committed;
+}
+
 // Whether the slot's lease word is open for the claim `tag` (its tag, no
 // flag set): what lets a thread spend the bytes it keeps for itself
 // (hook/lifecycle.cc, "thread reserve") with one plain load. A word that
@@ -84,17 +93,11 @@ inline bool lease_alloc(Region* r, int slot, std::uint64_t tag, int dev, std::ui
 inline bool lease_open(const Region* r, int slot, std::uint64_t tag, int dev) noexcept {
   return (r->slots[slot].lease[dev].word.load(std::memory_order_relaxed) & kLeaseTagMask) == tag;
 }
-// The most freed bytes a thread may keep for itself on the slot: the lease
-// cap (what a free may keep as spare: 0 under oversubscription, shrinking
-// near the quota) while the word is open for `tag`, else 0. Plain loads.
-// Like lease_free's room, never more than the slot holds (committed_bytes):
-// a release of bytes never reserved is not kept.
+// The most freed bytes a thread may keep for itself on the slot: lease_free's
+// room (the lease cap: 0 under oversubscription, shrinking near the quota;
+// never more than the slot holds) while the word is open for `tag`, else 0.
 inline std::uint64_t lease_keep_cap(const Region* r, int slot, std::uint64_t tag, int dev) noexcept {
-  if (!lease_open(r, slot, tag, dev)) return 0;
-  const Slot& s = r->slots[slot];
-  const std::uint64_t cap = s.lease[dev].cap_bytes.load(std::memory_order_relaxed);
-  const std::uint64_t committed = s.committed_bytes[dev].load(std::memory_order_relaxed);
-  return cap < committed ? cap : committed;
+  return lease_open(r, slot, tag, dev) ? lease_room(r->slots[slot], dev) : 0;
 }
 
 // A free kept as spare: one CAS, or false (slow path) when the spare would
@@ -103,9 +106,7 @@ inline std::uint64_t lease_keep_cap(const Region* r, int slot, std::uint64_t tag
 inline bool lease_free(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
   Slot& s = r->slots[slot];
   std::atomic<std::uint64_t>& word = s.lease[dev].word;
-  const std::uint64_t cap = s.lease[dev].cap_bytes.load(std::memory_order_relaxed);
-  const std::uint64_t committed = s.committed_bytes[dev].load(std::memory_order_relaxed);
-  const std::uint64_t room = cap < committed ? cap : committed;
+  const std::uint64_t room = lease_room(s, dev);
   std::uint64_t cur = word.load(std::memory_order_relaxed);
   do {
     if ((cur & kLeaseTagMask) != tag || bytes > room || lease_amount(cur) > room - bytes) return false;

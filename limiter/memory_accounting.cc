@@ -298,6 +298,17 @@ void release_locked(DeviceState& d, Slot& s, int dev, std::uint64_t tag, std::ui
   d.accounting_errors.fetch_add(1, std::memory_order_relaxed);
 }
 
+// The exact release of `bytes` under the slot's current claim, in its bracket
+// (`between`: lease_steps::release's test hook).
+void release_bracketed(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(void*) = nullptr,
+                       void* ctx = nullptr) {
+  if (!valid(r, slot, dev) || bytes == 0) [[unlikely]]
+    return;
+  Slot& s = r->slots[slot];
+  Bracket bracket(s);
+  release_locked(r->devices[dev], s, dev, lease_tag(r, slot), bytes, between, ctx);
+}
+
 using platform::monotonic_ns;
 
 // Another process is reaping (microseconds of work): give it a moment, bounded.
@@ -369,13 +380,7 @@ bool reserve(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t byte
   return reserve_slow(r, slot, tag, dev, bytes, self);
 }
 
-void release(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
-  if (!valid(r, slot, dev) || bytes == 0) [[unlikely]]
-    return;
-  Slot& s = r->slots[slot];
-  Bracket bracket(s);
-  release_locked(r->devices[dev], s, dev, lease_tag(r, slot), bytes);
-}
+void release(Region* r, int slot, int dev, std::uint64_t bytes) noexcept { release_bracketed(r, slot, dev, bytes); }
 
 void release(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
   if (!valid(r, slot, dev) || bytes == 0) [[unlikely]]
@@ -452,10 +457,7 @@ bool refill(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(v
 }
 
 void release(Region* r, int slot, int dev, std::uint64_t bytes, void (*between)(void*), void* ctx) noexcept {
-  if (!valid(r, slot, dev) || bytes == 0) return;
-  Slot& s = r->slots[slot];
-  Bracket bracket(s);
-  release_locked(r->devices[dev], s, dev, lease_tag(r, slot), bytes, between, ctx);
+  release_bracketed(r, slot, dev, bytes, between, ctx);
 }
 
 }  // namespace lease_steps
