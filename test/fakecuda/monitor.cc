@@ -178,7 +178,8 @@ int region_device(State& state, std::uint32_t dev, const Region& r) {
 // managed grants in flight. State lock held.
 std::uint64_t container_total(State& state, std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr) {
   std::uint64_t total = 0;
-  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+  const int high = state.slots_high();  // no slot above it was ever claimed
+  for (int i = 0; i < high; ++i) {
     const ProcSlot& slot = state.header().slot[i];
     if (slot.state.load(std::memory_order_acquire) != 1) continue;
     if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
@@ -226,7 +227,8 @@ struct Grant {
 int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
   if (g_state == nullptr || used < 0 || static_cast<std::size_t>(used) >= len) return used;
   const gpuslice::Region* r = region();
-  for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
+  const int high = g_state->slots_high();
+  for (int i = 0; i < high; ++i) {
     const ProcSlot& slot = g_state->header().slot[i];
     if (slot.state.load(std::memory_order_acquire) != 1) continue;
     if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
