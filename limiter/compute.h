@@ -44,6 +44,13 @@ inline std::atomic<std::uint64_t>& credited_ns(DeviceState& d) noexcept { return
 inline std::atomic<std::uint32_t>& elastic_permille(DeviceState& d) noexcept { return d.elastic_permille; }
 inline std::atomic<std::uint64_t>& feedback_heartbeat_ns(DeviceState& d) noexcept { return d.feedback_heartbeat_ns; }
 inline std::atomic<std::uint64_t>& scale_updated_ns(DeviceState& d) noexcept { return d.scale_updated_ns; }
+// What the bucket has admitted so far (provisional prices plus true-ups less
+// refunds): credited - tokens. Every credit moves credited_ns and tokens_ns
+// together, every spend or refund moves tokens_ns alone.
+inline std::int64_t spent_total(const DeviceState& d) noexcept {
+  return static_cast<std::int64_t>(d.credited_ns.load(std::memory_order_relaxed) -
+                                   static_cast<std::uint64_t>(d.tokens_ns.load(std::memory_order_relaxed)));
+}
 
 // True when the entry has a compute limit (1..99 %); 0 and >= 100 are unlimited.
 inline bool is_limited(const DeviceState& d) noexcept {

@@ -7,15 +7,6 @@
 namespace gpuslice::limiter {
 namespace {
 
-// What the bucket has admitted so far (provisional prices plus true-ups less
-// refunds): every credit moves credited_ns and tokens_ns together, every
-// spend or refund moves tokens_ns alone.
-std::int64_t spent_total(DeviceState& d) noexcept {
-  const std::uint64_t credited = credited_ns(d).load(std::memory_order_relaxed);
-  const std::int64_t tokens = d.tokens_ns.load(std::memory_order_relaxed);
-  return static_cast<std::int64_t>(credited - static_cast<std::uint64_t>(tokens));
-}
-
 std::uint32_t permille_of(std::uint64_t part, std::uint64_t window) noexcept {
   if (window == 0) return 0;
   const std::uint64_t p = (part * kFullPermille + window / 2) / window;

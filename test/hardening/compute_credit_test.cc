@@ -4,9 +4,9 @@
 // What it has not spent when it ends goes back to the bucket, whether the
 // thread is joined or is the main thread returning from main, and only once:
 // a child forked by fork() that exits gives back none of the credit its
-// parent took. The bucket's spent total
-// (credited_ns - tokens_ns, which refills and true-ups leave alone) then
-// grows by the prices of the launches that ran, nothing more.
+// parent took. The bucket's spent total (limiter::spent_total: credited_ns -
+// tokens_ns, which refills and true-ups leave alone) then grows by the prices
+// of the launches that ran, nothing more.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -20,11 +20,6 @@ namespace {
 
 constexpr std::uint64_t kScalePpm = 5'000;  // a one-block kernel is priced 100 ns
 constexpr long kLaunches = 20;              // past one check of the queue (every 16 launches) and one take ahead
-
-std::int64_t spent(const DeviceState& d) {
-  return static_cast<std::int64_t>(limiter::credited_ns(const_cast<DeviceState&>(d)).load() -
-                                   static_cast<std::uint64_t>(d.tokens_ns.load()));
-}
 
 class ThreadCredit : public ::testing::TestWithParam<const char*> {};
 
@@ -47,15 +42,16 @@ TEST_P(ThreadCredit, GoesBackToTheBucketWhenItsThreadEnds) {
   d.tokens_ns.store(1'000'000'000);
   const std::int64_t price = limiter::price_ns(limiter::kNominalWaveNs, kScalePpm);
   ASSERT_GT(limiter::ahead_for(price), 0) << "the price is not small enough to be taken ahead";
-  const std::int64_t before = spent(d);
+  const std::int64_t before = limiter::spent_total(d);
 
   Result r = run({bin("gpuslice-probe"), "compute", "launch-then-exit", GetParam(), std::to_string(kLaunches)}, env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   ASSERT_EQ(probe_field(r, "launched"), static_cast<std::uint64_t>(kLaunches)) << r.describe();
   ASSERT_EQ(probe_field(r, "child_status"), 0u) << r.describe();
   ASSERT_EQ(d.cost_scale_ppm.load(), kScalePpm) << "the price changed during the run";
-  EXPECT_EQ(spent(d) - before, kLaunches * price)
-      << "the bucket kept " << spent(d) - before - kLaunches * price << " ns taken ahead and never spent";
+  EXPECT_EQ(limiter::spent_total(d) - before, kLaunches * price)
+      << "the bucket kept " << limiter::spent_total(d) - before - kLaunches * price
+      << " ns taken ahead and never spent";
 }
 
 INSTANTIATE_TEST_SUITE_P(Compute, ThreadCredit, ::testing::Values("thread", "main", "fork"),

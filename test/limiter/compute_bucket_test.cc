@@ -22,10 +22,6 @@ std::unique_ptr<DeviceState> limited_state(std::uint32_t pct, SmPolicy policy = 
   return d;
 }
 
-std::int64_t spent(DeviceState& d) {
-  return static_cast<std::int64_t>(credited_ns(d).load() - static_cast<std::uint64_t>(d.tokens_ns.load()));
-}
-
 // A scripted clock: sleep advances it.
 std::atomic<std::uint64_t> g_clock{0};
 std::vector<std::uint64_t> g_sleeps;
@@ -196,7 +192,7 @@ TEST(ComputeBucket, ConcurrentAccountingIsExact) {
     });
   }
   for (auto& th : threads) th.join();
-  EXPECT_EQ(spent(*d), net.load());
+  EXPECT_EQ(spent_total(*d), net.load());
 }
 
 TEST(ComputePricing, WavesFollowTheSmCount) {
