@@ -55,17 +55,17 @@ void graph_launch(benchmark::State& state, Fixture& f, const Calls& c) {
 // each side: it cancels in "added".
 //
 // The control side makes the native calls after a private delay before each
-// (kControlSpin empty loop turns, no shared state): a cost that is the
-// caller's alone. Where the simulator's registry lock is contended (many
-// threads on few cores) a caller that arrives later than its competitor
-// spins for the lock longer, so any added cost grows with the thread count,
-// the library's or not. The control's growth from 1 to N threads is that
-// amplification, measured in the same moments as the library's
-// (docs/benchmarks.md, "Many threads, third stop").
-constexpr int kControlSpin = 100;
+// (--control-turns empty loop turns, 100 unless told, no shared state): a
+// cost that is the caller's alone. Where the simulator's registry lock is
+// contended (many threads on few cores) any added cost grows with the thread
+// count, the library's or not. The control's growth from 1 to N threads is
+// that amplification, measured in the same moments as the library's
+// (docs/benchmarks.md, "Many threads, third stop" and "fourth stop", where
+// a sweep of the turns shows it grow with the delay).
+int g_control_turns = kDefaultControlTurns;  // set before the benchmarks start
 
 inline void private_delay() {
-  for (int i = 0; i < kControlSpin; ++i) asm volatile("");
+  for (int i = 0, n = g_control_turns; i < n; ++i) asm volatile("");
 }
 
 // `block` calls of `op(calls, delay)` per side and iteration; op returns
@@ -168,6 +168,7 @@ const std::vector<std::string>& all_cases() {
 }
 
 void register_cases(Fixture& fixture, const CaseSet& set) {
+  g_control_turns = set.control_turns;
   for (const Case& c : kCases) {
     bool wanted = false;
     for (const std::string& name : set.calls) wanted = wanted || name == c.name;

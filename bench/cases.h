@@ -10,9 +10,15 @@
 
 namespace gpuslice::microbench {
 
+// The control side's private delay before each native call, in empty loop
+// turns (cases.cc): --control-turns.
+inline constexpr int kDefaultControlTurns = 100;
+inline constexpr int kMaxControlTurns = 100000;
+
 struct CaseSet {
   std::vector<std::string> calls;  // case names, e.g. "cuLaunchKernel"
   std::vector<int> threads;
+  int control_turns = kDefaultControlTurns;
 };
 
 // Every case name, in table order.

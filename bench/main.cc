@@ -8,6 +8,7 @@
 //
 //   gpuslice-microbench                 all configurations, markdown table
 //   gpuslice-microbench --min-time 0.5 --repetitions 3 --json-file out.json
+#include <CLI/CLI.hpp>
 #include <benchmark/benchmark.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -50,28 +52,21 @@ struct Options {
   bool verbose = false;
   std::string json_file;
   std::vector<std::string> only;  // calls to measure (all when empty)
+  std::string threads;            // "N,..." as given (parent) or as passed on (child)
   std::vector<int> threads_only;  // thread counts to measure (all when empty)
+  int control_turns = kDefaultControlTurns;
   // child only
   bool child = false;
   std::string cases;
-  std::string threads;
   std::string out;
   bool expect_quota = false;
   bool calibrate = false;
 };
 
-[[noreturn]] void usage(const char* why, int status = 2) {
-  std::fprintf(status == 0 ? stdout : stderr,
-               "gpuslice-microbench: %s\n"
-               "usage: gpuslice-microbench [--min-time SECONDS] [--repetitions N] [--json-file FILE] [--verbose]\n"
-               "                           [--only CALL,...] [--threads N,...]\n"
-               "                           [--driver PATH/libcuda.so.1] [--lib PATH/libgpuslice.so]\n"
-               "  --only and --threads measure a subset (names as in the table, e.g. cuMemAlloc+cuMemFree).\n"
-               "  With --repetitions N > 1 every cell is the median of N and its spread [min-max].\n"
-               "  --driver defaults to <exe dir>/../fakecuda/libcuda.so.1 (the simulated driver), --lib to\n"
-               "  <exe dir>/../lib/libgpuslice.so. Prints markdown tables (docs/benchmarks.md).\n",
-               why);
-  std::exit(status);
+// A failure after the command line parsed (no driver, no library).
+[[noreturn]] void fail(const std::string& why) {
+  std::fprintf(stderr, "gpuslice-microbench: %s\n", why.c_str());
+  std::exit(2);
 }
 
 std::vector<std::string> split(const std::string& text, char by) {
@@ -95,60 +90,60 @@ std::string join(const std::vector<std::string>& items, char by) {
   return out;
 }
 
-Options parse(int argc, char** argv) {
+// Strict: a value that is not a number in range, an unknown call or flag is
+// an error naming the flag (CLI11), exit status 2, nothing measured.
+std::optional<Options> parse(int argc, char** argv, int* status) {
   Options o;
   const fs::path dir = fs::read_symlink("/proc/self/exe").parent_path();
   o.driver = (dir / ".." / "fakecuda" / "libcuda.so.1").lexically_normal().string();
   o.library = (dir / ".." / "lib" / "libgpuslice.so").lexically_normal().string();
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
-      return argv[++i];
-    };
-    if (arg == "--driver")
-      o.driver = value();
-    else if (arg == "--lib")
-      o.library = value();
-    else if (arg == "--min-time")
-      o.min_time = std::atof(value().c_str());
-    else if (arg == "--repetitions")
-      o.repetitions = std::atoi(value().c_str());
-    else if (arg == "--json-file")
-      o.json_file = value();
-    else if (arg == "--verbose" || arg == "-v")
-      o.verbose = true;
-    else if (arg == "--child")
-      o.child = true;
-    else if (arg == "--cases")
-      o.cases = value();
-    else if (arg == "--threads")
-      o.threads = value();
-    else if (arg == "--only")
-      o.only = split(value(), ',');
-    else if (arg == "--out")
-      o.out = value();
-    else if (arg == "--expect-quota")
-      o.expect_quota = true;
-    else if (arg == "--calibrate")
-      o.calibrate = true;
-    else if (arg == "--help" || arg == "-h")
-      usage("ns per call of libgpuslice.so's wrappers against the driver's", 0);
-    else
-      usage(("unknown argument " + arg).c_str());
-  }
-  if (o.min_time <= 0 || o.repetitions < 1) usage("--min-time must be > 0 and --repetitions >= 1");
-  if (!o.child) {
-    for (const std::string& call : o.only) {
-      bool known = false;
-      for (const std::string& name : all_cases()) known = known || name == call;
-      if (!known) usage(("--only: unknown call " + call + ", expected names from the table").c_str());
+  CLI::App app{
+      "gpuslice-microbench: ns per call of libgpuslice.so's wrappers against the driver's own entry points, "
+      "native beside wrapped in one process. Prints markdown tables (docs/benchmarks.md).",
+      "gpuslice-microbench"};
+  app.add_option("--min-time", o.min_time, "seconds per benchmark and repetition [0.2]")->check(CLI::Range(0.01, 60.0));
+  app.add_option("--repetitions", o.repetitions, "repetitions; N > 1: every cell is the median and its spread [1]")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--json-file", o.json_file, "also write the results as JSON to FILE");
+  app.add_flag("--verbose,-v", o.verbose, "print the children's logs");
+  std::string only;
+  app.add_option("--only", only,
+                 "calls to measure, comma-separated, names as in the table (e.g. cuMemAlloc+cuMemFree)");
+  app.add_option("--threads", o.threads, "thread counts to measure, comma-separated, each 1 to 32 [1,2,8,32]");
+  app.add_option("--control-turns", o.control_turns,
+                 "the control side's private delay before each native call, in empty loop turns [100]")
+      ->check(CLI::Range(0, kMaxControlTurns));
+  app.add_option("--driver", o.driver, "the driver to measure [<exe dir>/../fakecuda/libcuda.so.1, simulated]");
+  app.add_option("--lib", o.library, "the library to measure [<exe dir>/../lib/libgpuslice.so]");
+  // The parent starts one child per configuration with these.
+  app.add_flag("--child", o.child)->group("");
+  app.add_option("--cases", o.cases)->group("");
+  app.add_option("--out", o.out)->group("");
+  app.add_flag("--expect-quota", o.expect_quota)->group("");
+  app.add_flag("--calibrate", o.calibrate)->group("");
+  try {
+    app.parse(argc, argv);
+    o.only = split(only, ',');
+    if (!o.child) {
+      for (const std::string& call : o.only) {
+        bool known = false;
+        for (const std::string& name : all_cases()) known = known || name == call;
+        if (!known)
+          throw CLI::ValidationError("--only",
+                                     call + " is not a call of the table; expected one of " + join(all_cases(), ','));
+      }
+      for (const std::string& t : split(o.threads, ',')) {
+        char* end = nullptr;
+        const long n = std::strtol(t.c_str(), &end, 10);
+        if (*end != '\0' || n < 1 || n > kMaxThreads)
+          throw CLI::ValidationError("--threads",
+                                     t + " is not a thread count from 1 to " + std::to_string(kMaxThreads));
+        o.threads_only.push_back(static_cast<int>(n));
+      }
     }
-    for (const std::string& t : split(o.threads, ',')) {
-      const int n = std::atoi(t.c_str());
-      if (n < 1 || n > kMaxThreads) usage(("--threads: " + t + " is not a thread count from 1 to 32").c_str());
-      o.threads_only.push_back(n);
-    }
+  } catch (const CLI::ParseError& e) {
+    *status = app.exit(e);
+    return std::nullopt;
   }
   return o;
 }
@@ -177,7 +172,8 @@ int child_main(const Options& o, const char* argv0) {
   }
   CaseSet set;
   set.calls = split(o.cases, ',');
-  for (const std::string& t : split(o.threads, ',')) set.threads.push_back(std::atoi(t.c_str()));
+  for (const std::string& t : split(o.threads, ',')) set.threads.push_back(std::atoi(t.c_str()));  // the parent's
+  set.control_turns = o.control_turns;
   register_cases(fixture, set);
   std::vector<std::string> args{argv0, "--benchmark_out=" + o.out, "--benchmark_out_format=json",
                                 "--benchmark_min_time=" + seconds(o.min_time)};
@@ -264,7 +260,9 @@ Child spawn_child(const Options& o, const Config& c, const std::string& dir, int
                                 "--min-time",
                                 seconds(o.min_time),
                                 "--repetitions",
-                                std::to_string(o.repetitions)};
+                                std::to_string(o.repetitions),
+                                "--control-turns",
+                                std::to_string(o.control_turns)};
   if (c.limits) args.push_back("--expect-quota");
   if (c.calibrate) args.push_back("--calibrate");
   std::vector<char*> argv;
@@ -322,10 +320,10 @@ std::string machine() {
 
 int parent_main(const Options& o) {
   if (!fs::exists(o.driver)) {
-    usage(("no driver at " + o.driver + " (build the simulated one with GPUSLICE_BUILD_TESTS=ON, or pass --driver)")
-              .c_str());
+    fail("--driver: no driver at " + o.driver +
+         " (build the simulated one with GPUSLICE_BUILD_TESTS=ON, or pass --driver)");
   }
-  if (!fs::exists(o.library)) usage(("no libgpuslice.so at " + o.library).c_str());
+  if (!fs::exists(o.library)) fail("--lib: no libgpuslice.so at " + o.library);
   auto wanted = [&](const std::vector<std::string>& names) {
     std::vector<std::string> out;
     for (const std::string& name : names) {
@@ -379,6 +377,8 @@ int parent_main(const Options& o) {
       "gpuslice-microbench --min-time " + seconds(o.min_time) + " --repetitions " + std::to_string(o.repetitions);
   if (!o.only.empty()) info.command += " --only " + join(o.only, ',');
   if (!o.threads.empty()) info.command += " --threads " + o.threads;
+  if (o.control_turns != kDefaultControlTurns) info.command += " --control-turns " + std::to_string(o.control_turns);
+  info.control_turns = o.control_turns;
   if (have_load && have_load_after) {
     char text[128];
     std::snprintf(text, sizeof text, "%.2f before, %.2f after (1-minute load average)", load[0], load_after[0]);
@@ -400,6 +400,8 @@ int parent_main(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options options = parse(argc, argv);
-  return options.child ? child_main(options, argv[0]) : parent_main(options);
+  int status = 0;
+  const std::optional<Options> options = parse(argc, argv, &status);
+  if (!options) return status == 0 ? 0 : 2;
+  return options->child ? child_main(*options, argv[0]) : parent_main(*options);
 }

@@ -280,8 +280,8 @@ void print_tables(const Results& r, const std::vector<std::string>& calls, const
       const Measure* c1 = find(r, config, call, "control", 1);
       const Measure* c32 = find(r, config, call, "control", 32);
       if (c1 != nullptr && c32 != nullptr && c1->cpu_ns > n1->cpu_ns)
-        std::fprintf(out, " control (a private delay before each native call) [%s -> %s: %.2fx];",
-                     added(n1->cpu_ns, c1->cpu_ns).c_str(), added(n32->cpu_ns, c32->cpu_ns).c_str(),
+        std::fprintf(out, " control (%d empty loop turns before each native call) [%s -> %s: %.2fx];",
+                     info.control_turns, added(n1->cpu_ns, c1->cpu_ns).c_str(), added(n32->cpu_ns, c32->cpu_ns).c_str(),
                      (c32->cpu_ns - n32->cpu_ns) / (c1->cpu_ns - n1->cpu_ns));
     }
   }
@@ -308,8 +308,13 @@ nlohmann::json results_json(const Results& results, const TableInfo& info) {
     if (!m.error.empty()) row["error"] = m.error;
     rows.push_back(row);
   }
-  return json{{"machine", info.machine}, {"simulated", info.simulated}, {"limits", info.limits},
-              {"load", info.load},       {"min_time", info.min_time},   {"repetitions", info.repetitions},
+  return json{{"machine", info.machine},
+              {"simulated", info.simulated},
+              {"limits", info.limits},
+              {"load", info.load},
+              {"min_time", info.min_time},
+              {"repetitions", info.repetitions},
+              {"control_turns", info.control_turns},
               {"results", rows}};
 }
 

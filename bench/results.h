@@ -51,6 +51,7 @@ struct TableInfo {
   bool simulated = true;  // the driver is test/fakecuda
   double min_time = 0;
   int repetitions = 1;
+  int control_turns = 100;  // the control side's private delay (cases.cc)
 };
 
 // Markdown tables (the docs/benchmarks.md format) and the target check.

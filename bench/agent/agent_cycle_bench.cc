@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -76,23 +78,16 @@ std::pair<Stats, Stats> measure(Agent& a, int cycles, F&& one) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
-    if (arg == "--regions")
-      o.regions = std::atoi(next());
-    else if (arg == "--procs")
-      o.procs = std::atoi(next());
-    else if (arg == "--cycles")
-      o.cycles = std::atoi(next());
-    else if (arg == "--nvml")
-      o.nvml = next();
-    else {
-      std::fprintf(stderr, "usage: agent-cycle-bench [--regions N] [--procs N] [--cycles N] [--nvml PATH]\n");
-      return 64;
-    }
-  }
-  if (o.regions <= 0 || o.procs <= 0 || o.cycles <= 0 || o.procs > static_cast<int>(kMaxSlots)) return 64;
+  CLI::App app{"agent-cycle-bench: CPU time of one agent cycle over many synthetic regions (docs/benchmarks.md)",
+               "agent-cycle-bench"};
+  app.add_option("--regions", o.regions, "regions (containers) below a temporary directory [256]")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--procs", o.procs, "registered processes per region, each a real sleeper [16]")
+      ->check(CLI::Range(1, static_cast<int>(kMaxSlots)));
+  app.add_option("--cycles", o.cycles, "cycles measured per configuration [200]")->check(CLI::Range(1, 1000000));
+  app.add_option("--nvml", o.nvml, "the (simulated) NVML library; without it a synthetic NVML view")
+      ->check(CLI::ExistingFile);
+  CLI11_PARSE(app, argc, argv);
   set_log_level(LogLevel::warn);
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
