@@ -52,8 +52,8 @@ struct Options {
   bool verbose = false;
   std::string json_file;
   std::vector<std::string> only;  // calls to measure (all when empty)
-  std::string threads;            // "N,..." as given (parent) or as passed on (child)
-  std::vector<int> threads_only;  // thread counts to measure (all when empty)
+  std::string threads;            // "N,..." as given, passed on to the children
+  std::vector<int> threads_only;  // its counts, checked (all when empty)
   int control_turns = kDefaultControlTurns;
   // child only
   bool child = false;
@@ -132,14 +132,13 @@ std::optional<Options> parse(int argc, char** argv, int* status) {
           throw CLI::ValidationError("--only",
                                      call + " is not a call of the table; expected one of " + join(all_cases(), ','));
       }
-      for (const std::string& t : split(o.threads, ',')) {
-        char* end = nullptr;
-        const long n = std::strtol(t.c_str(), &end, 10);
-        if (*end != '\0' || n < 1 || n > kMaxThreads)
-          throw CLI::ValidationError("--threads",
-                                     t + " is not a thread count from 1 to " + std::to_string(kMaxThreads));
-        o.threads_only.push_back(static_cast<int>(n));
-      }
+    }
+    for (const std::string& t : split(o.threads, ',')) {
+      char* end = nullptr;
+      const long n = std::strtol(t.c_str(), &end, 10);
+      if (*end != '\0' || n < 1 || n > kMaxThreads)
+        throw CLI::ValidationError("--threads", t + " is not a thread count from 1 to " + std::to_string(kMaxThreads));
+      o.threads_only.push_back(static_cast<int>(n));
     }
   } catch (const CLI::ParseError& e) {
     *status = app.exit(e);
@@ -172,7 +171,7 @@ int child_main(const Options& o, const char* argv0) {
   }
   CaseSet set;
   set.calls = split(o.cases, ',');
-  for (const std::string& t : split(o.threads, ',')) set.threads.push_back(std::atoi(t.c_str()));  // the parent's
+  set.threads = o.threads_only;
   set.control_turns = o.control_turns;
   register_cases(fixture, set);
   std::vector<std::string> args{argv0, "--benchmark_out=" + o.out, "--benchmark_out_format=json",
