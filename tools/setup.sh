@@ -14,7 +14,8 @@ need=()
 # machine; runc because crun fails on hybrid cgroup layouts. ccache: compiler
 # caching (CMakeLists.txt). prometheus (with promtool) and
 # chromium-headless-shell: the observability tests (test/agent).
-# clang-format: the formatter's check (tools/format.sh).
+# clang-format: the formatter's check (tools/format.sh). valgrind:
+# gpuslice-instructions counts the library's instructions with callgrind.
 for pkg in \
     nlohmann-json3-dev \
     libcli11-dev \
@@ -27,7 +28,8 @@ for pkg in \
     podman \
     runc \
     busybox-static \
-    clang-format; do
+    clang-format \
+    valgrind; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
