@@ -60,8 +60,8 @@ void graph_launch(benchmark::State& state, Fixture& f, const Calls& c) {
 // contended (many threads on few cores) any added cost grows with the thread
 // count, the library's or not. The control's growth from 1 to N threads is
 // that amplification, measured in the same moments as the library's
-// (docs/benchmarks.md, "Many threads, third stop" and "fourth stop", where
-// a sweep of the turns shows it grow with the delay).
+// (docs/benchmarks.md, "Current figures"; the sweep of the turns that shows
+// it grow with the delay: docs/log/2026-11-26-many-threads.md).
 int g_control_turns = kDefaultControlTurns;  // set before the benchmarks start
 
 inline void private_delay() {

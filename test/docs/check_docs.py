@@ -20,6 +20,28 @@ Usage: check_docs.py SOURCE_DIR
   file: `name` (`file`...), `name` in `file`, `file`: `name`, and
   `file` (`name`, `name` and ...). Placeholder names of a recipe (`cuFooCreate`)
   are left out.
+
+Docs say what is; logs say what happened (CONTRIBUTING.md, "Docs and logs"):
+
+- A design doc (docs/*.md) holds at most its budget of lines (BUDGET below:
+  400 unless a doc is listed with the reason it needs more).
+- A design doc holds no dated run log. A run log shows itself in its
+  headings, so every heading outside code blocks is refused if it carries a
+  date (`2026-11-26`), a commit (a 7-to-40-digit hex word with a digit and a
+  letter, such as `c2bdbbc`) or a numbered stop or round of work ("second
+  stop", "next round"). Headings, not prose: prose may date one current
+  figure ("measured 2026-11-24 at 5583f5d"), which is what a doc's table of
+  current figures must do; a heading that dates a section is the start of a
+  log appended to a doc. It was chosen over counting dates in prose because
+  a current table legitimately carries several.
+- A design doc links into docs/log/ only on its "History:" line: a log is
+  never cited as the truth.
+- Every docs/log/*.md is named YYYY-MM-DD-topic.md, says in its first lines
+  that it is a log ("A log, not the truth"), and is append-only: where git
+  knows the version that added it, that version is a prefix of today's.
+  Logs are verbatim history, so their links and paths (of their day) are not
+  checked.
+- tools/size.py runs, and the table of docs/size.md has its rows.
 """
 import pathlib
 import re
@@ -37,7 +59,9 @@ folders = {str(pathlib.PurePosixPath(f).parents[i]) for f in tracked for i in ra
 top = {f.split("/")[0] for f in tracked if "/" in f and not f.startswith(".")}
 
 docs = [p for p in ["README.md", "CONTRIBUTING.md"] if (root / p).exists()]
-docs += sorted(f for f in files if f.startswith("docs/") and f.endswith(".md"))
+docs += sorted(f for f in files if f.startswith("docs/") and f.endswith(".md") and not f.startswith("docs/log/"))
+design_docs = sorted(f for f in files if f.startswith("docs/") and f.count("/") == 1 and f.endswith(".md"))
+logs = sorted(f for f in files if f.startswith("docs/log/") and f.endswith(".md"))
 docs += sorted(f for f in files if f.endswith("/README.md") and not f.startswith("docs/"))
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -150,6 +174,61 @@ if (root / "CONTRIBUTING.md").exists():
             if not named_in(path, name):
                 at = contributing[:contributing.find(para) + para.find(f"`{name}`")].count("\n") + 1
                 problems.append(f"CONTRIBUTING.md:{at}: `{name}` does not occur in `{path}`")
+
+# Docs say what is; logs say what happened.
+DEFAULT_BUDGET = 400
+BUDGET = {
+    # The page of every benchmark: each section its method and current figures.
+    "docs/benchmarks.md": 500,
+    # The limiter's design: control law, queue bound, priced launches, hot path.
+    "docs/limiter.md": 500,
+    # The proof that every path is counted exactly or conservatively.
+    "docs/memory-accounting.md": 540,
+    # Every counted family, what the driver holds and when it is counted.
+    "docs/memory.md": 600,
+    # Every install path (Kubernetes, CDI, podman, bare metal, HAMi migration).
+    "docs/deploy.md": 600,
+}
+DATED_HEADING = [
+    (re.compile(r"\b20\d\d-\d\d-\d\d\b"), "a date"),
+    (re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"), "a commit"),
+    (re.compile(r"\b(first|second|third|fourth|fifth|sixth|next|\d+(st|nd|rd|th))\s+(stop|round)\b", re.I),
+     "a stop or round of work"),
+]
+LOG_LINK = re.compile(r"\]\((?:\.\./)*(?:docs/)?log/")
+for doc in design_docs:
+    n_lines = len((root / doc).read_text().splitlines())
+    budget = BUDGET.get(doc, DEFAULT_BUDGET)
+    if n_lines > budget:
+        problems.append(f"{doc}: {n_lines} lines, over its budget of {budget} (move what happened to docs/log/)")
+    for n, line in prose_lines(doc):
+        if line.startswith("#"):
+            for pattern, what in DATED_HEADING:
+                if pattern.search(line):
+                    problems.append(f"{doc}:{n}: heading with {what} ('{line.strip()}'): "
+                                    "a dated run belongs in docs/log/")
+        if LOG_LINK.search(line) and not line.startswith("History:"):
+            problems.append(f"{doc}:{n}: links into docs/log/ outside its 'History:' line (a log is not the truth)")
+for log in logs:
+    name = pathlib.PurePosixPath(log).name
+    text = (root / log).read_text()
+    if not re.match(r"20\d\d-\d\d-\d\d-[\w.-]+\.md$", name):
+        problems.append(f"{log}: a log's name is YYYY-MM-DD-topic.md")
+    if "A log, not the truth" not in "\n".join(text.splitlines()[:8]):
+        problems.append(f"{log}: its first lines must say 'A log, not the truth'")
+    added = subprocess.run(["git", "-C", str(root), "log", "--diff-filter=A", "--format=%H", "--", log],
+                           capture_output=True, text=True).stdout.split()
+    if added:
+        first = subprocess.run(["git", "-C", str(root), "show", f"{added[-1]}:{log}"], capture_output=True, text=True)
+        if first.returncode == 0 and not text.startswith(first.stdout):
+            problems.append(f"{log}: changed, not appended to, since {added[-1][:7]} (logs are append-only)")
+size = subprocess.run([sys.executable, str(root / "tools/size.py"), str(root)], capture_output=True, text=True)
+if size.returncode != 0 or "| all |" not in size.stdout:
+    problems.append(f"tools/size.py failed (exit {size.returncode}): {size.stderr.strip()}")
+elif (root / "docs/size.md").exists():
+    rows = lambda text: re.findall(r"^\| ([^|]+?) \|", text, re.M)
+    if rows(size.stdout) != [r for r in rows((root / "docs/size.md").read_text())]:
+        problems.append("docs/size.md: its table's rows are not tools/size.py's (run tools/size.py --write)")
 
 readme = (root / "README.md").read_text()
 m = re.search(r"^## Layout\n(.*?)(?=^## )", readme, re.S | re.M)
