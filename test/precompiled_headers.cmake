@@ -83,6 +83,11 @@ function(gpuslice_use_test_pch)
   # Owner and programs alike, so that the header's flags still match.
   set(test_optimisation $<$<CONFIG:Release>:-O1>)
   gpuslice_targets_under(${CMAKE_CURRENT_SOURCE_DIR} targets)
+  # The simulator's own tests: test/fakecuda is added by the top level.
+  if(EXISTS ${CMAKE_SOURCE_DIR}/test/fakecuda/tests/CMakeLists.txt)
+    gpuslice_targets_under(${CMAKE_SOURCE_DIR}/test/fakecuda more)
+    list(APPEND targets ${more})
+  endif()
   # Every target starts with its folder's add_compile_options (the same in
   # every test folder); a program that adds its own differs from the owner's.
   get_target_property(owner_options gpuslice_test_pch COMPILE_OPTIONS)

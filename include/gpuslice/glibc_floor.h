@@ -1,7 +1,7 @@
 // Pinning a shared library's libc calls to old symbol versions, so that it
 // loads under a glibc older than the one it is built with (docs/deploy.md,
-// "glibc floor"). Used by the preload library (hook/glibc_floor.cc) and by
-// the simulated driver (test/fakecuda/glibc_floor.cc).
+// "glibc floor"). Used by the preload library (hook/glibc_floor.cc); the
+// simulated driver keeps its own copy (test/fakecuda/glibc_floor.h).
 //
 // Built against a newer glibc, the linker binds each call to the newest
 // (default) version of the function: 2.34 moved libpthread and libdl into libc

@@ -1,8 +1,8 @@
 /* The subset of NVIDIA's NVML C ABI that gpuslice uses, declared from NVIDIA's
  * public NVML API reference (no nvml.h ships with the CUDA toolkit). Shared by
- * the preload library's NVML shim, the node agent and the simulated NVML
- * (test/fakecuda). Only what is declared here is relied upon; layouts and
- * values follow the documented, stable ABI. Standalone: C or C++. */
+ * the preload library's NVML shim and the node agent (the simulated NVML keeps
+ * its own copy, test/fakecuda/nvml_abi.h). Only what is declared here is relied
+ * upon; layouts and values follow the documented, stable ABI. Standalone: C or C++. */
 #ifndef GPUSLICE_NVML_ABI_H
 #define GPUSLICE_NVML_ABI_H
 

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "fakecuda_query.h"
+#include "monitor.h"
 #include "torture.h"
 
 namespace gpuslice::chaos {
@@ -46,7 +46,7 @@ struct Held {
 
 // All threads of the worker meet every kCheckpointEvery operations; the last
 // to arrive, with every other thread parked, asks the monitor for its exact
-// per-process check (fakecuda_monitor_checkpoint).
+// per-process check (monitor_checkpoint, monitor.h).
 constexpr int kCheckpointEvery = 40;
 class Barrier {
  public:
@@ -55,7 +55,7 @@ class Barrier {
     std::unique_lock<std::mutex> lock(mu_);
     const unsigned long gen = generation_;
     if (++arrived_ == n_) {
-      if (fakecuda_monitor_checkpoint() > 0) violations_.fetch_add(1);
+      if (monitor_checkpoint() > 0) violations_.fetch_add(1);
       arrived_ = 0;
       ++generation_;
       cv_.notify_all();

@@ -1,10 +1,9 @@
 // Test probes of the simulated driver (README "Chaos mode and invariant
 // monitor"): a seeded perturbation of the schedule at every entry point and
-// every change of device memory (chaos.cc), and a monitor that checks, at
-// every grant and on a background thread, that a container's device memory
-// stays within its gpuslice quota and above gpuslice's count (monitor.cc).
-// Both are off by default; then an entry point pays one relaxed load and a
-// predictable branch.
+// every change of device memory (chaos.cc), and one registered observer
+// called at every change of device memory (observer.cc; fakecuda_query.h,
+// "Observers"), such as the chaos suite's invariant monitor. Both are off by
+// default; then an entry point pays one relaxed load and a predictable branch.
 #pragma once
 
 #include <atomic>
@@ -15,7 +14,7 @@ namespace gpuslice::fakecuda {
 
 class State;
 
-// True when chaos or the monitor is on (set once by cuInit).
+// True when chaos or an observer is on (set once by cuInit).
 extern std::atomic<bool> g_probes_on;
 
 void probe_entry_slow(const char* call);
@@ -25,11 +24,12 @@ inline void probe_entry(const char* call) {
   if (__builtin_expect(g_probes_on.load(std::memory_order_relaxed), 0)) probe_entry_slow(call);
 }
 
-// cuInit, before anything else: reads FAKECUDA_CHAOS_* and FAKECUDA_MONITOR*.
-// false + one line naming the variable on a bad value.
+// cuInit, before anything else: reads FAKECUDA_CHAOS_*, then configures the
+// observer (which reads its own variables); refuses FAKECUDA_MONITOR=1 without
+// one. false + one line naming the variable on a bad value.
 bool probes_configure(const char* state_path, char* error, std::size_t error_len);
-// cuInit, once the process owns its slot: registers it with the monitor and
-// turns the probes on.
+// cuInit, once the process owns its slot: attaches the observer and turns the
+// probes on.
 void probes_attach(State* state, int slot);
 
 // --- chaos.cc ---
@@ -50,7 +50,8 @@ void chaos_point(const char* call);
 // The calling thread's ordinal in this process (1, 2, ... in order of first use).
 std::uint32_t chaos_thread_ordinal();
 
-// Per-process ring of recent operations, printed with a violation.
+// Per-process ring of recent operations (fakecuda_recent_operations: the
+// monitor prints it with a violation).
 enum class OpKind : std::uint32_t {
   call = 0,
   charge = 1,

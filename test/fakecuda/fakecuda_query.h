@@ -6,14 +6,19 @@
  * fakecuda target. pid arguments match either the pid a process has in its own
  * namespace or its host pid; 0 means the calling process (or, for busy time,
  * every process). Sizes in bytes, times in CLOCK_MONOTONIC nanoseconds. */
-#ifndef GPUSLICE_FAKECUDA_QUERY_H
-#define GPUSLICE_FAKECUDA_QUERY_H
+#ifndef FAKECUDA_QUERY_H
+#define FAKECUDA_QUERY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Limits of the simulated machine: devices and process slots per state. */
+#define FAKECUDA_MAX_DEVICES 16
+#define FAKECUDA_MAX_SLOTS 512
 
 /* Devices in the state; -1 if there is no state file. */
 int fakecuda_device_count(void);
@@ -42,13 +47,73 @@ const char* fakecuda_state_path(void);
 /* 1 if a driver entry point (from dlsym/cuGetProcAddress) is a generated
  * CUDA_ERROR_NOT_SUPPORTED stub rather than a modelled function. */
 int fakecuda_symbol_is_stub(const void* function);
-/* Invariant monitor (README "Chaos mode and invariant monitor"): the calling
- * process is quiescent; checks that it holds no more on each device than
- * gpuslice committed for it. Violations found, or -1 if FAKECUDA_MONITOR is off. */
-int fakecuda_monitor_checkpoint(void);
+
+/* --- Observers (README "Contract": "Query API") ---------------------------
+ * A program that links the simulator may register one observer before cuInit:
+ * the chaos suite's invariant monitor (test/chaos/monitor.cc) is one. The
+ * simulator calls it at cuInit and at every change of this process's device
+ * memory, and knows nothing of what it checks. The functions below it give an
+ * observer the simulator's ground truth; none of them is a driver entry point
+ * (none records an operation or perturbs the schedule). */
+typedef struct fakecuda_observer {
+  /* cuInit, after the simulator's own variables (FAKECUDA_CHAOS_*) were read:
+   * 0 to go on, else nonzero with one line naming the bad variable in
+   * error (cuInit prints it and fails with CUDA_ERROR_INVALID_VALUE). */
+  int (*configure)(const char* state_path, char* error, size_t error_len);
+  /* cuInit, once this process owns process slot `slot` of a state with
+   * `devices` devices (0 .. devices-1, fixed for its life): nonzero to receive
+   * charged/uncharged (then every entry point also records its name in the
+   * operation ring, fakecuda_recent_operations). */
+  int (*attach)(int slot, unsigned devices);
+  /* After each grant of device memory to a process of this program (slot),
+   * under the state lock: every grant of every process is seen in one order.
+   * context: context memory rather than an allocation; call/previous_call:
+   * the entry points (or helpers) the granting thread entered last. */
+  void (*charged)(int slot, unsigned dev, uint64_t bytes, int context, const char* call, const char* previous_call);
+  /* After each release of device memory by this program (no lock held). */
+  void (*uncharged)(int slot, unsigned dev, uint64_t bytes, int context, const char* call);
+} fakecuda_observer;
+/* 0 on success; -1 if one is registered already or cuInit has begun. The
+ * observer must outlive the process's driver use. Without one, cuInit refuses
+ * FAKECUDA_MONITOR=1 (the monitor is an observer the program must link). */
+int fakecuda_set_observer(const fakecuda_observer* observer);
+
+/* 1 while cuInit has succeeded in this process (not forked, not torn down). */
+int fakecuda_initialized(void);
+/* The state lock, under which every grant is made: 1 if taken (then call
+ * fakecuda_state_unlock), 0 if not. Only after a successful cuInit. */
+int fakecuda_state_lock(void);
+void fakecuda_state_unlock(void);
+/* With the state lock held: frees the holdings of dead processes (not this
+ * one's); returns how many were reaped. */
+int fakecuda_reap_locked(void);
+/* With the state lock held: one past the highest process slot ever claimed. */
+int fakecuda_slots_high_locked(void);
+/* One process slot as the state holds it (held_bytes: allocations + context
+ * memory on dev). 0 if slot or dev is out of range. */
+typedef struct fakecuda_slot_info {
+  int claimed;         /* a process owns the slot (or its dead owner is not reaped yet) */
+  uint32_t generation; /* changes every time the slot is claimed */
+  uint32_t pid;        /* in the owner's namespace */
+  uint64_t held_bytes;
+} fakecuda_slot_info;
+int fakecuda_slot_info_get(int slot, unsigned dev, fakecuda_slot_info* out);
+/* Whether the slot's owner still lives (holds its liveness lock); 1 when it
+ * cannot tell. Not for this process's own slot. */
+int fakecuda_slot_alive(int slot);
+/* The device's 16 UUID bytes, as cuDeviceGetUuid gives them; 0 if none. */
+int fakecuda_device_uuid(int dev, unsigned char out[16]);
+/* Chaos mode's seed (0: off) and this process's stream (FAKECUDA_CHAOS_*). */
+uint64_t fakecuda_chaos_seed(void);
+uint64_t fakecuda_chaos_stream(void);
+/* The calling thread's ordinal in this process (t1, t2, ...: the ring's names). */
+uint32_t fakecuda_thread_ordinal(void);
+/* This process's last `count` operations (entry points, charges, chaos
+ * decisions), oldest first, one indented line each, NUL-terminated. */
+void fakecuda_recent_operations(char* out, size_t len, int count);
 
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* GPUSLICE_FAKECUDA_QUERY_H */
+#endif /* FAKECUDA_QUERY_H */

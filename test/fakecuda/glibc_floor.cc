@@ -1,19 +1,19 @@
 // The simulated driver loads under glibc 2.31 too (Debian bullseye), so that
 // the old-glibc test (test/deploy) runs the preload library against it there:
 // its libc calls whose default version is newer are pinned to their oldest
-// version (see gpuslice/glibc_floor.h). libstdc++ stays dynamic: the
+// version (glibc_floor.h). libstdc++ stays dynamic: the
 // old root's own libstdc++.so.6 (GCC 10, GLIBCXX_3.4.28) serves it.
 #include <pthread.h>
 
-#include "gpuslice/glibc_floor.h"
+#include "glibc_floor.h"
 
 // libpthread before 2.34: the robust, process-shared mutex of the state file.
-GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_init, "GLIBC_2.2.5", (pthread_mutexattr_t * attr), (attr))
-GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_destroy, "GLIBC_2.2.5", (pthread_mutexattr_t * attr), (attr))
-GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_setpshared, "GLIBC_2.2.5", (pthread_mutexattr_t * attr, int shared),
+FAKECUDA_GLIBC_PIN(int, pthread_mutexattr_init, "GLIBC_2.2.5", (pthread_mutexattr_t * attr), (attr))
+FAKECUDA_GLIBC_PIN(int, pthread_mutexattr_destroy, "GLIBC_2.2.5", (pthread_mutexattr_t * attr), (attr))
+FAKECUDA_GLIBC_PIN(int, pthread_mutexattr_setpshared, "GLIBC_2.2.5", (pthread_mutexattr_t * attr, int shared),
                    (attr, shared))
-GPUSLICE_GLIBC_PIN(int, pthread_mutexattr_setrobust, "GLIBC_2.12", (pthread_mutexattr_t * attr, int robust),
+FAKECUDA_GLIBC_PIN(int, pthread_mutexattr_setrobust, "GLIBC_2.12", (pthread_mutexattr_t * attr, int robust),
                    (attr, robust))
-GPUSLICE_GLIBC_PIN(int, pthread_mutex_consistent, "GLIBC_2.12", (pthread_mutex_t * mutex), (mutex))
+FAKECUDA_GLIBC_PIN(int, pthread_mutex_consistent, "GLIBC_2.12", (pthread_mutex_t * mutex), (mutex))
 // GLIBC_2.33.
-GPUSLICE_GLIBC_STAT_BY_SYSCALL()
+FAKECUDA_GLIBC_STAT_BY_SYSCALL()

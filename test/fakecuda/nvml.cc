@@ -8,7 +8,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "gpuslice/nvml_abi.h"
+#include "nvml_abi.h"
 #include "state.h"
 #include "scheduler.h"
 #include "timeline.h"

@@ -197,20 +197,24 @@ RingEntry* State::ring(std::uint32_t index) {
   return reinterpret_cast<RingEntry*>(base) + std::size_t{index} * header_->ring_entries;
 }
 
-State::Lock::Lock(State& state) : state_(state) {
-  int rc = pthread_mutex_lock(&state_.header_->mutex);
+bool State::lock() {
+  int rc = pthread_mutex_lock(&header_->mutex);
   if (rc == EOWNERDEAD) {
     // The previous holder died inside a critical section. Each one leaves the
     // state valid after every single store, so marking it consistent is enough;
     // the dead owner's slot is reaped by the caller.
-    pthread_mutex_consistent(&state_.header_->mutex);
+    pthread_mutex_consistent(&header_->mutex);
     rc = 0;
   }
-  locked_ = rc == 0;
+  return rc == 0;
 }
 
+void State::unlock() { pthread_mutex_unlock(&header_->mutex); }
+
+State::Lock::Lock(State& state) : state_(state) { locked_ = state_.lock(); }
+
 State::Lock::~Lock() {
-  if (locked_) pthread_mutex_unlock(&state_.header_->mutex);
+  if (locked_) state_.unlock();
 }
 
 bool State::slot_alive(int index) const {

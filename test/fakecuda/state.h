@@ -144,6 +144,11 @@ class State {
   RingEntry* ring(std::uint32_t index);
   std::uint32_t device_count() const { return header_->devices; }
 
+  // The robust, process-shared mutex: false only if it is unrecoverable.
+  // Code in this library uses the guard below; lock()/unlock() serve an
+  // observer whose hold spans its own calls (fakecuda_state_lock).
+  bool lock();
+  void unlock();
   // Robust-mutex guard. ok() is false only if the mutex is unrecoverable.
   class Lock {
    public:

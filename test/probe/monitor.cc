@@ -1,8 +1,8 @@
-// gpuslice-probe monitor: a program for the simulator's invariant monitor
+// gpuslice-probe monitor: a program for the chaos suite's invariant monitor
 // (test/chaos/chaos_test.cc).
 //   hold MIB HOLD_MS [checkpoint]
 //       allocates MIB with cuMemAlloc in the primary context (then, with
-//       checkpoint, prints fakecuda_monitor_checkpoint()), holds it HOLD_MS,
+//       checkpoint, prints the monitor's checkpoint, test/chaos/monitor.h), holds it HOLD_MS,
 //       frees it, exits 0. Run without libgpuslice.so it is a program that
 //       bypasses gpuslice: the monitor must report it.
 //   hold-managed MIB HOLD_MS
@@ -12,7 +12,7 @@
 
 #include <cstdio>
 
-#include "fakecuda_query.h"
+#include "monitor.h"  // test/chaos: the invariant monitor, linked in
 #include "probe.h"
 
 namespace gpuslice::probe::monitor {
@@ -25,7 +25,7 @@ int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint, bool managed) {
   if (managed && rc == CUDA_SUCCESS) rc = cuMemAllocManaged(&more, 1 << 20, CU_MEM_ATTACH_GLOBAL);
   std::printf("alloc=%d\n", static_cast<int>(rc));
   std::fflush(stdout);
-  if (checkpoint) std::printf("checkpoint=%d\n", fakecuda_monitor_checkpoint());
+  if (checkpoint) std::printf("checkpoint=%d\n", gpuslice::chaos::monitor_checkpoint());
   std::fflush(stdout);
   usleep(hold_ms * 1000);
   if (p != 0) cuMemFree(p);

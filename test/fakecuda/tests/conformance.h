@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpuslice/nvml_abi.h"
+#include "nvml_abi.h"
 
 namespace conformance {
 

@@ -2,7 +2,7 @@
 #include <time.h>
 
 #include "common.h"
-#include "gpuslice/nvml_abi.h"
+#include "nvml_abi.h"
 
 using namespace fakecuda_test;
 

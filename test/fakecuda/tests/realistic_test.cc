@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "common.h"
-#include "gpuslice/nvml_abi.h"
+#include "nvml_abi.h"
 
 using namespace fakecuda_test;
 

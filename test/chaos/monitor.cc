@@ -1,7 +1,10 @@
-// The invariant monitor (README "Chaos mode and invariant monitor"). The
-// simulator knows what every process really holds on every device (the
-// state file); a process belongs to the container whose gpuslice region its
-// environment names (GPUSLICE_REGION, as the library reads it). With
+// The invariant monitor (README.md; test/fakecuda/README.md, "Chaos mode and
+// invariant monitor"): an observer of the simulated driver (fakecuda_query.h,
+// "Observers") that every program of the chaos suite links. The simulator
+// knows what every process really holds on every device (its state file,
+// read through its query API); a process belongs to the container whose
+// gpuslice region its environment names (GPUSLICE_REGION, as the library
+// reads it), and the monitor reads that region itself. With
 // FAKECUDA_MONITOR=1 every grant of device memory (under the state lock, so
 // all processes' grants are checked in one order) and a background sampler
 // check, per container and device:
@@ -28,7 +31,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,11 +42,15 @@
 
 #include <gpuslice/region.h>
 
-#include "chaos.h"
-#include "driver.h"
+#include "fakecuda_query.h"
+#include "monitor.h"
 
-namespace gpuslice::fakecuda {
+namespace gpuslice::chaos {
 namespace {
+
+// The simulated machine's process slots and devices (fakecuda_query.h).
+constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
+constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
 
 constexpr std::uint64_t kMonitorMagic = 0x324f54494e4f4d46ull;  // "FMONITO2": Watch has the seen_ns words
 constexpr std::uint32_t kWatches = 256;
@@ -70,12 +80,12 @@ struct MonitorShared {
   std::atomic<std::uint64_t> magic;
   std::atomic<std::uint64_t> violations;
   std::atomic<std::uint64_t> checks;
-  std::atomic<std::uint64_t> member_container[kMaxSlots];
-  std::atomic<std::uint32_t> member_generation[kMaxSlots];
+  std::atomic<std::uint64_t> member_container[kSimSlots];
+  std::atomic<std::uint32_t> member_generation[kSimSlots];
   // Managed grants in flight, per process and device: granted, and the
   // granting thread has made no other change of device memory since (the
   // library's spill advises them to the host as its next step).
-  std::atomic<std::uint64_t> managed_in_flight[kMaxSlots][kMaxDevices];
+  std::atomic<std::uint64_t> managed_in_flight[kSimSlots][kSimDevices];
   Watch watch[kWatches];
 };
 
@@ -94,10 +104,10 @@ struct MonitorConfig {
 
 MonitorConfig g_config;
 MonitorShared* g_shared = nullptr;
-State* g_state = nullptr;
-int g_slot = -1;
+int g_slot = -1;                   // this process's slot in the simulator's state
+std::uint32_t g_devices = 0;       // the simulated machine's devices
 const Region* g_region = nullptr;  // mapped read-only once it exists
-int g_region_device[kMaxDevices];  // fake device -> region entry; -1 unknown
+int g_region_device[kSimDevices];  // fake device -> region entry; -1 unknown
 std::atomic<int> g_reports{0};
 
 std::uint64_t fnv1a(const char* text) {
@@ -160,10 +170,10 @@ const Region* region() {
   return g_region;
 }
 
-int region_device(State& state, std::uint32_t dev, const Region& r) {
+int region_device(std::uint32_t dev, const Region& r) {
   if (g_region_device[dev] >= 0) return g_region_device[dev];
   unsigned char uuid[16];
-  device_uuid(state.header(), dev, uuid);
+  if (fakecuda_device_uuid(static_cast<int>(dev), uuid) == 0) return -1;
   for (int i = 0; i < static_cast<int>(gpuslice::kMaxDevices); ++i) {
     const DeviceState& d = r.devices[i];
     if (d.uuid_state.load(std::memory_order_acquire) == 2 && std::memcmp(d.uuid, uuid, 16) == 0) {
@@ -176,20 +186,18 @@ int region_device(State& state, std::uint32_t dev, const Region& r) {
 
 // Device bytes held by the live processes of this container, and of them the
 // managed grants in flight. State lock held.
-std::uint64_t container_total(State& state, std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr) {
+std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr) {
   std::uint64_t total = 0;
-  const int high = state.slots_high();  // no slot above it was ever claimed
+  const int high = fakecuda_slots_high_locked();  // no slot above it was ever claimed
   for (int i = 0; i < high; ++i) {
-    const ProcSlot& slot = state.header().slot[i];
-    if (slot.state.load(std::memory_order_acquire) != 1) continue;
+    fakecuda_slot_info slot{};
+    if (fakecuda_slot_info_get(i, dev, &slot) == 0 || slot.claimed == 0) continue;
     if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
-        g_shared->member_generation[i].load(std::memory_order_acquire) !=
-            slot.generation.load(std::memory_order_relaxed)) {
+        g_shared->member_generation[i].load(std::memory_order_acquire) != slot.generation) {
       continue;
     }
-    if (i != g_slot && !state.slot_alive(i)) continue;
-    const std::uint64_t held =
-        slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);
+    if (i != g_slot && fakecuda_slot_alive(i) == 0) continue;
+    const std::uint64_t held = slot.held_bytes;
     if (i == g_slot && own != nullptr) *own = held;
     total += held;
     if (in_flight != nullptr) *in_flight += g_shared->managed_in_flight[i][dev].load(std::memory_order_relaxed);
@@ -225,21 +233,19 @@ struct Grant {
 // holds on the device, and what gpuslice's region slot with its pid counts.
 // State lock held.
 int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
-  if (g_state == nullptr || used < 0 || static_cast<std::size_t>(used) >= len) return used;
+  if (g_slot < 0 || used < 0 || static_cast<std::size_t>(used) >= len) return used;
   const gpuslice::Region* r = region();
-  const int high = g_state->slots_high();
+  const int high = fakecuda_slots_high_locked();
   for (int i = 0; i < high; ++i) {
-    const ProcSlot& slot = g_state->header().slot[i];
-    if (slot.state.load(std::memory_order_acquire) != 1) continue;
+    fakecuda_slot_info slot{};
+    if (fakecuda_slot_info_get(i, dev, &slot) == 0 || slot.claimed == 0) continue;
     if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
-        g_shared->member_generation[i].load(std::memory_order_acquire) !=
-            slot.generation.load(std::memory_order_relaxed)) {
+        g_shared->member_generation[i].load(std::memory_order_acquire) != slot.generation) {
       continue;
     }
-    const bool alive = i == g_slot || g_state->slot_alive(i);
-    const std::uint32_t pid = slot.pid.load(std::memory_order_relaxed);
-    const unsigned long long held =
-        slot.alloc_bytes[dev].load(std::memory_order_relaxed) + slot.context_bytes[dev].load(std::memory_order_relaxed);
+    const bool alive = i == g_slot || fakecuda_slot_alive(i) != 0;
+    const std::uint32_t pid = slot.pid;
+    const unsigned long long held = slot.held_bytes;
     long long committed = -1;
     unsigned state = 0;
     if (r != nullptr && region_dev >= 0) {
@@ -297,7 +303,6 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
   const int n = g_reports.fetch_add(1, std::memory_order_relaxed);
   if (n >= 20) return;
   static char text[16384];  // state lock held: one report at a time
-  const ChaosConfig& chaos = chaos_config();
   const unsigned long long resident = d.resident_limit_bytes.load(std::memory_order_relaxed);
   int used = std::snprintf(
       text, sizeof(text),
@@ -306,10 +311,10 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
       "allowance %llu in the region); gpuslice count %llu (used_bytes %llu - spilled %llu + agent_extra_bytes "
       "%llu)\n  grant: %s%llu bytes in %s\n"
       "  replay: the same FAKECUDA_CHAOS_SEED and schedule (test/chaos/README.md)\n",
-      invariant, static_cast<unsigned long long>(chaos.seed), static_cast<unsigned long long>(chaos.stream),
-      static_cast<int>(getpid()), chaos_thread_ordinal(), g_config.region, dev, region_dev, detail,
-      static_cast<unsigned long long>(total), static_cast<unsigned long long>(own),
-      static_cast<unsigned long long>(limit),
+      invariant, static_cast<unsigned long long>(fakecuda_chaos_seed()),
+      static_cast<unsigned long long>(fakecuda_chaos_stream()), static_cast<int>(getpid()), fakecuda_thread_ordinal(),
+      g_config.region, dev, region_dev, detail, static_cast<unsigned long long>(total),
+      static_cast<unsigned long long>(own), static_cast<unsigned long long>(limit),
       static_cast<unsigned long long>(d.quota_bytes.load(std::memory_order_relaxed)), resident,
       static_cast<unsigned long long>(resident_count(d)),
       static_cast<unsigned long long>(d.used_bytes.load(std::memory_order_relaxed)),
@@ -327,7 +332,7 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
     if (m > 0) used += m;
   }
   if (static_cast<std::size_t>(used) < sizeof(text)) {
-    ring_format(text + used, sizeof(text) - used, g_config.ring);
+    fakecuda_recent_operations(text + used, sizeof(text) - used, g_config.ring);
     used = static_cast<int>(std::strlen(text));
   }
   ssize_t ignored = write(2, text, static_cast<std::size_t>(used));
@@ -355,23 +360,23 @@ std::uint64_t sighting(std::atomic<std::uint64_t>& since, std::atomic<std::uint6
   return begun;
 }
 
-void check(State& state, std::uint32_t dev, const Grant* grant) {
+void check(std::uint32_t dev, const Grant* grant) {
   const gpuslice::Region* r = region();
   if (r == nullptr || dev >= gpuslice::kMaxDevices) return;
-  const int rd = region_device(state, dev, *r);
+  const int rd = region_device(dev, *r);
   if (rd < 0) return;
   const DeviceState& d = r->devices[rd];
   g_shared->checks.fetch_add(1, std::memory_order_relaxed);
   std::uint64_t own = 0;
   std::uint64_t in_flight = 0;
-  const std::uint64_t total = container_total(state, dev, &own, &in_flight);
+  const std::uint64_t total = container_total(dev, &own, &in_flight);
   std::uint64_t limit = d.quota_bytes.load(std::memory_order_acquire);
   const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);
   if (resident != 0 && resident < limit) limit = resident;
   if (g_config.resident_env < limit) limit = g_config.resident_env;
   Watch* w = watch_for(dev, limit, total);
   if (w == nullptr) return;
-  const std::uint64_t now = mono_ns();
+  const std::uint64_t now = fakecuda_now_ns();
   const std::uint64_t lag = g_config.lag_ns;
   if (w->limit_seen.load(std::memory_order_relaxed) != limit) {
     w->limit_seen.store(limit, std::memory_order_relaxed);
@@ -458,112 +463,83 @@ void land_managed() {
   t_managed_in_flight = 0;
 }
 
-void on_charge(State& state, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
-  const char* call = last_call();
-  ring_record(context ? OpKind::context_charge : OpKind::charge, call, dev, bytes);
+// The simulator's observer (fakecuda_query.h): after every grant to this
+// program, under the state lock; the simulator records the operation before
+// and runs its chaos point after.
+void charged(int slot, unsigned dev, std::uint64_t bytes, int context, const char* call, const char* previous_call) {
   if (g_config.on && slot == g_slot) {
-    Grant grant{bytes, context || !explicit_call(call),
+    Grant grant{bytes, context != 0 || !explicit_call(call),
                 call_is(call, "cuMemAllocManaged") ||
-                    (call_is(call, "alloc_common") && call_is(previous_call(), "cuMemAllocManaged")),
+                    (call_is(call, "alloc_common") && call_is(previous_call, "cuMemAllocManaged")),
                 call};
     land_managed();
-    if (grant.managed && bytes > 0 && dev < kMaxDevices) {
+    if (grant.managed && bytes > 0 && dev < kSimDevices) {
       g_shared->managed_in_flight[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
       t_managed_in_flight = bytes;
       t_managed_dev = dev;
       t_managed_slot = g_slot;
     }
-    check(state, dev, &grant);
+    check(dev, &grant);
   }
-  chaos_point(call);
 }
 
-void on_uncharge(State&, int slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
-  const char* call = last_call();
-  ring_record(context ? OpKind::context_uncharge : OpKind::uncharge, call, dev, bytes);
+void uncharged(int slot, unsigned, std::uint64_t, int, const char*) {
   if (g_config.on && slot == g_slot) land_managed();
-  chaos_point(call);
 }
 
 void sampler() {
   for (;;) {
     usleep(static_cast<useconds_t>(g_config.interval_ms * 1000));
-    if (runtime().init_state.load(std::memory_order_acquire) != static_cast<int>(InitState::ok)) return;
-    State::Lock lock(*g_state);
-    if (!lock.ok()) continue;
-    g_state->reap_locked(g_slot);
-    for (std::uint32_t dev = 0; dev < g_state->device_count(); ++dev) check(*g_state, dev, nullptr);
+    if (fakecuda_initialized() == 0) return;
+    if (fakecuda_state_lock() == 0) continue;
+    fakecuda_reap_locked();
+    for (std::uint32_t dev = 0; dev < g_devices; ++dev) check(dev, nullptr);
+    fakecuda_state_unlock();
   }
 }
 
-}  // namespace
-
-}  // namespace gpuslice::fakecuda
-
-// Test API (fakecuda_query.h): the calling process says it is quiescent (no
-// driver call and no gpuslice operation in flight in any of its threads):
-// then what it holds on each device must not exceed what gpuslice has
-// committed for it as possibly resident (its region slot's committed_bytes,
-// spare lease included, less its spilled bytes). Exact, no lag. Returns the violations found, or -1
-// when the monitor is off.
-extern "C" int fakecuda_monitor_checkpoint(void) {
-  using namespace gpuslice::fakecuda;
-  if (!g_config.on || g_state == nullptr || g_slot < 0) return -1;
-  // Every check runs under the state lock (the region mapping and the watch
-  // table are shared by this process's threads).
-  State::Lock lock(*g_state);
-  if (!lock.ok()) return 0;
-  const gpuslice::Region* r = region();
-  if (r == nullptr) return 0;
-  const std::uint32_t pid = static_cast<std::uint32_t>(getpid());
-  const gpuslice::Slot* own = nullptr;
-  for (std::uint32_t i = 0; i < gpuslice::kMaxSlots; ++i) {
-    const gpuslice::Slot& slot = r->slots[i];
-    if (slot.state.load(std::memory_order_acquire) == gpuslice::kSlotLive &&
-        slot.pid.load(std::memory_order_acquire) == pid) {
-      own = &slot;
-      break;
+// GPUSLICE_MEMORY_RESIDENT when it is one plain size (the simulator's size
+// grammar: digits, then nothing, B, K/M/G/T base 1000 or Ki/Mi/Gi/Ti base 1024).
+bool parse_size(const char* text, std::uint64_t& out) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long value = std::strtoull(text, &end, 10);
+  if (errno != 0) return false;
+  struct Suffix {
+    const char* name;
+    std::uint64_t scale;
+  };
+  static constexpr Suffix kSuffixes[] = {
+      {"", 1},
+      {"B", 1},
+      {"K", 1000ull},
+      {"M", 1000ull * 1000},
+      {"G", 1000ull * 1000 * 1000},
+      {"T", 1000ull * 1000 * 1000 * 1000},
+      {"Ki", 1ull << 10},
+      {"Mi", 1ull << 20},
+      {"Gi", 1ull << 30},
+      {"Ti", 1ull << 40},
+  };
+  for (const Suffix& suffix : kSuffixes) {
+    if (std::strcmp(end, suffix.name) == 0) {
+      if (value > ~std::uint64_t{0} / suffix.scale) return false;
+      out = value * suffix.scale;
+      return true;
     }
   }
-  int found = 0;
-  for (std::uint32_t dev = 0; dev < g_state->device_count(); ++dev) {
-    check(*g_state, dev, nullptr);
-    const ProcSlot& mine = g_state->header().slot[g_slot];
-    const std::uint64_t held =
-        mine.alloc_bytes[dev].load(std::memory_order_relaxed) + mine.context_bytes[dev].load(std::memory_order_relaxed);
-    const int rd = region_device(*g_state, dev, *r);
-    if (held == 0 || rd < 0) continue;
-    // Less what it counts as spilled: host memory, never held by the device.
-    std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
-    const std::uint64_t spilled = own != nullptr ? own->spilled_bytes[rd].load(std::memory_order_acquire) : 0;
-    committed = committed > spilled ? committed - spilled : 0;
-    if (held > committed) {
-      ++found;
-      Watch* w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
-      char detail[256];
-      std::snprintf(detail, sizeof(detail),
-                    "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it, spilled "
-                    "memory left out (%s)",
-                    static_cast<unsigned long long>(held), static_cast<unsigned long long>(committed),
-                    own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
-      report("count at checkpoint", detail, dev, rd, container_total(*g_state, dev, nullptr), held,
-             w != nullptr ? w->ceiling.load(std::memory_order_relaxed) : 0, r->devices[rd], nullptr);
-    }
-  }
-  return found;
+  return false;
 }
 
-namespace gpuslice::fakecuda {
-
-bool probes_configure(const char* state_path, char* error, std::size_t len) {
-  ChaosConfig chaos;
-  if (!chaos_configure(chaos, error, len)) return false;
+// cuInit, after the simulator's own variables: FAKECUDA_MONITOR*.
+int configure(const char* state_path, char* error, std::size_t len) {
   MonitorConfig config;
   const char* on = std::getenv("FAKECUDA_MONITOR");
   if (on != nullptr && on[0] != '\0' && std::strcmp(on, "0") != 0) {
     if (std::strcmp(on, "1") != 0) {
       std::snprintf(error, len, "FAKECUDA_MONITOR='%s': expected 0 or 1", on);
-      return false;
+      return -1;
     }
     config.on = true;
   }
@@ -572,7 +548,7 @@ bool probes_configure(const char* state_path, char* error, std::size_t len) {
   if (!parse_ms("FAKECUDA_MONITOR_LAG_MS", 1, 60000, lag_ms, error, len) ||
       !parse_ms("FAKECUDA_MONITOR_INTERVAL_MS", 0, 1000, config.interval_ms, error, len) ||
       !parse_ms("FAKECUDA_MONITOR_RING", 1, 256, ring, error, len)) {
-    return false;
+    return -1;
   }
   config.lag_ns = lag_ms * 1000000;
   config.ring = static_cast<int>(ring);
@@ -596,30 +572,90 @@ bool probes_configure(const char* state_path, char* error, std::size_t len) {
     g_shared = map_shared(state_path);
     if (g_shared == nullptr) {
       std::snprintf(error, len, "FAKECUDA_MONITOR=1: cannot map %s.monitor: %s", state_path, std::strerror(errno));
-      return false;
+      return -1;
     }
   }
   g_config = config;
-  return true;
+  return 0;
 }
 
-void probes_attach(State* state, int slot) {
-  g_state = state;
+// cuInit, once this process owns its slot: registers it with the monitor.
+int attach(int slot, unsigned devices) {
   g_slot = slot;
+  g_devices = devices < kSimDevices ? devices : kSimDevices;
   for (int& d : g_region_device) d = -1;
-  if (g_config.on && g_shared != nullptr && slot >= 0) {
-    const std::uint32_t generation = state->header().slot[slot].generation.load(std::memory_order_relaxed);
-    g_shared->member_generation[slot].store(0, std::memory_order_release);
-    for (auto& bytes : g_shared->managed_in_flight[slot]) bytes.store(0, std::memory_order_relaxed);
-    g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
-    g_shared->member_generation[slot].store(generation, std::memory_order_release);
-    if (g_config.interval_ms > 0) std::thread(sampler).detach();
-  }
-  if (g_config.on || chaos_on()) {
-    g_charge_probe.store(on_charge, std::memory_order_release);
-    g_uncharge_probe.store(on_uncharge, std::memory_order_release);
-    g_probes_on.store(true, std::memory_order_release);
-  }
+  if (!g_config.on || g_shared == nullptr || slot < 0 || slot >= static_cast<int>(kSimSlots)) return 0;
+  fakecuda_slot_info info{};
+  fakecuda_slot_info_get(slot, 0, &info);
+  g_shared->member_generation[slot].store(0, std::memory_order_release);
+  for (auto& bytes : g_shared->managed_in_flight[slot]) bytes.store(0, std::memory_order_relaxed);
+  g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
+  g_shared->member_generation[slot].store(info.generation, std::memory_order_release);
+  if (g_config.interval_ms > 0) std::thread(sampler).detach();
+  return 1;
 }
 
-}  // namespace gpuslice::fakecuda
+constexpr fakecuda_observer kObserver = {configure, attach, charged, uncharged};
+
+// Every program that links the monitor registers it before main(), so that
+// FAKECUDA_MONITOR=1 works in it as in any other (the simulator refuses the
+// variable in a program without it).
+[[gnu::constructor]] void register_monitor() { fakecuda_set_observer(&kObserver); }
+
+}  // namespace
+
+// The calling process says it is quiescent (no driver call and no gpuslice
+// operation in flight in any of its threads): then what it holds on each
+// device must not exceed what gpuslice has committed for it as possibly
+// resident (its region slot's committed_bytes, spare lease included, less its
+// spilled bytes). Exact, no lag. Returns the violations found, or -1 when the
+// monitor is off.
+int monitor_checkpoint() {
+  if (!g_config.on || g_slot < 0) return -1;
+  // Every check runs under the state lock (the region mapping and the watch
+  // table are shared by this process's threads).
+  if (fakecuda_state_lock() == 0) return 0;
+  struct Unlock {
+    ~Unlock() { fakecuda_state_unlock(); }
+  } unlock;
+  const gpuslice::Region* r = region();
+  if (r == nullptr) return 0;
+  const std::uint32_t pid = static_cast<std::uint32_t>(getpid());
+  const gpuslice::Slot* own = nullptr;
+  for (std::uint32_t i = 0; i < gpuslice::kMaxSlots; ++i) {
+    const gpuslice::Slot& slot = r->slots[i];
+    if (slot.state.load(std::memory_order_acquire) == gpuslice::kSlotLive &&
+        slot.pid.load(std::memory_order_acquire) == pid) {
+      own = &slot;
+      break;
+    }
+  }
+  int found = 0;
+  for (std::uint32_t dev = 0; dev < g_devices; ++dev) {
+    check(dev, nullptr);
+    fakecuda_slot_info mine{};
+    fakecuda_slot_info_get(g_slot, dev, &mine);
+    const std::uint64_t held = mine.held_bytes;
+    const int rd = region_device(dev, *r);
+    if (held == 0 || rd < 0) continue;
+    // Less what it counts as spilled: host memory, never held by the device.
+    std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
+    const std::uint64_t spilled = own != nullptr ? own->spilled_bytes[rd].load(std::memory_order_acquire) : 0;
+    committed = committed > spilled ? committed - spilled : 0;
+    if (held > committed) {
+      ++found;
+      Watch* w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
+      char detail[256];
+      std::snprintf(detail, sizeof(detail),
+                    "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it, spilled "
+                    "memory left out (%s)",
+                    static_cast<unsigned long long>(held), static_cast<unsigned long long>(committed),
+                    own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
+      report("count at checkpoint", detail, dev, rd, container_total(dev, nullptr), held,
+             w != nullptr ? w->ceiling.load(std::memory_order_relaxed) : 0, r->devices[rd], nullptr);
+    }
+  }
+  return found;
+}
+
+}  // namespace gpuslice::chaos
