@@ -5,13 +5,14 @@
 #include <string>
 #include <vector>
 
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "limiter/priority.h"
 
 namespace {
 
 using gpuslice::Priority;
 using namespace gpuslice::limiter;
+using namespace gpuslice::options;
 
 constexpr std::uint64_t kMs = 1'000'000;
 constexpr std::uint64_t kT0 = 1'000'000 * kMs;  // an arbitrary CLOCK_MONOTONIC instant
@@ -51,7 +52,7 @@ TEST(PriorityParse, RegionWord) {
 }
 
 // The option table's GPUSLICE_PRIORITY and HAMi's CUDA_TASK_PRIORITY alias.
-int parsed_priority(std::vector<std::string> vars, bool* ok) {
+Priority parsed_priority(std::vector<std::string> vars, bool* ok) {
   std::vector<char*> envp;
   for (std::string& v : vars) envp.push_back(v.data());
   envp.push_back(nullptr);
@@ -63,16 +64,16 @@ int parsed_priority(std::vector<std::string> vars, bool* ok) {
 
 TEST(PriorityOption, DefaultAndAlias) {
   bool ok = false;
-  EXPECT_EQ(parsed_priority({}, &ok), kPriorityNormal);
+  EXPECT_EQ(parsed_priority({}, &ok), Priority::normal);
   EXPECT_TRUE(ok);
-  EXPECT_EQ(parsed_priority({"GPUSLICE_PRIORITY=low"}, &ok), kPriorityLow);
+  EXPECT_EQ(parsed_priority({"GPUSLICE_PRIORITY=low"}, &ok), Priority::low);
   EXPECT_TRUE(ok);
-  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=0"}, &ok), kPriorityHigh);
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=0"}, &ok), Priority::high);
   EXPECT_TRUE(ok);
-  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1"}, &ok), kPriorityLow);
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1"}, &ok), Priority::low);
   EXPECT_TRUE(ok);
   // Ours wins over the alias.
-  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1", "GPUSLICE_PRIORITY=high"}, &ok), kPriorityHigh);
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1", "GPUSLICE_PRIORITY=high"}, &ok), Priority::high);
   EXPECT_TRUE(ok);
   parsed_priority({"GPUSLICE_PRIORITY=urgent"}, &ok);
   EXPECT_FALSE(ok);
