@@ -22,27 +22,20 @@ PeerSample launched(Priority level, std::uint64_t at) {
   return PeerSample{level, next_publication(0, extend_horizon(0, at, 0), at), at};
 }
 
+// GPUSLICE_PRIORITY's words (options.def), as `gpuslice-smi set --priority`
+// parses them too: stored as the ABI's levels.
 TEST(PriorityParse, WordsAnyCase) {
   Priority p = Priority::unset;
-  EXPECT_TRUE(parse_priority("high", &p));
+  EXPECT_TRUE(parse_word(words::priority, "high", &p));
   EXPECT_EQ(p, Priority::high);
-  EXPECT_TRUE(parse_priority("LOW", &p));
+  EXPECT_TRUE(parse_word(words::priority, "LOW", &p));
   EXPECT_EQ(p, Priority::low);
-  EXPECT_TRUE(parse_priority("Normal", &p));
+  EXPECT_TRUE(parse_word(words::priority, "Normal", &p));
   EXPECT_EQ(p, Priority::normal);
-  EXPECT_FALSE(parse_priority("urgent", &p));
-  EXPECT_FALSE(parse_priority("", &p));
-  EXPECT_FALSE(parse_priority("high ", &p));
-}
-
-TEST(PriorityParse, HamiMeaning) {
-  Priority p = Priority::unset;
-  EXPECT_TRUE(parse_hami_priority("0", &p));
-  EXPECT_EQ(p, Priority::high);
-  EXPECT_TRUE(parse_hami_priority("1", &p));
-  EXPECT_EQ(p, Priority::low);
-  EXPECT_FALSE(parse_hami_priority("2", &p));
-  EXPECT_FALSE(parse_hami_priority("01", &p));
+  EXPECT_FALSE(parse_word(words::priority, "urgent", &p));
+  EXPECT_FALSE(parse_word(words::priority, "", &p));
+  EXPECT_FALSE(parse_word(words::priority, "high ", &p));
+  EXPECT_EQ(p, Priority::normal);  // a refused word leaves the value as it was
 }
 
 TEST(PriorityParse, RegionWord) {
