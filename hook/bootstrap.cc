@@ -20,13 +20,13 @@ namespace {
 std::atomic<int> g_boot_busy{0};
 [[gnu::tls_model("initial-exec")]] thread_local bool t_booting = false;
 
-void log_effective_options(const limiter::Options& o) noexcept {
+void log_effective_options(const options::Options& o) noexcept {
   if (o.unknown_variable[0] != '\0')
     GPUSLICE_LOG(warn, "%s is not a gpuslice option (see gpuslice-smi options)", o.unknown_variable);
   if (o.alias_warning[0] != '\0') GPUSLICE_LOG(warn, "%s", o.alias_warning);
   if (g_log_level.load(std::memory_order_relaxed) < static_cast<int>(LogLevel::debug)) return;
   char text[8192];
-  if (limiter::format_effective_options(o, text, sizeof text) < 0) return;
+  if (options::format_effective_options(o, text, sizeof text) < 0) return;
   // One write per line keeps each line whole when several processes log at once.
   for (char* line = text; *line != '\0';) {
     char* end = std::strchr(line, '\n');

@@ -5,7 +5,7 @@
 #include <sched.h>
 
 #include "hook/log.h"
-#include "limiter/options_file.h"
+#include "limiter/options/file.h"
 
 extern char** environ;
 
@@ -17,7 +17,7 @@ namespace {
 
 Config g_config;
 // The configuration file's text while config() parses it (static: no heap, 64 KiB).
-limiter::ConfigFileBuffer g_config_file;
+options::ConfigFileBuffer g_config_file;
 std::atomic<int> g_config_state{0};  // 0 unparsed, 1 parsing, 2 parsed
 
 }  // namespace
@@ -27,7 +27,7 @@ const Config& config() noexcept {
   int expected = 0;
   if (g_config_state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
     g_config.valid =
-        limiter::load_options(environ, limiter::kDefaultConfigFile, &g_config_file, &g_config.options, &g_config.error);
+        options::load_options(environ, options::kDefaultConfigFile, &g_config_file, &g_config.options, &g_config.error);
     if (g_config.valid) g_log_level.store(g_config.options.log_level, std::memory_order_relaxed);
     g_config_state.store(2, std::memory_order_release);
   } else {
@@ -37,8 +37,8 @@ const Config& config() noexcept {
 }
 
 bool oversub_init() noexcept {
-  const limiter::Options& o = config().options;
-  bool on = o.oversubscribe != limiter::kOversubscribeFail;
+  const options::Options& o = config().options;
+  bool on = o.oversubscribe != options::kOversubscribeFail;
   for (std::uint32_t d = 0; d < kMaxDevices && !on; ++d) on = o.memory_resident[d] != kUnlimited;
   g_oversub_state.store(on ? 2 : 1, std::memory_order_relaxed);
   return on;

@@ -7,19 +7,19 @@
 
 #include <atomic>
 
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::hook {
 
 struct Config {
-  limiter::Options options;
+  options::Options options;
   bool valid;        // options parsed without error
   shm::Error error;  // the one-line reason when !valid
 };
 
 // Options parsed once from environ, then the configuration file for what the
-// environment does not set (limiter/options_file.h; no getenv, no heap).
+// environment does not set (limiter/options/file.h; no getenv, no heap).
 const Config& config() noexcept;
 
 // The error every hooked call returns once bootstrap failed closed (bad option,

@@ -225,7 +225,7 @@ CUresult count_new_context(CUdevice ordinal, const Measure& m, std::uint64_t res
 // reserved first and waiting for the allowance.
 bool retry_reserved(CUdevice dev, bool over_resident, std::uint64_t reserved, int attempt) noexcept {
   return over_resident && reserved == 0 && attempt == 0 &&
-         config().options.oversubscribe == limiter::kOversubscribeWait &&
+         config().options.oversubscribe == options::kOversubscribeWait &&
          expected_context_size(dev, device_entry(dev)) != 0;
 }
 

@@ -23,7 +23,7 @@ OpCounter g_op_counters[kOpCounters];
 [[gnu::tls_model("initial-exec")]] constinit thread_local ThreadReserve* t_reserve = nullptr;
 
 bool counting_init() noexcept {
-  const limiter::Options& o = config().options;
+  const options::Options& o = config().options;
   bool quota = false;
   for (std::uint32_t d = 0; d < kMaxDevices && !quota; ++d) quota = o.memory_limit[d] != kUnlimited;
   // Per-thread counters only where the measurer can issue its barrier (wrap.h).

@@ -29,7 +29,7 @@ int own_slot() noexcept { return g_process.slot.load(std::memory_order_acquire);
 void publish(int entry) noexcept {
   if (g_published[entry].load(std::memory_order_relaxed)) return;
   g_published[entry].store(true, std::memory_order_relaxed);
-  const limiter::Options& o = config().options;
+  const options::Options& o = config().options;
   const int ordinal = ordinal_of_entry(entry);
   DeviceState& d = device(entry);
   if (ordinal >= 0) {
@@ -38,7 +38,7 @@ void publish(int entry) noexcept {
     if (allowance != kUnlimited) d.resident_limit_bytes.compare_exchange_strong(expected, allowance);
   }
   std::uint32_t none = 0;
-  if (o.oversubscribe != limiter::kOversubscribeFail)
+  if (o.oversubscribe != options::kOversubscribeFail)
     d.oversub_policy.compare_exchange_strong(none, static_cast<std::uint32_t>(o.oversubscribe));
   // Processes started without the options may hold spare quota leases taken
   // before the allowance was there: spare is not resident, but the resident
@@ -107,7 +107,7 @@ bool over_allowance(int entry) noexcept {
 
 CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, std::uint64_t* key,
                               limiter::AllocKind kind, RealAllocFn real_alloc, RealAllocFn spill, void* ctx) noexcept {
-  const limiter::Options& o = config().options;
+  const options::Options& o = config().options;
   const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
   bool waited = false;
   for (;;) {
@@ -125,14 +125,14 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
       }
     }
     // The device (or the container's allowance on it) is full.
-    if (o.oversubscribe == limiter::kOversubscribeSpill && spill != nullptr) {
+    if (o.oversubscribe == options::kOversubscribeSpill && spill != nullptr) {
       rc = spill(ctx);
       if (rc == CUDA_SUCCESS) {
         limiter::count_spilled(g_process.region, own_slot(), r.entry, r.bytes);
         commit(table, rc, r, *key, limiter::AllocKind::spilled);
         return rc;
       }
-    } else if (o.oversubscribe == limiter::kOversubscribeWait) {
+    } else if (o.oversubscribe == options::kOversubscribeWait) {
       if (wait_for_memory(r.entry, deadline, &waited)) continue;
       device(r.entry).oversub_timeouts.fetch_add(1, std::memory_order_relaxed);
     }
@@ -143,14 +143,14 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
 
 bool resident_admits(int entry) noexcept {
   if (!oversubscribing()) return true;
-  const limiter::Options& o = config().options;
+  const options::Options& o = config().options;
   const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
   bool waited = false;
   while (over_allowance(entry)) {
     reap_if_due();
     if (!over_allowance(entry)) break;
-    if (o.oversubscribe != limiter::kOversubscribeWait || !wait_for_memory(entry, deadline, &waited)) {
-      if (o.oversubscribe == limiter::kOversubscribeWait) device(entry).oversub_timeouts.fetch_add(1);
+    if (o.oversubscribe != options::kOversubscribeWait || !wait_for_memory(entry, deadline, &waited)) {
+      if (o.oversubscribe == options::kOversubscribeWait) device(entry).oversub_timeouts.fetch_add(1);
       return false;
     }
   }

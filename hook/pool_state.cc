@@ -191,7 +191,7 @@ Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexce
   // mutex, so that the pool's own frees and reconciliations can lower its
   // count meanwhile (a reconciliation only try-locks the mutex).
   if (oversubscribing() && over_allowance(entry)) {
-    if (config().options.oversubscribe == limiter::kOversubscribeWait) {
+    if (config().options.oversubscribe == options::kOversubscribeWait) {
       *held = need;
       return Grow::wait;
     }

@@ -27,14 +27,6 @@ Priority g_env_level = Priority::normal;
 std::uint64_t g_region_dev = 0, g_region_ino = 0;
 std::atomic<pid_t> g_exiting{0};  // the process whose exit-time removal ran: it never recreates a file
 
-Priority level_of_option(int index) noexcept {
-  switch (index) {
-    case limiter::kPriorityHigh: return Priority::high;
-    case limiter::kPriorityLow: return Priority::low;
-    default: return Priority::normal;
-  }
-}
-
 // The board directory: GPUSLICE_PRIORITY_BOARD from the option table.
 void read_board_path() noexcept {
   const Config& cfg = config();
@@ -121,7 +113,7 @@ Device& device(int ordinal) noexcept { return g_devices[ordinal]; }
 
 void setup() noexcept {
   read_board_path();
-  g_env_level = config().valid ? level_of_option(config().options.priority) : Priority::normal;
+  g_env_level = config().valid ? config().options.priority : Priority::normal;
   struct stat st;
   if (stat(config().options.region, &st) == 0) {
     g_region_dev = static_cast<std::uint64_t>(st.st_dev);

@@ -77,7 +77,7 @@ std::atomic<void*> g_nvml_handle{nullptr};
 // Threads that fail to load at the same moment report it once.
 bool first_report(std::atomic<bool>& reported) noexcept { return !reported.exchange(true); }
 
-void* open_first(const char* override_path, const limiter::OptionSource& source, const char* override_name,
+void* open_first(const char* override_path, const options::OptionSource& source, const char* override_name,
                  const char* const* paths, size_t count) noexcept {
   if (std::strcmp(source.name, "default") != 0) {
     void* h = dlopen(override_path, RTLD_NOW | RTLD_LOCAL);

@@ -48,7 +48,7 @@ int device_entry(CUdevice ordinal) noexcept {
   if (real_cuDeviceGetUuid_v2 == nullptr) return -1;
   CUuuid uuid{};
   if (real_cuDeviceGetUuid_v2(&uuid, ordinal) != CUDA_SUCCESS) return -1;
-  const limiter::Options& o = config().options;
+  const options::Options& o = config().options;
   int entry = shm::device_index(g_process.region, reinterpret_cast<const std::uint8_t*>(uuid.bytes),
                                 o.memory_limit[ordinal], o.sm_limit[ordinal], o.sm_policy);
   if (entry < 0) {

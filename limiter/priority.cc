@@ -1,51 +1,13 @@
 // gpuslice::Priority between tenants: the decisions. See priority.h and docs/priority.md.
 #include "limiter/priority.h"
 
+#include "limiter/options/options.h"
+
 namespace gpuslice::limiter {
 
-namespace {
-
-bool equals_nocase(const char* a, const char* b) noexcept {
-  for (; *a != 0 && *b != 0; ++a, ++b) {
-    char c = *a;
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c != *b) return false;
-  }
-  return *a == 0 && *b == 0;
-}
-
-}  // namespace
-
-bool parse_priority(const char* text, gpuslice::Priority* out) noexcept {
-  if (text == nullptr) return false;
-  if (equals_nocase(text, "high"))
-    *out = gpuslice::Priority::high;
-  else if (equals_nocase(text, "normal"))
-    *out = gpuslice::Priority::normal;
-  else if (equals_nocase(text, "low"))
-    *out = gpuslice::Priority::low;
-  else
-    return false;
-  return true;
-}
-
-bool parse_hami_priority(const char* text, gpuslice::Priority* out) noexcept {
-  if (text == nullptr || text[0] == 0 || text[1] != 0) return false;
-  if (text[0] == '0')
-    *out = gpuslice::Priority::high;
-  else if (text[0] == '1')
-    *out = gpuslice::Priority::low;
-  else
-    return false;
-  return true;
-}
-
 const char* priority_name(gpuslice::Priority p) noexcept {
-  switch (p) {
-    case gpuslice::Priority::high: return "high";
-    case gpuslice::Priority::normal: return "normal";
-    case gpuslice::Priority::low: return "low";
-    case gpuslice::Priority::unset: break;
+  for (const options::Word<gpuslice::Priority>& w : options::words::priority) {
+    if (w.value == p) return w.text;
   }
   return "unset";
 }

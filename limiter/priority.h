@@ -77,11 +77,9 @@ inline constexpr std::uint64_t kRecentNs = 100'000'000;
 inline constexpr std::uint64_t kTightLeadNs = 150'000;
 inline constexpr std::uint32_t kMaxBoundLaunches = 16;
 
-// "high" | "normal" | "low" (any case). False for anything else.
-bool parse_priority(const char* text, gpuslice::Priority* out) noexcept;
-// HAMi's CUDA_TASK_PRIORITY: "0" = high, "1" = low (its only two values).
-bool parse_hami_priority(const char* text, gpuslice::Priority* out) noexcept;
-const char* priority_name(gpuslice::Priority p) noexcept;  // "high", "normal", "low", "unset"
+// The words are GPUSLICE_PRIORITY's (options.def; options::parse_word
+// parses them): "high", "normal", "low", else "unset".
+const char* priority_name(gpuslice::Priority p) noexcept;
 // A region word as a level: unset and garbage read as `fallback`.
 gpuslice::Priority priority_from_word(std::uint32_t word, gpuslice::Priority fallback) noexcept;
 

@@ -1,6 +1,6 @@
 // The option table (options.def) as constexpr data for tools: the parser
-// (limiter/options.cc, limiter/option_values.cc), `gpuslice-smi options` and the README table expand
-// the same list.
+// (limiter/options/options.cc, limiter/options/values.cc), `gpuslice-smi
+// options` and the README table expand the same list.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +20,8 @@ struct OptionInfo {
 };
 
 inline constexpr OptionInfo kOptions[] = {
+// A choice's words come in as its range text ("a | b (any case)"); their enum
+// values are the parser's (limiter/options/options.h).
 #define GPUSLICE_OPTION(id, env, type, def, range, doc) {#id, env, OptionType::type, #type, def, range, doc},
 #include "gpuslice/options.def"
 #undef GPUSLICE_OPTION
@@ -38,7 +40,7 @@ struct OptionAlias {
   // wins: a word (any case; a number also matches its other decimal
   // spellings, "02" = 2), `N+` any integer >= N, `-` any negative integer,
   // `*` anything else (taken with a warning). No key: an error (fail closed).
-  // limiter/options_env.h match_alias.
+  // limiter/options/env.h match_alias.
   const char* map;
   const char* doc;
 };

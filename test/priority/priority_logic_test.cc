@@ -5,13 +5,14 @@
 #include <string>
 #include <vector>
 
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "limiter/priority.h"
 
 namespace {
 
 using gpuslice::Priority;
 using namespace gpuslice::limiter;
+using namespace gpuslice::options;
 
 constexpr std::uint64_t kMs = 1'000'000;
 constexpr std::uint64_t kT0 = 1'000'000 * kMs;  // an arbitrary CLOCK_MONOTONIC instant
@@ -21,27 +22,20 @@ PeerSample launched(Priority level, std::uint64_t at) {
   return PeerSample{level, next_publication(0, extend_horizon(0, at, 0), at), at};
 }
 
+// GPUSLICE_PRIORITY's words (options.def), as `gpuslice-smi set --priority`
+// parses them too: stored as the ABI's levels.
 TEST(PriorityParse, WordsAnyCase) {
   Priority p = Priority::unset;
-  EXPECT_TRUE(parse_priority("high", &p));
+  EXPECT_TRUE(parse_word(words::priority, "high", &p));
   EXPECT_EQ(p, Priority::high);
-  EXPECT_TRUE(parse_priority("LOW", &p));
+  EXPECT_TRUE(parse_word(words::priority, "LOW", &p));
   EXPECT_EQ(p, Priority::low);
-  EXPECT_TRUE(parse_priority("Normal", &p));
+  EXPECT_TRUE(parse_word(words::priority, "Normal", &p));
   EXPECT_EQ(p, Priority::normal);
-  EXPECT_FALSE(parse_priority("urgent", &p));
-  EXPECT_FALSE(parse_priority("", &p));
-  EXPECT_FALSE(parse_priority("high ", &p));
-}
-
-TEST(PriorityParse, HamiMeaning) {
-  Priority p = Priority::unset;
-  EXPECT_TRUE(parse_hami_priority("0", &p));
-  EXPECT_EQ(p, Priority::high);
-  EXPECT_TRUE(parse_hami_priority("1", &p));
-  EXPECT_EQ(p, Priority::low);
-  EXPECT_FALSE(parse_hami_priority("2", &p));
-  EXPECT_FALSE(parse_hami_priority("01", &p));
+  EXPECT_FALSE(parse_word(words::priority, "urgent", &p));
+  EXPECT_FALSE(parse_word(words::priority, "", &p));
+  EXPECT_FALSE(parse_word(words::priority, "high ", &p));
+  EXPECT_EQ(p, Priority::normal);  // a refused word leaves the value as it was
 }
 
 TEST(PriorityParse, RegionWord) {
@@ -51,7 +45,7 @@ TEST(PriorityParse, RegionWord) {
 }
 
 // The option table's GPUSLICE_PRIORITY and HAMi's CUDA_TASK_PRIORITY alias.
-int parsed_priority(std::vector<std::string> vars, bool* ok) {
+Priority parsed_priority(std::vector<std::string> vars, bool* ok) {
   std::vector<char*> envp;
   for (std::string& v : vars) envp.push_back(v.data());
   envp.push_back(nullptr);
@@ -63,16 +57,16 @@ int parsed_priority(std::vector<std::string> vars, bool* ok) {
 
 TEST(PriorityOption, DefaultAndAlias) {
   bool ok = false;
-  EXPECT_EQ(parsed_priority({}, &ok), kPriorityNormal);
+  EXPECT_EQ(parsed_priority({}, &ok), Priority::normal);
   EXPECT_TRUE(ok);
-  EXPECT_EQ(parsed_priority({"GPUSLICE_PRIORITY=low"}, &ok), kPriorityLow);
+  EXPECT_EQ(parsed_priority({"GPUSLICE_PRIORITY=low"}, &ok), Priority::low);
   EXPECT_TRUE(ok);
-  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=0"}, &ok), kPriorityHigh);
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=0"}, &ok), Priority::high);
   EXPECT_TRUE(ok);
-  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1"}, &ok), kPriorityLow);
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1"}, &ok), Priority::low);
   EXPECT_TRUE(ok);
   // Ours wins over the alias.
-  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1", "GPUSLICE_PRIORITY=high"}, &ok), kPriorityHigh);
+  EXPECT_EQ(parsed_priority({"CUDA_TASK_PRIORITY=1", "GPUSLICE_PRIORITY=high"}, &ok), Priority::high);
   EXPECT_TRUE(ok);
   parsed_priority({"GPUSLICE_PRIORITY=urgent"}, &ok);
   EXPECT_FALSE(ok);

@@ -13,8 +13,8 @@
 
 #include "limiter/alloc_table.h"
 #include "limiter/memory_accounting.h"
-#include "limiter/options.h"
-#include "limiter/options_file.h"
+#include "limiter/options/options.h"
+#include "limiter/options/file.h"
 #include "shm/region_file.h"
 #include "support.h"
 
@@ -74,15 +74,15 @@ TEST(NoAlloc, Bootstrap) {
   std::vector<char*> envp;
   for (auto& s : strings) envp.push_back(s.data());
   envp.push_back(nullptr);
-  static limiter::Options options;  // 13 KiB: static storage, as in the hook
+  static options::Options options;  // 13 KiB: static storage, as in the hook
   static char listing[8192];
   shm::Error err{};
   limiter::AllocTable table;
   std::uint8_t uuid[16] = {1, 2, 3};
   {
     Armed armed;
-    ASSERT_TRUE(limiter::parse_options(envp.data(), &options, &err));
-    ASSERT_GT(limiter::format_effective_options(options, listing, sizeof listing), 0);
+    ASSERT_TRUE(options::parse_options(envp.data(), &options, &err));
+    ASSERT_GT(options::format_effective_options(options, listing, sizeof listing), 0);
     bool created = false;
     Region* r = shm::attach(options.region, "noalloc", &err, &created);
     ASSERT_NE(r, nullptr) << err.message;
@@ -133,26 +133,26 @@ TEST(NoAlloc, ConfigurationFile) {
   std::string named = "GPUSLICE_CONFIG_FILE=" + bad;
   char* with_named[] = {named.data(), nullptr};
   char* empty[] = {nullptr};
-  static limiter::Options options;
-  static limiter::ConfigFileBuffer buffer;
+  static options::Options options;
+  static options::ConfigFileBuffer buffer;
   static char listing[8192];
   const std::string absent = dir.file("absent.conf");
   shm::Error err{};
   Armed armed;
-  ASSERT_TRUE(limiter::load_options(empty, good.c_str(), &buffer, &options, &err)) << err.message;
-  ASSERT_GT(limiter::format_effective_options(options, listing, sizeof listing), 0);
-  EXPECT_FALSE(limiter::load_options(with_named, good.c_str(), &buffer, &options, &err));
-  EXPECT_TRUE(limiter::load_options(empty, absent.c_str(), &buffer, &options, &err));
+  ASSERT_TRUE(options::load_options(empty, good.c_str(), &buffer, &options, &err)) << err.message;
+  ASSERT_GT(options::format_effective_options(options, listing, sizeof listing), 0);
+  EXPECT_FALSE(options::load_options(with_named, good.c_str(), &buffer, &options, &err));
+  EXPECT_TRUE(options::load_options(empty, absent.c_str(), &buffer, &options, &err));
   EXPECT_EQ(armed.count(), 0u) << "reading the configuration file allocated";
 }
 
 TEST(NoAlloc, ErrorPaths) {
-  static limiter::Options options;
+  static options::Options options;
   shm::Error err{};
   char bad[] = "GPUSLICE_MEMORY_LIMIT=8gb";
   char* envp[] = {bad, nullptr};
   Armed armed;
-  EXPECT_FALSE(limiter::parse_options(envp, &options, &err));
+  EXPECT_FALSE(options::parse_options(envp, &options, &err));
   EXPECT_EQ(shm::attach("/proc/definitely/not/here/region", "x", &err), nullptr);
   EXPECT_EQ(shm::attach_existing("/nonexistent-gpuslice-region", false, &err), nullptr);
   EXPECT_EQ(armed.count(), 0u);

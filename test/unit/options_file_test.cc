@@ -1,4 +1,4 @@
-// The configuration file (limiter/options_file.h): which file, precedence
+// The configuration file (limiter/options/file.h): which file, precedence
 // against the environment option by option, the line grammar, and the
 // errors, each naming the file, the line and what was expected.
 #include <gmock/gmock.h>
@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "limiter/options.h"
-#include "limiter/options_file.h"
+#include "limiter/options/options.h"
+#include "limiter/options/file.h"
 #include "support.h"
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 namespace {
 
 using ::testing::HasSubstr;
@@ -111,7 +111,7 @@ TEST_F(OptionsFile, EnvironmentWinsOptionByOption) {
   EXPECT_EQ(l.options.memory_limit_source[0].line, 0u);
   EXPECT_EQ(l.options.sm_limit[0], 30u);
   EXPECT_EQ(l.options.sm_limit_source[0].line, 2u);
-  EXPECT_EQ(l.options.priority, kPriorityHigh);
+  EXPECT_EQ(l.options.priority, Priority::high);
 }
 
 // An option the environment sets by any name (here a HAMi per-device alias for
@@ -249,4 +249,4 @@ TEST_F(OptionsFile, EnvironmentErrorsStand) {
 }
 
 }  // namespace
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "gpuslice/options.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 namespace {
 
 using ::testing::HasSubstr;
@@ -423,7 +423,7 @@ TEST(OptionTable, ConstexprView) {
 TEST(NewOptions, DefaultsComeFromTheTable) {
   const Parsed p = parse({});
   ASSERT_TRUE(p.ok) << p.error;
-  EXPECT_EQ(p.options.priority, kPriorityNormal);
+  EXPECT_EQ(p.options.priority, Priority::normal);
   EXPECT_EQ(p.options.oversubscribe, kOversubscribeFail);
   EXPECT_EQ(p.options.oversubscribe_wait, 30000u);
   EXPECT_FALSE(p.options.passthrough);
@@ -436,7 +436,7 @@ TEST(NewOptions, DefaultsComeFromTheTable) {
 TEST(NewOptions, WordsAnyCaseAndErrorsListTheWords) {
   Parsed p = parse({"GPUSLICE_PRIORITY=HIGH", "GPUSLICE_OVERSUBSCRIBE=Wait", "GPUSLICE_OVERSUBSCRIBE_WAIT=2s"});
   ASSERT_TRUE(p.ok) << p.error;
-  EXPECT_EQ(p.options.priority, kPriorityHigh);
+  EXPECT_EQ(p.options.priority, Priority::high);
   EXPECT_EQ(p.options.oversubscribe, kOversubscribeWait);
   EXPECT_EQ(p.options.oversubscribe_wait, 2000u);
   EXPECT_FALSE(p.options.passthrough);
@@ -474,7 +474,7 @@ TEST(HamiAliases, ScalarAliasesMapOntoOurs) {
                     "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/a.cache", "LIBCUDA_LOG_LEVEL=4",
                     "GPU_CORE_UTILIZATION_POLICY=force"});
   ASSERT_TRUE(p.ok) << p.error;
-  EXPECT_EQ(p.options.priority, kPriorityHigh);
+  EXPECT_EQ(p.options.priority, Priority::high);
   EXPECT_STREQ(p.options.priority_source.name, "CUDA_TASK_PRIORITY");
   EXPECT_EQ(p.options.oversubscribe, kOversubscribeSpill);
   EXPECT_FALSE(p.options.passthrough);
@@ -486,7 +486,7 @@ TEST(HamiAliases, ScalarAliasesMapOntoOurs) {
   p = parse({"CUDA_TASK_PRIORITY=1", "CUDA_OVERSUBSCRIBE=FALSE", "GPU_CORE_UTILIZATION_POLICY=default",
              "LIBCUDA_LOG_LEVEL=0"});
   ASSERT_TRUE(p.ok) << p.error;
-  EXPECT_EQ(p.options.priority, kPriorityLow);
+  EXPECT_EQ(p.options.priority, Priority::low);
   EXPECT_EQ(p.options.oversubscribe, kOversubscribeFail);  // false = not set
   EXPECT_STREQ(p.options.oversubscribe_source.name, "default");
   EXPECT_EQ(p.options.sm_policy, SmPolicy::elastic);
@@ -496,7 +496,7 @@ TEST(HamiAliases, ScalarAliasesMapOntoOurs) {
 TEST(HamiAliases, OursWinAndBadValuesNameTheAlias) {
   Parsed p = parse({"CUDA_TASK_PRIORITY=0", "GPUSLICE_PRIORITY=low"});
   ASSERT_TRUE(p.ok) << p.error;
-  EXPECT_EQ(p.options.priority, kPriorityLow);
+  EXPECT_EQ(p.options.priority, Priority::low);
   p = parse({"CUDA_DEVICE_MEMORY_SHARED_CACHE=relative.cache"});
   EXPECT_FALSE(p.ok);
   EXPECT_THAT(p.error, HasSubstr("CUDA_DEVICE_MEMORY_SHARED_CACHE='relative.cache': relative path"));
@@ -523,7 +523,7 @@ TEST(NewOptions, PassthroughClearsEveryLimit) {
   EXPECT_TRUE(p.options.passthrough);
   EXPECT_EQ(p.options.memory_limit[0], kUnlimited);
   EXPECT_EQ(p.options.sm_limit[0], 100u);
-  EXPECT_EQ(p.options.priority, kPriorityNormal);
+  EXPECT_EQ(p.options.priority, Priority::normal);
   EXPECT_STREQ(p.options.memory_limit_source[0].name, "CUDA_DISABLE_CONTROL");
 }
 
@@ -543,7 +543,7 @@ TEST(FormatOptions, EveryNewOptionIsPrinted) {
 }
 
 }  // namespace
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options
 
 // HAMi's own spellings of its variables (HAMi-core reads CUDA_TASK_PRIORITY and
 // LIBCUDA_LOG_LEVEL with atoi and GPU_CORE_UTILIZATION_POLICY by strcmp with
@@ -551,7 +551,7 @@ TEST(FormatOptions, EveryNewOptionIsPrinted) {
 // reads CUDA_DISABLE_CONTROL with Go's strconv.ParseBool): every spelling
 // with HAMi's meaning. Values of what does not limit that HAMi gives no meaning
 // we keep are taken as not set (the default), with one warning line.
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 namespace {
 
 struct Spelling {
@@ -645,7 +645,7 @@ TEST(HamiValues, TheWarningIsOneLineOfTheListing) {
 TEST(HamiValues, OursStillWinAndKeepNoWarning) {
   const Parsed p = parse({"CUDA_TASK_PRIORITY=-3", "GPUSLICE_PRIORITY=high"});
   ASSERT_TRUE(p.ok) << p.error;
-  EXPECT_EQ(p.options.priority, kPriorityHigh);
+  EXPECT_EQ(p.options.priority, Priority::high);
   EXPECT_STREQ(p.options.alias_warning, "");
 }
 
@@ -659,4 +659,4 @@ TEST(HamiValues, UnknownDisableControlFailsClosed) {
 }
 
 }  // namespace
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 
 namespace {
 
@@ -29,7 +29,7 @@ TEST(ReadmeOptions, TableMatchesOptionsDef) {
   ASSERT_NE(end, std::string::npos) << path << " lacks the line " << kEnd;
 
   char table[16384];
-  const int n = gpuslice::limiter::format_options_markdown(table, sizeof table);
+  const int n = gpuslice::options::format_options_markdown(table, sizeof table);
   ASSERT_GT(n, 0);
   const std::string expected(table, static_cast<std::size_t>(n));
   const std::string actual = readme.substr(start, end - start);

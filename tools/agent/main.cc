@@ -9,7 +9,7 @@
 
 #include "agent.h"
 #include "http.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "log.h"
 #include "region_io.h"
 #include "units.h"
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   }
   if (!parse_duration(rescan, &cfg.rescan_ns)) return usage_error("--rescan '"s + rescan + "': expected a duration");
   if (!parse_duration(grace, &cfg.grace_ns)) return usage_error("--grace '"s + grace + "': expected a duration or 0");
-  if (!gpuslice::limiter::parse_size(tolerance.c_str(), &cfg.bypass_tolerance_bytes)) {
+  if (!gpuslice::options::parse_size(tolerance.c_str(), &cfg.bypass_tolerance_bytes)) {
     return usage_error("--bypass-tolerance '"s + tolerance + "': expected a size (e.g. 768Mi)");
   }
   LogLevel log_level;

@@ -1,5 +1,5 @@
 // Command-line values of the tools: durations ("100ms", "1.5s", "5m") and
-// sizes (limiter::parse_size's grammar: B, K/M/G/T base 1000, Ki/Mi/Gi/Ti
+// sizes (options::parse_size's grammar: B, K/M/G/T base 1000, Ki/Mi/Gi/Ti
 // base 1024). Strict: trailing junk is an error.
 #pragma once
 

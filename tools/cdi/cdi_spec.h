@@ -74,7 +74,7 @@ bool valid_device_name(const std::string& name, std::string* why);
 bool valid_annotation_key(const std::string& key, std::string* why);
 
 // Checks every field without touching the file system: names, annotations,
-// limits (parsed by the library's own option parser, limiter/options.h, so
+// limits (parsed by the library's own option parser, limiter/options/options.h, so
 // that the spec never carries a value the library refuses), paths (absolute,
 // normalised, and a region directory safe to bind read-write).
 // false + one message naming the option (--flag) and what was expected.

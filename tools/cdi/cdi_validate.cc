@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "cdi_spec.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "shm/region_file.h"
 
 using namespace std::string_literals;
@@ -143,9 +143,9 @@ bool options_ok(const SliceRequest& r, std::string* why) {
   std::vector<char*> envp;
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  limiter::Options opts;
+  options::Options opts;
   shm::Error err{};
-  if (limiter::parse_options(envp.data(), &opts, &err)) return true;
+  if (options::parse_options(envp.data(), &opts, &err)) return true;
   static const struct {
     const char* var;
     const char* flag;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "gpuslice/options.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "smi.h"
 
 using namespace std::string_literals;
@@ -58,7 +58,7 @@ std::string render_options_json() {
 std::string render_options_markdown() {
   std::vector<char> buf(1 << 16);
   while (buf.size() <= (std::size_t{1} << 24)) {
-    const int n = limiter::format_options_markdown(buf.data(), buf.size());
+    const int n = options::format_options_markdown(buf.data(), buf.size());
     if (n >= 0) return std::string(buf.data(), static_cast<std::size_t>(n));
     buf.resize(buf.size() * 2);
   }

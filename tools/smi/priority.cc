@@ -9,7 +9,9 @@
 #include <cstdio>
 
 #include "gpuslice/priority_board.h"
+#include "limiter/options/options.h"
 #include "limiter/priority.h"
+#include "platform/text.h"
 #include "region_io.h"
 #include "smi.h"
 
@@ -24,9 +26,13 @@ std::string priority_text(const agent::RegionView& v) {
 bool priority_held(const agent::RegionView& v, std::uint64_t now_ns) { return v.priority_held_until_ns > now_ns; }
 
 int run_set_priority(const std::string& region, const std::string& text) {
+  // GPUSLICE_PRIORITY's own grammar (options.def): what the variable accepts.
   Priority level = Priority::normal;
-  if (!limiter::parse_priority(text.c_str(), &level)) {
-    std::fprintf(stderr, "gpuslice-smi: set: --priority '%s': expected high, normal or low\n", text.c_str());
+  if (!options::parse_word(options::words::priority, text.c_str(), &level)) {
+    char expected[128];
+    platform::Text t(expected, sizeof expected);
+    options::list_words(t, options::words::priority);
+    std::fprintf(stderr, "gpuslice-smi: set: --priority '%s': expected %s\n", text.c_str(), expected);
     return kExitUsage;
   }
   agent::MappedRegion map;

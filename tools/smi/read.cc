@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "region_io.h"
 #include "smi.h"
 
@@ -20,8 +20,8 @@ namespace gpuslice::smi {
 std::string default_region_path() {
   const char* env = std::getenv("GPUSLICE_REGION");
   if (env != nullptr && *env != '\0') return env;
-  static limiter::Options defaults;  // large: not on the stack
-  limiter::default_options(&defaults);
+  static options::Options defaults;  // large: not on the stack
+  options::default_options(&defaults);
   return defaults.region;
 }
 

@@ -9,7 +9,7 @@
 
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "region_io.h"
 #include "shm/region_file.h"
 #include "smi.h"
@@ -92,7 +92,7 @@ int run_set(const SetRequest& req) {
   if (!req.memory.empty()) {
     v.memory = true;
     if (req.memory != "unlimited") {
-      if (!limiter::parse_size(req.memory.c_str(), &v.quota)) {
+      if (!options::parse_size(req.memory.c_str(), &v.quota)) {
         return usage(
             "--memory '"s + req.memory +
             "': expected a size: digits and B, K/M/G/T (base 1000) or Ki/Mi/Gi/Ti (base 1024), or 'unlimited'");
@@ -102,7 +102,7 @@ int run_set(const SetRequest& req) {
   }
   if (!req.sm_limit.empty()) {
     v.sm = true;
-    if (req.sm_limit != "unlimited" && !limiter::parse_percent(req.sm_limit.c_str(), &v.sm_limit)) {
+    if (req.sm_limit != "unlimited" && !options::parse_percent(req.sm_limit.c_str(), &v.sm_limit)) {
       return usage("--sm-limit '"s + req.sm_limit + "': expected an integer percentage 1-100 or 'unlimited'");
     }
   }

@@ -4,10 +4,10 @@
 #include <string>
 
 #include "fuzz_target.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 
 using gpuslice::fuzz::fail;
-namespace limiter = gpuslice::limiter;
+namespace options = gpuslice::options;
 
 namespace {
 
@@ -76,10 +76,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   envp[n] = nullptr;
 
-  static limiter::Options options;
+  static options::Options options;
   gpuslice::shm::Error err;
   std::memset(err.message, 'X', sizeof err.message);
-  const bool ok = limiter::parse_options(envp, &options, &err);
+  const bool ok = options::parse_options(envp, &options, &err);
   if (!terminated(err.message, sizeof err.message)) fail("error message not terminated");
   const std::string message = err.message;
   if (ok) {
@@ -93,7 +93,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (options.log_level < 0 || options.log_level > 3) fail("log level out of range");
     if (!terminated(options.container_name, 64) || !terminated(options.real_libcuda, 4096)) fail("unterminated string");
     static char listing[1 << 16];
-    const int len = limiter::format_effective_options(options, listing, sizeof listing);
+    const int len = options::format_effective_options(options, listing, sizeof listing);
     if (len < 0 || static_cast<std::size_t>(len) != std::strlen(listing)) fail("listing length");
   } else {
     if (message.rfind("gpuslice: ", 0) != 0) fail("message prefix");
@@ -104,11 +104,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // parse_size on every line agrees with the reference grammar.
   for (std::size_t i = 0; i < n; ++i) {
     std::uint64_t got = 0, want = 0;
-    const bool a = limiter::parse_size(envp[i], &got);
+    const bool a = options::parse_size(envp[i], &got);
     const bool b = reference_size(envp[i], &want);
     if (a != b || (a && got != want)) fail("parse_size disagrees with the reference grammar");
     std::uint32_t pct = 0;
-    if (limiter::parse_percent(envp[i], &pct) && (pct < 1 || pct > 100)) fail("percent out of range");
+    if (options::parse_percent(envp[i], &pct) && (pct < 1 || pct > 100)) fail("percent out of range");
   }
   return 0;
 }

@@ -1,14 +1,14 @@
 // Scanning the environment for gpuslice's options and their aliases (part of
-// the option parser, limiter/options.cc): which variable set what, without
-// parsing values yet.
+// the option parser, limiter/options/options.cc): which variable set what,
+// without parsing values yet.
 #pragma once
 
 #include <cstddef>
 
 #include "gpuslice/options.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 
-namespace gpuslice::limiter::env {
+namespace gpuslice::options::env {
 
 struct Found {
   const char* ours[kOptionCount];
@@ -42,11 +42,11 @@ bool sets(const Found& f, std::size_t k);
 // Moves every name of option k from `from` into `to`.
 void take(Found* to, const Found& from, std::size_t k);
 
-}  // namespace gpuslice::limiter::env
+}  // namespace gpuslice::options::env
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 // Resolves the options from what collect found (options.cc): defaults, then
 // values, with errors as parse_options reports them.
 bool resolve_found(const env::Found& f, Options* out, shm::Error* err) noexcept;
 
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

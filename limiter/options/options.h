@@ -15,7 +15,8 @@
 //   per device  either one value for every device, or "<i>=<value>,..." with
 //            distinct indices < kMaxDevices (CUDA ordinals as the application
 //            sees them); devices not listed keep the default.
-//   words    (policy, level, choice) one of the words the range column lists, any case.
+//   words    (policy, level, choice) one of the option's words (its
+//            GPUSLICE_WORDs in options.def), any case.
 //   flag     true | false | 1 | 0 | yes | no | on | off (any case).
 //   duration <digits>[ms|s], within the range column's bounds.
 //   Empty values are errors.
@@ -29,21 +30,86 @@
 #include <cstdint>
 
 #include "gpuslice/options.h"
+#include "gpuslice/priority_board.h"
 #include "gpuslice/region.h"
+#include "platform/text.h"
 #include "shm/region_file.h"
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 
 struct OptionSource {
   char name[64];       // the variable that set it, or "default"
   std::uint32_t line;  // 0: the environment (or default); n: line n of the configuration file
 };
 
+// What the words of GPUSLICE_LOG_LEVEL and GPUSLICE_OVERSUBSCRIBE are read as
+// (options.def pairs each word with its value). GPUSLICE_SM_POLICY is read as
+// SmPolicy (gpuslice/region.h) and GPUSLICE_PRIORITY as the ABI's Priority
+// (gpuslice/priority_board.h), the values the region stores.
 enum LogLevel : int { kLogError = 0, kLogWarn = 1, kLogInfo = 2, kLogDebug = 3 };
-enum Priority : int { kPriorityHigh = 0, kPriorityNormal = 1, kPriorityLow = 2 };
 enum Oversubscribe : int { kOversubscribeFail = 0, kOversubscribeSpill = 1, kOversubscribeWait = 2 };
 
-// How an option of each type is stored (fixed size, no heap).
+// One word of a choice option and the value it is stored as.
+template <class E>
+struct Word {
+  const char* text;
+  E value;
+};
+
+// The words of each choice option, one table per option from its row of
+// options.def: words::priority, words::sm_policy, ...
+namespace words {
+#define GPUSLICE_OPTION(id, env, kind, def, range, doc)
+#define GPUSLICE_WORD(word, value) {word, value},
+#define GPUSLICE_CHOICE(id, env, kind, Enum, def, words, doc) inline constexpr Word<Enum> id[] = {words};
+#include "gpuslice/options.def"
+#undef GPUSLICE_CHOICE
+#undef GPUSLICE_WORD
+#undef GPUSLICE_OPTION
+}  // namespace words
+
+constexpr char lower_ascii(char c) noexcept { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+// `text` in the grammar of a choice option (one of its words, any case): the
+// function that parses the variable, shared by tools that set the same thing
+// (`gpuslice-smi set --priority`), so that they accept exactly what it does.
+template <class E, std::size_t N>
+constexpr bool parse_word(const Word<E> (&table)[N], const char* text, std::size_t n, E* out) noexcept {
+  for (const Word<E>& w : table) {
+    std::size_t i = 0;
+    for (; i < n && w.text[i] != '\0'; ++i) {
+      if (lower_ascii(text[i]) != lower_ascii(w.text[i])) break;
+    }
+    if (i == n && w.text[i] == '\0' && n > 0) {
+      *out = w.value;
+      return true;
+    }
+  }
+  return false;
+}
+template <class E, std::size_t N>
+constexpr bool parse_word(const Word<E> (&table)[N], const char* text, E* out) noexcept {
+  std::size_t n = 0;
+  while (text[n] != '\0') ++n;
+  return parse_word(table, text, n, out);
+}
+// What a message says a choice expects: "high, normal or low".
+template <class E, std::size_t N>
+platform::Text& list_words(platform::Text& t, const Word<E> (&table)[N]) noexcept {
+  for (std::size_t i = 0; i < N; ++i) t.str(i == 0 ? "" : i + 1 == N ? " or " : ", ").str(table[i].text);
+  return t;
+}
+// The word of `value` ("?" if none: not a value of the option).
+template <class E, std::size_t N>
+constexpr const char* word_of(const Word<E> (&table)[N], E value) noexcept {
+  for (const Word<E>& w : table) {
+    if (w.value == value) return w.text;
+  }
+  return "?";
+}
+
+// How an option of each type is stored (fixed size, no heap); a choice is
+// stored as the enum its words name.
 template <OptionType>
 struct OptionStorage;
 template <>
@@ -55,21 +121,6 @@ template <>
 struct OptionStorage<OptionType::per_device_percent> {
   using value = std::uint32_t[kMaxDevices];
   using source = OptionSource[kMaxDevices];
-};
-template <>
-struct OptionStorage<OptionType::policy> {
-  using value = SmPolicy;
-  using source = OptionSource;
-};
-template <>
-struct OptionStorage<OptionType::level> {
-  using value = int;  // LogLevel
-  using source = OptionSource;
-};
-template <>
-struct OptionStorage<OptionType::choice> {
-  using value = int;  // index of the word in the range column (Priority, Oversubscribe)
-  using source = OptionSource;
 };
 template <>
 struct OptionStorage<OptionType::flag> {
@@ -97,7 +148,11 @@ struct Options {
 #define GPUSLICE_OPTION(id, env, kind, def, range, doc) \
   OptionStorage<OptionType::kind>::value id;            \
   OptionStorage<OptionType::kind>::source id##_source;
+#define GPUSLICE_CHOICE(id, env, kind, Enum, def, words, doc) \
+  Enum id;                                                    \
+  OptionSource id##_source;
 #include "gpuslice/options.def"
+#undef GPUSLICE_CHOICE
 #undef GPUSLICE_OPTION
   // First GPUSLICE_* variable that is no option (a typo?), "" if none: worth a warning.
   char unknown_variable[64];
@@ -113,7 +168,7 @@ struct Options {
 // duplicate names wins, as with getenv). On error returns false and err holds
 // one line: "gpuslice: NAME='value': <what is wrong>, expected <what>".
 // `out` is then filled with defaults plus whatever parsed before the error.
-// The environment only: load_options (limiter/options_file.h) adds the
+// The environment only: load_options (limiter/options/file.h) adds the
 // configuration file.
 bool parse_options(char* const* envp, Options* out, shm::Error* err) noexcept;
 void default_options(Options* out) noexcept;
@@ -129,4 +184,4 @@ int format_options_markdown(char* buf, std::size_t cap) noexcept;
 // set), for GPUSLICE_LOG_LEVEL=debug. Returns the length or -1 if cap is too small.
 int format_effective_options(const Options& o, char* buf, std::size_t cap) noexcept;
 
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

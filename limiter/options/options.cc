@@ -2,17 +2,17 @@
 // compile error), which variable sets it -- ours, a HAMi alias (per device or
 // global), the configuration file, or the default -- in order of precedence,
 // with errors that name the variable and value. The value grammars are
-// limiter/option_values.cc.
-#include "limiter/options.h"
+// limiter/options/values.cc.
+#include "limiter/options/options.h"
 
 #include <unistd.h>
 
 #include "gpuslice/options.h"
-#include "limiter/option_values.h"
-#include "limiter/options_env.h"
+#include "limiter/options/env.h"
+#include "limiter/options/values.h"
 #include "platform/text.h"
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 namespace {
 
 using platform::Text;
@@ -120,37 +120,54 @@ void default_text(const OptionInfo& info, char* buf, std::size_t cap) {
 
 // ---- resolving one option of each type ---------------------------------------
 
+// A scalar (choice words, flags, durations): `parse(Span, Value*, Text&)`
+// reads a value of its grammar.
+template <class Value, class Parse>
+bool resolve_scalar(const Found& f, std::size_t k, Parse parse, Value& dst, OptionSource& src, shm::Error* err) {
+  const OptionInfo& info = kOptions[k];
+  char text[128];
+  default_text(info, text, sizeof text);
+  platform::Text ignored(err->message, sizeof err->message);
+  if (!parse(Span{text, length(text)}, &dst, ignored)) {
+    fail(err, info.env, text).str("options.def default does not parse (a bug in the table)");
+    return false;
+  }
+  set_source(&src, "default");
+  const char* value = f.ours[k];
+  const char* from = info.env;
+  char mapped[128];
+  if (value == nullptr) {
+    const std::size_t a = alias_of(f, k, false);
+    if (a == kOptionAliasCount) return true;
+    bool empty = false;
+    if (!map_alias(kOptionAliases[a], f.alias[a], mapped, sizeof mapped, &empty, err)) return false;
+    if (empty) return true;
+    value = mapped;
+    from = kOptionAliases[a].env;
+  }
+  platform::Text t = fail(err, from, value == mapped ? f.alias[alias_of(f, k, false)] : value);
+  if (!parse(Span{value, length(value)}, &dst, t)) return false;
+  set_source(&src, from);
+  return true;
+}
+
 template <OptionType T>
-struct Resolve {  // scalar words, flags and durations
+struct Resolve {  // flags and durations
   using Value = typename OptionStorage<T>::value;
   static bool run(const Found& f, std::size_t k, Value& dst, OptionSource& src, shm::Error* err) {
     const OptionInfo& info = kOptions[k];
-    char text[128];
-    default_text(info, text, sizeof text);
-    platform::Text ignored(err->message, sizeof err->message);
-    if (!Scalar<T>::parse(info, Span{text, length(text)}, &dst, ignored)) {
-      fail(err, info.env, text).str("options.def default does not parse (a bug in the table)");
-      return false;
-    }
-    set_source(&src, "default");
-    const char* value = f.ours[k];
-    const char* from = info.env;
-    char mapped[128];
-    if (value == nullptr) {
-      const std::size_t a = alias_of(f, k, false);
-      if (a == kOptionAliasCount) return true;
-      bool empty = false;
-      if (!map_alias(kOptionAliases[a], f.alias[a], mapped, sizeof mapped, &empty, err)) return false;
-      if (empty) return true;
-      value = mapped;
-      from = kOptionAliases[a].env;
-    }
-    platform::Text t = fail(err, from, value == mapped ? f.alias[alias_of(f, k, false)] : value);
-    if (!Scalar<T>::parse(info, Span{value, length(value)}, &dst, t)) return false;
-    set_source(&src, from);
-    return true;
+    const auto parse = [&info](Span v, Value* out, platform::Text& t) { return Scalar<T>::parse(info, v, out, t); };
+    return resolve_scalar(f, k, parse, dst, src, err);
   }
 };
+
+// A choice: its words (options.def) and nothing else.
+template <class E, std::size_t N>
+bool resolve_choice(const Found& f, std::size_t k, const Word<E> (&table)[N], E& dst, OptionSource& src,
+                    shm::Error* err) {
+  const auto parse = [&table](Span v, E* out, platform::Text& t) { return parse_choice(table, v, out, t); };
+  return resolve_scalar(f, k, parse, dst, src, err);
+}
 
 template <OptionType T>
 struct ResolveText {  // paths and names
@@ -282,7 +299,11 @@ bool resolve_all(const Found& f, Options* out, shm::Error* err) {
 #define GPUSLICE_OPTION(id, env, kind, def, range, doc)                                                           \
   if (!Resolve<OptionType::kind>::run(f, static_cast<std::size_t>(OptionId::id), out->id, out->id##_source, err)) \
     return false;
+#define GPUSLICE_CHOICE(id, env, kind, Enum, def, word_list, doc)                                            \
+  if (!resolve_choice(f, static_cast<std::size_t>(OptionId::id), words::id, out->id, out->id##_source, err)) \
+    return false;
 #include "gpuslice/options.def"
+#undef GPUSLICE_CHOICE
 #undef GPUSLICE_OPTION
   apply_core_policy_disable(f, out);
   alias_fallback_warning(f, out);
@@ -297,7 +318,7 @@ bool resolve_all(const Found& f, Options* out, shm::Error* err) {
       set_source(&out->memory_resident_source[d], why);
       set_source(&out->sm_limit_source[d], why);
     }
-    out->priority = kPriorityNormal;
+    out->priority = Priority::normal;
     out->oversubscribe = kOversubscribeFail;
     set_source(&out->priority_source, why);
     set_source(&out->oversubscribe_source, why);
@@ -328,4 +349,4 @@ bool parse_options(char* const* envp, Options* out, shm::Error* err) noexcept {
   return true;
 }
 
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

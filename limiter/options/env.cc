@@ -1,10 +1,10 @@
 // The option parser, first step: which variables of the environment set
-// which option or alias (options_env.h).
-#include "limiter/options_env.h"
+// which option or alias (env.h).
+#include "limiter/options/env.h"
 
 #include "platform/text.h"
 
-namespace gpuslice::limiter::env {
+namespace gpuslice::options::env {
 namespace {
 
 using platform::Text;
@@ -249,4 +249,4 @@ void name_of(const char* entry, char* buf, std::size_t cap) {
   buf[n] = '\0';
 }
 
-}  // namespace gpuslice::limiter::env
+}  // namespace gpuslice::options::env

@@ -1,12 +1,13 @@
 // The grammars of option values (include/gpuslice/options.def, the grammar
-// in limiter/options.h): sizes, percentages, per-device lists, choice words,
-// flags, durations, paths and names, ours and HAMi-core's. Which variable
-// sets an option, and in what order they win, is limiter/options.cc.
-#include "limiter/option_values.h"
+// in limiter/options/options.h): sizes, percentages, per-device lists, flags,
+// durations, paths and names, ours and HAMi-core's (a choice's words are
+// options.h parse_word). Which variable sets an option, and in what order they
+// win, is limiter/options/options.cc.
+#include "limiter/options/values.h"
 
 #include "platform/text.h"
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 namespace values {
 
 using platform::Text;
@@ -135,26 +136,7 @@ bool parse_path(const char* name, const char* value, bool absolute, std::size_t 
   return true;
 }
 
-// ---- words, flags, durations -------------------------------------------------
-
-// "hard or elastic" from "hard | elastic (any case)".
-platform::Text& list_words(platform::Text& t, const char* range) {
-  const char* p = range;
-  for (;;) {
-    const char* end = p;
-    while (*end != '\0' && *end != ' ') ++end;
-    t.str(p, static_cast<std::size_t>(end - p));
-    if (end[0] == ' ' && end[1] == '|' && end[2] == ' ') {
-      p = end + 3;
-      const char* next = p;
-      while (*next != '\0' && *next != ' ') ++next;
-      const bool last = !(next[0] == ' ' && next[1] == '|');
-      t.str(last ? " or " : ", ");
-      continue;
-    }
-    return t;
-  }
-}
+// ---- flags, durations -----------------------------------------------------------
 
 bool parse_flag_span(Span s, bool* out) {
   static constexpr const char* kTrue[] = {"true", "1", "yes", "on"};
@@ -329,119 +311,7 @@ template bool parse_per_device<std::uint64_t>(const char*, const char*, ParseOne
 template bool parse_per_device<std::uint32_t>(const char*, const char*, ParseOne<std::uint32_t>,
                                               PerDevice<std::uint32_t>*, shm::Error*);
 
-// ---- choice words vs. the enums they are stored as ----------------------------
-
-// A policy, level or choice option stores the index of its word in the range
-// column of options.def, and the code reads that index as an enum value: the
-// words must be listed in the enum's order. Checked here at compile time, with
-// the parser's own word_index: every such option has a row per word below,
-// and each word's index is its enum value.
-namespace {
-
-struct EnumWord {
-  const char* option;  // options.def id
-  const char* word;
-  int value;  // what the code reads
-};
-constexpr EnumWord kEnumWords[] = {
-    {"sm_policy", "hard", static_cast<int>(SmPolicy::hard)},
-    {"sm_policy", "elastic", static_cast<int>(SmPolicy::elastic)},
-    {"priority", "high", kPriorityHigh},
-    {"priority", "normal", kPriorityNormal},
-    {"priority", "low", kPriorityLow},
-    {"oversubscribe", "fail", kOversubscribeFail},
-    {"oversubscribe", "spill", kOversubscribeSpill},
-    {"oversubscribe", "wait", kOversubscribeWait},
-    {"log_level", "error", kLogError},
-    {"log_level", "warn", kLogWarn},
-    {"log_level", "info", kLogInfo},
-    {"log_level", "debug", kLogDebug},
-};
-
-constexpr bool same_text(const char* a, const char* b) {
-  std::size_t i = 0;
-  for (; a[i] != '\0' && a[i] == b[i]; ++i) {}
-  return a[i] == b[i];
-}
-
-// An index, not a pointer: GCC with UBSan does not take a pointer compared
-// with nullptr as a constant expression.
-constexpr int option_index(const char* id) {
-  for (std::size_t i = 0; i < sizeof kOptions / sizeof kOptions[0]; ++i) {
-    if (same_text(kOptions[i].id, id)) return static_cast<int>(i);
-  }
-  return -1;
-}
-
-// How many words the range column lists (word_index's walk).
-constexpr int words_in(const char* range) {
-  int n = 1;
-  for (const char* p = range;;) {
-    const char* end = p;
-    while (*end != '\0' && *end != ' ') ++end;
-    if (!(end[0] == ' ' && end[1] == '|' && end[2] == ' ')) return n;
-    p = end + 3;
-    ++n;
-  }
-}
-
-// The option's words are exactly the enum's values, in order.
-constexpr bool words_match_enum(const char* id) {
-  const int index = option_index(id);
-  if (index < 0) return false;
-  const OptionInfo* o = &kOptions[index];
-  int rows = 0;
-  for (const EnumWord& w : kEnumWords) {
-    if (!same_text(w.option, id)) continue;
-    ++rows;
-    if (word_index(o->range, Span{w.word, length(w.word)}) != w.value) return false;
-  }
-  return rows == words_in(o->range);
-}
-
-// Every word option of options.def has its rows above.
-constexpr bool every_word_option_checked() {
-  for (const OptionInfo& o : kOptions) {
-    const bool words = o.type == OptionType::policy || o.type == OptionType::level || o.type == OptionType::choice;
-    bool listed = false;
-    for (const EnumWord& w : kEnumWords) listed = listed || same_text(w.option, o.id);
-    if (words && !listed) return false;
-  }
-  return true;
-}
-
-static_assert(words_match_enum("sm_policy"),
-              "options.def: GPUSLICE_SM_POLICY's words must list SmPolicy's values in order (gpuslice/region.h)");
-static_assert(
-    words_match_enum("priority"),
-    "options.def: GPUSLICE_PRIORITY's words must list limiter::Priority's values in order (limiter/options.h)");
-static_assert(words_match_enum("oversubscribe"),
-              "options.def: GPUSLICE_OVERSUBSCRIBE's words must list limiter::Oversubscribe's values in order "
-              "(limiter/options.h)");
-static_assert(
-    words_match_enum("log_level"),
-    "options.def: GPUSLICE_LOG_LEVEL's words must list limiter::LogLevel's values in order (limiter/options.h)");
-static_assert(every_word_option_checked(),
-              "options.def: a policy, level or choice option without rows in kEnumWords (option_values.cc): "
-              "list its words with the enum values the code reads them as");
-
-}  // namespace
-
 // ---- one value of each type ---------------------------------------------------
-
-bool Scalar<OptionType::policy>::parse(const OptionInfo& info, Span v, SmPolicy* dst, platform::Text& t) {
-  const int i = word_index(info.range, v);
-  if (i < 0) return list_words(t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected "), info.range), false;
-  *dst = static_cast<SmPolicy>(i);
-  return true;
-}
-
-bool Scalar<OptionType::level>::parse(const OptionInfo& info, Span v, int* dst, platform::Text& t) {
-  const int i = word_index(info.range, v);
-  if (i < 0) return list_words(t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected "), info.range), false;
-  *dst = i;
-  return true;
-}
 
 bool Scalar<OptionType::flag>::parse(const OptionInfo&, Span v, bool* dst, platform::Text& t) {
   if (parse_flag_span(v, dst)) return true;
@@ -538,4 +408,4 @@ bool parse_percent(const char* text, std::uint32_t* out) noexcept {
   return text != nullptr && parse_percent_span(Span{text, length(text)}, 1, true, out);
 }
 
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

@@ -1,9 +1,9 @@
 // Printing options: the README table and the debug listing of effective values.
 #include "gpuslice/options.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "platform/text.h"
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 namespace {
 
 using platform::Text;
@@ -78,18 +78,6 @@ int format_options_markdown(char* buf, std::size_t cap) noexcept {
 
 namespace {
 
-// The word of index i in a range column "a | b | c (remark)".
-platform::Text& word(platform::Text& t, const char* range, int i) {
-  const char* p = range;
-  for (int k = 0;; ++k) {
-    const char* end = p;
-    while (*end != '\0' && *end != ' ') ++end;
-    if (k == i) return t.str(p, static_cast<std::size_t>(end - p));
-    if (!(end[0] == ' ' && end[1] == '|' && end[2] == ' ')) return t.ch('?');
-    p = end + 3;
-  }
-}
-
 template <class V>
 void per_device(platform::Text& t, const OptionInfo& info, const V (&values)[kMaxDevices],
                 const OptionSource (&src)[kMaxDevices], bool size, const char* file) {
@@ -126,9 +114,7 @@ struct Print {
   template <class V, class S>
   static void run(platform::Text& t, const OptionInfo& info, const V& value, const S& src, const char* file) {
     line(t, info.env).ch('=');
-    if constexpr (T == OptionType::policy || T == OptionType::level || T == OptionType::choice) {
-      word(t, info.range, static_cast<int>(value));
-    } else if constexpr (T == OptionType::flag) {
+    if constexpr (T == OptionType::flag) {
       t.str(value ? "true" : "false");
     } else if constexpr (T == OptionType::duration_ms) {
       t.u64(value).str("ms");
@@ -138,6 +124,13 @@ struct Print {
     tail(t, src, file);
   }
 };
+// A choice: the word of its value (options.def).
+template <class E, std::size_t N>
+void print_choice(platform::Text& t, const OptionInfo& info, const Word<E> (&table)[N], E value,
+                  const OptionSource& src, const char* file) {
+  line(t, info.env).ch('=').str(word_of(table, value));
+  tail(t, src, file);
+}
 template <>
 struct Print<OptionType::per_device_size> {
   static void run(platform::Text& t, const OptionInfo& info, const std::uint64_t (&v)[kMaxDevices],
@@ -160,7 +153,10 @@ int format_effective_options(const Options& o, char* buf, std::size_t cap) noexc
   std::size_t k = 0;
 #define GPUSLICE_OPTION(id, env, kind, def, range, doc) \
   Print<OptionType::kind>::run(t, kOptions[k++], o.id, o.id##_source, o.config_file);
+#define GPUSLICE_CHOICE(id, env, kind, Enum, def, word_list, doc) \
+  print_choice(t, kOptions[k++], words::id, o.id, o.id##_source, o.config_file);
 #include "gpuslice/options.def"
+#undef GPUSLICE_CHOICE
 #undef GPUSLICE_OPTION
   t.str("gpuslice: configuration file ")
       .escaped(o.config_file)
@@ -172,4 +168,4 @@ int format_effective_options(const Options& o, char* buf, std::size_t cap) noexc
   return finish(t);
 }
 
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

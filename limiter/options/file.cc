@@ -1,17 +1,17 @@
-// The configuration file (options_file.h): read, split into NAME=VALUE
+// The configuration file (file.h): read, split into NAME=VALUE
 // entries, merged under the environment option by option, resolved with the
 // environment's parser.
-#include "limiter/options_file.h"
+#include "limiter/options/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "limiter/options_env.h"
+#include "limiter/options/env.h"
 #include "platform/text.h"
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 namespace {
 
 using platform::Text;
@@ -280,4 +280,4 @@ bool load_options(char* const* envp, const char* default_file, ConfigFileBuffer*
   return true;
 }
 
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

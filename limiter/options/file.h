@@ -28,10 +28,10 @@
 #include <cstdint>
 
 #include "gpuslice/options.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "shm/region_file.h"
 
-namespace gpuslice::limiter {
+namespace gpuslice::options {
 
 inline constexpr char kDefaultConfigFile[] = "/etc/gpuslice/gpuslice.conf";
 inline constexpr std::size_t kConfigFileMaxBytes = 64 * 1024;
@@ -55,4 +55,4 @@ struct ConfigFileBuffer {
 bool load_options(char* const* envp, const char* default_file, ConfigFileBuffer* buf, Options* out,
                   shm::Error* err) noexcept;
 
-}  // namespace gpuslice::limiter
+}  // namespace gpuslice::options

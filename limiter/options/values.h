@@ -1,8 +1,8 @@
 // The grammars of option values, shared by the resolution of options
-// (limiter/options.cc) and the public parse_size/parse_percent helpers
-// (limiter/options.h): each parser takes a span of text and, on failure,
-// appends "<what>, expected <what>" to the message it is given. Internal to
-// gpuslice_limiter. Heap-free.
+// (limiter/options/options.cc) and the public parse_size/parse_percent helpers
+// (limiter/options/options.h): each parser takes a span of text and, on
+// failure, appends "<what>, expected <what>" to the message it is given.
+// Internal to gpuslice_limiter. Heap-free.
 #pragma once
 
 #include <cstddef>
@@ -10,11 +10,11 @@
 
 #include "gpuslice/options.h"
 #include "gpuslice/region.h"
-#include "limiter/options.h"
+#include "limiter/options/options.h"
 #include "platform/text.h"
 #include "shm/region_file.h"
 
-namespace gpuslice::limiter::values {
+namespace gpuslice::options::values {
 
 inline constexpr std::size_t kValueShown = 100;  // output characters of a value quoted in a message
 
@@ -30,34 +30,6 @@ constexpr std::size_t length(const char* s) {
   while (s[n] != '\0') ++n;
   return n;
 }
-
-// The words of a choice: the range column "a | b | c (remark)".
-// Returns the index of `value` among them (any case) or -1.
-constexpr int word_index(const char* range, Span value) {
-  int index = 0;
-  const char* p = range;
-  for (;;) {
-    const char* end = p;
-    while (*end != '\0' && *end != ' ') ++end;
-    if (end > p && value.n > 0) {
-      const Span word{p, static_cast<std::size_t>(end - p)};
-      if (word.n == value.n) {
-        bool same = true;
-        for (std::size_t i = 0; i < word.n && same; ++i) same = lower(word.p[i]) == lower(value.p[i]);
-        if (same) return index;
-      }
-    }
-    // Next word follows " | "; anything else ends the list.
-    if (end[0] == ' ' && end[1] == '|' && end[2] == ' ') {
-      p = end + 3;
-      ++index;
-      continue;
-    }
-    return -1;
-  }
-}
-// (constexpr: the choice words are checked against their enums at compile
-// time with this very function, option_values.cc.)
 
 // "gpuslice: NAME='value': " -- the caller appends "<what>, expected <what>".
 platform::Text fail(shm::Error* err, const char* name, const char* value);
@@ -83,7 +55,7 @@ bool parse_alias_memory(Span s, std::uint64_t* out, platform::Text& t);  // HAMi
 bool parse_alias_sm(Span s, std::uint32_t* out, platform::Text& t);      // HAMi-core: 0-100, 0 = 100
 
 // "8Gi" (every device) or "0=8Gi,1=4Gi". Instantiated for std::uint64_t and
-// std::uint32_t (option_values.cc).
+// std::uint32_t (values.cc).
 template <class T>
 bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerDevice<T>* out, shm::Error* err);
 
@@ -92,16 +64,13 @@ bool parse_per_device(const char* name, const char* value, ParseOne<T> one, PerD
 template <OptionType T>
 struct Scalar;
 
-template <>
-struct Scalar<OptionType::policy> {
-  static bool parse(const OptionInfo& info, Span v, SmPolicy* dst, platform::Text& t);
-};
-template <>
-struct Scalar<OptionType::level> {
-  static bool parse(const OptionInfo& info, Span v, int* dst, platform::Text& t);
-};
-template <>
-struct Scalar<OptionType::choice> : Scalar<OptionType::level> {};
+// A choice: one of its words (options.h parse_word).
+template <class E, std::size_t N>
+bool parse_choice(const Word<E> (&table)[N], Span v, E* dst, platform::Text& t) {
+  if (parse_word(table, v.p, v.n, dst)) return true;
+  list_words(t.str(v.n == 0 ? "empty value" : "unknown value").str(", expected "), table);
+  return false;
+}
 template <>
 struct Scalar<OptionType::flag> {
   static bool parse(const OptionInfo&, Span v, bool* dst, platform::Text& t);
@@ -116,4 +85,4 @@ bool parse_path_into(const OptionInfo& info, const char* value, char* dst, std::
                      const char* name);
 bool parse_name_into(const char* name, const char* value, char* dst, std::size_t cap, shm::Error* err);
 
-}  // namespace gpuslice::limiter::values
+}  // namespace gpuslice::options::values
