@@ -12,7 +12,7 @@ Usage: check_docs.py SOURCE_DIR
   a build output (`build/...`, `<build>/...`).
 - README.md's "Layout" section names every top-level folder and no other.
 - A name qualified with a layer's namespace (`shm::validate_header`,
-  `limiter::Options`, `hook::launch::forget_all_streams()`,
+  `options::Options`, `hook::launch::forget_all_streams()`,
   `platform::monotonic_ns`) names words that the sources of that layer's
   folder use unqualified: a name that moved to another layer (or namespace
   qualifier) is stale wherever the docs still give the old one.
