@@ -82,8 +82,7 @@ void run_loop(const Calls& calls, const Fixture& f, const std::string& name, lon
   }
 }
 
-int child_main(const std::string& driver, const std::string& library, const std::string& name, bool wrapped,
-               long n) {
+int child_main(const std::string& driver, const std::string& library, const std::string& name, bool wrapped, long n) {
   Fixture f;
   setup_fixture(f, driver, library);
   const Calls& calls = wrapped ? f.wrapped : f.native;
@@ -117,8 +116,8 @@ long long loop_instructions(const std::string& out_prefix) {
   return best;
 }
 
-long long count(const std::string& valgrind, const std::string& driver, const std::string& library,
-                const Case& c, bool wrapped, long n, const std::string& dir) {
+long long count(const std::string& valgrind, const std::string& driver, const std::string& library, const Case& c,
+                bool wrapped, long n, const std::string& dir) {
   const std::string tag = std::string(c.name) + (wrapped ? ".wrapped." : ".native.") + std::to_string(n);
   const std::string out_prefix = dir + "/" + tag + ".cg";
   const std::string log = dir + "/" + tag + ".log";
