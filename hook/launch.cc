@@ -11,7 +11,7 @@
 // is in debt, sleeps; every few launches it also checks the queue bound
 // (launch_queue.cc). docs/limiter.md has the design.
 #include "hook/launch.h"
-#include "hook/priority.h"
+#include "hook/priority_gate.h"
 
 #include <cuda.h>
 

@@ -88,7 +88,7 @@ void reset_queue_after_fork(LaunchDevice& d) noexcept;
 
 // The pid of the process whose buckets the thread's credit came from, once
 // its return at thread exit is armed (0: not armed). Armed at the thread's
-// first credit (the hook's thread-exit key: arm_thread_exit, runtime.h),
+// first credit (the hook's thread-exit key: arm_thread_exit, hook/account.h),
 // disarmed when the credit went back; a child forked without our handlers (_Fork, clone) finds
 // another pid there and drops the parent's credit instead of returning it.
 [[gnu::tls_model("initial-exec")]] extern constinit thread_local std::uint32_t t_credit_owner;

@@ -9,7 +9,7 @@
 
 #include "hook/launch.h"
 #include "hook/log.h"
-#include "hook/priority.h"
+#include "hook/priority_gate.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_feedback.h"
@@ -62,7 +62,7 @@ bool load_nvml_api(limiter::NvmlApi* api) noexcept {
 }
 
 // A thread's credit (ThreadCounts::credit) goes back to the buckets when it
-// exits (set_thread_exit: the hook's thread-exit key, lifecycle.cc). The
+// exits (set_thread_exit: the hook's thread-exit key, account.cc). The
 // thread that calls exit() gives its own back in the atexit handler below;
 // threads still running at exit keep theirs (at most limiter::kAheadMaxNs
 // each per device, which the controller's true-up refunds where the device

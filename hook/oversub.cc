@@ -6,7 +6,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hook/config.h"
 #include "hook/log.h"
+#include "hook/region.h"
 #include "limiter/memory_accounting.h"
 #include "platform/clock.h"
 
@@ -69,12 +71,9 @@ void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen, std::uint6
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
 }
 
-void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept {
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, 0x7fffffff, nullptr, nullptr, 0);
-}
-
-// Sleeps until memory of the container is freed, a slice passes or the
-// deadline does. Returns false once the deadline has passed.
+// Sleeps until memory of the container is freed (a free bumps the device's
+// free generation and wakes it: account.cc), a slice passes or the deadline
+// does. Returns false once the deadline has passed.
 bool wait_for_memory(int entry, std::uint64_t deadline, bool* counted) noexcept {
   DeviceState& d = device(entry);
   const std::uint64_t now = now_ns();
@@ -155,17 +154,6 @@ bool resident_admits(int entry) noexcept {
     }
   }
   return true;
-}
-
-void oversub_unspill(int entry, std::uint64_t bytes) noexcept {
-  if (entry < 0 || g_process.region == nullptr) return;
-  limiter::uncount_spilled(g_process.region, own_slot(), entry, bytes);
-}
-
-void wake_oversub_waiters(int entry) noexcept {
-  DeviceState& d = device(entry);
-  d.free_generation.fetch_add(1, std::memory_order_seq_cst);
-  futex_wake_all(&d.free_generation);
 }
 
 }  // namespace gpuslice::hook

@@ -26,6 +26,7 @@
 
 #include "hook/launch.h"
 #include "hook/measure.h"
+#include "hook/memory.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
 
@@ -145,24 +146,6 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr,
                                                               CUstream hStream) {
   return alloc_from_pool_async(dptr, bytesize, pool, hStream, true);
 }
-
-namespace gpuslice::hook {
-// cuMemFree_v2 of pool memory (memory.cc), after the driver accepted it.
-CUresult free_pool_or_untracked(CUdeviceptr dptr) noexcept {
-  PoolState* st = nullptr;
-  std::uint64_t bytes = 0;
-  // The record is taken before the driver call: an address the driver hands
-  // out again at once (to another thread) is never confused with this one.
-  if (pools::g_slots_used.load(std::memory_order_relaxed) == 0 || !pools::take_record(dptr, &st, &bytes))
-    return real_cuMemFree_v2(dptr);
-  const CUresult rc = real_cuMemFree_v2(dptr);
-  if (rc == CUDA_SUCCESS)
-    pools::freed(*st, bytes);
-  else
-    pools::record(dptr, *st, bytes);  // the driver refused: the allocation is still live
-  return rc;
-}
-}  // namespace gpuslice::hook
 
 namespace {
 template <class RealFree>
@@ -291,7 +274,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBy
 
 // Synchronisation points: where the driver trims pools to their release
 // threshold. A trim lowers the device's usage: a synchronisation is a counting
-// operation, so no measurement of implicit memory (context.cc) overlaps one.
+// operation, so no measurement of implicit memory (measure.h) overlaps one.
 namespace {
 template <class Sync>
 CUresult sync_then_reconcile(Sync&& sync) noexcept {

@@ -7,9 +7,8 @@
    never include cuda.h. include/platform/ includes nothing of the project
    but itself (libc and the C++ headers only), and the public ABI nothing of
    the platform layer: a tool built on include/gpuslice/ needs no more.
-2. Inside hook/ nothing runs back up: with each header and the .cc files that
-   implement it taken as one unit, the include graph between units has no
-   cycle (docs/interception.md, "Bootstrap", names the runtime's files).
+2. Inside hook/ nothing runs back up: with hook/x.h and hook/x.cc taken as
+   one unit (x), the include graph between units has no cycle.
 3. hook/ reaches the driver's entry points through hook/real.h only (its
    real_ pointers, resolved at load time from symbols.def and its internal
    list): no other file looks an entry point up by name (dlsym, dlvsym,
@@ -42,8 +41,6 @@ ALLOWED = {
 }
 NO_DRIVER = {"limiter", "shm", "platform"}
 PROJECT = {"hook", "limiter", "shm", "platform", "gpuslice", "tools", "test"}
-# .cc files that implement a header of another name.
-IMPLEMENTS = {"bootstrap": "runtime", "lifecycle": "runtime", "region": "runtime"}
 
 
 def includes(path):
@@ -74,26 +71,13 @@ def layer_problems(root):
     return problems
 
 
-def unit_of(path, headers):
-    stem = path.stem
-    if path.suffix == ".h":
-        return stem
-    if stem in IMPLEMENTS:
-        return IMPLEMENTS[stem]
-    if stem in headers:
-        return stem
-    prefix = stem.split("_", 1)[0]  # launch_queue.cc implements launch.h
-    return prefix if prefix in headers else path.name
-
-
 def hook_cycles(root):
     hook = root / "hook"
-    headers = {p.stem for p in hook.glob("*.h")}
     graph = {}
     for path in sorted(hook.glob("*")):
         if path.suffix not in (".h", ".cc"):
             continue
-        unit = unit_of(path, headers)
+        unit = path.stem
         edges = graph.setdefault(unit, set())
         for inc in includes(path):
             if inc.startswith("hook/") and inc.endswith(".h"):
