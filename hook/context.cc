@@ -19,7 +19,7 @@
 
 #include <mutex>
 
-#include "hook/launch.h"
+#include "hook/launch_streams.h"
 #include "hook/log.h"
 #include "hook/measure.h"
 #include "hook/memory.h"

@@ -7,8 +7,9 @@
 // any pointer that may never have been loaded is touched.
 #include <cuda.h>
 
-#include "hook/modules.h"
 #include "hook/launch.h"
+#include "hook/launch_streams.h"
+#include "hook/modules.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_graphs.h"

@@ -24,7 +24,7 @@
 
 #include <type_traits>
 
-#include "hook/launch.h"
+#include "hook/launch_streams.h"
 #include "hook/measure.h"
 #include "hook/memory.h"
 #include "hook/pool_state.h"
