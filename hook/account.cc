@@ -1,6 +1,7 @@
 // The accounting core (account.h): reserve, release and charge on this
 // process's slot, the thread reserve between a thread's frees and its next
 // allocations, and the records an allocation leaves for its free.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/account.h"
 
 #include <linux/futex.h>

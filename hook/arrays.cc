@@ -2,6 +2,7 @@
 // descriptor. We reserve the descriptor's size before creation (in bytes, not
 // bits — vCUDA's 8x error), then settle on what the driver reports through
 // cu*GetMemoryRequirements when it can tell us.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/arrays.h"
 
 #include <cuda.h>

@@ -6,6 +6,7 @@
 // Work the walk cannot see (conditional bodies, device-side launches, nodes
 // changed after instantiation) is still charged by the controller's true-up,
 // from measured device time.
+// gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
 
 #include "hook/modules.h"

@@ -10,6 +10,7 @@
 // from the container's shared bucket (limiter/compute.h) and, when the bucket
 // is in debt, sleeps; every few launches it also checks the queue bound
 // (launch_queue.cc). docs/limiter.md has the design.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/launch.h"
 
 #include <cuda.h>

@@ -4,6 +4,7 @@
 // when a launching thread waits is limiter/compute_queue.h's arithmetic
 // (unit-tested on an injected clock); this file makes the driver calls it
 // needs.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/launch_queue.h"
 
 #include <cuda.h>

@@ -1,4 +1,5 @@
 // The launch path's state (launch_state.h).
+// gpuslice: hot path (no heap, no locks)
 #include "hook/launch_state.h"
 
 #include "platform/clock.h"

@@ -1,5 +1,6 @@
 // The device of a stream (launch_streams.h), for admission (launch.cc) and
 // stream-ordered allocation (pools.cc).
+// gpuslice: hot path (no heap, no locks)
 #include "hook/launch_streams.h"
 
 #include <atomic>

@@ -5,6 +5,7 @@
 // placed by this launch (modules.h: one load and a predictable branch). A NULL configuration is
 // refused here with the driver's documented CUDA_ERROR_INVALID_VALUE, before
 // any pointer that may never have been loaded is touched.
+// gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
 
 #include "hook/launch.h"

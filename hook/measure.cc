@@ -1,6 +1,7 @@
 // Measuring what the driver takes implicitly (measure.h): the counting
 // operations' counters, the gate that holds them back during a measurement,
 // and NVML's usage of this process before and after the measured call.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/measure.h"
 
 #include <linux/membarrier.h>

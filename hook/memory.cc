@@ -2,6 +2,7 @@
 // quota before the driver allocates, recorded by device pointer, returned to
 // the budget exactly once at free. A free of a pointer we did not count is
 // forwarded unchanged.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/memory.h"
 
 #include <cuda.h>

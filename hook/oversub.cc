@@ -1,4 +1,5 @@
 // Memory oversubscription: the policies of oversub.h.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/oversub.h"
 
 #include <linux/futex.h>

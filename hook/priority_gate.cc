@@ -7,6 +7,7 @@
 // this process's launches (launch_markers.h) bounds how much of its work is
 // queued on the device, and measures its launches' device time, from which
 // the board publishes until when this container counts as active.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/priority_gate.h"
 
 #include <pthread.h>

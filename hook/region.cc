@@ -1,6 +1,7 @@
 // The container's region as this process sees it: the watch on the region
 // file (truncated under our mapping?) and the map between CUDA device
 // ordinals and region device entries.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/region.h"
 
 #include "hook/config.h"
