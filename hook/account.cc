@@ -60,7 +60,6 @@ std::atomic<ThreadExitFn> g_thread_exit_fn{nullptr};
 [[gnu::tls_model("initial-exec")]] constinit thread_local bool t_exit_armed = false;
 
 void give_back(ThreadReserve& t) noexcept;  // below, beside release()
-void give_back(ThreadReserve& t) noexcept;  // below, beside release()
 void at_thread_exit(void*) noexcept {
   t_exit_armed = false;  // a hand-back that takes more arms it again: glibc then runs this again
   if (ThreadReserve* t = t_reserve) give_back(*t);
@@ -187,8 +186,10 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
 }
 
 // After the exit-time release (or in a child that never owned the slot)
-// there is nothing of ours left to give back.
-void release(int entry, std::uint64_t bytes) noexcept {
+// there is nothing of ours left to give back. Not inlined into this file's
+// callers (commit): GCC would split its head off for them, and every free's
+// call from the wrappers would take a jump more.
+[[gnu::noinline]] void release(int entry, std::uint64_t bytes) noexcept {
   if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
   const int slot = g_process.slot.load(std::memory_order_acquire);
   if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0) return;
@@ -221,28 +222,6 @@ void reset_thread_reserve(ThreadReserve& t) noexcept {
   t.tag.store(0, std::memory_order_relaxed);
   t.slot.store(-1, std::memory_order_relaxed);
   t.entry.store(-1, std::memory_order_relaxed);
-}
-
-CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* r) noexcept {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
-  int entry = device_entry(ordinal);
-  if (entry < 0) return CUDA_ERROR_INVALID_DEVICE;
-  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  r->entry = entry;
-  r->bytes = bytes;
-  return CUDA_SUCCESS;
-}
-
-CUresult reserve_on_current(std::uint64_t bytes, Reservation* r) noexcept {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
-  int entry = current_device_entry(&rc);
-  if (entry < 0) return rc;
-  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  r->entry = entry;
-  r->bytes = bytes;
-  return CUDA_SUCCESS;
 }
 
 void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,

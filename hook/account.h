@@ -13,7 +13,9 @@
 #include <cstdint>
 
 #include "gpuslice/region.h"
+#include "hook/bootstrap.h"
 #include "hook/process.h"
+#include "hook/region.h"
 #include "limiter/alloc_table.h"
 
 namespace gpuslice::hook {
@@ -65,9 +67,29 @@ struct Reservation {
 // Reserve `bytes` on the current context's device before the real call.
 // Returns the error to hand back unchanged: bootstrap failure, no current
 // context (the driver's own error), or CUDA_ERROR_OUT_OF_MEMORY over quota.
-CUresult reserve_on_current(std::uint64_t bytes, Reservation* r) noexcept;
+// Inline (as it was beside the wrappers of memory.cc): an allocation makes
+// one call, reserve(), not two.
+inline CUresult reserve_on_current(std::uint64_t bytes, Reservation* r) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  int entry = current_device_entry(&rc);
+  if (entry < 0) return rc;
+  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->entry = entry;
+  r->bytes = bytes;
+  return CUDA_SUCCESS;
+}
 // Same on an explicit device ordinal.
-CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* r) noexcept;
+inline CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* r) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  int entry = device_entry(ordinal);
+  if (entry < 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->entry = entry;
+  r->bytes = bytes;
+  return CUDA_SUCCESS;
+}
 
 // After the real allocation: on failure the reservation is returned; on
 // success it is recorded under `key` in `table` (a stale record for the same

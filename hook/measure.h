@@ -40,8 +40,10 @@ namespace gpuslice::hook {
 // seccomp) and for threads beyond the counters, operations fall back to two
 // seq_cst read-modify-writes of g_counting_ops (in flight in the low 32 bits,
 // finished in the high 32).
-extern std::atomic<std::uint64_t> g_counting_ops;
-extern std::atomic<int> g_counting_state;  // 0 unknown, 1 off, 2 on (per-thread counters), 3 on (shared word)
+[[gnu::visibility("hidden")]] extern std::atomic<std::uint64_t> g_counting_ops;
+// 0 unknown, 1 off, 2 on (per-thread counters), 3 on (shared word). These
+// words are declared hidden: read PC-relative by every wrapper (process.h).
+[[gnu::visibility("hidden")]] extern std::atomic<int> g_counting_state;
 [[gnu::cold, gnu::noinline]] bool counting_init() noexcept;
 inline bool counting_on() noexcept {
   const int s = g_counting_state.load(std::memory_order_relaxed);
@@ -55,7 +57,7 @@ struct alignas(64) OpCounter {
   ThreadReserve reserve;             // the owner's thread reserve (hook/account.h)
 };
 inline constexpr unsigned kOpCounters = 256;
-extern OpCounter g_op_counters[kOpCounters];
+[[gnu::visibility("hidden")]] extern OpCounter g_op_counters[kOpCounters];
 // The calling thread's counter, or &g_counting_ops (shared word); nullptr
 // until claimed. Claimed again in a forked child (the process epoch of
 // include/platform/pointer_table.h changes there): two threads never share a counter.
@@ -74,7 +76,7 @@ bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 // membarrier before reading the counters: an operation that marked itself
 // before that barrier is seen in flight and waited for; one that marked
 // itself after sees the gate closed.
-extern std::atomic<std::uint32_t> g_measure_gate;
+[[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_measure_gate;
 [[gnu::cold, gnu::noinline]] void wait_measure_gate(std::atomic<std::uint64_t>* counter) noexcept;
 
 struct CountingOp {

@@ -27,7 +27,7 @@ DeviceState& device(int entry) noexcept { return g_process.region->devices[entry
 // process to set them wins, like the quota), so that smi and the agent show them.
 std::atomic<bool> g_published[kMaxDevices];  // this process published entry's settings
 
-int own_slot() noexcept { return g_process.slot.load(std::memory_order_acquire); }
+int slot_index() noexcept { return g_process.slot.load(std::memory_order_acquire); }
 
 void publish(int entry) noexcept {
   if (g_published[entry].load(std::memory_order_relaxed)) return;
@@ -48,7 +48,7 @@ void publish(int entry) noexcept {
   // amount (used - spilled) counts it. Take them back (and stop new ones:
   // a device with an allowance grants none).
   const std::uint64_t limit = d.resident_limit_bytes.load(std::memory_order_seq_cst);
-  if (limit != 0 && limit != kUnlimited) limiter::revoke_leases(g_process.region, own_slot(), entry);
+  if (limit != 0 && limit != kUnlimited) limiter::revoke_leases(g_process.region, slot_index(), entry);
 }
 
 // Dead processes' memory must not keep the allowance full: reap them before
@@ -85,7 +85,7 @@ bool wait_for_memory(int entry, std::uint64_t deadline, bool* counted) noexcept 
   }
   // Counted in our slot too: a process killed in here is taken out of the
   // device's count by the reaper.
-  const int slot = own_slot();
+  const int slot = slot_index();
   limiter::begin_wait(g_process.region, slot, entry);
   const std::uint32_t seen = d.free_generation.load(std::memory_order_seq_cst);
   const std::uint64_t left = deadline - now;
@@ -128,7 +128,7 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
     if (o.oversubscribe == limiter::kOversubscribeSpill && spill != nullptr) {
       rc = spill(ctx);
       if (rc == CUDA_SUCCESS) {
-        limiter::count_spilled(g_process.region, own_slot(), r.entry, r.bytes);
+        limiter::count_spilled(g_process.region, slot_index(), r.entry, r.bytes);
         commit(table, rc, r, *key, limiter::AllocKind::spilled);
         return rc;
       }

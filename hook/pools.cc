@@ -149,8 +149,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr,
 }
 
 namespace {
+// Inlined into the free's two paths (GCC's size heuristics alone would call it).
 template <class RealFree>
-CUresult free_pool_pointer(CUdeviceptr dptr, PoolState& st, std::uint64_t bytes, RealFree& real_free) noexcept {
+[[gnu::always_inline]] inline CUresult free_pool_pointer(CUdeviceptr dptr, PoolState& st, std::uint64_t bytes,
+                                                         RealFree& real_free) noexcept {
   const CUresult rc = real_free();
   if (rc == CUDA_SUCCESS)
     pools::freed(st, bytes);
