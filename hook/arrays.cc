@@ -2,6 +2,9 @@
 // descriptor. We reserve the descriptor's size before creation (in bytes, not
 // bits — vCUDA's 8x error), then settle on what the driver reports through
 // cu*GetMemoryRequirements when it can tell us.
+// gpuslice: hot path (no heap, no locks)
+#include "hook/arrays.h"
+
 #include <cuda.h>
 
 #include "hook/oversub.h"
@@ -121,7 +124,7 @@ CUresult admit_resident(const Reservation& r) noexcept {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-// A counting operation (wrap.h), as every allocation: the driver call takes
+// A counting operation (measure.h), as every allocation: the driver call takes
 // device memory, and reserve() may trim this process's idle pool reserves
 // before it refuses (the pool reclaim): neither may overlap a measurement of
 // a context, module or library (measure.h), which would take the trimmed

@@ -1,15 +1,19 @@
-// Bootstrap of the preload library: options, driver, region and this
-// process's slot, lazily on the first hooked call, allocation-free,
-// thread-safe and re-entrancy-safe.
-#include "hook/runtime.h"
+// Bootstrap of the preload library (bootstrap.h): options, driver, region and
+// this process's slot, lazily on the first hooked call, allocation-free,
+// thread-safe and re-entrancy-safe; and again in a forked child, which is a
+// new process with a slot of its own.
+#include "hook/bootstrap.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 
 #include <cstring>
 
+#include "hook/config.h"
 #include "hook/log.h"
 #include "hook/real.h"
+#include "hook/region.h"
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
 
@@ -19,6 +23,22 @@ namespace {
 
 std::atomic<int> g_boot_busy{0};
 [[gnu::tls_model("initial-exec")]] thread_local bool t_booting = false;
+std::atomic<bool> g_atfork_registered{false};
+
+// A forked child is a new process: it must claim its own slot (the parent's
+// usage stays the parent's) before it accounts anything.
+void after_fork_in_child() noexcept {
+  g_process.slot.store(-1, std::memory_order_relaxed);
+  g_boot_busy.store(0, std::memory_order_relaxed);         // a forked child may claim a slot again
+  g_accounting_calls.store(0, std::memory_order_relaxed);  // the parent's threads are not here
+  g_exited.store(false, std::memory_order_relaxed);        // forked from a destructor: a new process all the same
+  if (g_ready.load(std::memory_order_relaxed) == kReadyYes) g_ready.store(kReadyNo, std::memory_order_release);
+}
+
+// The fork handler, registered once the first claim succeeded.
+void register_fork_handler() noexcept {
+  if (!g_atfork_registered.exchange(true)) pthread_atfork(nullptr, nullptr, after_fork_in_child);
+}
 
 void log_effective_options(const options::Options& o) noexcept {
   if (o.unknown_variable[0] != '\0')
@@ -143,6 +163,7 @@ CUresult claim_now() noexcept {
   g_process.self = self;
   g_process.lease_tag.store(limiter::lease_tag(region, slot), std::memory_order_relaxed);
   g_process.slot.store(slot, std::memory_order_release);
+  register_fork_handler();
   own_claimed_slot();
   g_ready.store(kReadyYes, std::memory_order_release);
   return CUDA_SUCCESS;
@@ -167,8 +188,6 @@ CUresult prepare() noexcept {
 }
 
 }  // namespace
-
-void restart_bootstrap_in_child() noexcept { g_boot_busy.store(0, std::memory_order_relaxed); }
 
 // Bootstrap never waits on something that can wait on it. The thread that
 // finds bootstrap in progress elsewhere may hold the loader lock (a library
@@ -196,6 +215,23 @@ CUresult bootstrap() noexcept {
   t_booting = false;
   while ((s = g_ready.load(std::memory_order_acquire)) == kReadyNo) sched_yield();
   return s == kReadyYes ? CUDA_SUCCESS : kFailClosed;
+}
+
+// A child the kernel forked without our fork handler (_Fork, raw clone)
+// still holds its parent's slot index: it claims its own (one thread does,
+// the others yield; the claim takes no loader lock) before any accounting.
+bool adopt_as_new_process() noexcept {
+  std::atomic<std::uint32_t>* owner = g_owner.load(std::memory_order_acquire);
+  std::uint32_t expected = kSlotNotOurs;
+  if (owner->compare_exchange_strong(expected, kSlotAdopting, std::memory_order_acq_rel)) {
+    after_fork_in_child();
+    g_ready.store(kReadyNo, std::memory_order_release);
+    const bool ok = bootstrap() == CUDA_SUCCESS;
+    if (!ok) owner->store(kSlotOurs, std::memory_order_release);  // failed closed: slot stays -1
+    return ok;
+  }
+  while (owner->load(std::memory_order_acquire) == kSlotAdopting) sched_yield();
+  return g_ready.load(std::memory_order_acquire) == kReadyYes;
 }
 
 }  // namespace gpuslice::hook

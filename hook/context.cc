@@ -8,7 +8,7 @@
 //
 // The difference is exact only if nothing else in this process allocated or
 // freed device memory meanwhile. Creations are serialised, and every counting
-// operation (g_counting_ops, wrap.h) is bracketed: a measurement that no
+// operation (CountingOp, measure.h) is bracketed: a measurement that no
 // operation overlapped is exact and remembered per device; an overlapped one
 // uses the remembered size of a context on that device, or, for the first,
 // the difference corrected by what this process's counted allocations moved.
@@ -16,27 +16,16 @@
 // frees everything it owned; the counted allocations the driver no longer
 // knows are then released (memory.cc sweep_implicitly_freed).
 #include <cuda.h>
-#include <linux/membarrier.h>
-#include <pthread.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <mutex>
-#include <new>
-#include <sched.h>
 
-#include "hook/kernels.h"
-#include "hook/launch.h"
+#include "hook/launch_streams.h"
 #include "hook/log.h"
 #include "hook/measure.h"
+#include "hook/memory.h"
+#include "hook/modules.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
-#include "limiter/lease.h"
-#include "platform/clock.h"
-#include "platform/once.h"
-#include "platform/procfs.h"
-#include "platform/uuid.h"
 
 namespace gpuslice::hook {
 namespace {
@@ -63,75 +52,8 @@ void release_limits(CUcontext ctx) noexcept {
   }
 }
 Primary g_primary[kMaxDevices];
-NoDestroy<std::mutex> g_primary_mu;   // held across primary retain/release so refcounts match the driver's
-NoDestroy<MeasureMutex> g_create_mu;  // one measurement at a time (taken after g_primary_mu)
-// The thread that holds the gate closed: its own counting operations (a
-// driver calling back into a hooked entry point) must not wait for it.
-[[gnu::tls_model("initial-exec")]] constinit thread_local bool t_measuring = false;
+NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
 std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measurement per device, 0 = none
-
-std::uint64_t committed_on(int entry) noexcept {
-  const int slot = g_process.slot.load(std::memory_order_acquire);
-  if (entry < 0 || slot < 0 || g_process.region == nullptr) return 0;
-  // In use only: allocations served from the spare quota lease move NVML's
-  // count but not committed_bytes (limiter/lease.h), and what threads keep
-  // of their frees is counted but not on the device (the thread reserve).
-  const Slot& s = g_process.region->slots[slot];
-  const std::uint64_t committed = s.committed_bytes[entry].load(std::memory_order_acquire);
-  const std::uint64_t lease = s.lease[entry].word.load(std::memory_order_acquire);
-  const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease) + thread_reserves_on(entry);
-  return committed > not_used ? committed - not_used : 0;
-}
-
-std::uint32_t host_pid() noexcept {
-  static std::atomic<std::uint32_t> cached{0};
-  std::uint32_t pid = cached.load(std::memory_order_relaxed);
-  if (pid != 0) return pid;
-  // NVML reports host pids: the first NSpid field is our pid in the
-  // outermost namespace this /proc can see (read without stdio: no heap).
-  platform::procfs::NsPids ids{};
-  if (platform::procfs::read_nspid(0, &ids) != 0) return 0;
-  cached.store(ids.outermost, std::memory_order_relaxed);
-  return ids.outermost;
-}
-
-// This process's device usage on `ordinal` according to NVML, or false.
-bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
-  // No memory quota on this device: nothing to enforce, NVML stays untouched (issue 9).
-  const int entry = device_entry(ordinal);
-  if (entry < 0 || g_process.region->devices[entry].quota_bytes.load(std::memory_order_relaxed) == kUnlimited)
-    return false;
-  // done: NVML usable; failed: unusable (nothing is measured).
-  static constinit platform::OnceFlag nvml_once;
-  if (nvml_once.claim()) {
-    const bool ok = load_nvml() && real_nvmlInit_v2 != nullptr && real_nvmlDeviceGetHandleByUUID != nullptr &&
-                    real_nvmlDeviceGetComputeRunningProcesses_v3 != nullptr && real_nvmlInit_v2() == NVML_SUCCESS;
-    if (ok)
-      nvml_once.complete();
-    else
-      nvml_once.fail();
-  }
-  // Another thread loading NVML: wait for it, bounded (1 s), else measure nothing.
-  if (nvml_once.wait(platform::monotonic_ns, 1'000'000'000) != platform::OnceFlag::kDone) return false;
-  CUuuid u{};
-  if (real_cuDeviceGetUuid_v2(&u, ordinal) != CUDA_SUCCESS) return false;
-  char uuid[platform::kUuidTextSize];
-  platform::format_uuid(reinterpret_cast<const std::uint8_t*>(u.bytes), uuid);
-  nvmlDevice_t dev{};
-  if (real_nvmlDeviceGetHandleByUUID(uuid, &dev) != NVML_SUCCESS) return false;
-  nvmlProcessInfo_t procs[256];
-  unsigned int count = 256;
-  if (real_nvmlDeviceGetComputeRunningProcesses_v3(dev, &count, procs) != NVML_SUCCESS) return false;
-  const std::uint32_t me = host_pid();
-  *out = 0;
-  for (unsigned i = 0; i < count && i < 256; ++i) {
-    if (procs[i].pid == me) {
-      *out = procs[i].usedGpuMemory;
-      return true;
-    }
-  }
-  return true;  // not listed: holds nothing yet
-}
 
 // The size to reserve before creating a context on `ordinal`: the last exact
 // measurement of this process there, else of any process of the container
@@ -239,7 +161,7 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept
   for (int attempt = 0;; ++attempt) {
     std::uint64_t reserved = 0;
     if ((rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
-    std::unique_lock<MeasureMutex> creating(*g_create_mu);
+    std::unique_lock<MeasureMutex> creating(measure_mutex());
     const Measure m = measure_before(dev);
     rc = create();
     if (rc != CUDA_SUCCESS || pctx == nullptr) {
@@ -310,180 +232,6 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
 
 }  // namespace
 
-MeasureMutex& measure_mutex() noexcept { return *g_create_mu; }
-
-// The sum of every count of counting operations (wrap.h), read after a
-// barrier in every thread of the process; *busy when one is in flight
-// (counters of exited threads left odd do not count). False when the
-// barrier cannot be issued: nothing then proves a measurement undisturbed.
-static bool read_op_counts(std::uint64_t* sum, bool* busy) noexcept {
-  const bool per_thread = g_counting_state.load(std::memory_order_relaxed) == 2;
-  if (per_thread && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) return false;
-  std::uint64_t total = g_counting_ops.load(std::memory_order_seq_cst);
-  bool in_flight = (total & 0xffffffffu) != 0;
-  if (per_thread) {
-    for (OpCounter& c : g_op_counters) {
-      const std::uint64_t v = c.ops.load(std::memory_order_acquire);
-      total += v;
-      if ((v & 1) != 0 && op_counter_owner_alive(c.owner.load(std::memory_order_relaxed))) in_flight = true;
-    }
-  }
-  *sum = total;
-  *busy = in_flight;
-  return true;
-}
-
-void MeasureMutex::unlock() noexcept {
-  if (t_measuring) {
-    g_measure_gate.store(0, std::memory_order_seq_cst);
-    t_measuring = false;
-  }
-  mu_.unlock();
-}
-
-// Read by every counting operation, written only by measurements: a line of its own.
-alignas(64) constinit std::atomic<std::uint32_t> g_measure_gate{0};
-
-// A child forked while another thread measured would find the gate closed
-// and the mutex held forever (no thread of the child measures): both start
-// anew there. Registered at the first measurement (pthread_atfork may
-// allocate: never during bootstrap).
-static void measure_reset_in_child() noexcept {
-  g_measure_gate.store(0, std::memory_order_relaxed);
-  t_measuring = false;
-  new (&*g_create_mu) MeasureMutex;
-}
-static std::atomic<bool> g_measure_atfork{false};
-
-void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
-  if (t_measuring) return;  // the measurer's own thread (measured call calling back)
-  const int saved_errno = errno;
-  const std::uint64_t give_up = platform::monotonic_ns() + 4 * kDrainNs;  // a measurement stuck in the driver
-  for (;;) {
-    // Take the mark back: this operation has not touched the driver.
-    if (c == &g_counting_ops)
-      g_counting_ops.fetch_sub(1, std::memory_order_seq_cst);
-    else
-      c->store(c->load(std::memory_order_relaxed) - 1, std::memory_order_release);
-    while (g_measure_gate.load(std::memory_order_acquire) != 0 && platform::monotonic_ns() < give_up) sched_yield();
-    if (c == &g_counting_ops) {
-      g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
-      if (g_measure_gate.load(std::memory_order_seq_cst) == 0) break;
-    } else {
-      c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-      if (g_measure_gate.load(std::memory_order_relaxed) == 0) break;
-    }
-    if (platform::monotonic_ns() >= give_up) break;  // go on: the measurement sees us and is not exact
-  }
-  errno = saved_errno;
-}
-
-bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
-  const int saved_errno = errno;
-  if (!g_measure_atfork.exchange(true, std::memory_order_acq_rel))
-    pthread_atfork(nullptr, nullptr, measure_reset_in_child);
-  // Close the gate (counting operations starting from now on wait), then let
-  // those already in flight finish (bounded: they take microseconds, but a
-  // synchronisation or a destroy waits for the device's work).
-  if (counting_on()) {
-    t_measuring = true;
-    g_measure_gate.store(1, std::memory_order_seq_cst);
-  }
-  std::uint64_t ops = 0;
-  bool busy = true, readable = false;
-  const std::uint64_t deadline = platform::monotonic_ns() + kDrainNs;
-  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline) sched_yield();
-  errno = saved_errno;
-  if (ops_out != nullptr) *ops_out = ops;
-  return counting_on() && readable && !busy;  // without the bracket nothing proves quiet
-}
-
-CUresult gated_call(const char* what, CUresult (*fn)(void* ctx) noexcept, void* ctx) noexcept {
-  std::lock_guard<MeasureMutex> gate(*g_create_mu);
-  if (!close_gate_and_drain(nullptr) && counting_on())
-    GPUSLICE_WARN_CAPPED(3, "%s: an operation stayed in flight for 2 s; it went on without waiting for it", what);
-  return fn(ctx);
-}
-
-Measure measure_before(CUdevice ordinal) noexcept {
-  Measure m{};
-  m.quiet = close_gate_and_drain(&m.ops);
-  m.committed = committed_on(device_entry(ordinal));
-  m.nvml = nvml_usage(ordinal, &m.before);
-  return m;
-}
-
-// Waits (bounded) until no counting operation of the process is in flight;
-// true when none is. The gate stays as it is (closed by a measurement).
-static bool wait_quiet(std::uint64_t ns) noexcept {
-  const int saved_errno = errno;
-  std::uint64_t ops = 0;
-  bool busy = true, readable = false;
-  const std::uint64_t deadline = platform::monotonic_ns() + ns;
-  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline) sched_yield();
-  errno = saved_errno;
-  return readable && !busy;
-}
-
-std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m, std::atomic<std::uint64_t>* remembered,
-                             bool* exact_out, std::uint64_t prepaid) noexcept {
-  if (exact_out != nullptr) *exact_out = false;
-  std::uint64_t after = 0;
-  if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
-  std::uint64_t ops_now = 0;
-  bool busy = true;
-  const int saved_errno = errno;
-  const bool exact = m.quiet && read_op_counts(&ops_now, &busy) && ops_now == m.ops;
-  errno = saved_errno;
-  const std::uint64_t raw = after > m.before ? after - m.before : 0;
-  if (exact) {
-    if (raw != 0 && remembered != nullptr) remembered->store(raw, std::memory_order_relaxed);
-    if (exact_out != nullptr) *exact_out = true;
-    return raw;
-  }
-  // Disturbed: an operation stayed in flight past kDrainNs (or, past its
-  // own wait, ran meanwhile). The difference can then be short by whatever
-  // such an operation released inside the call and had not settled in our
-  // count by now, so neither it nor the figures below are trusted alone.
-  std::uint64_t fallback = 0;
-  if (remembered != nullptr) fallback = remembered->load(std::memory_order_relaxed);
-  if (fallback == 0) {
-    // What our own counted operations moved meanwhile, taken out.
-    const std::int64_t moved = static_cast<std::int64_t>(committed_on(entry) - m.committed);
-    const std::int64_t corrected = static_cast<std::int64_t>(raw) - moved;
-    fallback = corrected > 0 ? static_cast<std::uint64_t>(corrected) : 0;
-  }
-  // Settle: the gate is still closed (the caller holds measure_mutex()), so
-  // wait for the operations in flight to finish and their counts to settle,
-  // then take what the process holds beyond everything counted for it (less
-  // what was already reserved for this object: `prepaid`) as this object's
-  // size, if that is more. At that quiet moment the process's count then
-  // covers all it holds on the device: never short. An operation still in
-  // flight after kSettleNs (a driver call that does not return) leaves the
-  // same figure taken now; it is warned about.
-  // Meanwhile the object is counted at the fallback (taken back before the
-  // caller charges what this returns), so the wait delays no count.
-  const std::uint64_t interim = fallback > prepaid ? fallback - prepaid : 0;
-  const bool held_interim = interim != 0 && charge(entry, interim);
-  std::uint64_t now = after;
-  const bool quiet = wait_quiet(kSettleNs);
-  if (!quiet)
-    GPUSLICE_WARN_CAPPED(3,
-                         "a measurement of implicit device memory waited %llu s for an operation in flight; "
-                         "counted what the process held beyond its count then",
-                         static_cast<unsigned long long>((kDrainNs + kSettleNs) / 1'000'000'000));
-  if (!nvml_usage(ordinal, &now)) now = after;
-  std::uint64_t counted = committed_on(entry);
-  if (held_interim) {
-    counted = counted > interim ? counted - interim : 0;
-    release(entry, interim);
-  }
-  const std::uint64_t others = counted > prepaid ? counted - prepaid : 0;
-  const std::uint64_t beyond = now > others ? now - others : 0;
-  return beyond > fallback ? beyond : fallback;
-}
-
 }  // namespace gpuslice::hook
 
 using namespace gpuslice::hook;
@@ -522,7 +270,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
   for (int attempt = 0;; ++attempt) {
     std::uint64_t reserved = 0;
     if (first && (rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
-    std::unique_lock<MeasureMutex> creating(*g_create_mu, std::defer_lock);
+    std::unique_lock<MeasureMutex> creating(measure_mutex(), std::defer_lock);
     Measure m{};
     if (first) {
       creating.lock();
@@ -583,7 +331,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
   if (entry < 0) return real_cuCtxSetLimit(limit, value);
   size_t previous = 0;
   const bool restorable = real_cuCtxGetLimit != nullptr && real_cuCtxGetLimit(&previous, limit) == CUDA_SUCCESS;
-  std::lock_guard<MeasureMutex> measuring(*g_create_mu);
+  std::lock_guard<MeasureMutex> measuring(measure_mutex());
   const Measure m = measure_before(dev);
   rc = real_cuCtxSetLimit(limit, value);
   if (rc != CUDA_SUCCESS) return rc;

@@ -6,9 +6,10 @@
 // Work the walk cannot see (conditional bodies, device-side launches, nodes
 // changed after instantiation) is still charged by the controller's true-up,
 // from measured device time.
+// gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
 
-#include "hook/kernels.h"
+#include "hook/modules.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_graphs.h"
@@ -95,10 +96,10 @@ struct Pricer {
 // `kern` with `func` NULL: the CUDA 12+ runtime's lazily loaded kernels)
 // whose library was never placed in the node's context: the driver places it
 // when the graph is instantiated or first launched. Before instantiating,
-// each such kernel's library is placed measured in that context (kernels.h),
+// each such kernel's library is placed measured in that context (modules.h),
 // so the placement is counted whichever the driver's moment is; one that does
 // not fit refuses the instantiation (CUDA_ERROR_OUT_OF_MEMORY). Only while
-// kernels.h's check is on (a CUkernel was handed out and not yet seen placed
+// modules.h's check is on (a CUkernel was handed out and not yet seen placed
 // everywhere); otherwise nothing is walked.
 // A kernel node's kernel: `func`, else `kern` in `ctx` (NULL: the current one).
 template <class Params>  // CUDA_KERNEL_NODE_PARAMS_v2 or _v3: func, kern, ctx alike
@@ -235,7 +236,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
   return real_cuGraphExecDestroy(exec);
 }
 // Returns the device's cached graph memory to the driver: the device's usage
-// drops, so no measurement of implicit memory (context.cc) may overlap it.
+// drops, so no measurement of implicit memory (measure.h) may overlap it.
 GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;

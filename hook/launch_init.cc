@@ -1,15 +1,19 @@
 // The launch path's initialisation (first limited-or-not launch), its reset
 // in a forked child, and the wiring of the compute feedback thread
 // (limiter/compute_feedback.h): the caches it refreshes and NVML.
+#include "hook/launch_init.h"
+
 #include <cuda.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #include <cstdlib>
 
-#include "hook/launch.h"
+#include "hook/launch_queue.h"
+#include "hook/launch_state.h"
+#include "hook/launch_streams.h"
 #include "hook/log.h"
-#include "hook/priority.h"
+#include "hook/priority_gate.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_feedback.h"
@@ -62,7 +66,7 @@ bool load_nvml_api(limiter::NvmlApi* api) noexcept {
 }
 
 // A thread's credit (ThreadCounts::credit) goes back to the buckets when it
-// exits (set_thread_exit: the hook's thread-exit key, lifecycle.cc). The
+// exits (set_thread_exit: the hook's thread-exit key, account.cc). The
 // thread that calls exit() gives its own back in the atexit handler below;
 // threads still running at exit keep theirs (at most limiter::kAheadMaxNs
 // each per device, which the controller's true-up refunds where the device
@@ -178,9 +182,6 @@ void start_feedback() noexcept {
 }
 
 }  // namespace
-
-std::uint64_t mono_ns() noexcept { return platform::monotonic_ns(); }
-void sleep_ns(std::uint64_t ns) noexcept { platform::sleep_ns(ns); }
 
 [[gnu::tls_model("initial-exec")]] constinit thread_local std::uint32_t t_unlimited_launches = 0;
 

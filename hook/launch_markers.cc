@@ -1,5 +1,6 @@
 // The launch side's driver layer (hook/launch_markers.h): stream, context,
 // capture and event-marker calls, through hook/real.h only.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/launch_markers.h"
 
 #include "hook/real.h"

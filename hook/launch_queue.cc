@@ -4,9 +4,11 @@
 // when a launching thread waits is limiter/compute_queue.h's arithmetic
 // (unit-tested on an injected clock); this file makes the driver calls it
 // needs.
+// gpuslice: hot path (no heap, no locks)
+#include "hook/launch_queue.h"
+
 #include <cuda.h>
 
-#include "hook/launch.h"
 #include "hook/launch_markers.h"
 #include "limiter/compute.h"
 #include "limiter/compute_queue.h"

@@ -2,13 +2,15 @@
 // tests the mode once and, unlimited, tail-calls the driver; otherwise it is
 // admitted on its stream's device (launch.cc). Those that take a CUkernel
 // cast to CUfunction first test whether a kernel's library may still be
-// placed by this launch (kernels.h: one load and a predictable branch). A NULL configuration is
+// placed by this launch (modules.h: one load and a predictable branch). A NULL configuration is
 // refused here with the driver's documented CUDA_ERROR_INVALID_VALUE, before
 // any pointer that may never have been loaded is touched.
+// gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
 
-#include "hook/kernels.h"
 #include "hook/launch.h"
+#include "hook/launch_streams.h"
+#include "hook/modules.h"
 #include "hook/wrap.h"
 #include "limiter/compute.h"
 #include "limiter/compute_graphs.h"

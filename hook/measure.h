@@ -1,8 +1,10 @@
-// Device memory the driver takes without saying how much (contexts, modules):
-// measured as this process's NVML usage after minus before the call that
-// takes it, exact when no counting operation of the process overlapped
-// (CountingOp, wrap.h), and never short when one stayed in flight (settled
-// once it finished, measured_bytes). context.cc defines it; modules.cc uses it too.
+// Device memory the driver takes without saying how much (contexts, modules,
+// resource limits): measured as this process's NVML usage after minus before
+// the call that takes it (measure.cc), exact when no counting operation of the
+// process overlapped (CountingOp, below), and never short when one stayed in
+// flight (settled once it finished, measured_bytes). context.cc and
+// modules.cc measure with it; every wrapper that can change the process's
+// device memory is a counting operation.
 #pragma once
 
 #include <cuda.h>
@@ -11,19 +13,121 @@
 #include <cstdint>
 #include <mutex>
 
+#include "hook/account.h"
+#include "platform/pointer_table.h"
+
 namespace gpuslice::hook {
+
+// Counting operations of this process: every call that can change its device
+// memory (an allocation or free, and every release that is not a free:
+// destroys, unloads, trims, synchronisations), from before the driver call
+// until the count is settled. A context's memory is measured as
+// NVML's usage of this process after minus before its creation, which is
+// exact only if no counting operation overlapped (measured_bytes, below).
+// Without any memory quota nothing is measured (measure.cc only asks NVML on
+// a device with a quota), so the bracket costs one predictable branch.
+//
+// With a quota each thread counts its own operations in a counter of its own
+// (odd while one is in flight), with plain stores: no locked instruction, no
+// cache line shared between threads. The rare measurer pays instead: it
+// issues membarrier(PRIVATE_EXPEDITED), a full memory barrier in every
+// thread of the process, before it reads the counters, and again after the
+// measured call before it reads them a second time. An operation whose
+// driver call can change NVML's figure in between has stored its odd count
+// before its thread's barrier (the second one at the latest), so the second
+// read sees the count changed; one that stores it later calls the driver
+// after the measurement. Where membarrier is unavailable (Linux < 4.14,
+// seccomp) and for threads beyond the counters, operations fall back to two
+// seq_cst read-modify-writes of g_counting_ops (in flight in the low 32 bits,
+// finished in the high 32).
+[[gnu::visibility("hidden")]] extern std::atomic<std::uint64_t> g_counting_ops;
+// 0 unknown, 1 off, 2 on (per-thread counters), 3 on (shared word). These
+// words are declared hidden: read PC-relative by every wrapper (process.h).
+[[gnu::visibility("hidden")]] extern std::atomic<int> g_counting_state;
+[[gnu::cold, gnu::noinline]] bool counting_init() noexcept;
+inline bool counting_on() noexcept {
+  const int s = g_counting_state.load(std::memory_order_relaxed);
+  if (__builtin_expect(s != 0, 1)) return s >= 2;
+  return counting_init();
+}
+
+struct alignas(64) OpCounter {
+  std::atomic<std::uint64_t> ops;    // 2 per finished operation of the owner; odd while one is in flight
+  std::atomic<std::uint64_t> owner;  // process epoch << 32 | kernel thread id; 0 = free
+  ThreadReserve reserve;             // the owner's thread reserve (hook/account.h)
+};
+inline constexpr unsigned kOpCounters = 256;
+[[gnu::visibility("hidden")]] extern OpCounter g_op_counters[kOpCounters];
+// The calling thread's counter, or &g_counting_ops (shared word); nullptr
+// until claimed. Claimed again in a forked child (the process epoch of
+// include/platform/pointer_table.h changes there): two threads never share a counter.
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local std::atomic<std::uint64_t>* t_op_counter;
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local std::uint64_t t_op_epoch;
+[[gnu::cold, gnu::noinline]] std::atomic<std::uint64_t>* claim_op_counter() noexcept;
+// Whether a counter's owner is a live thread of this process.
+bool op_counter_owner_alive(std::uint64_t owner) noexcept;
+
+// Closed (non-zero) while a measurement is in progress (measure_before,
+// below): a counting operation that finds it closed after marking itself
+// in flight takes the mark back and waits for the measurement to end before
+// it calls the driver, so nothing of the process changes the device's usage
+// during a measurement but the measured call itself (docs/memory.md,
+// "Contexts, modules and libraries"). The measurer closes it, then issues
+// membarrier before reading the counters: an operation that marked itself
+// before that barrier is seen in flight and waited for; one that marked
+// itself after sees the gate closed.
+[[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_measure_gate;
+[[gnu::cold, gnu::noinline]] void wait_measure_gate(std::atomic<std::uint64_t>* counter) noexcept;
+
+struct CountingOp {
+  CountingOp() noexcept : counter(counting_on() ? begin() : nullptr) {}
+  ~CountingOp() {
+    if (counter == nullptr) return;
+    if (counter == &g_counting_ops) {
+      g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst);
+    } else {
+      // Release: what the operation did is visible to a measurer that sees the count.
+      counter->store(counter->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    }
+  }
+  CountingOp(const CountingOp&) = delete;
+  CountingOp& operator=(const CountingOp&) = delete;
+
+ private:
+  static std::atomic<std::uint64_t>* begin() noexcept {
+    std::atomic<std::uint64_t>* c = t_op_counter;
+    if (__builtin_expect(c == nullptr || t_op_epoch != platform::table_detail::process_epoch(), 0))
+      c = claim_op_counter();
+    if (c == &g_counting_ops) {
+      g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
+      if (__builtin_expect(g_measure_gate.load(std::memory_order_seq_cst) != 0, 0)) wait_measure_gate(c);
+    } else {
+      c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      // Kept before the driver call by the compiler; the measurer's
+      // membarrier orders it for the CPU.
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      if (__builtin_expect(g_measure_gate.load(std::memory_order_relaxed) != 0, 0)) wait_measure_gate(c);
+    }
+    return c;
+  }
+  std::atomic<std::uint64_t>* const counter;
+};
+
+// This process's thread reserves on `entry` for its present claim (every
+// op counter's): counted in committed_bytes, not held on the device.
+std::uint64_t thread_reserves_on(int entry) noexcept;
 
 struct Measure {
   bool nvml;                // before was read
   std::uint64_t before;     // NVML usage of this process
-  std::uint64_t ops;        // the counts of counting operations (wrap.h) when read
+  std::uint64_t ops;        // the counts of counting operations (above) when read
   std::uint64_t committed;  // this process's counted bytes on the device
   bool quiet;               // no counting operation was in flight at the start
 };
 
 // Serialises measured calls in the process (one measurement at a time).
 // measure_before() closes the gate of counting operations
-// (g_measure_gate, wrap.h); unlocking opens it again, so every path out of a
+// (g_measure_gate, above); unlocking opens it again, so every path out of a
 // measured call ends the measurement.
 class MeasureMutex {
  public:

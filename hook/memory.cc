@@ -2,95 +2,18 @@
 // quota before the driver allocates, recorded by device pointer, returned to
 // the budget exactly once at free. A free of a pointer we did not count is
 // forwarded unchanged.
+// gpuslice: hot path (no heap, no locks)
+#include "hook/memory.h"
+
 #include <cuda.h>
-#include <linux/membarrier.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#include <cerrno>
-
+#include "hook/arrays.h"
 #include "hook/log.h"
 #include "hook/oversub.h"
+#include "hook/pool_state.h"
 #include "hook/wrap.h"
 
 namespace gpuslice::hook {
-
-alignas(64) std::atomic<std::uint64_t> g_counting_ops{0};
-std::atomic<int> g_counting_state{0};
-OpCounter g_op_counters[kOpCounters];
-[[gnu::tls_model("initial-exec")]] constinit thread_local std::atomic<std::uint64_t>* t_op_counter = nullptr;
-[[gnu::tls_model("initial-exec")]] constinit thread_local std::uint64_t t_op_epoch = 0;
-[[gnu::tls_model("initial-exec")]] constinit thread_local ThreadReserve* t_reserve = nullptr;
-
-bool counting_init() noexcept {
-  const options::Options& o = config().options;
-  bool quota = false;
-  for (std::uint32_t d = 0; d < kMaxDevices && !quota; ++d) quota = o.memory_limit[d] != kUnlimited;
-  // Per-thread counters only where the measurer can issue its barrier (wrap.h).
-  const int saved_errno = errno;
-  const bool barrier = quota && syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-  errno = saved_errno;
-  // A quota set later at run time (gpuslice-smi set) is measured from the next
-  // process on; this one keeps counting contexts by the difference alone.
-  g_counting_state.store(!quota ? 1 : barrier ? 2 : 3, std::memory_order_relaxed);
-  return quota;
-}
-
-// A thread's first counting operation (and its first in a forked child)
-// takes a free counter, or one whose owner is gone: a thread that exited, or
-// any thread of the parent a forked child inherited the counters from.
-std::atomic<std::uint64_t>* claim_op_counter() noexcept {
-  std::atomic<std::uint64_t>* mine = &g_counting_ops;
-  ThreadReserve* reserve = nullptr;
-  const int saved_errno = errno;  // the caller's errno survives our syscalls
-  const std::uint64_t epoch = platform::table_detail::process_epoch();
-  if (g_counting_state.load(std::memory_order_relaxed) == 2) {
-    const std::uint64_t me = (epoch << 32) | static_cast<std::uint32_t>(syscall(SYS_gettid));
-    for (int pass = 0; pass < 2 && mine == &g_counting_ops; ++pass) {
-      for (OpCounter& c : g_op_counters) {
-        std::uint64_t owner = c.owner.load(std::memory_order_relaxed);
-        if (pass == 0 ? owner != 0 : owner == 0 || op_counter_owner_alive(owner)) continue;
-        if (!c.owner.compare_exchange_strong(owner, me, std::memory_order_acquire)) continue;
-        // An owner that died inside an operation left it odd: even it again
-        // (an increase, so a measurement spanning it is not taken as exact).
-        const std::uint64_t v = c.ops.load(std::memory_order_relaxed);
-        if (v & 1) c.ops.store(v + 1, std::memory_order_release);
-        // Whatever a previous owner kept stays counted (its exit gave it
-        // back if it could; a parent's was the parent's claim): start empty.
-        reset_thread_reserve(c.reserve);
-        mine = &c.ops;
-        reserve = &c.reserve;
-        break;
-      }
-    }
-  }
-  errno = saved_errno;
-  t_op_epoch = epoch;
-  t_op_counter = mine;
-  t_reserve = reserve;
-  return mine;
-}
-
-std::uint64_t thread_reserves_on(int entry) noexcept {
-  const int slot = g_process.slot.load(std::memory_order_acquire);
-  const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);
-  std::uint64_t sum = 0;
-  for (const OpCounter& c : g_op_counters) {
-    const ThreadReserve& t = c.reserve;
-    if (t.slot.load(std::memory_order_relaxed) == slot && t.entry.load(std::memory_order_relaxed) == entry &&
-        t.tag.load(std::memory_order_relaxed) == tag)
-      sum += t.bytes.load(std::memory_order_relaxed);
-  }
-  return sum;
-}
-
-bool op_counter_owner_alive(std::uint64_t owner) noexcept {
-  if ((owner >> 32) != (platform::table_detail::process_epoch() & 0xffffffffu)) return false;  // a parent's
-  const int saved_errno = errno;
-  const bool gone = syscall(SYS_tgkill, getpid(), static_cast<pid_t>(owner & 0xffffffffu), 0) != 0 && errno == ESRCH;
-  errno = saved_errno;
-  return !gone;
-}
 
 namespace {
 constinit NoDestroy<limiter::AllocTable> g_pointers;  // device pointer -> counted bytes
@@ -107,40 +30,6 @@ std::uint64_t pitch_estimate(std::uint64_t width, std::uint64_t height) noexcept
 }
 }  // namespace
 
-CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* r) noexcept {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
-  int entry = device_entry(ordinal);
-  if (entry < 0) return CUDA_ERROR_INVALID_DEVICE;
-  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  r->entry = entry;
-  r->bytes = bytes;
-  return CUDA_SUCCESS;
-}
-
-CUresult reserve_on_current(std::uint64_t bytes, Reservation* r) noexcept {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
-  int entry = current_device_entry(&rc);
-  if (entry < 0) return rc;
-  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  r->entry = entry;
-  r->bytes = bytes;
-  return CUDA_SUCCESS;
-}
-
-void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
-            limiter::AllocKind kind) noexcept {
-  if (rc != CUDA_SUCCESS) {
-    release(r.entry, r.bytes);
-    return;
-  }
-  const limiter::AllocRecord rec{r.bytes, r.entry, kind};
-  if (__builtin_expect(platform::record(table, key, rec, release_record), 1)) return;
-  GPUSLICE_WARN_CAPPED(3, "allocation table full; %llu bytes stay counted until the process exits",
-                       static_cast<unsigned long long>(r.bytes));
-}
-
 limiter::AllocTable& linear_table() noexcept { return *g_pointers; }
 
 void sweep_implicitly_freed() noexcept {
@@ -154,14 +43,6 @@ void sweep_implicitly_freed() noexcept {
     // context, ...) keeps the count: never release what may still be held.
     return rc == CUDA_ERROR_NOT_FOUND || rc == CUDA_ERROR_INVALID_VALUE;
   });
-}
-
-CUresult refuse_legacy(const char* symbol) noexcept {
-  GPUSLICE_WARN_CAPPED(5,
-                       "%s (the pre-CUDA-3.2 32-bit ABI) is refused with CUDA_ERROR_NOT_SUPPORTED: "
-                       "it would bypass the memory quota; rebuild against a current cuda.h",
-                       symbol);
-  return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 }  // namespace gpuslice::hook

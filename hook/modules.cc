@@ -14,7 +14,7 @@
 // cuKernelGetFunction, cuLibraryGetKernel (which places the library at once,
 // through cuLibraryGetModule, when a context is current), and the first
 // launch of a kernel cuLibraryGetKernel handed out in a context where its
-// library was not measured yet (kernels.h: measured in the launch wrapper,
+// library was not measured yet (modules.h: measured in the launch wrapper,
 // before the launch, through cuKernelGetFunction in that context).
 // A placement that does not fit the quota cannot be undone alone: the library
 // is unloaded and the call fails with CUDA_ERROR_OUT_OF_MEMORY (the handle is
@@ -23,7 +23,7 @@
 
 #include <mutex>
 
-#include "hook/kernels.h"
+#include "hook/modules.h"
 #include "hook/log.h"
 #include "hook/measure.h"
 #include "hook/oversub.h"
@@ -47,7 +47,7 @@ struct Placed {
 };
 constinit NoDestroy<platform::PointerTable<Placed>> g_placed;
 // CUkernel -> its CUlibrary (from cuLibraryGetKernel), for cuKernelGetFunction
-// and launches (kernels.h), with the contexts its library was measured (or
+// and launches (modules.h), with the contexts its library was measured (or
 // found placed) in since the last context went (`epoch`: g_context_epoch
 // then; an older record has seen none: a destroyed context's handle comes
 // back for the next one).
@@ -175,7 +175,7 @@ void forget(CUlibrary l) noexcept {
   }
 }
 
-// --- kernels launched (kernels.h) ---
+// --- kernels launched (modules.h) ---
 bool seen_in(const KernelRecord& r, CUcontext ctx) noexcept {
   if (r.epoch != g_context_epoch.load(std::memory_order_seq_cst)) return false;
   for (std::uint32_t i = 0; i < r.n && i < kSeenContexts; ++i)
@@ -412,7 +412,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary
     GPUSLICE_WARN_CAPPED(3, "kernel table full: a launch of this kernel is not checked for its library's placement");
   // Placed now in the current context, if any (measured once per context);
   // a launch in another context places it there at its first launch
-  // (kernels.h: the launch wrappers check while the kernel is incomplete).
+  // (modules.h: the launch wrappers check while the kernel is incomplete).
   CUdevice dev = -1;
   CUcontext ctx = nullptr;
   if (real_cuCtxGetDevice(&dev) != CUDA_SUCCESS || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;

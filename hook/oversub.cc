@@ -1,4 +1,5 @@
 // Memory oversubscription: the policies of oversub.h.
+// gpuslice: hot path (no heap, no locks)
 #include "hook/oversub.h"
 
 #include <linux/futex.h>
@@ -6,7 +7,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hook/config.h"
 #include "hook/log.h"
+#include "hook/region.h"
 #include "limiter/memory_accounting.h"
 #include "platform/clock.h"
 
@@ -24,7 +27,7 @@ DeviceState& device(int entry) noexcept { return g_process.region->devices[entry
 // process to set them wins, like the quota), so that smi and the agent show them.
 std::atomic<bool> g_published[kMaxDevices];  // this process published entry's settings
 
-int own_slot() noexcept { return g_process.slot.load(std::memory_order_acquire); }
+int slot_index() noexcept { return g_process.slot.load(std::memory_order_acquire); }
 
 void publish(int entry) noexcept {
   if (g_published[entry].load(std::memory_order_relaxed)) return;
@@ -45,7 +48,7 @@ void publish(int entry) noexcept {
   // amount (used - spilled) counts it. Take them back (and stop new ones:
   // a device with an allowance grants none).
   const std::uint64_t limit = d.resident_limit_bytes.load(std::memory_order_seq_cst);
-  if (limit != 0 && limit != kUnlimited) limiter::revoke_leases(g_process.region, own_slot(), entry);
+  if (limit != 0 && limit != kUnlimited) limiter::revoke_leases(g_process.region, slot_index(), entry);
 }
 
 // Dead processes' memory must not keep the allowance full: reap them before
@@ -69,12 +72,9 @@ void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen, std::uint6
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
 }
 
-void futex_wake_all(std::atomic<std::uint32_t>* word) noexcept {
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, 0x7fffffff, nullptr, nullptr, 0);
-}
-
-// Sleeps until memory of the container is freed, a slice passes or the
-// deadline does. Returns false once the deadline has passed.
+// Sleeps until memory of the container is freed (a free bumps the device's
+// free generation and wakes it: account.cc), a slice passes or the deadline
+// does. Returns false once the deadline has passed.
 bool wait_for_memory(int entry, std::uint64_t deadline, bool* counted) noexcept {
   DeviceState& d = device(entry);
   const std::uint64_t now = now_ns();
@@ -85,7 +85,7 @@ bool wait_for_memory(int entry, std::uint64_t deadline, bool* counted) noexcept 
   }
   // Counted in our slot too: a process killed in here is taken out of the
   // device's count by the reaper.
-  const int slot = own_slot();
+  const int slot = slot_index();
   limiter::begin_wait(g_process.region, slot, entry);
   const std::uint32_t seen = d.free_generation.load(std::memory_order_seq_cst);
   const std::uint64_t left = deadline - now;
@@ -128,7 +128,7 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
     if (o.oversubscribe == options::kOversubscribeSpill && spill != nullptr) {
       rc = spill(ctx);
       if (rc == CUDA_SUCCESS) {
-        limiter::count_spilled(g_process.region, own_slot(), r.entry, r.bytes);
+        limiter::count_spilled(g_process.region, slot_index(), r.entry, r.bytes);
         commit(table, rc, r, *key, limiter::AllocKind::spilled);
         return rc;
       }
@@ -155,17 +155,6 @@ bool resident_admits(int entry) noexcept {
     }
   }
   return true;
-}
-
-void oversub_unspill(int entry, std::uint64_t bytes) noexcept {
-  if (entry < 0 || g_process.region == nullptr) return;
-  limiter::uncount_spilled(g_process.region, own_slot(), entry, bytes);
-}
-
-void wake_oversub_waiters(int entry) noexcept {
-  DeviceState& d = device(entry);
-  d.free_generation.fetch_add(1, std::memory_order_seq_cst);
-  futex_wake_all(&d.free_generation);
 }
 
 }  // namespace gpuslice::hook

@@ -11,7 +11,8 @@
 //          there or GPUSLICE_OVERSUBSCRIBE_WAIT passes, then fails.
 // Pool, VMM and IPC paths cannot be served by managed memory: over the
 // allowance they fail (or wait). With neither option set, all of this costs
-// one predictable branch per allocation.
+// one predictable branch per allocation. A free wakes the waiters
+// (hook/account.h, wake_oversub_waiters).
 #pragma once
 
 #include <cuda.h>
@@ -19,7 +20,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "hook/wrap.h"
+#include "hook/account.h"
+#include "limiter/alloc_table.h"
 
 namespace gpuslice::hook {
 

@@ -22,6 +22,7 @@
 #include <mutex>
 
 #include "gpuslice/region.h"
+#include "hook/real.h"
 #include "platform/pointer_table.h"
 
 namespace gpuslice::hook::pools {
@@ -139,7 +140,7 @@ void reclaim_all() noexcept;
 // An allocation that does not fit in what is counted for its pool
 // (`after` = outstanding with it): grows the count under the pool's mutex,
 // calls real_alloc(ctx) (the caller brackets it all as one counting
-// operation, wrap.h), settles on the
+// operation, measure.h), settles on the
 // driver's reserve and records the pointer. On failure `outstanding` is
 // given back and the count is what the driver holds.
 using RealAllocFn = CUresult (*)(void* ctx) noexcept;
@@ -188,3 +189,26 @@ inline void freed(PoolState& st, std::uint64_t bytes) noexcept {
 }
 
 }  // namespace gpuslice::hook::pools
+
+namespace gpuslice::hook {
+
+// cuMemFree of a pointer the linear table does not hold (memory.cc): a
+// stream-ordered allocation (its pool's record is taken before the driver
+// call and settled after it) or memory we never counted (forwarded). One
+// relaxed load when no pool is known.
+inline CUresult free_pool_or_untracked(CUdeviceptr dptr) noexcept {
+  pools::PoolState* st = nullptr;
+  std::uint64_t bytes = 0;
+  // The record is taken before the driver call: an address the driver hands
+  // out again at once (to another thread) is never confused with this one.
+  if (pools::g_slots_used.load(std::memory_order_relaxed) == 0 || !pools::take_record(dptr, &st, &bytes))
+    return real_cuMemFree_v2(dptr);
+  const CUresult rc = real_cuMemFree_v2(dptr);
+  if (rc == CUDA_SUCCESS)
+    pools::freed(*st, bytes);
+  else
+    pools::record(dptr, *st, bytes);  // the driver refused: the allocation is still live
+  return rc;
+}
+
+}  // namespace gpuslice::hook

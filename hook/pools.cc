@@ -20,12 +20,14 @@
 // cuMemPoolDestroy with allocations outstanding returns at once, but the
 // driver frees the pool only when the last of them is freed (cuda.h), so the
 // pool stays counted until then.
+// gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
 
 #include <type_traits>
 
-#include "hook/launch.h"
+#include "hook/launch_streams.h"
 #include "hook/measure.h"
+#include "hook/memory.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
 
@@ -146,27 +148,11 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr,
   return alloc_from_pool_async(dptr, bytesize, pool, hStream, true);
 }
 
-namespace gpuslice::hook {
-// cuMemFree_v2 of pool memory (memory.cc), after the driver accepted it.
-CUresult free_pool_or_untracked(CUdeviceptr dptr) noexcept {
-  PoolState* st = nullptr;
-  std::uint64_t bytes = 0;
-  // The record is taken before the driver call: an address the driver hands
-  // out again at once (to another thread) is never confused with this one.
-  if (pools::g_slots_used.load(std::memory_order_relaxed) == 0 || !pools::take_record(dptr, &st, &bytes))
-    return real_cuMemFree_v2(dptr);
-  const CUresult rc = real_cuMemFree_v2(dptr);
-  if (rc == CUDA_SUCCESS)
-    pools::freed(*st, bytes);
-  else
-    pools::record(dptr, *st, bytes);  // the driver refused: the allocation is still live
-  return rc;
-}
-}  // namespace gpuslice::hook
-
 namespace {
+// Inlined into the free's two paths (GCC's size heuristics alone would call it).
 template <class RealFree>
-CUresult free_pool_pointer(CUdeviceptr dptr, PoolState& st, std::uint64_t bytes, RealFree& real_free) noexcept {
+[[gnu::always_inline]] inline CUresult free_pool_pointer(CUdeviceptr dptr, PoolState& st, std::uint64_t bytes,
+                                                         RealFree& real_free) noexcept {
   const CUresult rc = real_free();
   if (rc == CUDA_SUCCESS)
     pools::freed(st, bytes);
@@ -291,7 +277,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBy
 
 // Synchronisation points: where the driver trims pools to their release
 // threshold. A trim lowers the device's usage: a synchronisation is a counting
-// operation, so no measurement of implicit memory (context.cc) overlaps one.
+// operation, so no measurement of implicit memory (measure.h) overlaps one.
 namespace {
 template <class Sync>
 CUresult sync_then_reconcile(Sync&& sync) noexcept {

@@ -1,4 +1,4 @@
-// Priority between tenants on the launch path: the gate. See hook/priority.h,
+// Priority between tenants on the launch path: the gate. See hook/priority_gate.h (its two calls),
 // limiter/priority.h (the decisions) and docs/priority.md (the design).
 //
 // Per device, while the board (priority_board.h: this container's file, the
@@ -7,7 +7,8 @@
 // this process's launches (launch_markers.h) bounds how much of its work is
 // queued on the device, and measures its launches' device time, from which
 // the board publishes until when this container counts as active.
-#include "hook/priority.h"
+// gpuslice: hot path (no heap, no locks)
+#include "hook/priority_gate.h"
 
 #include <pthread.h>
 
@@ -15,7 +16,9 @@
 
 #include "hook/launch_markers.h"
 #include "hook/priority_board.h"
-#include "hook/runtime.h"
+#include "hook/config.h"
+#include "hook/process.h"
+#include "hook/region.h"
 #include "limiter/compute.h"
 #include "limiter/priority.h"
 #include "platform/clock.h"

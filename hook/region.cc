@@ -1,10 +1,14 @@
 // The container's region as this process sees it: the watch on the region
 // file (truncated under our mapping?) and the map between CUDA device
 // ordinals and region device entries.
-#include "hook/runtime.h"
+// gpuslice: hot path (no heap, no locks)
+#include "hook/region.h"
 
+#include "hook/config.h"
 #include "hook/log.h"
+#include "hook/process.h"
 #include "hook/real.h"
+#include "shm/region_file.h"
 
 namespace gpuslice::hook {
 
@@ -12,7 +16,7 @@ namespace {
 
 // The region file stays open to be looked at: a file shrunk under our shared
 // mapping raises SIGBUS at the next touch, and the library installs no signal
-// handler. region_intact() (runtime.h) looks (fstat) at most once per coarse
+// handler. region_intact() (region.h) looks (fstat) at most once per coarse
 // clock tick.
 [[gnu::cold, gnu::noinline]] bool region_file_check(int fd) noexcept {
   shm::Error err{};

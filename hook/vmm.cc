@@ -15,6 +15,7 @@
 // share a container, the memory is counted twice while both hold it).
 // Host-located physical memory (CU_MEM_LOCATION_TYPE_HOST*) does not use the
 // card and is never counted.
+// gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
 #include <sys/stat.h>
 

@@ -7,10 +7,15 @@
    never include cuda.h. include/platform/ includes nothing of the project
    but itself (libc and the C++ headers only), and the public ABI nothing of
    the platform layer: a tool built on include/gpuslice/ needs no more.
-2. Inside hook/ nothing runs back up: with each header and the .cc files that
-   implement it taken as one unit, the include graph between units has no
-   cycle (docs/interception.md, "Bootstrap", names the runtime's files).
-3. hook/ reaches the driver's entry points through hook/real.h only (its
+2. Inside hook/ nothing runs back up: with hook/x.h and hook/x.cc taken as
+   one unit (x), the include graph between units has no cycle.
+3. Inside hook/ a .cc implements only the header of its own stem: every
+   function and variable a hook/ header declares out of line (at namespace
+   scope, not inline) is defined in the .cc of the same name, and nowhere
+   else. A header of inline code only has no .cc; a .cc without a header
+   defines the exported entry points and file-local code only. So a file's
+   name says where a declaration lives.
+4. hook/ reaches the driver's entry points through hook/real.h only (its
    real_ pointers, resolved at load time from symbols.def and its internal
    list): no other file looks an entry point up by name (dlsym, dlvsym,
    real_dlsym), so there is one list of driver symbols
@@ -42,8 +47,6 @@ ALLOWED = {
 }
 NO_DRIVER = {"limiter", "shm", "platform"}
 PROJECT = {"hook", "limiter", "shm", "platform", "gpuslice", "tools", "test"}
-# .cc files that implement a header of another name.
-IMPLEMENTS = {"bootstrap": "runtime", "lifecycle": "runtime", "region": "runtime"}
 
 
 def includes(path):
@@ -74,26 +77,13 @@ def layer_problems(root):
     return problems
 
 
-def unit_of(path, headers):
-    stem = path.stem
-    if path.suffix == ".h":
-        return stem
-    if stem in IMPLEMENTS:
-        return IMPLEMENTS[stem]
-    if stem in headers:
-        return stem
-    prefix = stem.split("_", 1)[0]  # launch_queue.cc implements launch.h
-    return prefix if prefix in headers else path.name
-
-
 def hook_cycles(root):
     hook = root / "hook"
-    headers = {p.stem for p in hook.glob("*.h")}
     graph = {}
     for path in sorted(hook.glob("*")):
         if path.suffix not in (".h", ".cc"):
             continue
-        unit = unit_of(path, headers)
+        unit = path.stem
         edges = graph.setdefault(unit, set())
         for inc in includes(path):
             if inc.startswith("hook/") and inc.endswith(".h"):
@@ -121,6 +111,110 @@ def hook_cycles(root):
     return [f"hook/: include cycle {c}" for c in cycles]
 
 
+# Rule 3, read off the sources without a compiler: comments, literals and
+# preprocessor lines are dropped; a statement at namespace scope (outside any
+# function, class or initializer body) is a declaration when it ends in ";"
+# (a function's, or an extern variable's) and a definition when a body or an
+# initializer follows. Names are taken with their namespace; an anonymous
+# namespace's and static definitions are file-local, and qualified ones
+# (Class::member) are members, which the rule does not cover.
+def strip(text):
+    # comments, string and character literals, preprocessor lines
+    out = re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'',
+                 lambda m: '""' if m.group(0).startswith('"') else ("''" if m.group(0).startswith("'") else ' '),
+                 text, flags=re.S)
+    return re.sub(r'^[ \t]*#(?:[^\n]*\\\n)*[^\n]*', '', out, flags=re.M)
+
+ATTR = re.compile(r'\[\[.*?\]\]|\balignas\s*\([^)]*\)')
+IDENT = re.compile(r'([A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)*)\s*$')
+
+def name_of(sig):
+    sig = ATTR.sub(' ', sig)
+    if '(' in sig:
+        m = IDENT.search(sig[:sig.index('(')])
+        return ('fn', m.group(1)) if m else None
+    sig = re.sub(r'=.*$', '', sig, flags=re.S).strip()
+    sig = re.sub(r'\[[^\]]*\]\s*$', '', sig).strip()  # an array's bound
+    m = IDENT.search(sig)
+    return ('var', m.group(1)) if m else None
+
+def scan(path):
+    """(namespace, name, kind) declared (';') and defined ('{') at namespace scope."""
+    text = strip(path.read_text(errors='replace'))
+    stack, start = [], 0
+    decls, defs = [], []
+    def ns_path():
+        if any(s is None for s in stack): return None  # inside a block
+        if 'anon' in stack: return 'anon'
+        return '::'.join(s for s in stack if s not in ('', 'anon'))
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == '{':
+            stmt = text[start:i].strip()
+            ns = ns_path()
+            m = re.match(r'^namespace\s*([\w:]*)$', stmt)
+            if ns is not None and m:
+                stack.append(m.group(1) if m.group(1) else 'anon')
+            elif ns is not None and re.match(r'^extern\s*""$', stmt):
+                stack.append('')
+            else:
+                if ns is not None and stmt and not re.match(r'^(struct|class|union|enum|template|typedef|using)\b', stmt):
+                    n = name_of(stmt)
+                    if n: defs.append((ns, n[1], n[0], stmt))
+                # skip the block
+                depth, j = 1, i + 1
+                while depth and j < len(text):
+                    depth += {'{': 1, '}': -1}.get(text[j], 0)
+                    j += 1
+                i = j
+                # an initializer's closing ';' ends the statement
+                start = i
+                continue
+            start = i + 1
+        elif c == '}':
+            if stack: stack.pop()
+            start = i + 1
+        elif c == ';':
+            stmt = text[start:i].strip()
+            ns = ns_path()
+            start = i + 1
+            if ns is None or not stmt or re.match(r'^(using|typedef|static_assert|friend|struct|class|union|enum|template)\b', stmt):
+                i += 1; continue
+            n = name_of(stmt)
+            if n:
+                is_extern = re.search(r'\bextern\b', ATTR.sub(' ', stmt)) is not None
+                if n[0] == 'fn' and not re.match(r'^(inline|constexpr|static)\b', ATTR.sub(' ', stmt).strip()):
+                    decls.append((ns, n[1], 'fn', stmt))
+                elif n[0] == 'var' and is_extern:
+                    decls.append((ns, n[1], 'var', stmt))
+                elif n[0] == 'var':
+                    defs.append((ns, n[1], 'var', stmt))
+        i += 1
+    return decls, defs
+
+
+def misplaced_definitions(root):
+    hook = root / "hook"
+    where = {}
+    for cc in sorted(hook.glob("*.cc")):
+        for ns, name, _, stmt in scan(cc)[1]:
+            if ns == "anon" or re.match(r"^static\b", ATTR.sub(" ", stmt).strip()) or "::" in name:
+                continue
+            where.setdefault((ns, name), set()).add(cc.name)
+    problems = []
+    for header in sorted(hook.glob("*.h")):
+        own = header.stem + ".cc"
+        for ns, name, kind, _ in scan(header)[0]:
+            found = sorted(where.get((ns, name), ()))
+            if found != [own]:
+                what = "function" if kind == "fn" else "variable"
+                problems.append(f"{header.relative_to(root)}: declares the {what} {ns}::{name}, defined in "
+                                f"{', '.join('hook/' + f for f in found) or 'no hook/ file'}, not in hook/{own} "
+                                "(a .cc implements only the header of its own stem)")
+    return problems
+
+
 # The driver layer (real.cc, real.h) and the exported dlsym (dlsym.cc) are
 # the files that may look a name up.
 LOOKUP = re.compile(r"\b(?:real_dlsym|dlsym|dlvsym)\s*\(")
@@ -142,10 +236,10 @@ def by_name_lookups(root):
 
 def main():
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
-    problems = layer_problems(root) + hook_cycles(root) + by_name_lookups(root)
+    problems = layer_problems(root) + hook_cycles(root) + misplaced_definitions(root) + by_name_lookups(root)
     for p in problems:
         print(p)
-    print(f"layers, hook/ include graph and driver lookups checked; {len(problems)} problem(s)")
+    print(f"layers, hook/ include graph, definitions and driver lookups checked; {len(problems)} problem(s)")
     return 1 if problems else 0
 
 

@@ -1,4 +1,4 @@
-// gpuslice-probe reserve: the thread reserve (hook/lifecycle.cc): what a
+// gpuslice-probe reserve: the thread reserve (hook/account.cc): what a
 // thread keeps of the bytes it frees for its own next allocations goes back
 // to the container when the thread exits. For thread_reserve_test.cc.
 //

@@ -5,11 +5,15 @@
 # environment, process state, termination or locks. Fails listing the
 # offending undefined symbols of each archive or object. (snprintf and friends
 # are allowed: glibc does not allocate for integer and string conversions.)
-#   cmake -DNM=<nm> -DLIBS=<a;b> [-DONLY=<file-name;...>]
+#   cmake -DNM=<nm> -DLIBS=<a;b> [-DONLY=<file-name;...>] [-DMARKED=<folder>]
 #         [-DALLOW=<file-name:symbol;...>] -P check_symbols.cmake
 # ONLY keeps the files of LIBS whose name is listed (e.g. memory.cc.o out of
-# all of a target's objects). ALLOW lets one object (an archive member or
-# object file name) use one denied symbol, for a reason given where it is set.
+# all of a target's objects). MARKED adds to ONLY the object of every .cc
+# file of <folder> that carries the line
+#   // gpuslice: hot path (no heap, no locks)
+# (x.cc -> x.cc.o): a file on a hot path says so itself, and is checked from
+# then on. ALLOW lets one object (an archive member or object file name) use
+# one denied symbol, for a reason given where it is set.
 #
 # glibc floor (docs/deploy.md): the built shared library asks for no glibc
 # symbol version newer than FLOOR and has nothing of libstdc++ (no NEEDED
@@ -102,6 +106,19 @@ set(denied
   __cxa_throw __cxa_allocate_exception __cxa_guard_acquire
   strerror fopen
 )
+if(DEFINED MARKED)
+  file(GLOB marked_sources "${MARKED}/*.cc")
+  foreach(source ${marked_sources})
+    file(STRINGS "${source}" marker REGEX "^// gpuslice: hot path \\(no heap, no locks\\)$" LIMIT_COUNT 1)
+    if(marker)
+      get_filename_component(name "${source}" NAME)
+      list(APPEND ONLY "${name}.o")
+    endif()
+  endforeach()
+  if(NOT ONLY)
+    message(FATAL_ERROR "symbol check: no .cc file of ${MARKED} carries the hot-path marker")
+  endif()
+endif()
 set(failed "")
 set(checked 0)
 foreach(lib ${LIBS})

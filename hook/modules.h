@@ -1,4 +1,5 @@
-// Libraries placed by a kernel launch. With lazy loading (the CUDA 12+
+// What modules.cc (modules and libraries) gives the launch side: libraries
+// placed by a kernel launch. With lazy loading (the CUDA 12+
 // runtime's default) a library loaded with no context current is placed in a
 // context at its first use there, and a launch of one of its kernels — a
 // CUkernel cast to CUfunction, as the runtime launches them — is such a use.
@@ -8,7 +9,8 @@
 // while it is set, a launch looks its function up among the kernels
 // cuLibraryGetKernel handed out and, the first time one is launched in a
 // context, places its library there measured (cuKernelGetFunction in that
-// context, modules.cc's place_counted) before the launch. modules.cc.
+// context, place_counted) before the launch. Modules and libraries
+// themselves: modules.cc.
 #pragma once
 
 #include <cuda.h>

@@ -1,0 +1,147 @@
+// The accounting core (account.cc): what an allocation reserves against the
+// container's quota before the driver call, what a free gives back, the
+// records that tie one to the other, and the thread reserve in between.
+// Every counted byte of the preload library goes through reserve(),
+// release() or charge() (limiter's cross-process protocol on this process's
+// slot); the wrappers (memory.cc, arrays.cc, vmm.cc, pools.cc, ...) only say
+// how many bytes and under which key.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "gpuslice/region.h"
+#include "hook/bootstrap.h"
+#include "hook/process.h"
+#include "hook/region.h"
+#include "limiter/alloc_table.h"
+
+namespace gpuslice::hook {
+
+// Reserve/release `bytes` on a device entry for this process (limiter's
+// cross-process protocol). reserve() tries the slow reclaim paths (dead
+// processes, idle pool reserves) before refusing.
+bool reserve(int entry, std::uint64_t bytes) noexcept;
+void release(int entry, std::uint64_t bytes) noexcept;
+bool charge(int entry, std::uint64_t bytes) noexcept;
+
+// Hooks that run before an allocation is refused (pools.cc registers one that
+// trims this process's idle pool reserves back into the budget).
+using ReclaimFn = void (*)() noexcept;
+void set_pool_reclaim(ReclaimFn fn) noexcept;
+
+// What a thread keeps of its frees for its own next allocations (the thread
+// reserve: account.cc, docs/memory-accounting.md). It lives in the thread's
+// op counter (hook/measure.h), so that a measurement can add up every
+// thread's (thread_reserves_on): written only by its thread (relaxed stores,
+// plain moves), read by the measurer once every operation settled. Counted
+// as in use by the slot (committed_bytes) but not on the device.
+struct ThreadReserve {
+  std::atomic<std::uint64_t> bytes;
+  std::atomic<std::uint64_t> tag;  // the lease tag of the claim it was counted on
+  std::atomic<int> slot;
+  std::atomic<int> entry;
+};
+// The calling thread's reserve (its op counter's), or nullptr: none before
+// its first counting operation, without per-thread counters, in a forked
+// child until it claimed a counter of its own (measure.cc).
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local ThreadReserve* t_reserve;
+// A claimed counter's reserve starts empty (measure.cc calls it).
+void reset_thread_reserve(ThreadReserve& t) noexcept;
+
+// When a thread ends (a pthread key) it gives back its reserve and runs the
+// one function set here (the launch path's: its credit of prices taken
+// ahead). arm_thread_exit() arms that for the calling thread, once; false
+// when no key could be made or set (nothing is then given back).
+using ThreadExitFn = void (*)() noexcept;
+void set_thread_exit(ThreadExitFn fn) noexcept;
+bool arm_thread_exit() noexcept;
+
+struct Reservation {
+  int entry = -1;
+  std::uint64_t bytes = 0;
+};
+
+// Reserve `bytes` on the current context's device before the real call.
+// Returns the error to hand back unchanged: bootstrap failure, no current
+// context (the driver's own error), or CUDA_ERROR_OUT_OF_MEMORY over quota.
+// Inline (as it was beside the wrappers of memory.cc): an allocation makes
+// one call, reserve(), not two.
+inline CUresult reserve_on_current(std::uint64_t bytes, Reservation* r) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  int entry = current_device_entry(&rc);
+  if (entry < 0) return rc;
+  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->entry = entry;
+  r->bytes = bytes;
+  return CUDA_SUCCESS;
+}
+// Same on an explicit device ordinal.
+inline CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reservation* r) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  int entry = device_entry(ordinal);
+  if (entry < 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->entry = entry;
+  r->bytes = bytes;
+  return CUDA_SUCCESS;
+}
+
+// After the real allocation: on failure the reservation is returned; on
+// success it is recorded under `key` in `table` (a stale record for the same
+// key, from a free we never saw, is released first).
+void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
+            limiter::AllocKind kind) noexcept;
+
+// Counted memory went back to the driver and its bytes to the budget:
+// allocations of the container waiting for memory (hook/oversub.h, "wait")
+// are woken. Inline: every free pays one load of the device's waiter count
+// (seq_cst: a plain load on x86; the waiter's seq_cst increment pairs with it).
+[[gnu::cold, gnu::noinline]] void wake_oversub_waiters(int entry) noexcept;
+inline void oversub_freed(int entry, limiter::AllocKind, std::uint64_t) noexcept {
+  if (entry < 0 || static_cast<unsigned>(entry) >= kMaxDevices || g_process.region == nullptr) return;
+  if (g_process.region->devices[entry].oversub_waiting.load(std::memory_order_seq_cst) != 0)
+    wake_oversub_waiters(entry);
+}
+// Spilled memory went back to the driver: its bytes stop counting as spilled
+// (before they leave the budget, so resident memory is never understated).
+void oversub_unspill(int entry, std::uint64_t bytes) noexcept;
+
+// A counted record whose memory the driver has let go: its bytes go back to
+// the budget (spilled ones stop counting as spilled first; waiters are woken).
+inline void release_record(const limiter::AllocRecord& rec) noexcept {
+  if (rec.kind == limiter::AllocKind::spilled) [[unlikely]]
+    oversub_unspill(rec.dev, rec.bytes);
+  release(rec.dev, rec.bytes);
+  oversub_freed(rec.dev, rec.kind, rec.bytes);
+}
+
+// After the driver freed memory implicitly: releases every record of `table`
+// for which gone(key, record) says the driver no longer knows the handle.
+// gone() asks the driver, so it runs on copies with no table lock held
+// (a driver calling back into a hooked entry point must not wait on one);
+// each record is then erased exactly once.
+// Between gone() and the erase another thread may allocate at the same
+// address (the driver reuses addresses) and commit its record under the same
+// key, releasing the gone one as stale; that record must not be erased in
+// its place: the driver is asked again about the record taken, and a key it
+// knows again goes back (a free of it meanwhile found no record and was
+// forwarded uncounted: gone then, and released here).
+template <class Gone>
+void sweep_table(limiter::AllocTable& table, Gone&& gone) noexcept {
+  table.for_each_unlocked([&](std::uint64_t key, const limiter::AllocRecord& rec) {
+    if (!gone(key, rec)) return;
+    limiter::AllocRecord taken{};
+    if (!table.erase(key, &taken)) return;
+    if (gone(key, taken))
+      release_record(taken);
+    else
+      table.insert(key, taken);  // allocated again at this address since
+  });
+}
+
+}  // namespace gpuslice::hook

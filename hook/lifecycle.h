@@ -1,0 +1,50 @@
+// This process's slot across its life (lifecycle.cc): whose it is across
+// process creation (fork, _Fork, clone: the owner word), and its release at
+// exit (the exit bracket). hook/bootstrap.h claims the slot and starts over
+// in a child; hook/account.h accounts on it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace gpuslice::hook {
+
+// Ownership of the slot across process creation. The word lives in a page
+// the kernel zeroes in every child it forks (MADV_WIPEONFORK), however the
+// child was made: fork() with its handlers, _Fork(), raw clone(). A child
+// that finds it zero holds its parent's slot and must claim its own before
+// accounting anything (own_slot(), hook/bootstrap.h). Kernels before 4.14
+// lack the advice: the word then stays in ordinary memory and only fork()
+// (through pthread_atfork) and the exit path's pid check protect the
+// parent's slot (docs/security.md).
+// Hidden on the declaration: read PC-relative (process.h).
+enum : std::uint32_t { kSlotNotOurs = 0, kSlotAdopting = 1, kSlotOurs = 2 };
+[[gnu::visibility("hidden")]] extern std::atomic<std::atomic<std::uint32_t>*> g_owner;
+
+// The slot just claimed (g_process.slot) is this process's: the owner word
+// (bootstrap.cc calls this once the claim succeeded).
+void own_claimed_slot() noexcept;
+// Our own descriptor holding the slot's file lock (-1: none), closed with
+// the lock at exit.
+void hold_slot_lock(int fd) noexcept;
+
+// Set once the exit-time release ran: later allocations (other libraries'
+// destructors, threads still running during exit) are refused, not left
+// unlimited. Threads inside reserve()/charge() are counted so that the slot
+// is only given back when none of them can still write to it. A forked
+// child clears both (bootstrap.cc).
+[[gnu::visibility("hidden")]] extern std::atomic<bool> g_exited;
+[[gnu::visibility("hidden")]] extern std::atomic<int> g_accounting_calls;
+
+// Brackets an operation that may add to the slot (see release_at_exit).
+struct AddingCall {
+  AddingCall() noexcept { g_accounting_calls.fetch_add(1, std::memory_order_seq_cst); }
+  ~AddingCall() { g_accounting_calls.fetch_sub(1, std::memory_order_release); }
+  AddingCall(const AddingCall&) = delete;
+  AddingCall& operator=(const AddingCall&) = delete;
+};
+
+// True (with one capped warning) once the exit-time release ran.
+bool refused_after_exit() noexcept;
+
+}  // namespace gpuslice::hook

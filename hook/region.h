@@ -1,0 +1,51 @@
+// The container's region as this process sees it (region.cc): the watch on
+// the region file, and the map from CUDA device ordinals to region device
+// entries.
+#pragma once
+
+#include <cuda.h>
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace gpuslice::hook {
+
+// Whether the region file still has a region's size and magic (someone may
+// truncate it under our mapping: touching it then raises SIGBUS). Looks at
+// the file at most once per coarse clock tick (a few ms) unless `force`; on
+// the first failure logs one error line and fails closed (g_ready). Call it
+// on a slow path before touching the region; the accounting calls
+// (hook/account.h) and device_entry() already do. Inline: the allocation and
+// free fast paths pay a coarse-clock read (vDSO, no syscall) and a compare,
+// no call.
+extern std::atomic<int> g_region_fd;                     // -1: not watched
+extern std::atomic<std::int64_t> g_region_checked_tick;  // the tick of the last look
+extern std::atomic<bool> g_region_lost;
+[[gnu::cold, gnu::noinline]] bool region_check_now(int fd, std::int64_t tick) noexcept;
+inline bool region_intact(bool force = false) noexcept {
+  if (__builtin_expect(g_region_lost.load(std::memory_order_relaxed), 0)) return false;
+  const int fd = g_region_fd.load(std::memory_order_relaxed);
+  if (fd < 0) return true;
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // vDSO: no syscall
+  const std::int64_t tick = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  if (__builtin_expect(!force && g_region_checked_tick.load(std::memory_order_relaxed) == tick, 1)) return true;
+  return region_check_now(fd, tick);
+}
+// The region file to watch (-1: none); bootstrap sets it when it attaches.
+void watch_region_file(int fd) noexcept;
+
+// Region device entry for a CUDA device ordinal (claimed on first use with the
+// quota and SM limit configured for that ordinal), or -1.
+int device_entry(CUdevice ordinal) noexcept;
+// Region device entry of the calling thread's current context; on failure
+// returns -1 and sets *rc to the driver's error (e.g. no current context).
+// With a single device the entry is cached and the driver is not asked: a
+// call without a context then fails in the real call that follows, which
+// returns the driver's own error (the caller releases its reservation).
+int current_device_entry(CUresult* rc) noexcept;
+// CUDA ordinal of a region device entry, or -1 if this process has not mapped it.
+int ordinal_of_entry(int entry) noexcept;
+
+}  // namespace gpuslice::hook
