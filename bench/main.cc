@@ -8,7 +8,6 @@
 //
 //   gpuslice-microbench                 all configurations, markdown table
 //   gpuslice-microbench --min-time 0.5 --repetitions 3 --json-file out.json
-#include <CLI/CLI.hpp>
 #include <benchmark/benchmark.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -30,6 +29,7 @@
 
 #include "cases.h"
 #include "child_env.h"
+#include "cli.h"
 #include "fixture.h"
 #include "results.h"
 
@@ -121,8 +121,7 @@ std::optional<Options> parse(int argc, char** argv, int* status) {
   app.add_option("--out", o.out)->group("");
   app.add_flag("--expect-quota", o.expect_quota)->group("");
   app.add_flag("--calibrate", o.calibrate)->group("");
-  try {
-    app.parse(argc, argv);
+  const auto checks = [&] {
     o.only = split(only, ',');
     if (!o.child) {
       for (const std::string& call : o.only) {
@@ -140,8 +139,10 @@ std::optional<Options> parse(int argc, char** argv, int* status) {
         throw CLI::ValidationError("--threads", t + " is not a thread count from 1 to " + std::to_string(kMaxThreads));
       o.threads_only.push_back(static_cast<int>(n));
     }
-  } catch (const CLI::ParseError& e) {
-    *status = app.exit(e);
+  };
+  if (const std::optional<int> stop =
+          gpuslice::tools::parse(app, argc, argv, gpuslice::tools::BadCommandLine::cli11, checks)) {
+    *status = *stop;
     return std::nullopt;
   }
   return o;

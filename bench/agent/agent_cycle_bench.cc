@@ -14,17 +14,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "agent.h"
+#include "cli.h"
 #include "limiter/memory_accounting.h"
 #include "log.h"
 #include "region_io.h"
@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
   app.add_option("--cycles", o.cycles, "cycles measured per configuration [200]")->check(CLI::Range(1, 1000000));
   app.add_option("--nvml", o.nvml, "the (simulated) NVML library; without it a synthetic NVML view")
       ->check(CLI::ExistingFile);
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> stop = gpuslice::tools::parse(app, argc, argv, gpuslice::tools::BadCommandLine::cli11))
+    return *stop;
   set_log_level(LogLevel::warn);
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {

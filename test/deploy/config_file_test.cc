@@ -21,6 +21,7 @@ namespace {
 using gpuslice::test::field;
 using gpuslice::test::Result;
 using gpuslice::test::Sandbox;
+using gpuslice::test::value;
 
 constexpr unsigned long long kMi = 1024ull * 1024;
 
@@ -39,11 +40,6 @@ std::string write(const Sandbox& box, const std::string& name, const std::string
   const std::string path = box.path(name);
   std::ofstream(path) << text;
   return path;
-}
-
-std::string value(const Result& r, const std::string& op, const std::string& key) {
-  for (const auto& line : gpuslice::test::lines_with(r.out, op + " ")) return field(line, key);
-  return "";
 }
 
 const std::vector<std::string> kProbe = {

@@ -18,11 +18,9 @@ using gpuslice::test::Sandbox;
 
 constexpr unsigned long long kMi = 1024ull * 1024;
 
-Result probe(const Sandbox& box, const gpuslice::test::Env& env) {
-  return gpuslice::test::run({gpuslice::test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(300 * kMi),
-                              "alloc", std::to_string(100 * kMi)},
-                             gpuslice::test::merge(box.env(), env));
-}
+// probe(box, env): 300 MiB then 100 MiB, in `box` with `env` over its environment.
+const gpuslice::test::Probe probe{
+    {"cuprobe", "init", "ctx", "0", "alloc", std::to_string(300 * kMi), "alloc", std::to_string(100 * kMi)}};
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;

@@ -131,11 +131,6 @@ struct HamiContainer {
   Env env;
 };
 
-std::string fill_bytes(const Result& r) {
-  const auto lines = test::lines_with(r.out, "fill ");
-  return lines.empty() ? "" : test::field(lines.front(), "bytes");
-}
-
 TEST(HamiDropIn, LibraryWorksInstalledAsLibvgpuSo) {
   Sandbox box;
   HamiNode node(box);
@@ -148,7 +143,7 @@ TEST(HamiDropIn, LibraryWorksInstalledAsLibvgpuSo) {
           {"CUDA_DEVICE_MEMORY_LIMIT_0", "64m"}};
   const Result r = test::run({test::bin("cuprobe"), "init", "ctx", "0", "fill", "alloc", std::to_string(kMi)}, env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(fill_bytes(r), std::to_string(64 * kMi)) << r.describe();
+  EXPECT_EQ(test::value(r, "fill", "bytes"), std::to_string(64 * kMi)) << r.describe();
   EXPECT_TRUE(file_exists(box.path("c.region")));
 }
 
@@ -166,8 +161,9 @@ TEST(HamiDropIn, LoadedThroughEtcLdSoPreloadInAMountNamespace) {
                               "init", "ctx", "0", "fill", "alloc", std::to_string(kMi)},
                              env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(fill_bytes(r), std::to_string(48 * kMi)) << "the library was not loaded from /etc/ld.so.preload\n"
-                                                     << r.describe();
+  EXPECT_EQ(test::value(r, "fill", "bytes"), std::to_string(48 * kMi))
+      << "the library was not loaded from /etc/ld.so.preload\n"
+      << r.describe();
   // Without the preload file the same program is not limited (the test can fail).
   const Result unlimited =
       test::run({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(64 * kMi)}, env);
@@ -212,8 +208,8 @@ TEST(HamiDropIn, TwoHamiContainersOnOneDeviceLimitedAndReported) {
   ASSERT_EQ(ra.exit_code, 0) << ra.describe();
   ASSERT_EQ(rb.exit_code, 0) << rb.describe();
   // Each container's quota held, independently, on one device.
-  EXPECT_EQ(fill_bytes(ra), std::to_string(96 * kMi)) << a.how() << "\n" << ra.describe();
-  EXPECT_EQ(fill_bytes(rb), std::to_string(64 * kMi)) << rb.describe();
+  EXPECT_EQ(test::value(ra, "fill", "bytes"), std::to_string(96 * kMi)) << a.how() << "\n" << ra.describe();
+  EXPECT_EQ(test::value(rb, "fill", "bytes"), std::to_string(64 * kMi)) << rb.describe();
   // Each region is where HAMi put the shared cache, on the host.
   EXPECT_TRUE(file_exists(a.host_cache())) << a.host_cache();
   EXPECT_TRUE(file_exists(b.host_cache())) << b.host_cache();
@@ -287,8 +283,9 @@ TEST(HamiDropIn, DisableControlPassesEverythingThrough) {
   c.env["FAKECUDA_MEMORY"] = "128Mi";
   const Result r = test::run(c.argv({"init", "ctx", "0", "fill", "alloc", std::to_string(kMi)}), c.env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(fill_bytes(r), std::to_string(128 * kMi)) << "the whole simulated device, not the 16m quota\n"
-                                                      << r.describe();
+  EXPECT_EQ(test::value(r, "fill", "bytes"), std::to_string(128 * kMi))
+      << "the whole simulated device, not the 16m quota\n"
+      << r.describe();
 }
 
 TEST(HamiDropIn, LogLevelPriorityAndOversubscribeFromHamiVariables) {

@@ -46,8 +46,8 @@ TEST_P(ThreadCredit, GoesBackToTheBucketWhenItsThreadEnds) {
 
   Result r = run({bin("gpuslice-probe"), "compute", "launch-then-exit", GetParam(), std::to_string(kLaunches)}, env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  ASSERT_EQ(probe_field(r, "launched"), static_cast<std::uint64_t>(kLaunches)) << r.describe();
-  ASSERT_EQ(probe_field(r, "child_status"), 0u) << r.describe();
+  ASSERT_EQ(unsigned_number(r, "probe", "launched", 0), static_cast<std::uint64_t>(kLaunches)) << r.describe();
+  ASSERT_EQ(unsigned_number(r, "probe", "child_status", 0), 0u) << r.describe();
   ASSERT_EQ(d.cost_scale_ppm.load(), kScalePpm) << "the price changed during the run";
   EXPECT_EQ(limiter::spent_total(d) - before, kLaunches * price)
       << "the bucket kept " << limiter::spent_total(d) - before - kLaunches * price

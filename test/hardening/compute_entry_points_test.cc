@@ -71,12 +71,12 @@ TEST_P(LegacyLaunch, IsThrottled) {
   Result r = run({bin("gpuslice-probe"), "compute", "legacy-launch", GetParam(), "1000", "300"},
                  merge(box.env(), {{"GPUSLICE_SM_LIMIT", "10"}}), 90000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  if (probe_field(r, "first_rc") == 801)  // CUDA_ERROR_NOT_SUPPORTED
+  if (unsigned_number(r, "probe", "first_rc", 0) == 801)  // CUDA_ERROR_NOT_SUPPORTED
     GTEST_SKIP() << "the simulated driver does not implement " << GetParam()
                  << " (its weak stub returns CUDA_ERROR_NOT_SUPPORTED); only its interception is checked";
-  ASSERT_GT(probe_field(r, "launches"), 0u) << r.describe();
-  const std::uint64_t wall = probe_field(r, "end_ns") - probe_field(r, "start_ns");
-  const std::uint64_t busy = device_busy_ns(box, 0, static_cast<long>(probe_field(r, "pid")));
+  ASSERT_GT(unsigned_number(r, "probe", "launches", 0), 0u) << r.describe();
+  const std::uint64_t wall = unsigned_number(r, "probe", "end_ns", 0) - unsigned_number(r, "probe", "start_ns", 0);
+  const std::uint64_t busy = device_busy_ns(box, 0, static_cast<long>(unsigned_number(r, "probe", "pid", 0)));
   EXPECT_LE(static_cast<double>(busy), 0.35 * static_cast<double>(wall) + 100e6) << r.describe();
 }
 

@@ -26,8 +26,8 @@ TEST_P(StreamOfAnotherDevice, IsChargedToTheStreamsDevice) {
   Env env = merge(box.env(), {{"FAKECUDA_DEVICES", "2"}, {"GPUSLICE_SM_LIMIT", "0=100,1=10"}});
   Result r = run({bin("gpuslice-probe"), "compute", "stream-device", GetParam(), "100", "30000", "1.5"}, env, 90000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  const std::uint64_t launches = probe_field(r, "launches");
-  const long pid = static_cast<long>(probe_field(r, "pid"));
+  const std::uint64_t launches = unsigned_number(r, "probe", "launches", 0);
+  const long pid = static_cast<long>(unsigned_number(r, "probe", "pid", 0));
   ASSERT_GT(launches, 0u) << r.describe();
   const std::uint64_t busy = device_busy_ns(box, 1, pid);
   EXPECT_GT(busy, 0u) << "nothing ran on device 1: " << r.describe();

@@ -1,5 +1,5 @@
-// Helpers shared by the compute hardening tests: the probe program and the
-// simulated device's own record of what ran (never the limiter's bookkeeping).
+// Helpers shared by the compute hardening tests: the simulated device's own
+// record of what ran (never the limiter's bookkeeping).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -19,12 +19,6 @@ inline std::uint64_t device_busy_ns(const Sandbox& box, int device, long pid) {
           box.env(false), 30000);
   EXPECT_EQ(r.exit_code, 0) << r.describe();
   return std::strtoull(r.out.c_str(), nullptr, 10);
-}
-
-// A numeric field of the probe's "probe ..." line.
-inline std::uint64_t probe_field(const Result& r, const std::string& key) {
-  const auto lines = lines_with(r.out, "probe ");
-  return lines.empty() ? 0 : std::strtoull(field(lines.front(), key).c_str(), nullptr, 10);
 }
 
 }  // namespace gpuslice::test::hardening

@@ -21,13 +21,6 @@ namespace {
 
 constexpr long long kMi = 1ll << 20;
 
-long long num(const Result& r, const std::string& op, const std::string& key) {
-  auto lines = lines_with(r.out, op + " ");
-  if (lines.empty()) return -1;
-  const std::string v = field(lines.front(), key);
-  return v.empty() ? -1 : std::stoll(v);
-}
-
 Env device(const Sandbox& box, const Env& extra) {
   Env env = merge(box.env(), {{"FAKECUDA_MEMORY", "16Gi"},
                               {"FAKECUDA_CONTEXT_MEMORY", "256Mi"},
@@ -40,52 +33,52 @@ Env device(const Sandbox& box, const Env& extra) {
   return env;
 }
 
-Result peak(const Env& env, const std::string& hold_mib, const std::string& tries, const std::string& free_after) {
-  return run({bin("gpuslice-probe"), "context", "peak", hold_mib, tries, free_after}, env, 60000);
-}
+// gpuslice-probe context; `peak HOLD_MIB TRIES FREE_AFTER_MS` samples what the
+// device holds for the container while a second process creates contexts.
+const Probe context{{"gpuslice-probe", "context"}, 60000};
 
 // 256 MiB primary context + 640 MiB held = 896 MiB of a 1 GiB quota: a
 // second process's 256 MiB context does not fit and is never created.
 TEST(ContextAdmission, ContextOverTheQuotaIsNeverCreated) {
   Sandbox box;
-  Result r = peak(device(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}}), "640", "4", "-1");
+  Result r = context.with_env(device(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}}), {"peak", "640", "4", "-1"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "peak", "child_exit"), 0) << r.describe();
-  EXPECT_EQ(num(r, "tries", "refused"), 4) << r.out;
-  EXPECT_EQ(num(r, "tries", "other"), 0) << r.out;
-  EXPECT_GE(num(r, "peak", "peak"), 896 * kMi) << r.out;  // the sampler saw the held memory
-  EXPECT_LE(num(r, "peak", "peak"), 1024 * kMi) << r.out;
+  EXPECT_EQ(number(r, "peak", "child_exit"), 0) << r.describe();
+  EXPECT_EQ(number(r, "tries", "refused"), 4) << r.out;
+  EXPECT_EQ(number(r, "tries", "other"), 0) << r.out;
+  EXPECT_GE(number(r, "peak", "peak"), 896 * kMi) << r.out;  // the sampler saw the held memory
+  EXPECT_LE(number(r, "peak", "peak"), 1024 * kMi) << r.out;
 }
 
 // The same context fits the quota (2 GiB) but not the resident allowance
 // (768 MiB, 640 MiB resident): under `fail` it is refused, never created.
 TEST(ContextAdmission, ContextOverTheResidentAllowanceIsRefusedUnderFail) {
   Sandbox box;
-  Result r = peak(device(box, {{"GPUSLICE_MEMORY_LIMIT", "2Gi"},
-                               {"GPUSLICE_MEMORY_RESIDENT", "768Mi"},
-                               {"GPUSLICE_OVERSUBSCRIBE", "fail"}}),
-                  "384", "3", "-1");
+  Result r = context.with_env(device(box, {{"GPUSLICE_MEMORY_LIMIT", "2Gi"},
+                                           {"GPUSLICE_MEMORY_RESIDENT", "768Mi"},
+                                           {"GPUSLICE_OVERSUBSCRIBE", "fail"}}),
+                              {"peak", "384", "3", "-1"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "peak", "child_exit"), 0) << r.describe();
-  EXPECT_EQ(num(r, "tries", "refused"), 3) << r.out;
-  EXPECT_GE(num(r, "peak", "peak"), 640 * kMi) << r.out;
-  EXPECT_LE(num(r, "peak", "peak"), 768 * kMi) << r.out;
+  EXPECT_EQ(number(r, "peak", "child_exit"), 0) << r.describe();
+  EXPECT_EQ(number(r, "tries", "refused"), 3) << r.out;
+  EXPECT_GE(number(r, "peak", "peak"), 640 * kMi) << r.out;
+  EXPECT_LE(number(r, "peak", "peak"), 768 * kMi) << r.out;
 }
 
 // Under `wait` the creation waits for the allowance (with nothing created),
 // and goes on once the container frees memory.
 TEST(ContextAdmission, ContextWaitsForTheResidentAllowanceUnderWait) {
   Sandbox box;
-  Result r = peak(device(box, {{"GPUSLICE_MEMORY_LIMIT", "2Gi"},
-                               {"GPUSLICE_MEMORY_RESIDENT", "768Mi"},
-                               {"GPUSLICE_OVERSUBSCRIBE", "wait"},
-                               {"GPUSLICE_OVERSUBSCRIBE_WAIT", "20s"}}),
-                  "384", "3", "400");
+  Result r = context.with_env(device(box, {{"GPUSLICE_MEMORY_LIMIT", "2Gi"},
+                                           {"GPUSLICE_MEMORY_RESIDENT", "768Mi"},
+                                           {"GPUSLICE_OVERSUBSCRIBE", "wait"},
+                                           {"GPUSLICE_OVERSUBSCRIBE_WAIT", "20s"}}),
+                              {"peak", "384", "3", "400"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "peak", "child_exit"), 0) << r.describe();
-  EXPECT_EQ(num(r, "tries", "created"), 3) << r.out;
-  EXPECT_GE(num(r, "peak", "peak"), 640 * kMi) << r.out;
-  EXPECT_LE(num(r, "peak", "peak"), 768 * kMi) << r.out;
+  EXPECT_EQ(number(r, "peak", "child_exit"), 0) << r.describe();
+  EXPECT_EQ(number(r, "tries", "created"), 3) << r.out;
+  EXPECT_GE(number(r, "peak", "peak"), 640 * kMi) << r.out;
+  EXPECT_LE(number(r, "peak", "peak"), 768 * kMi) << r.out;
 }
 
 // The container's first context has no size to reserve: measured after
@@ -100,10 +93,10 @@ TEST(ContextAdmission, FirstContextOverTheAllowanceWaitsUnderWait) {
                          {"GPUSLICE_OVERSUBSCRIBE", "wait"},
                          {"GPUSLICE_OVERSUBSCRIBE_WAIT", "400ms"}});
   env.erase("FAKECUDA_CHAOS_SEED");
-  Result r = run({bin("gpuslice-probe"), "context", "tries", "1"}, env, 60000);
+  Result r = context.with_env(env, {"tries", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "tries", "refused"), 1) << r.out;
-  EXPECT_GE(num(r, "tries", "elapsed_ms"), 350) << r.out;
+  EXPECT_EQ(number(r, "tries", "refused"), 1) << r.out;
+  EXPECT_GE(number(r, "tries", "elapsed_ms"), 350) << r.out;
 }
 
 // A context destroyed while another thread allocates: the destroy releases
@@ -124,10 +117,10 @@ TEST(ContextDestroy, AnAllocationAtAReusedAddressKeepsItsCount) {
                               {"FAKECUDA_CHAOS_YIELD_PCT", "0"},
                               {"FAKECUDA_CHAOS_SLEEP_PCT", "100"},
                               {"FAKECUDA_CHAOS_SLEEP_US", "20000"}});
-  Result r = run({bin("gpuslice-probe"), "context", "destroy-vs-realloc", "60"}, env, 60000);
+  Result r = context.with_env(env, {"destroy-vs-realloc", "60"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_GE(num(r, "destroy-vs-realloc", "reused"), 30) << r.out;  // the interleaving was reached
-  EXPECT_EQ(num(r, "destroy-vs-realloc", "shorts"), 0) << r.out;
+  EXPECT_GE(number(r, "destroy-vs-realloc", "reused"), 30) << r.out;  // the interleaving was reached
+  EXPECT_EQ(number(r, "destroy-vs-realloc", "shorts"), 0) << r.out;
 }
 
 }  // namespace

@@ -15,17 +15,7 @@ namespace {
 
 constexpr long long kMi = 1ll << 20;
 
-Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
-  args.insert(args.begin(), {bin("gpuslice-probe"), "implicit"});
-  return run(args, merge(box.env(), extra), 150000);
-}
-
-long long num(const Result& r, const std::string& op, const std::string& key) {
-  auto lines = lines_with(r.out, op + " ");
-  if (lines.empty()) return -1;
-  const std::string v = field(lines.front(), key);
-  return v.empty() ? -1 : std::stoll(v);
-}
+const Probe probe{{"gpuslice-probe", "implicit"}, 150000};
 
 const Env kDevice = {{"GPUSLICE_MEMORY_LIMIT", "2Gi"},
                      {"FAKECUDA_MEMORY", "16Gi"},
@@ -48,10 +38,10 @@ TEST_P(MeasuredWhileReleasing, IsNeverCountedShort) {
   Sandbox box;
   Result r = probe(box, kDevice, {"measure-vs-release", GetParam().measured, GetParam().kind, "300"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "measure-vs-release", "rounds"), 300) << r.out;
-  EXPECT_EQ(num(r, "measure-vs-release", "refused"), 0) << r.out;
-  EXPECT_EQ(num(r, "measure-vs-release", "shorts"), 0) << r.out;
-  EXPECT_EQ(num(r, "measure-vs-release", "mismatches"), 0) << r.out;
+  EXPECT_EQ(number(r, "measure-vs-release", "rounds"), 300) << r.out;
+  EXPECT_EQ(number(r, "measure-vs-release", "refused"), 0) << r.out;
+  EXPECT_EQ(number(r, "measure-vs-release", "shorts"), 0) << r.out;
+  EXPECT_EQ(number(r, "measure-vs-release", "mismatches"), 0) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Releases, MeasuredWhileReleasing,
@@ -86,9 +76,9 @@ TEST_P(ArrayReclaim, DuringAMeasurementIsNeverCountedShort) {
   env["FAKECUDA_CHAOS_SLEEP_US"] = "5000";
   Result r = probe(box, env, {"measure-vs-release", GetParam().first, "array-reclaim", "200"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "measure-vs-release", "rounds"), 200) << r.out;
-  EXPECT_EQ(num(r, "measure-vs-release", "refused"), 0) << r.out;
-  EXPECT_EQ(num(r, "measure-vs-release", "shorts"), 0) << r.out;
+  EXPECT_EQ(number(r, "measure-vs-release", "rounds"), 200) << r.out;
+  EXPECT_EQ(number(r, "measure-vs-release", "refused"), 0) << r.out;
+  EXPECT_EQ(number(r, "measure-vs-release", "shorts"), 0) << r.out;
 }
 INSTANTIATE_TEST_SUITE_P(Measured, ArrayReclaim,
                          ::testing::Values(std::make_pair("module", "module_load"),
@@ -106,22 +96,22 @@ TEST_P(LazyLibrary, PlacementIsCounted) {
   Sandbox box;
   Result r = probe(box, kDevice, {"lazy-library", "512", GetParam()});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "lazy-library", "rc"), 0) << r.out;
-  EXPECT_EQ(num(r, "lazy-library", "again_rc"), 0) << r.out;
-  EXPECT_GE(num(r, "lazy-library", "placed_held") - num(r, "lazy-library", "loaded_held"), 512 * kMi) << r.out;
-  EXPECT_EQ(num(r, "lazy-library", "placed"), num(r, "lazy-library", "placed_held")) << r.out;
-  EXPECT_EQ(num(r, "lazy-library", "again"), num(r, "lazy-library", "again_held")) << r.out;
-  EXPECT_EQ(num(r, "lazy-library", "unloaded"), num(r, "lazy-library", "unloaded_held")) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "rc"), 0) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "again_rc"), 0) << r.out;
+  EXPECT_GE(number(r, "lazy-library", "placed_held") - number(r, "lazy-library", "loaded_held"), 512 * kMi) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "placed"), number(r, "lazy-library", "placed_held")) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "again"), number(r, "lazy-library", "again_held")) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "unloaded"), number(r, "lazy-library", "unloaded_held")) << r.out;
 }
 
 TEST_P(LazyLibrary, PlacementBeyondTheQuotaIsRefused) {
   Sandbox box;
   Result r = probe(box, kDevice, {"lazy-library", "3072", GetParam()});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "lazy-library", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
-  EXPECT_LE(num(r, "lazy-library", "placed_held"), 2048 * kMi) << r.out;
-  EXPECT_EQ(num(r, "lazy-library", "placed"), num(r, "lazy-library", "placed_held")) << r.out;
-  EXPECT_EQ(num(r, "lazy-library", "unloaded"), num(r, "lazy-library", "unloaded_held")) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
+  EXPECT_LE(number(r, "lazy-library", "placed_held"), 2048 * kMi) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "placed"), number(r, "lazy-library", "placed_held")) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "unloaded"), number(r, "lazy-library", "unloaded_held")) << r.out;
 }
 
 // A placement is resident device memory: with a 1 GiB device-resident
@@ -136,9 +126,9 @@ TEST_P(LazyLibrary, PlacementBeyondTheResidentAllowanceIsRefused) {
   env["GPUSLICE_OVERSUBSCRIBE"] = "fail";
   Result r = probe(box, env, {"lazy-library", "1024", GetParam()});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "lazy-library", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
-  EXPECT_LE(num(r, "lazy-library", "placed_held"), 1024 * kMi) << r.out;
-  EXPECT_EQ(num(r, "lazy-library", "placed"), num(r, "lazy-library", "placed_held")) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
+  EXPECT_LE(number(r, "lazy-library", "placed_held"), 1024 * kMi) << r.out;
+  EXPECT_EQ(number(r, "lazy-library", "placed"), number(r, "lazy-library", "placed_held")) << r.out;
 }
 
 // "launch*": the first use is a launch of a kernel resolved with no context
@@ -171,9 +161,9 @@ TEST_P(ModuleOverAllowance, IsRefused) {
   env["GPUSLICE_OVERSUBSCRIBE_WAIT"] = "200ms";
   Result r = probe(box, env, {"module-load", "1024"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "module-load", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
-  EXPECT_LE(num(r, "module-load", "held"), 1024 * kMi) << r.out;
-  EXPECT_EQ(num(r, "module-load", "counted"), num(r, "module-load", "held")) << r.out;
+  EXPECT_EQ(number(r, "module-load", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
+  EXPECT_LE(number(r, "module-load", "held"), 1024 * kMi) << r.out;
+  EXPECT_EQ(number(r, "module-load", "counted"), number(r, "module-load", "held")) << r.out;
 }
 INSTANTIATE_TEST_SUITE_P(Policies, ModuleOverAllowance, ::testing::Values("fail", "spill", "wait"));
 
@@ -198,12 +188,12 @@ TEST(LazyLibraryHandleReuse, PlacementIsCountedWhenTheHandleComesBack) {
   env["FAKECUDA_CHAOS_SLEEP_US"] = "20000";
   Result r = probe(box, env, {"unload-vs-reuse", "20"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "unload-vs-reuse", "rounds"), 20) << r.out;
+  EXPECT_EQ(number(r, "unload-vs-reuse", "rounds"), 20) << r.out;
   // The handle came back every round. (Before the fix the load landed inside
   // A's cuLibraryUnload in every round: hits=20; a load with no context now
   // waits for the unload in flight, under the measurement gate, so hits is 0.)
-  EXPECT_GE(num(r, "unload-vs-reuse", "reused"), 15) << r.out;
-  EXPECT_EQ(num(r, "unload-vs-reuse", "shorts"), 0) << r.out;
+  EXPECT_GE(number(r, "unload-vs-reuse", "reused"), 15) << r.out;
+  EXPECT_EQ(number(r, "unload-vs-reuse", "shorts"), 0) << r.out;
 }
 
 // Two threads unload the same library at once: the driver refuses one
@@ -223,10 +213,10 @@ TEST(LazyLibraryHandleReuse, RefusedUnloadOfAnUnloadedLibraryKeepsNothing) {
   env["FAKECUDA_CHAOS_SLEEP_US"] = "5000";
   Result r = probe(box, env, {"double-unload", "30"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "double-unload", "rounds"), 30) << r.out;
-  EXPECT_EQ(num(r, "double-unload", "refused"), 30) << r.out;  // exactly one of the two, every round
-  EXPECT_GE(num(r, "double-unload", "reused"), 20) << r.out;
-  EXPECT_EQ(num(r, "double-unload", "shorts"), 0) << r.out;
+  EXPECT_EQ(number(r, "double-unload", "rounds"), 30) << r.out;
+  EXPECT_EQ(number(r, "double-unload", "refused"), 30) << r.out;  // exactly one of the two, every round
+  EXPECT_GE(number(r, "double-unload", "reused"), 20) << r.out;
+  EXPECT_EQ(number(r, "double-unload", "shorts"), 0) << r.out;
 }
 
 // The main thread's current (primary) context is reset by another thread
@@ -247,8 +237,8 @@ TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
   env["FAKECUDA_CHAOS_SLEEP_US"] = "10000";
   Result r = probe(box, env, {"reset-vs-place", "30"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "reset-vs-place", "rounds"), 30) << r.out;
-  EXPECT_EQ(num(r, "reset-vs-place", "shorts"), 0) << r.out;
+  EXPECT_EQ(number(r, "reset-vs-place", "rounds"), 30) << r.out;
+  EXPECT_EQ(number(r, "reset-vs-place", "shorts"), 0) << r.out;
 }
 
 // A measurement whose gate times out: another thread's synchronisation waits
@@ -273,10 +263,10 @@ TEST_P(MeasureGate, ATimedOutMeasurementIsNeverCountedShort) {
   if (std::string(GetParam()) == "keep") args.push_back("keep");
   Result r = run(args, merge(box.env(), env), 60000);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "stuck-release", "rc"), 0) << r.out;
-  EXPECT_GE(num(r, "stuck-release", "held") - num(r, "stuck-release", "unloaded_held"), 32 * kMi) << r.out;
-  EXPECT_GE(num(r, "stuck-release", "counted"), num(r, "stuck-release", "held")) << r.out;
-  EXPECT_EQ(num(r, "stuck-release", "unloaded"), num(r, "stuck-release", "unloaded_held")) << r.out;
+  EXPECT_EQ(number(r, "stuck-release", "rc"), 0) << r.out;
+  EXPECT_GE(number(r, "stuck-release", "held") - number(r, "stuck-release", "unloaded_held"), 32 * kMi) << r.out;
+  EXPECT_GE(number(r, "stuck-release", "counted"), number(r, "stuck-release", "held")) << r.out;
+  EXPECT_EQ(number(r, "stuck-release", "unloaded"), number(r, "stuck-release", "unloaded_held")) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, MeasureGate, ::testing::Values("alone", "keep"),
@@ -286,21 +276,21 @@ TEST(ResourceLimit, MallocHeapIsCountedUntilTheContextGoes) {
   Sandbox box;
   Result r = probe(box, kDevice, {"set-limit", "1024"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "set-limit", "rc"), 0) << r.out;
-  EXPECT_EQ(num(r, "set-limit", "limit"), 1024 * kMi) << r.out;
-  EXPECT_GE(num(r, "set-limit", "set_held") - num(r, "set-limit", "before_held"), 1000 * kMi) << r.out;
-  EXPECT_EQ(num(r, "set-limit", "set"), num(r, "set-limit", "set_held")) << r.out;
-  EXPECT_EQ(num(r, "set-limit", "destroyed"), num(r, "set-limit", "destroyed_held")) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "rc"), 0) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "limit"), 1024 * kMi) << r.out;
+  EXPECT_GE(number(r, "set-limit", "set_held") - number(r, "set-limit", "before_held"), 1000 * kMi) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "set"), number(r, "set-limit", "set_held")) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "destroyed"), number(r, "set-limit", "destroyed_held")) << r.out;
 }
 
 TEST(ResourceLimit, MallocHeapBeyondTheQuotaIsRefused) {
   Sandbox box;
   Result r = probe(box, kDevice, {"set-limit", "3072"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "set-limit", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
-  EXPECT_EQ(num(r, "set-limit", "limit"), 8 * kMi) << r.out;  // the default, kept
-  EXPECT_LE(num(r, "set-limit", "set_held"), 2048 * kMi) << r.out;
-  EXPECT_EQ(num(r, "set-limit", "set"), num(r, "set-limit", "set_held")) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "limit"), 8 * kMi) << r.out;  // the default, kept
+  EXPECT_LE(number(r, "set-limit", "set_held"), 2048 * kMi) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "set"), number(r, "set-limit", "set_held")) << r.out;
 }
 
 }  // namespace

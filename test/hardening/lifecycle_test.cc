@@ -24,15 +24,6 @@ constexpr unsigned long long kMi = 1ull << 20;
 
 std::string lib(const std::string& name) { return std::string(GPUSLICE_HARDENING_DIR) + "/lib" + name + ".so"; }
 
-std::string value(const Result& r, const std::string& op, const std::string& key) {
-  auto lines = lines_with(r.out, op + " ");
-  for (const auto& l : lines) {
-    std::string v = field(l, key);
-    if (!v.empty()) return v;
-  }
-  return "";
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -14,23 +14,7 @@ namespace {
 
 constexpr unsigned long long kMi = 1ull << 20;
 
-Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
-  args.insert(args.begin(), {bin("gpuslice-probe"), "memory"});
-  return run(args, merge(box.env(), extra), 120000);
-}
-
-int field_int(const Result& r, const std::string& op, const std::string& key) {
-  auto lines = lines_with(r.out, op + " ");
-  if (lines.empty()) return -1;
-  const std::string v = field(lines.front(), key);
-  return v.empty() ? -1 : std::stoi(v);
-}
-unsigned long long field_u64(const Result& r, const std::string& op, const std::string& key) {
-  auto lines = lines_with(r.out, op + " ");
-  if (lines.empty()) return ~0ull;
-  const std::string v = field(lines.front(), key);
-  return v.empty() ? ~0ull : std::stoull(v);
-}
+const Probe probe{{"gpuslice-probe", "memory"}, 120000};
 
 const Env kQuota1Gi{{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "16Gi"}};
 
@@ -40,9 +24,9 @@ TEST(MemoryBypass, VmmRetainedHandleReleasedTwiceStaysCounted) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"vmm-retain", "512", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "vmm-retain", "succeeded"), 2) << r.out;
-  EXPECT_EQ(field_int(r, "vmm-retain", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
-  EXPECT_EQ(field_u64(r, "vmm-retain", "counted"), 1024 * kMi) << r.out;
+  EXPECT_EQ(number(r, "vmm-retain", "succeeded"), 2) << r.out;
+  EXPECT_EQ(number(r, "vmm-retain", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(unsigned_number(r, "vmm-retain", "counted"), 1024 * kMi) << r.out;
 }
 
 // An import of this process's own export is another reference to the same memory.
@@ -52,8 +36,8 @@ TEST(MemoryBypass, VmmReimportedHandleKeepsMemoryCounted) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   if (!lines_with(r.out, "vmm-import unsupported").empty())
     GTEST_SKIP() << "the simulated driver does not export/import shareable handles: " << r.out;
-  EXPECT_EQ(field_int(r, "vmm-import", "succeeded"), 2) << r.out;
-  EXPECT_EQ(field_u64(r, "vmm-import", "counted"), 1024 * kMi) << r.out;
+  EXPECT_EQ(number(r, "vmm-import", "succeeded"), 2) << r.out;
+  EXPECT_EQ(unsigned_number(r, "vmm-import", "counted"), 1024 * kMi) << r.out;
 }
 
 // cuMemPoolDestroy with an allocation outstanding: the driver frees the pool
@@ -62,9 +46,9 @@ TEST(MemoryBypass, DestroyedPoolStaysCountedUntilItsLastAllocationIsFreed) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"pool-destroy-live", "900", "6"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "pool-destroy-live", "succeeded"), 1) << r.out;
-  EXPECT_EQ(field_int(r, "pool-destroy-live", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
-  EXPECT_EQ(field_int(r, "after-free", "rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "pool-destroy-live", "succeeded"), 1) << r.out;
+  EXPECT_EQ(number(r, "pool-destroy-live", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(number(r, "after-free", "rc"), CUDA_SUCCESS) << r.out;
 }
 
 // The same, the last allocation freed with the synchronous cuMemFree: its
@@ -74,9 +58,9 @@ TEST(MemoryBypass, DestroyedPoolIsReleasedByASynchronousFreeOfItsLastAllocation)
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"pool-destroy-live-sync", "900", "6"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "pool-destroy-live", "succeeded"), 1) << r.out;
-  EXPECT_EQ(field_int(r, "pool-destroy-live", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
-  EXPECT_EQ(field_int(r, "after-free", "rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "pool-destroy-live", "succeeded"), 1) << r.out;
+  EXPECT_EQ(number(r, "pool-destroy-live", "last_rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(number(r, "after-free", "rc"), CUDA_SUCCESS) << r.out;
 }
 
 // A stream-ordered allocation's device is the stream's (or the pool's), not
@@ -87,8 +71,8 @@ TEST(MemoryBypass, AllocAsyncOnAnotherDevicesStreamIsChargedThere) {
       probe(box, {{"GPUSLICE_MEMORY_LIMIT", "0=8Gi,1=1Gi"}, {"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_MEMORY", "16Gi"}},
             {"pool-other-device", "900", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "pool-other-device", "succeeded"), 1) << r.out;
-  EXPECT_LT(field_u64(r, "pool-other-device", "device1_used"), 1024 * kMi) << r.out;
+  EXPECT_EQ(number(r, "pool-other-device", "succeeded"), 1) << r.out;
+  EXPECT_LT(unsigned_number(r, "pool-other-device", "device1_used"), 1024 * kMi) << r.out;
 }
 
 TEST(MemoryBypass, AllocFromAnotherDevicesPoolIsChargedToThatDevice) {
@@ -97,8 +81,8 @@ TEST(MemoryBypass, AllocFromAnotherDevicesPoolIsChargedToThatDevice) {
       probe(box, {{"GPUSLICE_MEMORY_LIMIT", "0=8Gi,1=1Gi"}, {"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_MEMORY", "16Gi"}},
             {"pool-foreign-pool", "900", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "pool-foreign-pool", "succeeded"), 1) << r.out;
-  EXPECT_LT(field_u64(r, "pool-foreign-pool", "device1_used"), 1024 * kMi) << r.out;
+  EXPECT_EQ(number(r, "pool-foreign-pool", "succeeded"), 1) << r.out;
+  EXPECT_LT(unsigned_number(r, "pool-foreign-pool", "device1_used"), 1024 * kMi) << r.out;
 }
 
 // A failed cuMemAllocFromPoolAsync returns the driver's error and leaves the count as it was.
@@ -106,9 +90,9 @@ TEST(MemoryRefused, FailedAllocFromPoolLeavesTheCountUnchanged) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"pool-failed", "900"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_NE(field_int(r, "pool-failed", "null_rc"), CUDA_SUCCESS) << r.out;
-  EXPECT_NE(field_int(r, "pool-failed", "destroyed_rc"), CUDA_SUCCESS) << r.out;
-  EXPECT_EQ(field_u64(r, "pool-failed", "after"), field_u64(r, "pool-failed", "before")) << r.out;
+  EXPECT_NE(number(r, "pool-failed", "null_rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_NE(number(r, "pool-failed", "destroyed_rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(unsigned_number(r, "pool-failed", "after"), unsigned_number(r, "pool-failed", "before")) << r.out;
 }
 
 // Host-located pool and VMM memory is not on the device: never charged.
@@ -116,9 +100,9 @@ TEST(MemoryRefused, HostLocatedPoolAndVmmMemoryIsNotCharged) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"host-located", "600", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "host-located", "pool_ok"), 3) << r.out;
-  EXPECT_EQ(field_int(r, "host-located", "vmm_ok"), 3) << r.out;
-  EXPECT_EQ(field_u64(r, "host-located", "counted"), 0u) << r.out;
+  EXPECT_EQ(number(r, "host-located", "pool_ok"), 3) << r.out;
+  EXPECT_EQ(number(r, "host-located", "vmm_ok"), 3) << r.out;
+  EXPECT_EQ(unsigned_number(r, "host-located", "counted"), 0u) << r.out;
 }
 
 // Module and library memory (realistic profile: globals + code held on the
@@ -129,16 +113,17 @@ TEST(MemoryBypass, ModuleMemoryIsCountedWhileLoaded) {
       probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "16Gi"}, {"FAKECUDA_MODULE_MEMORY", "1"}},
             {"module-memory", "600"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "module", "rc1"), CUDA_SUCCESS) << r.out;
-  EXPECT_EQ(field_int(r, "module", "rc2"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
-  EXPECT_EQ(field_int(r, "module", "rc3"), CUDA_SUCCESS) << r.out;
-  const auto before = field_u64(r, "module", "before");
-  EXPECT_GE(field_u64(r, "module", "loaded") - before, 600 * kMi) << r.out;
-  EXPECT_EQ(field_u64(r, "module", "second"), field_u64(r, "module", "loaded")) << r.out;
-  EXPECT_EQ(field_u64(r, "module", "unloaded"), before) << r.out;
-  EXPECT_GE(field_u64(r, "module", "library") - before, 600 * kMi) << r.out;
-  EXPECT_EQ(field_u64(r, "module", "after"), before) << r.out;
-  EXPECT_EQ(field_u64(r, "module", "after"), field_u64(r, "module", "held")) << r.out;  // exact: counted == held
+  EXPECT_EQ(number(r, "module", "rc1"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "module", "rc2"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(number(r, "module", "rc3"), CUDA_SUCCESS) << r.out;
+  const auto before = unsigned_number(r, "module", "before");
+  EXPECT_GE(unsigned_number(r, "module", "loaded") - before, 600 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "module", "second"), unsigned_number(r, "module", "loaded")) << r.out;
+  EXPECT_EQ(unsigned_number(r, "module", "unloaded"), before) << r.out;
+  EXPECT_GE(unsigned_number(r, "module", "library") - before, 600 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "module", "after"), before) << r.out;
+  EXPECT_EQ(unsigned_number(r, "module", "after"), unsigned_number(r, "module", "held"))
+      << r.out;  // exact: counted == held
 }
 
 // Memory the driver frees implicitly is released with it.
@@ -146,28 +131,28 @@ TEST(MemoryRefused, FreeAsyncOfCuMemAllocMemoryReleasesIt) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"free-async-linear", "900", "4"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "free-async-linear", "succeeded"), 4) << r.out;
+  EXPECT_EQ(number(r, "free-async-linear", "succeeded"), 4) << r.out;
 }
 
 TEST(MemoryRefused, DestroyedContextReleasesWhatItOwned) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"ctx-destroy-live", "700", "4"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "ctx-destroy-live", "succeeded"), 4) << r.out;
+  EXPECT_EQ(number(r, "ctx-destroy-live", "succeeded"), 4) << r.out;
 }
 
 TEST(MemoryRefused, DestroyedContextReleasesItsArrays) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"ctx-destroy-live-array", "700", "4"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "ctx-destroy-live-array", "succeeded"), 4) << r.out;
+  EXPECT_EQ(number(r, "ctx-destroy-live-array", "succeeded"), 4) << r.out;
 }
 
 TEST(MemoryRefused, PrimaryContextResetReleasesWhatItOwned) {
   Sandbox box;
   Result r = probe(box, kQuota1Gi, {"primary-reset-live", "700", "4"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "primary-reset-live", "succeeded"), 4) << r.out;
+  EXPECT_EQ(number(r, "primary-reset-live", "succeeded"), 4) << r.out;
 }
 
 // Context memory measured while another thread allocates and frees: what
@@ -178,8 +163,8 @@ TEST(MemoryBypass, ContextMemoryIsExactWhileAnotherThreadAllocates) {
       probe(box, {{"GPUSLICE_MEMORY_LIMIT", "12Gi"}, {"FAKECUDA_MEMORY", "16Gi"}, {"FAKECUDA_CONTEXT_MEMORY", "256Mi"}},
             {"ctx-race", "300"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(field_int(r, "ctx-race", "tries"), 300) << r.out;
-  EXPECT_EQ(field_int(r, "ctx-race", "mismatches"), 0) << r.out;
+  EXPECT_EQ(number(r, "ctx-race", "tries"), 300) << r.out;
+  EXPECT_EQ(number(r, "ctx-race", "mismatches"), 0) << r.out;
 }
 
 }  // namespace

@@ -16,17 +16,7 @@ namespace {
 
 constexpr unsigned long long kMi = 1ull << 20;
 
-Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
-  args.insert(args.begin(), {bin("gpuslice-probe"), "pool"});
-  return run(args, merge(box.env(), extra), 120000);
-}
-
-unsigned long long num(const Result& r, const std::string& op, const std::string& key) {
-  auto lines = lines_with(r.out, op + " ");
-  if (lines.empty()) return ~0ull;
-  const std::string v = field(lines.front(), key);
-  return v.empty() ? ~0ull : std::stoull(v);
-}
+const Probe probe{{"gpuslice-probe", "pool"}, 120000};
 
 // A pool allocation freed without a synchronisation keeps its memory in the
 // pool (counted: the device holds it). An allocation that needs that memory
@@ -36,11 +26,11 @@ TEST(PoolAccounting, CachedPoolMemoryIsTrimmedBeforeARefusal) {
   Sandbox box;
   Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "16Mi"}}, {"reclaim", "12", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "reclaim", "cached"), 12 * kMi) << r.out;
-  EXPECT_EQ(num(r, "reclaim", "cached_held"), 12 * kMi) << r.out;
-  EXPECT_EQ(num(r, "reclaim", "alloc_rc"), 0u) << r.out;
-  EXPECT_EQ(num(r, "reclaim", "counted"), 8 * kMi) << r.out;
-  EXPECT_EQ(num(r, "reclaim", "held"), 8 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "reclaim", "cached"), 12 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "reclaim", "cached_held"), 12 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "reclaim", "alloc_rc"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "reclaim", "counted"), 8 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "reclaim", "held"), 8 * kMi) << r.out;
 }
 
 // With a release threshold the pool keeps freed memory across a sync: it
@@ -49,10 +39,10 @@ TEST(PoolAccounting, ReserveKeptByTheReleaseThresholdStaysCountedUntilTrimmed) {
   Sandbox box;
   Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}}, {"threshold", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "threshold", "synced"), 8 * kMi) << r.out;
-  EXPECT_EQ(num(r, "threshold", "synced_held"), 8 * kMi) << r.out;
-  EXPECT_EQ(num(r, "threshold", "trimmed"), 0u) << r.out;
-  EXPECT_EQ(num(r, "threshold", "trimmed_held"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threshold", "synced"), 8 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threshold", "synced_held"), 8 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threshold", "trimmed"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threshold", "trimmed_held"), 0u) << r.out;
 }
 
 // The library caches each device's current pool; cuDeviceSetMemPool changes
@@ -61,8 +51,8 @@ TEST(PoolAccounting, AllocAsyncAfterSetMemPoolCountsTheNewCurrentPool) {
   Sandbox box;
   Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}}, {"set-mempool", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "set-mempool", "held"), 8 * kMi) << r.out;
-  EXPECT_EQ(num(r, "set-mempool", "counted"), 8 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "set-mempool", "held"), 8 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "set-mempool", "counted"), 8 * kMi) << r.out;
 }
 
 // Within the quota but beyond the device: the driver's error, count unchanged.
@@ -70,10 +60,10 @@ TEST(PoolAccounting, DriverRefusalLeavesTheCountUnchanged) {
   Sandbox box;
   Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "64Mi"}}, {"driver-oom", "48", "32"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "driver-oom", "rc"), static_cast<unsigned long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
-  EXPECT_EQ(num(r, "driver-oom", "before"), 48 * kMi) << r.out;
-  EXPECT_EQ(num(r, "driver-oom", "after"), 48 * kMi) << r.out;
-  EXPECT_EQ(num(r, "driver-oom", "held"), 48 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "driver-oom", "rc"), static_cast<unsigned long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
+  EXPECT_EQ(unsigned_number(r, "driver-oom", "before"), 48 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "driver-oom", "after"), 48 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "driver-oom", "held"), 48 * kMi) << r.out;
 }
 
 // 8 threads on two devices allocating, freeing and synchronising at once:
@@ -82,15 +72,15 @@ TEST(PoolAccounting, ConcurrentAllocAndFreeOnTwoDevicesIsExact) {
   Sandbox box;
   Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "4Gi"}, {"FAKECUDA_DEVICES", "2"}}, {"threads", "3000"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "threads live", "failures"), 0u) << r.out;
-  EXPECT_GT(num(r, "threads live", "held0"), 0u) << r.out;
-  EXPECT_GT(num(r, "threads live", "held1"), 0u) << r.out;
-  EXPECT_EQ(num(r, "threads live", "counted0"), num(r, "threads live", "held0")) << r.out;
-  EXPECT_EQ(num(r, "threads live", "counted1"), num(r, "threads live", "held1")) << r.out;
-  EXPECT_EQ(num(r, "threads freed", "counted0"), 0u) << r.out;
-  EXPECT_EQ(num(r, "threads freed", "held0"), 0u) << r.out;
-  EXPECT_EQ(num(r, "threads freed", "counted1"), 0u) << r.out;
-  EXPECT_EQ(num(r, "threads freed", "held1"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threads live", "failures"), 0u) << r.out;
+  EXPECT_GT(unsigned_number(r, "threads live", "held0"), 0u) << r.out;
+  EXPECT_GT(unsigned_number(r, "threads live", "held1"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threads live", "counted0"), unsigned_number(r, "threads live", "held0")) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threads live", "counted1"), unsigned_number(r, "threads live", "held1")) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threads freed", "counted0"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threads freed", "held0"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threads freed", "counted1"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "threads freed", "held1"), 0u) << r.out;
 }
 
 // An allocation above the quota, racing a synchronisation that reconciles
@@ -104,8 +94,8 @@ TEST(PoolAccounting, OversizeAllocationRacingAReconciliationIsAlwaysRefused) {
   Sandbox box;
   Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}}, {"oversize", "200000", "2048"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "oversize", "admitted"), 0u) << r.out;
-  EXPECT_GE(num(r, "oversize", "counted"), num(r, "oversize", "held")) << r.out;
+  EXPECT_EQ(unsigned_number(r, "oversize", "admitted"), 0u) << r.out;
+  EXPECT_GE(unsigned_number(r, "oversize", "counted"), unsigned_number(r, "oversize", "held")) << r.out;
 }
 
 }  // namespace

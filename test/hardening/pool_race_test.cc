@@ -14,17 +14,7 @@ namespace {
 
 constexpr long long kMi = 1ll << 20;
 
-Result probe(const Sandbox& box, const Env& extra, std::vector<std::string> args) {
-  args.insert(args.begin(), {bin("gpuslice-probe"), "pool-race"});
-  return run(args, merge(box.env(), extra), 60000);
-}
-
-long long num(const Result& r, const std::string& op, const std::string& key) {
-  auto lines = lines_with(r.out, op + " ");
-  if (lines.empty()) return -1;
-  const std::string v = field(lines.front(), key);
-  return v.empty() ? -1 : std::stoll(v);
-}
+const Probe probe{{"gpuslice-probe", "pool-race"}, 60000};
 
 // A reconciliation read the reserve, then `outstanding`; a fast-path
 // allocation and its free between the two grew the reserve the first read
@@ -36,9 +26,9 @@ TEST(PoolRace, ReconciliationRacedByAnAllocationAndFreeNeverCountsBelowTheDevice
   Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_POOL_QUERY_DELAY_US", "300000"}},
                    {"reconcile-order", "64"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "reconcile-order", "rc"), 0) << r.out;
-  EXPECT_EQ(num(r, "reconcile-order", "held"), 64 * kMi) << r.out;
-  EXPECT_GE(num(r, "reconcile-order", "counted"), num(r, "reconcile-order", "held")) << r.out;
+  EXPECT_EQ(number(r, "reconcile-order", "rc"), 0) << r.out;
+  EXPECT_EQ(number(r, "reconcile-order", "held"), 64 * kMi) << r.out;
+  EXPECT_GE(number(r, "reconcile-order", "counted"), number(r, "reconcile-order", "held")) << r.out;
 }
 
 // cuDeviceSetMemPool between cuMemAllocAsync's look at the cached current
@@ -51,9 +41,9 @@ TEST(PoolRace, SetMemPoolDuringAnAllocationNeverLeavesTheDeviceAboveTheQuota) {
   Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "512Mi"}, {"FAKECUDA_ALLOC_ASYNC_DELAY_US", "300000"}},
                    {"set-mempool", "256"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_LE(num(r, "set-mempool", "held"), 512 * kMi) << r.out;
-  EXPECT_GE(num(r, "set-mempool", "counted"), num(r, "set-mempool", "held")) << r.out;
-  EXPECT_EQ(num(r, "set-mempool", "rc1"), 0) << r.out;
+  EXPECT_LE(number(r, "set-mempool", "held"), 512 * kMi) << r.out;
+  EXPECT_GE(number(r, "set-mempool", "counted"), number(r, "set-mempool", "held")) << r.out;
+  EXPECT_EQ(number(r, "set-mempool", "rc1"), 0) << r.out;
 }
 
 // A pool growth waiting for the resident allowance held the pool's mutex;
@@ -70,8 +60,8 @@ TEST(PoolRace, PoolGrowthWaitingForTheAllowanceSeesTheSamePoolsFrees) {
                     {"GPUSLICE_OVERSUBSCRIBE_WAIT", "3s"}},
                    {"allowance-wait", "48", "32"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(num(r, "allowance-wait", "rc"), 0) << r.out;
-  EXPECT_LT(num(r, "allowance-wait", "waited_ms"), 2500) << r.out;
+  EXPECT_EQ(number(r, "allowance-wait", "rc"), 0) << r.out;
+  EXPECT_LT(number(r, "allowance-wait", "waited_ms"), 2500) << r.out;
 }
 
 }  // namespace

@@ -200,6 +200,43 @@ std::string field(const std::string& line, const std::string& key) {
   return "";
 }
 
+Result Probe::operator()(const Sandbox& box, const Env& extra, const std::vector<std::string>& args) const {
+  return with_env(merge(box.env(), extra), args);
+}
+
+Result Probe::with_env(const Env& env, const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = command;
+  argv.front() = bin(argv.front());
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, env, timeout_ms);
+}
+
+std::vector<std::string> values(const Result& r, const std::string& op, const std::string& key) {
+  std::vector<std::string> out;
+  for (const std::string& line : lines_with(r.out, op + " ")) {
+    // field() reads "" for a key without a value too: look for the key itself.
+    if (line.find(" " + key + "=") == std::string::npos) continue;
+    out.push_back(field(line, key));
+  }
+  return out;
+}
+
+std::string value(const Result& r, const std::string& op, const std::string& key, std::size_t nth) {
+  const std::vector<std::string> all = values(r, op, key);
+  return nth < all.size() ? all[nth] : "";
+}
+
+long long number(const Result& r, const std::string& op, const std::string& key, long long absent) {
+  const std::string v = value(r, op, key);
+  return v.empty() ? absent : std::stoll(v);
+}
+
+unsigned long long unsigned_number(const Result& r, const std::string& op, const std::string& key,
+                                   unsigned long long absent) {
+  const std::string v = value(r, op, key);
+  return v.empty() ? absent : std::stoull(v);
+}
+
 bool await_file(const std::string& path, int timeout_ms) {
   for (int i = 0; i < timeout_ms / 2 && access(path.c_str(), F_OK) != 0; ++i) usleep(2000);
   return access(path.c_str(), F_OK) == 0;

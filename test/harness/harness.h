@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -61,6 +62,33 @@ Env merge(Env base, const Env& extra);
 std::vector<std::string> lines_with(const std::string& text, const std::string& prefix);
 // Value of "key=<value>" inside a line, or "" if absent.
 std::string field(const std::string& line, const std::string& key);
+
+// --- Probe programs: running one, reading what it printed ---
+//
+// A probe (gpuslice-probe, cuprobe, lifecycle_probe, ...) prints one line per
+// step: "<op> key=value key=value ...". The one helper that runs a probe and
+// the one parser of what it printed, shared by every test folder.
+
+// A program of <build>/bin and the arguments every run of it starts with (the
+// family of gpuslice-probe, say), run under the preload library with a limit.
+struct Probe {
+  std::vector<std::string> command;  // {"gpuslice-probe", "pool"}: bin() of the first word
+  int timeout_ms = 60000;
+  // In `box` (box.env(), then `extra` over it), `args` after the command.
+  Result operator()(const Sandbox& box, const Env& extra, const std::vector<std::string>& args = {}) const;
+  // With `env` as the whole environment (a test that builds it itself).
+  Result with_env(const Env& env, const std::vector<std::string>& args) const;
+};
+
+// The value of `key` on the nth line of `op` (a line starting "<op> ") that
+// carries `key`, or "" if there is none.
+std::string value(const Result& r, const std::string& op, const std::string& key, std::size_t nth = 0);
+// The value of `key` on every line of `op` that carries it, in order.
+std::vector<std::string> values(const Result& r, const std::string& op, const std::string& key);
+// value() as a number; `absent` if there is none. Junk throws (the test fails).
+long long number(const Result& r, const std::string& op, const std::string& key, long long absent = -1);
+unsigned long long unsigned_number(const Result& r, const std::string& op, const std::string& key,
+                                   unsigned long long absent = ~0ull);
 
 // Waits up to timeout_ms for `path` to exist (a probe's "touch" step).
 bool await_file(const std::string& path, int timeout_ms);

@@ -25,25 +25,15 @@ inline const char* path_name(Path p) {
   return "?";
 }
 inline void PrintTo(Path p, std::ostream* os) { *os << path_name(p); }
-inline std::string probe_binary(Path p) {
-  return bin(p == Path::direct ? "cuprobe" : p == Path::per_thread ? "cuprobe_ptds" : "cuprobe_dl");
+inline std::string probe_program(Path p) {
+  return p == Path::direct ? "cuprobe" : p == Path::per_thread ? "cuprobe_ptds" : "cuprobe_dl";
 }
 inline Env path_env(Path p) { return p == Path::get_proc_address_ptsz ? Env{{"PROBE_PTSZ", "1"}} : Env{}; }
 
-inline Result probe(Path p, const Env& env, std::vector<std::string> ops, int timeout_ms = 60000) {
-  ops.insert(ops.begin(), probe_binary(p));
-  return run(ops, merge(env, path_env(p)), timeout_ms);
-}
-
-// The value of `key` on the first line starting with `op` (e.g. "fill", "bytes").
-inline std::string value(const Result& r, const std::string& op, const std::string& key) {
-  auto lines = lines_with(r.out, op + " ");
-  return lines.empty() ? "" : field(lines.front(), key);
-}
-inline std::vector<std::string> values(const Result& r, const std::string& op, const std::string& key) {
-  std::vector<std::string> out;
-  for (const auto& l : lines_with(r.out, op + " ")) out.push_back(field(l, key));
-  return out;
+// cuprobe reaching the driver by `p`; its output is read with value() and
+// values() (harness.h).
+inline Result probe(Path p, const Env& env, const std::vector<std::string>& ops, int timeout_ms = 60000) {
+  return Probe{{probe_program(p)}, timeout_ms}.with_env(merge(env, path_env(p)), ops);
 }
 
 // The simulated device's own count of what it holds, read with fakecuda-ctl.

@@ -25,12 +25,6 @@ constexpr unsigned long long kMi = 1ull << 20;
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
 
-std::vector<std::string> rcs(const Result& r, const std::string& op) {
-  std::vector<std::string> out;
-  for (const std::string& line : lines_with(r.out, op + " ")) out.push_back(field(line, "rc"));
-  return out;
-}
-
 template <class Pred>
 bool await_region(const std::string& path, Pred pred, int ms = 20000) {
   for (int i = 0; i < ms / 2; ++i) {
@@ -69,7 +63,7 @@ TEST(Allowance, ArraysAreRefusedBeyondItUnderFailAndSpill) {
     Sandbox box;
     Result r = run(sixteen_arrays(), allowance_env(box, policy, "64Mi"));
     ASSERT_EQ(r.exit_code, 0) << r.describe();
-    const std::vector<std::string> got = rcs(r, "array");
+    const std::vector<std::string> got = values(r, "array", "rc");
     ASSERT_EQ(got.size(), 16u) << r.describe();
     int ok = 0;
     for (const std::string& rc : got) ok += rc == "0";
@@ -89,7 +83,7 @@ TEST(Allowance, ArraysWaitForItUnderWait) {
   const auto t0 = std::chrono::steady_clock::now();
   Result r = run(argv, env);
   const auto took = std::chrono::steady_clock::now() - t0;
-  const std::vector<std::string> got = rcs(r, "array");
+  const std::vector<std::string> got = values(r, "array", "rc");
   ASSERT_EQ(got.size(), 5u) << r.describe();
   EXPECT_EQ(got[3], "0");
   EXPECT_EQ(got[4], "2") << r.describe();
@@ -118,7 +112,7 @@ TEST(Allowance, SpareLeaseOfAProcessWithoutTheOptionsIsNotResident) {
   }
   Env waiter = merge(allowance_env(box, "wait", "256Mi"), {{"GPUSLICE_OVERSUBSCRIBE_WAIT", "2s"}});
   Result r = run({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(224), "freeall"}, waiter);
-  EXPECT_EQ(rcs(r, "alloc"), std::vector<std::string>{"0"}) << r.describe();
+  EXPECT_EQ(values(r, "alloc", "rc"), std::vector<std::string>{"0"}) << r.describe();
   RegionView v(plain["GPUSLICE_REGION"]);
   EXPECT_EQ(v.dev().oversub_timeouts.load(), 0u);
   run({"/usr/bin/touch", box.path("release")}, {});
@@ -143,7 +137,7 @@ TEST(Allowance, ADeadHoldersMemoryIsReapedBeforeARefusal) {
   wait(holder, box.path("holder.out"));
   run({"/usr/bin/touch", box.path("go")}, {});
   Result r = wait(second, box.path("second.out"));
-  EXPECT_EQ(rcs(r, "alloc"), std::vector<std::string>{"0"}) << r.describe();
+  EXPECT_EQ(values(r, "alloc", "rc"), std::vector<std::string>{"0"}) << r.describe();
 }
 
 // The same under `wait`: the waiter reaps while it waits, instead of waiting
@@ -162,7 +156,7 @@ TEST(Allowance, ADeadHoldersMemoryIsReapedWhileWaiting) {
   kill(holder, SIGKILL);
   wait(holder, box.path("holder.out"));
   Result r = wait(waiter, box.path("waiter.out"));
-  EXPECT_EQ(rcs(r, "alloc"), std::vector<std::string>{"0"}) << r.describe();
+  EXPECT_EQ(values(r, "alloc", "rc"), std::vector<std::string>{"0"}) << r.describe();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "waited out the timeout";
 }
 
@@ -193,7 +187,7 @@ TEST(Allowance, CuMemReleaseWakesTheContainersWaiters) {
     EXPECT_NE(v.dev().free_generation.load(), before) << "cuMemRelease woke nobody";
   }
   Result r = wait(waiter, box.path("waiter.out"));
-  EXPECT_EQ(rcs(r, "vmm"), std::vector<std::string>{"0"}) << r.describe();
+  EXPECT_EQ(values(r, "vmm", "rc"), std::vector<std::string>{"0"}) << r.describe();
   run({"/usr/bin/touch", box.path("exit")}, {});
   EXPECT_EQ(wait(holder, box.path("holder.out")).exit_code, 0);
 }

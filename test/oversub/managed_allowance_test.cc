@@ -23,12 +23,6 @@ namespace {
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
 
-std::vector<std::string> rcs(const Result& r, const std::string& op) {
-  std::vector<std::string> out;
-  for (const std::string& line : lines_with(r.out, op + " ")) out.push_back(field(line, "rc"));
-  return out;
-}
-
 Env allowance_env(const Sandbox& box, const std::string& policy) {
   return merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"},
                            {"GPUSLICE_MEMORY_RESIDENT", "64Mi"},
@@ -55,7 +49,7 @@ TEST(ManagedAllowance, IsRefusedBeyondItUnderFail) {
     argv.erase(argv.begin());
     Result r = probe(path, env, argv);
     ASSERT_EQ(r.exit_code, 0) << path_name(path) << ": " << r.describe();
-    const std::vector<std::string> got = rcs(r, "managed");
+    const std::vector<std::string> got = values(r, "managed", "rc");
     EXPECT_EQ(got, (std::vector<std::string>{"0", "0", "0", "0", "2", "2", "2", "2"}))  // CUDA_ERROR_OUT_OF_MEMORY
         << path_name(path) << ": " << r.describe();
     RegionView v(env["GPUSLICE_REGION"]);
@@ -81,8 +75,8 @@ TEST(ManagedAllowance, SpillsBeyondItUnderSpill) {
   }
   run({"/usr/bin/touch", box.path("release")}, {});
   Result r = wait(pid, box.path("out"));
-  EXPECT_EQ(rcs(r, "managed"), std::vector<std::string>(8, "0")) << r.describe();
-  EXPECT_EQ(rcs(r, "freeall"), std::vector<std::string>{"0"}) << r.describe();
+  EXPECT_EQ(values(r, "managed", "rc"), std::vector<std::string>(8, "0")) << r.describe();
+  EXPECT_EQ(values(r, "freeall", "rc"), std::vector<std::string>{"0"}) << r.describe();
   RegionView v(env["GPUSLICE_REGION"]);
   EXPECT_EQ(v.dev().used_bytes.load(), 0u);
   EXPECT_EQ(v.dev().spilled_bytes.load(), 0u);
@@ -95,7 +89,7 @@ TEST(ManagedAllowance, WaitsForItUnderWait) {
   const auto t0 = std::chrono::steady_clock::now();
   Result r = run(managed_program(5), env);
   const auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_EQ(rcs(r, "managed"), (std::vector<std::string>{"0", "0", "0", "0", "2"})) << r.describe();
+  EXPECT_EQ(values(r, "managed", "rc"), (std::vector<std::string>{"0", "0", "0", "0", "2"})) << r.describe();
   EXPECT_GE(took, std::chrono::milliseconds(200)) << "the fifth allocation did not wait";
   RegionView v(env["GPUSLICE_REGION"]);
   ASSERT_NE(v.region, nullptr);
@@ -133,7 +127,7 @@ TEST(ManagedAllowance, AWaiterGetsItWhenTheContainerFrees) {
   EXPECT_EQ(device_used(box), 32 * kMi);
   run({"/usr/bin/touch", box.path("exit")}, {});
   Result r = wait(waiter, box.path("waiter.out"));
-  EXPECT_EQ(rcs(r, "managed"), std::vector<std::string>{"0"}) << r.describe();
+  EXPECT_EQ(values(r, "managed", "rc"), std::vector<std::string>{"0"}) << r.describe();
   EXPECT_EQ(wait(holder, box.path("holder.out")).exit_code, 0);
 }
 

@@ -24,11 +24,6 @@ constexpr unsigned long long kMi = 1ull << 20;
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
 
-std::string value_of(const Result& r, const std::string& op, const std::string& key, std::size_t nth = 0) {
-  auto lines = lines_with(r.out, op + " ");
-  return lines.size() > nth ? field(lines[nth], key) : "";
-}
-
 // Two containers on one 2 GiB simulated device: A holds 1800 MiB until
 // `release` exists; B (its own region, 1 GiB quota) comes second.
 struct TwoContainers {
@@ -62,7 +57,7 @@ TEST(Oversubscribe, FailIsOutOfMemoryAsWithoutTheOption) {
   TwoContainers t;
   const pid_t holder = t.start_holder();
   Result r = run({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(512)}, t.b);
-  EXPECT_EQ(value_of(r, "alloc", "rc"), "2") << r.describe();  // CUDA_ERROR_OUT_OF_MEMORY
+  EXPECT_EQ(value(r, "alloc", "rc"), "2") << r.describe();  // CUDA_ERROR_OUT_OF_MEMORY
   EXPECT_EQ(t.finish_holder(holder).exit_code, 0);
 }
 
@@ -88,8 +83,8 @@ TEST(Oversubscribe, SpillServesAFullDeviceFromHostMemory) {
   }
   run({"/usr/bin/touch", t.box.path("b-release")}, {});
   Result r = wait(pid, t.box.path("b.out"));
-  EXPECT_EQ(value_of(r, "alloc", "rc"), "0") << r.describe();
-  EXPECT_EQ(value_of(r, "freeall", "rc"), "0") << r.describe();
+  EXPECT_EQ(value(r, "alloc", "rc"), "0") << r.describe();
+  EXPECT_EQ(value(r, "freeall", "rc"), "0") << r.describe();
   RegionView v(b["GPUSLICE_REGION"]);
   EXPECT_EQ(v.dev().spilled_bytes.load(), 0u);
   EXPECT_EQ(v.dev().used_bytes.load(), 0u);
@@ -103,7 +98,7 @@ TEST(Oversubscribe, WaitTimesOutWithOutOfMemory) {
   const auto t0 = std::chrono::steady_clock::now();
   Result r = run({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(512)}, b);
   const auto waited = std::chrono::steady_clock::now() - t0;
-  EXPECT_EQ(value_of(r, "alloc", "rc"), "2") << r.describe();
+  EXPECT_EQ(value(r, "alloc", "rc"), "2") << r.describe();
   EXPECT_GE(waited, std::chrono::milliseconds(300));
   RegionView v(b["GPUSLICE_REGION"]);
   ASSERT_NE(v.region, nullptr);
@@ -131,7 +126,7 @@ TEST(Oversubscribe, WaitSucceedsWhenTheOtherContainerFrees) {
   ASSERT_TRUE(waiting) << "container B never started waiting";
   EXPECT_EQ(t.finish_holder(holder).exit_code, 0);
   Result r = wait(waiter, t.box.path("b.out"));
-  EXPECT_EQ(value_of(r, "alloc", "rc"), "0") << r.describe();
+  EXPECT_EQ(value(r, "alloc", "rc"), "0") << r.describe();
   RegionView v(b["GPUSLICE_REGION"]);
   EXPECT_EQ(v.dev().oversub_waits.load(), 1u);
   EXPECT_EQ(v.dev().oversub_timeouts.load(), 0u);
@@ -176,11 +171,11 @@ TEST(Oversubscribe, SpillBeyondTheResidentAllowanceWithinTheQuota) {
   run({"/usr/bin/touch", hold}, {});
   Result r = wait(pid, box.path("out"));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(value_of(r, "alloc", "rc", 0), "0");
-  EXPECT_EQ(value_of(r, "alloc", "rc", 1), "0");
-  EXPECT_EQ(value_of(r, "alloc", "rc", 2), "0");
-  EXPECT_EQ(value_of(r, "alloc", "rc", 3), "2") << "the quota holds under spill";
-  EXPECT_EQ(value_of(r, "freeall", "rc"), "0");
+  EXPECT_EQ(value(r, "alloc", "rc", 0), "0");
+  EXPECT_EQ(value(r, "alloc", "rc", 1), "0");
+  EXPECT_EQ(value(r, "alloc", "rc", 2), "0");
+  EXPECT_EQ(value(r, "alloc", "rc", 3), "2") << "the quota holds under spill";
+  EXPECT_EQ(value(r, "freeall", "rc"), "0");
   RegionView v(env["GPUSLICE_REGION"]);
   EXPECT_EQ(v.dev().used_bytes.load(), 0u);
   EXPECT_EQ(v.dev().spilled_bytes.load(), 0u);
@@ -217,7 +212,7 @@ TEST(Oversubscribe, SpilledMemoryOfADestroyedContextStopsCounting) {
   }
   run({"/usr/bin/touch", box.path("exit")}, {});
   Result r = wait(pid, box.path("out"));
-  EXPECT_EQ(value_of(r, "ctxdestroy", "rc"), "0") << r.describe();
+  EXPECT_EQ(value(r, "ctxdestroy", "rc"), "0") << r.describe();
 }
 
 // A process killed while it holds spilled memory: the reaper recovers its

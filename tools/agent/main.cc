@@ -3,11 +3,12 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include <CLI/CLI.hpp>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "agent.h"
+#include "cli.h"
 #include "http.h"
 #include "limiter/options/options.h"
 #include "log.h"
@@ -16,20 +17,10 @@
 
 using namespace std::string_literals;
 
-#ifndef GPUSLICE_VERSION
-#define GPUSLICE_VERSION "unknown"
-#endif
-
 using namespace gpuslice::agent;
+using gpuslice::tools::usage_error;
 
 namespace {
-
-constexpr int kUsageError = 64;  // EX_USAGE
-
-int usage_error(const std::string& message) {
-  std::fprintf(stderr, "gpuslice-agent: %s (see --help)\n", message.c_str());
-  return kUsageError;
-}
 
 // One pidfd per watched process: make room for thousands.
 void raise_fd_limit() {
@@ -52,7 +43,7 @@ int main(int argc, char** argv) {
       "utilisation and NVML-reconciled memory into them, reaps dead processes, removes unused regions and "
       "serves /metrics and /healthz.",
       "gpuslice-agent"};
-  app.set_version_flag("--version", GPUSLICE_VERSION);
+  gpuslice::tools::add_version_flag(app);
   app.add_option("--region-dir", cfg.region_dir, "Directory holding the regions (<dir>/<file> or <dir>/<pod>/<file>)")
       ->capture_default_str();
   app.add_option("--hami-root", cfg.hami_root,
@@ -74,31 +65,24 @@ int main(int argc, char** argv) {
   app.add_option("--max-regions", cfg.max_regions, "Most regions watched at once")->capture_default_str();
   app.add_option("--log-level", level, "error | warn | info | debug")->capture_default_str();
   app.add_flag("--once", once, "Run one cycle, print the metrics to stdout and exit");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return usage_error(e.what());
-  }
+  if (const std::optional<int> stop = gpuslice::tools::parse(app, argc, argv)) return *stop;
   if (!parse_duration(interval, &cfg.interval_ns) || cfg.interval_ns < 1'000'000) {
-    return usage_error("--interval '"s + interval + "': expected a duration of at least 1ms (e.g. 100ms)");
+    return usage_error(app, "--interval '"s + interval + "': expected a duration of at least 1ms (e.g. 100ms)");
   }
-  if (!parse_duration(rescan, &cfg.rescan_ns)) return usage_error("--rescan '"s + rescan + "': expected a duration");
-  if (!parse_duration(grace, &cfg.grace_ns)) return usage_error("--grace '"s + grace + "': expected a duration or 0");
+  if (!parse_duration(rescan, &cfg.rescan_ns))
+    return usage_error(app, "--rescan '"s + rescan + "': expected a duration");
+  if (!parse_duration(grace, &cfg.grace_ns))
+    return usage_error(app, "--grace '"s + grace + "': expected a duration or 0");
   if (!gpuslice::options::parse_size(tolerance.c_str(), &cfg.bypass_tolerance_bytes)) {
-    return usage_error("--bypass-tolerance '"s + tolerance + "': expected a size (e.g. 768Mi)");
+    return usage_error(app, "--bypass-tolerance '"s + tolerance + "': expected a size (e.g. 768Mi)");
   }
   LogLevel log_level;
   if (!parse_log_level(level, &log_level))
-    return usage_error("--log-level '"s + level + "': expected error|warn|info|debug");
-  if (cfg.max_regions == 0) return usage_error("--max-regions: expected at least 1");
+    return usage_error(app, "--log-level '"s + level + "': expected error|warn|info|debug");
+  if (cfg.max_regions == 0) return usage_error(app, "--max-regions: expected at least 1");
   if (!cfg.hami_root.empty() && cfg.hami_root[0] != '/') {
-    return usage_error("--hami-root '"s + cfg.hami_root + "': expected an absolute directory (e.g. /usr/local/vgpu)");
+    return usage_error(app,
+                       "--hami-root '"s + cfg.hami_root + "': expected an absolute directory (e.g. /usr/local/vgpu)");
   }
   while (cfg.hami_root.size() > 1 && cfg.hami_root.back() == '/') cfg.hami_root.pop_back();
   set_log_level(log_level);
@@ -107,7 +91,7 @@ int main(int argc, char** argv) {
   int port = -1;
   if (listen != "off" && !once) {
     std::string why;
-    if (!parse_listen(listen, &host, &port, &why)) return usage_error("--listen '"s + listen + "': " + why);
+    if (!parse_listen(listen, &host, &port, &why)) return usage_error(app, "--listen '"s + listen + "': " + why);
   }
 
   // Termination signals are taken synchronously by the main loop; blocked

@@ -1,14 +1,15 @@
 // gpuslice-bench: what gpuslice costs and how well it isolates, measured on
 // the GPU at hand (or on the simulated driver when there is none), natively
 // and under libgpuslice.so in one run. See docs/benchmarks.md.
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
+#include "cli.h"
 #include "kernels.h"
 #include "oversub.h"
 #include "plots.h"
@@ -151,7 +152,8 @@ int main(int argc, char** argv) {
   app.add_flag("--verbose,-v", verbose, "echo the workers' stderr (gpuslice's own log lines)");
   app.add_flag("--keep-temp", keep, "keep the private directory of regions and simulated devices");
   app.set_version_flag("--version", kVersion);
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> stop = gpuslice::tools::parse(app, argc, argv, gpuslice::tools::BadCommandLine::cli11))
+    return *stop;
 
   if (!worker_spec.empty()) return worker_main(worker_spec);
   if (!plots_from.empty()) {

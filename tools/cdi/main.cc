@@ -3,29 +3,20 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "cdi_spec.h"
-
-#ifndef GPUSLICE_VERSION
-#define GPUSLICE_VERSION "unknown"
-#endif
+#include "cli.h"
 
 using namespace std::string_literals;
+using gpuslice::tools::usage_error;
 
 namespace {
-
-constexpr int kUsageError = 64;  // EX_USAGE
-
-int usage_error(const std::string& message) {
-  std::fprintf(stderr, "gpuslice-cdi: %s (see --help)\n", message.c_str());
-  return kUsageError;
-}
 
 // Write then rename: a runtime watching the CDI directory never reads half a file.
 // The temporary name is hidden and ends in neither .json nor .yaml, so that
@@ -72,7 +63,7 @@ int main(int argc, char** argv) {
       "0.6.0) whose device injects gpuslice with the given limits: environment, library, region "
       "directory, the slice's configuration file and /etc/ld.so.preload; writes that configuration file.",
       "gpuslice-cdi"};
-  app.set_version_flag("--version", GPUSLICE_VERSION);
+  gpuslice::tools::add_version_flag(app);
   app.add_option("--name", req.device_name, "CDI device name (e.g. the ResourceClaim's UID)")->required();
   app.add_option("--kind", req.kind, "CDI kind <vendor>/<class>")->capture_default_str();
   app.add_option("--memory", req.memory_limit, "Device-memory quota: 8Gi, or per device 0=8Gi,1=4Gi");
@@ -102,46 +93,36 @@ int main(int argc, char** argv) {
   app.add_option("--annotation", annotations, "key=value added to the spec's annotations (repeatable)");
   app.add_option("--output", output,
                  "Write the spec here (atomically) instead of stdout, e.g. /var/run/cdi/gpuslice-<name>.json");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return usage_error(e.what());
-  }
+  if (const std::optional<int> stop = gpuslice::tools::parse(app, argc, argv)) return *stop;
   if (inject == "ld.so.preload") {
     req.inject = gpuslice::cdi::Inject::preload_file;
   } else if (inject == "env") {
     req.inject = gpuslice::cdi::Inject::env;
   } else {
-    return usage_error("--inject '"s + inject + "': expected ld.so.preload or env");
+    return usage_error(app, "--inject '"s + inject + "': expected ld.so.preload or env");
   }
   for (const std::string& a : annotations) {
     const std::size_t eq = a.find('=');
-    if (eq == std::string::npos || eq == 0) return usage_error("--annotation '"s + a + "': expected key=value");
+    if (eq == std::string::npos || eq == 0) return usage_error(app, "--annotation '"s + a + "': expected key=value");
     if (!req.annotations.emplace(a.substr(0, eq), a.substr(eq + 1)).second) {
-      return usage_error("--annotation '"s + a + "': the key '" + a.substr(0, eq) +
-                         "' is given twice; expected each key once");
+      return usage_error(
+          app, "--annotation '"s + a + "': the key '" + a.substr(0, eq) + "' is given twice; expected each key once");
     }
   }
   if (no_config_file && !config_file.empty()) {
-    return usage_error("--no-config-file and --config-host-file: expected one of them");
+    return usage_error(app, "--no-config-file and --config-host-file: expected one of them");
   }
   if (!no_config_file) {
     req.config_host_file =
         config_file.empty() ? gpuslice::cdi::default_config_host_file(req.region_host_dir) : config_file;
   }
   std::string why;
-  if (!gpuslice::cdi::validate(req, &why) || !gpuslice::cdi::check_host(req, &why)) return usage_error(why);
+  if (!gpuslice::cdi::validate(req, &why) || !gpuslice::cdi::check_host(req, &why)) return usage_error(app, why);
   std::string text;
   try {
     text = gpuslice::cdi::build_spec(req).dump(2) + "\n";
   } catch (const std::exception& e) {  // a string that is not UTF-8 slipped through
-    return usage_error("cannot write the spec as JSON: "s + e.what());
+    return usage_error(app, "cannot write the spec as JSON: "s + e.what());
   }
   // The configuration file first: the spec never names a file that is not there.
   if (!req.config_host_file.empty() &&

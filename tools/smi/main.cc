@@ -3,28 +3,21 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
+#include "cli.h"
 #include "region_io.h"
 #include "smi.h"
 #include "units.h"
 
 using namespace std::string_literals;
 
-#ifndef GPUSLICE_VERSION
-#define GPUSLICE_VERSION "unknown"
-#endif
-
 using namespace gpuslice::smi;
+using gpuslice::tools::usage_error;
 
 namespace {
-
-int usage(const std::string& message) {
-  std::fprintf(stderr, "gpuslice-smi: %s (see --help)\n", message.c_str());
-  return kExitUsage;
-}
 
 // "2", "0.5" (seconds, like nvidia-smi -l) or a duration ("500ms", "2s").
 bool parse_interval(const std::string& text, std::uint64_t* ns) {
@@ -88,7 +81,7 @@ int main(int argc, char** argv) {
       "Without --region/--region-dir it shows this container's region: $GPUSLICE_REGION, else the default "
       "path. Exit status: 0 ok, 1 failed, 2 missing or invalid region, 64 usage error.",
       "gpuslice-smi"};
-  app.set_version_flag("--version", GPUSLICE_VERSION);
+  gpuslice::tools::add_version_flag(app);
   std::string region, region_dir, watch_value;
   bool json = false;
   long count = 0;
@@ -117,17 +110,7 @@ int main(int argc, char** argv) {
   options_cmd->add_flag("--markdown", options_markdown, "As the README's Markdown table");
   app.require_subcommand(0, 1);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    return usage(e.what());
-  }
+  if (const std::optional<int> stop = gpuslice::tools::parse(app, argc, argv)) return *stop;
 
   if (*options_cmd) {
     const std::string text = options_json       ? render_options_json()
@@ -140,13 +123,14 @@ int main(int argc, char** argv) {
     if (set.region.empty()) set.region = default_region_path();
     return run_set(set);
   }
-  if (!region.empty() && !region_dir.empty()) return usage("--region and --region-dir exclude each other");
+  if (!region.empty() && !region_dir.empty()) return usage_error(app, "--region and --region-dir exclude each other");
   std::uint64_t interval_ns = 1'000'000'000;
   const bool watching = watch->count() > 0;
   if (watching && !watch_value.empty() && !parse_interval(watch_value, &interval_ns)) {
-    return usage("--watch '"s + watch_value + "': expected seconds (e.g. 2, 0.5) or a duration (e.g. 500ms)");
+    return usage_error(app,
+                       "--watch '"s + watch_value + "': expected seconds (e.g. 2, 0.5) or a duration (e.g. 500ms)");
   }
-  if (count < 0) return usage("--count: expected a positive number");
+  if (count < 0) return usage_error(app, "--count: expected a positive number");
   if (region.empty() && region_dir.empty()) region = default_region_path();
   return show(region, region_dir, json, watching, interval_ns, count);
 }
