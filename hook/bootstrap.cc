@@ -65,20 +65,22 @@ CUresult fail_closed() noexcept {
 // A slot with our own identity (pid, pid namespace, start time: nobody else
 // can hold all three) was claimed by a previous image of this very process,
 // before it called execve: no destructor ran, and its memory went with its
-// address space. Reaped exactly, or it would stay charged while we live.
-bool held_by_previous_image(const Slot& s, void* ctx) noexcept {
+// address space. Reaped exactly, or it would stay charged while we live —
+// unless a child it forked still holds its files (shm::judge_liveness).
+bool held_by_previous_image(const Slot& s, shm::SlotLock lock, void* ctx) noexcept {
   const auto* self = static_cast<const shm::ProcessIdentity*>(ctx);
-  return s.pid.load(std::memory_order_relaxed) == self->pid &&
+  return lock != shm::SlotLock::held && s.pid.load(std::memory_order_relaxed) == self->pid &&
          s.start_time.load(std::memory_order_relaxed) == self->start_time &&
          s.pidns_inode.load(std::memory_order_relaxed) == self->pidns_inode;
 }
 
-void reap_previous_image(Region* region, const shm::ProcessIdentity& self) noexcept {
+void reap_previous_image(Region* region, const shm::Observer& self) noexcept {
   if (self.start_time == 0 || self.pidns_inode == 0) return;  // identity unknown: the agent reaps it
   shm::ProcessIdentity id = self;
   bool found = false;
   for (const Slot& s : region->slots)
-    found = found || (s.state.load(std::memory_order_acquire) == kSlotLive && held_by_previous_image(s, &id));
+    found = found || (s.state.load(std::memory_order_acquire) == kSlotLive &&
+                      held_by_previous_image(s, shm::SlotLock::unknown, &id));
   if (!found) return;
   for (int attempt = 0; attempt < 8; ++attempt) {
     if (limiter::reap_slots(region, self, held_by_previous_image, &id) != limiter::kReapBusy) return;
@@ -89,9 +91,9 @@ void reap_previous_image(Region* region, const shm::ProcessIdentity& self) noexc
 // Frameworks size themselves from cuMemGetInfo at start-up (vLLM,
 // TensorFlow, JAX's preallocation): memory of the container's processes that
 // died without exiting must not be in the first answer. One pass of the
-// reaper (a kill(pid, 0) and a /proc read per live slot); another process
+// reaper (a slot-lock probe and a /proc read per live slot); another process
 // reaping at that moment (kReapBusy) is given a few yields, never waited on.
-void reap_at_start(Region* region, const shm::ProcessIdentity& self) noexcept {
+void reap_at_start(Region* region, const shm::Observer& self) noexcept {
   if (self.start_time == 0 || self.pidns_inode == 0) return;  // cannot judge liveness: the agent reaps
   for (int attempt = 0; attempt < 8; ++attempt) {
     if (limiter::reap_dead(region, self) != limiter::kReapBusy) return;
@@ -137,14 +139,15 @@ CUresult claim_now() noexcept {
     // driver's files, and the parent's device memory, until exec or exit).
     lock_fd = open(cfg.options.region, O_RDWR | O_CLOEXEC);
   }
-  shm::set_slot_lock_fd(region, lock_fd);
-  reap_previous_image(region, self);
-  reap_at_start(region, self);
+  // Who judges the others' slots: we, through our own description's view of their locks.
+  const shm::Observer observer(self, lock_fd);
+  reap_previous_image(region, observer);
+  reap_at_start(region, observer);
   int slot = shm::claim_slot(region, self);
   // All slots taken: reap the dead. Another live reaper may hold the reaper
   // lock for a moment (kReapBusy), so retry a few times — never wait on it.
   for (int attempt = 0; slot < 0 && attempt < 8; ++attempt) {
-    if (limiter::reap_dead(region, self) == limiter::kReapBusy) sched_yield();
+    if (limiter::reap_dead(region, observer) == limiter::kReapBusy) sched_yield();
     slot = shm::claim_slot(region, self);
   }
   if (slot < 0) {
@@ -160,7 +163,7 @@ CUresult claim_now() noexcept {
     GPUSLICE_LOG(debug, "slot %d: its file lock is not available; liveness by pid only", slot);
   hold_slot_lock(lock_fd);
   g_process.region = region;
-  g_process.self = self;
+  g_process.self = observer;
   g_process.lease_tag.store(limiter::lease_tag(region, slot), std::memory_order_relaxed);
   g_process.slot.store(slot, std::memory_order_release);
   register_fork_handler();

@@ -15,7 +15,7 @@ namespace gpuslice::hook {
 struct Process {
   Region* region;
   std::atomic<int> slot;  // -1 before bootstrap, after fork (until re-claimed) and after exit
-  shm::ProcessIdentity self;
+  shm::Observer self;     // our identity and our own descriptor of the region file (the reaper's view of slot locks)
   // limiter::lease_tag of our claim, read when the slot was claimed: a thread
   // still running after the slot changed hands carries the old tag, and the
   // lease fast path refuses it (limiter/lease.h).

@@ -319,7 +319,7 @@ void wait_for_reaper(const Region* r) {
 }
 
 [[gnu::noinline, gnu::cold]] bool reserve_slow(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,
-                                               const shm::ProcessIdentity& self) {
+                                               const shm::Observer& self) {
   DeviceState& d = r->devices[dev];
   const std::uint64_t quota = d.quota_bytes.load(std::memory_order_relaxed);
   // Larger than the whole quota: no reclaiming can help.
@@ -358,7 +358,7 @@ bool try_reserve(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
   return valid(r, slot, dev) && admit_reclaiming(r, slot, lease_tag(r, slot), dev, bytes, false);
 }
 
-bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::ProcessIdentity& self) noexcept {
+bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::Observer& self) noexcept {
   if (!valid(r, slot, dev)) [[unlikely]]
     return false;
   const std::uint64_t tag = lease_tag(r, slot);
@@ -370,8 +370,7 @@ bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::Proce
   return reserve_slow(r, slot, tag, dev, bytes, self);
 }
 
-bool reserve(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,
-             const shm::ProcessIdentity& self) noexcept {
+bool reserve(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes, const shm::Observer& self) noexcept {
   if (!valid(r, slot, dev)) [[unlikely]]
     return false;
   if (lease_alloc(r, slot, tag, dev, bytes)) [[likely]]

@@ -21,14 +21,15 @@ namespace gpuslice::limiter {
 
 // Admits `bytes` on device entry `dev` for process slot `slot`, before the real
 // allocation. On refusal, reaps dead slots once and retries once; if still
-// refused, counts DeviceState::oom_refusals and returns false.
-bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::ProcessIdentity& self) noexcept;
+// refused, counts DeviceState::oom_refusals and returns false. `self` judges
+// the others' slots when it reaps (its region descriptor probes their file
+// locks: shm::Observer).
+bool reserve(Region* r, int slot, int dev, std::uint64_t bytes, const shm::Observer& self) noexcept;
 // The same with quota leases: `tag` is lease_tag(r, slot) read when the
 // process claimed the slot (a stale thread of a previous owner then never
 // touches a new owner's lease). Before refusing, also takes every other live
 // slot's spare lease back into the budget: a refusal means really full.
-bool reserve(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,
-             const shm::ProcessIdentity& self) noexcept;
+bool reserve(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes, const shm::Observer& self) noexcept;
 // Admission only, without the reap-and-retry slow path (and without counting
 // the refusal): for callers that want to free caches first and retry.
 bool try_reserve(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
@@ -57,12 +58,17 @@ bool charge(Region* r, int slot, int dev, std::uint64_t bytes) noexcept;
 // reaper holds the lock or the snapshot did not settle (bounded retries): the
 // dead slots then stay kSlotReaping and the next reaper finishes them.
 inline constexpr int kReapBusy = -1;
-int reap_dead(Region* r, const shm::ProcessIdentity& observer) noexcept;
-// The agent's form: is_dead decides each live slot (it knows host pids). The
-// reaper lock needs an identity: `self` is the caller's (read_identity(0)).
-int reap_slots(Region* r, bool (*is_dead)(const Slot&, void* ctx), void* ctx) noexcept;
-int reap_slots(Region* r, const shm::ProcessIdentity& self, bool (*is_dead)(const Slot&, void* ctx),
-               void* ctx) noexcept;
+// Dead slots are those shm::judge_liveness finds dead, seen from observer:
+// its /proc, and each slot's file lock through its own region descriptor.
+int reap_dead(Region* r, const shm::Observer& observer) noexcept;
+// The agent's form: is_dead decides each live slot (it knows host pids),
+// given the slot's file lock seen through the observer's region descriptor
+// (shm::probe_slot_lock; unknown without one, and when the reaper asks
+// about the reaper lock's holder: the process alone). The reaper lock needs
+// an identity: the observer's (read_identity(0)).
+using DeadPredicate = bool (*)(const Slot& s, shm::SlotLock lock, void* ctx);
+int reap_slots(Region* r, DeadPredicate is_dead, void* ctx) noexcept;
+int reap_slots(Region* r, const shm::Observer& observer, DeadPredicate is_dead, void* ctx) noexcept;
 
 // Packs an identity into the reaper lock word: pid (22 bits, the Linux
 // maximum), low 21 bits of the pid-namespace inode and of the start time.

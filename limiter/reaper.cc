@@ -23,8 +23,6 @@ constexpr std::uint64_t kPidBits = 22;
 constexpr std::uint64_t kLow21 = (std::uint64_t{1} << 21) - 1;
 constexpr int kSnapshotTries = 64;
 
-using DeadPredicate = bool (*)(const Slot&, void*);
-
 struct SlotIdentity {
   std::uint32_t pid;
   std::uint64_t pidns_inode;
@@ -49,7 +47,7 @@ shm::Liveness holder_liveness(std::uint64_t token, const shm::ProcessIdentity& s
 
 class Reaper {
  public:
-  Reaper(Region* r, const shm::ProcessIdentity& self, DeadPredicate is_dead, void* ctx)
+  Reaper(Region* r, const shm::Observer& self, DeadPredicate is_dead, void* ctx)
       : r_(r), self_(self), token_(reaper_token(self)), is_dead_(is_dead), ctx_(ctx) {}
 
   int run() {
@@ -81,8 +79,9 @@ class Reaper {
     if (l != shm::Liveness::unknown) return l == shm::Liveness::dead;
     // Another pid namespace: ask the caller's predicate about the holder's
     // slot, if it has one (the agent maps namespaces; a process does not).
+    // The process alone: a child it forked holds its memory, not this lock.
     for (const Slot& s : r_->slots) {
-      if (s.state.load() == kSlotLive && slot_holds_token(s, held)) return is_dead_(s, ctx_);
+      if (s.state.load() == kSlotLive && slot_holds_token(s, held)) return is_dead_(s, shm::SlotLock::unknown, ctx_);
     }
     return false;
   }
@@ -100,10 +99,11 @@ class Reaper {
       // died between claiming and publishing it).
       if (state == kSlotLive || (state == kSlotClaiming && s.pid.load() != 0)) {
         const SlotIdentity before = identity_of(s);
-        if (before.pid == 0 || !is_dead_(s, ctx_)) continue;
-        // Its process is gone, but a child it forked may still hold the
-        // driver's files, and with them its device memory: still counted.
-        if (shm::slot_file_held(r_, i)) continue;
+        if (before.pid == 0) continue;
+        // Its process may be gone while a child it forked still holds the
+        // driver's files, and with them its device memory: the slot's file
+        // lock, seen through our own description of the file, tells.
+        if (!is_dead_(s, shm::probe_slot_lock(self_.region_fd, static_cast<int>(i)), ctx_)) continue;
         const std::uint32_t was = state;
         if (!s.state.compare_exchange_strong(state, kSlotReaping)) continue;
         // The slot may have changed hands between our reads (its owner
@@ -249,15 +249,15 @@ class Reaper {
   }
 
   Region* r_;
-  shm::ProcessIdentity self_;
+  shm::Observer self_;
   std::uint64_t token_;
   DeadPredicate is_dead_;
   void* ctx_;
   std::uint64_t reaping_[kMaxSlots / 64] = {};
 };
 
-bool dead_by_observer(const Slot& s, void* ctx) {
-  return shm::slot_liveness(s, *static_cast<const shm::ProcessIdentity*>(ctx)) == shm::Liveness::dead;
+bool dead_by_observer(const Slot& s, shm::SlotLock lock, void* ctx) {
+  return shm::slot_liveness(s, *static_cast<const shm::Observer*>(ctx), lock) == shm::Liveness::dead;
 }
 
 }  // namespace
@@ -267,19 +267,18 @@ std::uint64_t reaper_token(const shm::ProcessIdentity& id) noexcept {
          ((id.start_time & kLow21) << (kPidBits + 21));
 }
 
-int reap_dead(Region* r, const shm::ProcessIdentity& observer) noexcept {
+int reap_dead(Region* r, const shm::Observer& observer) noexcept {
   if (r == nullptr) return 0;
-  shm::ProcessIdentity copy = observer;
+  shm::Observer copy = observer;
   return Reaper(r, observer, dead_by_observer, &copy).run();
 }
 
-int reap_slots(Region* r, const shm::ProcessIdentity& self, bool (*is_dead)(const Slot&, void* ctx),
-               void* ctx) noexcept {
+int reap_slots(Region* r, const shm::Observer& observer, DeadPredicate is_dead, void* ctx) noexcept {
   if (r == nullptr || is_dead == nullptr) return 0;
-  return Reaper(r, self, is_dead, ctx).run();
+  return Reaper(r, observer, is_dead, ctx).run();
 }
 
-int reap_slots(Region* r, bool (*is_dead)(const Slot&, void* ctx), void* ctx) noexcept {
+int reap_slots(Region* r, DeadPredicate is_dead, void* ctx) noexcept {
   shm::ProcessIdentity self{};
   shm::read_identity(0, &self);
   return reap_slots(r, self, is_dead, ctx);

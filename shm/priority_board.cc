@@ -11,11 +11,15 @@
 
 #include <cstring>
 
+#include "platform/ofd_lock.h"
 #include "platform/text.h"
 
 namespace gpuslice::shm {
 
 namespace {
+
+// This process's liveness byte of an activity file (hold_liveness).
+std::uint64_t own_liveness_byte() noexcept { return kPriorityLivenessBase + static_cast<std::uint64_t>(getpid()); }
 
 void fail(Error* err, const char* path, const char* what, int error) noexcept {
   if (err == nullptr) return;
@@ -186,17 +190,7 @@ int open_own_activity(const char* board, Priority level, const char* name, const
 }
 
 bool hold_liveness(int fd) noexcept {
-  struct flock fl;
-  std::memset(&fl, 0, sizeof fl);
-  fl.l_type = F_RDLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = static_cast<off_t>(kPriorityLivenessBase + static_cast<std::uint64_t>(getpid()));
-  fl.l_len = 1;
-  int rc;
-  do {
-    rc = fcntl(fd, F_OFD_SETLK, &fl);
-  } while (rc != 0 && errno == EINTR);
-  return rc == 0;
+  return platform::ofd_lock::take(fd, platform::ofd_lock::Kind::read, own_liveness_byte(), 1);
 }
 
 bool write_activity(int fd, Priority level, std::uint64_t active_until_ns, std::uint64_t last_launch_ns) noexcept {
@@ -214,14 +208,7 @@ bool write_activity(int fd, Priority level, std::uint64_t active_until_ns, std::
 
 bool writer_alive(int fd, const PriorityActivity& rec) noexcept {
   if (rec.writer_pid == 0) return true;
-  struct flock fl;
-  std::memset(&fl, 0, sizeof fl);
-  fl.l_type = F_WRLCK;  // conflicts with any read lock on the byte
-  fl.l_whence = SEEK_SET;
-  fl.l_start = static_cast<off_t>(kPriorityLivenessBase + rec.writer_pid);
-  fl.l_len = 1;
-  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
-  return fl.l_type != F_UNLCK;
+  return platform::ofd_lock::probe(fd, kPriorityLivenessBase + rec.writer_pid, 1) != platform::ofd_lock::Probe::free;
 }
 
 bool write_held(int fd, std::uint64_t held_ns, std::uint64_t holds) noexcept {
@@ -239,36 +226,19 @@ bool read_activity(int fd, PriorityActivity* out) noexcept {
 }
 
 bool any_writer_alive(int fd) noexcept {
-  struct flock fl;
-  std::memset(&fl, 0, sizeof fl);
-  fl.l_type = F_WRLCK;  // conflicts with any read lock in the range
-  fl.l_whence = SEEK_SET;
-  fl.l_start = static_cast<off_t>(kPriorityLivenessBase);
-  fl.l_len = 0;  // to the end of any file
-  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
-  return fl.l_type != F_UNLCK;
+  // From the first liveness byte to the end of any file.
+  return platform::ofd_lock::probe(fd, kPriorityLivenessBase, 0) != platform::ofd_lock::Probe::free;
 }
 
 bool remove_own_activity(const char* board, Priority level, const char* name, int fd) noexcept {
-  struct flock fl;
-  std::memset(&fl, 0, sizeof fl);
-  fl.l_type = F_UNLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = static_cast<off_t>(kPriorityLivenessBase + static_cast<std::uint64_t>(getpid()));
-  fl.l_len = 1;
-  if (fcntl(fd, F_OFD_SETLK, &fl) != 0) return false;
+  if (fd < 0) return false;
+  platform::ofd_lock::drop(fd, own_liveness_byte(), 1);
   struct stat own;
   if (fstat(fd, &own) != 0 || own.st_nlink == 0) return false;
   // Another process of the container still lives: it keeps the file. (One
   // that opens it between this look and the unlink finds it unlinked at its
   // next refresh and creates a new one.)
-  struct flock any;
-  std::memset(&any, 0, sizeof any);
-  any.l_type = F_WRLCK;
-  any.l_whence = SEEK_SET;
-  any.l_start = static_cast<off_t>(kPriorityLivenessBase);
-  any.l_len = 0;
-  if (fcntl(fd, F_OFD_GETLK, &any) != 0 || any.l_type != F_UNLCK) return false;
+  if (any_writer_alive(fd)) return false;
   char dir[kBoardPathMax];
   if (!level_dir(board, level, dir)) return false;
   const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

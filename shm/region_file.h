@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "gpuslice/region.h"
+#include "platform/procfs.h"
 
 namespace gpuslice::shm {
 
@@ -91,23 +92,54 @@ void release_slot(Region* r, int slot) noexcept;
 // it (false when the lock cannot be taken: held elsewhere, or no OFD locks).
 bool lock_slot_file(int fd, int slot) noexcept;
 void unlock_slot_file(int fd, int slot) noexcept;
-// This process's own descriptor of r's file (one region per process), for
-// slot_file_held; -1 forgets it.
-void set_slot_lock_fd(const Region* r, int fd) noexcept;
-// True when another open file description holds slot's lock: the slot's
-// process, or a child it forked, still has the driver's files open. False
-// when it is free or cannot be told (no descriptor registered for r).
-bool slot_file_held(const Region* r, int slot) noexcept;
+// The slot's lock seen through region_fd, the observer's own description of
+// the region file (the library's, or the agent's: each passes its own).
+// held: another description holds it (the slot's process, or a child it
+// forked, still has the driver's files); free; unknown when it cannot be
+// told (region_fd < 0, no OFD locks). Nothing process-global: any process
+// holding a descriptor of the file may ask.
+enum class SlotLock { held, free, unknown };
+SlotLock probe_slot_lock(int region_fd, int slot) noexcept;
+
+// Who judges the others' slots: its identity (whose pid namespace its /proc
+// shows) and its own open description of the region file, for the slots'
+// file locks (-1: none; the locks are then unknown). An identity alone is an
+// observer without a descriptor.
+struct Observer : ProcessIdentity {
+  int region_fd;
+  constexpr Observer() noexcept : ProcessIdentity{}, region_fd(-1) {}
+  constexpr Observer(const ProcessIdentity& self, int fd = -1) noexcept : ProcessIdentity(self), region_fd(fd) {}
+};
 
 enum class Liveness { alive, dead, unknown };
-// alive/dead when the slot's pid namespace is the observer's: dead if the pid
-// is gone (kill(pid,0) == ESRCH), a zombie, or another process with the same
-// pid (start time differs). unknown for another (or an unknown) pid namespace:
-// the node agent, which maps namespaces, decides those through host_pid.
-Liveness slot_liveness(const Slot& s, const ProcessIdentity& observer) noexcept;
-// The same test for a bare identity seen from observer; start_time is compared
-// as (actual & start_time_mask) (the reaper lock keeps only low bits), and 0
-// means unknown (only existence and zombie state are checked).
+// The one definition of death, used by the library and the node agent alike:
+// whether the device may still hold the memory of the process that claimed
+// a slot as (pidns_inode, start_time), judged from what /proc says of the pid
+// the observer takes for it (facts: platform::procfs::read_process) and from
+// the slot's file lock (SlotLock::unknown when the question is the process
+// alone, as for the reaper lock's holder). In order:
+//   the slot's lock is held              alive: it, or a child it forked, has
+//                                        the driver's files
+//   no such process (ENOENT, ESRCH)      dead
+//   /proc unreadable otherwise           alive: it cannot be proved dead
+//   another pid namespace (when read),   dead: the pid was reused
+//   or another start time
+//   a zombie, the last of its threads    dead: its memory went with its
+//                                        address space
+//   a zombie leader with threads         alive: its other threads (a
+//                                        pthread_exit in main, a SIGKILL's
+//                                        exit in progress) hold the memory
+//   otherwise                            alive
+// start_time is compared as (actual & start_time_mask) (the reaper lock keeps
+// only low bits); 0 means unknown and is not compared, nor is a namespace 0.
+Liveness judge_liveness(const platform::procfs::Process& facts, std::uint64_t pidns_inode, std::uint64_t start_time,
+                        SlotLock lock, std::uint64_t start_time_mask = ~std::uint64_t{0}) noexcept;
+// The rule for a slot seen from observer, which reads /proc/<pid> of its own
+// pid namespace: unknown for a slot of another (or an unknown) pid namespace
+// (the node agent, which maps namespaces, decides those through host pids),
+// unless its lock is held (alive).
+Liveness slot_liveness(const Slot& s, const Observer& observer, SlotLock lock = SlotLock::unknown) noexcept;
+// The same for a bare identity, the process alone (no lock).
 Liveness identity_liveness(std::uint32_t pid, std::uint64_t pidns_inode, std::uint64_t start_time,
                            const ProcessIdentity& observer, std::uint64_t start_time_mask = ~std::uint64_t{0}) noexcept;
 

@@ -1,5 +1,4 @@
 // Process slots and device entries of the region: lock-free claims.
-#include <fcntl.h>
 #include <sched.h>
 #include <time.h>
 
@@ -8,6 +7,7 @@
 #include <cstring>
 
 #include "platform/clock.h"
+#include "platform/ofd_lock.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::shm {
@@ -82,42 +82,36 @@ void release_slot(Region* r, int slot) noexcept {
 namespace {
 
 // Past the region's bytes: the locks never cover data anybody reads.
-bool slot_lock_op(int fd, int slot, short type, int cmd, short* seen = nullptr) noexcept {
-  if (fd < 0 || slot < 0 || slot >= static_cast<int>(kMaxSlots)) return false;
-  struct flock lock {};
-  lock.l_type = type;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = static_cast<off_t>(sizeof(Region)) + slot;
-  lock.l_len = 1;
-  const int saved_errno = errno;
-  const bool ok = fcntl(fd, cmd, &lock) == 0;
-  errno = saved_errno;
-  if (ok && seen != nullptr) *seen = lock.l_type;
-  return ok;
+bool slot_lock_byte(int slot, std::uint64_t* byte) noexcept {
+  if (slot < 0 || slot >= static_cast<int>(kMaxSlots)) return false;
+  *byte = sizeof(Region) + static_cast<std::uint64_t>(slot);
+  return true;
 }
-
-std::atomic<const Region*> g_lock_region{nullptr};
-std::atomic<int> g_lock_fd{-1};
 
 }  // namespace
 
-bool lock_slot_file(int fd, int slot) noexcept { return slot_lock_op(fd, slot, F_WRLCK, F_OFD_SETLK); }
-
-void unlock_slot_file(int fd, int slot) noexcept { slot_lock_op(fd, slot, F_UNLCK, F_OFD_SETLK); }
-
-void set_slot_lock_fd(const Region* r, int fd) noexcept {
-  g_lock_fd.store(-1, std::memory_order_release);
-  g_lock_region.store(fd >= 0 ? r : nullptr, std::memory_order_release);
-  g_lock_fd.store(fd, std::memory_order_release);
+bool lock_slot_file(int fd, int slot) noexcept {
+  std::uint64_t byte = 0;
+  return slot_lock_byte(slot, &byte) && platform::ofd_lock::take(fd, platform::ofd_lock::Kind::write, byte, 1);
 }
 
-bool slot_file_held(const Region* r, int slot) noexcept {
-  if (r == nullptr || g_lock_region.load(std::memory_order_acquire) != r) return false;
-  short seen = F_UNLCK;
-  // F_OFD_GETLK reports a lock of another open file description only: never
-  // our own slot's, nor (in a forked child) one we share with our parent —
-  // the child opens its own descriptor before it judges anybody.
-  return slot_lock_op(g_lock_fd.load(std::memory_order_acquire), slot, F_WRLCK, F_OFD_GETLK, &seen) && seen != F_UNLCK;
+void unlock_slot_file(int fd, int slot) noexcept {
+  std::uint64_t byte = 0;
+  if (slot_lock_byte(slot, &byte)) platform::ofd_lock::drop(fd, byte, 1);
+}
+
+SlotLock probe_slot_lock(int region_fd, int slot) noexcept {
+  std::uint64_t byte = 0;
+  if (!slot_lock_byte(slot, &byte)) return SlotLock::unknown;
+  // A lock of another open file description only: never our own slot's, nor
+  // (in a forked child) one we share with our parent — the child opens its
+  // own descriptor before it judges anybody.
+  switch (platform::ofd_lock::probe(region_fd, byte, 1)) {
+    case platform::ofd_lock::Probe::held: return SlotLock::held;
+    case platform::ofd_lock::Probe::free: return SlotLock::free;
+    case platform::ofd_lock::Probe::unknown: break;
+  }
+  return SlotLock::unknown;
 }
 
 int device_index(Region* r, const std::uint8_t uuid[16], std::uint64_t quota_bytes_if_new,

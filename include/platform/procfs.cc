@@ -2,6 +2,7 @@
 #include "platform/procfs.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -112,6 +113,22 @@ int read_stat(std::uint32_t pid, Stat* out) noexcept {
   const long len = read_file(file, buf, sizeof buf);
   if (len < 0) return static_cast<int>(-len);
   return parse_stat(buf, static_cast<std::size_t>(len), out) ? 0 : EINVAL;
+}
+
+int read_process(std::uint32_t pid, bool want_pidns, Process* out) noexcept {
+  *out = Process{};
+  if (want_pidns) {
+    char ns[64];
+    path(ns, sizeof ns, pid, "ns/pid");
+    struct stat st;
+    if (stat(ns, &st) == 0) {
+      out->pidns_inode = static_cast<std::uint64_t>(st.st_ino);
+    } else if (errno == ENOENT || errno == ESRCH) {
+      return out->error = errno;
+    }  // else (EACCES: no ptrace access): namespace unknown
+  }
+  out->error = read_stat(pid, &out->stat);
+  return out->error;
 }
 
 bool parse_nspid(const char* text, std::size_t len, NsPids* out) noexcept {

@@ -1,5 +1,6 @@
 // The one /proc reader of the library, the agent and the tools: a process's
-// stat line (pid, state, start time) and the NSpid line of its status file.
+// stat line (pid, state, thread count, start time), its pid namespace and the
+// NSpid line of its status file.
 // Heap-free, stdio-free and exception-free (the preload library reads its own
 // identity during bootstrap); parsers take the text, so malformed files are
 // unit-tested without a /proc (test/unit/procfs_test.cc).
@@ -31,6 +32,18 @@ bool parse_stat(const char* text, std::size_t len, Stat* out) noexcept;
 // Reads and parses /proc/<pid>/stat (pid 0: self). 0, or the errno of the
 // failure (ENOENT/ESRCH: no such process; EINVAL: unparsable).
 int read_stat(std::uint32_t pid, Stat* out) noexcept;
+
+// What the one rule of liveness (shm::judge_liveness) judges a process by:
+// its stat line and, when asked for, its pid namespace.
+struct Process {
+  int error = 0;                  // 0, or why nothing was read (ENOENT/ESRCH: no such process)
+  Stat stat;                      // valid when error == 0
+  std::uint64_t pidns_inode = 0;  // stat("/proc/<pid>/ns/pid").st_ino; 0: not asked for, or no access
+};
+// Reads /proc/<pid>/stat (pid 0: self) and, with want_pidns, the inode of its
+// ns/pid link (which needs ptrace access: another user's process keeps 0).
+// Returns out->error.
+int read_process(std::uint32_t pid, bool want_pidns, Process* out) noexcept;
 
 // The "NSpid:" line of /proc/<pid>/status: the pid in each pid namespace
 // from the outermost this /proc can see to the process's own. False when

@@ -70,7 +70,7 @@ int add_slot(Region* r, std::uint32_t pid, std::uint64_t pidns, std::uint64_t st
 bool identity(std::uint32_t host_pid, Identity* out) {
   agent::ProcInfo info;
   if (!agent::read_proc_info(host_pid, true, &info)) return false;
-  *out = {host_pid, info.ns_pid, info.pidns_inode, info.start_time};
+  *out = {host_pid, info.ns_pid, info.facts.pidns_inode, info.facts.stat.start_time};
   return true;
 }
 

@@ -72,9 +72,9 @@ TEST(Units, Uuids) {
 TEST(Units, ProcInfoOfThisProcess) {
   ProcInfo info;
   ASSERT_TRUE(read_proc_info(static_cast<std::uint32_t>(getpid()), true, &info));
-  EXPECT_NE(info.pidns_inode, 0u);
-  EXPECT_NE(info.start_time, 0u);
+  EXPECT_NE(info.facts.pidns_inode, 0u);
+  EXPECT_NE(info.facts.stat.start_time, 0u);
   EXPECT_EQ(info.ns_pid, static_cast<std::uint32_t>(getpid()));
-  EXPECT_FALSE(info.zombie);
+  EXPECT_NE(info.facts.stat.state, 'Z');
   EXPECT_FALSE(read_proc_info(0x7ffffff0u, false, &info));
 }

@@ -92,6 +92,9 @@ const Scenario kScenarios[] = {
     {"gate", "stuck-release", "MIB [keep]", kInit,
      [](const Args& a) { return gate::stuck_release(a.mib(0), a.flag(1, "keep")); }},
 
+    {"holder", "fork-child", "MIB", kInit, [](const Args& a) { return holder::fork_child(a.mib(0)); }},
+    {"holder", "main-exits", "MIB", kInit, [](const Args& a) { return holder::main_exits(a.mib(0)); }},
+
     {"monitor", "hold", "MIB HOLD_MS [checkpoint]", kInit,
      [](const Args& a) { return monitor::hold(a.mib(0), a.number<unsigned>(1), a.flag(2, "checkpoint"), false); }},
     {"monitor", "hold-managed", "MIB HOLD_MS", kInit,

@@ -166,6 +166,10 @@ int stuck_release(std::size_t bytes, bool keep);
 namespace reserve {
 int thread_exit(int threads, std::size_t bytes, std::size_t big);
 }
+namespace holder {
+int fork_child(std::size_t bytes);
+[[noreturn]] int main_exits(std::size_t bytes);
+}  // namespace holder
 namespace monitor {
 int hold(std::size_t bytes, unsigned hold_ms, bool checkpoint, bool managed);
 }

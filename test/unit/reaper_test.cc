@@ -93,9 +93,9 @@ TEST_F(Reaper, DeadProcessStaysCountedWhileItsForkedChildHoldsItsFiles) {
   ASSERT_TRUE(limiter::reserve(region_, slot_, dev, 1000, self_));
   const int own = open(path_.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(own, 0);
-  shm::set_slot_lock_fd(region_, own);
-  int hold[2];    // the grandchild lives until the write end closes
-  int report[2];  // the child tells its child's pid
+  const shm::Observer observer(self_, own);  // our own description shows the others' slot locks
+  int hold[2];                               // the grandchild lives until the write end closes
+  int report[2];                             // the child tells its child's pid
   ASSERT_EQ(pipe(hold), 0);
   ASSERT_EQ(pipe(report), 0);
   const pid_t pid = fork_child([&] {
@@ -118,7 +118,7 @@ TEST_F(Reaper, DeadProcessStaysCountedWhileItsForkedChildHoldsItsFiles) {
   ASSERT_EQ(wait_child(pid), 0);
   pid_t grandchild = -1;
   ASSERT_EQ(read(report[0], &grandchild, sizeof grandchild), static_cast<ssize_t>(sizeof grandchild));
-  EXPECT_EQ(reap_dead(region_, self_), 0) << "dead, but its forked child holds its files";
+  EXPECT_EQ(reap_dead(region_, observer), 0) << "dead, but its forked child holds its files";
   EXPECT_EQ(used(dev), 6000u);
   close(hold[1]);
   // Gone, or a zombie (reparented; its files are closed) that is the last of
@@ -135,9 +135,8 @@ TEST_F(Reaper, DeadProcessStaysCountedWhileItsForkedChildHoldsItsFiles) {
     if (!gone) usleep(10 * 1000);
   }
   ASSERT_TRUE(gone);
-  EXPECT_EQ(reap_dead(region_, self_), 1);
+  EXPECT_EQ(reap_dead(region_, observer), 1);
   EXPECT_EQ(used(dev), 1000u);
-  shm::set_slot_lock_fd(region_, -1);
   close(own);
   close(report[0]);
   close(report[1]);
@@ -317,7 +316,7 @@ TEST_F(Reaper, OtherNamespacesAreLeftToTheAgent) {
     int slot;
     Region* r;
   } ctx{slot, region_};
-  auto is_dead = [](const Slot& s, void* p) {
+  auto is_dead = [](const Slot& s, shm::SlotLock, void* p) {
     auto* c = static_cast<Ctx*>(p);
     return &s == &c->r->slots[c->slot];
   };
@@ -344,7 +343,7 @@ TEST_F(Reaper, UnsettledSnapshotLeavesWorkForTheNext) {
   EXPECT_EQ(region_->slots[local_dead].state.load(), kSlotReaping);
   EXPECT_EQ(region_->header.reaper_lock.load(), 0u);
   EXPECT_EQ(used(dev), 47u);
-  auto is_dead = [](const Slot& s, void* p) { return &s == static_cast<Slot*>(p); };
+  auto is_dead = [](const Slot& s, shm::SlotLock, void* p) { return &s == static_cast<Slot*>(p); };
   EXPECT_EQ(limiter::reap_slots(region_, is_dead, &region_->slots[stuck]), 2);  // adopts the marked one
   EXPECT_EQ(used(dev), 0u);
 }

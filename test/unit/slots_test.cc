@@ -1,10 +1,12 @@
 // Process identity, liveness, slot claims and device entries.
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <atomic>
 #include <cstring>
 #include <fstream>
@@ -164,6 +166,69 @@ TEST_F(SlotLiveness, OtherOrUnknownNamespaceIsUnknown) {
   shm::ProcessIdentity blind = self_;
   blind.pidns_inode = 0;  // an observer without /proc
   EXPECT_EQ(shm::slot_liveness(region_->slots[a], blind), Liveness::unknown);
+}
+
+// The one rule (shm::judge_liveness), over facts as /proc gives them: the
+// library and the node agent both judge through it.
+TEST(JudgeLiveness, OneRuleOverTheFacts) {
+  constexpr std::uint64_t kNs = 4026531836u, kStart = 12345;
+  auto facts = [](int error, char state, std::uint64_t threads, std::uint64_t start, std::uint64_t ns) {
+    platform::procfs::Process p;
+    p.error = error;
+    p.stat.state = state;
+    p.stat.num_threads = threads;
+    p.stat.start_time = start;
+    p.pidns_inode = ns;
+    return p;
+  };
+  using shm::SlotLock;
+  const auto judge = [&](const platform::procfs::Process& p, SlotLock lock) {
+    return shm::judge_liveness(p, kNs, kStart, lock);
+  };
+  const auto running = facts(0, 'S', 4, kStart, kNs);
+  const auto gone = facts(ENOENT, 0, 0, 0, 0);
+  EXPECT_EQ(judge(running, SlotLock::unknown), Liveness::alive);
+  EXPECT_EQ(judge(gone, SlotLock::unknown), Liveness::dead);
+  EXPECT_EQ(judge(facts(ESRCH, 0, 0, 0, 0), SlotLock::free), Liveness::dead);
+  EXPECT_EQ(judge(facts(EACCES, 0, 0, 0, 0), SlotLock::free), Liveness::alive) << "cannot be proved dead";
+  // A forked child holds the slot's lock: alive whatever /proc says of the parent.
+  EXPECT_EQ(judge(gone, SlotLock::held), Liveness::alive);
+  EXPECT_EQ(judge(facts(0, 'Z', 1, kStart, kNs), SlotLock::held), Liveness::alive);
+  // Zombies: dead as the last of their threads, alive while others run.
+  EXPECT_EQ(judge(facts(0, 'Z', 1, kStart, kNs), SlotLock::free), Liveness::dead);
+  EXPECT_EQ(judge(facts(0, 'X', 1, kStart, kNs), SlotLock::unknown), Liveness::dead);
+  EXPECT_EQ(judge(facts(0, 'Z', 2, kStart, kNs), SlotLock::free), Liveness::alive);
+  // The pid reused: another start time, or another namespace (when read).
+  EXPECT_EQ(judge(facts(0, 'S', 1, kStart + 1, kNs), SlotLock::free), Liveness::dead);
+  EXPECT_EQ(judge(facts(0, 'Z', 3, kStart + 1, kNs), SlotLock::free), Liveness::dead);
+  EXPECT_EQ(judge(facts(0, 'S', 1, kStart, kNs + 1), SlotLock::free), Liveness::dead);
+  EXPECT_EQ(judge(facts(0, 'S', 1, kStart, 0), SlotLock::free), Liveness::alive) << "namespace not read";
+  // Start time 0 is unknown; a mask compares the low bits only.
+  EXPECT_EQ(shm::judge_liveness(facts(0, 'S', 1, 999, kNs), kNs, 0, SlotLock::free), Liveness::alive);
+  EXPECT_EQ(shm::judge_liveness(facts(0, 'S', 1, 0x100 | 0x2a, kNs), kNs, 0x2a, SlotLock::free, 0xff), Liveness::alive);
+}
+
+// The slot lock is probed through the descriptor the caller passes (the
+// library's, or the node agent's own): nothing process-global.
+TEST_F(SlotLiveness, SlotLockSeenThroughTheCallersOwnDescriptor) {
+  const int slot = shm::claim_slot(region_, self_);
+  ASSERT_GE(slot, 0);
+  const int owner = open(path_.c_str(), O_RDWR | O_CLOEXEC);
+  const int agent = open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // an observer that never registered anything
+  ASSERT_GE(owner, 0);
+  ASSERT_GE(agent, 0);
+  EXPECT_EQ(shm::probe_slot_lock(agent, slot), shm::SlotLock::free);
+  ASSERT_TRUE(shm::lock_slot_file(owner, slot));
+  EXPECT_EQ(shm::probe_slot_lock(agent, slot), shm::SlotLock::held);
+  EXPECT_EQ(shm::probe_slot_lock(owner, slot), shm::SlotLock::free) << "its own description's lock is never reported";
+  EXPECT_EQ(shm::probe_slot_lock(-1, slot), shm::SlotLock::unknown);
+  EXPECT_EQ(shm::probe_slot_lock(agent, -1), shm::SlotLock::unknown);
+  EXPECT_EQ(shm::slot_liveness(region_->slots[slot], shm::Observer(self_, agent), shm::SlotLock::held),
+            Liveness::alive);
+  shm::unlock_slot_file(owner, slot);
+  EXPECT_EQ(shm::probe_slot_lock(agent, slot), shm::SlotLock::free);
+  close(owner);
+  close(agent);
 }
 
 class Slots : public RegionFixture {};

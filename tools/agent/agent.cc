@@ -21,21 +21,24 @@ std::uint64_t thread_cpu_ns() {
 }
 
 // The reaper asks about each live slot: dead only if this cycle found its
-// process gone and the slot still holds that same process.
+// process dead, the slot still holds that same process, and the library's
+// rule, given the slot's file lock, agrees (shm::judge_liveness: a child it
+// forked that still holds the driver's files keeps its memory on the device).
 struct DeadSlots {
   const Region* region;
-  const std::vector<char>* dead;
-  const std::vector<ProcessKey>* keys;
+  const std::vector<const SlotSample*>* dead;
 };
 
-bool slot_is_dead(const Slot& s, void* ctx) {
+bool slot_is_dead(const Slot& s, shm::SlotLock lock, void* ctx) {
   const auto* d = static_cast<const DeadSlots*>(ctx);
   const std::ptrdiff_t index = &s - d->region->slots;
   if (index < 0 || index >= static_cast<std::ptrdiff_t>(kMaxSlots)) return false;
-  const auto i = static_cast<std::size_t>(index);
-  if (!(*d->dead)[i]) return false;
-  const ProcessKey& k = (*d->keys)[i];
-  return s.pid.load() == k.pid && s.pidns_inode.load() == k.pidns_inode && s.start_time.load() == k.start_time;
+  const SlotSample* sample = (*d->dead)[static_cast<std::size_t>(index)];
+  if (sample == nullptr) return false;
+  const ProcessKey& k = sample->key;
+  if (s.pid.load() != k.pid || s.pidns_inode.load() != k.pidns_inode || s.start_time.load() != k.start_time)
+    return false;
+  return shm::judge_liveness(sample->res.facts, k.pidns_inode, k.start_time, lock) == shm::Liveness::dead;
 }
 
 std::vector<RegionRoot> region_roots(const AgentConfig& c) {
@@ -53,8 +56,7 @@ Agent::Agent(AgentConfig config)
     : config_(std::move(config)),
       regions_(region_roots(config_), config_.max_regions),
       reconciler_(config_.bypass_tolerance_bytes, pidmap_.own_pidns()),
-      dead_flags_(kMaxSlots, 0),
-      dead_keys_(kMaxSlots) {
+      dead_(kMaxSlots, nullptr) {
   shm::read_identity(0, &self_);
   pidmap_.set_unseen_grace_ns(config_.unseen_grace_ns);
   install_fault_guard();
@@ -191,20 +193,21 @@ int Agent::reap(TrackedRegion& t) {
   bool any = t.sample.reaping_slots != 0;  // a reaper died mid-way: finish its work
   for (const SlotSample& s : t.sample.slots) {
     if (s.res.fate == Fate::dead) {
-      dead_flags_[static_cast<std::size_t>(s.index)] = 1;
-      dead_keys_[static_cast<std::size_t>(s.index)] = s.key;
+      dead_[static_cast<std::size_t>(s.index)] = &s;
       any = true;
     }
   }
   if (!any) return 0;
-  DeadSlots ctx{t.map.get(), &dead_flags_, &dead_keys_};
+  DeadSlots ctx{t.map.get(), &dead_};
+  // Our own description of the region file shows the slots' file locks.
+  const shm::Observer observer(self_, t.map.fd());
   int freed = 0;
-  if (!guarded([&] { freed = limiter::reap_slots(t.map.get(), self_, slot_is_dead, &ctx); })) {
+  if (!guarded([&] { freed = limiter::reap_slots(t.map.get(), observer, slot_is_dead, &ctx); })) {
     ++stats_.regions_dropped_truncated;
     regions_.drop(t, "the file was truncated under us (SIGBUS)");
     freed = 0;
   }
-  for (const SlotSample& s : t.sample.slots) dead_flags_[static_cast<std::size_t>(s.index)] = 0;
+  for (const SlotSample& s : t.sample.slots) dead_[static_cast<std::size_t>(s.index)] = nullptr;
   if (freed > 0) {
     stats_.slots_reaped += static_cast<std::uint64_t>(freed);
     log(LogLevel::info, "region %s: reclaimed %d slot(s) of exited processes", t.rel.c_str(), freed);

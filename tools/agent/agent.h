@@ -106,8 +106,7 @@ class Agent {
   shm::ProcessIdentity self_{};
   std::vector<SlotSample> scratch_;
   std::vector<TrackedRegion*> active_;
-  std::vector<char> dead_flags_;
-  std::vector<ProcessKey> dead_keys_;
+  std::vector<const SlotSample*> dead_;  // per slot index: this cycle's sample of a process found dead
   std::uint64_t last_rescan_ns_ = 0;
   std::uint64_t last_verify_ns_ = 0;
   bool rescanned_ = false;

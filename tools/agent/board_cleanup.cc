@@ -8,7 +8,7 @@
 
 #include <cstring>
 
-#include "gpuslice/priority_board.h"
+#include "shm/priority_board.h"
 
 namespace gpuslice::agent {
 namespace {
@@ -16,19 +16,6 @@ namespace {
 bool ends_with_act(const char* name) {
   const std::size_t n = std::strlen(name);
   return n > 4 && std::strcmp(name + n - 4, ".act") == 0;
-}
-
-// Whether any process holds a liveness lock on the file (shm::hold_liveness:
-// an OFD read lock beyond kPriorityLivenessBase). Unknown counts as held.
-bool liveness_held(int fd) {
-  struct flock fl;
-  std::memset(&fl, 0, sizeof fl);
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = static_cast<off_t>(kPriorityLivenessBase);
-  fl.l_len = 0;  // to the end of any file
-  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
-  return fl.l_type != F_UNLCK;
 }
 
 std::uint64_t mtime_ns(const struct stat& st) {
@@ -53,7 +40,7 @@ void clean_level(const std::string& board, const char* level, std::uint64_t now,
     struct stat st;
     const bool regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
     if (regular) ++out->examined;
-    const bool stale = regular && mtime_ns(st) + grace < now && !liveness_held(fd);
+    const bool stale = regular && mtime_ns(st) + grace < now && !shm::any_writer_alive(fd);
     // Unlink only the file we judged: it may have been replaced meanwhile.
     struct stat now_st;
     if (stale && fstatat(dfd, e->d_name, &now_st, AT_SYMLINK_NOFOLLOW) == 0 && now_st.st_dev == st.st_dev &&

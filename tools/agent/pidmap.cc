@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "platform/procfs.h"
+#include "shm/region_file.h"
 
 using namespace std::string_literals;
 
@@ -28,24 +29,23 @@ int pidfd_open(std::uint32_t pid) { return static_cast<int>(syscall(SYS_pidfd_op
 
 bool read_proc_info(std::uint32_t host_pid, bool want_ns_pid, ProcInfo* out) {
   *out = ProcInfo{};
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%u/ns/pid", host_pid);
-  struct stat st {};
-  if (stat(path, &st) == 0) {
-    out->pidns_inode = st.st_ino;
-  } else if (errno == ENOENT || errno == ESRCH) {
-    return false;
-  }  // else (EACCES: no ptrace access): namespace unknown
-  platform::procfs::Stat stat_line;
-  if (platform::procfs::read_stat(host_pid, &stat_line) != 0) return false;
-  out->start_time = stat_line.start_time;
-  out->zombie = stat_line.state == 'Z' || stat_line.state == 'X';
+  // (EACCES on the ns link, no ptrace access: namespace unknown, 0.)
+  if (platform::procfs::read_process(host_pid, true, &out->facts) != 0) return false;
   if (want_ns_pid) {
     platform::procfs::NsPids ns;
     if (const int e = platform::procfs::read_nspid(host_pid, &ns); e != 0 && e != EINVAL) return false;
     out->ns_pid = ns.innermost;  // 0 without an NSpid line
   }
   return true;
+}
+
+Fate judge(const ProcessKey& key, const platform::procfs::Process& facts) {
+  switch (shm::judge_liveness(facts, key.pidns_inode, key.start_time, shm::SlotLock::unknown)) {
+    case shm::Liveness::alive: return Fate::alive;
+    case shm::Liveness::dead: return Fate::dead;
+    case shm::Liveness::unknown: break;
+  }
+  return Fate::unknown;
 }
 
 PidMap::PidMap() {
@@ -71,10 +71,18 @@ void PidMap::begin_cycle(std::uint64_t now_ns) {
     for (int i = 0; i < n; ++i) {
       auto it = watch_ids_.find(events[i].data.u64);
       if (it == watch_ids_.end()) continue;
-      auto entry = entries_.find(it->second);
+      const ProcessKey key = it->second;
+      auto entry = entries_.find(key);
       if (entry != entries_.end()) {
-        entry->second.res.fate = Fate::dead;
-        unwatch(entry->second);
+        // The whole thread group has exited (a pidfd is readable only then):
+        // what /proc says now is judged like any other fact. Without its
+        // pidfd, a process still alive is re-checked in /proc (verify).
+        Entry& e = entry->second;
+        const std::uint32_t host_pid = e.res.host_pid;
+        unwatch(e);
+        ProcInfo info;
+        read_proc_info(host_pid, false, &info);
+        settle(key, e, host_pid, info.facts);
         ++exits_this_cycle_;
       }
     }
@@ -135,18 +143,11 @@ void PidMap::end_cycle() {
 }
 
 void PidMap::resolve_own(const ProcessKey& key, Entry& e) {
+  // Our namespace: the pid is authoritative.
   ProcInfo info;
-  if (!read_proc_info(key.pid, false, &info)) {
-    e.res = {0, Fate::dead};  // our namespace: the pid is authoritative
-    return;
-  }
-  if (info.pidns_inode == 0) return;  // no access to its namespace: cannot tell
-  if (info.pidns_inode != own_pidns_ || (key.start_time != 0 && info.start_time != key.start_time) || info.zombie) {
-    e.res = {0, Fate::dead};  // gone, or the pid now belongs to another process
-    return;
-  }
-  e.res = {key.pid, Fate::alive};
-  watch(e, key);
+  const bool exists = read_proc_info(key.pid, false, &info);
+  if (exists && info.facts.pidns_inode == 0) return;  // no access to its namespace: cannot tell
+  if (settle(key, e, key.pid, info.facts) == Fate::alive) watch(e, key);
 }
 
 void PidMap::full_scan(const std::unordered_set<std::uint64_t>& namespaces) {
@@ -165,27 +166,31 @@ void PidMap::full_scan(const std::unordered_set<std::uint64_t>& namespaces) {
     if (stat(path, &st) != 0) continue;
     if (seen_namespaces_.size() < 65536) seen_namespaces_.insert(st.st_ino);
     if (namespaces.count(st.st_ino) == 0) continue;
+    // A zombie too: the rule judges it (its threads may still run).
     ProcInfo info;
-    if (!read_proc_info(static_cast<std::uint32_t>(pid), true, &info) || info.zombie) continue;
-    if (info.pidns_inode != st.st_ino || info.ns_pid == 0) continue;  // changed under us
-    index_[{info.pidns_inode, info.ns_pid}] = {static_cast<std::uint32_t>(pid), info.start_time};
+    if (!read_proc_info(static_cast<std::uint32_t>(pid), true, &info)) continue;
+    if (info.facts.pidns_inode != st.st_ino || info.ns_pid == 0) continue;  // changed under us
+    index_[{info.facts.pidns_inode, info.ns_pid}] = {static_cast<std::uint32_t>(pid), info.facts};
   }
   closedir(dir);
 }
 
 void PidMap::settle_from_index(const ProcessKey& key, Entry& e, std::uint64_t now_ns) {
   auto it = index_.find({key.pidns_inode, key.pid});
-  if (it != index_.end() && (key.start_time == 0 || it->second.start_time == key.start_time)) {
-    e.res = {it->second.host_pid, Fate::alive};
+  if (it != index_.end() && (key.start_time == 0 || it->second.facts.stat.start_time == key.start_time)) {
     e.scans_missed = 0;
-    watch(e, key);
+    if (settle(key, e, it->second.host_pid, it->second.facts) == Fate::alive) watch(e, key);
     return;
   }
   ++e.scans_missed;
   // Only a namespace we can see (we are in the initial one, or a scan found
   // it before) lets absence mean death; otherwise the agent is blind to it.
   const bool visible = in_initial_namespace() || seen_namespaces_.count(key.pidns_inode) != 0;
-  if (visible && e.scans_missed >= 2 && now_ns - e.first_seen_ns >= unseen_grace_ns_) e.res = {0, Fate::dead};
+  if (visible && e.scans_missed >= 2 && now_ns - e.first_seen_ns >= unseen_grace_ns_) {
+    platform::procfs::Process absent;
+    absent.error = ENOENT;  // no process of its namespace has its pid
+    settle(key, e, 0, absent);
+  }
   if (!visible && e.scans_missed == 2) {
     log_once(LogLevel::warn, "invisible-ns:"s + std::to_string(key.pidns_inode),
              "no process of pid namespace %llu is visible in /proc: its processes cannot be mapped to host pids or "
@@ -203,17 +208,19 @@ void PidMap::watch(Entry& e, const ProcessKey& key) {
       log(LogLevel::info, "pidfd_open unavailable (%s): process exits are checked in /proc at reap time",
           std::strerror(errno));
     } else if (errno == ESRCH) {
-      e.res = {0, Fate::dead};
+      platform::procfs::Process gone;
+      gone.error = ESRCH;
+      settle(key, e, e.res.host_pid, gone);
     }
     return;
   }
   // The pid may have been recycled between the lookup and pidfd_open: the
-  // pidfd is for the right process only if the start time still matches.
+  // pidfd is for the right process only if it is still judged alive (the
+  // start time matches) afterwards.
   ProcInfo info;
-  if (!read_proc_info(e.res.host_pid, false, &info) || (key.start_time != 0 && info.start_time != key.start_time) ||
-      info.zombie) {
+  read_proc_info(e.res.host_pid, false, &info);
+  if (settle(key, e, e.res.host_pid, info.facts) != Fate::alive) {
     close(fd);
-    e.res = {0, Fate::dead};
     return;
   }
   const std::uint64_t id = next_watch_id_++;
@@ -239,10 +246,14 @@ void PidMap::unwatch(Entry& e) {
 
 void PidMap::verify(const ProcessKey& key, Entry& e) {
   ProcInfo info;
-  if (!read_proc_info(e.res.host_pid, false, &info) || info.zombie ||
-      (key.start_time != 0 && info.start_time != key.start_time)) {
-    e.res = {0, Fate::dead};
-  }
+  read_proc_info(e.res.host_pid, false, &info);
+  settle(key, e, e.res.host_pid, info.facts);
+}
+
+Fate PidMap::settle(const ProcessKey& key, Entry& e, std::uint32_t host_pid, const platform::procfs::Process& facts) {
+  const Fate fate = judge(key, facts);
+  e.res = {fate == Fate::alive ? host_pid : 0, fate, facts};
+  return fate;
 }
 
 }  // namespace gpuslice::agent

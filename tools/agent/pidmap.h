@@ -10,7 +10,11 @@
 // Resolved processes are watched through a pidfd in one epoll set, so that
 // noticing exits costs one epoll_wait per cycle, not a syscall per process;
 // without pidfds (old kernel, descriptor limit) they are re-checked in /proc
-// at reap time instead.
+// at reap time instead. Whether a process is dead is never decided here: what
+// /proc says of it is judged by the library's rule, shm::judge_liveness (a
+// zombie leader whose threads still run is alive), and the agent's reaper
+// judges it once more with the slot's file lock (a forked child holding the
+// driver's files keeps the slot).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include "platform/procfs.h"
 
 namespace gpuslice::agent {
 
@@ -41,19 +47,24 @@ struct ProcessKeyHash {
 enum class Fate { alive, dead, unknown };
 
 struct Resolution {
-  std::uint32_t host_pid = 0;  // 0 = not known
+  std::uint32_t host_pid = 0;  // 0 = not known (or dead)
   Fate fate = Fate::unknown;
+  // What /proc said of the process when its fate was last judged (an error
+  // ENOENT when it is gone): the reaper judges it again with the slot's lock.
+  platform::procfs::Process facts;
 };
 
 // What /proc says about one host pid.
 struct ProcInfo {
-  std::uint64_t pidns_inode = 0;
-  std::uint64_t start_time = 0;
-  std::uint32_t ns_pid = 0;  // last NSpid field: the pid in its own namespace
-  bool zombie = false;
+  platform::procfs::Process facts;  // stat line and pid namespace
+  std::uint32_t ns_pid = 0;         // last NSpid field: the pid in its own namespace
 };
-// false if the process does not exist (or /proc cannot be read).
+// false if the process does not exist (or /proc cannot be read): facts.error.
 bool read_proc_info(std::uint32_t host_pid, bool want_ns_pid, ProcInfo* out);
+// The process's fate by the one rule (shm::judge_liveness), the process alone
+// (its slot's lock unknown): key is the slot's identity, facts what /proc says
+// of the host pid taken for it.
+Fate judge(const ProcessKey& key, const platform::procfs::Process& facts);
 
 class PidMap {
  public:
@@ -95,7 +106,7 @@ class PidMap {
   };
   struct IndexValue {
     std::uint32_t host_pid;
-    std::uint64_t start_time;
+    platform::procfs::Process facts;
   };
   struct NsPidKey {
     std::uint64_t pidns;
@@ -114,6 +125,8 @@ class PidMap {
   void watch(Entry& e, const ProcessKey& key);
   void unwatch(Entry& e);
   void verify(const ProcessKey& key, Entry& e);
+  // Judges facts of host_pid for key's entry: alive keeps the host pid.
+  Fate settle(const ProcessKey& key, Entry& e, std::uint32_t host_pid, const platform::procfs::Process& facts);
 
   std::uint64_t own_pidns_ = 0;
   int epoll_fd_ = -1;

@@ -191,8 +191,9 @@ void Reconciler::attribute_unregistered(const std::unordered_map<std::uint64_t, 
       NsCache& c = it->second;
       if (inserted || now_ns_ - c.checked_ns >= kRecheckNs) {
         ProcInfo info;
-        c = read_proc_info(host_pid, false, &info) ? NsCache{info.pidns_inode, info.start_time, now_ns_}
-                                                   : NsCache{0, 0, now_ns_};
+        c = read_proc_info(host_pid, false, &info)
+                ? NsCache{info.facts.pidns_inode, info.facts.stat.start_time, now_ns_}
+                : NsCache{0, 0, now_ns_};
       }
       // Our own (or the initial) namespace holds every process of the node
       // that is not in a container: nothing to attribute it to.

@@ -44,6 +44,9 @@ class MappedRegion {
   Region* get() const { return region_; }
   explicit operator bool() const { return region_ != nullptr; }
   bool writable() const { return writable_; }
+  // Our own open description of the file: the slots' file locks are probed
+  // through it (shm::probe_slot_lock).
+  int fd() const { return fd_; }
   dev_t device() const { return device_; }
   ino_t inode() const { return inode_; }
   void reset();
