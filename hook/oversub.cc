@@ -55,7 +55,7 @@ void publish(int entry) noexcept {
 // refusing, spilling or waiting, as the quota path does, and again while
 // waiting (a holder may die meanwhile). At most once per wait slice per
 // process: under `spill` being over the allowance is the steady state, and a
-// reap costs a kill(pid, 0) and a /proc read per live slot.
+// reap costs a slot-lock probe and a /proc read per live slot.
 std::atomic<std::uint64_t> g_last_reap_ns{0};
 
 void reap_if_due() noexcept {
