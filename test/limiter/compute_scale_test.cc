@@ -197,6 +197,71 @@ TEST_P(LongLaunches, TheNextGraphIsNotHeldForMinutes) {
   EXPECT_GE(b, 25.0) << "scale after A " << scale_a;
 }
 
+// The bound alone: a scale of 2500 x nominal (a 500 ms kernel's) on 100 us
+// kernels of a container that measurably uses nothing at that price, one
+// launch a window (the bucket's pace at that price). The new baseline settles
+// at once (the device is idle); the bound leaves 4 queues' worth (80 ms at
+// the price: 1.6 launches) as possibly not run yet, so the third window
+// refutes the scale: to what 7 us nominal and the 200 us signal floor support.
+TEST(ComputeControl, AScaleTheMeasurementRefutesIsLowered) {
+  Device dev(50, false);
+  DeviceState& d = *dev.d;
+  d.cost_scale_ppm.store(2'500'000'000);
+  scale_updated_ns(d).store(1);
+  ControlState s;
+  control_begin(d, s);
+  for (int i = 0; i < 3; ++i) {
+    spend(d, price_ns(20'000, d.cost_scale_ppm.load()));
+    control_step(d, s, Measurement{50 * kMs, 0, 0, 0}, 2 + i);
+  }
+  EXPECT_LE(d.cost_scale_ppm.load(), 30'000'000u);
+  EXPECT_GE(d.cost_scale_ppm.load(), 20'000'000u);
+}
+
+// ... but a weak signal that agrees with the scale leaves it alone: 100 us
+// kernels priced at their 5 x, one per window, measured exactly.
+TEST(ComputeControl, AWeakSignalThatAgreesKeepsTheScale) {
+  Device dev(50, false);
+  DeviceState& d = *dev.d;
+  d.cost_scale_ppm.store(5'000'000);
+  scale_updated_ns(d).store(1);
+  ControlState s;
+  control_begin(d, s);
+  for (int i = 0; i < 20; ++i) {
+    spend(d, price_ns(20'000, d.cost_scale_ppm.load()));
+    control_step(d, s, Measurement{50 * kMs, 100'000, 0, 0}, 2 + i);
+    EXPECT_NEAR(static_cast<double>(d.cost_scale_ppm.load()), 5e6, 5e5) << "step " << i;
+  }
+}
+
+// A new owner finds a departed process's kernel still running (the device
+// full of the container's time, with next to nothing admitted): that time is
+// charged (the true-up) but not priced against the new admissions, until the
+// device has been idle once.
+TEST(ComputeControl, WorkQueuedBeforeTheBaselineIsNotPriced) {
+  Device dev(50, false);
+  DeviceState& d = *dev.d;
+  d.cost_scale_ppm.store(250'000);
+  scale_updated_ns(d).store(1);
+  ControlState s;
+  control_begin(d, s);
+  for (int i = 0; i < 10; ++i) {
+    spend(d, price_ns(20'000, d.cost_scale_ppm.load()));
+    const StepResult r = control_step(d, s, Measurement{50 * kMs, 50 * kMs, 0, 0}, 2 + i);
+    EXPECT_EQ(r.adjust_ns, price_ns(20'000, 250'000) - static_cast<std::int64_t>(50 * kMs));  // charged
+    EXPECT_EQ(d.cost_scale_ppm.load(), 250'000u) << "step " << i;                             // not priced
+  }
+  EXPECT_FALSE(s.settled);
+  control_step(d, s, Measurement{50 * kMs, 10 * kMs, 0, 0}, 20);  // the device idled: drained
+  EXPECT_TRUE(s.settled);
+  EXPECT_EQ(d.cost_scale_ppm.load(), 250'000u);  // that window may hold the old work still
+  for (int i = 0; i < 10; ++i) {
+    spend(d, price_ns(2'000'000, d.cost_scale_ppm.load()));            // 2 ms nominal ...
+    control_step(d, s, Measurement{50 * kMs, 1 * kMs, 0, 0}, 30 + i);  // ... that took 1 ms
+  }
+  EXPECT_NEAR(static_cast<double>(d.cost_scale_ppm.load()), 500'000.0, 50'000.0);
+}
+
 TEST(ComputeControl, ANewOwnerInheritsABoundedDebt) {
   Device dev(50, false);
   DeviceState& d = *dev.d;
