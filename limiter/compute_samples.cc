@@ -151,6 +151,10 @@ bool samples_reduce(SampleClock& c, nvmlReturn_t rc, const nvmlProcessUtilizatio
   out->window_ns = window_ns;
   out->busy_ns = split.busy_ns;
   out->others_ns = split.others_ns;
+  // A sampling NVML reports whole percents of its period: each of the
+  // container's samples may be half a percent off (one process's worth is
+  // counted; more is noise the sums average out). An exact one is exact.
+  out->resolution_ns = c.periodic ? window_ns / 200 : 0;
   return true;
 }
 
