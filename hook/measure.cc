@@ -52,7 +52,6 @@ bool counting_init() noexcept {
 // any thread of the parent a forked child inherited the counters from.
 std::atomic<std::uint64_t>* claim_op_counter() noexcept {
   std::atomic<std::uint64_t>* mine = &g_counting_ops;
-  ThreadReserve* reserve = nullptr;
   const int saved_errno = errno;  // the caller's errno survives our syscalls
   const std::uint64_t epoch = platform::table_detail::process_epoch();
   if (g_counting_state.load(std::memory_order_relaxed) == 2) {
@@ -66,11 +65,7 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
         // (an increase, so a measurement spanning it is not taken as exact).
         const std::uint64_t v = c.ops.load(std::memory_order_relaxed);
         if (v & 1) c.ops.store(v + 1, std::memory_order_release);
-        // Whatever a previous owner kept stays counted (its exit gave it
-        // back if it could; a parent's was the parent's claim): start empty.
-        reset_thread_reserve(c.reserve);
         mine = &c.ops;
-        reserve = &c.reserve;
         break;
       }
     }
@@ -78,21 +73,7 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
   errno = saved_errno;
   t_op_epoch = epoch;
   t_op_counter = mine;
-  t_reserve = reserve;
   return mine;
-}
-
-std::uint64_t thread_reserves_on(int entry) noexcept {
-  const int slot = g_process.slot.load(std::memory_order_acquire);
-  const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);
-  std::uint64_t sum = 0;
-  for (const OpCounter& c : g_op_counters) {
-    const ThreadReserve& t = c.reserve;
-    if (t.slot.load(std::memory_order_relaxed) == slot && t.entry.load(std::memory_order_relaxed) == entry &&
-        t.tag.load(std::memory_order_relaxed) == tag)
-      sum += t.bytes.load(std::memory_order_relaxed);
-  }
-  return sum;
 }
 
 bool op_counter_owner_alive(std::uint64_t owner) noexcept {
@@ -114,12 +95,11 @@ std::uint64_t committed_on(int entry) noexcept {
   const int slot = g_process.slot.load(std::memory_order_acquire);
   if (entry < 0 || slot < 0 || g_process.region == nullptr) return 0;
   // In use only: allocations served from the spare quota lease move NVML's
-  // count but not committed_bytes (limiter/lease.h), and what threads keep
-  // of their frees is counted but not on the device (the thread reserve).
+  // count but not committed_bytes (limiter/lease.h).
   const Slot& s = g_process.region->slots[slot];
   const std::uint64_t committed = s.committed_bytes[entry].load(std::memory_order_acquire);
   const std::uint64_t lease = s.lease[entry].word.load(std::memory_order_acquire);
-  const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease) + thread_reserves_on(entry);
+  const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease);
   return committed > not_used ? committed - not_used : 0;
 }
 

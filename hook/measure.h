@@ -54,7 +54,6 @@ inline bool counting_on() noexcept {
 struct alignas(64) OpCounter {
   std::atomic<std::uint64_t> ops;    // 2 per finished operation of the owner; odd while one is in flight
   std::atomic<std::uint64_t> owner;  // process epoch << 32 | kernel thread id; 0 = free
-  ThreadReserve reserve;             // the owner's thread reserve (hook/account.h)
 };
 inline constexpr unsigned kOpCounters = 256;
 [[gnu::visibility("hidden")]] extern OpCounter g_op_counters[kOpCounters];
@@ -112,10 +111,6 @@ struct CountingOp {
   }
   std::atomic<std::uint64_t>* const counter;
 };
-
-// This process's thread reserves on `entry` for its present claim (every
-// op counter's): counted in committed_bytes, not held on the device.
-std::uint64_t thread_reserves_on(int entry) noexcept;
 
 struct Measure {
   bool nvml;                // before was read

@@ -18,10 +18,10 @@
 //       (counted = cuMemGetInfo's total - free) and what the device holds
 //       (held) once everything is quiet.
 //       With `keep`, a fourth thread first allocates and frees 2 MiB, which
-//       it keeps for itself (the thread reserve: counted, not on the
-//       device) through the measurement, and allocates 2 MiB again (from
-//       it) once the load returned: the settle must not take the kept bytes
-//       for memory on the device.
+//       stay spare in the slot's lease (counted, not on the device) through
+//       the measurement, and allocates 2 MiB again (from it) once the load
+//       returned: the settle must not take the spare bytes for memory on the
+//       device.
 #include <cuda.h>
 #include <sys/stat.h>
 #include <unistd.h>
