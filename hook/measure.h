@@ -68,9 +68,10 @@ bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 
 // Closed (non-zero) while a measurement is in progress (measure_before,
 // below): a counting operation that finds it closed after marking itself
-// in flight takes the mark back and waits for the measurement to end before
-// it calls the driver, so nothing of the process changes the device's usage
-// during a measurement but the measured call itself (docs/memory.md,
+// in flight takes the mark back and waits (asleep on the gate word: a
+// futex the measurer wakes when it opens the gate) for the measurement to
+// end before it calls the driver, so nothing of the process changes the
+// device's usage during a measurement but the measured call itself (docs/memory.md,
 // "Contexts, modules and libraries"). The measurer closes it, then issues
 // membarrier before reading the counters: an operation that marked itself
 // before that barrier is seen in flight and waited for; one that marked

@@ -91,6 +91,8 @@ const Scenario kScenarios[] = {
 
     {"gate", "stuck-release", "MIB [keep]", kInit,
      [](const Args& a) { return gate::stuck_release(a.mib(0), a.flag(1, "keep")); }},
+    {"gate", "hold-cpu", "THREADS [drain]", kInit,
+     [](const Args& a) { return gate::hold_cpu(a.number<int>(0), a.flag(1, "drain")); }},
 
     {"holder", "fork-child", "MIB", kInit, [](const Args& a) { return holder::fork_child(a.mib(0)); }},
     {"holder", "main-exits", "MIB", kInit, [](const Args& a) { return holder::main_exits(a.mib(0)); }},

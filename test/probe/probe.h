@@ -162,6 +162,7 @@ int ctx_race(int tries);
 }  // namespace memory
 namespace gate {
 int stuck_release(std::size_t bytes, bool keep);
+int hold_cpu(int threads, bool drain);
 }  // namespace gate
 namespace reserve {
 int thread_exit(int threads, std::size_t bytes, std::size_t big);
