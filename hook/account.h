@@ -1,6 +1,6 @@
 // The accounting core (account.cc): what an allocation reserves against the
 // container's quota before the driver call, what a free gives back, the
-// records that tie one to the other, and the thread reserve in between.
+// records that tie one to the other.
 // Every counted byte of the preload library goes through reserve(),
 // release() or charge() (limiter's cross-process protocol on this process's
 // slot); the wrappers (memory.cc, arrays.cc, vmm.cc, pools.cc, ...) only say
@@ -32,29 +32,10 @@ bool charge(int entry, std::uint64_t bytes) noexcept;
 using ReclaimFn = void (*)() noexcept;
 void set_pool_reclaim(ReclaimFn fn) noexcept;
 
-// What a thread keeps of its frees for its own next allocations (the thread
-// reserve: account.cc, docs/memory-accounting.md). It lives in the thread's
-// op counter (hook/measure.h), so that a measurement can add up every
-// thread's (thread_reserves_on): written only by its thread (relaxed stores,
-// plain moves), read by the measurer once every operation settled. Counted
-// as in use by the slot (committed_bytes) but not on the device.
-struct ThreadReserve {
-  std::atomic<std::uint64_t> bytes;
-  std::atomic<std::uint64_t> tag;  // the lease tag of the claim it was counted on
-  std::atomic<int> slot;
-  std::atomic<int> entry;
-};
-// The calling thread's reserve (its op counter's), or nullptr: none before
-// its first counting operation, without per-thread counters, in a forked
-// child until it claimed a counter of its own (measure.cc).
-[[gnu::tls_model("initial-exec")]] extern constinit thread_local ThreadReserve* t_reserve;
-// A claimed counter's reserve starts empty (measure.cc calls it).
-void reset_thread_reserve(ThreadReserve& t) noexcept;
-
-// When a thread ends (a pthread key) it gives back its reserve and runs the
-// one function set here (the launch path's: its credit of prices taken
-// ahead). arm_thread_exit() arms that for the calling thread, once; false
-// when no key could be made or set (nothing is then given back).
+// When a thread ends (a pthread key) it runs the one function set here (the
+// launch path's: it gives back its credit of prices taken ahead).
+// arm_thread_exit() arms that for the calling thread, once; false when no key
+// could be made or set (nothing is then run).
 using ThreadExitFn = void (*)() noexcept;
 void set_thread_exit(ThreadExitFn fn) noexcept;
 bool arm_thread_exit() noexcept;

@@ -21,7 +21,7 @@ GPUSLICE_GLIBC_PIN(int, pthread_attr_setstacksize, "GLIBC_2.2.5", (pthread_attr_
 GPUSLICE_GLIBC_PIN(int, pthread_setname_np, "GLIBC_2.12", (pthread_t thread, const char* name), (thread, name))
 GPUSLICE_GLIBC_PIN(int, pthread_mutex_trylock, "GLIBC_2.2.5", (pthread_mutex_t * mutex), (mutex))
 GPUSLICE_GLIBC_PIN(int, pthread_once, "GLIBC_2.2.5", (pthread_once_t * once, void (*init)(void)), (once, init))
-// The thread reserve's exit-time give-back (hook/account.cc).
+// The thread-exit hand-back (hook/account.cc).
 GPUSLICE_GLIBC_PIN(int, pthread_key_create, "GLIBC_2.2.5", (pthread_key_t * key, void (*destructor)(void*)),
                    (key, destructor))
 // glibc declares the value __attr_access_none: GCC then takes forwarding it

@@ -4,13 +4,15 @@
 // gpuslice: hot path (no heap, no locks)
 #include "hook/measure.h"
 
+#include <linux/futex.h>
 #include <linux/membarrier.h>
 #include <pthread.h>
-#include <sched.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <new>
 
 #include "hook/config.h"
@@ -52,7 +54,6 @@ bool counting_init() noexcept {
 // any thread of the parent a forked child inherited the counters from.
 std::atomic<std::uint64_t>* claim_op_counter() noexcept {
   std::atomic<std::uint64_t>* mine = &g_counting_ops;
-  ThreadReserve* reserve = nullptr;
   const int saved_errno = errno;  // the caller's errno survives our syscalls
   const std::uint64_t epoch = platform::table_detail::process_epoch();
   if (g_counting_state.load(std::memory_order_relaxed) == 2) {
@@ -66,11 +67,7 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
         // (an increase, so a measurement spanning it is not taken as exact).
         const std::uint64_t v = c.ops.load(std::memory_order_relaxed);
         if (v & 1) c.ops.store(v + 1, std::memory_order_release);
-        // Whatever a previous owner kept stays counted (its exit gave it
-        // back if it could; a parent's was the parent's claim): start empty.
-        reset_thread_reserve(c.reserve);
         mine = &c.ops;
-        reserve = &c.reserve;
         break;
       }
     }
@@ -78,21 +75,7 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
   errno = saved_errno;
   t_op_epoch = epoch;
   t_op_counter = mine;
-  t_reserve = reserve;
   return mine;
-}
-
-std::uint64_t thread_reserves_on(int entry) noexcept {
-  const int slot = g_process.slot.load(std::memory_order_acquire);
-  const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);
-  std::uint64_t sum = 0;
-  for (const OpCounter& c : g_op_counters) {
-    const ThreadReserve& t = c.reserve;
-    if (t.slot.load(std::memory_order_relaxed) == slot && t.entry.load(std::memory_order_relaxed) == entry &&
-        t.tag.load(std::memory_order_relaxed) == tag)
-      sum += t.bytes.load(std::memory_order_relaxed);
-  }
-  return sum;
 }
 
 bool op_counter_owner_alive(std::uint64_t owner) noexcept {
@@ -114,12 +97,11 @@ std::uint64_t committed_on(int entry) noexcept {
   const int slot = g_process.slot.load(std::memory_order_acquire);
   if (entry < 0 || slot < 0 || g_process.region == nullptr) return 0;
   // In use only: allocations served from the spare quota lease move NVML's
-  // count but not committed_bytes (limiter/lease.h), and what threads keep
-  // of their frees is counted but not on the device (the thread reserve).
+  // count but not committed_bytes (limiter/lease.h).
   const Slot& s = g_process.region->slots[slot];
   const std::uint64_t committed = s.committed_bytes[entry].load(std::memory_order_acquire);
   const std::uint64_t lease = s.lease[entry].word.load(std::memory_order_acquire);
-  const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease) + thread_reserves_on(entry);
+  const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease);
   return committed > not_used ? committed - not_used : 0;
 }
 
@@ -198,16 +180,47 @@ static bool read_op_counts(std::uint64_t* sum, bool* busy) noexcept {
   return true;
 }
 
+// Read by every counting operation, written only by measurements: a line of its own.
+alignas(64) constinit std::atomic<std::uint32_t> g_measure_gate{0};
+
+// Waiting at the gate and for operations in flight blocks, never spins: a
+// spinning waiter burns the container's CPU quota for as long as a
+// measurement lasts (seconds, when an operation in flight waits for the
+// device). The gate's waiters sleep on the gate word (a private futex: the
+// gate is the process's own); the measurer wakes them when it opens it.
+static std::uint32_t* gate_word() noexcept { return reinterpret_cast<std::uint32_t*>(&g_measure_gate); }
+
 void MeasureMutex::unlock() noexcept {
   if (t_measuring) {
     g_measure_gate.store(0, std::memory_order_seq_cst);
     t_measuring = false;
+    const int saved_errno = errno;
+    syscall(SYS_futex, gate_word(), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+    errno = saved_errno;
   }
   mu_.unlock();
 }
 
-// Read by every counting operation, written only by measurements: a line of its own.
-alignas(64) constinit std::atomic<std::uint32_t> g_measure_gate{0};
+// Sleeps while the gate holds `closed`, until it changes, a wake, or
+// monotonic time `until`.
+static void sleep_on_gate(std::uint32_t closed, std::uint64_t until) noexcept {
+  const std::uint64_t now = platform::monotonic_ns();
+  if (now >= until) return;
+  const std::uint64_t left = until - now;
+  timespec ts{static_cast<time_t>(left / 1'000'000'000), static_cast<long>(left % 1'000'000'000)};
+  syscall(SYS_futex, gate_word(), FUTEX_WAIT_PRIVATE, closed, &ts, nullptr, 0);
+}
+
+// The measurer's wait for operations in flight (they take microseconds, a
+// synchronisation or a destroy as long as the device's work): polls with a
+// sleep that doubles from 10 us to 1 ms. Each poll costs a membarrier and a
+// read of the counters, so a long wait costs about 1 % of a CPU.
+static void pause_drain(std::uint64_t* sleep_ns) noexcept {
+  const timespec ts{0, static_cast<long>(*sleep_ns)};
+  nanosleep(&ts, nullptr);
+  *sleep_ns = *sleep_ns >= 500'000 ? 1'000'000 : *sleep_ns * 2;
+}
+constexpr std::uint64_t kFirstDrainSleepNs = 10'000;
 
 // A child forked while another thread measured would find the gate closed
 // and the mutex held forever (no thread of the child measures): both start
@@ -230,7 +243,9 @@ void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
       g_counting_ops.fetch_sub(1, std::memory_order_seq_cst);
     else
       c->store(c->load(std::memory_order_relaxed) - 1, std::memory_order_release);
-    while (g_measure_gate.load(std::memory_order_acquire) != 0 && platform::monotonic_ns() < give_up) sched_yield();
+    for (std::uint32_t closed;
+         (closed = g_measure_gate.load(std::memory_order_acquire)) != 0 && platform::monotonic_ns() < give_up;)
+      sleep_on_gate(closed, give_up);
     if (c == &g_counting_ops) {
       g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
       if (g_measure_gate.load(std::memory_order_seq_cst) == 0) break;
@@ -258,7 +273,9 @@ bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
   std::uint64_t ops = 0;
   bool busy = true, readable = false;
   const std::uint64_t deadline = platform::monotonic_ns() + kDrainNs;
-  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline) sched_yield();
+  std::uint64_t sleep_ns = kFirstDrainSleepNs;
+  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline)
+    pause_drain(&sleep_ns);
   errno = saved_errno;
   if (ops_out != nullptr) *ops_out = ops;
   return counting_on() && readable && !busy;  // without the bracket nothing proves quiet
@@ -286,7 +303,9 @@ static bool wait_quiet(std::uint64_t ns) noexcept {
   std::uint64_t ops = 0;
   bool busy = true, readable = false;
   const std::uint64_t deadline = platform::monotonic_ns() + ns;
-  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline) sched_yield();
+  std::uint64_t sleep_ns = kFirstDrainSleepNs;
+  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline)
+    pause_drain(&sleep_ns);
   errno = saved_errno;
   return readable && !busy;
 }

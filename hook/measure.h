@@ -54,7 +54,6 @@ inline bool counting_on() noexcept {
 struct alignas(64) OpCounter {
   std::atomic<std::uint64_t> ops;    // 2 per finished operation of the owner; odd while one is in flight
   std::atomic<std::uint64_t> owner;  // process epoch << 32 | kernel thread id; 0 = free
-  ThreadReserve reserve;             // the owner's thread reserve (hook/account.h)
 };
 inline constexpr unsigned kOpCounters = 256;
 [[gnu::visibility("hidden")]] extern OpCounter g_op_counters[kOpCounters];
@@ -69,9 +68,10 @@ bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 
 // Closed (non-zero) while a measurement is in progress (measure_before,
 // below): a counting operation that finds it closed after marking itself
-// in flight takes the mark back and waits for the measurement to end before
-// it calls the driver, so nothing of the process changes the device's usage
-// during a measurement but the measured call itself (docs/memory.md,
+// in flight takes the mark back and waits (asleep on the gate word: a
+// futex the measurer wakes when it opens the gate) for the measurement to
+// end before it calls the driver, so nothing of the process changes the
+// device's usage during a measurement but the measured call itself (docs/memory.md,
 // "Contexts, modules and libraries"). The measurer closes it, then issues
 // membarrier before reading the counters: an operation that marked itself
 // before that barrier is seen in flight and waited for; one that marked
@@ -112,10 +112,6 @@ struct CountingOp {
   }
   std::atomic<std::uint64_t>* const counter;
 };
-
-// This process's thread reserves on `entry` for its present claim (every
-// op counter's): counted in committed_bytes, not held on the device.
-std::uint64_t thread_reserves_on(int entry) noexcept;
 
 struct Measure {
   bool nvml;                // before was read

@@ -86,20 +86,6 @@ inline std::uint64_t lease_room(const Slot& s, int dev) noexcept {
   return cap < committed ? cap : committed;
 }
 
-// Whether the slot's lease word is open for the claim `tag` (its tag, no
-// flag set): what lets a thread spend the bytes it keeps for itself
-// (hook/lifecycle.cc, "thread reserve") with one plain load. A word that
-// went STALE, CLOSED or OWED stops that spending as it stops lease_alloc.
-inline bool lease_open(const Region* r, int slot, std::uint64_t tag, int dev) noexcept {
-  return (r->slots[slot].lease[dev].word.load(std::memory_order_relaxed) & kLeaseTagMask) == tag;
-}
-// The most freed bytes a thread may keep for itself on the slot: lease_free's
-// room (the lease cap: 0 under oversubscription, shrinking near the quota;
-// never more than the slot holds) while the word is open for `tag`, else 0.
-inline std::uint64_t lease_keep_cap(const Region* r, int slot, std::uint64_t tag, int dev) noexcept {
-  return lease_open(r, slot, tag, dev) ? lease_room(r->slots[slot], dev) : 0;
-}
-
 // A free kept as spare: one CAS, or false (slow path) when the spare would
 // exceed the lease cap or the bytes this slot holds (a release of bytes never
 // reserved then takes the clamped slow path).

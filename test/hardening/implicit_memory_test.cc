@@ -249,10 +249,10 @@ TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
 // counts what the process holds beyond its count: the module, exactly.
 // Before, the fallback (the difference minus what the counted bytes had
 // moved by then) counted it as 0: 32 MiB on the device beyond the count
-// (gpuslice-probe gate). Alone, and while another thread keeps 2 MiB it
-// freed for itself (`keep`; the thread reserve: counted as in use, not on
-// the device): the settle must not take those kept bytes for memory on the
-// device (before: the module counted 2 MiB short).
+// (gpuslice-probe gate). Alone, and while 2 MiB another thread freed stay
+// counted but not on the device (`keep`: the slot's spare lease; once the
+// thread's own reserve): the settle must not take those bytes for memory on
+// the device (before: the module counted 2 MiB short).
 class MeasureGate : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(MeasureGate, ATimedOutMeasurementIsNeverCountedShort) {

@@ -2,8 +2,9 @@
 // run time with gpuslice-smi set holds at the next allocation of every
 // process, spare leases included; and a process started after another was
 // SIGKILLed sees the truth in its first cuMemGetInfo (start-up reap); what a
-// thread keeps of its frees (the thread reserve) is spent only under the
-// limits in force and goes back to the container when the thread exits.
+// thread frees is spent again only under the limits in force and is the
+// container's once the thread exited (once a per-thread reserve kept it;
+// now it goes to the slot at the free: reserve_test.cc).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>

@@ -18,11 +18,25 @@
 //       (counted = cuMemGetInfo's total - free) and what the device holds
 //       (held) once everything is quiet.
 //       With `keep`, a fourth thread first allocates and frees 2 MiB, which
-//       it keeps for itself (the thread reserve: counted, not on the
-//       device) through the measurement, and allocates 2 MiB again (from
-//       it) once the load returned: the settle must not take the kept bytes
-//       for memory on the device.
+//       stay spare in the slot's lease (counted, not on the device) through
+//       the measurement, and allocates 2 MiB again (from it) once the load
+//       returned: the settle must not take the spare bytes for memory on the
+//       device.
+//
+//   hold-cpu THREADS [drain]
+//       The main thread loads a 1 MiB module from a FIFO that a writer fills
+//       2 s later: the measurement's gate stays closed meanwhile. THREADS
+//       threads, started 200 ms into the load, each call cuMemAlloc (a
+//       counting operation: it waits at the gate) and cuMemFree. With
+//       `drain`, another thread is in cuStreamSynchronize (a counting
+//       operation in flight) for the first 1.5 s of the load: the
+//       measurement waits for it before it calls the driver. Prints the
+//       CPU time the waiting took beside its wall time:
+//       "hold-cpu rc=RC waiters=N waited_s=W waiters_cpu_s=C load_s=L
+//       measurer_cpu_s=M" (W and C: the sums over the waiters' cuMemAlloc
+//       calls; L and M: the main thread's cuModuleLoad).
 #include <cuda.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -105,6 +119,79 @@ int stuck_release(std::size_t bytes, bool keep) {
   const long long unloaded = counted_used(), unloaded_held = held();
   std::printf("stuck-release rc=%d load_s=%.2f counted=%lld held=%lld unloaded=%lld unloaded_held=%lld\n",
               static_cast<int>(rc), load_s, counted, h, unloaded, unloaded_held);
+  return 0;
+}
+
+namespace {
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+}  // namespace
+
+int hold_cpu(int threads, bool drain) {
+  using clock = std::chrono::steady_clock;
+  const CUcontext ctx = use_primary(0);
+  const CUstream stream = new_stream();
+  const CUfunction spin = module_kernel(".entry spin_1500000us\n", "spin_1500000us");
+  char fifo[] = "/tmp/gpuslice-probe-gate.XXXXXX";
+  if (mkdtemp(fifo) == nullptr) return 2;
+  const std::string path = std::string(fifo) + "/image";
+  if (mkfifo(path.c_str(), 0600) != 0) return 2;
+  const std::string image = image_with_global(kMi);
+
+  std::thread syncer;
+  if (drain) {
+    check(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr), "cuLaunchKernel");
+    std::atomic<bool> syncing{false};
+    syncer = std::thread([&] {
+      cuCtxSetCurrent(ctx);
+      syncing.store(true);
+      check(cuStreamSynchronize(stream), "cuStreamSynchronize");
+    });
+    while (!syncing.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // inside its synchronisation
+  }
+  const auto start = clock::now();
+  std::thread writer([&] {
+    std::this_thread::sleep_until(start + std::chrono::milliseconds(2000));
+    FILE* f = std::fopen(path.c_str(), "w");  // blocks until the load opens it
+    if (f == nullptr) return;
+    std::fputs(image.c_str(), f);
+    std::fclose(f);
+  });
+  std::atomic<long long> waited_ns{0}, cpu_ns{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < threads; ++i) {
+    waiters.emplace_back([&] {
+      cuCtxSetCurrent(ctx);
+      std::this_thread::sleep_until(start + std::chrono::milliseconds(200));
+      const auto t0 = clock::now();
+      const double c0 = thread_cpu_s();
+      CUdeviceptr p = 0;
+      check(cuMemAlloc(&p, kMi), "cuMemAlloc(waiter)");
+      cpu_ns.fetch_add(static_cast<long long>((thread_cpu_s() - c0) * 1e9));
+      waited_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
+      check(cuMemFree(p), "cuMemFree(waiter)");
+    });
+  }
+  const double m0 = thread_cpu_s();
+  CUmodule module = nullptr;
+  const CUresult rc = cuModuleLoad(&module, path.c_str());
+  const double measurer_cpu = thread_cpu_s() - m0;
+  const double load_s = std::chrono::duration<double>(clock::now() - start).count();
+  for (std::thread& t : waiters) t.join();
+  writer.join();
+  if (syncer.joinable()) syncer.join();
+  unlink(path.c_str());
+  rmdir(fifo);
+  if (module != nullptr) check(cuModuleUnload(module), "cuModuleUnload");
+  std::printf("hold-cpu rc=%d waiters=%d waited_s=%.3f waiters_cpu_s=%.3f load_s=%.3f measurer_cpu_s=%.3f\n",
+              static_cast<int>(rc), threads, static_cast<double>(waited_ns.load()) * 1e-9,
+              static_cast<double>(cpu_ns.load()) * 1e-9, load_s, measurer_cpu);
   return 0;
 }
 

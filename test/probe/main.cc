@@ -91,6 +91,8 @@ const Scenario kScenarios[] = {
 
     {"gate", "stuck-release", "MIB [keep]", kInit,
      [](const Args& a) { return gate::stuck_release(a.mib(0), a.flag(1, "keep")); }},
+    {"gate", "hold-cpu", "THREADS [drain]", kInit,
+     [](const Args& a) { return gate::hold_cpu(a.number<int>(0), a.flag(1, "drain")); }},
 
     {"holder", "fork-child", "MIB", kInit, [](const Args& a) { return holder::fork_child(a.mib(0)); }},
     {"holder", "main-exits", "MIB", kInit, [](const Args& a) { return holder::main_exits(a.mib(0)); }},
@@ -114,6 +116,11 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return pool_race::allowance_wait(a.mib(0), a.mib(1)); }},
     {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
      [](const Args& a) { return reserve::thread_exit(a.number<int>(0), a.mib(1), a.mib(2)); }},
+    {"reserve", "idle", "THREADS MIB BIG_MIB", kInit,
+     [](const Args& a) { return reserve::idle(a.number<int>(0), a.mib(1), a.mib(2)); }},
+    {"reserve", "shown", "BYTES", kInit, [](const Args& a) { return reserve::shown(a.number<std::size_t>(0)); }},
+    {"reserve", "lowered", "THREADS MIB READY GO", kInit,
+     [](const Args& a) { return reserve::lowered(a.number<int>(0), a.mib(1), a.text(2), a.text(3)); }},
 };
 
 int usage(const char* why) {

@@ -162,10 +162,14 @@ int ctx_race(int tries);
 }  // namespace memory
 namespace gate {
 int stuck_release(std::size_t bytes, bool keep);
-}
+int hold_cpu(int threads, bool drain);
+}  // namespace gate
 namespace reserve {
 int thread_exit(int threads, std::size_t bytes, std::size_t big);
-}
+int idle(int threads, std::size_t bytes, std::size_t big);
+int shown(std::size_t bytes);
+int lowered(int threads, std::size_t bytes, const std::string& ready, const std::string& go);
+}  // namespace reserve
 namespace holder {
 int fork_child(std::size_t bytes);
 [[noreturn]] int main_exits(std::size_t bytes);
