@@ -14,6 +14,9 @@
 #include <string>
 
 #include "agent_test_util.h"
+#include "limiter/agent_extra.h"
+#include "limiter/memory_accounting.h"
+#include "platform/clock.h"
 
 using namespace gpuslice;
 using namespace gpuslice::agent_test;
@@ -100,6 +103,39 @@ TEST(AgentExtra, ExtraOfASigkilledAgentLapses) {
   EXPECT_TRUE(admitted) << "600 MiB of a 1 GiB quota refused with the device empty, " << tries
                         << " tries over 40 s after the agent was SIGKILLed\n"
                         << last.describe();
+  shm::detach(r);
+}
+
+// The rule itself, on a synthetic region: the extra counts while the
+// heartbeat is fresh (or was never written), not once it is older than the
+// bound; the display (limiter::used_bytes) follows admission.
+TEST(AgentExtra, ExtraCountsOnlyWhileTheHeartbeatIsFresh) {
+  Sandbox box;
+  mkdir(region_dir(box).c_str(), 0755);
+  Region* r = make_region(region_dir(box) + "/rule.region", "rule");
+  ASSERT_NE(r, nullptr);
+  const int dev = add_device(r, 7, 1000);
+  const int slot = add_slot(r, 1, 1, 1);
+  ASSERT_GE(dev, 0);
+  ASSERT_GE(slot, 0);
+  r->devices[dev].agent_extra_bytes.store(300);
+  // No agent ever beat: a hand-written value counts.
+  EXPECT_FALSE(limiter::try_reserve(r, slot, dev, 701));
+  EXPECT_EQ(limiter::used_bytes(r, dev), 300u);
+  // A live agent's: counts.
+  r->header.agent_heartbeat_ns.store(platform::monotonic_ns());
+  EXPECT_FALSE(limiter::try_reserve(r, slot, dev, 701));
+  ASSERT_TRUE(limiter::try_reserve(r, slot, dev, 700));
+  EXPECT_EQ(limiter::used_bytes(r, dev), 1000u);
+  limiter::release(r, slot, dev, 700);
+  // A dead agent's, its heartbeat past the bound: ignored.
+  r->header.agent_heartbeat_ns.store(platform::monotonic_ns() - limiter::kAgentExtraHoldNs - 1'000'000'000);
+  EXPECT_EQ(limiter::used_bytes(r, dev), 0u);
+  EXPECT_TRUE(limiter::try_reserve(r, slot, dev, 1000));
+  EXPECT_TRUE(limiter::agent_extra_fresh(0, 5));
+  EXPECT_TRUE(limiter::agent_extra_fresh(10, 5)) << "a heartbeat ahead of our clock";
+  EXPECT_TRUE(limiter::agent_extra_fresh(5, 5 + limiter::kAgentExtraHoldNs));
+  EXPECT_FALSE(limiter::agent_extra_fresh(5, 6 + limiter::kAgentExtraHoldNs));
   shm::detach(r);
 }
 
