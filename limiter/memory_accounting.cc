@@ -5,6 +5,7 @@
 // single total order of these operations. On x86-64 and AArch64 an RMW costs
 // the same whatever its order. The lease fast path (limiter/lease.h) moves
 // bytes only inside one slot's lease word and needs no order at all.
+#include "limiter/agent_extra.h"
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
 #include "platform/clock.h"
@@ -44,9 +45,10 @@ void raise_peak(DeviceState& d, std::uint64_t used) {
   while (used > peak && !d.peak_used_bytes.compare_exchange_weak(peak, used, std::memory_order_relaxed)) {}
 }
 
-// What may be reserved: the quota less what the agent sees beyond our count.
-std::uint64_t admissible(const DeviceState& d, std::uint64_t quota) {
-  const std::uint64_t extra = d.agent_extra_bytes.load(std::memory_order_relaxed);
+// What may be reserved: the quota less what a live agent sees beyond our
+// count (limiter/agent_extra.h).
+std::uint64_t admissible(const Region* r, const DeviceState& d, std::uint64_t quota) {
+  const std::uint64_t extra = agent_extra_in_force(r, d);
   return extra >= quota ? 0 : quota - extra;
 }
 
@@ -191,7 +193,7 @@ bool admit_locked(Region* r, int slot, int dev, std::uint64_t bytes, bool lease,
       next = used + bytes + want;
     } while (!d.used_bytes.compare_exchange_weak(used, next));
   } else {
-    const std::uint64_t limit = admissible(d, quota);
+    const std::uint64_t limit = admissible(r, d, quota);
     do {
       if (bytes > limit || used > limit - bytes) return false;
       want = lease ? lease_for(limit - used - bytes) : 0;
@@ -323,7 +325,7 @@ void wait_for_reaper(const Region* r) {
   DeviceState& d = r->devices[dev];
   const std::uint64_t quota = d.quota_bytes.load(std::memory_order_relaxed);
   // Larger than the whole quota: no reclaiming can help.
-  if (quota == kUnlimited || bytes <= admissible(d, quota)) {
+  if (quota == kUnlimited || bytes <= admissible(r, d, quota)) {
     if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
     if (reap_dead(r, self) == kReapBusy) wait_for_reaper(r);
     if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
@@ -581,7 +583,7 @@ bool charge(Region* r, int slot, int dev, std::uint64_t bytes) noexcept {
   }
   raise_peak(d, next);
   const std::uint64_t quota = d.quota_bytes.load(std::memory_order_relaxed);
-  return quota == kUnlimited || next <= admissible(d, quota);
+  return quota == kUnlimited || next <= admissible(r, d, quota);
 }
 
 std::uint64_t used_bytes(const Region* r, int dev) noexcept {
@@ -590,7 +592,7 @@ std::uint64_t used_bytes(const Region* r, int dev) noexcept {
   const std::uint64_t counted = d.used_bytes.load(std::memory_order_relaxed);
   const std::uint64_t spare = spare_lease_bytes(r, dev);  // admitted, not allocated: never shown as used
   const std::uint64_t used = counted > spare ? counted - spare : 0;
-  const std::uint64_t extra = d.agent_extra_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t extra = agent_extra_in_force(r, d);
   return used + extra < used ? kUnlimited : used + extra;
 }
 

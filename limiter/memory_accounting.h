@@ -106,7 +106,7 @@ void begin_wait(Region* r, int slot, int dev) noexcept;
 void end_wait(Region* r, int slot, int dev) noexcept;
 void sub_clamped32(std::atomic<std::uint32_t>& word, std::uint32_t n) noexcept;
 
-// For display: used_bytes - live spare leases (a racy sum) + agent_extra
+// For display: used_bytes - live spare leases (a racy sum) + the agent extra in force
 // (saturating). Admission never uses it.
 std::uint64_t used_bytes(const Region* r, int dev) noexcept;
 std::uint64_t quota_bytes(const Region* r, int dev) noexcept;  // kUnlimited = none

@@ -170,6 +170,10 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
     const bool empty = s.busy_slots == 0 || (freed > 0 && s.busy_slots == static_cast<std::uint32_t>(freed));
     regions_.lifecycle(*t, empty, now, config_.grace_ns);
   }
+  // Emptied pod directories: checked at once, then while still mounted every
+  // --grace, between 1 s and 30 s (mounts.h reads every mount namespace).
+  const std::uint64_t recheck = std::clamp<std::uint64_t>(config_.grace_ns, 1'000'000'000, 30'000'000'000);
+  regions_.release_dirs(now, recheck);
   pidmap_.end_cycle();
   regions_.sweep();
 

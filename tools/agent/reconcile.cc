@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "limiter/agent_extra.h"
 #include "limiter/compute_samples.h"
 #include "log.h"
 #include "limiter/lease.h"
@@ -239,6 +240,12 @@ bool Reconciler::write(TrackedRegion& t, std::uint64_t now_ns) const {
   const RegionSample& rs = t.sample;
   const bool have_nvml = gpu_ != nullptr;
   return guarded([&] {
+    // The extra found was in force only if the agent that wrote it was still
+    // beating (limiter/agent_extra.h): after a dead or stalled agent the
+    // library admitted without it, so the same value is "more" again.
+    const bool found_in_force =
+        limiter::agent_extra_fresh(r->header.agent_heartbeat_ns.load(std::memory_order_relaxed), now_ns);
+    // Before any extra: the library judges an extra by this heartbeat.
     r->header.agent_heartbeat_ns.store(now_ns, std::memory_order_relaxed);
     for (const SlotSample& s : rs.slots) {
       Slot& slot = r->slots[s.index];
@@ -277,9 +284,9 @@ bool Reconciler::write(TrackedRegion& t, std::uint64_t now_ns) const {
         const std::uint64_t spare = limiter::spare_lease_bytes(r, d.index);
         const std::uint64_t used = counted > spare ? counted - spare : 0;
         const std::uint64_t extra = st.nvml_bytes > used ? st.nvml_bytes - used : 0;
-        if (extra != d.agent_extra_bytes) dev.agent_extra_bytes.store(extra, std::memory_order_relaxed);
+        if (extra != d.agent_extra_bytes) dev.agent_extra_bytes.store(extra, std::memory_order_release);
         // Less left to admit: spare leases admitted before must not be spent past it.
-        if (extra > d.agent_extra_bytes) limiter::invalidate_leases(r, d.index);
+        if (extra > (found_in_force ? d.agent_extra_bytes : 0)) limiter::invalidate_leases(r, d.index);
       }
       if (g.util_known) {
         dev.util_permille.store(st.util_permille, std::memory_order_relaxed);

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "log.h"
+#include "mounts.h"
 
 using namespace std::string_literals;
 
@@ -56,6 +57,24 @@ void for_each_entry(int fd, std::size_t limit, F&& visit) {
     visit(dirfd(d), e);
   }
   closedir(d);
+}
+
+// Whether an open directory holds nothing (takes ownership of fd).
+bool empty_dir(int fd) {
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    close(fd);
+    return false;
+  }
+  bool empty = true;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  }
+  closedir(d);
+  return empty;
 }
 
 }  // namespace
@@ -304,13 +323,56 @@ void RegionSet::remove_now(TrackedRegion& t, int dirfd) {
   by_rel_.erase(key(t.root, t.sub, t.current));
   t.dropped = true;
   if (!t.sub.empty() && removes_empty_subdirs(roots_[t.root].layout)) {
-    // The pod's directory too, once empty (fails harmlessly while it is a
-    // mount point or holds anything). HAMi's directories are HAMi's.
-    const int root = open(roots_[t.root].dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    // The pod's directory too, once nothing uses it (release_dirs). HAMi's
+    // directories are HAMi's.
+    pending_dirs_.insert_or_assign(roots_[t.root].dir + "/" + t.sub, PendingDir{t.root, t.sub, 0});
+  }
+}
+
+void RegionSet::release_dirs(std::uint64_t now_ns, std::uint64_t recheck_ns) {
+  std::vector<std::string> check;  // empty directories due, by key
+  for (auto it = pending_dirs_.begin(); it != pending_dirs_.end();) {
+    PendingDir& p = it->second;
+    if (p.due_ns > now_ns) {
+      ++it;
+      continue;
+    }
+    const int root = open(roots_[p.root].dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0) {
+      ++it;
+      continue;
+    }
+    struct stat st {};
+    const bool cdi = fstatat(root, ("."s + p.sub + ".conf").c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    bool empty = false;
+    const int fd = openat(root, p.sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    close(root);
+    if (fd >= 0) empty = empty_dir(fd);
+    // Gone, not empty (a new region: its removal brings the directory back
+    // here) or a DRA driver's: not ours to remove.
+    if (!empty || cdi) {
+      it = pending_dirs_.erase(it);
+      continue;
+    }
+    check.push_back(it->first);
+    ++it;
+  }
+  if (check.empty()) return;
+  const std::vector<bool> mounted = mounted_somewhere(check);
+  for (std::size_t i = 0; i < check.size(); ++i) {
+    auto it = pending_dirs_.find(check[i]);
+    if (mounted[i]) {
+      it->second.due_ns = now_ns + recheck_ns;
+      continue;
+    }
+    const int root = open(roots_[it->second.root].dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (root >= 0) {
-      unlinkat(root, t.sub.c_str(), AT_REMOVEDIR);
+      if (unlinkat(root, it->second.sub.c_str(), AT_REMOVEDIR) == 0) {
+        log(LogLevel::info, "removed the directory %s: empty, and no container has it mounted", check[i].c_str());
+      }
       close(root);
     }
+    pending_dirs_.erase(it);
   }
 }
 

@@ -68,6 +68,12 @@ class RegionSet {
   // (new processes then create a fresh region instead of attaching to it), and
   // unlinks it one cycle later if still nobody uses it; otherwise puts it back.
   void lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, std::uint64_t grace_ns);
+  // Once per cycle: the pod directories whose last region was removed go
+  // once empty and no longer in use: no mount namespace of the node has them
+  // mounted (mounts.h). One still mounted is checked again every recheck_ns.
+  // A directory with gpuslice-cdi's configuration file beside it
+  // (".<name>.conf") is its DRA driver's, which removes it: never ours.
+  void release_dirs(std::uint64_t now_ns, std::uint64_t recheck_ns);
 
   const std::string& dir() const { return roots_.front().dir; }
   const std::vector<RegionRoot>& roots() const { return roots_; }
@@ -93,7 +99,13 @@ class RegionSet {
   std::vector<RegionRoot> roots_;
   std::size_t max_regions_;
   std::vector<std::unique_ptr<TrackedRegion>> regions_;
-  std::unordered_map<std::string, TrackedRegion*> by_rel_;  // by key()
+  struct PendingDir {
+    std::size_t root;
+    std::string sub;
+    std::uint64_t due_ns;  // next check (0 = at once)
+  };
+  std::unordered_map<std::string, PendingDir> pending_dirs_;  // by root/sub
+  std::unordered_map<std::string, TrackedRegion*> by_rel_;    // by key()
   std::unordered_map<std::string, BadFile> bad_;
   std::uint64_t removed_total_ = 0;
   std::vector<char> dir_error_logged_;  // per root
