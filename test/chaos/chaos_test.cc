@@ -62,6 +62,22 @@ TEST(ChaosMonitor, ReportsAnAllocationAboveTheQuotaThatBypassesGpuslice) {
   EXPECT_NE(r.err.find("VIOLATION (quota)"), std::string::npos) << r.describe();
 }
 
+// The quota is checked at every change of device memory (the simulator's
+// observer, after each charge, under its state lock), not by sampling: an
+// excursion of 2 MiB over the quota, freed at once, is reported with the
+// background sampler off.
+TEST(ChaosMonitor, ReportsAnExcursionAtItsChargeWithTheSamplerOff) {
+  Sandbox box;
+  create_region(box);
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold", "66", "0"},
+                 merge(monitored(box, false), {{"FAKECUDA_MONITOR_INTERVAL_MS", "0"}}));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("device holds 69206016 bytes"), std::string::npos) << report;
+}
+
 TEST(ChaosMonitor, ReportsACountLeftBelowTheDevice) {
   Sandbox box;
   create_region(box);

@@ -94,7 +94,7 @@ struct Grant {
 
 extern MonitorConfig g_config;
 extern MonitorShared* g_shared;
-extern int g_slot;              // this process's slot in the simulator's state
+extern int g_slot;               // this process's slot in the simulator's state
 extern std::uint32_t g_devices;  // the simulated machine's devices
 
 // The region, mapped read-only once it exists; its entry for a fake device.
