@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -59,6 +60,22 @@ TEST(ChaosMonitor, ReportsAnAllocationAboveTheQuotaThatBypassesGpuslice) {
   // The last operations name the call (cuMemAlloc_v2 checks initialisation in its helper alloc_common).
   EXPECT_NE(report.find("charge dev0 134217728 bytes (in alloc_common)"), std::string::npos) << report;
   EXPECT_NE(r.err.find("VIOLATION (quota)"), std::string::npos) << r.describe();
+}
+
+// The quota is checked at every change of device memory (the simulator's
+// observer, after each charge, under its state lock), not by sampling: an
+// excursion of 2 MiB over the quota, freed at once, is reported with the
+// background sampler off.
+TEST(ChaosMonitor, ReportsAnExcursionAtItsChargeWithTheSamplerOff) {
+  Sandbox box;
+  create_region(box);
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold", "66", "0"},
+                 merge(monitored(box, false), {{"FAKECUDA_MONITOR_INTERVAL_MS", "0"}}));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("device holds 69206016 bytes"), std::string::npos) << report;
 }
 
 TEST(ChaosMonitor, ReportsACountLeftBelowTheDevice) {
@@ -182,6 +199,52 @@ TEST(ChaosMonitor, GpusliceRefusingTheSameAllocationIsNoViolation) {
   EXPECT_EQ(slurp(box.path("violations")), "");
 }
 
+// The refusal direction. A torture worker (it reports each request and each
+// CUDA_ERROR_OUT_OF_MEMORY to the monitor: monitor_request_begin/end) fills
+// the container with 8 MiB allocations until gpuslice refuses, while the
+// region says the agent sees 32 MiB beyond gpuslice's count
+// (agent_extra_bytes), memory the device does not hold. With the agent's
+// heartbeat fresh that is a documented conservative transient (the agent's
+// figure, bounded by its next cycle); with no heartbeat it is stale (an agent
+// that died), and the refusals came while the container had room: reported.
+int fill_with_extra(const Sandbox& box, bool heartbeat, std::string* report, std::string* out) {
+  create_region(box);
+  Env env = monitored(box, true);
+  const int fd = open(env["GPUSLICE_REGION"].c_str(), O_RDWR | O_CLOEXEC);
+  void* mapped = fd < 0 ? MAP_FAILED : mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd >= 0) close(fd);
+  if (mapped == MAP_FAILED) return -1;
+  Region* region = static_cast<Region*>(mapped);
+  region->devices[0].agent_extra_bytes.store(32u << 20);
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  region->header.agent_heartbeat_ns.store(
+      heartbeat ? static_cast<std::uint64_t>(now.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(now.tv_nsec) : 0);
+  Result r = run({CHAOS_TORTURE, "--worker", "0", "--seed", "1", "--threads", "1", "--ops", "4", "--classes", "fill",
+                  "--quota", std::to_string(64u << 20)},
+                 env, 60000);
+  munmap(mapped, sizeof(Region));
+  *report = slurp(box.path("violations"));
+  *out = r.describe();
+  return r.exit_code;
+}
+
+TEST(ChaosMonitor, ReportsARefusalWhileTheContainerHasRoom) {
+  Sandbox box;
+  std::string report, out;
+  ASSERT_EQ(fill_with_extra(box, false, &report, &out), 0) << out;
+  EXPECT_NE(report.find("VIOLATION (refusal)"), std::string::npos) << report << out;
+  EXPECT_NE(report.find("cuMemAlloc of 8388608 bytes refused (CUDA_ERROR_OUT_OF_MEMORY)"), std::string::npos) << report;
+  EXPECT_NE(report.find("fresh agent_extra_bytes 0)"), std::string::npos) << report;
+}
+
+TEST(ChaosMonitor, ARefusalExplainedByTheAgentsFreshFigureIsNoViolation) {
+  Sandbox box;
+  std::string report, out;
+  ASSERT_EQ(fill_with_extra(box, true, &report, &out), 0) << out;
+  EXPECT_EQ(report, "") << out;
+}
+
 // The chaos decisions of the probe's one thread, as its report lists them
 // ("chaos: yield at point N (in call)", "chaos: sleep U us (in call)").
 std::string decisions(const std::string& report) {
@@ -271,6 +334,18 @@ TEST(ChaosTorture, CiSubsetOfSeededSchedulesHasNoViolation) {
   // count must not fail the run (the checkpoints are exact regardless).
   Result r = run({CHAOS_TORTURE, "--seeds", CHAOS_CI_SEEDS, "--classes", kCiClasses, "--procs", "2", "--threads", "2",
                   "--ops", "100", "--lag", "250"},
+                 {}, 200000);
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(r.out.find("summary: "), std::string::npos) << r.describe();
+  std::printf("%s", r.out.c_str());
+}
+
+// The deployed system under one oracle: the real gpuslice-agent (NVML
+// reconciliation, reaping, region removal) beside the workers, restarted at
+// random, with gpuslice-smi set from outside (CHAOS_CI_AGENT_CLASSES).
+TEST(ChaosTorture, CiSubsetWithTheAgentBesideTheWorkersHasNoViolation) {
+  Result r = run({CHAOS_TORTURE, "--seeds", CHAOS_CI_AGENT_SEEDS, "--classes", CHAOS_CI_AGENT_CLASSES, "--procs", "2",
+                  "--threads", "2", "--ops", "150", "--lag", "250"},
                  {}, 200000);
   EXPECT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("summary: "), std::string::npos) << r.describe();

@@ -44,68 +44,16 @@
 
 #include "fakecuda_query.h"
 #include "monitor.h"
+#include "monitor_internal.h"
 
 namespace gpuslice::chaos {
-namespace {
-
-// The simulated machine's process slots and devices (fakecuda_query.h).
-constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
-constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
-
-constexpr std::uint64_t kMonitorMagic = 0x324f54494e4f4d46ull;  // "FMONITO2": Watch has the seen_ns words
-constexpr std::uint32_t kWatches = 256;
-
-// Shared by every process of the simulated machine: <state>.monitor.
-struct Watch {                     // one (container, device)
-  std::atomic<std::uint64_t> key;  // 0 = free
-  std::atomic<std::uint64_t> limit_seen;
-  std::atomic<std::uint64_t> ceiling;
-  std::atomic<std::uint64_t> grace_until_ns;     // a limit change: excess tolerated until then
-  std::atomic<std::uint64_t> implicit_until_ns;  // implicit grants: excess up to implicit_bytes tolerated until then
-  std::atomic<std::uint64_t> implicit_bytes;
-  // A condition (excess, deficit) "stayed" only if checks saw it without a
-  // gap longer than lag/2: since = when the run of sightings began, seen = the
-  // last sighting. A check that finds it after a longer gap (no grant, the
-  // sampler starved on a loaded machine) cannot tell it held meanwhile and
-  // starts a new run, so a transient seen once and a new one seen much later
-  // are never taken for one long one.
-  std::atomic<std::uint64_t> excess_since_ns;
-  std::atomic<std::uint64_t> excess_seen_ns;
-  std::atomic<std::uint64_t> excess_reported;
-  std::atomic<std::uint64_t> deficit_since_ns;
-  std::atomic<std::uint64_t> deficit_seen_ns;
-  std::atomic<std::uint64_t> deficit_reported;
-};
-struct MonitorShared {
-  std::atomic<std::uint64_t> magic;
-  std::atomic<std::uint64_t> violations;
-  std::atomic<std::uint64_t> checks;
-  std::atomic<std::uint64_t> member_container[kSimSlots];
-  std::atomic<std::uint32_t> member_generation[kSimSlots];
-  // Managed grants in flight, per process and device: granted, and the
-  // granting thread has made no other change of device memory since (the
-  // library's spill advises them to the host as its next step).
-  std::atomic<std::uint64_t> managed_in_flight[kSimSlots][kSimDevices];
-  Watch watch[kWatches];
-};
-
-struct MonitorConfig {
-  bool on = false;
-  std::uint64_t lag_ns = 250'000'000;
-  std::uint64_t interval_ms = 5;
-  int ring = 32;
-  char report[1100] = {};
-  char region[1100] = {};
-  std::uint64_t container = 0;
-  // GPUSLICE_MEMORY_RESIDENT when it is one plain size: the allowance as
-  // configured, even before (or without) the library publishing it.
-  std::uint64_t resident_env = kUnlimited;
-};
+namespace internal {
 
 MonitorConfig g_config;
 MonitorShared* g_shared = nullptr;
-int g_slot = -1;                   // this process's slot in the simulator's state
-std::uint32_t g_devices = 0;       // the simulated machine's devices
+int g_slot = -1;              // this process's slot in the simulator's state
+std::uint32_t g_devices = 0;  // the simulated machine's devices
+namespace {
 const Region* g_region = nullptr;  // mapped read-only once it exists
 int g_region_device[kSimDevices];  // fake device -> region entry; -1 unknown
 std::atomic<int> g_reports{0};
@@ -150,6 +98,8 @@ MonitorShared* map_shared(const char* state_path) {
   return shared;
 }
 
+}  // namespace
+
 const Region* region() {
   if (g_region != nullptr) return g_region;
   int fd = open(g_config.region, O_RDONLY | O_CLOEXEC);
@@ -186,7 +136,7 @@ int region_device(std::uint32_t dev, const Region& r) {
 
 // Device bytes held by the live processes of this container, and of them the
 // managed grants in flight. State lock held.
-std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr) {
+std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight) {
   std::uint64_t total = 0;
   const int high = fakecuda_slots_high_locked();  // no slot above it was ever claimed
   for (int i = 0; i < high; ++i) {
@@ -221,13 +171,6 @@ Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total) {
   }
   return nullptr;
 }
-
-struct Grant {
-  std::uint64_t bytes;
-  bool implicit;  // context or module memory: measured by the library after the call
-  bool managed;   // cuMemAllocManaged: spilled (advised to the host) after the call
-  const char* call;
-};
 
 // One line per live process of the container: what the simulator says it
 // holds on the device, and what gpuslice's region slot with its pid counts.
@@ -289,12 +232,15 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
 // counts as spilled (host memory), plus agent_extra_bytes. Spilled bytes are
 // read as the library reads them for the allowance (in, used, out), so the
 // figure is never below the library's own at any instant.
-std::uint64_t resident_count(const DeviceState& d) {
+std::uint64_t resident_used(const DeviceState& d) {
   const std::uint64_t in = d.spilled_in_bytes.load(std::memory_order_seq_cst);
   const std::uint64_t used = d.used_bytes.load(std::memory_order_seq_cst);
   const std::uint64_t out = d.spilled_out_bytes.load(std::memory_order_seq_cst);
   const std::uint64_t spilled = in > out ? in - out : 0;
-  return (used > spilled ? used - spilled : 0) + d.agent_extra_bytes.load(std::memory_order_acquire);
+  return used > spilled ? used - spilled : 0;
+}
+std::uint64_t resident_count(const DeviceState& d) {
+  return resident_used(d) + d.agent_extra_bytes.load(std::memory_order_acquire);
 }
 
 void report(const char* invariant, const char* detail, std::uint32_t dev, int region_dev, std::uint64_t total,
@@ -343,6 +289,8 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
   }
   (void)ignored;
 }
+
+namespace {
 
 // State lock held.
 // A check found the condition whose run `since`/`seen` track: returns when
@@ -483,8 +431,11 @@ void charged(int slot, unsigned dev, std::uint64_t bytes, int context, const cha
   }
 }
 
-void uncharged(int slot, unsigned, std::uint64_t, int, const char*) {
-  if (g_config.on && slot == g_slot) land_managed();
+void uncharged(int slot, unsigned dev, std::uint64_t bytes, int, const char*) {
+  if (g_config.on && slot == g_slot) {
+    land_managed();
+    if (dev < kSimDevices) g_shared->freed[slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+  }
 }
 
 void sampler() {
@@ -568,6 +519,8 @@ int configure(const char* state_path, char* error, std::size_t len) {
     std::uint64_t bytes = 0;
     if (parse_size(v, bytes) && bytes > 0) config.resident_env = bytes;
   }
+  if (const char* v = std::getenv("GPUSLICE_OVERSUBSCRIBE"); v != nullptr && std::strcmp(v, "spill") == 0)
+    config.spill = true;
   if (config.on) {
     g_shared = map_shared(state_path);
     if (g_shared == nullptr) {
@@ -589,6 +542,13 @@ int attach(int slot, unsigned devices) {
   fakecuda_slot_info_get(slot, 0, &info);
   g_shared->member_generation[slot].store(0, std::memory_order_release);
   for (auto& bytes : g_shared->managed_in_flight[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->freed[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->requesting[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->release_begun[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->release_ended[slot]) bytes.store(0, std::memory_order_relaxed);
+  g_shared->unknown_begun[slot].store(0, std::memory_order_relaxed);
+  g_shared->unknown_ended[slot].store(0, std::memory_order_relaxed);
+  g_shared->pools[slot].store(0, std::memory_order_relaxed);
   g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
   g_shared->member_generation[slot].store(info.generation, std::memory_order_release);
   if (g_config.interval_ms > 0) std::thread(sampler).detach();
@@ -603,6 +563,9 @@ constexpr fakecuda_observer kObserver = {configure, attach, charged, uncharged};
 [[gnu::constructor]] void register_monitor() { fakecuda_set_observer(&kObserver); }
 
 }  // namespace
+}  // namespace internal
+
+using namespace internal;
 
 // The calling process says it is quiescent (no driver call and no gpuslice
 // operation in flight in any of its threads): then what it holds on each

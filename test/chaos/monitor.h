@@ -5,6 +5,8 @@
 // registered before main(); FAKECUDA_MONITOR=1 turns it on.
 #pragma once
 
+#include <cstdint>
+
 namespace gpuslice::chaos {
 
 // The calling process is quiescent (no driver call and no gpuslice operation
@@ -13,5 +15,24 @@ namespace gpuslice::chaos {
 // violations found (each reported like any other), or -1 when the monitor is
 // off.
 int monitor_checkpoint();
+
+// The refusal direction: the calling thread is about to ask for `bytes` of
+// device memory on `dev` (an explicit allocation whose size it knows) ...
+void monitor_request_begin(unsigned dev, std::uint64_t bytes);
+// ... and the call returned; `refused` for CUDA_ERROR_OUT_OF_MEMORY. A
+// refusal while the container holds no more than the limit less the request
+// and the documented conservative transients (README.md, "The invariant
+// monitor") is a violation ("refusal"); returns 1 then. Not judged when the
+// limit changed or a process of the container ended during the request.
+int monitor_request_end(bool refused, const char* what);
+// A free of `bytes` the calling thread is about to make, and its end: the
+// driver frees before gpuslice uncounts, so a free in flight is counted
+// memory the device no longer holds. bytes 0: unknown (a refusal whose
+// request overlaps it is not judged).
+void monitor_release_begin(unsigned dev, std::uint64_t bytes);
+void monitor_release_end();
+// How many memory pools (the device's default included) this process uses:
+// each may be counted up to one 2 MiB chunk above its reserve.
+void monitor_pools(unsigned count);
 
 }  // namespace gpuslice::chaos

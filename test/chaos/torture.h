@@ -13,18 +13,25 @@
 namespace gpuslice::chaos {
 
 // Every operation class, by name. Worker-side classes run in the workers'
-// threads; "smi", "kill" are driven by the launcher; "resident-wait",
+// threads; "smi", "kill" and the agent classes are driven by the launcher; "resident-wait",
 // "resident-spill" configure the container (GPUSLICE_OVERSUBSCRIBE with a
 // GPUSLICE_MEMORY_RESIDENT below the quota).
 inline const std::vector<std::string>& all_classes() {
-  static const std::vector<std::string> classes = {"alloc",   "pitch",         "managed",        "pool",    "trim",
-                                                   "setpool", "vmm",           "array",          "context", "primary",
-                                                   "module",  "library",       "fill",           "fork",    "smi",
-                                                   "kill",    "resident-wait", "resident-spill", "lease"};
+  static const std::vector<std::string> classes = {
+      "alloc",         "pitch",          "managed", "pool",    "trim",       "setpool",    "vmm", "array",
+      "context",       "primary",        "module",  "library", "fill",       "fork",       "smi", "kill",
+      "resident-wait", "resident-spill", "lease",   "agent",   "agent-fast", "agent-kill", "gap"};
   return classes;
 }
+// The real gpuslice-agent beside the workers: at its deployed interval
+// (100 ms), at 5 ms, SIGKILLed and restarted at random; "gap": the workers
+// run in two waves with the container empty between them (the agent removes
+// the region after its short grace).
+inline bool agent_class(const std::string& c) {
+  return c == "agent" || c == "agent-fast" || c == "agent-kill" || c == "gap";
+}
 inline bool launcher_class(const std::string& c) {
-  return c == "smi" || c == "kill" || c == "resident-wait" || c == "resident-spill";
+  return c == "smi" || c == "kill" || c == "resident-wait" || c == "resident-spill" || agent_class(c);
 }
 
 struct WorkerOptions {

@@ -82,6 +82,7 @@ struct Shared {
   std::mutex mu;                    // guards pools
   std::vector<CUmemoryPool> pools;  // created pools (setpool and from-pool allocations)
   CUmemoryPool default_pool = nullptr;
+  bool pool_allocs = false;  // the "pool" class: allocations from pools (monitor_pools)
 };
 
 std::string image_with_global(std::size_t bytes, unsigned tag) {
@@ -122,17 +123,50 @@ class Worker {
     }
     while (!held_.empty()) release_one();
     cuCtxSetCurrent(s_.primary);
-    cuStreamSynchronize(stream_);
-    cuStreamDestroy(stream_);
+    sync_stream(stream_);
+    released(0, [&] { cuStreamDestroy(stream_); });
   }
 
  private:
   std::size_t size() { return (1 + rng_.below(16)) * kMi - rng_.below(2) * 4096; }
+
+  // An explicit request of known size, reported to the monitor, which judges
+  // a refusal against what the container holds (monitor_request_end).
+  template <class Call>
+  CUresult requested(std::size_t bytes, const char* what, Call call) {
+    monitor_request_begin(static_cast<unsigned>(s_.dev), bytes);
+    const CUresult rc = call();
+    if (monitor_request_end(rc == CUDA_ERROR_OUT_OF_MEMORY, what) > 0) Barrier::violations_.fetch_add(1);
+    return rc;
+  }
+  // A free the monitor must know of (monitor_release_begin): bytes 0 = unknown.
+  template <class Call>
+  void released(std::size_t bytes, Call call) {
+    monitor_release_begin(static_cast<unsigned>(s_.dev), bytes);
+    call();
+    monitor_release_end();
+  }
+  // Synchronisation may trim pools (the device shrinks before gpuslice's
+  // count): a free of unknown size when pools are in use.
+  void sync_stream(CUstream stream) {
+    released(0, [&] { cuStreamSynchronize(stream); });
+  }
+  CUresult alloc(CUdeviceptr* ptr, std::size_t bytes) {
+    return requested(bytes, "cuMemAlloc", [&] { return cuMemAlloc(ptr, bytes); });
+  }
   void hold(const Held& h) { held_.push_back(h); }
 
   void op(const std::string& c) {
     const std::size_t before = held_.size();
+    // Operations whose device memory the worker cannot size (implicit memory,
+    // reserved before the call and settled to a measurement after it; pitch
+    // estimated then settled; arrays sized by the driver): a refusal
+    // overlapping one is not judged (monitor_release_begin with 0 bytes).
+    const bool unknown =
+        c == "pitch" || c == "array" || c == "context" || c == "primary" || c == "module" || c == "library";
+    if (unknown) monitor_release_begin(static_cast<unsigned>(s_.dev), 0);
     op_inner(c);
+    if (unknown) monitor_release_end();
     if (held_.size() > before) ++granted_;
   }
 
@@ -141,31 +175,42 @@ class Worker {
     if (c == "alloc") {
       h.kind = Kind::linear;
       h.size = size();
-      if (cuMemAlloc(&h.ptr, h.size) == CUDA_SUCCESS) hold(h);
+      if (alloc(&h.ptr, h.size) == CUDA_SUCCESS) hold(h);
     } else if (c == "lease") {
       h.kind = Kind::linear;
       h.size = (1 + rng_.below(4)) * kMi;
-      if (cuMemAlloc(&h.ptr, h.size) == CUDA_SUCCESS) hold(h);
+      if (alloc(&h.ptr, h.size) == CUDA_SUCCESS) hold(h);
       usleep(500);  // long enough for the launcher's quota changes to land between operations
     } else if (c == "pitch") {
       h.kind = Kind::linear;
       std::size_t pitch = 0;
-      if (cuMemAllocPitch(&h.ptr, &pitch, 1000 + rng_.below(5000), 256 + rng_.below(2048), 4) == CUDA_SUCCESS) hold(h);
+      const std::size_t width = 1000 + rng_.below(5000), height = 256 + rng_.below(2048);
+      if (cuMemAllocPitch(&h.ptr, &pitch, width, height, 4) == CUDA_SUCCESS) {
+        h.size = pitch * height;
+        hold(h);
+      }
     } else if (c == "managed") {
       h.kind = Kind::linear;
-      if (cuMemAllocManaged(&h.ptr, size(), CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS) hold(h);
+      const std::size_t bytes = h.size = size();
+      if (requested(bytes, "cuMemAllocManaged",
+                    [&] { return cuMemAllocManaged(&h.ptr, bytes, CU_MEM_ATTACH_GLOBAL); }) == CUDA_SUCCESS)
+        hold(h);
     } else if (c == "pool") {
       h.kind = Kind::pool_ptr;
       h.stream = stream_;
       CUmemoryPool pool = pick_pool();
-      CUresult rc = pool != nullptr && rng_.chance(50) ? cuMemAllocFromPoolAsync(&h.ptr, size(), pool, stream_)
-                                                       : cuMemAllocAsync(&h.ptr, size(), stream_);
+      const std::size_t bytes = size();
+      const bool from_pool = pool != nullptr && rng_.chance(50);
+      CUresult rc = requested(bytes, from_pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync", [&] {
+        return from_pool ? cuMemAllocFromPoolAsync(&h.ptr, bytes, pool, stream_)
+                         : cuMemAllocAsync(&h.ptr, bytes, stream_);
+      });
       if (rc == CUDA_SUCCESS) hold(h);
-      if (rng_.chance(30)) cuStreamSynchronize(stream_);
+      if (rng_.chance(30)) sync_stream(stream_);
     } else if (c == "trim") {
       CUmemoryPool pool = rng_.chance(50) ? s_.default_pool : pick_pool();
-      if (pool != nullptr) cuMemPoolTrimTo(pool, rng_.below(3) * 2 * kMi);
-      if (rng_.chance(50)) cuCtxSynchronize();
+      if (pool != nullptr) released(0, [&] { cuMemPoolTrimTo(pool, rng_.below(3) * 2 * kMi); });
+      if (rng_.chance(50)) released(0, [&] { cuCtxSynchronize(); });
     } else if (c == "setpool") {
       std::lock_guard<std::mutex> guard(s_.mu);
       if (s_.pools.size() < 3 && rng_.chance(30)) {
@@ -174,7 +219,10 @@ class Worker {
         props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         props.location.id = s_.dev;
         CUmemoryPool pool = nullptr;
-        if (cuMemPoolCreate(&pool, &props) == CUDA_SUCCESS) s_.pools.push_back(pool);
+        if (cuMemPoolCreate(&pool, &props) == CUDA_SUCCESS) {
+          s_.pools.push_back(pool);
+          if (s_.pool_allocs) monitor_pools(1 + static_cast<unsigned>(s_.pools.size()));
+        }
       }
       CUmemoryPool next = s_.default_pool;
       if (!s_.pools.empty() && rng_.chance(70)) next = s_.pools[rng_.below(s_.pools.size())];
@@ -204,7 +252,7 @@ class Worker {
       h.kind = Kind::ctx;
       if (cuCtxCreate(&h.ctx, nullptr, 0, s_.dev) == CUDA_SUCCESS) {
         CUdeviceptr p = 0;
-        cuMemAlloc(&p, size());  // freed by the destroy
+        alloc(&p, size());  // freed by the destroy
         hold(h);
       }
       cuCtxSetCurrent(s_.primary);
@@ -248,10 +296,10 @@ class Worker {
       std::vector<CUdeviceptr> ptrs;
       for (int i = 0; i < 64; ++i) {
         CUdeviceptr p = 0;
-        if (cuMemAlloc(&p, 8 * kMi) != CUDA_SUCCESS) break;
+        if (alloc(&p, 8 * kMi) != CUDA_SUCCESS) break;
         ptrs.push_back(p);
       }
-      for (CUdeviceptr p : ptrs) cuMemFree(p);
+      for (CUdeviceptr p : ptrs) released(8 * kMi, [&] { cuMemFree(p); });
     } else if (c == "fork") {
       if (forks_ < 2) fork_child();  // a process start costs ~10 ms here: at most 2 per thread
       ++forks_;
@@ -272,7 +320,8 @@ class Worker {
     Held h;
     h.kind = Kind::vmm;
     h.size = 2 * kMi * (1 + rng_.below(6));
-    if (cuMemCreate(&h.handle, h.size, &prop, 0) != CUDA_SUCCESS) return;
+    if (requested(h.size, "cuMemCreate", [&] { return cuMemCreate(&h.handle, h.size, &prop, 0); }) != CUDA_SUCCESS)
+      return;
     if (cuMemAddressReserve(&h.ptr, h.size, 0, 0, 0) != CUDA_SUCCESS) {
       cuMemRelease(h.handle);
       return;
@@ -326,15 +375,23 @@ class Worker {
     Held h = held_[i];
     held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
     switch (h.kind) {
-      case Kind::linear: cuMemFree(h.ptr); break;
+      case Kind::linear: released(h.size, [&] { cuMemFree(h.ptr); }); break;
       case Kind::pool_ptr:
+        // The reserve stays with the pool (and counted) until a trim.
         if (rng_.chance(50)) {
-          cuMemFreeAsync(h.ptr, h.stream);
-          if (rng_.chance(40)) cuStreamSynchronize(h.stream);
+          released(0, [&] { cuMemFreeAsync(h.ptr, h.stream); });
+          if (rng_.chance(40)) sync_stream(h.stream);
         } else {
-          cuMemFree(h.ptr);
+          released(0, [&] { cuMemFree(h.ptr); });
         }
         break;
+      case Kind::vmm: released(h.size, [&] { release_vmm(h); }); break;
+      default: released(0, [&] { release_other(h); }); break;
+    }
+  }
+
+  void release_vmm(Held& h) {
+    switch (h.kind) {
       case Kind::vmm:
         if (h.handle != 0 && rng_.chance(50)) {
           cuMemRelease(h.handle);
@@ -344,6 +401,14 @@ class Worker {
         if (h.handle != 0) cuMemRelease(h.handle);
         cuMemAddressFree(h.ptr, h.size);
         break;
+      default: break;
+    }
+  }
+
+  // Arrays, contexts, primary references, modules, libraries: frees whose
+  // size the worker does not know.
+  void release_other(Held& h) {
+    switch (h.kind) {
       case Kind::array: cuArrayDestroy(h.array); break;
       case Kind::mipmap: cuMipmappedArrayDestroy(h.mipmap); break;
       case Kind::ctx:
@@ -353,6 +418,7 @@ class Worker {
       case Kind::primary_ref: cuDevicePrimaryCtxRelease(s_.dev); break;
       case Kind::module: cuModuleUnload(h.module); break;
       case Kind::library: cuLibraryUnload(h.library); break;
+      default: break;
     }
   }
 
@@ -407,14 +473,19 @@ int run_worker(const WorkerOptions& options, const char* self) {
     return 2;
   }
   Shared shared(options.threads);
-  if (cuDeviceGet(&shared.dev, 0) != CUDA_SUCCESS ||
-      cuDevicePrimaryCtxRetain(&shared.primary, shared.dev) != CUDA_SUCCESS) {
+  monitor_release_begin(0, 0);  // the primary context: implicit memory of unknown size
+  const bool primary = cuDeviceGet(&shared.dev, 0) == CUDA_SUCCESS &&
+                       cuDevicePrimaryCtxRetain(&shared.primary, shared.dev) == CUDA_SUCCESS;
+  monitor_release_end();
+  if (!primary) {
     // The primary context may be refused at the quota (its memory is counted): a legal outcome.
     std::fprintf(stderr, "torture worker %d: no primary context (refused)\n", options.index);
     return 0;
   }
   cuCtxSetCurrent(shared.primary);
   cuDeviceGetDefaultMemPool(&shared.default_pool, shared.dev);
+  shared.pool_allocs = std::find(options.classes.begin(), options.classes.end(), "pool") != options.classes.end();
+  if (shared.pool_allocs) monitor_pools(1);  // the default pool (each may be counted a chunk above its reserve)
   std::vector<std::thread> threads;
   std::vector<Worker> workers;
   workers.reserve(static_cast<std::size_t>(options.threads));
@@ -427,9 +498,12 @@ int run_worker(const WorkerOptions& options, const char* self) {
   std::printf("torture worker %d: %d of %d operations acquired a resource\n", options.index, granted,
               options.ops * options.threads);
   cuDeviceSetMemPool(shared.dev, shared.default_pool);
+  // Teardown frees of unknown size (monitor_release_begin): pools, the primary context.
+  monitor_release_begin(static_cast<unsigned>(shared.dev), 0);
   cuCtxSynchronize();
   for (CUmemoryPool pool : shared.pools) cuMemPoolDestroy(pool);
   cuDevicePrimaryCtxRelease(shared.dev);
+  monitor_release_end();
   if (Worker::child_failures_.load() != 0) {
     std::fprintf(stderr, "torture worker %d: %d forked children failed\n", options.index,
                  Worker::child_failures_.load());

@@ -1,0 +1,114 @@
+// The invariant monitor's shared state and helpers (monitor.cc), for its
+// refusal check (refusal.cc): the words every process of the simulated
+// machine shares in <state>.monitor, this process's configuration, and the
+// reads of the simulator and the region that both checks make.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include <gpuslice/region.h>
+
+#include "fakecuda_query.h"
+
+namespace gpuslice::chaos::internal {
+
+// The simulated machine's process slots and devices (fakecuda_query.h).
+inline constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
+inline constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
+
+inline constexpr std::uint64_t kMonitorMagic = 0x334f54494e4f4d46ull;  // "FMONITO3": refusal words
+inline constexpr std::uint32_t kWatches = 256;
+
+// Shared by every process of the simulated machine: <state>.monitor.
+struct Watch {                     // one (container, device)
+  std::atomic<std::uint64_t> key;  // 0 = free
+  std::atomic<std::uint64_t> limit_seen;
+  std::atomic<std::uint64_t> ceiling;
+  std::atomic<std::uint64_t> grace_until_ns;     // a limit change: excess tolerated until then
+  std::atomic<std::uint64_t> implicit_until_ns;  // implicit grants: excess up to implicit_bytes tolerated until then
+  std::atomic<std::uint64_t> implicit_bytes;
+  // A condition (excess, deficit) "stayed" only if checks saw it without a
+  // gap longer than lag/2: since = when the run of sightings began, seen = the
+  // last sighting. A check that finds it after a longer gap (no grant, the
+  // sampler starved on a loaded machine) cannot tell it held meanwhile and
+  // starts a new run, so a transient seen once and a new one seen much later
+  // are never taken for one long one.
+  std::atomic<std::uint64_t> excess_since_ns;
+  std::atomic<std::uint64_t> excess_seen_ns;
+  std::atomic<std::uint64_t> excess_reported;
+  std::atomic<std::uint64_t> deficit_since_ns;
+  std::atomic<std::uint64_t> deficit_seen_ns;
+  std::atomic<std::uint64_t> deficit_reported;
+};
+struct MonitorShared {
+  std::atomic<std::uint64_t> magic;
+  std::atomic<std::uint64_t> violations;
+  std::atomic<std::uint64_t> checks;
+  std::atomic<std::uint64_t> member_container[kSimSlots];
+  std::atomic<std::uint32_t> member_generation[kSimSlots];
+  // Managed grants in flight, per process and device: granted, and the
+  // granting thread has made no other change of device memory since (the
+  // library's spill advises them to the host as its next step).
+  std::atomic<std::uint64_t> managed_in_flight[kSimSlots][kSimDevices];
+  Watch watch[kWatches];
+  // For judging refusals (monitor_request_end): what each process freed so
+  // far (monotone), the requests its threads have in flight (reported by the
+  // program: monitor_request_begin/end), and the pools it uses (monitor_pools).
+  std::atomic<std::uint64_t> freed[kSimSlots][kSimDevices];
+  std::atomic<std::uint64_t> requesting[kSimSlots][kSimDevices];
+  // The program's frees (monitor_release_begin/end), monotone: bytes of
+  // those begun and of those ended; frees of unknown size begun and ended.
+  // The frees overlapping [t0, t1] are those begun by t1 less those ended by t0.
+  std::atomic<std::uint64_t> release_begun[kSimSlots][kSimDevices];
+  std::atomic<std::uint64_t> release_ended[kSimSlots][kSimDevices];
+  std::atomic<std::uint64_t> unknown_begun[kSimSlots];
+  std::atomic<std::uint64_t> unknown_ended[kSimSlots];
+  std::atomic<std::uint32_t> pools[kSimSlots];
+  std::atomic<std::uint64_t> refusals_judged;
+  std::atomic<std::uint64_t> refusals_skipped;
+};
+
+struct MonitorConfig {
+  bool on = false;
+  std::uint64_t lag_ns = 250'000'000;
+  std::uint64_t interval_ms = 5;
+  int ring = 32;
+  char report[1100] = {};
+  char region[1100] = {};
+  std::uint64_t container = 0;
+  // GPUSLICE_MEMORY_RESIDENT when it is one plain size: the allowance as
+  // configured, even before (or without) the library publishing it.
+  std::uint64_t resident_env = kUnlimited;
+  // GPUSLICE_OVERSUBSCRIBE=spill: the quota bounds device + spilled memory.
+  bool spill = false;
+};
+
+struct Grant {
+  std::uint64_t bytes;
+  bool implicit;  // context or module memory: measured by the library after the call
+  bool managed;   // cuMemAllocManaged: spilled (advised to the host) after the call
+  const char* call;
+};
+
+extern MonitorConfig g_config;
+extern MonitorShared* g_shared;
+extern int g_slot;               // this process's slot in the simulator's state
+extern std::uint32_t g_devices;  // the simulated machine's devices
+
+// The region, mapped read-only once it exists; its entry for a fake device.
+const Region* region();
+int region_device(std::uint32_t dev, const Region& r);
+// Device bytes held by the live processes of this container (and of them the
+// managed grants in flight). State lock held.
+std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr);
+Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total);
+// gpuslice's count of what the device may hold (without / with agent_extra_bytes).
+std::uint64_t resident_used(const DeviceState& d);
+std::uint64_t resident_count(const DeviceState& d);
+// Counts and prints a violation. State lock held.
+void report(const char* invariant, const char* detail, std::uint32_t dev, int region_dev, std::uint64_t total,
+            std::uint64_t own, std::uint64_t limit, const DeviceState& d, const Grant* grant);
+
+}  // namespace gpuslice::chaos::internal

@@ -1,0 +1,234 @@
+// The invariant monitor's refusal check (monitor.h: monitor_request_begin,
+// monitor_request_end, monitor_release_begin/end, monitor_pools; README.md,
+// "The invariant monitor"): a refusal of a request while the container holds
+// no more than the limit less the request and the documented conservative
+// transients is a violation.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+
+#include <gpuslice/region.h>
+
+#include "fakecuda_query.h"
+#include "monitor.h"
+#include "monitor_internal.h"
+
+namespace gpuslice::chaos {
+using namespace internal;
+
+namespace {
+
+// The calling thread's request in flight (monitor_request_begin): its bytes,
+// and the container's processes as they were at its start.
+struct Member {
+  int slot;
+  std::uint32_t generation;
+  std::uint64_t freed;
+  std::uint64_t release_ended;
+  std::uint64_t unknown_ended;
+};
+constexpr int kMembers = 64;
+thread_local std::uint64_t t_request = 0;
+thread_local std::uint32_t t_request_dev = 0;
+thread_local std::uint64_t t_request_ns = 0;
+thread_local int t_request_slot = -1;
+thread_local int t_members = -1;  // -1: too many to record (not judged)
+thread_local Member t_member[kMembers];
+
+bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot) {
+  if (fakecuda_slot_info_get(i, dev, slot) == 0 || slot->claimed == 0) return false;
+  if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
+      g_shared->member_generation[i].load(std::memory_order_acquire) != slot->generation) {
+    return false;
+  }
+  return i == g_slot || fakecuda_slot_alive(i) != 0;
+}
+
+// The documented conservative transients that may stand between what the
+// container holds and what gpuslice counts when it refuses (README.md, "The
+// invariant monitor"; docs/memory-accounting.md, "Chaos testing"). State
+// lock held. Returns false when the refusal cannot be judged.
+struct Slack {
+  std::uint64_t freed = 0;       // freed by the container since the request began
+  std::uint64_t requesting = 0;  // other threads' requests in flight (admitted, maybe not granted yet)
+  std::uint64_t releasing = 0;   // frees in flight at the refusal or since its start (freed, maybe still counted)
+  std::uint64_t pools = 0;       // 2 MiB per pool in use: counted up to one chunk above its reserve
+  std::uint64_t agent = 0;       // agent_extra_bytes while the agent's heartbeat is fresh
+  std::uint64_t total() const { return freed + requesting + releasing + pools + agent; }
+};
+bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Slack* out, const char** why) {
+  for (int k = 0; k < t_members; ++k) {
+    fakecuda_slot_info slot{};
+    if (!member_alive(t_member[k].slot, dev, &slot) || slot.generation != t_member[k].generation) {
+      *why = "a process of the container ended during the request";  // its memory left unseen
+      return false;
+    }
+  }
+  const int high = fakecuda_slots_high_locked();
+  for (int i = 0; i < high; ++i) {
+    fakecuda_slot_info slot{};
+    if (!member_alive(i, dev, &slot)) continue;
+    std::uint64_t freed = g_shared->freed[i][dev].load(std::memory_order_relaxed);
+    // Frees overlapping the request: begun by now, not ended at its start.
+    std::uint64_t releasing = g_shared->release_begun[i][dev].load(std::memory_order_relaxed);
+    std::uint64_t unknown = g_shared->unknown_begun[i].load(std::memory_order_relaxed);
+    for (int k = 0; k < t_members; ++k) {
+      if (t_member[k].slot == i) {
+        freed -= t_member[k].freed;
+        releasing -= t_member[k].release_ended;
+        unknown -= t_member[k].unknown_ended;
+      }
+    }
+    if (unknown != 0) {
+      *why = "a free of unknown size (arrays, contexts, modules) ran during the request";
+      return false;
+    }
+    out->freed += freed;
+    out->releasing += releasing;
+    out->requesting += g_shared->requesting[i][dev].load(std::memory_order_relaxed);
+    out->pools += std::uint64_t{g_shared->pools[i].load(std::memory_order_relaxed)} << 21;
+  }
+  const std::uint64_t beat = r.header.agent_heartbeat_ns.load(std::memory_order_acquire);
+  const std::uint64_t now = fakecuda_now_ns();
+  // Fresh: written within the last second (the deployed interval is 100 ms).
+  if (beat != 0 && now >= beat && now - beat < 1'000'000'000ull)
+    out->agent = d.agent_extra_bytes.load(std::memory_order_acquire);
+  return true;
+}
+
+}  // namespace
+
+void monitor_pools(unsigned count) {
+  if (g_config.on && g_slot >= 0) g_shared->pools[g_slot].store(count, std::memory_order_relaxed);
+}
+
+thread_local std::uint64_t t_release = 0;
+thread_local bool t_release_on = false;
+thread_local std::uint32_t t_release_dev = 0;
+thread_local int t_release_slot = -1;
+
+void monitor_release_begin(unsigned dev, std::uint64_t bytes) {
+  t_release_on = false;
+  if (!g_config.on || g_slot < 0 || dev >= g_devices) return;
+  t_release_on = true;
+  t_release = bytes;
+  t_release_dev = dev;
+  t_release_slot = g_slot;
+  // Unknown size (0): a refusal whose request overlaps it is not judged (the
+  // count stays above the device by an amount the monitor cannot bound).
+  if (bytes == 0) {
+    g_shared->unknown_begun[g_slot].fetch_add(1, std::memory_order_release);
+  } else {
+    g_shared->release_begun[g_slot][dev].fetch_add(bytes, std::memory_order_release);
+  }
+}
+
+void monitor_release_end() {
+  if (!t_release_on || t_release_slot != g_slot) return void(t_release_on = false);
+  t_release_on = false;
+  if (t_release == 0) {
+    g_shared->unknown_ended[g_slot].fetch_add(1, std::memory_order_release);
+  } else {
+    g_shared->release_ended[g_slot][t_release_dev].fetch_add(t_release, std::memory_order_release);
+  }
+}
+
+void monitor_request_begin(unsigned dev, std::uint64_t bytes) {
+  t_request = 0;
+  if (!g_config.on || g_slot < 0 || dev >= g_devices || fakecuda_state_lock() == 0) return;
+  t_members = 0;
+  const int high = fakecuda_slots_high_locked();
+  for (int i = 0; i < high; ++i) {
+    fakecuda_slot_info slot{};
+    if (!member_alive(i, dev, &slot)) continue;
+    if (t_members == kMembers) {
+      t_members = -1;
+      break;
+    }
+    t_member[t_members++] = {i, slot.generation, g_shared->freed[i][dev].load(std::memory_order_relaxed),
+                             g_shared->release_ended[i][dev].load(std::memory_order_relaxed),
+                             g_shared->unknown_ended[i].load(std::memory_order_relaxed)};
+  }
+  fakecuda_state_unlock();
+  t_request = bytes;
+  t_request_dev = dev;
+  t_request_slot = g_slot;
+  t_request_ns = fakecuda_now_ns();
+  g_shared->requesting[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+}
+
+int monitor_request_end(bool refused, const char* what) {
+  if (t_request == 0 || t_request_slot != g_slot) return t_request = 0, 0;  // a forked child's copy: not its own
+  const std::uint64_t bytes = t_request;
+  const std::uint32_t dev = t_request_dev;
+  t_request = 0;
+  g_shared->requesting[g_slot][dev].fetch_sub(bytes, std::memory_order_relaxed);
+  if (!refused) return 0;
+  if (t_members < 0 || fakecuda_state_lock() == 0) {
+    g_shared->refusals_skipped.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+  }
+  struct Unlock {
+    ~Unlock() { fakecuda_state_unlock(); }
+  } unlock;
+  const gpuslice::Region* r = region();
+  const int rd = r != nullptr ? region_device(dev, *r) : -1;
+  if (rd < 0) return 0;
+  const DeviceState& d = r->devices[rd];
+  std::uint64_t own = 0;
+  const std::uint64_t total = container_total(dev, &own);
+  std::uint64_t limit = d.quota_bytes.load(std::memory_order_acquire);
+  std::uint64_t held = total;
+  if (g_config.spill) {
+    // The quota bounds device and spilled memory; the allowance only what is resident.
+    const std::uint64_t in = d.spilled_in_bytes.load(std::memory_order_acquire);
+    const std::uint64_t out = d.spilled_out_bytes.load(std::memory_order_acquire);
+    held += in > out ? in - out : 0;
+  } else {
+    const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);
+    if (resident != 0 && resident < limit) limit = resident;
+    if (g_config.resident_env < limit) limit = g_config.resident_env;
+  }
+  Watch* w = watch_for(dev, limit, total);
+  const std::uint64_t now = fakecuda_now_ns();
+  if (w == nullptr || limit == kUnlimited) return 0;
+  if (w->limit_seen.load(std::memory_order_relaxed) != limit) {
+    w->limit_seen.store(limit, std::memory_order_relaxed);
+    w->grace_until_ns.store(now + g_config.lag_ns, std::memory_order_relaxed);
+  }
+  // A limit changed (gpuslice-smi set) shortly before or during the request:
+  // the library may have judged it under the other one.
+  const char* why = nullptr;
+  Slack slack;
+  if (w->grace_until_ns.load(std::memory_order_relaxed) >= t_request_ns) why = "the limit changed";
+  if (why == nullptr) refusal_slack(dev, d, *r, &slack, &why);
+  if (why != nullptr) {
+    g_shared->refusals_skipped.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+  }
+  g_shared->refusals_judged.fetch_add(1, std::memory_order_relaxed);
+  if (held + bytes + slack.total() > limit) return 0;
+  // What gpuslice counts that the device does not hold, beyond the slack:
+  // the bytes that made the difference (thread reserves, spare not taken...).
+  const std::uint64_t count = resident_count(d) + (g_config.spill ? held - total : 0);
+  const std::uint64_t beyond = count > held + slack.total() ? count - held - slack.total() : 0;
+  char detail[640];
+  std::snprintf(detail, sizeof(detail),
+                "%s of %llu bytes refused (CUDA_ERROR_OUT_OF_MEMORY) while the container holds %llu: %llu + %llu + "
+                "documented slack %llu (freed during the request %llu, other requests in flight %llu, frees in "
+                "flight %llu, pools %llu, fresh agent_extra_bytes %llu) <= limit %llu; gpuslice counts %llu bytes "
+                "the device does not hold beyond that slack",
+                what, static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(held),
+                static_cast<unsigned long long>(held), static_cast<unsigned long long>(bytes),
+                static_cast<unsigned long long>(slack.total()), static_cast<unsigned long long>(slack.freed),
+                static_cast<unsigned long long>(slack.requesting), static_cast<unsigned long long>(slack.releasing),
+                static_cast<unsigned long long>(slack.pools), static_cast<unsigned long long>(slack.agent),
+                static_cast<unsigned long long>(limit), static_cast<unsigned long long>(beyond));
+  Grant grant{bytes, false, false, what};
+  report("refusal", detail, dev, rd, total, own, limit, d, &grant);
+  return 1;
+}
+
+}  // namespace gpuslice::chaos
