@@ -12,6 +12,7 @@
 #include <gpuslice/region.h>
 
 #include "fakecuda_query.h"
+#include "limiter/agent_extra.h"
 #include "monitor.h"
 #include "monitor_internal.h"
 
@@ -92,8 +93,11 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
   }
   const std::uint64_t beat = r.header.agent_heartbeat_ns.load(std::memory_order_acquire);
   const std::uint64_t now = fakecuda_now_ns();
-  // Fresh: written within the last second (the deployed interval is 100 ms).
-  if (beat != 0 && now >= beat && now - beat < 1'000'000'000ull)
+  // Fresh: written within the bound the library keeps an agent's extra in
+  // force after its last cycle (limiter/agent_extra.h): a SIGKILLed agent's
+  // figure is a documented transient for that long, and no longer. A
+  // heartbeat of 0 (no agent ever wrote one) is never fresh here.
+  if (beat != 0 && now >= beat && now - beat <= limiter::kAgentExtraHoldNs)
     out->agent = d.agent_extra_bytes.load(std::memory_order_acquire);
   return true;
 }
