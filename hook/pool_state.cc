@@ -390,6 +390,11 @@ CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept {
   {
     std::lock_guard<std::mutex> lock(st.mu);
     reconcile_locked(st, false);  // last look at its reserve
+    // The driver may give the handle to the next pool created (by another
+    // thread) as soon as this one is destroyed: the registry must not find
+    // this record under it then (that pool would be charged here, then
+    // again from nothing in a record of its own while its reserve held more).
+    std::lock_guard<std::mutex> registry(*g_registry_mu);
     const CUresult rc = real_cuMemPoolDestroy(pool);
     if (rc != CUDA_SUCCESS) return rc;
     st.handle.store(nullptr, std::memory_order_release);  // lookups of the handle miss from now on
