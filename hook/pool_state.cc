@@ -177,7 +177,9 @@ Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexce
   // chunks: another thread's request still in flight (perhaps one above the
   // quota, about to be refused) must not make this one fail. Every admitted
   // allocation stays covered: either the new value covers all that is
-  // outstanding, or it adds this one's bytes to a value that covered the rest.
+  // outstanding, or it adds this one's bytes to a value that covered the rest
+  // (a fast-path allocation added before this one and not yet judged is
+  // judged against the new value with this one's bytes in `outstanding`).
   std::uint64_t target = round_chunk(now);
   if (const std::uint64_t own = round_chunk(c + bytes); own < target) target = own;
   const std::uint64_t need = target - c;
@@ -211,7 +213,7 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
   // passed the fast path use, but never raises it: it also holds allocations
   // still in flight towards grow_locked(), which reserve their own chunks
   // against the quota (charge() here would admit them unchecked). Those that
-  // passed the fast path had `after` <= counted <= `before`.
+  // passed the fast path saw `outstanding` <= counted <= `before`.
   const auto covered = [&st, before]() noexcept {
     const std::uint64_t in_use = round_chunk(st.outstanding.load(std::memory_order_seq_cst));
     return in_use < before ? in_use : before;

@@ -138,7 +138,7 @@ void reclaim_all() noexcept;
 
 // --- the slow paths of the wrappers (pools.cc takes no lock itself) ---
 // An allocation that does not fit in what is counted for its pool
-// (`after` = outstanding with it): grows the count under the pool's mutex,
+// (`outstanding`, read after the count, is above it): grows the count under the pool's mutex,
 // calls real_alloc(ctx) (the caller brackets it all as one counting
 // operation, measure.h), settles on the
 // driver's reserve and records the pointer. On failure `outstanding` is

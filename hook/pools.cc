@@ -43,10 +43,16 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealA
   if (__builtin_expect((st.host.load(std::memory_order_relaxed) | st.destroyed.load(std::memory_order_relaxed)) != 0,
                        0))
     return real_alloc();
-  const std::uint64_t after = st.outstanding.fetch_add(bytes, std::memory_order_seq_cst) + bytes;
+  st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
   pools::mark_dirty(st);
-  // (A size no device has goes the slow way too, where nothing wraps.)
-  if (__builtin_expect(after > st.counted.load(std::memory_order_seq_cst) || bytes > pools::kHugeBytes, 0)) {
+  // What is outstanding is read again *after* the count, not taken from the
+  // add: a growth for an allocation added after this one reserves that
+  // allocation's own chunks only (grow_locked), and judged by the sum at its
+  // add this one could take them too (the pool then held more than counted).
+  // Read after the count, the sum holds every allocation the count was grown
+  // for. (A size no device has goes the slow way too, where nothing wraps.)
+  const std::uint64_t limit = st.counted.load(std::memory_order_seq_cst);
+  if (__builtin_expect(st.outstanding.load(std::memory_order_seq_cst) > limit || bytes > pools::kHugeBytes, 0)) {
     using Fn = std::remove_reference_t<RealAlloc>;
     return pools::alloc_growing(
         st, bytes, dptr, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc);
