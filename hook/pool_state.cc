@@ -88,6 +88,7 @@ void reset_in_child() noexcept {
     st.outstanding.store(0, std::memory_order_relaxed);
     st.counted.store(0, std::memory_order_relaxed);
     st.dirty.store(0, std::memory_order_relaxed);
+    st.made_current.store(0, std::memory_order_relaxed);
   }
   for (auto& w : g_cache) w.store(0, std::memory_order_relaxed);
   for (auto& c : g_current) c.store(nullptr, std::memory_order_relaxed);
@@ -124,6 +125,7 @@ PoolState* track(CUmemoryPool pool, int entry, bool host) noexcept {
   st.dirty.store(0, std::memory_order_relaxed);
   st.destroyed.store(0, std::memory_order_relaxed);
   st.finalized.store(0, std::memory_order_relaxed);
+  st.made_current.store(0, std::memory_order_relaxed);
   st.entry.store(entry, std::memory_order_relaxed);
   st.host.store(host ? 1 : 0, std::memory_order_relaxed);
   st.in_use.store(1, std::memory_order_relaxed);
@@ -167,6 +169,16 @@ void forget_current(const PoolState* st) noexcept {
     g_current_gen[d].fetch_add(1, std::memory_order_relaxed);
     g_current[d].store(nullptr, std::memory_order_release);
   }
+}
+
+PoolState* current_pool_after_destroy(int ordinal, CUresult* rc) noexcept {
+  forget_current(ordinal);
+  PoolState* st = current_pool_slow(ordinal, rc);
+  if (st != nullptr && st->destroyed.load(std::memory_order_seq_cst) != 0) {
+    *rc = CUDA_ERROR_OUT_OF_MEMORY;
+    return nullptr;
+  }
+  return st;
 }
 
 Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexcept {
