@@ -88,6 +88,7 @@ void reset_in_child() noexcept {
     st.outstanding.store(0, std::memory_order_relaxed);
     st.counted.store(0, std::memory_order_relaxed);
     st.dirty.store(0, std::memory_order_relaxed);
+    st.made_current.store(0, std::memory_order_relaxed);
   }
   for (auto& w : g_cache) w.store(0, std::memory_order_relaxed);
   for (auto& c : g_current) c.store(nullptr, std::memory_order_relaxed);
@@ -124,6 +125,7 @@ PoolState* track(CUmemoryPool pool, int entry, bool host) noexcept {
   st.dirty.store(0, std::memory_order_relaxed);
   st.destroyed.store(0, std::memory_order_relaxed);
   st.finalized.store(0, std::memory_order_relaxed);
+  st.made_current.store(0, std::memory_order_relaxed);
   st.entry.store(entry, std::memory_order_relaxed);
   st.host.store(host ? 1 : 0, std::memory_order_relaxed);
   st.in_use.store(1, std::memory_order_relaxed);
@@ -169,6 +171,16 @@ void forget_current(const PoolState* st) noexcept {
   }
 }
 
+PoolState* current_pool_after_destroy(int ordinal, CUresult* rc) noexcept {
+  forget_current(ordinal);
+  PoolState* st = current_pool_slow(ordinal, rc);
+  if (st != nullptr && st->destroyed.load(std::memory_order_seq_cst) != 0) {
+    *rc = CUDA_ERROR_OUT_OF_MEMORY;
+    return nullptr;
+  }
+  return st;
+}
+
 Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexcept {
   const std::uint64_t c = st.counted.load(std::memory_order_seq_cst);
   const std::uint64_t now = st.outstanding.load(std::memory_order_seq_cst);  // ours included
@@ -177,7 +189,9 @@ Grow grow_locked(PoolState& st, std::uint64_t bytes, std::uint64_t* held) noexce
   // chunks: another thread's request still in flight (perhaps one above the
   // quota, about to be refused) must not make this one fail. Every admitted
   // allocation stays covered: either the new value covers all that is
-  // outstanding, or it adds this one's bytes to a value that covered the rest.
+  // outstanding, or it adds this one's bytes to a value that covered the rest
+  // (a fast-path allocation added before this one and not yet judged is
+  // judged against the new value with this one's bytes in `outstanding`).
   std::uint64_t target = round_chunk(now);
   if (const std::uint64_t own = round_chunk(c + bytes); own < target) target = own;
   const std::uint64_t need = target - c;
@@ -211,7 +225,7 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
   // passed the fast path use, but never raises it: it also holds allocations
   // still in flight towards grow_locked(), which reserve their own chunks
   // against the quota (charge() here would admit them unchecked). Those that
-  // passed the fast path had `after` <= counted <= `before`.
+  // passed the fast path saw `outstanding` <= counted <= `before`.
   const auto covered = [&st, before]() noexcept {
     const std::uint64_t in_use = round_chunk(st.outstanding.load(std::memory_order_seq_cst));
     return in_use < before ? in_use : before;
@@ -390,6 +404,11 @@ CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept {
   {
     std::lock_guard<std::mutex> lock(st.mu);
     reconcile_locked(st, false);  // last look at its reserve
+    // The driver may give the handle to the next pool created (by another
+    // thread) as soon as this one is destroyed: the registry must not find
+    // this record under it then (that pool would be charged here, then
+    // again from nothing in a record of its own while its reserve held more).
+    std::lock_guard<std::mutex> registry(*g_registry_mu);
     const CUresult rc = real_cuMemPoolDestroy(pool);
     if (rc != CUDA_SUCCESS) return rc;
     st.handle.store(nullptr, std::memory_order_release);  // lookups of the handle miss from now on

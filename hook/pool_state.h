@@ -52,10 +52,11 @@ struct alignas(64) PoolState {
   std::atomic<std::int32_t> entry{-1};        // region device entry (set before `handle` is published)
   std::atomic<std::uint32_t> host{0};         // host-located: never charged
   // Cold.
-  std::atomic<CUmemoryPool> handle{nullptr};  // nullptr once destroyed (lookups miss) or free
-  std::atomic<std::uint32_t> in_use{0};       // slot taken (until destroyed and drained)
-  std::atomic<std::uint32_t> finalized{0};    // the destroyed pool's count was released (exactly once)
-  std::mutex mu;                              // growth, reconciliation and destroy of this pool
+  std::atomic<CUmemoryPool> handle{nullptr};   // nullptr once destroyed (lookups miss) or free
+  std::atomic<std::uint32_t> in_use{0};        // slot taken (until destroyed and drained)
+  std::atomic<std::uint32_t> finalized{0};     // the destroyed pool's count was released (exactly once)
+  std::atomic<std::uint32_t> made_current{0};  // cuDeviceSetMemPool made it current: destroyed under the gate
+  std::mutex mu;                               // growth, reconciliation and destroy of this pool
 };
 
 // An allocation or free happened: the next synchronisation reconciles the pool.
@@ -78,6 +79,10 @@ inline PoolState* current_pool(int ordinal, CUresult* rc) noexcept;
 // The device's current pool may have changed (cuDeviceSetMemPool, destroy).
 void forget_current(int ordinal) noexcept;
 void forget_current(const PoolState* st) noexcept;
+// The cached current pool of `ordinal` was destroyed: forgets it and asks the
+// driver. nullptr with *rc set as current_pool(); CUDA_ERROR_OUT_OF_MEMORY
+// when the answer is still a destroyed pool (never allocated uncounted).
+[[gnu::cold, gnu::noinline]] PoolState* current_pool_after_destroy(int ordinal, CUresult* rc) noexcept;
 // Slots ever used (the reconciliation loops' bound); 0 means no pool was ever
 // seen and the free and sync paths do nothing more.
 extern std::atomic<std::uint32_t> g_slots_used;
@@ -138,7 +143,7 @@ void reclaim_all() noexcept;
 
 // --- the slow paths of the wrappers (pools.cc takes no lock itself) ---
 // An allocation that does not fit in what is counted for its pool
-// (`after` = outstanding with it): grows the count under the pool's mutex,
+// (`outstanding`, read after the count, is above it): grows the count under the pool's mutex,
 // calls real_alloc(ctx) (the caller brackets it all as one counting
 // operation, measure.h), settles on the
 // driver's reserve and records the pointer. On failure `outstanding` is

@@ -36,17 +36,31 @@ namespace {
 
 using pools::PoolState;
 
+// A destroyed pool named by the caller (cuMemAllocFromPoolAsync) gets the
+// driver's own error.
 template <class RealAlloc>
-CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealAlloc&& real_alloc) noexcept {
-  // Host-located pools hold nothing on a device; a destroyed pool gets the
-  // driver's own error.
+CUresult forward(RealAlloc& real_alloc) noexcept {
+  return real_alloc();
+}
+
+// `destroyed(real_alloc)`: the pool is destroyed (never a host pool).
+template <class RealAlloc, class Destroyed = CUresult (*)(RealAlloc&) noexcept>
+CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealAlloc&& real_alloc,
+                    Destroyed destroyed = forward<RealAlloc>) noexcept {
+  // Host-located pools hold nothing on a device.
   if (__builtin_expect((st.host.load(std::memory_order_relaxed) | st.destroyed.load(std::memory_order_relaxed)) != 0,
                        0))
-    return real_alloc();
-  const std::uint64_t after = st.outstanding.fetch_add(bytes, std::memory_order_seq_cst) + bytes;
+    return st.host.load(std::memory_order_relaxed) != 0 ? real_alloc() : destroyed(real_alloc);
+  st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
   pools::mark_dirty(st);
-  // (A size no device has goes the slow way too, where nothing wraps.)
-  if (__builtin_expect(after > st.counted.load(std::memory_order_seq_cst) || bytes > pools::kHugeBytes, 0)) {
+  // What is outstanding is read again *after* the count, not taken from the
+  // add: a growth for an allocation added after this one reserves that
+  // allocation's own chunks only (grow_locked), and judged by the sum at its
+  // add this one could take them too (the pool then held more than counted).
+  // Read after the count, the sum holds every allocation the count was grown
+  // for. (A size no device has goes the slow way too, where nothing wraps.)
+  const std::uint64_t limit = st.counted.load(std::memory_order_seq_cst);
+  if (__builtin_expect(st.outstanding.load(std::memory_order_seq_cst) > limit || bytes > pools::kHugeBytes, 0)) {
     using Fn = std::remove_reference_t<RealAlloc>;
     return pools::alloc_growing(
         st, bytes, dptr, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc);
@@ -91,7 +105,15 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, bool per_
   }
   PoolState* st = pools::current_pool(ordinal, &rc);
   if (st == nullptr) return rc;
-  return alloc_from(*st, bytes, dptr, real);
+  // A destroyed pool is no device's current pool (the driver made the
+  // default pool current again): the allocation is never forwarded
+  // uncounted, the current pool is looked up again.
+  return alloc_from(*st, bytes, dptr, real, [&](auto& again) noexcept {
+    PoolState* now = pools::current_pool_after_destroy(ordinal, &rc);
+    return now == nullptr ? rc : alloc_from(*now, bytes, dptr, again, [](auto&) noexcept {
+      return CUDA_ERROR_OUT_OF_MEMORY;  // destroyed again meanwhile: refused, never uncounted
+    });
+  });
 }
 
 // A pool we never saw created or looked up (imported, or created before the
@@ -233,7 +255,13 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool p
       [](void* c) noexcept {
         const Args& a = *static_cast<Args*>(c);
         const CUresult r = real_cuDeviceSetMemPool(a.dev, a.pool);
-        if (r == CUDA_SUCCESS) pools::forget_current(a.dev);  // before the gate opens
+        if (r == CUDA_SUCCESS) {  // before the gate opens
+          pools::forget_current(a.dev);
+          // Its destroy will change the device's current pool too (cuMemPoolDestroy).
+          const int entry = device_entry(a.dev);
+          if (PoolState* st = entry >= 0 ? pools::track(a.pool, entry, false) : nullptr)
+            st->made_current.store(1, std::memory_order_seq_cst);
+        }
         return r;
       },
       &args);
@@ -257,12 +285,30 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmem
   return rc;
 }
 
+// Destroying a device's current pool makes its default pool current again: a
+// change of the current pool like cuDeviceSetMemPool's, made under the gate
+// when the pool was ever made current (a cuMemAllocAsync between its look at
+// the current pool and its driver call would charge the destroyed pool while
+// the driver grows the default one). The flag is read inside a counting
+// operation: a cuDeviceSetMemPool that sets it either finished before (seen)
+// or waits for this destroy to end.
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  CountingOp op;  // releases the pool's reserve: no measurement may overlap it
-  PoolState* st = pools::find(pool);
-  return st == nullptr ? real_cuMemPoolDestroy(pool) : pools::destroy(*st, pool);
+  {
+    CountingOp op;  // releases the pool's reserve: no measurement may overlap it
+    PoolState* st = pools::find(pool);
+    if (st == nullptr) return real_cuMemPoolDestroy(pool);
+    if (st->made_current.load(std::memory_order_seq_cst) == 0) return pools::destroy(*st, pool);
+  }
+  return gated_call(
+      "cuMemPoolDestroy",
+      [](void* c) noexcept {
+        const CUmemoryPool p = static_cast<CUmemoryPool>(c);
+        PoolState* st = pools::find(p);
+        return st == nullptr ? real_cuMemPoolDestroy(p) : pools::destroy(*st, p);
+      },
+      pool);
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
