@@ -501,6 +501,13 @@ int configure(const char* state_path, char* error, std::size_t len) {
       !parse_ms("FAKECUDA_MONITOR_RING", 1, 256, ring, error, len)) {
     return -1;
   }
+  if (const char* v = std::getenv("FAKECUDA_MONITOR_REFUSALS"); v != nullptr && v[0] != '\0') {
+    if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+      std::snprintf(error, len, "FAKECUDA_MONITOR_REFUSALS='%s': expected 0 or 1", v);
+      return -1;
+    }
+    config.judge_refusals = v[0] == '1';
+  }
   config.lag_ns = lag_ms * 1000000;
   config.ring = static_cast<int>(ring);
   const char* report = std::getenv("FAKECUDA_MONITOR_REPORT");

@@ -83,6 +83,10 @@ struct MonitorConfig {
   std::uint64_t resident_env = kUnlimited;
   // GPUSLICE_OVERSUBSCRIBE=spill: the quota bounds device + spilled memory.
   bool spill = false;
+  // FAKECUDA_MONITOR_REFUSALS=0: refusals are counted, not judged (the quota
+  // direction is checked all the same). For the classes whose refusals are
+  // open findings (docs/memory-accounting.md, "Chaos testing").
+  bool judge_refusals = true;
 };
 
 struct Grant {

@@ -170,7 +170,7 @@ int monitor_request_end(bool refused, const char* what) {
   t_request = 0;
   g_shared->requesting[g_slot][dev].fetch_sub(bytes, std::memory_order_relaxed);
   if (!refused) return 0;
-  if (t_members < 0 || fakecuda_state_lock() == 0) {
+  if (!g_config.judge_refusals || t_members < 0 || fakecuda_state_lock() == 0) {
     g_shared->refusals_skipped.fetch_add(1, std::memory_order_relaxed);
     return 0;
   }

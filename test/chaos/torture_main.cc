@@ -2,7 +2,7 @@
 // chaos torture suite. See test/chaos/README.md.
 //
 //   chaos_torture [--seeds A[-B][,C[-D]...]] [--classes all|c1,c2,...] [--exclude c1,...]
-//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--no-chaos] [--no-preload] [--library PATH] [--keep] [--verbose]
+//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--no-chaos] [--no-refusals] [--no-preload] [--library PATH] [--keep] [--verbose]
 //
 // For each seed: a fresh directory with a simulated machine (FAKECUDA_STATE)
 // and a region (GPUSLICE_REGION); P worker processes of that container under
@@ -67,6 +67,7 @@ struct Options {
   bool keep = false, verbose = false;
   bool exact = false;
   bool chaos = true;
+  bool judge_refusals = true;  // --no-refusals: FAKECUDA_MONITOR_REFUSALS=0
   bool preload =
       true;  // --no-preload: workers after the first (which creates the region) run without gpuslice  // --no-chaos: the monitor only (to measure what the perturbation adds)  // every selected class in every schedule (else the seed picks a subset)
   std::string build = GPUSLICE_TEST_BUILD_DIR;
@@ -175,6 +176,7 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
   env.push_back("FAKECUDA_MONITOR=1");
   env.push_back("FAKECUDA_MONITOR_LAG_MS=" + std::to_string(o.lag_ms));
   env.push_back("FAKECUDA_MONITOR_REPORT=" + dir + "/violations");
+  if (!o.judge_refusals) env.push_back("FAKECUDA_MONITOR_REFUSALS=0");
   if (o.chaos) env.push_back("FAKECUDA_CHAOS_SEED=" + std::to_string(seed));
   if (has("resident-wait") || has("resident-spill")) {
     const bool wait = has("resident-wait") && (!has("resident-spill") || rng.chance(50));
@@ -380,6 +382,10 @@ int main(int argc, char** argv) {
     }
     if (a == "--no-chaos") {
       o.chaos = false;
+      continue;
+    }
+    if (a == "--no-refusals") {
+      o.judge_refusals = false;
       continue;
     }
     if (a == "--no-preload") {

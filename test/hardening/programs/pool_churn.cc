@@ -41,8 +41,7 @@ void look() {
   if (fakecuda_slot_info_get(g_slot.load(std::memory_order_relaxed), 0, &s) == 0) return;
   g_checks.fetch_add(1, std::memory_order_relaxed);
   std::uint64_t seen = g_max_held.load(std::memory_order_relaxed);
-  while (s.held_bytes > seen && !g_max_held.compare_exchange_weak(seen, s.held_bytes)) {
-  }
+  while (s.held_bytes > seen && !g_max_held.compare_exchange_weak(seen, s.held_bytes)) {}
   if (s.held_bytes > g_quota && g_violations.fetch_add(1, std::memory_order_relaxed) == 0)
     fakecuda_recent_operations(g_first, sizeof(g_first), 40);  // printed at the end
 }
@@ -91,9 +90,9 @@ void set_threshold(CUmemoryPool pool, std::uint64_t bytes) {
 
 std::uint64_t size_of(Rng& r) {
   switch (r.below(4)) {
-    case 0: return 1 + r.below(kMi);                // under a chunk
-    case 1: return (1 + r.below(8)) * 2 * kMi;      // whole chunks
-    default: return 1 + r.below(24 * kMi);          // anything up to 24 MiB
+    case 0: return 1 + r.below(kMi);            // under a chunk
+    case 1: return (1 + r.below(8)) * 2 * kMi;  // whole chunks
+    default: return 1 + r.below(24 * kMi);      // anything up to 24 MiB
   }
 }
 
@@ -130,8 +129,8 @@ void churn(CUcontext ctx, std::uint64_t seed, int index, bool setpool) {
       }
       const std::uint64_t bytes = size_of(r);
       CUdeviceptr p = 0;
-      const CUresult rc = (op < 28 || own == nullptr) ? cuMemAllocAsync(&p, bytes, s)
-                                                      : cuMemAllocFromPoolAsync(&p, bytes, own, s);
+      const CUresult rc =
+          (op < 28 || own == nullptr) ? cuMemAllocAsync(&p, bytes, s) : cuMemAllocFromPoolAsync(&p, bytes, own, s);
       if (rc == CUDA_SUCCESS) {
         live.push_back({p, bytes});
         held += bytes;
