@@ -134,6 +134,16 @@ int region_device(std::uint32_t dev, const Region& r) {
   return -1;
 }
 
+bool member(int i, std::uint32_t dev, fakecuda_slot_info* slot) {
+  if (fakecuda_slot_info_get(i, dev, slot) == 0 || slot->claimed == 0) return false;
+  return g_shared->member_container[i].load(std::memory_order_acquire) == g_config.container &&
+         g_shared->member_generation[i].load(std::memory_order_acquire) == slot->generation;
+}
+
+bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot) {
+  return member(i, dev, slot) && (i == g_slot || fakecuda_slot_alive(i) != 0);
+}
+
 // Device bytes held by the live processes of this container, and of them the
 // managed grants in flight. State lock held.
 std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight) {
@@ -141,12 +151,7 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
   const int high = fakecuda_slots_high_locked();  // no slot above it was ever claimed
   for (int i = 0; i < high; ++i) {
     fakecuda_slot_info slot{};
-    if (fakecuda_slot_info_get(i, dev, &slot) == 0 || slot.claimed == 0) continue;
-    if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
-        g_shared->member_generation[i].load(std::memory_order_acquire) != slot.generation) {
-      continue;
-    }
-    if (i != g_slot && fakecuda_slot_alive(i) == 0) continue;
+    if (!member_alive(i, dev, &slot)) continue;
     const std::uint64_t held = slot.held_bytes;
     if (i == g_slot && own != nullptr) *own = held;
     total += held;
@@ -181,11 +186,7 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
   const int high = fakecuda_slots_high_locked();
   for (int i = 0; i < high; ++i) {
     fakecuda_slot_info slot{};
-    if (fakecuda_slot_info_get(i, dev, &slot) == 0 || slot.claimed == 0) continue;
-    if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
-        g_shared->member_generation[i].load(std::memory_order_acquire) != slot.generation) {
-      continue;
-    }
+    if (!member(i, dev, &slot)) continue;
     const bool alive = i == g_slot || fakecuda_slot_alive(i) != 0;
     const std::uint32_t pid = slot.pid;
     const unsigned long long held = slot.held_bytes;

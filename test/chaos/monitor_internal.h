@@ -104,6 +104,11 @@ extern std::uint32_t g_devices;  // the simulated machine's devices
 // The region, mapped read-only once it exists; its entry for a fake device.
 const Region* region();
 int region_device(std::uint32_t dev, const Region& r);
+// Whether simulator slot `i` is a process of this container (claimed, and
+// recorded as a member in this generation); *slot gets its figures on `dev`.
+// member_alive: and its process is alive (or is us). State lock held.
+bool member(int i, std::uint32_t dev, fakecuda_slot_info* slot);
+bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot);
 // Device bytes held by the live processes of this container (and of them the
 // managed grants in flight). State lock held.
 std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr);

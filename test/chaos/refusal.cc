@@ -38,15 +38,6 @@ thread_local int t_request_slot = -1;
 thread_local int t_members = -1;  // -1: too many to record (not judged)
 thread_local Member t_member[kMembers];
 
-bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot) {
-  if (fakecuda_slot_info_get(i, dev, slot) == 0 || slot->claimed == 0) return false;
-  if (g_shared->member_container[i].load(std::memory_order_acquire) != g_config.container ||
-      g_shared->member_generation[i].load(std::memory_order_acquire) != slot->generation) {
-    return false;
-  }
-  return i == g_slot || fakecuda_slot_alive(i) != 0;
-}
-
 // The documented conservative transients that may stand between what the
 // container holds and what gpuslice counts when it refuses (README.md, "The
 // invariant monitor"; docs/memory-accounting.md, "Chaos testing"). State
