@@ -259,6 +259,16 @@ void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
   errno = saved_errno;
 }
 
+// Polls the op counters (backing off, pause_drain) until none is in flight
+// or `ns` passed; true when quiet. *ops gets their counts as last read.
+static bool drain_ops(std::uint64_t ns, std::uint64_t* ops) noexcept {
+  bool busy = true, readable = false;
+  const std::uint64_t deadline = platform::monotonic_ns() + ns;
+  std::uint64_t sleep_ns = kFirstDrainSleepNs;
+  while ((readable = read_op_counts(ops, &busy)) && busy && platform::monotonic_ns() < deadline) pause_drain(&sleep_ns);
+  return readable && !busy;
+}
+
 bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
   const int saved_errno = errno;
   if (!g_measure_atfork.exchange(true, std::memory_order_acq_rel))
@@ -271,14 +281,10 @@ bool close_gate_and_drain(std::uint64_t* ops_out) noexcept {
     g_measure_gate.store(1, std::memory_order_seq_cst);
   }
   std::uint64_t ops = 0;
-  bool busy = true, readable = false;
-  const std::uint64_t deadline = platform::monotonic_ns() + kDrainNs;
-  std::uint64_t sleep_ns = kFirstDrainSleepNs;
-  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline)
-    pause_drain(&sleep_ns);
+  const bool quiet = drain_ops(kDrainNs, &ops);
   errno = saved_errno;
   if (ops_out != nullptr) *ops_out = ops;
-  return counting_on() && readable && !busy;  // without the bracket nothing proves quiet
+  return counting_on() && quiet;  // without the bracket nothing proves quiet
 }
 
 CUresult gated_call(const char* what, CUresult (*fn)(void* ctx) noexcept, void* ctx) noexcept {
@@ -301,13 +307,9 @@ Measure measure_before(CUdevice ordinal) noexcept {
 static bool wait_quiet(std::uint64_t ns) noexcept {
   const int saved_errno = errno;
   std::uint64_t ops = 0;
-  bool busy = true, readable = false;
-  const std::uint64_t deadline = platform::monotonic_ns() + ns;
-  std::uint64_t sleep_ns = kFirstDrainSleepNs;
-  while ((readable = read_op_counts(&ops, &busy)) && busy && platform::monotonic_ns() < deadline)
-    pause_drain(&sleep_ns);
+  const bool quiet = drain_ops(ns, &ops);
   errno = saved_errno;
-  return readable && !busy;
+  return quiet;
 }
 
 std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m, std::atomic<std::uint64_t>* remembered,
