@@ -25,15 +25,6 @@ using gpuslice::test::Sandbox;
 
 namespace {
 
-std::string container_region(const Sandbox& box) { return region_dir(box) + "/pod-1/c.region"; }
-
-int first_device(const Region* r) {
-  for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
-    if (r->devices[i].uuid_state.load() == shm::kDevicePublished) return static_cast<int>(i);
-  }
-  return -1;
-}
-
 // Every context of the simulated machine holds 400 MiB.
 constexpr char kContext[] = "400Mi";
 

@@ -28,8 +28,6 @@ using gpuslice::test::Sandbox;
 
 namespace {
 
-std::string container_region(const Sandbox& box) { return region_dir(box) + "/pod-1/c.region"; }
-
 Env container_env(const Sandbox& box) {
   return test::merge(box.env(), {{"GPUSLICE_REGION", container_region(box)}, {"GPUSLICE_MEMORY_LIMIT", "64Mi"}});
 }

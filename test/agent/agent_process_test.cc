@@ -30,22 +30,11 @@ namespace {
 
 constexpr int kOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 
-// The region of one container below the sandbox's region directory.
-std::string container_region(const Sandbox& box, const std::string& pod = "pod-1") {
-  return region_dir(box) + "/" + pod + "/c.region";
-}
-
 Env container_env(const Sandbox& box, const Env& extra, const std::string& pod = "pod-1") {
   return test::merge(box.env(), test::merge({{"GPUSLICE_REGION", container_region(box, pod)}}, extra));
 }
 
-// The first published device entry and the first live slot of a region.
-int first_device(const Region* r) {
-  for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
-    if (r->devices[i].uuid_state.load() == shm::kDevicePublished) return static_cast<int>(i);
-  }
-  return -1;
-}
+// The first live slot of a region.
 int first_live_slot(const Region* r) {
   for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
     if (r->slots[i].state.load() == kSlotLive) return static_cast<int>(i);

@@ -22,6 +22,17 @@ std::string fake_nvml() { return test::fakecuda_dir() + "/libnvidia-ml.so.1"; }
 
 std::string region_dir(const test::Sandbox& box) { return box.path("regions"); }
 
+std::string container_region(const test::Sandbox& box, const std::string& pod) {
+  return region_dir(box) + "/" + pod + "/c.region";
+}
+
+int first_device(const Region* r) {
+  for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
+    if (r->devices[i].uuid_state.load() == shm::kDevicePublished) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 void use_fake_state(const test::Sandbox& box) { setenv("FAKECUDA_STATE", box.path("fakecuda.state").c_str(), 1); }
 
 agent::AgentConfig config_for(const test::Sandbox& box, bool nvml) {

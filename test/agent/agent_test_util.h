@@ -26,6 +26,10 @@ agent::AgentConfig config_for(const test::Sandbox& box, bool nvml = true);
 // FAKECUDA_STATE for NVML loaded in this process (each test is its own process).
 void use_fake_state(const test::Sandbox& box);
 std::string region_dir(const test::Sandbox& box);
+// The region of one container below the sandbox's region directory.
+std::string container_region(const test::Sandbox& box, const std::string& pod = "pod-1");
+// The first published device entry of a region, or -1.
+int first_device(const Region* r);
 
 // Maps (creating) a region file; fails the test on error.
 Region* make_region(const std::string& path, const std::string& container_name);
