@@ -37,6 +37,20 @@ inline bool unlimited() noexcept {
   return false;
 }
 
+// The split form of unlimited() for the wrappers whose fast path is a bare
+// tail call (launch_wrappers.cc): unlimited_turn() counts the launch and is
+// true while the process is unlimited and it is not this thread's turn to
+// read the limits again; after it said false, unlimited_after_turn() (out of
+// line, in the slow twin) decides without counting the launch twice.
+inline bool unlimited_turn() noexcept {
+  return g_mode.load(std::memory_order_acquire) == kModeUnlimited && (++t_unlimited_launches % kRecheckEvery) != 0;
+}
+inline bool unlimited_after_turn() noexcept {
+  if (g_mode.load(std::memory_order_acquire) != kModeUnlimited) return false;
+  if (t_unlimited_launches % kRecheckEvery != 0) return true;  // the slow path came for another reason
+  return !recheck_limits();
+}
+
 inline std::uint64_t blocks(unsigned gx, unsigned gy, unsigned gz) noexcept { return std::uint64_t{gx} * gy * gz; }
 
 template <class Launch>

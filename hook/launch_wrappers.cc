@@ -33,75 +33,149 @@ CUresult gated_graph(CUgraphExec g, CUstream s, bool ptsz, Launch&& launch) noex
   return gated(cost.nominal_ns, true, cost.kernels, s, ptsz, launch);
 }
 
+// The fast path of a kernel launch: no CUkernel waits to be placed
+// (modules.h) and unlimited_turn() (launch.h): two loads, a thread-local
+// count and three predictable branches before the tail call.
+inline bool kernel_fast() noexcept {
+  return __builtin_expect((g_kernel_check.load(std::memory_order_relaxed) & 1) == 0, 1) && unlimited_turn();
+}
+
+// What launch_fast_x86_64.S assumes of the words it reads.
+static_assert(kModeUnlimited == 1 && sizeof(g_mode) == 4);
+static_assert(kRecheckEvery == 256, "the assembly tests the low byte of t_unlimited_launches");
+static_assert(sizeof(t_unlimited_launches) == 4);
+
 // Grid sides of the legacy entry points are ints: a non-positive one is the
 // driver's error (the price is refunded), priced as one block meanwhile.
 std::uint64_t side(int n) noexcept { return n > 0 ? static_cast<std::uint64_t>(n) : 1; }
 
 }  // namespace
 
+// The slow twins of the wrappers below: everything but the fast path, out of
+// line, so that the fast path keeps no frame and saves no register — the
+// wrapper tail-calls the driver with its arguments where the caller put them
+// (stack arguments included). A twin is entered with the launch already
+// counted by unlimited_turn() (launch.h).
+namespace {
+
+[[gnu::noinline]] CUresult cuLaunchKernelEx_slow(const CUlaunchConfig* config, CUfunction f, void** params,
+                                                 void** extra) noexcept {
+  if (const CUresult placed = place_kernel(f, config->hStream); placed != CUDA_SUCCESS) return placed;
+  if (unlimited_after_turn()) return real_cuLaunchKernelEx(config, f, params, extra);
+  return gated(blocks(config->gridDimX, config->gridDimY, config->gridDimZ), false, 1, config->hStream, false,
+               [&] { return real_cuLaunchKernelEx(config, f, params, extra); });
+}
+[[gnu::noinline]] CUresult cuLaunchKernelEx_ptsz_slow(const CUlaunchConfig* config, CUfunction f, void** params,
+                                                      void** extra) noexcept {
+  if (const CUresult placed = place_kernel(f, config->hStream); placed != CUDA_SUCCESS) return placed;
+  if (unlimited_after_turn()) return real_cuLaunchKernelEx_ptsz(config, f, params, extra);
+  return gated(blocks(config->gridDimX, config->gridDimY, config->gridDimZ), false, 1, config->hStream, true,
+               [&] { return real_cuLaunchKernelEx_ptsz(config, f, params, extra); });
+}
+[[gnu::noinline]] CUresult cuGraphLaunch_slow(CUgraphExec g, CUstream s) noexcept {
+  if (unlimited_after_turn()) return real_cuGraphLaunch(g, s);
+  return gated_graph(g, s, false, [&] { return real_cuGraphLaunch(g, s); });
+}
+[[gnu::noinline]] CUresult cuGraphLaunch_ptsz_slow(CUgraphExec g, CUstream s) noexcept {
+  if (unlimited_after_turn()) return real_cuGraphLaunch_ptsz(g, s);
+  return gated_graph(g, s, true, [&] { return real_cuGraphLaunch_ptsz(g, s); });
+}
+
+}  // namespace
+
+// The slow twins of the wrappers with stack arguments, under C names: on
+// x86-64 their fast paths are launch_fast_x86_64.S (the compiler copies stack
+// arguments through registers before a tail call: 35 instructions where 9 do).
+extern "C" [[gnu::noinline, gnu::visibility("hidden")]] CUresult gpuslice_cuLaunchKernel_slow(
+    CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
+    unsigned int shmem, CUstream s, void** params, void** extra) noexcept {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) return placed;
+  if (unlimited_after_turn()) return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return gated(blocks(gx, gy, gz), false, 1, s, false,
+               [&] { return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+}
+extern "C" [[gnu::noinline, gnu::visibility("hidden")]] CUresult gpuslice_cuLaunchKernel_ptsz_slow(
+    CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
+    unsigned int shmem, CUstream s, void** params, void** extra) noexcept {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) return placed;
+  if (unlimited_after_turn()) return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return gated(blocks(gx, gy, gz), false, 1, s, true,
+               [&] { return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+}
+extern "C" [[gnu::noinline, gnu::visibility("hidden")]] CUresult gpuslice_cuLaunchCooperativeKernel_slow(
+    CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
+    unsigned int shmem, CUstream s, void** params) noexcept {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) return placed;
+  if (unlimited_after_turn()) return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  return gated(blocks(gx, gy, gz), false, 1, s, false,
+               [&] { return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params); });
+}
+extern "C" [[gnu::noinline, gnu::visibility("hidden")]] CUresult gpuslice_cuLaunchCooperativeKernel_ptsz_slow(
+    CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
+    unsigned int shmem, CUstream s, void** params) noexcept {
+  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) return placed;
+  if (unlimited_after_turn()) return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  return gated(blocks(gx, gy, gz), false, 1, s, true,
+               [&] { return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params); });
+}
+
+#if !defined(__x86_64__)
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                                 unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                                                 CUstream s, void** params, void** extra) {
-  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]]
-    return placed;
-  if (unlimited()) return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  return gated(blocks(gx, gy, gz), false, 1, s, false,
-               [&] { return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+  if (kernel_fast()) [[likely]]
+    return real_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return gpuslice_cuLaunchKernel_slow(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                                      unsigned int bx, unsigned int by, unsigned int bz,
                                                      unsigned int shmem, CUstream s, void** params, void** extra) {
-  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]]
-    return placed;
-  if (unlimited()) return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-  return gated(blocks(gx, gy, gz), false, 1, s, true,
-               [&] { return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+  if (kernel_fast()) [[likely]]
+    return real_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+  return gpuslice_cuLaunchKernel_ptsz_slow(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
 }
+#endif
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
                                                   void** extra) {
   if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (const CUresult placed = place_kernel(f, config->hStream); placed != CUDA_SUCCESS) [[unlikely]]
-    return placed;
-  if (unlimited()) return real_cuLaunchKernelEx(config, f, params, extra);
-  return gated(blocks(config->gridDimX, config->gridDimY, config->gridDimZ), false, 1, config->hStream, false,
-               [&] { return real_cuLaunchKernelEx(config, f, params, extra); });
+  if (kernel_fast()) [[likely]]
+    return real_cuLaunchKernelEx(config, f, params, extra);
+  return cuLaunchKernelEx_slow(config, f, params, extra);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
                                                        void** extra) {
   if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (const CUresult placed = place_kernel(f, config->hStream); placed != CUDA_SUCCESS) [[unlikely]]
-    return placed;
-  if (unlimited()) return real_cuLaunchKernelEx_ptsz(config, f, params, extra);
-  return gated(blocks(config->gridDimX, config->gridDimY, config->gridDimZ), false, 1, config->hStream, true,
-               [&] { return real_cuLaunchKernelEx_ptsz(config, f, params, extra); });
+  if (kernel_fast()) [[likely]]
+    return real_cuLaunchKernelEx_ptsz(config, f, params, extra);
+  return cuLaunchKernelEx_ptsz_slow(config, f, params, extra);
 }
+#if !defined(__x86_64__)
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
                                                            unsigned int gz, unsigned int bx, unsigned int by,
                                                            unsigned int bz, unsigned int shmem, CUstream s,
                                                            void** params) {
-  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]]
-    return placed;
-  if (unlimited()) return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-  return gated(blocks(gx, gy, gz), false, 1, s, false,
-               [&] { return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params); });
+  if (kernel_fast()) [[likely]]
+    return real_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  return gpuslice_cuLaunchCooperativeKernel_slow(f, gx, gy, gz, bx, by, bz, shmem, s, params);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
                                                                 unsigned int gz, unsigned int bx, unsigned int by,
                                                                 unsigned int bz, unsigned int shmem, CUstream s,
                                                                 void** params) {
-  if (const CUresult placed = place_kernel(f, s); placed != CUDA_SUCCESS) [[unlikely]]
-    return placed;
-  if (unlimited()) return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
-  return gated(blocks(gx, gy, gz), false, 1, s, true,
-               [&] { return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params); });
+  if (kernel_fast()) [[likely]]
+    return real_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  return gpuslice_cuLaunchCooperativeKernel_ptsz_slow(f, gx, gy, gz, bx, by, bz, shmem, s, params);
 }
+#endif
 GPUSLICE_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec g, CUstream s) {
-  if (unlimited()) return real_cuGraphLaunch(g, s);
-  return gated_graph(g, s, false, [&] { return real_cuGraphLaunch(g, s); });
+  if (unlimited_turn()) [[likely]]
+    return real_cuGraphLaunch(g, s);
+  return cuGraphLaunch_slow(g, s);
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-  if (unlimited()) return real_cuGraphLaunch_ptsz(g, s);
-  return gated_graph(g, s, true, [&] { return real_cuGraphLaunch_ptsz(g, s); });
+  if (unlimited_turn()) [[likely]]
+    return real_cuGraphLaunch_ptsz(g, s);
+  return cuGraphLaunch_ptsz_slow(g, s);
 }
 
 // --- deprecated entry points, still exported by the driver and reachable

@@ -62,8 +62,10 @@ INSTANTIATE_TEST_SUITE_P(Settings, NullLaunchConfig, ::testing::Values("unlimite
                                                      : std::string("Unlimited");
                          });
 
-// The deprecated launches are admitted like cuLaunchKernel: 300 kernels of
-// 1 ms at 10 % cannot all run in the fraction of a second they take to submit.
+// The deprecated launches are admitted like cuLaunchKernel, and so are the
+// four whose fast path is assembly on x86-64 (launch_fast_x86_64.S): 300
+// kernels of 1 ms at 10 % cannot all run in the fraction of a second they
+// take to submit.
 class LegacyLaunch : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LegacyLaunch, IsThrottled) {
@@ -82,7 +84,9 @@ TEST_P(LegacyLaunch, IsThrottled) {
 
 INSTANTIATE_TEST_SUITE_P(EntryPoints, LegacyLaunch,
                          ::testing::Values("cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync",
-                                           "cuLaunchCooperativeKernelMultiDevice"),
+                                           "cuLaunchCooperativeKernelMultiDevice", "cuLaunchKernel",
+                                           "cuLaunchKernel_ptsz", "cuLaunchCooperativeKernel",
+                                           "cuLaunchCooperativeKernel_ptsz"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

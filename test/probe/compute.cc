@@ -17,7 +17,8 @@
 //       cuGetProcAddress and dlsym, prints "entry <name> via=<how> in=<file>".
 //   legacy-launch NAME KERNEL_US LAUNCHES
 //       Launches LAUNCHES kernels through cuLaunch / cuLaunchGrid /
-//       cuLaunchGridAsync / multi-device, as fast as it can. Prints
+//       cuLaunchGridAsync / multi-device, or cuLaunchKernel /
+//       cuLaunchCooperativeKernel (and their _ptsz), as fast as it can. Prints
 //       "probe ... first_rc=<n>".
 //   churn KERNEL_US KERNELS
 //       Launches KERNELS kernels and exits at once, without synchronising.
@@ -145,7 +146,16 @@ int legacy_launch(const std::string& name, unsigned us, long count) {
   using Grid = CUresult (*)(CUfunction, int, int);
   using GridAsync = CUresult (*)(CUfunction, int, int, CUstream);
   using Multi = CUresult (*)(CUDA_LAUNCH_PARAMS*, unsigned, unsigned);
-  void* p = proc(name.c_str(), name == "cuLaunchCooperativeKernelMultiDevice" ? 9000 : 2000);
+  using Kernel = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void**, void**);
+  using Cooperative =
+      CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**);
+  // The current entry points with stack arguments (launch_fast_x86_64.S), as
+  // the runtime binds them: by name from the loaded library.
+  const bool kernel = name == "cuLaunchKernel" || name == "cuLaunchKernel_ptsz";
+  const bool cooperative = name == "cuLaunchCooperativeKernel" || name == "cuLaunchCooperativeKernel_ptsz";
+  void* p = kernel || cooperative ? dlsym(RTLD_DEFAULT, name.c_str())
+                                  : proc(name.c_str(), name == "cuLaunchCooperativeKernelMultiDevice" ? 9000 : 2000);
   if (p == nullptr) return 3;
   CUDA_LAUNCH_PARAMS params{};
   params.function = f;
@@ -163,6 +173,10 @@ int legacy_launch(const std::string& name, unsigned us, long count) {
       rc = reinterpret_cast<Grid>(p)(f, 1, 1);
     else if (name == "cuLaunchGridAsync")
       rc = reinterpret_cast<GridAsync>(p)(f, 1, 1, nullptr);
+    else if (kernel)
+      rc = reinterpret_cast<Kernel>(p)(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr);
+    else if (cooperative)
+      rc = reinterpret_cast<Cooperative>(p)(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr);
     else
       rc = reinterpret_cast<Multi>(p)(&params, 1, 0);
     if (first_rc < 0) first_rc = static_cast<int>(rc);
