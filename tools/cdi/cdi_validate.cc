@@ -14,6 +14,7 @@
 #include "cdi_spec.h"
 #include "limiter/options/options.h"
 #include "shm/region_file.h"
+#include "text.h"
 
 using namespace std::string_literals;
 
@@ -128,24 +129,41 @@ bool region_dirs_ok(const SliceRequest& r, std::string* why) {
       return false;
     }
   }
-  if (r.region_file.empty() || r.region_file.find('/') != std::string::npos || r.region_file[0] == '.' ||
-      !clean_utf8(r.region_file)) {
-    *why = "--region-file '" + r.region_file + "' (region file): expected a plain file name, not hidden";
+  // A directory of its own right below the agent's: never the agent's
+  // directory itself (it holds every slice's directory), nothing deeper (a
+  // directory inside another slice's), nothing elsewhere (/var/lib, ...).
+  if (!path_ok("--agent-region-dir", "the agent's --region-dir", r.agent_region_dir, why)) return false;
+  const std::size_t slash = r.region_host_dir.find_last_of('/');
+  const std::string parent = r.region_host_dir.substr(0, slash == 0 ? 1 : slash);
+  const std::string own = r.region_host_dir.substr(slash + 1);
+  if (parent != r.agent_region_dir) {
+    *why = "--region-host-dir '" + r.region_host_dir + "': bound read-write into the container, so it must be " +
+           "a directory of this slice alone right below the agent's region directory, expected " + r.agent_region_dir +
+           "/<name> (--agent-region-dir gives the agent's --region-dir)";
+    return false;
+  }
+  std::string problem;
+  if (!tools::valid_name(own, kMaxFileNameBytes, "its name", &problem) || own[0] == '.') {
+    *why = "--region-host-dir '" + r.region_host_dir + "': " +
+           (problem.empty() ? "its name is hidden (the agent skips hidden entries), expected a plain name"s : problem);
+    return false;
+  }
+  if (!tools::valid_name(r.region_file, kMaxFileNameBytes, "--region-file (region file)", why)) return false;
+  if (r.region_file[0] == '.') {
+    *why = "--region-file '" + r.region_file +
+           "' (region file): hidden (the agent skips hidden files), expected a "
+           "plain file name";
+    return false;
+  }
+  if (!r.container_name.empty() &&
+      !tools::valid_name(r.container_name, kMaxContainerNameBytes, "--container-name (container name)", why)) {
     return false;
   }
   return true;
 }
 
-// The library's own option parser on the environment the spec sets: any
-// value it would refuse at the container's first CUDA call is refused here.
-bool options_ok(const SliceRequest& r, std::string* why) {
-  std::vector<std::string> env = slice_environment(r);
-  std::vector<char*> envp;
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  options::Options opts;
-  shm::Error err{};
-  if (options::parse_options(envp.data(), &opts, &err)) return true;
+// The flag that sets a variable of the spec's environment, for messages.
+std::string flag_of(const std::string& text) {
   static const struct {
     const char* var;
     const char* flag;
@@ -155,14 +173,39 @@ bool options_ok(const SliceRequest& r, std::string* why) {
                 {"GPUSLICE_PRIORITY", "--priority (priority)"},
                 {"GPUSLICE_REGION", "--region-dir/--region-file (region file)"},
                 {"GPUSLICE_CONTAINER_NAME", "--container-name (container name)"}};
-  std::string flag = "a value";
   for (const auto& f : kFlags) {
-    if (std::strstr(err.message, (f.var + "="s).c_str()) != nullptr) {
-      flag = f.flag;
-      break;
+    if (text.find(f.var + "="s) != std::string::npos) return f.flag;
+  }
+  return "a value";
+}
+
+// The library's own option parser on the environment the spec sets: any
+// value it would refuse at the container's first CUDA call is refused here.
+// Each value must also read back the same from the configuration file, which
+// drops the blanks at either end of a line, its name and its value
+// (limiter/options/file.h): "slice.region " would otherwise name one region
+// in the environment and another in the file.
+bool options_ok(const SliceRequest& r, std::string* why) {
+  std::vector<std::string> env = slice_environment(r);
+  for (const std::string& e : env) {
+    const std::string value = e.substr(e.find('=') + 1);
+    const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+    bool control = false;
+    for (char c : value) control = control || static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+    if (!value.empty() && (blank(value.front()) || blank(value.back()) || control)) {
+      *why = flag_of(e) + ": '" + tools::escape_untrusted(value) +
+             "' has a blank at an end or a control character: the configuration file would read another value "
+             "than the environment; expected none";
+      return false;
     }
   }
-  *why = flag + ": the library would refuse it: " + err.message;
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  options::Options opts;
+  shm::Error err{};
+  if (options::parse_options(envp.data(), &opts, &err)) return true;
+  *why = flag_of(err.message) + ": the library would refuse it: " + err.message;
   return false;
 }
 
@@ -181,6 +224,32 @@ bool annotations_ok(const SliceRequest& r, std::string* why) {
     return false;
   }
   return true;
+}
+
+// An existing configuration file is replaced only if it is this device's:
+// never another slice's (its limits would change under it) nor any other
+// file (gpuslice-cdi runs as root).
+bool config_file_ours(const SliceRequest& r, std::string* why) {
+  struct stat st {};
+  if (lstat(r.config_host_file.c_str(), &st) != 0) return true;  // a new file
+  const std::string header = config_file_header(r);
+  std::string first;
+  if (S_ISREG(st.st_mode)) {
+    std::ifstream in(r.config_host_file);
+    std::getline(in, first);
+  }
+  if (first + "\n" == header) return true;
+  const std::string prefix = "# gpuslice configuration of CDI device ";
+  const std::string other =
+      first.rfind(prefix, 0) == 0 ? first.substr(prefix.size(), first.find(", ") - prefix.size()) : "";
+  *why = "--config-host-file '" + r.config_host_file + "' exists and is " +
+         (other.empty() ? "not a configuration file gpuslice-cdi wrote"s
+                        : "the configuration file of " + tools::escape_untrusted(other)) +
+         " (--region-host-dir '" + r.region_host_dir +
+         "' belongs to another slice?); expected a directory and "
+         "configuration file of " +
+         qualified_name(r) + " alone";
+  return false;
 }
 
 }  // namespace
@@ -299,6 +368,7 @@ bool check_host(const SliceRequest& r, std::string* why) {
       *why = "--config-host-file '" + r.config_host_file + "': its directory does not exist";
       return false;
     }
+    if (!config_file_ours(r, why)) return false;
   }
   if (r.inject != Inject::preload_file) return true;
   std::ifstream in(r.preload_host_file);
