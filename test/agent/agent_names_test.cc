@@ -206,6 +206,32 @@ TEST(AgentHostileNames, NewlineInAFileNameForgesNoLogLine) {
   EXPECT_NE(text.find("pod-2/x\\x0a" + forged + "\\x0a\\x1b[2J.region"), std::string::npos) << text;
 }
 
+// HAMi's layout names the container by a directory (<pod-uid>_<container>):
+// that name reaches the container label through the same escape.
+TEST(AgentHostileNames, HamiDirectoryNameIsEscapedInTheContainerLabel) {
+  Sandbox box;
+  const std::string pod = "0f4e8c2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b";
+  const std::string dir = box.path("vgpu/containers/" + pod + "_tr\xff\"ainer\n");
+  mkdir(box.path("vgpu").c_str(), 0755);
+  mkdir(box.path("vgpu/containers").c_str(), 0755);
+  mkdir(dir.c_str(), 0755);
+  mkdir(box.path("regions").c_str(), 0755);
+  plant_region(box, dir + "/u.cache", "", 0x31, 512 * kMi);
+  const test::Result r = test::run({test::bin("gpuslice-agent"), "--region-dir", box.path("regions"), "--hami-root",
+                                    box.path("vgpu"), "--once", "--no-nvml"},
+                                   {}, 30000);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_TRUE(printable_lines(r.out)) << r.out;
+  EXPECT_NE(r.out.find("gpuslice_memory_quota_bytes{container=\"tr\\\\xff\\\"ainer\\\\x0a\""), std::string::npos)
+      << r.out;
+  if (!std::string(GPUSLICE_PROMTOOL).empty()) {
+    write_file(box.path("metrics.txt"), r.out);
+    const test::Result check = test::run(
+        {"/bin/sh", "-c", "exec \"$0\" check metrics < \"$1\"", GPUSLICE_PROMTOOL, box.path("metrics.txt")}, {}, 60000);
+    EXPECT_EQ(check.exit_code, 0) << check.describe();
+  }
+}
+
 // gpuslice-smi (the table, its JSON, its messages about skipped files) shows
 // the same escaped names.
 TEST(SmiHostileNames, TableJsonAndMessagesShowNamesEscapedAndApart) {
@@ -232,6 +258,12 @@ TEST(SmiHostileNames, TableJsonAndMessagesShowNamesEscapedAndApart) {
   EXPECT_NE(table.out.find("| pod-2/t\\x1b]0;owned"), std::string::npos) << table.out;  // the column cuts the rest
   EXPECT_TRUE(printable_lines(table.err)) << table.err;
   EXPECT_NE(table.err.find("pod-2/j\\x0a\\x1b[31m.region"), std::string::npos) << table.err;
+  // A path given on the command line (or by $GPUSLICE_REGION) is shown escaped too.
+  const test::Result one =
+      test::run({test::bin("gpuslice-smi"), "--region", regions + "/pod-2/j\n\x1b[31m.region"}, {}, 30000);
+  EXPECT_EQ(one.exit_code, 2) << one.describe();
+  EXPECT_TRUE(printable_lines(one.err)) << one.err;
+  EXPECT_NE(one.err.find("pod-2/j\\x0a\\x1b[31m.region: "), std::string::npos) << one.err;
 }
 
 TEST(UntrustedText, EscapesEverythingButPrintableAsciiAndIsInjective) {
