@@ -532,6 +532,22 @@ TEST(CdiSpec, ConfigFileReadsBackWhatTheEnvironmentSetsByteForByte) {
   EXPECT_EQ(accepted, 3 * 92 + 1 - 1) << refused;  // '.' cannot start the file name
 }
 
+// The files gpuslice-cdi reads (as root) are opened without blocking and
+// must be regular: a FIFO named as the preload file would hang it, a device
+// such as /dev/zero would never end.
+TEST(CdiSpec, BinaryNeverHangsOnAFifoOrReadsADeviceAsThePreloadFile) {
+  HostLayout host;
+  const std::string fifo = host.box.path("preload.fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& path : {fifo, "/dev/zero"s}) {
+    const gpuslice::test::Result r = gpuslice::test::run(host.argv({"--preload-host-file", path}), {}, 10000);
+    EXPECT_FALSE(r.timed_out) << path << ": " << r.describe();
+    EXPECT_EQ(r.exit_code, 64) << path << ": " << r.describe();
+    EXPECT_NE(r.err.find("--preload-host-file '" + path + "'"), std::string::npos) << r.describe();
+    EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << r.describe();
+  }
+}
+
 TEST(CdiSpec, ValidatorRejectsBrokenSpecs) {
   Sandbox box;
   const json good = gpuslice::cdi::build_spec(claim_request());

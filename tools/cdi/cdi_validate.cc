@@ -1,14 +1,15 @@
 // Validation of a SliceRequest: what the CDI library accepts (names,
 // annotation keys), what the preload library accepts (its own option parser
 // on the environment the spec sets), and paths a container may safely get.
+#include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "cdi_spec.h"
@@ -226,6 +227,38 @@ bool annotations_ok(const SliceRequest& r, std::string* why) {
   return true;
 }
 
+// Reads a host file gpuslice-cdi (root) is told to trust: opened without
+// blocking or following a final symbolic link (a FIFO must not hang it),
+// regular (a device would never end), at most max_bytes. false + why.
+bool read_host_file(const std::string& path, std::size_t max_bytes, std::string* text, std::string* why) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    *why = "not a regular file";
+    return false;
+  }
+  text->assign(max_bytes + 1, '\0');
+  std::size_t got = 0;
+  while (got <= max_bytes) {
+    const ssize_t n = read(fd, text->data() + got, max_bytes + 1 - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  close(fd);
+  text->resize(got);
+  if (got > max_bytes) {
+    *why = "larger than " + std::to_string(max_bytes) + " bytes";
+    return false;
+  }
+  return true;
+}
+
 // An existing configuration file is replaced only if it is this device's:
 // never another slice's (its limits would change under it) nor any other
 // file (gpuslice-cdi runs as root).
@@ -233,12 +266,10 @@ bool config_file_ours(const SliceRequest& r, std::string* why) {
   struct stat st {};
   if (lstat(r.config_host_file.c_str(), &st) != 0) return true;  // a new file
   const std::string header = config_file_header(r);
-  std::string first;
-  if (S_ISREG(st.st_mode)) {
-    std::ifstream in(r.config_host_file);
-    std::getline(in, first);
-  }
-  if (first + "\n" == header) return true;
+  std::string text, problem;
+  read_host_file(r.config_host_file, 64 * 1024, &text, &problem);
+  const std::string first = text.substr(0, text.find('\n'));
+  if (text.rfind(header, 0) == 0) return true;
   const std::string prefix = "# gpuslice configuration of CDI device ";
   const std::string other =
       first.rfind(prefix, 0) == 0 ? first.substr(prefix.size(), first.find(", ") - prefix.size()) : "";
@@ -371,15 +402,13 @@ bool check_host(const SliceRequest& r, std::string* why) {
     if (!config_file_ours(r, why)) return false;
   }
   if (r.inject != Inject::preload_file) return true;
-  std::ifstream in(r.preload_host_file);
-  if (!in) {
-    *why = "--preload-host-file '" + r.preload_host_file + "': cannot read it (" + std::strerror(errno) +
+  std::string text, problem;
+  if (!read_host_file(r.preload_host_file, 64 * 1024, &text, &problem)) {
+    *why = "--preload-host-file '" + r.preload_host_file + "': cannot read it (" + problem +
            "); expected the file naming the library, mounted at /etc/ld.so.preload (--inject env does without)";
     return false;
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::vector<std::string> entries = preload_entries(text.str());
+  const std::vector<std::string> entries = preload_entries(text);
   for (const std::string& e : entries) {
     if (e == r.library_container) return true;
   }
