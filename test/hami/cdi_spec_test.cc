@@ -476,6 +476,10 @@ TEST(CdiSpec, NamesAreRefusedUnlessEveryReaderReadsThemAlike) {
       {[](SliceRequest& r) { r.container_name = "trainer "; }, "--container-name (container name) 'trainer '"},
       {[](SliceRequest& r) { r.container_name = "a/b"; }, "--container-name (container name) 'a/b': holds '/'"},
       {[](SliceRequest& r) { r.container_name = "caf\xc3\xa9"; }, "not ASCII"},
+      // What is refused is shown escaped: no control byte reaches the caller's log.
+      {[](SliceRequest& r) { r.region_host_dir = "/run/gpuslice/regions/a\nb"; },
+       "--region-host-dir '/run/gpuslice/regions/a\\x0ab'"},
+      {[](SliceRequest& r) { r.annotations["k\x1b[2J"] = "v"; }, "--annotation key 'k\\x1b[2J'"},
       // Any value of the spec's environment that the file would read otherwise.
       {[](SliceRequest& r) { r.region_container_dir = "/run/gpuslice\t"; }, "--region-dir"},
   };

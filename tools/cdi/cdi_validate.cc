@@ -71,7 +71,7 @@ bool components(const std::string& path, std::vector<std::string>* parts) {
 bool path_ok(const char* flag, const std::string& what, const std::string& path, std::string* why) {
   std::vector<std::string> parts;
   if (!clean_utf8(path) || !components(path, &parts)) {
-    *why = flag + " '"s + path + "' (" + what +
+    *why = flag + " '"s + tools::escape_untrusted(path) + "' (" + what +
            "): expected an absolute, normalised path (no '.', '..', '//' or trailing '/', no control characters)";
     return false;
   }
@@ -289,7 +289,7 @@ bool valid_annotation_key(const std::string& key, std::string* why) {
   std::string k = key;
   for (char& c : k) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   auto fail = [&](const std::string& what) {
-    *why = "--annotation key '" + key + "': " + what +
+    *why = "--annotation key '" + tools::escape_untrusted(key) + "': " + what +
            " (expected [<DNS subdomain>/]<name>, the name 1-63 letters, digits, '-', '_' or '.' starting and ending "
            "with a letter or digit: the CDI library refuses the spec otherwise)";
     return false;
