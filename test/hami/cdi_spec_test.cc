@@ -362,6 +362,8 @@ TEST(CdiSpec, BinaryRefusesBadInputWithExit64AndWritesNothing) {
       {{"--memory", "99=1Gi"}, "--memory"},
       {{"--sm-limit", "16=30"}, "--sm-limit"},
       {{"--inject", "mount"}, "--inject"},
+      {{"--inject", "e\x1bnv"}, "--inject 'e\\x1bnv'"},  // shown escaped
+      {{"--annotation", "k\n"}, "--annotation 'k\\x0a'"},
       // The preload file names another path: ld.so would skip the library.
       {{"--library", "/opt/gpuslice/libgpuslice.so"}, "--library '/opt/gpuslice/libgpuslice.so' is not what"},
       {{"--preload-host-file", host.box.path("missing")}, "--preload-host-file"},

@@ -413,7 +413,7 @@ bool check_host(const SliceRequest& r, std::string* why) {
     if (e == r.library_container) return true;
   }
   std::string named;
-  for (const std::string& e : entries) named += (named.empty() ? "'" : ", '") + e + "'";
+  for (const std::string& e : entries) named += (named.empty() ? "'" : ", '") + tools::escape_untrusted(e) + "'";
   *why = "--library '" + r.library_container + "' is not what --preload-host-file '" + r.preload_host_file +
          "' names (" + (named.empty() ? "nothing"s : named) +
          "): ld.so would ignore the preload and the container would run unlimited; expected the same path in both";

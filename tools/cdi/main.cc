@@ -12,6 +12,7 @@
 
 #include "cdi_spec.h"
 #include "cli.h"
+#include "text.h"
 
 using namespace std::string_literals;
 using gpuslice::tools::usage_error;
@@ -105,14 +106,17 @@ int main(int argc, char** argv) {
   } else if (inject == "env") {
     req.inject = gpuslice::cdi::Inject::env;
   } else {
-    return usage_error(app, "--inject '"s + inject + "': expected ld.so.preload or env");
+    return usage_error(app,
+                       "--inject '"s + gpuslice::tools::escape_untrusted(inject) + "': expected ld.so.preload or env");
   }
   for (const std::string& a : annotations) {
     const std::size_t eq = a.find('=');
-    if (eq == std::string::npos || eq == 0) return usage_error(app, "--annotation '"s + a + "': expected key=value");
+    if (eq == std::string::npos || eq == 0)
+      return usage_error(app, "--annotation '"s + gpuslice::tools::escape_untrusted(a) + "': expected key=value");
     if (!req.annotations.emplace(a.substr(0, eq), a.substr(eq + 1)).second) {
-      return usage_error(
-          app, "--annotation '"s + a + "': the key '" + a.substr(0, eq) + "' is given twice; expected each key once");
+      return usage_error(app, "--annotation '"s + gpuslice::tools::escape_untrusted(a) + "': the key '" +
+                                  gpuslice::tools::escape_untrusted(a.substr(0, eq)) +
+                                  "' is given twice; expected each key once");
     }
   }
   if (no_config_file && !config_file.empty()) {
