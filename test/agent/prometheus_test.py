@@ -15,6 +15,8 @@ test then asks Prometheus's HTTP API, as a dashboard or an alert would:
 - the rules load and evaluate without error;
 - the killed container's series go stale once the agent has removed its
   region (docs/agent.md: a region nobody uses for --grace is removed).
+- a container whose region file's name is not UTF-8 blinds nobody: every
+  scrape stays up, and its series carry the name escaped (docs/security.md).
 
 Exit 77 (skipped) without the prometheus binary.
 """
@@ -38,7 +40,9 @@ PODS = {
     "serving": "11111111-2222-4333-8444-555555555503",
     "training": "11111111-2222-4333-8444-555555555504",
     "victim": "11111111-2222-4333-8444-555555555505",
+    "hostile": "11111111-2222-4333-8444-555555555506",
 }
+HOSTILE_NAME = b"\xff\xfe.region"  # renamed so by its container: a name Prometheus cannot take as it is
 COUNTERS = ["gpuslice_oom_refusals_total", "gpuslice_launches_total", "gpuslice_priority_held_seconds_total",
             "gpuslice_throttled_seconds_total", "gpuslice_agent_cycles_total"]
 
@@ -129,6 +133,12 @@ def main():
         container("training", ["sleep", "500", "function", "spin_500us", "launch", "20000", "waitfile", end],
                   GPUSLICE_PRIORITY="low")
         container("victim", ["alloc", str(8 * MI), "waitfile", end], GPUSLICE_MEMORY_LIMIT="32Mi")
+        hostile_ready = f"{tmp}/hostile.ready"
+        container("hostile", ["alloc", str(4 * MI), "touch", hostile_ready, "waitfile", end],
+                  GPUSLICE_MEMORY_LIMIT="16Mi")
+        eventually("the hostile container's region", lambda: os.path.exists(hostile_ready), 30)
+        hostile_dir = os.fsencode(regions / PODS["hostile"])
+        os.rename(hostile_dir + b"/hostile.region", hostile_dir + b"/" + HOSTILE_NAME)
 
         config = pathlib.Path(tmp, "prometheus.yml")
         config.write_text(json.dumps({
@@ -167,6 +177,14 @@ def main():
                 assert labels.get(label), f"gpuslice_memory_used_bytes without '{label}': {labels}"
             assert labels["pod_uid"] == PODS[labels["container"]], labels
             assert labels["uuid"].startswith("GPU-"), labels
+        # The hostile name: scraped (escaped), and every other container's series with it.
+        hostile = eventually("the series of the region named with bytes that are not UTF-8",
+                             lambda: [r for r in p.query('gpuslice_memory_quota_bytes{container="hostile"}')
+                                      if "xff" in r["metric"]["region"]], 30)
+        assert hostile[0]["metric"]["region"] == f"{PODS['hostile']}/\\xff\\xfe.region", hostile
+        assert float(hostile[0]["value"][1]) == 16 * MI, hostile
+        assert p.one('gpuslice_memory_quota_bytes{container="limited"}') == 64 * MI
+        assert p.one('up{job="gpuslice-agent"}') == 1
         for name in ("gpuslice_agent_cycle_seconds", "gpuslice_agent_regions", "gpuslice_device_sm_utilization_ratio"):
             assert p.query(name), f"no series {name}"
 

@@ -13,6 +13,8 @@ serves its page. Chromium loads it (scripts run, /api/status is fetched), and:
   window's size with more than a handful of colours, not a blank or an error
   page); it is kept at SCREENSHOT_OUT when given, for a person to look at;
 - the page loads nothing from outside the node (no external URL in it).
+- a third container, whose region file's name is not UTF-8 and whose name is
+  markup, blinds nobody: the page shows every container, that name as text.
 
 Exit 77 (skipped) without Chromium.
 """
@@ -30,6 +32,7 @@ import urllib.request
 import zlib
 
 MI = 1 << 20
+HOSTILE = '<b id="injected">hostile</b>'  # a container name (printable ASCII) that is markup
 
 
 def free_port():
@@ -123,10 +126,22 @@ def main():
                         GPUSLICE_PRIORITY_BOARD=f"{tmp}/board", **options)
             procs.append(subprocess.Popen([f"{build}/bin/cuprobe", "init", "ctx", "0", *ops, "touch", flag,
                                            "waitfile", end], env=penv, stdout=subprocess.DEVNULL))
+        # The hostile container: its name is markup, and it renames its region
+        # file to bytes that are not UTF-8 (docs/security.md).
+        hostile_pod = "aaaaaaaa-1111-4222-8333-000000000003"
+        (regions / hostile_pod).mkdir(parents=True)
+        ready.append(f"{tmp}/hostile.ready")
+        procs.append(subprocess.Popen(
+            [f"{build}/bin/cuprobe", "init", "ctx", "0", "alloc", str(4 * MI), "touch", ready[-1], "waitfile", end],
+            env=dict(env, LD_PRELOAD=f"{build}/lib/libgpuslice.so", GPUSLICE_CONTAINER_NAME=HOSTILE,
+                     GPUSLICE_REGION=f"{regions}/{hostile_pod}/h.region", GPUSLICE_PRIORITY_BOARD=f"{tmp}/board",
+                     GPUSLICE_MEMORY_LIMIT="16Mi"), stdout=subprocess.DEVNULL))
         deadline = time.time() + 30
         while not all(os.path.exists(f) for f in ready):
             assert time.time() < deadline, "the containers did not start"
             time.sleep(0.05)
+        hostile_dir = os.fsencode(regions / hostile_pod)
+        os.rename(hostile_dir + b"/h.region", hostile_dir + b"/\xff\xfe.region")
         port = free_port()
         procs.append(subprocess.Popen([f"{build}/bin/gpuslice-agent", "--region-dir", str(regions), "--interval",
                                        "100ms", "--listen", f"127.0.0.1:{port}", "--nvml",
@@ -164,7 +179,12 @@ def main():
         assert spiller["sm"]["attrs"]["data-limit"] == "30", spiller["sm"]
         assert "/ 30 %" in spiller["sm"]["text"], spiller["sm"]["text"]
         assert limited["priority"]["text"] == "normal", limited["priority"]
-        assert "1 region" not in dom.stdout and "2 region(s)" in dom.stdout, "agent summary line"
+        assert "1 region" not in dom.stdout and "3 region(s)" in dom.stdout, "agent summary line"
+        hostile = cells.rows.get(HOSTILE)
+        assert hostile, f"the hostile container is missing from the page: {sorted(cells.rows)}"
+        assert hostile["container"]["text"] == HOSTILE, hostile["container"]
+        assert float(hostile["memory"]["attrs"]["data-quota"]) == 16 * MI, hostile["memory"]
+        assert '<b id="injected">' not in dom.stdout, "the container's name became markup"
 
         shot = f"{tmp}/status.png"
         r = subprocess.run([*common, f"--screenshot={shot}", url], capture_output=True, text=True, timeout=90)
@@ -174,7 +194,7 @@ def main():
         assert colours > 20, f"the screenshot looks blank ({colours} colours)"
         if keep:
             shutil.copy(shot, keep)
-        print(f"status page: 2 containers checked in the DOM; screenshot {width}x{height}, {colours} colours"
+        print(f"status page: 3 containers checked in the DOM; screenshot {width}x{height}, {colours} colours"
               + (f", kept at {keep}" if keep else ""))
         return 0
     except AssertionError as e:

@@ -147,8 +147,8 @@ TEST_F(Container, AnnotatedSpecNeedsANewerRuntime) {
   const std::string out = World::cdi_dir() + "/gpuslice-test-"s + name + ".json";
   const Result made = gpuslice::test::run(
       {gpuslice::test::bin("gpuslice-cdi"), "--name", name, "--memory", mib(256), "--region-host-dir",
-       world->a.region_dir, "--library-host", gpuslice::test::preload_library(), "--inject", "env", "--no-config-file",
-       "--annotation", "gpuslice.io/claim=default/x", "--output", out},
+       world->a.region_dir, "--agent-region-dir", world->regions, "--library-host", gpuslice::test::preload_library(),
+       "--inject", "env", "--no-config-file", "--annotation", "gpuslice.io/claim=default/x", "--output", out},
       {}, 30000);
   const Result r = world->run({world->vendor_device, made.out.substr(0, made.out.find('\n'))},
                               {"cuprobe", "init", "ctx", "0", "meminfo"});

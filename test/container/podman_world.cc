@@ -352,6 +352,8 @@ bool World::write_specs() {
                                      s->container,
                                      "--region-host-dir",
                                      s->region_dir,
+                                     "--agent-region-dir",
+                                     regions,
                                      "--library-host",
                                      gpuslice::test::preload_library(),
                                      "--output",

@@ -16,6 +16,8 @@
 
 #include "cdi_spec.h"
 #include "harness.h"
+#include "limiter/options/file.h"
+#include "limiter/options/options.h"
 
 // GCC 12 reports a false -Wrestrict inside std::string assignment inlined
 // into these lambdas (GCC bug 105329).
@@ -52,6 +54,12 @@ gpuslice::test::Result validate_file(const std::string& path) {
 }
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 std::vector<std::string> env_of(const json& spec) {
   return spec["devices"][0]["containerEdits"]["env"].get<std::vector<std::string>>();
@@ -196,7 +204,10 @@ TEST(CdiSpec, AcceptsWhatTheLibrariesAccept) {
       [](SliceRequest& r) { r.annotations[std::string(63, 'k')] = "v"; },
       [](SliceRequest& r) { r.annotations["Example.COM/Name_1.x"] = "v"; },  // checked in lower case
       [](SliceRequest& r) { r.annotations["1234"] = ""; },
-      [](SliceRequest& r) { r.region_host_dir = "/var/lib/gpuslice/regions/x"; },
+      [](SliceRequest& r) {
+        r.agent_region_dir = "/var/lib/gpuslice/regions";
+        r.region_host_dir = "/var/lib/gpuslice/regions/x";
+      },
       [](SliceRequest& r) { r.region_container_dir = "/gpuslice"; },
   };
   for (const auto& edit : edits) {
@@ -265,6 +276,7 @@ struct HostLayout {
   std::vector<std::string> argv(std::vector<std::string> extra) const {
     const std::pair<std::string, std::string> defaults[] = {{"--name", "c1a1e000-aaaa-4bbb-8ccc-dddddddddddd"},
                                                             {"--region-host-dir", region_dir},
+                                                            {"--agent-region-dir", regions},
                                                             {"--library-host", gpuslice::test::preload_library()},
                                                             {"--preload-host-file", preload}};
     std::vector<std::string> a = {gpuslice::test::bin("gpuslice-cdi")};
@@ -298,10 +310,11 @@ TEST(CdiSpec, EmittedSpecValidatesAgainstTheCdiSchema) {
   if (v.exit_code == 77) GTEST_SKIP() << v.out;
   EXPECT_EQ(v.exit_code, 0) << v.describe();
   // The same on stdout, with LD_PRELOAD injection and a plain name: version 0.3.0.
-  const gpuslice::test::Result emit2 =
-      gpuslice::test::run({gpuslice::test::bin("gpuslice-cdi"), "--name", "slice-a", "--region-host-dir",
-                           host.region_dir, "--library-host", gpuslice::test::preload_library(), "--inject", "env"},
-                          {}, 30000);
+  mkdir((host.regions + "/slice-a").c_str(), 0755);  // a slice's directory of its own
+  const gpuslice::test::Result emit2 = gpuslice::test::run(
+      {gpuslice::test::bin("gpuslice-cdi"), "--name", "slice-a", "--region-host-dir", host.regions + "/slice-a",
+       "--agent-region-dir", host.regions, "--library-host", gpuslice::test::preload_library(), "--inject", "env"},
+      {}, 30000);
   ASSERT_EQ(emit2.exit_code, 0) << emit2.describe();
   EXPECT_EQ(json::parse(emit2.out)["cdiVersion"], "0.3.0");
   write_text(host.box.path("stdout.json"), emit2.out);
@@ -337,7 +350,7 @@ TEST(CdiSpec, BinaryRefusesBadInputWithExit64AndWritesNothing) {
   HostLayout host;
   const std::string out = host.box.path("spec.json");
   mkdir(host.box.path("real").c_str(), 0755);
-  symlink(host.box.path("real").c_str(), host.box.path("link").c_str());
+  symlink(host.box.path("real").c_str(), (host.regions + "/link").c_str());
   const std::vector<std::string> layout = host.files();
   struct Case {
     std::vector<std::string> args;
@@ -349,14 +362,16 @@ TEST(CdiSpec, BinaryRefusesBadInputWithExit64AndWritesNothing) {
       {{"--memory", "99=1Gi"}, "--memory"},
       {{"--sm-limit", "16=30"}, "--sm-limit"},
       {{"--inject", "mount"}, "--inject"},
+      {{"--inject", "e\x1bnv"}, "--inject 'e\\x1bnv'"},  // shown escaped
+      {{"--annotation", "k\n"}, "--annotation 'k\\x0a'"},
       // The preload file names another path: ld.so would skip the library.
       {{"--library", "/opt/gpuslice/libgpuslice.so"}, "--library '/opt/gpuslice/libgpuslice.so' is not what"},
       {{"--preload-host-file", host.box.path("missing")}, "--preload-host-file"},
       {{"--region-host-dir", "/etc"}, "--region-host-dir '/etc'"},
       {{"--region-host-dir", "/"}, "--region-host-dir '/'"},
       {{"--region-host-dir", host.regions + "/.."}, "--region-host-dir"},
-      {{"--region-host-dir", host.box.path("absent")}, "no such directory"},
-      {{"--region-host-dir", host.box.path("link")}, "symbolic link"},
+      {{"--region-host-dir", host.regions + "/absent"}, "no such directory"},
+      {{"--region-host-dir", host.regions + "/link"}, "symbolic link"},
       {{"--library-host", host.box.path("absent.so")}, "--library-host"},
       {{"--annotation", "bad key=v"}, "--annotation key 'bad key'"},
       {{"--annotation", "a/b/c=v"}, "--annotation key 'a/b/c'"},
@@ -375,6 +390,167 @@ TEST(CdiSpec, BinaryRefusesBadInputWithExit64AndWritesNothing) {
     EXPECT_EQ(r.exit_code, 64) << c.expect << ": " << r.describe();
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.describe();
     EXPECT_EQ(host.files(), layout) << c.expect << ": wrote something";
+  }
+}
+
+// Bound read-write into the container: the region's host directory is one
+// directory of this slice alone, right below the agent's region directory.
+TEST(CdiSpec, RegionHostDirIsADirectoryOfItsOwnBelowTheAgents) {
+  const std::pair<std::string, const char*> refused[] = {
+      {"/var/lib", "expected /run/gpuslice/regions/<name>"},                              // a host tree
+      {"/run/gpuslice/regions", "expected /run/gpuslice/regions/<name>"},                 // every slice's directories
+      {"/run/gpuslice/regions/c1a1e000/inner", "expected /run/gpuslice/regions/<name>"},  // inside another's
+      {"/run/gpuslice", "expected /run/gpuslice/regions/<name>"},
+      {"/srv/regions/c1a1e000", "expected /run/gpuslice/regions/<name>"},
+      {"/run/gpuslice/regions/.c1a1e000", "hidden"},
+      {"/run/gpuslice/regions/c1a1e000 ", "starts or ends with a blank"},
+      {"/run/gpuslice/regions/c1\\a", "holds '\\'"},
+  };
+  for (const auto& [dir, expect] : refused) {
+    SliceRequest r = claim_request();
+    r.region_host_dir = dir;
+    std::string why;
+    EXPECT_FALSE(gpuslice::cdi::validate(r, &why)) << dir;
+    EXPECT_NE(why.find("--region-host-dir '" + dir + "'"), std::string::npos) << why;
+    EXPECT_NE(why.find(expect), std::string::npos) << why;
+  }
+  SliceRequest r = claim_request();
+  r.agent_region_dir = "/srv/regions";
+  r.region_host_dir = "/srv/regions/c1a1e000";
+  std::string why;
+  EXPECT_TRUE(gpuslice::cdi::validate(r, &why)) << why;
+  r.agent_region_dir = "/srv/regions/";
+  EXPECT_FALSE(gpuslice::cdi::validate(r, &why));
+  EXPECT_NE(why.find("--agent-region-dir"), std::string::npos) << why;
+}
+
+TEST(CdiSpec, BinaryRefusesAHostTreeTheAgentsDirectoryAndAnotherSlicesDirectory) {
+  HostLayout host;
+  const std::string out = host.box.path("spec.json");
+  // The first slice's spec and configuration file.
+  const gpuslice::test::Result first = gpuslice::test::run(host.argv({"--memory", "256Mi"}), {}, 30000);
+  ASSERT_EQ(first.exit_code, 0) << first.describe();
+  const std::string conf = host.regions + "/.c1a1e000-aaaa-4bbb-8ccc-dddddddddddd.conf";
+  const std::string conf_text = read_text(conf);
+  ASSERT_NE(conf_text.find("GPUSLICE_MEMORY_LIMIT=256Mi\n"), std::string::npos) << conf_text;
+  mkdir(host.box.path("var").c_str(), 0755);
+  mkdir(host.box.path("var/lib").c_str(), 0755);
+  const std::vector<std::string> layout = host.files();
+  struct Case {
+    std::vector<std::string> args;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {{"--region-host-dir", host.box.path("var/lib")}, "right below the agent's region directory"},
+      {{"--region-host-dir", host.regions}, "right below the agent's region directory"},
+      // Another claim naming the first one's directory would replace its limits.
+      {{"--name", "other-claim", "--memory", "8Gi"}, "the configuration file of gpuslice.io/slice=c1a1e000"},
+      {{"--name", "other-claim", "--config-host-file", host.preload}, "not a configuration file gpuslice-cdi wrote"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.push_back("--output");
+    args.push_back(out);
+    const gpuslice::test::Result r = gpuslice::test::run(host.argv(args), {}, 30000);
+    EXPECT_EQ(r.exit_code, 64) << c.expect << ": " << r.describe();
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.describe();
+    EXPECT_EQ(host.files(), layout) << c.expect << ": wrote something";
+  }
+  EXPECT_EQ(read_text(conf), conf_text) << "the first slice's configuration file changed";
+  // The same slice again (a repeated NodePrepareResources) rewrites its own file.
+  const gpuslice::test::Result again = gpuslice::test::run(host.argv({"--memory", "512Mi"}), {}, 30000);
+  EXPECT_EQ(again.exit_code, 0) << again.describe();
+  EXPECT_NE(read_text(conf).find("GPUSLICE_MEMORY_LIMIT=512Mi\n"), std::string::npos);
+}
+
+// One rule for the names the spec writes (tools/common/text.h valid_name).
+TEST(CdiSpec, NamesAreRefusedUnlessEveryReaderReadsThemAlike) {
+  const std::pair<std::function<void(SliceRequest&)>, const char*> refused[] = {
+      {[](SliceRequest& r) { r.region_file = "slice.region "; }, "--region-file (region file) 'slice.region '"},
+      {[](SliceRequest& r) { r.region_file = " slice.region"; }, "starts or ends with a blank"},
+      {[](SliceRequest& r) { r.region_file = "slice.region\t"; }, "control character"},
+      {[](SliceRequest& r) { r.region_file = "sl\nice"; }, "--region-file (region file) 'sl\\x0aice'"},
+      {[](SliceRequest& r) { r.region_file = "sl\\ice"; }, "holds '\\'"},
+      {[](SliceRequest& r) { r.region_file = "\xff\xfe.region"; }, "'\\xff\\xfe.region': holds a byte that is not"},
+      {[](SliceRequest& r) { r.region_file = std::string(256, 'r'); }, "too long"},
+      {[](SliceRequest& r) { r.region_file = ".slice.region"; }, "hidden"},
+      {[](SliceRequest& r) { r.region_file = ""; }, "empty"},
+      {[](SliceRequest& r) { r.container_name = "trainer "; }, "--container-name (container name) 'trainer '"},
+      {[](SliceRequest& r) { r.container_name = "a/b"; }, "--container-name (container name) 'a/b': holds '/'"},
+      {[](SliceRequest& r) { r.container_name = "caf\xc3\xa9"; }, "not ASCII"},
+      // What is refused is shown escaped: no control byte reaches the caller's log.
+      {[](SliceRequest& r) { r.region_host_dir = "/run/gpuslice/regions/a\nb"; },
+       "--region-host-dir '/run/gpuslice/regions/a\\x0ab'"},
+      {[](SliceRequest& r) { r.annotations["k\x1b[2J"] = "v"; }, "--annotation key 'k\\x1b[2J'"},
+      // Any value of the spec's environment that the file would read otherwise.
+      {[](SliceRequest& r) { r.region_container_dir = "/run/gpuslice\t"; }, "--region-dir"},
+  };
+  for (const auto& [edit, expect] : refused) {
+    SliceRequest r = claim_request();
+    edit(r);
+    std::string why;
+    EXPECT_FALSE(gpuslice::cdi::validate(r, &why)) << expect;
+    EXPECT_NE(why.find(expect), std::string::npos) << why;
+  }
+}
+
+// Round trip: whatever gpuslice-cdi accepts, the library reads the same from
+// the configuration file (a process with a cleared environment) as from the
+// spec's environment, byte for byte. Every printable ASCII character at the
+// start, inside and at the end of both names.
+TEST(CdiSpec, ConfigFileReadsBackWhatTheEnvironmentSetsByteForByte) {
+  Sandbox box;
+  static gpuslice::options::ConfigFileBuffer buf;
+  static gpuslice::options::Options from_env, from_file;
+  const std::string file = box.path("slice.conf");
+  int accepted = 0, refused = 0;
+  for (int c = 0x01; c < 0x100; ++c) {
+    const std::string ch(1, static_cast<char>(c));
+    for (const std::string& name : {ch + "ab", "a" + ch + "b", "ab" + ch}) {
+      SliceRequest r = claim_request();
+      r.region_file = name;
+      r.container_name = name;
+      std::string why;
+      if (!gpuslice::cdi::validate(r, &why)) {
+        ++refused;
+        continue;
+      }
+      ++accepted;
+      std::vector<std::string> env = gpuslice::cdi::slice_environment(r);
+      std::vector<char*> envp;
+      for (std::string& e : env) envp.push_back(e.data());
+      envp.push_back(nullptr);
+      gpuslice::shm::Error err{};
+      ASSERT_TRUE(gpuslice::options::parse_options(envp.data(), &from_env, &err)) << err.message;
+      write_text(file, gpuslice::cdi::config_file_text(r));
+      std::string named = "GPUSLICE_CONFIG_FILE=" + file;
+      char* file_env[] = {named.data(), nullptr};
+      ASSERT_TRUE(gpuslice::options::load_options(file_env, "/nonexistent", &buf, &from_file, &err))
+          << err.message << "\n"
+          << gpuslice::cdi::config_file_text(r);
+      EXPECT_STREQ(from_file.region, from_env.region) << "name '" << name << "'";
+      EXPECT_STREQ(from_file.container_name, from_env.container_name) << "name '" << name << "'";
+      EXPECT_EQ(std::string(from_env.region), "/run/gpuslice/" + name);
+      EXPECT_EQ(std::string(from_env.container_name), name);
+    }
+  }
+  // 94 printable characters but '/' and '\' inside; the blank not at the ends.
+  EXPECT_EQ(accepted, 3 * 92 + 1 - 1) << refused;  // '.' cannot start the file name
+}
+
+// The files gpuslice-cdi reads (as root) are opened without blocking and
+// must be regular: a FIFO named as the preload file would hang it, a device
+// such as /dev/zero would never end.
+TEST(CdiSpec, BinaryNeverHangsOnAFifoOrReadsADeviceAsThePreloadFile) {
+  HostLayout host;
+  const std::string fifo = host.box.path("preload.fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& path : {fifo, "/dev/zero"s}) {
+    const gpuslice::test::Result r = gpuslice::test::run(host.argv({"--preload-host-file", path}), {}, 10000);
+    EXPECT_FALSE(r.timed_out) << path << ": " << r.describe();
+    EXPECT_EQ(r.exit_code, 64) << path << ": " << r.describe();
+    EXPECT_NE(r.err.find("--preload-host-file '" + path + "'"), std::string::npos) << r.describe();
+    EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << r.describe();
   }
 }
 

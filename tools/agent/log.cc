@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <mutex>
 #include <unordered_set>
+
+#include "text.h"
 
 namespace gpuslice::agent {
 namespace {
@@ -28,15 +31,19 @@ const char* level_name(LogLevel level) {
 }
 
 void vlog(LogLevel level, const char* format, va_list args) {
-  char line[1024];
-  int n = std::snprintf(line, sizeof line, "gpuslice: %s%s", g_component.load(), level_name(level));
+  // The message may hold untrusted text (file and container names): it is
+  // formatted first, then escaped as a whole (tools/common/text.h), so that
+  // no argument can end the line early, forge another line or reach the
+  // terminal as a control sequence, whatever the call site passed.
+  char message[1024];
+  const int m = std::vsnprintf(message, sizeof message, format, args);
+  if (m < 0) return;
+  const std::size_t length = std::min(static_cast<std::size_t>(m), sizeof message - 1);
+  char line[4 * sizeof message + 64];  // an escape is 4 bytes for 1
+  const int n = std::snprintf(line, sizeof line, "gpuslice: %s%s", g_component.load(), level_name(level));
   if (n < 0) return;
-  auto used = static_cast<std::size_t>(n);
-  if (used < sizeof line) {
-    int m = std::vsnprintf(line + used, sizeof line - used, format, args);
-    if (m > 0) used += static_cast<std::size_t>(m);
-  }
-  if (used > sizeof line - 2) used = sizeof line - 2;
+  std::size_t used = std::min(static_cast<std::size_t>(n), sizeof line - 2);
+  used += tools::escape_untrusted_to(message, length, line + used, sizeof line - 1 - used);
   line[used++] = '\n';
   ssize_t ignored = ::write(STDERR_FILENO, line, used);
   (void)ignored;

@@ -1,5 +1,8 @@
 // Log lines of the node tools: "gpuslice: agent: <message>" on stderr, one
 // write(2) per line so that lines of concurrent threads never interleave.
+// The message is escaped as a whole (tools/common/text.h: every byte outside
+// printable ASCII, and the backslash, as \xNN): a name from a container's file can
+// neither forge a line nor send the terminal a control sequence.
 // Repeated warnings about the same thing (a corrupt file, a suspected bypass)
 // are logged once per key: a hostile container must not be able to flood the
 // node's log by keeping its region file broken.

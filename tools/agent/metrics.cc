@@ -8,6 +8,7 @@
 #include "region_io.h"
 #include "limiter/lease.h"
 #include "shm/region_file.h"
+#include "text.h"
 #include "view.h"
 
 using namespace std::string_literals;
@@ -79,7 +80,7 @@ class Writer {
 };
 
 std::string region_labels(const std::string& container, const std::string& rel) {
-  return "container=\""s + escape_label(container) + "\",region=\"" + escape_label(rel) + "\"";
+  return "container=\""s + escape_label(container) + "\",region=\"" + escape_label(tools::escape_untrusted(rel)) + "\"";
 }
 
 // Kubernetes owner labels, after the others (label names as kube-state-metrics
@@ -157,7 +158,7 @@ std::string render_metrics(const MetricsInput& in) {
     // The name the container gave itself (GPUSLICE_CONTAINER_NAME) wins; HAMi
     // sets none, and its directory names the container instead.
     std::string container = printable(name, sizeof name);
-    if (container.empty()) container = t->owner.container;
+    if (container.empty()) container = tools::escape_untrusted(t->owner.container);
     const std::string base = region_labels(container, t->rel);
     const std::string owner = owner_labels_text(t->owner);
     region_rows.push_back({base + owner, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat, priority,

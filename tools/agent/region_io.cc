@@ -16,6 +16,7 @@
 #include "platform/clock.h"
 #include "platform/uuid.h"
 #include "shm/region_file.h"
+#include "text.h"
 
 namespace gpuslice::agent {
 namespace {
@@ -203,18 +204,7 @@ std::string format_uuid(const std::uint8_t uuid[16]) {
 bool parse_uuid(const char* text, std::uint8_t out[16]) { return platform::parse_uuid(text, out); }
 
 std::string printable(const char* data, std::size_t max_bytes) {
-  std::string out;
-  for (std::size_t i = 0; i < max_bytes && data[i] != '\0'; ++i) {
-    const auto c = static_cast<unsigned char>(data[i]);
-    if (c < 0x20 || c >= 0x7f || c == '\\') {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\x%02x", c);
-      out += esc;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
+  return tools::escape_untrusted(std::string_view(data, strnlen(data, max_bytes)));
 }
 
 std::uint64_t monotonic_ns() { return platform::monotonic_ns(); }

@@ -136,7 +136,11 @@ std::string StatusHistory::json(std::uint64_t wall_ms, const std::string& exposi
     }
     history.push_back({{"metric", s.metric}, {"labels", labels_json(s.labels)}, {"t", t}, {"v", v}});
   }
-  return doc.dump();
+  // The labels are ASCII (names escaped once, where /metrics writes them:
+  // tools/common/text.h). Should an unescaped byte ever reach here, it is
+  // replaced rather than thrown: one container's name must never turn the
+  // node's whole status into a 500.
+  return doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace gpuslice::agent

@@ -96,10 +96,13 @@ std::vector<std::string> slice_environment(const SliceRequest& r) {
   return env;
 }
 
+std::string config_file_header(const SliceRequest& r) {
+  return "# gpuslice configuration of CDI device " + qualified_name(r) + ", written by gpuslice-cdi.\n";
+}
+
 std::string config_file_text(const SliceRequest& r) {
-  std::string text = "# gpuslice configuration of CDI device " + qualified_name(r) +
-                     ", written by gpuslice-cdi.\n"
-                     "# libgpuslice.so reads an option here when the environment does not set it.\n";
+  std::string text =
+      config_file_header(r) + "# libgpuslice.so reads an option here when the environment does not set it.\n";
   for (const std::string& line : slice_environment(r)) text += line + "\n";
   return text;
 }

@@ -14,6 +14,7 @@
 // they carry (Debian 12's podman 4.3 reads up to 0.5.0), and accept older ones.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,12 @@ inline constexpr char kDefaultKind[] = "gpuslice.io/slice";
 // nothing (docs/deploy.md "Configuration file"); the spec mounts the slice's
 // file there read-only.
 inline constexpr char kConfigContainerFile[] = "/etc/gpuslice/gpuslice.conf";
+// The agent's default --region-dir (tools/agent/agent.h kDefaultRegionDir):
+// each slice's region directory is one directory of its own right below it.
+inline constexpr char kDefaultAgentRegionDir[] = "/run/gpuslice/regions";
+// The longest region file name and container name gpuslice-cdi writes.
+inline constexpr std::size_t kMaxFileNameBytes = 255;      // NAME_MAX
+inline constexpr std::size_t kMaxContainerNameBytes = 63;  // GPUSLICE_CONTAINER_NAME's bound
 
 enum class Inject { preload_file, env };
 
@@ -38,7 +45,8 @@ struct SliceRequest {
   std::string sm_policy;        // hard | elastic ("" = the library's default)
   std::string priority;         // high | normal | low ("" = default)
   std::string container_name;   // GPUSLICE_CONTAINER_NAME ("" = none)
-  std::string region_host_dir;  // host directory holding the region (the agent watches it)
+  std::string region_host_dir;  // host directory holding the region: <agent_region_dir>/<one name>
+  std::string agent_region_dir = kDefaultAgentRegionDir;  // the agent's --region-dir on this node
   std::string region_container_dir = "/run/gpuslice";
   std::string region_file = "slice.region";
   std::string library_host = "/usr/local/gpuslice/lib/libgpuslice.so";
@@ -76,14 +84,19 @@ bool valid_annotation_key(const std::string& key, std::string* why);
 // Checks every field without touching the file system: names, annotations,
 // limits (parsed by the library's own option parser, limiter/options/options.h, so
 // that the spec never carries a value the library refuses), paths (absolute,
-// normalised, and a region directory safe to bind read-write).
+// normalised, and a region directory safe to bind read-write: a directory of
+// its own right below the agent's region directory). Names (the region file,
+// the container name, the region directory's own name) follow the one rule
+// of tools/common/text.h (valid_name), and every value the spec sets reads
+// back the same from the configuration file (no blank at either end).
 // false + one message naming the option (--flag) and what was expected.
 bool validate(const SliceRequest& req, std::string* why);
 
 // What the host's file system must hold for the spec to work: the region
 // directory exists, is a directory and no symbolic link leads to or inside
 // it; the preload file (Inject::preload_file) names the library's container
-// path. false + a message naming the flag.
+// path; an existing configuration file there is this device's (never another
+// slice's, whose limits it would replace). false + a message naming the flag.
 bool check_host(const SliceRequest& req, std::string* why);
 
 // The words of a preload file as ld.so reads them (separated by spaces, tabs,
@@ -96,8 +109,10 @@ std::string required_version(const SliceRequest& req);
 // The gpuslice environment the spec sets (NAME=VALUE), in order.
 std::vector<std::string> slice_environment(const SliceRequest& req);
 
-// The configuration file's text (the same values as slice_environment).
+// The configuration file's text (the same values as slice_environment). Its
+// first line, config_file_header, names the device: the file's owner.
 std::string config_file_text(const SliceRequest& req);
+std::string config_file_header(const SliceRequest& req);
 
 // The spec (validate() first).
 nlohmann::json build_spec(const SliceRequest& req);

@@ -1,19 +1,21 @@
 // Validation of a SliceRequest: what the CDI library accepts (names,
 // annotation keys), what the preload library accepts (its own option parser
 // on the environment the spec sets), and paths a container may safely get.
+#include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "cdi_spec.h"
 #include "limiter/options/options.h"
 #include "shm/region_file.h"
+#include "text.h"
 
 using namespace std::string_literals;
 
@@ -69,7 +71,7 @@ bool components(const std::string& path, std::vector<std::string>* parts) {
 bool path_ok(const char* flag, const std::string& what, const std::string& path, std::string* why) {
   std::vector<std::string> parts;
   if (!clean_utf8(path) || !components(path, &parts)) {
-    *why = flag + " '"s + path + "' (" + what +
+    *why = flag + " '"s + tools::escape_untrusted(path) + "' (" + what +
            "): expected an absolute, normalised path (no '.', '..', '//' or trailing '/', no control characters)";
     return false;
   }
@@ -128,24 +130,41 @@ bool region_dirs_ok(const SliceRequest& r, std::string* why) {
       return false;
     }
   }
-  if (r.region_file.empty() || r.region_file.find('/') != std::string::npos || r.region_file[0] == '.' ||
-      !clean_utf8(r.region_file)) {
-    *why = "--region-file '" + r.region_file + "' (region file): expected a plain file name, not hidden";
+  // A directory of its own right below the agent's: never the agent's
+  // directory itself (it holds every slice's directory), nothing deeper (a
+  // directory inside another slice's), nothing elsewhere (/var/lib, ...).
+  if (!path_ok("--agent-region-dir", "the agent's --region-dir", r.agent_region_dir, why)) return false;
+  const std::size_t slash = r.region_host_dir.find_last_of('/');
+  const std::string parent = r.region_host_dir.substr(0, slash == 0 ? 1 : slash);
+  const std::string own = r.region_host_dir.substr(slash + 1);
+  if (parent != r.agent_region_dir) {
+    *why = "--region-host-dir '" + r.region_host_dir + "': bound read-write into the container, so it must be " +
+           "a directory of this slice alone right below the agent's region directory, expected " + r.agent_region_dir +
+           "/<name> (--agent-region-dir gives the agent's --region-dir)";
+    return false;
+  }
+  std::string problem;
+  if (!tools::valid_name(own, kMaxFileNameBytes, "its name", &problem) || own[0] == '.') {
+    *why = "--region-host-dir '" + r.region_host_dir + "': " +
+           (problem.empty() ? "its name is hidden (the agent skips hidden entries), expected a plain name"s : problem);
+    return false;
+  }
+  if (!tools::valid_name(r.region_file, kMaxFileNameBytes, "--region-file (region file)", why)) return false;
+  if (r.region_file[0] == '.') {
+    *why = "--region-file '" + r.region_file +
+           "' (region file): hidden (the agent skips hidden files), expected a "
+           "plain file name";
+    return false;
+  }
+  if (!r.container_name.empty() &&
+      !tools::valid_name(r.container_name, kMaxContainerNameBytes, "--container-name (container name)", why)) {
     return false;
   }
   return true;
 }
 
-// The library's own option parser on the environment the spec sets: any
-// value it would refuse at the container's first CUDA call is refused here.
-bool options_ok(const SliceRequest& r, std::string* why) {
-  std::vector<std::string> env = slice_environment(r);
-  std::vector<char*> envp;
-  for (std::string& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  options::Options opts;
-  shm::Error err{};
-  if (options::parse_options(envp.data(), &opts, &err)) return true;
+// The flag that sets a variable of the spec's environment, for messages.
+std::string flag_of(const std::string& text) {
   static const struct {
     const char* var;
     const char* flag;
@@ -155,14 +174,39 @@ bool options_ok(const SliceRequest& r, std::string* why) {
                 {"GPUSLICE_PRIORITY", "--priority (priority)"},
                 {"GPUSLICE_REGION", "--region-dir/--region-file (region file)"},
                 {"GPUSLICE_CONTAINER_NAME", "--container-name (container name)"}};
-  std::string flag = "a value";
   for (const auto& f : kFlags) {
-    if (std::strstr(err.message, (f.var + "="s).c_str()) != nullptr) {
-      flag = f.flag;
-      break;
+    if (text.find(f.var + "="s) != std::string::npos) return f.flag;
+  }
+  return "a value";
+}
+
+// The library's own option parser on the environment the spec sets: any
+// value it would refuse at the container's first CUDA call is refused here.
+// Each value must also read back the same from the configuration file, which
+// drops the blanks at either end of a line, its name and its value
+// (limiter/options/file.h): "slice.region " would otherwise name one region
+// in the environment and another in the file.
+bool options_ok(const SliceRequest& r, std::string* why) {
+  std::vector<std::string> env = slice_environment(r);
+  for (const std::string& e : env) {
+    const std::string value = e.substr(e.find('=') + 1);
+    const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+    bool control = false;
+    for (char c : value) control = control || static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+    if (!value.empty() && (blank(value.front()) || blank(value.back()) || control)) {
+      *why = flag_of(e) + ": '" + tools::escape_untrusted(value) +
+             "' has a blank at an end or a control character: the configuration file would read another value "
+             "than the environment; expected none";
+      return false;
     }
   }
-  *why = flag + ": the library would refuse it: " + err.message;
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  options::Options opts;
+  shm::Error err{};
+  if (options::parse_options(envp.data(), &opts, &err)) return true;
+  *why = flag_of(err.message) + ": the library would refuse it: " + err.message;
   return false;
 }
 
@@ -183,13 +227,69 @@ bool annotations_ok(const SliceRequest& r, std::string* why) {
   return true;
 }
 
+// Reads a host file gpuslice-cdi (root) is told to trust: opened without
+// blocking or following a final symbolic link (a FIFO must not hang it),
+// regular (a device would never end), at most max_bytes. false + why.
+bool read_host_file(const std::string& path, std::size_t max_bytes, std::string* text, std::string* why) {
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    *why = "not a regular file";
+    return false;
+  }
+  text->assign(max_bytes + 1, '\0');
+  std::size_t got = 0;
+  while (got <= max_bytes) {
+    const ssize_t n = read(fd, text->data() + got, max_bytes + 1 - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  close(fd);
+  text->resize(got);
+  if (got > max_bytes) {
+    *why = "larger than " + std::to_string(max_bytes) + " bytes";
+    return false;
+  }
+  return true;
+}
+
+// An existing configuration file is replaced only if it is this device's:
+// never another slice's (its limits would change under it) nor any other
+// file (gpuslice-cdi runs as root).
+bool config_file_ours(const SliceRequest& r, std::string* why) {
+  struct stat st {};
+  if (lstat(r.config_host_file.c_str(), &st) != 0) return true;  // a new file
+  const std::string header = config_file_header(r);
+  std::string text, problem;
+  read_host_file(r.config_host_file, 64 * 1024, &text, &problem);
+  const std::string first = text.substr(0, text.find('\n'));
+  if (text.rfind(header, 0) == 0) return true;
+  const std::string prefix = "# gpuslice configuration of CDI device ";
+  const std::string other =
+      first.rfind(prefix, 0) == 0 ? first.substr(prefix.size(), first.find(", ") - prefix.size()) : "";
+  *why = "--config-host-file '" + r.config_host_file + "' exists and is " +
+         (other.empty() ? "not a configuration file gpuslice-cdi wrote"s
+                        : "the configuration file of " + tools::escape_untrusted(other)) +
+         " (--region-host-dir '" + r.region_host_dir +
+         "' belongs to another slice?); expected a directory and "
+         "configuration file of " +
+         qualified_name(r) + " alone";
+  return false;
+}
+
 }  // namespace
 
 bool valid_annotation_key(const std::string& key, std::string* why) {
   std::string k = key;
   for (char& c : k) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   auto fail = [&](const std::string& what) {
-    *why = "--annotation key '" + key + "': " + what +
+    *why = "--annotation key '" + tools::escape_untrusted(key) + "': " + what +
            " (expected [<DNS subdomain>/]<name>, the name 1-63 letters, digits, '-', '_' or '.' starting and ending "
            "with a letter or digit: the CDI library refuses the spec otherwise)";
     return false;
@@ -299,22 +399,21 @@ bool check_host(const SliceRequest& r, std::string* why) {
       *why = "--config-host-file '" + r.config_host_file + "': its directory does not exist";
       return false;
     }
+    if (!config_file_ours(r, why)) return false;
   }
   if (r.inject != Inject::preload_file) return true;
-  std::ifstream in(r.preload_host_file);
-  if (!in) {
-    *why = "--preload-host-file '" + r.preload_host_file + "': cannot read it (" + std::strerror(errno) +
+  std::string text, problem;
+  if (!read_host_file(r.preload_host_file, 64 * 1024, &text, &problem)) {
+    *why = "--preload-host-file '" + r.preload_host_file + "': cannot read it (" + problem +
            "); expected the file naming the library, mounted at /etc/ld.so.preload (--inject env does without)";
     return false;
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::vector<std::string> entries = preload_entries(text.str());
+  const std::vector<std::string> entries = preload_entries(text);
   for (const std::string& e : entries) {
     if (e == r.library_container) return true;
   }
   std::string named;
-  for (const std::string& e : entries) named += (named.empty() ? "'" : ", '") + e + "'";
+  for (const std::string& e : entries) named += (named.empty() ? "'" : ", '") + tools::escape_untrusted(e) + "'";
   *why = "--library '" + r.library_container + "' is not what --preload-host-file '" + r.preload_host_file +
          "' names (" + (named.empty() ? "nothing"s : named) +
          "): ld.so would ignore the preload and the container would run unlimited; expected the same path in both";

@@ -12,6 +12,7 @@
 
 #include "cdi_spec.h"
 #include "cli.h"
+#include "text.h"
 
 using namespace std::string_literals;
 using gpuslice::tools::usage_error;
@@ -26,7 +27,8 @@ bool write_atomically(const std::string& path, const std::string& text, std::str
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   const std::string tmp = dir + "." + base + ".tmp." + std::to_string(getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  unlink(tmp.c_str());  // a leftover of a killed run; O_EXCL: never through a planted link
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     *why = tmp + ": " + std::strerror(errno);
     return false;
@@ -70,12 +72,17 @@ int main(int argc, char** argv) {
   app.add_option("--sm-limit", req.sm_limit, "Compute share 1-100, or per device 0=30,1=50");
   app.add_option("--sm-policy", req.sm_policy, "hard | elastic");
   app.add_option("--priority", req.priority, "high | normal | low");
-  app.add_option("--container-name", req.container_name, "Name shown in metrics (1-63 printable characters)");
+  app.add_option("--container-name", req.container_name,
+                 "Name shown in metrics (1-63 printable ASCII characters but '/' and '\\', no blank at either end)");
   app.add_option("--region-host-dir", req.region_host_dir,
-                 "Host directory of the region, below the agent's --region-dir (e.g. /run/gpuslice/regions/<uid>)")
+                 "Host directory of the region: a directory of this slice alone, right below "
+                 "--agent-region-dir (e.g. /run/gpuslice/regions/<uid>)")
       ->required();
+  app.add_option("--agent-region-dir", req.agent_region_dir, "The node agent's --region-dir")->capture_default_str();
   app.add_option("--region-dir", req.region_container_dir, "Where the container sees it")->capture_default_str();
-  app.add_option("--region-file", req.region_file, "The region's file name")->capture_default_str();
+  app.add_option("--region-file", req.region_file,
+                 "The region's file name (printable ASCII but '/' and '\\', not hidden, no blank at either end)")
+      ->capture_default_str();
   app.add_option("--library-host", req.library_host, "libgpuslice.so on the host")->capture_default_str();
   app.add_option("--library", req.library_container, "Its path in the container")->capture_default_str();
   app.add_option("--inject", inject,
@@ -99,14 +106,17 @@ int main(int argc, char** argv) {
   } else if (inject == "env") {
     req.inject = gpuslice::cdi::Inject::env;
   } else {
-    return usage_error(app, "--inject '"s + inject + "': expected ld.so.preload or env");
+    return usage_error(app,
+                       "--inject '"s + gpuslice::tools::escape_untrusted(inject) + "': expected ld.so.preload or env");
   }
   for (const std::string& a : annotations) {
     const std::size_t eq = a.find('=');
-    if (eq == std::string::npos || eq == 0) return usage_error(app, "--annotation '"s + a + "': expected key=value");
+    if (eq == std::string::npos || eq == 0)
+      return usage_error(app, "--annotation '"s + gpuslice::tools::escape_untrusted(a) + "': expected key=value");
     if (!req.annotations.emplace(a.substr(0, eq), a.substr(eq + 1)).second) {
-      return usage_error(
-          app, "--annotation '"s + a + "': the key '" + a.substr(0, eq) + "' is given twice; expected each key once");
+      return usage_error(app, "--annotation '"s + gpuslice::tools::escape_untrusted(a) + "': the key '" +
+                                  gpuslice::tools::escape_untrusted(a.substr(0, eq)) +
+                                  "' is given twice; expected each key once");
     }
   }
   if (no_config_file && !config_file.empty()) {

@@ -14,6 +14,7 @@
 #include "platform/text.h"
 #include "region_io.h"
 #include "smi.h"
+#include "text.h"
 
 using namespace std::string_literals;
 
@@ -37,18 +38,19 @@ int run_set_priority(const std::string& region, const std::string& text) {
   }
   agent::MappedRegion map;
   std::string why;
+  const std::string shown = tools::escape_untrusted(region);  // operator input: shown, never trusted
   if (!agent::open_region(AT_FDCWD, region.c_str(), true, true, &map, &why)) {
-    std::fprintf(stderr, "gpuslice-smi: %s: %s\n", region.c_str(), why.c_str());
+    std::fprintf(stderr, "gpuslice-smi: %s: %s\n", shown.c_str(), why.c_str());
     return kExitNoRegion;
   }
   Region* r = map.get();
   std::uint32_t old = 0;
   if (!agent::guarded([&] { old = r->header.priority.exchange(static_cast<std::uint32_t>(level)); })) {
     std::fprintf(stderr, "gpuslice-smi: %s: the file shrank while being written, expected a region of fixed size\n",
-                 region.c_str());
+                 shown.c_str());
     return kExitNoRegion;
   }
-  std::printf("gpuslice-smi: %s: priority %s -> %s\n", region.c_str(),
+  std::printf("gpuslice-smi: %s: priority %s -> %s\n", shown.c_str(),
               limiter::priority_name(limiter::priority_from_word(old, Priority::normal)),
               limiter::priority_name(level));
   return kExitOk;

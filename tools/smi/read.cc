@@ -12,6 +12,7 @@
 #include "limiter/options/options.h"
 #include "region_io.h"
 #include "smi.h"
+#include "text.h"
 
 using namespace std::string_literals;
 
@@ -29,12 +30,12 @@ bool read_region(const std::string& path, Shown* out, std::string* error) {
   agent::MappedRegion map;
   std::string why;
   if (!agent::open_region(AT_FDCWD, path.c_str(), false, true, &map, &why)) {
-    *error = "gpuslice-smi: "s + path + ": " + why;
+    *error = "gpuslice-smi: "s + tools::escape_untrusted(path) + ": " + why;
     return false;
   }
-  out->path = path;
+  out->path = tools::escape_untrusted(path);
   if (!agent::take_view(map.get(), &out->view)) {
-    *error = "gpuslice-smi: "s + path + ": the file shrank while being read, expected a region file of fixed size";
+    *error = "gpuslice-smi: "s + out->path + ": the file shrank while being read, expected a region file of fixed size";
     return false;
   }
   return true;
@@ -50,11 +51,11 @@ void consider(int dirfd, const std::string& dir, const std::string& rel, const c
   agent::MappedRegion map;
   std::string why;
   if (!agent::open_region(dirfd, name, false, false, &map, &why)) {
-    skipped->push_back("gpuslice-smi: "s + dir + "/" + rel + ": " + why + "; skipped");
+    skipped->push_back("gpuslice-smi: "s + tools::escape_untrusted(dir + "/" + rel) + ": " + why + "; skipped");
     return;
   }
   Shown s;
-  s.path = rel;
+  s.path = tools::escape_untrusted(rel);  // names from the directory: any bytes
   if (agent::take_view(map.get(), &s.view)) out->push_back(std::move(s));
 }
 
@@ -81,7 +82,8 @@ bool read_region_dir(const std::string& dir, std::vector<Shown>* out, std::vecto
                      std::string* error) {
   const int root = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (root < 0) {
-    *error = "gpuslice-smi: "s + dir + ": cannot open: " + std::strerror(errno) + ", expected a region directory";
+    *error = "gpuslice-smi: "s + tools::escape_untrusted(dir) + ": cannot open: " + std::strerror(errno) +
+             ", expected a region directory";
     return false;
   }
   entries(root, [&](int rootfd, const std::string& name) {

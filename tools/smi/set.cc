@@ -13,6 +13,7 @@
 #include "region_io.h"
 #include "shm/region_file.h"
 #include "smi.h"
+#include "text.h"
 #include "view.h"
 
 using namespace std::string_literals;
@@ -131,8 +132,9 @@ int run_set(const SetRequest& req) {
 
   agent::MappedRegion map;
   std::string why;
+  const std::string shown = tools::escape_untrusted(req.region);  // operator input: shown, never trusted
   if (!agent::open_region(AT_FDCWD, req.region.c_str(), true, true, &map, &why)) {
-    std::fprintf(stderr, "gpuslice-smi: %s: %s\n", req.region.c_str(), why.c_str());
+    std::fprintf(stderr, "gpuslice-smi: %s: %s\n", shown.c_str(), why.c_str());
     return kExitNoRegion;
   }
   Region* r = map.get();
@@ -164,22 +166,22 @@ int run_set(const SetRequest& req) {
   });
   if (!ok) {
     std::fprintf(stderr, "gpuslice-smi: %s: the file shrank while being written, expected a region of fixed size\n",
-                 req.region.c_str());
+                 shown.c_str());
     return kExitNoRegion;
   }
-  for (int i = 0; i < changed; ++i) report(changes[i], v, req.region);
+  for (int i = 0; i < changed; ++i) report(changes[i], v, shown);
   if (changed > 0) return kExitOk;
   if (req.device.empty()) {
     std::fprintf(stderr,
                  "gpuslice-smi: %s: no device in use yet, expected --device UUID to set a device's limits "
                  "before its first use\n",
-                 req.region.c_str());
+                 shown.c_str());
   } else if (by_uuid) {
-    std::fprintf(stderr, "gpuslice-smi: %s: every device entry is taken, expected a free one for %s\n",
-                 req.region.c_str(), req.device.c_str());
+    std::fprintf(stderr, "gpuslice-smi: %s: every device entry is taken, expected a free one for %s\n", shown.c_str(),
+                 req.device.c_str());
   } else {
     std::fprintf(stderr, "gpuslice-smi: %s: no device entry %s, expected an entry listed by gpuslice-smi --json\n",
-                 req.region.c_str(), req.device.c_str());
+                 shown.c_str(), req.device.c_str());
   }
   return kExitFailed;
 }

@@ -18,7 +18,7 @@ inline constexpr int kExitNoRegion = 2;  // the region is missing or not a valid
 inline constexpr int kExitUsage = 64;    // bad command line (EX_USAGE)
 
 struct Shown {
-  std::string path;  // as given, or relative to --region-dir
+  std::string path;  // as given, or relative to --region-dir; escaped (tools/common/text.h)
   agent::RegionView view;
 };
 
