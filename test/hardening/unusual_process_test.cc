@@ -38,9 +38,14 @@ TEST(UnusualProcess, AConfigurationFileThatIsAFifoFailsClosedAtOnce) {
 void run_with_closed(const std::string& redirections) {
   test::Sandbox box;
   const std::string region = box.env().at("GPUSLICE_REGION");
-  const test::Result closed = test::run({"/bin/sh", "-c", "exec \"$0\" \"$@\" " + redirections, test::bin("cuprobe"),
-                                         "init", "ctx", "0", "alloc", "1048576", "init", "alloc", "1048576"},
-                                        box.env(), kLimitMs);
+  // The shell closes them and runs cuprobe; only cuprobe gets the library
+  // (a sanitizer's runtime, which the library pulls in, expects programs
+  // built with it).
+  const test::Env env = test::merge(box.env(), {{"LD_PRELOAD", ""}, {"PROBE_PRELOAD", test::preload_library()}});
+  const test::Result closed =
+      test::run({"/bin/sh", "-c", "LD_PRELOAD=\"$PROBE_PRELOAD\" exec \"$0\" \"$@\" " + redirections,
+                 test::bin("cuprobe"), "init", "ctx", "0", "alloc", "1048576", "init", "alloc", "1048576"},
+                env, kLimitMs);
   ASSERT_FALSE(closed.timed_out) << closed.describe();
   EXPECT_EQ(closed.exit_code, 0) << closed.describe();
   shm::Error err{};
