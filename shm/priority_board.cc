@@ -73,7 +73,7 @@ int open_level(const char* board, Priority level, bool create, char dir[kBoardPa
     bfd = made.fd;
     board_created = made.created;
   } else {
-    bfd = platform::open_at(AT_FDCWD, board, O_RDONLY | O_DIRECTORY);
+    bfd = platform::open_at(AT_FDCWD, board, O_PATH | O_DIRECTORY);  // searching it needs no read permission
     if (bfd < 0) {
       fail(err, board, "cannot open the board directory", errno, kBoardExpected);
       return -1;
