@@ -137,7 +137,8 @@ CUresult claim_now() noexcept {
     // A forked child: the inherited descriptor is our parent's description,
     // whose lock on the parent's slot we keep holding with it (as we keep the
     // driver's files, and the parent's device memory, until exec or exit).
-    lock_fd = open(cfg.options.region, O_RDWR | O_CLOEXEC);
+    // A description of its own of the file mapped (not what the path names now).
+    lock_fd = shm::reopen(g_region_fd.load(std::memory_order_acquire), cfg.options.region);
   }
   // Who judges the others' slots: we, through our own description's view of their locks.
   const shm::Observer observer(self, lock_fd);

@@ -11,6 +11,7 @@
 
 #include "hook/config.h"
 #include "hook/log.h"
+#include "hook/region.h"
 #include "limiter/compute.h"
 #include "platform/text.h"
 
@@ -35,20 +36,14 @@ void read_board_path() noexcept {
     platform::copy_string(g_board, sizeof g_board, shm::kDefaultPriorityBoard);
 }
 
-void unlink_own(Device& p) noexcept {
-  char path[shm::kBoardPathMax];
-  platform::Text t(path, sizeof path);
-  t.str(g_board).ch('/').str(shm::level_directory(p.own_level)).ch('/').str(p.own_name);
-  if (!t.truncated()) unlink(path);
-}
-
 // own_lock held. Opens this container's file at `self` (moving it if the
 // level changed) when it must publish.
 void ensure_own_file(Device& p, Priority self, bool publish) noexcept {
   if (p.own_fd >= 0 && p.own_level != self) {
+    // Else it would still count at its old level for kPresentNs.
+    shm::unlink_activity(g_board, p.own_level, p.own_name, p.own_fd);
     close(p.own_fd);
     p.own_fd = -1;
-    unlink_own(p);  // else it would still count at its old level for kPresentNs
     p.published_until.store(0, std::memory_order_relaxed);
   }
   if (p.own_fd >= 0 || !publish || !p.named) return;
@@ -114,8 +109,10 @@ Device& device(int ordinal) noexcept { return g_devices[ordinal]; }
 void setup() noexcept {
   read_board_path();
   g_env_level = config().valid ? config().options.priority : Priority::normal;
+  // The region this process mapped, not what its path names now.
   struct stat st;
-  if (stat(config().options.region, &st) == 0) {
+  const int region_fd = g_region_fd.load(std::memory_order_acquire);
+  if (region_fd >= 0 ? fstat(region_fd, &st) == 0 : stat(config().options.region, &st) == 0) {
     g_region_dev = static_cast<std::uint64_t>(st.st_dev);
     g_region_ino = static_cast<std::uint64_t>(st.st_ino);
   }

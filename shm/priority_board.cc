@@ -11,6 +11,7 @@
 
 #include <cstring>
 
+#include "platform/fs.h"
 #include "platform/ofd_lock.h"
 #include "platform/text.h"
 
@@ -21,35 +22,111 @@ namespace {
 // This process's liveness byte of an activity file (hold_liveness).
 std::uint64_t own_liveness_byte() noexcept { return kPriorityLivenessBase + static_cast<std::uint64_t>(getpid()); }
 
-void fail(Error* err, const char* path, const char* what, int error) noexcept {
+void fail(Error* err, const char* path, const char* what, int error, const char* expected = nullptr) noexcept {
   if (err == nullptr) return;
   platform::Text t(err->message, sizeof err->message);
   t.str("gpuslice: priority board ").escaped(path).str(": ").str(what);
   if (error != 0) t.str(": ").errno_text(error);
+  if (expected != nullptr) t.str(", expected ").str(expected);
 }
 
-// mkdir -p with mode `mode` for the directories this call creates.
-bool make_dirs(char* path, mode_t mode) noexcept {
-  for (char* p = path + 1; *p != 0; ++p) {
-    if (*p != '/') continue;
-    *p = 0;
-    const int rc = mkdir(path, mode);
-    const int e = errno;
-    if (rc == 0) chmod(path, mode);  // not through the umask
-    *p = '/';
-    if (rc != 0 && e != EEXIST) return false;
-  }
-  if (mkdir(path, mode) == 0) {
-    chmod(path, mode);
-    return true;
-  }
-  return errno == EEXIST;
-}
+constexpr const char* kBoardExpected = "a board directory (created if missing) this process may search";
+constexpr const char* kLevelExpected = "a level directory (created if missing, never a symbolic link) of the board";
 
 bool level_dir(const char* board, Priority level, char out[kBoardPathMax]) noexcept {
   platform::Text t(out, kBoardPathMax);
   t.str(board).ch('/').str(level_directory(level));
   return !t.truncated();
+}
+
+void level_fail(Error* err, const char* dir, const char* what, std::uint64_t uid, std::uint64_t board_uid) noexcept {
+  if (err == nullptr) return;
+  platform::Text t(err->message, sizeof err->message);
+  t.str("gpuslice: priority board ").escaped(dir).str(": ").str(what).u64(uid);
+  t.str(", expected root or the board's owner (uid ").u64(board_uid);
+  t.str("): the owner of a level directory may remove every activity file in it");
+}
+
+// <board>/<level> as a directory this process may use, or -1 (+ err when not
+// null). Never through a symbolic link; only when root or the board's owner
+// owns it: a directory's owner may remove any file in it, sticky bit or not,
+// so another user's level directory would let that user remove every
+// activity file in it (the board's owner has that power over the whole board
+// anyway). `create`: creates the board (mkdir -p, 01777 set on descriptors)
+// with its three levels when missing, and a missing level when this process
+// is root or the board's owner.
+int open_level(const char* board, Priority level, bool create, char dir[kBoardPathMax], Error* err) noexcept {
+  if (!level_dir(board, level, dir)) {
+    fail(err, board, "path too long, expected at most 4000 characters", 0);
+    return -1;
+  }
+  int bfd = -1;
+  bool board_created = false;
+  if (create) {
+    const platform::MadeDir made = platform::make_dirs(board, 01777);
+    if (made.fd < 0) {
+      char part[kBoardPathMax];
+      platform::copy_string(part, made.at < sizeof part ? made.at + 1 : sizeof part, board);
+      fail(err, part, made.what, made.error, kBoardExpected);
+      return -1;
+    }
+    bfd = made.fd;
+    board_created = made.created;
+  } else {
+    bfd = platform::open_at(AT_FDCWD, board, O_PATH | O_DIRECTORY);  // searching it needs no read permission
+    if (bfd < 0) {
+      fail(err, board, "cannot open the board directory", errno, kBoardExpected);
+      return -1;
+    }
+  }
+  struct stat bst;
+  if (fstat(bfd, &bst) != 0) {
+    fail(err, board, "cannot look at the board directory", errno, kBoardExpected);
+    close(bfd);
+    return -1;
+  }
+  const char* name = level_directory(level);
+  int fd = -1;
+  if (board_created) {
+    // Ours: all three levels at once, so that they are the board owner's.
+    for (Priority l : {Priority::high, Priority::normal, Priority::low}) {
+      const platform::MadeDir made = platform::make_dir_at(bfd, level_directory(l), 01777, false);
+      if (l == level) {
+        fd = made.fd;
+        if (fd < 0) fail(err, dir, made.what, made.error, kLevelExpected);
+      } else if (made.fd >= 0) {
+        close(made.fd);
+      }
+    }
+  } else {
+    fd = platform::open_at(bfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT && create) {
+      if (geteuid() != 0 && geteuid() != bst.st_uid) {
+        level_fail(err, dir, "does not exist, and this process may not create it: it would be owned by uid ", geteuid(),
+                   bst.st_uid);
+      } else {
+        const platform::MadeDir made = platform::make_dir_at(bfd, name, 01777, false);
+        fd = made.fd;
+        if (fd < 0) fail(err, dir, made.what, made.error, kLevelExpected);
+      }
+    } else if (fd < 0) {
+      fail(err, dir, "cannot open the level directory", errno, kLevelExpected);
+    }
+  }
+  close(bfd);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    fail(err, dir, "cannot look at the level directory", errno, kLevelExpected);
+    close(fd);
+    return -1;
+  }
+  if (st.st_uid != 0 && st.st_uid != bst.st_uid) {
+    level_fail(err, dir, "owned by uid ", st.st_uid, bst.st_uid);
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 bool write_all(int fd, const void* data, std::size_t size, off_t offset) noexcept {
@@ -94,27 +171,16 @@ bool activity_name(const char uuid_text[platform::kUuidTextSize], std::uint64_t 
 int open_own_activity(const char* board, Priority level, const char* name, const char* container_name,
                       Error* err) noexcept {
   char dir[kBoardPathMax];
-  if (!level_dir(board, level, dir)) {
-    fail(err, board, "path too long, expected at most 4000 characters", 0);
-    return -1;
-  }
   // Sticky and world-writable like /dev/shm when we create it (set with
-  // chmod, not through the umask): a deployment that restricts levels creates
-  // (or mounts) the directories itself.
-  if (!make_dirs(dir, 01777)) {
-    fail(err, dir, "cannot create the level directory, expected a writable board", errno);
-    return -1;
-  }
-  const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) {
-    fail(err, dir, "cannot open the level directory", errno);
-    return -1;
-  }
+  // fchmod, not through the umask): a deployment that restricts levels
+  // creates (or mounts) the directories itself.
+  const int dfd = open_level(board, level, true, dir, err);
+  if (dfd < 0) return -1;
   int fd = -1;
   bool created = false;
   int e = 0;
   for (int attempt = 0; attempt < 4 && fd < 0; ++attempt) {
-    fd = openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    fd = platform::open_at(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd >= 0) {
       created = true;
       hold_liveness(fd);  // at once: a process of the container opening it now must not think it nobody's
@@ -123,7 +189,7 @@ int open_own_activity(const char* board, Priority level, const char* name, const
     }
     e = errno;
     if (e != EEXIST) break;
-    fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    fd = platform::open_at(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
       e = errno;
       if (e == ENOENT) continue;  // removed meanwhile: create it
@@ -143,7 +209,7 @@ int open_own_activity(const char* board, Priority level, const char* name, const
       if (unlinkat(dfd, name, 0) != 0 && errno != ENOENT) {
         e = errno;
         if (!foreign) {  // ours, but we may not remove it: use it as it is
-          fd = openat(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+          fd = platform::open_at(dfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK);
           e = errno;
         }
         break;
@@ -240,8 +306,21 @@ bool remove_own_activity(const char* board, Priority level, const char* name, in
   // next refresh and creates a new one.)
   if (any_writer_alive(fd)) return false;
   char dir[kBoardPathMax];
-  if (!level_dir(board, level, dir)) return false;
-  const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  const int dfd = open_level(board, level, false, dir, nullptr);
+  if (dfd < 0) return false;
+  struct stat named;
+  bool removed = false;
+  if (fstatat(dfd, name, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_dev == own.st_dev && named.st_ino == own.st_ino)
+    removed = unlinkat(dfd, name, 0) == 0;
+  close(dfd);
+  return removed;
+}
+
+bool unlink_activity(const char* board, Priority level, const char* name, int fd) noexcept {
+  struct stat own;
+  if (fd < 0 || fstat(fd, &own) != 0 || own.st_nlink == 0) return false;
+  char dir[kBoardPathMax];
+  const int dfd = open_level(board, level, false, dir, nullptr);
   if (dfd < 0) return false;
   struct stat named;
   bool removed = false;
@@ -304,7 +383,7 @@ void visit(LevelScan* s, Priority level, const char* name, std::int64_t now, boo
   // want_pass); looking again before would only repeat this pass.
   if (s->count >= kLevelPeers && !(old && can_reap)) return;
   ++c.opens;
-  const int fd = openat(s->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  const int fd = platform::open_at(s->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return;
   struct stat fst;
   if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode) || fst.st_dev != st.st_dev || fst.st_ino != st.st_ino) {
@@ -344,7 +423,8 @@ bool scan_level(const char* board, Priority level, const char* uuid_text, const 
   if (s->dfd < 0 || s->dir_dev != static_cast<std::uint64_t>(ds.st_dev) ||
       s->dir_ino != static_cast<std::uint64_t>(ds.st_ino)) {
     reset(s);  // a new directory (created, replaced or remounted): a new table
-    s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    // Through the board (never a link, only root's or the board owner's).
+    s->dfd = open_level(board, level, false, dir, nullptr);
     if (s->dfd < 0) return false;
     struct stat opened;
     if (fstat(s->dfd, &opened) != 0) {

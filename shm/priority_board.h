@@ -26,15 +26,20 @@ const char* level_directory(Priority p) noexcept;
 bool activity_name(const char uuid_text[platform::kUuidTextSize], std::uint64_t region_dev, std::uint64_t region_ino,
                    char out[kBoardNameMax]) noexcept;
 
-// Opens (creating it and the level directory if needed, mode 0644 / 01777 set
-// explicitly) this container's activity file at `level` and fills its header
+// Opens (creating it, and the board and level directories if needed, mode
+// 0644 / 01777 set on descriptors) this container's activity file at `level`
+// and fills its header
 // when new or short. An existing file nobody holds a liveness lock on (its
 // container's processes are gone) is replaced by a new one, so that readers
 // see the directory change; one owned by another uid is replaced when this
 // process may remove it and refused otherwise (another user's file is never
 // written: it could forge it). -1 + err (one line naming the path and what was expected) if
 // the level directory cannot be written: e.g. mounted read-only, which is how
-// a deployment keeps a container out of levels it was not given.
+// a deployment keeps a container out of levels it was not given. A level
+// directory is used (by readers too) only when root or the board directory's
+// owner owns it, and only those two create one in an existing board; a board
+// this call creates gets all three levels at once (docs/priority.md, threat
+// model).
 int open_own_activity(const char* board, Priority level, const char* name, const char* container_name,
                       Error* err) noexcept;
 // Takes this process's liveness lock on its own activity file (an OFD read
@@ -120,6 +125,9 @@ bool any_writer_alive(int fd) noexcept;
 // process's liveness lock on its file and removes the file when no other live
 // process holds one and the name still names this file. True when removed.
 bool remove_own_activity(const char* board, Priority level, const char* name, int fd) noexcept;
+// Removes this container's file at `level` (its level changed), when `name`
+// still names the file open as fd, whoever else holds it. True when removed.
+bool unlink_activity(const char* board, Priority level, const char* name, int fd) noexcept;
 
 // Reads a whole activity record; false if short or not a valid record.
 bool read_activity(int fd, PriorityActivity* out) noexcept;

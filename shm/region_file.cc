@@ -2,6 +2,7 @@
 #include "shm/region_file.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "platform/fs.h"
 #include "platform/text.h"
 
 namespace gpuslice::shm {
@@ -153,68 +155,64 @@ Region* map_existing(int fd, const char* path, bool writable, Error* err) {
   return r;
 }
 
-// Creates every missing directory of dir (like mkdir -p). A directory we
-// create is made 01777 (like /tmp) with chmod, not through the umask: every
-// user of the container may create the region in it, none may remove
-// another's files (docs/security.md, "Who shares a region").
-bool make_dirs(char* dir, const char* path, Error* err) {
-  struct stat st;
-  if (stat(dir, &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return true;
-    region_error(err, path).str("its directory ").escaped(dir, 100).str(" is not a directory, expected a directory");
-    return false;
-  }
-  for (char* p = dir + 1;; ++p) {
-    if (*p != '/' && *p != '\0') continue;
-    const char saved = *p;
-    *p = '\0';
-    if (mkdir(dir, 0755) == 0) {
-      chmod(dir, 01777);  // best effort: a directory we cannot open up still serves its creator
-    } else if (errno != EEXIST) {
-      const int e = errno;
-      region_error(err, path)
-          .str("cannot create directory ")
-          .escaped(dir, 100)
-          .str(": ")
-          .errno_text(e)
-          .str(", expected an existing or creatable directory");
-      *p = saved;
-      return false;
-    }
-    *p = saved;
-    if (saved == '\0') break;
-  }
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    region_error(err, path).str("its directory ").escaped(dir, 100).str(" could not be created, expected a directory");
-    return false;
-  }
-  return true;
-}
-
 std::atomic<std::uint32_t> g_temp_counter{0};
 
-// A directory every user may create files in, where none may remove
-// another's (sticky and world-writable: /dev/shm, /tmp, the directories we
-// create): on a node without containers, several users' jobs share it.
-bool shared_by_users(const char* dir) {
-  struct stat st;
-  return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) != 0 && (st.st_mode & S_IWOTH) != 0;
+// A directory several users may create files in: world-writable, and sticky
+// (/dev/shm, /tmp, the directories we create: none may remove another's
+// files) or another user's (its owner, or anyone without the sticky bit, may
+// replace files in it). A region there is its creator's alone (0600) and
+// another user's region there is never joined. A world-writable directory
+// without the sticky bit of root's or our own is a container's (HAMi's
+// per-container directories are 0777): its owner decided who reaches it.
+bool shared_by_users(const struct stat& st) {
+  if (!S_ISDIR(st.st_mode) || (st.st_mode & S_IWOTH) == 0) return false;
+  return (st.st_mode & S_ISVTX) != 0 || (st.st_uid != 0 && st.st_uid != geteuid());
 }
 
-// The directory part of `path` ("." when none).
-void dir_of(const char* path, char out[kPathCap]) {
+// Where a region file lies: its directory, opened once (mkdir -p when asked:
+// directories we create are made 01777 on their descriptor, like /tmp), and
+// every later operation relative to that descriptor, never the path again.
+struct Place {
+  int dfd = -1;
+  const char* base = nullptr;  // the file's name in it
+  bool shared = false;         // shared_by_users
+  char dir[kPathCap];          // for messages
+};
+
+bool open_place(const char* path, Place* place, Error* err) {
   const std::size_t len = platform::bounded_len(path, kPathCap - 1);
-  std::memcpy(out, path, len);
-  out[len] = '\0';
-  char* slash = std::strrchr(out, '/');
+  std::memcpy(place->dir, path, len);
+  place->dir[len] = '\0';
+  char* slash = std::strrchr(place->dir, '/');
+  place->base = slash == nullptr ? path : path + (slash - place->dir) + 1;
   if (slash == nullptr) {
-    out[0] = '.';
-    out[1] = '\0';
-  } else if (slash == out) {
-    out[1] = '\0';
+    place->dir[0] = '.';
+    place->dir[1] = '\0';
   } else {
-    *slash = '\0';
+    slash[slash == place->dir ? 1 : 0] = '\0';
   }
+  if (*place->base == '\0') {
+    region_error(err, path).str("names a directory, expected a file path");
+    return false;
+  }
+  const platform::MadeDir made = platform::make_dirs(place->dir, 01777);
+  if (made.fd < 0) {
+    char part[kPathCap];
+    platform::copy_string(part, made.at < sizeof part ? made.at + 1 : sizeof part, place->dir);
+    region_error(err, path)
+        .str("its directory ")
+        .escaped(part, 100)
+        .ch(' ')
+        .str(made.what)
+        .str(": ")
+        .errno_text(made.error)
+        .str(", expected an existing or creatable directory");
+    return false;
+  }
+  place->dfd = made.fd;
+  struct stat st;
+  place->shared = fstat(place->dfd, &st) == 0 && shared_by_users(st);
+  return true;
 }
 
 void initialise(Region* r, const char* container_name) {
@@ -237,39 +235,14 @@ enum class CreateResult { created, lost_race, failed };
 // Builds a complete region in a temporary file of the same directory and
 // publishes it with link() (atomic, fails if the name exists): nobody can
 // ever map a half-initialised region, and exactly one creator wins.
-CreateResult create_region(const char* path, const char* container_name, Error* err, Region** out, int* keep_fd) {
-  const std::size_t path_len = platform::bounded_len(path, kPathCap);
-  char dir[kPathCap];
-  std::memcpy(dir, path, path_len + 1);
-  char* slash = nullptr;
-  for (char* p = dir; *p != '\0'; ++p) {
-    if (*p == '/') slash = p;
-  }
-  const char* base = path;
-  if (slash == nullptr) {
-    dir[0] = '.';
-    dir[1] = '\0';
-  } else {
-    base = path + (slash - dir) + 1;
-    if (slash == dir) {
-      dir[1] = '\0';
-    } else {
-      *slash = '\0';
-    }
-    if (!make_dirs(dir, path, err)) return CreateResult::failed;
-  }
-  if (*base == '\0') {
-    region_error(err, path).str("names a directory, expected a file path");
-    return CreateResult::failed;
-  }
-
-  char temp[kPathCap];
+CreateResult create_region(const Place& place, const char* path, const char* container_name, Error* err, Region** out,
+                           int* keep_fd) {
+  char temp[NAME_MAX + 1];
   int fd = -1;
   for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
     platform::Text name(temp, sizeof temp);
-    name.str(dir)
-        .str("/.")
-        .str(base)
+    name.ch('.')
+        .str(place.base)
         .ch('.')
         .u64(static_cast<std::uint64_t>(getpid()))
         .ch('-')
@@ -277,17 +250,17 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
         .str(".tmp");
     if (name.truncated()) {
       region_error(err, path)
-          .str("path too long for a temporary file next to it, expected at most ")
-          .u64(kPathCap - 64)
+          .str("file name too long for a temporary file next to it, expected at most ")
+          .u64(NAME_MAX - 40)
           .str(" bytes");
       return CreateResult::failed;
     }
-    fd = open(temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    fd = platform::open_at(place.dfd, temp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
     if (fd < 0 && errno != EEXIST) {
       const int e = errno;
       region_error(err, path)
           .str("cannot create a file in ")
-          .escaped(dir, 100)
+          .escaped(place.dir, 100)
           .str(": ")
           .errno_text(e)
           .str(", expected a directory writable by uid ")
@@ -308,19 +281,19 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
         .str(", expected ")
         .u64(kRegionBytes)
         .str(" bytes of free space in ")
-        .escaped(dir, 100);
+        .escaped(place.dir, 100);
     close(fd);
-    unlink(temp);
+    unlinkat(place.dfd, temp, 0);
     return CreateResult::failed;
   };
   // Every process of the container shares the region whatever its uid or
   // umask (a root entrypoint that drops to a user is the common case): the
   // mode is set explicitly, never through the process's umask, which the
   // library does not touch. In a directory shared by the node's users
-  // (sticky, world-writable) the region is its creator's alone: 0600, so
-  // that another user can neither join the job's region nor change its
-  // limits (docs/security.md, "Who may join or change a region").
-  const mode_t mode = shared_by_users(dir) ? 0600 : 0666;
+  // (shared_by_users) the region is its creator's alone: 0600, so that
+  // another user can neither join the job's region nor change its limits
+  // (docs/security.md, "Who may join or change a region").
+  const mode_t mode = place.shared ? 0600 : 0666;
   if (fchmod(fd, mode) != 0) {
     const int e = errno;
     region_error(err, path)
@@ -328,7 +301,7 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
         .errno_text(e)
         .str(", expected a file system with Unix permissions");
     close(fd);
-    unlink(temp);
+    unlinkat(place.dfd, temp, 0);
     return CreateResult::failed;
   }
   // Reserve the blocks now: on a full tmpfs a sparse file would raise SIGBUS
@@ -342,17 +315,17 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
   if (r == nullptr) return fail("cannot map the new region file", errno);
   initialise(r, container_name);
 
-  int rc = link(temp, path);
+  int rc = linkat(place.dfd, temp, place.dfd, place.base, 0);
   int link_errno = rc == 0 ? 0 : errno;
   bool temp_consumed = false;
   if (rc != 0 && link_errno != EEXIST) {
     // File systems without hard links: an atomic rename that refuses to
     // replace an existing name gives the same guarantee.
-    rc = static_cast<int>(syscall(SYS_renameat2, AT_FDCWD, temp, AT_FDCWD, path, 1u /* RENAME_NOREPLACE */));
+    rc = static_cast<int>(syscall(SYS_renameat2, place.dfd, temp, place.dfd, place.base, 1u /* RENAME_NOREPLACE */));
     if (rc == 0) temp_consumed = true;
     if (rc != 0 && errno == EEXIST) link_errno = EEXIST;
   }
-  if (!temp_consumed) unlink(temp);
+  if (!temp_consumed) unlinkat(place.dfd, temp, 0);
   if (rc == 0 && keep_fd != nullptr) {
     *keep_fd = fd;
   } else {
@@ -374,42 +347,33 @@ CreateResult create_region(const char* path, const char* container_name, Error* 
 // A process joining a region in a directory shared by users joins only its
 // own user's (or root's): another user could have created it there first,
 // and would then control this job's limits.
-bool owned_by_us_or_root(int fd, const char* path, Error* err) {
+bool owned_by_us_or_root(int fd, const Place& place, const char* path, Error* err) {
   struct stat st;
-  if (fstat(fd, &st) != 0 || st.st_uid == geteuid() || st.st_uid == 0) return true;
-  char dir[kPathCap];
-  dir_of(path, dir);
-  if (!shared_by_users(dir)) return true;
+  if (!place.shared || fstat(fd, &st) != 0 || st.st_uid == geteuid() || st.st_uid == 0) return true;
   region_error(err, path)
       .str("owned by uid ")
       .u64(st.st_uid)
       .str(" in ")
-      .escaped(dir, 100)
-      .str(", a directory every user may write (sticky, world-writable), expected a region of uid ")
+      .escaped(place.dir, 100)
+      .str(
+          ", a directory every user may write (world-writable, and sticky or another user's), expected a region of "
+          "uid ")
       .u64(geteuid())
       .str(" or root: another user's region is never joined (docs/security.md)");
   return false;
 }
 
-Region* attach_impl(const char* path, const char* container_name, bool create, bool writable, Error* err, bool* created,
-                    int* keep_fd = nullptr) {
-  if (created != nullptr) *created = false;
-  if (keep_fd != nullptr) *keep_fd = -1;
-  err->message[0] = '\0';
-  if (path == nullptr || *path == '\0') {
-    region_error(err, "").str("empty path, expected a region file path");
-    return nullptr;
-  }
-  if (platform::bounded_len(path, kPathCap) >= kPathCap - 64) {
-    region_error(err, path).str("path too long, expected at most ").u64(kPathCap - 64).str(" bytes");
-    return nullptr;
-  }
+Region* attach_at(const Place& place, const char* path, const char* container_name, bool create, bool writable,
+                  Error* err, bool* created, int* keep_fd) {
+  // Never blocks (a FIFO planted under the name); in a directory shared by
+  // users never through a symbolic link (someone else's).
+  const int flags = (writable ? O_RDWR : O_RDONLY) | O_NONBLOCK | (place.shared ? O_NOFOLLOW : 0);
   // A creator that loses the race, or a region deleted between our open and
   // our link, sends us round again; a few rounds settle any real race.
   for (int round = 0; round < 8; ++round) {
-    const int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    const int fd = create ? platform::open_at(place.dfd, place.base, flags) : platform::open_at(AT_FDCWD, path, flags);
     if (fd >= 0) {
-      if (create && !owned_by_us_or_root(fd, path, err)) {
+      if (create && !owned_by_us_or_root(fd, place, path, err)) {
         close(fd);
         return nullptr;
       }
@@ -425,12 +389,15 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
     if (e != ENOENT || !create) {
       platform::Text t = region_error(err, path);
       t.str("cannot open: ").errno_text(e).str(", expected ");
-      t.str(create ? "a region file readable and writable by uid " : "an existing region file readable by uid ")
-          .u64(getuid());
+      if (e == ELOOP && place.shared)
+        t.str("a region file, never a symbolic link in a directory shared by users");
+      else
+        t.str(create ? "a region file readable and writable by uid " : "an existing region file readable by uid ")
+            .u64(getuid());
       return nullptr;
     }
     Region* r = nullptr;
-    switch (create_region(path, container_name, err, &r, keep_fd)) {
+    switch (create_region(place, path, container_name, err, &r, keep_fd)) {
       case CreateResult::created:
         if (created != nullptr) *created = true;
         err->message[0] = '\0';
@@ -441,6 +408,29 @@ Region* attach_impl(const char* path, const char* container_name, bool create, b
   }
   region_error(err, path).str("the file keeps appearing and disappearing, expected a stable region file");
   return nullptr;
+}
+
+Region* attach_impl(const char* path, const char* container_name, bool create, bool writable, Error* err, bool* created,
+                    int* keep_fd = nullptr) {
+  if (created != nullptr) *created = false;
+  if (keep_fd != nullptr) *keep_fd = -1;
+  err->message[0] = '\0';
+  if (path == nullptr || *path == '\0') {
+    region_error(err, "").str("empty path, expected a region file path");
+    return nullptr;
+  }
+  if (platform::bounded_len(path, kPathCap) >= kPathCap - 64) {
+    region_error(err, path).str("path too long, expected at most ").u64(kPathCap - 64).str(" bytes");
+    return nullptr;
+  }
+  // A process that creates looks up and creates the file relative to its
+  // directory's descriptor (never the path again: no swap of a directory
+  // between a check and a use).
+  Place place;
+  if (create && !open_place(path, &place, err)) return nullptr;
+  Region* r = attach_at(place, path, container_name, create, writable, err, created, keep_fd);
+  if (place.dfd >= 0) close(place.dfd);
+  return r;
 }
 
 }  // namespace
@@ -495,6 +485,22 @@ bool mapped_file_intact(int fd, const char* path, Error* err) noexcept {
 
 Region* attach_existing(const char* path, bool writable, Error* err) noexcept {
   return attach_impl(path, nullptr, false, writable, err, nullptr);
+}
+
+int reopen(int fd, const char* path) noexcept {
+  struct stat want;
+  if (fd < 0 || fstat(fd, &want) != 0) return -1;
+  char self[40];
+  platform::Text(self, sizeof self).str("/proc/self/fd/").u64(static_cast<std::uint64_t>(fd));
+  for (const char* name : {static_cast<const char*>(self), path}) {
+    if (name == nullptr) continue;
+    const int again = platform::open_at(AT_FDCWD, name, O_RDWR | O_NONBLOCK);
+    if (again < 0) continue;
+    struct stat got;
+    if (fstat(again, &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino) return again;
+    close(again);
+  }
+  return -1;
 }
 
 bool validate_header(const void* data, std::size_t size, Error* err) noexcept {

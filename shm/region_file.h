@@ -35,14 +35,20 @@ inline constexpr std::uint64_t kSeqGeneration = std::uint64_t{1} << 20;
 // Maps the region at path, creating it if absent: the creator builds the whole
 // file in a temporary file of the same directory and link()s it into place, so
 // nobody ever sees a partial region; losers of the race unlink their temporary
-// file and map the winner's. Missing parent directories are created 01777;
-// the file is 0666 (set with fchmod/chmod, whatever the umask: every user of
-// the container shares it, docs/security.md). nullptr + err on failure (unwritable
-// directory, foreign or corrupt file, other ABI version, wrong size).
-// `created` (optional) tells whether this call created the file.
+// file and map the winner's. Missing parent directories are created 01777
+// (mode set on a descriptor of the directory created, platform/fs.h); the
+// directory is opened once and the file looked up and created relative to it.
+// The file is 0666 (set with fchmod, whatever the umask: every user of the
+// container shares it, docs/security.md), 0600 in a directory shared by users
+// (world-writable, and sticky or another user's), where another user's region
+// is never joined nor a symbolic link followed. nullptr + err on failure
+// (unwritable directory, foreign or corrupt file, other ABI version, wrong
+// size). Never blocks on a FIFO. `created` (optional) tells whether this call
+// created the file.
 Region* attach(const char* path, const char* container_name, Error* err) noexcept;
 Region* attach(const char* path, const char* container_name, Error* err, bool* created) noexcept;
-// Same, and keeps the file open (O_CLOEXEC) in *fd for mapped_file_intact().
+// Same, and keeps the file open (O_CLOEXEC, never descriptor 0-2) in *fd for
+// mapped_file_intact().
 Region* attach(const char* path, const char* container_name, Error* err, bool* created, int* fd) noexcept;
 // A region private to this process (and the children it forks), in anonymous
 // shared memory: what GPUSLICE_PASSTHROUGH accounts into, so that nothing is
@@ -55,6 +61,11 @@ Region* create_private(const char* container_name, Error* err) noexcept;
 bool mapped_file_intact(int fd, const char* path, Error* err) noexcept;
 // Tools and the agent: maps an existing region only (read-only unless writable).
 Region* attach_existing(const char* path, bool writable, Error* err) noexcept;
+// A new open file description (O_RDWR, close-on-exec, never 0-2) of the very
+// file `fd` is open on (a forked child's own, for its slot lock), through
+// /proc/self/fd, else through `path` when that still names the same file; -1
+// otherwise (the path now names another file: never that one).
+int reopen(int fd, const char* path) noexcept;
 // Validates a region header; `size` is the number of bytes at data (the whole
 // file). The message names what is wrong and what was expected. Fuzzed.
 bool validate_header(const void* data, std::size_t size, Error* err) noexcept;

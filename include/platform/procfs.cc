@@ -7,6 +7,7 @@
 
 #include <cerrno>
 
+#include "platform/fs.h"
 #include "platform/text.h"
 
 namespace gpuslice::platform::procfs {
@@ -46,7 +47,7 @@ void path(char* buf, std::size_t cap, std::uint32_t pid, const char* leaf) noexc
 
 long read_file(const char* path, char* buf, std::size_t cap) noexcept {
   if (cap == 0) return -EINVAL;
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  const int fd = open_at(AT_FDCWD, path, O_RDONLY);  // never 0-2 (fs.h)
   if (fd < 0) return -errno;
   std::size_t len = 0;
   while (len < cap - 1) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "limiter/options/env.h"
+#include "platform/fs.h"
 #include "platform/text.h"
 
 namespace gpuslice::options {
@@ -56,7 +57,9 @@ constexpr const char* kLineExpected =
 // is not there, which is no error.
 bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent, shm::Error* err) {
   *absent = false;
-  const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // Without blocking: a FIFO (or a device) would wait for a writer forever,
+  // inside cuInit. Anything but a regular file is refused below.
+  const int fd = platform::open_at(AT_FDCWD, path, O_RDONLY | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
     if (!named && (e == ENOENT || e == ENOTDIR)) {
@@ -77,9 +80,11 @@ bool read_file(const char* path, bool named, ConfigFileBuffer* buf, bool* absent
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
     platform::Text t(err->message, sizeof err->message);
-    t.str("gpuslice: the configuration file ")
+    t.str("gpuslice: ");
+    if (named) t.str("GPUSLICE_CONFIG_FILE=").quoted(path, 200).str(": ");
+    t.str("the configuration file ")
         .escaped(path, 200)
-        .str(" is not a regular file, expected a file of NAME=VALUE lines");
+        .str(" is not a regular file (a FIFO, a device or a directory), expected a file of NAME=VALUE lines");
     return false;
   }
   std::size_t total = 0;

@@ -57,6 +57,14 @@ bool slot_lock(int fd, int index, short type, int cmd) {
 }  // namespace
 
 State* State::map_fd(int fd, char* error, std::size_t error_len) {
+  // The real driver keeps device nodes open, which a program's stray write to
+  // a standard descriptor it closed cannot corrupt; the state file the
+  // simulator keeps instead stays above 2 so that it cannot be either.
+  if (fd >= 0 && fd <= 2) {
+    const int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    fd = high;
+  }
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(StateHeader)) {
     std::snprintf(error, error_len, "fakecuda: state file too small or unreadable");
