@@ -27,9 +27,9 @@ inline constexpr std::uint64_t kLeaseLockByte = 1ull << 20;
 inline constexpr std::uint64_t kLeaseUserBase = 1ull << 21;
 
 struct PriorityLease {
-  std::uint64_t magic;        // kLeaseMagic
-  std::uint32_t abi_version;  // kLeaseAbiVersion
-  std::uint32_t size;         // sizeof(PriorityLease)
+  std::uint64_t magic;            // kLeaseMagic
+  std::uint32_t abi_version;      // kLeaseAbiVersion
+  std::uint32_t size;             // sizeof(PriorityLease)
   std::uint64_t booked_until_ns;  // CLOCK_MONOTONIC
   std::uint32_t booker_pid;       // the latest booking's process (tools only)
   std::uint32_t reserved0;

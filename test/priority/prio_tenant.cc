@@ -121,11 +121,11 @@ int main(int argc, char** argv) {
     host_us.push_back(static_cast<double>(end - t0) / 1000.0);
     usleep(static_cast<useconds_t>(gap_min + rng() % (gap_max - gap_min + 1)));
   }
-  std::printf("prio_tenant pid=%d start_ns=%llu end_ns=%llu bursts=%zu p50_us=%.1f p90_us=%.1f p99_us=%.1f "
-              "max_us=%.1f host_p99_us=%.1f\n",
-              static_cast<int>(getpid()), static_cast<unsigned long long>(start),
-              static_cast<unsigned long long>(end), device_us.size(), percentile(device_us, 50),
-              percentile(device_us, 90), percentile(device_us, 99), percentile(device_us, 100),
-              percentile(host_us, 99));
+  std::printf(
+      "prio_tenant pid=%d start_ns=%llu end_ns=%llu bursts=%zu p50_us=%.1f p90_us=%.1f p99_us=%.1f "
+      "max_us=%.1f host_p99_us=%.1f\n",
+      static_cast<int>(getpid()), static_cast<unsigned long long>(start), static_cast<unsigned long long>(end),
+      device_us.size(), percentile(device_us, 50), percentile(device_us, 90), percentile(device_us, 99),
+      percentile(device_us, 100), percentile(host_us, 99));
   return 0;
 }

@@ -126,7 +126,7 @@ TEST(PriorityLease, SlotsInThePastAndWordsTooFarAheadStartNow) {
 
 TEST(PriorityLease, AllowIsTheLeadWhileTightAndAboutTheRelaxedBoundOtherwise) {
   EXPECT_EQ(limiter::lease_allow(250'000, true, 0), limiter::kLeaseLeadNs);
-  EXPECT_EQ(limiter::lease_allow(250'000, true, 100'000), 125'000u);   // late: up to half a launch
+  EXPECT_EQ(limiter::lease_allow(250'000, true, 100'000), 125'000u);                // late: up to half a launch
   EXPECT_EQ(limiter::lease_allow(50'000, true, 1'000'000), limiter::kLeaseLeadNs);  // never below the lead
   EXPECT_EQ(limiter::lease_allow(250'000, false, 0), limiter::kBoundWorkNs - 250'000);
   EXPECT_EQ(limiter::lease_allow(2'000'000, false, 0), limiter::kLeaseLeadNs);
