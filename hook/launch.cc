@@ -67,7 +67,10 @@ CUresult admit(std::uint64_t work, bool nominal, std::uint32_t kernels, CUstream
   }
   if (static_cast<unsigned>(ordinal) >= kMaxDevices) return CUDA_SUCCESS;
   LaunchDevice& d = g_dev[ordinal];
-  priority_admit(ordinal, s, ptsz);
+  if (priority_admit(ordinal, s, ptsz)) {
+    t->priority = true;
+    t->ordinal = ordinal;
+  }
   if (d.limited.load(std::memory_order_relaxed) == 0) return CUDA_SUCCESS;
   if (__builtin_expect(d.used.load(std::memory_order_relaxed) == 0, 0)) {
     d.used.store(1, std::memory_order_relaxed);
@@ -98,6 +101,7 @@ CUresult admit(std::uint64_t work, bool nominal, std::uint32_t kernels, CUstream
 }
 
 void settle(const Ticket& t, CUresult rc, CUstream s, bool ptsz) noexcept {
+  if (__builtin_expect(t.priority, 0)) priority_after_launch(t.ordinal, s, ptsz, rc == CUDA_SUCCESS);
   if (t.dev == nullptr) return;
   if (rc != CUDA_SUCCESS) {
     // Not launched: give the price back and uncount it (this thread's counts

@@ -19,6 +19,7 @@ struct Ticket {
   std::int64_t cost = 0;
   std::uint32_t kernels = 0;
   bool marker = false;
+  bool priority = false;  // priority_after_launch() once queued (hook/priority_gate.h)
 };
 
 // Admission of one launch (or one graph) on stream `s`: `work` is a block

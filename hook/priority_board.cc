@@ -14,6 +14,7 @@
 #include "hook/region.h"
 #include "limiter/compute.h"
 #include "platform/text.h"
+#include "shm/priority_lease.h"
 
 namespace gpuslice::hook::board {
 namespace {
@@ -102,6 +103,43 @@ Verdict evaluate(Device& p, Priority self, std::uint64_t now, bool* engaged, boo
   return v;
 }
 
+// lease_lock held. Opens the level's lease file (again: another level, a fork
+// child, a file its last user removed) unless a recent open failed.
+void ensure_lease(Device& p, Priority self, std::uint64_t now) noexcept {
+  const pid_t pid = getpid();
+  if (g_exiting.load(std::memory_order_relaxed) == pid) return;  // its exit-time removal ran
+  if (p.lease_fd >= 0 && (p.lease_level != self || p.lease_pid != pid || shm::lease_unlinked(p.lease_fd))) {
+    // Another level's timetable, the parent's descriptor (its locks would be
+    // the parent's too), or a file its last user removed: a new one.
+    if (p.lease_pid == pid && p.lease_level != self) shm::remove_lease(g_board, p.lease_level, p.uuid, p.lease_fd);
+    close(p.lease_fd);
+    p.lease_fd = -1;
+  }
+  if (p.lease_fd < 0 && now >= p.lease_retry_ns) {
+    shm::Error err;
+    p.lease_fd = shm::open_lease(g_board, self, p.uuid, &err);
+    if (p.lease_fd < 0) {
+      p.lease_retry_ns = now + limiter::kRescanNs * 10;
+      GPUSLICE_WARN_CAPPED(2, "%s; launches of this %s container keep the per-process bound",
+                           err.message + 10 /* without "gpuslice: " */, limiter::priority_name(self));
+    } else {
+      p.lease_level = self;
+      p.lease_pid = pid;
+    }
+  }
+}
+
+void refresh_lease(Device& p, Priority self, bool bounded_level, std::uint64_t now) noexcept {
+  bool shared = false;
+  if (bounded_level && p.named) {
+    p.lease_lock.lock();
+    ensure_lease(p, self, now);
+    shared = p.lease_fd >= 0 && shm::lease_shared(p.lease_fd);
+    p.lease_lock.unlock();
+  }
+  p.lease_shared.store(shared ? 1 : 0, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 Device& device(int ordinal) noexcept { return g_devices[ordinal]; }
@@ -135,6 +173,7 @@ void after_fork_in_child() noexcept {
     p.published_until.store(0, std::memory_order_relaxed);
     p.own_lock.reset();
     p.peers_lock.reset();
+    p.lease_lock.reset();  // the lease descriptor is reopened at the next booking (lease_pid)
     // The directory descriptors' positions are shared with the parent: the
     // child scans with its own (at its next refresh).
     for (shm::LevelScan& level : p.levels) shm::close_level(&level);
@@ -176,6 +215,9 @@ bool refresh(Device& p, Region* r, int entry, Priority self, std::uint64_t now) 
   p.own_lock.lock();
   ensure_own_file(p, self, engaged);
   p.own_lock.unlock();
+  // A container below high may be bounded: it counts itself in its level's
+  // lease file, and books there when another process does too.
+  refresh_lease(p, self, engaged && self != Priority::high, now);
   return engaged;
 }
 
@@ -228,6 +270,48 @@ void publish(Device& p, Priority self, std::uint64_t now, std::uint64_t horizon)
   p.own_lock.unlock();
 }
 
+bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start) noexcept {
+  if (!p.named) return false;
+  p.lease_lock.lock();
+  ensure_lease(p, self, now);
+  bool booked = false;
+  // Another process books within a few syscalls; one stopped inside a booking
+  // is not waited for (about 0.5 ms of tries, then this launch goes unbooked).
+  if (p.lease_fd >= 0 && shm::lock_lease(p.lease_fd, 48)) {
+    shm::PriorityLease rec;
+    shm::read_lease(p.lease_fd, &rec);
+    const limiter::Slot slot = limiter::book_slot(rec.booked_until_ns, now, launch_ns);
+    rec.booked_until_ns = slot.until_ns;
+    ++rec.bookings;
+    booked = shm::write_lease(p.lease_fd, rec);
+    shm::unlock_lease(p.lease_fd);
+    *start = slot.start_ns;
+  }
+  p.lease_lock.unlock();
+  return booked;
+}
+
+bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow,
+           std::uint64_t* busy_until) noexcept {
+  p.lease_lock.lock();
+  bool ok = false;
+  if (p.lease_fd >= 0 && p.lease_pid == getpid() && shm::lock_lease(p.lease_fd, 48)) {
+    shm::PriorityLease rec;
+    shm::read_lease(p.lease_fd, &rec);
+    const limiter::Slot slot = limiter::claim_slot(rec.launched_until_ns, now, launch_ns, allow);
+    *busy_until = slot.start_ns;
+    if (slot.start_ns == 0) {
+      rec.launched_until_ns = slot.until_ns;
+      ok = shm::write_lease(p.lease_fd, rec);
+    } else {
+      ok = true;
+    }
+    shm::unlock_lease(p.lease_fd);
+  }
+  p.lease_lock.unlock();
+  return ok;
+}
+
 void record_hold(Device& p, std::uint64_t held_ns) noexcept {
   p.own_lock.lock();
   p.held_ns += held_ns;
@@ -254,6 +338,13 @@ void record_hold(Device& p, std::uint64_t held_ns) noexcept {
       p.own_fd = -1;
     }
     p.own_lock.unlock();
+    if (!p.lease_lock.try_lock()) continue;
+    if (p.lease_fd >= 0 && p.lease_pid == self) {
+      shm::remove_lease(g_board, p.lease_level, p.uuid, p.lease_fd);
+      close(p.lease_fd);
+      p.lease_fd = -1;
+    }
+    p.lease_lock.unlock();
   }
 }
 

@@ -32,6 +32,7 @@ struct alignas(64) Device {
   std::atomic<std::uint64_t> checked_ns{0};
   std::atomic<int> lower_present{0};         // a lower-priority neighbour is present
   std::atomic<int> tight{0};                 // a higher neighbour launched recently: the tight bound
+  std::atomic<int> lease_shared{0};          // another process of our level uses the lease file (refresh)
   std::atomic<DeviceState*> state{nullptr};  // the container's entry (its SM limit)
   std::atomic<std::uint64_t> published_until{0};
   // This container's own file (own_lock).
@@ -49,6 +50,13 @@ struct alignas(64) Device {
   shm::LevelScan levels[kLevels];  // [level - 1]: the neighbours' files, per level
   pid_t own_pid = 0;               // the process that holds the liveness lock on own_fd
   std::uint64_t held_ns = 0, holds = 0;
+  // The level's lease file on this device (lease_lock): the timetable its
+  // bounded containers book their launches in (book()).
+  SleepLock lease_lock;
+  int lease_fd = -1;
+  Priority lease_level = Priority::unset;
+  pid_t lease_pid = 0;               // the process that opened lease_fd (a fork child opens its own)
+  std::uint64_t lease_retry_ns = 0;  // an open that failed is tried again after this
 };
 Device& device(int ordinal) noexcept;  // ordinal < kMaxDevices
 
@@ -79,6 +87,17 @@ std::uint64_t read_lower_backlog(Device& b, Priority self, std::uint64_t now) no
 // should be done) plus the linger, or only its presence when it has an SM
 // limit on the device. Writes at most every kPublishSlackNs.
 void publish(Device& b, Priority self, std::uint64_t now, std::uint64_t horizon) noexcept;
+// Books this process's next launch of launch_ns (0: not measured) in its
+// level's timetable on the device (limiter::book_slot): *start is when it
+// should start running. False when there is no timetable (the lease file
+// cannot be opened, or its lock stays taken): the per-process bound applies.
+bool book(Device& b, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start) noexcept;
+// A booked launch whose slot came: when the launches its level has already
+// launched on the device should be done by now + allow, it claims its place
+// behind them (launched_until: + launch_ns) and *busy_until is 0; otherwise
+// *busy_until is when they should be done. False when there is no timetable.
+bool claim(Device& b, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow,
+           std::uint64_t* busy_until) noexcept;
 // A launch was held for held_ns: the file's statistics.
 void record_hold(Device& b, std::uint64_t held_ns) noexcept;
 

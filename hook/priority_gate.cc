@@ -40,6 +40,8 @@ struct Marker {
   CUevent event;
   CUstream stream;
   bool sample;
+  // A booked launch's end marker (priority_after_launch): observe_booked.
+  bool booked;
 };
 // "Right after": the marker of the next launch comes within this of the previous launch.
 constexpr std::uint64_t kAdjacentNs = 100'000;
@@ -57,6 +59,11 @@ struct alignas(64) GateDevice {
   std::uint64_t prev_start_ns = 0;  // when our latest launch started (or will), 0 = unknown
   std::uint64_t late_ns = 0;        // moving average of how late we launched after the previous one's end
   bool prev_start_seen = false;     // prev_start_ns was observed (nothing of ours queued), not predicted
+  // A launch booked in the level's timetable (lease_wait): its marker is the
+  // newest while lease_tail == markers.tail (markers.lock).
+  std::uint32_t lease_tail = 0;
+  bool lease_marked = false;
+  std::atomic<std::uint64_t> lease_late_ns{0};  // moving average: how late we woke for a booked slot
 };
 GateDevice g_gate[kMaxDevices];
 
@@ -78,6 +85,8 @@ void after_fork_in_child() noexcept {
     g.backlog = 0;
     g.prev_start_ns = 0;
     g.late_ns = 0;
+    g.lease_marked = false;
+    g.lease_late_ns.store(0, std::memory_order_relaxed);
     g.horizon.store(0, std::memory_order_relaxed);
   }
 }
@@ -102,7 +111,12 @@ bool retire_oldest(GateDevice& g, bool wait) noexcept {
     // The marker before it is complete too (same stream, recorded earlier),
     // and still alive: the ring never reuses the slot behind the oldest.
     std::uint64_t ns = 0;
-    if (marker_elapsed_ns(g.markers.before_oldest().event, m.event, &ns)) limiter::observe_launch(g.estimate, ns);
+    if (marker_elapsed_ns(g.markers.before_oldest().event, m.event, &ns)) {
+      if (m.booked)
+        limiter::observe_booked(g.estimate, ns);
+      else
+        limiter::observe_launch(g.estimate, ns);
+    }
   }
   g.markers.pop();
   return true;
@@ -111,7 +125,7 @@ bool retire_oldest(GateDevice& g, bool wait) noexcept {
 // Records a marker in front of this launch (it completes when everything
 // queued before on the stream has run) and learns launch costs from completed
 // markers. False when no marker could be recorded.
-bool record_marker(GateDevice& g, CUstream s, bool ptsz) noexcept {
+bool record_marker(GateDevice& g, CUstream s, bool ptsz, bool leased) noexcept {
   if (!marker_waits_available()) return false;
   const CUstream stream = target_stream(s, ptsz);
   g.markers.lock.lock();
@@ -128,7 +142,11 @@ bool record_marker(GateDevice& g, CUstream s, bool ptsz) noexcept {
         m.stream = stream;
         m.sample =
             g.last_queued && g.last_stream == stream && g.last_launch_ns != 0 && now - g.last_launch_ns < kAdjacentNs;
+        m.booked = false;
         g.markers.push();
+        // A booked launch: priority_after_launch() brackets it with the next one.
+        g.lease_marked = leased;
+        g.lease_tail = g.markers.tail;
         // Pending right after its record: this launch will queue behind earlier work.
         g.last_queued = query_marker(m.event) == MarkerState::pending;
       } else {
@@ -272,7 +290,60 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
   return v;
 }
 
-[[gnu::noinline, gnu::cold]] void admit_slow(GateDevice& g, board::Device& b, CUstream s, bool ptsz) noexcept {
+// Bounded next to a higher neighbour: books this launch in the level's
+// timetable on the device (board::book) and sleeps until its slot is
+// lease_allow() away; then, unless a higher neighbour has become active
+// meanwhile (it is held, and books again), it claims its place behind what
+// the level has launched (board::claim). When that is not nearly done (it,
+// or a neighbour, woke late into another's slot) it books the next free slot.
+// So the level's containers, however many, keep about one launch queued
+// together, and late wake-ups cost slots, never a second launch queued.
+// False when there is no timetable: then the per-process bound applies.
+bool lease_wait(GateDevice& g, board::Device& b, Priority self, bool tight) noexcept {
+  g.markers.lock.lock();
+  const std::uint64_t d = g.estimate.avg_ns;
+  g.markers.lock.unlock();
+  std::uint64_t now = mono_ns();
+  std::uint64_t start = 0;
+  if (!board::book(b, self, now, d, &start)) return false;
+  const std::uint64_t allow = limiter::lease_allow(d, tight, g.lease_late_ns.load(std::memory_order_relaxed));
+  for (int round = 0; round < 16; ++round) {
+    const std::uint64_t at = start > allow ? start - allow : 0;
+    if (at > now) {
+      sleep_ns(at - now);
+      now = mono_ns();
+      // How late the thread wakes: the lead hides up to that much.
+      const std::uint64_t most = d != 0 ? d : limiter::kLeaseUnmeasuredNs;
+      const std::uint64_t late = now - at < most ? now - at : most;
+      const std::uint64_t avg = g.lease_late_ns.load(std::memory_order_relaxed);
+      g.lease_late_ns.store((3 * avg + late) / 4, std::memory_order_relaxed);
+    }
+    if (board::recheck(b, self, now) == Verdict::held) {
+      if (hold(g, b, self, now) == Verdict::free) return false;  // nobody higher any more
+      now = mono_ns();
+      if (!board::book(b, self, now, d, &start)) return false;  // its slot passed: a new one
+      continue;
+    }
+    // Our own previous launch still queued when our slot comes: the device
+    // is slower than the timetable (another level's work, e.g. a limited
+    // higher neighbour that holds nobody, runs in between), which it cannot
+    // see; the per-process bound (markers) can.
+    g.markers.lock.lock();
+    while (!g.markers.empty() && retire_oldest(g, false)) {}
+    const bool behind = !g.markers.empty();
+    g.markers.lock.unlock();
+    if (behind) return false;
+    std::uint64_t busy_until = 0;
+    if (!board::claim(b, now, d, allow, &busy_until)) return false;
+    if (busy_until == 0) return true;
+    // Taken: the next free slot, at the timetable's end (waiting for this
+    // one's end instead, every late waker would wake together).
+    if (!board::book(b, self, now, d, &start)) return false;
+  }
+  return false;
+}
+
+[[gnu::noinline, gnu::cold]] bool admit_slow(GateDevice& g, board::Device& b, CUstream s, bool ptsz) noexcept {
   // The level may have been changed at run time (gpuslice-smi set --priority).
   const Priority self = board::current_level(g_process.region);
   std::uint64_t now = mono_ns();
@@ -285,22 +356,36 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
   if (v == Verdict::held) v = hold(g, b, self, now);
   // Markers while somebody cares: a higher neighbour (our queue must stay
   // short) or a lower one (our activity must cover our queued work).
+  bool after = false;
   if (v != Verdict::free || b.lower_present.load(std::memory_order_relaxed) != 0) {
-    const bool marked = record_marker(g, s, ptsz);
+    const bool tight = b.tight.load(std::memory_order_relaxed) != 0;
+    // Bounded: the level's timetable bounds what its containers queue
+    // together (and this launch's marker is recorded once its slot comes).
+    const bool leased =
+        v == Verdict::bounded && b.lease_shared.load(std::memory_order_relaxed) != 0 && lease_wait(g, b, self, tight);
+    const bool marked = record_marker(g, s, ptsz, leased);
     // A bound wait lasts up to one of our launches: a higher neighbour may
     // have become active meanwhile, and this launch must not slip in front of
     // its burst. Look again after a wait (the held loop drains our queue).
     // Next to a serving higher tenant (tight) look every time, not every
     // kRecheckNs: a launch that needed no wait would otherwise go on a
     // verdict up to 0.2 ms old, possibly into its burst.
-    const bool tight = b.tight.load(std::memory_order_relaxed) != 0;
-    if (marked && v != Verdict::free && (bound_wait(g, tight) || tight)) {
+    if (!leased && marked && v != Verdict::free && (bound_wait(g, tight) || tight)) {
       now = mono_ns();
       if (board::recheck(b, self, now) == Verdict::held) hold(g, b, self, now);
     }
     note_launch(g, b, self, marked);
+    if (leased && marked) {
+      // A launch that goes alone is never measured between its own markers:
+      // priority_after_launch() records one behind it.
+      g.markers.lock.lock();
+      g.prev_start_ns = 0;  // the bound_wait lead's prediction does not apply to booked launches
+      g.markers.lock.unlock();
+      after = true;
+    }
   }
   board::publish(b, self, mono_ns(), g.horizon.load(std::memory_order_relaxed));
+  return after;
 }
 
 }  // namespace
@@ -328,11 +413,33 @@ bool priority_refresh() noexcept {
 
 bool priority_board_present() noexcept { return board::present(); }
 
-void priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept {
+bool priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept {
+  if (static_cast<unsigned>(ordinal) >= kMaxDevices) return false;
+  GateDevice& g = g_gate[ordinal];
+  if (g.engaged.load(std::memory_order_relaxed) == 0) return false;
+  return admit_slow(g, board::device(ordinal), stream, ptsz);
+}
+
+void priority_after_launch(int ordinal, CUstream stream, bool ptsz, bool launched) noexcept {
   if (static_cast<unsigned>(ordinal) >= kMaxDevices) return;
   GateDevice& g = g_gate[ordinal];
-  if (g.engaged.load(std::memory_order_relaxed) == 0) return;
-  admit_slow(g, board::device(ordinal), stream, ptsz);
+  const CUstream target = target_stream(stream, ptsz);
+  g.markers.lock.lock();
+  // Only right behind this launch's own marker (no other thread's since):
+  // the two then bracket the launch (and whatever it queued behind).
+  if (launched && g.lease_marked && g.markers.tail == g.lease_tail && g.markers.pending() < kRing - 1) {
+    Marker& m = g.markers.next();
+    if (ensure_marker_event(&m.event, CU_EVENT_BLOCKING_SYNC) &&
+        record_marker_event(&m.event, target) == CUDA_SUCCESS) {
+      m.stream = target;
+      m.sample = true;
+      m.booked = true;
+      g.markers.push();
+    }
+  }
+  g.lease_marked = false;
+  g.last_queued = false;  // the next launch's marker brackets nothing of ours
+  g.markers.lock.unlock();
 }
 
 }  // namespace gpuslice::hook

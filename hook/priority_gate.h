@@ -20,6 +20,10 @@ bool priority_refresh() noexcept;
 // process needs the background refresh even without a compute limit, to
 // notice a neighbour of another level appearing.
 bool priority_board_present() noexcept;
-void priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept;
+// True when the launch path must call priority_after_launch() once the
+// launch is queued (a launch booked in its level's timetable: a marker behind
+// it measures its device time).
+bool priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept;
+void priority_after_launch(int ordinal, CUstream stream, bool ptsz, bool launched) noexcept;
 
 }  // namespace gpuslice::hook

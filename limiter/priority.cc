@@ -97,6 +97,19 @@ void observe_launch(InflightEstimate& e, std::uint64_t duration_ns) noexcept {
   e.avg_ns = (3 * e.avg_ns + duration_ns) / 4;
 }
 
+void observe_booked(InflightEstimate& e, std::uint64_t duration_ns) noexcept {
+  if (duration_ns == 0) return;
+  if (e.avg_ns == 0 && duration_ns > kLeaseUnmeasuredNs) duration_ns = kLeaseUnmeasuredNs;
+  if (e.booked_samples % kBookedWindow == 0) {
+    e.booked_prev_ns = e.booked_min_ns;
+    e.booked_min_ns = duration_ns;
+  } else if (duration_ns < e.booked_min_ns) {
+    e.booked_min_ns = duration_ns;
+  }
+  ++e.booked_samples;
+  e.avg_ns = e.booked_prev_ns != 0 && e.booked_prev_ns < e.booked_min_ns ? e.booked_prev_ns : e.booked_min_ns;
+}
+
 std::uint32_t bound_launches(const InflightEstimate& e, bool tight) noexcept {
   const std::uint32_t least = tight ? kTightMinBoundLaunches : kMinBoundLaunches;
   if (e.avg_ns == 0) return least;
@@ -104,6 +117,31 @@ std::uint32_t bound_launches(const InflightEstimate& e, bool tight) noexcept {
   if (n < least) return least;
   if (n > kMaxBoundLaunches) return kMaxBoundLaunches;
   return static_cast<std::uint32_t>(n);
+}
+
+Slot book_slot(std::uint64_t booked_until_ns, std::uint64_t now_ns, std::uint64_t launch_ns) noexcept {
+  const std::uint64_t d = launch_ns != 0 ? launch_ns : kLeaseUnmeasuredNs;
+  const bool believed = booked_until_ns > now_ns && booked_until_ns - now_ns <= kLeaseMaxAheadNs;
+  const std::uint64_t start = believed ? booked_until_ns : now_ns;
+  return Slot{start, start + d};
+}
+
+Slot claim_slot(std::uint64_t launched_until_ns, std::uint64_t now_ns, std::uint64_t launch_ns,
+                std::uint64_t allow_ns) noexcept {
+  const std::uint64_t d = launch_ns != 0 ? launch_ns : kLeaseUnmeasuredNs;
+  const bool believed = launched_until_ns > now_ns && launched_until_ns - now_ns <= kLeaseMaxAheadNs;
+  if (!believed) return Slot{0, now_ns + d};
+  if (launched_until_ns - now_ns > allow_ns) return Slot{launched_until_ns, 0};
+  return Slot{0, launched_until_ns + d};
+}
+
+std::uint64_t lease_allow(std::uint64_t launch_ns, bool tight, std::uint64_t late_ns) noexcept {
+  const std::uint64_t d = launch_ns != 0 ? launch_ns : kLeaseUnmeasuredNs;
+  std::uint64_t lead = 2 * late_ns;
+  if (lead > d / 2) lead = d / 2;
+  if (lead < kLeaseLeadNs) lead = kLeaseLeadNs;
+  if (tight) return lead;
+  return d < kBoundWorkNs && kBoundWorkNs - d > lead ? kBoundWorkNs - d : lead;
 }
 
 }  // namespace gpuslice::limiter

@@ -77,6 +77,40 @@ inline constexpr std::uint64_t kRecentNs = 100'000'000;
 inline constexpr std::uint64_t kTightLeadNs = 150'000;
 inline constexpr std::uint32_t kMaxBoundLaunches = 16;
 
+// --- the level's shared in-flight budget (docs/priority.md, "Many tenants") ---
+// While bounded, a container's launches on a device take turns with every
+// other bounded container of its level there: each launch books the next slot
+// of the level's timetable (one word, `booked_until`, in a lease file of the
+// level's directory) and goes kLeaseLeadNs (tight) before its slot starts, so
+// that the level keeps about one launch queued on the device however many
+// containers it has. A launch not measured yet books this much:
+inline constexpr std::uint64_t kLeaseUnmeasuredNs = 500'000;
+// A booked_until further ahead than this is not believed (a corrupt word, a
+// clock of another time namespace): the booking starts now.
+inline constexpr std::uint64_t kLeaseMaxAheadNs = 1'000'000'000;
+// How long before its slot a booked launch is queued while tight (hides the
+// process's wake-up); more (up to half a launch) when it has been waking late.
+inline constexpr std::uint64_t kLeaseLeadNs = 80'000;
+
+struct Slot {
+  std::uint64_t start_ns;  // when the launch should start running
+  std::uint64_t until_ns;  // the level's new booked_until
+};
+// Books a launch of launch_ns (0: not measured) behind `booked_until_ns`.
+Slot book_slot(std::uint64_t booked_until_ns, std::uint64_t now_ns, std::uint64_t launch_ns) noexcept;
+// A booked launch whose slot came, at now_ns, with the level's launched work
+// ending at launched_until_ns: it goes (start_ns 0, until_ns the new
+// launched_until) when that is at most allow_ns away; otherwise start_ns is
+// when that work should be done. An end further ahead than kLeaseMaxAheadNs
+// is not believed.
+Slot claim_slot(std::uint64_t launched_until_ns, std::uint64_t now_ns, std::uint64_t launch_ns,
+                std::uint64_t allow_ns) noexcept;
+// How long before its slot's start a booked launch may be queued: the lead
+// (tight: kLeaseLeadNs, or twice the thread's recent lateness, at most half a
+// launch), or while relaxed enough that the level keeps about kBoundWorkNs
+// queued.
+std::uint64_t lease_allow(std::uint64_t launch_ns, bool tight, std::uint64_t late_ns) noexcept;
+
 // The words are GPUSLICE_PRIORITY's (options.def; options::parse_word
 // parses them): "high", "normal", "low", else "unset".
 const char* priority_name(gpuslice::Priority p) noexcept;
@@ -128,9 +162,23 @@ bool higher_recent(gpuslice::Priority self, const PeerSample* peers, std::size_t
 // (hook/priority_gate.cc). Only ever used by one thread at a time.
 struct InflightEstimate {
   std::uint64_t avg_ns = 0;  // 0: nothing measured yet
+  // Booked launches (observe_booked): the least sample of the current window
+  // of kBookedWindow samples and of the previous one.
+  std::uint64_t booked_min_ns = 0, booked_prev_ns = 0;
+  std::uint32_t booked_samples = 0;
 };
+inline constexpr std::uint32_t kBookedWindow = 8;
 // One launch took duration_ns of device time (queued behind the previous).
 void observe_launch(InflightEstimate& e, std::uint64_t duration_ns) noexcept;
+// A booked launch took duration_ns between the markers around it: its own
+// device time plus whatever it waited for behind other containers' work
+// (the level's previous launch, by design: it is queued lease_allow() early;
+// more when that one was late). So the estimate is the least sample of the
+// last kBookedWindow to 2 × kBookedWindow: it drops at once and rises within
+// two windows when the launches get longer. The first sample counts at most
+// kLeaseUnmeasuredNs (a container that has just become bounded waits behind
+// whatever its level queued before: not its own device time).
+void observe_booked(InflightEstimate& e, std::uint64_t duration_ns) noexcept;
 // Launches the process may keep in flight while bounded: the relaxed bound,
 // or (`tight`) the one next to a recently active higher neighbour.
 std::uint32_t bound_launches(const InflightEstimate& e, bool tight = false) noexcept;

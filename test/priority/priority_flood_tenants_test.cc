@@ -48,16 +48,17 @@ std::vector<std::string> list(const std::string& dir) {
   return names;
 }
 
-// The simulated device's "GPU-…" name, from the file of a low tenant killed
-// before it could remove it.
+// The simulated device's "GPU-…" name, from the files of a low tenant killed
+// before it could remove them (its activity file and its level's lease
+// file), which go.
 std::string device_uuid(Machine& m) {
   const auto r = m.run({tenant(m, "probe", "low", Proc{spin("kernel", 200, 5.0, "symbol", 1.0), 0, 0.4})});
+  std::string uuid;
   for (const std::string& name : list(m.sandbox().path("board") + "/low")) {
-    const std::string uuid = name.substr(0, name.find('.'));
+    uuid = name.substr(0, name.find('.'));
     unlink((m.sandbox().path("board") + "/low/" + name).c_str());
-    return uuid;
   }
-  return "";
+  return uuid;
 }
 
 // `count` empty files named like activity files of the device, in `dir`,

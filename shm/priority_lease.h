@@ -1,0 +1,71 @@
+// The priority board's lease files (docs/priority.md, "Many tenants"): per
+// level and device one small file, <board>/<level>/<GPU-uuid>.lease, holding
+// the level's timetable on that device: `booked_until_ns`, when the launches
+// its bounded containers have booked should be done (when to wake), and
+// `launched_until_ns`, when those it has launched should be (whether to go
+// now). A booking or a launch reads and writes it (pread/pwrite, never mapped: another container may truncate it)
+// under an OFD write lock on one byte past its end, taken without waiting; a
+// process killed inside drops the lock with its last descriptor, and a
+// booking it left behind only books device time that passes. Each process
+// that uses the file holds a read lock on byte kLeaseUserBase + its pid while
+// it has it open; the last one to leave removes it. Heap-free.
+#pragma once
+
+#include <cstdint>
+
+#include "gpuslice/priority_board.h"
+#include "platform/uuid.h"
+#include "shm/region_file.h"
+
+namespace gpuslice::shm {
+
+inline constexpr std::uint64_t kLeaseMagic = 0x3153414c49525047ull;  // "GPRILAS1" little-endian
+inline constexpr std::uint32_t kLeaseAbiVersion = 1;
+// The booking lock's byte (past the record: nothing is written there).
+inline constexpr std::uint64_t kLeaseLockByte = 1ull << 20;
+// The users' presence locks: this + pid.
+inline constexpr std::uint64_t kLeaseUserBase = 1ull << 21;
+
+struct PriorityLease {
+  std::uint64_t magic;            // kLeaseMagic
+  std::uint32_t abi_version;      // kLeaseAbiVersion
+  std::uint32_t size;             // sizeof(PriorityLease)
+  std::uint64_t booked_until_ns;  // CLOCK_MONOTONIC
+  std::uint32_t booker_pid;       // the latest booking's process (tools only)
+  std::uint32_t reserved0;
+  std::uint64_t bookings;           // how many launches booked (tools only)
+  std::uint64_t launched_until_ns;  // CLOCK_MONOTONIC
+  std::uint64_t reserved[2];
+};
+static_assert(sizeof(PriorityLease) == 64);
+
+// Opens (creating it, and the level directory, if needed: mode 0644 / 01777
+// set explicitly) the lease file of `level` on the GPU `uuid_text`, for reading
+// and writing, and takes this process's presence lock on it. -1 + err when it cannot (a level directory this process may not
+// write, a file of another user, not a regular file): then its launches keep
+// the per-process bound only.
+int open_lease(const char* board, Priority level, const char uuid_text[platform::kUuidTextSize], Error* err) noexcept;
+// Takes the booking lock without waiting, trying `tries` times with short
+// sleeps between (another process's booking takes a few syscalls). False when
+// it stays taken (a process stopped inside a booking) or the file system has
+// no OFD locks.
+bool lock_lease(int fd, unsigned tries) noexcept;
+void unlock_lease(int fd) noexcept;
+// Called by a process that leaves (at exit): drops its presence lock and
+// removes the file when nobody else holds one and the name still names it.
+// (A process that opens it meanwhile finds it unlinked, lease_unlinked, and
+// opens a new one.) True when removed.
+bool remove_lease(const char* board, Priority level, const char uuid_text[platform::kUuidTextSize], int fd) noexcept;
+// Whether fd's file has been removed from the board.
+bool lease_unlinked(int fd) noexcept;
+// Whether another open file description (another process) holds a presence
+// lock on it: the level has another bounded process on the device.
+bool lease_shared(int fd) noexcept;
+// The record as stored; a short or foreign one reads as nothing booked or
+// launched (all zero: the next write makes it whole).
+void read_lease(int fd, PriorityLease* out) noexcept;
+// Writes a whole record (magic, version, size and this process as the booker
+// filled in).
+bool write_lease(int fd, PriorityLease rec) noexcept;
+
+}  // namespace gpuslice::shm

@@ -1,0 +1,212 @@
+// The level's shared in-flight budget on a device (docs/priority.md, "Many
+// tenants"): the lease file's timetable and its booking lock
+// (shm/priority_lease.h), and what a process that dies or stops while holding
+// it leaves to the others: nothing they wait for.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "limiter/priority.h"
+#include "platform/clock.h"
+#include "shm/priority_lease.h"
+
+namespace {
+
+using namespace gpuslice;
+constexpr char kUuid[] = "GPU-00000000-0000-0000-0000-000000000001";
+
+struct Board {
+  std::string dir;
+  Board() {
+    char tmpl[] = "/tmp/gpuslice-lease-XXXXXX";
+    dir = mkdtemp(tmpl);
+  }
+  ~Board() { std::system(("rm -rf " + dir).c_str()); }
+  int open(Priority level = Priority::low) const {
+    shm::Error err{};
+    const int fd = shm::open_lease(dir.c_str(), level, kUuid, &err);
+    EXPECT_GE(fd, 0) << err.message;
+    return fd;
+  }
+};
+
+shm::PriorityLease record(int fd) {
+  shm::PriorityLease rec;
+  shm::read_lease(fd, &rec);
+  return rec;
+}
+
+// One booking as the gate makes it (hook/priority_board.cc, board::book).
+std::uint64_t book(int fd, std::uint64_t now, std::uint64_t launch_ns) {
+  EXPECT_TRUE(shm::lock_lease(fd, 48));
+  shm::PriorityLease rec = record(fd);
+  const limiter::Slot slot = limiter::book_slot(rec.booked_until_ns, now, launch_ns);
+  rec.booked_until_ns = slot.until_ns;
+  ++rec.bookings;
+  EXPECT_TRUE(shm::write_lease(fd, rec));
+  shm::unlock_lease(fd);
+  return slot.start_ns;
+}
+
+// One claim (board::claim): 0 when it goes, else when the level's launched
+// work should be done.
+std::uint64_t claim(int fd, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow) {
+  EXPECT_TRUE(shm::lock_lease(fd, 48));
+  shm::PriorityLease rec = record(fd);
+  const limiter::Slot slot = limiter::claim_slot(rec.launched_until_ns, now, launch_ns, allow);
+  if (slot.start_ns == 0) {
+    rec.launched_until_ns = slot.until_ns;
+    EXPECT_TRUE(shm::write_lease(fd, rec));
+  }
+  shm::unlock_lease(fd);
+  return slot.start_ns;
+}
+
+TEST(PriorityLease, BookingsOfTheLevelFollowEachOther) {
+  Board b;
+  const int x = b.open(), y = b.open();  // two containers of the level (two descriptions)
+  const std::uint64_t now = platform::monotonic_ns();
+  EXPECT_EQ(book(x, now, 250'000), now);
+  EXPECT_EQ(book(y, now, 250'000), now + 250'000);
+  EXPECT_EQ(book(x, now + 10, 0), now + 500'000);  // unmeasured: books kLeaseUnmeasuredNs
+  EXPECT_EQ(book(y, now + 20, 100'000), now + 500'000 + limiter::kLeaseUnmeasuredNs);
+  // Another level has its own timetable.
+  const int z = b.open(Priority::normal);
+  EXPECT_EQ(book(z, now, 250'000), now);
+  EXPECT_EQ(record(x).bookings, 4u);
+  close(x);
+  close(y);
+  close(z);
+}
+
+// A woken launch goes when the level's launched work ends within its lead,
+// else it learns when that work ends; each launch that goes extends it.
+TEST(PriorityLease, AClaimGoesOnlyBehindNearlyDoneWork) {
+  Board b;
+  const int x = b.open(), y = b.open();
+  const std::uint64_t now = platform::monotonic_ns();
+  EXPECT_EQ(claim(x, now, 250'000, 80'000), 0u);
+  EXPECT_EQ(claim(y, now + 10'000, 250'000, 80'000), now + 250'000);  // two would be queued: not now
+  EXPECT_EQ(claim(y, now + 170'000, 250'000, 80'000), 0u);            // within the lead: behind it
+  EXPECT_EQ(record(x).launched_until_ns, now + 500'000);
+  EXPECT_EQ(claim(x, now + 10'000'000, 0, 80'000), 0u);  // all past: from now
+  EXPECT_EQ(record(x).launched_until_ns, now + 10'000'000 + limiter::kLeaseUnmeasuredNs);
+  close(x);
+  close(y);
+}
+
+// The estimate of a booked launch: the least sample of the last window or two
+// (a sample includes the wait behind the level's previous launch).
+TEST(PriorityLease, BookedSamplesKeepTheLeast) {
+  limiter::InflightEstimate e;
+  limiter::observe_booked(e, 40'000'000);  // the first: behind the level's old queues
+  EXPECT_EQ(e.avg_ns, limiter::kLeaseUnmeasuredNs);
+  for (std::uint64_t ns : {330'000, 250'000, 310'000, 400'000}) limiter::observe_booked(e, ns);
+  EXPECT_EQ(e.avg_ns, 250'000u);
+  for (int i = 0; i < 2 * static_cast<int>(limiter::kBookedWindow); ++i) limiter::observe_booked(e, 1'000'000);
+  EXPECT_EQ(e.avg_ns, 1'000'000u) << "longer launches are learnt within two windows";
+  limiter::observe_booked(e, 600'000);
+  EXPECT_EQ(e.avg_ns, 600'000u) << "shorter ones at once";
+}
+
+TEST(PriorityLease, SlotsInThePastAndWordsTooFarAheadStartNow) {
+  const std::uint64_t now = 10'000'000'000;
+  EXPECT_EQ(limiter::book_slot(now - 1, now, 100).start_ns, now);
+  EXPECT_EQ(limiter::book_slot(0, now, 100).start_ns, now);
+  EXPECT_EQ(limiter::book_slot(now + limiter::kLeaseMaxAheadNs, now, 100).start_ns, now + limiter::kLeaseMaxAheadNs);
+  EXPECT_EQ(limiter::book_slot(now + limiter::kLeaseMaxAheadNs + 1, now, 100).start_ns, now);  // not believed
+  EXPECT_EQ(limiter::book_slot(~0ull, now, 100).until_ns, now + 100);
+}
+
+TEST(PriorityLease, AllowIsTheLeadWhileTightAndAboutTheRelaxedBoundOtherwise) {
+  EXPECT_EQ(limiter::lease_allow(250'000, true, 0), limiter::kLeaseLeadNs);
+  EXPECT_EQ(limiter::lease_allow(250'000, true, 100'000), 125'000u);                // late: up to half a launch
+  EXPECT_EQ(limiter::lease_allow(50'000, true, 1'000'000), limiter::kLeaseLeadNs);  // never below the lead
+  EXPECT_EQ(limiter::lease_allow(250'000, false, 0), limiter::kBoundWorkNs - 250'000);
+  EXPECT_EQ(limiter::lease_allow(2'000'000, false, 0), limiter::kLeaseLeadNs);
+}
+
+// A truncated or garbage record reads as nothing booked and is made whole.
+TEST(PriorityLease, ATruncatedFileIsNothingBooked) {
+  Board b;
+  const int fd = b.open();
+  const std::uint64_t now = platform::monotonic_ns();
+  book(fd, now, 250'000);
+  ASSERT_EQ(ftruncate(fd, 7), 0);
+  EXPECT_EQ(book(fd, now, 250'000), now);
+  EXPECT_EQ(book(fd, now, 250'000), now + 250'000);
+  close(fd);
+}
+
+// A process killed while it holds the booking lock: the kernel drops the lock
+// with its last descriptor, the next booking takes it at once. A process
+// stopped there is not waited for: the booking gives up within its tries
+// (the gate then uses the per-process bound).
+TEST(PriorityLease, AKilledHolderReleasesTheBudgetAndAStoppedOneIsNotWaitedFor) {
+  Board b;
+  const int fd = b.open();
+  for (const bool stop : {false, true}) {
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      shm::Error err{};
+      const int own = shm::open_lease(b.dir.c_str(), Priority::low, kUuid, &err);
+      if (own < 0 || !shm::lock_lease(own, 1)) _exit(2);
+      // Booked 50 ms of the device, then gone (or stopped) holding the lock.
+      shm::PriorityLease rec{};
+      rec.booked_until_ns = rec.launched_until_ns = platform::monotonic_ns() + 50'000'000;
+      shm::write_lease(own, rec);
+      if (write(ready[1], "x", 1) != 1) _exit(3);
+      for (;;) pause();
+    }
+    close(ready[1]);
+    char c = 0;
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    EXPECT_FALSE(shm::lock_lease(fd, 1)) << "the child holds it";
+    if (stop) {
+      ASSERT_EQ(kill(child, SIGSTOP), 0);
+      const std::uint64_t t0 = platform::monotonic_ns();
+      EXPECT_FALSE(shm::lock_lease(fd, 48));
+      EXPECT_LT(platform::monotonic_ns() - t0, 200'000'000u) << "waited for a stopped holder";
+      kill(child, SIGCONT);
+    }
+    ASSERT_EQ(kill(child, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status));
+    // Dead: the lock is free at the first try, and its booking only delays
+    // the next slot until the time it booked has passed.
+    const std::uint64_t now = platform::monotonic_ns();
+    ASSERT_TRUE(shm::lock_lease(fd, 1)) << "the dead holder's lock was not dropped";
+    const std::uint64_t until = record(fd).booked_until_ns;
+    shm::unlock_lease(fd);
+    EXPECT_GT(until, now);
+    EXPECT_LE(until, now + 50'000'000);
+    EXPECT_EQ(book(fd, until + 1, 250'000), until + 1);
+    EXPECT_EQ(claim(fd, now, 250'000, 80'000), record(fd).launched_until_ns) << "its launch is still ahead";
+    EXPECT_EQ(claim(fd, until + 1, 250'000, 80'000), 0u) << "its launch is past";
+  }
+  close(fd);
+}
+
+// Another user's file in its place is never used (it could write the
+// timetable); a symbolic link is not followed.
+TEST(PriorityLease, ALinkInItsPlaceIsRefused) {
+  Board b;
+  mkdir((b.dir + "/low").c_str(), 01777);
+  ASSERT_EQ(symlink("/etc/passwd", (b.dir + "/low/" + kUuid + ".lease").c_str()), 0);
+  shm::Error err{};
+  EXPECT_LT(shm::open_lease(b.dir.c_str(), Priority::low, kUuid, &err), 0);
+  EXPECT_NE(std::string(err.message).find("lease"), std::string::npos) << err.message;
+}
+
+}  // namespace
