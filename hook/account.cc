@@ -87,13 +87,15 @@ void release_to_slot(int slot, int entry, std::uint64_t bytes) noexcept {
 
 // No slot (bootstrap failed closed, or the process is past its exit-time
 // release) means no admission: memory is never handed out uncounted.
-// Fast path: one CAS on our slot's lease word. It needs neither the exit bracket
-// (AddingCall) nor the exit check: release_all closes the lease words and a
-// stale thread's tag never matches a later claim's, so a late CAS fails and
-// falls to the slow path, which refuses. It does look at the
-// region file first (a coarse-clock read, no syscall): a truncated region
-// must fail closed, not raise SIGBUS.
-bool reserve(int entry, std::uint64_t bytes) noexcept {
+// Fast path (inline in account.h, and again here after an adoption): one CAS
+// on our slot's lease word. It needs neither the exit bracket (AddingCall)
+// nor the exit check: release_all closes the lease words and a stale
+// thread's tag never matches a later claim's, so a late CAS fails and falls
+// to the slow path, which refuses. It does look at the region file first (a
+// coarse-clock read, no syscall): a truncated region must fail closed, not
+// raise SIGBUS. It does need the owner word (own_slot): a child that has yet
+// to claim its own slot still holds its parent's index and tag.
+bool reserve_out_of_line(int entry, std::uint64_t bytes) noexcept {
   const int slot = own_slot();
   if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact()) {
     const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);
@@ -107,10 +109,9 @@ bool reserve(int entry, std::uint64_t bytes) noexcept {
 // is refused and what a lowered quota bounds are the slot's alone
 // (docs/memory-accounting.md, "Freed bytes and threads").
 // After the exit-time release (or in a child that never owned the slot)
-// there is nothing of ours left to give back. Not inlined into this file's
-// callers (commit): GCC would split its head off for them, and every free's
-// call from the wrappers would take a jump more.
-[[gnu::noinline]] void release(int entry, std::uint64_t bytes) noexcept {
+// there is nothing of ours left to give back. The fast half is inline
+// (account.h); this is the whole, for what it did not take.
+void release_out_of_line(int entry, std::uint64_t bytes) noexcept {
   if (g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs) return;
   const int slot = g_process.slot.load(std::memory_order_acquire);
   if (slot < 0 || static_cast<unsigned>(entry) >= kMaxDevices || bytes == 0) return;
@@ -137,8 +138,8 @@ bool arm_thread_exit() noexcept {
   return true;
 }
 
-void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
-            limiter::AllocKind kind) noexcept {
+void commit_slow(limiter::AllocTable& table, CUresult rc, Reservation r, std::uint64_t key,
+                 limiter::AllocKind kind) noexcept {
   if (rc != CUDA_SUCCESS) {
     release(r.entry, r.bytes);
     return;
@@ -147,6 +148,12 @@ void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::
   if (__builtin_expect(platform::record(table, key, rec, release_record), 1)) return;
   GPUSLICE_WARN_CAPPED(3, "allocation table full; %llu bytes stay counted until the process exits",
                        static_cast<unsigned long long>(r.bytes));
+}
+
+void release_record_slow(const limiter::AllocRecord& rec) noexcept {
+  if (rec.kind == limiter::AllocKind::spilled) oversub_unspill(rec.dev, rec.bytes);
+  release(rec.dev, rec.bytes);
+  oversub_freed(rec.dev, rec.kind, rec.bytes);
 }
 
 // Spilled bytes are this process's slot's (oversub.cc counted them there).

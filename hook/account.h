@@ -17,14 +17,23 @@
 #include "hook/process.h"
 #include "hook/region.h"
 #include "limiter/alloc_table.h"
+#include "limiter/lease.h"
 
 namespace gpuslice::hook {
 
 // Reserve/release `bytes` on a device entry for this process (limiter's
 // cross-process protocol). reserve() tries the slow reclaim paths (dead
 // processes, idle pool reserves) before refusing.
-bool reserve(int entry, std::uint64_t bytes) noexcept;
-void release(int entry, std::uint64_t bytes) noexcept;
+// Inline fast halves (below): the slot is ours (the owner word: not a child
+// that has yet to claim its own), the region file intact, and one CAS on the
+// slot's lease word (limiter/lease.h) moves the bytes between spare and in
+// use. Anything else, and every refusal, goes to the whole of the protocol
+// out of line (account.cc), which checks everything again.
+[[gnu::noinline]] bool reserve_out_of_line(int entry, std::uint64_t bytes) noexcept;
+[[gnu::noinline]] void release_out_of_line(int entry, std::uint64_t bytes) noexcept;
+inline bool reserve(int entry, std::uint64_t bytes) noexcept;
+inline bool release_fast(int entry, std::uint64_t bytes) noexcept;  // false: nothing was released
+inline void release(int entry, std::uint64_t bytes) noexcept;
 bool charge(int entry, std::uint64_t bytes) noexcept;
 
 // Hooks that run before an allocation is refused (pools.cc registers one that
@@ -74,9 +83,19 @@ inline CUresult reserve_on_ordinal(CUdevice ordinal, std::uint64_t bytes, Reserv
 
 // After the real allocation: on failure the reservation is returned; on
 // success it is recorded under `key` in `table` (a stale record for the same
-// key, from a free we never saw, is released first).
-void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
-            limiter::AllocKind kind) noexcept;
+// key, from a free we never saw, is released first). Inline: a success whose
+// key the table does not hold is one insert; anything else (a failure, a
+// stale record, a full table) is commit_slow()'s, out of line.
+// (The reservation by value: in registers, so that the inline caller's stays
+// out of memory.)
+[[gnu::noinline]] void commit_slow(limiter::AllocTable& table, CUresult rc, Reservation r, std::uint64_t key,
+                                   limiter::AllocKind kind) noexcept;
+inline void commit(limiter::AllocTable& table, CUresult rc, const Reservation& r, std::uint64_t key,
+                   limiter::AllocKind kind) noexcept {
+  if (__builtin_expect(rc == CUDA_SUCCESS, 1) && table.insert(key, limiter::AllocRecord{r.bytes, r.entry, kind}))
+    return;
+  commit_slow(table, rc, r, key, kind);
+}
 
 // Counted memory went back to the driver and its bytes to the budget:
 // allocations of the container waiting for memory (hook/oversub.h, "wait")
@@ -92,13 +111,42 @@ inline void oversub_freed(int entry, limiter::AllocKind, std::uint64_t) noexcept
 // (before they leave the budget, so resident memory is never understated).
 void oversub_unspill(int entry, std::uint64_t bytes) noexcept;
 
+inline bool reserve(int entry, std::uint64_t bytes) noexcept {
+  if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) == kSlotOurs, 1)) {
+    const int slot = g_process.slot.load(std::memory_order_acquire);
+    if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact() &&
+        limiter::lease_alloc(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))
+      return true;
+  }
+  return reserve_out_of_line(entry, bytes);
+}
+
+inline bool release_fast(int entry, std::uint64_t bytes) noexcept {
+  if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs, 0))
+    return false;
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  return __builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices && bytes != 0, 1) &&
+         region_intact() &&
+         limiter::lease_free(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
+}
+
+inline void release(int entry, std::uint64_t bytes) noexcept {
+  if (!release_fast(entry, bytes)) release_out_of_line(entry, bytes);
+}
+
 // A counted record whose memory the driver has let go: its bytes go back to
 // the budget (spilled ones stop counting as spilled first; waiters are woken).
+// Inline, the common case: not spilled, and release_fast() took the bytes
+// back (so the entry is a device's and the region mapped); then the one load
+// of the device's waiter count. Anything else: release_record_slow().
+[[gnu::noinline]] void release_record_slow(const limiter::AllocRecord& rec) noexcept;
 inline void release_record(const limiter::AllocRecord& rec) noexcept {
-  if (rec.kind == limiter::AllocKind::spilled) [[unlikely]]
-    oversub_unspill(rec.dev, rec.bytes);
-  release(rec.dev, rec.bytes);
-  oversub_freed(rec.dev, rec.kind, rec.bytes);
+  if (__builtin_expect(rec.kind != limiter::AllocKind::spilled && release_fast(rec.dev, rec.bytes), 1)) {
+    if (g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0)
+      wake_oversub_waiters(rec.dev);
+    return;
+  }
+  release_record_slow(rec);
 }
 
 // After the driver freed memory implicitly: releases every record of `table`

@@ -30,7 +30,7 @@ inline constexpr CUresult kFailClosed = CUDA_ERROR_NOT_INITIALIZED;
 // Whether memory oversubscription (GPUSLICE_OVERSUBSCRIBE,
 // GPUSLICE_MEMORY_RESIDENT; hook/oversub.h) is on.
 // 0 until first asked, then 1 (neither option set) or 2 (oversubscription on).
-extern std::atomic<int> g_oversub_state;
+[[gnu::visibility("hidden")]] extern std::atomic<int> g_oversub_state;
 [[gnu::cold, gnu::noinline]] bool oversub_init() noexcept;
 inline bool oversubscribing() noexcept {
   const int s = g_oversub_state.load(std::memory_order_relaxed);

@@ -32,8 +32,7 @@ namespace gpuslice::hook {
 alignas(64) std::atomic<std::uint64_t> g_counting_ops{0};
 std::atomic<int> g_counting_state{0};
 OpCounter g_op_counters[kOpCounters];
-[[gnu::tls_model("initial-exec")]] constinit thread_local std::atomic<std::uint64_t>* t_op_counter = nullptr;
-[[gnu::tls_model("initial-exec")]] constinit thread_local std::uint64_t t_op_epoch = 0;
+[[gnu::tls_model("initial-exec")]] constinit thread_local OpThread t_op{nullptr, 0};
 
 bool counting_init() noexcept {
   const options::Options& o = config().options;
@@ -73,8 +72,8 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
     }
   }
   errno = saved_errno;
-  t_op_epoch = epoch;
-  t_op_counter = mine;
+  t_op.epoch = epoch;
+  t_op.counter = mine;
   return mine;
 }
 

@@ -60,8 +60,12 @@ inline constexpr unsigned kOpCounters = 256;
 // The calling thread's counter, or &g_counting_ops (shared word); nullptr
 // until claimed. Claimed again in a forked child (the process epoch of
 // include/platform/pointer_table.h changes there): two threads never share a counter.
-[[gnu::tls_model("initial-exec")]] extern constinit thread_local std::atomic<std::uint64_t>* t_op_counter;
-[[gnu::tls_model("initial-exec")]] extern constinit thread_local std::uint64_t t_op_epoch;
+// One thread-local object for both words: one look-up of its offset.
+struct OpThread {
+  std::atomic<std::uint64_t>* counter;
+  std::uint64_t epoch;  // the process epoch the counter was claimed in
+};
+[[gnu::tls_model("initial-exec")]] extern constinit thread_local OpThread t_op;
 [[gnu::cold, gnu::noinline]] std::atomic<std::uint64_t>* claim_op_counter() noexcept;
 // Whether a counter's owner is a live thread of this process.
 bool op_counter_owner_alive(std::uint64_t owner) noexcept;
@@ -95,8 +99,13 @@ struct CountingOp {
 
  private:
   static std::atomic<std::uint64_t>* begin() noexcept {
-    std::atomic<std::uint64_t>* c = t_op_counter;
-    if (__builtin_expect(c == nullptr || t_op_epoch != platform::table_detail::process_epoch(), 0))
+    // A claimed counter's epoch is never 0: a process with no epoch yet
+    // (the word still 0, as in a child before its first look) claims anew.
+    std::atomic<std::uint64_t>* c = t_op.counter;
+    if (__builtin_expect(
+            c == nullptr || t_op.epoch != platform::table_detail::g_epoch_word.load(std::memory_order_acquire)
+                                              ->load(std::memory_order_relaxed),
+            0))
       c = claim_op_counter();
     if (c == &g_counting_ops) {
       g_counting_ops.fetch_add(1, std::memory_order_seq_cst);

@@ -9,8 +9,10 @@
 
 namespace gpuslice::hook {
 
-#define GPUSLICE_CU(symbol) extern decltype(&::symbol) real_##symbol;
-#define GPUSLICE_NVML(symbol) extern decltype(&::symbol) real_##symbol;
+// Hidden on the declaration (process.h): the wrappers call through them
+// PC-relative, without a GOT load.
+#define GPUSLICE_CU(symbol) [[gnu::visibility("hidden")]] extern decltype(&::symbol) real_##symbol;
+#define GPUSLICE_NVML(symbol) [[gnu::visibility("hidden")]] extern decltype(&::symbol) real_##symbol;
 #include "hook/symbols.def"
 
 // Driver entry points used internally but not hooked: the one list of them
@@ -53,7 +55,7 @@ namespace gpuslice::hook {
   X(nvmlDeviceGetComputeRunningProcesses_v3) \
   X(nvmlDeviceGetProcessUtilization)
 
-#define GPUSLICE_DECLARE_REAL(symbol) extern decltype(&::symbol) real_##symbol;
+#define GPUSLICE_DECLARE_REAL(symbol) [[gnu::visibility("hidden")]] extern decltype(&::symbol) real_##symbol;
 GPUSLICE_CU_INTERNAL(GPUSLICE_DECLARE_REAL)
 GPUSLICE_NVML_INTERNAL(GPUSLICE_DECLARE_REAL)
 #undef GPUSLICE_DECLARE_REAL

@@ -21,6 +21,7 @@ namespace {
 [[gnu::cold, gnu::noinline]] bool region_file_check(int fd) noexcept {
   shm::Error err{};
   if (shm::mapped_file_intact(fd, config().options.region, &err)) return true;
+  g_region_checked_tick.store(-1, std::memory_order_relaxed);  // no fast "intact" from now on
   if (!g_region_lost.exchange(true, std::memory_order_acq_rel))
     GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED from now on", err.message);
   g_ready.store(kReadyFailed, std::memory_order_release);
@@ -39,8 +40,14 @@ std::atomic<bool> g_region_lost{false};
 
 void watch_region_file(int fd) noexcept { g_region_fd.store(fd, std::memory_order_release); }
 
-bool region_check_now(int fd, std::int64_t tick) noexcept {
+// The slow half of region_intact(): a lost region stays lost; no watched
+// file is intact; else the tick is taken (other threads skip the look until
+// it changes, as before this one looked) and the file looked at.
+bool region_check_now(std::int64_t tick) noexcept {
+  if (g_region_lost.load(std::memory_order_relaxed)) return false;
+  const int fd = g_region_fd.load(std::memory_order_relaxed);
   g_region_checked_tick.store(tick, std::memory_order_relaxed);
+  if (fd < 0) return true;
   return region_file_check(fd);
 }
 
@@ -74,13 +81,11 @@ int device_entry(CUdevice ordinal) noexcept {
   return entry;
 }
 
-namespace {
 // The entry of the only device (>= 0), kSeveralDevices, or kNotCounted until
 // the driver could count its devices (it cannot before cuInit).
-enum : int { kNotCounted = -1, kSeveralDevices = -2 };
 std::atomic<int> g_single_entry{kNotCounted};
 
-[[gnu::noinline]] int current_device_entry_slow(CUresult* rc) noexcept {
+int current_device_entry_slow(CUresult* rc) noexcept {
   CUdevice dev = 0;
   CUresult r = real_cuCtxGetDevice(&dev);
   if (r != CUDA_SUCCESS) {
@@ -98,13 +103,6 @@ std::atomic<int> g_single_entry{kNotCounted};
       g_single_entry.store(count == 1 ? entry : kSeveralDevices, std::memory_order_relaxed);
   }
   return entry;
-}
-}  // namespace
-
-int current_device_entry(CUresult* rc) noexcept {
-  const int single = g_single_entry.load(std::memory_order_relaxed);
-  if (__builtin_expect(single >= 0, 1)) return single;
-  return current_device_entry_slow(rc);
 }
 
 int ordinal_of_entry(int entry) noexcept {

@@ -17,21 +17,23 @@ namespace gpuslice::hook {
 // the first failure logs one error line and fails closed (g_ready). Call it
 // on a slow path before touching the region; the accounting calls
 // (hook/account.h) and device_entry() already do. Inline: the allocation and
-// free fast paths pay a coarse-clock read (vDSO, no syscall) and a compare,
-// no call.
-extern std::atomic<int> g_region_fd;                     // -1: not watched
-extern std::atomic<std::int64_t> g_region_checked_tick;  // the tick of the last look
-extern std::atomic<bool> g_region_lost;
-[[gnu::cold, gnu::noinline]] bool region_check_now(int fd, std::int64_t tick) noexcept;
+// free fast paths pay a coarse-clock read (vDSO, no syscall) and one compare:
+// g_region_checked_tick is the tick of the last look that found the file
+// intact (or no file watched), and -1 once the region is lost, so the one
+// compare also covers "lost" and "not watched" (region_check_now).
+// (rdtsc would be one instruction, but on a KVM guest that traps it it costs
+// ~3x the vDSO read: docs/security.md.)
+// Hidden on the declaration: read PC-relative (process.h).
+[[gnu::visibility("hidden")]] extern std::atomic<int> g_region_fd;                     // -1: not watched
+[[gnu::visibility("hidden")]] extern std::atomic<std::int64_t> g_region_checked_tick;  // the tick of the last look
+[[gnu::visibility("hidden")]] extern std::atomic<bool> g_region_lost;
+[[gnu::cold, gnu::noinline]] bool region_check_now(std::int64_t tick) noexcept;
 inline bool region_intact(bool force = false) noexcept {
-  if (__builtin_expect(g_region_lost.load(std::memory_order_relaxed), 0)) return false;
-  const int fd = g_region_fd.load(std::memory_order_relaxed);
-  if (fd < 0) return true;
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // vDSO: no syscall
   const std::int64_t tick = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
   if (__builtin_expect(!force && g_region_checked_tick.load(std::memory_order_relaxed) == tick, 1)) return true;
-  return region_check_now(fd, tick);
+  return region_check_now(tick);
 }
 // The region file to watch (-1: none); bootstrap sets it when it attaches.
 void watch_region_file(int fd) noexcept;
@@ -44,7 +46,17 @@ int device_entry(CUdevice ordinal) noexcept;
 // With a single device the entry is cached and the driver is not asked: a
 // call without a context then fails in the real call that follows, which
 // returns the driver's own error (the caller releases its reservation).
-int current_device_entry(CUresult* rc) noexcept;
+// Inline: one load of g_single_entry (the entry of the only device, >= 0;
+// else the slow path: kNotCounted until the driver could count its devices,
+// which it cannot before cuInit, or kSeveralDevices).
+enum : int { kNotCounted = -1, kSeveralDevices = -2 };
+[[gnu::visibility("hidden")]] extern std::atomic<int> g_single_entry;
+[[gnu::noinline]] int current_device_entry_slow(CUresult* rc) noexcept;
+inline int current_device_entry(CUresult* rc) noexcept {
+  const int single = g_single_entry.load(std::memory_order_relaxed);
+  if (__builtin_expect(single >= 0, 1)) return single;
+  return current_device_entry_slow(rc);
+}
 // CUDA ordinal of a region device entry, or -1 if this process has not mapped it.
 int ordinal_of_entry(int entry) noexcept;
 

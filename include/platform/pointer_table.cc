@@ -79,7 +79,10 @@ void wake_one(std::atomic<std::uint32_t>& word) noexcept {
 // child's new epoch is above every epoch its parent ever used. Without the
 // advice the word is ordinary memory and a pthread_atfork child handler
 // zeroes it (fork() only; _Fork and clone children are then not detected).
-std::atomic<std::atomic<std::uint64_t>*> g_epoch_word{nullptr};
+namespace {
+std::atomic<std::uint64_t> g_unset_word{0};  // never written: g_epoch_word's target until the first epoch
+}  // namespace
+std::atomic<std::atomic<std::uint64_t>*> g_epoch_word{&g_unset_word};
 
 namespace {
 std::atomic<std::uint64_t> g_epoch_counter{0};
@@ -89,7 +92,7 @@ void zero_fallback_in_child() noexcept { g_fallback_word.store(0, std::memory_or
 
 std::atomic<std::uint64_t>* epoch_word() noexcept {
   std::atomic<std::uint64_t>* w = g_epoch_word.load(std::memory_order_acquire);
-  if (w != nullptr) return w;
+  if (w != &g_unset_word) return w;
   std::atomic<std::uint64_t>* fresh = &g_fallback_word;
   void* page = map_pages(4096);
   if (page != nullptr && madvise(page, 4096, MADV_WIPEONFORK) == 0) {

@@ -43,13 +43,13 @@ inline constexpr std::uint32_t kLockWaiters = 2;
 void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched_yield
 
 // The process epoch: never 0; different in every forked child than in its parent.
-extern std::atomic<std::atomic<std::uint64_t>*> g_epoch_word;
+// g_epoch_word is never null: until the first epoch_slow() it points to a
+// word that stays 0, so the fast path is two loads and one test.
+[[gnu::visibility("hidden")]] extern std::atomic<std::atomic<std::uint64_t>*> g_epoch_word;
 [[gnu::cold, gnu::noinline]] std::uint64_t epoch_slow() noexcept;
 inline std::uint64_t process_epoch() noexcept {
-  if (std::atomic<std::uint64_t>* w = g_epoch_word.load(std::memory_order_acquire)) {
-    const std::uint64_t e = w->load(std::memory_order_relaxed);
-    if (__builtin_expect(e != 0, 1)) return e;
-  }
+  const std::uint64_t e = g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
+  if (__builtin_expect(e != 0, 1)) return e;
   return epoch_slow();
 }
 
@@ -61,6 +61,16 @@ inline std::uint64_t mix(std::uint64_t key) noexcept {
   key *= 0x94d049bb133111ebull;
   key ^= key >> 31;
   return key;
+}
+
+// The table's hash, on every operation (mix() above is the general-purpose
+// one): one multiply by 2^64/phi, whose top bits depend on every bit of the
+// key (the shard: the top kShardBits), folded so that the low bits, the slot
+// within the shard, do too (they would be all zero for aligned pointers).
+// Five instructions where mix() takes twelve.
+inline std::uint64_t table_hash(std::uint64_t key) noexcept {
+  key *= 0x9e3779b97f4a7c15ull;
+  return key ^ (key >> 32);
 }
 
 }  // namespace table_detail
@@ -84,7 +94,7 @@ class PointerTable {
   // false if the key is present, reserved, or no memory is left for growth.
   bool insert(std::uint64_t key, const V& value) noexcept {
     if (reserved(key)) return false;
-    const std::uint64_t h = table_detail::mix(key);
+    const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
     const std::size_t i = probe(s, key, h);
     const bool ok = i != kMissing && s.slots[i].key == 0;
@@ -98,7 +108,7 @@ class PointerTable {
   enum class Put { inserted, replaced, full };
   Put put(std::uint64_t key, const V& value, V* displaced) noexcept {
     if (reserved(key)) return Put::full;
-    const std::uint64_t h = table_detail::mix(key);
+    const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
     const std::size_t i = probe(s, key, h);
     Put result = Put::full;
@@ -117,7 +127,7 @@ class PointerTable {
   // Exactly-once: of two racing erases of one key, one returns true (and the record).
   bool erase(std::uint64_t key, V* out) noexcept {
     if (reserved(key)) return false;
-    const std::uint64_t h = table_detail::mix(key);
+    const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
     const std::size_t i = lookup(s, key, h);
     if (i != kMissing) {
@@ -130,7 +140,7 @@ class PointerTable {
 
   bool find(std::uint64_t key, V* out) const noexcept {
     if (reserved(key)) return false;
-    const std::uint64_t h = table_detail::mix(key);
+    const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
     const std::size_t i = lookup(s, key, h);
     if (i != kMissing && out != nullptr) *out = s.slots[i].value;
@@ -143,7 +153,7 @@ class PointerTable {
   template <class F>
   bool update(std::uint64_t key, F&& f) noexcept {
     if (reserved(key)) return false;
-    const std::uint64_t h = table_detail::mix(key);
+    const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
     const std::size_t i = lookup(s, key, h);
     if (i != kMissing && f(s.slots[i].value)) remove(s, i);
@@ -157,7 +167,7 @@ class PointerTable {
   template <class F>
   bool upsert(std::uint64_t key, const V& init, F&& f) noexcept {
     if (reserved(key)) return false;
-    const std::uint64_t h = table_detail::mix(key);
+    const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
     const std::size_t i = probe(s, key, h);
     if (i != kMissing) {
@@ -234,7 +244,7 @@ class PointerTable {
       Slot* slots = s.slots;
       const std::size_t mask = s.mask, map_bytes = s.map_bytes;
       s.slots = nullptr;
-      s.mask = s.count = s.map_bytes = 0;
+      s.mask = s.count = s.grow_at = s.map_bytes = 0;
       unlock(s);
       if (slots == nullptr) continue;
       for (std::size_t i = 0; i <= mask; ++i) {
@@ -252,7 +262,8 @@ class PointerTable {
   struct alignas(64) Shard {
     std::atomic<std::uint32_t> lock{0};
     std::size_t count = 0;
-    std::size_t mask = 0;  // capacity - 1 (capacity a power of two), 0 without slots
+    std::size_t mask = 0;     // capacity - 1 (capacity a power of two), 0 without slots
+    std::size_t grow_at = 0;  // the count that one more entry would take past 3/4 full (0 without slots)
     std::size_t map_bytes = 0;
     Slot* slots = nullptr;
   };
@@ -317,7 +328,7 @@ class PointerTable {
           for (Shard& s : shards_) {
             if (interrupted) {
               s.slots = nullptr;
-              s.mask = s.count = s.map_bytes = 0;
+              s.mask = s.count = s.grow_at = s.map_bytes = 0;
             } else {
               free_slots(s);
             }
@@ -334,7 +345,7 @@ class PointerTable {
   static void free_slots(Shard& s) noexcept {
     if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
     s.slots = nullptr;
-    s.mask = s.count = s.map_bytes = 0;
+    s.mask = s.count = s.grow_at = s.map_bytes = 0;
   }
 
   static std::size_t lookup(const Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
@@ -352,8 +363,8 @@ class PointerTable {
   // shard fills up to one slot short of full; kMissing when even that is
   // reached and the key is absent.
   static std::size_t probe(Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
-    const std::size_t capacity = s.slots == nullptr ? 0 : s.mask + 1;
-    if (__builtin_expect((s.count + 1) * 4 > capacity * 3, 0) && !grow(s)) {
+    if (__builtin_expect(s.count >= s.grow_at, 0) && !grow(s)) {
+      const std::size_t capacity = s.slots == nullptr ? 0 : s.mask + 1;
       const std::size_t at = lookup(s, key, h);
       if (at != kMissing || s.count + 1 >= capacity) return at;
     }
@@ -370,7 +381,7 @@ class PointerTable {
     ++s.count;
   }
 
-  static bool grow(Shard& s) noexcept {
+  [[gnu::noinline]] static bool grow(Shard& s) noexcept {
     std::size_t capacity = s.slots == nullptr ? 0 : 2 * (s.mask + 1);
     if (capacity == 0) {  // one page to start
       capacity = 8;
@@ -382,13 +393,14 @@ class PointerTable {
     const std::size_t mask = capacity - 1;
     for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
       if (s.slots[i].key == 0) continue;
-      std::size_t j = table_detail::mix(s.slots[i].key) & mask;
+      std::size_t j = table_detail::table_hash(s.slots[i].key) & mask;
       while (fresh[j].key != 0) j = (j + 1) & mask;
       fresh[j] = s.slots[i];
     }
     if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
     s.slots = fresh;
     s.mask = mask;
+    s.grow_at = capacity / 4 * 3;  // (count + 1) * 4 > capacity * 3 exactly when count >= this
     s.map_bytes = bytes;
     return true;
   }
@@ -401,7 +413,7 @@ class PointerTable {
     for (std::size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
       const std::uint64_t k = s.slots[j].key;
       if (k == 0) break;
-      const std::size_t home = table_detail::mix(k) & mask;
+      const std::size_t home = table_detail::table_hash(k) & mask;
       // Distance from home to j versus from the hole to j (cyclic).
       if (((j - home) & mask) >= ((j - hole) & mask)) {
         s.slots[hole] = s.slots[j];

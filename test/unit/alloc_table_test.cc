@@ -154,10 +154,10 @@ TEST(PointerTable, PutReplacesAndRecordSettlesTheStaleRecordOnce) {
 TEST(PointerTable, WaitersOnAStalledHolderSleepInsteadOfSpinning) {
   AllocTable t;
   // Keys of one shard (the shard is the hash's top bits).
-  const std::uint64_t shard = platform::table_detail::mix(ptr(1)) >> (64 - AllocTable::kShardBits);
+  const std::uint64_t shard = platform::table_detail::table_hash(ptr(1)) >> (64 - AllocTable::kShardBits);
   std::vector<std::uint64_t> keys;
   for (std::uint64_t i = 2; keys.size() < 5; ++i) {
-    if (platform::table_detail::mix(ptr(i)) >> (64 - AllocTable::kShardBits) == shard) keys.push_back(ptr(i));
+    if (platform::table_detail::table_hash(ptr(i)) >> (64 - AllocTable::kShardBits) == shard) keys.push_back(ptr(i));
   }
   ASSERT_TRUE(t.insert(ptr(1), rec(1)));
   std::atomic<bool> holding{false};
