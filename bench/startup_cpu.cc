@@ -40,8 +40,8 @@ bool start(CUdeviceptr* p) {
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   return cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS &&
-         cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS &&
-         cuCtxSetCurrent(ctx) == CUDA_SUCCESS && cuMemAlloc(p, 1 << 20) == CUDA_SUCCESS;
+         cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
+         cuMemAlloc(p, 1 << 20) == CUDA_SUCCESS;
 }
 
 int hold() {
@@ -50,8 +50,7 @@ int hold() {
   std::printf("%s\n", ok ? "ready" : "failed");
   std::fflush(stdout);
   char c;
-  while (read(0, &c, 1) > 0) {
-  }
+  while (read(0, &c, 1) > 0) {}
   return ok ? 0 : 1;
 }
 

@@ -466,7 +466,6 @@ class PointerTable {
     t->enter();
     bool all = true;
     for (Shard& s : t->shards_) {
-      if (!s.stuck) continue;  // read unlocked: a shard stuck meanwhile is retried next time
       lock(s);
       if (s.stuck) all = t->grow(s) && all;
       unlock(s);
