@@ -68,6 +68,19 @@ bool thread_exit_key_made() noexcept {
   return false;
 }
 
+// A table of records could not grow (platform::table_detail::g_stuck_shards):
+// its growth is tried again; if it still cannot, the allocation is refused
+// before the driver makes it, never admitted without a record (issue 35).
+[[gnu::cold, gnu::noinline]] bool records_have_room(int entry) noexcept {
+  if (platform::table_detail::regrow_stuck()) return true;
+  if (g_process.region != nullptr && static_cast<unsigned>(entry) < kMaxDevices)
+    g_process.region->devices[entry].record_refusals.fetch_add(1, std::memory_order_relaxed);
+  GPUSLICE_WARN_CAPPED(3,
+                       "this process's allocation records cannot grow (mmap failed: address space exhausted?); "
+                       "allocations are refused with CUDA_ERROR_OUT_OF_MEMORY until memory is freed");
+  return false;
+}
+
 [[gnu::noinline]] void release_slow(int slot, int entry, std::uint64_t bytes) noexcept {
   if (g_exited.load(std::memory_order_acquire) || !region_intact()) return;
   limiter::release(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
@@ -96,6 +109,9 @@ void release_to_slot(int slot, int entry, std::uint64_t bytes) noexcept {
 // raise SIGBUS. It does need the owner word (own_slot): a child that has yet
 // to claim its own slot still holds its parent's index and tag.
 bool reserve_out_of_line(int entry, std::uint64_t bytes) noexcept {
+  if (__builtin_expect(platform::table_detail::g_stuck_shards.load(std::memory_order_relaxed) != 0, 0) &&
+      !records_have_room(entry))
+    return false;
   const int slot = own_slot();
   if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact()) {
     const std::uint64_t tag = g_process.lease_tag.load(std::memory_order_relaxed);

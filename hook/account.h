@@ -111,8 +111,13 @@ inline void oversub_freed(int entry, limiter::AllocKind, std::uint64_t) noexcept
 // (before they leave the budget, so resident memory is never understated).
 void oversub_unspill(int entry, std::uint64_t bytes) noexcept;
 
+// A table of records that could not grow (platform::table_detail::g_stuck_shards)
+// sends every reservation out of line, where it is refused unless the table
+// grows again (issue 35: never admitted without a record).
 inline bool reserve(int entry, std::uint64_t bytes) noexcept {
-  if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) == kSlotOurs, 1)) {
+  if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) == kSlotOurs &&
+                           platform::table_detail::g_stuck_shards.load(std::memory_order_relaxed) == 0,
+                       1)) {
     const int slot = g_process.slot.load(std::memory_order_acquire);
     if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact() &&
         limiter::lease_alloc(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))

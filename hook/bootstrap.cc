@@ -24,6 +24,7 @@ namespace {
 std::atomic<int> g_boot_busy{0};
 [[gnu::tls_model("initial-exec")]] thread_local bool t_booting = false;
 std::atomic<bool> g_atfork_registered{false};
+std::atomic<bool> g_queried{false};  // this process asked cuMemGetInfo already (reap_before_first_query)
 
 // A forked child is a new process: it must claim its own slot (the parent's
 // usage stays the parent's) before it accounts anything.
@@ -32,6 +33,7 @@ void after_fork_in_child() noexcept {
   g_boot_busy.store(0, std::memory_order_relaxed);         // a forked child may claim a slot again
   g_accounting_calls.store(0, std::memory_order_relaxed);  // the parent's threads are not here
   g_exited.store(false, std::memory_order_relaxed);        // forked from a destructor: a new process all the same
+  g_queried.store(false, std::memory_order_relaxed);       // its first query is its own
   if (g_ready.load(std::memory_order_relaxed) == kReadyYes) g_ready.store(kReadyNo, std::memory_order_release);
 }
 
@@ -88,17 +90,19 @@ void reap_previous_image(Region* region, const shm::Observer& self) noexcept {
   }
 }
 
-// Frameworks size themselves from cuMemGetInfo at start-up (vLLM,
-// TensorFlow, JAX's preallocation): memory of the container's processes that
-// died without exiting must not be in the first answer. One pass of the
-// reaper (a slot-lock probe and a /proc read per live slot); another process
-// reaping at that moment (kReapBusy) is given a few yields, never waited on.
-void reap_at_start(Region* region, const shm::Observer& self) noexcept {
+// Memory of the container's processes that died without exiting returns
+// through the agent's cycle, through the first allocation that would not fit
+// without it (reserve's slow path reaps) and through a process's first
+// cuMemGetInfo (reap_before_first_query). A start adds only a bounded sweep
+// — a few live slots judged, wherever the pid hashes — so that its cost does
+// not grow with the live processes (issue 35: a full pass at every start
+// judged every slot, with a lock probe that walks the file's list of locks,
+// quadratic for a burst); a claim that finds no free slot still reaps all.
+constexpr std::uint32_t kStartSweepSlots = 4;
+
+void sweep_at_start(Region* region, const shm::Observer& self) noexcept {
   if (self.start_time == 0 || self.pidns_inode == 0) return;  // cannot judge liveness: the agent reaps
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    if (limiter::reap_dead(region, self) != limiter::kReapBusy) return;
-    sched_yield();
-  }
+  limiter::reap_sweep(region, self, (self.pid * 2654435761u) % kMaxSlots, kStartSweepSlots);
 }
 
 // Claims this process's slot: runs on one thread at a time. Nothing here
@@ -143,7 +147,7 @@ CUresult claim_now() noexcept {
   // Who judges the others' slots: we, through our own description's view of their locks.
   const shm::Observer observer(self, lock_fd);
   reap_previous_image(region, observer);
-  reap_at_start(region, observer);
+  sweep_at_start(region, observer);
   int slot = shm::claim_slot(region, self);
   // All slots taken: reap the dead. Another live reaper may hold the reaper
   // lock for a moment (kReapBusy), so retry a few times — never wait on it.
@@ -219,6 +223,18 @@ CUresult bootstrap() noexcept {
   t_booting = false;
   while ((s = g_ready.load(std::memory_order_acquire)) == kReadyNo) sched_yield();
   return s == kReadyYes ? CUDA_SUCCESS : kFailClosed;
+}
+
+void reap_before_first_query() noexcept {
+  if (g_queried.load(std::memory_order_relaxed) || g_queried.exchange(true)) return;
+  const shm::Observer& self = g_process.self;
+  if (g_process.region == nullptr || self.start_time == 0 || self.pidns_inode == 0) return;  // the agent reaps
+  // Another process reaping at that moment (kReapBusy) is given a few
+  // yields, never waited on.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (limiter::reap_dead(g_process.region, self) != limiter::kReapBusy) return;
+    sched_yield();
+  }
 }
 
 // A child the kernel forked without our fork handler (_Fork, raw clone)

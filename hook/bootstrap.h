@@ -24,6 +24,14 @@ inline CUresult ensure_ready() noexcept {
   return bootstrap();
 }
 
+// Frameworks size themselves from their first cuMemGetInfo (vLLM,
+// TensorFlow, JAX's preallocation): memory of the container's processes that
+// died without exiting must not be in it. One full pass of the reaper (a
+// slot-lock probe per live slot, a /proc read for those not held), at a
+// process's first query only (hook/query.cc): a start itself does a bounded
+// sweep, whatever the number of live processes (issue 35).
+[[gnu::cold, gnu::noinline]] void reap_before_first_query() noexcept;
+
 // A child the kernel forked without our fork handler (_Fork, raw clone)
 // still holds its parent's slot index: it claims its own (one thread does,
 // the others yield; the claim takes no loader lock) before any accounting.

@@ -140,7 +140,15 @@ void price(CUgraphExec exec, CUgraph graph) noexcept {
   // Priced from the graph: earlier node changes (of this executable, or of
   // one destroyed at this address behind our back) no longer apply.
   limiter::graph_node_prices().forget(reinterpret_cast<std::uintptr_t>(exec));
-  limiter::graph_costs().insert(reinterpret_cast<std::uintptr_t>(exec), cost);
+  if (__builtin_expect(limiter::graph_costs().insert(reinterpret_cast<std::uintptr_t>(exec), cost), 1)) return;
+  // The table of prices is full (its capacity, or a full neighbourhood):
+  // said once, never silent (issue 35). The controller's true-up still
+  // charges the device time such a launch measures.
+  GPUSLICE_WARN_CAPPED(1,
+                       "the graph price table is full (%u executables): launches of graph executables "
+                       "instantiated past it are priced as one wave of one kernel, and only the measured "
+                       "device time corrects their charge",
+                       limiter::GraphCostTable::kSlots);
 }
 
 // After cuGraphExec*NodeSetParams succeeded: `node` now costs `now` in `exec`.

@@ -28,6 +28,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (entry < 0) return rc;
   const std::uint64_t quota = limiter::quota_bytes(g_process.region, entry);
   if (quota == kUnlimited) return rc;
+  reap_before_first_query();  // the dead's memory is not in the first answer
   const std::uint64_t real_total = *total;
   const std::uint64_t used = limiter::used_bytes(g_process.region, entry);
   const std::uint64_t shown_total = std::min<std::uint64_t>(quota, real_total);

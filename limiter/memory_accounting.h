@@ -61,6 +61,13 @@ inline constexpr int kReapBusy = -1;
 // Dead slots are those shm::judge_liveness finds dead, seen from observer:
 // its /proc, and each slot's file lock through its own region descriptor.
 int reap_dead(Region* r, const shm::Observer& observer) noexcept;
+// A bounded sweep (a process's start, issue 35): judges at most `budget` live
+// slots among the 64 from `first` on, whatever the number of live processes,
+// and reaps those it finds dead exactly as reap_dead does (the snapshot still
+// covers every slot). Other dead slots wait for the next sweep, the agent, an
+// allocation above the quota, a claim that finds no free slot or a process's
+// first cuMemGetInfo (reap_dead).
+int reap_sweep(Region* r, const shm::Observer& observer, std::uint32_t first, std::uint32_t budget) noexcept;
 // The agent's form: is_dead decides each live slot (it knows host pids),
 // given the slot's file lock seen through the observer's region descriptor
 // (shm::probe_slot_lock; unknown without one, and when the reaper asks

@@ -22,6 +22,7 @@ namespace {
 constexpr std::uint64_t kPidBits = 22;
 constexpr std::uint64_t kLow21 = (std::uint64_t{1} << 21) - 1;
 constexpr int kSnapshotTries = 64;
+constexpr std::uint32_t kSweepWindow = 64;
 
 struct SlotIdentity {
   std::uint32_t pid;
@@ -47,8 +48,12 @@ shm::Liveness holder_liveness(std::uint64_t token, const shm::ProcessIdentity& s
 
 class Reaper {
  public:
-  Reaper(Region* r, const shm::Observer& self, DeadPredicate is_dead, void* ctx)
-      : r_(r), self_(self), token_(reaper_token(self)), is_dead_(is_dead), ctx_(ctx) {}
+  // candidates: when given, only these live slots are judged (a bounded
+  // sweep's finds); slots an earlier reaper left kSlotReaping are adopted all
+  // the same, and the snapshot covers every slot.
+  Reaper(Region* r, const shm::Observer& self, DeadPredicate is_dead, void* ctx,
+         const std::uint64_t* candidates = nullptr)
+      : r_(r), self_(self), token_(reaper_token(self)), is_dead_(is_dead), ctx_(ctx), candidates_(candidates) {}
 
   int run() {
     if (!lock()) return kReapBusy;
@@ -98,6 +103,7 @@ class Reaper {
       // A claiming slot is judged once its pid is written (its owner may have
       // died between claiming and publishing it).
       if (state == kSlotLive || (state == kSlotClaiming && s.pid.load() != 0)) {
+        if (candidates_ != nullptr && ((candidates_[i / 64] >> (i % 64)) & 1) == 0) continue;
         const SlotIdentity before = identity_of(s);
         if (before.pid == 0) continue;
         // Its process may be gone while a child it forked still holds the
@@ -253,6 +259,7 @@ class Reaper {
   std::uint64_t token_;
   DeadPredicate is_dead_;
   void* ctx_;
+  const std::uint64_t* candidates_;
   std::uint64_t reaping_[kMaxSlots / 64] = {};
 };
 
@@ -271,6 +278,30 @@ int reap_dead(Region* r, const shm::Observer& observer) noexcept {
   if (r == nullptr) return 0;
   shm::Observer copy = observer;
   return Reaper(r, observer, dead_by_observer, &copy).run();
+}
+
+int reap_sweep(Region* r, const shm::Observer& observer, std::uint32_t first, std::uint32_t budget) noexcept {
+  if (r == nullptr) return 0;
+  shm::Observer copy = observer;
+  std::uint64_t dead[kMaxSlots / 64] = {};
+  bool any = false;
+  std::uint32_t judged = 0;
+  // At most kSweepWindow slots looked at (loads), at most `budget` judged as
+  // the reaper judges (a lock probe each; a /proc read for those not held).
+  for (std::uint32_t k = 0; k < kSweepWindow && judged < budget; ++k) {
+    const std::uint32_t i = (first + k) % kMaxSlots;
+    const Slot& s = r->slots[i];
+    const std::uint32_t state = s.state.load(std::memory_order_acquire);
+    if (state == kSlotReaping) any = true;  // an interrupted reaper's: finish it
+    if (state != kSlotLive || s.pid.load(std::memory_order_relaxed) == 0) continue;
+    ++judged;
+    if (dead_by_observer(s, shm::probe_slot_lock(observer.region_fd, static_cast<int>(i)), &copy)) {
+      dead[i / 64] |= std::uint64_t{1} << (i % 64);
+      any = true;
+    }
+  }
+  if (!any) return 0;
+  return Reaper(r, observer, dead_by_observer, &copy, dead).run();
 }
 
 int reap_slots(Region* r, const shm::Observer& observer, DeadPredicate is_dead, void* ctx) noexcept {

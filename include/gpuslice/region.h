@@ -59,7 +59,11 @@ struct alignas(64) DeviceState {
   // the quota (and the resident allowance) before a new context is created,
   // then settled to that context's own measurement. Written rarely.
   std::atomic<std::uint64_t> context_size_bytes;
-  std::uint64_t reserved2[2];
+  // Allocations refused because the process's records of them could not grow
+  // (its address space exhausted: platform::table_detail::g_stuck_shards):
+  // never admitted without a record that lets their free release them.
+  std::atomic<std::uint64_t> record_refusals;
+  std::uint64_t reserved2[1];
   // --- line 2: the token bucket (docs/limiter.md), written by every limited launch ---
   alignas(64) std::atomic<
       std::int64_t> tokens_ns;  // device-time credit; negative = debt of admitted launches, repaid by refill

@@ -73,6 +73,37 @@ void wake_one(std::atomic<std::uint32_t>& word) noexcept {
   errno = saved_errno;
 }
 
+std::atomic<std::uint32_t> g_stuck_shards{0};
+
+namespace {
+struct StuckTable {
+  std::atomic<void*> table{nullptr};
+  std::atomic<RegrowFn> regrow{nullptr};
+};
+StuckTable g_stuck_tables[32];
+}  // namespace
+
+void note_stuck(void* table, RegrowFn regrow) noexcept {
+  for (StuckTable& e : g_stuck_tables) {
+    void* seen = e.table.load(std::memory_order_acquire);
+    if (seen == table) return;
+    if (seen == nullptr && e.table.compare_exchange_strong(seen, table, std::memory_order_acq_rel)) {
+      e.regrow.store(regrow, std::memory_order_release);
+      return;
+    }
+    if (seen == table) return;
+  }
+}
+
+bool regrow_stuck() noexcept {
+  for (StuckTable& e : g_stuck_tables) {
+    void* table = e.table.load(std::memory_order_acquire);
+    const RegrowFn regrow = e.regrow.load(std::memory_order_acquire);
+    if (table != nullptr && regrow != nullptr) regrow(table);
+  }
+  return g_stuck_shards.load(std::memory_order_relaxed) == 0;
+}
+
 // The epoch word lives in a page the kernel zeroes in every child it forks
 // (MADV_WIPEONFORK, Linux 4.14), however the child was made: a child finds 0
 // and takes a new epoch. g_epoch_counter is ordinary memory, inherited: the

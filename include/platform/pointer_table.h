@@ -42,6 +42,19 @@ inline constexpr std::uint32_t kLockWaiters = 2;
 [[gnu::cold, gnu::noinline]] void wake_one(std::atomic<std::uint32_t>& word) noexcept;
 void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched_yield
 
+// Growth that failed (issue 35). A shard past its load limit whose growth
+// mmap failed (the address space is exhausted: RLIMIT_AS) is stuck until a
+// growth succeeds or erasures bring it back under the limit; it keeps a
+// quarter of its capacity for what was admitted already. While any shard of
+// any table is stuck, new allocations are refused before the driver makes
+// them (hook/account.cc): a record is what lets a free release its bytes, so
+// none is admitted that could not be recorded. regrow_stuck retries the
+// growth of every stuck shard (cold): true when none is left stuck.
+extern std::atomic<std::uint32_t> g_stuck_shards;
+using RegrowFn = bool (*)(void* table) noexcept;
+void note_stuck(void* table, RegrowFn regrow) noexcept;  // remembered for regrow_stuck (32 tables at most)
+[[gnu::cold, gnu::noinline]] bool regrow_stuck() noexcept;
+
 // The process epoch: never 0; different in every forked child than in its parent.
 // g_epoch_word is never null: until the first epoch_slow() it points to a
 // word that stays 0, so the fast path is two loads and one test.
@@ -87,6 +100,7 @@ class PointerTable {
   constexpr PointerTable() noexcept = default;
   ~PointerTable() {
     for (Shard& s : shards_) free_slots(s);
+    drop_first_pages();
   }
   PointerTable(const PointerTable&) = delete;
   PointerTable& operator=(const PointerTable&) = delete;
@@ -245,6 +259,7 @@ class PointerTable {
       const std::size_t mask = s.mask, map_bytes = s.map_bytes;
       s.slots = nullptr;
       s.mask = s.count = s.grow_at = s.map_bytes = 0;
+      unstick(s);
       unlock(s);
       if (slots == nullptr) continue;
       for (std::size_t i = 0; i <= mask; ++i) {
@@ -266,7 +281,17 @@ class PointerTable {
     std::size_t grow_at = 0;  // the count that one more entry would take past 3/4 full (0 without slots)
     std::size_t map_bytes = 0;
     Slot* slots = nullptr;
+    bool stuck = false;        // past its load limit, its growth failed (g_stuck_shards counts it)
+    bool first_taken = false;  // its page of first_pages_ was taken (and is its own to unmap)
   };
+  // Every shard's first page, mapped at once by the table's first insert:
+  // past it no shard is left without room because one page could not be had.
+  static constexpr std::size_t first_capacity() noexcept {
+    std::size_t capacity = 8;
+    while (capacity * 2 * sizeof(Slot) <= 4096) capacity *= 2;
+    return capacity;
+  }
+  static constexpr std::size_t kFirstStride = (first_capacity() * sizeof(Slot) + 4095) / 4096 * 4096;
   static constexpr std::size_t kMissing = ~std::size_t{0};
   // Set in epoch_, with the adopting process's epoch in the other bits, while
   // one thread clears the table (epochs are counters: bit 63 is never theirs).
@@ -332,8 +357,12 @@ class PointerTable {
             } else {
               free_slots(s);
             }
+            unstick(s);
             s.lock.store(0, std::memory_order_relaxed);  // a parent's thread may have held it at fork
           }
+          if (!interrupted) drop_first_pages();
+          first_pages_.store(nullptr, std::memory_order_relaxed);
+          for (Shard& s : shards_) s.first_taken = false;
         }
         epoch_.store(e, std::memory_order_release);
         return;
@@ -362,7 +391,7 @@ class PointerTable {
   // past 3/4: one walk of the key's cluster. Without memory for growth the
   // shard fills up to one slot short of full; kMissing when even that is
   // reached and the key is absent.
-  static std::size_t probe(Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
+  std::size_t probe(Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
     if (__builtin_expect(s.count >= s.grow_at, 0) && !grow(s)) {
       const std::size_t capacity = s.slots == nullptr ? 0 : s.mask + 1;
       const std::size_t at = lookup(s, key, h);
@@ -381,15 +410,27 @@ class PointerTable {
     ++s.count;
   }
 
-  [[gnu::noinline]] static bool grow(Shard& s) noexcept {
-    std::size_t capacity = s.slots == nullptr ? 0 : 2 * (s.mask + 1);
-    if (capacity == 0) {  // one page to start
-      capacity = 8;
-      while (capacity * 2 * sizeof(Slot) <= 4096) capacity *= 2;
+  [[gnu::noinline]] bool grow(Shard& s) noexcept {
+    std::size_t capacity = s.slots == nullptr ? first_capacity() : 2 * (s.mask + 1);
+    std::size_t bytes = capacity * sizeof(Slot);
+    Slot* fresh = nullptr;
+    if (s.slots == nullptr && !s.first_taken) {  // one page to start: this shard's of the first pages
+      if (char* block = first_pages()) {
+        s.first_taken = true;
+        fresh = reinterpret_cast<Slot*>(block + static_cast<std::size_t>(&s - shards_) * kFirstStride);
+        bytes = kFirstStride;
+      }
     }
-    const std::size_t bytes = capacity * sizeof(Slot);
-    auto* fresh = static_cast<Slot*>(table_detail::map_pages(bytes));
-    if (fresh == nullptr) return false;
+    if (fresh == nullptr) fresh = static_cast<Slot*>(table_detail::map_pages(bytes));
+    if (fresh == nullptr) {
+      if (!s.stuck) {
+        s.stuck = true;
+        table_detail::g_stuck_shards.fetch_add(1, std::memory_order_relaxed);
+        table_detail::note_stuck(this, &PointerTable::regrow);
+      }
+      return false;
+    }
+    unstick(s);
     const std::size_t mask = capacity - 1;
     for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
       if (s.slots[i].key == 0) continue;
@@ -422,10 +463,51 @@ class PointerTable {
     }
     s.slots[hole].key = 0;
     --s.count;
+    if (__builtin_expect(s.stuck, 0) && (s.count + 1) * 4 <= (s.mask + 1) * 3) unstick(s);
+  }
+
+  static void unstick(Shard& s) noexcept {
+    if (!s.stuck) return;
+    s.stuck = false;
+    table_detail::g_stuck_shards.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // The growth of every stuck shard, again (table_detail::regrow_stuck).
+  static bool regrow(void* table) noexcept {
+    auto* t = static_cast<PointerTable*>(table);
+    t->enter();
+    bool all = true;
+    for (Shard& s : t->shards_) {
+      lock(s);
+      if (s.stuck) all = t->grow(s) && all;
+      unlock(s);
+    }
+    return all;
+  }
+
+  char* first_pages() noexcept {
+    char* block = first_pages_.load(std::memory_order_acquire);
+    if (block != nullptr) return block;
+    auto* fresh = static_cast<char*>(table_detail::map_pages(kShards * kFirstStride));
+    if (fresh == nullptr) return nullptr;
+    if (first_pages_.compare_exchange_strong(block, fresh, std::memory_order_acq_rel)) return fresh;
+    table_detail::unmap_pages(fresh, kShards * kFirstStride);  // another thread's came first
+    return block;
+  }
+
+  // The first pages no shard took (those taken are their shards' own).
+  void drop_first_pages() const noexcept {
+    char* block = first_pages_.load(std::memory_order_acquire);
+    if (block == nullptr) return;
+    for (Shard& s : shards_) {
+      if (!s.first_taken)
+        table_detail::unmap_pages(block + static_cast<std::size_t>(&s - shards_) * kFirstStride, kFirstStride);
+    }
   }
 
   mutable Shard shards_[kShards];
   mutable std::atomic<std::uint64_t> epoch_{0};  // process epoch of the contents; kAdopting while cleared
+  mutable std::atomic<char*> first_pages_{nullptr};
 };
 
 // The stale-record rule, the one place it is written: when the driver hands

@@ -470,5 +470,35 @@ TEST_F(Reaper, RacingReapersAndAllocators) {
   EXPECT_EQ(region_->devices[dev].accounting_errors.load(), 0u);
 }
 
+// A start's sweep (issue 35): a few live slots judged, whatever the number
+// of live processes; a dead one among them reaped exactly, one past the
+// budget left for the next sweep, the agent or a full reap.
+TEST_F(Reaper, SweepJudgesAtMostItsBudgetAndReapsWhatItFindsExactly) {
+  const int dev = make_device(region_, 0, 1 << 30);
+  ASSERT_TRUE(limiter::reserve(region_, slot_, dev, 1000, self_));
+  while (shm::claim_slot(region_, self_) >= 0) {}  // every slot live: our own identity, alive
+  const int d = (slot_ + 100) % static_cast<int>(kMaxSlots);
+  shm::release_slot(region_, d);
+  ASSERT_EQ(plant_dead_slot(7,
+                            [&](int i) {
+                              region_->slots[i].committed_bytes[dev].store(5000);
+                              region_->devices[dev].used_bytes.fetch_add(5000);
+                            }),
+            d);
+  ASSERT_EQ(used(dev), 6000u);
+  const auto at = [](int i) { return static_cast<std::uint32_t>((i + kMaxSlots) % kMaxSlots); };
+  EXPECT_EQ(limiter::reap_sweep(region_, self_, at(d + 1), 4), 0) << "not in its window";
+  EXPECT_EQ(limiter::reap_sweep(region_, self_, at(d - 10), 4), 0) << "ten live slots before it: past the budget";
+  EXPECT_EQ(limiter::reap_sweep(region_, self_, at(d - 100), 1000), 0) << "past the 64-slot window";
+  EXPECT_EQ(used(dev), 6000u);
+  EXPECT_EQ(region_->slots[d].state.load(), kSlotLive);
+  EXPECT_EQ(limiter::reap_sweep(region_, self_, at(d - 3), 4), 1);
+  EXPECT_EQ(used(dev), 1000u);
+  EXPECT_EQ(region_->slots[d].state.load(), kSlotFree);
+  EXPECT_EQ(live_slots_except_mine(), static_cast<int>(kMaxSlots) - 2);
+  EXPECT_EQ(region_->header.reaper_lock.load(), 0u);
+  EXPECT_EQ(region_->devices[dev].accounting_errors.load(), 0u);
+}
+
 }  // namespace
 }  // namespace gpuslice::test

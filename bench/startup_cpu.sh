@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Start-up CPU beside N live processes (issue 35; docs/scale.md): for each N,
+# N processes of one container hold a context and 1 MiB, then nine more start
+# one after another, each measuring the CPU time (getrusage) of its cuInit,
+# primary context and first cuMemAlloc (gpuslice-startup-cpu). Native (the
+# simulated driver alone) and wrapped (the preload library, with and without
+# a quota: with one, contexts are measured through NVML). Medians in µs.
+# usage: bench/startup_cpu.sh [BUILD_DIR] [N...]   (default: build, 1 16 256 1023)
+set -euo pipefail
+build=$(cd "${1:-build}" && pwd)
+shift || true
+counts=("$@")
+[ ${#counts[@]} -eq 0 ] && counts=(1 16 256 1023)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+run() {  # N MODE(native|quota|plain) -> the bench's line
+  local n=$1 mode=$2 dir="$work/run"
+  rm -rf "$dir" && mkdir -p "$dir"
+  (
+    export LD_LIBRARY_PATH=$build/fakecuda FAKECUDA_STATE=$dir/fake.state GPUSLICE_REGION=$dir/c.region
+    export FAKECUDA_MEMORY=64Gi GPUSLICE_PRIORITY_BOARD=$dir/board
+    [ "$mode" != native ] && export LD_PRELOAD=$build/lib/libgpuslice.so
+    [ "$mode" = quota ] && export GPUSLICE_MEMORY_LIMIT=32Gi
+    "$build/bin/gpuslice-startup-cpu" run "$n" 9
+  )
+}
+field() { sed -n "s/.*$1=\([0-9-]*\).*/\1/p"; }
+echo "| live processes | native µs | gpuslice µs | added µs | gpuslice + quota µs | added µs | first cuMemGetInfo µs (quota) |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
+for n in "${counts[@]}"; do
+  a=$(run "$n" native | field median_cpu_us)
+  b=$(run "$n" plain | field median_cpu_us)
+  q=$(run "$n" quota)
+  c=$(echo "$q" | field median_cpu_us)
+  m=$(echo "$q" | field median_first_meminfo_us)
+  echo "| $n | $a | $b | $((b - a)) | $c | $((c - a)) | $m |"
+done
