@@ -3,7 +3,8 @@
 //   fakecuda_graphics_alloc   device memory a graphics API (Vulkan) allocates
 //                             for this process: charged to it, so NVML shows it
 //                             as the process's (a C+G process), never seen by
-//                             a CUDA allocation call;
+//                             a CUDA allocation call, and lists the process
+//                             among those with a graphics context;
 //   fakecuda_graphics_export_fd  an OPAQUE_FD referencing it (vkGetMemoryFdKHR);
 //   fakecuda_graphics_free    the graphics API's free (vkFreeMemory);
 //   fakecuda_graphics_semaphore  an OPAQUE_FD semaphore (vkGetSemaphoreFdKHR).
@@ -59,11 +60,18 @@ bool inode_of(int fd, ino_t* out) {
   return true;
 }
 
+// The process's live graphics allocations on a device: NVML lists a process
+// that has any among those with a graphics context (nvml.cc).
+std::atomic<std::uint32_t>& graphics_count(std::uint32_t dev) {
+  return state().header().slot[runtime().slot].graphics[dev];
+}
+
 // The device memory goes when neither the graphics API nor an import holds it.
 void maybe_release_locked(std::uint64_t id) {
   auto it = g_graphics.find(id);
   if (it == g_graphics.end() || !it->second.freed || it->second.imports != 0) return;
   uncharge_device(it->second.device, it->second.bytes);
+  graphics_count(it->second.device).fetch_sub(1, std::memory_order_relaxed);
   ino_t inode = 0;
   if (inode_of(it->second.fd, &inode)) g_by_inode.erase(inode);
   close(it->second.fd);
@@ -86,6 +94,7 @@ extern "C" uint64_t fakecuda_graphics_alloc(int dev, uint64_t bytes) {
     close(fd);
     return 0;
   }
+  graphics_count(static_cast<std::uint32_t>(dev)).fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t id = g_next_id++;
   g_graphics[id] = GraphicsAlloc{static_cast<std::uint32_t>(dev), bytes, fd, false, 0};
   g_by_inode[inode] = id;

@@ -137,5 +137,53 @@ TEST(Interop, AgentBesideReportsNoBypassForImportedGraphicsMemory) {
   EXPECT_EQ(number(r, "alloc", "succeeded"), 12) << r.out;
 }
 
+// Graphics memory the process never imported (or not yet, or no longer): NVML
+// attributes it to the process and gpuslice never saw it. The agent counts it
+// against the quota (agent_extra_bytes) and, since NVML lists the process
+// with a graphics context, does not report it as a possible bypass.
+TEST(Interop, AgentCountsUnimportedGraphicsMemoryWithoutABypassReport) {
+  Sandbox box;
+  Env env = merge(quota_1gi(box), {{"GPUSLICE_REGION", agent_test::container_region(box)}});
+  const std::string go = box.path("go"), out = box.path("probe.out");
+  pid_t probe = spawn({bin("interop_probe"), "graphics", "256", "64", go}, env, out);
+  ASSERT_TRUE(agent_test::eventually([&] { return agent_test::file_exists(go + ".ready"); }, 60000));
+  auto cfg = agent_test::config_for(box);
+  cfg.bypass_tolerance_bytes = 32 * kMi;
+  agent::Agent a(cfg);
+  a.start();
+  ASSERT_TRUE(a.stats().nvml_available);
+  for (int i = 0; i < 5; ++i) a.cycle();
+  Region* region = agent_test::attach(agent_test::container_region(box));
+  ASSERT_NE(region, nullptr);
+  const int dev = agent_test::first_device(region);
+  ASSERT_GE(dev, 0);
+  EXPECT_EQ(a.stats().bypass_reports, 0u) << "graphics memory is not a bypass";
+  EXPECT_EQ(region->devices[dev].agent_extra_bytes.load(), 256 * kMi) << "but it is counted against the quota";
+  run({"/usr/bin/touch", go}, {});
+  Result r = wait(probe, out, 60000);
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(unsigned_number(r, "graphics", "held"), 320 * kMi) << r.out;
+}
+
+// A process that is not a graphics one and holds memory gpuslice did not
+// count is still reported (the exemption is the graphics context, nothing else).
+TEST(Interop, AgentStillReportsABypassByAProcessWithoutGraphics) {
+  Sandbox box;
+  Env env = merge(quota_1gi(box), {{"GPUSLICE_REGION", agent_test::container_region(box)},
+                                   {"FAKECUDA_CONTEXT_MEMORY", "128Mi"},
+                                   {"GPUSLICE_REAL_LIBNVML", GPUSLICE_NVML_UNUSABLE}});
+  const std::string go = box.path("go"), out = box.path("probe.out");
+  pid_t probe = spawn({bin("interop_probe"), "graphics", "0", "64", go}, env, out);
+  ASSERT_TRUE(agent_test::eventually([&] { return agent_test::file_exists(go + ".ready"); }, 60000));
+  auto cfg = agent_test::config_for(box);
+  cfg.bypass_tolerance_bytes = 32 * kMi;
+  agent::Agent a(cfg);
+  a.start();
+  for (int i = 0; i < 3; ++i) a.cycle();
+  EXPECT_EQ(a.stats().bypass_reports, 1u) << "128 MiB of context memory the library could not measure";
+  run({"/usr/bin/touch", go}, {});
+  wait(probe, out, 60000);
+}
+
 }  // namespace
 }  // namespace gpuslice::test

@@ -4,6 +4,7 @@
 // nothing, the bytes leave the device when neither the graphics API nor an
 // import holds them; what the documentation leaves open is refused.
 #include "common.h"
+#include "nvml_abi.h"
 
 using namespace fakecuda_test;
 
@@ -44,6 +45,33 @@ TEST_F(FakeCuda, GraphicsMemoryIsTheProcesssAndImportsAddNothing) {
   ASSERT_CU(cuDestroyExternalMemory(ext));
   EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
   EXPECT_EQ(cuDestroyExternalMemory(ext), CUDA_ERROR_INVALID_HANDLE);
+}
+
+// NVML: graphics memory is in the process's figure, and the process is
+// listed with a graphics context while it holds graphics allocations.
+TEST_F(FakeCuda, NvmlListsAProcessWithGraphicsMemoryAsAGraphicsProcess) {
+  InitWithContext();
+  ASSERT_EQ(nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t dev = nullptr;
+  ASSERT_EQ(nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+  nvmlProcessInfo_t infos[8]{};
+  unsigned int n = 8;
+  ASSERT_EQ(nvmlDeviceGetGraphicsRunningProcesses_v3(dev, &n, infos), NVML_SUCCESS);
+  EXPECT_EQ(n, 0u);
+  const uint64_t gfx = fakecuda_graphics_alloc(0, 32 * kMiB);
+  ASSERT_NE(gfx, 0u);
+  n = 8;
+  ASSERT_EQ(nvmlDeviceGetGraphicsRunningProcesses_v3(dev, &n, infos), NVML_SUCCESS);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(infos[0].usedGpuMemory, 32 * kMiB);
+  n = 8;
+  ASSERT_EQ(nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, infos), NVML_SUCCESS);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(infos[0].usedGpuMemory, 32 * kMiB) << "all of the memory used by the application";
+  ASSERT_EQ(fakecuda_graphics_free(gfx), 0);
+  n = 8;
+  ASSERT_EQ(nvmlDeviceGetGraphicsRunningProcesses_v3(dev, &n, infos), NVML_SUCCESS);
+  EXPECT_EQ(n, 0u);
 }
 
 TEST_F(FakeCuda, ExternalMemoryRefusesWhatIsNotModelled) {

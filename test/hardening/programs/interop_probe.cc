@@ -8,6 +8,9 @@
 //     mapped buffer) or free-first (the documented order); default free-first.
 //     WAIT_FILE: once everything is held, "holding" is printed and a file
 //     <WAIT_FILE>.ready touched; the program waits for WAIT_FILE to exist.
+//   interop_probe graphics GFX_MIB ALLOC_MIB WAIT_FILE
+//     graphics memory never imported into CUDA, beside cuMemAlloc: held until
+//     WAIT_FILE exists (<WAIT_FILE>.ready touched once held)
 //   interop_probe null-info    cuMemGetInfo and NVML memory queries with NULL outputs
 //   interop_probe semaphores   import, signal, wait, destroy an OPAQUE_FD semaphore
 #include <cuda.h>
@@ -46,8 +49,9 @@ void setup() {
   check(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
-int quota(unsigned long long gfx_mib, unsigned long long chunk_mib, const std::string& order,
-          const char* wait_file) {
+void hold_until(const char* wait_file);
+
+int quota(unsigned long long gfx_mib, unsigned long long chunk_mib, const std::string& order, const char* wait_file) {
   setup();
   const std::uint64_t gfx = fakecuda_graphics_alloc(0, gfx_mib * kMi);
   if (gfx == 0) {
@@ -91,15 +95,10 @@ int quota(unsigned long long gfx_mib, unsigned long long chunk_mib, const std::s
     if (last != CUDA_SUCCESS) break;
     chunks.push_back(p);
   }
-  std::printf("alloc succeeded=%zu last_rc=%d counted=%llu held=%llu\n", chunks.size(), last, counted(),
-              static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0) - fakecuda_process_context_bytes(0, 0)));
-  if (wait_file != nullptr) {
-    std::printf("holding\n");
-    std::fflush(stdout);
-    const std::string ready = std::string(wait_file) + ".ready";
-    std::fclose(std::fopen(ready.c_str(), "w"));
-    for (int i = 0; i < 6000 && access(wait_file, F_OK) != 0; ++i) usleep(10000);
-  }
+  std::printf(
+      "alloc succeeded=%zu last_rc=%d counted=%llu held=%llu\n", chunks.size(), last, counted(),
+      static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0) - fakecuda_process_context_bytes(0, 0)));
+  if (wait_file != nullptr) hold_until(wait_file);
 
   CUresult free_rc = CUDA_SUCCESS, destroy_rc = CUDA_SUCCESS;
   if (order == "destroy-first") {
@@ -161,6 +160,28 @@ int null_info() {
   return 0;
 }
 
+void hold_until(const char* wait_file) {
+  std::printf("holding\n");
+  std::fflush(stdout);
+  const std::string ready = std::string(wait_file) + ".ready";
+  std::fclose(std::fopen(ready.c_str(), "w"));
+  for (int i = 0; i < 6000 && access(wait_file, F_OK) != 0; ++i) usleep(10000);
+}
+
+int graphics(unsigned long long gfx_mib, unsigned long long alloc_mib, const char* wait_file) {
+  setup();
+  const std::uint64_t gfx = gfx_mib == 0 ? 0 : fakecuda_graphics_alloc(0, gfx_mib * kMi);
+  if (gfx_mib != 0 && gfx == 0) return 2;
+  CUdeviceptr p = 0;
+  check(cuMemAlloc(&p, alloc_mib * kMi), "cuMemAlloc");
+  std::printf("graphics held=%llu counted=%llu\n", static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)),
+              counted());
+  hold_until(wait_file);
+  check(cuMemFree(p), "cuMemFree");
+  if (gfx != 0) fakecuda_graphics_free(gfx);
+  return 0;
+}
+
 int semaphores() {
   setup();
   CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC desc{};
@@ -186,8 +207,14 @@ int main(int argc, char** argv) {
     return quota(std::strtoull(argv[2], nullptr, 10), std::strtoull(argv[3], nullptr, 10),
                  argc > 4 ? argv[4] : "free-first", argc > 5 ? argv[5] : nullptr);
   }
+  if (mode == "graphics" && argc >= 5) {
+    return graphics(std::strtoull(argv[2], nullptr, 10), std::strtoull(argv[3], nullptr, 10), argv[4]);
+  }
   if (mode == "null-info") return null_info();
   if (mode == "semaphores") return semaphores();
-  std::fprintf(stderr, "usage: interop_probe quota GFX_MIB CHUNK_MIB [ORDER] [WAIT_FILE] | null-info | semaphores\n");
+  std::fprintf(
+      stderr,
+      "usage: interop_probe quota GFX_MIB CHUNK_MIB [ORDER] [WAIT_FILE] | graphics GFX_MIB ALLOC_MIB WAIT_FILE |"
+      " null-info | semaphores\n");
   return 2;
 }
