@@ -42,6 +42,17 @@ TEST(Interop, ImportedGraphicsMemoryCountsAgainstTheQuota) {
   EXPECT_EQ(unsigned_number(r, "alloc", "counted"), 1024 * kMi) << r.out;
 }
 
+// The same through cuGetProcAddress (the CUDA runtime's way, and NCCL's,
+// cuda-python's): the lookup hands back the counting wrappers.
+TEST(Interop, ImportThroughCuGetProcAddressIsCountedToo) {
+  Sandbox box;
+  Result r = interop(quota_1gi(box, {{"INTEROP_VIA_PROCADDR", "1"}}), {"quota", "256", "64"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(unsigned_number(r, "import", "counted_delta"), 256 * kMi) << r.out;
+  EXPECT_EQ(number(r, "alloc", "succeeded"), 12) << r.out;
+  EXPECT_EQ(unsigned_number(r, "destroy", "counted"), 768 * kMi) << r.out;
+}
+
 // The documented order: cuMemFree of the mapped buffer (it frees no memory,
 // so gpuslice releases nothing), then cuDestroyExternalMemory (the import's
 // bytes come back once). A second free or destroy is the driver's error.

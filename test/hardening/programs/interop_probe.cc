@@ -65,7 +65,20 @@ int quota(unsigned long long gfx_mib, unsigned long long chunk_mib, const std::s
   desc.handle.fd = fakecuda_graphics_export_fd(gfx);
   desc.size = gfx_mib * kMi;
   CUexternalMemory ext = nullptr;
-  const CUresult import_rc = cuImportExternalMemory(&ext, &desc);
+  // INTEROP_VIA_PROCADDR=1: the entry points as the CUDA runtime gets them.
+  auto import_fn = &cuImportExternalMemory;
+  auto destroy_fn = &cuDestroyExternalMemory;
+  if (const char* v = std::getenv("INTEROP_VIA_PROCADDR"); v != nullptr && std::strcmp(v, "1") == 0) {
+    void* pi = nullptr;
+    void* pd = nullptr;
+    check(cuGetProcAddress("cuImportExternalMemory", &pi, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr),
+          "cuGetProcAddress(cuImportExternalMemory)");
+    check(cuGetProcAddress("cuDestroyExternalMemory", &pd, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr),
+          "cuGetProcAddress(cuDestroyExternalMemory)");
+    import_fn = reinterpret_cast<decltype(import_fn)>(pi);
+    destroy_fn = reinterpret_cast<decltype(destroy_fn)>(pd);
+  }
+  const CUresult import_rc = import_fn(&ext, &desc);
   std::printf("import rc=%d counted_delta=%llu\n", import_rc, counted() - before);
   if (import_rc != CUDA_SUCCESS) {
     close(desc.handle.fd);  // still ours: ownership passes only on success
@@ -102,17 +115,17 @@ int quota(unsigned long long gfx_mib, unsigned long long chunk_mib, const std::s
 
   CUresult free_rc = CUDA_SUCCESS, destroy_rc = CUDA_SUCCESS;
   if (order == "destroy-first") {
-    destroy_rc = cuDestroyExternalMemory(ext);
+    destroy_rc = destroy_fn(ext);
     std::printf("destroy rc=%d counted=%llu\n", destroy_rc, counted());
     free_rc = cuMemFree(mapped);
     std::printf("free-mapped rc=%d counted=%llu\n", free_rc, counted());
   } else {
     free_rc = cuMemFree(mapped);
     std::printf("free-mapped rc=%d counted=%llu\n", free_rc, counted());
-    destroy_rc = cuDestroyExternalMemory(ext);
+    destroy_rc = destroy_fn(ext);
     std::printf("destroy rc=%d counted=%llu\n", destroy_rc, counted());
   }
-  std::printf("destroy-again rc=%d\n", cuDestroyExternalMemory(ext));
+  std::printf("destroy-again rc=%d\n", destroy_fn(ext));
   std::printf("free-mapped-again rc=%d counted=%llu\n", cuMemFree(mapped), counted());
   for (CUdeviceptr p : chunks) check(cuMemFree(p), "cuMemFree");
   std::printf("freed counted=%llu\n", counted());
