@@ -51,7 +51,7 @@ GPUSLICE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMe
   if (!load_nvml() || real_nvmlDeviceGetMemoryInfo == nullptr) return NVML_ERROR_UNINITIALIZED;
   if (ensure_ready() != CUDA_SUCCESS) return NVML_ERROR_UNINITIALIZED;  // fail closed, as CUDA does
   nvmlReturn_t rc = real_nvmlDeviceGetMemoryInfo(device, memory);
-  if (rc != NVML_SUCCESS) return rc;
+  if (rc != NVML_SUCCESS || memory == nullptr) return rc;
   std::uint64_t total = 0, used = 0;
   if (container_view(device, memory->total, &total, &used)) {
     memory->total = total;
@@ -65,7 +65,7 @@ GPUSLICE_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvm
   if (!load_nvml() || real_nvmlDeviceGetMemoryInfo_v2 == nullptr) return NVML_ERROR_UNINITIALIZED;
   if (ensure_ready() != CUDA_SUCCESS) return NVML_ERROR_UNINITIALIZED;  // fail closed, as CUDA does
   nvmlReturn_t rc = real_nvmlDeviceGetMemoryInfo_v2(device, memory);
-  if (rc != NVML_SUCCESS) return rc;
+  if (rc != NVML_SUCCESS || memory == nullptr) return rc;
   std::uint64_t total = 0, used = 0;
   if (container_view(device, memory->total, &total, &used)) {
     memory->total = total;

@@ -23,6 +23,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (rc != CUDA_SUCCESS) return rc;
   rc = real_cuMemGetInfo_v2(free, total);  // the driver's own NULL/context checks first
   if (rc != CUDA_SUCCESS) return rc;
+  // A driver that answers with an output NULL: its answer, never a dereference.
+  if (free == nullptr || total == nullptr) return rc;
   CUresult ignored = CUDA_SUCCESS;
   const int entry = current_device_entry(&ignored);
   if (entry < 0) return rc;

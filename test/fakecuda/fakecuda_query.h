@@ -112,6 +112,18 @@ uint32_t fakecuda_thread_ordinal(void);
  * decisions), oldest first, one indented line each, NUL-terminated. */
 void fakecuda_recent_operations(char* out, size_t len, int count);
 
+/* The simulated graphics allocator (interop.cc): device memory a graphics API
+ * allocates for this process, charged to it (NVML shows it as the process's)
+ * without a CUDA allocation call. After cuInit. alloc: an id, 0 on failure
+ * (no room: as vkAllocateMemory's out-of-device-memory). export_fd: a new
+ * OPAQUE_FD for cuImportExternalMemory, -1 if none. free: the graphics API's
+ * free; the bytes leave the device once no import holds them. semaphore: an
+ * OPAQUE_FD for cuImportExternalSemaphore. */
+uint64_t fakecuda_graphics_alloc(int dev, uint64_t bytes);
+int fakecuda_graphics_export_fd(uint64_t id);
+int fakecuda_graphics_free(uint64_t id);
+int fakecuda_graphics_semaphore(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -37,7 +37,7 @@ void release_address_locked(CUdeviceptr base, const Allocation& allocation) {
   release_bytes(allocation);
   if (allocation.kind == AllocKind::legacy32) return;
   if (allocation.kind == AllocKind::managed) return;  // a host address (managed_map), unmapped
-  std::uint64_t bytes = allocation.kind == AllocKind::pool ? allocation.size : allocation.held;
+  std::uint64_t bytes = allocation.kind == AllocKind::pool || allocation.held == 0 ? allocation.size : allocation.held;
   g_free_ranges[allocation.device].emplace(round_up(bytes, 512), base);
 }
 

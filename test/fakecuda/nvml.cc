@@ -82,7 +82,11 @@ nvmlReturn_t copy_string(const char* text, char* out, unsigned int length) {
 }
 
 template <typename Info>
-nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* infoCount, Info* infos, bool with_instances) {
+// Compute list: every process on the device (a process with a graphics
+// context too is listed, with all the memory it uses). Graphics list
+// (graphics_only): the processes holding graphics allocations there.
+nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* infoCount, Info* infos, bool with_instances,
+                               bool graphics_only = false) {
   if (infoCount == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   State* state = nullptr;
   std::uint32_t dev = 0;
@@ -94,6 +98,13 @@ nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* infoCount, Inf
     if (!lock.ok()) return NVML_ERROR_UNKNOWN;
     state->reap_locked(-1);  // dead processes' memory is gone, as after a real process exit
     count = collect_usage_locked(*state, static_cast<int>(dev), usage, static_cast<int>(kMaxSlots));
+  }
+  if (graphics_only) {
+    int kept = 0;
+    for (int i = 0; i < count && i < static_cast<int>(kMaxSlots); ++i) {
+      if (usage[i].graphics != 0) usage[kept++] = usage[i];
+    }
+    count = kept;
   }
   if (*infoCount < static_cast<unsigned>(count) || (count > 0 && infos == nullptr)) {
     *infoCount = static_cast<unsigned>(count);
@@ -364,6 +375,19 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsign
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
                                                      nvmlProcessInfo_t* infos) {
   return running_processes(device, infoCount, infos, true);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
+                                                   nvmlProcessInfo_v1_t* infos) {
+  return running_processes(device, infoCount, infos, false, true);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
+                                                      nvmlProcessInfo_v2_t* infos) {
+  return running_processes(device, infoCount, infos, true, true);
+}
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                      nvmlProcessInfo_t* infos) {
+  return running_processes(device, infoCount, infos, true, true);
 }
 
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,

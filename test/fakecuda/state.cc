@@ -254,6 +254,7 @@ int State::reap_locked(int own_slot) {
       slot.context_bytes[d].store(0, std::memory_order_relaxed);
       slot.contexts[d].store(0, std::memory_order_relaxed);
       slot.busy_ns[d].store(0, std::memory_order_relaxed);
+      slot.graphics[d].store(0, std::memory_order_relaxed);
     }
     slot.state.store(0, std::memory_order_release);
     ++reaped;
@@ -324,6 +325,7 @@ void State::release_slot(int own_slot) {
     slot.alloc_bytes[d].store(0, std::memory_order_relaxed);
     slot.context_bytes[d].store(0, std::memory_order_relaxed);
     slot.contexts[d].store(0, std::memory_order_relaxed);
+    slot.graphics[d].store(0, std::memory_order_relaxed);
   }
   slot.state.store(0, std::memory_order_release);
   slot_lock(fd_, own_slot, F_UNLCK, F_OFD_SETLK);

@@ -21,7 +21,7 @@
 namespace gpuslice::fakecuda {
 
 inline constexpr std::uint64_t kStateMagic = 0x4554415453414b46ull;  // "FKASTATE"
-inline constexpr std::uint32_t kStateAbiVersion = 3;
+inline constexpr std::uint32_t kStateAbiVersion = 4;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 512;
 // >= 10 s of back-to-back 20 us kernels (500,000) per device.
@@ -61,6 +61,7 @@ struct alignas(64) ProcSlot {
   std::atomic<std::uint64_t> context_bytes[kMaxDevices];  // FAKECUDA_CONTEXT_MEMORY per live context
   std::atomic<std::uint32_t> contexts[kMaxDevices];       // live contexts (primary counted once)
   std::atomic<std::uint64_t> busy_ns[kMaxDevices];        // device time submitted by this process
+  std::atomic<std::uint32_t> graphics[kMaxDevices];       // live graphics allocations (interop.cc): a graphics context
 };
 
 struct StateHeader {
@@ -232,6 +233,7 @@ struct ProcessUsage {
   std::uint64_t used_bytes;     // allocations + context memory
   std::uint64_t context_bytes;  // the context-memory part of used_bytes
   std::uint64_t busy_ns;        // device time submitted so far
+  std::uint32_t graphics;       // live graphics allocations (a graphics context: NVML's graphics list)
 };
 // With the state Lock held, after reaping: every claimed slot that has a context
 // or memory on `dev` (every device if dev < 0). Returns how many exist; fills at most `max`.

@@ -25,7 +25,8 @@ int collect_usage_locked(State& state, int dev, ProcessUsage* out, int max) {
                                   contexts,
                                   alloc + context,
                                   context,
-                                  slot.busy_ns[d].load(std::memory_order_relaxed)};
+                                  slot.busy_ns[d].load(std::memory_order_relaxed),
+                                  slot.graphics[d].load(std::memory_order_relaxed)};
       }
       ++count;
     }

@@ -23,6 +23,7 @@ struct Nvml::Api {
   decltype(&::nvmlDeviceGetHandleByIndex_v2) get_handle = nullptr;
   decltype(&::nvmlDeviceGetUUID) get_uuid = nullptr;
   decltype(&::nvmlDeviceGetComputeRunningProcesses_v3) processes = nullptr;
+  decltype(&::nvmlDeviceGetComputeRunningProcesses_v3) graphics_processes = nullptr;  // same ABI, graphics list
   decltype(&::nvmlDeviceGetProcessUtilization) process_util = nullptr;
   decltype(&::nvmlDeviceGetUtilizationRates) util_rates = nullptr;
 
@@ -38,6 +39,7 @@ struct Nvml::Device {
   std::string uuid_text;
   limiter::SampleClock util_clock;  // windows measured so far (last_seen_us 0: no baseline yet)
   std::vector<nvmlProcessInfo_t> process_buf;
+  std::vector<nvmlProcessInfo_t> graphics_buf;
   std::vector<nvmlProcessUtilizationSample_t> util_buf;
   bool util_unsupported = false;
   bool util_known_once = false;            // a window was measured: device_util_permille holds its share
@@ -78,6 +80,7 @@ bool Nvml::open(const std::string& library, std::string* why) {
                   resolve(handle, "nvmlDeviceGetUUID", &api->get_uuid);
   resolve(handle, "nvmlErrorString", &api->error_string);
   resolve(handle, "nvmlDeviceGetComputeRunningProcesses_v3", &api->processes);
+  resolve(handle, "nvmlDeviceGetGraphicsRunningProcesses_v3", &api->graphics_processes);
   resolve(handle, "nvmlDeviceGetProcessUtilization", &api->process_util);
   resolve(handle, "nvmlDeviceGetUtilizationRates", &api->util_rates);
   if (!ok) {
@@ -176,6 +179,29 @@ void Nvml::sample_processes(Device& dev, GpuDevice* out) {
       out->processes.push_back(p);
     }
     out->processes_known = true;
+    mark_graphics(dev, out);
+    return;
+  }
+}
+
+// Processes NVML also lists with a graphics context: memory a graphics API
+// allocated (Vulkan, OpenGL) is in their figure, and no CUDA call made it.
+// Without the list (an old driver, an error) none is marked.
+void Nvml::mark_graphics(Device& dev, GpuDevice* out) {
+  if (api_->graphics_processes == nullptr) return;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    if (dev.graphics_buf.empty()) dev.graphics_buf.resize(16);
+    auto count = static_cast<unsigned int>(dev.graphics_buf.size());
+    const nvmlReturn_t rc = api_->graphics_processes(dev.handle, &count, dev.graphics_buf.data());
+    if (rc == NVML_ERROR_INSUFFICIENT_SIZE) {
+      dev.graphics_buf.resize(std::max<std::size_t>(count + 16, dev.graphics_buf.size() * 2));
+      continue;
+    }
+    if (rc != NVML_SUCCESS) return;
+    count = std::min<unsigned int>(count, static_cast<unsigned int>(dev.graphics_buf.size()));
+    for (GpuProcess& p : out->processes) {
+      for (unsigned int k = 0; k < count; ++k) p.graphics = p.graphics || dev.graphics_buf[k].pid == p.host_pid;
+    }
     return;
   }
 }

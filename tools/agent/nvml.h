@@ -15,6 +15,7 @@ struct GpuProcess {
   std::uint32_t host_pid = 0;    // NVML reports pids of the host (initial) pid namespace
   std::uint64_t used_bytes = 0;  // device memory it holds (context included)
   bool used_known = true;        // false: NVML_VALUE_NOT_AVAILABLE
+  bool graphics = false;         // NVML also lists it with a graphics context (graphics interop)
 };
 
 struct GpuDevice {
@@ -63,6 +64,7 @@ class Nvml {
   struct Device;
   bool enumerate(std::string* why);
   void sample_processes(Device& dev, GpuDevice* out);
+  void mark_graphics(Device& dev, GpuDevice* out);
   void sample_utilisation(Device& dev, GpuDevice* out);
 
   void* handle_ = nullptr;

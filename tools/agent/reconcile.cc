@@ -89,6 +89,7 @@ void Reconciler::begin(const GpuSample* gpu, std::uint64_t now_ns) {
       GpuProc& e = m[p.host_pid];  // one pid may be listed more than once (MIG instances): add up
       e.used_bytes += p.used_bytes;
       e.used_known = p.used_known;
+      e.graphics = e.graphics || p.graphics;
     }
   }
 }
@@ -164,7 +165,9 @@ void Reconciler::compute_region(TrackedRegion& t) {
       s.nvml_now_bytes[d.index] = used;
       st.nvml_bytes += used;
       const std::uint64_t accounted = s.committed_bytes[d.index];
-      if (used > accounted && used - accounted > tolerance_) {
+      // A graphics API's memory (interop) is on the device with no CUDA call:
+      // counted (agent_extra_bytes, below), never called a bypass.
+      if (used > accounted && used - accounted > tolerance_ && !p->second.graphics) {
         ++st.suspected;
         const std::string key = "bypass:"s + t.rel + ":" + std::to_string(s.res.host_pid) + ":" +
                                 std::to_string(s.key.start_time) + ":" + std::to_string(d.index);

@@ -8,7 +8,8 @@
 // library could not measure, allocations it never saw); per slot the NVML
 // usage (Slot::nvml_used_bytes) and the host pid; per container and device the
 // measured SM utilisation. A process holding more than it accounted for (plus
-// a tolerance for its context) is reported as a possible bypass.
+// a tolerance for its context) is reported as a possible bypass, unless NVML
+// lists it with a graphics context: graphics memory, counted all the same.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,7 @@ class Reconciler {
   struct GpuProc {
     std::uint64_t used_bytes;
     bool used_known;
+    bool graphics;  // NVML lists it with a graphics context too
   };
   struct NsCache {
     std::uint64_t pidns_inode;

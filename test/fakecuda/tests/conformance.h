@@ -31,10 +31,10 @@ namespace conformance {
   X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventQuery) X(cuMemCreate) X(cuMemRelease)  \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                      \
   X(cuMemRetainAllocationHandle) X(cuMemGetAllocationGranularity) X(cuMemPoolCreate) X(cuMemPoolDestroy)      \
-  X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync)
+  X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) X(cuImportExternalMemory)
 #define CONFORMANCE_NVML(X)                                                                                     \
   X(nvmlInit_v2) X(nvmlShutdown) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetProcessUtilization)            \
-  X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetComputeRunningProcesses_v3)
+  X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetMemoryInfo)
 // clang-format on
 
 struct Driver {

@@ -5,6 +5,7 @@
 // A test that passes on one and fails on the other is a bug in the simulator.
 // Only the timing-independent semantics are here; the timing model has its own
 // tests (realistic_test.cc).
+#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,6 +45,38 @@ TEST_F(Conformance, MemGetInfoTotalIsTheDevicesMemory) {
   ASSERT_CU(cu().cuMemGetInfo(&free_after, &total));
   EXPECT_LE(free_after + 64 * kMiB, free_bytes);
   ASSERT_CU(cu().cuMemFree(p));
+}
+
+// NULL outputs are the driver's documented error, not a crash (programs do
+// this; HAMi-core segfaults on it).
+TEST_F(Conformance, MemoryQueriesRefuseNullOutputs) {
+  ASSERT_CU(cu().cuInit(0));
+  CUcontext ctx = nullptr;
+  ASSERT_CU(cu().cuCtxCreate(&ctx, nullptr, 0, 0));
+  size_t bytes = 0;
+  EXPECT_EQ(cu().cuMemGetInfo(nullptr, &bytes), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu().cuMemGetInfo(&bytes, nullptr), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu().nvmlInit_v2(), NVML_SUCCESS);
+  nvmlDevice_t dev = nullptr;
+  ASSERT_EQ(cu().nvmlDeviceGetHandleByIndex_v2(0, &dev), NVML_SUCCESS);
+  EXPECT_EQ(cu().nvmlDeviceGetMemoryInfo(dev, nullptr), NVML_ERROR_INVALID_ARGUMENT);
+  cu().nvmlShutdown();
+}
+
+// An OPAQUE_FD that references no memory object is refused, and the import
+// of NULL arguments too (driver API, cuImportExternalMemory).
+TEST_F(Conformance, ExternalMemoryImportRefusesADescriptorOfNoMemory) {
+  ASSERT_CU(cu().cuInit(0));
+  CUcontext ctx = nullptr;
+  ASSERT_CU(cu().cuCtxCreate(&ctx, nullptr, 0, 0));
+  CUexternalMemory ext = nullptr;
+  EXPECT_EQ(cu().cuImportExternalMemory(&ext, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CUDA_EXTERNAL_MEMORY_HANDLE_DESC d{};
+  d.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+  d.handle.fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  d.size = 4 * kMiB;
+  EXPECT_EQ(cu().cuImportExternalMemory(&ext, &d), CUDA_ERROR_INVALID_HANDLE);
+  close(d.handle.fd);
 }
 
 // cuMemFree takes only the base of a live allocation.

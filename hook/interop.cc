@@ -1,0 +1,46 @@
+// External memory (graphics interop: Vulkan, OptiX, ggml's Vulkan backend).
+// Memory a graphics API allocated is on the device and NVML attributes it to
+// the process, but no CUDA allocation call made it: gpuslice counts it when
+// the process imports it into CUDA (cuImportExternalMemory, desc.size bytes on
+// the current context's device), refusing the import over the quota, and
+// gives the bytes back at cuDestroyExternalMemory. A buffer mapped onto it
+// (cuExternalMemoryGetMappedBuffer) adds no memory and is freed with cuMemFree,
+// which finds no record of it and releases nothing (memory.cc). Semaphores
+// and mapped buffers pass through. docs/memory.md, "Graphics interop".
+// gpuslice: hot path (no heap, no locks)
+#include <cuda.h>
+
+#include "hook/wrap.h"
+
+using namespace gpuslice;
+using namespace gpuslice::hook;
+
+namespace {
+constinit NoDestroy<limiter::AllocTable> g_imports;  // CUexternalMemory -> counted bytes
+}  // namespace
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuImportExternalMemory(CUexternalMemory* extMem_out,
+                                                        const CUDA_EXTERNAL_MEMORY_HANDLE_DESC* memHandleDesc) {
+  CountingOp op;
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  // Arguments the driver refuses go to it unchanged (its own error).
+  if (extMem_out == nullptr || memHandleDesc == nullptr || memHandleDesc->size == 0)
+    return real_cuImportExternalMemory(extMem_out, memHandleDesc);
+  // Over the quota the import is refused before the driver takes the
+  // descriptor: the caller still owns it (ownership passes only on success).
+  Reservation r;
+  rc = reserve_on_current(memHandleDesc->size, &r);
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuImportExternalMemory(extMem_out, memHandleDesc);
+  commit(*g_imports, rc, r, rc == CUDA_SUCCESS ? reinterpret_cast<std::uint64_t>(*extMem_out) : 0,
+         limiter::AllocKind::vmm);  // a memory object, like a VMM handle
+  return rc;
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuDestroyExternalMemory(CUexternalMemory extMem) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  return free_counted(*g_imports, reinterpret_cast<std::uint64_t>(extMem),
+                      [&] { return real_cuDestroyExternalMemory(extMem); });
+}
