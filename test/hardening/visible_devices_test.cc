@@ -5,6 +5,8 @@
 // whatever ordinal a worker sees it, and its count is its own.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 
 #include "harness.h"
@@ -17,14 +19,28 @@ constexpr unsigned long long kMi = 1ull << 20;
 
 // visible_probe ORDINAL HOLD in `box`, its CUDA_VISIBLE_DEVICES `visible`
 // ("" = unset), the container's limits per container ordinal.
-Result worker(const Sandbox& box, const std::string& visible, int ordinal, unsigned long long hold, bool preload = true) {
-  Env env = merge(box.env(preload), {{"FAKECUDA_DEVICES", "2"}, {"GPUSLICE_MEMORY_LIMIT", "0=32Mi,1=16Mi"}});
+Result worker(const Sandbox& box, const std::string& visible, int ordinal, unsigned long long hold,
+              bool preload = true) {
+  Env env = merge(
+      box.env(preload),
+      {{"FAKECUDA_DEVICES", "2"}, {"GPUSLICE_MEMORY_LIMIT", "0=32Mi,1=16Mi"}, {"GPUSLICE_SM_LIMIT", "0=30,1=50"}});
   if (!visible.empty()) env["CUDA_VISIBLE_DEVICES"] = visible;
   return run({bin("visible_probe"), std::to_string(ordinal), std::to_string(hold)}, env);
 }
 
 // NVML's line for physical GPU `index` (NVML ignores CUDA_VISIBLE_DEVICES).
 std::string nvml(const Result& r, unsigned index, const std::string& key) { return value(r, "nvml", key, index); }
+
+// The region's entry of GPU `uuid` as gpuslice-smi --json shows it (null if none).
+nlohmann::json region_device(const Sandbox& box, const std::string& uuid) {
+  Result smi = run({bin("gpuslice-smi"), "--region", box.env().at("GPUSLICE_REGION"), "--json"}, {});
+  EXPECT_EQ(smi.exit_code, 0) << smi.describe();
+  nlohmann::json doc = nlohmann::json::parse(smi.out, nullptr, false);
+  if (doc.is_discarded() || !doc.contains("regions") || doc["regions"].empty()) return nullptr;
+  for (const auto& d : doc["regions"][0]["devices"])
+    if (d.value("uuid", "") == uuid) return d;
+  return nullptr;
+}
 
 }  // namespace
 
@@ -41,13 +57,10 @@ TEST(VisibleDevices, SimulatorEnumeratesAsDocumented) {
     std::string count;
     std::string first;  // ordinal 0's UUID
   } cases[] = {
-      {"1", "1", gpu1},
-      {"1,0", "2", gpu1},
-      {gpu1, "1", gpu1},
-      {gpu1.substr(0, 12), "1", gpu1},  // a unique prefix
-      {"0,7,1", "1", gpu0},             // the first invalid entry ends the list
-      {"0,-1,1", "1", gpu0},
-      {"1,MIG-" + gpu1.substr(4), "1", gpu1},  // no MIG instance is modelled
+      {"1", "1", gpu1},      {"1,0", "2", gpu1},
+      {gpu1, "1", gpu1},     {gpu1.substr(0, 12), "1", gpu1},         // a unique prefix
+      {"0,7,1", "1", gpu0},                                           // the first invalid entry ends the list
+      {"0,-1,1", "1", gpu0}, {"1,MIG-" + gpu1.substr(4), "1", gpu1},  // no MIG instance is modelled
   };
   for (const Case& c : cases) {
     Result r = worker(box, c.visible, 0, 0, false);
@@ -95,4 +108,24 @@ TEST(VisibleDevices, ReorderedAndUuidFormsGetThePhysicalGpusLimit) {
   EXPECT_EQ(nvml(c, 1, "total"), std::to_string(16 * kMi)) << c.describe();
   Result prefix = worker(box, gpu1.substr(0, 12), 0, 0);
   EXPECT_EQ(value(prefix, "fill", "bytes"), std::to_string(16 * kMi)) << prefix.describe();
+}
+
+// The region (gpuslice-smi) after a worker that sees only GPU 1: GPU 1's entry
+// has GPU 1's quota and SM limit and took the worker's bytes (its peak);
+// GPU 0's entry (claimed by the worker's NVML query) has GPU 0's and none.
+TEST(VisibleDevices, RegionGivesEachGpuItsOwnLimitsAndCount) {
+  Sandbox box;
+  Result a = worker(box, "", 0, 0, false);
+  const std::string gpu0 = value(a, "uuid", "uuid", 0), gpu1 = value(a, "uuid", "uuid", 1);
+  Result b = worker(box, "1", 0, 8 * kMi);
+  ASSERT_EQ(b.exit_code, 0) << b.describe();
+  nlohmann::json d1 = region_device(box, gpu1), d0 = region_device(box, gpu0);
+  ASSERT_TRUE(d1.is_object()) << b.describe();
+  EXPECT_EQ(d1["memory"]["quota_bytes"], 16 * kMi) << d1.dump();
+  EXPECT_EQ(d1["compute"]["sm_limit_pct"], 50) << d1.dump();
+  EXPECT_EQ(d1["memory"]["peak_bytes"], 16 * kMi) << d1.dump();
+  ASSERT_TRUE(d0.is_object()) << b.describe();
+  EXPECT_EQ(d0["memory"]["quota_bytes"], 32 * kMi) << d0.dump();
+  EXPECT_EQ(d0["compute"]["sm_limit_pct"], 30) << d0.dump();
+  EXPECT_EQ(d0["memory"]["peak_bytes"], 0) << d0.dump();
 }

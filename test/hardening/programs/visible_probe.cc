@@ -60,9 +60,8 @@ int main(int argc, char** argv) {
     CUuuid u{};
     cuDeviceGetUuid_v2(&u, i);
     const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
-    std::printf(
-        "uuid ordinal=%d uuid=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", i, b[0],
-        b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    std::printf("uuid ordinal=%d uuid=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", i,
+                b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
   }
   CUcontext ctx = nullptr;
   if (cuDevicePrimaryCtxRetain(&ctx, ordinal) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 3;
