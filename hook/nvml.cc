@@ -1,7 +1,8 @@
 // NVML memory queries, so nvidia-smi and pynvml inside the container show the
 // quota as the card's memory and the container's usage as what is used. A
 // device this process has not mapped to a CUDA ordinal is mapped through
-// CUDA first; one CUDA cannot see (CUDA_VISIBLE_DEVICES) is reported as is.
+// CUDA first; one CUDA cannot see (CUDA_VISIBLE_DEVICES) is found among the
+// container's GPUs by its UUID (hook/devices.cc) and keeps its own quota.
 #include <cuda.h>
 
 #include <algorithm>
@@ -31,7 +32,9 @@ int entry_of(nvmlDevice_t device) noexcept {
     if (real_cuDeviceGetUuid_v2(&u, ordinal) == CUDA_SUCCESS && std::memcmp(u.bytes, want, 16) == 0)
       return device_entry(ordinal);
   }
-  return -1;
+  // Hidden from CUDA by this process's CUDA_VISIBLE_DEVICES: still one of the
+  // container's GPUs, with its own quota and count.
+  return device_entry_of_uuid(want);
 }
 
 // Container view of (total, used) when a quota applies; false otherwise.

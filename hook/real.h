@@ -50,6 +50,8 @@ namespace gpuslice::hook {
   X(cuGraphChildGraphNodeGetGraph)
 #define GPUSLICE_NVML_INTERNAL(X)            \
   X(nvmlInit_v2)                             \
+  X(nvmlDeviceGetCount_v2)                   \
+  X(nvmlDeviceGetHandleByIndex_v2)           \
   X(nvmlDeviceGetUUID)                       \
   X(nvmlDeviceGetHandleByUUID)               \
   X(nvmlDeviceGetComputeRunningProcesses_v3) \

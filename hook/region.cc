@@ -4,7 +4,10 @@
 // gpuslice: hot path (no heap, no locks)
 #include "hook/region.h"
 
+#include <cstdlib>
+
 #include "hook/config.h"
+#include "hook/devices.h"
 #include "hook/log.h"
 #include "hook/process.h"
 #include "hook/real.h"
@@ -60,8 +63,18 @@ int device_entry(CUdevice ordinal) noexcept {
   CUuuid uuid{};
   if (real_cuDeviceGetUuid_v2(&uuid, ordinal) != CUDA_SUCCESS) return -1;
   const options::Options& o = config().options;
-  int entry = shm::device_index(g_process.region, reinterpret_cast<const std::uint8_t*>(uuid.bytes),
-                                o.memory_limit[ordinal], o.sm_limit[ordinal], o.sm_policy);
+  const auto* id = reinterpret_cast<const std::uint8_t*>(uuid.bytes);
+  // Limits are per container ordinal (devices.cc), not this process's.
+  const int container = container_ordinal(ordinal, id);
+  std::uint64_t memory = 0;
+  std::uint32_t sm = 0;
+  container_limits(container, &memory, &sm);
+  if (container < 0)
+    GPUSLICE_WARN_CAPPED(3,
+                         "device %d (CUDA_VISIBLE_DEVICES=%s): not one of the container's devices by index "
+                         "or NVML UUID; the smallest configured limits apply",
+                         ordinal, std::getenv("CUDA_VISIBLE_DEVICES"));
+  int entry = shm::device_index(g_process.region, id, memory, sm, o.sm_policy);
   if (entry < 0) {
     GPUSLICE_WARN_CAPPED(3,
                          "GPUSLICE_REGION=%s: all %u device entries are taken, expected a free one "
@@ -70,12 +83,12 @@ int device_entry(CUdevice ordinal) noexcept {
     return -1;
   }
   const DeviceState& d = g_process.region->devices[entry];
-  if (d.quota_bytes.load(std::memory_order_relaxed) != o.memory_limit[ordinal])
+  if (d.quota_bytes.load(std::memory_order_relaxed) != memory)
     GPUSLICE_LOG(info,
                  "device %d: the region's quota (%llu bytes) differs from this process's setting "
                  "(%llu bytes); the region's value applies",
                  ordinal, static_cast<unsigned long long>(d.quota_bytes.load(std::memory_order_relaxed)),
-                 static_cast<unsigned long long>(o.memory_limit[ordinal]));
+                 static_cast<unsigned long long>(memory));
   g_ordinal_of_entry[entry].store(ordinal + 1, std::memory_order_release);
   g_entry_of_ordinal[ordinal].store(entry + 1, std::memory_order_release);
   return entry;
@@ -103,6 +116,14 @@ int current_device_entry_slow(CUresult* rc) noexcept {
       g_single_entry.store(count == 1 ? entry : kSeveralDevices, std::memory_order_relaxed);
   }
   return entry;
+}
+
+int device_entry_of_uuid(const std::uint8_t uuid[16]) noexcept {
+  if (!region_intact()) return -1;
+  std::uint64_t memory = 0;
+  std::uint32_t sm = 0;
+  container_limits(nvml_index_of(uuid), &memory, &sm);
+  return shm::device_index(g_process.region, uuid, memory, sm, config().options.sm_policy);
 }
 
 int ordinal_of_entry(int entry) noexcept {

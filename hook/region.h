@@ -59,5 +59,8 @@ inline int current_device_entry(CUresult* rc) noexcept {
 }
 // CUDA ordinal of a region device entry, or -1 if this process has not mapped it.
 int ordinal_of_entry(int entry) noexcept;
+// Region entry of a GPU NVML lists but CUDA does not show this process
+// (CUDA_VISIBLE_DEVICES), claimed with its container ordinal's limits, or -1.
+int device_entry_of_uuid(const std::uint8_t uuid[16]) noexcept;
 
 }  // namespace gpuslice::hook

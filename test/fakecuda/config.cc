@@ -127,6 +127,65 @@ bool parse_timing(Config& config, char* error, std::size_t error_len) {
 
 }  // namespace
 
+namespace {
+
+// One CUDA_VISIBLE_DEVICES entry ([begin, end)): the physical index it names,
+// or -1 when it is invalid. Documented forms: an integer index; a GPU UUID as
+// nvidia-smi prints it, or a prefix of it ("GPU-8932f937") naming exactly one
+// GPU; a MIG UUID ("MIG-...": the simulator has no MIG instance, so none
+// matches). Anything else the documentation does not describe is invalid.
+int visible_entry(const char* begin, const char* end, const StateHeader& header, std::uint32_t devices) {
+  const std::size_t len = static_cast<std::size_t>(end - begin);
+  if (len == 0) return -1;
+  bool digits = true;
+  for (const char* p = begin; p < end; ++p) digits = digits && *p >= '0' && *p <= '9';
+  if (digits) {
+    if (len > 4) return -1;
+    unsigned index = 0;
+    for (const char* p = begin; p < end; ++p) index = index * 10 + static_cast<unsigned>(*p - '0');
+    return index < devices ? static_cast<int>(index) : -1;
+  }
+  if (len < 5 || std::strncmp(begin, "GPU-", 4) != 0) return -1;
+  int found = -1;
+  for (std::uint32_t d = 0; d < devices; ++d) {
+    char uuid[48];
+    device_uuid_string(header, d, uuid, sizeof uuid);
+    if (len <= std::strlen(uuid) && std::strncmp(uuid, begin, len) == 0) {
+      if (found >= 0) return -1;  // a prefix must name one GPU
+      found = static_cast<int>(d);
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+std::uint32_t parse_visible_devices(const char* text, const StateHeader& header, std::uint32_t devices,
+                                    std::uint32_t out[]) {
+  if (text == nullptr) {
+    for (std::uint32_t d = 0; d < devices; ++d) out[d] = d;
+    return devices;
+  }
+  // Entries in order until the first invalid one: the devices after it are
+  // not visible. A device named twice: the documentation is silent, and the
+  // simulator stops there (refuses rather than invents).
+  std::uint32_t count = 0;
+  const char* p = text;
+  while (*p != '\0' && count < devices) {
+    const char* end = std::strchr(p, ',');
+    if (end == nullptr) end = p + std::strlen(p);
+    const int physical = visible_entry(p, end, header, devices);
+    if (physical < 0) break;
+    bool repeated = false;
+    for (std::uint32_t i = 0; i < count; ++i) repeated = repeated || out[i] == static_cast<std::uint32_t>(physical);
+    if (repeated) break;
+    out[count++] = static_cast<std::uint32_t>(physical);
+    if (*end == '\0') break;
+    p = end + 1;
+  }
+  return count;
+}
+
 bool parse_config(Config& config, char* error, std::size_t error_len) {
   config = Config{};
   const char* value = nullptr;

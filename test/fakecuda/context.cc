@@ -84,7 +84,7 @@ CUresult create_context(CUcontext* pctx, unsigned int flags, CUdevice dev) {
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime& r = runtime();
   std::lock_guard guard(r.mu);
-  auto device = static_cast<std::uint32_t>(dev);
+  const std::uint32_t device = physical_device(dev);
   if (CUresult rc = charge_context(device); rc != CUDA_SUCCESS) return rc;
   CUctx_st* ctx = r.contexts.make();
   ctx->device = device;
@@ -177,7 +177,7 @@ extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   if (primary == nullptr) {
     primary = r.contexts.make();
     primary->primary = true;
-    primary->device = static_cast<std::uint32_t>(dev);
+    primary->device = physical_device(dev);
     primary->id = next_object_id_locked();
   }
   if (primary->retain_count == 0) {
@@ -245,7 +245,7 @@ CUresult primary_set_flags(CUdevice dev, unsigned int flags, bool allow_active) 
   if (primary == nullptr) {
     primary = r.contexts.make();
     primary->primary = true;
-    primary->device = static_cast<std::uint32_t>(dev);
+    primary->device = physical_device(dev);
     primary->id = next_object_id_locked();
   }
   // Before CUDA 11 the flags of an active primary context could not change.
@@ -307,7 +307,7 @@ extern "C" CUresult cuCtxGetDevice(CUdevice* device) {
   if (!initialized()) return uninitialized_error();
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  *device = static_cast<CUdevice>(ctx->device);
+  *device = device_ordinal(ctx->device);
   return CUDA_SUCCESS;
 }
 
@@ -316,7 +316,7 @@ extern "C" CUresult cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
   if (!initialized()) return uninitialized_error();
   CUctx_st* resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
-  *device = static_cast<CUdevice>(resolved->device);
+  *device = device_ordinal(resolved->device);
   return CUDA_SUCCESS;
 }
 

@@ -81,7 +81,7 @@ int attribute_value(CUdevice_attribute attribute, CUdevice dev, const StateHeade
 extern "C" CUresult cuDeviceGetCount(int* count) {
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized()) return uninitialized_error();
-  *count = static_cast<int>(state().device_count());
+  *count = static_cast<int>(runtime().visible_count);
   return CUDA_SUCCESS;
 }
 
@@ -102,7 +102,7 @@ extern "C" CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 extern "C" CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
-  device_uuid(state().header(), static_cast<std::uint32_t>(dev), reinterpret_cast<unsigned char*>(uuid->bytes));
+  device_uuid(state().header(), physical_device(dev), reinterpret_cast<unsigned char*>(uuid->bytes));
   return CUDA_SUCCESS;
 }
 
@@ -127,7 +127,7 @@ extern "C" CUresult cuDeviceTotalMem(unsigned int* bytes, CUdevice dev) {
 extern "C" CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
   if (pi == nullptr || attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
-  *pi = attribute_value(attrib, dev, state().header());
+  *pi = attribute_value(attrib, static_cast<CUdevice>(physical_device(dev)), state().header());
   return CUDA_SUCCESS;
 }
 
@@ -142,7 +142,7 @@ extern "C" CUresult cuDeviceComputeCapability(int* major, int* minor, CUdevice d
 extern "C" CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
   if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
-  std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02X:00.0", 0x18 + dev);
+  std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02X:00.0", 0x18 + physical_device(dev));
   return CUDA_SUCCESS;
 }
 

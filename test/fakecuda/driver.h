@@ -205,7 +205,12 @@ struct Runtime {
   HandlePool<CUctx_st> contexts;
   HandlePool<CUstream_st> streams;
   HandlePool<CUevent_st> events;
-  CUctx_st* primary[kMaxDevices] = {};
+  CUctx_st* primary[kMaxDevices] = {};  // by this process's ordinal
+  // CUDA_VISIBLE_DEVICES at cuInit: this process's ordinal -> the state's
+  // (physical) device index. Every CUdevice the API takes or returns is an
+  // ordinal; everything in the state (and ctx->device) is physical.
+  std::uint32_t visible[kMaxDevices] = {};
+  std::uint32_t visible_count = 0;
   char state_path[1024] = {};
 };
 
@@ -225,8 +230,13 @@ inline CUresult uninitialized_error() {
              : CUDA_ERROR_NOT_INITIALIZED;
 }
 inline State& state() { return *runtime().state; }
-inline bool valid_device(CUdevice dev) {
-  return dev >= 0 && static_cast<std::uint32_t>(dev) < runtime().state->device_count();
+inline bool valid_device(CUdevice dev) { return dev >= 0 && static_cast<std::uint32_t>(dev) < runtime().visible_count; }
+// A valid ordinal's physical device, and back (-1: not visible to this process).
+inline std::uint32_t physical_device(CUdevice dev) { return runtime().visible[dev]; }
+inline CUdevice device_ordinal(std::uint32_t physical) {
+  for (std::uint32_t i = 0; i < runtime().visible_count; ++i)
+    if (runtime().visible[i] == physical) return static_cast<CUdevice>(i);
+  return -1;
 }
 
 // --- contexts (context.cc) ---

@@ -90,7 +90,9 @@ CUresult attribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr, c
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: put<int>(data, 1); return CUDA_SUCCESS;  // copies here always synchronise
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: put<unsigned long long>(data, info.buffer_id); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: put<int>(data, info.managed ? 1 : 0); return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: put<int>(data, info.device); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      put<int>(data, device_ordinal(static_cast<std::uint32_t>(info.device)));
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: put<int>(data, 0); return CUDA_SUCCESS;  // IPC not modelled
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: put<CUdeviceptr>(data, info.base); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: put<size_t>(data, info.size); return CUDA_SUCCESS;

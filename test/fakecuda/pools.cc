@@ -214,7 +214,7 @@ extern "C" CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* po
   std::lock_guard guard(runtime().mu);
   CUmemPoolHandle_st* created = g_pools.make();
   created->host = host;
-  created->device = host ? 0 : static_cast<std::uint32_t>(poolProps->location.id);
+  created->device = host ? 0 : physical_device(poolProps->location.id);
   created->max_size = poolProps->maxSize;
   *pool = created;
   return CUDA_SUCCESS;
@@ -241,7 +241,7 @@ extern "C" CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool_out, CUdevice d
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard guard(runtime().mu);
-  *pool_out = default_pool_locked(static_cast<std::uint32_t>(dev));
+  *pool_out = default_pool_locked(physical_device(dev));
   return CUDA_SUCCESS;
 }
 
@@ -250,8 +250,8 @@ extern "C" CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard guard(runtime().mu);
-  default_pool_locked(static_cast<std::uint32_t>(dev));
-  *pool = g_current_pool[dev];
+  default_pool_locked(physical_device(dev));
+  *pool = g_current_pool[physical_device(dev)];
   return CUDA_SUCCESS;
 }
 
@@ -259,11 +259,11 @@ extern "C" CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard guard(runtime().mu);
-  if (!alive(pool) || pool->destroy_pending || pool->host || pool->device != static_cast<std::uint32_t>(dev)) {
+  if (!alive(pool) || pool->destroy_pending || pool->host || pool->device != physical_device(dev)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  default_pool_locked(static_cast<std::uint32_t>(dev));
-  g_current_pool[dev] = pool;
+  default_pool_locked(physical_device(dev));
+  g_current_pool[physical_device(dev)] = pool;
   return CUDA_SUCCESS;
 }
 

@@ -100,7 +100,9 @@ extern "C" CUresult cuInit(unsigned int Flags) {
     std::fprintf(stderr, "%s\n", error);
     return fail_init(r, CUDA_ERROR_OPERATING_SYSTEM);
   }
-  if (state->device_count() == 0) {
+  r.visible_count =
+      parse_visible_devices(std::getenv("CUDA_VISIBLE_DEVICES"), state->header(), state->device_count(), r.visible);
+  if (r.visible_count == 0) {  // none configured, or none named by CUDA_VISIBLE_DEVICES
     delete state;
     return fail_init(r, CUDA_ERROR_NO_DEVICE);
   }

@@ -121,6 +121,11 @@ struct Config {
 // Reads FAKECUDA_* from the environment. On failure writes one line naming the
 // variable, the value and what was expected into `error` and returns false.
 bool parse_config(Config& config, char* error, std::size_t error_len);
+struct StateHeader;
+// CUDA_VISIBLE_DEVICES (`text`, nullptr = unset) as the driver reads it at
+// cuInit: fills out[ordinal] = physical index, returns how many are visible.
+std::uint32_t parse_visible_devices(const char* text, const StateHeader& header, std::uint32_t devices,
+                                    std::uint32_t out[]);
 // Strict size parser: digits, then optional B, K/M/G/T (base 1000) or Ki/Mi/Gi/Ti (1024).
 bool parse_size(const char* text, std::uint64_t& out);
 // The path FAKECUDA_STATE names, or the per-user default.

@@ -264,7 +264,7 @@ extern "C" CUresult cuStreamGetDevice(CUstream hStream, CUdevice* device) {
   if (!initialized()) return uninitialized_error();
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, false, &stream); rc != CUDA_SUCCESS) return rc;
-  *device = static_cast<CUdevice>(stream->ctx->device);
+  *device = device_ordinal(stream->ctx->device);
   return CUDA_SUCCESS;
 }
 

@@ -171,7 +171,7 @@ extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t siz
   if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard guard(runtime().mu);
   const bool host = host_located(*prop);
-  auto dev = host ? 0u : static_cast<std::uint32_t>(prop->location.id);
+  auto dev = host ? 0u : physical_device(prop->location.id);
   if (!host) {
     if (CUresult rc = charge_device(dev, size); rc != CUDA_SUCCESS) return rc;
   }
