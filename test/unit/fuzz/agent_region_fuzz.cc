@@ -219,7 +219,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<gpuslice::smi::Shown> shown;
   std::vector<std::string> skipped;
   std::string smi_error;
-  bool status_threw = false, smi_json_threw = false;
+  bool status_threw = false, smi_json_threw = false, one_ok = false;
   std::uint64_t agent_regions = 0;
   {
     gpuslice::fuzz::StderrCapture capture;
@@ -251,6 +251,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       status_threw = true;
     }
     if (!gpuslice::smi::read_region_dir(f.dir, &shown, &skipped, &smi_error)) fail("smi cannot read the directory");
+    gpuslice::smi::Shown one;
+    one_ok = gpuslice::smi::read_region(f.dir + "/" + rel, &one, &smi_error);
     gpuslice::smi::Snapshot snap;
     snap.regions = shown;
     snap.now_ns = agent::monotonic_ns();
@@ -279,6 +281,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // smi and the agent read the directory alike.
   if (shown.size() != agent_regions) fail("smi and the agent disagree on the number of regions");
   if (shown.size() > 1) fail("more than one region from one file");
+  // gpuslice-smi --region PATH reads what the directory listing shows (hidden names aside).
+  if (name[0] != '.' && (sub.empty() || sub[0] != '.') && one_ok != (shown.size() == 1))
+    fail("smi reads the file by path and in its directory differently");
   // A plain name is shown as it is (others are shown escaped).
   const bool plain =
       rel.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-/") == std::string::npos;
