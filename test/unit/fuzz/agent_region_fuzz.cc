@@ -310,7 +310,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // Bounded: a file's name and content never make the log grow beyond a few
   // lines per file (each problem is logged once).
-  if (count_lines(log) > 16) fail("more than 16 log lines for one file");
+  if (count_lines(log) > 16) fail(("more than 16 log lines for one file:\n" + log.substr(0, 4096)).c_str());
   return 0;
 }
 
