@@ -63,7 +63,7 @@ for t in "${targets[@]}"; do
   else
     failed=1
     echo "== fuzz target $t FAILED; the end of its log ($out/$t.log):"
-    grep -v '^INFO:' "$out/$t.log" | tail -40
+    grep -av '^INFO:' "$out/$t.log" | tail -40
     for f in "$out/$t"/crash-* "$out/$t"/leak-* "$out/$t"/timeout-* "$out/$t"/oom-*; do
       [ -e "$f" ] || continue
       echo "== reproducer: $f"
