@@ -13,10 +13,12 @@
 // (the per-pod layout); NUL and any further '/' become '_'.
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -104,11 +106,31 @@ void cleanup_at_exit() {
   rmdir(g_fixture->dir.c_str());
 }
 
+// Directories of fuzzers that crashed (gpuslice-fuzz-<pid>-*, the pid gone).
+void remove_stale(const std::string& parent) {
+  DIR* d = opendir(parent.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    unsigned pid = 0;
+    if (std::sscanf(e->d_name, "gpuslice-fuzz-%u-", &pid) == 1 && pid != 0 && kill(static_cast<pid_t>(pid), 0) != 0 &&
+        errno == ESRCH) {
+      stale.push_back(parent + "/" + e->d_name);
+    }
+  }
+  closedir(d);
+  for (const std::string& dir : stale) {
+    clear_dir(dir);
+    rmdir(dir.c_str());
+  }
+}
+
 Fixture make_fixture() {
   Fixture f;
   const char* tmp = std::getenv("TMPDIR");
-  std::string templ = std::string(access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (tmp != nullptr ? tmp : "/tmp")) +
-                      "/gpuslice-fuzz-XXXXXX";
+  const std::string parent = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (tmp != nullptr ? tmp : "/tmp");
+  remove_stale(parent);
+  std::string templ = parent + "/gpuslice-fuzz-" + std::to_string(getpid()) + "-XXXXXX";
   if (mkdtemp(templ.data()) == nullptr) fail("mkdtemp");
   f.dir = templ;
   // A region the library creates and uses: one process, one device with a
@@ -140,6 +162,7 @@ Fixture& fixture() {
   if (g_fixture == nullptr) {
     g_fixture = &f;
     std::atexit(cleanup_at_exit);
+    gpuslice::fuzz::on_fail(cleanup_at_exit);
     agent::set_log_level(agent::LogLevel::debug);
   }
   return f;

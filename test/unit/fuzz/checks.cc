@@ -206,4 +206,17 @@ std::string StderrCapture::finish() {
 
 int report_fd() { return g_report_fd; }
 
+namespace {
+void (*g_fail_cleanup)() = nullptr;
+}  // namespace
+
+void on_fail(void (*cleanup)()) { g_fail_cleanup = cleanup; }
+
+void run_fail_cleanup() {
+  if (void (*cleanup)() = g_fail_cleanup; cleanup != nullptr) {
+    g_fail_cleanup = nullptr;
+    cleanup();
+  }
+}
+
 }  // namespace gpuslice::fuzz

@@ -65,4 +65,8 @@ class StderrCapture {
 // The real stderr while a capture runs (else 2).
 int report_fd();
 
+// fail() runs `cleanup` before it aborts (a target's temporary files).
+void on_fail(void (*cleanup)());
+void run_fail_cleanup();
+
 }  // namespace gpuslice::fuzz

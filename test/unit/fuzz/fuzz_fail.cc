@@ -16,6 +16,7 @@ void fail(const char* what) {
   ignored = write(fd, what, std::strlen(what));
   ignored = write(fd, "\n", 1);
   (void)ignored;
+  run_fail_cleanup();
   std::abort();
 }
 
