@@ -16,6 +16,8 @@ need=()
 # chromium-headless-shell: the observability tests (test/agent).
 # clang-format: the formatter's check (tools/format.sh). valgrind:
 # gpuslice-instructions counts the library's instructions with callgrind.
+# clang + libclang-rt-dev (libFuzzer, the sanitizer runtimes): CI's fuzz lane
+# (test/fuzz/run.sh).
 for pkg in \
     nlohmann-json3-dev \
     libcli11-dev \
@@ -29,6 +31,8 @@ for pkg in \
     runc \
     busybox-static \
     clang-format \
+    clang \
+    libclang-rt-dev \
     valgrind; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -1,8 +1,12 @@
 // A deterministic stand-in for libFuzzer: runs the target over its seeds and
 // over mutations of them from a fixed random sequence, for a bounded number of
 // inputs and seconds. Arguments are files to replay (crash reproduction).
-//   fuzz_x [--runs N] [--seconds S] [FILE...]
+//   fuzz_x [--runs N] [--seconds S] [--corpus DIR] [FILE...]
+//   (--corpus: every file of DIR is replayed first, then the mutation runs)
 //   fuzz_x --write-corpus DIR     (seeds for the libFuzzer build)
+#include <dirent.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -64,12 +68,37 @@ void run(const std::string& input) {
   LLVMFuzzerTestOneInput(reinterpret_cast<const std::uint8_t*>(input.data()), input.size());
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream data;
+  data << in.rdbuf();
+  return data.str();
+}
+
+// Replays every file of dir (sorted); how many.
+std::size_t replay_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') names.push_back(e->d_name);
+    }
+    closedir(d);
+  } else {
+    std::fprintf(stderr, "cannot read the corpus %s\n", dir.c_str());
+    std::exit(2);
+  }
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) run(read_file(dir + "/" + n));
+  return names.size();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   long runs = 200000;
   double seconds = 3.0;
   std::vector<std::string> files;
+  std::string corpus;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--write-corpus") == 0 && i + 1 < argc) {
       const std::vector<std::string> seeds = gpuslice::fuzz::seeds();
@@ -84,20 +113,18 @@ int main(int argc, char** argv) {
       runs = std::atol(argv[++i]);
     } else if (std::strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
+    } else if (std::strcmp(argv[i], "--corpus") == 0 && i + 1 < argc) {
+      corpus = argv[++i];
     } else {
       files.push_back(argv[i]);
     }
   }
   if (!files.empty()) {
-    for (const std::string& f : files) {
-      std::ifstream in(f, std::ios::binary);
-      std::stringstream data;
-      data << in.rdbuf();
-      run(data.str());
-    }
+    for (const std::string& f : files) run(read_file(f));
     std::printf("replayed %zu inputs\n", files.size());
     return 0;
   }
+  if (!corpus.empty()) std::printf("replayed %zu inputs of %s\n", replay_dir(corpus), corpus.c_str());
   const std::vector<std::string> seeds = gpuslice::fuzz::seeds();
   for (const std::string& s : seeds) run(s);
   std::mt19937_64 rng(0x6770757331696365ull);
@@ -105,7 +132,7 @@ int main(int argc, char** argv) {
   long done = 0;
   std::string current = seeds[0];
   for (; done < runs; ++done) {
-    if ((done & 255) == 0 && std::chrono::steady_clock::now() > deadline) break;
+    if (std::chrono::steady_clock::now() > deadline) break;  // every input: some take milliseconds
     // Mostly mutate fresh seeds, sometimes keep mutating the last input.
     if (rng() % 4 != 0) current = seeds[rng() % seeds.size()];
     current = mutate(current, rng, seeds);
