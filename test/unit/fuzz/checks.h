@@ -8,8 +8,9 @@
 
 #include "limiter/options/options.h"
 
-// Checks that today's code fails (issue 33's hostile names); the fixes land in
-// tools/agent and tools/cdi. Turn each on (1) once its fix is merged:
+// Checks of issue 33's hostile names (the fixes: tools/common/text.h, the
+// agent's log, gpuslice-cdi's valid_name). On by default; 0 turns one off, to
+// see what the code did before its fix:
 //   GPUSLICE_FUZZ_CHECK_UTF8_NAMES      /metrics label values are UTF-8, /api/status
 //                                       and gpuslice-smi --json render (no exception)
 //   GPUSLICE_FUZZ_CHECK_LOG_LINES       every line the agent logs is its own line
@@ -18,16 +19,16 @@
 //   GPUSLICE_FUZZ_CHECK_CDI_ROUNDTRIP   gpuslice-cdi's configuration file reads back
 //                                       as the values of the spec's environment
 #ifndef GPUSLICE_FUZZ_CHECK_UTF8_NAMES
-#define GPUSLICE_FUZZ_CHECK_UTF8_NAMES 0
+#define GPUSLICE_FUZZ_CHECK_UTF8_NAMES 1
 #endif
 #ifndef GPUSLICE_FUZZ_CHECK_LOG_LINES
-#define GPUSLICE_FUZZ_CHECK_LOG_LINES 0
+#define GPUSLICE_FUZZ_CHECK_LOG_LINES 1
 #endif
 #ifndef GPUSLICE_FUZZ_CHECK_TABLE_TEXT
-#define GPUSLICE_FUZZ_CHECK_TABLE_TEXT 0
+#define GPUSLICE_FUZZ_CHECK_TABLE_TEXT 1
 #endif
 #ifndef GPUSLICE_FUZZ_CHECK_CDI_ROUNDTRIP
-#define GPUSLICE_FUZZ_CHECK_CDI_ROUNDTRIP 0
+#define GPUSLICE_FUZZ_CHECK_CDI_ROUNDTRIP 1
 #endif
 
 namespace gpuslice::fuzz {
