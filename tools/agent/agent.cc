@@ -129,7 +129,7 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   active_.clear();
   for (auto& t : regions_.regions()) {
     if (t->dropped) continue;
-    if (!read_sample(t->map.get(), &t->sample, &scratch_)) {
+    if (!read_region(*t, now)) {
       ++stats_.regions_dropped_truncated;
       regions_.drop(*t, "the file was truncated under us (SIGBUS); it is reopened if it becomes valid again");
       continue;
@@ -193,6 +193,28 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   stats_.unregistered_reports = reconciler_.counters().unregistered_reports;
 }
 
+bool Agent::read_region(TrackedRegion& t, std::uint64_t now) {
+  const Region* r = t.map.get();
+  std::uint32_t live = 0;
+  auto header_live = [&] { return guarded([&] { live = r->header.live_slots.load(std::memory_order_acquire); }); };
+  auto reread = [&] {
+    if (!header_live() || !t.slots.reread(t.map.fd(), live, now, t.map.inode(), &slot_buffer_)) return false;
+    ++stats_.slot_rereads;
+    t.map.map_slots(t.slots.busy());
+    return true;
+  };
+  // Before the region may be renamed away or unlinked (RegionSet::lifecycle),
+  // its slots are read afresh: a process that just attached keeps it.
+  const bool removal_due =
+      t.removing || (config_.grace_ns != 0 && t.empty_since_ns != 0 && now - t.empty_since_ns >= config_.grace_ns);
+  const bool fresh = t.slots.due(now) || removal_due;
+  if (fresh && !reread()) return false;
+  if (!header_live() || !read_sample(r, t.slots.busy(), &t.sample, &scratch_)) return false;
+  if (fresh || !t.slots.stale(t.sample.busy_slots, live)) return true;
+  // A claim or a release since the index was read: read it again now.
+  return reread() && read_sample(r, t.slots.busy(), &t.sample, &scratch_);
+}
+
 int Agent::reap(TrackedRegion& t) {
   bool any = t.sample.reaping_slots != 0;  // a reaper died mid-way: finish its work
   for (const SlotSample& s : t.sample.slots) {
@@ -211,6 +233,10 @@ int Agent::reap(TrackedRegion& t) {
     regions_.drop(t, "the file was truncated under us (SIGBUS)");
     freed = 0;
   }
+  // The reaper walked every slot: give their pages back, and read the states
+  // it changed afresh next cycle.
+  t.map.release_slot_pages();
+  t.slots.invalidate();
   for (const SlotSample& s : t.sample.slots) dead_[static_cast<std::size_t>(s.index)] = nullptr;
   if (freed > 0) {
     stats_.slots_reaped += static_cast<std::uint64_t>(freed);

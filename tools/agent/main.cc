@@ -1,4 +1,5 @@
 // gpuslice-agent: the node agent (see agent.h and docs/agent.md).
+#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -103,6 +104,10 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a scraper that hangs up mid-response must not kill the agent
   raise_fd_limit();
+  // Buffers of /metrics and the status page (megabytes at thousands of
+  // regions) are mapped and given back when freed, instead of staying in a
+  // thread's arena at their peak (docs/agent.md, "Scale").
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
 
   Agent agent(cfg);
   agent.start();

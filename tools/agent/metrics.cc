@@ -282,6 +282,9 @@ std::string render_metrics(const MetricsInput& in) {
   w.sample_u64("", s.regions_dropped_truncated);
   w.family("gpuslice_agent_slots_reaped_total", "counter", "Slots of exited processes reclaimed by the agent.");
   w.sample_u64("", s.slots_reaped);
+  w.family("gpuslice_agent_slot_rereads_total", "counter",
+           "Reads of a region's whole slot array (at first sight, after a claim or release, every ~10 s).");
+  w.sample_u64("", s.slot_rereads);
   w.family("gpuslice_agent_pid_scans_total", "counter", "Full /proc scans to map processes of other pid namespaces.");
   w.sample_u64("", s.pid_scans);
   w.family("gpuslice_agent_bypass_reports_total", "counter",

@@ -21,6 +21,7 @@
 #include "layout.h"
 #include "region_io.h"
 #include "sample.h"
+#include "slot_index.h"
 
 namespace gpuslice::agent {
 
@@ -43,6 +44,7 @@ struct TrackedRegion {
   std::uint64_t empty_since_ns = 0;  // 0 while some slot is in use
   bool removing = false;             // renamed to the hidden name; unlinked if still empty next cycle
   bool dropped = false;              // forgotten at the end of the cycle
+  SlotIndex slots;                   // the slots in use, read every cycle
   RegionSample sample;
 };
 

@@ -98,7 +98,11 @@ void StatusHistory::record(std::uint64_t wall_ms, const std::string& exposition)
   last_ms_ = wall_ms;
   for (const ExpositionSample& s : samples) {
     if (!plotted(s.metric)) continue;
-    Series& series = series_[key_of(s)];
+    const std::string key = key_of(s);
+    // Bounded: thousands of containers would keep 300 points of each of
+    // their series (docs/agent.md, "Scale"); the first kMaxSeries are plotted.
+    if (series_.size() >= kMaxHistorySeries && series_.count(key) == 0) continue;
+    Series& series = series_[key];
     if (series.metric.empty()) {
       series.metric = s.metric;
       series.labels = s.labels;
