@@ -148,21 +148,23 @@ TEST(AgentScale, MemoryCycleAndMetricsAtAThousandRegions) {
   // Ten more cycles: the steady state, every region read ten times.
   const double cycles0 = sample(body, "gpuslice_agent_cycles_total");
   const double cpu0 = sample(body, "gpuslice_agent_cycle_cpu_seconds_total");
-  ASSERT_TRUE(eventually([&] { return scrape() && sample(body, "gpuslice_agent_cycles_total") >= cycles0 + 10; },
-                         60000));
+  ASSERT_TRUE(
+      eventually([&] { return scrape() && sample(body, "gpuslice_agent_cycles_total") >= cycles0 + 10; }, 60000));
   const double cycles = sample(body, "gpuslice_agent_cycles_total") - cycles0;
   const double cpu_ms = (sample(body, "gpuslice_agent_cycle_cpu_seconds_total") - cpu0) / cycles * 1e3;
   double wall_ms = 0;  // the largest of ten successive scrapes' last cycle
-  for (int i = 0; i < 10 && scrape(); ++i) wall_ms = std::max(wall_ms, sample(body, "gpuslice_agent_cycle_seconds") * 1e3);
+  for (int i = 0; i < 10 && scrape(); ++i)
+    wall_ms = std::max(wall_ms, sample(body, "gpuslice_agent_cycle_seconds") * 1e3);
   ASSERT_TRUE(scrape());
   const std::size_t metrics_bytes = body.size();
 
   const std::uint64_t rss = status_bytes(agent, "VmRSS"), anon = status_bytes(agent, "RssAnon");
   const std::uint64_t file = status_bytes(agent, "RssFile"), shmem = status_bytes(agent, "RssShmem");
-  std::printf("agent scale: regions %d  rss %.1f MiB (anon %.1f, file %.1f, shmem %.1f)  cycle cpu %.2f ms  "
-              "wall (max of 10) %.2f ms  /metrics %zu bytes\n",
-              n, static_cast<double>(rss) / kMi, static_cast<double>(anon) / kMi, static_cast<double>(file) / kMi,
-              static_cast<double>(shmem) / kMi, cpu_ms, wall_ms, metrics_bytes);
+  std::printf(
+      "agent scale: regions %d  rss %.1f MiB (anon %.1f, file %.1f, shmem %.1f)  cycle cpu %.2f ms  "
+      "wall (max of 10) %.2f ms  /metrics %zu bytes\n",
+      n, static_cast<double>(rss) / kMi, static_cast<double>(anon) / kMi, static_cast<double>(file) / kMi,
+      static_cast<double>(shmem) / kMi, cpu_ms, wall_ms, metrics_bytes);
   kill(agent, SIGTERM);
   const test::Result a = test::wait(agent);
   EXPECT_EQ(a.exit_code, 0) << a.describe();

@@ -187,6 +187,9 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   ++stats_.cycles;
   stats_.regions = regions_.regions().size();
   stats_.invalid_files = regions_.invalid_files();
+  stats_.regions_unwatched = regions_.unwatched();
+  stats_.regions_max = regions_.max_regions();
+  stats_.log_suppressed = regions_.log_suppressed();
   stats_.regions_removed = regions_.removed_total();
   stats_.pid_scans = pidmap_.full_scans();
   stats_.bypass_reports = reconciler_.counters().bypass_reports;

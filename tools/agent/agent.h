@@ -54,6 +54,9 @@ struct AgentStats {
   std::uint64_t slots_reaped = 0;
   std::uint64_t regions = 0;
   std::uint64_t invalid_files = 0;
+  std::uint64_t regions_unwatched = 0;  // region files past --max-regions at the last rescan
+  std::uint64_t regions_max = 0;        // --max-regions
+  std::uint64_t log_suppressed = 0;     // warnings about invalid files over the log budget (scan.h)
   std::uint64_t regions_removed = 0;
   std::uint64_t regions_dropped_truncated = 0;
   std::uint64_t pid_scans = 0;

@@ -275,6 +275,14 @@ std::string render_metrics(const MetricsInput& in) {
   w.sample_u64("", s.regions);
   w.family("gpuslice_agent_invalid_files", "gauge", "Files in the region directory skipped as not valid regions.");
   w.sample_u64("", s.invalid_files);
+  w.family("gpuslice_agent_regions_max", "gauge", "Most regions watched at once (--max-regions).");
+  w.sample_u64("", s.regions_max);
+  w.family("gpuslice_agent_regions_unwatched", "gauge",
+           "Region files found but not watched, reaped or removed because --max-regions was reached.");
+  w.sample_u64("", s.regions_unwatched);
+  w.family("gpuslice_agent_log_suppressed_total", "counter",
+           "Warnings about invalid files not logged because of the log budget (docs/agent.md).");
+  w.sample_u64("", s.log_suppressed);
   w.family("gpuslice_agent_regions_removed_total", "counter", "Unused regions removed after the grace period.");
   w.sample_u64("", s.regions_removed);
   w.family("gpuslice_agent_regions_truncated_total", "counter",
