@@ -110,10 +110,10 @@ TEST(AgentFlood, RegionsPastTheCapAreCountedAndLoggedOnce) {
     EXPECT_EQ(metric(text, "gpuslice_agent_regions_unwatched"), 6) << text;
   }
   // The binary, rescanning every 10 ms for a second: one line, not one per rescan.
-  test::Result r = test::run({"/usr/bin/timeout", "-s", "TERM", "1", test::bin("gpuslice-agent"), "--region-dir",
-                              region_dir(box), "--no-nvml", "--interval", "10ms", "--rescan", "10ms", "--listen",
-                              "off", "--max-regions", "4"},
-                             {}, 20000);
+  test::Result r =
+      test::run({"/usr/bin/timeout", "-s", "TERM", "1", test::bin("gpuslice-agent"), "--region-dir", region_dir(box),
+                 "--no-nvml", "--interval", "10ms", "--rescan", "10ms", "--listen", "off", "--max-regions", "4"},
+                {}, 20000);
   EXPECT_EQ(r.exit_code, 124) << r.describe();
   EXPECT_EQ(count_lines(r.err, "are not watched"), 1) << r.err;
 }

@@ -249,14 +249,19 @@ int Agent::reap(TrackedRegion& t) {
 }
 
 std::string Agent::metrics_text() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  MetricsInput in;
-  in.stats = stats_;
-  for (const auto& t : regions_.regions()) {
-    if (!t->dropped) in.regions.push_back(t.get());
+  MetricsSnapshot snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MetricsInput in;
+    in.stats = stats_;
+    in.basic = config_.metrics_basic;
+    for (const auto& t : regions_.regions()) {
+      if (!t->dropped) in.regions.push_back(t.get());
+    }
+    for (const DeviceUtil& d : device_util_) in.devices.push_back({d.uuid, d.util_pct, d.processes});
+    snapshot = read_metrics(in);
   }
-  for (const DeviceUtil& d : device_util_) in.devices.push_back({d.uuid, d.util_pct, d.processes});
-  return render_metrics(in);
+  return render_metrics(*snapshot);
 }
 
 bool Agent::healthy() const {

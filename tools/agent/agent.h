@@ -41,6 +41,9 @@ struct AgentConfig {
   bool use_nvml = true;
   std::string nvml_library = "libnvidia-ml.so.1";
   std::size_t max_regions = 4096;
+  // --metrics basic: /metrics leaves out the per-region families no shipped
+  // rule or panel needs (docs/agent.md, "Scale"). Default: full.
+  bool metrics_basic = false;
   // Priority board (docs/priority.md): its files unused for grace_ns are removed. Empty = not cleaned.
   std::string priority_board = kDefaultPriorityBoard;
 };
