@@ -107,10 +107,10 @@ std::uint64_t status_bytes(pid_t pid, const std::string& field) {
 
 // One region per sleeper, as the library creates them: pod-<i>/c.region, one
 // device entry, the sleeper's slot holding 64 MiB.
-void make_regions(const Sandbox& box, const std::vector<pid_t>& pids) {
-  mkdir(region_dir(box).c_str(), 0755);
+void make_regions(const std::string& dir, const std::vector<pid_t>& pids) {
+  mkdir(dir.c_str(), 0755);
   for (std::size_t i = 0; i < pids.size(); ++i) {
-    Region* r = make_region(container_region(box, "pod-"s + std::to_string(i)), "scale-"s + std::to_string(i));
+    Region* r = make_region(dir + "/pod-" + std::to_string(i) + "/c.region", "scale-"s + std::to_string(i));
     ASSERT_NE(r, nullptr);
     const int dev = add_device(r, 0xa0, 8ull << 30, 50);
     Identity id;
@@ -133,14 +133,25 @@ void measure(const char* metrics_mode, Figures* out) {
   Sandbox box;
   Sleepers sleepers(n);
   ASSERT_EQ(static_cast<int>(sleepers.pids().size()), n);
-  make_regions(box, sleepers.pids());
+  // GPUSLICE_AGENT_SCALE_DIR=<dir>: the regions on another file system (a
+  // tmpfs such as /dev/shm, as /run is on a node) instead of the sandbox's.
+  const char* other_dir = std::getenv("GPUSLICE_AGENT_SCALE_DIR");
+  const std::string dir =
+      other_dir != nullptr ? other_dir + "/gpuslice-scale-"s + std::to_string(getpid()) : region_dir(box);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      if (dir.rfind("/tmp/gpuslice-test-", 0) != 0) test::run({"/bin/rm", "-rf", dir}, {});
+    }
+  } cleanup{dir};
+  make_regions(dir, sleepers.pids());
   if (::testing::Test::HasFatalFailure()) return;
   const int port = free_port();
   ASSERT_GT(port, 0);
   const std::string max_regions = std::to_string(std::max(4096, n));
   std::vector<std::string> argv = {test::bin("gpuslice-agent"),
                                    "--region-dir",
-                                   region_dir(box),
+                                   dir,
                                    "--nvml",
                                    fake_nvml(),
                                    "--max-regions",

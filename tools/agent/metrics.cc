@@ -246,7 +246,7 @@ std::string render_metrics(const MetricsRows& in) {
   w.family("gpuslice_accounting_errors_total", "counter", "Accounting inconsistencies detected and clamped.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.accounting_errors);
   w.family("gpuslice_memory_resident_bytes", "gauge",
-           "Device memory counted for the container that is resident on the device (counted minus spilled).", full);
+           "Device memory counted for the container that is resident on the device (counted minus spilled).");
   for (const Row& r : rows)
     if (r.oversub())
       w.sample_u64(r.labels, r.dev.used_bytes > r.dev.spilled_bytes ? r.dev.used_bytes - r.dev.spilled_bytes : 0);
@@ -255,13 +255,13 @@ std::string render_metrics(const MetricsRows& in) {
   for (const Row& r : rows)
     if (r.oversub()) w.sample_u64(r.labels, r.dev.spilled_bytes);
   w.family("gpuslice_memory_resident_limit_bytes", "gauge",
-           "Device-resident allowance (GPUSLICE_MEMORY_RESIDENT; absent = the quota).", full);
+           "Device-resident allowance (GPUSLICE_MEMORY_RESIDENT; absent = the quota).");
   for (const Row& r : rows) {
     if (r.dev.resident_limit_bytes != 0 && r.dev.resident_limit_bytes != kUnlimited)
       w.sample_u64(r.labels, r.dev.resident_limit_bytes);
   }
   w.family("gpuslice_memory_waits_total", "counter",
-           "Allocations that waited for device memory under GPUSLICE_OVERSUBSCRIBE=wait.", full);
+           "Allocations that waited for device memory under GPUSLICE_OVERSUBSCRIBE=wait.");
   for (const Row& r : rows)
     if (r.oversub()) w.sample_u64(r.labels, r.dev.oversub_waits);
   w.family("gpuslice_memory_wait_seconds_total", "counter", "Time allocations spent waiting for device memory.", full);
@@ -270,7 +270,7 @@ std::string render_metrics(const MetricsRows& in) {
   w.family("gpuslice_memory_wait_timeouts_total", "counter", "Waits for device memory that ended in out-of-memory.");
   for (const Row& r : rows)
     if (r.oversub()) w.sample_u64(r.labels, r.dev.oversub_timeouts);
-  w.family("gpuslice_memory_waiting", "gauge", "Allocations waiting for device memory now.", full);
+  w.family("gpuslice_memory_waiting", "gauge", "Allocations waiting for device memory now.");
   for (const Row& r : rows)
     if (r.oversub()) w.sample_u64(r.labels, r.dev.oversub_waiting);
   w.family("gpuslice_sm_limit_percent", "gauge",
@@ -356,10 +356,10 @@ std::string render_metrics(const MetricsRows& in) {
       w.sample(r.labels, now >= r.heartbeat_ns ? static_cast<double>(now - r.heartbeat_ns) / 1e9 : 0.0);
   }
   w.family("gpuslice_priority_level", "gauge",
-           "Priority of the container's work (1 low, 2 normal, 3 high; docs/priority.md).", full);
+           "Priority of the container's work (1 low, 2 normal, 3 high; docs/priority.md).");
   for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.priority >= 1 && r.priority <= 3 ? r.priority : 2);
   w.family("gpuslice_priority_held", "gauge",
-           "1 while the container's launches are held by a higher-priority container.", full);
+           "1 while the container's launches are held by a higher-priority container.");
   for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.held_until_ns > now ? 1 : 0);
   w.family("gpuslice_priority_held_seconds_total", "counter",
            "Time the container's launches waited for higher-priority containers.");
