@@ -28,6 +28,7 @@ int count_lines(const std::string& text, const std::string& needle) {
   return n;
 }
 
+// The value of a sample given by its name and labels, -1 if absent.
 double metric(const std::string& text, const std::string& name) {
   const std::string head = "\n" + name + " ";
   const std::size_t at = text.find(head);
@@ -116,6 +117,36 @@ TEST(AgentFlood, RegionsPastTheCapAreCountedAndLoggedOnce) {
                 {}, 20000);
   EXPECT_EQ(r.exit_code, 124) << r.describe();
   EXPECT_EQ(count_lines(r.err, "are not watched"), 1) << r.err;
+}
+
+// The agent reads only the slots it knows to be busy (slot_index.h): a claim
+// or a release must still be seen at the next cycle, not at the next
+// periodic re-read of the slot array.
+TEST(AgentSlots, AClaimAndAReleaseAreSeenAtTheNextCycle) {
+  Sandbox box;
+  agent::AgentConfig cfg = config_for(box, false);
+  cfg.verify_ns = 1'000'000'000;
+  const std::string path = container_region(box, "pod-a");
+  make_container(path, "a");
+  if (HasFatalFailure()) return;
+  agent::Agent agent(cfg);
+  agent.start();
+  agent.cycle();
+  agent.cycle();
+  EXPECT_EQ(metric(agent.metrics_text(), "gpuslice_container_processes{container=\"a\",region=\"pod-a/c.region\"}"), 0);
+  Region* r = attach(path);
+  ASSERT_NE(r, nullptr);
+  Identity me;
+  ASSERT_TRUE(identity(static_cast<std::uint32_t>(getpid()), &me));
+  const int slot = add_slot(r, me.ns_pid, me.pidns, me.start_time);
+  ASSERT_GE(slot, 0);
+  agent.cycle();
+  EXPECT_EQ(metric(agent.metrics_text(), "gpuslice_container_processes{container=\"a\",region=\"pod-a/c.region\"}"), 1);
+  EXPECT_EQ(r->slots[slot].host_pid.load(), static_cast<std::uint32_t>(getpid())) << "the agent mapped the new process";
+  shm::release_slot(r, slot);
+  agent.cycle();
+  EXPECT_EQ(metric(agent.metrics_text(), "gpuslice_container_processes{container=\"a\",region=\"pod-a/c.region\"}"), 0);
+  shm::detach(r);
 }
 
 }  // namespace
