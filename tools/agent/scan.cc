@@ -110,7 +110,6 @@ bool RegionSet::rescan() {
   bool all = true;
   std::vector<char> unreadable(roots_.size(), 0);
   unwatched_counting_ = 0;
-  links_counting_ = 0;
   for (std::size_t r = 0; r < roots_.size(); ++r) {
     if (!scan_root(r, seen)) {
       all = false;
@@ -146,7 +145,6 @@ bool RegionSet::rescan() {
     forget_once("max-regions");
   }
   unwatched_ = unwatched_counting_;
-  links_skipped_ = links_counting_;
   return all;
 }
 
@@ -246,7 +244,6 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
     auto same = by_inode_.find(FileId{st.st_dev, st.st_ino});
     if (same != by_inode_.end() && !same->second->dropped &&
         key(same->second->root, same->second->sub, same->second->current) != rel) {
-      ++links_counting_;
       log_once(LogLevel::info, "links:"s + same->second->rel,
                "region %s has other names (hard links, e.g. %s): it is watched once, under its first name",
                same->second->rel.c_str(), rel.c_str());

@@ -83,8 +83,6 @@ class RegionSet {
   // Region files the last rescan found but did not watch: --max-regions was reached.
   std::size_t unwatched() const { return unwatched_; }
   std::size_t max_regions() const { return max_regions_; }
-  // Second names (hard links) of a file already watched, skipped by the last rescan.
-  std::size_t links_skipped() const { return links_skipped_; }
   // Warnings about invalid files left unwritten by the log budget (below).
   std::uint64_t log_suppressed() const { return log_suppressed_; }
   std::uint64_t removed_total() const { return removed_total_; }
@@ -136,7 +134,6 @@ class RegionSet {
   std::uint64_t removed_total_ = 0;
   std::vector<char> dir_error_logged_;  // per root
   std::size_t unwatched_ = 0, unwatched_counting_ = 0;
-  std::size_t links_skipped_ = 0, links_counting_ = 0;
   std::uint64_t log_suppressed_ = 0, log_suppressed_reported_ = 0;
   double log_tokens_ = -1;  // < 0: full (first use)
   std::uint64_t log_refill_ns_ = 0, log_summary_ns_ = 0;
