@@ -49,5 +49,20 @@ TEST(StatusHistory, KeepsTheWindowOfPlottedSeriesAndDropsGoneOnes) {
   EXPECT_TRUE(doc["history"].empty());
 }
 
+TEST(StatusHistory, KeepsABoundedNumberOfSeries) {
+  // Thousands of containers: the history plots the first 512 series
+  // (kMaxHistorySeries) and grows no further (each holds up to 300 points).
+  StatusHistory h;
+  std::string exposition;
+  for (std::size_t i = 0; i < 812; ++i) {
+    exposition += "gpuslice_memory_used_bytes{region=\"pod-" + std::to_string(i) + "/c.region\",device=\"0\"} 1\n";
+  }
+  h.record(1000, exposition);
+  h.record(3000, exposition);
+  const auto doc = nlohmann::json::parse(h.json(3000, ""));
+  EXPECT_EQ(doc["history"].size(), 512u);
+  EXPECT_EQ(doc["history"][0]["v"].size(), 2u);
+}
+
 }  // namespace
 }  // namespace gpuslice::agent

@@ -129,7 +129,7 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   active_.clear();
   for (auto& t : regions_.regions()) {
     if (t->dropped) continue;
-    if (!read_sample(t->map.get(), &t->sample, &scratch_)) {
+    if (!read_region(*t, now)) {
       ++stats_.regions_dropped_truncated;
       regions_.drop(*t, "the file was truncated under us (SIGBUS); it is reopened if it becomes valid again");
       continue;
@@ -187,10 +187,35 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   ++stats_.cycles;
   stats_.regions = regions_.regions().size();
   stats_.invalid_files = regions_.invalid_files();
+  stats_.regions_unwatched = regions_.unwatched();
+  stats_.regions_max = regions_.max_regions();
+  stats_.log_suppressed = regions_.log_suppressed();
   stats_.regions_removed = regions_.removed_total();
   stats_.pid_scans = pidmap_.full_scans();
   stats_.bypass_reports = reconciler_.counters().bypass_reports;
   stats_.unregistered_reports = reconciler_.counters().unregistered_reports;
+}
+
+bool Agent::read_region(TrackedRegion& t, std::uint64_t now) {
+  const Region* r = t.map.get();
+  std::uint32_t live = 0;
+  auto header_live = [&] { return guarded([&] { live = r->header.live_slots.load(std::memory_order_acquire); }); };
+  auto reread = [&] {
+    if (!header_live() || !t.slots.reread(t.map.fd(), live, now, t.map.inode(), &slot_buffer_)) return false;
+    ++stats_.slot_rereads;
+    t.map.map_slots(t.slots.busy());
+    return true;
+  };
+  // Before the region may be renamed away or unlinked (RegionSet::lifecycle),
+  // its slots are read afresh: a process that just attached keeps it.
+  const bool removal_due =
+      t.removing || (config_.grace_ns != 0 && t.empty_since_ns != 0 && now - t.empty_since_ns >= config_.grace_ns);
+  const bool fresh = t.slots.due(now) || removal_due;
+  if (fresh && !reread()) return false;
+  if (!header_live() || !read_sample(r, t.slots.busy(), &t.sample, &scratch_)) return false;
+  if (fresh || !t.slots.stale(t.sample.busy_slots, live)) return true;
+  // A claim or a release since the index was read: read it again now.
+  return reread() && read_sample(r, t.slots.busy(), &t.sample, &scratch_);
 }
 
 int Agent::reap(TrackedRegion& t) {
@@ -211,6 +236,10 @@ int Agent::reap(TrackedRegion& t) {
     regions_.drop(t, "the file was truncated under us (SIGBUS)");
     freed = 0;
   }
+  // The reaper walked every slot: give their pages back, and read the states
+  // it changed afresh next cycle.
+  t.map.release_slot_pages();
+  t.slots.invalidate();
   for (const SlotSample& s : t.sample.slots) dead_[static_cast<std::size_t>(s.index)] = nullptr;
   if (freed > 0) {
     stats_.slots_reaped += static_cast<std::uint64_t>(freed);
@@ -220,14 +249,19 @@ int Agent::reap(TrackedRegion& t) {
 }
 
 std::string Agent::metrics_text() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  MetricsInput in;
-  in.stats = stats_;
-  for (const auto& t : regions_.regions()) {
-    if (!t->dropped) in.regions.push_back(t.get());
+  MetricsSnapshot snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MetricsInput in;
+    in.stats = stats_;
+    in.basic = config_.metrics_basic;
+    for (const auto& t : regions_.regions()) {
+      if (!t->dropped) in.regions.push_back(t.get());
+    }
+    for (const DeviceUtil& d : device_util_) in.devices.push_back({d.uuid, d.util_pct, d.processes});
+    snapshot = read_metrics(in);
   }
-  for (const DeviceUtil& d : device_util_) in.devices.push_back({d.uuid, d.util_pct, d.processes});
-  return render_metrics(in);
+  return render_metrics(*snapshot);
 }
 
 bool Agent::healthy() const {

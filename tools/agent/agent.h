@@ -41,6 +41,9 @@ struct AgentConfig {
   bool use_nvml = true;
   std::string nvml_library = "libnvidia-ml.so.1";
   std::size_t max_regions = 4096;
+  // --metrics basic: /metrics leaves out the per-region families no shipped
+  // rule or panel needs (docs/agent.md, "Scale"). Default: full.
+  bool metrics_basic = false;
   // Priority board (docs/priority.md): its files unused for grace_ns are removed. Empty = not cleaned.
   std::string priority_board = kDefaultPriorityBoard;
 };
@@ -54,12 +57,16 @@ struct AgentStats {
   std::uint64_t slots_reaped = 0;
   std::uint64_t regions = 0;
   std::uint64_t invalid_files = 0;
+  std::uint64_t regions_unwatched = 0;  // region files past --max-regions at the last rescan
+  std::uint64_t regions_max = 0;        // --max-regions
+  std::uint64_t log_suppressed = 0;     // warnings about invalid files over the log budget (scan.h)
   std::uint64_t regions_removed = 0;
   std::uint64_t regions_dropped_truncated = 0;
   std::uint64_t pid_scans = 0;
   std::uint64_t bypass_reports = 0;
   std::uint64_t unregistered_reports = 0;
   std::uint64_t board_files_removed = 0;  // stale priority-board files (board_cleanup.h)
+  std::uint64_t slot_rereads = 0;         // reads of a region's whole slot array (slot_index.h)
   bool nvml_available = false;
   std::uint64_t nvml_devices = 0;
 };
@@ -89,6 +96,8 @@ class Agent {
   void timed_cycle(const GpuSample* given, bool sample_nvml);
   void run_cycle(const GpuSample* gpu, std::uint64_t now_ns);
   int reap(TrackedRegion& t);
+  // This cycle's sample of a region (slot_index.h); false: truncated under us.
+  bool read_region(TrackedRegion& t, std::uint64_t now_ns);
 
   mutable std::mutex mu_;  // cycles vs. /metrics scrapes
   AgentConfig config_;
@@ -105,6 +114,7 @@ class Agent {
   std::vector<DeviceUtil> device_util_;  // the last NVML sample, for /metrics
   shm::ProcessIdentity self_{};
   std::vector<SlotSample> scratch_;
+  std::vector<unsigned char> slot_buffer_;  // one region's slot array (SlotIndex::reread)
   std::vector<TrackedRegion*> active_;
   std::vector<const SlotSample*> dead_;  // per slot index: this cycle's sample of a process found dead
   std::uint64_t last_rescan_ns_ = 0;

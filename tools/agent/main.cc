@@ -1,4 +1,5 @@
 // gpuslice-agent: the node agent (see agent.h and docs/agent.md).
+#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -36,7 +37,7 @@ void raise_fd_limit() {
 int main(int argc, char** argv) {
   AgentConfig cfg;
   std::string interval = "100ms", rescan = "1s", grace = "5m", tolerance = "768Mi", listen = kDefaultListen;
-  std::string level = "info";
+  std::string level = "info", metrics = "full";
   bool no_nvml = false, once = false;
   CLI::App app{
       "gpuslice-agent: the gpuslice node agent. Watches every container's region, writes measured GPU "
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
   app.add_option("--nvml", cfg.nvml_library, "NVML library to dlopen")->capture_default_str();
   app.add_flag("--no-nvml", no_nvml, "Run without NVML: reaping and metrics only");
   app.add_option("--max-regions", cfg.max_regions, "Most regions watched at once")->capture_default_str();
+  app.add_option("--metrics", metrics,
+                 "full | basic: basic leaves out per-region series no shipped rule or dashboard uses "
+                 "(for thousands of containers per node)")
+      ->capture_default_str();
   app.add_option("--log-level", level, "error | warn | info | debug")->capture_default_str();
   app.add_flag("--once", once, "Run one cycle, print the metrics to stdout and exit");
   if (const std::optional<int> stop = gpuslice::tools::parse(app, argc, argv)) return *stop;
@@ -80,6 +85,9 @@ int main(int argc, char** argv) {
   if (!parse_log_level(level, &log_level))
     return usage_error(app, "--log-level '"s + level + "': expected error|warn|info|debug");
   if (cfg.max_regions == 0) return usage_error(app, "--max-regions: expected at least 1");
+  if (metrics != "full" && metrics != "basic")
+    return usage_error(app, "--metrics '"s + metrics + "': expected full or basic");
+  cfg.metrics_basic = metrics == "basic";
   if (!cfg.hami_root.empty() && cfg.hami_root[0] != '/') {
     return usage_error(app,
                        "--hami-root '"s + cfg.hami_root + "': expected an absolute directory (e.g. /usr/local/vgpu)");
@@ -103,6 +111,10 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a scraper that hangs up mid-response must not kill the agent
   raise_fd_limit();
+  // Buffers of /metrics and the status page (megabytes at thousands of
+  // regions) are mapped and given back when freed, instead of staying in a
+  // thread's arena at their peak (docs/agent.md, "Scale").
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
 
   Agent agent(cfg);
   agent.start();

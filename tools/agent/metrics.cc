@@ -18,30 +18,50 @@ using namespace std::string_literals;
 #endif
 
 namespace gpuslice::agent {
+
+// What a scrape read from the regions (under the agent's lock); written out
+// without it.
+struct MetricsRows {
+  // What /metrics shows of one device entry, read fresh (guarded).
+  struct Row {
+    // Oversubscription configured or ever used on the entry: its families are
+    // written only then (six series of zeros per device entry otherwise).
+    bool oversub() const {
+      return dev.oversub_policy != 0 || dev.spilled_bytes != 0 || dev.oversub_waits != 0 || dev.oversub_timeouts != 0 ||
+             dev.oversub_waiting != 0 || (dev.resident_limit_bytes != 0 && dev.resident_limit_bytes != kUnlimited);
+    }
+    std::string labels;  // container="..",region="..",device="..",uuid=".."
+    DeviceView dev;
+    DeviceStats stats;
+    std::uint32_t processes;
+  };
+
+  struct RegionRow {
+    std::string labels;  // container="..",region=".."
+    std::uint32_t processes;
+    std::uint64_t heartbeat_ns;
+    std::uint32_t priority = 0;  // RegionHeader::priority (docs/priority.md)
+    std::uint64_t held_ns = 0, held_until_ns = 0;
+  };
+  std::vector<Row> rows;
+  std::vector<RegionRow> regions;
+  AgentStats stats;
+  std::vector<MetricsDevice> devices;
+  bool basic = false;
+};
+
+void MetricsRowsFree::operator()(MetricsRows* m) const { delete m; }
+
 namespace {
-
-// What /metrics shows of one device entry, read fresh (guarded).
-struct Row {
-  const TrackedRegion* region;
-  std::string labels;  // container="..",region="..",device="..",uuid=".."
-  DeviceView dev;
-  const DeviceStats* stats;
-  std::uint32_t processes;
-};
-
-struct RegionRow {
-  std::string labels;  // container="..",region=".."
-  std::uint32_t processes;
-  std::uint64_t heartbeat_ns;
-  std::uint32_t priority = 0;  // RegionHeader::priority (docs/priority.md)
-  std::uint64_t held_ns = 0, held_until_ns = 0;
-};
 
 class Writer {
  public:
   explicit Writer(std::string* out) : out_(out) {}
-  void family(const char* name, const char* type, const char* help) {
+  // Starts a family; false (and its samples are dropped) when it is left out.
+  bool family(const char* name, const char* type, const char* help, bool wanted = true) {
+    skip_ = !wanted;
     name_ = name;
+    if (skip_) return false;
     *out_ += "# HELP ";
     *out_ += name;
     *out_ += ' ';
@@ -51,6 +71,7 @@ class Writer {
     *out_ += ' ';
     *out_ += type;
     *out_ += '\n';
+    return true;
   }
   void sample(const std::string& labels, double value) {
     char buf[64];
@@ -65,6 +86,7 @@ class Writer {
 
  private:
   void line(const std::string& labels, const char* value) {
+    if (skip_) return;
     *out_ += name_;
     if (!labels.empty()) {
       *out_ += '{';
@@ -77,6 +99,7 @@ class Writer {
   }
   std::string* out_;
   const char* name_ = "";
+  bool skip_ = false;
 };
 
 std::string region_labels(const std::string& container, const std::string& rel) {
@@ -111,9 +134,14 @@ std::string escape_label(const std::string& value) {
   return out;
 }
 
-std::string render_metrics(const MetricsInput& in) {
-  std::vector<Row> rows;
-  std::vector<RegionRow> region_rows;
+MetricsSnapshot read_metrics(const MetricsInput& in) {
+  MetricsSnapshot snap(new MetricsRows);
+  using Row = MetricsRows::Row;
+  std::vector<Row>& rows = snap->rows;
+  std::vector<MetricsRows::RegionRow>& region_rows = snap->regions;
+  snap->stats = in.stats;
+  snap->devices = in.devices;
+  snap->basic = in.basic;
   for (const TrackedRegion* t : in.regions) {
     const Region* r = t->map.get();
     DeviceView devs[kMaxDevices];
@@ -146,6 +174,7 @@ std::string render_metrics(const MetricsInput& in) {
         v.oversub_wait_ns = s.oversub_wait_ns.load(std::memory_order_relaxed);
         v.oversub_timeouts = s.oversub_timeouts.load(std::memory_order_relaxed);
         v.oversub_waiting = s.oversub_waiting.load(std::memory_order_relaxed);
+        v.oversub_policy = s.oversub_policy.load(std::memory_order_relaxed);
         v.sm_limit_pct = s.sm_limit_pct.load(std::memory_order_relaxed);
         v.throttled_ns = s.throttled_ns.load(std::memory_order_relaxed);
         v.launches = s.launches.load(std::memory_order_relaxed);
@@ -170,14 +199,25 @@ std::string render_metrics(const MetricsInput& in) {
         if (s.committed_bytes[dev] != 0 || s.nvml_now_bytes[dev] != 0) ++processes;
       }
       rows.push_back(
-          {t, base + ",device=\"" + std::to_string(dev) + "\",uuid=\"" + format_uuid(devs[i].uuid) + "\"" + owner,
-           devs[i], &t->sample.stats[dev], processes});
+          {base + ",device=\"" + std::to_string(dev) + "\",uuid=\"" + format_uuid(devs[i].uuid) + "\"" + owner, devs[i],
+           t->sample.stats[dev], processes});
     }
   }
+  return snap;
+}
+
+std::string render_metrics(const MetricsInput& in) { return render_metrics(*read_metrics(in)); }
+
+std::string render_metrics(const MetricsRows& in) {
+  using Row = MetricsRows::Row;
+  using RegionRow = MetricsRows::RegionRow;
+  const std::vector<Row>& rows = in.rows;
+  const std::vector<RegionRow>& region_rows = in.regions;
 
   std::string out;
-  out.reserve(512 + rows.size() * 1400);
+  out.reserve(4096 + rows.size() * (in.basic ? 1500 : 2500));
   Writer w(&out);
+  const bool full = !in.basic;  // --metrics basic leaves these families out
   w.family("gpuslice_memory_quota_bytes", "gauge",
            "Device-memory quota of the container on the device (absent when unlimited).");
   for (const Row& r : rows) {
@@ -190,17 +230,17 @@ std::string render_metrics(const MetricsInput& in) {
     w.sample_u64(r.labels, sum < r.dev.used_bytes ? kUnlimited : sum);
   }
   w.family("gpuslice_memory_counted_bytes", "gauge",
-           "Device memory reserved through gpuslice (DeviceState::used_bytes).");
+           "Device memory reserved through gpuslice (DeviceState::used_bytes).", full);
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.used_bytes);
   w.family("gpuslice_memory_agent_extra_bytes", "gauge",
-           "Device memory NVML shows for the container beyond what gpuslice counted (contexts, bypasses).");
+           "Device memory NVML shows for the container beyond what gpuslice counted (contexts, bypasses).", full);
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.agent_extra_bytes);
   w.family("gpuslice_memory_nvml_bytes", "gauge",
-           "Device memory NVML reports for the container's processes (last cycle).");
+           "Device memory NVML reports for the container's processes (last cycle).", full);
   for (const Row& r : rows) {
-    if (r.stats->nvml_known) w.sample_u64(r.labels, r.stats->nvml_bytes);
+    if (r.stats.nvml_known) w.sample_u64(r.labels, r.stats.nvml_bytes);
   }
-  w.family("gpuslice_memory_peak_bytes", "gauge", "Highest device memory counted for the container.");
+  w.family("gpuslice_memory_peak_bytes", "gauge", "Highest device memory counted for the container.", full);
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.peak_used_bytes);
   w.family("gpuslice_oom_refusals_total", "counter", "Allocations refused because of the quota.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oom_refusals);
@@ -209,10 +249,12 @@ std::string render_metrics(const MetricsInput& in) {
   w.family("gpuslice_memory_resident_bytes", "gauge",
            "Device memory counted for the container that is resident on the device (counted minus spilled).");
   for (const Row& r : rows)
-    w.sample_u64(r.labels, r.dev.used_bytes > r.dev.spilled_bytes ? r.dev.used_bytes - r.dev.spilled_bytes : 0);
+    if (r.oversub())
+      w.sample_u64(r.labels, r.dev.used_bytes > r.dev.spilled_bytes ? r.dev.used_bytes - r.dev.spilled_bytes : 0);
   w.family("gpuslice_memory_spilled_bytes", "gauge",
            "Memory served as host-resident managed memory under GPUSLICE_OVERSUBSCRIBE=spill (within the quota).");
-  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.spilled_bytes);
+  for (const Row& r : rows)
+    if (r.oversub()) w.sample_u64(r.labels, r.dev.spilled_bytes);
   w.family("gpuslice_memory_resident_limit_bytes", "gauge",
            "Device-resident allowance (GPUSLICE_MEMORY_RESIDENT; absent = the quota).");
   for (const Row& r : rows) {
@@ -221,13 +263,17 @@ std::string render_metrics(const MetricsInput& in) {
   }
   w.family("gpuslice_memory_waits_total", "counter",
            "Allocations that waited for device memory under GPUSLICE_OVERSUBSCRIBE=wait.");
-  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_waits);
-  w.family("gpuslice_memory_wait_seconds_total", "counter", "Time allocations spent waiting for device memory.");
-  for (const Row& r : rows) w.sample(r.labels, static_cast<double>(r.dev.oversub_wait_ns) / 1e9);
+  for (const Row& r : rows)
+    if (r.oversub()) w.sample_u64(r.labels, r.dev.oversub_waits);
+  w.family("gpuslice_memory_wait_seconds_total", "counter", "Time allocations spent waiting for device memory.", full);
+  for (const Row& r : rows)
+    if (r.oversub()) w.sample(r.labels, static_cast<double>(r.dev.oversub_wait_ns) / 1e9);
   w.family("gpuslice_memory_wait_timeouts_total", "counter", "Waits for device memory that ended in out-of-memory.");
-  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_timeouts);
+  for (const Row& r : rows)
+    if (r.oversub()) w.sample_u64(r.labels, r.dev.oversub_timeouts);
   w.family("gpuslice_memory_waiting", "gauge", "Allocations waiting for device memory now.");
-  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oversub_waiting);
+  for (const Row& r : rows)
+    if (r.oversub()) w.sample_u64(r.labels, r.dev.oversub_waiting);
   w.family("gpuslice_sm_limit_percent", "gauge",
            "Share of the device's compute time the container may use (100 = unlimited).");
   for (const Row& r : rows) w.sample_u64(r.labels, sm_unlimited(r.dev.sm_limit_pct) ? 100 : r.dev.sm_limit_pct);
@@ -239,18 +285,18 @@ std::string render_metrics(const MetricsInput& in) {
   w.family("gpuslice_throttled_seconds_total", "counter",
            "Time the container's launching threads were held back by the SM limit.");
   for (const Row& r : rows) w.sample(r.labels, static_cast<double>(r.dev.throttled_ns) / 1e9);
-  w.family("gpuslice_launches_total", "counter", "Kernels launched by the container.");
+  w.family("gpuslice_launches_total", "counter", "Kernels launched by the container.", full);
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.launches);
-  w.family("gpuslice_processes", "gauge", "Processes of the container holding memory on the device.");
+  w.family("gpuslice_processes", "gauge", "Processes of the container holding memory on the device.", full);
   for (const Row& r : rows) w.sample_u64(r.labels, r.processes);
   w.family("gpuslice_bypass_suspected_processes", "gauge",
            "Registered processes holding more device memory than they accounted for, beyond the tolerance.");
-  for (const Row& r : rows) w.sample_u64(r.labels, r.stats->suspected);
+  for (const Row& r : rows) w.sample_u64(r.labels, r.stats.suspected);
   w.family("gpuslice_unregistered_processes", "gauge",
            "Processes of the container's pid namespace using the device without gpuslice.");
-  for (const Row& r : rows) w.sample_u64(r.labels, r.stats->unregistered);
+  for (const Row& r : rows) w.sample_u64(r.labels, r.stats.unregistered);
 
-  w.family("gpuslice_container_processes", "gauge", "Processes registered in the container's region.");
+  w.family("gpuslice_container_processes", "gauge", "Processes registered in the container's region.", full);
   for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.processes);
 
   w.family("gpuslice_device_sm_utilization_ratio", "gauge",
@@ -276,6 +322,14 @@ std::string render_metrics(const MetricsInput& in) {
   w.sample_u64("", s.regions);
   w.family("gpuslice_agent_invalid_files", "gauge", "Files in the region directory skipped as not valid regions.");
   w.sample_u64("", s.invalid_files);
+  w.family("gpuslice_agent_regions_max", "gauge", "Most regions watched at once (--max-regions).");
+  w.sample_u64("", s.regions_max);
+  w.family("gpuslice_agent_regions_unwatched", "gauge",
+           "Region files found but not watched, reaped or removed because --max-regions was reached.");
+  w.sample_u64("", s.regions_unwatched);
+  w.family("gpuslice_agent_log_suppressed_total", "counter",
+           "Warnings about invalid files not logged because of the log budget (docs/agent.md).");
+  w.sample_u64("", s.log_suppressed);
   w.family("gpuslice_agent_regions_removed_total", "counter", "Unused regions removed after the grace period.");
   w.sample_u64("", s.regions_removed);
   w.family("gpuslice_agent_regions_truncated_total", "counter",
@@ -283,6 +337,9 @@ std::string render_metrics(const MetricsInput& in) {
   w.sample_u64("", s.regions_dropped_truncated);
   w.family("gpuslice_agent_slots_reaped_total", "counter", "Slots of exited processes reclaimed by the agent.");
   w.sample_u64("", s.slots_reaped);
+  w.family("gpuslice_agent_slot_rereads_total", "counter",
+           "Reads of a region's whole slot array (at first sight, after a claim or release, every ~10 s).");
+  w.sample_u64("", s.slot_rereads);
   w.family("gpuslice_agent_pid_scans_total", "counter", "Full /proc scans to map processes of other pid namespaces.");
   w.sample_u64("", s.pid_scans);
   w.family("gpuslice_agent_bypass_reports_total", "counter",
@@ -293,7 +350,7 @@ std::string render_metrics(const MetricsInput& in) {
   w.sample_u64("", s.unregistered_reports);
   w.family("gpuslice_agent_nvml_available", "gauge", "1 if NVML was loaded (utilisation and reconciliation run).");
   w.sample_u64("", s.nvml_available ? 1 : 0);
-  w.family("gpuslice_agent_heartbeat_age_seconds", "gauge", "Time since the agent's heartbeat in each region.");
+  w.family("gpuslice_agent_heartbeat_age_seconds", "gauge", "Time since the agent's heartbeat in each region.", full);
   const std::uint64_t now = monotonic_ns();
   for (const RegionRow& r : region_rows) {
     if (r.heartbeat_ns != 0)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,19 @@ struct MetricsInput {
   AgentStats stats;
   std::vector<const TrackedRegion*> regions;
   std::vector<MetricsDevice> devices;  // NVML's devices in the last cycle
+  bool basic = false;                  // --metrics basic (docs/agent.md, "Scale")
 };
 
-std::string render_metrics(const MetricsInput& in);
+// What a scrape read from the regions: read under the agent's lock, written
+// out after it (a cycle does not wait for the text of thousands of regions).
+struct MetricsRows;
+struct MetricsRowsFree {
+  void operator()(MetricsRows* m) const;
+};
+using MetricsSnapshot = std::unique_ptr<MetricsRows, MetricsRowsFree>;
+MetricsSnapshot read_metrics(const MetricsInput& in);
+std::string render_metrics(const MetricsRows& rows);
+std::string render_metrics(const MetricsInput& in);  // both
 // A label value escaped for the text format (\\, \" and \n).
 std::string escape_label(const std::string& value);
 

@@ -15,13 +15,14 @@ using namespace std::string_literals;
 
 namespace gpuslice::agent {
 
-bool read_sample(const Region* r, RegionSample* out, std::vector<SlotSample>* scratch) {
+bool read_sample(const Region* r, const std::vector<std::uint16_t>& slot_list, RegionSample* out,
+                 std::vector<SlotSample>* scratch) {
   // Sized before the guard: nothing allocates inside it. Slots go through the
   // shared scratch buffer so that each region keeps only its live ones.
   out->devices.resize(kMaxDevices);
   scratch->resize(kMaxSlots);
   std::size_t devices = 0, slots = 0;
-  std::uint32_t busy = 0, reaping = 0;
+  std::uint32_t busy = 0, reaping = 0, live = 0;
   std::uint32_t published = 0;  // bit mask of published entries
   const bool ok = guarded([&] {
     std::memcpy(out->container_name, r->header.container_name, sizeof out->container_name);
@@ -36,12 +37,13 @@ bool read_sample(const Region* r, RegionSample* out, std::vector<SlotSample>* sc
       ds.gpu = -1;
       published |= 1u << i;
     }
-    for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
-      const Slot& s = r->slots[i];
+    for (const std::uint32_t i : slot_list) {
+      const Slot& s = r->slots[i % kMaxSlots];
       const std::uint32_t state = s.state.load(std::memory_order_acquire);
       if (state == kSlotFree) continue;
       ++busy;
       if (state == kSlotReaping) ++reaping;
+      if (state == kSlotLive) ++live;
       const std::uint64_t start_time = s.start_time.load(std::memory_order_relaxed);
       // A claimer that has not written its start time yet is not judged.
       if (state != kSlotLive && !(state == kSlotClaiming && start_time != 0)) continue;
@@ -69,6 +71,7 @@ bool read_sample(const Region* r, RegionSample* out, std::vector<SlotSample>* sc
   out->slots.assign(scratch->begin(), scratch->begin() + static_cast<std::ptrdiff_t>(ok ? slots : 0));
   out->busy_slots = busy;
   out->reaping_slots = reaping;
+  out->live_slots = live;
   out->container_name[sizeof out->container_name - 1] = '\0';
   return ok;
 }

@@ -24,9 +24,11 @@
 
 namespace gpuslice::agent {
 
-// Reads what a cycle needs from a region (guarded). false: the file was
-// truncated under us. scratch: a buffer reused across regions.
-bool read_sample(const Region* r, RegionSample* out, std::vector<SlotSample>* scratch);
+// Reads what a cycle needs from a region (guarded): the device entries and the
+// given slots (those in use, slot_index.h). false: the file was truncated
+// under us. scratch: a buffer reused across regions.
+bool read_sample(const Region* r, const std::vector<std::uint16_t>& slots, RegionSample* out,
+                 std::vector<SlotSample>* scratch);
 
 struct ReconcileCounters {
   std::uint64_t bypass_reports = 0;        // registered processes newly found over their account

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -115,6 +116,40 @@ void MappedRegion::reset() {
   if (fd_ >= 0) close(fd_);
   region_ = nullptr;
   fd_ = -1;
+}
+
+namespace {
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+// Maps [begin, end) of a writable shared mapping by write faults (no data is
+// written); false where the kernel cannot (then reads fault the pages in).
+bool populate(void* base, std::size_t begin, std::size_t end) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t first = begin / page * page;
+  return madvise(static_cast<char*>(base) + first, end - first, MADV_POPULATE_WRITE) == 0;
+}
+
+}  // namespace
+
+void MappedRegion::map_slots(const std::vector<std::uint16_t>& slots) const {
+  if (region_ == nullptr || !writable_) return;
+  release_slot_pages();
+  populate(region_, 0, offsetof(Region, slots));  // the header and device entries (sharing a page with slot 0)
+  for (const std::uint16_t i : slots) {
+    if (i >= kMaxSlots) continue;
+    const std::size_t at = offsetof(Region, slots) + std::size_t{i} * sizeof(Slot);
+    if (!populate(region_, at, at + sizeof(Slot))) return;
+  }
+}
+
+void MappedRegion::release_slot_pages() const {
+  if (region_ == nullptr) return;
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t start = offsetof(Region, slots) / page * page;
+  madvise(reinterpret_cast<char*>(region_) + start, sizeof(Region) - start, MADV_DONTNEED);
 }
 
 bool MappedRegion::unlinked() const {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gpuslice/region.h"
 
@@ -53,6 +54,16 @@ class MappedRegion {
   // Takes ownership of a mapping of sizeof(Region) bytes and of the open file
   // it maps (open_region's job).
   void adopt(Region* region, int fd, bool writable, dev_t device, ino_t inode);
+  // Unmaps the pages of the slot array from this process (the file keeps
+  // them): the next access maps back only the pages it touches. After a
+  // walk of every slot (the reaper), so that the agent does not keep every
+  // page of the region resident (slot_index.h).
+  void release_slot_pages() const;
+  // Maps exactly the pages of these slots (and releases the others'), by
+  // write faults, which map one page each: a read fault of a file on disk
+  // maps up to 16 neighbours already in the page cache ("fault-around").
+  // Nothing is written. Writable mappings only; elsewhere a no-op.
+  void map_slots(const std::vector<std::uint16_t>& slots) const;
   // The file was unlinked since we opened it (its inode number may already
   // name a new file: only the open descriptor can tell).
   bool unlinked() const;

@@ -44,8 +44,9 @@ struct RegionSample {
   char container_name[sizeof(RegionHeader::container_name)] = {};  // raw; printable() before use
   std::vector<DeviceSample> devices;                               // published entries
   std::vector<SlotSample> slots;    // slots of processes (live, or claiming with an identity)
-  std::uint32_t busy_slots = 0;     // every slot that is not free
+  std::uint32_t busy_slots = 0;     // every slot read that is not free
   std::uint32_t reaping_slots = 0;  // left mid-reap by a dead reaper
+  std::uint32_t live_slots = 0;     // of them, kSlotLive
   std::array<DeviceStats, kMaxDevices> stats{};
 };
 

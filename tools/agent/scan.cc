@@ -6,7 +6,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 
 #include "log.h"
@@ -18,6 +21,9 @@ namespace gpuslice::agent {
 namespace {
 
 constexpr unsigned kRenameNoReplace = 1;  // RENAME_NOREPLACE
+constexpr double kSkipLogBurst = 32;
+constexpr std::uint64_t kSkipLogRefillNs = 2'000'000'000;  // 30 lines a minute after the burst
+constexpr std::uint64_t kSkipLogSummaryNs = 60'000'000'000;
 
 int rename_noreplace(int dirfd, const char* from, const char* to) {
   return static_cast<int>(syscall(SYS_renameat2, dirfd, from, dirfd, to, kRenameNoReplace));
@@ -103,6 +109,7 @@ bool RegionSet::rescan() {
   std::unordered_map<std::string, bool> seen;
   bool all = true;
   std::vector<char> unreadable(roots_.size(), 0);
+  unwatched_counting_ = 0;
   for (std::size_t r = 0; r < roots_.size(); ++r) {
     if (!scan_root(r, seen)) {
       all = false;
@@ -133,7 +140,45 @@ bool RegionSet::rescan() {
     }
   }
   sweep();
+  if (unwatched_counting_ == 0 && unwatched_ != 0) {
+    log(LogLevel::info, "every region file is watched again (--max-regions %zu)", max_regions_);
+    forget_once("max-regions");
+  }
+  unwatched_ = unwatched_counting_;
   return all;
+}
+
+void RegionSet::skip_warning(const std::string& key, const char* format, ...) {
+  const std::uint64_t now = monotonic_ns();
+  if (log_tokens_ < 0) {
+    log_tokens_ = kSkipLogBurst;
+    log_refill_ns_ = now;
+  }
+  if (now - log_refill_ns_ >= kSkipLogRefillNs) {
+    const std::uint64_t add = (now - log_refill_ns_) / kSkipLogRefillNs;
+    log_tokens_ = std::min(kSkipLogBurst, log_tokens_ + static_cast<double>(add));
+    log_refill_ns_ += add * kSkipLogRefillNs;
+  }
+  char line[768];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(line, sizeof line, format, args);
+  va_end(args);
+  if (log_tokens_ >= 1) {
+    if (log_once(LogLevel::warn, key, "%s", line)) log_tokens_ -= 1;
+  } else {
+    ++log_suppressed_;
+  }
+  if (log_suppressed_ != log_suppressed_reported_ &&
+      (log_summary_ns_ == 0 || now - log_summary_ns_ >= kSkipLogSummaryNs)) {
+    log(LogLevel::warn,
+        "%llu more warning(s) about invalid files were not logged (at most %d, then one every %llu s; "
+        "gpuslice_agent_log_suppressed_total counts them)",
+        static_cast<unsigned long long>(log_suppressed_ - log_suppressed_reported_), static_cast<int>(kSkipLogBurst),
+        static_cast<unsigned long long>(kSkipLogRefillNs / 1'000'000'000));
+    log_suppressed_reported_ = log_suppressed_;
+    log_summary_ns_ = now;
+  }
 }
 
 bool RegionSet::scan_root(std::size_t r, std::unordered_map<std::string, bool>& seen) {
@@ -188,10 +233,22 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
   seen[rel] = true;
   if (!S_ISREG(st.st_mode)) {
     if (!S_ISDIR(st.st_mode)) {
-      log_once(LogLevel::warn, "skip:"s + rel, "skipping %s: %s, expected a regular region file", rel.c_str(),
-               S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : "not a regular file");
+      skip_warning("skip:"s + rel, "skipping %s: %s, expected a regular region file", rel.c_str(),
+                   S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : "not a regular file");
     }
     return;
+  }
+  // A second name (hard link) of a file already watched is the same region:
+  // watched once, and never counted against --max-regions again.
+  if (st.st_nlink > 1) {
+    auto same = by_inode_.find(FileId{st.st_dev, st.st_ino});
+    if (same != by_inode_.end() && !same->second->dropped &&
+        key(same->second->root, same->second->sub, same->second->current) != rel) {
+      log_once(LogLevel::info, "links:"s + same->second->rel,
+               "region %s has other names (hard links, e.g. %s): it is watched once, under its first name",
+               same->second->rel.c_str(), rel.c_str());
+      return;
+    }
   }
   if (auto it = by_rel_.find(rel); it != by_rel_.end()) {
     TrackedRegion& t = *it->second;
@@ -204,7 +261,10 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
     if (b.dev == st.st_dev && b.ino == st.st_ino && b.size == st.st_size && b.mtime_ns == mtime_ns(st)) return;
   }
   if (regions_.size() >= max_regions_) {
-    log_once(LogLevel::warn, "max-regions", "more than %zu regions below %s; the rest are not watched (--max-regions)",
+    ++unwatched_counting_;
+    log_once(LogLevel::warn, "max-regions",
+             "more than %zu region files below %s: the rest are not watched, reaped or removed (--max-regions; "
+             "gpuslice_agent_regions_unwatched counts them)",
              max_regions_, roots_[r].dir.c_str());
     return;
   }
@@ -212,7 +272,7 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
   std::string why;
   if (!open_region(dirfd, name, true, false, &map, &why)) {
     bad_[rel] = {st.st_dev, st.st_ino, st.st_size, mtime_ns(st)};
-    log_once(LogLevel::warn, "skip:"s + rel, "skipping %s: %s", rel.c_str(), why.c_str());
+    skip_warning("skip:"s + rel, "skipping %s: %s", rel.c_str(), why.c_str());
     return;
   }
   bad_.erase(rel);
@@ -243,6 +303,7 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
     log(LogLevel::debug, "watching region %s (container \"%s\")", t->rel.c_str(), name_text.c_str());
   }
   by_rel_[rel] = t.get();
+  by_inode_[FileId{t->map.device(), t->map.inode()}] = t.get();
   regions_.push_back(std::move(t));
 }
 
@@ -259,6 +320,8 @@ void RegionSet::sweep() {
     if ((*it)->dropped) {
       auto found = by_rel_.find(key((*it)->root, (*it)->sub, (*it)->current));
       if (found != by_rel_.end() && found->second == it->get()) by_rel_.erase(found);
+      auto inode = by_inode_.find(FileId{(*it)->map.device(), (*it)->map.inode()});
+      if (inode != by_inode_.end() && inode->second == it->get()) by_inode_.erase(inode);
       it = regions_.erase(it);
     } else {
       ++it;

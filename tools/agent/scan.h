@@ -21,6 +21,7 @@
 #include "layout.h"
 #include "region_io.h"
 #include "sample.h"
+#include "slot_index.h"
 
 namespace gpuslice::agent {
 
@@ -43,6 +44,7 @@ struct TrackedRegion {
   std::uint64_t empty_since_ns = 0;  // 0 while some slot is in use
   bool removing = false;             // renamed to the hidden name; unlinked if still empty next cycle
   bool dropped = false;              // forgotten at the end of the cycle
+  SlotIndex slots;                   // the slots in use, read every cycle
   RegionSample sample;
 };
 
@@ -78,6 +80,11 @@ class RegionSet {
   const std::string& dir() const { return roots_.front().dir; }
   const std::vector<RegionRoot>& roots() const { return roots_; }
   std::size_t invalid_files() const { return bad_.size(); }
+  // Region files the last rescan found but did not watch: --max-regions was reached.
+  std::size_t unwatched() const { return unwatched_; }
+  std::size_t max_regions() const { return max_regions_; }
+  // Warnings about invalid files left unwritten by the log budget (below).
+  std::uint64_t log_suppressed() const { return log_suppressed_; }
   std::uint64_t removed_total() const { return removed_total_; }
 
  private:
@@ -94,6 +101,12 @@ class RegionSet {
   // The file's full path: the key of by_rel_, bad_ and a rescan's "seen".
   std::string key(std::size_t root, const std::string& sub, const std::string& name) const;
   void remove_now(TrackedRegion& t, int dirfd);
+  // A warning about one invalid file, within the budget: kSkipLogBurst lines,
+  // then one more every kSkipLogRefillNs; past it the line is counted, and a
+  // summary of what was suppressed is logged at most once a minute. Files
+  // renamed at every rescan are new files each time: without the budget
+  // they would fill the node's log (issue 33).
+  [[gnu::format(printf, 3, 4)]] void skip_warning(const std::string& key, const char* format, ...);
   void restore(TrackedRegion& t, int dirfd);
 
   std::vector<RegionRoot> roots_;
@@ -106,9 +119,24 @@ class RegionSet {
   };
   std::unordered_map<std::string, PendingDir> pending_dirs_;  // by root/sub
   std::unordered_map<std::string, TrackedRegion*> by_rel_;    // by key()
+  struct FileId {
+    dev_t dev;
+    ino_t ino;
+    bool operator==(const FileId&) const = default;
+  };
+  struct FileIdHash {
+    std::size_t operator()(const FileId& f) const noexcept {
+      return static_cast<std::size_t>(f.ino * 0x9E3779B97F4A7C15ull ^ f.dev);
+    }
+  };
+  std::unordered_map<FileId, TrackedRegion*, FileIdHash> by_inode_;  // watched files, by (st_dev, st_ino)
   std::unordered_map<std::string, BadFile> bad_;
   std::uint64_t removed_total_ = 0;
   std::vector<char> dir_error_logged_;  // per root
+  std::size_t unwatched_ = 0, unwatched_counting_ = 0;
+  std::uint64_t log_suppressed_ = 0, log_suppressed_reported_ = 0;
+  double log_tokens_ = -1;  // < 0: full (first use)
+  std::uint64_t log_refill_ns_ = 0, log_summary_ns_ = 0;
 };
 
 }  // namespace gpuslice::agent

@@ -93,12 +93,26 @@ bool StatusHistory::due(std::uint64_t wall_ms) const {
 }
 
 void StatusHistory::record(std::uint64_t wall_ms, const std::string& exposition) {
-  const std::vector<ExpositionSample> samples = parse_exposition(exposition);
+  // Only the plotted families' lines are parsed: at thousands of regions the
+  // whole exposition is some 100,000 samples (docs/agent.md, "Scale").
+  std::string wanted;
+  for (std::size_t pos = 0; pos < exposition.size();) {
+    std::size_t nl = exposition.find('\n', pos);
+    if (nl == std::string::npos) nl = exposition.size();
+    const std::size_t name_end = exposition.find_first_of("{ ", pos);
+    if (name_end < nl && plotted(exposition.substr(pos, name_end - pos))) wanted.append(exposition, pos, nl + 1 - pos);
+    pos = nl + 1;
+  }
+  const std::vector<ExpositionSample> samples = parse_exposition(wanted);
   std::lock_guard<std::mutex> lock(mu_);
   last_ms_ = wall_ms;
   for (const ExpositionSample& s : samples) {
     if (!plotted(s.metric)) continue;
-    Series& series = series_[key_of(s)];
+    const std::string key = key_of(s);
+    // Bounded: thousands of containers would keep 300 points of each of
+    // their series (docs/agent.md, "Scale"); the first kMaxSeries are plotted.
+    if (series_.size() >= kMaxHistorySeries && series_.count(key) == 0) continue;
+    Series& series = series_[key];
     if (series.metric.empty()) {
       series.metric = s.metric;
       series.labels = s.labels;

@@ -25,6 +25,9 @@ struct ExpositionSample {
 // skipped, label values unescaped). Lines that do not parse are skipped.
 std::vector<ExpositionSample> parse_exposition(const std::string& text);
 
+// The most series the history keeps (a few MiB of points).
+inline constexpr std::size_t kMaxHistorySeries = 512;
+
 class StatusHistory {
  public:
   // points: how many samples each series keeps; every_ms: the least time

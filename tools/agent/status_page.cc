@@ -99,7 +99,9 @@ function render(d) {
     `agent ${info ? info.labels.version : "?"} · ${one("gpuslice_agent_regions")} region(s) · ` +
     `NVML ${one("gpuslice_agent_nvml_available") ? "available" : "not available"} · ` +
     `cycle ${(1000 * (one("gpuslice_agent_cycle_seconds") || 0)).toFixed(2)} ms · ` +
-    `${one("gpuslice_agent_invalid_files") || 0} invalid file(s) · ${new Date(d.time_ms).toLocaleTimeString()}`;
+    `${one("gpuslice_agent_invalid_files") || 0} invalid file(s) · ` +
+    `${one("gpuslice_agent_regions_unwatched") || 0} unwatched (max ${one("gpuslice_agent_regions_max")}) · ` +
+    `${new Date(d.time_ms).toLocaleTimeString()}`;
 
   const dev = document.querySelector("#devices tbody");
   dev.replaceChildren();
