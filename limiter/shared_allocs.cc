@@ -206,4 +206,14 @@ std::uint64_t shared_charged(const Region* r, int dev) noexcept {
   return sum;
 }
 
+std::uint64_t shared_held_bytes(const Region* r, int slot, int dev) noexcept {
+  if (!valid(r, slot, 0)) return 0;
+  std::uint64_t sum = 0;
+  for (std::uint64_t bits = r->slots[slot].shared_held.load(); bits != 0; bits &= bits - 1) {
+    const SharedAlloc& a = r->shared[__builtin_ctzll(bits)];
+    if (a.device.load() == static_cast<std::uint32_t>(dev)) sum += a.charged_bytes.load();
+  }
+  return sum;
+}
+
 }  // namespace gpuslice::limiter

@@ -36,5 +36,8 @@ void shared_leave_all(Region* r, int slot) noexcept;
 void shared_reap(Region* r, const std::uint64_t* dead) noexcept;
 // Sum of charged_bytes on `dev` (the reaper's snapshot adds it to the slots').
 std::uint64_t shared_charged(const Region* r, int dev) noexcept;
+// Sum of charged_bytes on `dev` of the entries `slot` holds: memory NVML may
+// show as that process's though no slot counts it (the agent's bypass check).
+std::uint64_t shared_held_bytes(const Region* r, int slot, int dev) noexcept;
 
 }  // namespace gpuslice::limiter
