@@ -233,6 +233,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handl
   const Physical fresh{r.bytes, r.entry, 1, false, false, 0};
   if (!gpuslice::platform::record(*g_physical, *handle, fresh, [](const Physical& stale) {
         if (stale.bytes != 0) release(stale.entry, stale.bytes);
+        if (stale.shared != 0) drop_shared(stale.shared - 1, stale.entry);
       })) {
     // No memory for our bookkeeping: undo rather than lose track.
     real_cuMemRelease(*handle);
