@@ -183,9 +183,12 @@ void shared_reap(Region* r, const std::uint64_t* dead) noexcept {
     const SharedPhase phase = phase_of(st);
     if (phase == kSharedFree) continue;
     const int owner = owner_of(st);
-    // Claimed or being closed by a dead process: finish it. Nobody joins a
-    // claiming entry, so it closes; a closing one closes or reopens.
-    if (phase != kSharedActive && !(owner >= 0 && in(dead, static_cast<std::uint32_t>(owner)))) continue;
+    // Claimed or being closed by a dead process, or being closed by a reaper
+    // (owner -1: reapers exclude each other, so that one died): finish it.
+    // Nobody joins a claiming entry, so it closes; a closing one closes or
+    // reopens.
+    const bool abandoned = owner < 0 ? phase == kSharedClosing : in(dead, static_cast<std::uint32_t>(owner));
+    if (phase != kSharedActive && !abandoned) continue;
     if (!held(r, static_cast<int>(e), dead))
       try_close(r, static_cast<int>(e), st, -1, dead);
     else if (phase == kSharedClosing) {
