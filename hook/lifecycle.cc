@@ -13,6 +13,7 @@
 #include "hook/process.h"
 #include "hook/region.h"
 #include "limiter/memory_accounting.h"
+#include "limiter/shared_allocs.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::hook {
@@ -76,6 +77,7 @@ bool refused_after_exit() noexcept {
   int slot = g_process.slot.load(std::memory_order_acquire);
   if (r == nullptr || slot < 0 || !region_intact(true)) return;
   g_exited.store(true, std::memory_order_seq_cst);
+  limiter::shared_leave_all(r, slot);
   limiter::release_all(r, slot);
   if (g_accounting_calls.load(std::memory_order_seq_cst) == 0) shm::release_slot(r, slot);
   // The driver frees this process's memory at its own exit teardown, whoever

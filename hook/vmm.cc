@@ -8,11 +8,15 @@
 //
 // Imports: a shareable handle exported by this process and imported again
 // (same fd by inode, or same fabric bytes) is the same memory: the import adds
-// a reference to the original. A handle imported from another process is
-// memory that process allocated; this process is charged for each mapping of
-// it, from cuMemMap to cuMemUnmap, because the mapping keeps it alive even
-// after the exporter released it (docs/memory.md: when exporter and importer
-// share a container, the memory is counted twice while both hold it).
+// a reference to the original. An export is published in the container's
+// registry of shared allocations (limiter/shared_allocs.h): its bytes move
+// from this process's share to the entry, which every process of the
+// container that imports it joins; the bytes leave the count when the last
+// holder of the container lets go (or dies: the reaper). A handle imported
+// from elsewhere (another container, or an entry the registry could not hold)
+// is charged to this process for each mapping of it, from cuMemMap to
+// cuMemUnmap, because the mapping keeps it alive even after the exporter
+// released it.
 // Host-located physical memory (CU_MEM_LOCATION_TYPE_HOST*) does not use the
 // card and is never counted.
 // gpuslice: hot path (no heap, no locks)
@@ -23,6 +27,7 @@
 
 #include "hook/oversub.h"
 #include "hook/wrap.h"
+#include "limiter/shared_allocs.h"
 
 namespace gpuslice::hook {
 namespace {
@@ -35,6 +40,7 @@ struct Physical {
   int refs;  // handle references + live mappings
   bool foreign;
   bool exported;  // g_exports may name it
+  int shared;     // entry of Region::shared it holds, + 1 (0: none)
 };
 struct Alias {
   Handle root;  // an import of this process's own export -> the allocation it names
@@ -60,6 +66,22 @@ constinit NoDestroy<platform::PointerTable<Physical>> g_physical;  // root handl
 constinit NoDestroy<platform::PointerTable<Alias>> g_alias;        // imported handle -> root
 constinit NoDestroy<platform::PointerTable<Mapping>> g_mappings;   // mapped address -> mapping
 constinit NoDestroy<platform::PointerTable<Export>> g_exports;     // export_key(identity) -> export
+// How many of this process's physical records hold each shared entry: the
+// slot's bit goes with the last of them.
+constinit std::atomic<int> g_shared_refs[kMaxShared] = {};
+
+// One more record of this process holds shared entry `e`.
+void hold_shared(int e) noexcept { g_shared_refs[e].fetch_add(1); }
+
+// One record less; the last lets go of the entry, and the last holder of the
+// container releases its bytes.
+void drop_shared(int e, int entry) noexcept {
+  if (g_shared_refs[e].fetch_sub(1) != 1) return;
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  if (slot < 0 || g_process.region == nullptr) return;
+  const std::uint64_t freed = limiter::shared_leave(g_process.region, slot, e);
+  if (freed != 0) oversub_freed(entry, limiter::AllocKind::vmm, freed);
+}
 
 Handle root_of(Handle h) noexcept {
   Alias a{};
@@ -87,6 +109,7 @@ void unref(Handle root) noexcept {
     release(last.entry, last.bytes);
     oversub_freed(last.entry, limiter::AllocKind::vmm, last.bytes);  // wake the container's waiters
   }
+  if (last.shared != 0) drop_shared(last.shared - 1, last.entry);
   if (last.exported) forget_exports_of(root);
 }
 
@@ -207,9 +230,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handl
   // A handle value the driver reuses is a new allocation: the old one was
   // released behind our back, and what it held went with it.
   g_alias->erase(*handle, nullptr);
-  const Physical fresh{r.bytes, r.entry, 1, false, false};
+  const Physical fresh{r.bytes, r.entry, 1, false, false, 0};
   if (!gpuslice::platform::record(*g_physical, *handle, fresh, [](const Physical& stale) {
         if (stale.bytes != 0) release(stale.entry, stale.bytes);
+        if (stale.shared != 0) drop_shared(stale.shared - 1, stale.entry);
       })) {
     // No memory for our bookkeeping: undo rather than lose track.
     real_cuMemRelease(*handle);
@@ -259,10 +283,20 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void* shareable, C
   e.root = root_of(handle);
   // Marked first, so that the last release of the allocation finds the record.
   // Without the record a re-import counts as foreign memory: charged at map, never less.
-  if (g_physical->update(e.root, [](Physical& p) { return p.exported = true, false; }))
+  Physical p{};
+  if (g_physical->update(e.root, [&](Physical& now) { return now.exported = true, p = now, false; }))
     g_exports->upsert(export_key(e), e, [&](Export& now, bool) {
       if (same_identity(now, e)) now = e;  // the same file or fabric handle exported again
     });
+  // Published once, at the first export of memory this process counted: its
+  // bytes become the container's shared entry (one count, whoever holds it).
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  if (p.bytes == 0 || p.foreign || p.shared != 0 || slot < 0 || g_process.region == nullptr) return rc;
+  const int shared = gpuslice::limiter::shared_publish(g_process.region, slot, p.entry, export_key(e), p.bytes);
+  if (shared < 0) return rc;  // table full: the importers are charged per mapping, never less
+  hold_shared(shared);
+  if (!g_physical->update(e.root, [&](Physical& now) { return now.bytes = 0, now.shared = shared + 1, false; }))
+    drop_shared(shared, p.entry);  // released meanwhile: the entry goes with it
   return rc;
 }
 
@@ -285,7 +319,20 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllo
                              real_cuMemGetAllocationPropertiesFromHandle(&prop, *handle) == CUDA_SUCCESS &&
                              is_device_located(&prop);
   const int entry = device_memory ? device_entry(prop.location.id) : -1;
-  if (entry >= 0) g_physical->upsert(*handle, Physical{0, entry, 0, true, false}, [](Physical& p, bool) { ++p.refs; });
+  if (entry < 0) return rc;
+  // Exported by another process of this container: join its entry, charged nothing.
+  const int slot = g_process.slot.load(std::memory_order_acquire);
+  Export wanted{};
+  const int shared = slot >= 0 && g_process.region != nullptr && identity_of(os_handle, type, &wanted)
+                         ? gpuslice::limiter::shared_join(g_process.region, slot, entry, export_key(wanted))
+                         : -1;
+  if (shared >= 0) hold_shared(shared);
+  bool again = false;
+  g_physical->upsert(*handle, Physical{0, entry, 0, shared < 0, false, shared + 1}, [&](Physical& p, bool inserted) {
+    ++p.refs;
+    again = !inserted;
+  });
+  if (again && shared >= 0) drop_shared(shared, entry);  // the handle's record holds it already (or not: foreign)
   return rc;
 }
 

@@ -15,6 +15,7 @@
 
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
+#include "limiter/shared_allocs.h"
 
 namespace gpuslice::limiter {
 namespace {
@@ -166,6 +167,10 @@ class Reaper {
         }
       }
     }
+    // Shared allocations hold their bytes in no slot (limiter/shared_allocs.h).
+    for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
+      if (pending & (1u << d)) others[d] += shared_charged(r_, static_cast<int>(d));
+    }
     std::uint64_t sum_after = 0;
     for (std::uint32_t i = 0; i < kMaxSlots; ++i) {
       if (!reaping(i)) sum_after += r_->slots[i].seq.load();
@@ -228,6 +233,7 @@ class Reaper {
 
   int reap_locked() {
     if (mark() == 0) return 0;
+    shared_reap(r_, reaping_);  // dead holders out; entries no live process holds closed
     std::uint32_t pending = 0;
     for (std::uint32_t d = 0; d < kMaxDevices; ++d) {
       if (r_->devices[d].uuid_state.load() != shm::kDeviceFree) pending |= 1u << d;

@@ -11,7 +11,7 @@
 namespace gpuslice {
 
 inline constexpr std::uint64_t kRegionMagic = 0x45434c5353555047ull;  // "GPUSSLCE" little-endian
-inline constexpr std::uint32_t kRegionAbiVersion = 4;
+inline constexpr std::uint32_t kRegionAbiVersion = 5;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 1024;
 inline constexpr std::uint64_t kUnlimited = ~std::uint64_t{0};
@@ -118,7 +118,9 @@ struct alignas(64) Slot {
   std::atomic<std::uint64_t> start_time;   // /proc/<pid>/stat field 22 (clock ticks since boot)
   std::atomic<std::uint32_t> host_pid;     // filled by the agent (0 = unknown)
   std::atomic<std::uint32_t> reserved0;
-  std::uint64_t reserved1[4];
+  // Bit e: this process holds shared allocation e (Region::shared, ABI v5).
+  std::atomic<std::uint64_t> shared_held;
+  std::uint64_t reserved1[3];
   // --- line 1: written by every accounting operation of the process ---
   // Seqlock bracket of the accounting operations (threads of one process share
   // the slot, so it counts): low 20 bits = operations in flight, the rest = a
@@ -172,6 +174,24 @@ struct alignas(16) DepartedProcess {
 };
 inline constexpr std::uint32_t kMaxDeparted = 64;
 
+// Device memory shared between processes of the container (ABI v5): an
+// allocation one process exported and others imported, counted once
+// (limiter/shared_allocs.h, docs/memory-accounting.md). Its bytes are in
+// used_bytes through charged_bytes, not through any slot; its holders are the
+// slots whose shared_held has its bit. state = generation << 32 | (slot + 1)
+// << 8 | SharedPhase (the slot claiming or closing it; 0 when active or free).
+enum SharedPhase : std::uint32_t { kSharedFree = 0, kSharedClaiming = 1, kSharedActive = 2, kSharedClosing = 3 };
+inline constexpr std::uint32_t kMaxShared = 64;
+struct alignas(64) SharedAlloc {
+  std::atomic<std::uint64_t> state;
+  std::atomic<std::uint64_t> key;            // identity of the shareable handle (hook/vmm.cc)
+  std::atomic<std::uint64_t> charged_bytes;  // part of the device's used_bytes held by this entry
+  std::atomic<std::uint32_t> device;         // device entry
+  std::uint32_t reserved0;
+  std::uint64_t reserved1[4];
+};
+static_assert(sizeof(SharedAlloc) == 64);
+
 struct RegionHeader {
   std::uint64_t magic;                            // kRegionMagic, published last by the creator
   std::uint32_t abi_version;                      // kRegionAbiVersion
@@ -209,6 +229,7 @@ struct Region {
   alignas(64) DeviceState devices[kMaxDevices];
   alignas(64) Slot slots[kMaxSlots];
   alignas(64) DepartedProcess departed[kMaxDeparted];
+  alignas(64) SharedAlloc shared[kMaxShared];  // ABI v5
 };
 
 static_assert(offsetof(Region, header) == 0);

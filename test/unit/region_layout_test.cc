@@ -24,7 +24,8 @@ namespace {
 
 TEST(RegionLayout, Constants) {
   EXPECT_EQ(kRegionMagic, 0x45434c5353555047ull);
-  EXPECT_EQ(kRegionAbiVersion, 4u);
+  EXPECT_EQ(kRegionAbiVersion, 5u);
+  EXPECT_EQ(kMaxShared, 64u);
   EXPECT_EQ(kMaxDeparted, 64u);
   EXPECT_EQ(kMaxDevices, 16u);
   EXPECT_EQ(kMaxSlots, 1024u);
@@ -44,7 +45,7 @@ TEST(RegionLayout, Sizes) {
   EXPECT_EQ(sizeof(Slot), 896u);
   EXPECT_EQ(alignof(Slot), 64u);
   EXPECT_EQ(sizeof(DepartedProcess), 16u);
-  EXPECT_EQ(sizeof(Region), 927232u);
+  EXPECT_EQ(sizeof(Region), 931328u);
 }
 
 TEST(RegionLayout, Header) {
@@ -127,7 +128,8 @@ TEST(RegionLayout, Slot) {
   EXPECT_FIELD(Slot, start_time, 16, 8);
   EXPECT_FIELD(Slot, host_pid, 24, 4);
   EXPECT_FIELD(Slot, reserved0, 28, 4);
-  EXPECT_FIELD(Slot, reserved1, 32, 32);
+  EXPECT_FIELD(Slot, shared_held, 32, 8);
+  EXPECT_FIELD(Slot, reserved1, 40, 24);
   EXPECT_FIELD(Slot, seq, 64, 8);
   EXPECT_FIELD(Slot, claim_generation, 72, 4);
   EXPECT_FIELD(Slot, reserved3, 76, 4);
@@ -153,6 +155,11 @@ TEST(RegionLayout, Region) {
   EXPECT_FIELD(Region, devices, 512, 8192);
   EXPECT_FIELD(Region, slots, 8704, 917504);
   EXPECT_FIELD(Region, departed, 926208, 1024);
+  EXPECT_FIELD(Region, shared, 927232, 4096);
+  EXPECT_FIELD(SharedAlloc, state, 0, 8);
+  EXPECT_FIELD(SharedAlloc, key, 8, 8);
+  EXPECT_FIELD(SharedAlloc, charged_bytes, 16, 8);
+  EXPECT_FIELD(SharedAlloc, device, 24, 4);
 }
 
 // ABI v2's reason to exist: words written on different paths never share a
@@ -180,8 +187,9 @@ TEST(RegionLayout, HotWordsHaveTheirOwnCacheLines) {
   }
 }
 
-// A region written by an earlier release (ABI v1, v2 or v3: v4 gave the
-// lease word a STALE bit an earlier release would read as amount) is refused by
+// A region written by an earlier release (ABI v1 to v4: v4 gave the lease
+// word a STALE bit an earlier release would read as amount, v5 put shared
+// allocations' bytes in no slot, where a v4 reaper would drop them) is refused by
 // everybody who maps regions through shm/ (the library, the agent,
 // gpuslice-smi), with one line naming the file and both versions.
 struct OldAbi {
@@ -219,17 +227,18 @@ TEST_P(OldRegion, IsRefusedNamingTheFileAndBothVersions) {
     const std::string message = err.message;
     EXPECT_NE(message.find(path), std::string::npos) << message;
     EXPECT_NE(message.find(found), std::string::npos) << message;
-    EXPECT_NE(message.find("expected version 4"), std::string::npos) << message;
+    EXPECT_NE(message.find("expected version 5"), std::string::npos) << message;
   }
   shm::Error err{};
   EXPECT_EQ(shm::attach(path.c_str(), "c", &err), nullptr);
-  EXPECT_NE(std::string(err.message).find("expected version 4"), std::string::npos) << err.message;
+  EXPECT_NE(std::string(err.message).find("expected version 5"), std::string::npos) << err.message;
   unlink(path.c_str());
   rmdir(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(RegionLayout, OldRegion,
-                         ::testing::Values(OldAbi{1, 248, 463104}, OldAbi{2, 512, 665088}, OldAbi{3, 512, 927232}),
+                         ::testing::Values(OldAbi{1, 248, 463104}, OldAbi{2, 512, 665088}, OldAbi{3, 512, 927232},
+                                           OldAbi{4, 512, 927232}),
                          [](const ::testing::TestParamInfo<OldAbi>& info) {
                            return "AbiV" + std::to_string(info.param.version);
                          });

@@ -8,6 +8,7 @@
 #include "log.h"
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
+#include "limiter/shared_allocs.h"
 #include "shm/region_file.h"
 #include "view.h"
 
@@ -62,6 +63,8 @@ bool read_sample(const Region* r, const std::vector<std::uint16_t>& slot_list, R
         const std::uint64_t committed = s.committed_bytes[d].load(std::memory_order_relaxed);
         const std::uint64_t not_used = limiter::lease_spare(lease) + limiter::lease_owed(lease);
         ss.committed_bytes[d] = on && committed > not_used ? committed - not_used : 0;
+        // Shared allocations it holds are counted in no slot; NVML may show them as its own.
+        if (on) ss.committed_bytes[d] += limiter::shared_held_bytes(r, static_cast<int>(i), static_cast<int>(d));
         ss.nvml_used_bytes[d] = on ? s.nvml_used_bytes[d].load(std::memory_order_relaxed) : 0;
         ss.nvml_now_bytes[d] = 0;
       }

@@ -31,7 +31,7 @@ namespace conformance {
   X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventQuery) X(cuMemCreate) X(cuMemRelease)  \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                      \
   X(cuMemRetainAllocationHandle) X(cuMemGetAllocationGranularity) X(cuMemPoolCreate) X(cuMemPoolDestroy)      \
-  X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) X(cuImportExternalMemory)
+  X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) X(cuImportExternalMemory) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)
 #define CONFORMANCE_NVML(X)                                                                                     \
   X(nvmlInit_v2) X(nvmlShutdown) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetProcessUtilization)            \
   X(nvmlDeviceGetUtilizationRates) X(nvmlDeviceGetComputeRunningProcesses_v3) X(nvmlDeviceGetMemoryInfo)

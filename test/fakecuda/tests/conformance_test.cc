@@ -273,6 +273,23 @@ TEST_F(Conformance, RetainedVmmHandleNeedsItsOwnRelease) {
   ASSERT_CU(cu().cuMemAddressFree(va, granule));
 }
 
+// Legacy IPC: a handle is for other processes. cuda.h does not say what
+// opening it in the exporting process answers; the simulator answers what the
+// real driver is reported to (CUDA_ERROR_INVALID_CONTEXT): this checks it.
+TEST_F(Conformance, IpcHandleOpenedByItsExporterIsRefused) {
+  ASSERT_CU(cu().cuInit(0));
+  CUcontext ctx = nullptr;
+  ASSERT_CU(cu().cuCtxCreate(&ctx, nullptr, 0, 0));
+  CUdeviceptr p = 0;
+  ASSERT_CU(cu().cuMemAlloc(&p, 2 * kMiB));
+  CUipcMemHandle handle{};
+  ASSERT_CU(cu().cuIpcGetMemHandle(&handle, p));
+  CUdeviceptr opened = 0;
+  EXPECT_EQ(cu().cuIpcOpenMemHandle(&opened, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_CU(cu().cuMemFree(p));
+  EXPECT_CU(cu().cuCtxDestroy(ctx));
+}
+
 // cuMemPoolDestroy with an allocation outstanding returns at once; the
 // allocation stays valid and can still be freed (cuda.h).
 TEST_F(Conformance, PoolDestroyWithOutstandingAllocation) {
