@@ -71,9 +71,9 @@ int device_entry(CUdevice ordinal) noexcept {
   container_limits(container, &memory, &sm);
   if (container < 0)
     GPUSLICE_WARN_CAPPED(3,
-                         "device %d (CUDA_VISIBLE_DEVICES=%s): not one of the container's devices by index "
-                         "or NVML UUID; the smallest configured limits apply",
-                         ordinal, std::getenv("CUDA_VISIBLE_DEVICES"));
+                         "device %d (as this process's CUDA_VISIBLE_DEVICES numbers it): not one of the "
+                         "container's devices by index or NVML UUID; the smallest configured limits apply",
+                         ordinal);
   int entry = shm::device_index(g_process.region, id, memory, sm, o.sm_policy);
   if (entry < 0) {
     GPUSLICE_WARN_CAPPED(3,
