@@ -34,7 +34,11 @@ class Bracket {
   std::atomic<std::uint64_t>& seq_;
 };
 
-bool in(const std::uint64_t* set, std::uint32_t i) { return set != nullptr && ((set[i / 64] >> (i % 64)) & 1) != 0; }
+// `i` may come from the region, which the container writes: never an index
+// past the set (kMaxSlots bits).
+bool in(const std::uint64_t* set, std::uint32_t i) {
+  return set != nullptr && i < kMaxSlots && ((set[i / 64] >> (i % 64)) & 1) != 0;
+}
 
 // Whether a live slot (not in `dead`, not being reaped) holds entry e.
 bool held(const Region* r, int e, const std::uint64_t* dead) {
@@ -187,7 +191,11 @@ void shared_reap(Region* r, const std::uint64_t* dead) noexcept {
     // (owner -1: reapers exclude each other, so that one died): finish it.
     // Nobody joins a claiming entry, so it closes; a closing one closes or
     // reopens.
-    const bool abandoned = owner < 0 ? phase == kSharedClosing : in(dead, static_cast<std::uint32_t>(owner));
+    // An owner past the slots (a region the container scribbled on) can never
+    // finish it either: abandoned.
+    const bool abandoned =
+        owner < 0 ? phase == kSharedClosing
+                  : static_cast<std::uint32_t>(owner) >= kMaxSlots || in(dead, static_cast<std::uint32_t>(owner));
     if (phase != kSharedActive && !abandoned) continue;
     if (!held(r, static_cast<int>(e), dead))
       try_close(r, static_cast<int>(e), st, -1, dead);

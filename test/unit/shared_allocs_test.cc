@@ -154,5 +154,23 @@ TEST_F(SharedAllocs, ReaperDeadWhileClosingIsFinishedByTheNext) {
   EXPECT_EQ(phase(), kSharedFree);
 }
 
+// The table is in the region, which the container writes: an entry whose
+// owner is no slot at all (a scribbled region) is read within the reaper's
+// set of dead slots (under ASan an index past it fails the lane) and, since
+// no slot can ever finish it, closed as abandoned.
+TEST_F(SharedAllocs, AnOwnerPastTheSlotsIsAbandonedNeverAnIndex) {
+  for (std::uint32_t e = 0; e < kMaxShared; ++e) {
+    SharedAlloc& a = region_->shared[e];
+    a.key.store(kKey + e);
+    a.device.store(static_cast<std::uint32_t>(dev_));
+    a.charged_bytes.store(0);
+    a.state.store(pack(0, 0xfffff0 - static_cast<int>(e), e % 2 == 0 ? kSharedClaiming : kSharedClosing));
+  }
+  dead_slot(8, 0, 0);  // something to reap, so that a reaper runs
+  EXPECT_EQ(reap_dead(region_, self_), 1);
+  for (std::uint32_t e = 0; e < kMaxShared; ++e)
+    EXPECT_EQ(region_->shared[e].state.load() & 0xff, kSharedFree) << "entry " << e;
+}
+
 }  // namespace
 }  // namespace gpuslice::test
