@@ -204,7 +204,7 @@ CUresult free_async(CUdeviceptr dptr, RealFree&& real_free) noexcept {
       return free_pool_pointer(dptr, *st, bytes, real_free);
     }
   }
-  return free_counted(linear_table(), dptr, real_free);
+  return free_counted(linear_table(), dptr, real_free, pointer_gone);
 }
 }  // namespace
 
