@@ -9,6 +9,7 @@
 
 #include "hook/arrays.h"
 #include "hook/log.h"
+#include "hook/modules.h"
 #include "hook/oversub.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
@@ -34,6 +35,7 @@ limiter::AllocTable& linear_table() noexcept { return *g_pointers; }
 
 void sweep_implicitly_freed() noexcept {
   sweep_implicitly_freed_arrays();
+  sweep_implicitly_unloaded_modules();
   if (real_cuMemGetAddressRange_v2 == nullptr) return;
   sweep_table(*g_pointers, pointer_gone);
 }

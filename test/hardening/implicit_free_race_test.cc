@@ -21,12 +21,8 @@ constexpr long long kMi = 1ll << 20;
 const Probe race{{"implicit_free_race"}, 120000};
 
 Env race_env(const char* call) {
-  return {{"GPUSLICE_MEMORY_LIMIT", "64Mi"},
-          {"FAKECUDA_CONTEXT_MEMORY", "0"},
-          {"FAKECUDA_CHAOS_SEED", "32"},
-          {"FAKECUDA_CHAOS_CALLS", call},
-          {"FAKECUDA_CHAOS_YIELD_PCT", "0"},
-          {"FAKECUDA_CHAOS_SLEEP_PCT", "100"},
+  return {{"GPUSLICE_MEMORY_LIMIT", "64Mi"},    {"FAKECUDA_CONTEXT_MEMORY", "0"},  {"FAKECUDA_CHAOS_SEED", "32"},
+          {"FAKECUDA_CHAOS_CALLS", call},       {"FAKECUDA_CHAOS_YIELD_PCT", "0"}, {"FAKECUDA_CHAOS_SLEEP_PCT", "100"},
           {"FAKECUDA_CHAOS_SLEEP_US", "100000"}};
 }
 
@@ -67,6 +63,19 @@ TEST(ImplicitFreeRace, AMipmappedArrayAResetFreedIsNoLongerCounted) {
 TEST(ImplicitFreeRace, AMipmappedArrayDestroyTheDriverRefusedAfterAResetLeavesNothingCounted) {
   Sandbox box;
   expect_nothing_left(race(box, race_env("cuMipmappedArrayDestroy"), {"mipmap", "10", "40"}));
+}
+
+// A module loaded in the primary context, unloaded by the reset with it
+// (no unload call). Before: modules were never swept (the records of
+// cuModuleLoad* were released only by cuModuleUnload, which the driver
+// refuses once the context took the module with it): counted until the
+// process ended (the chaos suite's `module` + `primary` refusals with room).
+TEST(ImplicitFreeRace, AModuleAResetUnloadedIsNoLongerCounted) {
+  Sandbox box;
+  Result r = race(box, merge(race_env("none"), {{"FAKECUDA_MODULE_MEMORY", "1"}}), {"module", "3", "40", "keep"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "after", "big_rc"), 0) << "refused with the device empty\n" << r.out;
+  EXPECT_LT(number(r, "after", "used"), 40 * kMi) << "unloaded module shown as used\n" << r.out;
 }
 
 }  // namespace

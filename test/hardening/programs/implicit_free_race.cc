@@ -1,9 +1,10 @@
 // implicit_free_race: a program of the container for implicit_free_race_test.cc.
-//   implicit_free_race pointer|array|mipmap ROUNDS MIB [keep]
+//   implicit_free_race pointer|array|mipmap|module ROUNDS MIB [keep]
 // Each round: the primary context current, one allocation of MIB MiB
-// (cuMemAlloc, a 2D float array of that size, or a one-level mipmapped
-// array of it); a second thread frees it (cuMemFree, cuArrayDestroy,
-// cuMipmappedArrayDestroy; with `keep` it frees nothing) while this one
+// (cuMemAlloc, a 2D float array of that size, a one-level mipmapped array
+// of it, or a module with a global of that size); a second thread frees it
+// (cuMemFree, cuArrayDestroy, cuMipmappedArrayDestroy, cuModuleUnload;
+// with `keep` it frees nothing) while this one
 // resets the primary context (cuDevicePrimaryCtxReset: the driver frees
 // everything the context owned).
 // Run with the simulator's chaos mode sleeping at the free's entry
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 namespace {
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) return 2;
   const bool array = std::strcmp(argv[1], "array") == 0;
   const bool mipmap = std::strcmp(argv[1], "mipmap") == 0;
+  const bool module = std::strcmp(argv[1], "module") == 0;
   const bool keep = argc == 5 && std::strcmp(argv[4], "keep") == 0;
   const int rounds = std::atoi(argv[2]);
   const std::size_t mib = std::strtoull(argv[3], nullptr, 10);
@@ -48,6 +51,7 @@ int main(int argc, char** argv) {
     CUdeviceptr p = 0;
     CUarray a = nullptr;
     CUmipmappedArray m = nullptr;
+    CUmodule mod = nullptr;
     CUresult rc;
     CUDA_ARRAY3D_DESCRIPTOR d{};
     d.Width = 1024;
@@ -58,6 +62,9 @@ int main(int argc, char** argv) {
       rc = cuArray3DCreate(&a, &d);
     } else if (mipmap) {
       rc = cuMipmappedArrayCreate(&m, &d, 1);
+    } else if (module) {
+      const std::string image = ".global .align 8 .b8 big[" + std::to_string(mib << 20) + "];\n.entry k\n";
+      rc = cuModuleLoadData(&mod, image.c_str());
     } else {
       rc = cuMemAlloc(&p, mib << 20);
     }
@@ -73,7 +80,10 @@ int main(int argc, char** argv) {
       cuCtxSetCurrent(ctx);
       entering.store(true);
       if (keep) return;
-      free_rc = array ? cuArrayDestroy(a) : mipmap ? cuMipmappedArrayDestroy(m) : cuMemFree(p);
+      free_rc = array    ? cuArrayDestroy(a)
+                : mipmap ? cuMipmappedArrayDestroy(m)
+                : module ? cuModuleUnload(mod)
+                         : cuMemFree(p);
     });
     while (!keep && !entering.load()) usleep(100);
     usleep(2000);  // the freer is inside the driver's entry (the chaos sleep)
