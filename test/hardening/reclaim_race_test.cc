@@ -24,8 +24,8 @@ const Probe race{{"reclaim_race"}, 120000};
 // trimmed.
 TEST(ReclaimRace, ASecondRequestDuringAnotherThreadsPoolReclaimIsNotRefused) {
   Sandbox box;
-  Result r = race(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}, {"FAKECUDA_POOL_QUERY_DELAY_US", "300000"}},
-                  {"48", "32", "24"});
+  Result r =
+      race(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}, {"FAKECUDA_POOL_QUERY_DELAY_US", "300000"}}, {"48", "32", "24"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(number(r, "race", "a_rc"), 0) << r.out;
   EXPECT_EQ(number(r, "race", "b_rc"), 0) << "refused during another thread's pool reclaim\n" << r.out;
