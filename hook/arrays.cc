@@ -151,22 +151,27 @@ CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) 
   return rc;
 }
 
+// Whether the driver no longer knows the array (or mipmapped array) `key`.
+// Only "no such handle" answers say so; any other error keeps the count.
+bool array_gone(std::uint64_t key, const limiter::AllocRecord& rec) noexcept {
+  if (real_cuArray3DGetDescriptor_v2 == nullptr || real_cuMipmappedArrayGetLevel == nullptr) return false;
+  CUresult rc;
+  if (rec.kind == limiter::AllocKind::mipmapped) {
+    CUarray level = nullptr;
+    rc = real_cuMipmappedArrayGetLevel(&level, reinterpret_cast<CUmipmappedArray>(key), 0);
+  } else {
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    rc = real_cuArray3DGetDescriptor_v2(&d, reinterpret_cast<CUarray>(key));
+  }
+  return rc == CUDA_ERROR_INVALID_HANDLE || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
+
 }  // namespace
 // After a context was destroyed: arrays it owned went with it. Only "no such
 // handle" answers release a count; any other error keeps it.
 void sweep_implicitly_freed_arrays() noexcept {
   if (real_cuArray3DGetDescriptor_v2 == nullptr || real_cuMipmappedArrayGetLevel == nullptr) return;
-  sweep_table(*g_arrays, [](std::uint64_t key, const limiter::AllocRecord& rec) {
-    CUresult rc;
-    if (rec.kind == limiter::AllocKind::mipmapped) {
-      CUarray level = nullptr;
-      rc = real_cuMipmappedArrayGetLevel(&level, reinterpret_cast<CUmipmappedArray>(key), 0);
-    } else {
-      CUDA_ARRAY3D_DESCRIPTOR d{};
-      rc = real_cuArray3DGetDescriptor_v2(&d, reinterpret_cast<CUarray>(key));
-    }
-    return rc == CUDA_ERROR_INVALID_HANDLE || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED;
-  });
+  sweep_table(*g_arrays, array_gone);
 }
 
 }  // namespace gpuslice::hook
@@ -188,7 +193,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuArray3DCreate_v2(CUarray* pHandle, const CUDA
 GPUSLICE_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  return free_counted(*g_arrays, reinterpret_cast<std::uint64_t>(hArray), [&] { return real_cuArrayDestroy(hArray); });
+  return free_counted(
+      *g_arrays, reinterpret_cast<std::uint64_t>(hArray), [&] { return real_cuArrayDestroy(hArray); }, array_gone);
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d,
@@ -218,7 +224,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandl
 GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray h) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  return free_counted(*g_arrays, reinterpret_cast<std::uint64_t>(h), [&] { return real_cuMipmappedArrayDestroy(h); });
+  return free_counted(
+      *g_arrays, reinterpret_cast<std::uint64_t>(h), [&] { return real_cuMipmappedArrayDestroy(h); }, array_gone);
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuArrayCreate(CUarray*, const CUDA_ARRAY_DESCRIPTOR_v1*) {

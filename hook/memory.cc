@@ -9,6 +9,7 @@
 
 #include "hook/arrays.h"
 #include "hook/log.h"
+#include "hook/modules.h"
 #include "hook/oversub.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
@@ -34,15 +35,19 @@ limiter::AllocTable& linear_table() noexcept { return *g_pointers; }
 
 void sweep_implicitly_freed() noexcept {
   sweep_implicitly_freed_arrays();
+  sweep_implicitly_unloaded_modules();
   if (real_cuMemGetAddressRange_v2 == nullptr) return;
-  sweep_table(*g_pointers, [](std::uint64_t key, const limiter::AllocRecord&) {
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    const CUresult rc = real_cuMemGetAddressRange_v2(&base, &size, key);
-    // Only "no such allocation" means freed; any other error (no current
-    // context, ...) keeps the count: never release what may still be held.
-    return rc == CUDA_ERROR_NOT_FOUND || rc == CUDA_ERROR_INVALID_VALUE;
-  });
+  sweep_table(*g_pointers, pointer_gone);
+}
+
+bool pointer_gone(std::uint64_t key, const limiter::AllocRecord&) noexcept {
+  if (real_cuMemGetAddressRange_v2 == nullptr) return false;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const CUresult rc = real_cuMemGetAddressRange_v2(&base, &size, key);
+  // Only "no such allocation" means freed; any other error (no current
+  // context, ...) keeps the count: never release what may still be held.
+  return rc == CUDA_ERROR_NOT_FOUND || rc == CUDA_ERROR_INVALID_VALUE;
 }
 
 }  // namespace gpuslice::hook
@@ -185,7 +190,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   return free_counted(
-      *g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); }, [&] { return free_pool_or_untracked(dptr); });
+      *g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); }, [&] { return free_pool_or_untracked(dptr); },
+      pointer_gone);
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1*, unsigned int) { return refuse_legacy("cuMemAlloc"); }

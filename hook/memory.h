@@ -14,5 +14,9 @@ limiter::AllocTable& linear_table() noexcept;
 // reset or released for the last time): release every counted allocation the
 // driver no longer knows (arrays included: hook/arrays.h).
 void sweep_implicitly_freed() noexcept;
+// Whether the driver no longer knows the allocation at `key` (a counted
+// pointer): "no such allocation". Any other answer (no current context, ...)
+// says nothing: the count is kept. For free_counted (hook/wrap.h) and the sweep.
+bool pointer_gone(std::uint64_t key, const limiter::AllocRecord& = {}) noexcept;
 
 }  // namespace gpuslice::hook

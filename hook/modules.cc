@@ -162,6 +162,16 @@ void remember(CUlibrary l, CUdevice dev, const Counted& c) noexcept {
   }
 }
 
+// Whether the driver no longer knows module `key`: a function lookup by a
+// name no image has answers "no such handle" then, and "not found" while
+// the module is loaded. Any other answer keeps the count.
+bool module_gone(std::uint64_t key) noexcept {
+  if (real_cuModuleGetFunction == nullptr) return false;
+  CUfunction f = nullptr;
+  const CUresult rc = real_cuModuleGetFunction(&f, reinterpret_cast<CUmodule>(key), "gpuslice: no such function");
+  return rc == CUDA_ERROR_INVALID_HANDLE || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
+
 // Releases what was charged for `key` (a module, or a library on every device).
 void forget(CUmodule m) noexcept {
   Counted c{};
@@ -511,6 +521,23 @@ CUresult place_kernel_in_context(CUfunction f, CUcontext ctx) noexcept {
 void kernels_context_created() noexcept {
   g_live_contexts.fetch_add(1, std::memory_order_seq_cst);
   if (g_kernels->size() != 0) kernels_dirty();
+}
+
+// As sweep_table (account.h) for the allocation tables: the driver is asked
+// with no lock held, each record erased exactly once, and asked again about
+// the record taken (a load may have got the handle back meanwhile: its
+// remember() then releases the old record as stale, or finds ours gone).
+void sweep_implicitly_unloaded_modules() noexcept {
+  g_loaded->for_each_unlocked([](std::uint64_t key, const Counted&) {
+    if (!module_gone(key)) return;
+    Counted taken{};
+    if (!g_loaded->erase(key, &taken)) return;
+    if (module_gone(key)) {
+      if (taken.bytes != 0) release(taken.entry, taken.bytes);
+    } else if (!g_loaded->insert(key, taken) && taken.bytes != 0) {
+      release(taken.entry, taken.bytes);  // a newer record holds the handle: ours is gone
+    }
+  });
 }
 
 void kernels_context_destroyed() noexcept {

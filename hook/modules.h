@@ -49,5 +49,10 @@ inline CUresult place_node_kernel(CUfunction f, CUcontext ctx) noexcept {
 // context is one where no library is placed yet.
 void kernels_context_created() noexcept;
 void kernels_context_destroyed() noexcept;
+// After the driver freed memory implicitly (a context destroyed, the primary
+// context reset or released for the last time): a module loaded in that
+// context was unloaded with it, so every counted module the driver no longer
+// knows is released (memory.cc's sweep_implicitly_freed calls it).
+void sweep_implicitly_unloaded_modules() noexcept;
 
 }  // namespace gpuslice::hook

@@ -2,7 +2,11 @@
 // (pool_state.h has the model; docs/memory.md the reasoning).
 #include "hook/pool_state.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <new>
 
@@ -314,7 +318,34 @@ void reconcile_dirty() noexcept {
   }
 }
 
+// Reclaims of this process in flight, and a word each one bumps at its end
+// (a private futex: await_other_reclaims sleeps on it).
+std::atomic<std::uint32_t> g_reclaiming{0};
+std::atomic<std::uint32_t> g_reclaims_ended{0};
+
+void await_other_reclaims() noexcept {
+  const std::uint64_t deadline = platform::monotonic_ns() + kReclaimWaitNs;
+  for (;;) {
+    const std::uint32_t seen = g_reclaims_ended.load(std::memory_order_seq_cst);
+    if (g_reclaiming.load(std::memory_order_seq_cst) == 0) return;
+    const std::uint64_t now = platform::monotonic_ns();
+    if (now >= deadline) return;
+    const std::uint64_t left = deadline - now;
+    timespec ts{static_cast<time_t>(left / 1'000'000'000ull), static_cast<long>(left % 1'000'000'000ull)};
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&g_reclaims_ended), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+  }
+}
+
 void reclaim_all() noexcept {
+  g_reclaiming.fetch_add(1, std::memory_order_seq_cst);
+  struct Ended {
+    ~Ended() {
+      g_reclaiming.fetch_sub(1, std::memory_order_seq_cst);
+      g_reclaims_ended.fetch_add(1, std::memory_order_seq_cst);
+      syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&g_reclaims_ended), FUTEX_WAKE_PRIVATE, 0x7fffffff, nullptr,
+              nullptr, 0);
+    }
+  } ended;
   const std::uint32_t n = g_slots_used.load(std::memory_order_acquire);
   for (std::uint32_t i = 0; i < n; ++i) {
     PoolState& st = g_states[i];

@@ -138,8 +138,17 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept;
 void reconcile_dirty() noexcept;
 // Before an allocation is refused: trims this process's pools down to what
 // their allocations use (what the driver does before failing one of its own)
-// and reconciles them. Skips a pool whose mutex the calling thread holds.
+// and reconciles them. Skips a pool whose mutex the calling thread holds,
+// and one another thread holds (try-lock: a reclaim runs inside a pool's
+// growth, which holds that pool's mutex).
 void reclaim_all() noexcept;
+// After reclaim_all, before refusing: waits until no other thread of the
+// process is in reclaim_all (at most kReclaimWaitNs). A pool this reclaim
+// skipped may be the one another thread is trimming: the driver has its
+// memory back, the count not yet (it is lowered after the trim). Never
+// deadlocks: a reclaim only try-locks, so none waits for the caller.
+inline constexpr std::uint64_t kReclaimWaitNs = 2'000'000'000;
+void await_other_reclaims() noexcept;
 
 // --- the slow paths of the wrappers (pools.cc takes no lock itself) ---
 // An allocation that does not fit in what is counted for its pool

@@ -76,9 +76,12 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealA
 }
 
 // Registered with the runtime: before refusing any allocation, trim this
-// process's pools and take back what they returned to the driver.
+// process's pools and take back what they returned to the driver, and let
+// other threads' reclaims finish (the pools they were trimming, ours skipped).
 void reclaim() noexcept {
-  if (pools::g_slots_used.load(std::memory_order_relaxed) != 0) pools::reclaim_all();
+  if (pools::g_slots_used.load(std::memory_order_relaxed) == 0) return;
+  pools::reclaim_all();
+  pools::await_other_reclaims();
 }
 struct RegisterReclaim {
   RegisterReclaim() noexcept { set_pool_reclaim(reclaim); }
@@ -204,7 +207,7 @@ CUresult free_async(CUdeviceptr dptr, RealFree&& real_free) noexcept {
       return free_pool_pointer(dptr, *st, bytes, real_free);
     }
   }
-  return free_counted(linear_table(), dptr, real_free);
+  return free_counted(linear_table(), dptr, real_free, pointer_gone);
 }
 }  // namespace
 

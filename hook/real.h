@@ -30,6 +30,7 @@ namespace gpuslice::hook {
   X(cuMemGetAllocationPropertiesFromHandle) \
   X(cuArray3DGetDescriptor_v2)              \
   X(cuMipmappedArrayGetLevel)               \
+  X(cuModuleGetFunction)                    \
   X(cuMemAdvise_v2)                         \
   X(cuMemPoolGetAttribute)                  \
   X(cuArrayGetMemoryRequirements)           \

@@ -25,24 +25,30 @@
 namespace gpuslice::hook {
 
 // Free path: forget `key` (exactly once), run the real free, then return the
-// bytes to the budget — or put the record back if the driver refused. A key
-// the table does not hold is freed by `untracked` instead.
-template <class RealFree, class Untracked>
-CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free,
-                      Untracked&& untracked) noexcept {
+// bytes to the budget. A key the table does not hold is freed by `untracked`
+// instead. If the driver refused, the record goes back, unless the object it
+// describes is gone: gone(key, record) says the driver no longer knows the
+// key (the memory went with a context destroyed or reset meanwhile, whose
+// sweep ran while the record was out of the table and never sees it again),
+// or the key is held again by a newer record (the driver handed it out
+// again: the stale-record rule, platform::record). Both release it.
+template <class RealFree, class Untracked, class Gone>
+CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free, Untracked&& untracked,
+                      Gone&& gone) noexcept {
   CountingOp op;
   limiter::AllocRecord rec{};
   if (!table.erase(key, &rec)) return untracked();
   const CUresult rc = real_free();
-  if (rc == CUDA_SUCCESS)
+  if (rc == CUDA_SUCCESS) {
     release_record(rec);
-  else
-    table.insert(key, rec);  // the driver refused: still live
+  } else if (gone(key, rec) || !table.insert(key, rec)) [[unlikely]] {
+    release_record(rec);
+  }
   return rc;
 }
-template <class RealFree>
-CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free) noexcept {
-  return free_counted(table, key, real_free, real_free);
+template <class RealFree, class Gone>
+CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free, Gone&& gone) noexcept {
+  return free_counted(table, key, real_free, real_free, gone);
 }
 
 // Legacy 32-bit entry points that would let memory bypass the quota.

@@ -245,6 +245,38 @@ TEST(ChaosMonitor, ARefusalExplainedByTheAgentsFreshFigureIsNoViolation) {
   EXPECT_EQ(report, "") << out;
 }
 
+// A request refused while another request of the container was in flight:
+// gpuslice may have counted the other's reservation when it refused, and
+// that request may end (refused too, its reservation given back) before this
+// one is judged. The container holds 48 MiB of 64; A asks for 24 MiB (no
+// room), B for 8 MiB while A is in flight (room once A is gone). Overlapping,
+// A explains B's refusal (the documented transient: requests overlapping
+// the refused one); apart, B's refusal is reported. Before, only requests
+// still in flight at the judgement counted, and the overlap was reported
+// too (the chaos suite's resident-wait refusals with "0 bytes beyond").
+std::string refusal_pair(const Sandbox& box, const char* mode, std::string* out) {
+  create_region(box);
+  Result r = run({REFUSAL_OVERLAP, mode}, merge(monitored(box, false), {{"FAKECUDA_MONITOR_LAG_MS", "60000"}}), 60000);
+  *out = r.describe();
+  return r.exit_code == 0 ? value(r, "judged", "b") : "exit";
+}
+
+TEST(ChaosMonitor, ARefusalExplainedByAnOverlappingRequestThatEndedIsNoViolation) {
+  Sandbox box;
+  std::string out;
+  EXPECT_EQ(refusal_pair(box, "overlap", &out), "0") << out << slurp(box.path("violations"));
+  EXPECT_EQ(slurp(box.path("violations")).find("VIOLATION (refusal)"), std::string::npos)
+      << slurp(box.path("violations"));
+}
+
+TEST(ChaosMonitor, ReportsARefusalAfterAnotherRequestEndedBeforeItBegan) {
+  Sandbox box;
+  std::string out;
+  EXPECT_EQ(refusal_pair(box, "apart", &out), "1") << out;
+  EXPECT_NE(slurp(box.path("violations")).find("cuMemAlloc of 8388608 bytes refused"), std::string::npos)
+      << slurp(box.path("violations"));
+}
+
 // The chaos decisions of the probe's one thread, as its report lists them
 // ("chaos: yield at point N (in call)", "chaos: sleep U us (in call)").
 std::string decisions(const std::string& report) {

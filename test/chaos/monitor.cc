@@ -552,6 +552,8 @@ int attach(int slot, unsigned devices) {
   for (auto& bytes : g_shared->managed_in_flight[slot]) bytes.store(0, std::memory_order_relaxed);
   for (auto& bytes : g_shared->freed[slot]) bytes.store(0, std::memory_order_relaxed);
   for (auto& bytes : g_shared->requesting[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->request_begun[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->request_ended[slot]) bytes.store(0, std::memory_order_relaxed);
   for (auto& bytes : g_shared->release_begun[slot]) bytes.store(0, std::memory_order_relaxed);
   for (auto& bytes : g_shared->release_ended[slot]) bytes.store(0, std::memory_order_relaxed);
   g_shared->unknown_begun[slot].store(0, std::memory_order_relaxed);

@@ -18,7 +18,7 @@ namespace gpuslice::chaos::internal {
 inline constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
 inline constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
 
-inline constexpr std::uint64_t kMonitorMagic = 0x334f54494e4f4d46ull;  // "FMONITO3": refusal words
+inline constexpr std::uint64_t kMonitorMagic = 0x344f54494e4f4d46ull;  // "FMONITO4": requests begun/ended
 inline constexpr std::uint32_t kWatches = 256;
 
 // Shared by every process of the simulated machine: <state>.monitor.
@@ -58,6 +58,12 @@ struct MonitorShared {
   // program: monitor_request_begin/end), and the pools it uses (monitor_pools).
   std::atomic<std::uint64_t> freed[kSimSlots][kSimDevices];
   std::atomic<std::uint64_t> requesting[kSimSlots][kSimDevices];
+  // The program's requests, monotone: bytes of those begun and of those
+  // ended. The requests overlapping [t0, t1] are those begun by t1 less
+  // those ended by t0 (a request that ended before the refusal was judged
+  // may still have been reserved when gpuslice checked).
+  std::atomic<std::uint64_t> request_begun[kSimSlots][kSimDevices];
+  std::atomic<std::uint64_t> request_ended[kSimSlots][kSimDevices];
   // The program's frees (monitor_release_begin/end), monotone: bytes of
   // those begun and of those ended; frees of unknown size begun and ended.
   // The frees overlapping [t0, t1] are those begun by t1 less those ended by t0.

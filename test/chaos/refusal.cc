@@ -29,6 +29,7 @@ struct Member {
   std::uint64_t freed;
   std::uint64_t release_ended;
   std::uint64_t unknown_ended;
+  std::uint64_t request_ended;
 };
 constexpr int kMembers = 64;
 thread_local std::uint64_t t_request = 0;
@@ -44,7 +45,7 @@ thread_local Member t_member[kMembers];
 // lock held. Returns false when the refusal cannot be judged.
 struct Slack {
   std::uint64_t freed = 0;       // freed by the container since the request began
-  std::uint64_t requesting = 0;  // other threads' requests in flight (admitted, maybe not granted yet)
+  std::uint64_t requesting = 0;  // other threads' requests overlapping this one (reserved, maybe not granted)
   std::uint64_t releasing = 0;   // frees in flight at the refusal or since its start (freed, maybe still counted)
   std::uint64_t pools = 0;       // 2 MiB per pool in use: counted up to one chunk above its reserve
   std::uint64_t agent = 0;       // agent_extra_bytes while the agent's heartbeat is fresh
@@ -66,20 +67,25 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
     // Frees overlapping the request: begun by now, not ended at its start.
     std::uint64_t releasing = g_shared->release_begun[i][dev].load(std::memory_order_relaxed);
     std::uint64_t unknown = g_shared->unknown_begun[i].load(std::memory_order_relaxed);
+    // Requests overlapping this one: begun by now, not ended at its start
+    // (this one is begun and not ended: taken out below).
+    std::uint64_t requesting = g_shared->request_begun[i][dev].load(std::memory_order_relaxed);
     for (int k = 0; k < t_members; ++k) {
       if (t_member[k].slot == i) {
         freed -= t_member[k].freed;
         releasing -= t_member[k].release_ended;
         unknown -= t_member[k].unknown_ended;
+        requesting -= t_member[k].request_ended;
       }
     }
+    if (i == g_slot) requesting -= t_request;
     if (unknown != 0) {
       *why = "a free of unknown size (arrays, contexts, modules) ran during the request";
       return false;
     }
     out->freed += freed;
     out->releasing += releasing;
-    out->requesting += g_shared->requesting[i][dev].load(std::memory_order_relaxed);
+    out->requesting += requesting;
     out->pools += std::uint64_t{g_shared->pools[i].load(std::memory_order_relaxed)} << 21;
   }
   const std::uint64_t beat = r.header.agent_heartbeat_ns.load(std::memory_order_acquire);
@@ -142,9 +148,12 @@ void monitor_request_begin(unsigned dev, std::uint64_t bytes) {
       t_members = -1;
       break;
     }
-    t_member[t_members++] = {i, slot.generation, g_shared->freed[i][dev].load(std::memory_order_relaxed),
+    t_member[t_members++] = {i,
+                             slot.generation,
+                             g_shared->freed[i][dev].load(std::memory_order_relaxed),
                              g_shared->release_ended[i][dev].load(std::memory_order_relaxed),
-                             g_shared->unknown_ended[i].load(std::memory_order_relaxed)};
+                             g_shared->unknown_ended[i].load(std::memory_order_relaxed),
+                             g_shared->request_ended[i][dev].load(std::memory_order_relaxed)};
   }
   fakecuda_state_unlock();
   t_request = bytes;
@@ -152,14 +161,22 @@ void monitor_request_begin(unsigned dev, std::uint64_t bytes) {
   t_request_slot = g_slot;
   t_request_ns = fakecuda_now_ns();
   g_shared->requesting[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+  g_shared->request_begun[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
 }
 
 int monitor_request_end(bool refused, const char* what) {
   if (t_request == 0 || t_request_slot != g_slot) return t_request = 0, 0;  // a forked child's copy: not its own
   const std::uint64_t bytes = t_request;
   const std::uint32_t dev = t_request_dev;
-  t_request = 0;
   g_shared->requesting[g_slot][dev].fetch_sub(bytes, std::memory_order_relaxed);
+  struct Ended {  // after the judgement: t_request is this request's own share of request_begun
+    std::uint64_t bytes;
+    std::uint32_t dev;
+    ~Ended() {
+      t_request = 0;
+      if (g_slot >= 0) g_shared->request_ended[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+    }
+  } ended{bytes, dev};
   if (!refused) return 0;
   if (!g_config.judge_refusals || t_members < 0 || fakecuda_state_lock() == 0) {
     g_shared->refusals_skipped.fetch_add(1, std::memory_order_relaxed);
@@ -212,7 +229,7 @@ int monitor_request_end(bool refused, const char* what) {
   char detail[640];
   std::snprintf(detail, sizeof(detail),
                 "%s of %llu bytes refused (CUDA_ERROR_OUT_OF_MEMORY) while the container holds %llu: %llu + %llu + "
-                "documented slack %llu (freed during the request %llu, other requests in flight %llu, frees in "
+                "documented slack %llu (freed during the request %llu, other requests overlapping it %llu, frees in "
                 "flight %llu, pools %llu, fresh agent_extra_bytes %llu) <= limit %llu; gpuslice counts %llu bytes "
                 "the device does not hold beyond that slack",
                 what, static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(held),

@@ -1,6 +1,8 @@
 // CUDA arrays and mipmapped arrays: opaque device memory of
 // width * max(height,1) * max(depth,1) * NumChannels * element size bytes
 // (mipmapped: the sum over levels), charged to the current context's device.
+// A mipmapped array's levels (cuMipmappedArrayGetLevel) are arrays it owns:
+// views of its memory (charged once, with it), gone with it.
 #include <algorithm>
 
 #include "driver.h"
@@ -9,8 +11,9 @@ struct CUarray_st {
   static constexpr std::uint32_t kAlive = 0xA7A7A7A7;
   CUctx_st* ctx = nullptr;
   std::uint32_t device = 0;
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0;  // 0 for a mipmapped array's level: its owner holds the memory
   CUDA_ARRAY3D_DESCRIPTOR desc{};
+  CUmipmappedArray_st* owner = nullptr;  // the mipmapped array this is a level of
 };
 
 struct CUmipmappedArray_st {
@@ -20,6 +23,7 @@ struct CUmipmappedArray_st {
   std::uint64_t bytes = 0;
   unsigned int levels = 0;
   CUDA_ARRAY3D_DESCRIPTOR desc{};
+  CUarray_st* level[64] = {};  // made at the first cuMipmappedArrayGetLevel of each
 };
 
 using namespace gpuslice::fakecuda;
@@ -86,6 +90,16 @@ void arrays_release_context_locked(CUctx_st* ctx) {
     uncharge_device(array->device, array->bytes);
     g_mipmapped.retire(array);
   });
+}
+
+// The levels of a mipmapped array being destroyed go with it (runtime mutex
+// held). A level retired already (its context released) may have been made
+// again as another array: only a live one still owned by `m` is retired.
+void retire_levels_locked(CUmipmappedArray_st* m) {
+  for (CUarray_st*& level : m->level) {
+    if (level != nullptr && alive(level) && level->owner == m) g_arrays.retire(level);
+    level = nullptr;
+  }
 }
 
 }  // namespace gpuslice::fakecuda
@@ -176,6 +190,33 @@ extern "C" CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
   std::lock_guard guard(runtime().mu);
   if (!alive(hMipmappedArray)) return CUDA_ERROR_INVALID_HANDLE;
   uncharge_device(hMipmappedArray->device, hMipmappedArray->bytes);
+  retire_levels_locked(hMipmappedArray);
   g_mipmapped.retire(hMipmappedArray);
+  return CUDA_SUCCESS;
+}
+
+// The array of one level (CUDA driver API: CUDA_ERROR_INVALID_HANDLE for a
+// handle that is not a live mipmapped array, CUDA_ERROR_INVALID_VALUE for a
+// level past its last). The same array for the same level each time.
+extern "C" CUresult cuMipmappedArrayGetLevel(CUarray* pLevelArray, CUmipmappedArray hMipmappedArray,
+                                             unsigned int level) {
+  if (pLevelArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized()) return uninitialized_error();
+  std::lock_guard guard(runtime().mu);
+  if (!alive(hMipmappedArray)) return CUDA_ERROR_INVALID_HANDLE;
+  CUmipmappedArray_st* m = hMipmappedArray;
+  if (level >= m->levels || level >= std::size(m->level)) return CUDA_ERROR_INVALID_VALUE;
+  CUarray_st*& a = m->level[level];
+  if (a == nullptr || !alive(a) || a->owner != m) {
+    a = g_arrays.make();
+    a->ctx = m->ctx;
+    a->device = m->device;
+    a->owner = m;
+    a->desc = m->desc;
+    a->desc.Width = std::max<std::size_t>(m->desc.Width >> level, 1);
+    a->desc.Height = m->desc.Height == 0 ? 0 : std::max<std::size_t>(m->desc.Height >> level, 1);
+    a->desc.Depth = m->desc.Depth == 0 ? 0 : std::max<std::size_t>(m->desc.Depth >> level, 1);
+  }
+  *pLevelArray = a;
   return CUDA_SUCCESS;
 }

@@ -47,6 +47,23 @@ TEST(FreedByThreads, AFreedSmallBlockIsNotShownAsUsed) {
   EXPECT_EQ(number(r, "shown", "nvml_after"), number(r, "shown", "nvml_before")) << "NVML\n" << r.out;
 }
 
+// The same, seen from outside the process while it lives: gpuslice-smi's
+// used bytes (the region's count less spare leases) are 0 after the free.
+TEST(FreedByThreads, AFreedSmallBlockIsNotShownAsUsedBySmi) {
+  Sandbox box;
+  const Env env = merge(box.env(), {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "4Gi"}});
+  const pid_t pid = spawn({bin("gpuslice-probe"), "reserve", "shown-held", "40960", box.path("ready"), box.path("go")},
+                          env, box.path("out"));
+  ASSERT_TRUE(await_file(box.path("ready"), 60000));
+  Result smi = run({bin("gpuslice-smi"), "--region", env.at("GPUSLICE_REGION"), "--json"}, {});
+  run({"/usr/bin/touch", box.path("go")}, {});
+  Result r = wait(pid, box.path("out"));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_EQ(smi.exit_code, 0) << smi.describe();
+  EXPECT_NE(smi.out.find("\"peak_bytes\":40960"), std::string::npos) << "the allocation was not counted\n" << smi.out;
+  EXPECT_NE(smi.out.find("\"used_bytes\":0,"), std::string::npos) << "freed memory shown as used\n" << smi.out;
+}
+
 // 32 threads each allocate and free 2 MiB under a 1 GiB quota and stay
 // alive; gpuslice-smi lowers the quota to 16 MiB; then each allocates 2 MiB
 // again and keeps it. What the device holds for the allocations stays within

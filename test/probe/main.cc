@@ -119,6 +119,8 @@ const Scenario kScenarios[] = {
     {"reserve", "idle", "THREADS MIB BIG_MIB", kInit,
      [](const Args& a) { return reserve::idle(a.number<int>(0), a.mib(1), a.mib(2)); }},
     {"reserve", "shown", "BYTES", kInit, [](const Args& a) { return reserve::shown(a.number<std::size_t>(0)); }},
+    {"reserve", "shown-held", "BYTES READY GO", kInit,
+     [](const Args& a) { return reserve::shown_held(a.number<std::size_t>(0), a.text(1), a.text(2)); }},
     {"reserve", "lowered", "THREADS MIB READY GO", kInit,
      [](const Args& a) { return reserve::lowered(a.number<int>(0), a.mib(1), a.text(2), a.text(3)); }},
 };

@@ -168,6 +168,7 @@ namespace reserve {
 int thread_exit(int threads, std::size_t bytes, std::size_t big);
 int idle(int threads, std::size_t bytes, std::size_t big);
 int shown(std::size_t bytes);
+int shown_held(std::size_t bytes, const std::string& ready, const std::string& go);
 int lowered(int threads, std::size_t bytes, const std::string& ready, const std::string& go);
 }  // namespace reserve
 namespace holder {

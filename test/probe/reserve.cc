@@ -15,6 +15,10 @@
 //     (total - free) and NVML through the library (nvmlDeviceGetMemoryInfo's
 //     used) show before the allocation and after the free:
 //     "shown before=U0 after=U1 nvml_before=N0 nvml_after=N1".
+//   shown-held BYTES READY GO
+//     One allocation of BYTES and its free; then creates the file READY and
+//     waits for the file GO (the test reads gpuslice-smi meanwhile). Prints
+//     "shown-held freed=1".
 //   lowered THREADS MIB READY GO
 //     THREADS threads each allocate and free MIB and stay alive; the program
 //     creates the file READY and waits for the file GO (the test lowers the
@@ -125,6 +129,19 @@ int shown(std::size_t bytes) {
   const long long after = counted_used(), nvml_after = nvml_used();
   std::printf("shown before=%lld after=%lld nvml_before=%lld nvml_after=%lld\n", before, after, nvml_before,
               nvml_after);
+  return 0;
+}
+
+int shown_held(std::size_t bytes, const std::string& ready, const std::string& go) {
+  use_primary(0);
+  CUdeviceptr p = 0;
+  check(cuMemAlloc(&p, bytes), "cuMemAlloc");
+  check(cuMemFree(p), "cuMemFree");
+  const int fd = open(ready.c_str(), O_CREAT | O_WRONLY, 0644);
+  if (fd < 0) return 2;
+  close(fd);
+  while (access(go.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::printf("shown-held freed=1\n");
   return 0;
 }
 

@@ -1,0 +1,60 @@
+// refusal_overlap: the invariant monitor's refusal check against a request
+// that overlapped the refused one and ended before it was judged
+// (chaos_test.cc, ChaosMonitor.*Overlapping*). No gpuslice: the program holds
+// 48 MiB of the container's device memory and reports two requests to the
+// monitor directly, each refused: A of 24 MiB, then B of 8 MiB.
+//   refusal_overlap overlap   B begins while A is in flight; A ends first
+//   refusal_overlap apart     B begins after A ended
+// Prints "judged a=R b=R" (1: a violation reported).
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "monitor.h"
+
+namespace {
+std::atomic<int> g_step{0};
+void await(int step) {
+  while (g_step.load() < step) std::this_thread::yield();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  using gpuslice::chaos::monitor_request_begin;
+  using gpuslice::chaos::monitor_request_end;
+  if (argc != 2) return 2;
+  const bool overlap = std::strcmp(argv[1], "overlap") == 0;
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  CUdeviceptr held = 0;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+      cuMemAlloc(&held, 48u << 20) != CUDA_SUCCESS) {
+    std::printf("init failed\n");
+    return 1;
+  }
+  int a = -1, b = -1;
+  std::thread ta([&] {
+    monitor_request_begin(0, 24u << 20);
+    g_step.store(1);
+    if (overlap) await(2);
+    a = monitor_request_end(true, "cuMemAlloc");
+    g_step.store(3);
+  });
+  std::thread tb([&] {
+    await(overlap ? 1 : 3);
+    monitor_request_begin(0, 8u << 20);
+    if (overlap) {
+      g_step.store(2);
+      await(3);
+    }
+    b = monitor_request_end(true, "cuMemAlloc");
+  });
+  ta.join();
+  tb.join();
+  std::printf("judged a=%d b=%d\n", a, b);
+  return 0;
+}

@@ -1,0 +1,82 @@
+// A free racing the driver's implicit free (issue 32's refusal direction,
+// found by the chaos suite's `primary` and `array` classes): one thread frees
+// an allocation while another resets the primary context, which frees
+// everything the context owned. The free took its record out of the table
+// before its driver call, so the sweep after the reset could not see it; the
+// driver then refused the free (the memory was gone) and the record went
+// back into the table: counted with nothing on the device, until the
+// process ended (the container refused allocations while it had room).
+// programs/implicit_free_race.cc; the simulator's chaos mode sleeps at the
+// free's entry so that the reset lands inside it (a seeded sleep of up to
+// 100 ms per round: most rounds are hits).
+#include <gtest/gtest.h>
+
+#include "harness.h"
+
+namespace gpuslice::test {
+namespace {
+
+constexpr long long kMi = 1ll << 20;
+
+const Probe race{{"implicit_free_race"}, 120000};
+
+Env race_env(const char* call) {
+  return {{"GPUSLICE_MEMORY_LIMIT", "64Mi"},    {"FAKECUDA_CONTEXT_MEMORY", "0"},  {"FAKECUDA_CHAOS_SEED", "32"},
+          {"FAKECUDA_CHAOS_CALLS", call},       {"FAKECUDA_CHAOS_YIELD_PCT", "0"}, {"FAKECUDA_CHAOS_SLEEP_PCT", "100"},
+          {"FAKECUDA_CHAOS_SLEEP_US", "100000"}};
+}
+
+// 10 rounds of 40 MiB under a 64 MiB quota, then 40 MiB more: it fits (the
+// device holds nothing). Before: each hit left 40 MiB counted, the last
+// allocation was refused and cuMemGetInfo showed them as used.
+void expect_nothing_left(const Result& r) {
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_GT(number(r, "race", "hits"), 0) << "no free was refused by the driver: the race was not exercised\n" << r.out;
+  EXPECT_EQ(number(r, "after", "big_rc"), 0) << "refused with the device empty\n" << r.out;
+  EXPECT_LT(number(r, "after", "used"), 40 * kMi) << "freed memory shown as used\n" << r.out;
+}
+
+TEST(ImplicitFreeRace, AFreeTheDriverRefusedAfterAResetLeavesNothingCounted) {
+  Sandbox box;
+  expect_nothing_left(race(box, race_env("free_common"), {"pointer", "10", "40"}));
+}
+
+TEST(ImplicitFreeRace, AnArrayDestroyTheDriverRefusedAfterAResetLeavesNothingCounted) {
+  Sandbox box;
+  expect_nothing_left(race(box, race_env("cuArrayDestroy"), {"array", "10", "40"}));
+}
+
+// A mipmapped array freed by the reset alone (no free racing it): the sweep
+// after the reset asks the driver whether each counted mipmapped array is
+// still there (cuMipmappedArrayGetLevel). Before: the simulator did not
+// model that call (CUDA_ERROR_NOT_SUPPORTED, so never "gone"), and every
+// mipmapped array a context took with it stayed counted (the chaos suite's
+// 4-5.5 MiB refusals with room). The simulator now answers as the driver does.
+TEST(ImplicitFreeRace, AMipmappedArrayAResetFreedIsNoLongerCounted) {
+  Sandbox box;
+  Result r = race(box, race_env("none"), {"mipmap", "3", "40", "keep"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "after", "big_rc"), 0) << "refused with the device empty\n" << r.out;
+  EXPECT_LT(number(r, "after", "used"), 40 * kMi) << "freed memory shown as used\n" << r.out;
+}
+
+TEST(ImplicitFreeRace, AMipmappedArrayDestroyTheDriverRefusedAfterAResetLeavesNothingCounted) {
+  Sandbox box;
+  expect_nothing_left(race(box, race_env("cuMipmappedArrayDestroy"), {"mipmap", "10", "40"}));
+}
+
+// A module loaded in the primary context, unloaded by the reset with it
+// (no unload call). Before: modules were never swept (the records of
+// cuModuleLoad* were released only by cuModuleUnload, which the driver
+// refuses once the context took the module with it): counted until the
+// process ended (the chaos suite's `module` + `primary` refusals with room).
+TEST(ImplicitFreeRace, AModuleAResetUnloadedIsNoLongerCounted) {
+  Sandbox box;
+  Result r = race(box, merge(race_env("none"), {{"FAKECUDA_MODULE_MEMORY", "1"}}), {"module", "3", "40", "keep"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "after", "big_rc"), 0) << "refused with the device empty\n" << r.out;
+  EXPECT_LT(number(r, "after", "used"), 40 * kMi) << "unloaded module shown as used\n" << r.out;
+}
+
+}  // namespace
+}  // namespace gpuslice::test

@@ -1,0 +1,102 @@
+// implicit_free_race: a program of the container for implicit_free_race_test.cc.
+//   implicit_free_race pointer|array|mipmap|module ROUNDS MIB [keep]
+// Each round: the primary context current, one allocation of MIB MiB
+// (cuMemAlloc, a 2D float array of that size, a one-level mipmapped array
+// of it, or a module with a global of that size); a second thread frees it
+// (cuMemFree, cuArrayDestroy, cuMipmappedArrayDestroy, cuModuleUnload;
+// with `keep` it frees nothing) while this one
+// resets the primary context (cuDevicePrimaryCtxReset: the driver frees
+// everything the context owned).
+// Run with the simulator's chaos mode sleeping at the free's entry
+// (FAKECUDA_CHAOS_CALLS), the reset lands inside the free: the driver then
+// refuses the free, the memory being gone already. With `keep` the reset
+// alone frees it (the library's sweep after it must see that). Prints per round
+// "round N free_rc=R", then "race hits=H" (rounds whose free the driver refused)
+// and "after big_rc=R used=U": an allocation of MIB MiB once every round is
+// over, and cuMemGetInfo's total - free before it.
+#include <cuda.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace {
+
+bool current(CUdevice dev) {
+  CUcontext ctx = nullptr;
+  return cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4 && argc != 5) return 2;
+  const bool array = std::strcmp(argv[1], "array") == 0;
+  const bool mipmap = std::strcmp(argv[1], "mipmap") == 0;
+  const bool module = std::strcmp(argv[1], "module") == 0;
+  const bool keep = argc == 5 && std::strcmp(argv[4], "keep") == 0;
+  const int rounds = std::atoi(argv[2]);
+  const std::size_t mib = std::strtoull(argv[3], nullptr, 10);
+  CUdevice dev = 0;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS || !current(dev)) {
+    std::printf("init failed\n");
+    return 1;
+  }
+  int hits = 0;
+  for (int round = 0; round < rounds; ++round) {
+    CUdeviceptr p = 0;
+    CUarray a = nullptr;
+    CUmipmappedArray m = nullptr;
+    CUmodule mod = nullptr;
+    CUresult rc;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    d.Width = 1024;
+    d.Height = 256 * mib;  // 1024 floats a row: 1 MiB per 256 rows
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 1;
+    if (array) {
+      rc = cuArray3DCreate(&a, &d);
+    } else if (mipmap) {
+      rc = cuMipmappedArrayCreate(&m, &d, 1);
+    } else if (module) {
+      const std::string image = ".global .align 8 .b8 big[" + std::to_string(mib << 20) + "];\n.entry k\n";
+      rc = cuModuleLoadData(&mod, image.c_str());
+    } else {
+      rc = cuMemAlloc(&p, mib << 20);
+    }
+    if (rc != CUDA_SUCCESS) {
+      std::printf("round %d alloc_rc=%d\n", round, static_cast<int>(rc));
+      break;  // refused: what the earlier rounds left counted (reported below)
+    }
+    CUcontext ctx = nullptr;
+    cuCtxGetCurrent(&ctx);
+    std::atomic<bool> entering{false};
+    CUresult free_rc = CUDA_SUCCESS;
+    std::thread freer([&] {
+      cuCtxSetCurrent(ctx);
+      entering.store(true);
+      if (keep) return;
+      free_rc = array    ? cuArrayDestroy(a)
+                : mipmap ? cuMipmappedArrayDestroy(m)
+                : module ? cuModuleUnload(mod)
+                         : cuMemFree(p);
+    });
+    while (!keep && !entering.load()) usleep(100);
+    usleep(2000);  // the freer is inside the driver's entry (the chaos sleep)
+    cuDevicePrimaryCtxReset(dev);
+    freer.join();
+    if (!current(dev)) return 1;
+    if (free_rc != CUDA_SUCCESS) ++hits;
+    std::printf("round %d free_rc=%d\n", round, static_cast<int>(free_rc));
+  }
+  std::size_t free_bytes = 0, total = 0;
+  cuMemGetInfo(&free_bytes, &total);
+  CUdeviceptr big = 0;
+  const CUresult big_rc = cuMemAlloc(&big, mib << 20);
+  std::printf("race hits=%d\nafter big_rc=%d used=%zu\n", hits, static_cast<int>(big_rc), total - free_bytes);
+  return 0;
+}

@@ -1,0 +1,35 @@
+// Two threads of one process in the refusal path at once (the chaos suite's
+// `fill` + `pool` refusals with room, issue 32): before refusing, gpuslice
+// trims the process's idle pool reserves and lowers their count (the pool
+// reclaim, hook/pool_state.cc). A reclaim skips a pool another thread is
+// busy with (try-lock: reclaims run inside pool growth, which holds its
+// pool's mutex); when that other thread was itself reclaiming it (the device
+// already trimmed, the count not lowered yet), the second thread was refused
+// while the memory it needed was on its way back.
+// programs/reclaim_race.cc; the simulator's reserve query sleeps 300 ms
+// (FAKECUDA_POOL_QUERY_DELAY_US), so the second request lands inside the
+// first's reclaim.
+#include <gtest/gtest.h>
+
+#include "harness.h"
+
+namespace gpuslice::test {
+namespace {
+
+const Probe race{{"reclaim_race"}, 120000};
+
+// 64 MiB quota; the default pool keeps 48 MiB reserved, idle. A asks for
+// 32 MiB (reclaims the pool), B for 24 MiB during A's reclaim: 56 MiB fit.
+// Before: B was refused (CUDA_ERROR_OUT_OF_MEMORY) with the pool already
+// trimmed.
+TEST(ReclaimRace, ASecondRequestDuringAnotherThreadsPoolReclaimIsNotRefused) {
+  Sandbox box;
+  Result r =
+      race(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}, {"FAKECUDA_POOL_QUERY_DELAY_US", "300000"}}, {"48", "32", "24"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "race", "a_rc"), 0) << r.out;
+  EXPECT_EQ(number(r, "race", "b_rc"), 0) << "refused during another thread's pool reclaim\n" << r.out;
+}
+
+}  // namespace
+}  // namespace gpuslice::test
