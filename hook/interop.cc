@@ -41,6 +41,9 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuImportExternalMemory(CUexternalMemory* extMem
 GPUSLICE_EXPORT CUresult CUDAAPI cuDestroyExternalMemory(CUexternalMemory extMem) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  return free_counted(*g_imports, reinterpret_cast<std::uint64_t>(extMem),
-                      [&] { return real_cuDestroyExternalMemory(extMem); });
+  // No driver query tells a destroyed external memory object from a live
+  // one: a refused destroy keeps its count (the safe side).
+  return free_counted(
+      *g_imports, reinterpret_cast<std::uint64_t>(extMem), [&] { return real_cuDestroyExternalMemory(extMem); },
+      [](std::uint64_t, const limiter::AllocRecord&) noexcept { return false; });
 }
