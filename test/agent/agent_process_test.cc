@@ -361,6 +361,12 @@ TEST(AgentMetrics, ScrapedOverHttpAndParsed) {
                              box.path("held"), "waitfile", box.path("end")},
                             env, "/dev/null");
   ASSERT_TRUE(eventually([&] { return file_exists(box.path("held")); }, 20000));
+  // Allocations refused because a process's records could not grow (issue
+  // 35, test/hardening/limits_test.cc) are counted where the agent reads them.
+  Region* r = attach(container_region(box));
+  ASSERT_NE(r, nullptr);
+  r->devices[0].record_refusals.store(3);
+  shm::detach(r);
   const int port = free_port();
   ASSERT_GT(port, 0);
   pid_t agent = test::spawn({test::bin("gpuslice-agent"), "--region-dir", region_dir(box), "--nvml", fake_nvml(),
@@ -408,6 +414,7 @@ TEST(AgentMetrics, ScrapedOverHttpAndParsed) {
   EXPECT_EQ(find("gpuslice_sm_limit_percent"), 30);
   EXPECT_EQ(find("gpuslice_processes"), 1);
   EXPECT_EQ(find("gpuslice_oom_refusals_total"), 0);
+  EXPECT_EQ(find("gpuslice_record_refusals_total"), 3);
   EXPECT_GE(find("gpuslice_sm_utilization_ratio"), 0);
   EXPECT_EQ(find("gpuslice_throttled_seconds_total"), 0);
   EXPECT_EQ(values["gpuslice_agent_nvml_available"], 1);

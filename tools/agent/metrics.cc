@@ -166,6 +166,7 @@ MetricsSnapshot read_metrics(const MetricsInput& in) {
         v.used_bytes -= std::min(v.used_bytes, limiter::spare_lease_bytes(r, d.index));  // leases are not used
         v.agent_extra_bytes = s.agent_extra_bytes.load(std::memory_order_relaxed);
         v.oom_refusals = s.oom_refusals.load(std::memory_order_relaxed);
+        v.record_refusals = s.record_refusals.load(std::memory_order_relaxed);
         v.peak_used_bytes = s.peak_used_bytes.load(std::memory_order_relaxed);
         v.accounting_errors = s.accounting_errors.load(std::memory_order_relaxed);
         v.resident_limit_bytes = s.resident_limit_bytes.load(std::memory_order_relaxed);
@@ -244,6 +245,9 @@ std::string render_metrics(const MetricsRows& in) {
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.peak_used_bytes);
   w.family("gpuslice_oom_refusals_total", "counter", "Allocations refused because of the quota.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.oom_refusals);
+  w.family("gpuslice_record_refusals_total", "counter",
+           "Allocations refused because a process's allocation records could not grow (address space).");
+  for (const Row& r : rows) w.sample_u64(r.labels, r.dev.record_refusals);
   w.family("gpuslice_accounting_errors_total", "counter", "Accounting inconsistencies detected and clamped.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.dev.accounting_errors);
   w.family("gpuslice_memory_resident_bytes", "gauge",

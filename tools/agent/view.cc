@@ -28,6 +28,7 @@ void copy_device(const DeviceState& d, int index, DeviceView* v) {
   v->used_bytes = d.used_bytes.load(std::memory_order_relaxed);
   v->agent_extra_bytes = d.agent_extra_bytes.load(std::memory_order_relaxed);
   v->oom_refusals = d.oom_refusals.load(std::memory_order_relaxed);
+  v->record_refusals = d.record_refusals.load(std::memory_order_relaxed);
   v->resident_limit_bytes = d.resident_limit_bytes.load(std::memory_order_relaxed);
   v->spilled_bytes = d.spilled_bytes.load(std::memory_order_relaxed);
   v->spills = d.spills.load(std::memory_order_relaxed);

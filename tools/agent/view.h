@@ -18,6 +18,7 @@ struct DeviceView {
   std::uint64_t used_bytes = 0;
   std::uint64_t agent_extra_bytes = 0;
   std::uint64_t oom_refusals = 0;
+  std::uint64_t record_refusals = 0;  // refused: the process's allocation records could not grow
   std::uint64_t peak_used_bytes = 0;
   std::uint64_t accounting_errors = 0;
   std::uint32_t sm_limit_pct = 0;  // 0 or >= 100 = unlimited
