@@ -156,6 +156,7 @@ CUresult claim_now() noexcept {
     slot = shm::claim_slot(region, self);
   }
   if (slot < 0) {
+    shm::end_attach(lock_fd);
     GPUSLICE_LOG(error,
                  "GPUSLICE_REGION=%s: all %u process slots are held by live processes, expected a "
                  "free slot; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED",
@@ -166,6 +167,8 @@ CUresult claim_now() noexcept {
   // still holding it) our liveness is judged by pid alone, as before.
   if (lock_fd >= 0 && !shm::lock_slot_file(lock_fd, slot))
     GPUSLICE_LOG(debug, "slot %d: its file lock is not available; liveness by pid only", slot);
+  // Our slot is in the region now: the agent keeps it (shm::end_attach).
+  shm::end_attach(lock_fd);
   hold_slot_lock(lock_fd);
   g_process.region = region;
   g_process.self = observer;

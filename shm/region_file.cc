@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -315,6 +316,9 @@ CreateResult create_region(const Place& place, const char* path, const char* con
   if (r == nullptr) return fail("cannot map the new region file", errno);
   initialise(r, container_name);
 
+  // The library's join (keep_fd) holds the joining lock from before the file
+  // has a name: the agent never removes it before our slot is claimed.
+  if (keep_fd != nullptr) (void)begin_attach(fd);
   int rc = linkat(place.dfd, temp, place.dfd, place.base, 0);
   int link_errno = rc == 0 ? 0 : errno;
   bool temp_consumed = false;
@@ -363,6 +367,27 @@ bool owned_by_us_or_root(int fd, const Place& place, const char* path, Error* er
   return false;
 }
 
+// The library's join (keep_fd): takes the joining lock (shm::begin_attach),
+// then checks that the name still names the file opened and that it is still
+// linked: a region the agent renamed away or unlinked between our open and
+// our lock is never joined (the caller opens the name again).
+bool joined(int fd, const Place& place) {
+  Join j = begin_attach(fd);
+  for (int spin = 0; j == Join::removing && spin < 64; ++spin) {
+    sched_yield();  // the remover holds the lock for a rename or an unlink
+    j = begin_attach(fd);
+  }
+  if (j == Join::removing) return false;
+  struct stat own {};
+  struct stat named {};
+  if (fstat(fd, &own) == 0 && own.st_nlink > 0 &&
+      fstatat(place.dfd, place.base, &named, place.shared ? AT_SYMLINK_NOFOLLOW : 0) == 0 &&
+      named.st_dev == own.st_dev && named.st_ino == own.st_ino)
+    return true;
+  end_attach(fd);
+  return false;
+}
+
 Region* attach_at(const Place& place, const char* path, const char* container_name, bool create, bool writable,
                   Error* err, bool* created, int* keep_fd) {
   // Never blocks (a FIFO planted under the name); in a directory shared by
@@ -378,6 +403,11 @@ Region* attach_at(const Place& place, const char* path, const char* container_na
         return nullptr;
       }
       Region* r = map_existing(fd, path, writable, err);
+      if (r != nullptr && keep_fd != nullptr && place.dfd >= 0 && !joined(fd, place)) {
+        detach(r);  // being removed: open the name again (a new region, or the old one put back)
+        close(fd);
+        continue;
+      }
       if (r != nullptr && keep_fd != nullptr) {
         *keep_fd = fd;
       } else {

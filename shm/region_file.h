@@ -48,7 +48,7 @@ inline constexpr std::uint64_t kSeqGeneration = std::uint64_t{1} << 20;
 Region* attach(const char* path, const char* container_name, Error* err) noexcept;
 Region* attach(const char* path, const char* container_name, Error* err, bool* created) noexcept;
 // Same, and keeps the file open (O_CLOEXEC, never descriptor 0-2) in *fd for
-// mapped_file_intact().
+// mapped_file_intact(), holding the joining lock until end_attach(*fd).
 Region* attach(const char* path, const char* container_name, Error* err, bool* created, int* fd) noexcept;
 // A region private to this process (and the children it forks), in anonymous
 // shared memory: what GPUSLICE_PASSTHROUGH accounts into, so that nothing is
@@ -103,6 +103,22 @@ void release_slot(Region* r, int slot) noexcept;
 // it (false when the lock cannot be taken: held elsewhere, or no OFD locks).
 bool lock_slot_file(int fd, int slot) noexcept;
 void unlock_slot_file(int fd, int slot) noexcept;
+// Joining (docs/agent.md, "Removal"): a process holds a
+// shared OFD lock on byte sizeof(Region) + kMaxSlots from attach (the fd
+// variant: before the name is checked to still name the file it opened, or
+// before a file it created is linked) until its slot is claimed and locked;
+// end_attach drops it (fd < 0: nothing). Whoever removes an unused region
+// (the agent) takes the byte exclusively first (lock_for_removal: false while
+// a process is joining; true too where OFD locks do not exist) and checks the
+// slots again under it, so no process ever claims a slot in a region being
+// renamed away or unlinked. unlock_for_removal drops it.
+inline constexpr std::uint64_t kJoinLockByte = sizeof(Region) + kMaxSlots;
+enum class Join { held, removing, no_locks };
+// Takes the shared lock; removing: the remover holds it now.
+Join begin_attach(int fd) noexcept;
+void end_attach(int fd) noexcept;
+bool lock_for_removal(int fd) noexcept;
+void unlock_for_removal(int fd) noexcept;
 // The slot's lock seen through region_fd, the observer's own description of
 // the region file (the library's, or the agent's: each passes its own).
 // held: another description holds it (the slot's process, or a child it

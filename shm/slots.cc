@@ -100,6 +100,23 @@ void unlock_slot_file(int fd, int slot) noexcept {
   if (slot_lock_byte(slot, &byte)) platform::ofd_lock::drop(fd, byte, 1);
 }
 
+Join begin_attach(int fd) noexcept {
+  if (platform::ofd_lock::take(fd, platform::ofd_lock::Kind::read, kJoinLockByte, 1)) return Join::held;
+  return platform::ofd_lock::probe(fd, kJoinLockByte, 1) == platform::ofd_lock::Probe::unknown ? Join::no_locks
+                                                                                               : Join::removing;
+}
+
+void end_attach(int fd) noexcept {
+  if (fd >= 0) platform::ofd_lock::drop(fd, kJoinLockByte, 1);
+}
+
+bool lock_for_removal(int fd) noexcept {
+  if (platform::ofd_lock::take(fd, platform::ofd_lock::Kind::write, kJoinLockByte, 1)) return true;
+  return platform::ofd_lock::probe(fd, kJoinLockByte, 1) != platform::ofd_lock::Probe::held;
+}
+
+void unlock_for_removal(int fd) noexcept { platform::ofd_lock::drop(fd, kJoinLockByte, 1); }
+
 SlotLock probe_slot_lock(int region_fd, int slot) noexcept {
   std::uint64_t byte = 0;
   if (!slot_lock_byte(slot, &byte)) return SlotLock::unknown;

@@ -157,6 +157,51 @@ TEST(AgentRegions, RegionInUseAgainWhileBeingRemovedIsPutBack) {
   shm::detach(r);
 }
 
+// Chaos seed 134082 (`gap` class, agent at 5 ms): a process of a second wave
+// opened the idle region, and before it claimed its slot the agent renamed
+// the region away and unlinked it; the process then counted into the
+// unlinked file while the rest of its container created a fresh one: its
+// memory was in no region anybody reads. A process between attach and claim
+// holds the region (shm::end_attach), and the agent never removes it.
+TEST(AgentRegions, RegionAProcessIsJoiningIsNeverRemoved) {
+  Sandbox box;
+  auto cfg = config_for(box, false);
+  cfg.grace_ns = 1;  // as soon as it is empty
+  agent::Agent a(cfg);
+  a.start();
+  const std::string path = region_dir(box) + "/join.region";
+  Region* old = make_region(path, "join");
+  ASSERT_NE(old, nullptr);
+  shm::detach(old);  // the first wave is gone
+  a.cycle();         // empty since now
+  // The second wave's process: the library's attach, not yet its claim.
+  shm::Error err{};
+  int fd = -1;
+  Region* r = shm::attach(path.c_str(), "join", &err, nullptr, &fd);
+  ASSERT_NE(r, nullptr) << err.message;
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 5; ++i) a.cycle();  // past the grace, several times over
+  shm::ProcessIdentity self{};
+  ASSERT_TRUE(shm::read_identity(0, &self));
+  const int slot = shm::claim_slot(r, self);
+  ASSERT_GE(slot, 0);
+  EXPECT_TRUE(shm::lock_slot_file(fd, slot));
+  shm::end_attach(fd);
+  struct stat joined {};
+  struct stat named {};
+  ASSERT_EQ(fstat(fd, &joined), 0);
+  EXPECT_GT(joined.st_nlink, 0u) << "the region this process joined was unlinked";
+  ASSERT_EQ(stat(path.c_str(), &named), 0) << "the region this process joined was removed";
+  EXPECT_EQ(named.st_ino, joined.st_ino) << "the container's name resolves to another region";
+  for (int i = 0; i < 3; ++i) a.cycle();  // in use: kept
+  ASSERT_EQ(stat(path.c_str(), &named), 0);
+  EXPECT_EQ(named.st_ino, joined.st_ino);
+  EXPECT_EQ(a.stats().regions_removed, 0u);
+  shm::release_slot(r, slot);
+  close(fd);
+  shm::detach(r);
+}
+
 TEST(AgentRegions, RunsWithoutNvmlAndSaysSoOnce) {
   Sandbox box;
   const std::string dir = region_dir(box);

@@ -346,6 +346,31 @@ TEST(RegionFile, AttachExistingDoesNotCreate) {
   shm::detach(created);
 }
 
+// The joining lock (docs/agent.md, "Removal"): a process that created or
+// opened the region (attach with a descriptor) holds it until end_attach; a
+// remover (the agent, its own description) cannot take it meanwhile.
+TEST(RegionFile, AJoiningProcessHoldsTheRegionUntilEndAttach) {
+  TempDir dir;
+  const std::string path = dir.file("region");
+  shm::Error err{};
+  for (int round = 0; round < 2; ++round) {  // 0: creates it, 1: opens it
+    int fd = -1;
+    bool created = false;
+    Region* r = shm::attach(path.c_str(), "n", &err, &created, &fd);
+    ASSERT_NE(r, nullptr) << err.message;
+    EXPECT_EQ(created, round == 0);
+    const int remover = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(remover, 0);
+    EXPECT_FALSE(shm::lock_for_removal(remover)) << "round " << round;
+    shm::end_attach(fd);
+    EXPECT_TRUE(shm::lock_for_removal(remover)) << "round " << round;
+    shm::unlock_for_removal(remover);
+    close(remover);
+    close(fd);
+    shm::detach(r);
+  }
+}
+
 TEST(RegionHeaderValidation, DirectCalls) {
   TempDir dir;
   std::string good = valid_region_bytes(dir);

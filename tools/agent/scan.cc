@@ -14,6 +14,8 @@
 
 #include "log.h"
 #include "mounts.h"
+#include "region_io.h"
+#include "shm/region_file.h"
 
 using namespace std::string_literals;
 
@@ -329,6 +331,26 @@ void RegionSet::sweep() {
   }
 }
 
+namespace {
+
+// A slot claimed or live: read from the mapping (a file truncated under us
+// counts as in use: never removed on a guess).
+bool slots_in_use(const Region* r) {
+  bool used = false;
+  const bool read = guarded([&] {
+    for (const Slot& s : r->slots) {
+      const std::uint32_t state = s.state.load(std::memory_order_acquire);
+      if (state == kSlotLive || state == kSlotClaiming) {
+        used = true;
+        return;
+      }
+    }
+  });
+  return used || !read;
+}
+
+}  // namespace
+
 void RegionSet::lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, std::uint64_t grace_ns) {
   if (t.dropped) return;
   if (!empty) {
@@ -354,9 +376,23 @@ void RegionSet::lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, st
     drop(t, "replaced while empty");
     return;
   }
+  // Under the joining lock no process is between its attach and its claim,
+  // and none starts one; a claim since the slots were read keeps the region.
+  if (!shm::lock_for_removal(t.map.fd())) {
+    close(dirfd);  // a process is joining it: its slot comes
+    return;
+  }
+  if (slots_in_use(t.map.get())) {
+    shm::unlock_for_removal(t.map.fd());
+    t.empty_since_ns = 0;
+    if (t.removing) restore(t, dirfd);
+    close(dirfd);
+    return;
+  }
   if (t.removing) {
     // Renamed at least one cycle ago and still unused: nobody can reach it by
-    // name any more, so nobody can start using it.
+    // name any more, and whoever opened it before joins it no more
+    // (shm::attach checks the name under the joining lock).
     remove_now(t, dirfd);
   } else if (t.current != t.name) {
     t.removing = true;  // already under a hidden name (its name was taken by a new region)
@@ -372,6 +408,7 @@ void RegionSet::lifecycle(TrackedRegion& t, bool empty, std::uint64_t now_ns, st
                std::strerror(errno));
     }
   }
+  shm::unlock_for_removal(t.map.fd());
   close(dirfd);
 }
 
