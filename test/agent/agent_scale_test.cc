@@ -225,7 +225,9 @@ TEST(AgentScale, BasicMetricsAtAThousandRegions) {
   Figures f;
   measure("basic", &f);
   if (HasFatalFailure() || scale_regions() != 1024) return;
-  if (kMemoryBudgetApplies) EXPECT_LE(f.rss, kBudgetRssBytes);
+  if (kMemoryBudgetApplies) {
+    EXPECT_LE(f.rss, kBudgetRssBytes);
+  }
   EXPECT_LE(f.metrics_bytes, kBudgetBasicBytes);
 }
 
