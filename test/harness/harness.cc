@@ -73,7 +73,7 @@ std::vector<std::string> child_environment(const Env& env) {
   return tools::child_environment(set, tools::ChildEnvRules{});
 }
 
-pid_t start(const std::vector<std::string>& argv, const Env& env, int out_fd, int err_fd) {
+pid_t start(const std::vector<std::string>& argv, const Env& env, int out_fd, int err_fd, int in_fd = -1) {
   std::vector<std::string> envs = child_environment(env);
   std::vector<char*> cargv, cenv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
@@ -85,8 +85,8 @@ pid_t start(const std::vector<std::string>& argv, const Env& env, int out_fd, in
   if (pid == 0) {
     if (out_fd >= 0) dup2(out_fd, 1);
     if (err_fd >= 0) dup2(err_fd, 2);
-    int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
+    const int in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY);
+    if (in >= 0) dup2(in, 0);
     execve(cargv[0], cargv.data(), cenv.data());
     _exit(127);
   }
@@ -176,6 +176,70 @@ Result wait(pid_t pid, const std::string& out_path, int timeout_ms) {
     r.out = ss.str();
   }
   return r;
+}
+
+Conversation::Conversation(const std::vector<std::string>& argv, const Env& env) {
+  signal(SIGPIPE, SIG_IGN);  // a child that died answers -1001, never kills the test
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0) return;
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return;
+  }
+  pid_ = start(argv, env, out[1], -1, in[0]);
+  close(in[0]);
+  close(out[1]);
+  to_ = in[1];
+  from_ = out[0];
+}
+
+Conversation::~Conversation() {
+  if (to_ >= 0) close(to_);
+  if (from_ >= 0) close(from_);
+  kill9();
+}
+
+int Conversation::ask(const std::string& command) {
+  const std::string line = command + "\n";
+  if (to_ < 0 || write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return -1001;
+  return answer();
+}
+
+int Conversation::answer() {
+  std::string line;
+  while (true) {
+    const std::size_t nl = buffer_.find('\n');
+    if (nl != std::string::npos) {
+      line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      break;
+    }
+    pollfd p{from_, POLLIN, 0};
+    if (from_ < 0 || poll(&p, 1, 60000) <= 0) return -1000;
+    char chunk[256];
+    const ssize_t n = read(from_, chunk, sizeof chunk);
+    if (n <= 0) return -1000;
+    buffer_.append(chunk, static_cast<std::size_t>(n));
+  }
+  last_ = line;
+  const std::size_t at = line.find("rc=");
+  return at == std::string::npos ? -1002 : std::atoi(line.c_str() + at + 3);
+}
+
+void Conversation::kill9() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+void Conversation::quit() {
+  if (pid_ <= 0) return;
+  const std::string line = "quit\n";
+  (void)!write(to_, line.data(), line.size());
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
 }
 
 std::vector<std::string> lines_with(const std::string& text, const std::string& prefix) {

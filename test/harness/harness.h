@@ -56,6 +56,30 @@ pid_t spawn(const std::vector<std::string>& argv, const Env& env, const std::str
 // Waits for a spawned child; returns its Result (out read from out_path if given).
 Result wait(pid_t pid, const std::string& out_path = "", int timeout_ms = 60000);
 
+// A child driven line by line (a rank of a multi-process test): its stdin and
+// stdout are pipes; each command is a line, each answer a "<word> rc=R" line.
+// Started with the same environment rules as run(); SIGKILLed at the end.
+class Conversation {
+ public:
+  Conversation(const std::vector<std::string>& argv, const Env& env);
+  ~Conversation();
+  Conversation(const Conversation&) = delete;
+  Conversation& operator=(const Conversation&) = delete;
+  // Sends `command` and returns the rc of the answer (-1000: no answer within
+  // 60 s, -1001: the child is gone, -1002: an answer without "rc=").
+  int ask(const std::string& command);
+  int answer();                                      // the rc of the next answer line
+  const std::string& last() const { return last_; }  // that line, for messages
+  void kill9();                                      // SIGKILL and reap
+  void quit();                                       // "quit", then reap
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  std::string buffer_, last_;
+};
+
 Env merge(Env base, const Env& extra);
 
 // Lines of `text` starting with `prefix`.
