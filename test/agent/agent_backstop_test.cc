@@ -104,7 +104,8 @@ double metric(const std::string& text, const std::string& prefix) {
 }
 
 unsigned long long fill_bytes(const std::string& out) {
-  for (const std::string& line : test::lines_with(read_file(out), "fill ")) return std::stoull(test::field(line, "bytes"));
+  for (const std::string& line : test::lines_with(read_file(out), "fill "))
+    return std::stoull(test::field(line, "bytes"));
   return 0;
 }
 
@@ -130,17 +131,20 @@ class Backstop : public ::testing::Test {
   }
   // Cycles until pred holds (bounded).
   bool cycle_until(agent::Agent& a, const std::function<bool()>& pred) {
-    return eventually([&] {
-      a.cycle();
-      return pred();
-    }, 20000);
+    return eventually(
+        [&] {
+          a.cycle();
+          return pred();
+        },
+        20000);
   }
   double backstop(agent::Agent& a, const std::string& kind) {
     const std::string text = a.metrics_text();
     std::istringstream in(text);
     std::string line;
     while (std::getline(in, line)) {
-      if (line.rfind("gpuslice_memory_backstop{", 0) == 0 && line.find("region=\"pod-1/c.region\"") != std::string::npos &&
+      if (line.rfind("gpuslice_memory_backstop{", 0) == 0 &&
+          line.find("region=\"pod-1/c.region\"") != std::string::npos &&
           line.find("kind=\"" + kind + "\"") != std::string::npos)
         return std::stod(line.substr(line.rfind(' ') + 1));
     }

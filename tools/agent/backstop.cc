@@ -240,7 +240,7 @@ void Backstop::cycle(const std::vector<TrackedRegion*>& active, Nvml* nvml, bool
         continue;
       }
       if (static_cast<std::size_t>(d.gpu) < gpu_rc_.size() && gpu_rc_[static_cast<std::size_t>(d.gpu)] != 0)
-        continue;  // the driver cannot, on this device, for the agent's life
+        continue;                 // the driver cannot, on this device, for the agent's life
       if (quota == kUnlimited) {  // nothing to hold: a limit set earlier goes
         if (!a.cgroup.empty()) clear(a, *nvml, t->rel);
         continue;
@@ -250,8 +250,8 @@ void Backstop::cycle(const std::vector<TrackedRegion*>& active, Nvml* nvml, bool
           st.backstop = static_cast<std::uint8_t>(BackstopKind::driver);
           st.backstop_limit_bytes = a.hard;
         } else if (!e.why.empty()) {  // once per cause: there are few, regions may be thousands
-          log_once(LogLevel::warn, "backstop-why:"s + e.why, "no driver backstop for region %s (and any other, logged once): %s",
-                   t->rel.c_str(), e.why.c_str());
+          log_once(LogLevel::warn, "backstop-why:"s + e.why,
+                   "no driver backstop for region %s (and any other, logged once): %s", t->rel.c_str(), e.why.c_str());
         }
         continue;
       }

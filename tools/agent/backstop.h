@@ -66,19 +66,19 @@ class Backstop {
 
  private:
   struct Applied {
-    std::string cgroup;    // full path the limit is on ("" = none)
+    std::string cgroup;  // full path the limit is on ("" = none)
     std::uint64_t hard = 0;
-    int gpu = -1;          // NVML device index
-    int last_rc = 0;       // last NVML error (0 = none)
+    int gpu = -1;     // NVML device index
+    int last_rc = 0;  // last NVML error (0 = none)
     std::uint64_t retry_ns = 0;
     std::string tried_cgroup;  // the target of the failed attempt
     std::uint64_t tried_hard = 0;
   };
   struct Entry {
     Applied dev[kMaxDevices];
-    std::string rel;           // the region, as logged
-    std::string cgroup;        // the container's cgroup as last resolved (relative path)
-    std::string why;           // why there is none
+    std::string rel;     // the region, as logged
+    std::string cgroup;  // the container's cgroup as last resolved (relative path)
+    std::string why;     // why there is none
     std::uint64_t pids_sig = 0;
     std::uint64_t resolved_ns = 0;
     bool seen = false;
@@ -89,10 +89,10 @@ class Backstop {
   void clear(Applied& a, Nvml& nvml, const std::string& rel);
 
   bool enabled_;
-  std::string mount_;       // the cgroup v2 mount ("" = none)
-  std::string own_cgroup_;  // the agent's own cgroup
+  std::string mount_;                               // the cgroup v2 mount ("" = none)
+  std::string own_cgroup_;                          // the agent's own cgroup
   std::unordered_map<std::string, Entry> entries_;  // by region path
-  std::vector<int> gpu_rc_;                          // per NVML device: an error no retry changes (0 = none)
+  std::vector<int> gpu_rc_;                         // per NVML device: an error no retry changes (0 = none)
   std::uint64_t limits_set_ = 0, limits_cleared_ = 0, errors_ = 0;
 };
 
