@@ -107,6 +107,25 @@ typedef struct nvmlUtilization_st {
   unsigned int memory; /* percent of the sample period memory was read or written */
 } nvmlUtilization_t;
 
+/* Per-cgroup device-memory limits (driver R615+, CUDA 13.4 NVML), members as
+ * NVML's API reference lists them (nvmlSetMemoryLimits_v1_t,
+ * nvmlGetMemoryLimits_v1_t). nameSpace: the cgroup v2 directory's full path.
+ * Clearing: softLimit 0, hardLimit NVML_DEVICE_MEMORY_LIMIT_MAX (value not
+ * given by the pages read: ~0ULL, as test/fakecuda assumes). The agent only
+ * (docs/agent.md, "Driver backstop"). */
+typedef struct nvmlSetMemoryLimits_v1_st {
+  const char* nameSpace;
+  unsigned long long softLimit;
+  unsigned long long hardLimit;
+} nvmlSetMemoryLimits_v1_t;
+typedef struct nvmlGetMemoryLimits_v1_st {
+  const char* nameSpace;
+  unsigned long long softLimit;
+  unsigned long long hardLimit;
+  unsigned long long currentUsed;
+} nvmlGetMemoryLimits_v1_t;
+#define NVML_DEVICE_MEMORY_LIMIT_MAX (~0ULL)
+
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlInit(void);
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
@@ -129,6 +148,8 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char* name, unsigned int len
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory);
+nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t device, nvmlSetMemoryLimits_v1_t* limits);
+nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t device, nvmlGetMemoryLimits_v1_t* limits);
 
 /* *infoCount in: capacity of infos; out: processes written, or needed (with
  * NVML_ERROR_INSUFFICIENT_SIZE). infos may be NULL when *infoCount is 0. */

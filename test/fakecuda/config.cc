@@ -186,6 +186,30 @@ std::uint32_t parse_visible_devices(const char* text, const StateHeader& header,
   return count;
 }
 
+// "615.20" or "580.65.06": a three-digit branch, then one or two numbers.
+static bool parse_driver_version(const char* text, Config& config) {
+  const std::size_t len = std::strlen(text);
+  if (len >= sizeof(config.driver_version)) return false;
+  int parts = 0;
+  std::size_t digits = 0;
+  for (std::size_t i = 0; i <= len; ++i) {
+    if (i == len || text[i] == '.') {
+      if (digits == 0 || digits > (parts == 0 ? 3 : 4)) return false;
+      if (parts == 0 && digits != 3) return false;
+      ++parts;
+      digits = 0;
+    } else if (text[i] >= '0' && text[i] <= '9') {
+      ++digits;
+    } else {
+      return false;
+    }
+  }
+  if (parts < 2 || parts > 3 || text[0] == '0') return false;
+  std::memcpy(config.driver_version, text, len + 1);
+  config.driver_branch = static_cast<std::uint32_t>(std::strtoul(text, nullptr, 10));
+  return true;
+}
+
 bool parse_config(Config& config, char* error, std::size_t error_len) {
   config = Config{};
   const char* value = nullptr;
@@ -225,6 +249,13 @@ bool parse_config(Config& config, char* error, std::size_t error_len) {
       return false;
     }
     config.context_bytes = number;
+  }
+  if ((value = std::getenv("FAKECUDA_DRIVER_VERSION")) != nullptr && !parse_driver_version(value, config)) {
+    std::snprintf(error, error_len,
+                  "FAKECUDA_DRIVER_VERSION='%s': expected a driver version as nvidia-smi prints it "
+                  "(branch 100-999, then one or two .number parts: 615.20 or 580.65.06)",
+                  value);
+    return false;
   }
   value = std::getenv("FAKECUDA_STATE");
   if (value != nullptr && (*value == '\0' || std::strlen(value) >= sizeof(config.state_path) - 32)) {

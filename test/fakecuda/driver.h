@@ -249,8 +249,9 @@ CUresult resolve_context(CUcontext ctx, CUctx_st** out);
 // --- memory bookkeeping (memory.cc) ---
 // Charges `bytes` of device `dev` to this process if the device has room
 // (reaping dead processes first); CUDA_ERROR_OUT_OF_MEMORY otherwise.
-CUresult charge_device(std::uint32_t dev, std::uint64_t bytes);
-void uncharge_device(std::uint32_t dev, std::uint64_t bytes);
+// managed: managed memory, counted on the device but outside cgroup limits.
+CUresult charge_device(std::uint32_t dev, std::uint64_t bytes, bool managed = false);
+void uncharge_device(std::uint32_t dev, std::uint64_t bytes, bool managed = false);
 // A device address range of `bytes`: a freed one that fits, else a fresh one.
 CUdeviceptr reserve_address(std::uint32_t dev, std::uint64_t bytes, std::uint64_t alignment);
 // Frees a context's linear allocations (the real driver frees everything a

@@ -86,7 +86,7 @@ CUresult free_common(CUdeviceptr dptr) {
   if (allocation.kind == AllocKind::pool) {
     pool_return_locked(allocation.pool, allocation.size);
   } else {
-    uncharge_device(allocation.device, allocation.held);
+    uncharge_device(allocation.device, allocation.held, allocation.kind == AllocKind::managed);
   }
   return CUDA_SUCCESS;
 }
@@ -131,17 +131,23 @@ bool find_containing_locked(CUdeviceptr ptr, CUdeviceptr* base, std::uint64_t* s
 
 namespace gpuslice::fakecuda {
 
-CUresult charge_device(std::uint32_t dev, std::uint64_t bytes) {
+CUresult charge_device(std::uint32_t dev, std::uint64_t bytes, bool managed) {
   Runtime& r = runtime();
   State::Lock lock(*r.state);
   if (!lock.ok()) return CUDA_ERROR_UNKNOWN;
   // Reap before deciding: memory of dead processes is free, as on a real device.
   r.state->reap_locked(r.slot);
-  return r.state->charge_locked(r.slot, dev, bytes, false) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  const bool ok =
+      managed ? r.state->charge_managed_locked(r.slot, dev, bytes) : r.state->charge_locked(r.slot, dev, bytes, false);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-void uncharge_device(std::uint32_t dev, std::uint64_t bytes) {
+void uncharge_device(std::uint32_t dev, std::uint64_t bytes, bool managed) {
   Runtime& r = runtime();
+  if (managed) {
+    r.state->uncharge_managed(r.slot, dev, bytes);
+    return;
+  }
   r.state->uncharge(r.slot, dev, bytes, false);
 }
 
@@ -189,7 +195,7 @@ bool remove_allocation_locked(CUdeviceptr base, Allocation* out) {
 void memory_release_context_locked(CUctx_st* ctx) {
   for (auto it = g_allocations.begin(); it != g_allocations.end();) {
     if (it->second.ctx == ctx && it->second.kind != AllocKind::pool) {
-      uncharge_device(it->second.device, it->second.held);
+      uncharge_device(it->second.device, it->second.held, it->second.kind == AllocKind::managed);
       release_address_locked(it->first, it->second);
       it = g_allocations.erase(it);
     } else {
@@ -267,11 +273,11 @@ extern "C" CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsign
   Runtime& r = runtime();
   std::lock_guard guard(r.mu);
   if (resident > 0) {
-    if (CUresult rc = charge_device(ctx->device, resident); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = charge_device(ctx->device, resident, true); rc != CUDA_SUCCESS) return rc;
   }
   void* host = managed_map(bytesize);
   if (host == nullptr) {
-    if (resident > 0) uncharge_device(ctx->device, resident);
+    if (resident > 0) uncharge_device(ctx->device, resident, true);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const CUdeviceptr base = reinterpret_cast<CUdeviceptr>(host);
@@ -300,7 +306,7 @@ extern "C" CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advis
   const bool host = location.type == CU_MEM_LOCATION_TYPE_HOST || location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
                     location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
   if (advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION && host && count >= it->second.size && it->second.held != 0) {
-    uncharge_device(it->second.device, it->second.held);
+    uncharge_device(it->second.device, it->second.held, true);
     it->second.held = 0;
   }
   return CUDA_SUCCESS;

@@ -12,6 +12,7 @@
 #include "state.h"
 #include "scheduler.h"
 #include "timeline.h"
+#include "nvml_internal.h"
 
 struct nvmlDevice_st {
   unsigned int index;
@@ -259,14 +260,19 @@ const char* nvmlErrorString(nvmlReturn_t result) {
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char* version, unsigned int length) {
-  if (attached() == nullptr) return NVML_ERROR_UNINITIALIZED;
-  return copy_string(kDriverVersionString, version, length);
+  State* state = attached();
+  if (state == nullptr) return NVML_ERROR_UNINITIALIZED;
+  char text[sizeof(state->header().driver_version)];
+  std::memcpy(text, state->header().driver_version, sizeof(text));
+  text[sizeof(text) - 1] = '\0';
+  return copy_string(text, version, length);
 }
 
 nvmlReturn_t nvmlSystemGetNVMLVersion(char* version, unsigned int length) {
-  if (attached() == nullptr) return NVML_ERROR_UNINITIALIZED;
+  State* state = attached();
+  if (state == nullptr) return NVML_ERROR_UNINITIALIZED;
   char text[64];
-  std::snprintf(text, sizeof(text), "%d.%s", kDriverVersion / 1000, kDriverVersionString);
+  std::snprintf(text, sizeof(text), "%d.%.31s", kDriverVersion / 1000, state->header().driver_version);
   return copy_string(text, version, length);
 }
 
@@ -357,10 +363,13 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* me
   std::uint64_t total = 0;
   std::uint64_t used = 0;
   if (nvmlReturn_t rc = memory_used(device, &total, &used); rc != NVML_SUCCESS) return rc;
+  std::uint64_t free = used < total ? total - used : 0;
+  // Inside a cgroup with a hard limit: the partition (nvml_limits.cc).
+  partition_memory(device->index, &total, &used, &free);
   memory->total = total;
   memory->reserved = 0;  // the simulated driver reserves nothing for itself
   memory->used = used;
-  memory->free = used < total ? total - used : 0;
+  memory->free = free;
   return NVML_SUCCESS;
 }
 
@@ -432,3 +441,10 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 }
 
 }  // extern "C"
+
+namespace gpuslice::fakecuda {
+State* nvml_attached() { return attached(); }
+nvmlReturn_t nvml_check_device(nvmlDevice_t device, State** state, std::uint32_t* index) {
+  return check_device(device, state, index);
+}
+}  // namespace gpuslice::fakecuda

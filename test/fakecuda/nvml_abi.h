@@ -108,6 +108,24 @@ typedef struct nvmlUtilization_st {
   unsigned int memory; /* percent of the sample period memory was read or written */
 } nvmlUtilization_t;
 
+/* Per-cgroup device-memory limits (R615+, CUDA 13.4 NVML). Members as the
+ * API reference lists them (no version field is listed for either struct).
+ * nameSpace: "Full path to sysfs cgroup file name". Clearing the limits:
+ * softLimit 0 and hardLimit NVML_DEVICE_MEMORY_LIMIT_MAX; the reference pages
+ * read do not give the macro's value: ~0ULL here (README). */
+typedef struct nvmlSetMemoryLimits_v1_st {
+  const char* nameSpace;
+  unsigned long long softLimit; /* bytes */
+  unsigned long long hardLimit; /* bytes */
+} nvmlSetMemoryLimits_v1_t;
+typedef struct nvmlGetMemoryLimits_v1_st {
+  const char* nameSpace;          /* in */
+  unsigned long long softLimit;   /* out, bytes */
+  unsigned long long hardLimit;   /* out, bytes */
+  unsigned long long currentUsed; /* out, bytes */
+} nvmlGetMemoryLimits_v1_t;
+#define NVML_DEVICE_MEMORY_LIMIT_MAX (~0ULL)
+
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlInit(void);
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags);
@@ -153,6 +171,10 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsig
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t* utilization,
                                              unsigned int* processSamplesCount, unsigned long long lastSeenTimeStamp);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t* utilization);
+
+/* Privileged (root); MIG handles are not supported. */
+nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t device, nvmlSetMemoryLimits_v1_t* limits);
+nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t device, nvmlGetMemoryLimits_v1_t* limits);
 
 #ifdef __cplusplus
 }

@@ -110,7 +110,7 @@ extern "C" CUresult cuInit(unsigned int Flags) {
   int slot = -1;
   {
     State::Lock lock(*state);
-    if (lock.ok()) slot = state->claim_slot_locked(id.pid, id.host_pid, id.start_time, id.pidns_inode);
+    if (lock.ok()) slot = state->claim_slot_locked(id.pid, id.host_pid, id.start_time, id.pidns_inode, id.cgroup_ino);
   }
   if (slot < 0) {
     std::fprintf(stderr, "fakecuda: no free process slot in %s (%u in use)\n", config.state_path, kMaxSlots);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <new>
 
+#include "cgroup_limits.h"
 #include "scheduler.h"
 
 namespace gpuslice::fakecuda {
@@ -169,6 +170,8 @@ State* State::open_or_create(const Config& config, char* error, std::size_t erro
     header->launch_cost_ns = config.launch_cost_ns;
     header->queue_depth = config.queue_depth;
     header->sched_offset = sched_offset_for(config.devices);
+    std::memcpy(header->driver_version, config.driver_version, sizeof(header->driver_version));
+    header->driver_branch = config.driver_branch;
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -255,6 +258,7 @@ int State::reap_locked(int own_slot) {
       slot.contexts[d].store(0, std::memory_order_relaxed);
       slot.busy_ns[d].store(0, std::memory_order_relaxed);
       slot.graphics[d].store(0, std::memory_order_relaxed);
+      slot.managed_bytes[d].store(0, std::memory_order_relaxed);
     }
     slot.state.store(0, std::memory_order_release);
     ++reaped;
@@ -263,7 +267,7 @@ int State::reap_locked(int own_slot) {
 }
 
 int State::claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uint64_t start_time,
-                             std::uint64_t pidns_inode) {
+                             std::uint64_t pidns_inode, std::uint64_t cgroup_ino) {
   reap_locked(-1);
   for (int i = 0; i < static_cast<int>(kMaxSlots); ++i) {
     ProcSlot& slot = header_->slot[i];
@@ -278,6 +282,7 @@ int State::claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uin
     slot.host_pid.store(host_pid, std::memory_order_relaxed);
     slot.start_time.store(start_time, std::memory_order_relaxed);
     slot.pidns_inode.store(pidns_inode, std::memory_order_relaxed);
+    slot.cgroup_ino.store(cgroup_ino, std::memory_order_relaxed);
     slot.generation.fetch_add(1, std::memory_order_relaxed);
     slot.state.store(1, std::memory_order_release);
     return i;
@@ -304,10 +309,28 @@ bool State::charge_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes, 
   if (own_slot < 0 || dev >= header_->devices) return false;
   std::uint64_t used = device_used_locked(dev);
   if (bytes > header_->memory_bytes || used > header_->memory_bytes - bytes) return false;
+  if (!cgroup_admits_locked(*this, own_slot, dev, bytes)) return false;
   ProcSlot& slot = header_->slot[own_slot];
   (context ? slot.context_bytes[dev] : slot.alloc_bytes[dev]).fetch_add(bytes, std::memory_order_relaxed);
   if (ChargeProbe probe = g_charge_probe.load(std::memory_order_acquire)) probe(*this, own_slot, dev, bytes, context);
   return true;
+}
+
+bool State::charge_managed_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes) {
+  if (own_slot < 0 || dev >= header_->devices) return false;
+  const std::uint64_t used = device_used_locked(dev);
+  if (bytes > header_->memory_bytes || used > header_->memory_bytes - bytes) return false;
+  ProcSlot& slot = header_->slot[own_slot];
+  slot.managed_bytes[dev].fetch_add(bytes, std::memory_order_relaxed);
+  slot.alloc_bytes[dev].fetch_add(bytes, std::memory_order_relaxed);
+  if (ChargeProbe probe = g_charge_probe.load(std::memory_order_acquire)) probe(*this, own_slot, dev, bytes, false);
+  return true;
+}
+
+void State::uncharge_managed(int own_slot, std::uint32_t dev, std::uint64_t bytes) {
+  if (own_slot < 0 || dev >= header_->devices || bytes == 0) return;
+  header_->slot[own_slot].managed_bytes[dev].fetch_sub(bytes, std::memory_order_relaxed);
+  uncharge(own_slot, dev, bytes, false);
 }
 
 void State::uncharge(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
@@ -326,6 +349,7 @@ void State::release_slot(int own_slot) {
     slot.context_bytes[d].store(0, std::memory_order_relaxed);
     slot.contexts[d].store(0, std::memory_order_relaxed);
     slot.graphics[d].store(0, std::memory_order_relaxed);
+    slot.managed_bytes[d].store(0, std::memory_order_relaxed);
   }
   slot.state.store(0, std::memory_order_release);
   slot_lock(fd_, own_slot, F_UNLCK, F_OFD_SETLK);
@@ -373,6 +397,7 @@ ProcessIdentity current_process_identity() {
   }
   struct stat ns {};
   if (stat("/proc/self/ns/pid", &ns) == 0) id.pidns_inode = ns.st_ino;
+  id.cgroup_ino = own_cgroup_ino();
   return id;
 }
 

@@ -21,9 +21,11 @@
 namespace gpuslice::fakecuda {
 
 inline constexpr std::uint64_t kStateMagic = 0x4554415453414b46ull;  // "FKASTATE"
-inline constexpr std::uint32_t kStateAbiVersion = 4;
+inline constexpr std::uint32_t kStateAbiVersion = 5;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 512;
+// cgroups with a device-memory limit set (cgroup_limits.h).
+inline constexpr std::uint32_t kMaxCgroupLimits = 1024;
 // >= 10 s of back-to-back 20 us kernels (500,000) per device.
 inline constexpr std::uint64_t kRingEntries = std::uint64_t{1} << 19;
 
@@ -62,6 +64,20 @@ struct alignas(64) ProcSlot {
   std::atomic<std::uint32_t> contexts[kMaxDevices];       // live contexts (primary counted once)
   std::atomic<std::uint64_t> busy_ns[kMaxDevices];        // device time submitted by this process
   std::atomic<std::uint32_t> graphics[kMaxDevices];       // live graphics allocations (interop.cc): a graphics context
+  std::atomic<std::uint64_t> managed_bytes[kMaxDevices];  // the managed part of alloc_bytes (outside cgroup limits)
+  std::atomic<std::uint64_t> cgroup_ino;                  // its cgroup v2 directory's inode at cuInit; 0 = none
+};
+
+// A device-memory limit on one cgroup v2 directory (nvmlDeviceSetMemoryLimits_v1,
+// cgroup_limits.h), keyed by the directory's inode (the kernel's cgroup id:
+// never reused while the system runs, so a removed cgroup's limits match
+// nothing again). Written under the state mutex.
+struct CgroupLimit {
+  std::atomic<std::uint64_t> ino;      // 0 = free entry
+  std::atomic<std::uint32_t> limited;  // bit d: device d has a limit
+  std::atomic<std::uint32_t> reserved;
+  std::atomic<std::uint64_t> soft[kMaxDevices];
+  std::atomic<std::uint64_t> hard[kMaxDevices];
 };
 
 struct StateHeader {
@@ -83,12 +99,15 @@ struct StateHeader {
   std::uint32_t jitter_pct;     // each kernel's run time varies uniformly by +-jitter_pct %
   std::uint32_t module_memory;  // 1: loaded modules hold device memory (globals + code)
   std::uint32_t reserved0;
-  std::uint64_t seed;                 // jitter's seed
-  std::uint64_t nvml_period_ns;       // NVML sample period; 0 = exact windows (ideal)
-  std::uint64_t timeslice_ns;         // realistic scheduler's slice between contexts
-  std::uint64_t launch_cost_ns;       // device time a launch takes before its kernel runs
-  std::uint64_t queue_depth;          // pending launches per stream before a launch blocks; 0 = unbounded
-  std::uint64_t sched_offset;         // byte offset of device 0's scheduler (realistic profile only)
+  std::uint64_t seed;            // jitter's seed
+  std::uint64_t nvml_period_ns;  // NVML sample period; 0 = exact windows (ideal)
+  std::uint64_t timeslice_ns;    // realistic scheduler's slice between contexts
+  std::uint64_t launch_cost_ns;  // device time a launch takes before its kernel runs
+  std::uint64_t queue_depth;     // pending launches per stream before a launch blocks; 0 = unbounded
+  std::uint64_t sched_offset;    // byte offset of device 0's scheduler (realistic profile only)
+  char driver_version[32];       // FAKECUDA_DRIVER_VERSION: nvmlSystemGetDriverVersion
+  std::uint32_t driver_branch;   // its first number (615 and up: per-cgroup memory limits)
+  std::uint32_t reserved1;
   alignas(64) pthread_mutex_t mutex;  // robust, process-shared
   // One past the highest slot ever claimed: scans of the slots (usage,
   // reaping) stop there, so an allocation costs what the processes in use
@@ -96,6 +115,7 @@ struct StateHeader {
   std::atomic<std::uint32_t> slots_high;
   DeviceShared device[kMaxDevices];
   ProcSlot slot[kMaxSlots];
+  CgroupLimit cgroup_limit[kMaxCgroupLimits];
 };
 
 inline constexpr off_t kSlotLockBase = off_t{1} << 40;
@@ -115,6 +135,8 @@ struct Config {
   std::uint64_t memory_bytes = std::uint64_t{16} << 30;
   std::uint32_t sms = 132;
   std::uint64_t context_bytes = 0;
+  char driver_version[32] = "580.65.06";
+  std::uint32_t driver_branch = 580;
   char state_path[1024] = {};
 };
 
@@ -175,11 +197,16 @@ class State {
   // One past the highest slot ever claimed (StateHeader::slots_high).
   int slots_high() const;
   // Claims a slot for this process and takes its liveness lock. -1 if none free.
-  int claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uint64_t start_time, std::uint64_t pidns_inode);
+  int claim_slot_locked(std::uint32_t pid, std::uint32_t host_pid, std::uint64_t start_time, std::uint64_t pidns_inode,
+                        std::uint64_t cgroup_ino = 0);
   // Bytes held on a device by every claimed slot.
   std::uint64_t device_used_locked(std::uint32_t dev) const;
-  // Adds `bytes` to own slot's allocation (or context) counter if the device has room.
+  // Adds `bytes` to own slot's allocation (or context) counter if the device
+  // has room and the slot's cgroup limit (cgroup_limits.h) allows it.
   bool charge_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context);
+  // The same for managed memory: counted on the device, outside cgroup limits.
+  bool charge_managed_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes);
+  void uncharge_managed(int own_slot, std::uint32_t dev, std::uint64_t bytes);
 
   // --- lock-free ---
   void uncharge(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context);
@@ -212,6 +239,7 @@ struct ProcessIdentity {
   std::uint32_t host_pid;
   std::uint64_t start_time;
   std::uint64_t pidns_inode;
+  std::uint64_t cgroup_ino;  // its cgroup v2 directory (cgroup_limits.h); 0 = none
 };
 ProcessIdentity current_process_identity();
 
@@ -222,7 +250,7 @@ namespace gpuslice::fakecuda {
 // What both libraries report for every simulated device.
 inline constexpr const char* kDeviceName = "NVIDIA H100 80GB HBM3 (fakecuda)";
 inline constexpr int kDriverVersion = 13000;                      // cuDriverGetVersion
-inline constexpr const char* kDriverVersionString = "580.65.06";  // nvmlSystemGetDriverVersion
+inline constexpr const char* kDriverVersionString = "580.65.06";  // FAKECUDA_DRIVER_VERSION's default
 
 // 16 UUID bytes, deterministic per (state file path, device index).
 void device_uuid(const StateHeader& header, std::uint32_t dev, unsigned char out[16]);

@@ -581,4 +581,74 @@ TEST(CdiSpec, ValidatorRejectsBrokenSpecs) {
   }
 }
 
+// --driver-memory-limit: for nodes without the agent, the spec carries what
+// NVIDIA's container toolkit (1.20.1+) needs to set the driver's per-cgroup
+// limit (R615+): NVIDIA_GPU_MEMORY_LIMIT in MiB (rounded up: gpuslice refuses
+// first), NVIDIA_GPU_MEMORY_REQUEST=0 (no soft guarantee), and one createRuntime
+// hook `nvidia-cdi-hook apply-cuda-memory-limits` naming every GPU.
+TEST(CdiSpec, DriverMemoryLimitCarriesTheToolkitsVariablesAndHook) {
+  SliceRequest r = claim_request();
+  r.memory_limit = "8Gi";
+  json plain = gpuslice::cdi::build_spec(r);
+  EXPECT_FALSE(plain["devices"][0]["containerEdits"].contains("hooks"));
+  for (const std::string& e : env_of(plain)) EXPECT_EQ(e.rfind("NVIDIA_GPU_MEMORY", 0), std::string::npos) << e;
+
+  r.driver_limit_gpus = {"GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"};
+  std::string why;
+  ASSERT_TRUE(gpuslice::cdi::validate(r, &why)) << why;
+  json spec = gpuslice::cdi::build_spec(r);
+  EXPECT_TRUE(has(env_of(spec), "NVIDIA_GPU_MEMORY_LIMIT=8192"));
+  EXPECT_TRUE(has(env_of(spec), "NVIDIA_GPU_MEMORY_REQUEST=0"));
+  EXPECT_TRUE(has(env_of(spec), "GPUSLICE_MEMORY_LIMIT=8Gi")) << "gpuslice's own quota stays in front";
+  const json& hooks = spec["devices"][0]["containerEdits"]["hooks"];
+  ASSERT_EQ(hooks.size(), 1u);
+  EXPECT_EQ(hooks[0]["hookName"], "createRuntime");
+  EXPECT_EQ(hooks[0]["path"], "/usr/bin/nvidia-cdi-hook");
+  EXPECT_EQ(hooks[0]["args"].get<std::vector<std::string>>(),
+            (std::vector<std::string>{"nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id",
+                                      "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "--gpu-id",
+                                      "GPU-10111213-1415-1617-1819-1a1b1c1d1e1f"}));
+
+  std::uint64_t mib = 0;
+  r.memory_limit = "8G";  // 8e9 bytes: 7629.39 MiB
+  ASSERT_TRUE(gpuslice::cdi::driver_limit_mib(r, &mib, &why)) << why;
+  EXPECT_EQ(mib, 7630u);
+  r.memory_limit = "0=4Gi,1=4Gi";
+  ASSERT_TRUE(gpuslice::cdi::validate(r, &why)) << why;
+  r.memory_limit = "0=8Gi,1=4Gi";
+  EXPECT_FALSE(gpuslice::cdi::validate(r, &why));
+  EXPECT_NE(why.find("--driver-memory-limit"), std::string::npos) << why;
+  r.memory_limit = "";
+  EXPECT_FALSE(gpuslice::cdi::validate(r, &why));
+  EXPECT_NE(why.find("--memory"), std::string::npos) << why;
+  r.memory_limit = "8Gi";
+  r.driver_limit_gpus = {"0"};
+  EXPECT_FALSE(gpuslice::cdi::validate(r, &why));
+  EXPECT_NE(why.find("GPU UUIDs"), std::string::npos) << why;
+  r.driver_limit_gpus = {"GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"};
+  r.cdi_hook = "nvidia-cdi-hook";
+  EXPECT_FALSE(gpuslice::cdi::validate(r, &why));
+  EXPECT_NE(why.find("--nvidia-cdi-hook"), std::string::npos) << why;
+}
+
+TEST(CdiSpec, BinaryEmitsADriverMemoryLimitSpecThatValidates) {
+  HostLayout host;
+  const std::string out = host.box.path("limit.json");
+  const gpuslice::test::Result emit = gpuslice::test::run(
+      host.argv({"--memory", "6Gi", "--driver-memory-limit",
+                 "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f,GPU-10111213-1415-1617-1819-1a1b1c1d1e1f", "--output", out}),
+      {}, 30000);
+  ASSERT_EQ(emit.exit_code, 0) << emit.describe();
+  const json spec = json::parse(read_text(out));
+  EXPECT_TRUE(has(env_of(spec), "NVIDIA_GPU_MEMORY_LIMIT=6144"));
+  EXPECT_EQ(spec["devices"][0]["containerEdits"]["hooks"][0]["args"].size(), 8u);
+  const gpuslice::test::Result v = validate_file(out);
+  if (v.exit_code == 77) GTEST_SKIP() << v.out;
+  EXPECT_EQ(v.exit_code, 0) << v.describe();
+  const gpuslice::test::Result bad =
+      gpuslice::test::run(host.argv({"--memory", "0=6Gi,1=2Gi", "--driver-memory-limit", "GPU-0001"}), {}, 30000);
+  EXPECT_EQ(bad.exit_code, 64) << bad.describe();
+  EXPECT_NE(bad.err.find("--driver-memory-limit"), std::string::npos) << bad.describe();
+}
+
 }  // namespace

@@ -56,6 +56,7 @@ Agent::Agent(AgentConfig config)
     : config_(std::move(config)),
       regions_(region_roots(config_), config_.max_regions),
       reconciler_(config_.bypass_tolerance_bytes, pidmap_.own_pidns()),
+      backstop_(config_.driver_backstop),
       dead_(kMaxSlots, nullptr) {
   shm::read_identity(0, &self_);
   pidmap_.set_unseen_grace_ns(config_.unseen_grace_ns);
@@ -162,6 +163,10 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
     }
   }
 
+  // The driver's wall behind each quota (backstop.h). The agent as enforcer
+  // (--enforce=kill) makes the entries without one "agent": not wired here.
+  backstop_.cycle(active_, nvml_.available() ? &nvml_ : nullptr, false, now);
+
   // 4. Reap dead processes' slots; remove regions unused for the grace period.
   for (TrackedRegion* t : active_) {
     if (t->dropped) continue;
@@ -194,6 +199,9 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   stats_.pid_scans = pidmap_.full_scans();
   stats_.bypass_reports = reconciler_.counters().bypass_reports;
   stats_.unregistered_reports = reconciler_.counters().unregistered_reports;
+  stats_.backstop_limits_set = backstop_.limits_set();
+  stats_.backstop_limits_cleared = backstop_.limits_cleared();
+  stats_.backstop_errors = backstop_.errors();
 }
 
 bool Agent::read_region(TrackedRegion& t, std::uint64_t now) {

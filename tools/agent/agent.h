@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backstop.h"
 #include "board_cleanup.h"
 #include "nvml.h"
 #include "pidmap.h"
@@ -46,6 +47,9 @@ struct AgentConfig {
   bool metrics_basic = false;
   // Priority board (docs/priority.md): its files unused for grace_ns are removed. Empty = not cleaned.
   std::string priority_board = kDefaultPriorityBoard;
+  // The driver's per-cgroup memory limit behind each container's quota
+  // (backstop.h; --driver-backstop off clears nothing and sets nothing).
+  bool driver_backstop = true;
 };
 
 struct AgentStats {
@@ -69,6 +73,9 @@ struct AgentStats {
   std::uint64_t slot_rereads = 0;         // reads of a region's whole slot array (slot_index.h)
   bool nvml_available = false;
   std::uint64_t nvml_devices = 0;
+  std::uint64_t backstop_limits_set = 0;  // driver limits set or moved (backstop.h)
+  std::uint64_t backstop_limits_cleared = 0;
+  std::uint64_t backstop_errors = 0;
 };
 
 class Agent {
@@ -105,6 +112,7 @@ class Agent {
   PidMap pidmap_;
   Reconciler reconciler_;
   Nvml nvml_;
+  Backstop backstop_;
   GpuSample gpu_;
   struct DeviceUtil {
     std::string uuid;

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--log-level", level, "error | warn | info | debug")->capture_default_str();
   app.add_flag("--once", once, "Run one cycle, print the metrics to stdout and exit");
+  std::string backstop = "on";
+  app.add_option("--driver-backstop", backstop,
+                 "on | off: set the driver's per-cgroup memory limit (R615+) to each container's quota")
+      ->capture_default_str();
   if (const std::optional<int> stop = gpuslice::tools::parse(app, argc, argv)) return *stop;
   if (!parse_duration(interval, &cfg.interval_ns) || cfg.interval_ns < 1'000'000) {
     return usage_error(app, "--interval '"s + interval + "': expected a duration of at least 1ms (e.g. 100ms)");
@@ -88,6 +92,9 @@ int main(int argc, char** argv) {
   if (metrics != "full" && metrics != "basic")
     return usage_error(app, "--metrics '"s + metrics + "': expected full or basic");
   cfg.metrics_basic = metrics == "basic";
+  if (backstop != "on" && backstop != "off")
+    return usage_error(app, "--driver-backstop '"s + backstop + "': expected on or off");
+  cfg.driver_backstop = backstop == "on";
   if (!cfg.hami_root.empty() && cfg.hami_root[0] != '/') {
     return usage_error(app,
                        "--hami-root '"s + cfg.hami_root + "': expected an absolute directory (e.g. /usr/local/vgpu)");

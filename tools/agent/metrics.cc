@@ -34,6 +34,7 @@ struct MetricsRows {
     DeviceView dev;
     DeviceStats stats;
     std::uint32_t processes;
+    std::string short_labels;  // container="..",region="..",device="..": the backstop series (one per entry)
   };
 
   struct RegionRow {
@@ -199,9 +200,9 @@ MetricsSnapshot read_metrics(const MetricsInput& in) {
       for (const SlotSample& s : t->sample.slots) {
         if (s.committed_bytes[dev] != 0 || s.nvml_now_bytes[dev] != 0) ++processes;
       }
-      rows.push_back(
-          {base + ",device=\"" + std::to_string(dev) + "\",uuid=\"" + format_uuid(devs[i].uuid) + "\"" + owner, devs[i],
-           t->sample.stats[dev], processes});
+      const std::string with_device = base + ",device=\"" + std::to_string(dev) + "\"";
+      rows.push_back({with_device + ",uuid=\"" + format_uuid(devs[i].uuid) + "\"" + owner, devs[i],
+                      t->sample.stats[dev], processes, with_device});
     }
   }
   return snap;
@@ -300,6 +301,25 @@ std::string render_metrics(const MetricsRows& in) {
            "Processes of the container's pid namespace using the device without gpuslice.");
   for (const Row& r : rows) w.sample_u64(r.labels, r.stats.unregistered);
 
+  w.family("gpuslice_memory_backstop", "gauge",
+           "1 for the wall behind the container's quota on the device: kind=driver (the driver's per-cgroup limit), "
+           "agent (the agent enforces) or none (docs/agent.md, \"Driver backstop\").",
+           full);
+  std::uint64_t kinds[3] = {0, 0, 0};
+  for (const Row& r : rows) {
+    const auto kind = static_cast<BackstopKind>(r.stats.backstop < 3 ? r.stats.backstop : 0);
+    ++kinds[static_cast<int>(kind)];
+    if (full) w.sample_u64(r.short_labels + ",kind=\"" + backstop_name(kind) + "\"", 1);
+  }
+  w.family("gpuslice_backstop_entries", "gauge",
+           "Device entries of containers by the wall behind their quota (kind=driver, agent or none).");
+  for (int k = 2; k >= 0; --k) w.sample_u64("kind=\""s + backstop_name(static_cast<BackstopKind>(k)) + "\"", kinds[k]);
+  w.family("gpuslice_memory_backstop_limit_bytes", "gauge",
+           "The driver's hard limit the agent set on the container's cgroup for the device (absent when none).", full);
+  for (const Row& r : rows) {
+    if (r.stats.backstop_limit_bytes != 0) w.sample_u64(r.short_labels, r.stats.backstop_limit_bytes);
+  }
+
   w.family("gpuslice_container_processes", "gauge", "Processes registered in the container's region.", full);
   for (const RegionRow& r : region_rows) w.sample_u64(r.labels, r.processes);
 
@@ -352,6 +372,12 @@ std::string render_metrics(const MetricsRows& in) {
   w.family("gpuslice_agent_unregistered_reports_total", "counter",
            "Unregistered processes reported in a container's pid namespace.");
   w.sample_u64("", s.unregistered_reports);
+  w.family("gpuslice_agent_backstop_limits_set_total", "counter", "Driver memory limits set or moved (backstop).");
+  w.sample_u64("", s.backstop_limits_set);
+  w.family("gpuslice_agent_backstop_limits_cleared_total", "counter", "Driver memory limits cleared (backstop).");
+  w.sample_u64("", s.backstop_limits_cleared);
+  w.family("gpuslice_agent_backstop_errors_total", "counter", "NVML errors setting or clearing a driver limit.");
+  w.sample_u64("", s.backstop_errors);
   w.family("gpuslice_agent_nvml_available", "gauge", "1 if NVML was loaded (utilisation and reconciliation run).");
   w.sample_u64("", s.nvml_available ? 1 : 0);
   w.family("gpuslice_agent_heartbeat_age_seconds", "gauge", "Time since the agent's heartbeat in each region.", full);

@@ -26,6 +26,9 @@ struct Nvml::Api {
   decltype(&::nvmlDeviceGetComputeRunningProcesses_v3) graphics_processes = nullptr;  // same ABI, graphics list
   decltype(&::nvmlDeviceGetProcessUtilization) process_util = nullptr;
   decltype(&::nvmlDeviceGetUtilizationRates) util_rates = nullptr;
+  decltype(&::nvmlDeviceSetMemoryLimits_v1) set_limits = nullptr;  // R615+ (backstop.h)
+  decltype(&::nvmlDeviceGetMemoryLimits_v1) get_limits = nullptr;
+  decltype(&::nvmlSystemGetDriverVersion) driver_version = nullptr;
 
   std::string error(nvmlReturn_t rc) const {
     const char* text = error_string != nullptr ? error_string(rc) : nullptr;
@@ -83,6 +86,9 @@ bool Nvml::open(const std::string& library, std::string* why) {
   resolve(handle, "nvmlDeviceGetGraphicsRunningProcesses_v3", &api->graphics_processes);
   resolve(handle, "nvmlDeviceGetProcessUtilization", &api->process_util);
   resolve(handle, "nvmlDeviceGetUtilizationRates", &api->util_rates);
+  resolve(handle, "nvmlDeviceSetMemoryLimits_v1", &api->set_limits);
+  resolve(handle, "nvmlDeviceGetMemoryLimits_v1", &api->get_limits);
+  resolve(handle, "nvmlSystemGetDriverVersion", &api->driver_version);
   if (!ok) {
     *why = library + " lacks nvmlInit_v2/nvmlDeviceGetCount_v2/nvmlDeviceGetHandleByIndex_v2/nvmlDeviceGetUUID";
     delete api;
@@ -136,6 +142,41 @@ bool Nvml::enumerate(std::string* why) {
     devices_.push_back(dev);
   }
   return true;
+}
+
+int Nvml::set_memory_limit(std::size_t index, const std::string& cgroup_dir, std::uint64_t soft, std::uint64_t hard) {
+  if (api_ == nullptr || api_->set_limits == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+  if (index >= devices_.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  nvmlSetMemoryLimits_v1_t limits{cgroup_dir.c_str(), soft, hard};
+  return api_->set_limits(devices_[index]->handle, &limits);
+}
+
+int Nvml::get_memory_limit(std::size_t index, const std::string& cgroup_dir, std::uint64_t* soft, std::uint64_t* hard,
+                           std::uint64_t* used) {
+  if (api_ == nullptr || api_->get_limits == nullptr) return NVML_ERROR_FUNCTION_NOT_FOUND;
+  if (index >= devices_.size()) return NVML_ERROR_INVALID_ARGUMENT;
+  nvmlGetMemoryLimits_v1_t limits{cgroup_dir.c_str(), 0, 0, 0};
+  const nvmlReturn_t rc = api_->get_limits(devices_[index]->handle, &limits);
+  if (rc == NVML_SUCCESS) {
+    *soft = limits.softLimit;
+    *hard = limits.hardLimit;
+    *used = limits.currentUsed;
+  }
+  return rc;
+}
+
+std::string Nvml::error_text(int rc) const {
+  if (rc == NVML_ERROR_FUNCTION_NOT_FOUND && (api_ == nullptr || api_->set_limits == nullptr))
+    return "NVML lacks nvmlDeviceSetMemoryLimits_v1 (driver older than R615)";
+  return api_ != nullptr ? api_->error(static_cast<nvmlReturn_t>(rc)) : "NVML not loaded";
+}
+
+std::string Nvml::driver_version() const {
+  char text[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE] = {};
+  if (api_ == nullptr || api_->driver_version == nullptr || api_->driver_version(text, sizeof text) != NVML_SUCCESS)
+    return "unknown";
+  text[sizeof text - 1] = '\0';
+  return text;
 }
 
 void Nvml::sample(GpuSample* out) {

@@ -59,6 +59,14 @@ class Nvml {
   // One sample of every device into `out` (its buffers are reused).
   void sample(GpuSample* out);
   std::size_t device_count() const { return devices_.size(); }
+  // The driver's per-cgroup device-memory limit (R615+; backstop.h) of device
+  // `index` (as in GpuSample::devices): NVML's return code,
+  // NVML_ERROR_FUNCTION_NOT_FOUND if the library lacks the call.
+  int set_memory_limit(std::size_t index, const std::string& cgroup_dir, std::uint64_t soft, std::uint64_t hard);
+  int get_memory_limit(std::size_t index, const std::string& cgroup_dir, std::uint64_t* soft, std::uint64_t* hard,
+                       std::uint64_t* used);
+  std::string error_text(int rc) const;
+  std::string driver_version() const;
 
  private:
   struct Device;

@@ -38,6 +38,10 @@ struct DeviceStats {
   std::uint32_t unregistered = 0;  // processes of the container's pid namespace outside gpuslice
   std::uint64_t util_busy_ns = 0;  // its processes' device time in NVML's window (GpuDevice::util_window_ns)
   std::uint64_t util_permille = 0;
+  // The wall behind gpuslice's accounting (backstop.h): BackstopKind, and the
+  // driver's hard limit the agent set (0 = none).
+  std::uint8_t backstop = 0;
+  std::uint64_t backstop_limit_bytes = 0;
 };
 
 struct RegionSample {

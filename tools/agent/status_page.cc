@@ -41,7 +41,7 @@ const char* status_page_html() {
 <h2>Containers</h2>
 <table id="containers"><thead><tr>
   <th class="l">container</th><th class="l">pod</th><th class="l">GPU</th><th>memory used / quota</th><th>spilled</th>
-  <th>SM used / limit</th><th>priority</th><th>OOM refusals</th><th>processes</th>
+  <th>SM used / limit</th><th>priority</th><th>OOM refusals</th><th>processes</th><th>backstop</th>
   <th class="l">memory, last 10 min</th><th class="l">SM %, last 10 min</th></tr></thead><tbody></tbody></table>
 <p class="legend">Plots: blue = used, grey dashes = quota or limit. Numbers are the agent's own /metrics.</p>
 <script>
@@ -161,6 +161,10 @@ function render(d) {
     if (refusals && refusals.value > 0) oom.className = "warn";
     tr.appendChild(oom);
     tr.appendChild(el("td", {"data-field": "processes"}, procs ? procs.value : "–"));
+    const wall = field("gpuslice_memory_backstop", L);
+    const bs = el("td", {"data-field": "backstop"}, wall ? wall.labels.kind : "–");
+    if (wall && wall.labels.kind === "none") bs.className = "warn";
+    tr.appendChild(bs);
     const m = el("td", {class: "l"});
     m.appendChild(spark(hist["gpuslice_memory_used_bytes" + key], quota ? quota.value : undefined));
     tr.appendChild(m);

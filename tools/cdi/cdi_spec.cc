@@ -111,6 +111,23 @@ nlohmann::json build_spec(const SliceRequest& r) {
   using nlohmann::json;
   std::vector<std::string> env = slice_environment(r);
   if (r.inject == Inject::env) env.push_back("LD_PRELOAD=" + r.library_container);
+  json hooks = json::array();
+  std::uint64_t mib = 0;
+  std::string why;
+  if (!r.driver_limit_gpus.empty() && driver_limit_mib(r, &mib, &why)) {
+    // NVIDIA's container toolkit (1.20.1+): the hook reads these from the OCI
+    // spec, in MiB: REQUEST is the soft limit (0: gpuslice promises no
+    // memory; docs/agent.md, "Driver backstop"), LIMIT the hard one, applied
+    // to the container's cgroup on each --gpu-id.
+    env.push_back("NVIDIA_GPU_MEMORY_LIMIT=" + std::to_string(mib));
+    env.push_back("NVIDIA_GPU_MEMORY_REQUEST=0");
+    json args = {"nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/"};
+    for (const std::string& uuid : r.driver_limit_gpus) {
+      args.push_back("--gpu-id");
+      args.push_back(uuid);
+    }
+    hooks.push_back({{"hookName", "createRuntime"}, {"path", r.cdi_hook}, {"args", args}});
+  }
 
   // OCI bind mounts: "bind" makes runc/crun bind instead of mounting a file
   // system; nosuid/nodev because nothing here needs either.
@@ -131,7 +148,9 @@ nlohmann::json build_spec(const SliceRequest& r) {
                       {"containerPath", kConfigContainerFile},
                       {"options", {"ro", "nosuid", "nodev", "bind"}}});
   }
-  json device = {{"name", r.device_name}, {"containerEdits", {{"env", env}, {"mounts", mounts}}}};
+  json edits = {{"env", env}, {"mounts", mounts}};
+  if (!hooks.empty()) edits["hooks"] = hooks;
+  json device = {{"name", r.device_name}, {"containerEdits", edits}};
   json spec = {{"cdiVersion", required_version(r)}, {"kind", r.kind}, {"devices", json::array({device})}};
   if (!r.annotations.empty()) spec["annotations"] = r.annotations;
   return spec;

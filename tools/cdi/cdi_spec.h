@@ -61,6 +61,14 @@ struct SliceRequest {
   // still limited. Outside the region directory (which the container can write).
   std::string config_host_file;
   std::map<std::string, std::string> annotations;
+  // The driver's per-cgroup memory limit (R615+) for nodes where the agent
+  // does not set it (docs/deploy.md, "Driver backstop"): the GPUs (UUIDs) the
+  // container gets; empty = none. The spec then sets NVIDIA's container
+  // toolkit's NVIDIA_GPU_MEMORY_LIMIT (the quota in MiB, rounded up) and
+  // NVIDIA_GPU_MEMORY_REQUEST=0, and its createRuntime hook
+  // `nvidia-cdi-hook apply-cuda-memory-limits --gpu-id <uuid>...`.
+  std::vector<std::string> driver_limit_gpus;
+  std::string cdi_hook = "/usr/bin/nvidia-cdi-hook";
 };
 
 // The default configuration file of a region directory: a hidden sibling,
@@ -105,6 +113,11 @@ std::vector<std::string> preload_entries(const std::string& text);
 
 // "0.3.0", "0.5.0" or "0.6.0": the lowest CDI spec version holding this spec.
 std::string required_version(const SliceRequest& req);
+
+// The quota in whole MiB (rounded up) that NVIDIA_GPU_MEMORY_LIMIT carries:
+// one value for every GPU, as the toolkit's hook applies it. false + why when
+// there is no quota or the per-device quotas differ.
+bool driver_limit_mib(const SliceRequest& req, std::uint64_t* mib, std::string* why);
 
 // The gpuslice environment the spec sets (NAME=VALUE), in order.
 std::vector<std::string> slice_environment(const SliceRequest& req);

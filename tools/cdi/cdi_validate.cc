@@ -326,6 +326,57 @@ bool valid_annotation_key(const std::string& key, std::string* why) {
   return true;
 }
 
+bool driver_limit_mib(const SliceRequest& r, std::uint64_t* mib, std::string* why) {
+  if (r.memory_limit.empty()) {
+    *why = "--driver-memory-limit: expected --memory too (the quota the driver's limit carries)";
+    return false;
+  }
+  std::string env = "GPUSLICE_MEMORY_LIMIT=" + r.memory_limit;
+  char* envp[] = {env.data(), nullptr};
+  options::Options opts;
+  shm::Error err{};
+  if (!options::parse_options(envp, &opts, &err)) {
+    *why = "--memory (memory limit): the library would refuse it: "s + err.message;
+    return false;
+  }
+  std::uint64_t quota = kUnlimited;
+  for (std::uint64_t v : opts.memory_limit) {
+    if (v == kUnlimited) continue;
+    if (quota != kUnlimited && v != quota) {
+      *why =
+          "--driver-memory-limit: the per-device quotas of --memory differ; NVIDIA's hook applies one "
+          "NVIDIA_GPU_MEMORY_LIMIT to every GPU: expected one quota for all";
+      return false;
+    }
+    quota = v;
+  }
+  if (quota == kUnlimited) {
+    *why = "--driver-memory-limit: --memory sets no quota; expected one";
+    return false;
+  }
+  *mib = (quota + (std::uint64_t{1} << 20) - 1) >> 20;  // up: gpuslice refuses first
+  return true;
+}
+
+namespace {
+
+bool driver_limit_ok(const SliceRequest& r, std::string* why) {
+  if (r.driver_limit_gpus.empty()) return true;
+  for (const std::string& uuid : r.driver_limit_gpus) {
+    bool ok = uuid.size() > 4 && uuid.size() <= 96 && uuid.rfind("GPU-", 0) == 0;
+    for (char c : uuid) ok = ok && (is_alnum(c) || c == '-');
+    if (!ok) {
+      *why = "--driver-memory-limit: '" + tools::escape_untrusted(uuid) +
+             "': expected GPU UUIDs as NVML prints them (GPU-xxxxxxxx-...), comma-separated";
+      return false;
+    }
+  }
+  std::uint64_t mib = 0;
+  return path_ok("--nvidia-cdi-hook", "the nvidia-cdi-hook path", r.cdi_hook, why) && driver_limit_mib(r, &mib, why);
+}
+
+}  // namespace
+
 bool validate(const SliceRequest& r, std::string* why) {
   if (!valid_kind(r.kind, why) || !valid_device_name(r.device_name, why)) {
     *why = (why->find("kind") != std::string::npos ? "--kind: "s : "--name: "s) + *why;
@@ -344,7 +395,7 @@ bool validate(const SliceRequest& r, std::string* why) {
       !path_ok("--config-host-file", "the slice's configuration file", r.config_host_file, why)) {
     return false;
   }
-  return annotations_ok(r, why) && options_ok(r, why);
+  return annotations_ok(r, why) && options_ok(r, why) && driver_limit_ok(r, why);
 }
 
 std::vector<std::string> preload_entries(const std::string& text) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -98,6 +99,12 @@ int main(int argc, char** argv) {
   app.add_flag("--no-config-file", no_config_file,
                "Write and mount no configuration file (a process that clears its environment is then unlimited)");
   app.add_option("--annotation", annotations, "key=value added to the spec's annotations (repeatable)");
+  std::string driver_limit;
+  app.add_option("--driver-memory-limit", driver_limit,
+                 "GPU UUIDs (comma-separated) the container gets: also set the driver's per-cgroup memory limit "
+                 "(R615+) to the quota through NVIDIA's container toolkit (NVIDIA_GPU_MEMORY_LIMIT and its "
+                 "apply-cuda-memory-limits hook), for nodes where gpuslice-agent does not set it");
+  app.add_option("--nvidia-cdi-hook", req.cdi_hook, "nvidia-cdi-hook on the host")->capture_default_str();
   app.add_option("--output", output,
                  "Write the spec here (atomically) instead of stdout, e.g. /var/run/cdi/gpuslice-<name>.json");
   if (const std::optional<int> stop = gpuslice::tools::parse(app, argc, argv)) return *stop;
@@ -118,6 +125,11 @@ int main(int argc, char** argv) {
                                   gpuslice::tools::escape_untrusted(a.substr(0, eq)) +
                                   "' is given twice; expected each key once");
     }
+  }
+  for (std::size_t start = 0; !driver_limit.empty() && start <= driver_limit.size();) {
+    const std::size_t comma = std::min(driver_limit.find(',', start), driver_limit.size());
+    req.driver_limit_gpus.push_back(driver_limit.substr(start, comma - start));
+    start = comma + 1;
   }
   if (no_config_file && !config_file.empty()) {
     return usage_error(app, "--no-config-file and --config-host-file: expected one of them");
