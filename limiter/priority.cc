@@ -85,8 +85,10 @@ std::uint64_t held_until(gpuslice::Priority self, const PeerSample* peers, std::
 }
 
 std::uint64_t hold_sleep_ns(std::uint64_t held_until_ns, std::uint64_t now_ns, std::uint64_t spread_ns) noexcept {
-  if (held_until_ns == 0) return kHoldPollNs;
-  std::uint64_t ns = (held_until_ns > now_ns ? held_until_ns - now_ns : 0) + spread_ns;
+  // Unknown, or already past while the verdict still holds (a look that
+  // found the tables busy kept the previous verdict): look again as before.
+  if (held_until_ns <= now_ns) return kHoldPollNs;
+  std::uint64_t ns = held_until_ns - now_ns + spread_ns;
   if (ns < kHoldMinSleepNs) ns = kHoldMinSleepNs;
   if (ns > kHoldMaxSleepNs) ns = kHoldMaxSleepNs;
   return ns;

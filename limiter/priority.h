@@ -170,8 +170,8 @@ std::uint64_t lower_backlog(gpuslice::Priority self, const PeerSample* peers, st
 std::uint64_t held_until(gpuslice::Priority self, const PeerSample* peers, std::size_t count,
                          std::uint64_t now_ns) noexcept;
 // How long a held launch sleeps before its next look at the board: until
-// held_until_ns (0: not known, then kHoldPollNs) plus spread_ns, within
-// [kHoldMinSleepNs, kHoldMaxSleepNs].
+// held_until_ns plus spread_ns, within [kHoldMinSleepNs, kHoldMaxSleepNs];
+// kHoldPollNs when that is not known (0) or already past (a stale verdict).
 std::uint64_t hold_sleep_ns(std::uint64_t held_until_ns, std::uint64_t now_ns, std::uint64_t spread_ns) noexcept;
 // Whether a neighbour of higher priority than `self` launched within kRecentNs
 // (then the in-flight bound is the tight one).

@@ -124,8 +124,9 @@ TEST(PriorityJudge, AHeldLaunchSleepsUntilTheHoldersActivityEnds) {
   EXPECT_EQ(hold_sleep_ns(until, kT0, 0), 600'000u);
   EXPECT_EQ(hold_sleep_ns(until, kT0, 30'000), 630'000u);  // the pid's spread
   EXPECT_EQ(hold_sleep_ns(kT0 + 50 * kMs, kT0, 0), kHoldMaxSleepNs);
-  EXPECT_EQ(hold_sleep_ns(kT0 - 1, kT0, 0), kHoldMinSleepNs);  // a word just expired: look again soon
-  EXPECT_EQ(hold_sleep_ns(0, kT0, 0), kHoldPollNs);            // not known
+  EXPECT_EQ(hold_sleep_ns(kT0 + 1'000, kT0, 0), kHoldMinSleepNs);  // about to end: a short sleep, no spin
+  EXPECT_EQ(hold_sleep_ns(kT0 - 1, kT0, 0), kHoldPollNs);          // past, yet held: a stale verdict, look as before
+  EXPECT_EQ(hold_sleep_ns(0, kT0, 0), kHoldPollNs);                // not known
   EXPECT_LE(kHoldMaxSleepNs + kHoldSpreadNs, 2 * kMs);
 }
 
