@@ -97,6 +97,7 @@ Verdict evaluate(Device& p, Priority self, std::uint64_t now, bool* engaged, boo
                       limiter::peer_present(samples[i], now));
   p.lower_present.store(lower ? 1 : 0, std::memory_order_relaxed);
   p.tight.store(limiter::higher_recent(self, samples, n, now) ? 1 : 0, std::memory_order_relaxed);
+  p.held_until.store(limiter::held_until(self, samples, n, now), std::memory_order_relaxed);
   const Verdict v = limiter::judge(self, samples, n, now);
   p.verdict.store(static_cast<int>(v), std::memory_order_relaxed);
   p.checked_ns.store(now, std::memory_order_relaxed);
@@ -291,8 +292,8 @@ bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, 
   return booked;
 }
 
-bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow,
-           std::uint64_t* busy_until) noexcept {
+bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow, std::uint64_t* busy_until,
+           std::uint64_t* claimed_until) noexcept {
   p.lease_lock.lock();
   bool ok = false;
   if (p.lease_fd >= 0 && p.lease_pid == getpid() && shm::lock_lease(p.lease_fd, 48)) {
@@ -302,6 +303,7 @@ bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t 
     *busy_until = slot.start_ns;
     if (slot.start_ns == 0) {
       rec.launched_until_ns = slot.until_ns;
+      *claimed_until = slot.until_ns;
       ok = shm::write_lease(p.lease_fd, rec);
     } else {
       ok = true;
@@ -310,6 +312,21 @@ bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t 
   }
   p.lease_lock.unlock();
   return ok;
+}
+
+void unclaim(Device& p, std::uint64_t launch_ns, std::uint64_t claimed_until) noexcept {
+  p.lease_lock.lock();
+  if (p.lease_fd >= 0 && p.lease_pid == getpid() && shm::lock_lease(p.lease_fd, 48)) {
+    shm::PriorityLease rec;
+    shm::read_lease(p.lease_fd, &rec);
+    const std::uint64_t back = limiter::unclaim_slot(rec.launched_until_ns, claimed_until, launch_ns);
+    if (back != rec.launched_until_ns) {
+      rec.launched_until_ns = back;
+      shm::write_lease(p.lease_fd, rec);
+    }
+    shm::unlock_lease(p.lease_fd);
+  }
+  p.lease_lock.unlock();
 }
 
 void record_hold(Device& p, std::uint64_t held_ns) noexcept {

@@ -32,6 +32,7 @@ struct alignas(64) Device {
   std::atomic<std::uint64_t> checked_ns{0};
   std::atomic<int> lower_present{0};         // a lower-priority neighbour is present
   std::atomic<int> tight{0};                 // a higher neighbour launched recently: the tight bound
+  std::atomic<std::uint64_t> held_until{0};  // when the active higher neighbours' activity ends (0: none)
   std::atomic<int> lease_shared{0};          // another process of our level uses the lease file (refresh)
   std::atomic<DeviceState*> state{nullptr};  // the container's entry (its SM limit)
   std::atomic<std::uint64_t> published_until{0};
@@ -94,10 +95,16 @@ void publish(Device& b, Priority self, std::uint64_t now, std::uint64_t horizon)
 bool book(Device& b, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start) noexcept;
 // A booked launch whose slot came: when the launches its level has already
 // launched on the device should be done by now + allow, it claims its place
-// behind them (launched_until: + launch_ns) and *busy_until is 0; otherwise
-// *busy_until is when they should be done. False when there is no timetable.
-bool claim(Device& b, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow,
-           std::uint64_t* busy_until) noexcept;
+// behind them (launched_until: + launch_ns, also in *claimed_until) and
+// *busy_until is 0; otherwise *busy_until is when they should be done. False
+// when there is no timetable.
+bool claim(Device& b, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow, std::uint64_t* busy_until,
+           std::uint64_t* claimed_until) noexcept;
+// A claimed launch that is held after all (a higher neighbour became active
+// between its look at the board and its claim) gives its place back: the
+// level's launched_until goes back by launch_ns while it is still the
+// claim's `claimed_until` (nobody claimed behind it).
+void unclaim(Device& b, std::uint64_t launch_ns, std::uint64_t claimed_until) noexcept;
 // A launch was held for held_ns: the file's statistics.
 void record_hold(Device& b, std::uint64_t held_ns) noexcept;
 

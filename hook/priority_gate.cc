@@ -11,6 +11,7 @@
 #include "hook/priority_gate.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -207,8 +208,12 @@ bool bound_wait(GateDevice& g, bool tight) noexcept {
 void note_launch(GateDevice& g, board::Device& b, Priority self, bool marked) noexcept {
   std::uint64_t now = mono_ns();
   std::uint64_t backlog = 0;
-  if (b.lower_present.load(std::memory_order_relaxed) != 0 && g.horizon.load(std::memory_order_relaxed) <= now)
+  if (b.lower_present.load(std::memory_order_relaxed) != 0 && g.horizon.load(std::memory_order_relaxed) <= now) {
+    // A burst begins: active first (the lower neighbours stop launching at
+    // their next look), then the reads of what they have queued.
+    board::publish(b, self, now, now + g.estimate.avg_ns);
     backlog = board::read_lower_backlog(b, self, now);
+  }
   g.markers.lock.lock();
   now = mono_ns();
   if (backlog != 0) g.backlog = backlog;
@@ -269,15 +274,19 @@ void note_launch(GateDevice& g, board::Device& b, Priority self, bool marked) no
   g.markers.lock.unlock();
 }
 
-// Sleeps in kHoldPollNs steps while a higher neighbour is active; accounts
-// the time. Returns the verdict that let it go.
+// Sleeps while a higher neighbour is active: until its activity ends (as
+// the board said at the latest look, plus a spread from the pid: the held
+// containers of a level do not all wake together), at most kHoldMaxSleepNs
+// between looks. Accounts the time. Returns the verdict that let it go.
 Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) noexcept {
   Region* r = g_process.region;
   const std::uint64_t began = now;
+  const std::uint64_t spread = (static_cast<std::uint64_t>(getpid()) * 7919u) % limiter::kHoldSpreadNs;
   Verdict v = Verdict::held;
   while (v == Verdict::held) {
-    r->header.priority_held_until_ns.store(now + 2 * limiter::kHoldPollNs, std::memory_order_relaxed);
-    sleep_ns(limiter::kHoldPollNs);
+    const std::uint64_t ns = limiter::hold_sleep_ns(b.held_until.load(std::memory_order_relaxed), now, spread);
+    r->header.priority_held_until_ns.store(now + 2 * ns, std::memory_order_relaxed);
+    sleep_ns(ns);
     now = mono_ns();
     v = board::recheck(b, self, now);
   }
@@ -290,6 +299,20 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
   return v;
 }
 
+// board::book, tried again after a kHoldPollNs sleep while the level's lock
+// stays taken (its holder lacks a CPU: with hundreds of containers on a few
+// cores, common): a launch that went unbooked instead would queue beside the
+// level's, past the budget. A holder stopped for good costs each launch
+// about 2 ms before it goes with the per-process bound.
+bool book_again(board::Device& b, Priority self, std::uint64_t* now, std::uint64_t d, std::uint64_t* start) noexcept {
+  for (int attempt = 0;; ++attempt) {
+    if (board::book(b, self, *now, d, start)) return true;
+    if (attempt == 2 || b.lease_shared.load(std::memory_order_relaxed) == 0) return false;
+    sleep_ns(limiter::kHoldPollNs);
+    *now = mono_ns();
+  }
+}
+
 // Bounded next to a higher neighbour: books this launch in the level's
 // timetable on the device (board::book) and sleeps until its slot is
 // lease_allow() away; then, unless a higher neighbour has become active
@@ -297,7 +320,10 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
 // the level has launched (board::claim). When that is not nearly done (it,
 // or a neighbour, woke late into another's slot) it books the next free slot.
 // So the level's containers, however many, keep about one launch queued
-// together, and late wake-ups cost slots, never a second launch queued.
+// together, and late wake-ups cost slots, never a second launch queued. A
+// last look at the board after the claim (given back when held), a claim at
+// once when a hold ends, and no launch while its own previous one is queued
+// keep it so when the threads lack CPU (hundreds of containers, few cores).
 // False when there is no timetable: then the per-process bound applies.
 bool lease_wait(GateDevice& g, board::Device& b, Priority self, bool tight) noexcept {
   g.markers.lock.lock();
@@ -305,7 +331,7 @@ bool lease_wait(GateDevice& g, board::Device& b, Priority self, bool tight) noex
   g.markers.lock.unlock();
   std::uint64_t now = mono_ns();
   std::uint64_t start = 0;
-  if (!board::book(b, self, now, d, &start)) return false;
+  if (!book_again(b, self, &now, d, &start)) return false;
   const std::uint64_t allow = limiter::lease_allow(d, tight, g.lease_late_ns.load(std::memory_order_relaxed));
   for (int round = 0; round < 16; ++round) {
     const std::uint64_t at = start > allow ? start - allow : 0;
@@ -320,25 +346,52 @@ bool lease_wait(GateDevice& g, board::Device& b, Priority self, bool tight) noex
     }
     if (board::recheck(b, self, now) == Verdict::held) {
       if (hold(g, b, self, now) == Verdict::free) return false;  // nobody higher any more
+      // Its slot passed. Awake as the hold ends, it claims at once (the
+      // first of the held ones goes; the others find the level's launch
+      // queued and book again).
       now = mono_ns();
-      if (!board::book(b, self, now, d, &start)) return false;  // its slot passed: a new one
+      start = now + allow;
       continue;
     }
     // Our own previous launch still queued when our slot comes: the device
     // is slower than the timetable (another level's work, e.g. a limited
-    // higher neighbour that holds nobody, runs in between), which it cannot
-    // see; the per-process bound (markers) can.
+    // higher neighbour that holds nobody, runs in between, or a launch of
+    // the level that went late), which it cannot see. Going now would queue
+    // a second launch of the level: this one waits for its own (the
+    // driver's blocking wait), then claims.
     g.markers.lock.lock();
     while (!g.markers.empty() && retire_oldest(g, false)) {}
     const bool behind = !g.markers.empty();
+    while (!g.markers.empty()) retire_oldest(g, true);
     g.markers.lock.unlock();
-    if (behind) return false;
-    std::uint64_t busy_until = 0;
-    if (!board::claim(b, now, d, allow, &busy_until)) return false;
-    if (busy_until == 0) return true;
+    if (behind) {
+      now = mono_ns();
+      start = now + allow;
+      continue;
+    }
+    std::uint64_t busy_until = 0, claimed_until = 0;
+    if (!board::claim(b, now, d, allow, &busy_until, &claimed_until)) {
+      // The level's lock stayed taken: a new slot rather than a launch
+      // beside the level's.
+      now = mono_ns();
+      if (!book_again(b, self, &now, d, &start)) return false;
+      continue;
+    }
+    if (busy_until == 0) {
+      // A last look, as close to the launch as it can be: a higher
+      // neighbour that became active since the look above (its burst began
+      // while this thread claimed) must not find this launch in its burst.
+      now = mono_ns();
+      if (board::recheck(b, self, now) != Verdict::held) return true;
+      board::unclaim(b, d, claimed_until);
+      if (hold(g, b, self, now) == Verdict::free) return false;  // nobody higher any more
+      now = mono_ns();
+      start = now + allow;
+      continue;
+    }
     // Taken: the next free slot, at the timetable's end (waiting for this
     // one's end instead, every late waker would wake together).
-    if (!board::book(b, self, now, d, &start)) return false;
+    if (!book_again(b, self, &now, d, &start)) return false;
   }
   return false;
 }

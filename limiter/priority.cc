@@ -73,6 +73,27 @@ std::uint64_t lower_backlog(gpuslice::Priority self, const PeerSample* peers, st
   return until;
 }
 
+std::uint64_t held_until(gpuslice::Priority self, const PeerSample* peers, std::size_t count,
+                         std::uint64_t now_ns) noexcept {
+  std::uint64_t until = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const PeerSample& p = peers[i];
+    if (static_cast<std::uint32_t>(p.level) <= static_cast<std::uint32_t>(self) || !peer_active(p, now_ns)) continue;
+    if (p.active_until_ns > until) until = p.active_until_ns;
+  }
+  return until;
+}
+
+std::uint64_t hold_sleep_ns(std::uint64_t held_until_ns, std::uint64_t now_ns, std::uint64_t spread_ns) noexcept {
+  // Unknown, or already past while the verdict still holds (a look that
+  // found the tables busy kept the previous verdict): look again as before.
+  if (held_until_ns <= now_ns) return kHoldPollNs;
+  std::uint64_t ns = held_until_ns - now_ns + spread_ns;
+  if (ns < kHoldMinSleepNs) ns = kHoldMinSleepNs;
+  if (ns > kHoldMaxSleepNs) ns = kHoldMaxSleepNs;
+  return ns;
+}
+
 bool higher_recent(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept {
   for (std::size_t i = 0; i < count; ++i) {
     const PeerSample& p = peers[i];
@@ -124,6 +145,13 @@ Slot book_slot(std::uint64_t booked_until_ns, std::uint64_t now_ns, std::uint64_
   const bool believed = booked_until_ns > now_ns && booked_until_ns - now_ns <= kLeaseMaxAheadNs;
   const std::uint64_t start = believed ? booked_until_ns : now_ns;
   return Slot{start, start + d};
+}
+
+std::uint64_t unclaim_slot(std::uint64_t launched_until_ns, std::uint64_t claimed_until_ns,
+                           std::uint64_t launch_ns) noexcept {
+  const std::uint64_t d = launch_ns != 0 ? launch_ns : kLeaseUnmeasuredNs;
+  if (launched_until_ns != claimed_until_ns || claimed_until_ns < d) return launched_until_ns;
+  return claimed_until_ns - d;
 }
 
 Slot claim_slot(std::uint64_t launched_until_ns, std::uint64_t now_ns, std::uint64_t launch_ns,

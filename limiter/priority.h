@@ -50,6 +50,13 @@ inline constexpr std::uint64_t kPresentNs = 30'000'000'000;
 // A held launch sleeps this long between looks at the board (reaction and
 // release within a few of these).
 inline constexpr std::uint64_t kHoldPollNs = 250'000;
+// ... unless the board says until when the holder is active: then it sleeps
+// until then (plus a spread of up to kHoldSpreadNs, from its pid, so that the
+// held containers of a level do not all wake at once), at most this long (a
+// holder that is killed releases it at its next look).
+inline constexpr std::uint64_t kHoldMaxSleepNs = 1'000'000;
+inline constexpr std::uint64_t kHoldMinSleepNs = 20'000;
+inline constexpr std::uint64_t kHoldSpreadNs = 64'000;
 // The held/free verdict is re-read from the board at most this often per
 // process on the launch path.
 inline constexpr std::uint64_t kRecheckNs = 200'000;
@@ -98,6 +105,11 @@ struct Slot {
 };
 // Books a launch of launch_ns (0: not measured) behind `booked_until_ns`.
 Slot book_slot(std::uint64_t booked_until_ns, std::uint64_t now_ns, std::uint64_t launch_ns) noexcept;
+// A claimed launch that is held after all gives its place back: the level's
+// new launched_until, when the one stored is still the claim's
+// (claimed_until_ns: nobody claimed behind it); else launched_until_ns as it is.
+std::uint64_t unclaim_slot(std::uint64_t launched_until_ns, std::uint64_t claimed_until_ns,
+                           std::uint64_t launch_ns) noexcept;
 // A booked launch whose slot came, at now_ns, with the level's launched work
 // ending at launched_until_ns: it goes (start_ns 0, until_ns the new
 // launched_until) when that is at most allow_ns away; otherwise start_ns is
@@ -153,6 +165,14 @@ bool engaged(gpuslice::Priority self, const PeerSample* peers, std::size_t count
 // active: a launch of `self` starting a burst queues behind it.
 std::uint64_t lower_backlog(gpuslice::Priority self, const PeerSample* peers, std::size_t count,
                             std::uint64_t now_ns) noexcept;
+// Until when `self` is held: the latest active_until of an active neighbour
+// of higher priority, 0 when none is active.
+std::uint64_t held_until(gpuslice::Priority self, const PeerSample* peers, std::size_t count,
+                         std::uint64_t now_ns) noexcept;
+// How long a held launch sleeps before its next look at the board: until
+// held_until_ns plus spread_ns, within [kHoldMinSleepNs, kHoldMaxSleepNs];
+// kHoldPollNs when that is not known (0) or already past (a stale verdict).
+std::uint64_t hold_sleep_ns(std::uint64_t held_until_ns, std::uint64_t now_ns, std::uint64_t spread_ns) noexcept;
 // Whether a neighbour of higher priority than `self` launched within kRecentNs
 // (then the in-flight bound is the tight one).
 bool higher_recent(gpuslice::Priority self, const PeerSample* peers, std::size_t count, std::uint64_t now_ns) noexcept;

@@ -16,7 +16,12 @@
 // CLOCK_MONOTONIC> end_ns=<last synchronize> bursts=<n> p50_us=<..>
 // p90_us=<..> p99_us=<..> max_us=<..> host_p99_us=<..>": burst latencies device-side
 // (between the events: simulated instants, free of the host's wake-up) and
-// host-side (first launch to the synchronize's return).
+// host-side (first launch to the synchronize's return). Then a line
+// "prio_tenant_gaps ..." (the device's idle time between bursts) and one
+// "prio_tenant_breakdown ..." (where the worst 2 % and all bursts' time went:
+// the device's queue at arrival, the others' device time in the burst's
+// window, the idle time in it); with PRIO_TENANT_ROWS set, a "row ..." line
+// per burst.
 #include <cuda.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +33,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "fakecuda_query.h"
 
 namespace {
 
@@ -106,10 +113,17 @@ int main(int argc, char** argv) {
   while (access(argv[8], F_OK) != 0) usleep(10'000);
   usleep(300'000);
   std::vector<double> device_us, host_us;
+  // Per burst, for the breakdown line: when it began, the device's queue
+  // then (the ideal profile's busy_until; the realistic one's is its
+  // simulated now: 0 there).
+  std::vector<std::uint64_t> began_ns, queued_ns;
   std::uint64_t start = 0, end = 0;
   for (int i = 0; i < bursts; ++i) {
+    const std::uint64_t busy_until = fakecuda_busy_until_ns(0);
     const std::uint64_t t0 = now_ns();
     if (start == 0) start = t0;
+    began_ns.push_back(t0);
+    queued_ns.push_back(busy_until > t0 ? busy_until - t0 : 0);
     check(cuEventRecord(a, stream), "cuEventRecord");
     for (int k = 0; k < kernels; ++k) launch();
     check(cuEventRecord(b, stream), "cuEventRecord");
@@ -127,5 +141,50 @@ int main(int argc, char** argv) {
       static_cast<int>(getpid()), static_cast<unsigned long long>(start), static_cast<unsigned long long>(end),
       device_us.size(), percentile(device_us, 50), percentile(device_us, 90), percentile(device_us, 99),
       percentile(device_us, 100), percentile(host_us, 99));
+  // Where the burst's device-side time went (docs/log/2026-11-29-priority-
+  // tenants.md), for the worst 2 % of the bursts and for all: the device's
+  // queue when it began (ideal profile), the other tenants' device time in
+  // the burst's window (that queue, plus what they launched into the burst),
+  // and the device's idle time in it (the high tenant's own thread late
+  // between its launches: the host, not the device).
+  std::vector<std::size_t> order(device_us.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return device_us[x] > device_us[y]; });
+  const std::size_t worst = std::max<std::size_t>(2, order.size() / 50);
+  double sum[2][4] = {};
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::size_t i = order[k];
+    const std::uint64_t t0 = began_ns[i], t1 = t0 + static_cast<std::uint64_t>(device_us[i] * 1000.0);
+    const double all = static_cast<double>(fakecuda_busy_ns(0, 0, t0, t1));
+    const double mine = static_cast<double>(fakecuda_busy_ns(0, getpid(), t0, t1));
+    const double row[4] = {device_us[i], static_cast<double>(queued_ns[i]) / 1000.0, (all - mine) / 1000.0,
+                           device_us[i] - all / 1000.0};
+    if (std::getenv("PRIO_TENANT_ROWS") != nullptr)
+      std::printf("row %.1f %.1f %.1f %.1f\n", row[0], row[1], row[2], row[3]);
+    for (int c = 0; c < 4; ++c) {
+      if (k < worst) sum[0][c] += row[c] / static_cast<double>(worst);
+      sum[1][c] += row[c] / static_cast<double>(order.size());
+    }
+  }
+  // The idle time the others left between bursts: in the first 2 ms after
+  // a burst's end (the high tenant's linger, the held ones' release) and
+  // after that, as percent of each part's length.
+  double near_len = 0, near_idle = 0, far_len = 0, far_idle = 0;
+  for (std::size_t i = 0; i + 1 < began_ns.size(); ++i) {
+    const std::uint64_t e = began_ns[i] + static_cast<std::uint64_t>(device_us[i] * 1000.0);
+    const std::uint64_t next = began_ns[i + 1];
+    if (next <= e + 2'000'000) continue;
+    const std::uint64_t mid = e + 2'000'000;
+    near_len += 2e6;
+    near_idle += 2e6 - static_cast<double>(fakecuda_busy_ns(0, 0, e, mid));
+    far_len += static_cast<double>(next - mid);
+    far_idle += static_cast<double>(next - mid) - static_cast<double>(fakecuda_busy_ns(0, 0, mid, next));
+  }
+  std::printf("prio_tenant_gaps idle_first_2ms_pct=%.1f idle_after_pct=%.1f\n",
+              near_len > 0 ? 100.0 * near_idle / near_len : 0.0, far_len > 0 ? 100.0 * far_idle / far_len : 0.0);
+  std::printf(
+      "prio_tenant_breakdown worst=%zu worst_us=%.1f worst_queued_us=%.1f worst_others_us=%.1f worst_idle_us=%.1f "
+      "mean_us=%.1f mean_queued_us=%.1f mean_others_us=%.1f mean_idle_us=%.1f\n",
+      worst, sum[0][0], sum[0][1], sum[0][2], sum[0][3], sum[1][0], sum[1][1], sum[1][2], sum[1][3]);
   return 0;
 }

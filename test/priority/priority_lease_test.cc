@@ -101,6 +101,30 @@ TEST(PriorityLease, AClaimGoesOnlyBehindNearlyDoneWork) {
   close(y);
 }
 
+// A claim whose last look at the board finds a higher neighbour active gives
+// its place back, unless another launch of the level claimed behind it (then
+// the place is its: taking it back would let a second launch queue).
+TEST(PriorityLease, AHeldClaimGivesItsPlaceBackWhenNobodyClaimedBehind) {
+  Board b;
+  const int x = b.open(), y = b.open();
+  const std::uint64_t now = platform::monotonic_ns();
+  ASSERT_EQ(claim(x, now, 250'000, 80'000), 0u);
+  const std::uint64_t mine = record(x).launched_until_ns;
+  ASSERT_TRUE(shm::lock_lease(x, 48));
+  shm::PriorityLease rec = record(x);
+  rec.launched_until_ns = limiter::unclaim_slot(rec.launched_until_ns, mine, 250'000);
+  ASSERT_TRUE(shm::write_lease(x, rec));
+  shm::unlock_lease(x);
+  EXPECT_EQ(record(x).launched_until_ns, now) << "given back";
+  EXPECT_EQ(claim(y, now + 1'000, 250'000, 80'000), 0u) << "the next one goes at once";
+  // Claimed behind: the word is not the claim's any more, and stays.
+  EXPECT_EQ(limiter::unclaim_slot(now + 500'000, now + 250'000, 250'000), now + 500'000);
+  EXPECT_EQ(limiter::unclaim_slot(now + 250'000, now + 250'000, 0), now + 250'000 - limiter::kLeaseUnmeasuredNs);
+  EXPECT_EQ(limiter::unclaim_slot(100, 100, 250'000), 100u);  // never below zero
+  close(x);
+  close(y);
+}
+
 // The estimate of a booked launch: the least sample of the last window or two
 // (a sample includes the wait behind the level's previous launch).
 TEST(PriorityLease, BookedSamplesKeepTheLeast) {

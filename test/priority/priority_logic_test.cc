@@ -106,6 +106,30 @@ TEST(PriorityJudge, KilledHolderReleasesWithinAFewMs) {
   EXPECT_LE(kMaxPublishAheadNs, 10 * kMs);
 }
 
+// A held launch sleeps until the holder's published activity ends (the
+// latest of the active higher neighbours'), never past kHoldMaxSleepNs: a
+// holder killed meanwhile releases it at its next look; before, it looked
+// every kHoldPollNs however long the hold (hundreds of held containers woke
+// 4,000 times a second each).
+TEST(PriorityJudge, AHeldLaunchSleepsUntilTheHoldersActivityEnds) {
+  const PeerSample high = launched(Priority::high, kT0);
+  PeerSample normal = launched(Priority::normal, kT0);
+  normal.active_until_ns = high.active_until_ns + 300'000;
+  const PeerSample peers[] = {high, normal};
+  EXPECT_EQ(held_until(Priority::low, peers, 2, kT0 + 1), high.active_until_ns + 300'000);
+  EXPECT_EQ(held_until(Priority::normal, peers, 2, kT0 + 1), high.active_until_ns);
+  EXPECT_EQ(held_until(Priority::high, peers, 2, kT0 + 1), 0u);
+  EXPECT_EQ(held_until(Priority::normal, peers, 2, high.active_until_ns), 0u) << "expired: holds nobody";
+  const std::uint64_t until = kT0 + 600'000;
+  EXPECT_EQ(hold_sleep_ns(until, kT0, 0), 600'000u);
+  EXPECT_EQ(hold_sleep_ns(until, kT0, 30'000), 630'000u);  // the pid's spread
+  EXPECT_EQ(hold_sleep_ns(kT0 + 50 * kMs, kT0, 0), kHoldMaxSleepNs);
+  EXPECT_EQ(hold_sleep_ns(kT0 + 1'000, kT0, 0), kHoldMinSleepNs);  // about to end: a short sleep, no spin
+  EXPECT_EQ(hold_sleep_ns(kT0 - 1, kT0, 0), kHoldPollNs);          // past, yet held: a stale verdict, look as before
+  EXPECT_EQ(hold_sleep_ns(0, kT0, 0), kHoldPollNs);                // not known
+  EXPECT_LE(kHoldMaxSleepNs + kHoldSpreadNs, 2 * kMs);
+}
+
 TEST(PriorityJudge, KilledWriterHoldsNobodyAtOnce) {
   // The reader learnt from the kernel that the writer's liveness lock is free
   // (shm::writer_alive): its word holds nobody, whatever it says; the

@@ -32,6 +32,8 @@ struct Figures {
   double p50_us = 0, p90_us = 0, p99_us = 0, max_us = 0, host_p99_us = 0;
   double harvest = 0;  // percent of the time the high tenant left that the low ones used
   int bursts = 0;
+  std::string breakdown;          // prio_tenant's breakdown line (where the burst's time went)
+  std::vector<std::string> rows;  // per burst, with PRIO_TENANT_ROWS set
   std::string describe() const {
     return "p50 " + std::to_string(p50_us) + " us, p90 " + std::to_string(p90_us) + " us, p99 " +
            std::to_string(p99_us) + " us, max " + std::to_string(max_us) + " us, host p99 " +
@@ -75,9 +77,11 @@ Env tenant_env(const Machine& m, const std::string& name, const std::string& lev
 Figures run_next_to(Machine& m, int lows, int bursts, int kill = 0, double kill_after_s = 0) {
   const std::string stop = m.sandbox().path("stop"), go = m.sandbox().path("go");
   const std::string high_out = m.sandbox().path("high.out");
+  Env high_env = tenant_env(m, "high", "high");
+  if (std::getenv("PRIO_TENANT_ROWS") != nullptr) high_env["PRIO_TENANT_ROWS"] = "1";
   const pid_t high_pid = spawn({bin("prio_tenant"), "high", std::to_string(kHighUs), std::to_string(kHighKernels),
                                 std::to_string(bursts), "5000", "50000", "7", go},
-                               tenant_env(m, "high", "high"), high_out);
+                               high_env, high_out);
   const std::uint64_t deadline = mono_now_ns() + 120'000'000'000ull;
   while (files_in(m.sandbox().path("board") + "/high") < 1 && mono_now_ns() < deadline) usleep(20'000);
   std::vector<pid_t> pids;
@@ -117,6 +121,9 @@ Figures run_next_to(Machine& m, int lows, int bursts, int kill = 0, double kill_
   f.max_us = std::atof(field(line, "max_us").c_str());
   f.host_p99_us = std::atof(field(line, "host_p99_us").c_str());
   f.bursts = std::atoi(field(line, "bursts").c_str());
+  if (const auto more = lines_with(high.out, "prio_tenant_breakdown "); !more.empty()) f.breakdown = more.back();
+  f.rows = lines_with(high.out, "row ");
+  if (const auto gaps = lines_with(high.out, "prio_tenant_gaps "); !gaps.empty()) f.breakdown += "\n  " + gaps.back();
   std::uint64_t t0 = std::strtoull(field(line, "start_ns").c_str(), nullptr, 10);
   if (killed_ns != 0) t0 = killed_ns + 100'000'000;
   const std::uint64_t t1 = std::strtoull(field(line, "end_ns").c_str(), nullptr, 10);
@@ -177,14 +184,20 @@ TEST(PriorityManyTenants, KilledLowTenantsLeaveTheBudgetToTheOthers) {
 }
 
 // The figures of docs/priority.md's table: N = 0, 1, 16, 64, 256 (run by hand:
-// --gtest_also_run_disabled_tests; FAKECUDA_PROFILE=realistic for that profile).
+// --gtest_also_run_disabled_tests; FAKECUDA_PROFILE=realistic for that profile,
+// PRIO_N=<n> for one N). Each N also prints where the bursts' time went
+// (prio_tenant's breakdown and gaps lines); PRIO_TENANT_ROWS=1 adds a row
+// per burst: latency, device queue at its arrival, the others' device time
+// and the idle time in its window (us).
 TEST(PriorityManyTenants, DISABLED_Sweep) {
   std::vector<int> ns = {0, 1, 16, 64, 256};
   if (const char* only = std::getenv("PRIO_N")) ns = {std::atoi(only)};
   for (int n : ns) {
     Machine m;
     const Figures f = run_next_to(m, n, 200);
-    std::printf("profile=%s N=%d %s\n", m.profile().empty() ? "ideal" : m.profile().c_str(), n, f.describe().c_str());
+    std::printf("profile=%s N=%d %s\n  %s\n", m.profile().empty() ? "ideal" : m.profile().c_str(), n,
+                f.describe().c_str(), f.breakdown.c_str());
+    for (const std::string& row : f.rows) std::printf("  %s\n", row.c_str());
     std::fflush(stdout);
   }
 }
