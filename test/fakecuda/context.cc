@@ -67,6 +67,7 @@ void teardown_context_locked(CUctx_st* ctx) {
   if (ctx->heap_extra != 0) uncharge_device(ctx->device, ctx->heap_extra);
   ctx->heap_extra = 0;
   ctx->limits[CU_LIMIT_MALLOC_HEAP_SIZE] = 0;
+  ctx->peers.clear();  // peer access goes with the context
   uncharge_context(ctx->device);
 }
 

@@ -145,11 +145,3 @@ extern "C" CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
   std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02X:00.0", 0x18 + physical_device(dev));
   return CUDA_SUCCESS;
 }
-
-extern "C" CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
-  if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  FC_REQUIRE_DEVICE(dev);
-  if (!valid_device(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
-  *canAccessPeer = 0;  // no peer access is simulated
-  return CUDA_SUCCESS;
-}

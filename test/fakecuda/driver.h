@@ -48,6 +48,10 @@ struct CUctx_st {
   CUctx_st* base = nullptr;
   unsigned sm_count = 0;
   CUgreenCtx green = nullptr;
+  // Contexts whose allocations this one may access (cuCtxEnablePeerAccess,
+  // peer.cc), by id (a destroyed peer's id never matches a live context).
+  // Runtime mutex held.
+  std::vector<std::uint64_t> peers;
 };
 
 struct CUstream_st {

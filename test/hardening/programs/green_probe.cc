@@ -108,7 +108,8 @@ int launch(CUdevice dev, int us, long count, double seconds) {
   const std::string image = "// fake PTX\n.entry " + name + "\n";
   CUmodule mod = nullptr;
   CUfunction f = nullptr;
-  if (cuModuleLoadData(&mod, image.c_str()) != CUDA_SUCCESS || cuModuleGetFunction(&f, mod, name.c_str()) != CUDA_SUCCESS)
+  if (cuModuleLoadData(&mod, image.c_str()) != CUDA_SUCCESS ||
+      cuModuleGetFunction(&f, mod, name.c_str()) != CUDA_SUCCESS)
     return 3;
   // Another device's context current while launching: the stream decides.
   CUcontext other = nullptr;
