@@ -36,7 +36,7 @@ int attribute_value(CUdevice_attribute attribute, CUdevice dev, const StateHeade
     case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: return 1;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return static_cast<int>(h.sms);
     case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: return 0;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED: return 0;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: return static_cast<int>(h.integrated);
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: return CU_COMPUTEMODE_DEFAULT;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;

@@ -22,7 +22,8 @@ TEST(MultiGpu, EightDevicesWithPeerAccessEachKeepItsOwnQuota) {
   // Device d: (64 + 8 d) MiB.
   std::string limits;
   for (int d = 0; d < 8; ++d) limits += (d ? "," : "") + std::to_string(d) + "=" + std::to_string(64 + 8 * d) + "Mi";
-  Env env = merge(box.env(), {{"FAKECUDA_DEVICES", "8"}, {"FAKECUDA_MEMORY", "1Gi"}, {"GPUSLICE_MEMORY_LIMIT", limits}});
+  Env env =
+      merge(box.env(), {{"FAKECUDA_DEVICES", "8"}, {"FAKECUDA_MEMORY", "1Gi"}, {"GPUSLICE_MEMORY_LIMIT", limits}});
   Result r = probe(env);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(number(r, "peers", "can"), 56) << r.out;
