@@ -40,7 +40,8 @@ TEST(NcclShaped, FourRanksOnePerDeviceUnderAQuotaAndAComputeLimit) {
     ASSERT_FALSE(r.timed_out) << r.describe();
     ASSERT_EQ(r.exit_code, 0) << r.describe();
     EXPECT_EQ(number(r, "import", "rc"), 0) << r.out;
-    EXPECT_EQ(unsigned_number(r, "fill", "bytes"), 192 * kMi) << "the shared 64 MiB counted once, on its device" << r.out;
+    EXPECT_EQ(unsigned_number(r, "fill", "bytes"), 192 * kMi)
+        << "the shared 64 MiB counted once, on its device" << r.out;
     const long pid = static_cast<long>(unsigned_number(r, "launches", "pid", 0));
     ASSERT_GT(unsigned_number(r, "launches", "n", 0), 0u) << r.out;
     const std::uint64_t busy = device_busy_ns(box, rank, pid);

@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
   CUmodule mod = nullptr;
   CUfunction f = nullptr;
   CUstream s = nullptr;
-  if (cuModuleLoadData(&mod, image.c_str()) != CUDA_SUCCESS || cuModuleGetFunction(&f, mod, name.c_str()) != CUDA_SUCCESS ||
+  if (cuModuleLoadData(&mod, image.c_str()) != CUDA_SUCCESS ||
+      cuModuleGetFunction(&f, mod, name.c_str()) != CUDA_SUCCESS ||
       cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
     return 7;
   long launches = 0;
