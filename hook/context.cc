@@ -12,6 +12,8 @@
 // operation overlapped is exact and remembered per device; an overlapped one
 // uses the remembered size of a context on that device, or, for the first,
 // the difference corrected by what this process's counted allocations moved.
+// A green context (CUDA 12.4+) retains its device's primary context inside
+// the driver: its creation and destruction count as that retain and release.
 // Destroying a context (or the last release / reset of a primary context)
 // frees everything it owned; the counted allocations the driver no longer
 // knows are then released (memory.cc sweep_implicitly_freed).
@@ -321,8 +323,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdev
 // the launch layer (cuStreamGetDevice), like any context's.
 GPUSLICE_EXPORT CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev,
                                                   unsigned int flags) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGreenCtxCreate == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
-  CUresult rc = retain_primary(
+  rc = retain_primary(
       dev, nullptr, [&] { return real_cuGreenCtxCreate(phCtx, desc, dev, flags); },
       [&] { real_cuGreenCtxDestroy(*phCtx); });
   if (rc == CUDA_SUCCESS && phCtx != nullptr &&
@@ -333,12 +337,14 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResour
   return rc;
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx hCtx) {
+  const CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGreenCtxDestroy == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
   Counted g{};
   if (!g_greens->find(reinterpret_cast<std::uint64_t>(hCtx), &g)) return real_cuGreenCtxDestroy(hCtx);
-  const CUresult rc = primary_drop(g.entry, false, [&] { return real_cuGreenCtxDestroy(hCtx); });
-  if (rc == CUDA_SUCCESS) g_greens->erase(reinterpret_cast<std::uint64_t>(hCtx), &g);
-  return rc;
+  const CUresult dropped = primary_drop(g.entry, false, [&] { return real_cuGreenCtxDestroy(hCtx); });
+  if (dropped == CUDA_SUCCESS) g_greens->erase(reinterpret_cast<std::uint64_t>(hCtx), &g);
+  return dropped;
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return primary_drop(dev, false, [&] { return real_cuDevicePrimaryCtxRelease_v2(dev); });
