@@ -165,6 +165,7 @@ TEST_F(FakeCuda, GreenContextStreamsRunOnItsDevice) {
   ASSERT_CU(cuCtxSetCurrent(nullptr));
   ASSERT_CU(cuGreenCtxDestroy(green));
   EXPECT_EQ(cuStreamSynchronize(s), CUDA_ERROR_CONTEXT_IS_DESTROYED) << "its streams are detached";
+  EXPECT_EQ(cuStreamDestroy(s), CUDA_ERROR_CONTEXT_IS_DESTROYED) << "cuStreamDestroy included";
   EXPECT_EQ(cuGreenCtxCreate(&green, nullptr, 0, CU_GREEN_CTX_DEFAULT_STREAM), CUDA_ERROR_INVALID_VALUE);
 }
 
