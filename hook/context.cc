@@ -12,6 +12,8 @@
 // operation overlapped is exact and remembered per device; an overlapped one
 // uses the remembered size of a context on that device, or, for the first,
 // the difference corrected by what this process's counted allocations moved.
+// A green context (CUDA 12.4+) retains its device's primary context inside
+// the driver: its creation and destruction count as that retain and release.
 // Destroying a context (or the last release / reset of a primary context)
 // frees everything it owned; the counted allocations the driver no longer
 // knows are then released (memory.cc sweep_implicitly_freed).
@@ -230,6 +232,56 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   return rc;
 }
 
+// A retain of `dev`'s primary context by `retain` (cuDevicePrimaryCtxRetain,
+// or cuGreenCtxCreate, which retains it inside the driver); `undo` gives it
+// back when the context it created is over the quota. `handle` is the primary
+// context's handle when the call returns it (the limits charged in it).
+template <class Retain, class Undo>
+CUresult retain_primary(CUdevice dev, CUcontext* handle, Retain&& retain, Undo&& undo) noexcept {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return retain();
+  std::lock_guard<std::mutex> lock(*g_primary_mu);
+  Primary& p = g_primary[dev];
+  const bool first = p.refs == 0;
+  // The first retain creates the context: reserved before, as cuCtxCreate
+  // (create_context); waiting for the allowance under g_primary_mu only
+  // holds back this process's other primary retains and releases.
+  for (int attempt = 0;; ++attempt) {
+    std::uint64_t reserved = 0;
+    if (first && (rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
+    std::unique_lock<MeasureMutex> creating(measure_mutex(), std::defer_lock);
+    Measure m{};
+    if (first) {
+      creating.lock();
+      m = measure_before(dev);
+    }
+    rc = retain();
+    if (rc != CUDA_SUCCESS) {
+      if (reserved != 0) release(device_entry(dev), reserved);
+      return rc;
+    }
+    if (first) {
+      Counted c{};
+      bool over_resident = false;
+      rc = count_new_context(dev, m, reserved, &c, &over_resident, undo);
+      if (rc != CUDA_SUCCESS) {
+        creating.unlock();
+        if (retry_reserved(dev, over_resident, reserved, attempt)) continue;
+        return rc;
+      }
+      p.counted = c;
+      if (handle != nullptr) p.handle = *handle;
+      kernels_context_created();
+    }
+    ++p.refs;
+    return rc;
+  }
+}
+
+// Green contexts (CUDA 12.4+) by the device they retain the primary context of.
+constinit NoDestroy<platform::PointerTable<Counted>> g_greens;  // CUgreenCtx -> {ordinal, 0}
+
 }  // namespace
 
 }  // namespace gpuslice::hook
@@ -258,45 +310,41 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) {
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  return retain_primary(
+      dev, pctx, [&] { return real_cuDevicePrimaryCtxRetain(pctx, dev); },
+      [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
+}
+
+// A green context retains its device's primary context and releases it when
+// destroyed (cuda.h, cuGreenCtxCreate/Destroy): counted as that retain and
+// release, so the primary context the driver creates for it is counted once.
+// Memory allocated while its CUcontext (cuCtxFromGreenCtx) is current is
+// counted on its device by the allocation wrappers, its streams' launches by
+// the launch layer (cuStreamGetDevice), like any context's.
+GPUSLICE_EXPORT CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev,
+                                                  unsigned int flags) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  if (dev < 0 || static_cast<unsigned>(dev) >= gpuslice::kMaxDevices) return real_cuDevicePrimaryCtxRetain(pctx, dev);
-  std::lock_guard<std::mutex> lock(*g_primary_mu);
-  Primary& p = g_primary[dev];
-  const bool first = p.refs == 0;
-  // The first retain creates the context: reserved before, as cuCtxCreate
-  // (create_context); waiting for the allowance under g_primary_mu only
-  // holds back this process's other primary retains and releases.
-  for (int attempt = 0;; ++attempt) {
-    std::uint64_t reserved = 0;
-    if (first && (rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
-    std::unique_lock<MeasureMutex> creating(measure_mutex(), std::defer_lock);
-    Measure m{};
-    if (first) {
-      creating.lock();
-      m = measure_before(dev);
-    }
-    rc = real_cuDevicePrimaryCtxRetain(pctx, dev);
-    if (rc != CUDA_SUCCESS) {
-      if (reserved != 0) release(device_entry(dev), reserved);
-      return rc;
-    }
-    if (first) {
-      Counted c{};
-      bool over_resident = false;
-      rc = count_new_context(dev, m, reserved, &c, &over_resident, [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
-      if (rc != CUDA_SUCCESS) {
-        creating.unlock();
-        if (retry_reserved(dev, over_resident, reserved, attempt)) continue;
-        return rc;
-      }
-      p.counted = c;
-      p.handle = pctx != nullptr ? *pctx : nullptr;
-      kernels_context_created();
-    }
-    ++p.refs;
-    return rc;
+  if (real_cuGreenCtxCreate == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  rc = retain_primary(
+      dev, nullptr, [&] { return real_cuGreenCtxCreate(phCtx, desc, dev, flags); },
+      [&] { real_cuGreenCtxDestroy(*phCtx); });
+  if (rc == CUDA_SUCCESS && phCtx != nullptr &&
+      !gpuslice::platform::record(*g_greens, reinterpret_cast<std::uint64_t>(*phCtx), Counted{dev, 0},
+                                  [](const Counted&) {})) {
+    GPUSLICE_LOG(warn, "cannot track green context %p: its primary context stays counted", static_cast<void*>(*phCtx));
   }
+  return rc;
+}
+GPUSLICE_EXPORT CUresult CUDAAPI cuGreenCtxDestroy(CUgreenCtx hCtx) {
+  const CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  if (real_cuGreenCtxDestroy == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
+  Counted g{};
+  if (!g_greens->find(reinterpret_cast<std::uint64_t>(hCtx), &g)) return real_cuGreenCtxDestroy(hCtx);
+  const CUresult dropped = primary_drop(g.entry, false, [&] { return real_cuGreenCtxDestroy(hCtx); });
+  if (dropped == CUDA_SUCCESS) g_greens->erase(reinterpret_cast<std::uint64_t>(hCtx), &g);
+  return dropped;
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return primary_drop(dev, false, [&] { return real_cuDevicePrimaryCtxRelease_v2(dev); });

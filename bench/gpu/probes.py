@@ -5,6 +5,8 @@ really in effect in a process configured like the one measured.
   probes.py driver     cuMemGetInfo / cuDeviceTotalMem through dlopen("libcuda.so.1")
   probes.py nvml       nvmlDeviceGetMemoryInfo through dlopen("libnvidia-ml.so.1")
   probes.py libcuda    the files of libcuda.so.1 and libnvidia-ml.so.1 the loader finds (no preload)
+  probes.py green      a green context (CUDA 12.4+) on device 0: what cuMemGetInfo and NVML say once it
+                       is created, and the device share of spin kernels launched on its stream for 2 s
 """
 
 import os
@@ -33,6 +35,52 @@ def probe_nvml():
     return memory
 
 
+def probe_green():
+    """A green context of 8 SMs on device 0 (its primary context retained by the
+    driver), current; then spin kernels on a stream of it for 2 s."""
+    import ctypes
+    import time
+    drv = cudrv.Driver()
+    if not hasattr(drv.lib, "cuGreenCtxCreate"):
+        return {"skipped": "the driver has no green contexts (CUDA 12.4+)"}
+    drv.check("cuInit", 0)
+    resource = ctypes.create_string_buffer(144)  # CUdevResource (RESOURCE_ABI_VERSION 1)
+    drv.check("cuDeviceGetDevResource", 0, resource, 1)  # CU_DEV_RESOURCE_TYPE_SM
+    part = ctypes.create_string_buffer(144)
+    groups = ctypes.c_uint(1)
+    drv.check("cuDevSmResourceSplitByCount", part, ctypes.byref(groups), resource, None, 0, 8)
+    desc = ctypes.c_void_p()
+    drv.check("cuDevResourceGenerateDesc", ctypes.byref(desc), part, 1)
+    green = ctypes.c_void_p()
+    drv.check("cuGreenCtxCreate", ctypes.byref(green), desc, 0, 1)  # CU_GREEN_CTX_DEFAULT_STREAM
+    ctx = ctypes.c_void_p()
+    drv.check("cuCtxFromGreenCtx", ctypes.byref(ctx), green)
+    drv.check("cuCtxSetCurrent", ctx)
+    free, total = drv.mem_info()
+    out = {"device_sms": int.from_bytes(resource.raw[96:100], "little"),
+           "green_sms": int.from_bytes(part.raw[96:100], "little"), "total": total, "counted": total - free,
+           "preloaded": common.library_mapped()}
+    try:
+        nvml = cudrv.Nvml()
+        out["nvml_process"] = nvml.processes().get(os.getpid())
+        nvml.close()
+    except Exception as e:  # no NVML, or it gives no per-process figure
+        out["nvml_error"] = str(e)
+    stream = ctypes.c_void_p()
+    drv.check("cuGreenCtxStreamCreate", ctypes.byref(stream), green, 1, 0)  # CU_STREAM_NON_BLOCKING
+    drv.load_spin()
+    launches = 0
+    start = time.monotonic()
+    while time.monotonic() - start < 2.0 and launches < 20000:
+        drv.check("cuLaunchKernel", drv.spin, 1, 1, 1, 1, 1, 1, 0, stream, None, None)
+        launches += 1
+    drv.check("cuStreamSynchronize", stream)
+    wall = time.monotonic() - start
+    out.update({"launches": launches, "wall_s": round(wall, 3),
+                "share": round(launches * cudrv.SPIN_US * 1e-6 / wall, 4)})
+    return out
+
+
 def probe_libcuda():
     """The files the loader finds for libcuda.so.1 and libnvidia-ml.so.1."""
     import ctypes
@@ -56,7 +104,7 @@ def probe_libcuda():
 
 
 def main():
-    probes = {"driver": probe_driver, "nvml": probe_nvml, "libcuda": probe_libcuda}
+    probes = {"driver": probe_driver, "nvml": probe_nvml, "libcuda": probe_libcuda, "green": probe_green}
     if len(sys.argv) != 2 or sys.argv[1] not in probes:
         sys.exit("usage: probes.py %s" % "|".join(sorted(probes)))
     try:

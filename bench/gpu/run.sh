@@ -12,12 +12,13 @@
 #   bench        gpuslice-bench --driver real: latency, quota, sweep with 1 ms and 50 us kernels, tenants, noisy
 #   microbench   gpuslice-microbench against the real libcuda.so.1
 #   nvml         NVML and nvidia-smi under the library show the quota
+#   green        a green context (CUDA 12.4+): its primary context counted, spin kernels on its stream at SM 25
 #   frameworks   PyTorch (3 allocators), JAX, CuPy, numba-cuda, cuda-core under GPUSLICE_MEMORY_LIMIT=4Gi
 #   compute      PyTorch loop native / unlimited / SM 25,50,75 / two processes 30+60 / CUDA graph at 50%
 #   concurrency  16 processes under one 8 GiB quota for 20 s, watched with NVML from outside
 #
 # --simulated runs the driver-level steps (facts, conformance, bench,
-# microbench, nvml, concurrency) on the simulated driver of the build tree and
+# microbench, nvml, green, concurrency) on the simulated driver of the build tree and
 # skips the framework steps; figures from it are simulated, never GPU figures.
 #
 # Output (at most 4 files, for the device tool's 8-file limit): DIR/summary.md,
@@ -55,13 +56,13 @@ python=${PYTHON:-python3}
 command -v "$python" >/dev/null || die "$python not found (set PYTHON)"
 
 # Steps in order, with their budgets in seconds: real GPU, then --simulated.
-steps=(facts conformance bench microbench nvml frameworks compute concurrency)
-declare -A real_budget=([facts]=25 [conformance]=30 [bench]=140 [microbench]=30 [nvml]=15
+steps=(facts conformance bench microbench nvml green frameworks compute concurrency)
+declare -A real_budget=([facts]=25 [conformance]=30 [bench]=140 [microbench]=30 [nvml]=15 [green]=10
                         [frameworks]=90 [compute]=140 [concurrency]=45)
-declare -A sim_budget=([facts]=15 [conformance]=30 [bench]=75 [microbench]=40 [nvml]=10
+declare -A sim_budget=([facts]=15 [conformance]=30 [bench]=75 [microbench]=40 [nvml]=10 [green]=10
                        [frameworks]=30 [compute]=5 [concurrency]=30)
 declare -A module=([facts]=tool_steps [conformance]=tool_steps [bench]=tool_steps [microbench]=tool_steps
-                   [nvml]=tool_steps [frameworks]=memory_steps [compute]=compute_steps
+                   [nvml]=tool_steps [green]=tool_steps [frameworks]=memory_steps [compute]=compute_steps
                    [concurrency]=concurrency)
 if [ "$simulated" = 1 ]; then total=${total:-240}; else total=${total:-530}; fi
 case "$total" in ''|*[!0-9]*) die "--total must be whole seconds, not '$total'" ;; esac

@@ -351,8 +351,40 @@ def step_nvml(step):
                        message="" if loaded else "NVML under the library does not show the quota")
 
 
+# --- green contexts ----------------------------------------------------------------
+
+GREEN_SM_LIMIT = 25
+
+
+def step_green(step):
+    """A green context under the library (issue 36): its primary context counted
+    (cuMemGetInfo's used against NVML's figure for the process), the quota shown,
+    and spin kernels on its stream held near the SM limit. What only a GPU can
+    confirm: that the driver retains the primary context as documented and that
+    the real kernels' share follows the limit."""
+    env = step.gpuslice_env("green", GPUSLICE_MEMORY_LIMIT=QUOTA, GPUSLICE_SM_LIMIT=GREEN_SM_LIMIT)
+    r = probe(step, "green", env, timeout=max(10, int(step.left()) - 2))
+    results = {"quota_bytes": QUOTA_BYTES, "sm_limit_percent": GREEN_SM_LIMIT, "gpuslice": r}
+    if r.get("skipped"):
+        return step.finish("skipped", results, None, "", message=r["skipped"])
+    if r.get("error"):
+        return step.finish("error", results, None, "", message=r["error"])
+    loaded = r.get("total") == QUOTA_BYTES
+    nvml = r.get("nvml_process")
+    counted_ok = nvml is None or r.get("counted", 0) >= nvml * 0.9
+    share_ok = r.get("share") is not None and r["share"] <= GREEN_SM_LIMIT / 100 * 1.6
+    evidence = "cuMemGetInfo total %s (quota %d) in the green context" % (r.get("total"), QUOTA_BYTES)
+    problems = []
+    if not counted_ok:
+        problems.append("gpuslice counts %s bytes, NVML %s: the primary context is not counted" % (r.get("counted"), nvml))
+    if not share_ok:
+        problems.append("kernels on the green stream took %s of the device under %d%%" % (r.get("share"), GREEN_SM_LIMIT))
+    ok = loaded and counted_ok and share_ok
+    return step.finish("ok" if ok else "fail", results, loaded, evidence, message="; ".join(problems))
+
+
 STEPS = {"facts": step_facts, "conformance": step_conformance, "bench": step_bench,
-         "microbench": step_microbench, "nvml": step_nvml}
+         "microbench": step_microbench, "nvml": step_nvml, "green": step_green}
 
 if __name__ == "__main__":
     sys.exit(common.main_dispatch(STEPS))

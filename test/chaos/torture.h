@@ -18,9 +18,9 @@ namespace gpuslice::chaos {
 // GPUSLICE_MEMORY_RESIDENT below the quota).
 inline const std::vector<std::string>& all_classes() {
   static const std::vector<std::string> classes = {
-      "alloc",         "pitch",          "managed", "pool",    "trim",       "setpool",    "vmm", "array",
-      "context",       "primary",        "module",  "library", "fill",       "fork",       "smi", "kill",
-      "resident-wait", "resident-spill", "lease",   "agent",   "agent-fast", "agent-kill", "gap"};
+      "alloc",   "pitch",  "managed",    "pool",       "trim", "setpool", "vmm",    "array",         "context",
+      "primary", "module", "library",    "fill",       "fork", "smi",     "kill",   "resident-wait", "resident-spill",
+      "lease",   "agent",  "agent-fast", "agent-kill", "gap",  "ipc",     "interop"};
   return classes;
 }
 // The real gpuslice-agent beside the workers: at its deployed interval

@@ -5,7 +5,10 @@
 // everything before a clean exit. Every result is legal; only a crash, a hang
 // or a monitor violation fails a schedule.
 #include <cuda.h>
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "fakecuda_query.h"
 #include "monitor.h"
 #include "torture.h"
 
@@ -29,7 +33,7 @@ namespace {
 constexpr std::size_t kMi = std::size_t{1} << 20;
 constexpr std::size_t kMaxHeld = 12;
 
-enum class Kind { linear, pool_ptr, vmm, array, mipmap, ctx, primary_ref, module, library };
+enum class Kind { linear, pool_ptr, vmm, array, mipmap, ctx, primary_ref, module, library, ipc_open, ext };
 
 struct Held {
   Kind kind;
@@ -42,6 +46,8 @@ struct Held {
   CUcontext ctx = nullptr;
   CUmodule module = nullptr;
   CUlibrary library = nullptr;
+  CUexternalMemory ext = nullptr;  // interop: the import (ptr: its mapped buffer, or 0)
+  std::uint64_t graphics = 0;      // interop: the graphics allocation
 };
 
 // All threads of the worker meet every kCheckpointEvery operations; the last
@@ -162,8 +168,9 @@ class Worker {
     // reserved before the call and settled to a measurement after it; pitch
     // estimated then settled; arrays sized by the driver): a refusal
     // overlapping one is not judged (monitor_release_begin with 0 bytes).
-    const bool unknown =
-        c == "pitch" || c == "array" || c == "context" || c == "primary" || c == "module" || c == "library";
+    // Interop: graphics memory the device holds before gpuslice counts its import.
+    const bool unknown = c == "pitch" || c == "array" || c == "context" || c == "primary" || c == "module" ||
+                         c == "library" || c == "interop";
     if (unknown) monitor_release_begin(static_cast<unsigned>(s_.dev), 0);
     op_inner(c);
     if (unknown) monitor_release_end();
@@ -303,7 +310,96 @@ class Worker {
     } else if (c == "fork") {
       if (forks_ < 2) fork_child();  // a process start costs ~10 ms here: at most 2 per thread
       ++forks_;
+    } else if (c == "ipc") {
+      ipc_op();
+    } else if (c == "interop") {
+      interop_op();
     }
+  }
+
+  // Legacy CUDA IPC between the container's workers (vLLM, torch.multiprocessing):
+  // an exporter allocates, publishes the handle in the seed's directory; an
+  // importer opens another process's handle (maybe stale: the driver's
+  // error), sometimes cuMemFree's the opened pointer (the driver refuses it),
+  // and closes it at release. The memory is the exporter's alone.
+  void ipc_op() {
+    Held h;
+    if (rng_.chance(50)) {
+      h.kind = Kind::linear;
+      h.size = size();
+      if (alloc(&h.ptr, h.size) != CUDA_SUCCESS) return;
+      CUipcMemHandle handle{};
+      if (cuIpcGetMemHandle(&handle, h.ptr) == CUDA_SUCCESS) publish(handle);
+      hold(h);
+      return;
+    }
+    CUipcMemHandle handle{};
+    if (!pick_published(&handle)) return;
+    h.kind = Kind::ipc_open;
+    if (cuIpcOpenMemHandle(&h.ptr, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS) return;
+    if (rng_.chance(20)) released(0, [&] { cuMemFree(h.ptr); });
+    hold(h);
+  }
+  std::string ipc_dir() const {
+    const char* state = std::getenv("FAKECUDA_STATE");
+    std::string dir = state != nullptr ? state : "/tmp/fakecuda";
+    dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
+    return (dir.empty() ? std::string(".") : dir) + "/ipc-handles";
+  }
+  void publish(const CUipcMemHandle& handle) {
+    const std::string dir = ipc_dir();
+    mkdir(dir.c_str(), 0700);
+    const std::string name = dir + "/h-" + std::to_string(getpid()) + "-" + std::to_string(rng_.next());
+    const std::string tmp = name + ".tmp";
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    const bool ok = write(fd, &handle, sizeof handle) == static_cast<ssize_t>(sizeof handle);
+    close(fd);
+    if (!ok || rename(tmp.c_str(), name.c_str()) != 0) unlink(tmp.c_str());
+  }
+  bool pick_published(CUipcMemHandle* handle) {
+    const std::string dir = ipc_dir();
+    const std::string own = "h-" + std::to_string(getpid()) + "-";
+    std::vector<std::string> names;
+    if (DIR* d = opendir(dir.c_str()); d != nullptr) {
+      for (dirent* e = readdir(d); e != nullptr; e = readdir(d)) {
+        const std::string n = e->d_name;
+        if (n.rfind("h-", 0) == 0 && n.rfind(own, 0) != 0 && n.find(".tmp") == std::string::npos) names.push_back(n);
+      }
+      closedir(d);
+    }
+    if (names.empty()) return false;
+    const int fd = open((dir + "/" + names[rng_.below(names.size())]).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const bool ok = read(fd, handle, sizeof *handle) == static_cast<ssize_t>(sizeof *handle);
+    close(fd);
+    return ok;
+  }
+
+  // Graphics interop (Vulkan, OptiX): memory a graphics API allocated,
+  // imported (counted by gpuslice) and sometimes mapped as a buffer; released
+  // in either order (the import or the graphics API first).
+  void interop_op() {
+    Held h;
+    h.kind = Kind::ext;
+    h.size = size();
+    h.graphics = fakecuda_graphics_alloc(s_.dev, h.size);
+    if (h.graphics == 0) return;
+    CUDA_EXTERNAL_MEMORY_HANDLE_DESC d{};
+    d.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+    d.handle.fd = fakecuda_graphics_export_fd(h.graphics);
+    d.size = h.size;
+    if (d.handle.fd < 0 || cuImportExternalMemory(&h.ext, &d) != CUDA_SUCCESS) {
+      if (d.handle.fd >= 0) close(d.handle.fd);  // still the caller's on failure
+      released(0, [&] { fakecuda_graphics_free(h.graphics); });
+      return;
+    }
+    if (rng_.chance(50)) {
+      CUDA_EXTERNAL_MEMORY_BUFFER_DESC b{};
+      b.size = h.size;
+      if (cuExternalMemoryGetMappedBuffer(&h.ptr, h.ext, &b) != CUDA_SUCCESS) h.ptr = 0;
+    }
+    hold(h);
   }
 
   CUmemoryPool pick_pool() {
@@ -418,6 +514,17 @@ class Worker {
       case Kind::primary_ref: cuDevicePrimaryCtxRelease(s_.dev); break;
       case Kind::module: cuModuleUnload(h.module); break;
       case Kind::library: cuLibraryUnload(h.library); break;
+      case Kind::ipc_open: cuIpcCloseMemHandle(h.ptr); break;
+      case Kind::ext:
+        if (h.ptr != 0) cuMemFree(h.ptr);
+        if (rng_.chance(50)) {
+          cuDestroyExternalMemory(h.ext);
+          fakecuda_graphics_free(h.graphics);
+        } else {
+          fakecuda_graphics_free(h.graphics);
+          cuDestroyExternalMemory(h.ext);
+        }
+        break;
       default: break;
     }
   }

@@ -67,7 +67,7 @@ CUresult create_array(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR& desc) {
   std::lock_guard guard(runtime().mu);
   if (CUresult rc = charge_device(ctx->device, bytes); rc != CUDA_SUCCESS) return rc;
   CUarray_st* array = g_arrays.make();
-  array->ctx = ctx;
+  array->ctx = memory_owner(ctx);
   array->device = ctx->device;
   array->bytes = bytes;
   array->desc = desc;
@@ -176,7 +176,7 @@ extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
   std::lock_guard guard(runtime().mu);
   if (CUresult rc = charge_device(ctx->device, total); rc != CUDA_SUCCESS) return rc;
   CUmipmappedArray_st* array = g_mipmapped.make();
-  array->ctx = ctx;
+  array->ctx = memory_owner(ctx);
   array->device = ctx->device;
   array->bytes = total;
   array->levels = numMipmapLevels;

@@ -240,6 +240,13 @@ bool parse_config(Config& config, char* error, std::size_t error_len) {
     }
     config.sms = static_cast<std::uint32_t>(number);
   }
+  if ((value = std::getenv("FAKECUDA_INTEGRATED")) != nullptr) {
+    if (!parse_uint(value, 0, 1, number)) {
+      std::snprintf(error, error_len, "FAKECUDA_INTEGRATED='%s': expected 0 or 1", value);
+      return false;
+    }
+    config.integrated = static_cast<std::uint32_t>(number);
+  }
   if ((value = std::getenv("FAKECUDA_CONTEXT_MEMORY")) != nullptr) {
     if (!parse_size(value, number) || number > config.memory_bytes) {
       std::snprintf(error, error_len,

@@ -57,14 +57,6 @@ void uncharge_context(std::uint32_t dev) {
   r.state->header().slot[r.slot].contexts[dev].fetch_sub(1, std::memory_order_relaxed);
 }
 
-CUstream_st* make_null_stream_locked(CUctx_st* ctx) {
-  CUstream_st* stream = runtime().streams.make();
-  stream->ctx = ctx;
-  stream->special = true;
-  stream->id = next_object_id_locked();
-  return stream;
-}
-
 // Frees everything the context owns and its device memory. Runtime mutex held.
 void teardown_context_locked(CUctx_st* ctx) {
   memory_release_context_locked(ctx);
@@ -75,6 +67,7 @@ void teardown_context_locked(CUctx_st* ctx) {
   if (ctx->heap_extra != 0) uncharge_device(ctx->device, ctx->heap_extra);
   ctx->heap_extra = 0;
   ctx->limits[CU_LIMIT_MALLOC_HEAP_SIZE] = 0;
+  ctx->peers.clear();  // peer access goes with the context
   uncharge_context(ctx->device);
 }
 
@@ -105,6 +98,16 @@ void wait_idle(CUctx_st* ctx) {
 }  // namespace
 
 namespace gpuslice::fakecuda {
+
+CUstream_st* make_null_stream_locked(CUctx_st* ctx) {
+  CUstream_st* stream = runtime().streams.make();
+  stream->ctx = ctx;
+  stream->special = true;
+  stream->id = next_object_id_locked();
+  return stream;
+}
+
+void context_wait_idle(CUctx_st* ctx) { wait_idle(ctx); }
 
 CUresult current_context(CUctx_st** out) {
   if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
@@ -150,7 +153,7 @@ extern "C" CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreate
 
 extern "C" CUresult cuCtxDestroy_v2(CUcontext ctx) {
   if (!initialized()) return uninitialized_error();
-  if (!alive(ctx) || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!alive(ctx) || ctx->primary || ctx->base != nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   wait_idle(ctx);
   Runtime& r = runtime();
   {
@@ -167,8 +170,9 @@ extern "C" CUresult cuCtxDestroy_v2(CUcontext ctx) {
 
 extern "C" CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
 
-extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
-  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+namespace gpuslice::fakecuda {
+
+CUresult primary_retain(CUdevice dev, CUctx_st** out) {
   if (!initialized()) return uninitialized_error();
   if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
   Runtime& r = runtime();
@@ -186,11 +190,21 @@ extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
     primary->active.store(true, std::memory_order_release);
   }
   ++primary->retain_count;
+  *out = primary;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace gpuslice::fakecuda
+
+extern "C" CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUctx_st* primary = nullptr;
+  if (CUresult rc = primary_retain(dev, &primary); rc != CUDA_SUCCESS) return rc;
   *pctx = primary;
   return CUDA_SUCCESS;
 }
 
-namespace {
+namespace gpuslice::fakecuda {
 
 CUresult primary_release(CUdevice dev, bool reset) {
   if (!initialized()) return uninitialized_error();
@@ -214,7 +228,7 @@ CUresult primary_release(CUdevice dev, bool reset) {
   return CUDA_SUCCESS;
 }
 
-}  // namespace
+}  // namespace gpuslice::fakecuda
 
 extern "C" CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return primary_release(dev, false); }
 extern "C" CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return primary_release(dev, false); }

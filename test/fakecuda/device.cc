@@ -36,7 +36,7 @@ int attribute_value(CUdevice_attribute attribute, CUdevice dev, const StateHeade
     case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: return 1;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return static_cast<int>(h.sms);
     case CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: return 0;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED: return 0;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: return static_cast<int>(h.integrated);
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: return CU_COMPUTEMODE_DEFAULT;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
@@ -143,13 +143,5 @@ extern "C" CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
   if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   FC_REQUIRE_DEVICE(dev);
   std::snprintf(pciBusId, static_cast<std::size_t>(len), "0000:%02X:00.0", 0x18 + physical_device(dev));
-  return CUDA_SUCCESS;
-}
-
-extern "C" CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
-  if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  FC_REQUIRE_DEVICE(dev);
-  if (!valid_device(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
-  *canAccessPeer = 0;  // no peer access is simulated
   return CUDA_SUCCESS;
 }

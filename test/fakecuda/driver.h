@@ -41,6 +41,17 @@ struct CUctx_st {
   CUstream_st* null_stream = nullptr;
   std::size_t limits[16] = {};
   std::uint64_t heap_extra = 0;  // device bytes held for a malloc heap above the default (cuCtxSetLimit)
+  // A green context's CUcontext (cuCtxFromGreenCtx, green.cc): "a normal
+  // primary context but with the resources of the green context", so what it
+  // allocates belongs to `base`, the device's primary context; sm_count is
+  // its SM partition.
+  CUctx_st* base = nullptr;
+  unsigned sm_count = 0;
+  CUgreenCtx green = nullptr;
+  // Contexts whose allocations this one may access (cuCtxEnablePeerAccess,
+  // peer.cc), by id (a destroyed peer's id never matches a live context).
+  // Runtime mutex held.
+  std::vector<std::uint64_t> peers;
 };
 
 struct CUstream_st {
@@ -245,6 +256,16 @@ inline CUdevice device_ordinal(std::uint32_t physical) {
 CUresult current_context(CUctx_st** out);
 // Validates a context argument; nullptr means "the current one".
 CUresult resolve_context(CUcontext ctx, CUctx_st** out);
+// The context that owns what `ctx` allocates: a green context's primary one.
+inline CUctx_st* memory_owner(CUctx_st* ctx) { return ctx != nullptr && ctx->base != nullptr ? ctx->base : ctx; }
+// cuDevicePrimaryCtxRetain / Release without going through the exported entry
+// points (green.cc retains the primary context as the driver documents).
+CUresult primary_retain(CUdevice dev, CUctx_st** out);
+CUresult primary_release(CUdevice dev, bool reset);
+// A new legacy (null) stream of `ctx`. Runtime mutex held.
+CUstream_st* make_null_stream_locked(CUctx_st* ctx);
+// Waits until every launch submitted in `ctx` has run.
+void context_wait_idle(CUctx_st* ctx);
 
 // --- memory bookkeeping (memory.cc) ---
 // Charges `bytes` of device `dev` to this process if the device has room

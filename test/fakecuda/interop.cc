@@ -156,7 +156,7 @@ extern "C" CUresult cuImportExternalMemory(CUexternalMemory* extMem_out,
   m->graphics = by->second;
   m->size = d.size;
   m->device = ctx->device;
-  m->ctx = ctx;
+  m->ctx = memory_owner(ctx);
   ++g.imports;
   close(d.handle.fd);  // ownership of the descriptor passes to the driver on success
   *extMem_out = m;

@@ -60,9 +60,10 @@ inline CUresult launch(CUfunction f, const Launch& l, bool ptsz, bool cooperativ
   if (CUresult rc = validate(function, l, cooperative); rc != CUDA_SUCCESS) return rc;
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(l.stream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  // A module belongs to the context it was loaded in (libraries to none).
+  // A module belongs to the context it was loaded in (libraries to none; a
+  // green context uses its primary context's).
   CUctx_st* owner = function->module != nullptr ? function->module->ctx : nullptr;
-  if (owner != nullptr && owner != stream->ctx) return CUDA_ERROR_INVALID_HANDLE;
+  if (owner != nullptr && owner != memory_owner(stream->ctx)) return CUDA_ERROR_INVALID_HANDLE;
   // A CUkernel of a library loaded with no context current and never used
   // since: the driver places the library now, on the launch's device
   // (lazy loading, README "Modules"). One load and a predictable branch otherwise.

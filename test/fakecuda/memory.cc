@@ -68,7 +68,7 @@ CUresult alloc_common(CUdeviceptr* dptr, std::uint64_t held, std::uint64_t size,
   allocation.size = size;
   allocation.held = held;
   allocation.device = ctx->device;
-  allocation.ctx = ctx;
+  allocation.ctx = memory_owner(ctx);
   allocation.kind = kind;
   insert_locked(base, allocation);
   *dptr = base;
@@ -285,7 +285,7 @@ extern "C" CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsign
   allocation.size = bytesize;
   allocation.held = resident;
   allocation.device = ctx->device;
-  allocation.ctx = ctx;
+  allocation.ctx = memory_owner(ctx);
   allocation.kind = AllocKind::managed;
   allocation.host = host;
   insert_locked(base, allocation);

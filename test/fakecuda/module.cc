@@ -86,7 +86,7 @@ CUresult place_locked(CUmod_st* module, std::uint32_t dev) {
 
 CUmod_st* load_locked(std::string image, bool opaque, CUctx_st* ctx) {
   CUmod_st* module = g_modules.make();
-  module->ctx = ctx;
+  module->ctx = memory_owner(ctx);
   module->image = std::move(image);
   module->opaque = opaque;
   module->globals_bytes = parse_globals(module->image, module->globals);

@@ -92,6 +92,9 @@ nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* infoCount, Inf
   State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
+  // An integrated GPU's memory is system memory: what NVML reports for it is
+  // not documented (users of GB10 report NOT_SUPPORTED): refused.
+  if (state->header().integrated != 0) return NVML_ERROR_NOT_SUPPORTED;
   ProcessUsage usage[kMaxSlots];
   int count = 0;
   {
@@ -131,6 +134,7 @@ nvmlReturn_t memory_used(nvmlDevice_t device, std::uint64_t* total, std::uint64_
   State* state = nullptr;
   std::uint32_t dev = 0;
   if (nvmlReturn_t rc = check_device(device, &state, &dev); rc != NVML_SUCCESS) return rc;
+  if (state->header().integrated != 0) return NVML_ERROR_NOT_SUPPORTED;  // as running_processes
   State::Lock lock(*state);
   if (!lock.ok()) return NVML_ERROR_UNKNOWN;
   state->reap_locked(-1);

@@ -96,7 +96,7 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_s
   allocation.size = size;
   allocation.held = 0;
   allocation.device = pool->device;
-  allocation.ctx = ctx;
+  allocation.ctx = memory_owner(ctx);
   allocation.kind = AllocKind::pool;
   allocation.pool = pool;
   register_allocation_locked(base, allocation);

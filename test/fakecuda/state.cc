@@ -149,6 +149,7 @@ State* State::open_or_create(const Config& config, char* error, std::size_t erro
     header->total_size = total;
     header->devices = config.devices;
     header->sms = config.sms;
+    header->integrated = config.integrated;
     header->memory_bytes = config.memory_bytes;
     header->context_bytes = config.context_bytes;
     header->uuid_seed = fnv1a(config.state_path);

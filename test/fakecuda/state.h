@@ -95,10 +95,10 @@ struct StateHeader {
   std::uint64_t ring_offset;      // byte offset of device 0's ring
   std::uint64_t ring_entries;
   // Timing model (README "Profiles"); fixed by the file's creator like the rest.
-  std::uint32_t profile;        // Profile
-  std::uint32_t jitter_pct;     // each kernel's run time varies uniformly by +-jitter_pct %
-  std::uint32_t module_memory;  // 1: loaded modules hold device memory (globals + code)
-  std::uint32_t reserved0;
+  std::uint32_t profile;         // Profile
+  std::uint32_t jitter_pct;      // each kernel's run time varies uniformly by +-jitter_pct %
+  std::uint32_t module_memory;   // 1: loaded modules hold device memory (globals + code)
+  std::uint32_t integrated;      // 1: an integrated GPU (FAKECUDA_INTEGRATED): memory is system memory
   std::uint64_t seed;            // jitter's seed
   std::uint64_t nvml_period_ns;  // NVML sample period; 0 = exact windows (ideal)
   std::uint64_t timeslice_ns;    // realistic scheduler's slice between contexts
@@ -134,6 +134,7 @@ struct Config {
   std::uint32_t devices = 1;
   std::uint64_t memory_bytes = std::uint64_t{16} << 30;
   std::uint32_t sms = 132;
+  std::uint32_t integrated = 0;
   std::uint64_t context_bytes = 0;
   char driver_version[32] = "580.65.06";
   std::uint32_t driver_branch = 580;

@@ -203,6 +203,9 @@ extern "C" CUresult cuStreamDestroy_v2(CUstream hStream) {
   Runtime& r = runtime();
   std::lock_guard guard(r.mu);
   if (!alive(hStream) || hStream->special) return CUDA_ERROR_INVALID_HANDLE;
+  // A stream of a destroyed green context (green.cc): cuda.h 13.0 answers
+  // CONTEXT_IS_DESTROYED, cuStreamDestroy included (the stream leaks).
+  if (!hStream->ctx->active.load(std::memory_order_acquire)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   // Queued work still completes on the device timeline; only the handle goes.
   r.streams.retire(hStream);
   return CUDA_SUCCESS;
