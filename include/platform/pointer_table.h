@@ -327,6 +327,8 @@ class PointerTable {
   // Set in epoch_, with the adopting process's epoch in the other bits, while
   // one thread clears the table (epochs are counters: bit 63 is never theirs).
   static constexpr std::uint64_t kAdopting = std::uint64_t{1} << 63;
+  // epoch_ of a table no process has used yet: neither an epoch nor 0.
+  static constexpr std::uint64_t kFresh = ~std::uint64_t{0};
 
   static bool reserved(std::uint64_t key) noexcept { return key == 0 || key == ~std::uint64_t{0}; }
   // The home slot of hash h in shard s (which has slots): the log2(capacity)
@@ -357,10 +359,14 @@ class PointerTable {
     if (__builtin_expect(waiters, 0)) table_detail::wake_one(s.lock);
   }
 
-  // Every operation first checks it runs in the process that filled the table.
+  // Every operation first checks it runs in the process that filled the table:
+  // the epoch word's value against the table's, one compare. The word reads 0
+  // before the process took an epoch (and in a child until it takes its
+  // own), which no table holds (kFresh before its first adoption): that
+  // goes the slow way too, where process_epoch() takes the epoch.
   void enter() const noexcept {
-    const std::uint64_t e = table_detail::process_epoch();
-    if (__builtin_expect(epoch_.load(std::memory_order_acquire) != e, 0)) adopt(e);
+    const std::uint64_t e = table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
+    if (__builtin_expect(epoch_.load(std::memory_order_acquire) != e, 0)) adopt(table_detail::process_epoch());
   }
   Shard& locked_shard(std::uint64_t h) const noexcept {
     enter();
@@ -382,8 +388,8 @@ class PointerTable {
       std::uint64_t seen = epoch_.load(std::memory_order_acquire);
       if (seen == e) return;
       if (seen != mine && epoch_.compare_exchange_strong(seen, mine, std::memory_order_acq_rel)) {
-        const bool interrupted = (seen & kAdopting) != 0;
-        if (seen != 0) {
+        const bool interrupted = seen != kFresh && (seen & kAdopting) != 0;
+        if (seen != kFresh) {
           for (Shard& s : shards_) {
             if (interrupted) {
               s.slots = nullptr;
@@ -542,7 +548,7 @@ class PointerTable {
   }
 
   mutable Shard shards_[kShards];
-  mutable std::atomic<std::uint64_t> epoch_{0};  // process epoch of the contents; kAdopting while cleared
+  mutable std::atomic<std::uint64_t> epoch_{kFresh};  // process epoch of the contents; kAdopting while cleared
   mutable std::atomic<char*> first_pages_{nullptr};
 };
 
