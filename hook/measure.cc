@@ -32,7 +32,7 @@ namespace gpuslice::hook {
 alignas(64) std::atomic<std::uint64_t> g_counting_ops{0};
 std::atomic<int> g_counting_state{0};
 OpCounter g_op_counters[kOpCounters];
-[[gnu::tls_model("initial-exec")]] constinit thread_local OpThread t_op{nullptr, 0};
+[[gnu::tls_model("initial-exec")]] constinit thread_local OpThread t_op{nullptr, kNoEpoch};
 
 bool counting_init() noexcept {
   const options::Options& o = config().options;
@@ -72,8 +72,12 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
     }
   }
   errno = saved_errno;
-  t_op.epoch = epoch;
+  // The counter before the epoch that vouches for it: a signal handler's
+  // counting operation on this thread in between claims again, never
+  // takes a null counter.
   t_op.counter = mine;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_op.epoch = epoch;
   return mine;
 }
 

@@ -63,8 +63,11 @@ inline constexpr unsigned kOpCounters = 256;
 // One thread-local object for both words: one look-up of its offset.
 struct OpThread {
   std::atomic<std::uint64_t>* counter;
-  std::uint64_t epoch;  // the process epoch the counter was claimed in
+  std::uint64_t epoch;  // the process epoch the counter was claimed in; kNoEpoch before
 };
+// No process epoch (epochs are counters from 1, and the epoch word reads 0
+// until one is taken): an unclaimed thread never matches the word.
+inline constexpr std::uint64_t kNoEpoch = ~std::uint64_t{0};
 [[gnu::tls_model("initial-exec")]] extern constinit thread_local OpThread t_op;
 [[gnu::cold, gnu::noinline]] std::atomic<std::uint64_t>* claim_op_counter() noexcept;
 // Whether a counter's owner is a live thread of this process.
@@ -99,14 +102,23 @@ struct CountingOp {
 
  private:
   static std::atomic<std::uint64_t>* begin() noexcept {
-    // A claimed counter's epoch is never 0: a process with no epoch yet
-    // (the word still 0, as in a child before its first look) claims anew.
-    std::atomic<std::uint64_t>* c = t_op.counter;
+    // One compare: a claimed counter's epoch is never 0 and an unclaimed
+    // thread's is kNoEpoch, so a process with no epoch yet (the word still
+    // 0, as in a child before its first look) and a thread that never
+    // claimed (counter still null) both claim anew. The epoch is read
+    // before the counter it vouches for (claim_op_counter stores them the
+    // other way round): a signal handler's operation in between cannot
+    // leave this one with a null counter.
+    std::atomic<std::uint64_t>* c;
     if (__builtin_expect(
-            c == nullptr || t_op.epoch != platform::table_detail::g_epoch_word.load(std::memory_order_acquire)
-                                              ->load(std::memory_order_relaxed),
-            0))
+            t_op.epoch !=
+                platform::table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed),
+            0)) {
       c = claim_op_counter();
+    } else {
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      c = t_op.counter;
+    }
     if (c == &g_counting_ops) {
       g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
       if (__builtin_expect(g_measure_gate.load(std::memory_order_seq_cst) != 0, 0)) wait_measure_gate(c);

@@ -11,7 +11,8 @@
 // gets the core) and grows, under that lock, into a fresh mmap'd
 // array (never malloc: the table may grow inside an allocation wrapper of a
 // process whose malloc is itself interposed). Memory is bounded by the peak
-// live count: at most 3/4 full after growth, never shrunk.
+// live count: at most half full after growth (short clusters: a lookup's
+// walk stays short at any size, issue 35), never shrunk.
 //
 // fork: CUDA does not survive fork(), and the records describe the parent's
 // allocations, which a child does not own. A child however made (fork with
@@ -44,8 +45,8 @@ void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched
 
 // Growth that failed (issue 35). A shard past its load limit whose growth
 // mmap failed (the address space is exhausted: RLIMIT_AS) is stuck until a
-// growth succeeds or erasures bring it back under the limit; it keeps a
-// quarter of its capacity for what was admitted already. While any shard of
+// growth succeeds or erasures bring it back under the limit; it keeps half
+// its capacity for what was admitted already. While any shard of
 // any table is stuck, new allocations are refused before the driver makes
 // them (hook/account.cc): a record is what lets a free release its bytes, so
 // none is admitted that could not be recorded. regrow_stuck retries the
@@ -77,13 +78,19 @@ inline std::uint64_t mix(std::uint64_t key) noexcept {
 }
 
 // The table's hash, on every operation (mix() above is the general-purpose
-// one): one multiply by 2^64/phi, whose top bits depend on every bit of the
-// key (the shard: the top kShardBits), folded so that the low bits, the slot
-// within the shard, do too (they would be all zero for aligned pointers).
-// Five instructions where mix() takes twelve.
+// one): two multiplies with a fold between (five instructions where mix()
+// takes twelve), whose top bits depend on every bit of the key. The shard is
+// the top kShardBits, the home slot within the shard the next log2(capacity)
+// bits (PointerTable::home). Taking the home from the low bits of one
+// multiply folded with bits 32 up instead (issue 35) left long clusters for
+// aligned pointers handed out in sequence (a pair beside 100,000 live
+// records paid ~230 instructions more than beside 99,000), and one multiply
+// alone clusters power-of-two strides: this spreads every stride from 1 B to
+// 2 MiB like a random hash (tests: AlignedPointersInSequenceKeepClustersShort).
 inline std::uint64_t table_hash(std::uint64_t key) noexcept {
   key *= 0x9e3779b97f4a7c15ull;
-  return key ^ (key >> 32);
+  key ^= key >> 32;
+  return key * 0xbf58476d1ce4e5b9ull;
 }
 
 }  // namespace table_detail
@@ -198,6 +205,29 @@ class PointerTable {
   // Bytes of slot arrays mapped now (bounded by the peak live count).
   std::size_t mapped_bytes() const noexcept { return sum(&Shard::map_bytes); }
 
+  // How far entries sit from their home slots (cold: walks every shard under
+  // its lock). The mean bounds what a lookup costs on average; a long
+  // cluster shows as a large longest.
+  struct Probes {
+    std::size_t entries = 0, total = 0, longest = 0;  // displacement in slots
+  };
+  Probes probes() const noexcept {
+    enter();
+    Probes p;
+    for (Shard& s : shards_) {
+      lock(s);
+      for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
+        if (s.slots[i].key == 0) continue;
+        const std::size_t d = (i - home(s, table_detail::table_hash(s.slots[i].key))) & s.mask;
+        ++p.entries;
+        p.total += d;
+        if (d > p.longest) p.longest = d;
+      }
+      unlock(s);
+    }
+    return p;
+  }
+
   // Calls f(key, const V&) for each entry, one shard at a time under its
   // lock: f must be short and must not call this table or the driver (a
   // driver that calls back into a hooked entry point would then wait on
@@ -278,7 +308,8 @@ class PointerTable {
     std::atomic<std::uint32_t> lock{0};
     std::size_t count = 0;
     std::size_t mask = 0;     // capacity - 1 (capacity a power of two), 0 without slots
-    std::size_t grow_at = 0;  // the count that one more entry would take past 3/4 full (0 without slots)
+    unsigned shift = 63;      // 64 - log2(capacity): home() takes the hash's bits below the shard's
+    std::size_t grow_at = 0;  // the count that one more entry would take past half full (0 without slots)
     std::size_t map_bytes = 0;
     Slot* slots = nullptr;
     bool stuck = false;        // past its load limit, its growth failed (g_stuck_shards counts it)
@@ -296,8 +327,13 @@ class PointerTable {
   // Set in epoch_, with the adopting process's epoch in the other bits, while
   // one thread clears the table (epochs are counters: bit 63 is never theirs).
   static constexpr std::uint64_t kAdopting = std::uint64_t{1} << 63;
+  // epoch_ of a table no process has used yet: neither an epoch nor 0.
+  static constexpr std::uint64_t kFresh = ~std::uint64_t{0};
 
   static bool reserved(std::uint64_t key) noexcept { return key == 0 || key == ~std::uint64_t{0}; }
+  // The home slot of hash h in shard s (which has slots): the log2(capacity)
+  // bits of h just below the shard bits.
+  static std::size_t home(const Shard& s, std::uint64_t h) noexcept { return (h << kShardBits) >> s.shift; }
 
   // A field added up over the shards, each read under its lock.
   std::size_t sum(std::size_t Shard::*field) const noexcept {
@@ -323,10 +359,14 @@ class PointerTable {
     if (__builtin_expect(waiters, 0)) table_detail::wake_one(s.lock);
   }
 
-  // Every operation first checks it runs in the process that filled the table.
+  // Every operation first checks it runs in the process that filled the table:
+  // the epoch word's value against the table's, one compare. The word reads 0
+  // before the process took an epoch (and in a child until it takes its
+  // own), which no table holds (kFresh before its first adoption): that
+  // goes the slow way too, where process_epoch() takes the epoch.
   void enter() const noexcept {
-    const std::uint64_t e = table_detail::process_epoch();
-    if (__builtin_expect(epoch_.load(std::memory_order_acquire) != e, 0)) adopt(e);
+    const std::uint64_t e = table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
+    if (__builtin_expect(epoch_.load(std::memory_order_acquire) != e, 0)) adopt(table_detail::process_epoch());
   }
   Shard& locked_shard(std::uint64_t h) const noexcept {
     enter();
@@ -348,8 +388,8 @@ class PointerTable {
       std::uint64_t seen = epoch_.load(std::memory_order_acquire);
       if (seen == e) return;
       if (seen != mine && epoch_.compare_exchange_strong(seen, mine, std::memory_order_acq_rel)) {
-        const bool interrupted = (seen & kAdopting) != 0;
-        if (seen != 0) {
+        const bool interrupted = seen != kFresh && (seen & kAdopting) != 0;
+        if (seen != kFresh) {
           for (Shard& s : shards_) {
             if (interrupted) {
               s.slots = nullptr;
@@ -379,16 +419,16 @@ class PointerTable {
 
   static std::size_t lookup(const Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
     if (s.slots == nullptr) return kMissing;
-    for (std::size_t i = h & s.mask;; i = (i + 1) & s.mask) {
+    for (std::size_t i = home(s, h);; i = (i + 1) & s.mask) {
       const std::uint64_t k = s.slots[i].key;
       if (k == key) return i;
-      if (k == 0) return kMissing;  // never full: growth keeps a quarter free
+      if (k == 0) return kMissing;  // never full: growth keeps half free
     }
   }
 
   // The slot of `key`, or else the empty slot where it goes (linear probing
   // from its home), after growing the shard if one more entry would fill it
-  // past 3/4: one walk of the key's cluster. Without memory for growth the
+  // past half: one walk of the key's cluster. Without memory for growth the
   // shard fills up to one slot short of full; kMissing when even that is
   // reached and the key is absent.
   std::size_t probe(Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
@@ -397,7 +437,7 @@ class PointerTable {
       const std::size_t at = lookup(s, key, h);
       if (at != kMissing || s.count + 1 >= capacity) return at;
     }
-    std::size_t i = h & s.mask;
+    std::size_t i = home(s, h);
     for (;; i = (i + 1) & s.mask) {
       const std::uint64_t k = s.slots[i].key;
       if (k == key || k == 0) return i;
@@ -432,16 +472,18 @@ class PointerTable {
     }
     unstick(s);
     const std::size_t mask = capacity - 1;
+    const unsigned shift = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
     for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
       if (s.slots[i].key == 0) continue;
-      std::size_t j = table_detail::table_hash(s.slots[i].key) & mask;
+      std::size_t j = (table_detail::table_hash(s.slots[i].key) << kShardBits) >> shift;
       while (fresh[j].key != 0) j = (j + 1) & mask;
       fresh[j] = s.slots[i];
     }
     if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
     s.slots = fresh;
     s.mask = mask;
-    s.grow_at = capacity / 4 * 3;  // (count + 1) * 4 > capacity * 3 exactly when count >= this
+    s.shift = shift;
+    s.grow_at = capacity / 2;  // (count + 1) * 2 > capacity exactly when count >= this
     s.map_bytes = bytes;
     return true;
   }
@@ -454,16 +496,16 @@ class PointerTable {
     for (std::size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
       const std::uint64_t k = s.slots[j].key;
       if (k == 0) break;
-      const std::size_t home = table_detail::table_hash(k) & mask;
+      const std::size_t at = home(s, table_detail::table_hash(k));
       // Distance from home to j versus from the hole to j (cyclic).
-      if (((j - home) & mask) >= ((j - hole) & mask)) {
+      if (((j - at) & mask) >= ((j - hole) & mask)) {
         s.slots[hole] = s.slots[j];
         hole = j;
       }
     }
     s.slots[hole].key = 0;
     --s.count;
-    if (__builtin_expect(s.stuck, 0) && (s.count + 1) * 4 <= (s.mask + 1) * 3) unstick(s);
+    if (__builtin_expect(s.stuck, 0) && (s.count + 1) * 2 <= s.mask + 1) unstick(s);
   }
 
   static void unstick(Shard& s) noexcept {
@@ -506,7 +548,7 @@ class PointerTable {
   }
 
   mutable Shard shards_[kShards];
-  mutable std::atomic<std::uint64_t> epoch_{0};  // process epoch of the contents; kAdopting while cleared
+  mutable std::atomic<std::uint64_t> epoch_{kFresh};  // process epoch of the contents; kAdopting while cleared
   mutable std::atomic<char*> first_pages_{nullptr};
 };
 
