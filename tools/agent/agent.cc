@@ -50,12 +50,20 @@ std::vector<RegionRoot> region_roots(const AgentConfig& c) {
   return roots;
 }
 
+std::vector<std::string> root_dirs(const AgentConfig& c) {
+  std::vector<std::string> dirs;
+  for (const RegionRoot& r : region_roots(c)) dirs.push_back(r.dir);
+  return dirs;
+}
+
 }  // namespace
 
 Agent::Agent(AgentConfig config)
     : config_(std::move(config)),
       regions_(region_roots(config_), config_.max_regions),
       reconciler_(config_.bypass_tolerance_bytes, pidmap_.own_pidns()),
+      tamper_(root_dirs(config_)),
+      enforcer_(config_.enforce, config_.bypass_tolerance_bytes, config_.enforce_cycles),
       dead_(kMaxSlots, nullptr) {
   shm::read_identity(0, &self_);
   pidmap_.set_unseen_grace_ns(config_.unseen_grace_ns);
@@ -161,6 +169,10 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
       regions_.drop(*t, "the file was truncated under us (SIGBUS)");
     }
   }
+  // Limits the container rewrote are put back; a container over its quota is
+  // reported or has a process killed (tamper.h, enforce.h).
+  tamper_.run(active_, now);
+  enforcer_.run(active_, reconciler_.unregistered(), gpu, now);
 
   // 4. Reap dead processes' slots; remove regions unused for the grace period.
   for (TrackedRegion* t : active_) {
@@ -194,6 +206,8 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   stats_.pid_scans = pidmap_.full_scans();
   stats_.bypass_reports = reconciler_.counters().bypass_reports;
   stats_.unregistered_reports = reconciler_.counters().unregistered_reports;
+  stats_.enforce = enforcer_.counters();
+  stats_.tamper = tamper_.counters();
 }
 
 bool Agent::read_region(TrackedRegion& t, std::uint64_t now) {
@@ -259,6 +273,8 @@ std::string Agent::metrics_text() const {
       if (!t->dropped) in.regions.push_back(t.get());
     }
     for (const DeviceUtil& d : device_util_) in.devices.push_back({d.uuid, d.util_pct, d.processes});
+    in.enforce_kills = enforcer_.kills_by_region();
+    in.tamper_repairs = tamper_.repairs_by_region();
     snapshot = read_metrics(in);
   }
   return render_metrics(*snapshot);

@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "board_cleanup.h"
+#include "enforce.h"
 #include "nvml.h"
 #include "pidmap.h"
 #include "reconcile.h"
 #include "scan.h"
 #include "shm/region_file.h"
+#include "tamper.h"
 
 namespace gpuslice::agent {
 
@@ -46,6 +48,10 @@ struct AgentConfig {
   bool metrics_basic = false;
   // Priority board (docs/priority.md): its files unused for grace_ns are removed. Empty = not cleaned.
   std::string priority_board = kDefaultPriorityBoard;
+  // --enforce, --enforce-cycles (enforce.h): over quota + bypass tolerance
+  // for this many consecutive cycles, report or kill.
+  EnforceMode enforce = EnforceMode::report;
+  std::uint32_t enforce_cycles = 3;
 };
 
 struct AgentStats {
@@ -67,6 +73,8 @@ struct AgentStats {
   std::uint64_t unregistered_reports = 0;
   std::uint64_t board_files_removed = 0;  // stale priority-board files (board_cleanup.h)
   std::uint64_t slot_rereads = 0;         // reads of a region's whole slot array (slot_index.h)
+  EnforceCounters enforce;                // enforce.h
+  TamperCounters tamper;                  // tamper.h
   bool nvml_available = false;
   std::uint64_t nvml_devices = 0;
 };
@@ -104,6 +112,8 @@ class Agent {
   RegionSet regions_;
   PidMap pidmap_;
   Reconciler reconciler_;
+  TamperGuard tamper_;
+  Enforcer enforcer_;
   Nvml nvml_;
   GpuSample gpu_;
   struct DeviceUtil {

@@ -1,0 +1,242 @@
+// --enforce (tools/agent/enforce.h): a container holding more device memory
+// than its quota plus the tolerance, as NVML measures it, for --enforce-cycles
+// cycles. Real processes in their own pid namespaces (containers) are killed
+// or not; NVML's per-process figures are given to the cycle directly, as the
+// simulated NVML cannot see through a private /proc (agent_process_test.cc).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "agent_test_util.h"
+#include "enforce.h"
+#include "limiter/memory_accounting.h"
+
+using namespace gpuslice;
+using namespace gpuslice::agent_test;
+using gpuslice::test::Sandbox;
+
+namespace {
+
+// A pid namespace with two processes: its init (registered in the region by
+// the tests) and one more (the one that "went around the library").
+struct Container {
+  pid_t unshare = -1;
+  Identity init, other;
+};
+
+bool start_container(Container* c) {
+  c->unshare = test::spawn({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "/bin/sh", "-c",
+                            "sleep 60 & exec sleep 60"},
+                           {}, "/dev/null");
+  return eventually(
+      [&] {
+        auto kids = children_of(static_cast<std::uint32_t>(c->unshare));
+        if (kids.size() != 1) return false;
+        Identity init;
+        if (!identity(kids[0], &init) || init.pidns == own_pidns() || init.ns_pid != 1) return false;
+        auto inside = processes_in(init.pidns);
+        if (inside.size() != 2) return false;
+        c->init = init;
+        return identity(inside[0] == init.host_pid ? inside[1] : inside[0], &c->other);
+      },
+      10000);
+}
+
+void stop_container(Container& c) {
+  if (c.unshare > 0) {
+    kill(c.unshare, SIGKILL);
+    test::wait(c.unshare);
+  }
+}
+
+// The process is still the one identified (not exited, not a zombie).
+bool alive(const Identity& id) {
+  platform::procfs::Process p;
+  return platform::procfs::read_process(id.host_pid, false, &p) == 0 && p.stat.start_time == id.start_time &&
+         p.stat.state != 'Z' && p.stat.state != 'X';
+}
+
+agent::GpuSample sample_of(std::uint8_t uuid_byte, const std::vector<std::pair<std::uint32_t, std::uint64_t>>& procs) {
+  agent::GpuSample sample;
+  sample.devices.resize(1);
+  agent::GpuDevice& g = sample.devices[0];
+  uuid_bytes(uuid_byte, g.uuid);
+  g.uuid_text = agent::format_uuid(g.uuid);
+  for (const auto& [pid, bytes] : procs) g.processes.push_back({pid, bytes, true});
+  g.processes_known = true;
+  return sample;
+}
+
+// A region for a container: one device entry with this quota, its init registered holding `charged`.
+Region* container_region_for(const Sandbox& box, const std::string& pod, const std::string& name,
+                             const Container& c, std::uint64_t quota, std::uint64_t charged) {
+  Region* r = make_region(container_region(box, pod), name);
+  if (r == nullptr) return nullptr;
+  const int dev = add_device(r, 0x50, quota);
+  const int slot = add_slot(r, c.init.ns_pid, c.init.pidns, c.init.start_time);
+  EXPECT_GE(slot, 0);
+  EXPECT_TRUE(limiter::charge(r, slot, dev, charged));
+  return r;
+}
+
+agent::AgentConfig enforce_config(const Sandbox& box, agent::EnforceMode mode) {
+  agent::AgentConfig cfg = config_for(box, false);
+  cfg.enforce = mode;
+  cfg.enforce_cycles = 3;
+  cfg.bypass_tolerance_bytes = 32 * kMi;
+  return cfg;
+}
+
+TEST(AgentEnforce, KillKillsTheUnregisteredProcessAfterTheCycles) {
+  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
+  Sandbox box;
+  Container c;
+  ASSERT_TRUE(start_container(&c));
+  Region* r = container_region_for(box, "pod-a", "a", c, 256 * kMi, 100 * kMi);
+  ASSERT_NE(r, nullptr);
+  // The registered process holds what it accounted for; the other 1 GiB with no slot.
+  const auto g = sample_of(0x50, {{c.init.host_pid, 100 * kMi}, {c.other.host_pid, 1024 * kMi}});
+  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
+  a.start();
+  a.cycle_with(&g);
+  a.cycle_with(&g);
+  EXPECT_TRUE(alive(c.other)) << "two cycles over quota: not yet";
+  EXPECT_EQ(a.stats().enforce.kills, 0u);
+  a.cycle_with(&g);
+  EXPECT_EQ(a.stats().enforce.kills, 1u);
+  EXPECT_TRUE(eventually([&] { return !alive(c.other); }, 10000)) << "the unregistered process is killed";
+  EXPECT_TRUE(alive(c.init)) << "the registered one, within its account, is not";
+  EXPECT_NE(a.metrics_text().find("gpuslice_agent_enforce_kills_total{container=\"a\",region=\"pod-a/c.region\"} 1"),
+            std::string::npos)
+      << a.metrics_text();
+  // NVML still lists the killed process while the driver tears it down: not
+  // counted again, so nobody else is killed for its memory.
+  for (int i = 0; i < 6; ++i) a.cycle_with(&g);
+  EXPECT_EQ(a.stats().enforce.kills, 1u);
+  EXPECT_TRUE(alive(c.init));
+  stop_container(c);
+  shm::detach(r);
+}
+
+TEST(AgentEnforce, ReportOnlyReports) {
+  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
+  Sandbox box;
+  Container c;
+  ASSERT_TRUE(start_container(&c));
+  Region* r = container_region_for(box, "pod-a", "a", c, 256 * kMi, 100 * kMi);
+  ASSERT_NE(r, nullptr);
+  const auto g = sample_of(0x50, {{c.init.host_pid, 100 * kMi}, {c.other.host_pid, 1024 * kMi}});
+  agent::Agent a(enforce_config(box, agent::EnforceMode::report));
+  a.start();
+  for (int i = 0; i < 10; ++i) a.cycle_with(&g);
+  EXPECT_EQ(a.stats().enforce.over_reports, 1u) << "one report per episode";
+  EXPECT_EQ(a.stats().enforce.kills, 0u);
+  usleep(200'000);
+  EXPECT_TRUE(alive(c.other));
+  EXPECT_TRUE(alive(c.init));
+  stop_container(c);
+  shm::detach(r);
+}
+
+TEST(AgentEnforce, ContainerWithinQuotaPlusToleranceIsNeverKilled) {
+  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
+  Sandbox box;
+  Container c;
+  ASSERT_TRUE(start_container(&c));
+  Region* r = container_region_for(box, "pod-a", "a", c, 256 * kMi, 200 * kMi);
+  ASSERT_NE(r, nullptr);
+  // 230 + 50 = 280 MiB: above the quota (256) but within the tolerance (32).
+  const auto g = sample_of(0x50, {{c.init.host_pid, 230 * kMi}, {c.other.host_pid, 50 * kMi}});
+  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
+  a.start();
+  for (int i = 0; i < 10; ++i) a.cycle_with(&g);
+  EXPECT_EQ(a.stats().enforce.kills, 0u);
+  EXPECT_EQ(a.stats().enforce.over_reports, 0u);
+  usleep(200'000);
+  EXPECT_TRUE(alive(c.init));
+  EXPECT_TRUE(alive(c.other));
+  stop_container(c);
+  shm::detach(r);
+}
+
+TEST(AgentEnforce, RegisteredProcessOverItsQuotaIsKilledAsTheLargestHolder) {
+  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
+  Sandbox box;
+  Container c;
+  ASSERT_TRUE(start_container(&c));
+  Region* r = container_region_for(box, "pod-a", "a", c, 256 * kMi, 100 * kMi);
+  ASSERT_NE(r, nullptr);
+  // Registered, but holding 1 GiB of which it accounted for 100 MiB (it went around its wrappers).
+  const auto g = sample_of(0x50, {{c.init.host_pid, 1024 * kMi}});
+  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
+  a.start();
+  for (int i = 0; i < 3; ++i) a.cycle_with(&g);
+  EXPECT_EQ(a.stats().enforce.kills, 1u);
+  EXPECT_TRUE(eventually([&] { return !alive(c.init); }, 10000));
+  stop_container(c);
+  shm::detach(r);
+}
+
+TEST(AgentEnforce, ProcessesOfAnotherContainerOrOfTheNodeAreNeverKilled) {
+  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
+  Sandbox box;
+  Container a_box, b_box;
+  ASSERT_TRUE(start_container(&a_box));
+  ASSERT_TRUE(start_container(&b_box));
+  // A node process (the agent's own pid namespace, no region) holding the most.
+  pid_t node = test::spawn({"/bin/sleep", "60"}, {}, "/dev/null");
+  Identity node_id;
+  ASSERT_TRUE(eventually([&] { return identity(static_cast<std::uint32_t>(node), &node_id); }, 5000));
+  Region* ra = container_region_for(box, "pod-a", "a", a_box, 256 * kMi, 100 * kMi);
+  Region* rb = container_region_for(box, "pod-b", "b", b_box, 2048 * kMi, 100 * kMi);
+  ASSERT_NE(ra, nullptr);
+  ASSERT_NE(rb, nullptr);
+  // A is over through its unregistered process; B's unregistered process and
+  // the node's hold more but B is within its quota and the node is no container.
+  const auto g = sample_of(0x50, {{a_box.init.host_pid, 100 * kMi},
+                                  {a_box.other.host_pid, 512 * kMi},
+                                  {b_box.init.host_pid, 100 * kMi},
+                                  {b_box.other.host_pid, 1500 * kMi},
+                                  {node_id.host_pid, 4096 * kMi},
+                                  {static_cast<std::uint32_t>(getpid()), 4096 * kMi}});
+  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
+  a.start();
+  for (int i = 0; i < 12; ++i) a.cycle_with(&g);
+  EXPECT_EQ(a.stats().enforce.kills, 1u);
+  EXPECT_TRUE(eventually([&] { return !alive(a_box.other); }, 10000));
+  usleep(200'000);
+  EXPECT_TRUE(alive(a_box.init));
+  EXPECT_TRUE(alive(b_box.init));
+  EXPECT_TRUE(alive(b_box.other)) << "another container's process";
+  EXPECT_TRUE(alive(node_id)) << "a node process";
+  kill(node, SIGKILL);
+  test::wait(node);
+  stop_container(a_box);
+  stop_container(b_box);
+  shm::detach(ra);
+  shm::detach(rb);
+}
+
+// The last check before the signal: a pid whose start time or pid namespace is
+// not the one the agent attributed (the pid was recycled) is never signalled.
+TEST(AgentEnforce, KillChecksTheProcessIdentityFirst) {
+  pid_t child = test::spawn({"/bin/sleep", "60"}, {}, "/dev/null");
+  Identity id;
+  ASSERT_TRUE(eventually([&] { return identity(static_cast<std::uint32_t>(child), &id); }, 5000));
+  std::string why;
+  EXPECT_FALSE(agent::kill_if_same(id.host_pid, id.start_time + 1, id.pidns, &why));
+  EXPECT_NE(why.find("start time"), std::string::npos) << why;
+  EXPECT_FALSE(agent::kill_if_same(id.host_pid, id.start_time, id.pidns + 1, &why));
+  EXPECT_NE(why.find("namespace"), std::string::npos) << why;
+  EXPECT_FALSE(agent::kill_if_same(static_cast<std::uint32_t>(getpid()), id.start_time, 0, &why));
+  EXPECT_FALSE(agent::kill_if_same(1, 0, 0, &why));
+  usleep(100'000);
+  EXPECT_TRUE(alive(id)) << "nothing was sent";
+  EXPECT_TRUE(agent::kill_if_same(id.host_pid, id.start_time, id.pidns, &why)) << why;
+  const test::Result res = test::wait(child);
+  EXPECT_EQ(res.signal, SIGKILL) << res.describe();
+}
+
+}  // namespace
