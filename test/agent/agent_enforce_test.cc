@@ -70,8 +70,8 @@ agent::GpuSample sample_of(std::uint8_t uuid_byte, const std::vector<std::pair<s
 }
 
 // A region for a container: one device entry with this quota, its init registered holding `charged`.
-Region* container_region_for(const Sandbox& box, const std::string& pod, const std::string& name,
-                             const Container& c, std::uint64_t quota, std::uint64_t charged) {
+Region* container_region_for(const Sandbox& box, const std::string& pod, const std::string& name, const Container& c,
+                             std::uint64_t quota, std::uint64_t charged) {
   Region* r = make_region(container_region(box, pod), name);
   if (r == nullptr) return nullptr;
   const int dev = add_device(r, 0x50, quota);

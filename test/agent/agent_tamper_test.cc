@@ -4,6 +4,7 @@
 // operator's changes made with gpuslice-smi set.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 
 #include "agent.h"
 #include "agent_test_util.h"
+#include "grant.h"
 #include "limiter/priority.h"
 
 using namespace gpuslice;
@@ -104,6 +106,43 @@ TEST(AgentTamper, GpusliceSmiSetIsKept) {
   a.cycle();
   EXPECT_EQ(r->devices[dev].quota_bytes.load(), 512 * kMi);
   EXPECT_EQ(a.stats().tamper.repairs, 1u);
+  shm::detach(r);
+}
+
+// smi records its change before writing it: an agent cycle between the two
+// finds the record and the region's old value, which is not the container's
+// doing (neither put back nor counted); the value smi then writes is kept.
+TEST(AgentTamper, ARecordedChangeNotWrittenYetIsNoTampering) {
+  Sandbox box;
+  const std::string path = container_region(box);
+  Region* r = make_region(path, "t");
+  ASSERT_NE(r, nullptr);
+  const int dev = add_device(r, 0x60, 256 * kMi, 30);
+  ASSERT_GE(dev, 0);
+  agent::Agent a(config_for(box, false));
+  a.start();
+  a.cycle();
+  const std::string dir = agent::find_grant_dir(path);
+  ASSERT_EQ(dir, region_dir(box) + "/.gpuslice-grants");
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  agent::Grant g;
+  agent::GrantLine l{};
+  l.field = agent::GrantLine::quota;
+  uuid_bytes(0x60, l.uuid);
+  l.value = 128 * kMi;
+  g.lines.push_back(l);
+  std::string why;
+  ASSERT_TRUE(agent::write_grant(dir, st.st_dev, st.st_ino, g, &why)) << why;
+  a.cycle();
+  EXPECT_EQ(r->devices[dev].quota_bytes.load(), 256 * kMi) << "smi writes it itself";
+  EXPECT_EQ(a.stats().tamper.repairs, 0u);
+  EXPECT_EQ(a.stats().tamper.grants_applied, 1u);
+  r->devices[dev].quota_bytes.store(128 * kMi);  // smi's own store
+  a.cycle();
+  a.cycle();
+  EXPECT_EQ(r->devices[dev].quota_bytes.load(), 128 * kMi);
+  EXPECT_EQ(a.stats().tamper.repairs, 0u);
   shm::detach(r);
 }
 

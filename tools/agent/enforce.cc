@@ -111,7 +111,8 @@ std::uint64_t Enforcer::killed_bytes(const TrackedRegion& t, const DeviceSample&
     if (u.region == &t && u.gpu == d.gpu && killed_.count({u.host_pid, u.start_time}) != 0) bytes += u.used_bytes;
   }
   for (const SlotSample& s : t.sample.slots) {
-    if (s.res.host_pid != 0 && killed_.count({s.res.host_pid, s.key.start_time}) != 0) bytes += s.nvml_now_bytes[d.index];
+    if (s.res.host_pid != 0 && killed_.count({s.res.host_pid, s.key.start_time}) != 0)
+      bytes += s.nvml_now_bytes[d.index];
   }
   return bytes;
 }
@@ -131,7 +132,8 @@ bool Enforcer::choose(const TrackedRegion& t, const DeviceSample& d, const std::
   if (found) return true;
   for (const SlotSample& s : t.sample.slots) {
     if (s.res.fate != Fate::alive || s.res.host_pid == 0 || s.key.pidns_inode == 0) continue;
-    if (killed_.count({s.res.host_pid, s.key.start_time}) != 0 || passed_.count({s.res.host_pid, s.key.start_time}) != 0)
+    if (killed_.count({s.res.host_pid, s.key.start_time}) != 0 ||
+        passed_.count({s.res.host_pid, s.key.start_time}) != 0)
       continue;
     const std::uint64_t used = s.nvml_now_bytes[d.index];
     if (used == 0) continue;
@@ -169,8 +171,8 @@ void Enforcer::act(TrackedRegion& t, const DeviceSample& d, std::uint64_t quota,
   if (!kill_if_same(v.host_pid, v.start_time, v.pidns, &why)) {
     ++counters_.kill_failures;
     passed_[{v.host_pid, v.start_time}] = now_ns;  // not chosen again for a while: the next holder is
-    log(LogLevel::warn, "container \"%s\" (region %s): did not kill host pid %u: %s", container.c_str(),
-        t.rel.c_str(), v.host_pid, why.c_str());
+    log(LogLevel::warn, "container \"%s\" (region %s): did not kill host pid %u: %s", container.c_str(), t.rel.c_str(),
+        v.host_pid, why.c_str());
     return;
   }
   ++counters_.kills;

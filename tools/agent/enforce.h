@@ -94,7 +94,7 @@ class Enforcer {
   EnforceMode mode_;
   std::uint64_t tolerance_;
   std::uint32_t cycles_;
-  std::unordered_map<std::string, Episode> episodes_;          // region key + device entry
+  std::unordered_map<std::string, Episode> episodes_;  // region key + device entry
   // (host pid, start time) -> when: processes killed (their memory, still
   // listed by NVML while the driver tears them down, is not counted again),
   // and those that could not be (not chosen again for a while).

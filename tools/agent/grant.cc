@@ -18,14 +18,10 @@ namespace {
 
 const char* field_name(GrantLine::Field f) {
   switch (f) {
-    case GrantLine::quota:
-      return "quota";
-    case GrantLine::sm:
-      return "sm";
-    case GrantLine::policy:
-      return "policy";
-    case GrantLine::priority:
-      return "priority";
+    case GrantLine::quota: return "quota";
+    case GrantLine::sm: return "sm";
+    case GrantLine::policy: return "policy";
+    case GrantLine::priority: return "priority";
   }
   return "?";
 }
@@ -113,7 +109,7 @@ int open_grant_dir(int at, const char* path, std::string* why) {
     errno = e;
     return -1;
   }
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 022) != 0) {
     close(fd);
     *why = "it is not owned by uid " + std::to_string(geteuid()) + " and writable by its owner only";

@@ -34,12 +34,14 @@ std::uint64_t realtime_ns() {
 
 std::string quota_text(std::uint64_t q) { return q == kUnlimited ? "unlimited" : format_bytes(q); }
 std::string sm_text(std::uint32_t pct) { return sm_unlimited(pct) ? "unlimited" : std::to_string(pct) + "%"; }
-std::string priority_text(std::uint32_t p) { return limiter::priority_name(limiter::priority_from_word(p, Priority::normal)); }
+std::string priority_text(std::uint32_t p) {
+  return limiter::priority_name(limiter::priority_from_word(p, Priority::normal));
+}
 
 bool read_record(int dirfd, const char* name, std::string* text) {
   const int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
-  struct stat st{};
+  struct stat st {};
   bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
             static_cast<std::size_t>(st.st_size) <= kMaxGrantBytes;
   if (ok) {
@@ -123,6 +125,8 @@ void TamperGuard::run(const std::vector<TrackedRegion*>& regions, std::uint64_t 
       if (!kl.known || std::memcmp(kl.uuid, d.uuid, sizeof kl.uuid) != 0) kl = f.devices[d.index];
     }
     if (k.priority == 0 && f.priority >= 1 && f.priority <= 3) k.priority = f.priority;
+    std::copy(std::begin(k.devices), std::end(k.devices), std::begin(k.before));
+    k.priority_before = k.priority;
     by_file[{k.dev, k.ino}] = {t, &k};
   }
   // 2. The operator's changes.
@@ -219,9 +223,10 @@ void TamperGuard::check(TrackedRegion& t, Kept& k, const Found& f) {
     for (const DeviceSample& d : t.sample.devices) {
       const Limits& kl = k.devices[d.index];
       const Limits& fl = f.devices[d.index];
+      const Limits& bl = k.before[d.index];
       if (!kl.known || !fl.known) continue;
       DeviceState& s = r->devices[d.index];
-      if (fl.quota != kl.quota) {
+      if (fl.quota != kl.quota && !(fl.quota == bl.quota && bl.known)) {
         std::uint64_t expected = fl.quota;
         // Only from the value judged: a change since (smi's, recorded) is judged next cycle.
         if (s.quota_bytes.compare_exchange_strong(expected, kl.quota)) {
@@ -231,7 +236,7 @@ void TamperGuard::check(TrackedRegion& t, Kept& k, const Found& f) {
                          quota_text(kl.quota) + ")");
         }
       }
-      if (fl.sm != kl.sm) {
+      if (fl.sm != kl.sm && !(fl.sm == bl.sm && bl.known)) {
         std::uint32_t expected = fl.sm;
         if (s.sm_limit_pct.compare_exchange_strong(expected, kl.sm)) {
           ++fields;
@@ -239,16 +244,16 @@ void TamperGuard::check(TrackedRegion& t, Kept& k, const Found& f) {
                          sm_text(kl.sm) + ")");
         }
       }
-      if (fl.policy != kl.policy) {
+      if (fl.policy != kl.policy && !(fl.policy == bl.policy && bl.known)) {
         std::uint32_t expected = fl.policy;
         if (s.sm_policy.compare_exchange_strong(expected, kl.policy)) {
           ++fields;
-          what.push_back("entry "s + std::to_string(d.index) + " SM policy " + sm_policy_name(fl.policy) +
-                         " (given " + sm_policy_name(kl.policy) + ")");
+          what.push_back("entry "s + std::to_string(d.index) + " SM policy " + sm_policy_name(fl.policy) + " (given " +
+                         sm_policy_name(kl.policy) + ")");
         }
       }
     }
-    if (k.priority != 0 && f.priority != k.priority) {
+    if (k.priority != 0 && f.priority != k.priority && f.priority != k.priority_before) {
       std::uint32_t expected = f.priority;
       if (r->header.priority.compare_exchange_strong(expected, k.priority)) {
         ++fields;

@@ -22,8 +22,8 @@
 namespace gpuslice::agent {
 
 struct TamperCounters {
-  std::uint64_t repairs = 0;        // fields put back
-  std::uint64_t grants_applied = 0; // operator changes (grant records) taken
+  std::uint64_t repairs = 0;         // fields put back
+  std::uint64_t grants_applied = 0;  // operator changes (grant records) taken
 };
 
 class TamperGuard {
@@ -55,6 +55,11 @@ class TamperGuard {
     Limits devices[kMaxDevices];
     std::uint32_t priority = 0;  // 0 = none seen yet
     std::uint64_t seen_ns = 0;
+    // As kept before this cycle's grant records: a field the operator just
+    // changed that the region still holds at its old value is smi's change
+    // not written yet (smi records first), not the container's.
+    Limits before[kMaxDevices];
+    std::uint32_t priority_before = 0;
   };
   struct Found {  // the region's values this cycle
     std::uint32_t priority = 0;
