@@ -5,6 +5,7 @@
 // simulated NVML cannot see through a private /proc (agent_process_test.cc).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -237,6 +238,24 @@ TEST(AgentEnforce, KillChecksTheProcessIdentityFirst) {
   EXPECT_TRUE(agent::kill_if_same(id.host_pid, id.start_time, id.pidns, &why)) << why;
   const test::Result res = test::wait(child);
   EXPECT_EQ(res.signal, SIGKILL) << res.describe();
+}
+
+TEST(AgentEnforce, FlagsAreCheckedByTheBinary) {
+  Sandbox box;
+  mkdir(region_dir(box).c_str(), 0755);
+  auto agent = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv{test::bin("gpuslice-agent"), "--region-dir", region_dir(box), "--no-nvml", "--once"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return test::run(argv, {});
+  };
+  const test::Result bad = agent({"--enforce", "evict"});
+  EXPECT_EQ(bad.exit_code, 64) << bad.describe();
+  EXPECT_NE(bad.err.find("--enforce 'evict': expected report or kill"), std::string::npos) << bad.err;
+  EXPECT_EQ(agent({"--enforce-cycles", "0"}).exit_code, 64);
+  const test::Result ok = agent({"--enforce", "kill", "--enforce-cycles", "5"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.describe();
+  EXPECT_NE(ok.out.find("# TYPE gpuslice_agent_enforce_kills_total counter"), std::string::npos);
+  EXPECT_NE(ok.out.find("# TYPE gpuslice_agent_tamper_repairs_total counter"), std::string::npos);
 }
 
 }  // namespace
