@@ -240,6 +240,49 @@ TEST(AgentEnforce, KillChecksTheProcessIdentityFirst) {
   EXPECT_EQ(res.signal, SIGKILL) << res.describe();
 }
 
+// End to end with the simulated driver and NVML: a registered process holding
+// device memory the library never admitted (a context it could not measure,
+// standing in for memory allocated around its wrappers) makes its container
+// 512 MiB + 16 MiB against a 128 MiB quota.
+void over_quota_probe(agent::EnforceMode mode) {
+  Sandbox box;
+  const test::Env env = test::merge(box.env(), {{"GPUSLICE_REGION", container_region(box)},
+                                                {"GPUSLICE_MEMORY_LIMIT", "128Mi"},
+                                                {"FAKECUDA_CONTEXT_MEMORY", "512Mi"},
+                                                {"GPUSLICE_REAL_LIBNVML", GPUSLICE_NVML_UNUSABLE}});
+  const std::string ready = box.path("ready");
+  pid_t probe = test::spawn(
+      {test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(16 * kMi), "touch", ready, "sleep", "30000"},
+      env, box.path("probe.out"));
+  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
+  agent::AgentConfig cfg = config_for(box);
+  cfg.enforce = mode;
+  cfg.enforce_cycles = 3;
+  cfg.bypass_tolerance_bytes = 32 * kMi;
+  agent::Agent a(cfg);
+  a.start();
+  ASSERT_TRUE(a.stats().nvml_available);
+  a.cycle();
+  a.cycle();
+  EXPECT_EQ(a.stats().enforce.kills, 0u);
+  a.cycle();
+  EXPECT_EQ(a.stats().enforce.over_reports, 1u);
+  if (mode == agent::EnforceMode::kill) {
+    EXPECT_EQ(a.stats().enforce.kills, 1u);
+    const test::Result res = test::wait(probe, "", 20000);
+    EXPECT_EQ(res.signal, SIGKILL) << res.describe();
+    return;
+  }
+  for (int i = 0; i < 5; ++i) a.cycle();
+  EXPECT_EQ(a.stats().enforce.kills, 0u);
+  EXPECT_EQ(kill(probe, 0), 0) << "reported only: still running";
+  kill(probe, SIGKILL);
+  test::wait(probe);
+}
+
+TEST(AgentEnforce, SimulatedDriverProcessOverTheQuotaIsKilled) { over_quota_probe(agent::EnforceMode::kill); }
+TEST(AgentEnforce, SimulatedDriverProcessOverTheQuotaIsOnlyReported) { over_quota_probe(agent::EnforceMode::report); }
+
 TEST(AgentEnforce, FlagsAreCheckedByTheBinary) {
   Sandbox box;
   mkdir(region_dir(box).c_str(), 0755);
