@@ -20,17 +20,26 @@ using gpuslice::test::Sandbox;
 
 namespace {
 
-// A pid namespace with two processes: its init (registered in the region by
-// the tests) and one more (the one that "went around the library").
+// A pid namespace with two processes: its init, which maps the container's
+// region file as the library does (the tests register it), and one more
+// (the one that "went around the library"). map = "": the init maps nothing.
 struct Container {
   pid_t unshare = -1;
   Identity init, other;
 };
 
-bool start_container(Container* c) {
+bool start_container(Container* c, const std::string& map) {
+  const char* script =
+      "import mmap, sys, time\n"
+      "if sys.argv[1]:\n"
+      "    f = open(sys.argv[1], 'r+b')\n"
+      "    m = mmap.mmap(f.fileno(), 0)\n"
+      "time.sleep(60)\n";
   c->unshare = test::spawn({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "/bin/sh", "-c",
-                            "sleep 60 & exec sleep 60"},
+                            "sleep 60 & exec /usr/bin/python3 -c \"$1\" \"$2\"", "sh", script, map},
                            {}, "/dev/null");
+  struct stat st {};
+  if (!map.empty() && stat(map.c_str(), &st) != 0) return false;
   return eventually(
       [&] {
         auto kids = children_of(static_cast<std::uint32_t>(c->unshare));
@@ -39,10 +48,11 @@ bool start_container(Container* c) {
         if (!identity(kids[0], &init) || init.pidns == own_pidns() || init.ns_pid != 1) return false;
         auto inside = processes_in(init.pidns);
         if (inside.size() != 2) return false;
+        if (!map.empty() && !agent::maps_file(init.host_pid, st.st_dev, st.st_ino)) return false;
         c->init = init;
         return identity(inside[0] == init.host_pid ? inside[1] : inside[0], &c->other);
       },
-      10000);
+      20000);
 }
 
 void stop_container(Container& c) {
@@ -70,16 +80,22 @@ agent::GpuSample sample_of(std::uint8_t uuid_byte, const std::vector<std::pair<s
   return sample;
 }
 
-// A region for a container: one device entry with this quota, its init registered holding `charged`.
-Region* container_region_for(const Sandbox& box, const std::string& pod, const std::string& name, const Container& c,
-                             std::uint64_t quota, std::uint64_t charged) {
+// A region for a container: one device entry with this quota.
+Region* region_for(const Sandbox& box, const std::string& pod, const std::string& name, std::uint64_t quota) {
   Region* r = make_region(container_region(box, pod), name);
-  if (r == nullptr) return nullptr;
-  const int dev = add_device(r, 0x50, quota);
-  const int slot = add_slot(r, c.init.ns_pid, c.init.pidns, c.init.start_time);
-  EXPECT_GE(slot, 0);
-  EXPECT_TRUE(limiter::charge(r, slot, dev, charged));
+  if (r != nullptr) {
+    EXPECT_GE(add_device(r, 0x50, quota), 0);
+  }
   return r;
+}
+
+// Registers a process as the library would, holding `charged`.
+void register_process(Region* r, const Identity& id, std::uint64_t charged) {
+  const int slot = add_slot(r, id.ns_pid, id.pidns, id.start_time);
+  ASSERT_GE(slot, 0);
+  if (charged != 0) {
+    EXPECT_TRUE(limiter::charge(r, slot, first_device(r), charged));
+  }
 }
 
 agent::AgentConfig enforce_config(const Sandbox& box, agent::EnforceMode mode) {
@@ -93,10 +109,11 @@ agent::AgentConfig enforce_config(const Sandbox& box, agent::EnforceMode mode) {
 TEST(AgentEnforce, KillKillsTheUnregisteredProcessAfterTheCycles) {
   if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
   Sandbox box;
-  Container c;
-  ASSERT_TRUE(start_container(&c));
-  Region* r = container_region_for(box, "pod-a", "a", c, 256 * kMi, 100 * kMi);
+  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
   ASSERT_NE(r, nullptr);
+  Container c;
+  ASSERT_TRUE(start_container(&c, container_region(box, "pod-a")));
+  register_process(r, c.init, 100 * kMi);
   // The registered process holds what it accounted for; the other 1 GiB with no slot.
   const auto g = sample_of(0x50, {{c.init.host_pid, 100 * kMi}, {c.other.host_pid, 1024 * kMi}});
   agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
@@ -124,10 +141,11 @@ TEST(AgentEnforce, KillKillsTheUnregisteredProcessAfterTheCycles) {
 TEST(AgentEnforce, ReportOnlyReports) {
   if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
   Sandbox box;
-  Container c;
-  ASSERT_TRUE(start_container(&c));
-  Region* r = container_region_for(box, "pod-a", "a", c, 256 * kMi, 100 * kMi);
+  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
   ASSERT_NE(r, nullptr);
+  Container c;
+  ASSERT_TRUE(start_container(&c, container_region(box, "pod-a")));
+  register_process(r, c.init, 100 * kMi);
   const auto g = sample_of(0x50, {{c.init.host_pid, 100 * kMi}, {c.other.host_pid, 1024 * kMi}});
   agent::Agent a(enforce_config(box, agent::EnforceMode::report));
   a.start();
@@ -144,10 +162,11 @@ TEST(AgentEnforce, ReportOnlyReports) {
 TEST(AgentEnforce, ContainerWithinQuotaPlusToleranceIsNeverKilled) {
   if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
   Sandbox box;
-  Container c;
-  ASSERT_TRUE(start_container(&c));
-  Region* r = container_region_for(box, "pod-a", "a", c, 256 * kMi, 200 * kMi);
+  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
   ASSERT_NE(r, nullptr);
+  Container c;
+  ASSERT_TRUE(start_container(&c, container_region(box, "pod-a")));
+  register_process(r, c.init, 200 * kMi);
   // 230 + 50 = 280 MiB: above the quota (256) but within the tolerance (32).
   const auto g = sample_of(0x50, {{c.init.host_pid, 230 * kMi}, {c.other.host_pid, 50 * kMi}});
   agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
@@ -165,10 +184,11 @@ TEST(AgentEnforce, ContainerWithinQuotaPlusToleranceIsNeverKilled) {
 TEST(AgentEnforce, RegisteredProcessOverItsQuotaIsKilledAsTheLargestHolder) {
   if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
   Sandbox box;
-  Container c;
-  ASSERT_TRUE(start_container(&c));
-  Region* r = container_region_for(box, "pod-a", "a", c, 256 * kMi, 100 * kMi);
+  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
   ASSERT_NE(r, nullptr);
+  Container c;
+  ASSERT_TRUE(start_container(&c, container_region(box, "pod-a")));
+  register_process(r, c.init, 100 * kMi);
   // Registered, but holding 1 GiB of which it accounted for 100 MiB (it went around its wrappers).
   const auto g = sample_of(0x50, {{c.init.host_pid, 1024 * kMi}});
   agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
@@ -183,17 +203,19 @@ TEST(AgentEnforce, RegisteredProcessOverItsQuotaIsKilledAsTheLargestHolder) {
 TEST(AgentEnforce, ProcessesOfAnotherContainerOrOfTheNodeAreNeverKilled) {
   if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
   Sandbox box;
+  Region* ra = region_for(box, "pod-a", "a", 256 * kMi);
+  Region* rb = region_for(box, "pod-b", "b", 2048 * kMi);
+  ASSERT_NE(ra, nullptr);
+  ASSERT_NE(rb, nullptr);
   Container a_box, b_box;
-  ASSERT_TRUE(start_container(&a_box));
-  ASSERT_TRUE(start_container(&b_box));
+  ASSERT_TRUE(start_container(&a_box, container_region(box, "pod-a")));
+  ASSERT_TRUE(start_container(&b_box, container_region(box, "pod-b")));
+  register_process(ra, a_box.init, 100 * kMi);
+  register_process(rb, b_box.init, 100 * kMi);
   // A node process (the agent's own pid namespace, no region) holding the most.
   pid_t node = test::spawn({"/bin/sleep", "60"}, {}, "/dev/null");
   Identity node_id;
   ASSERT_TRUE(eventually([&] { return identity(static_cast<std::uint32_t>(node), &node_id); }, 5000));
-  Region* ra = container_region_for(box, "pod-a", "a", a_box, 256 * kMi, 100 * kMi);
-  Region* rb = container_region_for(box, "pod-b", "b", b_box, 2048 * kMi, 100 * kMi);
-  ASSERT_NE(ra, nullptr);
-  ASSERT_NE(rb, nullptr);
   // A is over through its unregistered process; B's unregistered process and
   // the node's hold more but B is within its quota and the node is no container.
   const auto g = sample_of(0x50, {{a_box.init.host_pid, 100 * kMi},
@@ -218,6 +240,31 @@ TEST(AgentEnforce, ProcessesOfAnotherContainerOrOfTheNodeAreNeverKilled) {
   stop_container(b_box);
   shm::detach(ra);
   shm::detach(rb);
+}
+
+// A slot is the container's word: one forged to name the process of another
+// container (one that does not use gpuslice, so its namespace is no region's)
+// attributes that container's processes to the forger, but neither they nor
+// the forged slot's process map the forger's region: nobody is killed.
+TEST(AgentEnforce, AForgedSlotNamingAnotherContainersProcessGetsNothingKilled) {
+  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
+  Sandbox box;
+  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
+  ASSERT_NE(r, nullptr);
+  Container other;
+  ASSERT_TRUE(start_container(&other, ""));
+  register_process(r, other.init, 0);  // the forgery
+  const auto g = sample_of(0x50, {{other.init.host_pid, 1024 * kMi}, {other.other.host_pid, 1024 * kMi}});
+  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
+  a.start();
+  for (int i = 0; i < 6; ++i) a.cycle_with(&g);
+  EXPECT_EQ(a.stats().enforce.over_reports, 1u) << "counted against the forger";
+  EXPECT_EQ(a.stats().enforce.kills, 0u);
+  usleep(200'000);
+  EXPECT_TRUE(alive(other.init));
+  EXPECT_TRUE(alive(other.other));
+  stop_container(other);
+  shm::detach(r);
 }
 
 // The last check before the signal: a pid whose start time or pid namespace is

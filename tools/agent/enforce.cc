@@ -3,7 +3,12 @@
 #include <errno.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include <cstring>
 
@@ -33,6 +38,27 @@ std::string container_of(const TrackedRegion& t) {
 }
 
 }  // namespace
+
+bool maps_file(std::uint32_t host_pid, dev_t dev, ino_t ino) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/maps", host_pid);
+  std::FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return false;
+  char* line = nullptr;
+  std::size_t cap = 0;
+  bool found = false;
+  while (!found && getline(&line, &cap, f) > 0) {
+    unsigned maj = 0, min = 0;
+    unsigned long long inode = 0;
+    // address perms offset major:minor inode [path]
+    if (std::sscanf(line, "%*s %*s %*s %x:%x %llu", &maj, &min, &inode) == 3) {
+      found = inode == static_cast<unsigned long long>(ino) && maj == major(dev) && min == minor(dev);
+    }
+  }
+  std::free(line);
+  std::fclose(f);
+  return found;
+}
 
 bool kill_if_same(std::uint32_t host_pid, std::uint64_t start_time, std::uint64_t pidns, std::string* why) {
   if (host_pid <= 1 || host_pid == static_cast<std::uint32_t>(getpid())) {
@@ -119,30 +145,52 @@ std::uint64_t Enforcer::killed_bytes(const TrackedRegion& t, const DeviceSample&
 
 bool Enforcer::choose(const TrackedRegion& t, const DeviceSample& d, const std::vector<UnregisteredProc>& unregistered,
                       Victim* out) const {
-  bool found = false;
-  // A process that never registered first: nothing it holds was admitted.
+  auto skip = [&](std::uint32_t pid, std::uint64_t start) {
+    return killed_.count({pid, start}) != 0 || passed_.count({pid, start}) != 0;
+  };
+  std::vector<Victim> unreg, reg;
   for (const UnregisteredProc& u : unregistered) {
-    if (u.region != &t || u.gpu != d.gpu || u.pidns == 0) continue;
-    if (killed_.count({u.host_pid, u.start_time}) != 0 || passed_.count({u.host_pid, u.start_time}) != 0) continue;
-    if (!found || u.used_bytes > out->used_bytes) {
-      *out = Victim{u.host_pid, 0, u.start_time, u.pidns, u.used_bytes, false};
-      found = true;
-    }
+    if (u.region == &t && u.gpu == d.gpu && u.pidns != 0 && !skip(u.host_pid, u.start_time))
+      unreg.push_back(Victim{u.host_pid, 0, u.start_time, u.pidns, u.used_bytes, false});
   }
-  if (found) return true;
   for (const SlotSample& s : t.sample.slots) {
     if (s.res.fate != Fate::alive || s.res.host_pid == 0 || s.key.pidns_inode == 0) continue;
-    if (killed_.count({s.res.host_pid, s.key.start_time}) != 0 ||
-        passed_.count({s.res.host_pid, s.key.start_time}) != 0)
-      continue;
-    const std::uint64_t used = s.nvml_now_bytes[d.index];
-    if (used == 0) continue;
-    if (!found || used > out->used_bytes) {
-      *out = Victim{s.res.host_pid, s.key.pid, s.key.start_time, s.key.pidns_inode, used, true};
-      found = true;
+    if (skip(s.res.host_pid, s.key.start_time) || s.nvml_now_bytes[d.index] == 0) continue;
+    reg.push_back(
+        Victim{s.res.host_pid, s.key.pid, s.key.start_time, s.key.pidns_inode, s.nvml_now_bytes[d.index], true});
+  }
+  auto largest_first = [](const Victim& x, const Victim& y) { return x.used_bytes > y.used_bytes; };
+  std::sort(unreg.begin(), unreg.end(), largest_first);
+  std::sort(reg.begin(), reg.end(), largest_first);
+  // A slot is the container's word: its process must map this very region
+  // file (a slot forged to name another container's process does not), and
+  // an unregistered process's pid namespace must hold such a process.
+  std::map<std::uint64_t, bool> ns_proven;
+  auto namespace_is_ours = [&](std::uint64_t pidns) {
+    auto [it, inserted] = ns_proven.try_emplace(pidns, false);
+    if (!inserted) return it->second;
+    for (const SlotSample& s : t.sample.slots) {
+      if (s.res.fate == Fate::alive && s.res.host_pid != 0 && s.key.pidns_inode == pidns &&
+          maps_file(s.res.host_pid, t.map.device(), t.map.inode())) {
+        return it->second = true;
+      }
+    }
+    return false;
+  };
+  // A process that never registered first: nothing it holds was admitted.
+  for (const Victim& v : unreg) {
+    if (namespace_is_ours(v.pidns)) {
+      *out = v;
+      return true;
     }
   }
-  return found;
+  for (const Victim& v : reg) {
+    if (maps_file(v.host_pid, t.map.device(), t.map.inode())) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
 }
 
 void Enforcer::act(TrackedRegion& t, const DeviceSample& d, std::uint64_t quota, std::uint64_t held, Episode& e,

@@ -7,12 +7,16 @@
 // unregistered one first (the largest), else the registered process holding
 // the most. Only a process the agent attributed to that container (its slot's
 // identity resolved by the pid map, or its pid namespace the container's
-// own), never the agent, pid 1 or a process outside a container's namespace;
+// own) and proven its: a registered one maps the region file, an unregistered
+// one shares its pid namespace with one that does. Never the agent, pid 1 or
+// a process outside a container's namespace;
 // its identity (start time and pid namespace) is checked again on a pidfd
 // right before the signal, so a recycled pid is never signalled. Under
 // --enforce=report (the default) the same condition is only logged and
 // counted.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <map>
@@ -51,6 +55,10 @@ struct RegionCount {
 // check where the kernel has no pidfds, before 5.3). Never this process or
 // pid 1. false + why when nothing was sent.
 bool kill_if_same(std::uint32_t host_pid, std::uint64_t start_time, std::uint64_t pidns, std::string* why);
+// host_pid has this file mapped (/proc/<pid>/maps): what the library does
+// with its region in every registered process, and what no slot forged to
+// name another container's process can make that process do.
+bool maps_file(std::uint32_t host_pid, dev_t dev, ino_t ino);
 
 struct EnforceCounters {
   std::uint64_t kills = 0;          // processes killed
