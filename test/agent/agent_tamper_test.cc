@@ -109,6 +109,31 @@ TEST(AgentTamper, GpusliceSmiSetIsKept) {
   shm::detach(r);
 }
 
+// The limits are kept per device: an entry abandoned and published again for
+// the same UUID with other limits (what a first process could have written)
+// gets the limits the device was given.
+TEST(AgentTamper, AnEntryPublishedAgainForTheSameDeviceKeepsItsLimits) {
+  Sandbox box;
+  const std::string path = container_region(box);
+  Region* r = make_region(path, "t");
+  ASSERT_NE(r, nullptr);
+  const int dev = add_device(r, 0x60, 256 * kMi, 30);
+  ASSERT_GE(dev, 0);
+  agent::Agent a(config_for(box, false));
+  a.start();
+  a.cycle();
+  ASSERT_TRUE(
+      write_field<std::uint32_t>(path, device_field(dev, offsetof(DeviceState, uuid_state)), shm::kDeviceAbandoned));
+  const int again = add_device(r, 0x60, kUnlimited, 100);
+  ASSERT_GE(again, 0);
+  ASSERT_NE(again, dev);
+  a.cycle();
+  EXPECT_EQ(r->devices[again].quota_bytes.load(), 256 * kMi);
+  EXPECT_EQ(r->devices[again].sm_limit_pct.load(), 30u);
+  EXPECT_EQ(a.stats().tamper.repairs, 2u);
+  shm::detach(r);
+}
+
 // smi records its change before writing it: an agent cycle between the two
 // finds the record and the region's old value, which is not the container's
 // doing (neither put back nor counted); the value smi then writes is kept.

@@ -120,9 +120,17 @@ void TamperGuard::run(const std::vector<TrackedRegion*>& regions, std::uint64_t 
     }
     k.seen_ns = now_ns;
     // First sight of an entry (or of the priority): the limits it was given.
+    // Kept by device: an entry published again for a UUID already kept (the
+    // old one marked abandoned, or its UUID rewritten) keeps that UUID's limits.
+    Limits previous[kMaxDevices];
+    std::copy(std::begin(k.devices), std::end(k.devices), std::begin(previous));
     for (const DeviceSample& d : t->sample.devices) {
       Limits& kl = k.devices[d.index];
-      if (!kl.known || std::memcmp(kl.uuid, d.uuid, sizeof kl.uuid) != 0) kl = f.devices[d.index];
+      if (kl.known && std::memcmp(kl.uuid, d.uuid, sizeof kl.uuid) == 0) continue;
+      kl = f.devices[d.index];
+      for (const Limits& p : previous) {
+        if (p.known && std::memcmp(p.uuid, d.uuid, sizeof p.uuid) == 0) kl = p;
+      }
     }
     if (k.priority == 0 && f.priority >= 1 && f.priority <= 3) k.priority = f.priority;
     std::copy(std::begin(k.devices), std::end(k.devices), std::begin(k.before));
