@@ -101,6 +101,13 @@ TEST(AgentTamper, GpusliceSmiSetIsKept) {
   EXPECT_EQ(r->header.priority.load(), high());
   EXPECT_EQ(a.stats().tamper.repairs, 0u);
   EXPECT_EQ(a.stats().tamper.grants_applied, 2u) << "one record for the limits, one for the priority";
+  // Records are consumed; what is not a record is removed.
+  const std::string grants = region_dir(box) + "/.gpuslice-grants";
+  write_file(grants + "/junk", "x");
+  write_file(grants + "/1-2-3-4", "not a record");
+  a.cycle();
+  EXPECT_FALSE(file_exists(grants + "/junk"));
+  EXPECT_FALSE(file_exists(grants + "/1-2-3-4")) << "no region of that file: kept 30 s, then removed (written at 3 ns)";
   // ... and is what a later rewrite is restored to.
   ASSERT_TRUE(write_field<std::uint64_t>(path, device_field(dev, kQuota), 4096 * kMi));
   a.cycle();

@@ -92,8 +92,8 @@ void TamperGuard::run(const std::vector<TrackedRegion*>& regions, std::uint64_t 
   open_grant_dirs();
   // 1. The regions' values, read before the grant records: smi writes its
   // record before the region, so a change found here has its record below.
-  std::vector<Found> found(regions.size());
-  std::map<std::pair<dev_t, ino_t>, std::pair<TrackedRegion*, Kept*>> by_file;
+  std::vector<Found>& found = found_;
+  found.assign(regions.size(), Found{});
   for (std::size_t i = 0; i < regions.size(); ++i) {
     TrackedRegion* t = regions[i];
     if (t->dropped) continue;
@@ -135,10 +135,18 @@ void TamperGuard::run(const std::vector<TrackedRegion*>& regions, std::uint64_t 
     if (k.priority == 0 && f.priority >= 1 && f.priority <= 3) k.priority = f.priority;
     std::copy(std::begin(k.devices), std::end(k.devices), std::begin(k.before));
     k.priority_before = k.priority;
-    by_file[{k.dev, k.ino}] = {t, &k};
   }
-  // 2. The operator's changes.
-  apply_grants(by_file);
+  // 2. The operator's changes (a directory read per cycle; usually empty).
+  if (list_records()) {
+    std::map<std::pair<dev_t, ino_t>, std::pair<TrackedRegion*, Kept*>> by_file;
+    for (TrackedRegion* t : regions) {
+      auto it = kept_.find(t);
+      if (!t->dropped && it != kept_.end() && it->second.seen_ns == now_ns) {
+        by_file[{it->second.dev, it->second.ino}] = {t, &it->second};
+      }
+    }
+    apply_grants(by_file);
+  }
   // 3. Anything else is the container's: put back.
   for (std::size_t i = 0; i < regions.size(); ++i) {
     TrackedRegion* t = regions[i];
@@ -151,8 +159,11 @@ void TamperGuard::run(const std::vector<TrackedRegion*>& regions, std::uint64_t 
   }
 }
 
-void TamperGuard::apply_grants(const std::map<std::pair<dev_t, ino_t>, std::pair<TrackedRegion*, Kept*>>& by_file) {
+bool TamperGuard::list_records() {
+  bool any = false;
+  records_.resize(fds_.size());
   for (std::size_t i = 0; i < fds_.size(); ++i) {
+    records_[i].clear();
     if (fds_[i] < 0) continue;
     const int dup_fd = fcntl(fds_[i], F_DUPFD_CLOEXEC, 0);
     DIR* dir = dup_fd >= 0 ? fdopendir(dup_fd) : nullptr;
@@ -161,23 +172,31 @@ void TamperGuard::apply_grants(const std::map<std::pair<dev_t, ino_t>, std::pair
       continue;
     }
     rewinddir(dir);
-    std::vector<std::string> names;
     while (const dirent* e = readdir(dir)) {
-      if (e->d_name[0] != '.') names.push_back(e->d_name);
-    }
-    closedir(dir);
-    std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
-      const auto ta = a.substr(a.find('-', a.find('-') + 1)), tb = b.substr(b.find('-', b.find('-') + 1));
-      return ta < tb;  // by the time each was written (fixed width)
-    });
-    for (const std::string& name : names) {
-      dev_t dev = 0;
-      ino_t ino = 0;
-      std::uint64_t written_ns = 0;
-      if (!parse_grant_name(name.c_str(), &dev, &ino, &written_ns)) {
-        unlinkat(fds_[i], name.c_str(), 0);
+      if (e->d_name[0] == '.') continue;  // ".", "..", smi's temporary files
+      Record rec{e->d_name, 0, 0, 0};
+      if (!parse_grant_name(e->d_name, &rec.dev, &rec.ino, &rec.written_ns)) {
+        unlinkat(fds_[i], e->d_name, 0);
         continue;
       }
+      records_[i].push_back(std::move(rec));
+    }
+    closedir(dir);
+    // In the order they were written.
+    std::sort(records_[i].begin(), records_[i].end(),
+              [](const Record& x, const Record& y) { return x.written_ns < y.written_ns; });
+    any = any || !records_[i].empty();
+  }
+  return any;
+}
+
+void TamperGuard::apply_grants(const std::map<std::pair<dev_t, ino_t>, std::pair<TrackedRegion*, Kept*>>& by_file) {
+  for (std::size_t i = 0; i < records_.size(); ++i) {
+    for (const Record& rec : records_[i]) {
+      const std::string& name = rec.name;
+      const dev_t dev = rec.dev;
+      const ino_t ino = rec.ino;
+      const std::uint64_t written_ns = rec.written_ns;
       auto owner = by_file.find({dev, ino});
       if (owner == by_file.end()) {
         const std::uint64_t now = realtime_ns();

@@ -66,6 +66,7 @@ class TamperGuard {
     Limits devices[kMaxDevices];
   };
   void open_grant_dirs();
+  bool list_records();  // into records_; false: none
   void apply_grants(const std::map<std::pair<dev_t, ino_t>, std::pair<TrackedRegion*, Kept*>>& by_file);
   void check(TrackedRegion& t, Kept& k, const Found& f);
 
@@ -73,6 +74,14 @@ class TamperGuard {
   std::vector<int> fds_;           // -1 until made and found sound
   std::vector<bool> warned_;
   std::unordered_map<const TrackedRegion*, Kept> kept_;
+  std::vector<Found> found_;  // this cycle's, per region (reused)
+  struct Record {
+    std::string name;
+    dev_t dev;
+    ino_t ino;
+    std::uint64_t written_ns;
+  };
+  std::vector<std::vector<Record>> records_;                              // per grant directory
   std::map<std::pair<std::string, std::string>, std::uint64_t> repairs_;  // (container, rel) -> fields put back
   TamperCounters counters_;
   std::uint64_t now_ns_ = 0;
