@@ -56,8 +56,10 @@ int main(int argc, char** argv) {
   app.add_option("--priority-board", cfg.priority_board,
                  "Priority board whose stale files (unused for --grace) are removed; '' = none")
       ->capture_default_str();
-  app.add_option("--bypass-tolerance", tolerance,
-                 "Report a process holding more than its accounted memory plus this (context memory)")
+  app.add_option(
+         "--bypass-tolerance", tolerance,
+         "Report a process holding more than its accounted memory plus this (context memory); --enforce acts on a "
+         "container over its quota plus this")
       ->capture_default_str();
   app.add_option("--enforce", enforce,
                  "report | kill: a container above its quota plus --bypass-tolerance (NVML) for --enforce-cycles "
