@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstddef>
 
 #include "agent.h"
@@ -131,6 +132,34 @@ TEST(AgentTamper, AnEntryPublishedAgainForTheSameDeviceKeepsItsLimits) {
   a.cycle();
   ASSERT_TRUE(
       write_field<std::uint32_t>(path, device_field(dev, offsetof(DeviceState, uuid_state)), shm::kDeviceAbandoned));
+  const int again = add_device(r, 0x60, kUnlimited, 100);
+  ASSERT_GE(again, 0);
+  ASSERT_NE(again, dev);
+  a.cycle();
+  EXPECT_EQ(r->devices[again].quota_bytes.load(), 256 * kMi);
+  EXPECT_EQ(r->devices[again].sm_limit_pct.load(), 30u);
+  EXPECT_EQ(a.stats().tamper.repairs, 2u);
+  shm::detach(r);
+}
+
+// In two steps: the entry's UUID rewritten (a cycle passes), then a new entry
+// published for the device. The device's limits are still the given ones.
+TEST(AgentTamper, AnEntryWhoseUuidWasRewrittenLeavesItsDevicesLimitsKept) {
+  Sandbox box;
+  const std::string path = container_region(box);
+  Region* r = make_region(path, "t");
+  ASSERT_NE(r, nullptr);
+  const int dev = add_device(r, 0x60, 256 * kMi, 30);
+  ASSERT_GE(dev, 0);
+  agent::Agent a(config_for(box, false));
+  a.start();
+  a.cycle();
+  std::uint8_t other[16];
+  uuid_bytes(0x61, other);
+  using Uuid = std::array<std::uint8_t, 16>;
+  const bool rewritten = write_field<Uuid>(path, device_field(dev, offsetof(DeviceState, uuid)), std::to_array(other));
+  ASSERT_TRUE(rewritten);
+  a.cycle();
   const int again = add_device(r, 0x60, kUnlimited, 100);
   ASSERT_GE(again, 0);
   ASSERT_NE(again, dev);

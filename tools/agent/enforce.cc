@@ -106,14 +106,11 @@ void Enforcer::run(const std::vector<TrackedRegion*>& regions, const std::vector
       std::uint64_t quota = kUnlimited;
       if (!guarded([&] { quota = r->devices[d.index].quota_bytes.load(std::memory_order_relaxed); })) break;
       if (quota == kUnlimited) continue;
-      const std::string key = t->rel + "\n" + std::to_string(t->map.inode()) + "\n" + std::to_string(d.index);
       const std::uint64_t dying = killed_bytes(*t, d, unregistered);
       const std::uint64_t held = st.nvml_bytes > dying ? st.nvml_bytes - dying : 0;
       const bool over = held > quota && held - quota > tolerance_;
-      if (!over) {
-        episodes_.erase(key);
-        continue;
-      }
+      if (!over) continue;  // an episode not seen this cycle ends below
+      const std::string key = t->rel + "\n" + std::to_string(t->map.inode()) + "\n" + std::to_string(d.index);
       Episode& e = episodes_[key];
       e.seen_ns = now_ns;
       if (++e.cycles >= cycles_) act(*t, d, quota, held, e, unregistered, gpu, now_ns);

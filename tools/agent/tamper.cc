@@ -122,15 +122,12 @@ void TamperGuard::run(const std::vector<TrackedRegion*>& regions, std::uint64_t 
     // First sight of an entry (or of the priority): the limits it was given.
     // Kept by device: an entry published again for a UUID already kept (the
     // old one marked abandoned, or its UUID rewritten) keeps that UUID's limits.
-    Limits previous[kMaxDevices];
-    std::copy(std::begin(k.devices), std::end(k.devices), std::begin(previous));
     for (const DeviceSample& d : t->sample.devices) {
       Limits& kl = k.devices[d.index];
       if (kl.known && std::memcmp(kl.uuid, d.uuid, sizeof kl.uuid) == 0) continue;
-      kl = f.devices[d.index];
-      for (const Limits& p : previous) {
-        if (p.known && std::memcmp(p.uuid, d.uuid, sizeof p.uuid) == 0) kl = p;
-      }
+      const Limits* given = k.given_for(d.uuid);
+      kl = given != nullptr ? *given : f.devices[d.index];
+      if (given == nullptr && k.given.size() < kMaxKeptDevices) k.given.push_back(kl);
     }
     if (k.priority == 0 && f.priority >= 1 && f.priority <= 3) k.priority = f.priority;
     std::copy(std::begin(k.devices), std::end(k.devices), std::begin(k.before));
@@ -219,17 +216,17 @@ void TamperGuard::apply_grants(const std::map<std::pair<dev_t, ino_t>, std::pair
           k.priority = static_cast<std::uint32_t>(l.value);
           continue;
         }
-        Limits* kl = nullptr;
-        for (Limits& c : k.devices) {
-          if (c.known && std::memcmp(c.uuid, l.uuid, sizeof c.uuid) == 0) kl = &c;
-        }
-        if (kl == nullptr) {
+        Limits* given = k.given_for(l.uuid);
+        if (given == nullptr) {
           pending = true;  // an entry smi made that this cycle did not read yet: taken at first sight
           continue;
         }
-        if (l.field == GrantLine::quota) kl->quota = l.value;
-        if (l.field == GrantLine::sm) kl->sm = static_cast<std::uint32_t>(l.value);
-        if (l.field == GrantLine::policy) kl->policy = static_cast<std::uint32_t>(l.value);
+        if (l.field == GrantLine::quota) given->quota = l.value;
+        if (l.field == GrantLine::sm) given->sm = static_cast<std::uint32_t>(l.value);
+        if (l.field == GrantLine::policy) given->policy = static_cast<std::uint32_t>(l.value);
+        for (Limits& c : k.devices) {
+          if (c.known && std::memcmp(c.uuid, l.uuid, sizeof c.uuid) == 0) c = *given;
+        }
       }
       if (pending) {
         const std::uint64_t now = realtime_ns();

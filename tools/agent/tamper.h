@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -49,17 +50,27 @@ class TamperGuard {
     std::uint32_t sm = 0;
     std::uint32_t policy = 0;
   };
+  // UUIDs whose limits are kept per region, at most: the first seen are the
+  // container's devices; past this a rewritten UUID names no device anyway.
+  static constexpr std::size_t kMaxKeptDevices = 64;
   struct Kept {
     dev_t dev = 0;
     ino_t ino = 0;
-    Limits devices[kMaxDevices];
-    std::uint32_t priority = 0;  // 0 = none seen yet
+    std::vector<Limits> given;    // by UUID, never forgotten while the region is watched
+    Limits devices[kMaxDevices];  // per entry: given[] of its UUID
+    std::uint32_t priority = 0;   // 0 = none seen yet
     std::uint64_t seen_ns = 0;
     // As kept before this cycle's grant records: a field the operator just
     // changed that the region still holds at its old value is smi's change
     // not written yet (smi records first), not the container's.
     Limits before[kMaxDevices];
     std::uint32_t priority_before = 0;
+    Limits* given_for(const std::uint8_t uuid[16]) {
+      for (Limits& l : given) {
+        if (std::memcmp(l.uuid, uuid, sizeof l.uuid) == 0) return &l;
+      }
+      return nullptr;
+    }
   };
   struct Found {  // the region's values this cycle
     std::uint32_t priority = 0;
