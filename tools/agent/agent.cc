@@ -50,12 +50,20 @@ std::vector<RegionRoot> region_roots(const AgentConfig& c) {
   return roots;
 }
 
+std::vector<std::string> root_dirs(const AgentConfig& c) {
+  std::vector<std::string> dirs;
+  for (const RegionRoot& r : region_roots(c)) dirs.push_back(r.dir);
+  return dirs;
+}
+
 }  // namespace
 
 Agent::Agent(AgentConfig config)
     : config_(std::move(config)),
       regions_(region_roots(config_), config_.max_regions),
       reconciler_(config_.bypass_tolerance_bytes, pidmap_.own_pidns()),
+      tamper_(root_dirs(config_)),
+      enforcer_(config_.enforce, config_.bypass_tolerance_bytes, config_.enforce_cycles),
       backstop_(config_.driver_backstop),
       dead_(kMaxSlots, nullptr) {
   shm::read_identity(0, &self_);
@@ -162,10 +170,14 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
       regions_.drop(*t, "the file was truncated under us (SIGBUS)");
     }
   }
+  // Limits the container rewrote are put back; a container over its quota is
+  // reported or has a process killed (tamper.h, enforce.h).
+  tamper_.run(active_, now);
+  enforcer_.run(active_, reconciler_.unregistered(), gpu, now);
 
-  // The driver's wall behind each quota (backstop.h). The agent as enforcer
-  // (--enforce=kill) makes the entries without one "agent": not wired here.
-  backstop_.cycle(active_, nvml_.available() ? &nvml_ : nullptr, false, now);
+  // The driver's wall behind each quota (backstop.h); where there is none,
+  // the agent is the backstop when it enforces (--enforce=kill).
+  backstop_.cycle(active_, nvml_.available() ? &nvml_ : nullptr, config_.enforce == EnforceMode::kill, now);
 
   // 4. Reap dead processes' slots; remove regions unused for the grace period.
   for (TrackedRegion* t : active_) {
@@ -202,6 +214,8 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
   stats_.backstop_limits_set = backstop_.limits_set();
   stats_.backstop_limits_cleared = backstop_.limits_cleared();
   stats_.backstop_errors = backstop_.errors();
+  stats_.enforce = enforcer_.counters();
+  stats_.tamper = tamper_.counters();
 }
 
 bool Agent::read_region(TrackedRegion& t, std::uint64_t now) {
@@ -267,6 +281,8 @@ std::string Agent::metrics_text() const {
       if (!t->dropped) in.regions.push_back(t.get());
     }
     for (const DeviceUtil& d : device_util_) in.devices.push_back({d.uuid, d.util_pct, d.processes});
+    in.enforce_kills = enforcer_.kills_by_region();
+    in.tamper_repairs = tamper_.repairs_by_region();
     snapshot = read_metrics(in);
   }
   return render_metrics(*snapshot);

@@ -16,11 +16,13 @@
 
 #include "backstop.h"
 #include "board_cleanup.h"
+#include "enforce.h"
 #include "nvml.h"
 #include "pidmap.h"
 #include "reconcile.h"
 #include "scan.h"
 #include "shm/region_file.h"
+#include "tamper.h"
 
 namespace gpuslice::agent {
 
@@ -50,6 +52,10 @@ struct AgentConfig {
   // The driver's per-cgroup memory limit behind each container's quota
   // (backstop.h; --driver-backstop off clears nothing and sets nothing).
   bool driver_backstop = true;
+  // --enforce, --enforce-cycles (enforce.h): over quota + bypass tolerance
+  // for this many consecutive cycles, report or kill.
+  EnforceMode enforce = EnforceMode::report;
+  std::uint32_t enforce_cycles = 3;
 };
 
 struct AgentStats {
@@ -71,6 +77,8 @@ struct AgentStats {
   std::uint64_t unregistered_reports = 0;
   std::uint64_t board_files_removed = 0;  // stale priority-board files (board_cleanup.h)
   std::uint64_t slot_rereads = 0;         // reads of a region's whole slot array (slot_index.h)
+  EnforceCounters enforce;                // enforce.h
+  TamperCounters tamper;                  // tamper.h
   bool nvml_available = false;
   std::uint64_t nvml_devices = 0;
   std::uint64_t backstop_limits_set = 0;  // driver limits set or moved (backstop.h)
@@ -111,6 +119,8 @@ class Agent {
   RegionSet regions_;
   PidMap pidmap_;
   Reconciler reconciler_;
+  TamperGuard tamper_;
+  Enforcer enforcer_;
   Nvml nvml_;
   Backstop backstop_;
   GpuSample gpu_;

@@ -37,7 +37,7 @@ void raise_fd_limit() {
 int main(int argc, char** argv) {
   AgentConfig cfg;
   std::string interval = "100ms", rescan = "1s", grace = "5m", tolerance = "768Mi", listen = kDefaultListen;
-  std::string level = "info", metrics = "full";
+  std::string level = "info", metrics = "full", enforce = "report";
   bool no_nvml = false, once = false;
   CLI::App app{
       "gpuslice-agent: the gpuslice node agent. Watches every container's region, writes measured GPU "
@@ -56,8 +56,16 @@ int main(int argc, char** argv) {
   app.add_option("--priority-board", cfg.priority_board,
                  "Priority board whose stale files (unused for --grace) are removed; '' = none")
       ->capture_default_str();
-  app.add_option("--bypass-tolerance", tolerance,
-                 "Report a process holding more than its accounted memory plus this (context memory)")
+  app.add_option(
+         "--bypass-tolerance", tolerance,
+         "Report a process holding more than its accounted memory plus this (context memory); --enforce acts on a "
+         "container over its quota plus this")
+      ->capture_default_str();
+  app.add_option("--enforce", enforce,
+                 "report | kill: a container above its quota plus --bypass-tolerance (NVML) for --enforce-cycles "
+                 "cycles is reported, or has its unregistered (else largest) process killed")
+      ->capture_default_str();
+  app.add_option("--enforce-cycles", cfg.enforce_cycles, "Consecutive cycles over quota before --enforce acts")
       ->capture_default_str();
   app.add_option("--listen", listen, "host:port for /metrics and /healthz ('off' = no HTTP endpoint)")
       ->capture_default_str();
@@ -85,6 +93,11 @@ int main(int argc, char** argv) {
   if (!gpuslice::options::parse_size(tolerance.c_str(), &cfg.bypass_tolerance_bytes)) {
     return usage_error(app, "--bypass-tolerance '"s + tolerance + "': expected a size (e.g. 768Mi)");
   }
+  if (enforce != "report" && enforce != "kill")
+    return usage_error(app, "--enforce '"s + enforce + "': expected report or kill");
+  cfg.enforce = enforce == "kill" ? EnforceMode::kill : EnforceMode::report;
+  if (cfg.enforce_cycles < 1 || cfg.enforce_cycles > 1000)
+    return usage_error(app, "--enforce-cycles: expected 1 to 1000");
   LogLevel log_level;
   if (!parse_log_level(level, &log_level))
     return usage_error(app, "--log-level '"s + level + "': expected error|warn|info|debug");

@@ -49,6 +49,7 @@ struct MetricsRows {
   AgentStats stats;
   std::vector<MetricsDevice> devices;
   bool basic = false;
+  std::vector<RegionCount> enforce_kills, tamper_repairs;
 };
 
 void MetricsRowsFree::operator()(MetricsRows* m) const { delete m; }
@@ -143,6 +144,8 @@ MetricsSnapshot read_metrics(const MetricsInput& in) {
   snap->stats = in.stats;
   snap->devices = in.devices;
   snap->basic = in.basic;
+  snap->enforce_kills = in.enforce_kills;
+  snap->tamper_repairs = in.tamper_repairs;
   for (const TrackedRegion* t : in.regions) {
     const Region* r = t->map.get();
     DeviceView devs[kMaxDevices];
@@ -378,6 +381,22 @@ std::string render_metrics(const MetricsRows& in) {
   w.sample_u64("", s.backstop_limits_cleared);
   w.family("gpuslice_agent_backstop_errors_total", "counter", "NVML errors setting or clearing a driver limit.");
   w.sample_u64("", s.backstop_errors);
+  w.family("gpuslice_agent_enforce_kills_total", "counter",
+           "Processes the agent killed (--enforce=kill): their container held more than its quota plus "
+           "--bypass-tolerance for --enforce-cycles cycles.");
+  for (const RegionCount& c : in.enforce_kills) w.sample_u64(region_labels(c.container, c.rel), c.value);
+  w.family("gpuslice_agent_over_quota_reports_total", "counter",
+           "Containers found holding more than their quota plus --bypass-tolerance for --enforce-cycles cycles.");
+  w.sample_u64("", s.enforce.over_reports);
+  w.family("gpuslice_agent_enforce_kill_failures_total", "counter",
+           "Processes chosen to be killed that were not (gone, their pid recycled, no permission).");
+  w.sample_u64("", s.enforce.kill_failures);
+  w.family("gpuslice_agent_tamper_repairs_total", "counter",
+           "Limits (quota, SM limit, SM policy, priority) a container rewrote in its region and the agent put back.");
+  for (const RegionCount& c : in.tamper_repairs) w.sample_u64(region_labels(c.container, c.rel), c.value);
+  w.family("gpuslice_agent_grants_applied_total", "counter",
+           "Operator changes of a region's limits (gpuslice-smi set) the agent took as the limits to keep.");
+  w.sample_u64("", s.tamper.grants_applied);
   w.family("gpuslice_agent_nvml_available", "gauge", "1 if NVML was loaded (utilisation and reconciliation run).");
   w.sample_u64("", s.nvml_available ? 1 : 0);
   w.family("gpuslice_agent_heartbeat_age_seconds", "gauge", "Time since the agent's heartbeat in each region.", full);

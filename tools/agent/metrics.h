@@ -21,8 +21,9 @@ struct MetricsDevice {
 struct MetricsInput {
   AgentStats stats;
   std::vector<const TrackedRegion*> regions;
-  std::vector<MetricsDevice> devices;  // NVML's devices in the last cycle
-  bool basic = false;                  // --metrics basic (docs/agent.md, "Scale")
+  std::vector<MetricsDevice> devices;                      // NVML's devices in the last cycle
+  bool basic = false;                                      // --metrics basic (docs/agent.md, "Scale")
+  std::vector<RegionCount> enforce_kills, tamper_repairs;  // enforce.h, tamper.h
 };
 
 // What a scrape read from the regions: read under the agent's lock, written

@@ -86,6 +86,7 @@ void Reconciler::begin(const GpuSample* gpu, std::uint64_t now_ns) {
   gpu_ = gpu;
   now_ns_ = now_ns;
   claimed_.clear();
+  unregistered_.clear();
   const std::size_t n = gpu != nullptr ? gpu->devices.size() : 0;
   procs_.resize(n);
   for (std::size_t g = 0; g < n; ++g) {
@@ -220,6 +221,7 @@ void Reconciler::attribute_unregistered(const std::unordered_map<std::uint64_t, 
       if (entry != nullptr) {
         DeviceStats& st = rs.stats[entry->index];
         st.nvml_bytes += used;
+        unregistered_.push_back({&t, static_cast<int>(g), host_pid, c.start_time, c.pidns_inode, used});
         ++st.unregistered;
         if (gpu.util_known) {
           st.util_busy_ns += gpu.busy_ns_of(host_pid);

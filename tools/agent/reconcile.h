@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "enforce.h"
 #include "nvml.h"
 #include "pidmap.h"
 #include "scan.h"
@@ -50,6 +51,9 @@ class Reconciler {
   bool write(TrackedRegion& t, std::uint64_t now_ns) const;
 
   const ReconcileCounters& counters() const { return counters_; }
+  // This cycle's unregistered processes attributed to a container that has an
+  // entry for their device (the enforcer's candidates, enforce.h).
+  const std::vector<UnregisteredProc>& unregistered() const { return unregistered_; }
 
  private:
   struct GpuProc {
@@ -77,6 +81,7 @@ class Reconciler {
   // condition is gone, so that it is reported again if it comes back).
   std::unordered_map<std::string, std::uint64_t> reported_;
   ReconcileCounters counters_;
+  std::vector<UnregisteredProc> unregistered_;
 };
 
 }  // namespace gpuslice::agent

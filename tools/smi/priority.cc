@@ -43,6 +43,9 @@ int run_set_priority(const std::string& region, const std::string& text) {
     std::fprintf(stderr, "gpuslice-smi: %s: %s\n", shown.c_str(), why.c_str());
     return kExitNoRegion;
   }
+  agent::Grant grant;
+  grant.lines.push_back({agent::GrantLine::priority, {}, static_cast<std::uint64_t>(level)});
+  if (!record_grant(region, map, grant, shown)) return kExitFailed;
   Region* r = map.get();
   std::uint32_t old = 0;
   if (!agent::guarded([&] { old = r->header.priority.exchange(static_cast<std::uint32_t>(level)); })) {

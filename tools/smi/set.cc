@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "grant.h"
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
 #include "limiter/options/options.h"
@@ -88,6 +89,19 @@ void report(const Change& c, const Values& v, const std::string& path) {
 
 }  // namespace
 
+bool record_grant(const std::string& region, const agent::MappedRegion& map, const agent::Grant& g,
+                  const std::string& shown) {
+  const std::string dir = agent::find_grant_dir(region);
+  if (dir.empty() || g.lines.empty()) return true;  // no agent keeps this region's limits
+  std::string why;
+  if (agent::write_grant(dir, map.device(), map.inode(), g, &why)) return true;
+  std::fprintf(stderr,
+               "gpuslice-smi: %s: cannot record the change for the agent (%s), expected a writable grant directory; "
+               "nothing changed\n",
+               shown.c_str(), tools::escape_untrusted(why).c_str());
+  return false;
+}
+
 int run_set(const SetRequest& req) {
   Values v;
   if (!req.memory.empty()) {
@@ -145,6 +159,35 @@ int run_set(const SetRequest& req) {
     index = std::atoi(req.device.c_str());
     if (index >= static_cast<int>(kMaxDevices)) index = -2;
   }
+  // The agent keeps the limits a container was given and puts back any other
+  // (tools/agent/tamper.h): the change is recorded for it first.
+  agent::Grant grant;
+  auto add_lines = [&](const std::uint8_t* id) {
+    auto add = [&](agent::GrantLine::Field f, std::uint64_t value) {
+      agent::GrantLine l{};
+      l.field = f;
+      std::memcpy(l.uuid, id, sizeof l.uuid);
+      l.value = value;
+      grant.lines.push_back(l);
+    };
+    if (v.memory) add(agent::GrantLine::quota, v.quota);
+    if (v.sm) add(agent::GrantLine::sm, v.sm_limit);
+    if (v.policy) add(agent::GrantLine::policy, static_cast<std::uint64_t>(v.sm_policy));
+  };
+  if (by_uuid) {
+    add_lines(uuid);
+  } else if (!agent::guarded([&] {
+               for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
+                 const DeviceState& d = r->devices[i];
+                 if ((req.device.empty() || static_cast<int>(i) == index) &&
+                     d.uuid_state.load(std::memory_order_acquire) == shm::kDevicePublished) {
+                   add_lines(d.uuid);
+                 }
+               }
+             })) {
+    grant.lines.clear();
+  }
+  if (!record_grant(req.region, map, grant, shown)) return kExitFailed;
   const bool ok = agent::guarded([&] {
     if (req.device.empty()) {
       for (std::uint32_t i = 0; i < kMaxDevices; ++i) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "grant.h"
+#include "region_io.h"
 #include "view.h"
 
 namespace gpuslice::smi {
@@ -60,6 +62,10 @@ struct SetRequest {
 };
 // Applies the request; prints what changed on stdout; returns an exit code.
 int run_set(const SetRequest& req);
+// Records an operator's change for the agent, which keeps a region's limits
+// (tools/agent/grant.h); false (printed) when it could not.
+bool record_grant(const std::string& region, const agent::MappedRegion& map, const agent::Grant& g,
+                  const std::string& shown);
 // `set --priority`: rewrites the region's priority word (priority.cc).
 int run_set_priority(const std::string& region, const std::string& level);
 
