@@ -89,19 +89,6 @@ void report(const Change& c, const Values& v, const std::string& path) {
 
 }  // namespace
 
-bool record_grant(const std::string& region, const agent::MappedRegion& map, const agent::Grant& g,
-                  const std::string& shown) {
-  const std::string dir = agent::find_grant_dir(region);
-  if (dir.empty() || g.lines.empty()) return true;  // no agent keeps this region's limits
-  std::string why;
-  if (agent::write_grant(dir, map.device(), map.inode(), g, &why)) return true;
-  std::fprintf(stderr,
-               "gpuslice-smi: %s: cannot record the change for the agent (%s), expected a writable grant directory; "
-               "nothing changed\n",
-               shown.c_str(), tools::escape_untrusted(why).c_str());
-  return false;
-}
-
 int run_set(const SetRequest& req) {
   Values v;
   if (!req.memory.empty()) {
