@@ -184,16 +184,15 @@ bool FeedbackLoop::measure(int e, std::uint64_t now_ns, Measurement* out) noexce
   return measure_nvml(e, now_ns, out);
 }
 
-std::uint64_t FeedbackLoop::tick() noexcept {
+void FeedbackLoop::tick() noexcept {
   const std::uint64_t now = host_.mono_ns();
   if (now >= next_refresh_ns_) {
     if (host_.refresh != nullptr) host_.refresh();
     next_refresh_ns_ = now + kRefreshNs;
   }
   Region* r = host_.region;
-  if (r == nullptr) return kFeedbackTickNs;
+  if (r == nullptr) return;
   const std::uint32_t mask = host_.entries != nullptr ? host_.entries() : 0;
-  bool limited = false;
   for (unsigned e = 0; e < kMaxDevices; ++e) {
     EntryFeedback& f = entries_[e];
     DeviceState& d = r->devices[e];
@@ -202,7 +201,6 @@ std::uint64_t FeedbackLoop::tick() noexcept {
       f.owner = false;
       continue;
     }
-    limited = true;
     if (!hold_feedback(d, self_, now)) {
       f.owner = false;
       continue;
@@ -231,10 +229,6 @@ std::uint64_t FeedbackLoop::tick() noexcept {
       f.last_step_ns = now;  // the baseline: the first window is a period long
     }
   }
-  // Nothing limited: nothing to do until the next refresh (which re-reads
-  // the limits: one set at run time is seen within kRefreshNs, as before).
-  if (limited || next_refresh_ns_ <= now) return kFeedbackTickNs;
-  return next_refresh_ns_ - now < kRefreshNs ? next_refresh_ns_ - now : kRefreshNs;
 }
 
 namespace {
@@ -250,9 +244,9 @@ void* feedback_main(void* arg) noexcept {
   auto* loop = new (g_loop_storage) FeedbackLoop(g_host, self);
   for (;;) {
     g_in_tick.store(true, std::memory_order_seq_cst);
-    const std::uint64_t sleep = g_stopping.load(std::memory_order_seq_cst) ? kFeedbackTickNs : loop->tick();
+    if (!g_stopping.load(std::memory_order_seq_cst)) loop->tick();
     g_in_tick.store(false, std::memory_order_release);
-    platform::sleep_ns(sleep);
+    platform::sleep_ns(kFeedbackTickNs);
   }
   return nullptr;
 }

@@ -78,14 +78,11 @@ struct EntryFeedback {
 };
 
 // The loop's state and one iteration; the thread calls tick() every
-// kFeedbackTickNs while a device is limited, else at the next refresh (a
-// process with no limit, e.g. a priority tenant, wakes every kRefreshNs, not
-// 100 times a second). Only ever used by one thread at a time.
+// kFeedbackTickNs. Only ever used by one thread at a time.
 class FeedbackLoop {
  public:
   FeedbackLoop(const FeedbackHost& host, std::uint32_t self_pid) noexcept : host_(host), self_(self_pid) {}
-  // Returns how long the thread may sleep before the next tick.
-  std::uint64_t tick() noexcept;
+  void tick() noexcept;
   const EntryFeedback& entry(int i) const noexcept { return entries_[i]; }
   // Measurement of entry `e` over the window since the previous call; false
   // when there is none this time (no new agent sample, NVML unavailable).

@@ -168,23 +168,6 @@ TEST_F(Fixture, RefreshesTheLaunchCachesPeriodically) {
   EXPECT_EQ(script.refreshes, 2);
 }
 
-// With no device limited the thread has nothing to do but the refresh: it
-// sleeps until then instead of waking every kFeedbackTickNs (256 unlimited
-// priority tenants woke 25,600 times a second, docs/priority.md). A limit
-// that appears is seen at the next refresh.
-TEST_F(Fixture, WithNothingLimitedTheThreadSleepsUntilTheNextRefresh) {
-  region->devices[0].sm_limit_pct.store(0);
-  FeedbackLoop loop(host, script.our_pid);
-  EXPECT_EQ(loop.tick(), kRefreshNs);
-  script.mono += kRefreshNs / 4;
-  EXPECT_EQ(loop.tick(), kRefreshNs - kRefreshNs / 4);
-  region->devices[0].sm_limit_pct.store(40);
-  script.mono += kRefreshNs - kRefreshNs / 4;
-  EXPECT_EQ(loop.tick(), kFeedbackTickNs);
-  EXPECT_EQ(script.refreshes, 2);
-  EXPECT_EQ(region->devices[0].feedback_owner_pid.load(), script.our_pid);
-}
-
 TEST_F(Fixture, ForeignPidsAreNotTrusted) {
   script.running_has_ours = false;
   FeedbackLoop loop(host, script.our_pid);
