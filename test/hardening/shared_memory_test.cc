@@ -7,10 +7,6 @@
 // bounded by a timeout; the assertions are on what the quota admits.
 #include <cuda.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <memory>
 #include <string>
@@ -24,95 +20,16 @@ namespace {
 
 constexpr unsigned long long kMi = 1ull << 20;
 
-std::string peer_binary() { return bin("shared_peer"); }
-
-// One rank: its stdin and stdout are pipes.
-class Peer {
+// One rank (programs/shared_peer.cc): its stdin and stdout are pipes.
+class Peer : public Conversation {
  public:
-  Peer(const std::vector<std::string>& args, const Env& env) {
-    signal(SIGPIPE, SIG_IGN);  // a rank that died answers -1001, never kills the test
-    int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) return;
-    std::vector<std::string> argv{peer_binary()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<std::string> envs;
-    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
-#if defined(__SANITIZE_ADDRESS__)
-    // The preload library comes before libasan in a sanitized rank: allowed
-    // (as test/harness's child environment says).
-    envs.push_back("ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0");
-#endif
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(in[0], 0);
-      dup2(out[1], 1);
-      close(in[1]);
-      close(out[0]);
-      std::vector<char*> a, e;
-      for (auto& s : argv) a.push_back(s.data());
-      a.push_back(nullptr);
-      for (auto& s : envs) e.push_back(s.data());
-      e.push_back(nullptr);
-      execve(a[0], a.data(), e.data());
-      _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    to_ = in[1];
-    from_ = out[0];
-  }
-  ~Peer() {
-    if (to_ >= 0) close(to_);
-    if (from_ >= 0) close(from_);
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  // Sends a command and returns the rc of the answer (-1000: no answer in time).
-  int ask(const std::string& command) {
-    const std::string line = command + "\n";
-    if (write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return -1001;
-    return answer();
-  }
-  // The rc of the next "<word> rc=R" line (-1000: none within 60 s).
-  int answer() {
-    std::string line;
-    while (true) {
-      const std::size_t nl = buffer_.find('\n');
-      if (nl != std::string::npos) {
-        line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        break;
-      }
-      pollfd p{from_, POLLIN, 0};
-      if (poll(&p, 1, 60000) <= 0) return -1000;
-      char chunk[256];
-      const ssize_t n = read(from_, chunk, sizeof chunk);
-      if (n <= 0) return -1000;
-      buffer_.append(chunk, static_cast<std::size_t>(n));
-    }
-    last_ = line;
-    const std::size_t at = line.find("rc=");
-    return at == std::string::npos ? -1002 : std::stoi(line.substr(at + 3));
-  }
-  void kill9() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  void quit() {
-    const std::string line = "quit\n";
-    (void)!write(to_, line.data(), line.size());
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  const std::string& last() const { return last_; }
+  Peer(std::vector<std::string> args, const Env& env) : Conversation(with_binary(std::move(args)), env) {}
 
  private:
-  pid_t pid_ = -1;
-  int to_ = -1, from_ = -1;
-  std::string buffer_, last_;
+  static std::vector<std::string> with_binary(std::vector<std::string> args) {
+    args.insert(args.begin(), bin("shared_peer"));
+    return args;
+  }
 };
 
 // An exporter holding `bytes` and an importer mapping them, both of `env`'s container (or the importer of `importer_env`'s).
