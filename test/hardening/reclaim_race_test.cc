@@ -31,5 +31,21 @@ TEST(ReclaimRace, ASecondRequestDuringAnotherThreadsPoolReclaimIsNotRefused) {
   EXPECT_EQ(number(r, "race", "b_rc"), 0) << "refused during another thread's pool reclaim\n" << r.out;
 }
 
+// A trim that could not lower the count (another thread was reconciling the
+// pool: busy), then a request the device has room for: the refusal's
+// reclaim skipped the busy pool too (try-lock) and refused, with the pool's
+// reserve already back on the device (the chaos suite's `pool` + `fill`
+// refusals with room: a pool held by a growth or a reconciliation while a
+// synchronisation trimmed it). 64 MiB quota, 48 MiB of idle reserve trimmed,
+// then 48 MiB asked. It waits for the pool's mutex now (bounded).
+TEST(ReclaimRace, ARequestAfterATrimOfABusyPoolIsNotRefused) {
+  Sandbox box;
+  Result r = race(box, {{"GPUSLICE_MEMORY_LIMIT", "64Mi"}, {"FAKECUDA_POOL_QUERY_DELAY_US", "300000"}},
+                  {"48", "48", "0", "busy"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "race", "b_rc"), 0) << r.out;
+  EXPECT_EQ(number(r, "race", "a_rc"), 0) << "refused after the pool's reserve went back to the device\n" << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test
