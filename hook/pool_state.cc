@@ -300,29 +300,6 @@ void finalize_if_drained(PoolState& st) noexcept {
   st.in_use.store(0, std::memory_order_release);  // the slot may serve a new pool
 }
 
-void reconcile_dirty() noexcept {
-  const std::uint32_t n = g_slots_used.load(std::memory_order_acquire);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    PoolState& st = g_states[i];
-    if (st.dirty.load(std::memory_order_relaxed) == 0) continue;
-    // Busy (another thread grows or destroys it): it stays dirty for the next sync.
-    if (!st.mu.try_lock()) continue;
-    st.dirty.store(0, std::memory_order_relaxed);
-    // A pool that still holds more than its allocations (a release threshold,
-    // or a sync of another device that did not trim it) stays dirty: a later
-    // synchronisation may release the rest.
-    if (st.in_use.load(std::memory_order_acquire) != 0) reconcile_locked(st, false);
-    if (st.counted.load(std::memory_order_relaxed) > round_chunk(st.outstanding.load(std::memory_order_relaxed)))
-      st.dirty.store(1, std::memory_order_relaxed);
-    st.mu.unlock();
-  }
-}
-
-// Reclaims of this process in flight, and a word each one bumps at its end
-// (a private futex: await_other_reclaims sleeps on it).
-std::atomic<std::uint32_t> g_reclaiming{0};
-std::atomic<std::uint32_t> g_reclaims_ended{0};
-
 // Reclaims run by threads that hold a pool's mutex (growing it, t_growing:
 // their reservation is being refused). A reclaim waits for a busy pool's
 // mutex (lock_busy_pool) only while none runs: such a thread may be waiting
@@ -341,14 +318,14 @@ struct GrowerReclaiming {
 };
 
 // A pool another thread holds: it grows it (the driver call and the settle,
-// microseconds), reconciles or destroys it. A synchronisation's
-// reconciliation skipped it meanwhile (reconcile_dirty only try-locks), so
-// its count may stand above its reserve by all the synchronisation trimmed;
-// a refusal that skipped it too refused with room (the chaos suite's `pool`
-// + `fill` refusals). So the refusal waits for it, bounded (kReclaimWaitNs),
-// polling with a sleep that doubles from 10 us to 1 ms; it gives up (skips
-// the pool, as before) while another thread holding a pool's mutex is in
-// its own reclaim (it may be waiting for ours).
+// microseconds), reconciles or destroys it. A reconciliation that skipped it
+// (a synchronisation's, a trim's) left its count above its reserve by all
+// the driver trimmed, and a refusal that skipped it too refused with room
+// (the chaos suite's `pool` + `fill` refusals, in this process or another).
+// So reconciliations and the refusal's reclaim wait for it, bounded
+// (kReclaimWaitNs), polling with a sleep that doubles from 10 to 200 us; a
+// reclaim gives up (skips the pool) while another thread holding a pool's
+// mutex is in its own reclaim (it may be waiting for ours).
 bool lock_busy_pool(PoolState& st) noexcept {
   if (st.mu.try_lock()) return true;
   const std::uint32_t self = t_growing != nullptr ? 1u : 0u;
@@ -362,6 +339,30 @@ bool lock_busy_pool(PoolState& st) noexcept {
   }
   return false;
 }
+
+void reconcile_dirty() noexcept {
+  const std::uint32_t n = g_slots_used.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    PoolState& st = g_states[i];
+    if (st.dirty.load(std::memory_order_relaxed) == 0) continue;
+    // Busy (another thread grows, reconciles or destroys it): waited for,
+    // bounded (lock_busy_pool); given up, it stays dirty for the next sync.
+    if (!lock_busy_pool(st)) continue;
+    st.dirty.store(0, std::memory_order_relaxed);
+    // A pool that still holds more than its allocations (a release threshold,
+    // or a sync of another device that did not trim it) stays dirty: a later
+    // synchronisation may release the rest.
+    if (st.in_use.load(std::memory_order_acquire) != 0) reconcile_locked(st, false);
+    if (st.counted.load(std::memory_order_relaxed) > round_chunk(st.outstanding.load(std::memory_order_relaxed)))
+      st.dirty.store(1, std::memory_order_relaxed);
+    st.mu.unlock();
+  }
+}
+
+// Reclaims of this process in flight, and a word each one bumps at its end
+// (a private futex: await_other_reclaims sleeps on it).
+std::atomic<std::uint32_t> g_reclaiming{0};
+std::atomic<std::uint32_t> g_reclaims_ended{0};
 
 void await_other_reclaims() noexcept {
   const GrowerReclaiming grower;
@@ -493,8 +494,8 @@ CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept {
 }
 
 void reconcile_now(PoolState& st) noexcept {
-  if (!st.mu.try_lock()) {
-    mark_dirty(st);  // busy growing: the next synchronisation looks again
+  if (!lock_busy_pool(st)) {
+    mark_dirty(st);  // busy past the bound: the next synchronisation looks again
     return;
   }
   reconcile_locked(st, false);

@@ -134,7 +134,8 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept;
 // and frees the slot (exactly once, also against a racing last free).
 // (declared with the records below)
 // Reconciles every pool marked dirty (after a synchronisation): one driver
-// query per pool used since the last one, none when idle.
+// query per pool used since the last one, none when idle. A pool another
+// thread holds is waited for (bounded), never skipped while it is quick.
 void reconcile_dirty() noexcept;
 // Before an allocation is refused: trims this process's pools down to what
 // their allocations use (what the driver does before failing one of its own)

@@ -14,6 +14,10 @@
 // the reserve back; gpuslice's count of the pool cannot be lowered: the
 // pool is busy), then asks for A_MIB with cuMemAlloc, which fits the
 // device. Prints "race a_rc=R b_rc=R" (b_rc: the synchronisation's).
+//   reclaim_race POOL_MIB 0 0 busy-trim
+// The same, but thread A only trims, prints "trimmed" once its trim has
+// returned, and the program exits 1 s later: the request comes from another
+// process of the container (the test's), which has no pool to reclaim.
 #include <cuda.h>
 #include <unistd.h>
 
@@ -24,7 +28,8 @@
 
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) return 2;
-  const bool busy = argc == 5 && std::string(argv[4]) == "busy";
+  const bool trim_only = argc == 5 && std::string(argv[4]) == "busy-trim";
+  const bool busy = trim_only || (argc == 5 && std::string(argv[4]) == "busy");
   const std::size_t pool_mib = std::strtoull(argv[1], nullptr, 10);
   const std::size_t a_mib = std::strtoull(argv[2], nullptr, 10);
   const std::size_t b_mib = std::strtoull(argv[3], nullptr, 10);
@@ -58,6 +63,13 @@ int main(int argc, char** argv) {
     std::thread ta([&] {
       cuCtxSetCurrent(ctx);
       cuMemPoolTrimTo(pool, 0);
+      if (trim_only) {
+        std::printf("trimmed\n");
+        std::fflush(stdout);
+        usleep(1000 * 1000);  // the other process's request
+        a_rc = CUDA_SUCCESS;
+        return;
+      }
       a_rc = cuMemAlloc(&a, a_mib << 20);
     });
     ta.join();
