@@ -155,27 +155,11 @@ inline void release_record(const limiter::AllocRecord& rec) noexcept {
 }
 
 // After the driver freed memory implicitly: releases every record of `table`
-// for which gone(key, record) says the driver no longer knows the handle.
-// gone() asks the driver, so it runs on copies with no table lock held
-// (a driver calling back into a hooked entry point must not wait on one);
-// each record is then erased exactly once.
-// Between gone() and the erase another thread may allocate at the same
-// address (the driver reuses addresses) and commit its record under the same
-// key, releasing the gone one as stale; that record must not be erased in
-// its place: the driver is asked again about the record taken, and a key it
-// knows again goes back (a free of it meanwhile found no record and was
-// forwarded uncounted: gone then, and released here).
+// for which gone(key, record) says the driver no longer knows the handle
+// (limiter::sweep_records has the races it settles).
 template <class Gone>
 void sweep_table(limiter::AllocTable& table, Gone&& gone) noexcept {
-  table.for_each_unlocked([&](std::uint64_t key, const limiter::AllocRecord& rec) {
-    if (!gone(key, rec)) return;
-    limiter::AllocRecord taken{};
-    if (!table.erase(key, &taken)) return;
-    if (gone(key, taken))
-      release_record(taken);
-    else
-      table.insert(key, taken);  // allocated again at this address since
-  });
+  limiter::sweep_records(table, gone, [](const limiter::AllocRecord& rec) { release_record(rec); });
 }
 
 }  // namespace gpuslice::hook

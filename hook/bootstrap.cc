@@ -143,6 +143,21 @@ CUresult claim_now() noexcept {
     // driver's files, and the parent's device memory, until exec or exit).
     // A description of its own of the file mapped (not what the path names now).
     lock_fd = shm::reopen(g_region_fd.load(std::memory_order_acquire), cfg.options.region);
+    // Joined again under the joining lock, as attach joins (shm::rejoin): the
+    // agent never removes the region between here and our claim. A region
+    // the agent already removed (idle since our parent exited) is never
+    // claimed in: we attach by name, as a new process would.
+    if (lock_fd >= 0 && !shm::rejoin(lock_fd, cfg.options.region)) {
+      close(lock_fd);
+      lock_fd = -1;
+      shm::Error err{};
+      region = shm::attach(cfg.options.region, cfg.options.container_name, &err, nullptr, &lock_fd);
+      if (region == nullptr) {
+        GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED", err.message);
+        return fail_closed();
+      }
+      watch_region_file(lock_fd);  // the inherited description stays open: our parent's slot lock
+    }
   }
   // Who judges the others' slots: we, through our own description's view of their locks.
   const shm::Observer observer(self, lock_fd);

@@ -300,13 +300,54 @@ void finalize_if_drained(PoolState& st) noexcept {
   st.in_use.store(0, std::memory_order_release);  // the slot may serve a new pool
 }
 
+// Reclaims run by threads that hold a pool's mutex (growing it, t_growing:
+// their reservation is being refused). A reclaim waits for a busy pool's
+// mutex (lock_busy_pool) only while none runs: such a thread may be waiting
+// for our reclaim to end (await_other_reclaims) with the mutex held.
+std::atomic<std::uint32_t> g_growers_reclaiming{0};
+struct GrowerReclaiming {
+  const bool on = t_growing != nullptr;
+  GrowerReclaiming() noexcept {
+    if (on) g_growers_reclaiming.fetch_add(1, std::memory_order_seq_cst);
+  }
+  ~GrowerReclaiming() {
+    if (on) g_growers_reclaiming.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  GrowerReclaiming(const GrowerReclaiming&) = delete;
+  GrowerReclaiming& operator=(const GrowerReclaiming&) = delete;
+};
+
+// A pool another thread holds: it grows it (the driver call and the settle,
+// microseconds), reconciles or destroys it. A reconciliation that skipped it
+// (a synchronisation's, a trim's) left its count above its reserve by all
+// the driver trimmed, and a refusal that skipped it too refused with room
+// (the chaos suite's `pool` + `fill` refusals, in this process or another).
+// So reconciliations and the refusal's reclaim wait for it, bounded
+// (kReclaimWaitNs), polling with a sleep that doubles from 10 to 200 us; a
+// reclaim gives up (skips the pool) while another thread holding a pool's
+// mutex is in its own reclaim (it may be waiting for ours).
+bool lock_busy_pool(PoolState& st) noexcept {
+  if (st.mu.try_lock()) return true;
+  const std::uint32_t self = t_growing != nullptr ? 1u : 0u;
+  const std::uint64_t deadline = platform::monotonic_ns() + kReclaimWaitNs;
+  long sleep_ns = 10'000;
+  while (g_growers_reclaiming.load(std::memory_order_seq_cst) <= self && platform::monotonic_ns() < deadline) {
+    const timespec ts{0, sleep_ns};
+    nanosleep(&ts, nullptr);
+    sleep_ns = sleep_ns >= 100'000 ? 200'000 : sleep_ns * 2;
+    if (st.mu.try_lock()) return true;
+  }
+  return false;
+}
+
 void reconcile_dirty() noexcept {
   const std::uint32_t n = g_slots_used.load(std::memory_order_acquire);
   for (std::uint32_t i = 0; i < n; ++i) {
     PoolState& st = g_states[i];
     if (st.dirty.load(std::memory_order_relaxed) == 0) continue;
-    // Busy (another thread grows or destroys it): it stays dirty for the next sync.
-    if (!st.mu.try_lock()) continue;
+    // Busy (another thread grows, reconciles or destroys it): waited for,
+    // bounded (lock_busy_pool); given up, it stays dirty for the next sync.
+    if (!lock_busy_pool(st)) continue;
     st.dirty.store(0, std::memory_order_relaxed);
     // A pool that still holds more than its allocations (a release threshold,
     // or a sync of another device that did not trim it) stays dirty: a later
@@ -324,6 +365,7 @@ std::atomic<std::uint32_t> g_reclaiming{0};
 std::atomic<std::uint32_t> g_reclaims_ended{0};
 
 void await_other_reclaims() noexcept {
+  const GrowerReclaiming grower;
   const std::uint64_t deadline = platform::monotonic_ns() + kReclaimWaitNs;
   for (;;) {
     const std::uint32_t seen = g_reclaims_ended.load(std::memory_order_seq_cst);
@@ -337,6 +379,7 @@ void await_other_reclaims() noexcept {
 }
 
 void reclaim_all() noexcept {
+  const GrowerReclaiming grower;
   g_reclaiming.fetch_add(1, std::memory_order_seq_cst);
   struct Ended {
     ~Ended() {
@@ -352,7 +395,7 @@ void reclaim_all() noexcept {
     if (&st == t_growing || st.in_use.load(std::memory_order_acquire) == 0 ||
         st.host.load(std::memory_order_relaxed) != 0 || st.destroyed.load(std::memory_order_relaxed) != 0)
       continue;
-    if (!st.mu.try_lock()) continue;
+    if (!lock_busy_pool(st)) continue;
     CUmemoryPool pool = st.handle.load(std::memory_order_relaxed);
     if (pool != nullptr && st.destroyed.load(std::memory_order_relaxed) == 0 && real_cuMemPoolTrimTo != nullptr)
       real_cuMemPoolTrimTo(pool, 0);
@@ -451,8 +494,8 @@ CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept {
 }
 
 void reconcile_now(PoolState& st) noexcept {
-  if (!st.mu.try_lock()) {
-    mark_dirty(st);  // busy growing: the next synchronisation looks again
+  if (!lock_busy_pool(st)) {
+    mark_dirty(st);  // busy past the bound: the next synchronisation looks again
     return;
   }
   reconcile_locked(st, false);

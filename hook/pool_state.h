@@ -134,19 +134,22 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept;
 // and frees the slot (exactly once, also against a racing last free).
 // (declared with the records below)
 // Reconciles every pool marked dirty (after a synchronisation): one driver
-// query per pool used since the last one, none when idle.
+// query per pool used since the last one, none when idle. A pool another
+// thread holds is waited for (bounded), never skipped while it is quick.
 void reconcile_dirty() noexcept;
 // Before an allocation is refused: trims this process's pools down to what
 // their allocations use (what the driver does before failing one of its own)
-// and reconciles them. Skips a pool whose mutex the calling thread holds,
-// and one another thread holds (try-lock: a reclaim runs inside a pool's
-// growth, which holds that pool's mutex).
+// and reconciles them. Skips a pool whose mutex the calling thread holds;
+// waits (bounded) for one another thread holds, unless a thread holding a
+// pool's mutex is reclaiming too (a reclaim runs inside a pool's growth,
+// which holds that pool's mutex, and may be waiting for ours).
 void reclaim_all() noexcept;
 // After reclaim_all, before refusing: waits until no other thread of the
 // process is in reclaim_all (at most kReclaimWaitNs). A pool this reclaim
 // skipped may be the one another thread is trimming: the driver has its
 // memory back, the count not yet (it is lowered after the trim). Never
-// deadlocks: a reclaim only try-locks, so none waits for the caller.
+// deadlocks: a reclaim waits for a pool's mutex only while no thread that
+// holds one is reclaiming, and both waits are bounded.
 inline constexpr std::uint64_t kReclaimWaitNs = 2'000'000'000;
 void await_other_reclaims() noexcept;
 

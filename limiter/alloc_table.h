@@ -19,6 +19,37 @@ struct AllocRecord {
 
 using AllocTable = platform::PointerTable<AllocRecord>;
 
+// After the driver freed objects implicitly (a context destroyed with its
+// allocations): release(record) for every record of `table` for which
+// gone(key, record) says the driver no longer knows the handle. gone() asks
+// the driver, so it runs on copies with no table lock held (a driver calling
+// back into a hooked entry point must not wait on one); each record is then
+// erased exactly once, and gone() asked again about the record taken:
+//  - another thread may have allocated at the same address (the driver
+//    reuses addresses) between gone() and the erase, and committed its
+//    record under the key, releasing the gone one as stale: the record taken
+//    is then the new one, known to the driver, and goes back;
+//  - a free of it meanwhile found no record and was forwarded uncounted:
+//    gone then, and released here;
+//  - known again, but a record holds the key once more: another thread
+//    allocated at the address after the erase and committed (nothing to
+//    displace). That record counts the memory there now; the one taken is of
+//    memory gone (the destroyed context's, or a free's forwarded uncounted
+//    since): released here, never put back over it nor dropped uncounted.
+// A record that cannot go back for want of memory stays counted (never short).
+template <class Gone, class Release>
+void sweep_records(AllocTable& table, Gone&& gone, Release&& release) noexcept {
+  table.for_each_unlocked([&](std::uint64_t key, const AllocRecord& rec) {
+    if (!gone(key, rec)) return;
+    AllocRecord taken{};
+    if (!table.erase(key, &taken)) return;
+    if (gone(key, taken)) return release(static_cast<const AllocRecord&>(taken));
+    bool newer = false;  // allocated again at this address since: ours goes back, unless a newer record is there
+    if (table.upsert(key, taken, [&](AllocRecord&, bool inserted) { newer = !inserted; }) && newer)
+      release(static_cast<const AllocRecord&>(taken));
+  });
+}
+
 // What was charged for a driver object that is not an allocation (a
 // context, a module, a library's placement, a context's resource limit):
 // bytes on a region device entry. One type for every table of them.

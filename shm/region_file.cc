@@ -533,6 +533,17 @@ int reopen(int fd, const char* path) noexcept {
   return -1;
 }
 
+bool rejoin(int fd, const char* path) noexcept {
+  if (fd < 0 || path == nullptr || *path == '\0' || platform::bounded_len(path, kPathCap) >= kPathCap - 64)
+    return false;
+  Error err{};
+  Place place;
+  if (!open_place(path, &place, &err)) return false;
+  const bool ok = joined(fd, place);
+  close(place.dfd);
+  return ok;
+}
+
 bool validate_header(const void* data, std::size_t size, Error* err) noexcept {
   platform::Text t(err->message, sizeof err->message);
   t.str("gpuslice: region header: ");

@@ -66,6 +66,13 @@ Region* attach_existing(const char* path, bool writable, Error* err) noexcept;
 // /proc/self/fd, else through `path` when that still names the same file; -1
 // otherwise (the path now names another file: never that one).
 int reopen(int fd, const char* path) noexcept;
+// A forked child's join of the region it inherited (fd: its own description,
+// from reopen): takes the joining lock (as attach does) and checks that
+// `path` still names the file and that it is still linked. false, with the
+// lock dropped, when the region was renamed away or removed (the agent
+// removed it while idle: the child attaches by name instead); true holds the
+// joining lock until end_attach(fd).
+bool rejoin(int fd, const char* path) noexcept;
 // Validates a region header; `size` is the number of bytes at data (the whole
 // file). The message names what is wrong and what was expected. Fuzzed.
 bool validate_header(const void* data, std::size_t size, Error* err) noexcept;

@@ -4,6 +4,7 @@
 // are removed after the grace period, and the agent runs without NVML.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -199,6 +200,51 @@ TEST(AgentRegions, RegionAProcessIsJoiningIsNeverRemoved) {
   EXPECT_EQ(a.stats().regions_removed, 0u);
   shm::release_slot(r, slot);
   close(fd);
+  shm::detach(r);
+}
+
+// A forked child (a DataLoader worker) whose parent exited makes its first
+// CUDA call after the agent removed the idle region: the child claims its
+// slot under the joining lock, in the region its container's name names (a
+// new one here), never in the unlinked file it inherited, where nobody
+// would count it (issue 32: the fork path claimed without the joining lock).
+TEST(AgentRegions, AForkedChildJoinsTheRegionItsContainerNames) {
+  Sandbox box;
+  auto cfg = config_for(box, false);
+  cfg.grace_ns = 1;  // as soon as it is empty
+  agent::Agent a(cfg);
+  a.start();
+  const std::string path = container_region(box);
+  const std::string go = box.path("go");
+  const std::string out = box.path("fork.out");
+  const test::Env env = test::merge(box.env(), {{"GPUSLICE_REGION", path}, {"GPUSLICE_MEMORY_LIMIT", "64Mi"}});
+  const test::Result parent =
+      test::wait(test::spawn({test::bin("gpuslice-probe"), "holder", "fork-late", go}, env, out), out);
+  ASSERT_EQ(parent.exit_code, 0) << parent.describe();
+  const std::size_t at = parent.out.find("forked child=");
+  ASSERT_NE(at, std::string::npos) << parent.describe();
+  const pid_t child = static_cast<pid_t>(std::stol(parent.out.substr(at + 13)));
+  ASSERT_GT(child, 0);
+  // The parent released its slot at exit: the region is idle, and removed.
+  for (int i = 0; i < 5 && a.stats().regions_removed == 0; ++i) a.cycle();
+  EXPECT_EQ(a.stats().regions_removed, 1u);
+  ASSERT_FALSE(file_exists(path));
+  write_file(go, "");
+  std::string seen;
+  const bool called = eventually(
+      [&] {
+        seen = read_file(out);
+        return seen.find("child rc=") != std::string::npos;
+      },
+      20000);
+  Region* r = called ? attach(path) : nullptr;
+  int slots = 0;
+  for (std::uint32_t i = 0; r != nullptr && i < kMaxSlots; ++i)
+    slots += r->slots[i].state.load() == kSlotLive && r->slots[i].pid.load() == static_cast<std::uint32_t>(child);
+  kill(child, SIGKILL);
+  ASSERT_TRUE(called) << seen;
+  ASSERT_NE(r, nullptr) << "the child's slot is in no region its container's name names\n" << seen;
+  EXPECT_EQ(slots, 1) << "the child's slot is in no region its container's name names\n" << seen;
   shm::detach(r);
 }
 

@@ -44,6 +44,7 @@
 
 #include "fakecuda_query.h"
 #include "monitor.h"
+#include "limiter/lease.h"
 #include "monitor_internal.h"
 
 namespace gpuslice::chaos {
@@ -192,12 +193,14 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
     const unsigned long long held = slot.held_bytes;
     long long committed = -1;
     unsigned state = 0;
+    std::uint64_t word = 0;
     if (r != nullptr && region_dev >= 0) {
       for (std::uint32_t k = 0; k < gpuslice::kMaxSlots; ++k) {
         const gpuslice::Slot& gs = r->slots[k];
         const std::uint32_t st = gs.state.load(std::memory_order_acquire);
         if (st != gpuslice::kSlotFree && gs.pid.load(std::memory_order_relaxed) == pid) {
           committed = static_cast<long long>(gs.committed_bytes[region_dev].load(std::memory_order_relaxed));
+          word = gs.lease[region_dev].word.load(std::memory_order_relaxed);
           state = st;
           break;
         }
@@ -218,11 +221,17 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
       std::fclose(f);
       std::snprintf(proc, sizeof(proc), "state %c, %d threads", st, threads);
     }
+    // Of committed, what the device need not hold: the spare lease, or bytes
+    // a theft already took out of used_bytes (owed), from the lease word.
     int m = std::snprintf(text + used, len - used,
-                          "  process pid %u%s (%s): device holds %llu; gpuslice slot %s, committed %lld\n", pid,
-                          alive ? "" : " (dead)", proc, held,
+                          "  process pid %u%s (%s): device holds %llu; gpuslice slot %s, committed %lld (lease: spare "
+                          "%llu, owed %llu%s%s)\n",
+                          pid, alive ? "" : " (dead)", proc, held,
                           committed < 0 ? "none" : (state == gpuslice::kSlotLive ? "live" : "reaping/claiming"),
-                          committed < 0 ? 0 : committed);
+                          committed < 0 ? 0 : committed, static_cast<unsigned long long>(limiter::lease_spare(word)),
+                          static_cast<unsigned long long>(limiter::lease_owed(word)),
+                          limiter::lease_stale(word) ? ", stale" : "",
+                          (word & limiter::kLeaseClosed) != 0 ? ", closed" : "");
     if (m < 0 || static_cast<std::size_t>(used + m) >= len) break;
     used += m;
   }

@@ -6,6 +6,14 @@
 //       that only sleeps (it keeps the driver's files, as any forked child
 //       does: a DataLoader worker), prints "hold rc=R child=PID" and sleeps
 //       until killed (at most 10 minutes).
+//   fork-late GO
+//       allocates and frees 1 MiB (its slot is claimed), forks a child, prints
+//       "forked child=PID" and returns (its exit releases its slot). The child
+//       waits for the file GO (at most 60 s), then makes its first CUDA call
+//       (cuMemAlloc: the driver refuses a forked child, gpuslice claims the
+//       child's slot first), prints "child rc=R" and sleeps until killed: a
+//       DataLoader worker that outlives its parent, for the agent's region
+//       removal (test/agent/agent_regions_test.cc).
 //   main-exits MIB
 //       allocates MIB the same way, starts a thread that only sleeps, prints
 //       "hold rc=R" and leaves main with pthread_exit: the thread group's
@@ -15,6 +23,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <string>
 
 #include "probe.h"
 
@@ -45,6 +54,25 @@ int fork_child(std::size_t bytes) {
   std::printf("hold rc=%d child=%d\n", static_cast<int>(rc), static_cast<int>(child));
   std::fflush(stdout);
   sleep_on(nullptr);
+  return 0;
+}
+
+int fork_late(const std::string& go) {
+  use_primary(0);
+  CUdeviceptr p = 0;
+  check(cuMemAlloc(&p, std::size_t{1} << 20), "cuMemAlloc");
+  check(cuMemFree(p), "cuMemFree");
+  std::fflush(stdout);
+  const pid_t child = fork();
+  if (child == 0) {
+    for (int i = 0; i < 12000 && access(go.c_str(), F_OK) != 0; ++i) usleep(5000);
+    CUdeviceptr q = 0;
+    std::printf("child rc=%d\n", static_cast<int>(cuMemAlloc(&q, std::size_t{1} << 20)));
+    std::fflush(stdout);
+    sleep_on(nullptr);
+    _exit(0);
+  }
+  std::printf("forked child=%d\n", static_cast<int>(child));
   return 0;
 }
 

@@ -95,6 +95,7 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return gate::hold_cpu(a.number<int>(0), a.flag(1, "drain")); }},
 
     {"holder", "fork-child", "MIB", kInit, [](const Args& a) { return holder::fork_child(a.mib(0)); }},
+    {"holder", "fork-late", "GO", kInit, [](const Args& a) { return holder::fork_late(a.text(0)); }},
     {"holder", "main-exits", "MIB", kInit, [](const Args& a) { return holder::main_exits(a.mib(0)); }},
 
     {"monitor", "hold", "MIB HOLD_MS [checkpoint]", kInit,

@@ -173,6 +173,7 @@ int lowered(int threads, std::size_t bytes, const std::string& ready, const std:
 }  // namespace reserve
 namespace holder {
 int fork_child(std::size_t bytes);
+int fork_late(const std::string& go);
 [[noreturn]] int main_exits(std::size_t bytes);
 }  // namespace holder
 namespace monitor {

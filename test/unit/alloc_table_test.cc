@@ -34,6 +34,67 @@ AllocRecord rec(std::uint64_t bytes, std::int32_t dev = 0, AllocKind kind = Allo
 // Device pointers look like this: aligned, clustered.
 std::uint64_t ptr(std::uint64_t i) { return 0x7f0000000000ull + i * 512; }
 
+// The sweep after a context was destroyed (limiter::sweep_records): the
+// driver freed the allocation at `key`; between the sweep's erase of its
+// record and its second question another thread allocates at the same
+// address (the driver reuses it) and commits its record (nothing displaced:
+// the gone one was taken out). The gone record must be released, the new one
+// kept. Before: the sweep put the gone record back, its insert failed (the
+// key was taken) and its bytes stayed counted until the process ended (the
+// chaos suite's `context` class: 4-13 MiB counted that no device held).
+TEST(SweepRecords, AGoneRecordWhoseAddressWasAllocatedAgainIsReleased) {
+  AllocTable t;
+  const std::uint64_t key = ptr(7);
+  ASSERT_TRUE(t.insert(key, rec(40 << 20)));
+  ASSERT_TRUE(t.insert(ptr(8), rec(3 << 20)));  // still known to the driver
+  std::uint64_t released = 0;
+  int asked = 0;
+  sweep_records(
+      t,
+      [&](std::uint64_t k, const AllocRecord&) {
+        if (k != key) return false;
+        if (++asked == 1) return true;  // freed with the context
+        // The other thread's allocation at the same address, committed now.
+        EXPECT_TRUE(platform::record(t, key, rec(8 << 20), [&](const AllocRecord& stale) { released += stale.bytes; }));
+        return false;  // the driver knows the address again
+      },
+      [&](const AllocRecord& r) { released += r.bytes; });
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(released, std::uint64_t{40} << 20) << "the gone allocation's bytes stayed counted";
+  AllocRecord now{};
+  ASSERT_TRUE(t.find(key, &now));
+  EXPECT_EQ(now.bytes, std::uint64_t{8} << 20) << "the new allocation's record";
+  ASSERT_TRUE(t.find(ptr(8), &now));
+  EXPECT_EQ(now.bytes, std::uint64_t{3} << 20);
+}
+
+// The other order: the new allocation commits before the erase (displacing
+// the gone record, which its commit releases): the record taken is the new
+// one, known to the driver, and goes back; nothing more is released.
+TEST(SweepRecords, ANewRecordTakenByTheSweepGoesBack) {
+  AllocTable t;
+  const std::uint64_t key = ptr(9);
+  ASSERT_TRUE(t.insert(key, rec(40 << 20)));
+  std::uint64_t released = 0;
+  int asked = 0;
+  sweep_records(
+      t,
+      [&](std::uint64_t k, const AllocRecord&) {
+        if (k != key) return false;
+        if (++asked == 1) {
+          EXPECT_TRUE(
+              platform::record(t, key, rec(8 << 20), [&](const AllocRecord& stale) { released += stale.bytes; }));
+          return true;  // asked about the gone one (the copy): freed with the context
+        }
+        return false;  // the record taken is the new allocation's
+      },
+      [&](const AllocRecord& r) { released += r.bytes; });
+  EXPECT_EQ(released, std::uint64_t{40} << 20);
+  AllocRecord now{};
+  ASSERT_TRUE(t.find(key, &now));
+  EXPECT_EQ(now.bytes, std::uint64_t{8} << 20);
+}
+
 TEST(PointerTable, InsertFindErase) {
   AllocTable t;
   AllocRecord out{};

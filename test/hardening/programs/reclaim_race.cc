@@ -7,15 +7,29 @@
 // later, while A's reclaim is still under way (the simulator's reserve query
 // sleeps: FAKECUDA_POOL_QUERY_DELAY_US), thread B asks for B_MIB. Prints
 // "race a_rc=R b_rc=R".
+//   reclaim_race POOL_MIB A_MIB B_MIB busy
+// The same pool, but thread B synchronises a stream first: its
+// reconciliation holds the pool's mutex while the simulator's reserve query
+// sleeps. 50 ms later thread A trims the pool to nothing (the device gets
+// the reserve back; gpuslice's count of the pool cannot be lowered: the
+// pool is busy), then asks for A_MIB with cuMemAlloc, which fits the
+// device. Prints "race a_rc=R b_rc=R" (b_rc: the synchronisation's).
+//   reclaim_race POOL_MIB 0 0 busy-trim
+// The same, but thread A only trims, prints "trimmed" once its trim has
+// returned, and the program exits 1 s later: the request comes from another
+// process of the container (the test's), which has no pool to reclaim.
 #include <cuda.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 int main(int argc, char** argv) {
-  if (argc != 4) return 2;
+  if (argc != 4 && argc != 5) return 2;
+  const bool trim_only = argc == 5 && std::string(argv[4]) == "busy-trim";
+  const bool busy = trim_only || (argc == 5 && std::string(argv[4]) == "busy");
   const std::size_t pool_mib = std::strtoull(argv[1], nullptr, 10);
   const std::size_t a_mib = std::strtoull(argv[2], nullptr, 10);
   const std::size_t b_mib = std::strtoull(argv[3], nullptr, 10);
@@ -37,6 +51,31 @@ int main(int argc, char** argv) {
       cuStreamSynchronize(stream) != CUDA_SUCCESS) {
     std::printf("pool failed\n");
     return 1;
+  }
+  if (busy) {
+    CUresult a_rc = CUDA_ERROR_UNKNOWN, b_rc = CUDA_ERROR_UNKNOWN;
+    CUdeviceptr a = 0;
+    std::thread tb([&] {
+      cuCtxSetCurrent(ctx);
+      b_rc = cuStreamSynchronize(stream);  // reconciles the pool (it holds more than its allocations)
+    });
+    usleep(50 * 1000);
+    std::thread ta([&] {
+      cuCtxSetCurrent(ctx);
+      cuMemPoolTrimTo(pool, 0);
+      if (trim_only) {
+        std::printf("trimmed\n");
+        std::fflush(stdout);
+        usleep(1000 * 1000);  // the other process's request
+        a_rc = CUDA_SUCCESS;
+        return;
+      }
+      a_rc = cuMemAlloc(&a, a_mib << 20);
+    });
+    ta.join();
+    tb.join();
+    std::printf("race a_rc=%d b_rc=%d\n", static_cast<int>(a_rc), static_cast<int>(b_rc));
+    return 0;
   }
   CUresult a_rc = CUDA_ERROR_UNKNOWN, b_rc = CUDA_ERROR_UNKNOWN;
   CUdeviceptr a = 0, b = 0;
