@@ -351,9 +351,20 @@ CUresult launch_on_stream(CUfunc_st* function, CUstream_st* stream, std::uint64_
 inline bool realistic() { return sched_enabled(runtime().state->header()); }
 // Queues a kernel (blocking while the stream's hardware queue is full).
 CUresult sched_launch(CUstream_st* stream, std::uint64_t duration_ns, std::uint64_t blocks);
-bool sched_stream_idle(CUstream_st* stream);  // everything submitted to it has run
 void sched_stream_wait(CUstream_st* stream);
 void sched_context_wait(CUctx_st* ctx);
+// What synchronising a stream waits for, copied with the runtime mutex held:
+// once it is dropped another thread's cuDevicePrimaryCtxReset may retire the
+// stream and a create recycle its cell. The legacy stream waits for its context.
+struct SchedWait {
+  std::uint32_t device;
+  bool legacy;
+  std::uint64_t key;    // the stream's scheduler key (legacy: its context's)
+  std::uint64_t up_to;  // newest ticket submitted before the call
+};
+SchedWait sched_wait_of_locked(const CUstream_st* stream);
+bool sched_wait_done(const SchedWait& wait);
+void sched_wait(const SchedWait& wait);
 // Events are zero-length markers; a stream wait is a zero-length entry that waits on one.
 void sched_event_record(CUevent_st* event, CUstream_st* stream);
 bool sched_event_done(CUevent_st* event);  // also resolves event->time_ns

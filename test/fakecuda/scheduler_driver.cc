@@ -131,16 +131,34 @@ CUresult sched_launch(CUstream_st* stream, std::uint64_t duration_ns, std::uint6
   return submit(stream, entry) != 0 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
 }
 
-bool sched_stream_idle(CUstream_st* stream) {
+void sched_stream_wait(CUstream_st* stream) {
+  wait_until_idle(stream->ctx->device, [&] { return stream_pending_locked(stream); });
+}
+
+SchedWait sched_wait_of_locked(const CUstream_st* stream) {
+  const CUctx_st* ctx = stream->ctx;
+  const bool legacy = stream == ctx->null_stream;
+  const std::atomic<std::uint64_t>& ticket = legacy ? ctx->last_ticket : stream->last_ticket;
+  return SchedWait{ctx->device, legacy, key_of(legacy ? ctx->id : stream->id), ticket.load(std::memory_order_acquire)};
+}
+
+namespace {
+SchedPending wait_pending_locked(const SchedWait& wait) {
+  return wait.legacy ? sched_context_pending_locked(state(), wait.device, wait.key, wait.up_to)
+                     : sched_stream_pending_locked(state(), wait.device, wait.key, wait.up_to);
+}
+}  // namespace
+
+bool sched_wait_done(const SchedWait& wait) {
   State& s = state();
   State::Lock lock(s);
   if (!lock.ok()) return true;
-  sched_advance_locked(s, stream->ctx->device, mono_ns());
-  return stream_pending_locked(stream).entries == 0;
+  sched_advance_locked(s, wait.device, mono_ns());
+  return wait_pending_locked(wait).entries == 0;
 }
 
-void sched_stream_wait(CUstream_st* stream) {
-  wait_until_idle(stream->ctx->device, [&] { return stream_pending_locked(stream); });
+void sched_wait(const SchedWait& wait) {
+  wait_until_idle(wait.device, [&] { return wait_pending_locked(wait); });
 }
 
 void sched_context_wait(CUctx_st* ctx) {

@@ -25,9 +25,8 @@ void atomic_max(std::atomic<std::uint64_t>& target, std::uint64_t value) {
   while (current < value && !target.compare_exchange_weak(current, value, std::memory_order_acq_rel)) {}
 }
 
-[[gnu::noinline, gnu::cold]] CUstream_st* make_per_thread_stream(CUctx_st* ctx) {
+[[gnu::noinline, gnu::cold]] CUstream_st* make_per_thread_stream_locked(CUctx_st* ctx) {
   Runtime& r = runtime();
-  std::lock_guard guard(r.mu);
   CUstream_st* stream = r.streams.make();
   stream->ctx = ctx;
   stream->special = true;
@@ -38,11 +37,30 @@ void atomic_max(std::atomic<std::uint64_t>& target, std::uint64_t value) {
   return stream;
 }
 
-CUstream_st* per_thread_stream(CUctx_st* ctx) {
+CUstream_st* per_thread_stream(CUctx_st* ctx, bool locked) {
   for (PerThreadStream& slot : t_per_thread) {
     if (slot.ctx == ctx && alive(slot.stream) && slot.stream->ctx == ctx) return slot.stream;
   }
-  return make_per_thread_stream(ctx);
+  if (locked) return make_per_thread_stream_locked(ctx);
+  std::lock_guard guard(runtime().mu);
+  return make_per_thread_stream_locked(ctx);
+}
+
+// resolve_stream; `locked`: the runtime mutex is held.
+CUresult resolve(CUstream handle, bool per_thread_default, bool locked, CUstream_st** out) {
+  CUctx_st* ctx = nullptr;
+  if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+    if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+    bool per_thread = handle == CU_STREAM_PER_THREAD || (handle == nullptr && per_thread_default);
+    *out = per_thread ? per_thread_stream(ctx, locked) : ctx->null_stream;
+    return CUDA_SUCCESS;
+  }
+  if (!alive(handle)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!alive(handle->ctx) || !handle->ctx->active.load(std::memory_order_acquire)) {
+    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  }
+  *out = handle;
+  return CUDA_SUCCESS;
 }
 
 // Legacy (null) streams synchronise with all work of their context.
@@ -51,27 +69,48 @@ std::uint64_t stream_end(const CUstream_st* stream) {
   return stream->last_end_ns.load(std::memory_order_acquire);
 }
 
+// What a synchronisation or a query waits for, read with the runtime mutex
+// held: another thread's cuDevicePrimaryCtxReset (or cuCtxDestroy) retires a
+// context's streams under that mutex and a later create rebuilds their cells,
+// so nothing of the stream is read after it is dropped (ThreadSanitizer found
+// stream_end and resolve_stream reading retired and recycled cells). NVIDIA
+// leaves a reset while other threads use the device to the caller; here a
+// stream of a reset context is invalid: INVALID_HANDLE, or for the legacy
+// stream the current context's error (INVALID_CONTEXT), never a crash.
+struct Wait {
+  std::uint64_t end_ns;  // ideal profile
+  SchedWait sched;       // realistic profile (and the device)
+};
+
+CUresult resolve_wait(CUstream hStream, bool ptsz, Wait* out) {
+  std::lock_guard guard(runtime().mu);
+  CUstream_st* stream = nullptr;
+  if (CUresult rc = resolve(hStream, ptsz, true, &stream); rc != CUDA_SUCCESS) return rc;
+  if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  out->end_ns = stream_end(stream);
+  out->sched = sched_wait_of_locked(stream);
+  return CUDA_SUCCESS;
+}
+
 CUresult stream_synchronize(CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
-  CUstream_st* stream = nullptr;
-  if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  Wait wait{};
+  if (CUresult rc = resolve_wait(hStream, ptsz, &wait); rc != CUDA_SUCCESS) return rc;
   if (realistic()) {
-    sched_stream_wait(stream);
+    sched_wait(wait.sched);
   } else {
-    sleep_until(stream_end(stream));
+    sleep_until(wait.end_ns);
   }
-  pools_trim_at_sync(stream->ctx->device);
+  pools_trim_at_sync(wait.sched.device);
   return CUDA_SUCCESS;
 }
 
 CUresult stream_query(CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
-  CUstream_st* stream = nullptr;
-  if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  if (realistic()) return sched_stream_idle(stream) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
-  return mono_ns() >= stream_end(stream) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  Wait wait{};
+  if (CUresult rc = resolve_wait(hStream, ptsz, &wait); rc != CUDA_SUCCESS) return rc;
+  if (realistic()) return sched_wait_done(wait.sched) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  return mono_ns() >= wait.end_ns ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult stream_create(CUstream* phStream, unsigned int flags, int priority) {
@@ -164,19 +203,7 @@ void note_stream_work(CUstream_st* stream, std::uint64_t end_ns) {
 }
 
 CUresult resolve_stream(CUstream handle, bool per_thread_default, CUstream_st** out) {
-  CUctx_st* ctx = nullptr;
-  if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
-    if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-    bool per_thread = handle == CU_STREAM_PER_THREAD || (handle == nullptr && per_thread_default);
-    *out = per_thread ? per_thread_stream(ctx) : ctx->null_stream;
-    return CUDA_SUCCESS;
-  }
-  if (!alive(handle)) return CUDA_ERROR_INVALID_HANDLE;
-  if (!alive(handle->ctx) || !handle->ctx->active.load(std::memory_order_acquire)) {
-    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-  }
-  *out = handle;
-  return CUDA_SUCCESS;
+  return resolve(handle, per_thread_default, false, out);
 }
 
 void streams_release_context_locked(CUctx_st* ctx) {

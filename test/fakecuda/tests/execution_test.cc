@@ -1,4 +1,6 @@
 // Modules, launches, streams, events, graphs and capture on the simulated timeline.
+#include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "common.h"
@@ -230,6 +232,67 @@ TEST_F(FakeCuda, ConcurrentLaunchersShareOneTimeline) {
   EXPECT_EQ(fakecuda_busy_ns(0, 0, t0, t1 + 1000000000), 200000000u);
   EXPECT_GE(t1 - t0, 200000000u);  // one kernel at a time
   EXPECT_GE(fakecuda_busy_until_ns(0), t0 + 200000000u);
+}
+
+// cuDevicePrimaryCtxReset destroys the primary context's streams while another
+// thread synchronises them (chaos class `primary` with streams elsewhere): a
+// stream of a reset context is invalid (INVALID_HANDLE, or the context's
+// errors for the legacy stream), never a crash, and the simulator reads no
+// retired or recycled stream (ThreadSanitizer found stream_end and
+// resolve_stream reading them unlocked). Bounded: a fixed number of resets.
+TEST_F(FakeCuda, SynchronizeRacingPrimaryResetSeesAnInvalidStreamNeverACrash) {
+  ASSERT_CU(cuInit(0));
+  CUcontext primary = nullptr;
+  ASSERT_CU(cuDevicePrimaryCtxRetain(&primary, 0));
+  ASSERT_CU(cuCtxSetCurrent(primary));
+  CUstream first = nullptr;
+  ASSERT_CU(cuStreamCreate(&first, 0));
+  std::atomic<CUstream> published{first};
+  std::atomic<bool> stop{false};
+  std::atomic<int> unexpected{0}, calls{0}, ok{0};
+  auto judge = [&](CUresult rc) {
+    calls.fetch_add(1);
+    if (rc == CUDA_SUCCESS) {
+      ok.fetch_add(1);
+    } else if (rc != CUDA_ERROR_INVALID_HANDLE && rc != CUDA_ERROR_CONTEXT_IS_DESTROYED &&
+               rc != CUDA_ERROR_INVALID_CONTEXT) {
+      unexpected.fetch_add(1);
+    }
+  };
+  std::vector<std::thread> syncers;
+  for (int t = 0; t < 2; ++t) {
+    syncers.emplace_back([&] {
+      if (cuCtxSetCurrent(primary) != CUDA_SUCCESS) unexpected.fetch_add(1);
+      while (!stop.load()) {
+        judge(cuStreamSynchronize(nullptr));
+        judge(cuStreamSynchronize(published.load()));
+        judge(cuStreamQuery(CU_STREAM_LEGACY));
+        judge(cuStreamQuery(published.load()));
+      }
+    });
+  }
+  // Each reset waits for a synchronisation since the last one (bounded: 60 s
+  // in all), so the two always overlap, however the threads are scheduled.
+  constexpr int kResets = 300;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int seen = 0;
+  for (int i = 0; i < kResets; ++i) {
+    while (calls.load() == seen && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    seen = calls.load();
+    ASSERT_CU(cuDevicePrimaryCtxReset(0));
+    CUcontext again = nullptr;
+    ASSERT_CU(cuDevicePrimaryCtxRetain(&again, 0));  // a new legacy stream, in a recycled cell
+    ASSERT_EQ(again, primary);
+    CUstream stream = nullptr;
+    ASSERT_CU(cuStreamCreate(&stream, 0));
+    published.store(stream);
+  }
+  stop.store(true);
+  for (auto& thread : syncers) thread.join();
+  EXPECT_EQ(unexpected.load(), 0);
+  EXPECT_GE(calls.load(), kResets);
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_CU(cuStreamSynchronize(published.load()));
 }
 
 }  // namespace
