@@ -1,8 +1,9 @@
 // --enforce (tools/agent/enforce.h): a container holding more device memory
 // than its quota plus the tolerance, as NVML measures it, for --enforce-cycles
 // cycles. Real processes in their own pid namespaces (containers) are killed
-// or not; NVML's per-process figures are given to the cycle directly, as the
-// simulated NVML cannot see through a private /proc (agent_process_test.cc).
+// or not; NVML's per-process figures are given to the cycle directly (these
+// processes hold no device memory; with the simulated NVML in real
+// containers: test/container/enforce_test.cc).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>

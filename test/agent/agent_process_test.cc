@@ -228,7 +228,8 @@ TEST(AgentReap, SlotOfAProcessKilledBySigkillIsReclaimed) {
 
 // Processes in their own pid namespace (a container): the agent finds their
 // host pids through /proc, attributes NVML's per-process figures (given here
-// directly, since the simulated NVML cannot see through a private /proc),
+// directly: these processes hold no device memory; the simulated NVML's own
+// host pids are tested in real containers, test/container/enforce_test.cc),
 // including a process that never registered, and reaps them once killed.
 TEST(AgentPidNamespace, ProcessesOfAPidNamespaceAreMappedAttributedAndReaped) {
   if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here (needs root or user namespaces)";

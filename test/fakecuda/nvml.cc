@@ -116,7 +116,7 @@ nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* infoCount, Inf
   }
   for (int i = 0; i < count; ++i) {
     Info info{};
-    info.pid = usage[i].host_pid;
+    info.pid = host_pid_seen_here(usage[i]);
     info.usedGpuMemory = usage[i].used_bytes;
     if constexpr (sizeof(Info) > sizeof(nvmlProcessInfo_v1_t)) {
       if (with_instances) {

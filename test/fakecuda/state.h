@@ -268,9 +268,17 @@ struct ProcessUsage {
   std::uint64_t context_bytes;  // the context-memory part of used_bytes
   std::uint64_t busy_ns;        // device time submitted so far
   std::uint32_t graphics;       // live graphics allocations (a graphics context: NVML's graphics list)
+  std::uint64_t start_time;     // the process's start time and pid namespace (host_pid_seen_here)
+  std::uint64_t pidns_inode;
 };
 // With the state Lock held, after reaping: every claimed slot that has a context
 // or memory on `dev` (every device if dev < 0). Returns how many exist; fills at most `max`.
 int collect_usage_locked(State& state, int dev, ProcessUsage* out, int max);
+// The pid NVML reports for `u`, as the calling process's /proc names it. A
+// process whose own /proc was private (a container's) recorded only its pid
+// there (NSpid had one field); the real driver knows the host pid whatever
+// /proc the process saw, so it is looked up here: the process of that pid
+// namespace with that innermost pid and start time. Unchanged otherwise.
+std::uint32_t host_pid_seen_here(const ProcessUsage& u);
 
 }  // namespace gpuslice::fakecuda
