@@ -2,7 +2,8 @@
 // Memory a graphics API allocated is on the device and NVML attributes it to
 // the process, but no CUDA allocation call made it: gpuslice counts it when
 // the process imports it into CUDA (cuImportExternalMemory, desc.size bytes on
-// the current context's device), refusing the import over the quota, and
+// the current context's device), refusing the import over the quota or the
+// device-resident allowance, and
 // gives the bytes back at cuDestroyExternalMemory. A buffer mapped onto it
 // (cuExternalMemoryGetMappedBuffer) adds no memory and is freed with cuMemFree,
 // which finds no record of it and releases nothing (memory.cc). Semaphores
@@ -10,6 +11,7 @@
 // gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
 
+#include "hook/oversub.h"
 #include "hook/wrap.h"
 
 using namespace gpuslice;
@@ -32,6 +34,12 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuImportExternalMemory(CUexternalMemory* extMem
   Reservation r;
   rc = reserve_on_current(memHandleDesc->size, &r);
   if (rc != CUDA_SUCCESS) return rc;
+  // Device memory that cannot spill, like VMM memory: over the device-resident
+  // allowance it is refused (or waited for under `wait`) as cuMemCreate is.
+  if (!resident_admits(r.entry)) {
+    release(r.entry, r.bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   rc = real_cuImportExternalMemory(extMem_out, memHandleDesc);
   commit(*g_imports, rc, r, rc == CUDA_SUCCESS ? reinterpret_cast<std::uint64_t>(*extMem_out) : 0,
          limiter::AllocKind::vmm);  // a memory object, like a VMM handle

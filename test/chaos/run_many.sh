@@ -13,6 +13,9 @@ shift $(( $# >= 2 ? 2 : $# ))
 log=${LOG:-/tmp/chaos-${seeds}.log}
 torture="$build/bin/chaos_torture"
 [ -x "$torture" ] || { echo "run_many.sh: $torture not built (cmake --build $build --target chaos_torture)" >&2; exit 2; }
+# Without the simulated NVML the library cannot measure contexts: every seed
+# then fails on 16 MiB per process uncounted, which is no gpuslice defect.
+[ -e "$build/fakecuda/libnvidia-ml.so.1" ] || { echo "run_many.sh: $build/fakecuda/libnvidia-ml.so.1 not built (cmake --build $build --target fakecuda_nvml)" >&2; exit 2; }
 start=$(date +%s.%N)
 set +e
 "$torture" --seeds "$seeds" "$@" > "$log" 2>&1

@@ -42,6 +42,19 @@ TEST(Interop, ImportedGraphicsMemoryCountsAgainstTheQuota) {
   EXPECT_EQ(unsigned_number(r, "alloc", "counted"), 1024 * kMi) << r.out;
 }
 
+// Under a device-resident allowance imported graphics memory is resident
+// memory (it cannot spill, like VMM memory): 256 MiB over a 128 MiB allowance
+// is refused, whatever room the quota has. The chaos suite's seed 408010
+// (interop, 2026-11-29) held 150 MiB for a 128 MiB allowance.
+TEST(Interop, AnImportOverTheResidentAllowanceIsRefused) {
+  Sandbox box;
+  Result r = interop(quota_1gi(box, {{"GPUSLICE_MEMORY_RESIDENT", "128Mi"}, {"GPUSLICE_OVERSUBSCRIBE", "spill"}}),
+                     {"quota", "256", "64"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "import", "rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(unsigned_number(r, "import", "counted_delta"), 0u) << r.out;
+}
+
 // The same through cuGetProcAddress (the CUDA runtime's way, and NCCL's,
 // cuda-python's): the lookup hands back the counting wrappers.
 TEST(Interop, ImportThroughCuGetProcAddressIsCountedToo) {
