@@ -55,6 +55,11 @@ class Container {
   pid_t start(const std::vector<std::string>& argv, const Env& env, const std::string& go, const std::string& out) {
     std::vector<std::string> args{test::bin("cuprobe"), "waitfile", go};
     args.insert(args.end(), argv.begin(), argv.end());
+    return start_waiting(args, env, go, out);
+  }
+  // Starts a program that itself waits for `go`, moves it in, lets it run.
+  pid_t start_waiting(const std::vector<std::string>& args, const Env& env, const std::string& go,
+                      const std::string& out) {
     const pid_t pid = test::spawn(args, env, out);
     pids_.push_back(pid);
     std::ofstream(dir_ + "/cgroup.procs") << pid << std::flush;
@@ -185,6 +190,43 @@ TEST_F(Backstop, ABypassingProcessIsRefusedByTheDriverAtTheQuota) {
   // whatever the wall left: never past the quota.
   EXPECT_EQ(fill_bytes(out), kQuota - 16 * kMi - 32 * kMi - 16 * kMi) << res.out;
   EXPECT_NE(res.out.find("rc=2"), std::string::npos) << "refused with CUDA_ERROR_OUT_OF_MEMORY: " << res.out;
+  write_file(end, "");
+}
+
+// A process with its own copy of the driver (statically linked, or, here, the
+// driver loaded into a new link-map namespace with dlmopen, where LD_PRELOAD
+// does not apply) goes around the library although it is preloaded: the
+// library never counts it, and the driver's wall still stops it at the quota.
+TEST_F(Backstop, AProcessWithItsOwnCopyOfTheDriverIsRefusedByTheDriverAtTheQuota) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's runtime cannot be loaded again into a second link-map namespace";
+#endif
+  Setup("615.20");
+  if (IsSkipped()) return;
+  const std::string ready = box_.path("ready"), end = box_.path("end");
+  container_.start({"init", "ctx", "0", "alloc", std::to_string(32 * kMi), "touch", ready, "waitfile", end},
+                   library_env(), box_.path("go1"), box_.path("lib.out"));
+  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
+  agent::Agent a(cfg_);
+  a.start();
+  ASSERT_TRUE(cycle_until(a, [&] { return driver_limits(container_.dir()).hard == kQuota; }))
+      << "hard limit " << driver_limits(container_.dir()).hard;
+
+  const std::string out = box_.path("own.out"), go = box_.path("go2");
+  const pid_t own = container_.start_waiting({test::bin("own_driver"), go, "4"}, library_env(), go, out);
+  const test::Result res = test::wait(own, out, 30000);
+  container_.forget(own);
+  ASSERT_EQ(res.exit_code, 0) << res.describe();
+  // The library's process holds 16 (context) + 32; the other its context and
+  // what the wall left.
+  EXPECT_EQ(fill_bytes(out), kQuota - 16 * kMi - 32 * kMi - 16 * kMi) << res.out;
+  EXPECT_NE(res.out.find("rc=2"), std::string::npos) << "refused with CUDA_ERROR_OUT_OF_MEMORY: " << res.out;
+  Region* r = attach(container_region(box_));
+  ASSERT_NE(r, nullptr);
+  const int dev = first_device(r);
+  ASSERT_GE(dev, 0);
+  EXPECT_EQ(limiter::used_bytes(r, dev), 16 * kMi + 32 * kMi) << "the library never saw the other copy's calls";
+  shm::detach(r);
   write_file(end, "");
 }
 
