@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "fd_passing.h"
+
 namespace {
 
 double now_s() {
@@ -45,20 +47,7 @@ int serve(int listener, int fd) {
   if (poll(&p, 1, 30000) != 1) return -1;
   const int peer = accept(listener, nullptr, nullptr);
   if (peer < 0) return -1;
-  char byte = 'h';
-  iovec io{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &io;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  const int rc = sendmsg(peer, &msg, 0) == 1 ? 0 : -1;
+  const int rc = gpuslice::test::send_fd(peer, fd) ? 0 : -1;
   close(peer);
   return rc;
 }
@@ -72,17 +61,7 @@ int receive(const std::string& path) {
       close(s);
       continue;
     }
-    char byte = 0;
-    iovec io{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &io;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    int fd = -1;
-    if (recvmsg(s, &msg, 0) == 1 && CMSG_FIRSTHDR(&msg) != nullptr)
-      std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
+    const int fd = gpuslice::test::receive_fd(s);
     close(s);
     return fd;
   }

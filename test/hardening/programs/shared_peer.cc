@@ -26,6 +26,8 @@
 #include <cstring>
 #include <string>
 
+#include "fd_passing.h"
+
 namespace {
 
 bool vmm = false;
@@ -83,20 +85,7 @@ int serve() {
     int fd = -1;
     if (cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS)
       return -2;
-    char byte = 'h';
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    if (sendmsg(peer, &msg, 0) != 1) rc = -3;
+    if (!gpuslice::test::send_fd(peer, fd)) rc = -3;
     close(fd);
   } else if (write(peer, &ipc, sizeof ipc) != static_cast<ssize_t>(sizeof ipc)) {
     rc = -3;
@@ -116,17 +105,8 @@ int import() {
   }
   if (!connected) return -1;
   if (vmm) {
-    char byte = 0;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    if (recvmsg(s, &msg, 0) != 1 || CMSG_FIRSTHDR(&msg) == nullptr) return -2;
-    int fd = -1;
-    std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof fd);
+    const int fd = gpuslice::test::receive_fd(s);
+    if (fd < 0) return -2;
     CUresult rc = cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
                                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     close(fd);
