@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "agent.h"
@@ -73,30 +74,11 @@ class Container {
   std::vector<pid_t> pids_;
 };
 
-// The simulated NVML, loaded here as an operator's tool would: the limits
-// the driver holds for a cgroup on device 0.
+// The limits the driver holds for a cgroup on device 0.
 struct Limits {
   unsigned long long soft = 0, hard = 0, used = 0;
   int rc = -1;
 };
-Limits driver_limits(const std::string& cgroup) {
-  static void* lib = dlopen(fake_nvml().c_str(), RTLD_NOW | RTLD_LOCAL);
-  Limits l;
-  if (lib == nullptr) return l;
-  auto init = reinterpret_cast<decltype(&nvmlInit_v2)>(dlsym(lib, "nvmlInit_v2"));
-  auto handle = reinterpret_cast<decltype(&nvmlDeviceGetHandleByIndex_v2)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
-  auto get = reinterpret_cast<decltype(&nvmlDeviceGetMemoryLimits_v1)>(dlsym(lib, "nvmlDeviceGetMemoryLimits_v1"));
-  nvmlDevice_t dev = nullptr;
-  if (init == nullptr || handle == nullptr || get == nullptr || init() != NVML_SUCCESS ||
-      handle(0, &dev) != NVML_SUCCESS)
-    return l;
-  nvmlGetMemoryLimits_v1_t q{cgroup.c_str(), 0, 0, 0};
-  l.rc = get(dev, &q);
-  l.soft = q.softLimit;
-  l.hard = q.hardLimit;
-  l.used = q.currentUsed;
-  return l;
-}
 
 // The value of a series of /metrics whose text starts with `prefix`, or -1.
 double metric(const std::string& text, const std::string& prefix) {
@@ -116,6 +98,9 @@ unsigned long long fill_bytes(const std::string& out) {
 
 class Backstop : public ::testing::Test {
  protected:
+  ~Backstop() override {
+    if (nvml_ != nullptr) dlclose(nvml_);
+  }
   // driver: FAKECUDA_DRIVER_VERSION for every process of the machine.
   void Setup(const std::string& driver) {
     if (!container_.usable()) GTEST_SKIP() << "needs root and a writable cgroup v2 mount";
@@ -133,6 +118,53 @@ class Backstop : public ::testing::Test {
   }
   Env bypass_env() const {  // the same container, around the library
     return test::merge(box_.env(false), machine_);
+  }
+  // The container's first process, under the library: "init ctx 0", `steps`,
+  // then it says it is ready (waited for here) and holds on until end_.
+  pid_t library_process(const std::vector<std::string>& steps) {
+    std::vector<std::string> argv{"init", "ctx", "0"};
+    argv.insert(argv.end(), steps.begin(), steps.end());
+    argv.insert(argv.end(), {"touch", ready_, "waitfile", end_});
+    const pid_t pid = container_.start(argv, library_env(), box_.path("go1"), box_.path("lib.out"));
+    EXPECT_TRUE(eventually([&] { return file_exists(ready_); }, 20000)) << "the library's process is not ready";
+    return pid;
+  }
+  agent::Agent& start_agent() {
+    agent_ = std::make_unique<agent::Agent>(cfg_);
+    agent_->start();
+    return *agent_;
+  }
+  // What the bypass tests meet: on a driver of R615, the library's process
+  // holding its context and 32 MiB, the agent cycled until the driver's hard
+  // limit on the cgroup is the quota.
+  void Walled() {
+    Setup("615.20");
+    if (IsSkipped()) return;
+    library_process({"alloc", std::to_string(32 * kMi)});
+    ASSERT_FALSE(HasFailure());
+    agent::Agent& a = start_agent();
+    ASSERT_TRUE(cycle_until(a, [&] { return limits().hard == kQuota; })) << "hard limit " << limits().hard;
+  }
+  // The simulated NVML, loaded here as an operator's tool would: the limits
+  // the driver holds for the container's cgroup on device 0.
+  Limits limits() {
+    if (nvml_ == nullptr) nvml_ = dlopen(fake_nvml().c_str(), RTLD_NOW | RTLD_LOCAL);
+    Limits l;
+    if (nvml_ == nullptr) return l;
+    auto init = reinterpret_cast<decltype(&nvmlInit_v2)>(dlsym(nvml_, "nvmlInit_v2"));
+    auto handle =
+        reinterpret_cast<decltype(&nvmlDeviceGetHandleByIndex_v2)>(dlsym(nvml_, "nvmlDeviceGetHandleByIndex_v2"));
+    auto get = reinterpret_cast<decltype(&nvmlDeviceGetMemoryLimits_v1)>(dlsym(nvml_, "nvmlDeviceGetMemoryLimits_v1"));
+    nvmlDevice_t dev = nullptr;
+    if (init == nullptr || handle == nullptr || get == nullptr || init() != NVML_SUCCESS ||
+        handle(0, &dev) != NVML_SUCCESS)
+      return l;
+    nvmlGetMemoryLimits_v1_t q{container_.dir().c_str(), 0, 0, 0};
+    l.rc = get(dev, &q);
+    l.soft = q.softLimit;
+    l.hard = q.hardLimit;
+    l.used = q.currentUsed;
+    return l;
   }
   // Cycles until pred holds (bounded).
   bool cycle_until(agent::Agent& a, const std::function<bool()>& pred) {
@@ -157,9 +189,12 @@ class Backstop : public ::testing::Test {
   }
 
   Sandbox box_;
+  const std::string ready_ = box_.path("ready"), end_ = box_.path("end");
   Container container_{"c"};
   Env machine_;
   agent::AgentConfig cfg_;
+  void* nvml_ = nullptr;                 // the simulated NVML, loaded by limits()
+  std::unique_ptr<agent::Agent> agent_;  // before the container's processes are killed
 };
 
 // A container whose processes all go through the library: the agent sets the
@@ -167,17 +202,10 @@ class Backstop : public ::testing::Test {
 // container that unsets LD_PRELOAD is then refused by the driver at the
 // quota, whatever the library knows.
 TEST_F(Backstop, ABypassingProcessIsRefusedByTheDriverAtTheQuota) {
-  Setup("615.20");
+  ASSERT_NO_FATAL_FAILURE(Walled());
   if (IsSkipped()) return;
-  const std::string ready = box_.path("ready"), end = box_.path("end");
-  container_.start({"init", "ctx", "0", "alloc", std::to_string(32 * kMi), "touch", ready, "waitfile", end},
-                   library_env(), box_.path("go1"), box_.path("lib.out"));
-  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
-  agent::Agent a(cfg_);
-  a.start();
-  ASSERT_TRUE(cycle_until(a, [&] { return driver_limits(container_.dir()).hard == kQuota; }))
-      << "hard limit " << driver_limits(container_.dir()).hard;
-  EXPECT_EQ(driver_limits(container_.dir()).soft, 0u);
+  agent::Agent& a = *agent_;
+  EXPECT_EQ(limits().soft, 0u);
   EXPECT_EQ(backstop(a, "driver"), 1);
 
   const std::string out = box_.path("bypass.out");
@@ -190,7 +218,7 @@ TEST_F(Backstop, ABypassingProcessIsRefusedByTheDriverAtTheQuota) {
   // whatever the wall left: never past the quota.
   EXPECT_EQ(fill_bytes(out), kQuota - 16 * kMi - 32 * kMi - 16 * kMi) << res.out;
   EXPECT_NE(res.out.find("rc=2"), std::string::npos) << "refused with CUDA_ERROR_OUT_OF_MEMORY: " << res.out;
-  write_file(end, "");
+  write_file(end_, "");
 }
 
 // A process with its own copy of the driver (statically linked, or, here, the
@@ -201,16 +229,8 @@ TEST_F(Backstop, AProcessWithItsOwnCopyOfTheDriverIsRefusedByTheDriverAtTheQuota
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a sanitizer's runtime cannot be loaded again into a second link-map namespace";
 #endif
-  Setup("615.20");
+  ASSERT_NO_FATAL_FAILURE(Walled());
   if (IsSkipped()) return;
-  const std::string ready = box_.path("ready"), end = box_.path("end");
-  container_.start({"init", "ctx", "0", "alloc", std::to_string(32 * kMi), "touch", ready, "waitfile", end},
-                   library_env(), box_.path("go1"), box_.path("lib.out"));
-  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
-  agent::Agent a(cfg_);
-  a.start();
-  ASSERT_TRUE(cycle_until(a, [&] { return driver_limits(container_.dir()).hard == kQuota; }))
-      << "hard limit " << driver_limits(container_.dir()).hard;
 
   const std::string out = box_.path("own.out"), go = box_.path("go2");
   const pid_t own = container_.start_waiting({test::bin("own_driver"), go, "4"}, library_env(), go, out);
@@ -227,7 +247,7 @@ TEST_F(Backstop, AProcessWithItsOwnCopyOfTheDriverIsRefusedByTheDriverAtTheQuota
   ASSERT_GE(dev, 0);
   EXPECT_EQ(limiter::used_bytes(r, dev), 16 * kMi + 32 * kMi) << "the library never saw the other copy's calls";
   shm::detach(r);
-  write_file(end, "");
+  write_file(end_, "");
 }
 
 // The same with the driver older than R615: no wall, the bypass runs past
@@ -235,22 +255,19 @@ TEST_F(Backstop, AProcessWithItsOwnCopyOfTheDriverIsRefusedByTheDriverAtTheQuota
 TEST_F(Backstop, OnAnOlderDriverTheBypassRunsPastAndTheGaugeSaysNone) {
   Setup("580.65.06");
   if (IsSkipped()) return;
-  const std::string ready = box_.path("ready"), end = box_.path("end");
-  container_.start({"init", "ctx", "0", "touch", ready, "waitfile", end}, library_env(), box_.path("go1"),
-                   box_.path("lib.out"));
-  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
-  agent::Agent a(cfg_);
-  a.start();
+  library_process({});
+  ASSERT_FALSE(HasFailure());
+  agent::Agent& a = start_agent();
   ASSERT_TRUE(cycle_until(a, [&] { return backstop(a, "none") == 1; }));
   EXPECT_EQ(backstop(a, "driver"), -1);
-  EXPECT_EQ(driver_limits(container_.dir()).rc, NVML_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(limits().rc, NVML_ERROR_NOT_SUPPORTED);
   const std::string out = box_.path("bypass.out");
   const pid_t bypass = container_.start({"init", "ctx", "0", "fill", "alloc", std::to_string(64 * kMi)}, bypass_env(),
                                         box_.path("go2"), out);
   const test::Result res = test::wait(bypass, out, 30000);
   container_.forget(bypass);
   EXPECT_GT(fill_bytes(out), 4 * kQuota) << res.out;
-  write_file(end, "");
+  write_file(end_, "");
 }
 
 // A container filling its quota through the library (a context and a module
@@ -259,15 +276,13 @@ TEST_F(Backstop, OnAnOlderDriverTheBypassRunsPastAndTheGaugeSaysNone) {
 TEST_F(Backstop, FillingTheQuotaThroughTheLibraryIsNeverRefusedByTheDriver) {
   Setup("615.20");
   if (IsSkipped()) return;
-  const std::string ready = box_.path("ready"), go = box_.path("go3"), done = box_.path("done"), end = box_.path("end");
-  const std::string out = box_.path("lib.out");
-  container_.start({"init", "ctx", "0", "function", "k", "touch", ready, "waitfile", go, "fill", "alloc",
-                    std::to_string(kMi), "touch", done, "waitfile", end},
+  const std::string go = box_.path("go3"), done = box_.path("done"), out = box_.path("lib.out");
+  container_.start({"init", "ctx", "0", "function", "k", "touch", ready_, "waitfile", go, "fill", "alloc",
+                    std::to_string(kMi), "touch", done, "waitfile", end_},
                    library_env(), box_.path("go1"), out);
-  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
-  agent::Agent a(cfg_);
-  a.start();
-  ASSERT_TRUE(cycle_until(a, [&] { return driver_limits(container_.dir()).hard == kQuota; }));
+  ASSERT_TRUE(eventually([&] { return file_exists(ready_); }, 20000));
+  agent::Agent& a = start_agent();
+  ASSERT_TRUE(cycle_until(a, [&] { return limits().hard == kQuota; }));
   write_file(go, "");
   ASSERT_TRUE(eventually([&] { return file_exists(done); }, 20000));
   a.cycle();
@@ -276,41 +291,37 @@ TEST_F(Backstop, FillingTheQuotaThroughTheLibraryIsNeverRefusedByTheDriver) {
   const int dev = first_device(r);
   ASSERT_GE(dev, 0);
   EXPECT_EQ(r->devices[dev].oom_refusals.load(), 1u) << "the one refusal that ended the fill is gpuslice's";
-  const Limits l = driver_limits(container_.dir());
+  const Limits l = limits();
   EXPECT_LE(l.used, kQuota);
   EXPECT_GT(l.used + kMi, kQuota) << "filled to within one chunk";
   EXPECT_EQ(l.used, limiter::used_bytes(r, dev) - limiter::spare_lease_bytes(r, dev))
       << "the driver counts what gpuslice counts (context and module included); " << read_file(out);
-  write_file(end, "");
+  write_file(end_, "");
 }
 
 // gpuslice-smi set moves both limits; the region's removal clears the driver's.
 TEST_F(Backstop, SmiSetMovesTheDriverLimitAndRemovalClearsIt) {
   Setup("615.20");
   if (IsSkipped()) return;
-  const std::string ready = box_.path("ready"), end = box_.path("end");
-  const pid_t lib = container_.start({"init", "ctx", "0", "touch", ready, "waitfile", end}, library_env(),
-                                     box_.path("go1"), box_.path("lib.out"));
-  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000));
+  const pid_t lib = library_process({});
+  ASSERT_FALSE(HasFailure());
   cfg_.grace_ns = 1;
-  agent::Agent a(cfg_);
-  a.start();
-  ASSERT_TRUE(cycle_until(a, [&] { return driver_limits(container_.dir()).hard == kQuota; }));
+  agent::Agent& a = start_agent();
+  ASSERT_TRUE(cycle_until(a, [&] { return limits().hard == kQuota; }));
   const test::Result set =
       test::run({test::bin("gpuslice-smi"), "set", "--region", container_region(box_), "--memory", "96Mi"}, {});
   ASSERT_EQ(set.exit_code, 0) << set.describe();
-  ASSERT_TRUE(cycle_until(a, [&] { return driver_limits(container_.dir()).hard == 96 * kMi; }));
+  ASSERT_TRUE(cycle_until(a, [&] { return limits().hard == 96 * kMi; }));
   EXPECT_EQ(metric(a.metrics_text(),
                    "gpuslice_memory_backstop_limit_bytes{container=\"\",region=\"pod-1/c.region\",device=\"0\""),
             96.0 * kMi);
   // The container ends: its region goes after the grace period, and the limit with it.
-  write_file(end, "");
+  write_file(end_, "");
   const test::Result done = test::wait(lib, box_.path("lib.out"), 30000);
   container_.forget(lib);
   ASSERT_EQ(done.exit_code, 0) << done.describe();
   ASSERT_TRUE(cycle_until(a, [&] { return !file_exists(container_region(box_)); }));
-  ASSERT_TRUE(cycle_until(a, [&] { return driver_limits(container_.dir()).hard == NVML_DEVICE_MEMORY_LIMIT_MAX; }))
-      << driver_limits(container_.dir()).hard;
+  ASSERT_TRUE(cycle_until(a, [&] { return limits().hard == NVML_DEVICE_MEMORY_LIMIT_MAX; })) << limits().hard;
   EXPECT_EQ(a.stats().backstop_limits_cleared, 1u);
 }
 

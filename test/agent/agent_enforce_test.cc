@@ -10,6 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <deque>
+#include <memory>
+#include <vector>
+
 #include "agent.h"
 #include "agent_test_util.h"
 #include "enforce.h"
@@ -81,52 +85,81 @@ agent::GpuSample sample_of(std::uint8_t uuid_byte, const std::vector<std::pair<s
   return sample;
 }
 
-// A region for a container: one device entry with this quota.
-Region* region_for(const Sandbox& box, const std::string& pod, const std::string& name, std::uint64_t quota) {
-  Region* r = make_region(container_region(box, pod), name);
-  if (r != nullptr) {
-    EXPECT_GE(add_device(r, 0x50, quota), 0);
-  }
-  return r;
-}
-
 // Registers a process as the library would, holding `charged`.
-void register_process(Region* r, const Identity& id, std::uint64_t charged) {
+bool register_process(Region* r, const Identity& id, std::uint64_t charged) {
   const int slot = add_slot(r, id.ns_pid, id.pidns, id.start_time);
-  ASSERT_GE(slot, 0);
+  EXPECT_GE(slot, 0);
+  if (slot < 0) return false;
   if (charged != 0) {
     EXPECT_TRUE(limiter::charge(r, slot, first_device(r), charged));
   }
+  return true;
 }
 
-agent::AgentConfig enforce_config(const Sandbox& box, agent::EnforceMode mode) {
-  agent::AgentConfig cfg = config_for(box, false);
-  cfg.enforce = mode;
-  cfg.enforce_cycles = 3;
-  cfg.bypass_tolerance_bytes = 32 * kMi;
-  return cfg;
-}
+// A sandbox; the regions and containers a test asks for, unmapped and stopped
+// at its end; the agent it starts.
+class AgentEnforce : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (Container& c : containers_) stop_container(c);
+    for (Region* r : regions_) shm::detach(r);
+  }
+  // The region of a container (of `pod`): one device entry with this quota.
+  // nullptr (the test failed) if it could not be made.
+  Region* region(const std::string& pod, const std::string& name, std::uint64_t quota) {
+    Region* r = make_region(container_region(box_, pod), name);
+    if (r == nullptr) return nullptr;
+    regions_.push_back(r);
+    EXPECT_GE(add_device(r, 0x50, quota), 0);
+    return r;
+  }
+  // A container whose init maps `map` ("": nothing); nullptr (the test failed) if it did not start.
+  const Container* container(const std::string& map) {
+    Container& c = containers_.emplace_back();
+    const bool started = start_container(&c, map);
+    EXPECT_TRUE(started) << "the container of '" << map << "' did not start";
+    return started ? &c : nullptr;
+  }
+  // A container using gpuslice: its region, and its init mapping it and
+  // registered holding `charged`. nullptr (the test failed) on any error.
+  const Container* pod(const std::string& pod, const std::string& name, std::uint64_t quota, std::uint64_t charged) {
+    Region* r = region(pod, name, quota);
+    const Container* c = r == nullptr ? nullptr : container(container_region(box_, pod));
+    return c != nullptr && register_process(r, c->init, charged) ? c : nullptr;
+  }
+  agent::Agent& start_agent(agent::EnforceMode mode) {
+    agent::AgentConfig cfg = config_for(box_, false);
+    cfg.enforce = mode;
+    cfg.enforce_cycles = 3;
+    cfg.bypass_tolerance_bytes = 32 * kMi;
+    agent_ = std::make_unique<agent::Agent>(cfg);
+    agent_->start();
+    return *agent_;
+  }
 
-TEST(AgentEnforce, KillKillsTheUnregisteredProcessAfterTheCycles) {
-  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
-  Sandbox box;
-  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
-  ASSERT_NE(r, nullptr);
-  Container c;
-  ASSERT_TRUE(start_container(&c, container_region(box, "pod-a")));
-  register_process(r, c.init, 100 * kMi);
+  Sandbox box_;
+  std::deque<Container> containers_;  // a deque: what container() returned stays where it is
+  std::vector<Region*> regions_;
+  std::unique_ptr<agent::Agent> agent_;
+};
+
+constexpr const char* kNoPidNamespace = "unshare --pid is not permitted here";
+
+TEST_F(AgentEnforce, KillKillsTheUnregisteredProcessAfterTheCycles) {
+  if (!can_unshare_pid()) GTEST_SKIP() << kNoPidNamespace;
+  const Container* c = pod("pod-a", "a", 256 * kMi, 100 * kMi);
+  ASSERT_NE(c, nullptr);
   // The registered process holds what it accounted for; the other 1 GiB with no slot.
-  const auto g = sample_of(0x50, {{c.init.host_pid, 100 * kMi}, {c.other.host_pid, 1024 * kMi}});
-  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
-  a.start();
+  const auto g = sample_of(0x50, {{c->init.host_pid, 100 * kMi}, {c->other.host_pid, 1024 * kMi}});
+  agent::Agent& a = start_agent(agent::EnforceMode::kill);
   a.cycle_with(&g);
   a.cycle_with(&g);
-  EXPECT_TRUE(alive(c.other)) << "two cycles over quota: not yet";
+  EXPECT_TRUE(alive(c->other)) << "two cycles over quota: not yet";
   EXPECT_EQ(a.stats().enforce.kills, 0u);
   a.cycle_with(&g);
   EXPECT_EQ(a.stats().enforce.kills, 1u);
-  EXPECT_TRUE(eventually([&] { return !alive(c.other); }, 10000)) << "the unregistered process is killed";
-  EXPECT_TRUE(alive(c.init)) << "the registered one, within its account, is not";
+  EXPECT_TRUE(eventually([&] { return !alive(c->other); }, 10000)) << "the unregistered process is killed";
+  EXPECT_TRUE(alive(c->init)) << "the registered one, within its account, is not";
   EXPECT_NE(a.metrics_text().find("gpuslice_agent_enforce_kills_total{container=\"a\",region=\"pod-a/c.region\"} 1"),
             std::string::npos)
       << a.metrics_text();
@@ -134,143 +167,105 @@ TEST(AgentEnforce, KillKillsTheUnregisteredProcessAfterTheCycles) {
   // counted again, so nobody else is killed for its memory.
   for (int i = 0; i < 6; ++i) a.cycle_with(&g);
   EXPECT_EQ(a.stats().enforce.kills, 1u);
-  EXPECT_TRUE(alive(c.init));
-  stop_container(c);
-  shm::detach(r);
+  EXPECT_TRUE(alive(c->init));
 }
 
-TEST(AgentEnforce, ReportOnlyReports) {
-  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
-  Sandbox box;
-  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
-  ASSERT_NE(r, nullptr);
-  Container c;
-  ASSERT_TRUE(start_container(&c, container_region(box, "pod-a")));
-  register_process(r, c.init, 100 * kMi);
-  const auto g = sample_of(0x50, {{c.init.host_pid, 100 * kMi}, {c.other.host_pid, 1024 * kMi}});
-  agent::Agent a(enforce_config(box, agent::EnforceMode::report));
-  a.start();
+TEST_F(AgentEnforce, ReportOnlyReports) {
+  if (!can_unshare_pid()) GTEST_SKIP() << kNoPidNamespace;
+  const Container* c = pod("pod-a", "a", 256 * kMi, 100 * kMi);
+  ASSERT_NE(c, nullptr);
+  const auto g = sample_of(0x50, {{c->init.host_pid, 100 * kMi}, {c->other.host_pid, 1024 * kMi}});
+  agent::Agent& a = start_agent(agent::EnforceMode::report);
   for (int i = 0; i < 10; ++i) a.cycle_with(&g);
   EXPECT_EQ(a.stats().enforce.over_reports, 1u) << "one report per episode";
   EXPECT_EQ(a.stats().enforce.kills, 0u);
   usleep(200'000);
-  EXPECT_TRUE(alive(c.other));
-  EXPECT_TRUE(alive(c.init));
-  stop_container(c);
-  shm::detach(r);
+  EXPECT_TRUE(alive(c->other));
+  EXPECT_TRUE(alive(c->init));
 }
 
-TEST(AgentEnforce, ContainerWithinQuotaPlusToleranceIsNeverKilled) {
-  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
-  Sandbox box;
-  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
-  ASSERT_NE(r, nullptr);
-  Container c;
-  ASSERT_TRUE(start_container(&c, container_region(box, "pod-a")));
-  register_process(r, c.init, 200 * kMi);
+TEST_F(AgentEnforce, ContainerWithinQuotaPlusToleranceIsNeverKilled) {
+  if (!can_unshare_pid()) GTEST_SKIP() << kNoPidNamespace;
+  const Container* c = pod("pod-a", "a", 256 * kMi, 200 * kMi);
+  ASSERT_NE(c, nullptr);
   // 230 + 50 = 280 MiB: above the quota (256) but within the tolerance (32).
-  const auto g = sample_of(0x50, {{c.init.host_pid, 230 * kMi}, {c.other.host_pid, 50 * kMi}});
-  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
-  a.start();
+  const auto g = sample_of(0x50, {{c->init.host_pid, 230 * kMi}, {c->other.host_pid, 50 * kMi}});
+  agent::Agent& a = start_agent(agent::EnforceMode::kill);
   for (int i = 0; i < 10; ++i) a.cycle_with(&g);
   EXPECT_EQ(a.stats().enforce.kills, 0u);
   EXPECT_EQ(a.stats().enforce.over_reports, 0u);
   usleep(200'000);
-  EXPECT_TRUE(alive(c.init));
-  EXPECT_TRUE(alive(c.other));
-  stop_container(c);
-  shm::detach(r);
+  EXPECT_TRUE(alive(c->init));
+  EXPECT_TRUE(alive(c->other));
 }
 
-TEST(AgentEnforce, RegisteredProcessOverItsQuotaIsKilledAsTheLargestHolder) {
-  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
-  Sandbox box;
-  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
-  ASSERT_NE(r, nullptr);
-  Container c;
-  ASSERT_TRUE(start_container(&c, container_region(box, "pod-a")));
-  register_process(r, c.init, 100 * kMi);
+TEST_F(AgentEnforce, RegisteredProcessOverItsQuotaIsKilledAsTheLargestHolder) {
+  if (!can_unshare_pid()) GTEST_SKIP() << kNoPidNamespace;
+  const Container* c = pod("pod-a", "a", 256 * kMi, 100 * kMi);
+  ASSERT_NE(c, nullptr);
   // Registered, but holding 1 GiB of which it accounted for 100 MiB (it went around its wrappers).
-  const auto g = sample_of(0x50, {{c.init.host_pid, 1024 * kMi}});
-  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
-  a.start();
+  const auto g = sample_of(0x50, {{c->init.host_pid, 1024 * kMi}});
+  agent::Agent& a = start_agent(agent::EnforceMode::kill);
   for (int i = 0; i < 3; ++i) a.cycle_with(&g);
   EXPECT_EQ(a.stats().enforce.kills, 1u);
-  EXPECT_TRUE(eventually([&] { return !alive(c.init); }, 10000));
-  stop_container(c);
-  shm::detach(r);
+  EXPECT_TRUE(eventually([&] { return !alive(c->init); }, 10000));
 }
 
-TEST(AgentEnforce, ProcessesOfAnotherContainerOrOfTheNodeAreNeverKilled) {
-  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
-  Sandbox box;
-  Region* ra = region_for(box, "pod-a", "a", 256 * kMi);
-  Region* rb = region_for(box, "pod-b", "b", 2048 * kMi);
-  ASSERT_NE(ra, nullptr);
-  ASSERT_NE(rb, nullptr);
-  Container a_box, b_box;
-  ASSERT_TRUE(start_container(&a_box, container_region(box, "pod-a")));
-  ASSERT_TRUE(start_container(&b_box, container_region(box, "pod-b")));
-  register_process(ra, a_box.init, 100 * kMi);
-  register_process(rb, b_box.init, 100 * kMi);
+TEST_F(AgentEnforce, ProcessesOfAnotherContainerOrOfTheNodeAreNeverKilled) {
+  if (!can_unshare_pid()) GTEST_SKIP() << kNoPidNamespace;
+  const Container* a_box = pod("pod-a", "a", 256 * kMi, 100 * kMi);
+  ASSERT_NE(a_box, nullptr);
+  const Container* b_box = pod("pod-b", "b", 2048 * kMi, 100 * kMi);
+  ASSERT_NE(b_box, nullptr);
   // A node process (the agent's own pid namespace, no region) holding the most.
   pid_t node = test::spawn({"/bin/sleep", "60"}, {}, "/dev/null");
   Identity node_id;
   ASSERT_TRUE(eventually([&] { return identity(static_cast<std::uint32_t>(node), &node_id); }, 5000));
   // A is over through its unregistered process; B's unregistered process and
   // the node's hold more but B is within its quota and the node is no container.
-  const auto g = sample_of(0x50, {{a_box.init.host_pid, 100 * kMi},
-                                  {a_box.other.host_pid, 512 * kMi},
-                                  {b_box.init.host_pid, 100 * kMi},
-                                  {b_box.other.host_pid, 1500 * kMi},
+  const auto g = sample_of(0x50, {{a_box->init.host_pid, 100 * kMi},
+                                  {a_box->other.host_pid, 512 * kMi},
+                                  {b_box->init.host_pid, 100 * kMi},
+                                  {b_box->other.host_pid, 1500 * kMi},
                                   {node_id.host_pid, 4096 * kMi},
                                   {static_cast<std::uint32_t>(getpid()), 4096 * kMi}});
-  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
-  a.start();
+  agent::Agent& a = start_agent(agent::EnforceMode::kill);
   for (int i = 0; i < 12; ++i) a.cycle_with(&g);
   EXPECT_EQ(a.stats().enforce.kills, 1u);
-  EXPECT_TRUE(eventually([&] { return !alive(a_box.other); }, 10000));
+  EXPECT_TRUE(eventually([&] { return !alive(a_box->other); }, 10000));
   usleep(200'000);
-  EXPECT_TRUE(alive(a_box.init));
-  EXPECT_TRUE(alive(b_box.init));
-  EXPECT_TRUE(alive(b_box.other)) << "another container's process";
+  EXPECT_TRUE(alive(a_box->init));
+  EXPECT_TRUE(alive(b_box->init));
+  EXPECT_TRUE(alive(b_box->other)) << "another container's process";
   EXPECT_TRUE(alive(node_id)) << "a node process";
   kill(node, SIGKILL);
   test::wait(node);
-  stop_container(a_box);
-  stop_container(b_box);
-  shm::detach(ra);
-  shm::detach(rb);
 }
 
 // A slot is the container's word: one forged to name the process of another
 // container (one that does not use gpuslice, so its namespace is no region's)
 // attributes that container's processes to the forger, but neither they nor
 // the forged slot's process map the forger's region: nobody is killed.
-TEST(AgentEnforce, AForgedSlotNamingAnotherContainersProcessGetsNothingKilled) {
-  if (!can_unshare_pid()) GTEST_SKIP() << "unshare --pid is not permitted here";
-  Sandbox box;
-  Region* r = region_for(box, "pod-a", "a", 256 * kMi);
+TEST_F(AgentEnforce, AForgedSlotNamingAnotherContainersProcessGetsNothingKilled) {
+  if (!can_unshare_pid()) GTEST_SKIP() << kNoPidNamespace;
+  Region* r = region("pod-a", "a", 256 * kMi);
   ASSERT_NE(r, nullptr);
-  Container other;
-  ASSERT_TRUE(start_container(&other, ""));
-  register_process(r, other.init, 0);  // the forgery
-  const auto g = sample_of(0x50, {{other.init.host_pid, 1024 * kMi}, {other.other.host_pid, 1024 * kMi}});
-  agent::Agent a(enforce_config(box, agent::EnforceMode::kill));
-  a.start();
+  const Container* other = container("");
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(register_process(r, other->init, 0));  // the forgery
+  const auto g = sample_of(0x50, {{other->init.host_pid, 1024 * kMi}, {other->other.host_pid, 1024 * kMi}});
+  agent::Agent& a = start_agent(agent::EnforceMode::kill);
   for (int i = 0; i < 6; ++i) a.cycle_with(&g);
   EXPECT_EQ(a.stats().enforce.over_reports, 1u) << "counted against the forger";
   EXPECT_EQ(a.stats().enforce.kills, 0u);
   usleep(200'000);
-  EXPECT_TRUE(alive(other.init));
-  EXPECT_TRUE(alive(other.other));
-  stop_container(other);
-  shm::detach(r);
+  EXPECT_TRUE(alive(other->init));
+  EXPECT_TRUE(alive(other->other));
 }
 
 // The last check before the signal: a pid whose start time or pid namespace is
 // not the one the agent attributed (the pid was recycled) is never signalled.
-TEST(AgentEnforce, KillChecksTheProcessIdentityFirst) {
+TEST_F(AgentEnforce, KillChecksTheProcessIdentityFirst) {
   pid_t child = test::spawn({"/bin/sleep", "60"}, {}, "/dev/null");
   Identity id;
   ASSERT_TRUE(eventually([&] { return identity(static_cast<std::uint32_t>(child), &id); }, 5000));
@@ -292,8 +287,7 @@ TEST(AgentEnforce, KillChecksTheProcessIdentityFirst) {
 // device memory the library never admitted (a context it could not measure,
 // standing in for memory allocated around its wrappers) makes its container
 // 512 MiB + 16 MiB against a 128 MiB quota.
-void over_quota_probe(agent::EnforceMode mode) {
-  Sandbox box;
+void over_quota_probe(const Sandbox& box, agent::EnforceMode mode) {
   const test::Env env = test::merge(box.env(), {{"GPUSLICE_REGION", container_region(box)},
                                                 {"GPUSLICE_MEMORY_LIMIT", "128Mi"},
                                                 {"FAKECUDA_CONTEXT_MEMORY", "512Mi"},
@@ -328,11 +322,13 @@ void over_quota_probe(agent::EnforceMode mode) {
   test::wait(probe);
 }
 
-TEST(AgentEnforce, SimulatedDriverProcessOverTheQuotaIsKilled) { over_quota_probe(agent::EnforceMode::kill); }
-TEST(AgentEnforce, SimulatedDriverProcessOverTheQuotaIsOnlyReported) { over_quota_probe(agent::EnforceMode::report); }
+TEST_F(AgentEnforce, SimulatedDriverProcessOverTheQuotaIsKilled) { over_quota_probe(box_, agent::EnforceMode::kill); }
+TEST_F(AgentEnforce, SimulatedDriverProcessOverTheQuotaIsOnlyReported) {
+  over_quota_probe(box_, agent::EnforceMode::report);
+}
 
-TEST(AgentEnforce, FlagsAreCheckedByTheBinary) {
-  Sandbox box;
+TEST_F(AgentEnforce, FlagsAreCheckedByTheBinary) {
+  const Sandbox& box = box_;
   mkdir(region_dir(box).c_str(), 0755);
   auto agent = [&](const std::vector<std::string>& extra) {
     std::vector<std::string> argv{test::bin("gpuslice-agent"), "--region-dir", region_dir(box), "--no-nvml", "--once"};

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstddef>
+#include <memory>
 
 #include "agent.h"
 #include "agent_test_util.h"
@@ -45,17 +46,49 @@ constexpr std::size_t kPriority = offsetof(RegionHeader, priority);
 std::uint32_t low() { return static_cast<std::uint32_t>(Priority::low); }
 std::uint32_t high() { return static_cast<std::uint32_t>(Priority::high); }
 
-TEST(AgentTamper, LimitsRewrittenByTheContainerAreRestoredWithinACycle) {
+// A sandbox and a container's region with one device entry (256 MiB, 30 %
+// of the SMs); start() starts the agent and runs the cycle that takes the
+// limits it was given.
+class AgentTamper : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    r = make_region(path, "t");
+    ASSERT_NE(r, nullptr);
+    dev = add_device(r, 0x60, 256 * kMi, 30);
+    ASSERT_GE(dev, 0);
+  }
+  void TearDown() override {
+    if (r != nullptr) shm::detach(r);
+  }
+  // A new entry published for the device with other limits (unlimited, all
+  // the SMs): the next cycle gives it the device's limits, two repairs.
+  void published_again_gets_the_given_limits(agent::Agent& a) {
+    const int again = add_device(r, 0x60, kUnlimited, 100);
+    ASSERT_GE(again, 0);
+    ASSERT_NE(again, dev);
+    a.cycle();
+    EXPECT_EQ(r->devices[again].quota_bytes.load(), 256 * kMi);
+    EXPECT_EQ(r->devices[again].sm_limit_pct.load(), 30u);
+    EXPECT_EQ(a.stats().tamper.repairs, 2u);
+  }
+  agent::Agent& start() {
+    agent_ = std::make_unique<agent::Agent>(config_for(box, false));
+    agent_->start();
+    agent_->cycle();
+    return *agent_;
+  }
+
+  // What every test names (box, path, r, dev), as the tests had them.
   Sandbox box;
   const std::string path = container_region(box);
-  Region* r = make_region(path, "t");
-  ASSERT_NE(r, nullptr);
-  const int dev = add_device(r, 0x60, 256 * kMi, 30);
-  ASSERT_GE(dev, 0);
+  Region* r = nullptr;
+  int dev = -1;
+  std::unique_ptr<agent::Agent> agent_;
+};
+
+TEST_F(AgentTamper, LimitsRewrittenByTheContainerAreRestoredWithinACycle) {
   r->header.priority.store(low());
-  agent::Agent a(config_for(box, false));
-  a.start();
-  a.cycle();  // the limits it was given
+  agent::Agent& a = start();  // the limits it was given
   ASSERT_TRUE(write_field<std::uint64_t>(path, device_field(dev, kQuota), 1024 * kMi));
   ASSERT_EQ(r->devices[dev].quota_bytes.load(), 1024 * kMi) << "the container can write its region";
   a.cycle();
@@ -78,20 +111,11 @@ TEST(AgentTamper, LimitsRewrittenByTheContainerAreRestoredWithinACycle) {
   EXPECT_EQ(a.stats().tamper.repairs, 4u);
   a.cycle();
   EXPECT_EQ(a.stats().tamper.repairs, 4u) << "nothing rewritten since";
-  shm::detach(r);
 }
 
-TEST(AgentTamper, GpusliceSmiSetIsKept) {
-  Sandbox box;
-  const std::string path = container_region(box);
-  Region* r = make_region(path, "t");
-  ASSERT_NE(r, nullptr);
-  const int dev = add_device(r, 0x60, 256 * kMi, 30);
-  ASSERT_GE(dev, 0);
+TEST_F(AgentTamper, GpusliceSmiSetIsKept) {
   r->header.priority.store(low());
-  agent::Agent a(config_for(box, false));
-  a.start();
-  a.cycle();
+  agent::Agent& a = start();
   const test::Result set = test::run({test::bin("gpuslice-smi"), "set", "--region", path, "--memory", "512Mi",
                                       "--sm-limit", "50", "--priority", "high"},
                                      {});
@@ -114,75 +138,36 @@ TEST(AgentTamper, GpusliceSmiSetIsKept) {
   a.cycle();
   EXPECT_EQ(r->devices[dev].quota_bytes.load(), 512 * kMi);
   EXPECT_EQ(a.stats().tamper.repairs, 1u);
-  shm::detach(r);
 }
 
 // The limits are kept per device: an entry abandoned and published again for
 // the same UUID with other limits (what a first process could have written)
 // gets the limits the device was given.
-TEST(AgentTamper, AnEntryPublishedAgainForTheSameDeviceKeepsItsLimits) {
-  Sandbox box;
-  const std::string path = container_region(box);
-  Region* r = make_region(path, "t");
-  ASSERT_NE(r, nullptr);
-  const int dev = add_device(r, 0x60, 256 * kMi, 30);
-  ASSERT_GE(dev, 0);
-  agent::Agent a(config_for(box, false));
-  a.start();
-  a.cycle();
+TEST_F(AgentTamper, AnEntryPublishedAgainForTheSameDeviceKeepsItsLimits) {
+  agent::Agent& a = start();
   ASSERT_TRUE(
       write_field<std::uint32_t>(path, device_field(dev, offsetof(DeviceState, uuid_state)), shm::kDeviceAbandoned));
-  const int again = add_device(r, 0x60, kUnlimited, 100);
-  ASSERT_GE(again, 0);
-  ASSERT_NE(again, dev);
-  a.cycle();
-  EXPECT_EQ(r->devices[again].quota_bytes.load(), 256 * kMi);
-  EXPECT_EQ(r->devices[again].sm_limit_pct.load(), 30u);
-  EXPECT_EQ(a.stats().tamper.repairs, 2u);
-  shm::detach(r);
+  ASSERT_NO_FATAL_FAILURE(published_again_gets_the_given_limits(a));
 }
 
 // In two steps: the entry's UUID rewritten (a cycle passes), then a new entry
 // published for the device. The device's limits are still the given ones.
-TEST(AgentTamper, AnEntryWhoseUuidWasRewrittenLeavesItsDevicesLimitsKept) {
-  Sandbox box;
-  const std::string path = container_region(box);
-  Region* r = make_region(path, "t");
-  ASSERT_NE(r, nullptr);
-  const int dev = add_device(r, 0x60, 256 * kMi, 30);
-  ASSERT_GE(dev, 0);
-  agent::Agent a(config_for(box, false));
-  a.start();
-  a.cycle();
+TEST_F(AgentTamper, AnEntryWhoseUuidWasRewrittenLeavesItsDevicesLimitsKept) {
+  agent::Agent& a = start();
   std::uint8_t other[16];
   uuid_bytes(0x61, other);
   using Uuid = std::array<std::uint8_t, 16>;
   const bool rewritten = write_field<Uuid>(path, device_field(dev, offsetof(DeviceState, uuid)), std::to_array(other));
   ASSERT_TRUE(rewritten);
   a.cycle();
-  const int again = add_device(r, 0x60, kUnlimited, 100);
-  ASSERT_GE(again, 0);
-  ASSERT_NE(again, dev);
-  a.cycle();
-  EXPECT_EQ(r->devices[again].quota_bytes.load(), 256 * kMi);
-  EXPECT_EQ(r->devices[again].sm_limit_pct.load(), 30u);
-  EXPECT_EQ(a.stats().tamper.repairs, 2u);
-  shm::detach(r);
+  ASSERT_NO_FATAL_FAILURE(published_again_gets_the_given_limits(a));
 }
 
 // smi records its change before writing it: an agent cycle between the two
 // finds the record and the region's old value, which is not the container's
 // doing (neither put back nor counted); the value smi then writes is kept.
-TEST(AgentTamper, ARecordedChangeNotWrittenYetIsNoTampering) {
-  Sandbox box;
-  const std::string path = container_region(box);
-  Region* r = make_region(path, "t");
-  ASSERT_NE(r, nullptr);
-  const int dev = add_device(r, 0x60, 256 * kMi, 30);
-  ASSERT_GE(dev, 0);
-  agent::Agent a(config_for(box, false));
-  a.start();
-  a.cycle();
+TEST_F(AgentTamper, ARecordedChangeNotWrittenYetIsNoTampering) {
+  agent::Agent& a = start();
   const std::string dir = agent::find_grant_dir(path);
   ASSERT_EQ(dir, region_dir(box) + "/.gpuslice-grants");
   struct stat st {};
@@ -204,7 +189,6 @@ TEST(AgentTamper, ARecordedChangeNotWrittenYetIsNoTampering) {
   a.cycle();
   EXPECT_EQ(r->devices[dev].quota_bytes.load(), 128 * kMi);
   EXPECT_EQ(a.stats().tamper.repairs, 0u);
-  shm::detach(r);
 }
 
 }  // namespace
