@@ -11,7 +11,7 @@
 # Environment: GPUSLICE_FUZZ_BUILD (build directory, default build-fuzz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-targets=(options region config_file cdi agent_region)
+targets=(options region config_file cdi agent_region grant)
 build=${GPUSLICE_FUZZ_BUILD:-build-fuzz}
 # 4 KiB holds every structure the targets take (an agent_region input lays
 # the region's header, a device entry and two slots in 2.8 KiB).

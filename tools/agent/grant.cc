@@ -74,8 +74,14 @@ bool parse_grant(const std::string& text, Grant* out) {
     } else {
       return false;
     }
+    if (l.field == GrantLine::quota && l.value == 0) return false;                 // smi refuses --memory 0
+    if (l.field == GrantLine::sm && (l.value < 1 || l.value > 100)) return false;  // a percentage
+    if (l.field == GrantLine::policy && l.value > 1) return false;                 // hard or elastic
     g.lines.push_back(l);
   }
+  // The agent acts as root on what it takes: exactly the text smi writes
+  // (not another blank, spelling of a UUID or number, or a line cut short).
+  if (grant_text(g) != text) return false;
   *out = std::move(g);
   return true;
 }
@@ -88,16 +94,20 @@ std::string grant_name(dev_t dev, ino_t ino, std::uint64_t realtime_ns, std::uin
 }
 
 bool parse_grant_name(const char* name, dev_t* dev, ino_t* ino, std::uint64_t* realtime_ns) {
-  std::uint64_t d = 0, i = 0, t = 0;
-  std::uint32_t pid = 0;
-  int used = 0;
-  if (std::sscanf(name, "%" SCNu64 "-%" SCNu64 "-%" SCNu64 "-%" SCNu32 "%n", &d, &i, &t, &pid, &used) != 4 ||
-      name[used] != '\0' || name[0] < '0' || name[0] > '9') {
-    return false;
+  // Four runs of digits joined by '-' and nothing else (a conversion such as
+  // sscanf's would take a sign or a blank before a number).
+  std::uint64_t field[4] = {};
+  const char* p = name;
+  for (int i = 0; i < 4; ++i) {
+    if (i > 0 && *p++ != '-') return false;
+    const char* start = p;
+    while (*p >= '0' && *p <= '9') ++p;
+    if (!parse_u64(std::string(start, p), &field[i])) return false;
   }
-  *dev = static_cast<dev_t>(d);
-  *ino = static_cast<ino_t>(i);
-  *realtime_ns = t;
+  if (*p != '\0' || field[3] > 0xffffffffu) return false;  // the pid
+  *dev = static_cast<dev_t>(field[0]);
+  *ino = static_cast<ino_t>(field[1]);
+  *realtime_ns = field[2];
   return true;
 }
 

@@ -9,7 +9,8 @@
 // `<st_dev>-<st_ino>-<CLOCK_REALTIME ns>-<pid>` of the region file, holding
 //   gpuslice-grant 1
 //   quota <uuid> <bytes> | sm <uuid> <pct> | policy <uuid> <0|1> | priority <1-3>
-// The agent applies each record to the limits it keeps and removes it.
+// (exactly as grant_text writes it: the agent takes nothing else). The agent
+// applies each record to the limits it keeps and removes it.
 #pragma once
 
 #include <sys/types.h>
