@@ -129,10 +129,26 @@ int open_grant_dir(int at, const char* path, std::string* why) {
   return fd;
 }
 
-std::string find_grant_dir(const std::string& region_path) {
+bool grant_dir_still_fit(int fd, const char* path, std::string* why) {
+  struct stat held {
+  }, named{};
+  if (fstat(fd, &held) != 0 || held.st_uid != geteuid() || (held.st_mode & 022) != 0 || held.st_nlink == 0) {
+    *why = "it is no longer owned by uid " + std::to_string(geteuid()) + " and writable by its owner only";
+    return false;
+  }
+  if (fstatat(AT_FDCWD, path, &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_dev != held.st_dev ||
+      named.st_ino != held.st_ino) {
+    *why = "it was removed, renamed or replaced";
+    return false;
+  }
+  return true;
+}
+
+std::string find_grant_dir(const std::string& region_path, std::string* refused) {
   std::string dir = region_path.substr(0, region_path.find_last_of('/') + 1);
   if (dir.empty()) dir = "./";
   std::string parent = dir.size() > 1 ? dir.substr(0, dir.find_last_of('/', dir.size() - 2) + 1) : "";
+  std::string unfit;
   for (const std::string& d : {parent, dir}) {
     if (d.empty()) continue;
     std::string why;
@@ -143,7 +159,9 @@ std::string find_grant_dir(const std::string& region_path) {
       close(fd);
       return path;
     }
+    if (errno != ENOENT && unfit.empty()) unfit = path + ": " + why;
   }
+  if (refused != nullptr) *refused = unfit;
   return "";
 }
 

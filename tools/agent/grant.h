@@ -44,12 +44,18 @@ bool parse_grant_name(const char* name, dev_t* dev, ino_t* ino, std::uint64_t* r
 // symbolic link, owned by this user, writable by nobody else. -1 otherwise
 // (why says what is wrong; errno ENOENT: there is none).
 int open_grant_dir(int at, const char* path, std::string* why);
+// A grant directory held open (fd, opened from path) is still fit: still
+// this user's and writable by nobody else (fstat of what is held), and still
+// what path names (not renamed away, removed or replaced). false + why.
+bool grant_dir_still_fit(int fd, const char* path, std::string* why);
 
 // smi's side: the grant directory for a region path (the agent's region
 // directory is the region's directory or its parent; the parent is tried
 // first, as the region's own directory may be a pod's, which its container
-// can write). "" = none found (no agent keeps this region's limits).
-std::string find_grant_dir(const std::string& region_path);
+// can write). "" = none found (no agent keeps this region's limits); where
+// one is there but unfit (a link, a FIFO, a file, another user's or one others
+// may write), `refused` (if given) says which and why.
+std::string find_grant_dir(const std::string& region_path, std::string* refused = nullptr);
 // Writes a record atomically (a temporary name, then rename). false + why.
 bool write_grant(const std::string& dir, dev_t dev, ino_t ino, const Grant& g, std::string* why);
 

@@ -69,6 +69,17 @@ TamperGuard::~TamperGuard() {
 }
 
 void TamperGuard::open_grant_dirs() {
+  // What is held is checked every cycle: a directory made writable by others,
+  // or no longer at its path, is given up (and looked for again below).
+  for (std::size_t i = 0; i < dirs_.size(); ++i) {
+    std::string why;
+    if (fds_[i] < 0 || grant_dir_still_fit(fds_[i], dirs_[i].c_str(), &why)) continue;
+    close(fds_[i]);
+    fds_[i] = -1;
+    warned_[i] = false;
+    last_dir_try_ns_ = 0;
+    log(LogLevel::error, "grant directory %s: %s: its records are no longer read", dirs_[i].c_str(), why.c_str());
+  }
   if (last_dir_try_ns_ != 0 && now_ns_ - last_dir_try_ns_ < kDirRetryNs) return;
   last_dir_try_ns_ = now_ns_;
   for (std::size_t i = 0; i < dirs_.size(); ++i) {
