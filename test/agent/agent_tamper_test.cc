@@ -173,11 +173,7 @@ TEST_F(AgentTamper, ARecordedChangeNotWrittenYetIsNoTampering) {
   struct stat st {};
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   agent::Grant g;
-  agent::GrantLine l{};
-  l.field = agent::GrantLine::quota;
-  uuid_bytes(0x60, l.uuid);
-  l.value = 128 * kMi;
-  g.lines.push_back(l);
+  g.lines.push_back(grant_line(agent::GrantLine::quota, 0x60, 128 * kMi));
   std::string why;
   ASSERT_TRUE(agent::write_grant(dir, st.st_dev, st.st_ino, g, &why)) << why;
   a.cycle();

@@ -74,6 +74,14 @@ int add_device(Region* r, std::uint8_t uuid_byte, std::uint64_t quota, std::uint
   return shm::device_index(r, uuid, quota, sm_limit, SmPolicy::hard);
 }
 
+agent::GrantLine grant_line(agent::GrantLine::Field field, std::uint8_t uuid_byte, std::uint64_t value) {
+  agent::GrantLine l{};
+  l.field = field;
+  if (field != agent::GrantLine::priority) uuid_bytes(uuid_byte, l.uuid);
+  l.value = value;
+  return l;
+}
+
 int add_slot(Region* r, std::uint32_t pid, std::uint64_t pidns, std::uint64_t start_time) {
   return shm::claim_slot(r, shm::ProcessIdentity{pid, pidns, start_time});
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent.h"
+#include "grant.h"
 #include "gpuslice/region.h"
 #include "harness.h"
 #include "shm/region_file.h"
@@ -38,6 +39,8 @@ void uuid_bytes(std::uint8_t fill, std::uint8_t out[16]);
 // Claims a slot for an identity (pid, namespace, start time) as the library would.
 int add_slot(Region* r, std::uint32_t pid, std::uint64_t pidns, std::uint64_t start_time);
 Region* attach(const std::string& path);  // an existing region, writable
+// A grant record's line for the device uuid_bytes(uuid_byte) (a priority: no device).
+agent::GrantLine grant_line(agent::GrantLine::Field field, std::uint8_t uuid_byte, std::uint64_t value);
 
 // What /proc says about a host pid, as the process sees itself.
 struct Identity {

@@ -23,18 +23,8 @@ bool parses(const std::string& text) {
 
 TEST(GrantRecord, WhatSmiWritesReadsBack) {
   agent::Grant g;
-  agent::GrantLine l{};
-  l.field = agent::GrantLine::quota;
-  uuid_bytes(0x60, l.uuid);
-  l.value = 512 * kMi;
-  g.lines.push_back(l);
-  l.field = agent::GrantLine::sm;
-  l.value = 100;
-  g.lines.push_back(l);
-  l.field = agent::GrantLine::policy;
-  l.value = 1;
-  g.lines.push_back(l);
-  g.lines.push_back({agent::GrantLine::priority, {}, 3});
+  g.lines = {grant_line(agent::GrantLine::quota, 0x60, 512 * kMi), grant_line(agent::GrantLine::sm, 0x60, 100),
+             grant_line(agent::GrantLine::policy, 0x60, 1), grant_line(agent::GrantLine::priority, 0, 3)};
   const std::string text = agent::grant_text(g);
   EXPECT_EQ(text, "gpuslice-grant 1\nquota " + kUuid + " 536870912\nsm " + kUuid + " 100\npolicy " + kUuid +
                       " 1\npriority 3\n");

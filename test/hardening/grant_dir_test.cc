@@ -79,13 +79,9 @@ std::string stderr_of(const std::string& file, const std::function<void()>& fn) 
 }
 
 // A record raising the region's quota: what the user would like root to act on.
-std::string forged_record(const std::uint8_t uuid[16]) {
+std::string forged_record() {
   agent::Grant g;
-  agent::GrantLine l{};
-  l.field = agent::GrantLine::quota;
-  std::memcpy(l.uuid, uuid, sizeof l.uuid);
-  l.value = kForged;
-  g.lines.push_back(l);
+  g.lines.push_back(grant_line(agent::GrantLine::quota, 0x60, kForged));
   return agent::grant_text(g);
 }
 
@@ -102,14 +98,13 @@ class GrantDirSecondUser : public ::testing::Test {
     ASSERT_NE(r, nullptr);
     dev = add_device(r, 0x60, kGiven, 30);
     ASSERT_GE(dev, 0);
-    uuid_bytes(0x60, uuid);
     struct stat st {};
     ASSERT_EQ(stat(path.c_str(), &st), 0);
     record_name = agent::grant_name(st.st_dev, st.st_ino, 1, 1);
     // Another root directory the user would like root to write into or clean
     // up: a record for the region (root's own) and a file that is not one.
     ASSERT_EQ(mkdir(victim.c_str(), 0700), 0);
-    write_file(victim + "/" + record_name, forged_record(uuid));
+    write_file(victim + "/" + record_name, forged_record());
     write_file(victim + "/keep", "root's");
     victim_before = listing(victim);
   }
@@ -135,7 +130,6 @@ class GrantDirSecondUser : public ::testing::Test {
   agent::AgentConfig cfg;
   Region* r = nullptr;
   int dev = -1;
-  std::uint8_t uuid[16] = {};
   std::string record_name;
   std::vector<std::string> victim_before;
   std::unique_ptr<agent::Agent> agent_;
@@ -201,7 +195,7 @@ TEST_F(GrantDirSecondUser, AGrantDirectoryMadeWorldWritableIsNoLongerTrusted) {
               if (symlink(victim_file.c_str(), (base + "1").c_str()) != 0) return 2;
               const int fd = open((base + "2").c_str(), O_WRONLY | O_CREAT | O_EXCL, 0666);
               if (fd < 0 || ftruncate(fd, off_t{1} << 40) != 0 || close(fd) != 0) return 3;
-              const std::string text = forged_record(uuid);
+              const std::string text = forged_record();
               const int own = open((base + "3").c_str(), O_WRONLY | O_CREAT | O_EXCL, 0666);
               if (own < 0 || write(own, text.data(), text.size()) != static_cast<ssize_t>(text.size())) return 4;
               return close(own) == 0 ? 0 : 5;
@@ -260,7 +254,7 @@ TEST_F(GrantDirSecondUser, SwapsRacingTheAgentAndSmiRedirectNothing) {
               if (mkfifo((dir + "/alt-fifo").c_str(), 0666) != 0) return 2;
               if (mkdir((dir + "/alt-dir").c_str(), 0777) != 0 || chmod((dir + "/alt-dir").c_str(), 0777) != 0)
                 return 3;
-              const std::string text = forged_record(uuid);
+              const std::string text = forged_record();
               const int fd = open((dir + "/alt-dir/" + record_name).c_str(), O_WRONLY | O_CREAT | O_EXCL, 0666);
               if (fd < 0 || write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) return 4;
               return close(fd) == 0 ? 0 : 5;
