@@ -417,8 +417,11 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
     }
     if (c.token_taken) {
       // Another launch of the level claimed and has not gone yet: it gives
-      // the token back within a few syscalls unless its thread lost its CPU.
-      sleep_ns(limiter::kLeaseTokenPollNs);
+      // the token back within a few syscalls unless its thread lost its CPU
+      // (or the driver call takes long). Its launch then runs at least d:
+      // no claim can go before d - allow, so look again then, not sooner.
+      const std::uint64_t dd = d != 0 ? d : limiter::kLeaseUnmeasuredNs;
+      sleep_ns(dd > allow + limiter::kLeaseTokenPollNs ? dd - allow : limiter::kLeaseTokenPollNs);
       const std::uint64_t t = mono_ns();
       stuck += t - now;
       now = t;

@@ -106,7 +106,9 @@ inline constexpr std::uint64_t kLeaseLeadNs = 80'000;
 // driver, at most this long (a holder stopped between its claim and its
 // launch; one killed frees it at once: its presence lock goes).
 inline constexpr std::uint64_t kLeaseTokenNs = 2'000'000;
-// A claim that finds the token taken looks again this much later.
+// A claim that finds the token taken looks again this much later at least
+// (hook/priority_gate.cc: one launch less the lead when that is longer; the
+// holder's launch runs that long anyway).
 inline constexpr std::uint64_t kLeaseTokenPollNs = 40'000;
 // A bounded launch that cannot book or claim (the lock stays taken, the
 // token too) waits, at most this long in all, then goes with the per-process
