@@ -22,9 +22,12 @@
 // the device's queue at arrival, the others' device time in the burst's
 // window, the idle time in it, the time this thread waited for a CPU between
 // its first event and its last launch, from /proc/thread-self/schedstat);
-// with PRIO_TENANT_ROWS set, a "row ..." line per burst.
+// with PRIO_TENANT_ROWS set, a "row ..." line per burst. PRIO_TENANT_NICE=<n>
+// sets the high tenant's nice value (setpriority) before its bursts: whether
+// its thread's wait for a CPU, not the gate, sets the tail.
 #include <cuda.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -113,6 +116,9 @@ int main(int argc, char** argv) {
   }
 
   const int kernels = std::atoi(argv[3]);
+  if (const char* nice = std::getenv("PRIO_TENANT_NICE")) {
+    if (setpriority(PRIO_PROCESS, 0, std::atoi(nice)) != 0) std::perror("prio_tenant: setpriority");
+  }
   const int bursts = std::atoi(argv[4]);
   const unsigned gap_min = static_cast<unsigned>(std::atoi(argv[5]));
   const unsigned gap_max = static_cast<unsigned>(std::atoi(argv[6]));
