@@ -68,6 +68,16 @@ struct alignas(64) GateDevice {
 };
 GateDevice g_gate[kMaxDevices];
 
+// A launch that took the level's device token (lease_wait) gives it back
+// once it has gone to the driver (priority_after_launch). One per thread: a
+// thread makes one launch at a time.
+struct PendingClaim {
+  limiter::Claim claim;
+  std::uint64_t launch_ns = 0;
+  int ordinal = -1;
+};
+[[gnu::tls_model("initial-exec")]] constinit thread_local PendingClaim t_pending;
+
 platform::OnceFlag g_setup;  // the board's set-up and the fork handler
 
 using platform::sleep_ns;
@@ -90,6 +100,7 @@ void after_fork_in_child() noexcept {
     g.lease_late_ns.store(0, std::memory_order_relaxed);
     g.horizon.store(0, std::memory_order_relaxed);
   }
+  t_pending.ordinal = -1;  // the forking thread's claim is its parent's
 }
 
 void setup_once() noexcept {
@@ -298,16 +309,6 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
   board::record_hold(b, held);
   return v;
 }
-
-// A launch that took the level's device token (lease_wait) gives it back
-// once it has gone to the driver (priority_after_launch). One per thread: a
-// thread makes one launch at a time.
-struct PendingClaim {
-  limiter::Claim claim;
-  std::uint64_t launch_ns = 0;
-  int ordinal = -1;
-};
-thread_local PendingClaim t_pending;
 
 // board::book, tried again after a kHoldPollNs sleep while the level's lock
 // stays taken (its holder lacks a CPU: with hundreds of containers on a few
