@@ -70,13 +70,16 @@ GateDevice g_gate[kMaxDevices];
 
 // A launch that took the level's device token (lease_wait) gives it back
 // once it has gone to the driver (priority_after_launch). One per thread: a
-// thread makes one launch at a time.
+// thread makes one launch at a time. (Not initial-exec like the library's
+// other thread-locals: that variant measured worse beside 256 tenants in 5
+// of 8 alternated runs, unexplained, docs/log/2026-11-29-priority-256.md;
+// only the slow path reads it.)
 struct PendingClaim {
   limiter::Claim claim;
   std::uint64_t launch_ns = 0;
   int ordinal = -1;
 };
-[[gnu::tls_model("initial-exec")]] constinit thread_local PendingClaim t_pending;
+thread_local PendingClaim t_pending;
 
 platform::OnceFlag g_setup;  // the board's set-up and the fork handler
 
