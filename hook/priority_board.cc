@@ -13,6 +13,7 @@
 #include "hook/log.h"
 #include "hook/region.h"
 #include "limiter/compute.h"
+#include "platform/clock.h"
 #include "platform/text.h"
 #include "shm/priority_lease.h"
 
@@ -292,38 +293,44 @@ bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, 
   return booked;
 }
 
-bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow, std::uint64_t* busy_until,
-           std::uint64_t* claimed_until) noexcept {
+bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow, limiter::Claim* c) noexcept {
   p.lease_lock.lock();
   bool ok = false;
-  if (p.lease_fd >= 0 && p.lease_pid == getpid() && shm::lock_lease(p.lease_fd, 48)) {
+  const pid_t self = getpid();
+  if (p.lease_fd >= 0 && p.lease_pid == self && shm::lock_lease(p.lease_fd, 48)) {
     shm::PriorityLease rec;
     shm::read_lease(p.lease_fd, &rec);
-    const limiter::Slot slot = limiter::claim_slot(rec.launched_until_ns, now, launch_ns, allow);
-    *busy_until = slot.start_ns;
-    if (slot.start_ns == 0) {
-      rec.launched_until_ns = slot.until_ns;
-      *claimed_until = slot.until_ns;
-      ok = shm::write_lease(p.lease_fd, rec);
-    } else {
-      ok = true;
-    }
+    // The holder's liveness costs a lock query, only while the token looks taken.
+    const bool alive = !limiter::token_taken(rec, now, true) || rec.token_pid == static_cast<std::uint32_t>(self) ||
+                       shm::lease_user_alive(p.lease_fd, rec.token_pid);
+    *c = limiter::claim_lease(rec, now, launch_ns, allow, static_cast<std::uint32_t>(self), alive);
+    ok = !c->go || shm::write_lease(p.lease_fd, rec);
     shm::unlock_lease(p.lease_fd);
   }
   p.lease_lock.unlock();
   return ok;
 }
 
-void unclaim(Device& p, std::uint64_t launch_ns, std::uint64_t claimed_until) noexcept {
+void launched(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
   p.lease_lock.lock();
-  if (p.lease_fd >= 0 && p.lease_pid == getpid() && shm::lock_lease(p.lease_fd, 48)) {
+  const pid_t self = getpid();
+  if (p.lease_fd >= 0 && p.lease_pid == self && shm::lock_lease(p.lease_fd, 16)) {
     shm::PriorityLease rec;
     shm::read_lease(p.lease_fd, &rec);
-    const std::uint64_t back = limiter::unclaim_slot(rec.launched_until_ns, claimed_until, launch_ns);
-    if (back != rec.launched_until_ns) {
-      rec.launched_until_ns = back;
+    if (limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, static_cast<std::uint32_t>(self)))
       shm::write_lease(p.lease_fd, rec);
-    }
+    shm::unlock_lease(p.lease_fd);
+  }
+  p.lease_lock.unlock();
+}
+
+void unclaim(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
+  p.lease_lock.lock();
+  const pid_t self = getpid();
+  if (p.lease_fd >= 0 && p.lease_pid == self && shm::lock_lease(p.lease_fd, 48)) {
+    shm::PriorityLease rec;
+    shm::read_lease(p.lease_fd, &rec);
+    if (limiter::unclaim_lease(rec, c, launch_ns, static_cast<std::uint32_t>(self))) shm::write_lease(p.lease_fd, rec);
     shm::unlock_lease(p.lease_fd);
   }
   p.lease_lock.unlock();

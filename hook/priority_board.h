@@ -93,18 +93,21 @@ void publish(Device& b, Priority self, std::uint64_t now, std::uint64_t horizon)
 // should start running. False when there is no timetable (the lease file
 // cannot be opened, or its lock stays taken): the per-process bound applies.
 bool book(Device& b, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start) noexcept;
-// A booked launch whose slot came: when the launches its level has already
-// launched on the device should be done by now + allow, it claims its place
-// behind them (launched_until: + launch_ns, also in *claimed_until) and
-// *busy_until is 0; otherwise *busy_until is when they should be done. False
-// when there is no timetable.
-bool claim(Device& b, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow, std::uint64_t* busy_until,
-           std::uint64_t* claimed_until) noexcept;
+// A booked launch whose slot came (limiter::claim_lease): when the level's
+// device token is free and the launches its level has already launched on
+// the device should be done by now + allow, it takes the token and claims its
+// place behind them (c->go); otherwise c->busy_until_ns says until when they
+// run, or (c->token_taken) until when the token lasts at most. False when
+// there is no timetable or its lock stayed taken (`tries` of ~10 us).
+bool claim(Device& b, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow, limiter::Claim* c) noexcept;
+// The claimed launch went to the driver (limiter::launched_lease): the
+// level's launched work is counted from now, the token is given back. When
+// the lock stays taken the token expires by itself (kLeaseTokenNs).
+void launched(Device& b, const limiter::Claim& c, std::uint64_t launch_ns) noexcept;
 // A claimed launch that is held after all (a higher neighbour became active
-// between its look at the board and its claim) gives its place back: the
-// level's launched_until goes back by launch_ns while it is still the
-// claim's `claimed_until` (nobody claimed behind it).
-void unclaim(Device& b, std::uint64_t launch_ns, std::uint64_t claimed_until) noexcept;
+// between its look at the board and its claim) gives its place and the token
+// back (limiter::unclaim_lease).
+void unclaim(Device& b, const limiter::Claim& c, std::uint64_t launch_ns) noexcept;
 // A launch was held for held_ns: the file's statistics.
 void record_hold(Device& b, std::uint64_t held_ns) noexcept;
 

@@ -68,6 +68,19 @@ struct alignas(64) GateDevice {
 };
 GateDevice g_gate[kMaxDevices];
 
+// A launch that took the level's device token (lease_wait) gives it back
+// once it has gone to the driver (priority_after_launch). One per thread: a
+// thread makes one launch at a time. (Not initial-exec like the library's
+// other thread-locals: that variant measured worse beside 256 tenants in 5
+// of 8 alternated runs, unexplained, docs/log/2026-11-29-priority-256.md;
+// only the slow path reads it.)
+struct PendingClaim {
+  limiter::Claim claim;
+  std::uint64_t launch_ns = 0;
+  int ordinal = -1;
+};
+thread_local PendingClaim t_pending;
+
 platform::OnceFlag g_setup;  // the board's set-up and the fork handler
 
 using platform::sleep_ns;
@@ -90,6 +103,7 @@ void after_fork_in_child() noexcept {
     g.lease_late_ns.store(0, std::memory_order_relaxed);
     g.horizon.store(0, std::memory_order_relaxed);
   }
+  t_pending.ordinal = -1;  // the forking thread's claim is its parent's
 }
 
 void setup_once() noexcept {
@@ -301,39 +315,48 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
 
 // board::book, tried again after a kHoldPollNs sleep while the level's lock
 // stays taken (its holder lacks a CPU: with hundreds of containers on a few
-// cores, common): a launch that went unbooked instead would queue beside the
-// level's, past the budget. A holder stopped for good costs each launch
-// about 2 ms before it goes with the per-process bound.
-bool book_again(board::Device& b, Priority self, std::uint64_t* now, std::uint64_t d, std::uint64_t* start) noexcept {
-  for (int attempt = 0;; ++attempt) {
+// cores, common): a launch that went unbooked would queue beside the level's,
+// past the budget. The time this costs is counted in *stuck: past
+// kLeaseGiveUpNs (a holder stopped for good) the launch goes with the
+// per-process bound.
+bool book_again(board::Device& b, Priority self, std::uint64_t* now, std::uint64_t d, std::uint64_t* start,
+                std::uint64_t* stuck) noexcept {
+  for (;;) {
     if (board::book(b, self, *now, d, start)) return true;
-    if (attempt == 2 || b.lease_shared.load(std::memory_order_relaxed) == 0) return false;
+    if (b.lease_shared.load(std::memory_order_relaxed) == 0) return false;
     sleep_ns(limiter::kHoldPollNs);
-    *now = mono_ns();
+    const std::uint64_t t = mono_ns();
+    *stuck += t - *now;
+    *now = t;
+    if (*stuck >= limiter::kLeaseGiveUpNs) return false;
   }
 }
 
 // Bounded next to a higher neighbour: books this launch in the level's
 // timetable on the device (board::book) and sleeps until its slot is
 // lease_allow() away; then, unless a higher neighbour has become active
-// meanwhile (it is held, and books again), it claims its place behind what
-// the level has launched (board::claim). When that is not nearly done (it,
-// or a neighbour, woke late into another's slot) it books the next free slot.
-// So the level's containers, however many, keep about one launch queued
-// together, and late wake-ups cost slots, never a second launch queued. A
-// last look at the board after the claim (given back when held), a claim at
-// once when a hold ends, and no launch while its own previous one is queued
-// keep it so when the threads lack CPU (hundreds of containers, few cores).
+// meanwhile (it is held, and books again), it takes the level's device token
+// and claims its place behind what the level has launched (board::claim).
+// When that is not nearly done (it, or a neighbour, woke late into another's
+// slot) it books the next free slot; while another launch of the level holds
+// the token (claimed, not yet gone to the driver) it looks again shortly. So
+// the level's containers, however many, keep about one launch queued
+// together, never two behind a claim whose thread lost its CPU: late
+// wake-ups cost slots, never a second launch queued. A last look at the
+// board after the claim (given back when held), a claim at once when a hold
+// ends, and no launch while its own previous one is queued keep it so when
+// the threads lack CPU (hundreds of containers, few cores). A launch that
+// cannot book or claim (lock or token taken) waits, kLeaseGiveUpNs at most.
 // False when there is no timetable: then the per-process bound applies.
-bool lease_wait(GateDevice& g, board::Device& b, Priority self, bool tight) noexcept {
+bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, bool tight) noexcept {
   g.markers.lock.lock();
   const std::uint64_t d = g.estimate.avg_ns;
   g.markers.lock.unlock();
   std::uint64_t now = mono_ns();
-  std::uint64_t start = 0;
-  if (!book_again(b, self, &now, d, &start)) return false;
+  std::uint64_t start = 0, stuck = 0;
+  if (!book_again(b, self, &now, d, &start, &stuck)) return false;
   const std::uint64_t allow = limiter::lease_allow(d, tight, g.lease_late_ns.load(std::memory_order_relaxed));
-  for (int round = 0; round < 16; ++round) {
+  for (int round = 0; round < 1024 && stuck < limiter::kLeaseGiveUpNs; ++round) {
     const std::uint64_t at = start > allow ? start - allow : 0;
     if (at > now) {
       sleep_ns(at - now);
@@ -369,29 +392,49 @@ bool lease_wait(GateDevice& g, board::Device& b, Priority self, bool tight) noex
       start = now + allow;
       continue;
     }
-    std::uint64_t busy_until = 0, claimed_until = 0;
-    if (!board::claim(b, now, d, allow, &busy_until, &claimed_until)) {
+    limiter::Claim c;
+    if (!board::claim(b, now, d, allow, &c)) {
       // The level's lock stayed taken: a new slot rather than a launch
       // beside the level's.
-      now = mono_ns();
-      if (!book_again(b, self, &now, d, &start)) return false;
+      const std::uint64_t t = mono_ns();
+      stuck += t - now;
+      now = t;
+      if (!book_again(b, self, &now, d, &start, &stuck)) return false;
       continue;
     }
-    if (busy_until == 0) {
+    if (c.go) {
       // A last look, as close to the launch as it can be: a higher
       // neighbour that became active since the look above (its burst began
       // while this thread claimed) must not find this launch in its burst.
       now = mono_ns();
-      if (board::recheck(b, self, now) != Verdict::held) return true;
-      board::unclaim(b, d, claimed_until);
+      if (board::recheck(b, self, now) != Verdict::held) {
+        t_pending.claim = c;
+        t_pending.launch_ns = d;
+        t_pending.ordinal = ordinal;
+        return true;
+      }
+      board::unclaim(b, c, d);
       if (hold(g, b, self, now) == Verdict::free) return false;  // nobody higher any more
       now = mono_ns();
       start = now + allow;
       continue;
     }
+    if (c.token_taken) {
+      // Another launch of the level claimed and has not gone yet: it gives
+      // the token back within a few syscalls unless its thread lost its CPU
+      // (or the driver call takes long). Its launch then runs at least d:
+      // no claim can go before d - allow, so look again then, not sooner.
+      const std::uint64_t dd = d != 0 ? d : limiter::kLeaseUnmeasuredNs;
+      sleep_ns(dd > allow + limiter::kLeaseTokenPollNs ? dd - allow : limiter::kLeaseTokenPollNs);
+      const std::uint64_t t = mono_ns();
+      stuck += t - now;
+      now = t;
+      start = now + allow;
+      continue;
+    }
     // Taken: the next free slot, at the timetable's end (waiting for this
     // one's end instead, every late waker would wake together).
-    if (!book_again(b, self, &now, d, &start)) return false;
+    if (!book_again(b, self, &now, d, &start, &stuck)) return false;
   }
   return false;
 }
@@ -414,8 +457,8 @@ bool lease_wait(GateDevice& g, board::Device& b, Priority self, bool tight) noex
     const bool tight = b.tight.load(std::memory_order_relaxed) != 0;
     // Bounded: the level's timetable bounds what its containers queue
     // together (and this launch's marker is recorded once its slot comes).
-    const bool leased =
-        v == Verdict::bounded && b.lease_shared.load(std::memory_order_relaxed) != 0 && lease_wait(g, b, self, tight);
+    const bool leased = v == Verdict::bounded && b.lease_shared.load(std::memory_order_relaxed) != 0 &&
+                        lease_wait(g, b, static_cast<int>(&g - g_gate), self, tight);
     const bool marked = record_marker(g, s, ptsz, leased);
     // A bound wait lasts up to one of our launches: a higher neighbour may
     // have become active meanwhile, and this launch must not slip in front of
@@ -434,8 +477,8 @@ bool lease_wait(GateDevice& g, board::Device& b, Priority self, bool tight) noex
       g.markers.lock.lock();
       g.prev_start_ns = 0;  // the bound_wait lead's prediction does not apply to booked launches
       g.markers.lock.unlock();
-      after = true;
     }
+    after = leased;  // priority_after_launch() gives the level's token back
   }
   board::publish(b, self, mono_ns(), g.horizon.load(std::memory_order_relaxed));
   return after;
@@ -476,6 +519,11 @@ bool priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept {
 void priority_after_launch(int ordinal, CUstream stream, bool ptsz, bool launched) noexcept {
   if (static_cast<unsigned>(ordinal) >= kMaxDevices) return;
   GateDevice& g = g_gate[ordinal];
+  if (t_pending.ordinal == ordinal) {
+    // Gone to the driver (or refused: nothing queued, the same for the level).
+    t_pending.ordinal = -1;
+    board::launched(board::device(ordinal), t_pending.claim, t_pending.launch_ns);
+  }
   const CUstream target = target_stream(stream, ptsz);
   g.markers.lock.lock();
   // Only right behind this launch's own marker (no other thread's since):

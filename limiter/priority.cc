@@ -2,6 +2,7 @@
 #include "limiter/priority.h"
 
 #include "limiter/options/options.h"
+#include "shm/priority_lease.h"
 
 namespace gpuslice::limiter {
 
@@ -170,6 +171,58 @@ std::uint64_t lease_allow(std::uint64_t launch_ns, bool tight, std::uint64_t lat
   if (lead < kLeaseLeadNs) lead = kLeaseLeadNs;
   if (tight) return lead;
   return d < kBoundWorkNs && kBoundWorkNs - d > lead ? kBoundWorkNs - d : lead;
+}
+
+bool token_taken(const shm::PriorityLease& rec, std::uint64_t now_ns, bool holder_alive) noexcept {
+  return rec.token_pid != 0 && holder_alive && rec.token_until_ns > now_ns &&
+         rec.token_until_ns - now_ns <= kLeaseTokenNs;
+}
+
+Claim claim_lease(shm::PriorityLease& rec, std::uint64_t now_ns, std::uint64_t launch_ns, std::uint64_t allow_ns,
+                  std::uint32_t pid, bool holder_alive) noexcept {
+  Claim c;
+  if (token_taken(rec, now_ns, holder_alive)) {
+    c.token_taken = true;
+    c.busy_until_ns = rec.token_until_ns;
+    return c;
+  }
+  const Slot slot = claim_slot(rec.launched_until_ns, now_ns, launch_ns, allow_ns);
+  if (slot.start_ns != 0) {
+    c.busy_until_ns = slot.start_ns;
+    return c;
+  }
+  const std::uint64_t d = launch_ns != 0 ? launch_ns : kLeaseUnmeasuredNs;
+  c.go = true;
+  c.claimed_ns = slot.until_ns;
+  c.start_ns = slot.until_ns - d;
+  rec.launched_until_ns = slot.until_ns;
+  rec.token_pid = pid;
+  rec.token_until_ns = c.token_until_ns = now_ns + kLeaseTokenNs;
+  return c;
+}
+
+bool launched_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t now_ns, std::uint64_t launch_ns,
+                    std::uint32_t pid) noexcept {
+  if (!c.go || rec.token_pid != pid || rec.token_until_ns != c.token_until_ns) return false;
+  const std::uint64_t d = launch_ns != 0 ? launch_ns : kLeaseUnmeasuredNs;
+  const std::uint64_t end = (c.start_ns > now_ns ? c.start_ns : now_ns) + d;
+  if (end > rec.launched_until_ns) rec.launched_until_ns = end;
+  rec.token_pid = 0;
+  rec.token_until_ns = 0;
+  return true;
+}
+
+bool unclaim_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t launch_ns, std::uint32_t pid) noexcept {
+  if (!c.go) return false;
+  const std::uint64_t back = unclaim_slot(rec.launched_until_ns, c.claimed_ns, launch_ns);
+  bool changed = back != rec.launched_until_ns;
+  rec.launched_until_ns = back;
+  if (rec.token_pid == pid && rec.token_until_ns == c.token_until_ns) {
+    rec.token_pid = 0;
+    rec.token_until_ns = 0;
+    changed = true;
+  }
+  return changed;
 }
 
 }  // namespace gpuslice::limiter

@@ -22,6 +22,10 @@
 
 #include "gpuslice/priority_board.h"
 
+namespace gpuslice::shm {
+struct PriorityLease;
+}
+
 namespace gpuslice::limiter {
 
 // --- tunables (docs/priority.md explains each) ---
@@ -98,6 +102,18 @@ inline constexpr std::uint64_t kLeaseMaxAheadNs = 1'000'000'000;
 // How long before its slot a booked launch is queued while tight (hides the
 // process's wake-up); more (up to half a launch) when it has been waking late.
 inline constexpr std::uint64_t kLeaseLeadNs = 80'000;
+// A claimed launch holds the level's device token until it has gone to the
+// driver, at most this long (a holder stopped between its claim and its
+// launch; one killed frees it at once: its presence lock goes).
+inline constexpr std::uint64_t kLeaseTokenNs = 2'000'000;
+// A claim that finds the token taken looks again this much later at least
+// (hook/priority_gate.cc: one launch less the lead when that is longer; the
+// holder's launch runs that long anyway).
+inline constexpr std::uint64_t kLeaseTokenPollNs = 40'000;
+// A bounded launch that cannot book or claim (the lock stays taken, the
+// token too) waits, at most this long in all, then goes with the per-process
+// bound: never a launch beside the level's budget before then.
+inline constexpr std::uint64_t kLeaseGiveUpNs = 20'000'000;
 
 struct Slot {
   std::uint64_t start_ns;  // when the launch should start running
@@ -117,6 +133,37 @@ std::uint64_t unclaim_slot(std::uint64_t launched_until_ns, std::uint64_t claime
 // is not believed.
 Slot claim_slot(std::uint64_t launched_until_ns, std::uint64_t now_ns, std::uint64_t launch_ns,
                 std::uint64_t allow_ns) noexcept;
+// A booked launch whose slot came claims its place on the level's record
+// (under its lock): it goes (`go`, rec.launched_until extended, `claimed`
+// the new word) when claim_slot lets it and the level's device token is free
+// (claim_token: it takes it), else `busy_until` says until when the level's
+// launched work runs, and `token_taken` that another launch holds the token.
+// `holder_alive`: the token's process may still live (lease_user_alive; true
+// when it is this process).
+struct Claim {
+  bool go = false;
+  bool token_taken = false;
+  std::uint64_t busy_until_ns = 0;
+  std::uint64_t claimed_ns = 0;      // the claim's launched_until
+  std::uint64_t start_ns = 0;        // when the claimed launch should start running
+  std::uint64_t token_until_ns = 0;  // the token's word as the claim wrote it (whose it is)
+};
+Claim claim_lease(shm::PriorityLease& rec, std::uint64_t now_ns, std::uint64_t launch_ns, std::uint64_t allow_ns,
+                  std::uint32_t pid, bool holder_alive) noexcept;
+// The claim's launch went to the driver at now_ns: the level's launched work
+// ends when it does, counted from then (a thread that lost its CPU between
+// its claim and its launch ran later than claimed), and the token is free.
+// Nothing when the token is not the claim's any more (it expired and another
+// launch took it). True when rec changed.
+bool launched_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t now_ns, std::uint64_t launch_ns,
+                    std::uint32_t pid) noexcept;
+// A claimed launch held after all: its place (unclaim_slot) and the token back.
+bool unclaim_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t launch_ns, std::uint32_t pid) noexcept;
+// Whether the token is taken at now_ns: a holder, not expired (a stopped
+// process keeps others waiting kLeaseTokenNs at most; a word further ahead
+// is not believed), not known dead.
+bool token_taken(const shm::PriorityLease& rec, std::uint64_t now_ns, bool holder_alive) noexcept;
+
 // How long before its slot's start a booked launch may be queued: the lead
 // (tight: kLeaseLeadNs, or twice the thread's recent lateness, at most half a
 // launch), or while relaxed enough that the level keeps about kBoundWorkNs

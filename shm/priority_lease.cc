@@ -90,6 +90,10 @@ bool lease_shared(int fd) noexcept {
   return platform::ofd_lock::probe(fd, kLeaseUserBase, 0) == platform::ofd_lock::Probe::held;
 }
 
+bool lease_user_alive(int fd, std::uint32_t pid) noexcept {
+  return platform::ofd_lock::probe(fd, kLeaseUserBase + pid, 1) != platform::ofd_lock::Probe::free;
+}
+
 bool remove_lease(const char* board, Priority level, const char uuid_text[platform::kUuidTextSize], int fd) noexcept {
   if (fd < 0) return false;
   platform::ofd_lock::drop(fd, own_user_byte(), 1);

@@ -35,7 +35,13 @@ struct PriorityLease {
   std::uint32_t reserved0;
   std::uint64_t bookings;           // how many launches booked (tools only)
   std::uint64_t launched_until_ns;  // CLOCK_MONOTONIC
-  std::uint64_t reserved[2];
+  // The level's device token (docs/priority.md, "Many tenants"): a claimed
+  // launch holds it until it has gone to the driver (then launched_until is
+  // counted from its real launch), at most until token_until_ns. 0: free.
+  // (Formerly reserved, zero: a library without the token keeps them as read.)
+  std::uint32_t token_pid;
+  std::uint32_t reserved1;
+  std::uint64_t token_until_ns;  // CLOCK_MONOTONIC
 };
 static_assert(sizeof(PriorityLease) == 64);
 
@@ -61,6 +67,10 @@ bool lease_unlinked(int fd) noexcept;
 // Whether another open file description (another process) holds a presence
 // lock on it: the level has another bounded process on the device.
 bool lease_shared(int fd) noexcept;
+// Whether a process whose pid (in its own namespace) is `pid` may still hold
+// a presence lock on it: false only when nobody holds that byte (the process
+// is gone, or never used the file); true when the kernel cannot tell.
+bool lease_user_alive(int fd, std::uint32_t pid) noexcept;
 // The record as stored; a short or foreign one reads as nothing booked or
 // launched (all zero: the next write makes it whole).
 void read_lease(int fd, PriorityLease* out) noexcept;

@@ -20,9 +20,14 @@
 // "prio_tenant_gaps ..." (the device's idle time between bursts) and one
 // "prio_tenant_breakdown ..." (where the worst 2 % and all bursts' time went:
 // the device's queue at arrival, the others' device time in the burst's
-// window, the idle time in it); with PRIO_TENANT_ROWS set, a "row ..." line
-// per burst.
+// window, the idle time in it, the time this thread waited for a CPU between
+// its first event and its last launch, from /proc/thread-self/schedstat);
+// with PRIO_TENANT_ROWS set, a "row ..." line per burst. PRIO_TENANT_NICE=<n>
+// sets the high tenant's nice value (setpriority) before its bursts: whether
+// its thread's wait for a CPU, not the gate, sets the tail.
 #include <cuda.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,6 +53,20 @@ void check(CUresult rc, const char* what) {
   if (rc == CUDA_SUCCESS) return;
   std::fprintf(stderr, "prio_tenant: %s failed: %d\n", what, static_cast<int>(rc));
   std::exit(3);
+}
+
+// How long this thread has waited for a CPU (run_delay, ns): the second
+// field of /proc/thread-self/schedstat; 0 where the kernel has no schedstats.
+std::uint64_t run_delay_ns() {
+  const int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[128] = {};
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  char* rest = nullptr;
+  std::strtoull(buf, &rest, 10);
+  return std::strtoull(rest, nullptr, 10);
 }
 
 double percentile(std::vector<double> v, int p) {
@@ -97,6 +116,9 @@ int main(int argc, char** argv) {
   }
 
   const int kernels = std::atoi(argv[3]);
+  if (const char* nice = std::getenv("PRIO_TENANT_NICE")) {
+    if (setpriority(PRIO_PROCESS, 0, std::atoi(nice)) != 0) std::perror("prio_tenant: setpriority");
+  }
   const int bursts = std::atoi(argv[4]);
   const unsigned gap_min = static_cast<unsigned>(std::atoi(argv[5]));
   const unsigned gap_max = static_cast<unsigned>(std::atoi(argv[6]));
@@ -116,7 +138,7 @@ int main(int argc, char** argv) {
   // Per burst, for the breakdown line: when it began, the device's queue
   // then (the ideal profile's busy_until; the realistic one's is its
   // simulated now: 0 there).
-  std::vector<std::uint64_t> began_ns, queued_ns;
+  std::vector<std::uint64_t> began_ns, queued_ns, cpu_wait_ns;
   std::uint64_t start = 0, end = 0;
   for (int i = 0; i < bursts; ++i) {
     const std::uint64_t busy_until = fakecuda_busy_until_ns(0);
@@ -124,9 +146,11 @@ int main(int argc, char** argv) {
     if (start == 0) start = t0;
     began_ns.push_back(t0);
     queued_ns.push_back(busy_until > t0 ? busy_until - t0 : 0);
+    const std::uint64_t delay0 = run_delay_ns();
     check(cuEventRecord(a, stream), "cuEventRecord");
     for (int k = 0; k < kernels; ++k) launch();
     check(cuEventRecord(b, stream), "cuEventRecord");
+    cpu_wait_ns.push_back(run_delay_ns() - delay0);
     check(cuStreamSynchronize(stream), "cuStreamSynchronize");
     end = now_ns();
     float ms = 0;
@@ -151,17 +175,17 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return device_us[x] > device_us[y]; });
   const std::size_t worst = std::max<std::size_t>(2, order.size() / 50);
-  double sum[2][4] = {};
+  double sum[2][5] = {};
   for (std::size_t k = 0; k < order.size(); ++k) {
     const std::size_t i = order[k];
     const std::uint64_t t0 = began_ns[i], t1 = t0 + static_cast<std::uint64_t>(device_us[i] * 1000.0);
     const double all = static_cast<double>(fakecuda_busy_ns(0, 0, t0, t1));
     const double mine = static_cast<double>(fakecuda_busy_ns(0, getpid(), t0, t1));
-    const double row[4] = {device_us[i], static_cast<double>(queued_ns[i]) / 1000.0, (all - mine) / 1000.0,
-                           device_us[i] - all / 1000.0};
+    const double row[5] = {device_us[i], static_cast<double>(queued_ns[i]) / 1000.0, (all - mine) / 1000.0,
+                           device_us[i] - all / 1000.0, static_cast<double>(cpu_wait_ns[i]) / 1000.0};
     if (std::getenv("PRIO_TENANT_ROWS") != nullptr)
-      std::printf("row %.1f %.1f %.1f %.1f\n", row[0], row[1], row[2], row[3]);
-    for (int c = 0; c < 4; ++c) {
+      std::printf("row %.1f %.1f %.1f %.1f %.1f\n", row[0], row[1], row[2], row[3], row[4]);
+    for (int c = 0; c < 5; ++c) {
       if (k < worst) sum[0][c] += row[c] / static_cast<double>(worst);
       sum[1][c] += row[c] / static_cast<double>(order.size());
     }
@@ -184,7 +208,9 @@ int main(int argc, char** argv) {
               near_len > 0 ? 100.0 * near_idle / near_len : 0.0, far_len > 0 ? 100.0 * far_idle / far_len : 0.0);
   std::printf(
       "prio_tenant_breakdown worst=%zu worst_us=%.1f worst_queued_us=%.1f worst_others_us=%.1f worst_idle_us=%.1f "
-      "mean_us=%.1f mean_queued_us=%.1f mean_others_us=%.1f mean_idle_us=%.1f\n",
-      worst, sum[0][0], sum[0][1], sum[0][2], sum[0][3], sum[1][0], sum[1][1], sum[1][2], sum[1][3]);
+      "worst_cpu_wait_us=%.1f mean_us=%.1f mean_queued_us=%.1f mean_others_us=%.1f mean_idle_us=%.1f "
+      "mean_cpu_wait_us=%.1f\n",
+      worst, sum[0][0], sum[0][1], sum[0][2], sum[0][3], sum[0][4], sum[1][0], sum[1][1], sum[1][2], sum[1][3],
+      sum[1][4]);
   return 0;
 }

@@ -55,17 +55,31 @@ std::uint64_t book(int fd, std::uint64_t now, std::uint64_t launch_ns) {
 }
 
 // One claim (board::claim): 0 when it goes, else when the level's launched
-// work should be done.
-std::uint64_t claim(int fd, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow) {
+// work should be done or, with the token taken, until when it lasts at most.
+// The claim is kept in *out (for launched()). `pid` is the claimer's.
+std::uint64_t claim(int fd, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow,
+                    limiter::Claim* out = nullptr, std::uint32_t pid = static_cast<std::uint32_t>(getpid())) {
   EXPECT_TRUE(shm::lock_lease(fd, 48));
   shm::PriorityLease rec = record(fd);
-  const limiter::Slot slot = limiter::claim_slot(rec.launched_until_ns, now, launch_ns, allow);
-  if (slot.start_ns == 0) {
-    rec.launched_until_ns = slot.until_ns;
+  const bool alive = rec.token_pid == pid || shm::lease_user_alive(fd, rec.token_pid);
+  const limiter::Claim c = limiter::claim_lease(rec, now, launch_ns, allow, pid, alive);
+  if (c.go) {
     EXPECT_TRUE(shm::write_lease(fd, rec));
   }
   shm::unlock_lease(fd);
-  return slot.start_ns;
+  if (out != nullptr) *out = c;
+  return c.go ? 0 : c.busy_until_ns;
+}
+
+// The claimed launch went to the driver at `now` (board::launched).
+void launched(int fd, const limiter::Claim& c, std::uint64_t now, std::uint64_t launch_ns,
+              std::uint32_t pid = static_cast<std::uint32_t>(getpid())) {
+  EXPECT_TRUE(shm::lock_lease(fd, 48));
+  shm::PriorityLease rec = record(fd);
+  if (limiter::launched_lease(rec, c, now, launch_ns, pid)) {
+    EXPECT_TRUE(shm::write_lease(fd, rec));
+  }
+  shm::unlock_lease(fd);
 }
 
 TEST(PriorityLease, BookingsOfTheLevelFollowEachOther) {
@@ -91,9 +105,12 @@ TEST(PriorityLease, AClaimGoesOnlyBehindNearlyDoneWork) {
   Board b;
   const int x = b.open(), y = b.open();
   const std::uint64_t now = platform::monotonic_ns();
-  EXPECT_EQ(claim(x, now, 250'000, 80'000), 0u);
+  limiter::Claim c;
+  EXPECT_EQ(claim(x, now, 250'000, 80'000, &c), 0u);
+  launched(x, c, now, 250'000);
   EXPECT_EQ(claim(y, now + 10'000, 250'000, 80'000), now + 250'000);  // two would be queued: not now
-  EXPECT_EQ(claim(y, now + 170'000, 250'000, 80'000), 0u);            // within the lead: behind it
+  EXPECT_EQ(claim(y, now + 170'000, 250'000, 80'000, &c), 0u);        // within the lead: behind it
+  launched(y, c, now + 170'000, 250'000);
   EXPECT_EQ(record(x).launched_until_ns, now + 500'000);
   EXPECT_EQ(claim(x, now + 10'000'000, 0, 80'000), 0u);  // all past: from now
   EXPECT_EQ(record(x).launched_until_ns, now + 10'000'000 + limiter::kLeaseUnmeasuredNs);
@@ -108,11 +125,11 @@ TEST(PriorityLease, AHeldClaimGivesItsPlaceBackWhenNobodyClaimedBehind) {
   Board b;
   const int x = b.open(), y = b.open();
   const std::uint64_t now = platform::monotonic_ns();
-  ASSERT_EQ(claim(x, now, 250'000, 80'000), 0u);
-  const std::uint64_t mine = record(x).launched_until_ns;
+  limiter::Claim c;
+  ASSERT_EQ(claim(x, now, 250'000, 80'000, &c), 0u);
   ASSERT_TRUE(shm::lock_lease(x, 48));
   shm::PriorityLease rec = record(x);
-  rec.launched_until_ns = limiter::unclaim_slot(rec.launched_until_ns, mine, 250'000);
+  ASSERT_TRUE(limiter::unclaim_lease(rec, c, 250'000, static_cast<std::uint32_t>(getpid())));  // board::unclaim
   ASSERT_TRUE(shm::write_lease(x, rec));
   shm::unlock_lease(x);
   EXPECT_EQ(record(x).launched_until_ns, now) << "given back";
@@ -122,6 +139,73 @@ TEST(PriorityLease, AHeldClaimGivesItsPlaceBackWhenNobodyClaimedBehind) {
   EXPECT_EQ(limiter::unclaim_slot(now + 250'000, now + 250'000, 0), now + 250'000 - limiter::kLeaseUnmeasuredNs);
   EXPECT_EQ(limiter::unclaim_slot(100, 100, 250'000), 100u);  // never below zero
   close(x);
+  close(y);
+}
+
+// The level's device token (docs/priority.md, "Many tenants"): a claimed
+// launch that has not gone to the driver yet (its thread lost its CPU
+// between its claim and its launch) keeps the next one of the level from
+// going, however late it is: two low kernels are never queued together
+// behind a claim's predicted end.
+TEST(PriorityLease, TwoLaunchesOfTheLevelNeverHoldTheDeviceAtOnce) {
+  Board b;
+  const int x = b.open(), y = b.open();
+  const std::uint64_t now = platform::monotonic_ns();
+  limiter::Claim c;
+  ASSERT_EQ(claim(x, now, 250'000, 80'000, &c), 0u) << "x claims the device";
+  // x's thread is descheduled; its slot has passed by the time y's comes.
+  EXPECT_NE(claim(y, now + 400'000, 250'000, 80'000), 0u) << "x has not launched yet: y must not go";
+  EXPECT_NE(claim(y, now + 1'500'000, 250'000, 80'000), 0u) << "nor later, while x's token lasts";
+  // x launches 1.6 ms late: the level's work ends 250 us after that.
+  launched(x, c, now + 1'600'000, 250'000);
+  EXPECT_EQ(record(x).launched_until_ns, now + 1'850'000);
+  EXPECT_EQ(record(x).token_pid, 0u) << "the token is free";
+  EXPECT_EQ(claim(y, now + 1'700'000, 250'000, 80'000), now + 1'850'000) << "behind x's real launch";
+  EXPECT_EQ(claim(y, now + 1'780'000, 250'000, 80'000), 0u) << "within the lead of its real end";
+  close(x);
+  close(y);
+}
+
+// The token is a lease: a holder stopped between its claim and its launch
+// keeps the level waiting kLeaseTokenNs at most; a dead one (its presence
+// lock gone with it) not at all. A word too far ahead is not believed.
+TEST(PriorityLease, TheTokenOfAStoppedHolderExpiresAndADeadOnesIsFree) {
+  Board b;
+  const int y = b.open();
+  const std::uint64_t now = platform::monotonic_ns();
+  shm::PriorityLease rec{};
+  rec.token_pid = static_cast<std::uint32_t>(getpid());
+  rec.token_until_ns = now + limiter::kLeaseTokenNs;
+  rec.launched_until_ns = now;
+  EXPECT_TRUE(limiter::token_taken(rec, now, true));
+  EXPECT_FALSE(limiter::token_taken(rec, now + limiter::kLeaseTokenNs, true)) << "expired";
+  EXPECT_FALSE(limiter::token_taken(rec, now, false)) << "its holder is dead";
+  rec.token_until_ns = now + limiter::kLeaseTokenNs + 1;
+  EXPECT_FALSE(limiter::token_taken(rec, now, true)) << "too far ahead: not believed";
+  // A process that held it and died: its presence lock went with it.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    shm::Error err{};
+    const int own = shm::open_lease(b.dir.c_str(), Priority::low, kUuid, &err);
+    if (own < 0 || !shm::lock_lease(own, 100)) _exit(2);
+    shm::PriorityLease held{};
+    held.token_pid = static_cast<std::uint32_t>(getpid());
+    held.token_until_ns = platform::monotonic_ns() + limiter::kLeaseTokenNs;
+    held.launched_until_ns = platform::monotonic_ns();
+    shm::write_lease(own, held);
+    shm::unlock_lease(own);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_EQ(record(y).token_pid, static_cast<std::uint32_t>(child));
+  EXPECT_FALSE(shm::lease_user_alive(y, static_cast<std::uint32_t>(child)));
+  const int x = b.open();  // another description of this process: its presence lock is seen from y
+  EXPECT_TRUE(shm::lease_user_alive(y, static_cast<std::uint32_t>(getpid())));
+  close(x);
+  EXPECT_EQ(claim(y, platform::monotonic_ns(), 250'000, 80'000), 0u) << "a dead holder's token is free";
   close(y);
 }
 

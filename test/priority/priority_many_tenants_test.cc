@@ -79,6 +79,7 @@ Figures run_next_to(Machine& m, int lows, int bursts, int kill = 0, double kill_
   const std::string high_out = m.sandbox().path("high.out");
   Env high_env = tenant_env(m, "high", "high");
   if (std::getenv("PRIO_TENANT_ROWS") != nullptr) high_env["PRIO_TENANT_ROWS"] = "1";
+  if (const char* nice = std::getenv("PRIO_TENANT_NICE")) high_env["PRIO_TENANT_NICE"] = nice;
   const pid_t high_pid = spawn({bin("prio_tenant"), "high", std::to_string(kHighUs), std::to_string(kHighKernels),
                                 std::to_string(bursts), "5000", "50000", "7", go},
                                high_env, high_out);
@@ -188,7 +189,8 @@ TEST(PriorityManyTenants, KilledLowTenantsLeaveTheBudgetToTheOthers) {
 // PRIO_N=<n> for one N). Each N also prints where the bursts' time went
 // (prio_tenant's breakdown and gaps lines); PRIO_TENANT_ROWS=1 adds a row
 // per burst: latency, device queue at its arrival, the others' device time
-// and the idle time in its window (us).
+// and the idle time in its window, the high thread's wait for a CPU (us);
+// PRIO_TENANT_NICE=<n> runs the high tenant at that nice value.
 TEST(PriorityManyTenants, DISABLED_Sweep) {
   std::vector<int> ns = {0, 1, 16, 64, 256};
   if (const char* only = std::getenv("PRIO_N")) ns = {std::atoi(only)};
