@@ -242,8 +242,13 @@ bool retry_reserved(CUdevice dev, bool over_resident, std::uint64_t reserved, in
          expected_context_size(dev, device_entry(dev)) != 0;
 }
 
-void had_context(CUdevice dev) noexcept {
-  if (dev >= 0 && static_cast<unsigned>(dev) < kMaxDevices) g_had_context[dev].store(true, std::memory_order_relaxed);
+// A context was created on `dev`; `kept`: the size it was counted at
+// unmeasured (first_context_size), remembered as this process's exact size
+// there, as a measurement would be (0: none).
+void had_context(CUdevice dev, std::uint64_t kept) noexcept {
+  if (dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return;
+  g_had_context[dev].store(true, std::memory_order_relaxed);
+  if (kept != 0) g_context_size[dev].store(kept, std::memory_order_relaxed);
 }
 
 // `flags`: the creation flags of a context whose first one on a device is
@@ -269,7 +274,7 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, std::int64_t flags, Creat
       if (reserved != 0) release(device_entry(dev), reserved);
       return rc;
     }
-    had_context(dev);
+    had_context(dev, known ? kept : 0);
     Counted c{};
     CUcontext ctx = *pctx;
     bool over_resident = false;
@@ -375,7 +380,7 @@ CUresult retain_primary(CUdevice dev, CUcontext* handle, bool green, Retain&& re
       return rc;
     }
     if (first) {
-      had_context(dev);
+      had_context(dev, known ? kept : 0);
       Counted c{};
       bool over_resident = false;
       if (known)
