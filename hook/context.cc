@@ -12,13 +12,19 @@
 // operation overlapped is exact and remembered per device; an overlapped one
 // uses the remembered size of a context on that device, or, for the first,
 // the difference corrected by what this process's counted allocations moved.
+// A process's first context on a device is measured once per configuration
+// in the container and counted at that size afterwards (first_context_key).
 // A green context (CUDA 12.4+) retains its device's primary context inside
 // the driver: its creation and destruction count as that retain and release.
 // Destroying a context (or the last release / reset of a primary context)
 // frees everything it owned; the counted allocations the driver no longer
 // knows are then released (memory.cc sweep_implicitly_freed).
 #include <cuda.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "hook/launch_streams.h"
@@ -57,6 +63,84 @@ Primary g_primary[kMaxDevices];
 NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
 std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measurement per device, 0 = none
 
+// A process's first context on a device (issue 35): the driver takes the
+// same memory for it whenever the device, the driver and what configures a
+// context are the same: its creation flags and the environment variables the
+// driver reads when it creates one. So its size is measured exactly once per
+// such configuration in the container and kept in the region
+// (DeviceState::first_context, key << 40 | bytes); a later process's first
+// context of that key is reserved and counted at it without a measurement: a
+// start asks NVML for no process list (O(processes on the device) on a GPU).
+// Every other context (the process's second on the device, green contexts,
+// contexts created with affinity or parameters, a primary context already
+// active) is measured. The agent's reconciliation bounds any difference
+// (agent_extra_bytes), as for every measurement.
+constexpr unsigned kFirstKeyShift = 40;
+constexpr std::uint64_t kFirstBytesMask = (std::uint64_t{1} << kFirstKeyShift) - 1;
+constexpr std::int64_t kNotCacheable = -1;
+std::atomic<bool> g_had_context[kMaxDevices];  // this process created a context on the ordinal once
+
+// What the driver reads from the environment when it creates a context and
+// that changes what the context holds (work queues, launch queues, MPS,
+// eagerly loaded modules and libraries).
+const char* const kContextEnv[] = {
+    "CUDA_DEVICE_MAX_CONNECTIONS",       "CUDA_SCALE_LAUNCH_QUEUES",        "CUDA_MODULE_LOADING",
+    "CUDA_MODULE_DATA_LOADING",          "CUDA_FORCE_PRELOAD_LIBRARIES",    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"};
+
+// The 24-bit key (never 0) of a first context created with `flags`.
+std::uint64_t first_context_key(unsigned flags) noexcept {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&h](const void* p, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  };
+  int version = 0;
+  if (real_cuDriverGetVersion != nullptr) real_cuDriverGetVersion(&version);
+  mix(&flags, sizeof(flags));
+  mix(&version, sizeof(version));
+  for (const char* name : kContextEnv) {
+    const char* v = std::getenv(name);
+    const char absent = 1;
+    if (v == nullptr)
+      mix(&absent, 1);
+    else
+      mix(v, std::strlen(v) + 1);
+  }
+  // An MPS client's contexts are not a plain process's: whether the MPS
+  // control daemon's pipe is there (the default directory without the variable).
+  const char* mps = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  char control[256];
+  std::snprintf(control, sizeof(control), "%s/control", mps != nullptr ? mps : "/tmp/nvidia-mps");
+  const char served = access(control, F_OK) == 0 ? 1 : 0;
+  mix(&served, 1);
+  const std::uint64_t key = (h ^ (h >> 24) ^ (h >> 48)) & 0xFFFFFF;
+  return key != 0 ? key : 1;
+}
+
+// The key of the context about to be created on `ordinal` when it is the
+// process's first there and its kind is cached (`flags` not kNotCacheable),
+// on a device with a quota; else 0.
+std::uint64_t first_key(CUdevice ordinal, std::int64_t flags) noexcept {
+  if (flags == kNotCacheable || ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices ||
+      g_had_context[ordinal].load(std::memory_order_relaxed))
+    return 0;
+  const int entry = device_entry(ordinal);
+  if (entry < 0 || g_process.region->devices[entry].quota_bytes.load(std::memory_order_relaxed) == kUnlimited) return 0;
+  return first_context_key(static_cast<unsigned>(flags));
+}
+
+// Whether a size is kept for first contexts of `key` on `ordinal` (*bytes:
+// it; 0 is a size: a context NVML saw take nothing).
+bool first_context_size(CUdevice ordinal, std::uint64_t key, std::uint64_t* bytes) noexcept {
+  *bytes = 0;
+  const int entry = key != 0 ? device_entry(ordinal) : -1;
+  if (entry < 0) return false;
+  const std::uint64_t v = g_process.region->devices[entry].first_context.load(std::memory_order_relaxed);
+  if ((v >> kFirstKeyShift) != key) return false;
+  *bytes = v & kFirstBytesMask;
+  return true;
+}
+
 // The size to reserve before creating a context on `ordinal`: the last exact
 // measurement of this process there, else of any process of the container
 // (DeviceState::context_size_bytes), else 0 (the first context of the
@@ -73,12 +157,13 @@ std::uint64_t expected_context_size(CUdevice ordinal, int entry) noexcept {
 // (with no lock of ours held: frees of this process must go on meanwhile).
 // A context that does not fit is never created: CUDA_ERROR_OUT_OF_MEMORY.
 // *reserved gets what was reserved (0 when nothing is known yet).
-CUresult reserve_context(CUdevice ordinal, std::uint64_t* reserved) noexcept {
+// `known`: a size is kept for it (first_context_size): `kept`.
+CUresult reserve_context(CUdevice ordinal, std::uint64_t* reserved, bool known, std::uint64_t kept) noexcept {
   *reserved = 0;
   const int entry = device_entry(ordinal);
   if (entry < 0 || g_process.region->devices[entry].quota_bytes.load(std::memory_order_relaxed) == kUnlimited)
     return CUDA_SUCCESS;  // nothing measured there either (nvml_usage)
-  const std::uint64_t bytes = expected_context_size(ordinal, entry);
+  const std::uint64_t bytes = known ? kept : expected_context_size(ordinal, entry);
   if (bytes == 0) return CUDA_SUCCESS;
   bool fits = false;
   {
@@ -107,9 +192,10 @@ CUresult reserve_context(CUdevice ordinal, std::uint64_t* reserved) noexcept {
 // (never below the reservation when the measurement is not exact or sees
 // nothing: conservative); over the quota, or over the resident allowance,
 // destroys it through `destroy` and reports CUDA_ERROR_OUT_OF_MEMORY (the
-// reservation is returned either way). *over_allowance says which.
+// reservation is returned either way). *over_allowance says which. `key`:
+// a first context's (first_key), whose exact size is kept for its key.
 template <class Destroy>
-CUresult count_new_context(CUdevice ordinal, const Measure& m, std::uint64_t reserved, Counted* out,
+CUresult count_new_context(CUdevice ordinal, const Measure& m, std::uint64_t reserved, std::uint64_t key, Counted* out,
                            bool* over_resident, Destroy&& destroy) noexcept {
   out->entry = device_entry(ordinal);
   out->bytes = 0;
@@ -117,6 +203,9 @@ CUresult count_new_context(CUdevice ordinal, const Measure& m, std::uint64_t res
   if (out->entry < 0 || ordinal < 0 || static_cast<unsigned>(ordinal) >= kMaxDevices) return CUDA_SUCCESS;
   bool exact = false;
   std::uint64_t bytes = measured_bytes(ordinal, out->entry, m, &g_context_size[ordinal], &exact, reserved);
+  if (exact && key != 0 && bytes <= kFirstBytesMask)
+    g_process.region->devices[out->entry].first_context.store((key << kFirstKeyShift) | bytes,
+                                                              std::memory_order_relaxed);
   if (exact && bytes != 0) {
     g_process.region->devices[out->entry].context_size_bytes.store(bytes, std::memory_order_relaxed);
   } else if (bytes < reserved) {
@@ -153,27 +242,46 @@ bool retry_reserved(CUdevice dev, bool over_resident, std::uint64_t reserved, in
          expected_context_size(dev, device_entry(dev)) != 0;
 }
 
+// A context was created on `dev`; `kept`: the size it was counted at
+// unmeasured (first_context_size), remembered as this process's exact size
+// there, as a measurement would be (0: none).
+void had_context(CUdevice dev, std::uint64_t kept) noexcept {
+  if (dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return;
+  g_had_context[dev].store(true, std::memory_order_relaxed);
+  if (kept != 0) g_context_size[dev].store(kept, std::memory_order_relaxed);
+}
+
+// `flags`: the creation flags of a context whose first one on a device is
+// counted at its kept size (first_context_key), else kNotCacheable.
 template <class Create>
-CUresult create_context(CUcontext* pctx, CUdevice dev, Create&& create) noexcept {
+CUresult create_context(CUcontext* pctx, CUdevice dev, std::int64_t flags, Create&& create) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   // A first context of unknown size that lands over the resident allowance
   // under `wait` is destroyed and tried once more, now that its size is
   // known: the second attempt reserves it first and waits for the allowance.
   for (int attempt = 0;; ++attempt) {
+    const std::uint64_t key = first_key(dev, flags);
+    std::uint64_t kept = 0;
+    const bool known = first_context_size(dev, key, &kept);
     std::uint64_t reserved = 0;
-    if ((rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
+    if ((rc = reserve_context(dev, &reserved, known, kept)) != CUDA_SUCCESS) return rc;
+    // Held without a measurement too: no measurement of another thread may overlap the creation.
     std::unique_lock<MeasureMutex> creating(measure_mutex());
-    const Measure m = measure_before(dev);
+    const Measure m = known ? Measure{} : measure_before(dev);
     rc = create();
     if (rc != CUDA_SUCCESS || pctx == nullptr) {
       if (reserved != 0) release(device_entry(dev), reserved);
       return rc;
     }
+    had_context(dev, known ? kept : 0);
     Counted c{};
     CUcontext ctx = *pctx;
     bool over_resident = false;
-    rc = count_new_context(dev, m, reserved, &c, &over_resident, [&] { real_cuCtxDestroy_v2(ctx); });
+    if (known)
+      c = Counted{device_entry(dev), reserved};  // reserved at its kept size, admitted before the call
+    else
+      rc = count_new_context(dev, m, reserved, key, &c, &over_resident, [&] { real_cuCtxDestroy_v2(ctx); });
     if (rc != CUDA_SUCCESS) {
       creating.unlock();
       if (retry_reserved(dev, over_resident, reserved, attempt)) continue;
@@ -236,8 +344,9 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
 // or cuGreenCtxCreate, which retains it inside the driver); `undo` gives it
 // back when the context it created is over the quota. `handle` is the primary
 // context's handle when the call returns it (the limits charged in it).
+// `green`: a green context's creation (never counted at a kept size).
 template <class Retain, class Undo>
-CUresult retain_primary(CUdevice dev, CUcontext* handle, Retain&& retain, Undo&& undo) noexcept {
+CUresult retain_primary(CUdevice dev, CUcontext* handle, bool green, Retain&& retain, Undo&& undo) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   if (dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return retain();
@@ -248,13 +357,22 @@ CUresult retain_primary(CUdevice dev, CUcontext* handle, Retain&& retain, Undo&&
   // (create_context); waiting for the allowance under g_primary_mu only
   // holds back this process's other primary retains and releases.
   for (int attempt = 0;; ++attempt) {
+    // A primary context the driver already holds active (retained behind
+    // our back) takes nothing now: measured, never counted at a kept size.
+    unsigned flags = 0;
+    int active = 1;
+    const bool cacheable = first && !green && real_cuDevicePrimaryCtxGetState != nullptr &&
+                           real_cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active == 0;
+    const std::uint64_t key = first_key(dev, cacheable ? std::int64_t{flags} : kNotCacheable);
+    std::uint64_t kept = 0;
+    const bool known = first_context_size(dev, key, &kept);
     std::uint64_t reserved = 0;
-    if (first && (rc = reserve_context(dev, &reserved)) != CUDA_SUCCESS) return rc;
+    if (first && (rc = reserve_context(dev, &reserved, known, kept)) != CUDA_SUCCESS) return rc;
     std::unique_lock<MeasureMutex> creating(measure_mutex(), std::defer_lock);
     Measure m{};
     if (first) {
-      creating.lock();
-      m = measure_before(dev);
+      creating.lock();  // without a measurement too: none of another thread may overlap the creation
+      if (!known) m = measure_before(dev);
     }
     rc = retain();
     if (rc != CUDA_SUCCESS) {
@@ -262,9 +380,13 @@ CUresult retain_primary(CUdevice dev, CUcontext* handle, Retain&& retain, Undo&&
       return rc;
     }
     if (first) {
+      had_context(dev, known ? kept : 0);
       Counted c{};
       bool over_resident = false;
-      rc = count_new_context(dev, m, reserved, &c, &over_resident, undo);
+      if (known)
+        c = Counted{device_entry(dev), reserved};  // reserved at its kept size, admitted before the call
+      else
+        rc = count_new_context(dev, m, reserved, key, &c, &over_resident, undo);
       if (rc != CUDA_SUCCESS) {
         creating.unlock();
         if (retry_reserved(dev, over_resident, reserved, attempt)) continue;
@@ -289,15 +411,15 @@ constinit NoDestroy<platform::PointerTable<Counted>> g_greens;  // CUgreenCtx ->
 using namespace gpuslice::hook;
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
-  return create_context(pctx, dev, [&] { return real_cuCtxCreate_v2(pctx, flags, dev); });
+  return create_context(pctx, dev, std::int64_t{flags}, [&] { return real_cuCtxCreate_v2(pctx, flags, dev); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags,
                                                 CUdevice dev) {
-  return create_context(pctx, dev, [&] { return real_cuCtxCreate_v3(pctx, params, n, flags, dev); });
+  return create_context(pctx, dev, kNotCacheable, [&] { return real_cuCtxCreate_v3(pctx, params, n, flags, dev); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
                                                 CUdevice dev) {
-  return create_context(pctx, dev, [&] { return real_cuCtxCreate_v4(pctx, params, flags, dev); });
+  return create_context(pctx, dev, kNotCacheable, [&] { return real_cuCtxCreate_v4(pctx, params, flags, dev); });
 }
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext*, unsigned int, CUdevice) {
   return refuse_legacy("cuCtxCreate");
@@ -311,7 +433,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) {
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   return retain_primary(
-      dev, pctx, [&] { return real_cuDevicePrimaryCtxRetain(pctx, dev); },
+      dev, pctx, false, [&] { return real_cuDevicePrimaryCtxRetain(pctx, dev); },
       [&] { real_cuDevicePrimaryCtxRelease_v2(dev); });
 }
 
@@ -327,7 +449,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResour
   if (rc != CUDA_SUCCESS) return rc;
   if (real_cuGreenCtxCreate == nullptr) return CUDA_ERROR_NOT_FOUND;  // older driver
   rc = retain_primary(
-      dev, nullptr, [&] { return real_cuGreenCtxCreate(phCtx, desc, dev, flags); },
+      dev, nullptr, true, [&] { return real_cuGreenCtxCreate(phCtx, desc, dev, flags); },
       [&] { real_cuGreenCtxDestroy(*phCtx); });
   if (rc == CUDA_SUCCESS && phCtx != nullptr &&
       !gpuslice::platform::record(*g_greens, reinterpret_cast<std::uint64_t>(*phCtx), Counted{dev, 0},

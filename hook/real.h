@@ -22,6 +22,8 @@ namespace gpuslice::hook {
   X(cuCtxGetDevice)                         \
   X(cuCtxGetCurrent)                        \
   X(cuCtxGetLimit)                          \
+  X(cuDevicePrimaryCtxGetState)             \
+  X(cuDriverGetVersion)                     \
   X(cuDeviceGet)                            \
   X(cuDeviceGetCount)                       \
   X(cuDeviceGetUuid_v2)                     \

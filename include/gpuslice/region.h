@@ -63,7 +63,11 @@ struct alignas(64) DeviceState {
   // (its address space exhausted: platform::table_detail::g_stuck_shards):
   // never admitted without a record that lets their free release them.
   std::atomic<std::uint64_t> record_refusals;
-  std::uint64_t reserved2[1];
+  // The size of a process's first context on this device, measured exactly
+  // once per configuration (hook/context.cc, first_context_key): key << 40 |
+  // bytes, 0 = none. A later first context of the same key is counted at it
+  // without a measurement (no NVML process list: start-up O(1), issue 35).
+  std::atomic<std::uint64_t> first_context;
   // --- line 2: the token bucket (docs/limiter.md), written by every limited launch ---
   alignas(64) std::atomic<
       std::int64_t> tokens_ns;  // device-time credit; negative = debt of admitted launches, repaid by refill

@@ -1,6 +1,7 @@
 // fakecuda-ctl: inspect or remove the simulated machine's state (FAKECUDA_STATE).
 //   fakecuda-ctl status                      JSON: devices and processes
 //   fakecuda-ctl busy <dev> <t0_ns> <t1_ns> [pid]   busy device ns in a CLOCK_MONOTONIC window
+//   fakecuda-ctl counters                    JSON: work counted so far (NVML process lists, slot-lock probes)
 //   fakecuda-ctl reset                       remove the state file
 #include <unistd.h>
 
@@ -19,7 +20,7 @@ namespace {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: fakecuda-ctl status | busy <dev> <t0_ns> <t1_ns> [pid] | reset\n"
+               "usage: fakecuda-ctl status | busy <dev> <t0_ns> <t1_ns> [pid] | counters | reset\n"
                "  reads the state file named by FAKECUDA_STATE (default /dev/shm/fakecuda-<uid>.state)\n");
   return 2;
 }
@@ -84,6 +85,18 @@ int status(const char* path) {
   return 0;
 }
 
+// Read without the lock and without reaping: counts nothing itself.
+int counters(const char* path) {
+  State* state = attach(path);
+  if (state == nullptr) return 1;
+  const StateHeader& h = state->header();
+  std::printf("{\"nvml_process_lists\": %llu, \"slot_probes\": %llu}\n",
+              static_cast<unsigned long long>(h.nvml_process_lists.load()),
+              static_cast<unsigned long long>(h.slot_probes.load()));
+  delete state;
+  return 0;
+}
+
 int busy(const char* path, int argc, char** argv) {
   std::uint64_t dev = 0, t0 = 0, t1 = 0, pid = 0;
   if (argc < 5 || argc > 6 || !parse_u64(argv[2], dev) || !parse_u64(argv[3], t0) || !parse_u64(argv[4], t1) ||
@@ -112,6 +125,7 @@ int main(int argc, char** argv) {
   state_path_from_env(path, sizeof(path));
   if (std::strcmp(argv[1], "status") == 0 && argc == 2) return status(path);
   if (std::strcmp(argv[1], "busy") == 0) return busy(path, argc, argv);
+  if (std::strcmp(argv[1], "counters") == 0 && argc == 2) return counters(path);
   if (std::strcmp(argv[1], "reset") == 0 && argc == 2) {
     // Processes still attached keep their mapping; the next one creates a fresh state.
     if (unlink(path) != 0 && errno != ENOENT) {

@@ -100,6 +100,7 @@ nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int* infoCount, Inf
   {
     State::Lock lock(*state);
     if (!lock.ok()) return NVML_ERROR_UNKNOWN;
+    state->header().nvml_process_lists.fetch_add(1, std::memory_order_relaxed);
     state->reap_locked(-1);  // dead processes' memory is gone, as after a real process exit
     count = collect_usage_locked(*state, static_cast<int>(dev), usage, static_cast<int>(kMaxSlots));
   }

@@ -231,6 +231,7 @@ State::Lock::~Lock() {
 
 bool State::slot_alive(int index) const {
   if (fd_ < 0) return true;  // cannot tell: never reap on a guess
+  header_->slot_probes.fetch_add(1, std::memory_order_relaxed);
   struct flock lock {};
   lock.l_type = F_WRLCK;
   lock.l_whence = SEEK_SET;

@@ -113,6 +113,10 @@ struct StateHeader {
   // reaping) stop there, so an allocation costs what the processes in use
   // make it cost, not a walk of all kMaxSlots. Only grows (under the mutex).
   std::atomic<std::uint32_t> slots_high;
+  // Work counted for tests (fakecuda-ctl counters): NVML process lists
+  // served, and probes of a process slot's liveness lock.
+  std::atomic<std::uint64_t> nvml_process_lists;
+  std::atomic<std::uint64_t> slot_probes;
   DeviceShared device[kMaxDevices];
   ProcSlot slot[kMaxSlots];
   CgroupLimit cgroup_limit[kMaxCgroupLimits];

@@ -90,7 +90,7 @@ TEST(RegionLayout, DeviceState) {
   EXPECT_FIELD(DeviceState, lease_epoch, 96, 8);
   EXPECT_FIELD(DeviceState, context_size_bytes, 104, 8);
   EXPECT_FIELD(DeviceState, record_refusals, 112, 8);
-  EXPECT_FIELD(DeviceState, reserved2, 120, 8);
+  EXPECT_FIELD(DeviceState, first_context, 120, 8);
   EXPECT_FIELD(DeviceState, tokens_ns, 128, 8);
   EXPECT_FIELD(DeviceState, last_refill_ns, 136, 8);
   EXPECT_FIELD(DeviceState, credited_ns, 144, 8);
