@@ -14,6 +14,18 @@
 // "round N free_rc=R", then "race hits=H" (rounds whose free the driver refused)
 // and "after big_rc=R used=U": an allocation of MIB MiB once every round is
 // over, and cuMemGetInfo's total - free before it.
+//
+//   implicit_free_race reuse ROUNDS MIB
+// Each round: one allocation of MIB MiB (pointer p), then a reset of the
+// primary context (the driver frees p); a second thread allocates MIB MiB
+// again (the driver hands out p's address again), and while its cuMemAlloc
+// has yet to return (the simulator's FAKECUDA_ALLOC_RETURN_DELAY_US), this
+// one frees p (a use after the reset: the driver frees the second thread's
+// allocation). Then, before anything is freed again, "round N reused=0|1
+// stale_free_rc=R probe_rc=R used=U": whether the address came back, the
+// stale free's result, an allocation of MIB MiB (freed at once) and
+// cuMemGetInfo's total - free. Last, the second thread's pointer is freed
+// ("owner_free_rc=R": the driver no longer knows it).
 #include <cuda.h>
 #include <unistd.h>
 
@@ -31,6 +43,42 @@ bool current(CUdevice dev) {
   return cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
 }
 
+int reuse(CUdevice dev, int rounds, std::size_t mib) {
+  for (int round = 0; round < rounds; ++round) {
+    CUdeviceptr p = 0;
+    if (cuMemAlloc(&p, mib << 20) != CUDA_SUCCESS) {
+      std::printf("round %d alloc refused\n", round);
+      return 1;
+    }
+    cuDevicePrimaryCtxReset(dev);
+    if (!current(dev)) return 1;
+    CUcontext ctx = nullptr;
+    cuCtxGetCurrent(&ctx);
+    std::atomic<bool> entering{false};
+    CUdeviceptr q = 0;
+    CUresult q_rc = CUDA_SUCCESS;
+    std::thread owner([&] {
+      cuCtxSetCurrent(ctx);
+      entering.store(true);
+      q_rc = cuMemAlloc(&q, mib << 20);
+    });
+    while (!entering.load()) usleep(100);
+    usleep(100000);  // the owner's allocation is made, its cuMemAlloc not returned
+    const CUresult stale_rc = cuMemFree(p);
+    owner.join();
+    CUdeviceptr probe = 0;
+    const CUresult probe_rc = cuMemAlloc(&probe, mib << 20);
+    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    std::size_t free_bytes = 0, total = 0;
+    cuMemGetInfo(&free_bytes, &total);
+    std::printf("round %d reused=%d q_rc=%d stale_free_rc=%d probe_rc=%d used=%zu\n", round,
+                q_rc == CUDA_SUCCESS && q == p ? 1 : 0, static_cast<int>(q_rc), static_cast<int>(stale_rc),
+                static_cast<int>(probe_rc), total - free_bytes);
+    if (q_rc == CUDA_SUCCESS) std::printf("round %d owner_free_rc=%d\n", round, static_cast<int>(cuMemFree(q)));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,6 +94,7 @@ int main(int argc, char** argv) {
     std::printf("init failed\n");
     return 1;
   }
+  if (std::strcmp(argv[1], "reuse") == 0) return reuse(dev, std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
   int hits = 0;
   for (int round = 0; round < rounds; ++round) {
     CUdeviceptr p = 0;
