@@ -213,7 +213,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  return free_counted(
+  // A record taken before a reset began, freed in the driver after it ended:
+  // the address may be another thread's allocation by then (hook/memory.h).
+  const std::uint64_t mark = freed_behind_mark();
+  rc = free_counted(
       *g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); },
       [&] {
         const CUresult untracked = free_pool_or_untracked(dptr);
@@ -221,6 +224,9 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
         return untracked;
       },
       pointer_gone);
+  if (rc == CUDA_SUCCESS && __builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0))
+    freed_untracked(dptr);
+  return rc;
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1*, unsigned int) { return refuse_legacy("cuMemAlloc"); }

@@ -103,5 +103,27 @@ TEST(ImplicitFreeRace, AStaleFreeOfAnAddressAllocatedAgainLeavesNothingCounted) 
   }
 }
 
+// The same use after a reset, the stale free begun before it: its record
+// was taken before the reset (so no sweep saw it), its driver call came
+// after the reset ended and the driver gave the address to a new
+// allocation, not yet recorded, which it freed. Before: that allocation's
+// record counted 40 MiB with nothing on the device.
+TEST(ImplicitFreeRace, AStaleFreeBegunBeforeTheResetLeavesNothingCounted) {
+  Sandbox box;
+  // 100 MiB: the new allocation is admitted while the stale free's 40 MiB are still counted.
+  Result r = race(box,
+                  merge(race_env("free_common"),
+                        {{"GPUSLICE_MEMORY_LIMIT", "100Mi"}, {"FAKECUDA_ALLOC_RETURN_DELAY_US", "150000"}}),
+                  {"span", "4", "40"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_GT(number(r, "span", "hits"), 0) << "no stale free freed a new allocation: the race was not exercised\n"
+                                          << r.out;
+  for (std::size_t at = r.out.find("hit=1"); at != std::string::npos; at = r.out.find("hit=1", at + 1)) {
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_NE(line.find("probe_rc=0 "), std::string::npos) << "refused with the device empty\n" << r.out;
+    EXPECT_NE(line.find("used=0"), std::string::npos) << "freed memory shown as used\n" << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace gpuslice::test
