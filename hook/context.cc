@@ -306,6 +306,8 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   CountingOp op;  // the device's usage drops: no measurement may overlap it
+  // Until its sweep is done: allocations meanwhile check their address (hook/memory.h).
+  FreeingBehind freeing;
   rc = destroy();
   Counted c{};
   if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) release(c.entry, c.bytes);
@@ -323,6 +325,8 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   if (dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return real_release();
   std::lock_guard<std::mutex> lock(*g_primary_mu);
   CountingOp op;  // after the lock: a retain measuring under it must not wait for us
+  // Until its sweep is done: allocations meanwhile check their address (hook/memory.h).
+  FreeingBehind freeing;
   rc = real_release();
   Primary& p = g_primary[dev];
   if (rc == CUDA_SUCCESS && p.refs > 0) {

@@ -33,6 +33,18 @@ std::uint64_t pitch_estimate(std::uint64_t width, std::uint64_t height) noexcept
 
 limiter::AllocTable& linear_table() noexcept { return *g_pointers; }
 
+constinit std::atomic<std::uint64_t> g_freed_behind{0};
+
+void settle_freed_behind(std::uint64_t key) noexcept {
+  limiter::settle_record(*g_pointers, key, limiter::AllocRecord{}, pointer_gone,
+                         [](const limiter::AllocRecord& rec) { release_record(rec); });
+}
+
+void freed_untracked(std::uint64_t key) noexcept {
+  g_freed_behind.fetch_add(kFreedBehindEvent, std::memory_order_relaxed);
+  settle_freed_behind(key);
+}
+
 void sweep_implicitly_freed() noexcept {
   sweep_implicitly_freed_arrays();
   sweep_implicitly_unloaded_modules();
@@ -85,10 +97,11 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesiz
   Reservation r;
   CUresult rc = reserve_on_current(bytesize, &r);
   if (rc != CUDA_SUCCESS) return rc;
+  const std::uint64_t mark = freed_behind_mark();
   if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr) {
     LinearAlloc a{dptr, bytesize};
     std::uint64_t* key = reinterpret_cast<std::uint64_t*>(dptr);
-    return alloc_oversubscribed(
+    rc = alloc_oversubscribed(
         *g_pointers, r, key, AllocKind::linear,
         [](void* c) noexcept {
           auto* p = static_cast<LinearAlloc*>(c);
@@ -99,9 +112,12 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesiz
           return spill_managed(p->dptr, p->bytes);
         },
         &a);
+    if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
+    return rc;
   }
   rc = real_cuMemAlloc_v2(dptr, bytesize);
   commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::linear);
+  if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
   return rc;
 }
 
@@ -116,10 +132,11 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byt
   // like cuMemAlloc's: admitted within it, beyond it the policy's (refused,
   // served advised to the host and counted as spilled, or waited for).
   // Arguments the driver refuses go to it unchanged, whatever the policy.
+  const std::uint64_t mark = freed_behind_mark();
   if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr && bytesize != 0 &&
       (flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST)) {
     ManagedAlloc a{dptr, bytesize, flags};
-    return alloc_oversubscribed(
+    rc = alloc_oversubscribed(
         *g_pointers, r, reinterpret_cast<std::uint64_t*>(dptr), AllocKind::managed,
         [](void* c) noexcept {
           auto* p = static_cast<ManagedAlloc*>(c);
@@ -130,9 +147,12 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t byt
           return spill_managed(p->dptr, p->bytes, p->flags);
         },
         &a);
+    if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
+    return rc;
   }
   rc = real_cuMemAllocManaged(dptr, bytesize, flags);
   commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::managed);
+  if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
   return rc;
 }
 
@@ -142,6 +162,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
   Reservation r;
   CUresult rc = reserve_on_current(pitch_estimate(WidthInBytes, Height), &r);
   if (rc != CUDA_SUCCESS) return rc;
+  const std::uint64_t mark = freed_behind_mark();
   if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr && pPitch != nullptr && Height != 0) {
     // Counted at the 512-byte-aligned estimate (at most 511 bytes a row above
     // the driver's pitch); spilled rows use that pitch.
@@ -152,7 +173,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
       unsigned elem;
       std::uint64_t bytes;
     } a{dptr, pPitch, WidthInBytes, Height, ElementSizeBytes, r.bytes};
-    return alloc_oversubscribed(
+    rc = alloc_oversubscribed(
         *g_pointers, r, reinterpret_cast<std::uint64_t*>(dptr), AllocKind::pitch,
         [](void* c) noexcept {
           auto* p = static_cast<PitchAlloc*>(c);
@@ -165,6 +186,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
           return rc;
         },
         &a);
+    if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
+    return rc;
   }
   rc = real_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   if (rc == CUDA_SUCCESS) {
@@ -183,15 +206,27 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
     }
   }
   commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::pitch);
+  if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
   return rc;
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  return free_counted(
-      *g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); }, [&] { return free_pool_or_untracked(dptr); },
+  // A record taken before a reset began, freed in the driver after it ended:
+  // the address may be another thread's allocation by then (hook/memory.h).
+  const std::uint64_t mark = freed_behind_mark();
+  rc = free_counted(
+      *g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); },
+      [&] {
+        const CUresult untracked = free_pool_or_untracked(dptr);
+        if (untracked == CUDA_SUCCESS) freed_untracked(dptr);
+        return untracked;
+      },
       pointer_gone);
+  if (rc == CUDA_SUCCESS && __builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0))
+    freed_untracked(dptr);
+  return rc;
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1*, unsigned int) { return refuse_legacy("cuMemAlloc"); }

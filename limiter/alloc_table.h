@@ -37,17 +37,23 @@ using AllocTable = platform::PointerTable<AllocRecord>;
 //    memory gone (the destroyed context's, or a free's forwarded uncounted
 //    since): released here, never put back over it nor dropped uncounted.
 // A record that cannot go back for want of memory stays counted (never short).
+// settle_record: the same for one key (`rec`: what the caller saw there, or
+// {} when it saw nothing; gone() of the linear table ignores it).
+template <class Gone, class Release>
+void settle_record(AllocTable& table, std::uint64_t key, const AllocRecord& rec, Gone&& gone,
+                   Release&& release) noexcept {
+  if (!gone(key, rec)) return;
+  AllocRecord taken{};
+  if (!table.erase(key, &taken)) return;
+  if (gone(key, taken)) return release(static_cast<const AllocRecord&>(taken));
+  bool newer = false;  // allocated again at this address since: ours goes back, unless a newer record is there
+  if (table.upsert(key, taken, [&](AllocRecord&, bool inserted) { newer = !inserted; }) && newer)
+    release(static_cast<const AllocRecord&>(taken));
+}
 template <class Gone, class Release>
 void sweep_records(AllocTable& table, Gone&& gone, Release&& release) noexcept {
-  table.for_each_unlocked([&](std::uint64_t key, const AllocRecord& rec) {
-    if (!gone(key, rec)) return;
-    AllocRecord taken{};
-    if (!table.erase(key, &taken)) return;
-    if (gone(key, taken)) return release(static_cast<const AllocRecord&>(taken));
-    bool newer = false;  // allocated again at this address since: ours goes back, unless a newer record is there
-    if (table.upsert(key, taken, [&](AllocRecord&, bool inserted) { newer = !inserted; }) && newer)
-      release(static_cast<const AllocRecord&>(taken));
-  });
+  table.for_each_unlocked(
+      [&](std::uint64_t key, const AllocRecord& rec) { settle_record(table, key, rec, gone, release); });
 }
 
 // What was charged for a driver object that is not an allocation (a

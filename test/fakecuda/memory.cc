@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <unistd.h>
 
 #include "driver.h"
 
@@ -206,8 +207,27 @@ void memory_release_context_locked(CUctx_st* ctx) {
 
 }  // namespace gpuslice::fakecuda
 
+namespace {
+// Test knob (README, "Test knobs"): microseconds a successful cuMemAlloc_v2
+// sleeps before it returns, read once (as pools.cc's knobs); 0 = none.
+unsigned alloc_return_delay_us() {
+  static const unsigned us = [] {
+    const char* text = std::getenv("FAKECUDA_ALLOC_RETURN_DELAY_US");
+    if (text == nullptr || *text == '\0') return 0u;
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(text, &end, 10);
+    return *end == '\0' && v <= 10'000'000 ? static_cast<unsigned>(v) : 0u;
+  }();
+  return us;
+}
+}  // namespace
+
 extern "C" CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
-  return alloc_common(dptr, bytesize, bytesize, AllocKind::linear);
+  const CUresult rc = alloc_common(dptr, bytesize, bytesize, AllocKind::linear);
+  // Test knob (README, "Test knobs"): the allocation is made and another
+  // thread may free it, as a caller preempted before it records the pointer.
+  if (rc == CUDA_SUCCESS && alloc_return_delay_us() != 0) usleep(alloc_return_delay_us());
+  return rc;
 }
 
 extern "C" CUresult cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {

@@ -78,5 +78,52 @@ TEST(ImplicitFreeRace, AModuleAResetUnloadedIsNoLongerCounted) {
   EXPECT_LT(number(r, "after", "used"), 40 * kMi) << "unloaded module shown as used\n" << r.out;
 }
 
+// A use after a reset (issue 32's `alloc,fill,primary` chaos class): a
+// pointer the reset freed is freed again by the program while another
+// thread's cuMemAlloc, which got the same address from the driver, has yet
+// to record it. The driver frees the other thread's allocation; its record,
+// made after, counted 40 MiB with nothing on the device until its owner
+// freed it (refusals with room meanwhile). Freeing a freed pointer is the
+// program's bug, but the count must stay what the device holds.
+TEST(ImplicitFreeRace, AStaleFreeOfAnAddressAllocatedAgainLeavesNothingCounted) {
+  Sandbox box;
+  Result r = race(box,
+                  {{"GPUSLICE_MEMORY_LIMIT", "64Mi"},
+                   {"FAKECUDA_CONTEXT_MEMORY", "0"},
+                   {"FAKECUDA_ALLOC_RETURN_DELAY_US", "400000"}},
+                  {"reuse", "1", "40"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  {
+    const std::string line = r.out.substr(r.out.find("round 0 reused="));
+    ASSERT_NE(line.find("reused=1 q_rc=0 stale_free_rc=0"), std::string::npos)
+        << "the address did not come back, or the stale free failed: the race was not exercised\n"
+        << r.out;
+    EXPECT_EQ(line.find("probe_rc=0"), line.find("probe_rc=")) << "refused with the device empty\n" << r.out;
+    EXPECT_NE(line.find("used=0\n"), std::string::npos) << "freed memory shown as used\n" << r.out;
+  }
+}
+
+// The same use after a reset, the stale free begun before it: its record
+// was taken before the reset (so no sweep saw it), its driver call came
+// after the reset ended and the driver gave the address to a new
+// allocation, not yet recorded, which it freed. Before: that allocation's
+// record counted 40 MiB with nothing on the device.
+TEST(ImplicitFreeRace, AStaleFreeBegunBeforeTheResetLeavesNothingCounted) {
+  Sandbox box;
+  // 100 MiB: the new allocation is admitted while the stale free's 40 MiB are still counted.
+  Result r = race(box,
+                  merge(race_env("free_common"),
+                        {{"GPUSLICE_MEMORY_LIMIT", "100Mi"}, {"FAKECUDA_ALLOC_RETURN_DELAY_US", "150000"}}),
+                  {"span", "4", "40"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_GT(number(r, "span", "hits"), 0) << "no stale free freed a new allocation: the race was not exercised\n"
+                                          << r.out;
+  for (std::size_t at = r.out.find("hit=1"); at != std::string::npos; at = r.out.find("hit=1", at + 1)) {
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_NE(line.find("probe_rc=0 "), std::string::npos) << "refused with the device empty\n" << r.out;
+    EXPECT_NE(line.find("used=0"), std::string::npos) << "freed memory shown as used\n" << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace gpuslice::test

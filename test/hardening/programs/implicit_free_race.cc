@@ -14,6 +14,28 @@
 // "round N free_rc=R", then "race hits=H" (rounds whose free the driver refused)
 // and "after big_rc=R used=U": an allocation of MIB MiB once every round is
 // over, and cuMemGetInfo's total - free before it.
+//
+//   implicit_free_race reuse ROUNDS MIB
+// Each round: one allocation of MIB MiB (pointer p), then a reset of the
+// primary context (the driver frees p); a second thread allocates MIB MiB
+// again (the driver hands out p's address again), and while its cuMemAlloc
+// has yet to return (the simulator's FAKECUDA_ALLOC_RETURN_DELAY_US), this
+// one frees p (a use after the reset: the driver frees the second thread's
+// allocation). Then, before anything is freed again, "round N reused=0|1
+// stale_free_rc=R probe_rc=R used=U": whether the address came back, the
+// stale free's result, an allocation of MIB MiB (freed at once) and
+// cuMemGetInfo's total - free before it. Last, the second thread's pointer is freed
+// ("owner_free_rc=R": the driver no longer knows it).
+//
+//   implicit_free_race span ROUNDS MIB
+// As reuse, but the stale free began before the reset: a second thread frees
+// p (its record taken; the simulator's chaos sleep at free_common's entry
+// holds it before its driver call) while this one resets the primary
+// context and then allocates MIB MiB again (cuMemAlloc: the address comes
+// back, in a context the program created; FAKECUDA_ALLOC_RETURN_DELAY_US
+// holds its return). p and the probes
+// are pitched allocations (no return delay). Per round "round N hit=0|1
+// probe_rc=R used=U": hit when the stale free freed the new allocation.
 #include <cuda.h>
 #include <unistd.h>
 
@@ -31,6 +53,96 @@ bool current(CUdevice dev) {
   return cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
 }
 
+int reuse(CUdevice dev, int rounds, std::size_t mib) {
+  for (int round = 0; round < rounds; ++round) {
+    CUdeviceptr p = 0;
+    if (cuMemAlloc(&p, mib << 20) != CUDA_SUCCESS) {
+      std::printf("round %d alloc refused\n", round);
+      return 1;
+    }
+    cuDevicePrimaryCtxReset(dev);
+    if (!current(dev)) return 1;
+    CUcontext ctx = nullptr;
+    cuCtxGetCurrent(&ctx);
+    std::atomic<bool> entering{false};
+    CUdeviceptr q = 0;
+    CUresult q_rc = CUDA_SUCCESS;
+    std::thread owner([&] {
+      cuCtxSetCurrent(ctx);
+      entering.store(true);
+      q_rc = cuMemAlloc(&q, mib << 20);
+    });
+    while (!entering.load()) usleep(100);
+    usleep(100000);  // the owner's allocation is made, its cuMemAlloc not returned
+    const CUresult stale_rc = cuMemFree(p);
+    owner.join();
+    std::size_t free_bytes = 0, total = 0;
+    cuMemGetInfo(&free_bytes, &total);  // before the probe: its record at a reused address would settle it
+    CUdeviceptr probe = 0;
+    const CUresult probe_rc = cuMemAlloc(&probe, mib << 20);
+    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    std::printf("round %d reused=%d q_rc=%d stale_free_rc=%d probe_rc=%d used=%zu\n", round,
+                q_rc == CUDA_SUCCESS && q == p ? 1 : 0, static_cast<int>(q_rc), static_cast<int>(stale_rc),
+                static_cast<int>(probe_rc), total - free_bytes);
+    if (q_rc == CUDA_SUCCESS) std::printf("round %d owner_free_rc=%d\n", round, static_cast<int>(cuMemFree(q)));
+  }
+  return 0;
+}
+
+CUresult pitched(CUdeviceptr* p, std::size_t mib) {
+  size_t pitch = 0;
+  return cuMemAllocPitch(p, &pitch, std::size_t{1} << 20, mib, 4);
+}
+
+int span(CUdevice dev, int rounds, std::size_t mib) {
+  // The new allocations go to a context of their own: a retain of the reset
+  // primary context would be measured, and a measurement waits for the free
+  // in flight (hook/measure.h), which would then come first.
+  CUcontext other = nullptr;
+  if (cuCtxCreate(&other, nullptr, 0, dev) != CUDA_SUCCESS || !current(dev)) return 1;
+  int hits = 0;
+  for (int round = 0; round < rounds; ++round) {
+    if (!current(dev)) return 1;
+    CUdeviceptr p = 0;
+    if (pitched(&p, mib) != CUDA_SUCCESS) {
+      std::printf("round %d alloc refused\n", round);
+      return 1;
+    }
+    CUcontext ctx = nullptr;
+    cuCtxGetCurrent(&ctx);
+    std::atomic<bool> entering{false};
+    CUresult stale_rc = CUDA_SUCCESS;
+    std::thread freer([&] {
+      cuCtxSetCurrent(ctx);
+      entering.store(true);
+      stale_rc = cuMemFree(p);  // the chaos sleep holds it at the driver's entry
+    });
+    while (!entering.load()) usleep(100);
+    usleep(2000);
+    cuDevicePrimaryCtxReset(dev);
+    cuCtxSetCurrent(other);
+    CUdeviceptr q = 0;
+    const CUresult q_rc = cuMemAlloc(&q, mib << 20);  // returns after the free woke
+    freer.join();
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const bool hit = q_rc == CUDA_SUCCESS && q == p && stale_rc == CUDA_SUCCESS &&
+                     cuMemGetAddressRange(&base, &size, q) != CUDA_SUCCESS;
+    hits += hit ? 1 : 0;
+    std::size_t free_bytes = 0, total = 0;
+    cuMemGetInfo(&free_bytes, &total);  // before the probe: its record at a reused address would settle it
+    CUdeviceptr probe = 0;
+    const CUresult probe_rc = pitched(&probe, mib);
+    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    std::printf("round %d hit=%d probe_rc=%d used=%zu reused=%d q_rc=%d stale_free_rc=%d\n", round, hit ? 1 : 0,
+                static_cast<int>(probe_rc), total - free_bytes, q == p ? 1 : 0, static_cast<int>(q_rc),
+                static_cast<int>(stale_rc));
+    if (q_rc == CUDA_SUCCESS) cuMemFree(q);
+  }
+  std::printf("span hits=%d\n", hits);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,6 +158,8 @@ int main(int argc, char** argv) {
     std::printf("init failed\n");
     return 1;
   }
+  if (std::strcmp(argv[1], "span") == 0) return span(dev, std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
+  if (std::strcmp(argv[1], "reuse") == 0) return reuse(dev, std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
   int hits = 0;
   for (int round = 0; round < rounds; ++round) {
     CUdeviceptr p = 0;
