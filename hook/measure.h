@@ -96,21 +96,23 @@ bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 [[gnu::cold, gnu::noinline]] void wait_measure_gate(std::atomic<std::uint64_t>* counter) noexcept;
 
 struct CountingOp {
-  CountingOp() noexcept : counter(counting_on() ? begin() : nullptr) {}
+  CountingOp() noexcept : counter(counting_on() ? begin() : kNone) {}
   ~CountingOp() {
-    if (counter == nullptr) return;
-    if (counter == &g_counting_ops) {
-      g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst);
-    } else {
+    // One compare on the common path: a thread's own counter is an address
+    // above both kNone and kShared.
+    if (__builtin_expect(counter > kShared, 1)) {
+      auto* const c = reinterpret_cast<std::atomic<std::uint64_t>*>(counter);
       // Release: what the operation did is visible to a measurer that sees the count.
-      counter->store(counter->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    } else if (counter == kShared) {
+      g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst);
     }
   }
   CountingOp(const CountingOp&) = delete;
   CountingOp& operator=(const CountingOp&) = delete;
 
  private:
-  static std::atomic<std::uint64_t>* begin() noexcept {
+  static std::uintptr_t begin() noexcept {
     // One compare: a claimed counter's epoch is never 0 and an unclaimed
     // thread's is kNoEpoch, so a process with no epoch yet (the word still
     // 0, as in a child before its first look) and a thread that never
@@ -123,8 +125,10 @@ struct CountingOp {
     if (__builtin_expect(
             t_op.epoch !=
                 platform::table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed),
-            0))
-      return begin_op_slow();
+            0)) {
+      std::atomic<std::uint64_t>* const c = begin_op_slow();
+      return c == &g_counting_ops ? kShared : reinterpret_cast<std::uintptr_t>(c);
+    }
     std::atomic_signal_fence(std::memory_order_seq_cst);
     std::atomic<std::uint64_t>* const c = t_op.counter;
     c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -132,9 +136,12 @@ struct CountingOp {
     // membarrier orders it for the CPU.
     std::atomic_signal_fence(std::memory_order_seq_cst);
     if (__builtin_expect(g_measure_gate.load(std::memory_order_relaxed) != 0, 0)) wait_measure_gate(c);
-    return c;
+    return reinterpret_cast<std::uintptr_t>(c);
   }
-  std::atomic<std::uint64_t>* const counter;
+  // The operation's counter: kNone (counting off), kShared (g_counting_ops),
+  // else the address of the thread's own counter.
+  static constexpr std::uintptr_t kNone = 0, kShared = 1;
+  const std::uintptr_t counter;
 };
 
 struct Measure {

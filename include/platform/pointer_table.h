@@ -137,7 +137,7 @@ class PointerTable {
       for (std::size_t i = home(s, h);; i = (i + 1) & s.mask) {
         const std::uint64_t k = slots[i].hash;
         if (k == h) break;
-        if (k == 0) {
+        if (__builtin_expect(k == 0, 1)) {  // (expected: the home slot free)
           fill(s, i, h, value);
           ok = true;
           break;
@@ -182,7 +182,7 @@ class PointerTable {
     if (Slot* const slots = s.slots; slots != nullptr) {
       for (std::size_t i = home(s, h);; i = (i + 1) & s.mask) {
         const std::uint64_t k = slots[i].hash;
-        if (k == h) {
+        if (__builtin_expect(k == h, 1)) {  // (expected: the key at its home)
           if (out != nullptr) *out = slots[i].value;
           remove(s, i);
           found = true;
@@ -541,7 +541,7 @@ class PointerTable {
     const std::size_t mask = s.mask;
     for (std::size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
       const std::uint64_t k = s.slots[j].hash;
-      if (k == 0) break;
+      if (__builtin_expect(k == 0, 1)) break;  // (expected: a cluster of one)
       const std::size_t at = home(s, k);
       // Distance from home to j versus from the hole to j (cyclic).
       if (((j - at) & mask) >= ((j - hole) & mask)) {
