@@ -3,13 +3,13 @@
 // arrays, VMM handles and mappings, contexts, modules, pools).
 //
 // Sharded: 64 shards chosen by the key's hash, each an open-addressing array
-// with linear probing and backward-shift deletion (an erase moves the rest of
-// its cluster back, so there are no tombstones: erased slots are reused at
+// with linear probing in Robin Hood order and backward-shift deletion (an
+// erase moves back the records after it that are away from their homes, so
+// there are no tombstones: erased slots are reused at
 // once and churn of distinct addresses never forces a rehash). A slot holds
 // its key's hash in place of the key (the hash is a bijection: table_unhash
-// gives the key back), so neither a backward shift nor a growth hashes
-// again: a pair's erase walks the rest of its cluster at a few instructions
-// a slot (issue 35: flat in the number of records). Each shard has
+// gives the key back), so neither a walk nor a growth hashes again (issue
+// 35: a pair's cost flat in the number of records). Each shard has
 // a one-word spin lock (one atomic exchange to take, a release store to drop;
 // spins, then sleeps on the word, woken by the unlock: a preempted holder
 // gets the core) and grows, under that lock, into a fresh mmap'd
@@ -125,8 +125,9 @@ class PointerTable {
   PointerTable& operator=(const PointerTable&) = delete;
 
   // false if the key is present, reserved, or no memory is left for growth.
-  // Inline, the common case: room without growth, one walk of the cluster
-  // to the first empty slot (or the key); else insert_slow (growth, full).
+  // Inline, the common case: room without growth, one walk from the home
+  // to the key, an empty slot or the first record nearer its own home (whose
+  // run then moves one slot on, open()); else insert_slow (growth, full).
   bool insert(std::uint64_t key, const V& value) noexcept {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::table_hash(key);
@@ -134,10 +135,17 @@ class PointerTable {
     bool ok = false;
     if (__builtin_expect(s.count < s.grow_at, 1)) {
       Slot* const slots = s.slots;
-      for (std::size_t i = home(s, h);; i = (i + 1) & s.mask) {
+      const std::size_t at = home(s, h);
+      for (std::size_t i = at;; i = (i + 1) & s.mask) {
         const std::uint64_t k = slots[i].hash;
-        if (k == h) break;
         if (__builtin_expect(k == 0, 1)) {  // (expected: the home slot free)
+          fill(s, i, h, value);
+          ok = true;
+          break;
+        }
+        if (k == h) break;
+        if (distance(s, k, i) < ((i - at) & s.mask)) {
+          open(s, i);
           fill(s, i, h, value);
           ok = true;
           break;
@@ -180,7 +188,8 @@ class PointerTable {
     Shard& s = locked_shard(h);
     bool found = false;
     if (Slot* const slots = s.slots; slots != nullptr) {
-      for (std::size_t i = home(s, h);; i = (i + 1) & s.mask) {
+      const std::size_t at = home(s, h);
+      for (std::size_t i = at;; i = (i + 1) & s.mask) {
         const std::uint64_t k = slots[i].hash;
         if (__builtin_expect(k == h, 1)) {  // (expected: the key at its home)
           if (out != nullptr) *out = slots[i].value;
@@ -188,7 +197,7 @@ class PointerTable {
           found = true;
           break;
         }
-        if (k == 0) break;
+        if (k == 0 || distance(s, k, i) < ((i - at) & s.mask)) break;  // the key would be here
       }
     }
     unlock(s);
@@ -455,30 +464,54 @@ class PointerTable {
     s.mask = s.count = s.grow_at = s.map_bytes = 0;
   }
 
+  // How far the record of hash k at slot i sits from its home.
+  static std::size_t distance(const Shard& s, std::uint64_t k, std::size_t i) noexcept {
+    return (i - home(s, k)) & s.mask;
+  }
+
+  // Robin Hood order: along a run of records their homes never decrease, so
+  // a walk for h ends at the first record nearer its own home than h would
+  // be at that slot (h is not further on), and a removal shifts back only
+  // the records after the hole that are away from their homes, stopping at
+  // the first one at its home (issue 35: an erase does not walk the rest
+  // of the cluster, whatever the number of records).
   static std::size_t lookup(const Shard& s, std::uint64_t h) noexcept {
     if (s.slots == nullptr) return kMissing;
-    for (std::size_t i = home(s, h);; i = (i + 1) & s.mask) {
+    for (std::size_t i = home(s, h), d = 0;; i = (i + 1) & s.mask, ++d) {
       const std::uint64_t k = s.slots[i].hash;
       if (k == h) return i;
-      if (k == 0) return kMissing;  // never full: growth keeps half free
+      if (k == 0 || distance(s, k, i) < d) return kMissing;  // never full: growth keeps half free
     }
   }
 
-  // The slot of `key`, or else the empty slot where it goes (linear probing
-  // from its home), after growing the shard if one more entry would fill it
-  // past half: one walk of the key's cluster. Without memory for growth the
-  // shard fills up to one slot short of full; kMissing when even that is
-  // reached and the key is absent.
+  // Empties slot i (a record's) by moving its run, up to the next empty
+  // slot, one slot on: each record moves one further from its home, in
+  // order (the new record then goes to i).
+  static void open(Shard& s, std::size_t i) noexcept {
+    std::size_t e = (i + 1) & s.mask;
+    while (s.slots[e].hash != 0) e = (e + 1) & s.mask;
+    for (; e != i; e = (e - 1) & s.mask) s.slots[e] = s.slots[(e - 1) & s.mask];
+    s.slots[i].hash = 0;
+  }
+
+  // The slot of `key`, or else the empty slot where it goes (opened: the
+  // run from there moved one slot on), after growing the shard if one more
+  // entry would fill it past half: one walk from the key's home. Without
+  // memory for growth the shard fills up to one slot short of full;
+  // kMissing when even that is reached and the key is absent.
   std::size_t probe(Shard& s, std::uint64_t h) noexcept {
     if (__builtin_expect(s.count >= s.grow_at, 0) && !grow(s)) {
       const std::size_t capacity = s.slots == nullptr ? 0 : s.mask + 1;
       const std::size_t at = lookup(s, h);
       if (at != kMissing || s.count + 1 >= capacity) return at;
     }
-    std::size_t i = home(s, h);
-    for (;; i = (i + 1) & s.mask) {
+    for (std::size_t i = home(s, h), d = 0;; i = (i + 1) & s.mask, ++d) {
       const std::uint64_t k = s.slots[i].hash;
       if (k == h || k == 0) return i;
+      if (distance(s, k, i) < d) {
+        open(s, i);
+        return i;
+      }
     }
   }
 
@@ -521,9 +554,22 @@ class PointerTable {
     const unsigned shift = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
     for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
       if (s.slots[i].hash == 0) continue;
-      std::size_t j = (s.slots[i].hash << kShardBits) >> shift;
-      while (fresh[j].hash != 0) j = (j + 1) & mask;
-      fresh[j] = s.slots[i];
+      // Robin Hood insertion: the record carried takes the place of the
+      // first one nearer its home, which is carried on.
+      Slot carried = s.slots[i];
+      for (std::size_t j = (carried.hash << kShardBits) >> shift, d = 0;; j = (j + 1) & mask, ++d) {
+        if (fresh[j].hash == 0) {
+          fresh[j] = carried;
+          break;
+        }
+        const std::size_t kd = (j - ((fresh[j].hash << kShardBits) >> shift)) & mask;
+        if (kd < d) {
+          const Slot next = fresh[j];
+          fresh[j] = carried;
+          carried = next;
+          d = kd;
+        }
+      }
     }
     if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
     s.slots = fresh;
@@ -534,20 +580,17 @@ class PointerTable {
     return true;
   }
 
-  // Backward-shift deletion: later members of the cluster whose home is not
-  // in (hole, member] move back into the hole, so every key stays reachable
-  // from its home without tombstones.
+  // Backward-shift deletion: the records after the hole that are away from
+  // their homes move back one slot each, up to the first empty slot or
+  // record at its home (Robin Hood order: none after it could move), so
+  // every key stays reachable from its home without tombstones.
   static void remove(Shard& s, std::size_t hole) noexcept {
     const std::size_t mask = s.mask;
     for (std::size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
       const std::uint64_t k = s.slots[j].hash;
-      if (__builtin_expect(k == 0, 1)) break;  // (expected: a cluster of one)
-      const std::size_t at = home(s, k);
-      // Distance from home to j versus from the hole to j (cyclic).
-      if (((j - at) & mask) >= ((j - hole) & mask)) {
-        s.slots[hole] = s.slots[j];
-        hole = j;
-      }
+      if (__builtin_expect(k == 0, 1) || distance(s, k, j) == 0) break;  // (expected: a cluster of one)
+      s.slots[hole] = s.slots[j];
+      hole = j;
     }
     s.slots[hole].hash = 0;
     --s.count;
