@@ -33,8 +33,9 @@
 //       measurement waits for it before it calls the driver. Prints the
 //       CPU time the waiting took beside its wall time:
 //       "hold-cpu rc=RC waiters=N waited_s=W waiters_cpu_s=C load_s=L
-//       measurer_cpu_s=M" (W and C: the sums over the waiters' cuMemAlloc
-//       calls; L and M: the main thread's cuModuleLoad).
+//       measurer_cpu_s=M early=E" (W and C: the sums over the waiters'
+//       cuMemAlloc calls; L and M: the main thread's cuModuleLoad; E: the
+//       waiters whose cuMemAlloc returned before 1.5 s, the gate still closed).
 #include <cuda.h>
 #include <time.h>
 #include <sys/stat.h>
@@ -164,6 +165,7 @@ int hold_cpu(int threads, bool drain) {
     std::fclose(f);
   });
   std::atomic<long long> waited_ns{0}, cpu_ns{0};
+  std::atomic<int> early{0};  // waiters whose cuMemAlloc returned while the gate was still closed
   std::vector<std::thread> waiters;
   for (int i = 0; i < threads; ++i) {
     waiters.emplace_back([&] {
@@ -173,6 +175,7 @@ int hold_cpu(int threads, bool drain) {
       const double c0 = thread_cpu_s();
       CUdeviceptr p = 0;
       check(cuMemAlloc(&p, kMi), "cuMemAlloc(waiter)");
+      if (clock::now() < start + std::chrono::milliseconds(1500)) early.fetch_add(1);
       cpu_ns.fetch_add(static_cast<long long>((thread_cpu_s() - c0) * 1e9));
       waited_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
       check(cuMemFree(p), "cuMemFree(waiter)");
@@ -189,9 +192,9 @@ int hold_cpu(int threads, bool drain) {
   unlink(path.c_str());
   rmdir(fifo);
   if (module != nullptr) check(cuModuleUnload(module), "cuModuleUnload");
-  std::printf("hold-cpu rc=%d waiters=%d waited_s=%.3f waiters_cpu_s=%.3f load_s=%.3f measurer_cpu_s=%.3f\n",
+  std::printf("hold-cpu rc=%d waiters=%d waited_s=%.3f waiters_cpu_s=%.3f load_s=%.3f measurer_cpu_s=%.3f early=%d\n",
               static_cast<int>(rc), threads, static_cast<double>(waited_ns.load()) * 1e-9,
-              static_cast<double>(cpu_ns.load()) * 1e-9, load_s, measurer_cpu);
+              static_cast<double>(cpu_ns.load()) * 1e-9, load_s, measurer_cpu, early.load());
   return 0;
 }
 
