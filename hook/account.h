@@ -59,11 +59,16 @@ struct Reservation {
 // context (the driver's own error), or CUDA_ERROR_OUT_OF_MEMORY over quota.
 // Inline (as it was beside the wrappers of memory.cc): an allocation makes
 // one call, reserve(), not two.
+// (The driver's error only on the slow path: a local there, so that the
+// inline caller keeps nothing of it in memory.)
 inline CUresult reserve_on_current(std::uint64_t bytes, Reservation* r) noexcept {
-  CUresult rc = ensure_ready();
-  if (rc != CUDA_SUCCESS) return rc;
-  int entry = current_device_entry(&rc);
-  if (entry < 0) return rc;
+  if (const CUresult rc = ensure_ready(); rc != CUDA_SUCCESS) return rc;
+  int entry = g_single_entry.load(std::memory_order_relaxed);  // current_device_entry's fast half
+  if (__builtin_expect(entry < 0, 0)) {
+    CUresult rc = CUDA_SUCCESS;
+    entry = current_device_entry_slow(&rc);
+    if (entry < 0) return rc;
+  }
   if (!reserve(entry, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   r->entry = entry;
   r->bytes = bytes;
@@ -129,9 +134,11 @@ inline bool reserve(int entry, std::uint64_t bytes) noexcept {
 inline bool release_fast(int entry, std::uint64_t bytes) noexcept {
   if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs, 0))
     return false;
+  // Separate tests (not one && of three): each a compare and a branch.
+  if (__builtin_expect(static_cast<unsigned>(entry) >= kMaxDevices, 0)) return false;
+  if (__builtin_expect(bytes == 0, 0)) return false;
   const int slot = g_process.slot.load(std::memory_order_acquire);
-  return __builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices && bytes != 0, 1) &&
-         region_intact() &&
+  return __builtin_expect(slot >= 0, 1) && region_intact() &&
          limiter::lease_free(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
 }
 

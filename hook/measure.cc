@@ -77,8 +77,34 @@ std::atomic<std::uint64_t>* claim_op_counter() noexcept {
   // takes a null counter.
   t_op.counter = mine;
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  t_op.epoch = epoch;
+  t_op.epoch = mine == &g_counting_ops ? epoch | kSharedEpoch : epoch;
   return mine;
+}
+
+std::atomic<std::uint64_t>* begin_op_slow() noexcept {
+  const std::uint64_t seen = t_op.epoch;
+  const std::uint64_t word =
+      platform::table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
+  std::atomic<std::uint64_t>* c;
+  if (word != 0 && seen == (word | kSharedEpoch)) {
+    c = &g_counting_ops;  // this thread counts in the shared word, in this process
+  } else if (word != 0 && seen == word) {
+    // Matched meanwhile: a signal handler's operation on this thread claimed
+    // between the inline compare and here.
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    c = t_op.counter;
+  } else {
+    c = claim_op_counter();
+  }
+  if (c == &g_counting_ops) {
+    g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
+    if (__builtin_expect(g_measure_gate.load(std::memory_order_seq_cst) != 0, 0)) wait_measure_gate(c);
+  } else {
+    c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (__builtin_expect(g_measure_gate.load(std::memory_order_relaxed) != 0, 0)) wait_measure_gate(c);
+  }
+  return c;
 }
 
 bool op_counter_owner_alive(std::uint64_t owner) noexcept {

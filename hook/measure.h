@@ -47,8 +47,8 @@ namespace gpuslice::hook {
 [[gnu::cold, gnu::noinline]] bool counting_init() noexcept;
 inline bool counting_on() noexcept {
   const int s = g_counting_state.load(std::memory_order_relaxed);
-  if (__builtin_expect(s != 0, 1)) return s >= 2;
-  return counting_init();
+  if (__builtin_expect(s >= 2, 1)) return true;  // on: one compare
+  return s == 0 && counting_init();
 }
 
 struct alignas(64) OpCounter {
@@ -68,8 +68,17 @@ struct OpThread {
 // No process epoch (epochs are counters from 1, and the epoch word reads 0
 // until one is taken): an unclaimed thread never matches the word.
 inline constexpr std::uint64_t kNoEpoch = ~std::uint64_t{0};
+// Set in the epoch of a thread that counts in the shared word
+// (g_counting_ops): it never matches the word either, so the inline fast
+// path is only ever a thread's own counter and such a thread's operations
+// go out of line (begin_op_slow), where the mark sends them to the shared word.
+inline constexpr std::uint64_t kSharedEpoch = std::uint64_t{1} << 62;
 [[gnu::tls_model("initial-exec")]] extern constinit thread_local OpThread t_op;
 [[gnu::cold, gnu::noinline]] std::atomic<std::uint64_t>* claim_op_counter() noexcept;
+// A counting operation's start when the thread's epoch does not match the
+// word: claims a counter (or the shared word), marks the operation in flight
+// and waits at a closed gate; returns the counter.
+[[gnu::cold, gnu::noinline]] std::atomic<std::uint64_t>* begin_op_slow() noexcept;
 // Whether a counter's owner is a live thread of this process.
 bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 
@@ -87,51 +96,52 @@ bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 [[gnu::cold, gnu::noinline]] void wait_measure_gate(std::atomic<std::uint64_t>* counter) noexcept;
 
 struct CountingOp {
-  CountingOp() noexcept : counter(counting_on() ? begin() : nullptr) {}
+  CountingOp() noexcept : counter(counting_on() ? begin() : kNone) {}
   ~CountingOp() {
-    if (counter == nullptr) return;
-    if (counter == &g_counting_ops) {
-      g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst);
-    } else {
+    // One compare on the common path: a thread's own counter is an address
+    // above both kNone and kShared.
+    if (__builtin_expect(counter > kShared, 1)) {
+      auto* const c = reinterpret_cast<std::atomic<std::uint64_t>*>(counter);
       // Release: what the operation did is visible to a measurer that sees the count.
-      counter->store(counter->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    } else if (counter == kShared) {
+      g_counting_ops.fetch_add((std::uint64_t{1} << 32) - 1, std::memory_order_seq_cst);
     }
   }
   CountingOp(const CountingOp&) = delete;
   CountingOp& operator=(const CountingOp&) = delete;
 
  private:
-  static std::atomic<std::uint64_t>* begin() noexcept {
+  static std::uintptr_t begin() noexcept {
     // One compare: a claimed counter's epoch is never 0 and an unclaimed
     // thread's is kNoEpoch, so a process with no epoch yet (the word still
     // 0, as in a child before its first look) and a thread that never
-    // claimed (counter still null) both claim anew. The epoch is read
+    // claimed (counter still null) both claim anew; a thread of the shared
+    // word carries kSharedEpoch and goes out of line too, so what is read
+    // here is always the thread's own counter. The epoch is read
     // before the counter it vouches for (claim_op_counter stores them the
     // other way round): a signal handler's operation in between cannot
     // leave this one with a null counter.
-    std::atomic<std::uint64_t>* c;
     if (__builtin_expect(
             t_op.epoch !=
                 platform::table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed),
             0)) {
-      c = claim_op_counter();
-    } else {
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-      c = t_op.counter;
+      std::atomic<std::uint64_t>* const c = begin_op_slow();
+      return c == &g_counting_ops ? kShared : reinterpret_cast<std::uintptr_t>(c);
     }
-    if (c == &g_counting_ops) {
-      g_counting_ops.fetch_add(1, std::memory_order_seq_cst);
-      if (__builtin_expect(g_measure_gate.load(std::memory_order_seq_cst) != 0, 0)) wait_measure_gate(c);
-    } else {
-      c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      // Kept before the driver call by the compiler; the measurer's
-      // membarrier orders it for the CPU.
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-      if (__builtin_expect(g_measure_gate.load(std::memory_order_relaxed) != 0, 0)) wait_measure_gate(c);
-    }
-    return c;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    std::atomic<std::uint64_t>* const c = t_op.counter;
+    c->store(c->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    // Kept before the driver call by the compiler; the measurer's
+    // membarrier orders it for the CPU.
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    if (__builtin_expect(g_measure_gate.load(std::memory_order_relaxed) != 0, 0)) wait_measure_gate(c);
+    return reinterpret_cast<std::uintptr_t>(c);
   }
-  std::atomic<std::uint64_t>* const counter;
+  // The operation's counter: kNone (counting off), kShared (g_counting_ops),
+  // else the address of the thread's own counter.
+  static constexpr std::uintptr_t kNone = 0, kShared = 1;
+  const std::uintptr_t counter;
 };
 
 struct Measure {

@@ -101,8 +101,9 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesiz
   if (__builtin_expect(oversubscribing(), 0) && dptr != nullptr) {
     LinearAlloc a{dptr, bytesize};
     std::uint64_t* key = reinterpret_cast<std::uint64_t*>(dptr);
+    const Reservation held = r;  // a copy by reference: r itself stays in registers on the common path
     rc = alloc_oversubscribed(
-        *g_pointers, r, key, AllocKind::linear,
+        *g_pointers, held, key, AllocKind::linear,
         [](void* c) noexcept {
           auto* p = static_cast<LinearAlloc*>(c);
           return real_cuMemAlloc_v2(p->dptr, p->bytes);

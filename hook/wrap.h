@@ -36,7 +36,7 @@ template <class RealFree, class Untracked, class Gone>
 CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free, Untracked&& untracked,
                       Gone&& gone) noexcept {
   CountingOp op;
-  limiter::AllocRecord rec{};
+  limiter::AllocRecord rec;  // read only once erase() copied the record into it
   if (!table.erase(key, &rec)) return untracked();
   const CUresult rc = real_free();
   if (rc == CUDA_SUCCESS) {

@@ -3,9 +3,13 @@
 // arrays, VMM handles and mappings, contexts, modules, pools).
 //
 // Sharded: 64 shards chosen by the key's hash, each an open-addressing array
-// with linear probing and backward-shift deletion (an erase moves the rest of
-// its cluster back, so there are no tombstones: erased slots are reused at
-// once and churn of distinct addresses never forces a rehash). Each shard has
+// with linear probing in Robin Hood order and backward-shift deletion (an
+// erase moves back the records after it that are away from their homes, so
+// there are no tombstones: erased slots are reused at
+// once and churn of distinct addresses never forces a rehash). A slot holds
+// its key's hash in place of the key (the hash is a bijection: table_unhash
+// gives the key back), so neither a walk nor a growth hashes again (issue
+// 35: a pair's cost flat in the number of records). Each shard has
 // a one-word spin lock (one atomic exchange to take, a release store to drop;
 // spins, then sleeps on the word, woken by the unlock: a preempted holder
 // gets the core) and grows, under that lock, into a fresh mmap'd
@@ -51,7 +55,7 @@ void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched
 // them (hook/account.cc): a record is what lets a free release its bytes, so
 // none is admitted that could not be recorded. regrow_stuck retries the
 // growth of every stuck shard (cold): true when none is left stuck.
-extern std::atomic<std::uint32_t> g_stuck_shards;
+[[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_stuck_shards;  // read PC-relative
 using RegrowFn = bool (*)(void* table) noexcept;
 void note_stuck(void* table, RegrowFn regrow) noexcept;  // remembered for regrow_stuck (32 tables at most)
 [[gnu::cold, gnu::noinline]] bool regrow_stuck() noexcept;
@@ -92,6 +96,14 @@ inline std::uint64_t table_hash(std::uint64_t key) noexcept {
   key ^= key >> 32;
   return key * 0xbf58476d1ce4e5b9ull;
 }
+// table_hash is a bijection (odd multipliers, a fold of the high half into
+// the low): the table stores the hash in place of the key, and gives the
+// key back (cold paths: walks, copies) with the inverse. 0 hashes to 0.
+inline std::uint64_t table_unhash(std::uint64_t h) noexcept {
+  h *= 0x96de1b173f119089ull;  // the inverse of 0xbf58476d1ce4e5b9 mod 2^64
+  h ^= h >> 32;
+  return h * 0xf1de83e19937733dull;  // the inverse of 0x9e3779b97f4a7c15
+}
 
 }  // namespace table_detail
 
@@ -113,13 +125,35 @@ class PointerTable {
   PointerTable& operator=(const PointerTable&) = delete;
 
   // false if the key is present, reserved, or no memory is left for growth.
+  // Inline, the common case: room without growth, one walk from the home
+  // to the key, an empty slot or the first record nearer its own home (whose
+  // run then moves one slot on, open()); else insert_slow (growth, full).
   bool insert(std::uint64_t key, const V& value) noexcept {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
-    const std::size_t i = probe(s, key, h);
-    const bool ok = i != kMissing && s.slots[i].key == 0;
-    if (ok) fill(s, i, key, value);
+    bool ok = false;
+    if (__builtin_expect(s.count < s.grow_at, 1)) {
+      Slot* const slots = s.slots;
+      const std::size_t at = home(s, h);
+      for (std::size_t i = at;; i = (i + 1) & s.mask) {
+        const std::uint64_t k = slots[i].hash;
+        if (__builtin_expect(k == 0, 1)) {  // (expected: the home slot free)
+          fill(s, i, h, value);
+          ok = true;
+          break;
+        }
+        if (k == h) break;
+        if (distance(s, k, i) < ((i - at) & s.mask)) {
+          open(s, i);
+          fill(s, i, h, value);
+          ok = true;
+          break;
+        }
+      }
+    } else {
+      ok = insert_slow(s, h, value);
+    }
     unlock(s);
     return ok;
   }
@@ -131,14 +165,14 @@ class PointerTable {
     if (reserved(key)) return Put::full;
     const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
-    const std::size_t i = probe(s, key, h);
+    const std::size_t i = probe(s, h);
     Put result = Put::full;
-    if (i != kMissing && s.slots[i].key == key) {
+    if (i != kMissing && s.slots[i].hash == h) {
       if (displaced != nullptr) *displaced = s.slots[i].value;
       s.slots[i].value = value;
       result = Put::replaced;
     } else if (i != kMissing) {
-      fill(s, i, key, value);
+      fill(s, i, h, value);
       result = Put::inserted;
     }
     unlock(s);
@@ -146,24 +180,35 @@ class PointerTable {
   }
 
   // Exactly-once: of two racing erases of one key, one returns true (and the record).
+  // (One walk to the key or the first empty slot, the record copied and
+  // removed where it is found.)
   bool erase(std::uint64_t key, V* out) noexcept {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
-    const std::size_t i = lookup(s, key, h);
-    if (i != kMissing) {
-      if (out != nullptr) *out = s.slots[i].value;
-      remove(s, i);
+    bool found = false;
+    if (Slot* const slots = s.slots; slots != nullptr) {
+      const std::size_t at = home(s, h);
+      for (std::size_t i = at;; i = (i + 1) & s.mask) {
+        const std::uint64_t k = slots[i].hash;
+        if (__builtin_expect(k == h, 1)) {  // (expected: the key at its home)
+          if (out != nullptr) *out = slots[i].value;
+          remove(s, i);
+          found = true;
+          break;
+        }
+        if (k == 0 || distance(s, k, i) < ((i - at) & s.mask)) break;  // the key would be here
+      }
     }
     unlock(s);
-    return i != kMissing;
+    return found;
   }
 
   bool find(std::uint64_t key, V* out) const noexcept {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
-    const std::size_t i = lookup(s, key, h);
+    const std::size_t i = lookup(s, h);
     if (i != kMissing && out != nullptr) *out = s.slots[i].value;
     unlock(s);
     return i != kMissing;
@@ -176,7 +221,7 @@ class PointerTable {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
-    const std::size_t i = lookup(s, key, h);
+    const std::size_t i = lookup(s, h);
     if (i != kMissing && f(s.slots[i].value)) remove(s, i);
     unlock(s);
     return i != kMissing;
@@ -190,10 +235,10 @@ class PointerTable {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = locked_shard(h);
-    const std::size_t i = probe(s, key, h);
+    const std::size_t i = probe(s, h);
     if (i != kMissing) {
-      const bool inserted = s.slots[i].key == 0;
-      if (inserted) fill(s, i, key, init);
+      const bool inserted = s.slots[i].hash == 0;
+      if (inserted) fill(s, i, h, init);
       f(s.slots[i].value, inserted);
     }
     unlock(s);
@@ -217,8 +262,8 @@ class PointerTable {
     for (Shard& s : shards_) {
       lock(s);
       for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
-        if (s.slots[i].key == 0) continue;
-        const std::size_t d = (i - home(s, table_detail::table_hash(s.slots[i].key))) & s.mask;
+        if (s.slots[i].hash == 0) continue;
+        const std::size_t d = (i - home(s, s.slots[i].hash)) & s.mask;
         ++p.entries;
         p.total += d;
         if (d > p.longest) p.longest = d;
@@ -238,7 +283,8 @@ class PointerTable {
     for (Shard& s : shards_) {
       lock(s);
       for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
-        if (s.slots[i].key != 0) f(s.slots[i].key, static_cast<const V&>(s.slots[i].value));
+        if (s.slots[i].hash != 0)
+          f(table_detail::table_unhash(s.slots[i].hash), static_cast<const V&>(s.slots[i].value));
       }
       unlock(s);
     }
@@ -267,11 +313,12 @@ class PointerTable {
         complete = false;
       } else {
         for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
-          if (s.slots[i].key != 0) copy[n++] = s.slots[i];
+          if (s.slots[i].hash != 0) copy[n++] = s.slots[i];
         }
       }
       unlock(s);
-      for (std::size_t i = 0; i < n; ++i) f(copy[i].key, static_cast<const V&>(copy[i].value));
+      for (std::size_t i = 0; i < n; ++i)
+        f(table_detail::table_unhash(copy[i].hash), static_cast<const V&>(copy[i].value));
       if (map_bytes != 0 && copy != nullptr) table_detail::unmap_pages(copy, map_bytes);
     }
     return complete;
@@ -293,7 +340,7 @@ class PointerTable {
       unlock(s);
       if (slots == nullptr) continue;
       for (std::size_t i = 0; i <= mask; ++i) {
-        if (slots[i].key != 0) f(slots[i].key, static_cast<const V&>(slots[i].value));
+        if (slots[i].hash != 0) f(table_detail::table_unhash(slots[i].hash), static_cast<const V&>(slots[i].value));
       }
       table_detail::unmap_pages(slots, map_bytes);
     }
@@ -301,7 +348,7 @@ class PointerTable {
 
  private:
   struct Slot {
-    std::uint64_t key;  // 0 = empty (fresh anonymous pages are all-empty)
+    std::uint64_t hash;  // table_hash(key); 0 = empty (fresh anonymous pages are all-empty)
     V value;
   };
   struct alignas(64) Shard {
@@ -417,35 +464,67 @@ class PointerTable {
     s.mask = s.count = s.grow_at = s.map_bytes = 0;
   }
 
-  static std::size_t lookup(const Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
+  // How far the record of hash k at slot i sits from its home.
+  static std::size_t distance(const Shard& s, std::uint64_t k, std::size_t i) noexcept {
+    return (i - home(s, k)) & s.mask;
+  }
+
+  // Robin Hood order: along a run of records their homes never decrease, so
+  // a walk for h ends at the first record nearer its own home than h would
+  // be at that slot (h is not further on), and a removal shifts back only
+  // the records after the hole that are away from their homes, stopping at
+  // the first one at its home (issue 35: an erase does not walk the rest
+  // of the cluster, whatever the number of records).
+  static std::size_t lookup(const Shard& s, std::uint64_t h) noexcept {
     if (s.slots == nullptr) return kMissing;
-    for (std::size_t i = home(s, h);; i = (i + 1) & s.mask) {
-      const std::uint64_t k = s.slots[i].key;
-      if (k == key) return i;
-      if (k == 0) return kMissing;  // never full: growth keeps half free
+    for (std::size_t i = home(s, h), d = 0;; i = (i + 1) & s.mask, ++d) {
+      const std::uint64_t k = s.slots[i].hash;
+      if (k == h) return i;
+      if (k == 0 || distance(s, k, i) < d) return kMissing;  // never full: growth keeps half free
     }
   }
 
-  // The slot of `key`, or else the empty slot where it goes (linear probing
-  // from its home), after growing the shard if one more entry would fill it
-  // past half: one walk of the key's cluster. Without memory for growth the
-  // shard fills up to one slot short of full; kMissing when even that is
-  // reached and the key is absent.
-  std::size_t probe(Shard& s, std::uint64_t key, std::uint64_t h) noexcept {
+  // Empties slot i (a record's) by moving its run, up to the next empty
+  // slot, one slot on: each record moves one further from its home, in
+  // order (the new record then goes to i).
+  static void open(Shard& s, std::size_t i) noexcept {
+    std::size_t e = (i + 1) & s.mask;
+    while (s.slots[e].hash != 0) e = (e + 1) & s.mask;
+    for (; e != i; e = (e - 1) & s.mask) s.slots[e] = s.slots[(e - 1) & s.mask];
+    s.slots[i].hash = 0;
+  }
+
+  // The slot of `key`, or else the empty slot where it goes (opened: the
+  // run from there moved one slot on), after growing the shard if one more
+  // entry would fill it past half: one walk from the key's home. Without
+  // memory for growth the shard fills up to one slot short of full;
+  // kMissing when even that is reached and the key is absent.
+  std::size_t probe(Shard& s, std::uint64_t h) noexcept {
     if (__builtin_expect(s.count >= s.grow_at, 0) && !grow(s)) {
       const std::size_t capacity = s.slots == nullptr ? 0 : s.mask + 1;
-      const std::size_t at = lookup(s, key, h);
+      const std::size_t at = lookup(s, h);
       if (at != kMissing || s.count + 1 >= capacity) return at;
     }
-    std::size_t i = home(s, h);
-    for (;; i = (i + 1) & s.mask) {
-      const std::uint64_t k = s.slots[i].key;
-      if (k == key || k == 0) return i;
+    for (std::size_t i = home(s, h), d = 0;; i = (i + 1) & s.mask, ++d) {
+      const std::uint64_t k = s.slots[i].hash;
+      if (k == h || k == 0) return i;
+      if (distance(s, k, i) < d) {
+        open(s, i);
+        return i;
+      }
     }
   }
 
-  static void fill(Shard& s, std::size_t i, std::uint64_t key, const V& value) noexcept {
-    s.slots[i].key = key;
+  // insert() past the growth threshold (its shard locked).
+  [[gnu::noinline]] bool insert_slow(Shard& s, std::uint64_t h, const V& value) noexcept {
+    const std::size_t i = probe(s, h);
+    const bool ok = i != kMissing && s.slots[i].hash == 0;
+    if (ok) fill(s, i, h, value);
+    return ok;
+  }
+
+  static void fill(Shard& s, std::size_t i, std::uint64_t h, const V& value) noexcept {
+    s.slots[i].hash = h;
     s.slots[i].value = value;
     ++s.count;
   }
@@ -474,10 +553,23 @@ class PointerTable {
     const std::size_t mask = capacity - 1;
     const unsigned shift = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
     for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
-      if (s.slots[i].key == 0) continue;
-      std::size_t j = (table_detail::table_hash(s.slots[i].key) << kShardBits) >> shift;
-      while (fresh[j].key != 0) j = (j + 1) & mask;
-      fresh[j] = s.slots[i];
+      if (s.slots[i].hash == 0) continue;
+      // Robin Hood insertion: the record carried takes the place of the
+      // first one nearer its home, which is carried on.
+      Slot carried = s.slots[i];
+      for (std::size_t j = (carried.hash << kShardBits) >> shift, d = 0;; j = (j + 1) & mask, ++d) {
+        if (fresh[j].hash == 0) {
+          fresh[j] = carried;
+          break;
+        }
+        const std::size_t kd = (j - ((fresh[j].hash << kShardBits) >> shift)) & mask;
+        if (kd < d) {
+          const Slot next = fresh[j];
+          fresh[j] = carried;
+          carried = next;
+          d = kd;
+        }
+      }
     }
     if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
     s.slots = fresh;
@@ -488,22 +580,19 @@ class PointerTable {
     return true;
   }
 
-  // Backward-shift deletion: later members of the cluster whose home is not
-  // in (hole, member] move back into the hole, so every key stays reachable
-  // from its home without tombstones.
+  // Backward-shift deletion: the records after the hole that are away from
+  // their homes move back one slot each, up to the first empty slot or
+  // record at its home (Robin Hood order: none after it could move), so
+  // every key stays reachable from its home without tombstones.
   static void remove(Shard& s, std::size_t hole) noexcept {
     const std::size_t mask = s.mask;
     for (std::size_t j = (hole + 1) & mask;; j = (j + 1) & mask) {
-      const std::uint64_t k = s.slots[j].key;
-      if (k == 0) break;
-      const std::size_t at = home(s, table_detail::table_hash(k));
-      // Distance from home to j versus from the hole to j (cyclic).
-      if (((j - at) & mask) >= ((j - hole) & mask)) {
-        s.slots[hole] = s.slots[j];
-        hole = j;
-      }
+      const std::uint64_t k = s.slots[j].hash;
+      if (__builtin_expect(k == 0, 1) || distance(s, k, j) == 0) break;  // (expected: a cluster of one)
+      s.slots[hole] = s.slots[j];
+      hole = j;
     }
-    s.slots[hole].key = 0;
+    s.slots[hole].hash = 0;
     --s.count;
     if (__builtin_expect(s.stuck, 0) && (s.count + 1) * 2 <= s.mask + 1) unstick(s);
   }

@@ -26,20 +26,26 @@
 //   hold-cpu THREADS [drain]
 //       The main thread loads a 1 MiB module from a FIFO that a writer fills
 //       2 s later: the measurement's gate stays closed meanwhile. THREADS
-//       threads, started 200 ms into the load, each call cuMemAlloc (a
+//       threads, started into the load (below), each call cuMemAlloc (a
 //       counting operation: it waits at the gate) and cuMemFree. With
 //       `drain`, another thread is in cuStreamSynchronize (a counting
 //       operation in flight) for the first 1.5 s of the load: the
 //       measurement waits for it before it calls the driver. Prints the
 //       CPU time the waiting took beside its wall time:
 //       "hold-cpu rc=RC waiters=N waited_s=W waiters_cpu_s=C load_s=L
-//       measurer_cpu_s=M" (W and C: the sums over the waiters' cuMemAlloc
-//       calls; L and M: the main thread's cuModuleLoad).
+//       measurer_cpu_s=M early=E" (W and C: the sums over the waiters'
+//       cuMemAlloc calls; L and M: the main thread's cuModuleLoad; E: the
+//       waiters whose cuMemAlloc returned before the image was written, the
+//       gate still closed). The waiters call 300 ms after the load began (at
+//       200 ms at the earliest); the image is written at 2 s, and never
+//       before every waiter has been in its call for 1 s (many threads start
+//       slowly under a sanitizer).
 #include <cuda.h>
 #include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -156,23 +162,40 @@ int hold_cpu(int threads, bool drain) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // inside its synchronisation
   }
   const auto start = clock::now();
+  // Many threads start slowly (a sanitizer build): the waiters call only once
+  // the load (and so the measurement) began, and the image is written 2 s
+  // after the start but never before every waiter has been in its call for
+  // 1 s (bounded: 30 s).
+  std::atomic<bool> loading{false};
+  std::atomic<int> calling{0};
+  std::atomic<long long> written_ns{0};  // when the writer got the FIFO open: the load cannot end before
   std::thread writer([&] {
-    std::this_thread::sleep_until(start + std::chrono::milliseconds(2000));
+    while (calling.load() < threads && clock::now() < start + std::chrono::seconds(30))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_until(
+        std::max(start + std::chrono::milliseconds(2000), clock::now() + std::chrono::seconds(1)));
     FILE* f = std::fopen(path.c_str(), "w");  // blocks until the load opens it
     if (f == nullptr) return;
+    written_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count());
     std::fputs(image.c_str(), f);
     std::fclose(f);
   });
   std::atomic<long long> waited_ns{0}, cpu_ns{0};
+  std::vector<long long> returned_ns(static_cast<std::size_t>(threads), 0);
   std::vector<std::thread> waiters;
   for (int i = 0; i < threads; ++i) {
-    waiters.emplace_back([&] {
+    waiters.emplace_back([&, i] {
       cuCtxSetCurrent(ctx);
-      std::this_thread::sleep_until(start + std::chrono::milliseconds(200));
+      while (!loading.load()) std::this_thread::yield();
+      std::this_thread::sleep_until(
+          std::max(start + std::chrono::milliseconds(200), clock::now() + std::chrono::milliseconds(300)));
       const auto t0 = clock::now();
       const double c0 = thread_cpu_s();
       CUdeviceptr p = 0;
+      calling.fetch_add(1);
       check(cuMemAlloc(&p, kMi), "cuMemAlloc(waiter)");
+      returned_ns[static_cast<std::size_t>(i)] =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count();
       cpu_ns.fetch_add(static_cast<long long>((thread_cpu_s() - c0) * 1e9));
       waited_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
       check(cuMemFree(p), "cuMemFree(waiter)");
@@ -180,6 +203,7 @@ int hold_cpu(int threads, bool drain) {
   }
   const double m0 = thread_cpu_s();
   CUmodule module = nullptr;
+  loading.store(true);
   const CUresult rc = cuModuleLoad(&module, path.c_str());
   const double measurer_cpu = thread_cpu_s() - m0;
   const double load_s = std::chrono::duration<double>(clock::now() - start).count();
@@ -189,9 +213,11 @@ int hold_cpu(int threads, bool drain) {
   unlink(path.c_str());
   rmdir(fifo);
   if (module != nullptr) check(cuModuleUnload(module), "cuModuleUnload");
-  std::printf("hold-cpu rc=%d waiters=%d waited_s=%.3f waiters_cpu_s=%.3f load_s=%.3f measurer_cpu_s=%.3f\n",
+  int early = 0;  // waiters whose cuMemAlloc returned before the image was written: the gate still closed
+  for (long long ns : returned_ns) early += ns < written_ns.load() ? 1 : 0;
+  std::printf("hold-cpu rc=%d waiters=%d waited_s=%.3f waiters_cpu_s=%.3f load_s=%.3f measurer_cpu_s=%.3f early=%d\n",
               static_cast<int>(rc), threads, static_cast<double>(waited_ns.load()) * 1e-9,
-              static_cast<double>(cpu_ns.load()) * 1e-9, load_s, measurer_cpu);
+              static_cast<double>(cpu_ns.load()) * 1e-9, load_s, measurer_cpu, early);
   return 0;
 }
 

@@ -509,3 +509,48 @@ TEST(PointerTable, RawForkChildStartsEmptyDespiteAHeldLock) { fork_inside_locked
 
 }  // namespace
 }  // namespace gpuslice::limiter
+
+namespace gpuslice::limiter {
+namespace {
+
+// The slots hold each key's hash (pointer_table.h): every walk must give the
+// keys back as they were inserted, arbitrary 64-bit values included.
+TEST(PointerTable, WalksGiveTheKeysBack) {
+  AllocTable t;
+  std::mt19937_64 rng(35);
+  std::unordered_map<std::uint64_t, std::uint64_t> ref;
+  while (ref.size() < 5000) {
+    const std::uint64_t key = ref.size() % 2 == 0 ? rng() : (std::uint64_t{1} << 44) + ref.size() * 512;
+    if (key == 0 || key == ~std::uint64_t{0} || ref.count(key) != 0) continue;
+    ref[key] = ref.size() + 1;
+    ASSERT_TRUE(t.insert(key, rec(ref[key])));
+  }
+  std::size_t seen = 0;
+  t.for_each([&](std::uint64_t key, const AllocRecord& r) {
+    ++seen;
+    auto it = ref.find(key);
+    ASSERT_NE(it, ref.end()) << key;
+    EXPECT_EQ(r.bytes, it->second);
+  });
+  EXPECT_EQ(seen, ref.size());
+  seen = 0;
+  t.for_each_unlocked([&](std::uint64_t key, const AllocRecord& r) {
+    ++seen;
+    AllocRecord found{};
+    ASSERT_TRUE(t.find(key, &found)) << key;
+    EXPECT_EQ(found.bytes, r.bytes);
+  });
+  EXPECT_EQ(seen, ref.size());
+  seen = 0;
+  t.drain([&](std::uint64_t key, const AllocRecord& r) {
+    ++seen;
+    auto it = ref.find(key);
+    ASSERT_NE(it, ref.end()) << key;
+    EXPECT_EQ(r.bytes, it->second);
+  });
+  EXPECT_EQ(seen, ref.size());
+  EXPECT_EQ(t.size(), 0u);
+}
+
+}  // namespace
+}  // namespace gpuslice::limiter
