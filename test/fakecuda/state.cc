@@ -328,10 +328,24 @@ bool State::charge_managed_locked(int own_slot, std::uint32_t dev, std::uint64_t
   return true;
 }
 
+// Held bytes drop before the managed part of them (no lock: uncharges take
+// none), so a reader of the managed part first (fakecuda_device_managed_bytes)
+// never finds more managed memory than the held bytes it reads after.
 void State::uncharge_managed(int own_slot, std::uint32_t dev, std::uint64_t bytes) {
   if (own_slot < 0 || dev >= header_->devices || bytes == 0) return;
-  header_->slot[own_slot].managed_bytes[dev].fetch_sub(bytes, std::memory_order_relaxed);
   uncharge(own_slot, dev, bytes, false);
+  header_->slot[own_slot].managed_bytes[dev].fetch_sub(bytes, std::memory_order_seq_cst);
+}
+
+std::uint64_t State::device_managed_locked(std::uint32_t dev) const {
+  std::uint64_t managed = 0;
+  const int high = slots_high();
+  for (int i = 0; i < high; ++i) {
+    const ProcSlot& slot = header_->slot[i];
+    if (slot.state.load(std::memory_order_acquire) == 0) continue;
+    managed += slot.managed_bytes[dev].load(std::memory_order_seq_cst);
+  }
+  return managed;
 }
 
 void State::uncharge(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context) {

@@ -202,6 +202,7 @@ class State {
                         std::uint64_t cgroup_ino = 0);
   // Bytes held on a device by every claimed slot.
   std::uint64_t device_used_locked(std::uint32_t dev) const;
+  std::uint64_t device_managed_locked(std::uint32_t dev) const;  // the managed part of it
   // Adds `bytes` to own slot's allocation (or context) counter if the device
   // has room and the slot's cgroup limit (cgroup_limits.h) allows it.
   bool charge_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context);
