@@ -293,9 +293,12 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
                        : (grant->implicit ? "implicit " : (grant->managed ? "managed " : "")),
       static_cast<unsigned long long>(grant != nullptr ? grant->bytes : 0), grant != nullptr ? grant->call : "-");
   if (used < 0) return;
-  if (const int m = std::snprintf(text + used, sizeof(text) - used,
-                                  "  managed grants in flight (excused) at the check: %llu bytes\n",
-                                  static_cast<unsigned long long>(g_check_in_flight));
+  // Set by check() just before its reports: a refusal's report has no such figure.
+  if (const int m = std::strcmp(invariant, "refusal") == 0
+                        ? 0
+                        : std::snprintf(text + used, sizeof(text) - used,
+                                        "  managed grants in flight (excused) at the check: %llu bytes\n",
+                                        static_cast<unsigned long long>(g_check_in_flight));
       m > 0 && static_cast<std::size_t>(used + m) < sizeof(text))
     used += m;
   used = append_processes(text, sizeof(text), used, dev, region_dev);
