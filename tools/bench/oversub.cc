@@ -97,20 +97,19 @@ json memwatch(const json& spec) {
   const auto interval = spec.at("interval_ns").get<std::uint64_t>();
   const auto run_ns = spec.at("run_ns").get<std::uint64_t>();
   // The simulated driver's own count of the device's memory (no context of
-  // ours: the query reads the shared state). Absent on a real driver.
-  // Of it, managed memory: the simulator holds a managed allocation on the
-  // device from cuMemAllocManaged until it is advised to the host (a GPU
-  // places nothing there before it is touched), so a spill in flight (its
-  // driver allocation made, its advice not yet) shows there as a chunk over
-  // the allowance (docs/memory-accounting.md, "The resident allowance").
-  using DeviceUsed = std::uint64_t (*)(int);
-  DeviceUsed device_used = nullptr;
-  DeviceUsed device_managed = nullptr;
+  // ours: the query reads the shared state), and of it managed memory: the
+  // simulator holds a managed allocation on the device from cuMemAllocManaged
+  // until it is advised to the host (a GPU places nothing there before it is
+  // touched), so a spill in flight (its driver allocation made, its advice
+  // not yet) shows there as a chunk over the allowance
+  // (docs/memory-accounting.md, "Chaos testing"). Both in one pass: the
+  // managed figure is never more than the managed part of the held bytes.
+  // Absent on a real driver.
+  using DeviceManaged = std::uint64_t (*)(int, std::uint64_t*);
+  DeviceManaged device_managed = nullptr;
   if (void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL); handle != nullptr) {
-    device_used = reinterpret_cast<DeviceUsed>(dlsym(handle, "fakecuda_device_used_bytes"));
-    device_managed = reinterpret_cast<DeviceUsed>(dlsym(handle, "fakecuda_device_managed_bytes"));
+    device_managed = reinterpret_cast<DeviceManaged>(dlsym(handle, "fakecuda_device_managed_bytes"));
   }
-  if (device_managed == nullptr) device_used = nullptr;  // an older simulator: neither figure
   std::uint64_t start = platform::monotonic_ns();
   if (spec.contains("barrier")) {
     const json& b = spec["barrier"];
@@ -137,11 +136,10 @@ json memwatch(const json& spec) {
     counted.push_back(u);
     spilled.push_back(s);
     waiting.push_back(d.oversub_waiting.load(std::memory_order_acquire));
-    if (device_used != nullptr) {
-      // Managed first: an advice lowers the held bytes before their managed
-      // part, so this order never leaves out more than the device held.
-      managed.push_back(device_managed(0));
-      device.push_back(device_used(0));
+    if (device_managed != nullptr) {
+      std::uint64_t held = 0;
+      managed.push_back(device_managed(0, &held));
+      device.push_back(held);
     }
   }
   json out{{"t_ms", t_ms},
@@ -154,7 +152,7 @@ json memwatch(const json& spec) {
            {"waits", d.oversub_waits.load()},
            {"wait_ms", static_cast<double>(d.oversub_wait_ns.load()) / 1e6},
            {"wait_timeouts", d.oversub_timeouts.load()}};
-  if (device_used != nullptr) {
+  if (device_managed != nullptr) {
     out["device_bytes"] = device;
     out["device_managed_bytes"] = managed;
   }
