@@ -490,9 +490,11 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
 // launches; cuda.h: such reservations failing make this call return
 // CUDA_ERROR_OUT_OF_MEMORY). Measured like a context: what the process's
 // usage grew by across the call is charged to the current context until it is
-// destroyed; over the quota the previous limit is set again and the call
-// fails with CUDA_ERROR_OUT_OF_MEMORY. A limit lowered later is not given
-// back before the context goes (conservative).
+// destroyed; over the quota, or (oversubscription on) over the device-resident
+// allowance (the reservation is resident memory: it cannot spill, and its size
+// is known only once made, so it is not waited for), the previous limit is set
+// again and the call fails with CUDA_ERROR_OUT_OF_MEMORY. A limit lowered
+// later is not given back before the context goes (conservative).
 GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
@@ -511,10 +513,12 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
   if (rc != CUDA_SUCCESS) return rc;
   const std::uint64_t bytes = measured_bytes(dev, entry, m, nullptr);
   if (bytes == 0) return rc;
-  if (!charge(entry, bytes)) {
+  if (!charge(entry, bytes) || (oversubscribing() && over_allowance(entry))) {
     release(entry, bytes);
     if (restorable) real_cuCtxSetLimit(limit, previous);
-    GPUSLICE_LOG(info, "cuCtxSetLimit(%d) on device %d needs %llu bytes beyond the container's quota",
+    GPUSLICE_LOG(info,
+                 "cuCtxSetLimit(%d) on device %d needs %llu bytes beyond the container's quota or device-resident "
+                 "allowance",
                  static_cast<int>(limit), dev, static_cast<unsigned long long>(bytes));
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

@@ -151,12 +151,21 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
   std::uint64_t total = 0;
   const int high = fakecuda_slots_high_locked();  // no slot above it was ever claimed
   for (int i = 0; i < high; ++i) {
+    // A process's managed grant in flight before what it holds: its advice
+    // to the host (an uncharge, made without the state lock) lowers what it
+    // holds first and then lands the grant (release, in land_managed), so a
+    // landed grant read here is missing from the held bytes read after it.
+    // The other order could read the held bytes before the advice and the
+    // flight after its landing: an excess of the whole grant, which the
+    // device never held beside the rest (the campaign's six `spill` seeds).
+    const std::uint64_t flying = g_shared->managed_in_flight[i][dev].load(std::memory_order_acquire);
+    if (g_config.read_delay_us != 0) usleep(static_cast<useconds_t>(g_config.read_delay_us));
     fakecuda_slot_info slot{};
     if (!member_alive(i, dev, &slot)) continue;
     const std::uint64_t held = slot.held_bytes;
     if (i == g_slot && own != nullptr) *own = held;
     total += held;
-    if (in_flight != nullptr) *in_flight += g_shared->managed_in_flight[i][dev].load(std::memory_order_relaxed);
+    if (in_flight != nullptr) *in_flight += flying;
   }
   return total;
 }
@@ -253,6 +262,9 @@ std::uint64_t resident_count(const DeviceState& d) {
   return resident_used(d) + d.agent_extra_bytes.load(std::memory_order_acquire);
 }
 
+// The managed grants in flight the check that reports excused (state lock held).
+std::uint64_t g_check_in_flight = 0;
+
 void report(const char* invariant, const char* detail, std::uint32_t dev, int region_dev, std::uint64_t total,
             std::uint64_t own, std::uint64_t limit, const DeviceState& d, const Grant* grant) {
   g_shared->violations.fetch_add(1, std::memory_order_relaxed);
@@ -281,6 +293,14 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
                        : (grant->implicit ? "implicit " : (grant->managed ? "managed " : "")),
       static_cast<unsigned long long>(grant != nullptr ? grant->bytes : 0), grant != nullptr ? grant->call : "-");
   if (used < 0) return;
+  // Set by check() just before its reports: a refusal's report has no such figure.
+  if (const int m = std::strcmp(invariant, "refusal") == 0
+                        ? 0
+                        : std::snprintf(text + used, sizeof(text) - used,
+                                        "  managed grants in flight (excused) at the check: %llu bytes\n",
+                                        static_cast<unsigned long long>(g_check_in_flight));
+      m > 0 && static_cast<std::size_t>(used + m) < sizeof(text))
+    used += m;
   used = append_processes(text, sizeof(text), used, dev, region_dev);
   if (static_cast<std::size_t>(used) < sizeof(text)) {
     int m = std::snprintf(text + used, sizeof(text) - used, "  last %d operations of pid %d, oldest first:\n",
@@ -355,6 +375,7 @@ void check(std::uint32_t dev, const Grant* grant) {
   // above the limit by their sum. Memory the library admitted as resident
   // beyond the limit stays after that.
   const std::uint64_t managed_recent = in_flight;
+  g_check_in_flight = in_flight;
   const bool grace = now < w->grace_until_ns.load(std::memory_order_relaxed);
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
   // The ceiling is the limit, or more while memory held above a lowered
@@ -417,7 +438,7 @@ thread_local int t_managed_slot = -1;  // a forked child's copy is not its own
 // A change of device memory by this thread ends its managed grant's flight.
 void land_managed() {
   if (t_managed_in_flight != 0 && g_shared != nullptr && g_slot >= 0 && t_managed_slot == g_slot)
-    g_shared->managed_in_flight[g_slot][t_managed_dev].fetch_sub(t_managed_in_flight, std::memory_order_relaxed);
+    g_shared->managed_in_flight[g_slot][t_managed_dev].fetch_sub(t_managed_in_flight, std::memory_order_release);
   t_managed_in_flight = 0;
 }
 
@@ -508,7 +529,8 @@ int configure(const char* state_path, char* error, std::size_t len) {
   std::uint64_t ring = 32;
   if (!parse_ms("FAKECUDA_MONITOR_LAG_MS", 1, 60000, lag_ms, error, len) ||
       !parse_ms("FAKECUDA_MONITOR_INTERVAL_MS", 0, 1000, config.interval_ms, error, len) ||
-      !parse_ms("FAKECUDA_MONITOR_RING", 1, 256, ring, error, len)) {
+      !parse_ms("FAKECUDA_MONITOR_RING", 1, 256, ring, error, len) ||
+      !parse_ms("FAKECUDA_MONITOR_READ_DELAY_US", 0, 10000, config.read_delay_us, error, len)) {
     return -1;
   }
   if (const char* v = std::getenv("FAKECUDA_MONITOR_REFUSALS"); v != nullptr && v[0] != '\0') {
@@ -633,6 +655,7 @@ int monitor_checkpoint() {
                     "memory left out (%s)",
                     static_cast<unsigned long long>(held), static_cast<unsigned long long>(committed),
                     own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
+      g_check_in_flight = 0;
       report("count at checkpoint", detail, dev, rd, container_total(dev, nullptr), held,
              w != nullptr ? w->ceiling.load(std::memory_order_relaxed) : 0, r->devices[rd], nullptr);
     }

@@ -93,6 +93,11 @@ struct MonitorConfig {
   // direction is checked all the same). For the classes whose refusals are
   // open findings (docs/memory-accounting.md, "Chaos testing").
   bool judge_refusals = true;
+  // FAKECUDA_MONITOR_READ_DELAY_US (test knob): microseconds slept between
+  // the two reads of a process's figures in container_total() (its managed
+  // grants in flight and what it holds), widening the window in which its
+  // threads change them (ChaosTorture.AManagedGrantLandingDuringACheckIsNoExcess).
+  std::uint64_t read_delay_us = 0;
 };
 
 struct Grant {

@@ -2,7 +2,7 @@
 // chaos torture suite. See test/chaos/README.md.
 //
 //   chaos_torture [--seeds A[-B][,C[-D]...]] [--classes all|c1,c2,...] [--exclude c1,...]
-//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--exact] [--no-chaos] [--no-refusals] [--no-preload] [--library PATH] [--keep] [--verbose]
+//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--read-delay US] [--exact] [--no-chaos] [--no-refusals] [--no-preload] [--library PATH] [--keep] [--verbose]
 //
 // For each seed: a fresh directory with a simulated machine (FAKECUDA_STATE)
 // and a region (GPUSLICE_REGION); P worker processes of that container under
@@ -63,7 +63,8 @@ struct Options {
   std::vector<std::string> classes = all_classes();
   int procs = 3, threads = 3, ops = 120;
   std::uint64_t quota_mib = 256;
-  std::uint64_t lag_ms = 100;  // FAKECUDA_MONITOR_LAG_MS
+  std::uint64_t lag_ms = 100;       // FAKECUDA_MONITOR_LAG_MS
+  std::uint64_t read_delay_us = 0;  // --read-delay: FAKECUDA_MONITOR_READ_DELAY_US (test knob)
   bool keep = false, verbose = false;
   bool exact = false;
   bool chaos = true;
@@ -177,6 +178,7 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
   env.push_back("FAKECUDA_MONITOR_LAG_MS=" + std::to_string(o.lag_ms));
   env.push_back("FAKECUDA_MONITOR_REPORT=" + dir + "/violations");
   if (!o.judge_refusals) env.push_back("FAKECUDA_MONITOR_REFUSALS=0");
+  if (o.read_delay_us != 0) env.push_back("FAKECUDA_MONITOR_READ_DELAY_US=" + std::to_string(o.read_delay_us));
   if (o.chaos) env.push_back("FAKECUDA_CHAOS_SEED=" + std::to_string(seed));
   if (has("resident-wait") || has("resident-spill")) {
     const bool wait = has("resident-wait") && (!has("resident-spill") || rng.chance(50));
@@ -424,6 +426,8 @@ int main(int argc, char** argv) {
       o.library = v;
     else if (a == "--lag" && parse_u64(v, x) && x >= 1 && x <= 60000)
       o.lag_ms = x;
+    else if (a == "--read-delay" && parse_u64(v, x) && x <= 10000)
+      o.read_delay_us = x;
     else if (a == "--procs" && parse_u64(v, x) && x >= 1 && x <= 32)
       o.procs = static_cast<int>(x);
     else if (a == "--threads" && parse_u64(v, x) && x >= 1 && x <= 32) {

@@ -25,6 +25,12 @@ int fakecuda_device_count(void);
 uint64_t fakecuda_device_total_bytes(int dev);
 /* Bytes held on the device by every live process (dead processes are reaped first). */
 uint64_t fakecuda_device_used_bytes(int dev);
+/* Of those, managed memory (held where it fits from its allocation until
+ * advised to the host or freed); *used (if not NULL) gets the device's held
+ * bytes read in the same pass, under the state lock: the managed figure is
+ * never more than the managed part of *used (an advice or free, which takes
+ * no lock, lowers the held bytes before this figure). */
+uint64_t fakecuda_device_managed_bytes(int dev, uint64_t* used);
 /* Bytes held on the device by one process: allocations + context memory. */
 uint64_t fakecuda_process_used_bytes(int dev, int pid_or_0);
 /* The context-memory part of fakecuda_process_used_bytes. */

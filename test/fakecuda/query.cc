@@ -76,6 +76,24 @@ extern "C" uint64_t fakecuda_device_used_bytes(int dev) {
   return s->device_used_locked(static_cast<std::uint32_t>(dev));
 }
 
+extern "C" uint64_t fakecuda_device_managed_bytes(int dev, uint64_t* used) {
+  std::uint64_t held = 0;
+  State* s = query_state();
+  if (!valid(s, dev)) {
+    if (used != nullptr) *used = 0;
+    return 0;
+  }
+  State::Lock lock(*s);
+  if (!lock.ok()) {
+    if (used != nullptr) *used = 0;
+    return 0;
+  }
+  s->reap_locked(own_slot());
+  const std::uint64_t managed = s->device_managed_locked(static_cast<std::uint32_t>(dev), &held);
+  if (used != nullptr) *used = held;
+  return managed;
+}
+
 extern "C" uint64_t fakecuda_process_used_bytes(int dev, int pid_or_0) { return process_usage(dev, pid_or_0, false); }
 
 extern "C" uint64_t fakecuda_process_context_bytes(int dev, int pid_or_0) { return process_usage(dev, pid_or_0, true); }

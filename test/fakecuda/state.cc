@@ -261,6 +261,7 @@ int State::reap_locked(int own_slot) {
       slot.busy_ns[d].store(0, std::memory_order_relaxed);
       slot.graphics[d].store(0, std::memory_order_relaxed);
       slot.managed_bytes[d].store(0, std::memory_order_relaxed);
+      slot.managed_held_bytes[d].store(0, std::memory_order_relaxed);
     }
     slot.state.store(0, std::memory_order_release);
     ++reaped;
@@ -324,15 +325,37 @@ bool State::charge_managed_locked(int own_slot, std::uint32_t dev, std::uint64_t
   if (bytes > header_->memory_bytes || used > header_->memory_bytes - bytes) return false;
   ProcSlot& slot = header_->slot[own_slot];
   slot.managed_bytes[dev].fetch_add(bytes, std::memory_order_relaxed);
+  slot.managed_held_bytes[dev].fetch_add(bytes, std::memory_order_relaxed);
   slot.alloc_bytes[dev].fetch_add(bytes, std::memory_order_relaxed);
   if (ChargeProbe probe = g_charge_probe.load(std::memory_order_acquire)) probe(*this, own_slot, dev, bytes, false);
   return true;
 }
 
+// Two figures of the managed part, lowered on either side of the held bytes
+// (uncharges take no lock): managed_bytes before them, so the cgroup limits'
+// usage (held less managed) is never understated; managed_held_bytes after
+// them, so a reader of it before the held bytes (device_managed_locked, the
+// bench's watcher) never takes out more than the device still holds.
 void State::uncharge_managed(int own_slot, std::uint32_t dev, std::uint64_t bytes) {
   if (own_slot < 0 || dev >= header_->devices || bytes == 0) return;
-  header_->slot[own_slot].managed_bytes[dev].fetch_sub(bytes, std::memory_order_relaxed);
+  ProcSlot& slot = header_->slot[own_slot];
+  slot.managed_bytes[dev].fetch_sub(bytes, std::memory_order_seq_cst);
   uncharge(own_slot, dev, bytes, false);
+  slot.managed_held_bytes[dev].fetch_sub(bytes, std::memory_order_seq_cst);
+}
+
+std::uint64_t State::device_managed_locked(std::uint32_t dev, std::uint64_t* used) const {
+  std::uint64_t managed = 0, held = 0;
+  const int high = slots_high();
+  for (int i = 0; i < high; ++i) {
+    const ProcSlot& slot = header_->slot[i];
+    if (slot.state.load(std::memory_order_acquire) == 0) continue;
+    managed += slot.managed_held_bytes[dev].load(std::memory_order_seq_cst);  // first: see uncharge_managed
+    held +=
+        slot.alloc_bytes[dev].load(std::memory_order_seq_cst) + slot.context_bytes[dev].load(std::memory_order_seq_cst);
+  }
+  *used = held;
+  return managed;
 }
 
 void State::uncharge(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context) {
@@ -352,6 +375,7 @@ void State::release_slot(int own_slot) {
     slot.contexts[d].store(0, std::memory_order_relaxed);
     slot.graphics[d].store(0, std::memory_order_relaxed);
     slot.managed_bytes[d].store(0, std::memory_order_relaxed);
+    slot.managed_held_bytes[d].store(0, std::memory_order_relaxed);
   }
   slot.state.store(0, std::memory_order_release);
   slot_lock(fd_, own_slot, F_UNLCK, F_OFD_SETLK);

@@ -21,7 +21,7 @@
 namespace gpuslice::fakecuda {
 
 inline constexpr std::uint64_t kStateMagic = 0x4554415453414b46ull;  // "FKASTATE"
-inline constexpr std::uint32_t kStateAbiVersion = 5;
+inline constexpr std::uint32_t kStateAbiVersion = 6;
 inline constexpr std::uint32_t kMaxDevices = 16;
 inline constexpr std::uint32_t kMaxSlots = 512;
 // cgroups with a device-memory limit set (cgroup_limits.h).
@@ -65,7 +65,10 @@ struct alignas(64) ProcSlot {
   std::atomic<std::uint64_t> busy_ns[kMaxDevices];        // device time submitted by this process
   std::atomic<std::uint32_t> graphics[kMaxDevices];       // live graphics allocations (interop.cc): a graphics context
   std::atomic<std::uint64_t> managed_bytes[kMaxDevices];  // the managed part of alloc_bytes (outside cgroup limits)
-  std::atomic<std::uint64_t> cgroup_ino;                  // its cgroup v2 directory's inode at cuInit; 0 = none
+  // The same, lowered after alloc_bytes where managed_bytes is lowered before
+  // (State::uncharge_managed): the figure device_managed_locked() sums.
+  std::atomic<std::uint64_t> managed_held_bytes[kMaxDevices];
+  std::atomic<std::uint64_t> cgroup_ino;  // its cgroup v2 directory's inode at cuInit; 0 = none
 };
 
 // A device-memory limit on one cgroup v2 directory (nvmlDeviceSetMemoryLimits_v1,
@@ -206,6 +209,8 @@ class State {
                         std::uint64_t cgroup_ino = 0);
   // Bytes held on a device by every claimed slot.
   std::uint64_t device_used_locked(std::uint32_t dev) const;
+  // The managed part of it, and (*used) the device's held bytes read in the same pass.
+  std::uint64_t device_managed_locked(std::uint32_t dev, std::uint64_t* used) const;
   // Adds `bytes` to own slot's allocation (or context) counter if the device
   // has room and the slot's cgroup limit (cgroup_limits.h) allows it.
   bool charge_locked(int own_slot, std::uint32_t dev, std::uint64_t bytes, bool context);

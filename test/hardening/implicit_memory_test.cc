@@ -293,5 +293,27 @@ TEST(ResourceLimit, MallocHeapBeyondTheQuotaIsRefused) {
   EXPECT_EQ(number(r, "set-limit", "set"), number(r, "set-limit", "set_held")) << r.out;
 }
 
+// A resource limit's reservation is resident device memory, like a module's
+// placement: with a 1 GiB device-resident allowance a 1 GiB malloc heap does
+// not fit beside the 256 MiB context, under any policy (refused at once, not
+// waited for: its size is known only once reserved), and the previous limit
+// is kept. Before, only the quota was checked: the heap was admitted and the
+// container held 1,272 MiB resident on a 1 GiB allowance.
+class ResourceLimitOverAllowance : public ::testing::TestWithParam<const char*> {};
+TEST_P(ResourceLimitOverAllowance, IsRefused) {
+  Sandbox box;
+  Env env = kDevice;
+  env["GPUSLICE_MEMORY_RESIDENT"] = "1Gi";
+  env["GPUSLICE_OVERSUBSCRIBE"] = GetParam();
+  env["GPUSLICE_OVERSUBSCRIBE_WAIT"] = "200ms";
+  Result r = probe(box, env, {"set-limit", "1024"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "set-limit", "rc"), static_cast<long long>(CUDA_ERROR_OUT_OF_MEMORY)) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "limit"), 8 * kMi) << r.out;  // the default, kept
+  EXPECT_LE(number(r, "set-limit", "set_held"), 1024 * kMi) << r.out;
+  EXPECT_EQ(number(r, "set-limit", "set"), number(r, "set-limit", "set_held")) << r.out;
+}
+INSTANTIATE_TEST_SUITE_P(Policies, ResourceLimitOverAllowance, ::testing::Values("fail", "spill", "wait"));
+
 }  // namespace
 }  // namespace gpuslice::test

@@ -97,11 +97,18 @@ json memwatch(const json& spec) {
   const auto interval = spec.at("interval_ns").get<std::uint64_t>();
   const auto run_ns = spec.at("run_ns").get<std::uint64_t>();
   // The simulated driver's own count of the device's memory (no context of
-  // ours: the query reads the shared state). Absent on a real driver.
-  using DeviceUsed = std::uint64_t (*)(int);
-  DeviceUsed device_used = nullptr;
+  // ours: the query reads the shared state), and of it managed memory: the
+  // simulator holds a managed allocation on the device from cuMemAllocManaged
+  // until it is advised to the host (a GPU places nothing there before it is
+  // touched), so a spill in flight (its driver allocation made, its advice
+  // not yet) shows there as a chunk over the allowance
+  // (docs/memory-accounting.md, "Chaos testing"). Both in one pass: the
+  // managed figure is never more than the managed part of the held bytes.
+  // Absent on a real driver.
+  using DeviceManaged = std::uint64_t (*)(int, std::uint64_t*);
+  DeviceManaged device_managed = nullptr;
   if (void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL); handle != nullptr) {
-    device_used = reinterpret_cast<DeviceUsed>(dlsym(handle, "fakecuda_device_used_bytes"));
+    device_managed = reinterpret_cast<DeviceManaged>(dlsym(handle, "fakecuda_device_managed_bytes"));
   }
   std::uint64_t start = platform::monotonic_ns();
   if (spec.contains("barrier")) {
@@ -118,7 +125,7 @@ json memwatch(const json& spec) {
   if (region == nullptr) throw std::runtime_error(err.message);
   const DeviceState& d = region->devices[0];
   json t_ms = json::array(), counted = json::array(), spilled = json::array(), waiting = json::array(),
-       device = json::array();
+       device = json::array(), managed = json::array();
   for (std::uint64_t k = 0; k * interval <= run_ns; ++k) {
     platform::sleep_until_ns(start + k * interval);
     t_ms.push_back(static_cast<double>(platform::monotonic_ns() - start) / 1e6);
@@ -129,7 +136,11 @@ json memwatch(const json& spec) {
     counted.push_back(u);
     spilled.push_back(s);
     waiting.push_back(d.oversub_waiting.load(std::memory_order_acquire));
-    if (device_used != nullptr) device.push_back(device_used(0));
+    if (device_managed != nullptr) {
+      std::uint64_t held = 0;
+      managed.push_back(device_managed(0, &held));
+      device.push_back(held);
+    }
   }
   json out{{"t_ms", t_ms},
            {"counted_bytes", counted},
@@ -141,7 +152,10 @@ json memwatch(const json& spec) {
            {"waits", d.oversub_waits.load()},
            {"wait_ms", static_cast<double>(d.oversub_wait_ns.load()) / 1e6},
            {"wait_timeouts", d.oversub_timeouts.load()}};
-  if (device_used != nullptr) out["device_bytes"] = device;
+  if (device_managed != nullptr) {
+    out["device_bytes"] = device;
+    out["device_managed_bytes"] = managed;
+  }
   shm::detach(region);
   return out;
 }
@@ -189,7 +203,7 @@ json run_case(Workers& workers, const std::string& policy, std::uint64_t quota, 
   out["policy"] = policy;
   out["holder"] = r[0]["actions"];
   out["grower"] = r[1]["actions"];
-  std::uint64_t max_counted = 0, max_resident = 0, max_spilled = 0, max_device = 0;
+  std::uint64_t max_counted = 0, max_resident = 0, max_spilled = 0, max_device = 0, max_unmanaged = 0, max_managed = 0;
   double waiting_ms = 0;
   const json& t = out["t_ms"];
   for (std::size_t i = 0; i < t.size(); ++i) {
@@ -198,14 +212,26 @@ json run_case(Workers& workers, const std::string& policy, std::uint64_t quota, 
     max_counted = std::max(max_counted, u);
     max_spilled = std::max(max_spilled, s);
     max_resident = std::max(max_resident, u > s ? u - s : 0);
-    if (out.contains("device_bytes")) max_device = std::max(max_device, out["device_bytes"][i].get<std::uint64_t>());
+    if (out.contains("device_bytes")) {
+      const auto dev = out["device_bytes"][i].get<std::uint64_t>();
+      const auto m = out["device_managed_bytes"][i].get<std::uint64_t>();
+      max_device = std::max(max_device, dev);
+      max_managed = std::max(max_managed, m);
+      max_unmanaged = std::max(max_unmanaged, dev > m ? dev - m : 0);
+    }
     if (out["waiting"][i].get<int>() > 0 && i + 1 < t.size()) waiting_ms += t[i + 1].get<double>() - t[i].get<double>();
   }
   out["max_counted_bytes"] = max_counted;
   out["max_resident_bytes"] = max_resident;
   out["max_spilled_bytes"] = max_spilled;
   out["waiting_sampled_ms"] = waiting_ms;
-  if (out.contains("device_bytes")) out["max_device_bytes"] = max_device;
+  if (out.contains("device_bytes")) {
+    out["max_device_bytes"] = max_device;
+    // What gpuslice admitted as resident (the spill's managed memory in
+    // flight left out), and that memory: at most the grower's one chunk.
+    out["max_device_resident_bytes"] = max_unmanaged;
+    out["max_device_managed_bytes"] = max_managed;
+  }
   int granted = 0;
   double longest_delay = 0;
   for (const json& a : out["grower"]) {

@@ -71,34 +71,5 @@ if(NOT p50_neighbour_gpuslice LESS p50_neighbour_native)
   message(FATAL_ERROR "gpuslice-bench --quick: under gpuslice the high-priority bursts (p50 ${p50_neighbour_gpuslice} ms) "
                       "were not faster than natively next to training (${p50_neighbour_native} ms): the priority gate did nothing")
 endif()
-# The oversubscription section (docs/memory.md): past the resident allowance
-# spill serves the grower from host memory and wait holds it until the other
-# process frees; either way it gets every chunk (its quota has room), and the
-# simulated device never holds more than the allowance.
-string(JSON allowance ERROR_VARIABLE missing GET "${report}" oversubscription resident_limit_bytes)
-if(missing)
-  message(FATAL_ERROR "gpuslice-bench --quick: no oversubscription section (${missing})")
-endif()
-string(JSON chunks GET "${report}" oversubscription grower_chunks)
-foreach(policy spill wait)
-  foreach(field grower_granted max_spilled_bytes waits max_device_bytes)
-    string(JSON ${field} ERROR_VARIABLE missing GET "${report}" oversubscription ${policy} ${field})
-    if(missing)
-      message(FATAL_ERROR "gpuslice-bench --quick: oversubscription ${policy} has no '${field}' (${missing})")
-    endif()
-  endforeach()
-  if(NOT grower_granted EQUAL chunks)
-    message(FATAL_ERROR "gpuslice-bench --quick: under ${policy} the grower got ${grower_granted} of ${chunks} chunks")
-  endif()
-  if(max_device_bytes GREATER allowance)
-    message(FATAL_ERROR "gpuslice-bench --quick: under ${policy} the device held ${max_device_bytes} bytes, "
-                        "over the ${allowance}-byte resident allowance")
-  endif()
-  set(${policy}_spilled ${max_spilled_bytes})
-  set(${policy}_waits ${waits})
-endforeach()
-if(NOT spill_spilled GREATER 0 OR NOT wait_spilled EQUAL 0 OR NOT wait_waits GREATER 0)
-  message(FATAL_ERROR "gpuslice-bench --quick: expected spill to spill (max ${spill_spilled} bytes) and wait to "
-                      "wait (${wait_waits} waits) without spilling (${wait_spilled} bytes)")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/oversub_checks.cmake)
 message(STATUS "gpuslice-bench --quick: valid JSON report on the ${device} driver")
