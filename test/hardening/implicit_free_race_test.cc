@@ -101,5 +101,23 @@ TEST(ImplicitFreeRace, AContextsRecordAtAnAddressAPoolAllocationTookIsNotCounted
   EXPECT_EQ(number(r, "after", "big_rc"), 0) << "refused with the device empty\n" << r.out;
 }
 
+// The same with a buffer mapped onto imported graphics memory
+// (cuExternalMemoryGetMappedBuffer: an address the driver hands out, no memory
+// of its own, which gpuslice records nowhere) taking X. Before: the stale
+// record of X stayed counted for as long as the buffer was held (till its
+// cuMemFree found it), MIB MiB shown as used that the device did not hold.
+TEST(ImplicitFreeRace, AContextsRecordAtAnAddressAMappedBufferTookIsReleased) {
+  Sandbox box;
+  const Probe pool_race{{"pool_address_race"}, 120000};
+  Result r = pool_race(
+      box,
+      merge(race_env("cuMemGetAddressRange_v2"), {{"FAKECUDA_CHAOS_SLEEP_US", "20000"}, {"FAKECUDA_CHAOS_SEED", "7"}}),
+      {"8", "10", "mapped"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_GT(number(r, "race", "hits"), 0) << "no mapped buffer got the context's address: not exercised\n" << r.out;
+  for (const std::string& over : values(r, "round", "over")) EXPECT_EQ(over, "0") << r.out;
+  EXPECT_EQ(number(r, "after", "used"), 0) << "freed memory shown as used\n" << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test

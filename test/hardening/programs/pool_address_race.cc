@@ -1,5 +1,5 @@
 // pool_address_race: a program of the container for implicit_free_race_test.cc.
-//   pool_address_race ROUNDS MIB
+//   pool_address_race ROUNDS MIB [mapped]
 // Each round: a context is created and MIB MiB allocated in it (cuMemAlloc,
 // at address X), the primary context made current again, and the context
 // destroyed (the driver frees X with it; the library's sweep after the
@@ -15,6 +15,12 @@
 // allows). Prints "race hits=H" (rounds whose pool allocation got X), and,
 // once everything is freed and the pool trimmed to 0, "after used=U big_rc=R":
 // cuMemGetInfo's total - free, then an allocation of 6 * MIB MiB.
+// With `mapped` the second thread maps buffers onto MIB MiB of imported
+// graphics memory (cuExternalMemoryGetMappedBuffer: a new address, no memory
+// of its own) until one gets X, and each hit prints "round N hit=1 over=O":
+// what cuMemGetInfo shows as used while that buffer is held, less what it
+// showed before the rounds (the six kept MiB and the import): 0 when nothing
+// stale is counted.
 #include <cuda.h>
 #include <unistd.h>
 
@@ -23,8 +29,11 @@
 #include <cstdlib>
 #include <thread>
 
+#include "fakecuda_query.h"
+
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
+  if (argc != 3 && argc != 4) return 2;
+  const bool mapped = argc == 4;
   const int rounds = std::atoi(argv[1]);
   const std::size_t bytes = std::strtoull(argv[2], nullptr, 10) << 20;
   CUdevice dev = 0;
@@ -43,6 +52,22 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  CUexternalMemory ext = nullptr;
+  std::uint64_t graphics = 0;
+  if (mapped) {
+    graphics = fakecuda_graphics_alloc(0, bytes);
+    CUDA_EXTERNAL_MEMORY_HANDLE_DESC d{};
+    d.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+    d.handle.fd = graphics != 0 ? fakecuda_graphics_export_fd(graphics) : -1;
+    d.size = bytes;
+    if (d.handle.fd < 0 || cuImportExternalMemory(&ext, &d) != CUDA_SUCCESS) {
+      std::printf("init failed (import)\n");
+      return 1;
+    }
+  }
+  size_t base_free = 0, base_total = 0;
+  cuMemGetInfo(&base_free, &base_total);
+  const long long baseline = static_cast<long long>(base_total - base_free);  // the keeps and the import
   int hits = 0;
   for (int round = 0; round < rounds; ++round) {
     CUcontext ctx = nullptr;
@@ -59,13 +84,20 @@ int main(int argc, char** argv) {
       // Until the destroy returned (and a little after: the sweep may still be walking).
       for (int after = 0; after < 2000;) {
         CUdeviceptr y = 0;
-        if (cuMemAllocAsync(&y, bytes, stream) == CUDA_SUCCESS) {
+        CUDA_EXTERNAL_MEMORY_BUFFER_DESC b{};
+        b.size = bytes;
+        if (mapped ? cuExternalMemoryGetMappedBuffer(&y, ext, &b) == CUDA_SUCCESS
+                   : cuMemAllocAsync(&y, bytes, stream) == CUDA_SUCCESS) {
           if (y == x) {
             got = y;
             return;
           }
-          cuMemFreeAsync(y, stream);
-          cuStreamSynchronize(stream);
+          if (mapped) {
+            cuMemFree(y);
+          } else {
+            cuMemFreeAsync(y, stream);
+            cuStreamSynchronize(stream);
+          }
         }
         if (destroyed.load()) ++after;
         usleep(100);
@@ -74,13 +106,23 @@ int main(int argc, char** argv) {
     cuCtxDestroy(ctx);
     destroyed.store(true);
     pool_thread.join();
+    long long over = 0;
     if (got != 0) {
       ++hits;
+      if (mapped) {
+        size_t free_bytes = 0, total = 0;
+        cuMemGetInfo(&free_bytes, &total);
+        over = static_cast<long long>(total - free_bytes) - baseline;
+      }
       cuMemFree(got);
     }
-    std::printf("round %d hit=%d\n", round, got != 0 ? 1 : 0);
+    std::printf("round %d hit=%d over=%lld\n", round, got != 0 ? 1 : 0, over);
   }
   for (CUdeviceptr k : keep) cuMemFree(k);
+  if (mapped) {
+    cuDestroyExternalMemory(ext);
+    fakecuda_graphics_free(graphics);
+  }
   CUmemoryPool pool = nullptr;
   cuStreamSynchronize(stream);
   cuDeviceGetDefaultMemPool(&pool, dev);
