@@ -269,6 +269,24 @@ TEST(ChaosMonitor, ARefusalExplainedByAnOverlappingRequestThatEndedIsNoViolation
       << slurp(box.path("violations"));
 }
 
+// Memory the program allocated outside CUDA while gpuslice measured an object
+// of it (monitor_absorbed, monitor.h) explains a refusal by what it is and no
+// more: the container holds 48 MiB of 64 and is refused 8 MiB; with 9 MiB so
+// absorbed that is no violation, with 8 MiB it is (48 + 8 + 8 <= 64).
+TEST(ChaosMonitor, OutsideMemoryMeasuredIntoAnObjectExplainsARefusalByItsBytesOnly) {
+  Sandbox nine, eight;
+  create_region(nine);
+  create_region(eight);
+  const Env lag{{"FAKECUDA_MONITOR_LAG_MS", "60000"}};
+  Result r9 = run({REFUSAL_OVERLAP, "absorbed", "9"}, merge(monitored(nine, false), lag), 60000);
+  Result r8 = run({REFUSAL_OVERLAP, "absorbed", "8"}, merge(monitored(eight, false), lag), 60000);
+  EXPECT_EQ(value(r9, "judged", "b"), "0") << r9.describe() << slurp(nine.path("violations"));
+  EXPECT_EQ(value(r8, "judged", "b"), "1") << r8.describe();
+  EXPECT_NE(slurp(eight.path("violations")).find("outside memory measured into live objects 8388608"),
+            std::string::npos)
+      << slurp(eight.path("violations"));
+}
+
 TEST(ChaosMonitor, ReportsARefusalAfterAnotherRequestEndedBeforeItBegan) {
   Sandbox box;
   std::string out;

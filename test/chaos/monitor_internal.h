@@ -18,7 +18,7 @@ namespace gpuslice::chaos::internal {
 inline constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
 inline constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
 
-inline constexpr std::uint64_t kMonitorMagic = 0x344f54494e4f4d46ull;  // "FMONITO4": requests begun/ended
+inline constexpr std::uint64_t kMonitorMagic = 0x354f54494e4f4d46ull;  // "FMONITO5": absorbed outside memory
 inline constexpr std::uint32_t kWatches = 256;
 
 // Shared by every process of the simulated machine: <state>.monitor.
@@ -72,6 +72,7 @@ struct MonitorShared {
   std::atomic<std::uint64_t> unknown_begun[kSimSlots];
   std::atomic<std::uint64_t> unknown_ended[kSimSlots];
   std::atomic<std::uint32_t> pools[kSimSlots];
+  std::atomic<std::uint64_t> absorbed[kSimSlots][kSimDevices];  // monitor_absorbed
   std::atomic<std::uint64_t> refusals_judged;
   std::atomic<std::uint64_t> refusals_skipped;
 };

@@ -49,7 +49,8 @@ struct Slack {
   std::uint64_t releasing = 0;   // frees in flight at the refusal or since its start (freed, maybe still counted)
   std::uint64_t pools = 0;       // 2 MiB per pool in use: counted up to one chunk above its reserve
   std::uint64_t agent = 0;       // agent_extra_bytes while the agent's heartbeat is fresh
-  std::uint64_t total() const { return freed + requesting + releasing + pools + agent; }
+  std::uint64_t absorbed = 0;    // outside memory measured into a live object (monitor_absorbed)
+  std::uint64_t total() const { return freed + requesting + releasing + pools + agent + absorbed; }
 };
 bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Slack* out, const char** why) {
   for (int k = 0; k < t_members; ++k) {
@@ -87,6 +88,7 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
     out->releasing += releasing;
     out->requesting += requesting;
     out->pools += std::uint64_t{g_shared->pools[i].load(std::memory_order_relaxed)} << 21;
+    out->absorbed += g_shared->absorbed[i][dev].load(std::memory_order_relaxed);
   }
   const std::uint64_t beat = r.header.agent_heartbeat_ns.load(std::memory_order_acquire);
   const std::uint64_t now = fakecuda_now_ns();
@@ -103,6 +105,11 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
 
 void monitor_pools(unsigned count) {
   if (g_config.on && g_slot >= 0) g_shared->pools[g_slot].store(count, std::memory_order_relaxed);
+}
+
+void monitor_absorbed(unsigned dev, std::uint64_t bytes) {
+  if (g_config.on && g_slot >= 0 && dev < g_devices)
+    g_shared->absorbed[g_slot][dev].store(bytes, std::memory_order_relaxed);
 }
 
 thread_local std::uint64_t t_release = 0;
@@ -226,18 +233,19 @@ int monitor_request_end(bool refused, const char* what) {
   // the bytes that made the difference (thread reserves, spare not taken...).
   const std::uint64_t count = resident_count(d) + (g_config.spill ? held - total : 0);
   const std::uint64_t beyond = count > held + slack.total() ? count - held - slack.total() : 0;
-  char detail[640];
+  char detail[700];
   std::snprintf(detail, sizeof(detail),
                 "%s of %llu bytes refused (CUDA_ERROR_OUT_OF_MEMORY) while the container holds %llu: %llu + %llu + "
                 "documented slack %llu (freed during the request %llu, other requests overlapping it %llu, frees in "
-                "flight %llu, pools %llu, fresh agent_extra_bytes %llu) <= limit %llu; gpuslice counts %llu bytes "
-                "the device does not hold beyond that slack",
+                "flight %llu, pools %llu, outside memory measured into live objects %llu, fresh agent_extra_bytes "
+                "%llu) <= limit %llu; gpuslice counts %llu bytes the device does not hold beyond that slack",
                 what, static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(held),
                 static_cast<unsigned long long>(held), static_cast<unsigned long long>(bytes),
                 static_cast<unsigned long long>(slack.total()), static_cast<unsigned long long>(slack.freed),
                 static_cast<unsigned long long>(slack.requesting), static_cast<unsigned long long>(slack.releasing),
-                static_cast<unsigned long long>(slack.pools), static_cast<unsigned long long>(slack.agent),
-                static_cast<unsigned long long>(limit), static_cast<unsigned long long>(beyond));
+                static_cast<unsigned long long>(slack.pools), static_cast<unsigned long long>(slack.absorbed),
+                static_cast<unsigned long long>(slack.agent), static_cast<unsigned long long>(limit),
+                static_cast<unsigned long long>(beyond));
   Grant grant{bytes, false, false, what};
   report("refusal", detail, dev, rd, total, own, limit, d, &grant);
   return 1;
