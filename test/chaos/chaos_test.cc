@@ -287,6 +287,25 @@ TEST(ChaosMonitor, OutsideMemoryMeasuredIntoAnObjectExplainsARefusalByItsBytesOn
       << slurp(eight.path("violations"));
 }
 
+// The library's refusal path trims the process's pools (the driver has the
+// memory back) before it lowers their count: bytes the driver took back
+// inside another request that overlaps the refused one explain it, and only
+// those. The container holds 64 MiB of 64; B (1 MiB) frees 16 MiB inside its
+// request, then A is refused 8 MiB (48 + 8 + 1 + 16 > 64): no violation; with
+// the 16 MiB freed before B began, A's refusal is one (48 + 8 + 1 <= 64).
+TEST(ChaosMonitor, BytesTrimmedInsideAnOverlappingRequestExplainARefusalOnlyThen) {
+  Sandbox inside, before;
+  create_region(inside);
+  create_region(before);
+  const Env lag{{"FAKECUDA_MONITOR_LAG_MS", "60000"}};
+  Result ri = run({REFUSAL_OVERLAP, "reclaim"}, merge(monitored(inside, false), lag), 60000);
+  Result rb = run({REFUSAL_OVERLAP, "noreclaim"}, merge(monitored(before, false), lag), 60000);
+  EXPECT_EQ(value(ri, "judged", "a"), "0") << ri.describe() << slurp(inside.path("violations"));
+  EXPECT_EQ(value(rb, "judged", "a"), "1") << rb.describe();
+  EXPECT_NE(slurp(before.path("violations")).find("trimmed inside other requests 0,"), std::string::npos)
+      << slurp(before.path("violations"));
+}
+
 TEST(ChaosMonitor, ReportsARefusalAfterAnotherRequestEndedBeforeItBegan) {
   Sandbox box;
   std::string out;
