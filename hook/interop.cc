@@ -6,11 +6,14 @@
 // device-resident allowance, and
 // gives the bytes back at cuDestroyExternalMemory. A buffer mapped onto it
 // (cuExternalMemoryGetMappedBuffer) adds no memory and is freed with cuMemFree,
-// which finds no record of it and releases nothing (memory.cc). Semaphores
-// and mapped buffers pass through. docs/memory.md, "Graphics interop".
+// which finds no record of it and releases nothing (memory.cc); a counted
+// record at the address the driver gave the buffer is stale and released
+// (hook/memory.h, release_stale_linear). Semaphores pass through.
+// docs/memory.md, "Graphics interop".
 // gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
 
+#include "hook/memory.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
 
@@ -54,4 +57,16 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDestroyExternalMemory(CUexternalMemory extMem
   return free_counted(
       *g_imports, reinterpret_cast<std::uint64_t>(extMem), [&] { return real_cuDestroyExternalMemory(extMem); },
       [](std::uint64_t, const limiter::AllocRecord&) noexcept { return false; });
+}
+
+// No memory of its own: the address is new to the driver's map, so a record
+// of ours there is of memory gone (a destroyed context's allocation, whose
+// sweep asked about the address after the driver handed it to this buffer).
+GPUSLICE_EXPORT CUresult CUDAAPI cuExternalMemoryGetMappedBuffer(CUdeviceptr* devPtr, CUexternalMemory extMem,
+                                                                 const CUDA_EXTERNAL_MEMORY_BUFFER_DESC* bufferDesc) {
+  CUresult rc = ensure_ready();
+  if (rc != CUDA_SUCCESS) return rc;
+  rc = real_cuExternalMemoryGetMappedBuffer(devPtr, extMem, bufferDesc);
+  if (rc == CUDA_SUCCESS && devPtr != nullptr) release_stale_linear(*devPtr);
+  return rc;
 }

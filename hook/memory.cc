@@ -53,6 +53,7 @@ void sweep_implicitly_freed() noexcept {
 }
 
 bool pointer_gone(std::uint64_t key, const limiter::AllocRecord&) noexcept {
+  if (pools::g_slots_used.load(std::memory_order_relaxed) != 0 && pools::holds(key)) return true;
   if (real_cuMemGetAddressRange_v2 == nullptr) return false;
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -60,6 +61,11 @@ bool pointer_gone(std::uint64_t key, const limiter::AllocRecord&) noexcept {
   // Only "no such allocation" means freed; any other error (no current
   // context, ...) keeps the count: never release what may still be held.
   return rc == CUDA_ERROR_NOT_FOUND || rc == CUDA_ERROR_INVALID_VALUE;
+}
+
+void release_stale_linear(std::uint64_t key) noexcept {
+  limiter::AllocRecord rec{};
+  if (g_pointers->erase(key, &rec)) release_record(rec);
 }
 
 }  // namespace gpuslice::hook
@@ -78,6 +84,24 @@ CUresult spill_managed(CUdeviceptr* dptr, std::uint64_t bytes, unsigned flags = 
     real_cuMemAdvise_v2(*dptr, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host);  // advice only
   }
   return rc;
+}
+
+// cuMemFree of a stream-ordered allocation of ours (false, *rc untouched,
+// for any other pointer): its pool's record is taken before the driver call
+// (an address the driver hands out again at once, to another thread, is
+// never confused with this one) and settled after it.
+bool free_if_pool(CUdeviceptr dptr, CUresult* rc) noexcept {
+  pools::PoolState* st = nullptr;
+  std::uint64_t bytes = 0;
+  if (!pools::take_record(dptr, &st, &bytes)) return false;
+  CountingOp op;               // the last free of a destroyed pool frees the pool
+  release_stale_linear(dptr);  // while the allocation still holds the address
+  *rc = real_cuMemFree_v2(dptr);
+  if (*rc == CUDA_SUCCESS)
+    pools::freed(*st, bytes);
+  else
+    pools::record(dptr, *st, bytes);  // the driver refused: the allocation is still live
+  return true;
 }
 
 struct LinearAlloc {
@@ -214,13 +238,16 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  // A pool allocation of ours first: a record of the linear table at its
+  // address is stale (release_stale_linear), never what this frees.
+  if (pools::g_slots_used.load(std::memory_order_relaxed) != 0 && free_if_pool(dptr, &rc)) return rc;
   // A record taken before a reset began, freed in the driver after it ended:
   // the address may be another thread's allocation by then (hook/memory.h).
   const std::uint64_t mark = freed_behind_mark();
   rc = free_counted(
       *g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); },
       [&] {
-        const CUresult untracked = free_pool_or_untracked(dptr);
+        const CUresult untracked = real_cuMemFree_v2(dptr);
         if (untracked == CUDA_SUCCESS) freed_untracked(dptr);
         return untracked;
       },

@@ -186,6 +186,11 @@ inline bool record(CUdeviceptr ptr, const PoolState& st, std::uint64_t bytes) no
   const PoolRecord rec{bytes, static_cast<std::uint32_t>(&st - g_states)};
   return platform::record(g_records, ptr, rec, settle_stale);
 }
+// Whether `ptr` is a pool allocation of ours.
+inline bool holds(CUdeviceptr ptr) noexcept {
+  PoolRecord rec{};
+  return g_records.find(ptr, &rec);
+}
 // Exactly once per record; false if `ptr` is not a pool allocation of ours.
 inline bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) noexcept {
   PoolRecord rec{};
@@ -206,26 +211,3 @@ inline void freed(PoolState& st, std::uint64_t bytes) noexcept {
 }
 
 }  // namespace gpuslice::hook::pools
-
-namespace gpuslice::hook {
-
-// cuMemFree of a pointer the linear table does not hold (memory.cc): a
-// stream-ordered allocation (its pool's record is taken before the driver
-// call and settled after it) or memory we never counted (forwarded). One
-// relaxed load when no pool is known.
-inline CUresult free_pool_or_untracked(CUdeviceptr dptr) noexcept {
-  pools::PoolState* st = nullptr;
-  std::uint64_t bytes = 0;
-  // The record is taken before the driver call: an address the driver hands
-  // out again at once (to another thread) is never confused with this one.
-  if (pools::g_slots_used.load(std::memory_order_relaxed) == 0 || !pools::take_record(dptr, &st, &bytes))
-    return real_cuMemFree_v2(dptr);
-  const CUresult rc = real_cuMemFree_v2(dptr);
-  if (rc == CUDA_SUCCESS)
-    pools::freed(*st, bytes);
-  else
-    pools::record(dptr, *st, bytes);  // the driver refused: the allocation is still live
-  return rc;
-}
-
-}  // namespace gpuslice::hook

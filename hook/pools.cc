@@ -178,6 +178,7 @@ namespace {
 template <class RealFree>
 [[gnu::always_inline]] inline CUresult free_pool_pointer(CUdeviceptr dptr, PoolState& st, std::uint64_t bytes,
                                                          RealFree& real_free) noexcept {
+  release_stale_linear(dptr);  // while the allocation still holds the address (hook/memory.h)
   const CUresult rc = real_free();
   if (rc == CUDA_SUCCESS)
     pools::freed(st, bytes);

@@ -292,6 +292,43 @@ TEST(ChaosMonitor, ARefusalExplainedByAnOverlappingRequestThatEndedIsNoViolation
       << slurp(box.path("violations"));
 }
 
+// Memory the program allocated outside CUDA while gpuslice measured an object
+// of it (monitor_absorbed, monitor.h) explains a refusal by what it is and no
+// more: the container holds 48 MiB of 64 and is refused 8 MiB; with 9 MiB so
+// absorbed that is no violation, with 8 MiB it is (48 + 8 + 8 <= 64).
+TEST(ChaosMonitor, OutsideMemoryMeasuredIntoAnObjectExplainsARefusalByItsBytesOnly) {
+  Sandbox nine, eight;
+  create_region(nine);
+  create_region(eight);
+  const Env lag{{"FAKECUDA_MONITOR_LAG_MS", "60000"}};
+  Result r9 = run({REFUSAL_OVERLAP, "absorbed", "9"}, merge(monitored(nine, false), lag), 60000);
+  Result r8 = run({REFUSAL_OVERLAP, "absorbed", "8"}, merge(monitored(eight, false), lag), 60000);
+  EXPECT_EQ(value(r9, "judged", "b"), "0") << r9.describe() << slurp(nine.path("violations"));
+  EXPECT_EQ(value(r8, "judged", "b"), "1") << r8.describe();
+  EXPECT_NE(slurp(eight.path("violations")).find("outside memory measured into live objects 8388608"),
+            std::string::npos)
+      << slurp(eight.path("violations"));
+}
+
+// The library's refusal path trims the process's pools (the driver has the
+// memory back) before it lowers their count: bytes the driver took back
+// inside another request that overlaps the refused one explain it, and only
+// those. The container holds 64 MiB of 64; B (1 MiB) frees 16 MiB inside its
+// request, then A is refused 8 MiB (48 + 8 + 1 + 16 > 64): no violation; with
+// the 16 MiB freed before B began, A's refusal is one (48 + 8 + 1 <= 64).
+TEST(ChaosMonitor, BytesTrimmedInsideAnOverlappingRequestExplainARefusalOnlyThen) {
+  Sandbox inside, before;
+  create_region(inside);
+  create_region(before);
+  const Env lag{{"FAKECUDA_MONITOR_LAG_MS", "60000"}};
+  Result ri = run({REFUSAL_OVERLAP, "reclaim"}, merge(monitored(inside, false), lag), 60000);
+  Result rb = run({REFUSAL_OVERLAP, "noreclaim"}, merge(monitored(before, false), lag), 60000);
+  EXPECT_EQ(value(ri, "judged", "a"), "0") << ri.describe() << slurp(inside.path("violations"));
+  EXPECT_EQ(value(rb, "judged", "a"), "1") << rb.describe();
+  EXPECT_NE(slurp(before.path("violations")).find("trimmed inside other requests 0,"), std::string::npos)
+      << slurp(before.path("violations"));
+}
+
 TEST(ChaosMonitor, ReportsARefusalAfterAnotherRequestEndedBeforeItBegan) {
   Sandbox box;
   std::string out;
@@ -387,9 +424,9 @@ TEST(ChaosTorture, CiSubsetOfSeededSchedulesHasNoViolation) {
   // The monitor's default lag (250 ms) rather than the torture's 100 ms: CI
   // machines are loaded, and a thread descheduled between a grant and its
   // count must not fail the run (the checkpoints are exact regardless).
-  // The quota direction only (CMakeLists.txt says why refusals are not judged here).
+  // Both directions: the quota, and refusals with room.
   Result r = run({CHAOS_TORTURE, "--seeds", CHAOS_CI_SEEDS, "--classes", kCiClasses, "--procs", "2", "--threads", "2",
-                  "--ops", "100", "--lag", "250", "--no-refusals"},
+                  "--ops", "100", "--lag", "250"},
                  {}, 200000);
   EXPECT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("summary: "), std::string::npos) << r.describe();

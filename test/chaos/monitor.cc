@@ -466,6 +466,7 @@ void uncharged(int slot, unsigned dev, std::uint64_t bytes, int, const char*) {
   if (g_config.on && slot == g_slot) {
     land_managed();
     if (dev < kSimDevices) g_shared->freed[slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+    note_uncharge(dev, bytes);
   }
 }
 

@@ -34,5 +34,12 @@ void monitor_release_end();
 // How many memory pools (the device's default included) this process uses:
 // each may be counted up to one 2 MiB chunk above its reserve.
 void monitor_pools(unsigned count);
+// Memory this process allocated outside CUDA (a graphics API: interop) while
+// it created an object whose memory gpuslice measures (a context, module,
+// library or array: NVML's usage of the process after minus before the call)
+// and that still exists: gpuslice counts it in that object, once imported a
+// second time, until the object is destroyed (docs/memory-accounting.md,
+// "Chaos testing"). `bytes` is the whole amount for the process on `dev`.
+void monitor_absorbed(unsigned dev, std::uint64_t bytes);
 
 }  // namespace gpuslice::chaos

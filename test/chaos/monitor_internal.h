@@ -18,7 +18,7 @@ namespace gpuslice::chaos::internal {
 inline constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
 inline constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
 
-inline constexpr std::uint64_t kMonitorMagic = 0x344f54494e4f4d46ull;  // "FMONITO4": requests begun/ended
+inline constexpr std::uint64_t kMonitorMagic = 0x354f54494e4f4d46ull;  // "FMONITO5": absorbed outside memory
 inline constexpr std::uint32_t kWatches = 256;
 
 // Shared by every process of the simulated machine: <state>.monitor.
@@ -72,6 +72,14 @@ struct MonitorShared {
   std::atomic<std::uint64_t> unknown_begun[kSimSlots];
   std::atomic<std::uint64_t> unknown_ended[kSimSlots];
   std::atomic<std::uint32_t> pools[kSimSlots];
+  std::atomic<std::uint64_t> absorbed[kSimSlots][kSimDevices];  // monitor_absorbed
+  // Bytes the driver took back inside a request's own call (the library's
+  // refusal path trims the process's pools before it lowers their count),
+  // monotone: added at the uncharge, and again to `ended` when the request
+  // ended (its count lowered by then). Overlapping [t0, t1]: begun by t1 less
+  // ended by t0.
+  std::atomic<std::uint64_t> reclaimed_begun[kSimSlots][kSimDevices];
+  std::atomic<std::uint64_t> reclaimed_ended[kSimSlots][kSimDevices];
   std::atomic<std::uint64_t> refusals_judged;
   std::atomic<std::uint64_t> refusals_skipped;
 };
@@ -124,6 +132,9 @@ bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot);
 // managed grants in flight). State lock held.
 std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr);
 Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total);
+// An uncharge of this process (the observer's): one inside the calling
+// thread's request in flight counts as reclaimed (refusal.cc).
+void note_uncharge(unsigned dev, std::uint64_t bytes);
 // gpuslice's count of what the device may hold (without / with agent_extra_bytes).
 std::uint64_t resident_used(const DeviceState& d);
 std::uint64_t resident_count(const DeviceState& d);

@@ -30,13 +30,15 @@ struct Member {
   std::uint64_t release_ended;
   std::uint64_t unknown_ended;
   std::uint64_t request_ended;
+  std::uint64_t reclaimed_ended;
 };
 constexpr int kMembers = 64;
 thread_local std::uint64_t t_request = 0;
 thread_local std::uint32_t t_request_dev = 0;
 thread_local std::uint64_t t_request_ns = 0;
 thread_local int t_request_slot = -1;
-thread_local int t_members = -1;  // -1: too many to record (not judged)
+thread_local std::uint64_t t_request_reclaimed = 0;  // uncharged inside this thread's request in flight
+thread_local int t_members = -1;                     // -1: too many to record (not judged)
 thread_local Member t_member[kMembers];
 
 // The documented conservative transients that may stand between what the
@@ -49,7 +51,9 @@ struct Slack {
   std::uint64_t releasing = 0;   // frees in flight at the refusal or since its start (freed, maybe still counted)
   std::uint64_t pools = 0;       // 2 MiB per pool in use: counted up to one chunk above its reserve
   std::uint64_t agent = 0;       // agent_extra_bytes while the agent's heartbeat is fresh
-  std::uint64_t total() const { return freed + requesting + releasing + pools + agent; }
+  std::uint64_t absorbed = 0;    // outside memory measured into a live object (monitor_absorbed)
+  std::uint64_t reclaimed = 0;   // trimmed by the driver inside other requests overlapping this one
+  std::uint64_t total() const { return freed + requesting + releasing + pools + agent + absorbed + reclaimed; }
 };
 bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Slack* out, const char** why) {
   for (int k = 0; k < t_members; ++k) {
@@ -70,15 +74,20 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
     // Requests overlapping this one: begun by now, not ended at its start
     // (this one is begun and not ended: taken out below).
     std::uint64_t requesting = g_shared->request_begun[i][dev].load(std::memory_order_relaxed);
+    // Trims inside requests overlapping this one, as requests (this one's own
+    // reclaim lowered its count before it refused: taken out below).
+    std::uint64_t reclaimed = g_shared->reclaimed_begun[i][dev].load(std::memory_order_relaxed);
     for (int k = 0; k < t_members; ++k) {
       if (t_member[k].slot == i) {
         freed -= t_member[k].freed;
         releasing -= t_member[k].release_ended;
         unknown -= t_member[k].unknown_ended;
         requesting -= t_member[k].request_ended;
+        reclaimed -= t_member[k].reclaimed_ended;
       }
     }
     if (i == g_slot) requesting -= t_request;
+    if (i == g_slot) reclaimed -= t_request_reclaimed;
     if (unknown != 0) {
       *why = "a free of unknown size (arrays, contexts, modules) ran during the request";
       return false;
@@ -87,6 +96,8 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
     out->releasing += releasing;
     out->requesting += requesting;
     out->pools += std::uint64_t{g_shared->pools[i].load(std::memory_order_relaxed)} << 21;
+    out->absorbed += g_shared->absorbed[i][dev].load(std::memory_order_relaxed);
+    out->reclaimed += reclaimed;
   }
   const std::uint64_t beat = r.header.agent_heartbeat_ns.load(std::memory_order_acquire);
   const std::uint64_t now = fakecuda_now_ns();
@@ -103,6 +114,17 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
 
 void monitor_pools(unsigned count) {
   if (g_config.on && g_slot >= 0) g_shared->pools[g_slot].store(count, std::memory_order_relaxed);
+}
+
+void internal::note_uncharge(unsigned dev, std::uint64_t bytes) {
+  if (t_request == 0 || t_request_slot != g_slot || dev != t_request_dev) return;
+  t_request_reclaimed += bytes;
+  g_shared->reclaimed_begun[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void monitor_absorbed(unsigned dev, std::uint64_t bytes) {
+  if (g_config.on && g_slot >= 0 && dev < g_devices)
+    g_shared->absorbed[g_slot][dev].store(bytes, std::memory_order_relaxed);
 }
 
 thread_local std::uint64_t t_release = 0;
@@ -153,10 +175,12 @@ void monitor_request_begin(unsigned dev, std::uint64_t bytes) {
                              g_shared->freed[i][dev].load(std::memory_order_relaxed),
                              g_shared->release_ended[i][dev].load(std::memory_order_relaxed),
                              g_shared->unknown_ended[i].load(std::memory_order_relaxed),
-                             g_shared->request_ended[i][dev].load(std::memory_order_relaxed)};
+                             g_shared->request_ended[i][dev].load(std::memory_order_relaxed),
+                             g_shared->reclaimed_ended[i][dev].load(std::memory_order_relaxed)};
   }
   fakecuda_state_unlock();
   t_request = bytes;
+  t_request_reclaimed = 0;
   t_request_dev = dev;
   t_request_slot = g_slot;
   t_request_ns = fakecuda_now_ns();
@@ -175,6 +199,9 @@ int monitor_request_end(bool refused, const char* what) {
     ~Ended() {
       t_request = 0;
       if (g_slot >= 0) g_shared->request_ended[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+      if (g_slot >= 0 && t_request_reclaimed != 0)
+        g_shared->reclaimed_ended[g_slot][dev].fetch_add(t_request_reclaimed, std::memory_order_relaxed);
+      t_request_reclaimed = 0;
     }
   } ended{bytes, dev};
   if (!refused) return 0;
@@ -226,17 +253,19 @@ int monitor_request_end(bool refused, const char* what) {
   // the bytes that made the difference (thread reserves, spare not taken...).
   const std::uint64_t count = resident_count(d) + (g_config.spill ? held - total : 0);
   const std::uint64_t beyond = count > held + slack.total() ? count - held - slack.total() : 0;
-  char detail[640];
+  char detail[768];
   std::snprintf(detail, sizeof(detail),
                 "%s of %llu bytes refused (CUDA_ERROR_OUT_OF_MEMORY) while the container holds %llu: %llu + %llu + "
                 "documented slack %llu (freed during the request %llu, other requests overlapping it %llu, frees in "
-                "flight %llu, pools %llu, fresh agent_extra_bytes %llu) <= limit %llu; gpuslice counts %llu bytes "
-                "the device does not hold beyond that slack",
+                "flight %llu, pools %llu, trimmed inside other requests %llu, outside memory measured into live "
+                "objects %llu, fresh agent_extra_bytes %llu) <= limit %llu; gpuslice counts %llu bytes the device "
+                "does not hold beyond that slack",
                 what, static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(held),
                 static_cast<unsigned long long>(held), static_cast<unsigned long long>(bytes),
                 static_cast<unsigned long long>(slack.total()), static_cast<unsigned long long>(slack.freed),
                 static_cast<unsigned long long>(slack.requesting), static_cast<unsigned long long>(slack.releasing),
-                static_cast<unsigned long long>(slack.pools), static_cast<unsigned long long>(slack.agent),
+                static_cast<unsigned long long>(slack.pools), static_cast<unsigned long long>(slack.reclaimed),
+                static_cast<unsigned long long>(slack.absorbed), static_cast<unsigned long long>(slack.agent),
                 static_cast<unsigned long long>(limit), static_cast<unsigned long long>(beyond));
   Grant grant{bytes, false, false, what};
   report("refusal", detail, dev, rd, total, own, limit, d, &grant);

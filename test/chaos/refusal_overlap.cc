@@ -5,11 +5,19 @@
 // monitor directly, each refused: A of 24 MiB, then B of 8 MiB.
 //   refusal_overlap overlap   B begins while A is in flight; A ends first
 //   refusal_overlap apart     B begins after A ended
-// Prints "judged a=R b=R" (1: a violation reported).
+//   refusal_overlap absorbed MIB   only B, with MIB MiB reported as memory
+//                                  allocated outside CUDA that gpuslice
+//                                  measured into a live object (monitor_absorbed)
+//   refusal_overlap reclaim    B (1 MiB) frees 16 MiB more inside its request
+//                              (as the library's reclaim trims pools before
+//                              lowering their count), then A (8 MiB) is refused
+//   refusal_overlap noreclaim  the same with the 16 MiB freed before B began
+// Prints "judged a=R b=R" (1: a violation reported; -1: not asked).
 #include <cuda.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -25,8 +33,9 @@ void await(int step) {
 int main(int argc, char** argv) {
   using gpuslice::chaos::monitor_request_begin;
   using gpuslice::chaos::monitor_request_end;
-  if (argc != 2) return 2;
+  if (argc != 2 && argc != 3) return 2;
   const bool overlap = std::strcmp(argv[1], "overlap") == 0;
+  const bool absorbed = std::strcmp(argv[1], "absorbed") == 0 && argc == 3;
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   CUdeviceptr held = 0;
@@ -37,6 +46,33 @@ int main(int argc, char** argv) {
     return 1;
   }
   int a = -1, b = -1;
+  const bool reclaim = std::strcmp(argv[1], "reclaim") == 0;
+  if (reclaim || std::strcmp(argv[1], "noreclaim") == 0) {
+    CUdeviceptr more = 0;
+    if (cuMemAlloc(&more, 16u << 20) != CUDA_SUCCESS) return 1;
+    if (!reclaim) cuMemFree(more);
+    std::thread tb([&] {
+      monitor_request_begin(0, 1u << 20);
+      if (reclaim) cuMemFree(more);
+      g_step.store(1);
+      await(2);
+      b = monitor_request_end(false, "cuMemAlloc");
+    });
+    await(1);
+    monitor_request_begin(0, 8u << 20);
+    a = monitor_request_end(true, "cuMemAlloc");
+    g_step.store(2);
+    tb.join();
+    std::printf("judged a=%d b=%d\n", a, b);
+    return 0;
+  }
+  if (absorbed) {
+    gpuslice::chaos::monitor_absorbed(0, std::strtoull(argv[2], nullptr, 10) << 20);
+    monitor_request_begin(0, 8u << 20);
+    b = monitor_request_end(true, "cuMemAlloc");
+    std::printf("judged a=%d b=%d\n", a, b);
+    return 0;
+  }
   std::thread ta([&] {
     monitor_request_begin(0, 24u << 20);
     g_step.store(1);

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -48,6 +49,88 @@ struct Held {
   CUlibrary library = nullptr;
   CUexternalMemory ext = nullptr;  // interop: the import (ptr: its mapped buffer, or 0)
   std::uint64_t graphics = 0;      // interop: the graphics allocation
+  std::vector<int> absorbed;       // measured objects: outside allocations during their creation (Absorbed)
+};
+
+// Memory allocated outside CUDA (interop's graphics allocations) while this
+// process creates an object gpuslice measures (NVML usage after minus before
+// the call: contexts, modules, libraries, arrays, the primary context) is
+// counted in that object until it is destroyed, and once imported a second
+// time: a documented transient (monitor_absorbed, monitor.h). Each graphics
+// allocation is an event; an event counts while a measured object whose
+// creation overlapped it lives (or a measured call overlapping it is in
+// flight): the bytes are in at most one of them, gone when all are.
+class Absorbed {
+ public:
+  explicit Absorbed(CUdevice& dev) : dev_(dev) {}
+  std::uint64_t measured_begin() {
+    std::lock_guard<std::mutex> g(mu_);
+    const std::uint64_t token = ++next_;
+    std::vector<int>& events = measuring_[token];
+    for (int e : graphics_) attach(e, &events);
+    return token;
+  }
+  // The measured call returned: its events go to `into` (the object made),
+  // or are dropped (nothing made).
+  void measured_end(std::uint64_t token, std::vector<int>* into) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = measuring_.find(token);
+    if (it == measuring_.end()) return;
+    if (into != nullptr) {
+      into->insert(into->end(), it->second.begin(), it->second.end());
+    } else {
+      drop_locked(it->second);
+    }
+    measuring_.erase(it);
+    publish_locked();
+  }
+  int graphics_begin(std::uint64_t bytes) {
+    std::lock_guard<std::mutex> g(mu_);
+    const int e = static_cast<int>(events_.size());
+    events_.push_back({bytes, 0});
+    graphics_.push_back(e);
+    for (auto& [token, events] : measuring_) attach(e, &events);
+    publish_locked();
+    return e;
+  }
+  void graphics_end(int e) {
+    std::lock_guard<std::mutex> g(mu_);
+    graphics_.erase(std::find(graphics_.begin(), graphics_.end(), e));
+  }
+  // The object that held `events` was destroyed.
+  void destroyed(std::vector<int>& events) {
+    std::lock_guard<std::mutex> g(mu_);
+    drop_locked(events);
+    publish_locked();
+  }
+  std::vector<int> primary;  // the primary context's (dropped at its reset); guarded by the callers' order
+
+ private:
+  struct Event {
+    std::uint64_t bytes;
+    int refs;
+  };
+  void attach(int e, std::vector<int>* to) {
+    to->push_back(e);
+    ++events_[static_cast<std::size_t>(e)].refs;
+  }
+  void drop_locked(std::vector<int>& events) {
+    for (int e : events) --events_[static_cast<std::size_t>(e)].refs;
+    events.clear();
+  }
+  void publish_locked() {
+    std::uint64_t total = 0;
+    for (const Event& ev : events_) {
+      if (ev.refs > 0) total += ev.bytes;
+    }
+    monitor_absorbed(static_cast<unsigned>(dev_), total);
+  }
+  CUdevice& dev_;
+  std::mutex mu_;
+  std::uint64_t next_ = 0;
+  std::map<std::uint64_t, std::vector<int>> measuring_;
+  std::vector<int> graphics_;  // graphics allocations in flight
+  std::vector<Event> events_;
 };
 
 // All threads of the worker meet every kCheckpointEvery operations; the last
@@ -89,6 +172,8 @@ struct Shared {
   std::vector<CUmemoryPool> pools;  // created pools (setpool and from-pool allocations)
   CUmemoryPool default_pool = nullptr;
   bool pool_allocs = false;  // the "pool" class: allocations from pools (monitor_pools)
+  Absorbed absorbed{dev};
+  std::mutex primary_mu;  // Absorbed::primary
 };
 
 std::string image_with_global(std::size_t bytes, unsigned tag) {
@@ -172,7 +257,19 @@ class Worker {
     const bool unknown = c == "pitch" || c == "array" || c == "context" || c == "primary" || c == "module" ||
                          c == "library" || c == "interop";
     if (unknown) monitor_release_begin(static_cast<unsigned>(s_.dev), 0);
+    // Objects gpuslice measures: what the program allocates outside CUDA
+    // meanwhile is counted in them (Absorbed).
+    const bool measured = c == "context" || c == "module" || c == "library" || c == "array" || c == "primary";
+    const std::uint64_t token = measured ? s_.absorbed.measured_begin() : 0;
     op_inner(c);
+    if (measured) {
+      if (c == "primary") {  // the primary context lives until a reset (the worker keeps a reference)
+        std::lock_guard<std::mutex> g(s_.primary_mu);
+        s_.absorbed.measured_end(token, &s_.absorbed.primary);
+      } else {
+        s_.absorbed.measured_end(token, held_.size() > before ? &held_.back().absorbed : nullptr);
+      }
+    }
     if (unknown) monitor_release_end();
     if (held_.size() > before) ++granted_;
   }
@@ -266,6 +363,10 @@ class Worker {
     } else if (c == "primary") {
       if (rng_.chance(10)) {
         cuDevicePrimaryCtxReset(s_.dev);
+        {
+          std::lock_guard<std::mutex> g(s_.primary_mu);
+          s_.absorbed.destroyed(s_.absorbed.primary);  // went with the context
+        }
         CUcontext ctx = nullptr;
         cuDevicePrimaryCtxRetain(&ctx, s_.dev);  // the worker's own reference again
         cuCtxSetCurrent(s_.primary);
@@ -383,7 +484,9 @@ class Worker {
     Held h;
     h.kind = Kind::ext;
     h.size = size();
+    const int event = s_.absorbed.graphics_begin(h.size);
     h.graphics = fakecuda_graphics_alloc(s_.dev, h.size);
+    s_.absorbed.graphics_end(event);
     if (h.graphics == 0) return;
     CUDA_EXTERNAL_MEMORY_HANDLE_DESC d{};
     d.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
@@ -484,6 +587,7 @@ class Worker {
       case Kind::vmm: released(h.size, [&] { release_vmm(h); }); break;
       default: released(0, [&] { release_other(h); }); break;
     }
+    if (!h.absorbed.empty()) s_.absorbed.destroyed(h.absorbed);  // gone with the object
   }
 
   void release_vmm(Held& h) {

@@ -125,5 +125,46 @@ TEST(ImplicitFreeRace, AStaleFreeBegunBeforeTheResetLeavesNothingCounted) {
   }
 }
 
+// A context's allocation at X, freed with the context, while another thread
+// allocates from a pool and the driver hands it X again before the sweep
+// after the destroy asks about X (programs/pool_address_race.cc). The
+// destroyed context's record of X was then kept (X known to the driver
+// again), and the program's cuMemFree of its pool allocation at X found that
+// record first: it released the stale record and left the pool allocation's
+// bytes outstanding, counted above the pool's reserve until the process ended
+// (the chaos suite's `pool` + `context` refusals with room: 8-12 MiB beyond
+// the slack). A record of one table at an address another table's newer
+// allocation holds is stale, as within one table (platform::record).
+TEST(ImplicitFreeRace, AContextsRecordAtAnAddressAPoolAllocationTookIsNotCountedTwice) {
+  Sandbox box;
+  const Probe pool_race{{"pool_address_race"}, 120000};
+  Result r = pool_race(
+      box,
+      merge(race_env("cuMemGetAddressRange_v2"), {{"FAKECUDA_CHAOS_SLEEP_US", "20000"}, {"FAKECUDA_CHAOS_SEED", "7"}}),
+      {"8", "10"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_GT(number(r, "race", "hits"), 0) << "no pool allocation got the context's address: not exercised\n" << r.out;
+  EXPECT_EQ(number(r, "after", "used"), 0) << "freed memory shown as used\n" << r.out;
+  EXPECT_EQ(number(r, "after", "big_rc"), 0) << "refused with the device empty\n" << r.out;
+}
+
+// The same with a buffer mapped onto imported graphics memory
+// (cuExternalMemoryGetMappedBuffer: an address the driver hands out, no memory
+// of its own, which gpuslice records nowhere) taking X. Before: the stale
+// record of X stayed counted for as long as the buffer was held (till its
+// cuMemFree found it), MIB MiB shown as used that the device did not hold.
+TEST(ImplicitFreeRace, AContextsRecordAtAnAddressAMappedBufferTookIsReleased) {
+  Sandbox box;
+  const Probe pool_race{{"pool_address_race"}, 120000};
+  Result r = pool_race(
+      box,
+      merge(race_env("cuMemGetAddressRange_v2"), {{"FAKECUDA_CHAOS_SLEEP_US", "20000"}, {"FAKECUDA_CHAOS_SEED", "7"}}),
+      {"8", "10", "mapped"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_GT(number(r, "race", "hits"), 0) << "no mapped buffer got the context's address: not exercised\n" << r.out;
+  for (const std::string& over : values(r, "round", "over")) EXPECT_EQ(over, "0") << r.out;
+  EXPECT_EQ(number(r, "after", "used"), 0) << "freed memory shown as used\n" << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test
