@@ -450,13 +450,10 @@ bool settle_growth(PoolState& st) noexcept {
 // can release it (the driver keeps frees it has not seen complete).
 void undo_growth(PoolState& st, CUdeviceptr dptr, std::uint64_t bytes, CUstream stream, bool per_thread) noexcept {
   st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
-  const CUresult rc = per_thread ? real_cuMemFreeAsync_ptsz(dptr, stream) : real_cuMemFreeAsync(dptr, stream);
-  if (rc == CUDA_SUCCESS) {
-    if (per_thread)
-      real_cuStreamSynchronize_ptsz(stream);
-    else
-      real_cuStreamSynchronize(stream);
-  }
+  const auto free_async = per_thread ? real_cuMemFreeAsync_ptsz : real_cuMemFreeAsync;
+  const auto synchronize = per_thread ? real_cuStreamSynchronize_ptsz : real_cuStreamSynchronize;
+  const CUresult rc = free_async != nullptr ? free_async(dptr, stream) : CUDA_ERROR_NOT_SUPPORTED;
+  if (rc == CUDA_SUCCESS && synchronize != nullptr) synchronize(stream);
   if (real_cuMemPoolTrimTo != nullptr)
     real_cuMemPoolTrimTo(st.handle.load(std::memory_order_relaxed), st.outstanding.load(std::memory_order_seq_cst));
   if (rc != CUDA_SUCCESS) {  // still allocated: stays counted (never short), the caller is told it failed
