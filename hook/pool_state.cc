@@ -408,8 +408,65 @@ void reclaim_all() noexcept {
 // went back to its pool (a cuMemFree racing with this allocation).
 void settle_stale(const PoolRecord& rec) noexcept { freed(g_states[rec.slot], rec.bytes); }
 
-CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealAllocFn real_alloc,
-                       void* ctx) noexcept {
+namespace {
+
+// The driver grows a pool in steps of its own choosing (the reserve size is
+// implementation-defined): after a growth it may hold more than the chunks
+// grow_locked() reserved. The excess is reserved against the quota (and the
+// resident allowance: pool memory cannot spill; under `wait` this does not
+// wait, the pool's mutex is held) before the allocation is handed out.
+bool admit_excess(PoolState& st, std::uint64_t excess) noexcept {
+  const int entry = st.entry.load(std::memory_order_relaxed);
+  t_growing = &st;
+  const bool ok = reserve(entry, excess);
+  t_growing = nullptr;
+  if (!ok) return false;
+  if (oversubscribing() && over_allowance(entry) &&
+      (config().options.oversubscribe == options::kOversubscribeWait || !resident_admits(entry))) {
+    give_back(entry, excess);
+    return false;
+  }
+  st.counted.fetch_add(excess, std::memory_order_seq_cst);
+  return true;
+}
+
+// Holds the reserve the driver reports after a growth to what may be
+// counted: true when it is counted (admitted, or trimmed back to the count).
+bool settle_growth(PoolState& st) noexcept {
+  CUmemoryPool pool = st.handle.load(std::memory_order_relaxed);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::uint64_t reserved = 0;
+    if (!reserve_of(pool, &reserved)) return true;  // the driver cannot say: reconcile_locked keeps the count
+    const std::uint64_t c = st.counted.load(std::memory_order_seq_cst);
+    if (reserved <= c || admit_excess(st, reserved - c)) return true;
+    if (attempt == 0 && real_cuMemPoolTrimTo != nullptr)
+      real_cuMemPoolTrimTo(pool, st.outstanding.load(std::memory_order_seq_cst));
+  }
+  return false;
+}
+
+// The allocation just made pushed the reserve past what may be counted:
+// freed, in its stream's order, and the stream waited for so that the trim
+// can release it (the driver keeps frees it has not seen complete).
+void undo_growth(PoolState& st, CUdeviceptr dptr, std::uint64_t bytes, CUstream stream, bool per_thread) noexcept {
+  st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
+  const auto free_async = per_thread ? real_cuMemFreeAsync_ptsz : real_cuMemFreeAsync;
+  const auto synchronize = per_thread ? real_cuStreamSynchronize_ptsz : real_cuStreamSynchronize;
+  const CUresult rc = free_async != nullptr ? free_async(dptr, stream) : CUDA_ERROR_NOT_SUPPORTED;
+  if (rc == CUDA_SUCCESS && synchronize != nullptr) synchronize(stream);
+  if (real_cuMemPoolTrimTo != nullptr)
+    real_cuMemPoolTrimTo(st.handle.load(std::memory_order_relaxed), st.outstanding.load(std::memory_order_seq_cst));
+  if (rc != CUDA_SUCCESS) {  // still allocated: stays counted (never short), the caller is told it failed
+    GPUSLICE_WARN_CAPPED(3, "could not free a pool allocation refused after the pool's growth: %d",
+                         static_cast<int>(rc));
+    st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
+  }
+}
+
+}  // namespace
+
+CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstream stream, bool per_thread,
+                       RealAllocFn real_alloc, void* ctx) noexcept {
   // A counting operation: its callers (pools.cc) bracket the whole
   // allocation, from the look at the pool to the settle (not nested here: a
   // nested bracket would read as finished while the outer one runs).
@@ -468,7 +525,15 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, Re
     return rc;
   }
   // Settle on the reserve the driver reports: a reserve that grew by more
-  // than the chunks we predicted is charged now, not at the next sync.
+  // than the chunks we predicted is reserved now (or trimmed, or the
+  // allocation refused), not charged unchecked at the next sync.
+  if (!settle_growth(st)) {
+    undo_growth(st, *dptr, bytes, stream, per_thread);
+    *dptr = 0;
+    reconcile_locked(st, false);
+    finalize_if_drained(st);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   reconcile_locked(st, false);
   if (!record(*dptr, st, bytes)) record_failed();
   return rc;

@@ -159,10 +159,14 @@ void await_other_reclaims() noexcept;
 // calls real_alloc(ctx) (the caller brackets it all as one counting
 // operation, measure.h), settles on the
 // driver's reserve and records the pointer. On failure `outstanding` is
-// given back and the count is what the driver holds.
+// given back and the count is what the driver holds. A reserve the driver
+// grew past the count (its growth step is its own) is reserved against the
+// quota and the allowance; what does not fit is trimmed, and if it still
+// does not fit the allocation is freed on `stream` and refused.
 using RealAllocFn = CUresult (*)(void* ctx) noexcept;
 [[gnu::cold, gnu::noinline]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
-                                                    RealAllocFn real_alloc, void* ctx) noexcept;
+                                                    CUstream stream, bool per_thread, RealAllocFn real_alloc,
+                                                    void* ctx) noexcept;
 // cuMemPoolDestroy of a registered pool: a last reconciliation, the driver
 // call, then the count goes now or with the pool's last allocation.
 CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept;

@@ -45,8 +45,8 @@ CUresult forward(RealAlloc& real_alloc) noexcept {
 
 // `destroyed(real_alloc)`: the pool is destroyed (never a host pool).
 template <class RealAlloc, class Destroyed = CUresult (*)(RealAlloc&) noexcept>
-CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealAlloc&& real_alloc,
-                    Destroyed destroyed = forward<RealAlloc>) noexcept {
+CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstream stream, bool per_thread,
+                    RealAlloc&& real_alloc, Destroyed destroyed = forward<RealAlloc>) noexcept {
   // Host-located pools hold nothing on a device.
   if (__builtin_expect((st.host.load(std::memory_order_relaxed) | st.destroyed.load(std::memory_order_relaxed)) != 0,
                        0))
@@ -63,7 +63,7 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, RealA
   if (__builtin_expect(st.outstanding.load(std::memory_order_seq_cst) > limit || bytes > pools::kHugeBytes, 0)) {
     using Fn = std::remove_reference_t<RealAlloc>;
     return pools::alloc_growing(
-        st, bytes, dptr, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc);
+        st, bytes, dptr, stream, per_thread, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc);
   }
   const CUresult rc = real_alloc();
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {
@@ -111,9 +111,9 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, bool per_
   // A destroyed pool is no device's current pool (the driver made the
   // default pool current again): the allocation is never forwarded
   // uncounted, the current pool is looked up again.
-  return alloc_from(*st, bytes, dptr, real, [&](auto& again) noexcept {
+  return alloc_from(*st, bytes, dptr, stream, per_thread, real, [&](auto& again) noexcept {
     PoolState* now = pools::current_pool_after_destroy(ordinal, &rc);
-    return now == nullptr ? rc : alloc_from(*now, bytes, dptr, again, [](auto&) noexcept {
+    return now == nullptr ? rc : alloc_from(*now, bytes, dptr, stream, per_thread, again, [](auto&) noexcept {
       return CUDA_ERROR_OUT_OF_MEMORY;  // destroyed again meanwhile: refused, never uncounted
     });
   });
@@ -135,7 +135,7 @@ template <class RealAlloc>
     return real();  // not a pool the driver knows: its error, nothing to count
   PoolState* st = pools::track(pool, entry, false);
   if (st == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  return alloc_from(*st, bytes, dptr, real);
+  return alloc_from(*st, bytes, dptr, stream, per_thread, real);
 }
 
 CUresult alloc_from_pool_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
@@ -150,7 +150,7 @@ CUresult alloc_from_pool_async(CUdeviceptr* dptr, size_t bytes, CUmemoryPool poo
   CountingOp op;  // a growth changes the device's usage (the fast path, as the driver may, too)
   PoolState* st = pools::find(pool);
   if (__builtin_expect(st == nullptr, 0)) return alloc_from_unknown_pool(dptr, bytes, pool, stream, per_thread, real);
-  return alloc_from(*st, bytes, dptr, real);
+  return alloc_from(*st, bytes, dptr, stream, per_thread, real);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // Stream-ordered allocation and memory pools. The model: a pool reserves device
-// memory in 2 MiB chunks (charged to the device); allocations use the reserve;
+// memory in growth steps (charged to the device; 2 MiB, or
+// FAKECUDA_POOL_GROWTH_BYTES: the driver's step is implementation-defined);
+// allocations use the reserve; a trim releases whole steps no allocation uses;
 // a free returns bytes to the pool, which keeps them reserved; at a
 // synchronisation point (stream/context/event synchronize) each pool of the
 // device trims its unused reserve down to its release threshold (default 0);
@@ -43,6 +45,23 @@ CUmemPoolHandle_st* g_current_pool[kMaxDevices] = {};
 
 std::uint64_t round_up(std::uint64_t value, std::uint64_t to) { return (value + to - 1) / to * to; }
 
+// The step a pool's reserve grows and is trimmed by (README, "Test knobs"):
+// a multiple of 2 MiB, read once (under the runtime mutex).
+std::uint64_t growth_step() {
+  static std::uint64_t step = 0;
+  if (step != 0) return step;
+  step = kChunk;
+  if (const char* text = std::getenv("FAKECUDA_POOL_GROWTH_BYTES"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(text, &end, 10);
+    if (*end != '\0' || v == 0 || v % kChunk != 0 || v > (std::uint64_t{1} << 40))
+      std::fprintf(stderr, "fakecuda: FAKECUDA_POOL_GROWTH_BYTES=%s: expected a multiple of 2 MiB; ignored\n", text);
+    else
+      step = v;
+  }
+  return step;
+}
+
 CUmemPoolHandle_st* default_pool_locked(std::uint32_t dev) {
   if (g_default_pool[dev] == nullptr) {
     CUmemPoolHandle_st* pool = g_pools.make();
@@ -54,10 +73,12 @@ CUmemPoolHandle_st* default_pool_locked(std::uint32_t dev) {
   return g_default_pool[dev];
 }
 
-// Releases whole chunks of unused reserve while the reserve is above `keep`.
+// Releases whole growth steps of unused reserve while the reserve is above
+// `keep` (a step an allocation uses stays).
 void trim_locked(CUmemPoolHandle_st* pool, std::uint64_t keep) {
   if (keep >= pool->reserved) return;
-  std::uint64_t target = std::max(round_up(pool->used, kChunk), round_up(keep, kChunk));
+  const std::uint64_t step = growth_step();
+  std::uint64_t target = std::max(round_up(pool->used, step), round_up(keep, step));
   if (target >= pool->reserved) return;
   if (!pool->host) uncharge_device(pool->device, pool->reserved - target);
   pool->reserved = target;
@@ -72,15 +93,18 @@ void trim_device_pools_locked(std::uint32_t dev, bool to_used) {
 
 CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_st* ctx, CUdeviceptr* out) {
   if (pool->used + size > pool->reserved) {
-    std::uint64_t grow = round_up(pool->used + size - pool->reserved, kChunk);
+    // A whole step, or (where a step passes the pool's limit) 2 MiB chunks.
+    std::uint64_t grow = round_up(pool->used + size - pool->reserved, growth_step());
     std::uint64_t limit = pool->max_size != 0 ? pool->max_size : state().header().memory_bytes;
+    if (pool->reserved + grow > limit) grow = round_up(pool->used + size - pool->reserved, kChunk);
     if (pool->reserved + grow > limit) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = pool->host ? CUDA_SUCCESS : charge_device(pool->device, grow);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
       // Like the driver, give back the unused reserve of this process's pools
       // on the device before failing.
       trim_device_pools_locked(pool->device, true);
-      grow = round_up(pool->used + size - pool->reserved, kChunk);
+      grow = round_up(pool->used + size - pool->reserved, growth_step());
+      if (pool->reserved + grow > limit) grow = round_up(pool->used + size - pool->reserved, kChunk);
       rc = charge_device(pool->device, grow);
     }
     if (rc != CUDA_SUCCESS) return rc;

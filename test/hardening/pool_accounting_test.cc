@@ -98,5 +98,38 @@ TEST(PoolAccounting, OversizeAllocationRacingAReconciliationIsAlwaysRefused) {
   EXPECT_GE(unsigned_number(r, "oversize", "counted"), unsigned_number(r, "oversize", "held")) << r.out;
 }
 
+// The driver grows a pool by steps of its own choosing (here 32 MiB): a
+// growth whose reserve passes the quota or the resident allowance is
+// trimmed back, or refused, so the device never holds more than either
+// once the call returned; what fits in a pool's reserve is still admitted.
+void expect_coarse_growth_held(const Env& env) {
+  Sandbox box;
+  Env all = env;
+  all["FAKECUDA_POOL_GROWTH_BYTES"] = std::to_string(32 * kMi);
+  Result r = probe(box, all, {"coarse", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(unsigned_number(r, "coarse", "first_held"), 32 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "coarse", "second_rc"), static_cast<unsigned long long>(CUDA_ERROR_OUT_OF_MEMORY))
+      << r.out;
+  EXPECT_EQ(unsigned_number(r, "coarse", "second_held"), 32 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "coarse", "third_rc"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "coarse", "held"), 32 * kMi) << r.out;
+  EXPECT_GE(unsigned_number(r, "coarse", "counted"), unsigned_number(r, "coarse", "held")) << r.out;
+}
+
+TEST(PoolAccounting, CoarseDriverGrowthPastTheQuotaIsRefused) {
+  expect_coarse_growth_held({{"GPUSLICE_MEMORY_LIMIT", "48Mi"}});
+}
+
+TEST(PoolAccounting, CoarseDriverGrowthPastTheResidentAllowanceIsRefused) {
+  for (const char* mode : {"fail", "spill", "wait"}) {
+    SCOPED_TRACE(mode);
+    expect_coarse_growth_held({{"GPUSLICE_MEMORY_LIMIT", "1Gi"},
+                               {"GPUSLICE_MEMORY_RESIDENT", "48Mi"},
+                               {"GPUSLICE_OVERSUBSCRIBE", mode},
+                               {"GPUSLICE_OVERSUBSCRIBE_WAIT", "200ms"}});
+  }
+}
+
 }  // namespace
 }  // namespace gpuslice::test

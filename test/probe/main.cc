@@ -110,6 +110,7 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return pool::driver_oom(a.mib(0), a.mib(1)); }},
     {"pool", "threads", "ROUNDS", kInit, [](const Args& a) { return pool::threads(a.number<int>(0)); }},
     {"pool", "oversize", "ROUNDS MIB", kInit, [](const Args& a) { return pool::oversize(a.number<int>(0), a.mib(1)); }},
+    {"pool", "coarse", "MIB", kInit, [](const Args& a) { return pool::coarse(a.mib(0)); }},
 
     {"pool-race", "reconcile-order", "MIB", kInit, [](const Args& a) { return pool_race::reconcile_order(a.mib(0)); }},
     {"pool-race", "set-mempool", "MIB", kInit, [](const Args& a) { return pool_race::set_mempool(a.mib(0)); }},

@@ -13,6 +13,8 @@
 //   threads ROUNDS                 8 threads on two devices allocate, free and sync at once
 //   oversize ROUNDS MIB            one thread asks for MIB (above the quota) again and again
 //                                  while another allocates, frees and synchronises (reconciles)
+//   coarse MIB                     two pools, MIB from each (run with a coarse
+//                                  FAKECUDA_POOL_GROWTH_BYTES): the second growth passes the quota
 #include <cuda.h>
 
 #include <atomic>
@@ -104,6 +106,26 @@ int driver_oom(std::size_t held_bytes, std::size_t more_bytes) {
   const CUresult rc = cuMemAllocAsync(&q, more_bytes, s);
   std::printf("driver-oom rc=%d before=%lld after=%lld held=%lld\n", static_cast<int>(rc), before, counted(0),
               held_allocations(0));
+  return 0;
+}
+
+// The driver grows a pool by its own step: with a step of 32 MiB, MIB from a
+// first pool reserves 32 MiB, and MIB from a second pool 32 MiB more. Where
+// that passes the quota (or the resident allowance) the second allocation is
+// refused and the device holds no more than before it; a third from the
+// first pool fits in its reserve.
+int coarse(std::size_t bytes) {
+  use_primary(0);
+  CUstream s = new_stream();
+  CUmemoryPool a = new_pool(0, 0), b = new_pool(0, 0);
+  CUdeviceptr p = 0, q = 0, r = 0;
+  check(cuMemAllocFromPoolAsync(&p, bytes, a, s), "cuMemAllocFromPoolAsync (first pool)");
+  const long long first_held = held_allocations(0);
+  const CUresult rc_second = cuMemAllocFromPoolAsync(&q, bytes, b, s);
+  const long long second_held = held_allocations(0);
+  const CUresult rc_third = cuMemAllocFromPoolAsync(&r, bytes, a, s);
+  std::printf("coarse first_held=%lld second_rc=%d second_held=%lld third_rc=%d held=%lld counted=%lld\n", first_held,
+              static_cast<int>(rc_second), second_held, static_cast<int>(rc_third), held_allocations(0), counted(0));
   return 0;
 }
 
