@@ -320,6 +320,30 @@ void wait_for_reaper(const Region* r) {
     sched_yield();
 }
 
+// Another thread of this slot inside its bracket may hold bytes in used_bytes
+// that no spare word shows yet, so that admit_reclaiming cannot take them: a
+// refill's lease between its admission and give_spare, a release between
+// taking committed and used_bytes (issue 32: a preempted refill's 13 MiB lease
+// refused 8 MiB with 20 MiB of room). Before refusing, wait (yielding, at most
+// kQuietWaitNs) until none is in flight, and try again; a try that no other
+// bracket of the slot overlapped (the sequence moved by our own bracket alone)
+// is exact for this slot and ends the wait.
+constexpr std::uint64_t kQuietWaitNs = 100'000'000;
+
+bool admit_when_slot_quiet(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) {
+  const std::atomic<std::uint64_t>& seq = r->slots[slot].seq;
+  const std::uint64_t deadline = platform::monotonic_ns() + kQuietWaitNs;
+  for (;;) {
+    const std::uint64_t before = seq.load();
+    if ((before & (shm::kSeqGeneration - 1)) == 0) {
+      if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
+      if (seq.load() == before + shm::kSeqGeneration) return false;
+    }
+    if (platform::monotonic_ns() >= deadline) return false;
+    sched_yield();
+  }
+}
+
 [[gnu::noinline, gnu::cold]] bool reserve_slow(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes,
                                                const shm::Observer& self) {
   DeviceState& d = r->devices[dev];
@@ -329,6 +353,7 @@ void wait_for_reaper(const Region* r) {
     if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
     if (reap_dead(r, self) == kReapBusy) wait_for_reaper(r);
     if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
+    if (admit_when_slot_quiet(r, slot, tag, dev, bytes)) return true;
   }
   d.oom_refusals.fetch_add(1, std::memory_order_relaxed);
   return false;

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <random>
 #include <thread>
@@ -408,6 +410,41 @@ TEST_F(Lease, SigkillAtRandomPointsIsRecoveredExactly) {
   EXPECT_EQ(region_->devices[dev].accounting_errors.load(), 0u);
   limiter::release_all(region_, slot_);
   EXPECT_EQ(used(dev), 0u);
+}
+
+// Issue 32 (chaos alloc,fill, 1 process x 3 threads): another thread of the
+// slot inside a refill, its lease admitted into used_bytes but not yet in the
+// lease word (preempted there), made an allocation that fits beside what the
+// container holds refused: the refusal's own-spare take found nothing. A
+// refusal waits (bounded) until no other operation of its slot is in flight
+// and tries again.
+struct RefillInFlight {
+  std::function<bool()> ask;    // the other thread's request
+  std::atomic<int> result{-1};  // -1: not ended; 1: admitted; 0: refused
+  std::thread other{};
+};
+
+TEST_F(Lease, ARefusalWaitsForALeaseAnotherThreadOfItsSlotIsGiving) {
+  const int dev = make_device(region_, 0, 64 * kMi);
+  RefillInFlight in{[&] { return take(slot_, dev, 50 * kMi); }};
+  // The refill admits 8 MiB and a lease of (64 - 8) / 8 = 7 MiB; inside it,
+  // after used_bytes took both, another thread asks for 50 MiB: the
+  // container holds 8, so 50 fits.
+  ASSERT_TRUE(limiter::lease_steps::refill(
+      region_, slot_, dev, 8 * kMi,
+      [](void* p) {
+        auto* c = static_cast<RefillInFlight*>(p);
+        if (c->other.joinable()) return;
+        c->other = std::thread([c] { c->result = c->ask() ? 1 : 0; });
+        // Held inside the bracket until the other thread ended, at most 10 ms.
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+        while (c->result.load() < 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      },
+      &in));
+  in.other.join();
+  EXPECT_EQ(in.result.load(), 1) << "refused while the container held 8 MiB of a 64 MiB quota";
+  EXPECT_EQ(used(dev), sum_of_shares(dev));
+  EXPECT_EQ(committed(slot_, dev) - spare(slot_, dev), 58 * kMi);
 }
 
 }  // namespace
