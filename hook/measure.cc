@@ -147,7 +147,10 @@ std::uint32_t host_pid() noexcept {
 }
 
 // This process's device usage on `ordinal` according to NVML, or false.
-bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
+// *graphics (when given): NVML also lists the process with a graphics
+// context there (memory a graphics API allocates and frees without a CUDA
+// call: see measured_bytes).
+bool nvml_usage(CUdevice ordinal, std::uint64_t* out, bool* graphics = nullptr) noexcept {
   // No memory quota on this device: nothing to enforce, NVML stays untouched (issue 9).
   const int entry = device_entry(ordinal);
   if (entry < 0 || g_process.region->devices[entry].quota_bytes.load(std::memory_order_relaxed) == kUnlimited)
@@ -178,7 +181,15 @@ bool nvml_usage(CUdevice ordinal, std::uint64_t* out) noexcept {
   for (unsigned i = 0; i < count && i < 256; ++i) {
     if (procs[i].pid == me) {
       *out = procs[i].usedGpuMemory;
-      return true;
+      break;
+    }
+  }
+  if (graphics != nullptr) {
+    *graphics = false;
+    count = 256;
+    if (real_nvmlDeviceGetGraphicsRunningProcesses_v3 != nullptr &&
+        real_nvmlDeviceGetGraphicsRunningProcesses_v3(dev, &count, procs) == NVML_SUCCESS) {
+      for (unsigned i = 0; i < count && i < 256; ++i) *graphics = *graphics || procs[i].pid == me;
     }
   }
   return true;  // not listed: holds nothing yet
@@ -327,7 +338,7 @@ Measure measure_before(CUdevice ordinal) noexcept {
   Measure m{};
   m.quiet = close_gate_and_drain(&m.ops);
   m.committed = committed_on(device_entry(ordinal));
-  m.nvml = nvml_usage(ordinal, &m.before);
+  m.nvml = nvml_usage(ordinal, &m.before, &m.graphics);
   return m;
 }
 
@@ -345,13 +356,25 @@ std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m, std:
                              bool* exact_out, std::uint64_t prepaid) noexcept {
   if (exact_out != nullptr) *exact_out = false;
   std::uint64_t after = 0;
-  if (!m.nvml || !nvml_usage(ordinal, &after)) return 0;
+  bool graphics = m.graphics;
+  if (!m.nvml || !nvml_usage(ordinal, &after, graphics ? nullptr : &graphics)) return 0;
   std::uint64_t ops_now = 0;
   bool busy = true;
   const int saved_errno = errno;
   const bool exact = m.quiet && read_op_counts(&ops_now, &busy) && ops_now == m.ops;
   errno = saved_errno;
   const std::uint64_t raw = after > m.before ? after - m.before : 0;
+  if (exact && graphics) {
+    // NVML lists the process with a graphics context (before or after): a
+    // graphics API of the process may have freed memory meanwhile with no
+    // CUDA call (vkFreeMemory in another thread), which leaves the
+    // difference short by it, or allocated some (counted in the object:
+    // docs/memory-accounting.md). Never below the remembered size, and not
+    // remembered; waiting cannot tell (the process's other graphics memory
+    // is beyond its count too).
+    const std::uint64_t floor = remembered != nullptr ? remembered->load(std::memory_order_relaxed) : 0;
+    return raw > floor ? raw : floor;
+  }
   if (exact) {
     if (raw != 0 && remembered != nullptr) remembered->store(raw, std::memory_order_relaxed);
     if (exact_out != nullptr) *exact_out = true;

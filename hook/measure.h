@@ -150,6 +150,7 @@ struct Measure {
   std::uint64_t ops;        // the counts of counting operations (above) when read
   std::uint64_t committed;  // this process's counted bytes on the device
   bool quiet;               // no counting operation was in flight at the start
+  bool graphics;            // NVML listed the process with a graphics context at the start
 };
 
 // Serialises measured calls in the process (one measurement at a time).
@@ -194,6 +195,9 @@ inline constexpr std::uint64_t kSettleNs = 8'000'000'000;
 // process then holds beyond all its counted bytes but `prepaid` (what was
 // already reserved for this object): the process's count then covers what
 // it holds. 0 when NVML cannot see the process.
+// A process NVML lists with a graphics context (before or after) is never
+// exact: its graphics API changes device memory with no CUDA call; the
+// difference is returned, never below *remembered.
 // *exact (when given) says whether the measurement was undisturbed.
 std::uint64_t measured_bytes(CUdevice ordinal, int entry, const Measure& m, std::atomic<std::uint64_t>* remembered,
                              bool* exact = nullptr, std::uint64_t prepaid = 0) noexcept;

@@ -51,13 +51,14 @@ namespace gpuslice::hook {
   X(cuGraphNodeGetType)                     \
   X(cuGraphKernelNodeGetParams_v2)          \
   X(cuGraphChildGraphNodeGetGraph)
-#define GPUSLICE_NVML_INTERNAL(X)            \
-  X(nvmlInit_v2)                             \
-  X(nvmlDeviceGetCount_v2)                   \
-  X(nvmlDeviceGetHandleByIndex_v2)           \
-  X(nvmlDeviceGetUUID)                       \
-  X(nvmlDeviceGetHandleByUUID)               \
-  X(nvmlDeviceGetComputeRunningProcesses_v3) \
+#define GPUSLICE_NVML_INTERNAL(X)             \
+  X(nvmlInit_v2)                              \
+  X(nvmlDeviceGetCount_v2)                    \
+  X(nvmlDeviceGetHandleByIndex_v2)            \
+  X(nvmlDeviceGetUUID)                        \
+  X(nvmlDeviceGetHandleByUUID)                \
+  X(nvmlDeviceGetComputeRunningProcesses_v3)  \
+  X(nvmlDeviceGetGraphicsRunningProcesses_v3) \
   X(nvmlDeviceGetProcessUtilization)
 
 #define GPUSLICE_DECLARE_REAL(symbol) [[gnu::visibility("hidden")]] extern decltype(&::symbol) real_##symbol;

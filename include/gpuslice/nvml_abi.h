@@ -159,6 +159,9 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsign
                                                      nvmlProcessInfo_v2_t* infos);
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
                                                      nvmlProcessInfo_t* infos);
+/* The processes with a graphics context (OpenGL, Vulkan) on the device. */
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
+                                                      nvmlProcessInfo_t* infos);
 
 /* Per-process utilisation since lastSeenTimeStamp (us). With utilization NULL,
  * *processSamplesCount is set to the samples available and

@@ -11,6 +11,11 @@
 //   interop_probe graphics GFX_MIB ALLOC_MIB WAIT_FILE
 //     graphics memory never imported into CUDA, beside cuMemAlloc: held until
 //     WAIT_FILE exists (<WAIT_FILE>.ready touched once held)
+//   interop_probe measured-free GFX_MIB
+//     graphics memory never imported, freed by another thread while this one
+//     creates a context (which gpuslice measures by NVML): prints the bytes
+//     the process then holds and the bytes counted (run it with the
+//     simulator's chaos sleeping at create_context's entry)
 //   interop_probe null-info    cuMemGetInfo and NVML memory queries with NULL outputs
 //   interop_probe semaphores   import, signal, wait, destroy an OPAQUE_FD semaphore
 #include <cuda.h>
@@ -20,7 +25,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fakecuda_query.h"
@@ -211,6 +218,31 @@ int semaphores() {
   return 0;
 }
 
+// A graphics free (vkFreeMemory in another thread: no CUDA call, nothing
+// gpuslice sees) during a context's measured creation.
+int measured_free(unsigned long long gfx_mib) {
+  setup();
+  const std::uint64_t gfx = fakecuda_graphics_alloc(0, gfx_mib * kMi);
+  if (gfx == 0) {
+    std::fprintf(stderr, "interop_probe: fakecuda_graphics_alloc failed\n");
+    return 2;
+  }
+  std::atomic<bool> go{false};
+  std::thread other([&] {
+    while (!go.load()) std::this_thread::yield();
+    usleep(5000);  // inside the creation: the simulator's chaos sleeps at its entry
+    fakecuda_graphics_free(gfx);
+  });
+  go.store(true);
+  CUcontext ctx = nullptr;
+  const CUresult rc = cuCtxCreate(&ctx, nullptr, 0, 0);
+  other.join();
+  std::printf("measured rc=%d held=%llu counted=%llu\n", rc,
+              static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)), counted());
+  if (rc == CUDA_SUCCESS) cuCtxDestroy(ctx);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -223,11 +255,12 @@ int main(int argc, char** argv) {
   if (mode == "graphics" && argc >= 5) {
     return graphics(std::strtoull(argv[2], nullptr, 10), std::strtoull(argv[3], nullptr, 10), argv[4]);
   }
+  if (mode == "measured-free" && argc >= 3) return measured_free(std::strtoull(argv[2], nullptr, 10));
   if (mode == "null-info") return null_info();
   if (mode == "semaphores") return semaphores();
   std::fprintf(
       stderr,
       "usage: interop_probe quota GFX_MIB CHUNK_MIB [ORDER] [WAIT_FILE] | graphics GFX_MIB ALLOC_MIB WAIT_FILE |"
-      " null-info | semaphores\n");
+      " measured-free GFX_MIB | null-info | semaphores\n");
   return 2;
 }
