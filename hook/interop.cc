@@ -6,9 +6,9 @@
 // device-resident allowance, and
 // gives the bytes back at cuDestroyExternalMemory. A buffer mapped onto it
 // (cuExternalMemoryGetMappedBuffer) adds no memory and is freed with cuMemFree,
-// which finds no record of it and releases nothing (memory.cc); a counted
-// record at the address the driver gave the buffer is stale and released
-// (hook/memory.h, release_stale_linear). Semaphores pass through.
+// which finds its record of 0 bytes and releases nothing; a counted record at
+// the address the driver gave the buffer is stale and released
+// (hook/memory.h, take_address_uncounted). Semaphores pass through.
 // docs/memory.md, "Graphics interop".
 // gpuslice: hot path (no heap, no locks)
 #include <cuda.h>
@@ -62,11 +62,14 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuDestroyExternalMemory(CUexternalMemory extMem
 // No memory of its own: the address is new to the driver's map, so a record
 // of ours there is of memory gone (a destroyed context's allocation, whose
 // sweep asked about the address after the driver handed it to this buffer).
+// The buffer takes the address with a record of 0 bytes (take_address_
+// uncounted): erasing the stale one instead missed it while a sweep held it
+// out to ask the driver, and the sweep then put it back (TSan, 2 of 8 rounds).
 GPUSLICE_EXPORT CUresult CUDAAPI cuExternalMemoryGetMappedBuffer(CUdeviceptr* devPtr, CUexternalMemory extMem,
                                                                  const CUDA_EXTERNAL_MEMORY_BUFFER_DESC* bufferDesc) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   rc = real_cuExternalMemoryGetMappedBuffer(devPtr, extMem, bufferDesc);
-  if (rc == CUDA_SUCCESS && devPtr != nullptr) release_stale_linear(*devPtr);
+  if (rc == CUDA_SUCCESS && devPtr != nullptr) take_address_uncounted(*devPtr);
   return rc;
 }

@@ -68,6 +68,12 @@ void release_stale_linear(std::uint64_t key) noexcept {
   if (g_pointers->erase(key, &rec)) release_record(rec);
 }
 
+void take_address_uncounted(std::uint64_t key) noexcept {
+  if (!platform::record(*g_pointers, key, limiter::AllocRecord{0, -1, limiter::AllocKind::linear},
+                        [](const limiter::AllocRecord& rec) noexcept { release_record(rec); }))
+    release_stale_linear(key);  // no room for a record: at least the stale one goes
+}
+
 }  // namespace gpuslice::hook
 
 using namespace gpuslice::hook;

@@ -28,6 +28,12 @@ bool pointer_gone(std::uint64_t key, const limiter::AllocRecord& = {}) noexcept;
 // Before a pool allocation of ours at `key` is freed (the address still
 // its): a record of this table at `key` is stale, released (issue 32).
 void release_stale_linear(std::uint64_t key) noexcept;
+// An object with no memory of its own took `key` from the driver (a buffer
+// mapped onto imported memory): a record of 0 bytes takes the key, settling a
+// stale record there as an allocation's record does (platform::record), so a
+// sweep holding the stale one out meanwhile releases it rather than put it
+// back (limiter::settle_record). cuMemFree of the object takes it, releasing 0.
+void take_address_uncounted(std::uint64_t key) noexcept;
 
 // Device memory freed behind a record (docs/memory-accounting.md, "Frees
 // behind a record"): the driver may free, or hand out again, an address a
