@@ -142,6 +142,25 @@ void refresh_lease(Device& p, Priority self, bool bounded_level, std::uint64_t n
   p.lease_shared.store(shared ? 1 : 0, std::memory_order_relaxed);
 }
 
+// The device token's read-change-write (claim, launched, unclaim): under the
+// lease lock, by the process that opened the lease file, under that file's
+// lock (`tries` tries). change(record, our pid) says whether to write the
+// record back. True when the record was read and, if asked, written.
+template <class Change>
+bool update_lease(Device& p, unsigned tries, Change&& change) noexcept {
+  p.lease_lock.lock();
+  bool ok = false;
+  const pid_t self = getpid();
+  if (p.lease_fd >= 0 && p.lease_pid == self && shm::lock_lease(p.lease_fd, tries)) {
+    shm::PriorityLease rec;
+    shm::read_lease(p.lease_fd, &rec);
+    ok = !change(rec, static_cast<std::uint32_t>(self)) || shm::write_lease(p.lease_fd, rec);
+    shm::unlock_lease(p.lease_fd);
+  }
+  p.lease_lock.unlock();
+  return ok;
+}
+
 }  // namespace
 
 Device& device(int ordinal) noexcept { return g_devices[ordinal]; }
@@ -294,46 +313,25 @@ bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, 
 }
 
 bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow, limiter::Claim* c) noexcept {
-  p.lease_lock.lock();
-  bool ok = false;
-  const pid_t self = getpid();
-  if (p.lease_fd >= 0 && p.lease_pid == self && shm::lock_lease(p.lease_fd, 48)) {
-    shm::PriorityLease rec;
-    shm::read_lease(p.lease_fd, &rec);
+  return update_lease(p, 48, [&](shm::PriorityLease& rec, std::uint32_t self) {
     // The holder's liveness costs a lock query, only while the token looks taken.
-    const bool alive = !limiter::token_taken(rec, now, true) || rec.token_pid == static_cast<std::uint32_t>(self) ||
+    const bool alive = !limiter::token_taken(rec, now, true) || rec.token_pid == self ||
                        shm::lease_user_alive(p.lease_fd, rec.token_pid);
-    *c = limiter::claim_lease(rec, now, launch_ns, allow, static_cast<std::uint32_t>(self), alive);
-    ok = !c->go || shm::write_lease(p.lease_fd, rec);
-    shm::unlock_lease(p.lease_fd);
-  }
-  p.lease_lock.unlock();
-  return ok;
+    *c = limiter::claim_lease(rec, now, launch_ns, allow, self, alive);
+    return c->go;
+  });
 }
 
 void launched(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
-  p.lease_lock.lock();
-  const pid_t self = getpid();
-  if (p.lease_fd >= 0 && p.lease_pid == self && shm::lock_lease(p.lease_fd, 16)) {
-    shm::PriorityLease rec;
-    shm::read_lease(p.lease_fd, &rec);
-    if (limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, static_cast<std::uint32_t>(self)))
-      shm::write_lease(p.lease_fd, rec);
-    shm::unlock_lease(p.lease_fd);
-  }
-  p.lease_lock.unlock();
+  update_lease(p, 16, [&](shm::PriorityLease& rec, std::uint32_t self) {
+    return limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, self);
+  });
 }
 
 void unclaim(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
-  p.lease_lock.lock();
-  const pid_t self = getpid();
-  if (p.lease_fd >= 0 && p.lease_pid == self && shm::lock_lease(p.lease_fd, 48)) {
-    shm::PriorityLease rec;
-    shm::read_lease(p.lease_fd, &rec);
-    if (limiter::unclaim_lease(rec, c, launch_ns, static_cast<std::uint32_t>(self))) shm::write_lease(p.lease_fd, rec);
-    shm::unlock_lease(p.lease_fd);
-  }
-  p.lease_lock.unlock();
+  update_lease(p, 48, [&](shm::PriorityLease& rec, std::uint32_t self) {
+    return limiter::unclaim_lease(rec, c, launch_ns, self);
+  });
 }
 
 void record_hold(Device& p, std::uint64_t held_ns) noexcept {
