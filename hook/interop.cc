@@ -3,9 +3,9 @@
 // the process, but no CUDA allocation call made it: gpuslice counts it when
 // the process imports it into CUDA (cuImportExternalMemory, desc.size bytes on
 // the current context's device), refusing the import over the quota or the
-// device-resident allowance, and
-// gives the bytes back at cuDestroyExternalMemory. A buffer mapped onto it
-// (cuExternalMemoryGetMappedBuffer) adds no memory and is freed with cuMemFree,
+// device-resident allowance (at once under `wait` too: the memory is already
+// on the device), and gives the bytes back at cuDestroyExternalMemory. A
+// buffer mapped onto it (cuExternalMemoryGetMappedBuffer) adds no memory and is freed with cuMemFree,
 // which finds its record of 0 bytes and releases nothing; a counted record at
 // the address the driver gave the buffer is stale and released
 // (hook/memory.h, take_address_uncounted). Semaphores pass through.
@@ -38,8 +38,11 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuImportExternalMemory(CUexternalMemory* extMem
   rc = reserve_on_current(memHandleDesc->size, &r);
   if (rc != CUDA_SUCCESS) return rc;
   // Device memory that cannot spill, like VMM memory: over the device-resident
-  // allowance it is refused (or waited for under `wait`) as cuMemCreate is.
-  if (!resident_admits(r.entry)) {
+  // allowance it is refused, under `wait` too (after the reap of dead
+  // holders): the graphics API put it on the device before the import, so
+  // waiting cannot make it fit and only keeps the container above the
+  // allowance while the program, blocked here, cannot free it.
+  if (!resident_admits(r.entry, /*may_wait=*/false)) {
     release(r.entry, r.bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

@@ -141,16 +141,17 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
   }
 }
 
-bool resident_admits(int entry) noexcept {
+bool resident_admits(int entry, bool may_wait) noexcept {
   if (!oversubscribing()) return true;
   const options::Options& o = config().options;
+  const bool wait = may_wait && o.oversubscribe == options::kOversubscribeWait;
   const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
   bool waited = false;
   while (over_allowance(entry)) {
     reap_if_due();
     if (!over_allowance(entry)) break;
-    if (o.oversubscribe != options::kOversubscribeWait || !wait_for_memory(entry, deadline, &waited)) {
-      if (o.oversubscribe == options::kOversubscribeWait) device(entry).oversub_timeouts.fetch_add(1);
+    if (!wait || !wait_for_memory(entry, deadline, &waited)) {
+      if (wait) device(entry).oversub_timeouts.fetch_add(1);
       return false;
     }
   }

@@ -42,6 +42,7 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
 
 // For paths that cannot spill (pools, VMM): false when the allocation must be
 // refused (over the allowance under `fail`, or after a wait timed out).
-bool resident_admits(int entry) noexcept;
+// !may_wait: refused at once under `wait` too (memory already on the device).
+bool resident_admits(int entry, bool may_wait = true) noexcept;
 
 }  // namespace gpuslice::hook

@@ -609,11 +609,27 @@ constexpr fakecuda_observer kObserver = {configure, attach, charged, uncharged};
 
 using namespace internal;
 
+namespace {
+// monitor_measured_short: this process's own (a forked child starts at 0:
+// the slot it was set for is not the child's).
+std::atomic<std::uint64_t> g_measured_short[kSimDevices];
+std::atomic<int> g_measured_short_slot{-1};
+}  // namespace
+
+void monitor_measured_short(unsigned dev, std::uint64_t bytes) {
+  if (!g_config.on || g_slot < 0 || dev >= g_devices) return;
+  if (g_measured_short_slot.exchange(g_slot, std::memory_order_relaxed) != g_slot) {
+    for (auto& b : g_measured_short) b.store(0, std::memory_order_relaxed);
+  }
+  g_measured_short[dev].store(bytes, std::memory_order_relaxed);
+}
+
 // The calling process says it is quiescent (no driver call and no gpuslice
 // operation in flight in any of its threads): then what it holds on each
 // device must not exceed what gpuslice has committed for it as possibly
 // resident (its region slot's committed_bytes, spare lease included, less its
-// spilled bytes). Exact, no lag. Returns the violations found, or -1 when the
+// spilled bytes), plus what its graphics API freed inside the measurement of
+// an object still alive (monitor_measured_short). Exact, no lag. Returns the violations found, or -1 when the
 // monitor is off.
 int monitor_checkpoint() {
   if (!g_config.on || g_slot < 0) return -1;
@@ -647,14 +663,18 @@ int monitor_checkpoint() {
     std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
     const std::uint64_t spilled = own != nullptr ? own->spilled_bytes[rd].load(std::memory_order_acquire) : 0;
     committed = committed > spilled ? committed - spilled : 0;
-    if (held > committed) {
+    const std::uint64_t short_by = g_measured_short_slot.load(std::memory_order_relaxed) == g_slot
+                                       ? g_measured_short[dev].load(std::memory_order_relaxed)
+                                       : 0;
+    if (held > committed + short_by) {
       ++found;
       Watch* w = watch_for(dev, r->devices[rd].quota_bytes.load(std::memory_order_relaxed), 0);
-      char detail[256];
+      char detail[320];
       std::snprintf(detail, sizeof(detail),
                     "the quiescent process holds %llu bytes on the device; gpuslice committed %llu for it, spilled "
-                    "memory left out (%s)",
+                    "memory left out, %llu freed by its graphics API during measurements allowed (%s)",
                     static_cast<unsigned long long>(held), static_cast<unsigned long long>(committed),
+                    static_cast<unsigned long long>(short_by),
                     own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
       g_check_in_flight = 0;
       report("count at checkpoint", detail, dev, rd, container_total(dev, nullptr), held,

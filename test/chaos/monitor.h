@@ -41,5 +41,13 @@ void monitor_pools(unsigned count);
 // second time, until the object is destroyed (docs/memory-accounting.md,
 // "Chaos testing"). `bytes` is the whole amount for the process on `dev`.
 void monitor_absorbed(unsigned dev, std::uint64_t bytes);
+// The other way: memory this process's graphics API freed off the device (no
+// CUDA call) while it created such an object that still exists. NVML's usage
+// fell by it inside the measured call, so gpuslice counts that object short
+// by up to these bytes (NVML cannot tell the graphics free from the object's
+// size: docs/memory.md) until it is destroyed. monitor_checkpoint() allows
+// exactly these bytes above the count; `bytes` is the whole amount for the
+// process on `dev`.
+void monitor_measured_short(unsigned dev, std::uint64_t bytes);
 
 }  // namespace gpuslice::chaos

@@ -13,7 +13,13 @@
 //                              lowering their count), then A (8 MiB) is refused
 //   refusal_overlap noreclaim  the same with the 16 MiB freed before B began
 // Prints "judged a=R b=R" (1: a violation reported; -1: not asked).
+//   refusal_overlap measured-short FREED_MIB ALLOWED_MIB   (run under
+//     gpuslice, the simulator's chaos sleeping in module_load) another
+//     thread frees FREED_MIB of graphics memory never imported inside an
+//     8 MiB module's measured load; ALLOWED_MIB is reported as freed during measurements
+//     (monitor_measured_short); prints "checkpoint=N" (violations found).
 #include <cuda.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -21,6 +27,7 @@
 #include <cstring>
 #include <thread>
 
+#include "fakecuda_query.h"
 #include "monitor.h"
 
 namespace {
@@ -33,7 +40,7 @@ void await(int step) {
 int main(int argc, char** argv) {
   using gpuslice::chaos::monitor_request_begin;
   using gpuslice::chaos::monitor_request_end;
-  if (argc != 2 && argc != 3) return 2;
+  if (argc < 2 || argc > 4) return 2;
   const bool overlap = std::strcmp(argv[1], "overlap") == 0;
   const bool absorbed = std::strcmp(argv[1], "absorbed") == 0 && argc == 3;
   CUdevice dev = 0;
@@ -46,6 +53,34 @@ int main(int argc, char** argv) {
     return 1;
   }
   int a = -1, b = -1;
+  if (std::strcmp(argv[1], "measured-short") == 0) {
+    if (argc != 4) return 2;
+    const std::uint64_t gfx = fakecuda_graphics_alloc(0, std::strtoull(argv[2], nullptr, 10) << 20);
+    if (gfx == 0) return 1;
+    // A measured call first (NVML is loaded then), then the load the free
+    // lands in: while the simulator's chaos sleeps at its entry (after
+    // gpuslice read NVML, before the driver places the module).
+    if (cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 1u << 20) != CUDA_SUCCESS) return 1;
+    std::thread other([&] {
+      char ops[512];
+      for (int i = 0; i < 1000000; ++i) {
+        fakecuda_recent_operations(ops, sizeof(ops), 1);
+        if (std::strstr(ops, "sleep") != nullptr && std::strstr(ops, "(in module_load)") != nullptr) break;
+        usleep(10);
+      }
+      fakecuda_graphics_free(gfx);
+    });
+    CUmodule module = nullptr;
+    const CUresult rc = cuModuleLoadData(&module, ".global .align 8 .b8 g[8388608];\n.entry k\n");
+    other.join();
+    gpuslice::chaos::monitor_measured_short(0, std::strtoull(argv[3], nullptr, 10) << 20);
+    std::size_t free_b = 0, total_b = 0;
+    cuMemGetInfo(&free_b, &total_b);
+    std::printf("load rc=%d held=%llu counted=%zu checkpoint=%d\n", static_cast<int>(rc),
+                static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)), total_b - free_b,
+                gpuslice::chaos::monitor_checkpoint());
+    return 0;
+  }
   const bool reclaim = std::strcmp(argv[1], "reclaim") == 0;
   if (reclaim || std::strcmp(argv[1], "noreclaim") == 0) {
     CUdeviceptr more = 0;

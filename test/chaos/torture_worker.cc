@@ -56,10 +56,13 @@ struct Held {
 // process creates an object gpuslice measures (NVML usage after minus before
 // the call: contexts, modules, libraries, arrays, the primary context) is
 // counted in that object until it is destroyed, and once imported a second
-// time: a documented transient (monitor_absorbed, monitor.h). Each graphics
-// allocation is an event; an event counts while a measured object whose
-// creation overlapped it lives (or a measured call overlapping it is in
-// flight): the bytes are in at most one of them, gone when all are.
+// time: a documented transient (monitor_absorbed, monitor.h). Memory freed
+// outside CUDA (a graphics free that takes its memory off the device) during
+// such a creation leaves that object counted short by it until it is
+// destroyed (monitor_measured_short). Each graphics allocation or free is an
+// event; an event counts while a measured object whose creation overlapped
+// it lives (or a measured call overlapping it is in flight): the bytes are in
+// at most one of them, gone when all are.
 class Absorbed {
  public:
   explicit Absorbed(CUdevice& dev) : dev_(dev) {}
@@ -84,10 +87,11 @@ class Absorbed {
     measuring_.erase(it);
     publish_locked();
   }
-  int graphics_begin(std::uint64_t bytes) {
+  // freed: a graphics free that takes `bytes` off the device.
+  int graphics_begin(std::uint64_t bytes, bool freed = false) {
     std::lock_guard<std::mutex> g(mu_);
     const int e = static_cast<int>(events_.size());
-    events_.push_back({bytes, 0});
+    events_.push_back({bytes, 0, freed});
     graphics_.push_back(e);
     for (auto& [token, events] : measuring_) attach(e, &events);
     publish_locked();
@@ -109,6 +113,7 @@ class Absorbed {
   struct Event {
     std::uint64_t bytes;
     int refs;
+    bool freed;  // a graphics free (else an allocation)
   };
   void attach(int e, std::vector<int>* to) {
     to->push_back(e);
@@ -119,11 +124,12 @@ class Absorbed {
     events.clear();
   }
   void publish_locked() {
-    std::uint64_t total = 0;
+    std::uint64_t total = 0, freed = 0;
     for (const Event& ev : events_) {
-      if (ev.refs > 0) total += ev.bytes;
+      if (ev.refs > 0) (ev.freed ? freed : total) += ev.bytes;
     }
     monitor_absorbed(static_cast<unsigned>(dev_), total);
+    monitor_measured_short(static_cast<unsigned>(dev_), freed);
   }
   CUdevice& dev_;
   std::mutex mu_;
@@ -493,8 +499,8 @@ class Worker {
     d.handle.fd = fakecuda_graphics_export_fd(h.graphics);
     d.size = h.size;
     if (d.handle.fd < 0 || cuImportExternalMemory(&h.ext, &d) != CUDA_SUCCESS) {
-      if (d.handle.fd >= 0) close(d.handle.fd);  // still the caller's on failure
-      released(0, [&] { fakecuda_graphics_free(h.graphics); });
+      if (d.handle.fd >= 0) close(d.handle.fd);                 // still the caller's on failure
+      released(0, [&] { graphics_free(h.graphics, h.size); });  // nothing imported holds it
       return;
     }
     if (rng_.chance(50)) {
@@ -503,6 +509,14 @@ class Worker {
       if (cuExternalMemoryGetMappedBuffer(&h.ptr, h.ext, &b) != CUDA_SUCCESS) h.ptr = 0;
     }
     hold(h);
+  }
+
+  // A graphics free that takes `bytes` off the device (no import holds the
+  // memory): an event for the measurements it overlaps (Absorbed).
+  void graphics_free(std::uint64_t graphics, std::uint64_t bytes) {
+    const int event = s_.absorbed.graphics_begin(bytes, /*freed=*/true);
+    fakecuda_graphics_free(graphics);
+    s_.absorbed.graphics_end(event);
   }
 
   CUmemoryPool pick_pool() {
@@ -623,7 +637,7 @@ class Worker {
         if (h.ptr != 0) cuMemFree(h.ptr);
         if (rng_.chance(50)) {
           cuDestroyExternalMemory(h.ext);
-          fakecuda_graphics_free(h.graphics);
+          graphics_free(h.graphics, h.size);  // the import gone: the memory leaves the device
         } else {
           fakecuda_graphics_free(h.graphics);
           cuDestroyExternalMemory(h.ext);

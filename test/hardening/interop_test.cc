@@ -55,6 +55,29 @@ TEST(Interop, AnImportOverTheResidentAllowanceIsRefused) {
   EXPECT_EQ(unsigned_number(r, "import", "counted_delta"), 0u) << r.out;
 }
 
+// Under `wait` too: the graphics memory is on the device before the import,
+// so waiting cannot make it fit; it only keeps the container above its
+// allowance while the program, blocked in the import, cannot free it. The
+// chaos suite's seed 904192 (interop under `wait`, 2026-11-29) stood above
+// the allowance longer than the lag. Refused at once: no wait timed out.
+TEST(Interop, AnImportOverTheResidentAllowanceIsRefusedAtOnceUnderWait) {
+  Sandbox box;
+  const std::string region_path = agent_test::container_region(box);
+  Result r = interop(quota_1gi(box, {{"GPUSLICE_MEMORY_RESIDENT", "128Mi"},
+                                     {"GPUSLICE_OVERSUBSCRIBE", "wait"},
+                                     {"GPUSLICE_OVERSUBSCRIBE_WAIT", "1s"},
+                                     {"GPUSLICE_REGION", region_path}}),
+                     {"quota", "256", "64"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "import", "rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(unsigned_number(r, "import", "counted_delta"), 0u) << r.out;
+  Region* region = agent_test::attach(region_path);
+  ASSERT_NE(region, nullptr);
+  const int dev = agent_test::first_device(region);
+  ASSERT_GE(dev, 0);
+  EXPECT_EQ(region->devices[dev].oversub_timeouts.load(), 0u) << "refused at once, not after a wait";
+}
+
 // The same through cuGetProcAddress (the CUDA runtime's way, and NCCL's,
 // cuda-python's): the lookup hands back the counting wrappers.
 TEST(Interop, ImportThroughCuGetProcAddressIsCountedToo) {
