@@ -55,7 +55,9 @@ constexpr off_t kBase = 4096;  // the held bytes: kBase .. kBase + N - 1
 
 int locks_main(int n) {
   if (n < 1 || n > 4096) return 2;
-  char path[] = "/tmp/gpuslice-startup-locks-XXXXXX";
+  const char* dir = getenv("TMPDIR");
+  std::string name = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/gpuslice-startup-locks-XXXXXX";
+  char* path = name.data();
   const int made = mkstemp(path);
   if (made < 0) return 1;
   close(made);
