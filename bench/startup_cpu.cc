@@ -11,6 +11,13 @@
 //                                       then "meminfo_us=<n>" for the first cuMemGetInfo after them
 //   gpuslice-startup-cpu run N [REPS]   start N holders, then REPS (default 9) measured processes,
 //                                       one after another; print the median and each figure
+//   gpuslice-startup-cpu locks N        what a slot-lock probe costs beside N lock holders
+//                                       (startup_cpu_locks.cc)
+//
+// STARTUP_CPU_APART=1: the holders use other simulator state files than the
+// measured processes (other devices to the simulator, the same region to
+// gpuslice), so that the simulator's own start does not grow with them and
+// the difference to a native run is the library's alone.
 #include <cuda.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -117,9 +124,11 @@ int run(const char* self, int holders, int reps) {
   std::vector<pid_t> pids;
   std::vector<int> stdins;
   int rc = 0;
+  const char* apart = getenv("STARTUP_CPU_APART");
+  const int first_file = apart != nullptr && std::strcmp(apart, "1") == 0 ? 1 : 0;
   for (int i = 0; i < holders && rc == 0; ++i) {
     int to = -1, from = -1;
-    const pid_t pid = spawn(self, "hold", i / 448, &to, &from);
+    const pid_t pid = spawn(self, "hold", first_file + i / 448, &to, &from);
     if (pid < 0) rc = 1;
     pids.push_back(pid);
     stdins.push_back(to);
@@ -170,6 +179,8 @@ int run(const char* self, int holders, int reps) {
 
 }  // namespace
 
+int locks_main(int n);  // startup_cpu_locks.cc
+
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -181,6 +192,7 @@ int main(int argc, char** argv) {
     if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 2;
     return run(self, std::atoi(argv[2]), reps < 1 ? 1 : reps);
   }
-  std::fprintf(stderr, "usage: %s hold | measure | run N [REPS]\n", argv[0]);
+  if (mode == "locks" && argc > 2) return locks_main(std::atoi(argv[2]));
+  std::fprintf(stderr, "usage: %s hold | measure | run N [REPS] | locks N\n", argv[0]);
   return 2;
 }

@@ -5,6 +5,10 @@
 # primary context and first cuMemAlloc (gpuslice-startup-cpu). Native (the
 # simulated driver alone) and wrapped (the preload library, with and without
 # a quota: with one, contexts are measured through NVML). Medians in µs.
+# STARTUP_CPU_APART=1 in the environment: the holders run on other simulated
+# devices (other state files) than the measured processes, in the same
+# region, so that the simulator's start does not grow with them: "added" is
+# then the library's alone.
 # usage: bench/startup_cpu.sh [BUILD_DIR] [N...]   (default: build, 1 16 256 1023)
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
