@@ -121,23 +121,23 @@ void oversub_unspill(int entry, std::uint64_t bytes) noexcept;
 // grows again (issue 35: never admitted without a record).
 inline bool reserve(int entry, std::uint64_t bytes) noexcept {
   if (__builtin_expect(platform::table_detail::g_stuck_shards.load(std::memory_order_relaxed) == 0, 1)) {
-    const OwnerPage& own = owner_page();  // the slot, if ours: one load for owner word and index (lifecycle.h)
-    Slot* const slot = own.slot.load(std::memory_order_acquire);
+    // The slot, if ours: one load for owner word and index (lifecycle.h).
+    Slot* const slot = owner_page().slot.load(std::memory_order_acquire);
     if (__builtin_expect(slot != nullptr && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact() &&
-        limiter::lease_alloc(*slot, own.lease_tag.load(std::memory_order_relaxed), entry, bytes))
+        limiter::lease_alloc(*slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))
       return true;
   }
   return reserve_out_of_line(entry, bytes);
 }
 
 inline bool release_fast(int entry, std::uint64_t bytes) noexcept {
-  const OwnerPage& own = owner_page();
-  Slot* const slot = own.slot.load(std::memory_order_acquire);
+  Slot* const slot = owner_page().slot.load(std::memory_order_acquire);
   // Separate tests (not one && of three): each a compare and a branch.
   if (__builtin_expect(slot == nullptr, 0)) return false;
   if (__builtin_expect(static_cast<unsigned>(entry) >= kMaxDevices, 0)) return false;
   if (__builtin_expect(bytes == 0, 0)) return false;
-  return region_intact() && limiter::lease_free(*slot, own.lease_tag.load(std::memory_order_relaxed), entry, bytes);
+  return region_intact() &&
+         limiter::lease_free(*slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
 }
 
 inline void release(int entry, std::uint64_t bytes) noexcept {

@@ -32,6 +32,15 @@ namespace gpuslice::hook {
 // sweep ran while the record was out of the table and never sees it again),
 // or the key is held again by a newer record (the driver handed it out
 // again: the stale-record rule, platform::record). Both release it.
+// The driver refused the free: the record goes back unless its object is
+// gone (free_counted, below). Out of line: the common path keeps nothing
+// of the table across the driver call.
+template <class Gone>
+[[gnu::cold, gnu::noinline]] void free_refused(limiter::AllocTable& table, std::uint64_t key,
+                                               const limiter::AllocRecord& rec, Gone& gone) noexcept {
+  if (gone(key, rec) || !table.insert(key, rec)) release_record(rec);
+}
+
 // `after` runs once the driver freed it (rc CUDA_SUCCESS), still inside the
 // counting operation: the common path then ends in one place.
 template <class RealFree, class Untracked, class Gone, class After>
@@ -48,8 +57,8 @@ CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& 
   if (__builtin_expect(rc == CUDA_SUCCESS, 1)) {
     release_record(rec);
     after();
-  } else if (gone(key, rec) || !table.insert(key, rec)) {
-    release_record(rec);
+  } else {
+    free_refused(table, key, rec, gone);
   }
   return rc;
 }
