@@ -24,10 +24,10 @@ namespace gpuslice::hook {
 // Reserve/release `bytes` on a device entry for this process (limiter's
 // cross-process protocol). reserve() tries the slow reclaim paths (dead
 // processes, idle pool reserves) before refusing.
-// Inline fast halves (below): the slot is ours (the owner word: not a child
-// that has yet to claim its own), the region file intact, and one CAS on the
-// slot's lease word (limiter/lease.h) moves the bytes between spare and in
-// use. Anything else, and every refusal, goes to the whole of the protocol
+// Inline fast halves (below): the slot is ours (the owner page's slot: not a
+// child that has yet to claim its own, hook/lifecycle.h), the region file
+// intact, and one CAS on the slot's lease word (limiter/lease.h) moves the
+// bytes between spare and in use. Anything else, and every refusal, goes to the whole of the protocol
 // out of line (account.cc), which checks everything again.
 [[gnu::noinline]] bool reserve_out_of_line(int entry, std::uint64_t bytes) noexcept;
 [[gnu::noinline]] void release_out_of_line(int entry, std::uint64_t bytes) noexcept;
@@ -120,26 +120,24 @@ void oversub_unspill(int entry, std::uint64_t bytes) noexcept;
 // sends every reservation out of line, where it is refused unless the table
 // grows again (issue 35: never admitted without a record).
 inline bool reserve(int entry, std::uint64_t bytes) noexcept {
-  if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) == kSlotOurs &&
-                           platform::table_detail::g_stuck_shards.load(std::memory_order_relaxed) == 0,
-                       1)) {
-    const int slot = g_process.slot.load(std::memory_order_acquire);
-    if (__builtin_expect(slot >= 0 && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact() &&
-        limiter::lease_alloc(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))
+  if (__builtin_expect(platform::table_detail::g_stuck_shards.load(std::memory_order_relaxed) == 0, 1)) {
+    // The slot, if ours: one load for owner word and index (lifecycle.h).
+    Slot* const slot = owner_page().slot.load(std::memory_order_acquire);
+    if (__builtin_expect(slot != nullptr && static_cast<unsigned>(entry) < kMaxDevices, 1) && region_intact() &&
+        limiter::lease_alloc(*slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes))
       return true;
   }
   return reserve_out_of_line(entry, bytes);
 }
 
 inline bool release_fast(int entry, std::uint64_t bytes) noexcept {
-  if (__builtin_expect(g_owner.load(std::memory_order_relaxed)->load(std::memory_order_acquire) != kSlotOurs, 0))
-    return false;
+  Slot* const slot = owner_page().slot.load(std::memory_order_acquire);
   // Separate tests (not one && of three): each a compare and a branch.
+  if (__builtin_expect(slot == nullptr, 0)) return false;
   if (__builtin_expect(static_cast<unsigned>(entry) >= kMaxDevices, 0)) return false;
   if (__builtin_expect(bytes == 0, 0)) return false;
-  const int slot = g_process.slot.load(std::memory_order_acquire);
-  return __builtin_expect(slot >= 0, 1) && region_intact() &&
-         limiter::lease_free(g_process.region, slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
+  return region_intact() &&
+         limiter::lease_free(*slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
 }
 
 inline void release(int entry, std::uint64_t bytes) noexcept {

@@ -7,7 +7,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <new>
+#include <type_traits>
 
 #include "hook/log.h"
 #include "hook/process.h"
@@ -23,8 +25,10 @@ namespace {
 std::atomic<int> g_slot_lock_fd{-1};  // our own description of the region file (shm::lock_slot_file)
 
 // The owner word's home before it is mapped, and where it stays on kernels
-// without MADV_WIPEONFORK (lifecycle.h).
-std::atomic<std::uint32_t> g_fallback_owner{kSlotNotOurs};
+// without MADV_WIPEONFORK (lifecycle.h); its slot stays null.
+constinit OwnerPage g_fallback_page{{kSlotNotOurs}, {nullptr}};
+std::atomic<std::uint32_t>& g_fallback_owner = g_fallback_page.owner;
+static_assert(std::is_standard_layout_v<OwnerPage> && offsetof(OwnerPage, owner) == 0);
 
 // The owner word, mapped once: a private anonymous page with MADV_WIPEONFORK.
 void map_owner_word() noexcept {
@@ -35,14 +39,14 @@ void map_owner_word() noexcept {
     munmap(page, 4096);
     return;
   }
-  auto* word = new (page) std::atomic<std::uint32_t>{kSlotNotOurs};
+  auto* fresh = new (page) OwnerPage{{kSlotNotOurs}, {nullptr}};
   std::atomic<std::uint32_t>* expected = &g_fallback_owner;
-  if (!g_owner.compare_exchange_strong(expected, word, std::memory_order_acq_rel)) munmap(page, 4096);
+  if (!g_owner.compare_exchange_strong(expected, &fresh->owner, std::memory_order_acq_rel)) munmap(page, 4096);
 }
 
 }  // namespace
 
-std::atomic<std::atomic<std::uint32_t>*> g_owner{&g_fallback_owner};
+std::atomic<std::atomic<std::uint32_t>*> g_owner{&g_fallback_page.owner};
 std::atomic<bool> g_exited{false};
 std::atomic<int> g_accounting_calls{0};
 
@@ -50,7 +54,13 @@ void hold_slot_lock(int fd) noexcept { g_slot_lock_fd.store(fd, std::memory_orde
 
 void own_claimed_slot() noexcept {
   map_owner_word();
-  g_owner.load(std::memory_order_acquire)->store(kSlotOurs, std::memory_order_release);
+  std::atomic<std::uint32_t>* owner = g_owner.load(std::memory_order_acquire);
+  if (owner != &g_fallback_owner) {
+    auto* page = reinterpret_cast<OwnerPage*>(owner);
+    const int slot = g_process.slot.load(std::memory_order_acquire);
+    page->slot.store(slot >= 0 ? &g_process.region->slots[slot] : nullptr, std::memory_order_release);
+  }
+  owner->store(kSlotOurs, std::memory_order_release);
 }
 
 bool refused_after_exit() noexcept {

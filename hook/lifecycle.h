@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "gpuslice/region.h"
+
 namespace gpuslice::hook {
 
 // Ownership of the slot across process creation. The word lives in a page
@@ -20,6 +22,23 @@ namespace gpuslice::hook {
 // Hidden on the declaration: read PC-relative (process.h).
 enum : std::uint32_t { kSlotNotOurs = 0, kSlotAdopting = 1, kSlotOurs = 2 };
 [[gnu::visibility("hidden")]] extern std::atomic<std::atomic<std::uint32_t>*> g_owner;
+
+// The page the owner word heads also holds this process's slot, for the
+// accounting fast paths (hook/account.h): one load says "the slot is ours"
+// (owner word and slot index both). Set by own_claimed_slot (after
+// g_process.lease_tag and slot: an acquire load of it sees them), only in
+// the wipe-on-fork page: a child however made finds it null and goes out of
+// line, where own_slot() claims its own. Without MADV_WIPEONFORK it stays
+// null (every call out of line). Written once per page: a claim in this
+// process is made once, and a new one only in a child, whose page the
+// kernel zeroed.
+struct OwnerPage {
+  std::atomic<std::uint32_t> owner;  // what g_owner points to
+  std::atomic<Slot*> slot;           // &region->slots[g_process.slot], or null
+};
+inline const OwnerPage& owner_page() noexcept {
+  return *reinterpret_cast<const OwnerPage*>(g_owner.load(std::memory_order_relaxed));
+}
 
 // The slot just claimed (g_process.slot) is this process's: the owner word
 // (bootstrap.cc calls this once the claim succeeded).

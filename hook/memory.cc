@@ -250,17 +250,17 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   // A record taken before a reset began, freed in the driver after it ended:
   // the address may be another thread's allocation by then (hook/memory.h).
   const std::uint64_t mark = freed_behind_mark();
-  rc = free_counted(
+  return free_counted(
       *g_pointers, dptr, [&] { return real_cuMemFree_v2(dptr); },
       [&] {
         const CUresult untracked = real_cuMemFree_v2(dptr);
         if (untracked == CUDA_SUCCESS) freed_untracked(dptr);
         return untracked;
       },
-      pointer_gone);
-  if (rc == CUDA_SUCCESS && __builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0))
-    freed_untracked(dptr);
-  return rc;
+      pointer_gone,
+      [&] {
+        if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
+      });
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1*, unsigned int) { return refuse_legacy("cuMemAlloc"); }

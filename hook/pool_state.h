@@ -84,8 +84,9 @@ void forget_current(const PoolState* st) noexcept;
 // when the answer is still a destroyed pool (never allocated uncounted).
 [[gnu::cold, gnu::noinline]] PoolState* current_pool_after_destroy(int ordinal, CUresult* rc) noexcept;
 // Slots ever used (the reconciliation loops' bound); 0 means no pool was ever
-// seen and the free and sync paths do nothing more.
-extern std::atomic<std::uint32_t> g_slots_used;
+// seen and the free and sync paths do nothing more. Hidden on the
+// declaration: cuMemFree reads it PC-relative (hook/process.h).
+[[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_slots_used;
 
 // The caches behind find() and current_pool(), and their slow paths.
 extern PoolState g_states[kMaxPools];

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "platform/clock.h"  // clock_gettime called through its GOT entry
+
 namespace gpuslice::hook {
 
 // Whether the region file still has a region's size and magic (someone may

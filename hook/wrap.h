@@ -32,19 +32,40 @@ namespace gpuslice::hook {
 // sweep ran while the record was out of the table and never sees it again),
 // or the key is held again by a newer record (the driver handed it out
 // again: the stale-record rule, platform::record). Both release it.
+// The driver refused the free: the record goes back unless its object is
+// gone (free_counted, below). Out of line: the common path keeps nothing
+// of the table across the driver call.
+template <class Gone>
+[[gnu::cold, gnu::noinline]] void free_refused(limiter::AllocTable& table, std::uint64_t key,
+                                               const limiter::AllocRecord& rec, Gone& gone) noexcept {
+  if (gone(key, rec) || !table.insert(key, rec)) release_record(rec);
+}
+
+// `after` runs once the driver freed it (rc CUDA_SUCCESS), still inside the
+// counting operation: the common path then ends in one place.
+template <class RealFree, class Untracked, class Gone, class After>
+CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free, Untracked&& untracked,
+                      Gone&& gone, After&& after) noexcept {
+  CountingOp op;
+  limiter::AllocRecord rec;  // read only once erase() copied the record into it
+  if (!table.erase(key, &rec)) {
+    const CUresult rc = untracked();
+    if (rc == CUDA_SUCCESS) after();
+    return rc;
+  }
+  const CUresult rc = real_free();
+  if (__builtin_expect(rc == CUDA_SUCCESS, 1)) {
+    release_record(rec);
+    after();
+  } else {
+    free_refused(table, key, rec, gone);
+  }
+  return rc;
+}
 template <class RealFree, class Untracked, class Gone>
 CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free, Untracked&& untracked,
                       Gone&& gone) noexcept {
-  CountingOp op;
-  limiter::AllocRecord rec;  // read only once erase() copied the record into it
-  if (!table.erase(key, &rec)) return untracked();
-  const CUresult rc = real_free();
-  if (rc == CUDA_SUCCESS) {
-    release_record(rec);
-  } else if (gone(key, rec) || !table.insert(key, rec)) [[unlikely]] {
-    release_record(rec);
-  }
-  return rc;
+  return free_counted(table, key, real_free, untracked, gone, [] {});
 }
 template <class RealFree, class Gone>
 CUresult free_counted(limiter::AllocTable& table, std::uint64_t key, RealFree&& real_free, Gone&& gone) noexcept {

@@ -34,7 +34,8 @@
 
 namespace gpuslice::limiter {
 
-inline constexpr std::uint64_t kLeaseAmountMask = (std::uint64_t{1} << 45) - 1;
+inline constexpr int kLeaseAmountBits = 45;
+inline constexpr std::uint64_t kLeaseAmountMask = (std::uint64_t{1} << kLeaseAmountBits) - 1;
 inline constexpr std::uint64_t kLeaseStale = std::uint64_t{1} << 45;
 inline constexpr std::uint64_t kLeaseClosed = std::uint64_t{1} << 46;
 inline constexpr std::uint64_t kLeaseOwed = std::uint64_t{1} << 47;
@@ -68,13 +69,19 @@ constexpr bool lease_stale(std::uint64_t word) noexcept { return (word & kLeaseS
 
 // Allocation from the slot's spare lease: one CAS, or false (slow path).
 // Caller guarantees slot < kMaxSlots and dev < kMaxDevices.
-inline bool lease_alloc(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
-  std::atomic<std::uint64_t>& word = r->slots[slot].lease[dev].word;
+inline bool lease_alloc(Slot& s, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
+  std::atomic<std::uint64_t>& word = s.lease[dev].word;
   std::uint64_t cur = word.load(std::memory_order_relaxed);
   do {
-    if ((cur & kLeaseTagMask) != tag || lease_amount(cur) < bytes) return false;
+    // cur ^ tag: the amount when the word is of this claim with no flag set
+    // (a tag has no bit below kLeaseTagShift), else above kLeaseAmountMask.
+    const std::uint64_t spare = cur ^ tag;
+    if ((spare >> kLeaseAmountBits) != 0 || spare < bytes) return false;
   } while (!word.compare_exchange_weak(cur, cur - bytes, std::memory_order_relaxed));
   return true;
+}
+inline bool lease_alloc(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
+  return lease_alloc(r->slots[slot], tag, dev, bytes);
 }
 
 // The most spare a free may leave the slot's word holding: the lease cap,
@@ -89,15 +96,18 @@ inline std::uint64_t lease_room(const Slot& s, int dev) noexcept {
 // A free kept as spare: one CAS, or false (slow path) when the spare would
 // exceed the lease cap or the bytes this slot holds (a release of bytes never
 // reserved then takes the clamped slow path).
-inline bool lease_free(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
-  Slot& s = r->slots[slot];
+inline bool lease_free(Slot& s, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
   std::atomic<std::uint64_t>& word = s.lease[dev].word;
   const std::uint64_t room = lease_room(s, dev);
   std::uint64_t cur = word.load(std::memory_order_relaxed);
   do {
-    if ((cur & kLeaseTagMask) != tag || bytes > room || lease_amount(cur) > room - bytes) return false;
+    const std::uint64_t spare = cur ^ tag;  // as in lease_alloc
+    if ((spare >> kLeaseAmountBits) != 0 || bytes > room || spare > room - bytes) return false;
   } while (!word.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
   return true;
+}
+inline bool lease_free(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
+  return lease_free(r->slots[slot], tag, dev, bytes);
 }
 
 // The bytes of live slots' spare leases on `dev`: admitted, not allocated.

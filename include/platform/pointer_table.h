@@ -183,8 +183,10 @@ class PointerTable {
   // (One walk to the key or the first empty slot, the record copied and
   // removed where it is found.)
   bool erase(std::uint64_t key, V* out) noexcept {
-    if (reserved(key)) return false;
+    // Of the reserved keys only 0 needs a test (its hash, 0, would match an
+    // empty slot); ~0 is never inserted, so a walk for it finds nothing.
     const std::uint64_t h = table_detail::table_hash(key);
+    if (__builtin_expect(h == 0, 0)) return false;
     Shard& s = locked_shard(h);
     bool found = false;
     if (Slot* const slots = s.slots; slots != nullptr) {
