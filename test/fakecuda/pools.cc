@@ -13,7 +13,11 @@
 // ..._REUSE_FOLLOW_EVENT_DEPENDENCIES adds none) keeps what cuMemFreeAsync
 // freed for the freeing stream: an allocation on another stream grows the
 // reserve though the pool has that much unused (the driver "may" reuse
-// memory across streams only as these attributes allow). A trim releases it.
+// memory across streams only as these attributes allow). Until a
+// synchronisation observes the free (cuStreamSynchronize of its stream, or
+// of its context's legacy stream; cuCtxSynchronize) a trim keeps it, as
+// cuMemPoolTrimTo says such frees "can count as outstanding"; then a trim
+// releases it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,9 +43,14 @@ struct CUmemPoolHandle_st {
   int reuse_follow_event_dependencies = 1;
   int reuse_allow_opportunistic = 1;
   int reuse_allow_internal_dependencies = 1;
-  // Unused reserve only its freeing stream may reuse (no cross-stream reuse).
-  std::map<const void*, std::uint64_t> stream_bound;
-  std::uint64_t bound = 0;  // their sum: used + bound <= reserved
+  // Unused reserve only its freeing stream may reuse (no cross-stream reuse):
+  // frees not yet observed by a synchronisation, and those observed.
+  struct Bound {
+    std::uint64_t pending = 0, observed = 0;
+  };
+  std::map<const void*, Bound> stream_bound;
+  std::uint64_t bound = 0;    // their sum: used + bound <= reserved
+  std::uint64_t pending = 0;  // of which not observed (a trim keeps them)
 };
 
 using namespace gpuslice::fakecuda;
@@ -89,17 +98,29 @@ CUmemPoolHandle_st* default_pool_locked(std::uint32_t dev) {
 void trim_locked(CUmemPoolHandle_st* pool, std::uint64_t keep) {
   if (keep >= pool->reserved) return;
   const std::uint64_t step = growth_step();
-  std::uint64_t target = std::max(round_up(pool->used, step), round_up(keep, step));
+  std::uint64_t target = std::max(round_up(pool->used + pool->pending, step), round_up(keep, step));
   if (target >= pool->reserved) return;
   if (!pool->host) uncharge_device(pool->device, pool->reserved - target);
   pool->reserved = target;
-  // What the trim released came out of the stream-bound reserve too.
+  // What the trim released came out of the observed stream-bound reserve too.
   for (auto it = pool->stream_bound.begin(); it != pool->stream_bound.end() && pool->used + pool->bound > target;) {
-    const std::uint64_t drop = std::min(it->second, pool->used + pool->bound - target);
-    it->second -= drop;
+    const std::uint64_t drop = std::min(it->second.observed, pool->used + pool->bound - target);
+    it->second.observed -= drop;
     pool->bound -= drop;
-    it = it->second == 0 ? pool->stream_bound.erase(it) : std::next(it);
+    it = it->second.pending + it->second.observed == 0 ? pool->stream_bound.erase(it) : std::next(it);
   }
+}
+
+// A destroyed pool's last allocation is gone: its whole reserve goes, stream
+// frees observed or not.
+void retire_locked(CUmemPoolHandle_st* pool) {
+  for (auto& entry : pool->stream_bound) {
+    entry.second.observed += entry.second.pending;
+    entry.second.pending = 0;
+  }
+  pool->pending = 0;
+  trim_locked(pool, 0);
+  g_pools.retire(pool);
 }
 
 bool cross_stream_reuse(const CUmemPoolHandle_st* pool) {
@@ -109,7 +130,8 @@ bool cross_stream_reuse(const CUmemPoolHandle_st* pool) {
 // Unused reserve an allocation on `stream` may use.
 std::uint64_t reusable(const CUmemPoolHandle_st* pool, const void* stream) {
   const auto it = pool->stream_bound.find(stream);
-  return pool->reserved - pool->used - pool->bound + (it != pool->stream_bound.end() ? it->second : 0);
+  return pool->reserved - pool->used - pool->bound +
+         (it != pool->stream_bound.end() ? it->second.pending + it->second.observed : 0);
 }
 
 void trim_device_pools_locked(std::uint32_t dev, bool to_used) {
@@ -144,10 +166,13 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_s
   if (base == 0) return CUDA_ERROR_OUT_OF_MEMORY;
   // The stream's own freed memory is used first.
   if (const auto it = pool->stream_bound.find(stream); it != pool->stream_bound.end()) {
-    const std::uint64_t take = std::min(it->second, size);
-    it->second -= take;
-    pool->bound -= take;
-    if (it->second == 0) pool->stream_bound.erase(it);
+    const std::uint64_t from_observed = std::min(it->second.observed, size);
+    const std::uint64_t from_pending = std::min(it->second.pending, size - from_observed);
+    it->second.observed -= from_observed;
+    it->second.pending -= from_pending;
+    pool->pending -= from_pending;
+    pool->bound -= from_observed + from_pending;
+    if (it->second.pending + it->second.observed == 0) pool->stream_bound.erase(it);
   }
   pool->used += size;
   pool->used_high = std::max(pool->used_high, pool->used);
@@ -220,8 +245,9 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
     const bool bind = !cross_stream_reuse(pool) && !pool->destroy_pending;
     pool_return_locked(pool, allocation.size);
     if (bind) {
-      pool->stream_bound[stream] += allocation.size;
+      pool->stream_bound[stream].pending += allocation.size;
       pool->bound += allocation.size;
+      pool->pending += allocation.size;
     }
   } else {
     uncharge_device(allocation.device, allocation.held);  // a cuMemAlloc pointer may be freed this way too
@@ -237,9 +263,21 @@ void pool_return_locked(CUmemPoolHandle_st* pool, std::uint64_t size) {
   pool->used -= size;
   --pool->outstanding;
   if (pool->destroy_pending && pool->outstanding == 0) {
-    trim_locked(pool, 0);
-    g_pools.retire(pool);
+    retire_locked(pool);
   }
+}
+
+void pools_observe_frees(std::uint32_t dev, const void* stream) {
+  std::lock_guard guard(runtime().mu);
+  g_pools.for_each_live([&](CUmemPoolHandle_st* pool) {
+    if (pool->device != dev || pool->pending == 0) return;
+    for (auto& [key, b] : pool->stream_bound) {
+      if (stream != nullptr && key != stream) continue;
+      b.observed += b.pending;
+      pool->pending -= b.pending;
+      b.pending = 0;
+    }
+  });
 }
 
 void pools_trim_at_sync(std::uint32_t dev) {
@@ -296,8 +334,7 @@ extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   // (pool_return_locked); the handle is invalid from now on.
   pool->destroy_pending = true;
   if (pool->outstanding == 0) {
-    trim_locked(pool, 0);
-    g_pools.retire(pool);
+    retire_locked(pool);
   }
   return CUDA_SUCCESS;
 }

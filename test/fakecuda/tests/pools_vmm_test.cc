@@ -232,7 +232,14 @@ TEST_F(FakeCuda, PoolReuseAcrossStreamsFollowsItsReuseAttributes) {
     ASSERT_CU(cuMemAllocFromPoolAsync(&r, 4 * kMiB, pool, a));  // the freeing stream reuses its own
     EXPECT_EQ(fakecuda_device_used_bytes(0), 8 * kMiB);
     EXPECT_CU(cuMemFreeAsync(r, a));
-    EXPECT_CU(cuMemPoolTrimTo(pool, 0));  // a trim releases what only stream A could reuse
+    // cuMemPoolTrimTo: a free "whose completion has not been observed on the
+    // host (eg. by a synchronize) can count as outstanding". Kept here until
+    // stream A is synchronised (which also trims, to the threshold 0).
+    EXPECT_CU(cuMemPoolTrimTo(pool, 0));
+    EXPECT_EQ(fakecuda_device_used_bytes(0), restricted ? 8 * kMiB : 4 * kMiB);
+    EXPECT_CU(cuStreamSynchronize(b));  // observes stream B's frees only
+    EXPECT_EQ(fakecuda_device_used_bytes(0), restricted ? 8 * kMiB : 4 * kMiB);
+    EXPECT_CU(cuStreamSynchronize(a));
     EXPECT_EQ(fakecuda_device_used_bytes(0), 4 * kMiB);
     EXPECT_CU(cuMemFreeAsync(q, b));
     EXPECT_CU(cuMemPoolDestroy(pool));
