@@ -539,6 +539,20 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CU
   return rc;
 }
 
+CUresult settle_fast_growth(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstream stream,
+                            bool per_thread) noexcept {
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (!settle_growth(st)) {
+    undo_growth(st, *dptr, bytes, stream, per_thread);
+    *dptr = 0;
+    reconcile_locked(st, false);
+    finalize_if_drained(st);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (!record(*dptr, st, bytes)) record_failed();
+  return CUDA_SUCCESS;
+}
+
 CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept {
   {
     std::lock_guard<std::mutex> lock(st.mu);

@@ -6,9 +6,11 @@
 //    or above the pool's physical reserve (what the card holds for it);
 //  - `outstanding` is the bytes of its allocations made through us and not yet
 //    freed. An allocation that fits (outstanding <= counted) touches nothing
-//    but this process's own pool record: no lock, no region operation, no
-//    driver query. One that does not grows `counted` first (reserve(), in
-//    2 MiB chunks) under the pool's mutex;
+//    but this process's own pool record and one driver query: no lock, no
+//    region operation. One that does not grows `counted` first (reserve(), in
+//    2 MiB chunks) under the pool's mutex. Either way the reserve the driver
+//    reports is read before the pointer is handed out: a growth past
+//    `counted` is reserved (or trimmed back, or the allocation refused);
 //  - a free lowers `outstanding` only: the pool keeps the memory reserved;
 //  - `counted` is brought down (or up) to the reserve the driver reports on
 //    slow triggers only: synchronisation, cuMemPoolTrimTo, before any
@@ -168,6 +170,23 @@ using RealAllocFn = CUresult (*)(void* ctx) noexcept;
 [[gnu::cold, gnu::noinline]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
                                                     CUstream stream, bool per_thread, RealAllocFn real_alloc,
                                                     void* ctx) noexcept;
+// After a fast-path allocation (one that fit in `counted`): whether the
+// driver's reserve is above `counted` all the same (it grows in steps, and
+// where fragmentation or the reuse attributes keep freed memory from the
+// allocation, of its own accord). A driver that cannot say: no.
+inline bool grew_past_count(const PoolState& st) noexcept {
+  cuuint64_t reserved = 0;
+  return real_cuMemPoolGetAttribute != nullptr &&
+         real_cuMemPoolGetAttribute(st.handle.load(std::memory_order_relaxed), CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                                    &reserved) == CUDA_SUCCESS &&
+         reserved > st.counted.load(std::memory_order_seq_cst);
+}
+// Then, under the pool's mutex: the excess is reserved against the quota and
+// the allowance, or trimmed, or the allocation (made, `bytes` in
+// `outstanding`, not recorded) is freed on `stream` and refused, as
+// alloc_growing's. Records the pointer when admitted.
+[[gnu::cold, gnu::noinline]] CUresult settle_fast_growth(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
+                                                         CUstream stream, bool per_thread) noexcept;
 // cuMemPoolDestroy of a registered pool: a last reconciliation, the driver
 // call, then the count goes now or with the pool's last allocation.
 CUresult destroy(PoolState& st, CUmemoryPool pool) noexcept;

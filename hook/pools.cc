@@ -5,8 +5,9 @@
 // pool is counted at or above its reserve (pool_state.h has the model,
 // docs/memory.md the reasoning):
 //  - an allocation that fits in what is already counted for its pool is one
-//    atomic add on this process's pool record, the driver call, and the
-//    record of the pointer: no lock, no region operation, no driver query;
+//    atomic add on this process's pool record, the driver call, one read of
+//    the pool's reserve (the driver may grow it all the same) and the record
+//    of the pointer: no lock, no region operation;
 //  - one that does not fit reserves the growth first (2 MiB chunks), under
 //    the pool's mutex, and settles on the reserve the driver reports after
 //    (pool_state.cc: every lock is there; this file takes none);
@@ -71,6 +72,11 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstr
     pools::finalize_if_drained(st);  // destroyed meanwhile: we may have been its last
     return rc;
   }
+  // The driver may grow the reserve though the allocation fits in what is
+  // counted (fragmentation, a reuse policy): looked at before the pointer is
+  // handed out or recorded, and settled under the pool's mutex if it did.
+  if (__builtin_expect(pools::grew_past_count(st), 0))
+    return pools::settle_fast_growth(st, bytes, dptr, stream, per_thread);
   if (__builtin_expect(!pools::record(*dptr, st, bytes), 0)) pools::record_failed();
   return rc;
 }

@@ -339,6 +339,7 @@ extern "C" CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   CUctx_st* resolved = nullptr;
   if (CUresult rc = resolve_context(ctx, &resolved); rc != CUDA_SUCCESS) return rc;
   wait_idle(resolved);
+  pools_observe_frees(resolved->device, nullptr);
   pools_trim_at_sync(resolved->device);
   return CUDA_SUCCESS;
 }

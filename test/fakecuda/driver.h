@@ -317,6 +317,9 @@ bool vmm_find_mapping_locked(CUdeviceptr ptr, CUdeviceptr* base, std::uint64_t* 
 // shared by every mapping of it); NOT_FOUND when ptr is not mapped,
 // INVALID_VALUE when the range leaves the mapping (vmm.cc).
 CUresult vmm_bytes_locked(CUdeviceptr ptr, std::uint64_t len, unsigned char** out);
+// A synchronisation observed the stream-ordered frees of `stream` (nullptr:
+// of every stream) on `dev`: a trim may release them (pools.cc).
+void pools_observe_frees(std::uint32_t dev, const void* stream);
 // Synchronisation points let every pool of the device trim to its release threshold.
 void pools_trim_at_sync(std::uint32_t dev);
 

@@ -6,11 +6,23 @@
 // synchronisation point (stream/context/event synchronize) each pool of the
 // device trims its unused reserve down to its release threshold (default 0);
 // cuMemPoolTrimTo trims on request. Stream order itself is not modelled: an
-// allocation or free takes effect when the call is made.
+// allocation or free takes effect when the call is made. A pool whose reuse
+// attributes forbid reuse across streams without a dependency
+// (CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC and
+// ..._REUSE_ALLOW_INTERNAL_DEPENDENCIES both 0; events are not modelled, so
+// ..._REUSE_FOLLOW_EVENT_DEPENDENCIES adds none) keeps what cuMemFreeAsync
+// freed for the freeing stream: an allocation on another stream grows the
+// reserve though the pool has that much unused (the driver "may" reuse
+// memory across streams only as these attributes allow). Until a
+// synchronisation observes the free (cuStreamSynchronize of its stream, or
+// of its context's legacy stream; cuCtxSynchronize) a trim keeps it, as
+// cuMemPoolTrimTo says such frees "can count as outstanding"; then a trim
+// releases it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "driver.h"
@@ -31,6 +43,14 @@ struct CUmemPoolHandle_st {
   int reuse_follow_event_dependencies = 1;
   int reuse_allow_opportunistic = 1;
   int reuse_allow_internal_dependencies = 1;
+  // Unused reserve only its freeing stream may reuse (no cross-stream reuse):
+  // frees not yet observed by a synchronisation, and those observed.
+  struct Bound {
+    std::uint64_t pending = 0, observed = 0;
+  };
+  std::map<const void*, Bound> stream_bound;
+  std::uint64_t bound = 0;    // their sum: used + bound <= reserved
+  std::uint64_t pending = 0;  // of which not observed (a trim keeps them)
 };
 
 using namespace gpuslice::fakecuda;
@@ -78,10 +98,40 @@ CUmemPoolHandle_st* default_pool_locked(std::uint32_t dev) {
 void trim_locked(CUmemPoolHandle_st* pool, std::uint64_t keep) {
   if (keep >= pool->reserved) return;
   const std::uint64_t step = growth_step();
-  std::uint64_t target = std::max(round_up(pool->used, step), round_up(keep, step));
+  std::uint64_t target = std::max(round_up(pool->used + pool->pending, step), round_up(keep, step));
   if (target >= pool->reserved) return;
   if (!pool->host) uncharge_device(pool->device, pool->reserved - target);
   pool->reserved = target;
+  // What the trim released came out of the observed stream-bound reserve too.
+  for (auto it = pool->stream_bound.begin(); it != pool->stream_bound.end() && pool->used + pool->bound > target;) {
+    const std::uint64_t drop = std::min(it->second.observed, pool->used + pool->bound - target);
+    it->second.observed -= drop;
+    pool->bound -= drop;
+    it = it->second.pending + it->second.observed == 0 ? pool->stream_bound.erase(it) : std::next(it);
+  }
+}
+
+// A destroyed pool's last allocation is gone: its whole reserve goes, stream
+// frees observed or not.
+void retire_locked(CUmemPoolHandle_st* pool) {
+  for (auto& entry : pool->stream_bound) {
+    entry.second.observed += entry.second.pending;
+    entry.second.pending = 0;
+  }
+  pool->pending = 0;
+  trim_locked(pool, 0);
+  g_pools.retire(pool);
+}
+
+bool cross_stream_reuse(const CUmemPoolHandle_st* pool) {
+  return pool->reuse_allow_opportunistic != 0 || pool->reuse_allow_internal_dependencies != 0;
+}
+
+// Unused reserve an allocation on `stream` may use.
+std::uint64_t reusable(const CUmemPoolHandle_st* pool, const void* stream) {
+  const auto it = pool->stream_bound.find(stream);
+  return pool->reserved - pool->used - pool->bound +
+         (it != pool->stream_bound.end() ? it->second.pending + it->second.observed : 0);
 }
 
 void trim_device_pools_locked(std::uint32_t dev, bool to_used) {
@@ -91,21 +141,22 @@ void trim_device_pools_locked(std::uint32_t dev, bool to_used) {
   });
 }
 
-CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_st* ctx, CUdeviceptr* out) {
-  if (pool->used + size > pool->reserved) {
+CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_st* ctx, const void* stream,
+                           CUdeviceptr* out) {
+  if (size > reusable(pool, stream)) {
     // A whole step, or (where a step passes the pool's limit) 2 MiB chunks.
-    std::uint64_t grow = round_up(pool->used + size - pool->reserved, growth_step());
+    std::uint64_t grow = round_up(size - reusable(pool, stream), growth_step());
     std::uint64_t limit = pool->max_size != 0 ? pool->max_size : state().header().memory_bytes;
-    if (pool->reserved + grow > limit) grow = round_up(pool->used + size - pool->reserved, kChunk);
+    if (pool->reserved + grow > limit) grow = round_up(size - reusable(pool, stream), kChunk);
     if (pool->reserved + grow > limit) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = pool->host ? CUDA_SUCCESS : charge_device(pool->device, grow);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
       // Like the driver, give back the unused reserve of this process's pools
       // on the device before failing.
       trim_device_pools_locked(pool->device, true);
-      grow = round_up(pool->used + size - pool->reserved, growth_step());
-      if (pool->reserved + grow > limit) grow = round_up(pool->used + size - pool->reserved, kChunk);
-      rc = charge_device(pool->device, grow);
+      grow = size > reusable(pool, stream) ? round_up(size - reusable(pool, stream), growth_step()) : 0;
+      if (pool->reserved + grow > limit) grow = round_up(size - reusable(pool, stream), kChunk);
+      rc = grow == 0 ? CUDA_SUCCESS : charge_device(pool->device, grow);
     }
     if (rc != CUDA_SUCCESS) return rc;
     pool->reserved += grow;
@@ -113,6 +164,16 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_s
   }
   CUdeviceptr base = reserve_address(pool->device, size, 512);
   if (base == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  // The stream's own freed memory is used first.
+  if (const auto it = pool->stream_bound.find(stream); it != pool->stream_bound.end()) {
+    const std::uint64_t from_observed = std::min(it->second.observed, size);
+    const std::uint64_t from_pending = std::min(it->second.pending, size - from_observed);
+    it->second.observed -= from_observed;
+    it->second.pending -= from_pending;
+    pool->pending -= from_pending;
+    pool->bound -= from_observed + from_pending;
+    if (it->second.pending + it->second.observed == 0) pool->stream_bound.erase(it);
+  }
   pool->used += size;
   pool->used_high = std::max(pool->used_high, pool->used);
   ++pool->outstanding;
@@ -169,7 +230,7 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUmemPoolHandle_st* poo
   } else if (!alive(pool) || pool->destroy_pending) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  return pool_alloc_locked(pool, bytesize, stream->ctx, dptr);
+  return pool_alloc_locked(pool, bytesize, stream->ctx, stream, dptr);
 }
 
 CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
@@ -180,7 +241,14 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
   Allocation allocation;
   if (!remove_allocation_locked(dptr, &allocation)) return CUDA_ERROR_INVALID_VALUE;
   if (allocation.kind == AllocKind::pool) {
-    pool_return_locked(allocation.pool, allocation.size);
+    CUmemPoolHandle_st* pool = allocation.pool;
+    const bool bind = !cross_stream_reuse(pool) && !pool->destroy_pending;
+    pool_return_locked(pool, allocation.size);
+    if (bind) {
+      pool->stream_bound[stream].pending += allocation.size;
+      pool->bound += allocation.size;
+      pool->pending += allocation.size;
+    }
   } else {
     uncharge_device(allocation.device, allocation.held);  // a cuMemAlloc pointer may be freed this way too
   }
@@ -195,9 +263,21 @@ void pool_return_locked(CUmemPoolHandle_st* pool, std::uint64_t size) {
   pool->used -= size;
   --pool->outstanding;
   if (pool->destroy_pending && pool->outstanding == 0) {
-    trim_locked(pool, 0);
-    g_pools.retire(pool);
+    retire_locked(pool);
   }
+}
+
+void pools_observe_frees(std::uint32_t dev, const void* stream) {
+  std::lock_guard guard(runtime().mu);
+  g_pools.for_each_live([&](CUmemPoolHandle_st* pool) {
+    if (pool->device != dev || pool->pending == 0) return;
+    for (auto& [key, b] : pool->stream_bound) {
+      if (stream != nullptr && key != stream) continue;
+      b.observed += b.pending;
+      pool->pending -= b.pending;
+      b.pending = 0;
+    }
+  });
 }
 
 void pools_trim_at_sync(std::uint32_t dev) {
@@ -254,8 +334,7 @@ extern "C" CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   // (pool_return_locked); the handle is invalid from now on.
   pool->destroy_pending = true;
   if (pool->outstanding == 0) {
-    trim_locked(pool, 0);
-    g_pools.retire(pool);
+    retire_locked(pool);
   }
   return CUDA_SUCCESS;
 }

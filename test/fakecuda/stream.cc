@@ -80,6 +80,7 @@ std::uint64_t stream_end(const CUstream_st* stream) {
 struct Wait {
   std::uint64_t end_ns;  // ideal profile
   SchedWait sched;       // realistic profile (and the device)
+  const void* frees_of;  // whose pool frees it observes (nullptr: every stream's)
 };
 
 CUresult resolve_wait(CUstream hStream, bool ptsz, Wait* out) {
@@ -89,6 +90,7 @@ CUresult resolve_wait(CUstream hStream, bool ptsz, Wait* out) {
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   out->end_ns = stream_end(stream);
   out->sched = sched_wait_of_locked(stream);
+  out->frees_of = stream == stream->ctx->null_stream ? nullptr : stream;
   return CUDA_SUCCESS;
 }
 
@@ -101,6 +103,7 @@ CUresult stream_synchronize(CUstream hStream, bool ptsz) {
   } else {
     sleep_until(wait.end_ns);
   }
+  pools_observe_frees(wait.sched.device, wait.frees_of);
   pools_trim_at_sync(wait.sched.device);
   return CUDA_SUCCESS;
 }

@@ -131,5 +131,59 @@ TEST(PoolAccounting, CoarseDriverGrowthPastTheResidentAllowanceIsRefused) {
   }
 }
 
+// The driver grows a pool's reserve for an allocation that fits in what
+// gpuslice counts for the pool (its fast path): a pool that reuses freed
+// memory only on the freeing stream, 4 MiB freed on stream A, 4 MiB asked on
+// stream B (the device then holds 8 MiB). The growth is checked before the
+// call returns. With A synchronised (its free observed) a trim of the pool
+// gives A's 4 MiB back and the allocation is admitted; without, the trim
+// keeps them (cuMemPoolTrimTo: such frees "can count as outstanding") and
+// the allocation is freed and refused. Either way the device holds 4 MiB.
+void expect_reuse_growth_held(const Env& env, bool sync_a) {
+  Sandbox box;
+  Result r = probe(box, env, {"reuse", "4", "4", sync_a ? "1" : "0"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(unsigned_number(r, "reuse", "freed_held"), 4 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "reuse", "rc"), sync_a ? 0u : static_cast<unsigned long long>(CUDA_ERROR_OUT_OF_MEMORY))
+      << r.out;
+  EXPECT_EQ(unsigned_number(r, "reuse", "held"), 4 * kMi) << r.out;
+  EXPECT_GE(unsigned_number(r, "reuse", "counted"), unsigned_number(r, "reuse", "held")) << r.out;
+}
+
+const Env kAllowance = {
+    {"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"GPUSLICE_MEMORY_RESIDENT", "6Mi"}, {"GPUSLICE_OVERSUBSCRIBE_WAIT", "200ms"}};
+
+TEST(PoolAccounting, FastPathDriverGrowthPastTheQuotaIsTrimmedThenAdmitted) {
+  expect_reuse_growth_held({{"GPUSLICE_MEMORY_LIMIT", "6Mi"}}, true);
+}
+
+TEST(PoolAccounting, FastPathDriverGrowthPastTheQuotaIsRefusedWhenATrimKeepsIt) {
+  expect_reuse_growth_held({{"GPUSLICE_MEMORY_LIMIT", "6Mi"}}, false);
+}
+
+TEST(PoolAccounting, FastPathDriverGrowthPastTheResidentAllowanceIsTrimmedOrRefused) {
+  for (const char* mode : {"fail", "spill", "wait"}) {
+    for (const bool sync_a : {true, false}) {
+      SCOPED_TRACE(std::string(mode) + (sync_a ? ", trimmed" : ", refused"));
+      Env env = kAllowance;
+      env["GPUSLICE_OVERSUBSCRIBE"] = mode;
+      expect_reuse_growth_held(env, sync_a);
+    }
+  }
+}
+
+// The same on the growth path: 4 MiB freed on stream A (synchronised), 6 MiB
+// asked on stream B (more than counted: the count grows to 6 MiB first), and
+// the driver grows the reserve to 10 MiB. Over the 8 MiB quota, the trim
+// gives back A's 4 MiB and the allocation is admitted.
+TEST(PoolAccounting, GrowthPastTheQuotaTrimmedBackUnderItIsAdmitted) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "8Mi"}}, {"reuse", "4", "6", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(unsigned_number(r, "reuse", "rc"), 0u) << r.out;
+  EXPECT_EQ(unsigned_number(r, "reuse", "held"), 6 * kMi) << r.out;
+  EXPECT_EQ(unsigned_number(r, "reuse", "counted"), 6 * kMi) << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test

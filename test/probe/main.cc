@@ -111,6 +111,8 @@ const Scenario kScenarios[] = {
     {"pool", "threads", "ROUNDS", kInit, [](const Args& a) { return pool::threads(a.number<int>(0)); }},
     {"pool", "oversize", "ROUNDS MIB", kInit, [](const Args& a) { return pool::oversize(a.number<int>(0), a.mib(1)); }},
     {"pool", "coarse", "MIB", kInit, [](const Args& a) { return pool::coarse(a.mib(0)); }},
+    {"pool", "reuse", "MIB_A MIB_B SYNC_A", kInit,
+     [](const Args& a) { return pool::reuse(a.mib(0), a.mib(1), a.number<int>(2) != 0); }},
 
     {"pool-race", "reconcile-order", "MIB", kInit, [](const Args& a) { return pool_race::reconcile_order(a.mib(0)); }},
     {"pool-race", "set-mempool", "MIB", kInit, [](const Args& a) { return pool_race::set_mempool(a.mib(0)); }},

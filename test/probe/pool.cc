@@ -15,6 +15,9 @@
 //                                  while another allocates, frees and synchronises (reconciles)
 //   coarse MIB                     two pools, MIB from each (run with a coarse
 //                                  FAKECUDA_POOL_GROWTH_BYTES): the second growth passes the quota
+//   reuse MIB_A MIB_B SYNC_A       MIB_A freed on stream A (synchronised if SYNC_A is 1), then MIB_B on
+//                                  stream B of a pool that reuses only on the freeing stream: the
+//                                  driver grows the reserve
 #include <cuda.h>
 
 #include <atomic>
@@ -126,6 +129,32 @@ int coarse(std::size_t bytes) {
   const CUresult rc_third = cuMemAllocFromPoolAsync(&r, bytes, a, s);
   std::printf("coarse first_held=%lld second_rc=%d second_held=%lld third_rc=%d held=%lld counted=%lld\n", first_held,
               static_cast<int>(rc_second), second_held, static_cast<int>(rc_third), held_allocations(0), counted(0));
+  return 0;
+}
+
+// A pool that reuses freed memory only on its freeing stream (its three
+// reuse attributes 0; a release threshold keeps what synchronisations would
+// trim): FREED bytes from it on stream A, freed on A, A synchronised if
+// `sync_a` (the free observed: a trim may release it), then bytes on stream
+// B. gpuslice counts the pool at FREED; where B's allocation fits in that
+// (its fast path) the driver grows the reserve all the same.
+int reuse(std::size_t freed, std::size_t bytes, bool sync_a) {
+  use_primary(0);
+  CUstream a = new_stream(), b = new_stream();
+  CUmemoryPool pool = new_pool(0, ~std::uint64_t{0});
+  int off = 0;
+  for (CUmemPool_attribute attr :
+       {CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+        CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES})
+    check(cuMemPoolSetAttribute(pool, attr, &off), "cuMemPoolSetAttribute");
+  CUdeviceptr p = 0, q = 0;
+  check(cuMemAllocFromPoolAsync(&p, freed, pool, a), "cuMemAllocFromPoolAsync (stream A)");
+  check(cuMemFreeAsync(p, a), "cuMemFreeAsync (stream A)");
+  if (sync_a) check(cuStreamSynchronize(a), "cuStreamSynchronize (stream A)");
+  const long long freed_held = held_allocations(0);
+  const CUresult rc = cuMemAllocFromPoolAsync(&q, bytes, pool, b);
+  std::printf("reuse freed_held=%lld rc=%d held=%lld counted=%lld\n", freed_held, static_cast<int>(rc),
+              held_allocations(0), counted(0));
   return 0;
 }
 

@@ -187,6 +187,7 @@ int driver_oom(std::size_t held_bytes, std::size_t more_bytes);
 int threads(int rounds);
 int oversize(int rounds, std::size_t big);
 int coarse(std::size_t bytes);
+int reuse(std::size_t freed, std::size_t bytes, bool sync_a);
 }  // namespace pool
 namespace pool_race {
 int reconcile_order(std::size_t bytes);

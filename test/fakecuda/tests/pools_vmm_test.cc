@@ -199,3 +199,50 @@ TEST_F(FakeCuda, DestroyedPoolKeepsItsReserveUntilItsLastAllocation) {
   EXPECT_CU(cuMemFreeAsync(p, nullptr));
   EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
 }
+
+// cuda.h: a pool reuses "already completed frees when there is no
+// dependency" (opportunistic) and inserts "stream dependencies" to reuse
+// memory (internal dependencies), both by default. With both off, memory
+// freed on one stream is reused on that stream only: another stream's
+// allocation grows the reserve though the pool has that much unused.
+TEST_F(FakeCuda, PoolReuseAcrossStreamsFollowsItsReuseAttributes) {
+  InitWithContext();
+  CUstream a = nullptr, b = nullptr;
+  ASSERT_CU(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  for (const bool restricted : {false, true}) {
+    SCOPED_TRACE(restricted ? "reuse on the freeing stream only" : "default reuse attributes");
+    CUmemoryPool pool = nullptr;
+    ASSERT_CU(cuMemPoolCreate(&pool, &props));
+    int off = 0;
+    if (restricted) {
+      ASSERT_CU(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off));
+      ASSERT_CU(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+    }
+    CUdeviceptr p = 0, q = 0, r = 0;
+    ASSERT_CU(cuMemAllocFromPoolAsync(&p, 4 * kMiB, pool, a));
+    EXPECT_CU(cuMemFreeAsync(p, a));
+    ASSERT_CU(cuMemAllocFromPoolAsync(&q, 4 * kMiB, pool, b));
+    EXPECT_EQ(PoolAttr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), restricted ? 8 * kMiB : 4 * kMiB);
+    EXPECT_EQ(fakecuda_device_used_bytes(0), restricted ? 8 * kMiB : 4 * kMiB);
+    ASSERT_CU(cuMemAllocFromPoolAsync(&r, 4 * kMiB, pool, a));  // the freeing stream reuses its own
+    EXPECT_EQ(fakecuda_device_used_bytes(0), 8 * kMiB);
+    EXPECT_CU(cuMemFreeAsync(r, a));
+    // cuMemPoolTrimTo: a free "whose completion has not been observed on the
+    // host (eg. by a synchronize) can count as outstanding". Kept here until
+    // stream A is synchronised (which also trims, to the threshold 0).
+    EXPECT_CU(cuMemPoolTrimTo(pool, 0));
+    EXPECT_EQ(fakecuda_device_used_bytes(0), restricted ? 8 * kMiB : 4 * kMiB);
+    EXPECT_CU(cuStreamSynchronize(b));  // observes stream B's frees only
+    EXPECT_EQ(fakecuda_device_used_bytes(0), restricted ? 8 * kMiB : 4 * kMiB);
+    EXPECT_CU(cuStreamSynchronize(a));
+    EXPECT_EQ(fakecuda_device_used_bytes(0), 4 * kMiB);
+    EXPECT_CU(cuMemFreeAsync(q, b));
+    EXPECT_CU(cuMemPoolDestroy(pool));
+    EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  }
+}
