@@ -45,6 +45,10 @@ inline constexpr int kLeaseTagShift = 48;
 // lease may take (1/kLeaseHeadroomShare), so leases shrink to 0 at the quota.
 inline constexpr std::uint64_t kLeaseMaxBytes = std::uint64_t{32} << 20;
 inline constexpr std::uint64_t kLeaseHeadroomShare = 8;
+// Slot::refills: refills in flight (low 16 bits) and a generation that each
+// refill's end bumps (the rest), as Slot::seq counts brackets.
+inline constexpr std::uint32_t kRefillsInFlightMask = 0xffffu;
+inline constexpr std::uint32_t kRefillsGeneration = 0x10000u;
 
 // The tag of a claim generation (what an open lease word of it carries).
 constexpr std::uint64_t lease_tag_of(std::uint32_t claim_generation) noexcept {

@@ -320,24 +320,67 @@ void wait_for_reaper(const Region* r) {
     sched_yield();
 }
 
-// Another thread of this slot inside its bracket may hold bytes in used_bytes
-// that no spare word shows yet, so that admit_reclaiming cannot take them: a
-// refill's lease between its admission and give_spare, a release between
-// taking committed and used_bytes (issue 32: a preempted refill's 13 MiB lease
-// refused 8 MiB with 20 MiB of room). Before refusing, wait (yielding, at most
-// kQuietWaitNs) until none is in flight, and try again; a try that no other
-// bracket of the slot overlapped (the sequence moved by our own bracket alone)
-// is exact for this slot and ends the wait.
+// Bytes in used_bytes that no lease word shows yet, which admit_reclaiming
+// cannot take: another thread of this slot inside its bracket (a refill's
+// lease between its admission and give_spare, a release between taking
+// committed and used_bytes; issue 32: a preempted refill's 13 MiB lease
+// refused 8 MiB with 20 MiB of room), and a refill of another process between
+// the same two steps (chaos `fill`, 2 processes: 8 MiB refused, the container
+// 5 MiB short of it, a 5 MiB lease in flight). Before refusing, wait (yielding, at most kQuietWaitNs)
+// for a try that none of them overlapped, and try again: a try inside which
+// our slot's sequence moved by our own bracket alone, and before which no
+// other lease holder had a refill in flight and after which none had started
+// or ended one (Slot::refills), is exact. A refill counts itself before its
+// admission and uncounts itself after its lease is in the word (seq_cst), so
+// one whose admission preceded our try's last admission is either seen in
+// flight or seen ended (its lease then in the word before our theft pass, or
+// the try is not exact). Only refills delay a refusal, not other brackets: a
+// refusal beside busy processes that do not refill waits not at all.
 constexpr std::uint64_t kQuietWaitNs = 100'000'000;
 
-bool admit_when_slot_quiet(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) {
+struct RefillsSeen {
+  std::uint64_t holders[kMaxSlots / 64];
+  std::uint64_t sum;  // each slot's count only grows (mod 2^32): equal sums, equal counts
+  bool in_flight;
+};
+
+RefillsSeen refills_seen(const Region* r, int slot) {
+  RefillsSeen seen{{}, 0, false};
+  for (std::uint32_t w = 0; w < kMaxSlots / 64; ++w) {
+    seen.holders[w] = r->header.lease_holders[w].load();
+    for (std::uint64_t bits = seen.holders[w]; bits != 0; bits &= bits - 1) {
+      const int other = static_cast<int>(w * 64 + static_cast<std::uint32_t>(__builtin_ctzll(bits)));
+      if (other == slot) continue;
+      const std::uint32_t refills = r->slots[other].refills.load();
+      seen.sum += refills;
+      seen.in_flight |= (refills & kRefillsInFlightMask) != 0;
+    }
+  }
+  return seen;
+}
+
+bool same_refills(const RefillsSeen& before, const RefillsSeen& after) {
+  for (std::uint32_t w = 0; w < kMaxSlots / 64; ++w) {
+    if (before.holders[w] != after.holders[w]) return false;
+  }
+  return before.sum == after.sum && !after.in_flight;
+}
+
+bool admit_when_quiet(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) {
   const std::atomic<std::uint64_t>& seq = r->slots[slot].seq;
   const std::uint64_t deadline = platform::monotonic_ns() + kQuietWaitNs;
   for (;;) {
     const std::uint64_t before = seq.load();
     if ((before & (shm::kSeqGeneration - 1)) == 0) {
-      if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
-      if (seq.load() == before + shm::kSeqGeneration) return false;
+      const RefillsSeen others = refills_seen(r, slot);
+      if (!others.in_flight) {
+        if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
+        // An acquire read of what the try read (every write of used_bytes is
+        // an RMW: a refill's admission it saw is in this read's release
+        // sequence), so that refill's count is seen below (no fence: TSan).
+        (void)r->devices[dev].used_bytes.load();
+        if (seq.load() == before + shm::kSeqGeneration && same_refills(others, refills_seen(r, slot))) return false;
+      }
     }
     if (platform::monotonic_ns() >= deadline) return false;
     sched_yield();
@@ -353,7 +396,7 @@ bool admit_when_slot_quiet(Region* r, int slot, std::uint64_t tag, int dev, std:
     if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
     if (reap_dead(r, self) == kReapBusy) wait_for_reaper(r);
     if (admit_reclaiming(r, slot, tag, dev, bytes, true)) return true;
-    if (admit_when_slot_quiet(r, slot, tag, dev, bytes)) return true;
+    if (admit_when_quiet(r, slot, tag, dev, bytes)) return true;
   }
   d.oom_refusals.fetch_add(1, std::memory_order_relaxed);
   return false;
@@ -373,10 +416,18 @@ bool admit_when_slot_quiet(Region* r, int slot, std::uint64_t tag, int dev, std:
   settle_locked(d, s, dev, tag);
   const std::uint64_t epoch = d.lease_epoch.load();
   reopen_stale(d, s, dev, tag);
-  if (!admit_locked(r, slot, dev, bytes, true, tag, between, ctx)) return false;
-  if (d.lease_epoch.load() != epoch) [[unlikely]]
+  // Seen by other processes' refusals (admit_when_quiet) from before the
+  // admission until the lease is in the word; a holder before it is counted.
+  const bool lease = leases_allowed(d);
+  if (lease) {
+    mark_lease_holder(r, slot);
+    s.refills.fetch_add(1);
+  }
+  const bool admitted = admit_locked(r, slot, dev, bytes, lease, tag, between, ctx);
+  if (admitted && d.lease_epoch.load() != epoch) [[unlikely]]
     return_to_used(d, s, dev, take_spare(s, dev, tag));
-  return true;
+  if (lease) s.refills.fetch_add(kRefillsGeneration - 1);
+  return admitted;
 }
 
 }  // namespace

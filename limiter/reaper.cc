@@ -228,6 +228,7 @@ class Reaper {
     s.host_pid.store(0);
     // Nothing in flight for the next owner, and the value still grows.
     s.seq.store((s.seq.load() | shm::kSeqInflightMask) + 1);
+    s.refills.store((s.refills.load() | kRefillsInFlightMask) + 1);  // nor refills (a refusal waits for those)
     s.state.store(kSlotFree);
   }
 

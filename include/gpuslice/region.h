@@ -136,7 +136,11 @@ struct alignas(64) Slot {
   // low 16 bits tag the lease words of this claim (limiter/lease.h), so that a
   // stale thread of a previous owner can never move a new owner's lease.
   std::atomic<std::uint32_t> claim_generation;
-  std::uint32_t reserved3;
+  // Refills that may take a lease (limiter/memory_accounting.cc): low 16 bits
+  // in flight (from before their admission until the lease is in the word),
+  // high 16 bits a generation bumped by each that ended. A refusal is final
+  // only after a try no refill of another process overlapped.
+  std::atomic<std::uint32_t> refills;
   // Allocations of this process waiting for device memory now, per device
   // (ABI v4): the reaper takes a dead waiter's out of
   // DeviceState::oversub_waiting.

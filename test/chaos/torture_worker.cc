@@ -572,8 +572,9 @@ class Worker {
         _exit(127);
       }
       // Without exec: a forked child may not use the driver (CUDA_ERROR_NOT_INITIALIZED) and exits.
+      // A request all the same: gpuslice reserves it (in the child's own slot) before the driver refuses it.
       CUdeviceptr p = 0;
-      cuMemAlloc(&p, kMi);
+      alloc(&p, kMi);
       _exit(0);
     }
     if (pid > 0) {

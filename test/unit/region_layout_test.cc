@@ -132,7 +132,7 @@ TEST(RegionLayout, Slot) {
   EXPECT_FIELD(Slot, reserved1, 40, 24);
   EXPECT_FIELD(Slot, seq, 64, 8);
   EXPECT_FIELD(Slot, claim_generation, 72, 4);
-  EXPECT_FIELD(Slot, reserved3, 76, 4);
+  EXPECT_FIELD(Slot, refills, 76, 4);
   EXPECT_FIELD(Slot, oversub_waiting, 80, 32);
   EXPECT_FIELD(Slot, reserved2, 112, 16);
   EXPECT_FIELD(Slot, committed_bytes, 128, 128);
