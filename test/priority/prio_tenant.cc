@@ -25,13 +25,25 @@
 // with PRIO_TENANT_ROWS set, a "row ..." line per burst. PRIO_TENANT_NICE=<n>
 // sets the high tenant's nice value (setpriority) before its bursts: whether
 // its thread's wait for a CPU, not the gate, sets the tail.
+//
+// PRIO_TENANT_TRACE=<dir> (docs/log/2026-11-29-priority-harvest.md): where the
+// idle time the low tenants leave goes. A low tenant writes <dir>/<pid>.low,
+// one line per launch: "L <enter> <exit> <kernel end> <run_delay at enter>
+// <at exit>", then one per sleep inside a launch (the gate's, seen through
+// clock_nanosleep, defined below): "S <start> <planned wake> <wake>
+// <run_delay before> <after> <launch index>" (ns, CLOCK_MONOTONIC;
+// run_delay: the thread's wait for a CPU, schedstat). The high one writes
+// <dir>/high.bursts: "B <first event> <device-side latency ns>" per burst.
+// test/priority/harvest_split.py reads them.
 #include <cuda.h>
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +81,22 @@ std::uint64_t run_delay_ns() {
   return std::strtoull(rest, nullptr, 10);
 }
 
+// The trace (PRIO_TENANT_TRACE): this thread's run_delay through one open
+// descriptor (a pread each), and the gate's sleeps inside a launch.
+int g_schedstat = -1;
+thread_local bool g_in_launch = false;    // the main thread only (the library has its own threads)
+std::vector<std::uint64_t> g_sleeps_rec;  // start, planned wake, wake, run_delay before, after, launch index
+std::uint64_t g_launch_index = 0;
+
+std::uint64_t traced_delay_ns() {
+  char buf[128] = {};
+  const ssize_t n = pread(g_schedstat, buf, sizeof buf - 1, 0);
+  if (n <= 0) return 0;
+  char* rest = nullptr;
+  std::strtoull(buf, &rest, 10);
+  return std::strtoull(rest, nullptr, 10);
+}
+
 double percentile(std::vector<double> v, int p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -76,6 +104,24 @@ double percentile(std::vector<double> v, int p) {
 }
 
 }  // namespace
+
+// The gate's sleeps (platform::sleep_ns) resolve here before libc: with a
+// trace, each one inside a launch is recorded (planned wake, real wake).
+extern "C" int clock_nanosleep(clockid_t clock, int flags, const timespec* req, timespec* rem) {
+  const bool traced = g_in_launch && g_schedstat >= 0 && flags == 0;
+  std::uint64_t target = 0, before = 0, began = 0;
+  if (traced) before = traced_delay_ns();
+  if (traced)
+    target = (began = now_ns()) + static_cast<std::uint64_t>(req->tv_sec) * 1000000000ull +
+             static_cast<std::uint64_t>(req->tv_nsec);
+  const long rc = syscall(SYS_clock_nanosleep, clock, flags, req, rem);
+  if (traced && g_sleeps_rec.size() + 6 <= g_sleeps_rec.capacity()) {
+    const std::uint64_t wake = now_ns();
+    g_sleeps_rec.insert(g_sleeps_rec.end(), {began, target, wake, before, traced_delay_ns(), g_launch_index});
+  }
+  if (rc < 0) return static_cast<int>(errno);
+  return 0;
+}
 
 int main(int argc, char** argv) {
   const bool low = argc == 4 && std::strcmp(argv[1], "low") == 0;
@@ -102,16 +148,50 @@ int main(int argc, char** argv) {
   check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   auto launch = [&] { check(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr), "cuLaunchKernel"); };
 
+  const char* trace = std::getenv("PRIO_TENANT_TRACE");
   if (low) {
     const char* stop = argv[3];
+    std::vector<std::uint64_t> rec;
+    if (trace != nullptr) {
+      g_schedstat = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+      rec.reserve(5u << 17);
+      g_sleeps_rec.reserve(6u << 18);
+    }
     for (unsigned n = 1;; ++n) {
-      launch();
+      if (g_schedstat < 0) {
+        launch();
+      } else {
+        const std::uint64_t d0 = traced_delay_ns(), t0 = now_ns();
+        g_in_launch = true;
+        launch();
+        g_in_launch = false;
+        ++g_launch_index;
+        const std::uint64_t t1 = now_ns(), d1 = traced_delay_ns(), end = fakecuda_busy_until_ns(0);
+        if (rec.size() + 5 <= rec.capacity()) rec.insert(rec.end(), {t0, t1, end, d0, d1});
+      }
       if (n % 16 == 0) {
         check(cuStreamSynchronize(stream), "cuStreamSynchronize");
         if (access(stop, F_OK) == 0) break;
       }
     }
     check(cuStreamSynchronize(stream), "cuStreamSynchronize");
+    if (trace != nullptr) {
+      const std::string path = std::string(trace) + "/" + std::to_string(getpid()) + ".low";
+      if (FILE* out = std::fopen(path.c_str(), "w")) {
+        for (std::size_t i = 0; i + 5 <= rec.size(); i += 5) {
+          std::fprintf(out, "L");
+          for (std::size_t k = 0; k < 5; ++k) std::fprintf(out, " %llu", static_cast<unsigned long long>(rec[i + k]));
+          std::fprintf(out, "\n");
+        }
+        for (std::size_t i = 0; i + 6 <= g_sleeps_rec.size(); i += 6) {
+          std::fprintf(out, "S");
+          for (std::size_t k = 0; k < 6; ++k)
+            std::fprintf(out, " %llu", static_cast<unsigned long long>(g_sleeps_rec[i + k]));
+          std::fprintf(out, "\n");
+        }
+        std::fclose(out);
+      }
+    }
     return 0;
   }
 
@@ -158,6 +238,14 @@ int main(int argc, char** argv) {
     device_us.push_back(static_cast<double>(ms) * 1000.0);
     host_us.push_back(static_cast<double>(end - t0) / 1000.0);
     usleep(static_cast<useconds_t>(gap_min + rng() % (gap_max - gap_min + 1)));
+  }
+  if (trace != nullptr) {
+    if (FILE* out = std::fopen((std::string(trace) + "/high.bursts").c_str(), "w")) {
+      for (std::size_t i = 0; i < began_ns.size(); ++i)
+        std::fprintf(out, "B %llu %llu\n", static_cast<unsigned long long>(began_ns[i]),
+                     static_cast<unsigned long long>(device_us[i] * 1000.0));
+      std::fclose(out);
+    }
   }
   std::printf(
       "prio_tenant pid=%d start_ns=%llu end_ns=%llu bursts=%zu p50_us=%.1f p90_us=%.1f p99_us=%.1f "

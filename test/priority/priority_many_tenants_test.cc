@@ -66,6 +66,7 @@ Env tenant_env(const Machine& m, const std::string& name, const std::string& lev
   e["GPUSLICE_CONTAINER_NAME"] = name;
   e["GPUSLICE_PRIORITY_BOARD"] = m.sandbox().path("board");
   e["GPUSLICE_PRIORITY"] = level;
+  if (const char* trace = std::getenv("PRIO_TENANT_TRACE")) e["PRIO_TENANT_TRACE"] = trace;
   return e;
 }
 
@@ -190,7 +191,9 @@ TEST(PriorityManyTenants, KilledLowTenantsLeaveTheBudgetToTheOthers) {
 // (prio_tenant's breakdown and gaps lines); PRIO_TENANT_ROWS=1 adds a row
 // per burst: latency, device queue at its arrival, the others' device time
 // and the idle time in its window, the high thread's wait for a CPU (us);
-// PRIO_TENANT_NICE=<n> runs the high tenant at that nice value.
+// PRIO_TENANT_NICE=<n> runs the high tenant at that nice value;
+// PRIO_TENANT_TRACE=<dir> has every tenant write its launches there
+// (prio_tenant.cc; test/priority/harvest_split.py splits the idle time).
 TEST(PriorityManyTenants, DISABLED_Sweep) {
   std::vector<int> ns = {0, 1, 16, 64, 256};
   if (const char* only = std::getenv("PRIO_N")) ns = {std::atoi(only)};
