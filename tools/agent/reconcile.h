@@ -31,6 +31,11 @@ namespace gpuslice::agent {
 bool read_sample(const Region* r, const std::vector<std::uint16_t>& slots, RegionSample* out,
                  std::vector<SlotSample>* scratch);
 
+// Each published device's count (used_bytes less spare leases) into
+// t.counted_before_nvml, read just before an NVML sample (guarded). false:
+// not mapped or truncated under us.
+bool note_counted(TrackedRegion& t);
+
 struct ReconcileCounters {
   std::uint64_t bypass_reports = 0;        // registered processes newly found over their account
   std::uint64_t unregistered_reports = 0;  // unregistered processes newly found in a container
