@@ -166,8 +166,8 @@ TEST(AgentReconcile, ContextMemoryTheLibraryCannotSeeIsAddedToTheContainer) {
 // samples NVML, then reads the count. A free (driver first, count after)
 // ending in between was in NVML's figure and no longer in the count: added
 // as agent_extra_bytes for a cycle, and an allocation with room was refused.
-// Here the test takes the sample (note_counts first, as cycle() does), lets
-// the free run to its end, then runs the cycle on that sample.
+// Here the test takes the sample between two note_counts (as cycle() does),
+// lets the free run to its end, then runs the cycle on that sample.
 TEST(AgentReconcile, AFreeEndingAfterTheNvmlSampleIsNoExtra) {
   Sandbox box;
   Env env = container_env(box, {{"GPUSLICE_MEMORY_LIMIT", "128Mi"}});
@@ -193,6 +193,7 @@ TEST(AgentReconcile, AFreeEndingAfterTheNvmlSampleIsNoExtra) {
   agent::GpuSample sample;
   a.note_counts();
   nvml.sample(&sample);  // the 64 MiB still on the device
+  a.note_counts();
   test::run({"/usr/bin/touch", go}, {});
   ASSERT_TRUE(eventually([&] { return file_exists(done); }, 20000)) << read_file(out);
   a.cycle_with(&sample);  // the count read after the free ended

@@ -105,7 +105,7 @@ void Agent::note_counts() {
 
 void Agent::note_counts_locked() {
   for (auto& t : regions_.regions()) {
-    t->counted_before_known = !t->dropped && note_counted(*t);
+    t->counted_at_nvml_known = !t->dropped && note_counted(*t);
   }
 }
 
@@ -117,6 +117,7 @@ void Agent::timed_cycle(const GpuSample* given, bool sample_nvml) {
   if (sample_nvml && nvml_.available()) {
     note_counts_locked();
     nvml_.sample(&gpu_);
+    note_counts_locked();
     gpu = &gpu_;
   }
   run_cycle(gpu, t0);
@@ -182,7 +183,7 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
       regions_.drop(*t, "the file was truncated under us (SIGBUS)");
     }
   }
-  for (auto& t : regions_.regions()) t->counted_before_known = false;  // one cycle's
+  for (auto& t : regions_.regions()) t->counted_at_nvml_known = false;  // one cycle's
   // Limits the container rewrote are put back; a container over its quota is
   // reported or has a process killed (tamper.h, enforce.h).
   tamper_.run(active_, now);

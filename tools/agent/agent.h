@@ -100,9 +100,10 @@ class Agent {
   void cycle();
   // One cycle with the given NVML view instead (nullptr: none). Benchmarks.
   void cycle_with(const GpuSample* gpu);
-  // Reads every region's count just before an NVML sample is taken (cycle()
-  // does so itself): the next cycle compares NVML with the larger of this and
-  // its own later read, so a free that ends in between is no extra.
+  // Reads every region's count; called just before and just after an NVML
+  // sample is taken (cycle() does so itself), it gives the count the next
+  // cycle compares NVML with: the larger of the reads (Reconciler::write), so
+  // a free ending during the sample is no extra.
   void note_counts();
 
   std::string metrics_text() const;

@@ -92,9 +92,10 @@ bool note_counted(TrackedRegion& t) {
   if (r == nullptr) return false;
   return guarded([&] {
     for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
-      t.counted_before_nvml[i] = r->devices[i].uuid_state.load(std::memory_order_acquire) == shm::kDevicePublished
-                                     ? counted_net(r, static_cast<int>(i))
-                                     : 0;
+      const std::uint64_t now = r->devices[i].uuid_state.load(std::memory_order_acquire) == shm::kDevicePublished
+                                    ? counted_net(r, static_cast<int>(i))
+                                    : 0;
+      t.counted_at_nvml[i] = t.counted_at_nvml_known ? std::max(t.counted_at_nvml[i], now) : now;
     }
   });
 }
@@ -307,17 +308,18 @@ bool Reconciler::write(TrackedRegion& t, std::uint64_t now_ns) const {
       if (d.gpu < 0) continue;
       const GpuDevice& g = gpu_->devices[d.gpu];
       if (st.nvml_known) {
-        // The count read now, after the NVML sample: anything NVML saw was
-        // reserved before it was allocated, so it is counted by now. A free
-        // (driver first, count after) that ended between the sample and now
-        // is in NVML's figure but no longer in this one: the larger of this
-        // and the count read just before the sample keeps it (a free whose
-        // count part ended before that read had its driver part before the
-        // sample, so NVML does not show it either). The price: a bypass is
-        // undercounted, for one cycle, by at most what the container freed
-        // while NVML was sampled (docs/memory-accounting.md, "What is shown").
-        std::uint64_t used = counted_net(r, d.index);
-        if (t.counted_before_known) used = std::max(used, t.counted_before_nvml[d.index]);
+        // The count around the NVML sample: the larger of the reads just
+        // before and just after it (note_counted). Anything NVML saw was
+        // reserved before it was allocated, so the read after counts it. A
+        // free (driver first, count after) ending after the sample is in
+        // NVML's figure but may be gone from the read after: the read before
+        // keeps it (a free whose count part ended before that read had its
+        // driver part before the sample, so NVML does not show it either).
+        // The price: a bypass is undercounted, for one cycle, by at most what
+        // the container allocated or freed while NVML was sampled (before,
+        // the whole cycle's reads lay between the sample and this read).
+        // Without the reads (a region found in this cycle's rescan): now.
+        const std::uint64_t used = t.counted_at_nvml_known ? t.counted_at_nvml[d.index] : counted_net(r, d.index);
         const std::uint64_t extra = st.nvml_bytes > used ? st.nvml_bytes - used : 0;
         if (extra != d.agent_extra_bytes) dev.agent_extra_bytes.store(extra, std::memory_order_release);
         // Less left to admit: spare leases admitted before must not be spent past it.

@@ -31,9 +31,10 @@ namespace gpuslice::agent {
 bool read_sample(const Region* r, const std::vector<std::uint16_t>& slots, RegionSample* out,
                  std::vector<SlotSample>* scratch);
 
-// Each published device's count (used_bytes less spare leases) into
-// t.counted_before_nvml, read just before an NVML sample (guarded). false:
-// not mapped or truncated under us.
+// Each published device's count (used_bytes less spare leases), read just
+// before and again just after an NVML sample, into t.counted_at_nvml: the
+// larger of the reads this cycle (guarded). false: not mapped or truncated
+// under us.
 bool note_counted(TrackedRegion& t);
 
 struct ReconcileCounters {
