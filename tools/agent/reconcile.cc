@@ -308,18 +308,19 @@ bool Reconciler::write(TrackedRegion& t, std::uint64_t now_ns) const {
       if (d.gpu < 0) continue;
       const GpuDevice& g = gpu_->devices[d.gpu];
       if (st.nvml_known) {
-        // The count around the NVML sample: the larger of the reads just
-        // before and just after it (note_counted). Anything NVML saw was
-        // reserved before it was allocated, so the read after counts it. A
-        // free (driver first, count after) ending after the sample is in
-        // NVML's figure but may be gone from the read after: the read before
-        // keeps it (a free whose count part ended before that read had its
-        // driver part before the sample, so NVML does not show it either).
-        // The price: a bypass is undercounted, for one cycle, by at most what
-        // the container allocated or freed while NVML was sampled (before,
-        // the whole cycle's reads lay between the sample and this read).
-        // Without the reads (a region found in this cycle's rescan): now.
-        const std::uint64_t used = t.counted_at_nvml_known ? t.counted_at_nvml[d.index] : counted_net(r, d.index);
+        // The count around the NVML sample: the largest of the reads just
+        // before and just after it (note_counted) and of this one. Anything
+        // NVML saw that gpuslice counts before allocating is in the reads
+        // after; memory counted only once measured after the driver call (a
+        // context, a module) is in this late read more often. A free (driver
+        // first, count after) ending after the sample is in NVML's figure but
+        // may be gone from the reads after: the read before keeps it (a free
+        // whose count part ended before that read had its driver part before
+        // the sample, so NVML does not show it either). The price: a bypass
+        // is undercounted, for one cycle, by at most what the container
+        // freed since the sample began, or allocated since it ended.
+        std::uint64_t used = counted_net(r, d.index);
+        if (t.counted_at_nvml_known) used = std::max(used, t.counted_at_nvml[d.index]);
         const std::uint64_t extra = st.nvml_bytes > used ? st.nvml_bytes - used : 0;
         if (extra != d.agent_extra_bytes) dev.agent_extra_bytes.store(extra, std::memory_order_release);
         // Less left to admit: spare leases admitted before must not be spent past it.
