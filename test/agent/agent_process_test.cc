@@ -18,6 +18,7 @@
 #include "agent_test_util.h"
 #include "limiter/lease.h"
 #include "limiter/memory_accounting.h"
+#include "nvml.h"
 
 using namespace std::string_literals;
 
@@ -158,6 +159,55 @@ TEST(AgentReconcile, ContextMemoryTheLibraryCannotSeeIsAddedToTheContainer) {
   // The process is gone: NVML shows nothing, so nothing extra is charged.
   a.cycle();
   EXPECT_EQ(r->devices[dev].agent_extra_bytes.load(), 0u);
+  shm::detach(r);
+}
+
+// Issue 32 (docs/log/2026-11-29-agent-refusals.md, seed 1175): the agent
+// samples NVML, then reads the count. A free (driver first, count after)
+// ending in between was in NVML's figure and no longer in the count: added
+// as agent_extra_bytes for a cycle, and an allocation with room was refused.
+// Here the test takes the sample between two note_counts (as cycle() does),
+// lets the free run to its end, then runs the cycle on that sample.
+TEST(AgentReconcile, AFreeEndingAfterTheNvmlSampleIsNoExtra) {
+  Sandbox box;
+  Env env = container_env(box, {{"GPUSLICE_MEMORY_LIMIT", "128Mi"}});
+  const std::string ready = box.path("ready"), go = box.path("go"), done = box.path("done"), end = box.path("end");
+  const std::string out = box.path("probe.out");
+  pid_t probe = test::spawn({test::bin("cuprobe"), "init", "ctx", "0", "alloc", std::to_string(64 * kMi), "touch",
+                             ready, "waitfile", go, "free", "touch", done, "waitfile", end},
+                            env, out);
+  ASSERT_TRUE(eventually([&] { return file_exists(ready); }, 20000)) << read_file(out);
+  agent::Agent a(config_for(box));
+  a.start();
+  ASSERT_TRUE(a.stats().nvml_available);
+  a.cycle();
+  Region* r = attach(container_region(box));
+  ASSERT_NE(r, nullptr);
+  const int dev = first_device(r);
+  ASSERT_GE(dev, 0);
+  ASSERT_EQ(r->devices[dev].agent_extra_bytes.load(), 0u) << "everything NVML sees is counted";
+
+  agent::Nvml nvml;
+  std::string why;
+  ASSERT_TRUE(nvml.open(fake_nvml(), &why)) << why;
+  agent::GpuSample sample;
+  a.note_counts();
+  nvml.sample(&sample);  // the 64 MiB still on the device
+  a.note_counts();
+  test::run({"/usr/bin/touch", go}, {});
+  ASSERT_TRUE(eventually([&] { return file_exists(done); }, 20000)) << read_file(out);
+  a.cycle_with(&sample);  // the count read after the free ended
+  EXPECT_EQ(r->devices[dev].agent_extra_bytes.load(), 0u)
+      << "a free that ended after the NVML sample is no memory held beyond the count";
+  a.cycle();
+  EXPECT_EQ(r->devices[dev].agent_extra_bytes.load(), 0u);
+
+  test::run({"/usr/bin/touch", end}, {});
+  test::Result res = test::wait(probe, out);
+  ASSERT_EQ(res.exit_code, 0) << res.describe();
+  const auto rcs = test::lines_with(res.out, "free ");
+  ASSERT_EQ(rcs.size(), 1u) << res.out;
+  EXPECT_EQ(test::field(rcs[0], "rc"), "0");
   shm::detach(r);
 }
 

@@ -13,6 +13,7 @@
 
 #include "fakecuda_query.h"
 #include "limiter/agent_extra.h"
+#include "platform/procfs.h"
 #include "monitor.h"
 #include "monitor_internal.h"
 
@@ -53,8 +54,40 @@ struct Slack {
   std::uint64_t agent = 0;       // agent_extra_bytes while the agent's heartbeat is fresh
   std::uint64_t absorbed = 0;    // outside memory measured into a live object (monitor_absorbed)
   std::uint64_t reclaimed = 0;   // trimmed by the driver inside other requests overlapping this one
-  std::uint64_t total() const { return freed + requesting + releasing + pools + agent + absorbed + reclaimed; }
+  std::uint64_t exiting = 0;     // counted for processes mid-exit whose files are closed (exiting_bytes)
+  std::uint64_t total() const {
+    return freed + requesting + releasing + pools + agent + absorbed + reclaimed + exiting;
+  }
 };
+
+// What gpuslice still counts for processes of the container that are mid-exit
+// with their files closed: the leader a zombie while other threads of it
+// still exit (a SIGKILL in progress), its slot's lock released, so the driver
+// freed its memory at the last close. shm::judge_liveness keeps such a
+// process alive (the zombie-leader rule: the lock's release cannot prove the
+// device memory gone, docs/memory-accounting.md, "Reaping"), so its count
+// stays until its last thread is gone: bounded by the rest of its exit.
+// A process the simulator still finds alive (its lock held: a pthread_exit
+// in main) is in what the container holds, not here. State lock held.
+std::uint64_t exiting_bytes(const Region& r, std::uint32_t dev, int rd) {
+  const int high = fakecuda_slots_high_locked();
+  std::uint64_t sum = 0;
+  for (std::uint32_t s = 0; s < kMaxSlots; ++s) {
+    const Slot& slot = r.slots[s];
+    if (slot.state.load(std::memory_order_acquire) != kSlotLive) continue;
+    const std::uint32_t pid = slot.pid.load(std::memory_order_relaxed);
+    platform::procfs::Stat st;
+    if (pid == 0 || platform::procfs::read_stat(pid, &st) != 0) continue;
+    if (st.state != 'Z' || st.num_threads <= 1) continue;
+    bool held = false;  // its lock still held: alive for the simulator too
+    for (int i = 0; i < high && !held; ++i) {
+      fakecuda_slot_info info{};
+      held = member_alive(i, dev, &info) && info.pid == pid;
+    }
+    if (!held) sum += slot.committed_bytes[rd].load(std::memory_order_relaxed);
+  }
+  return sum;
+}
 bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Slack* out, const char** why) {
   for (int k = 0; k < t_members; ++k) {
     fakecuda_slot_info slot{};
@@ -99,6 +132,7 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
     out->absorbed += g_shared->absorbed[i][dev].load(std::memory_order_relaxed);
     out->reclaimed += reclaimed;
   }
+  out->exiting = exiting_bytes(r, dev, static_cast<int>(&d - r.devices));
   const std::uint64_t beat = r.header.agent_heartbeat_ns.load(std::memory_order_acquire);
   const std::uint64_t now = fakecuda_now_ns();
   // Fresh: written within the bound the library keeps an agent's extra in
@@ -253,20 +287,22 @@ int monitor_request_end(bool refused, const char* what) {
   // the bytes that made the difference (thread reserves, spare not taken...).
   const std::uint64_t count = resident_count(d) + (g_config.spill ? held - total : 0);
   const std::uint64_t beyond = count > held + slack.total() ? count - held - slack.total() : 0;
-  char detail[768];
+  char detail[896];
   std::snprintf(detail, sizeof(detail),
                 "%s of %llu bytes refused (CUDA_ERROR_OUT_OF_MEMORY) while the container holds %llu: %llu + %llu + "
                 "documented slack %llu (freed during the request %llu, other requests overlapping it %llu, frees in "
                 "flight %llu, pools %llu, trimmed inside other requests %llu, outside memory measured into live "
-                "objects %llu, fresh agent_extra_bytes %llu) <= limit %llu; gpuslice counts %llu bytes the device "
+                "objects %llu, counted for processes mid-exit %llu, fresh agent_extra_bytes %llu) <= limit %llu; "
+                "gpuslice counts %llu bytes the device "
                 "does not hold beyond that slack",
                 what, static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(held),
                 static_cast<unsigned long long>(held), static_cast<unsigned long long>(bytes),
                 static_cast<unsigned long long>(slack.total()), static_cast<unsigned long long>(slack.freed),
                 static_cast<unsigned long long>(slack.requesting), static_cast<unsigned long long>(slack.releasing),
                 static_cast<unsigned long long>(slack.pools), static_cast<unsigned long long>(slack.reclaimed),
-                static_cast<unsigned long long>(slack.absorbed), static_cast<unsigned long long>(slack.agent),
-                static_cast<unsigned long long>(limit), static_cast<unsigned long long>(beyond));
+                static_cast<unsigned long long>(slack.absorbed), static_cast<unsigned long long>(slack.exiting),
+                static_cast<unsigned long long>(slack.agent), static_cast<unsigned long long>(limit),
+                static_cast<unsigned long long>(beyond));
   Grant grant{bytes, false, false, what};
   report("refusal", detail, dev, rd, total, own, limit, d, &grant);
   return 1;

@@ -98,13 +98,26 @@ void Agent::cycle() { timed_cycle(nullptr, true); }
 
 void Agent::cycle_with(const GpuSample* gpu) { timed_cycle(gpu, false); }
 
+void Agent::note_counts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  note_counts_locked();
+}
+
+void Agent::note_counts_locked() {
+  for (auto& t : regions_.regions()) {
+    t->counted_at_nvml_known = !t->dropped && note_counted(*t);
+  }
+}
+
 void Agent::timed_cycle(const GpuSample* given, bool sample_nvml) {
   const std::uint64_t cpu0 = thread_cpu_ns();
   const std::uint64_t t0 = monotonic_ns();
   std::lock_guard<std::mutex> lock(mu_);
   const GpuSample* gpu = given;
   if (sample_nvml && nvml_.available()) {
+    note_counts_locked();
     nvml_.sample(&gpu_);
+    note_counts_locked();
     gpu = &gpu_;
   }
   run_cycle(gpu, t0);
@@ -170,6 +183,7 @@ void Agent::run_cycle(const GpuSample* gpu, std::uint64_t now) {
       regions_.drop(*t, "the file was truncated under us (SIGBUS)");
     }
   }
+  for (auto& t : regions_.regions()) t->counted_at_nvml_known = false;  // one cycle's
   // Limits the container rewrote are put back; a container over its quota is
   // reported or has a process killed (tamper.h, enforce.h).
   tamper_.run(active_, now);

@@ -100,6 +100,11 @@ class Agent {
   void cycle();
   // One cycle with the given NVML view instead (nullptr: none). Benchmarks.
   void cycle_with(const GpuSample* gpu);
+  // Reads every region's count; called just before and just after an NVML
+  // sample is taken (cycle() does so itself), it gives the count the next
+  // cycle compares NVML with: the larger of the reads (Reconciler::write), so
+  // a free ending during the sample is no extra.
+  void note_counts();
 
   std::string metrics_text() const;
   // The last cycle ended less than max(3 intervals, 2 s) ago.
@@ -109,6 +114,7 @@ class Agent {
 
  private:
   void timed_cycle(const GpuSample* given, bool sample_nvml);
+  void note_counts_locked();
   void run_cycle(const GpuSample* gpu, std::uint64_t now_ns);
   int reap(TrackedRegion& t);
   // This cycle's sample of a region (slot_index.h); false: truncated under us.

@@ -79,6 +79,27 @@ bool read_sample(const Region* r, const std::vector<std::uint16_t>& slot_list, R
   return ok;
 }
 
+// What the container's calls hold by its count: spare quota leases are
+// counted but not allocated, so they must not hide memory NVML sees.
+static std::uint64_t counted_net(const Region* r, int dev) {
+  const std::uint64_t counted = r->devices[dev].used_bytes.load(std::memory_order_relaxed);
+  const std::uint64_t spare = limiter::spare_lease_bytes(r, dev);
+  return counted > spare ? counted - spare : 0;
+}
+
+bool note_counted(TrackedRegion& t) {
+  const Region* r = t.map.get();
+  if (r == nullptr) return false;
+  return guarded([&] {
+    for (std::uint32_t i = 0; i < kMaxDevices; ++i) {
+      const std::uint64_t now = r->devices[i].uuid_state.load(std::memory_order_acquire) == shm::kDevicePublished
+                                    ? counted_net(r, static_cast<int>(i))
+                                    : 0;
+      t.counted_at_nvml[i] = t.counted_at_nvml_known ? std::max(t.counted_at_nvml[i], now) : now;
+    }
+  });
+}
+
 Reconciler::Reconciler(std::uint64_t bypass_tolerance_bytes, std::uint64_t own_pidns)
     : tolerance_(bypass_tolerance_bytes), own_pidns_(own_pidns) {}
 
@@ -287,13 +308,19 @@ bool Reconciler::write(TrackedRegion& t, std::uint64_t now_ns) const {
       if (d.gpu < 0) continue;
       const GpuDevice& g = gpu_->devices[d.gpu];
       if (st.nvml_known) {
-        // used_bytes read now, after the NVML sample: anything NVML saw was
-        // reserved before it was allocated, so it is already counted.
-        // Spare quota leases are counted but not allocated: they must not
-        // hide memory NVML sees beyond our count.
-        const std::uint64_t counted = dev.used_bytes.load(std::memory_order_relaxed);
-        const std::uint64_t spare = limiter::spare_lease_bytes(r, d.index);
-        const std::uint64_t used = counted > spare ? counted - spare : 0;
+        // The count around the NVML sample: the largest of the reads just
+        // before and just after it (note_counted) and of this one. Anything
+        // NVML saw that gpuslice counts before allocating is in the reads
+        // after; memory counted only once measured after the driver call (a
+        // context, a module) is in this late read more often. A free (driver
+        // first, count after) ending after the sample is in NVML's figure but
+        // may be gone from the reads after: the read before keeps it (a free
+        // whose count part ended before that read had its driver part before
+        // the sample, so NVML does not show it either). The price: a bypass
+        // is undercounted, for one cycle, by at most what the container
+        // freed since the sample began, or allocated since it ended.
+        std::uint64_t used = counted_net(r, d.index);
+        if (t.counted_at_nvml_known) used = std::max(used, t.counted_at_nvml[d.index]);
         const std::uint64_t extra = st.nvml_bytes > used ? st.nvml_bytes - used : 0;
         if (extra != d.agent_extra_bytes) dev.agent_extra_bytes.store(extra, std::memory_order_release);
         // Less left to admit: spare leases admitted before must not be spent past it.

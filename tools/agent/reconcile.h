@@ -31,6 +31,12 @@ namespace gpuslice::agent {
 bool read_sample(const Region* r, const std::vector<std::uint16_t>& slots, RegionSample* out,
                  std::vector<SlotSample>* scratch);
 
+// Each published device's count (used_bytes less spare leases), read just
+// before and again just after an NVML sample, into t.counted_at_nvml: the
+// larger of the reads this cycle (guarded). false: not mapped or truncated
+// under us.
+bool note_counted(TrackedRegion& t);
+
 struct ReconcileCounters {
   std::uint64_t bypass_reports = 0;        // registered processes newly found over their account
   std::uint64_t unregistered_reports = 0;  // unregistered processes newly found in a container

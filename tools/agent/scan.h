@@ -46,6 +46,11 @@ struct TrackedRegion {
   bool dropped = false;              // forgotten at the end of the cycle
   SlotIndex slots;                   // the slots in use, read every cycle
   RegionSample sample;
+  // Each device's count (used_bytes less spare leases), the larger of its
+  // reads just before and just after the NVML sample (Agent::note_counts):
+  // what Reconciler::write compares NVML with. Valid for one cycle.
+  std::uint64_t counted_at_nvml[kMaxDevices] = {};
+  bool counted_at_nvml_known = false;
 };
 
 class RegionSet {
