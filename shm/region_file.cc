@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "platform/clock.h"
 #include "platform/fs.h"
 #include "platform/text.h"
 
@@ -22,6 +23,8 @@ namespace {
 
 constexpr std::size_t kPathCap = 4096;
 constexpr std::size_t kRegionBytes = sizeof(Region);
+// How long an attach keeps trying a region that is being removed or replaced.
+constexpr std::uint64_t kAttachPatienceNs = 2'000'000'000;
 
 // Starts "gpuslice: GPUSLICE_REGION=<path>: "; the caller appends
 // "<what is wrong>, expected <what>".
@@ -371,10 +374,19 @@ bool owned_by_us_or_root(int fd, const Place& place, const char* path, Error* er
 // then checks that the name still names the file opened and that it is still
 // linked: a region the agent renamed away or unlinked between our open and
 // our lock is never joined (the caller opens the name again).
-bool joined(int fd, const Place& place) {
+// A remover holds the lock for one rename or unlink, but may be descheduled
+// meanwhile (a loaded node, an agent being killed): past a few yields the
+// joiner sleeps 1 ms a look, until the attach's deadline.
+bool joined(int fd, const Place& place, std::uint64_t deadline_ns) {
   Join j = begin_attach(fd);
-  for (int spin = 0; j == Join::removing && spin < 64; ++spin) {
-    sched_yield();  // the remover holds the lock for a rename or an unlink
+  for (int spin = 0; j == Join::removing; ++spin) {
+    if (spin < 64) {
+      sched_yield();
+    } else if (platform::monotonic_ns() < deadline_ns) {
+      platform::sleep_ns(1'000'000);
+    } else {
+      break;
+    }
     j = begin_attach(fd);
   }
   if (j == Join::removing) return false;
@@ -394,8 +406,13 @@ Region* attach_at(const Place& place, const char* path, const char* container_na
   // users never through a symbolic link (someone else's).
   const int flags = (writable ? O_RDWR : O_RDONLY) | O_NONBLOCK | (place.shared ? O_NOFOLLOW : 0);
   // A creator that loses the race, or a region deleted between our open and
-  // our link, sends us round again; a few rounds settle any real race.
-  for (int round = 0; round < 8; ++round) {
+  // our link, sends us round again; a few rounds settle any real race. Past
+  // eight, a round every millisecond until 2 s from the start: a remover
+  // (the agent) descheduled between its lock, its rename and its unlink must
+  // not fail a process's start.
+  const std::uint64_t deadline_ns = platform::monotonic_ns() + kAttachPatienceNs;
+  for (int round = 0; round < 8 || platform::monotonic_ns() < deadline_ns; ++round) {
+    if (round >= 8) platform::sleep_ns(1'000'000);
     const int fd = create ? platform::open_at(place.dfd, place.base, flags) : platform::open_at(AT_FDCWD, path, flags);
     if (fd >= 0) {
       if (create && !owned_by_us_or_root(fd, place, path, err)) {
@@ -403,7 +420,7 @@ Region* attach_at(const Place& place, const char* path, const char* container_na
         return nullptr;
       }
       Region* r = map_existing(fd, path, writable, err);
-      if (r != nullptr && keep_fd != nullptr && place.dfd >= 0 && !joined(fd, place)) {
+      if (r != nullptr && keep_fd != nullptr && place.dfd >= 0 && !joined(fd, place, deadline_ns)) {
         detach(r);  // being removed: open the name again (a new region, or the old one put back)
         close(fd);
         continue;
@@ -539,7 +556,7 @@ bool rejoin(int fd, const char* path) noexcept {
   Error err{};
   Place place;
   if (!open_place(path, &place, &err)) return false;
-  const bool ok = joined(fd, place);
+  const bool ok = joined(fd, place, platform::monotonic_ns() + kAttachPatienceNs);
   close(place.dfd);
   return ok;
 }

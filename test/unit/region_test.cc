@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -369,6 +370,48 @@ TEST(RegionFile, AJoiningProcessHoldsTheRegionUntilEndAttach) {
     close(fd);
     shm::detach(r);
   }
+}
+
+// A remover (the agent) descheduled while it holds the joining lock must not
+// fail a process's start: the joiner waits for it, then joins (the remover
+// here gives the region up without renaming it) — seen in a chaos seed where
+// a loaded agent held the lock across the joiner's few rounds of yields and
+// cuInit failed ("keeps appearing and disappearing").
+TEST(RegionFile, AJoinerWaitsForARemoverHoldingTheLock) {
+  TempDir dir;
+  const std::string path = dir.file("region");
+  shm::Error err{};
+  {
+    int fd = -1;
+    Region* r = shm::attach(path.c_str(), "n", &err, nullptr, &fd);
+    ASSERT_NE(r, nullptr) << err.message;
+    shm::end_attach(fd);
+    close(fd);
+    shm::detach(r);
+  }
+  const int remover = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(remover, 0);
+  ASSERT_TRUE(shm::lock_for_removal(remover));
+  std::atomic<bool> done{false};
+  Region* joined = nullptr;
+  bool created = true;
+  int fd = -1;
+  shm::Error join_err{};
+  std::thread joiner([&] {
+    joined = shm::attach(path.c_str(), "n", &join_err, &created, &fd);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const bool returned_while_locked = done.load();
+  shm::unlock_for_removal(remover);
+  joiner.join();
+  close(remover);
+  EXPECT_FALSE(returned_while_locked) << "the joiner gave up while the remover held the lock: " << join_err.message;
+  ASSERT_NE(joined, nullptr) << join_err.message;
+  EXPECT_FALSE(created);
+  shm::end_attach(fd);
+  close(fd);
+  shm::detach(joined);
 }
 
 TEST(RegionHeaderValidation, DirectCalls) {
