@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -304,6 +305,12 @@ bool stat_of(pid_t pid, char* state, unsigned long* threads, unsigned long long*
 }
 
 TEST(ChaosMonitor, ARefusalExplainedByAProcessMidExitWithItsFilesClosedIsNoViolation) {
+#if defined(__SANITIZE_THREAD__)
+  // A thread created in a child forked from a process with TSan's background
+  // thread can hang in the runtime, with SIGALRM deferred (CI's TSan lane hit
+  // the 240 s timeout): the monitor's rule is plain code, Release and ASan run it.
+  GTEST_SKIP() << "pthread_create after fork under TSan";
+#endif
   Sandbox box;
   create_region(box);
   int pipe_fds[2];
@@ -325,6 +332,10 @@ TEST(ChaosMonitor, ARefusalExplainedByAProcessMidExitWithItsFilesClosedIsNoViola
   unsigned long long start = 0;
   for (int i = 0; i < 2000 && !(stat_of(child, &state, &threads, &start) && state == 'Z' && threads == 2); ++i)
     usleep(5000);
+  if (state != 'Z' || threads != 2) {  // never leave the child holding the test's output
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+  }
   ASSERT_EQ(state, 'Z');
   ASSERT_EQ(threads, 2u);
 
