@@ -422,6 +422,16 @@ struct RefillInFlight {
   std::function<bool()> ask;    // the other thread's request
   std::atomic<int> result{-1};  // -1: not ended; 1: admitted; 0: refused
   std::thread other{};
+
+  // The refill's `between` hook: starts the other thread's request once and
+  // holds the refill inside its bracket until that request ended, at most 10 ms.
+  static void ask_inside(void* p) {
+    auto* c = static_cast<RefillInFlight*>(p);
+    if (c->other.joinable()) return;
+    c->other = std::thread([c] { c->result = c->ask() ? 1 : 0; });
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+    while (c->result.load() < 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  }
 };
 
 TEST_F(Lease, ARefusalWaitsForALeaseAnotherThreadOfItsSlotIsGiving) {
@@ -430,17 +440,7 @@ TEST_F(Lease, ARefusalWaitsForALeaseAnotherThreadOfItsSlotIsGiving) {
   // The refill admits 8 MiB and a lease of (64 - 8) / 8 = 7 MiB; inside it,
   // after used_bytes took both, another thread asks for 50 MiB: the
   // container holds 8, so 50 fits.
-  ASSERT_TRUE(limiter::lease_steps::refill(
-      region_, slot_, dev, 8 * kMi,
-      [](void* p) {
-        auto* c = static_cast<RefillInFlight*>(p);
-        if (c->other.joinable()) return;
-        c->other = std::thread([c] { c->result = c->ask() ? 1 : 0; });
-        // Held inside the bracket until the other thread ended, at most 10 ms.
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
-        while (c->result.load() < 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-      },
-      &in));
+  ASSERT_TRUE(limiter::lease_steps::refill(region_, slot_, dev, 8 * kMi, RefillInFlight::ask_inside, &in));
   in.other.join();
   EXPECT_EQ(in.result.load(), 1) << "refused while the container held 8 MiB of a 64 MiB quota";
   EXPECT_EQ(used(dev), sum_of_shares(dev));
@@ -459,16 +459,7 @@ TEST_F(Lease, ARefusalWaitsForALeaseAnotherProcessIsGiving) {
   RefillInFlight in{[&] { return take(slot_, dev, 50 * kMi); }};
   // The other process's refill admits 8 MiB and a lease of 7 MiB; inside it
   // we ask for 50 MiB: the container holds 8, so 50 fits.
-  ASSERT_TRUE(limiter::lease_steps::refill(
-      region_, other, dev, 8 * kMi,
-      [](void* p) {
-        auto* c = static_cast<RefillInFlight*>(p);
-        if (c->other.joinable()) return;
-        c->other = std::thread([c] { c->result = c->ask() ? 1 : 0; });
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
-        while (c->result.load() < 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-      },
-      &in));
+  ASSERT_TRUE(limiter::lease_steps::refill(region_, other, dev, 8 * kMi, RefillInFlight::ask_inside, &in));
   in.other.join();
   EXPECT_EQ(in.result.load(), 1) << "refused while the container held 8 MiB of a 64 MiB quota";
   EXPECT_EQ(used(dev), sum_of_shares(dev));
