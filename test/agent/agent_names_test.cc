@@ -33,21 +33,6 @@ using nlohmann::json;
 
 namespace {
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // A valid region with one device, made under a plain name, then renamed to
 // `hostile` (a path below the region directory).
 void plant_region(const Sandbox& box, const std::string& hostile, const std::string& container_name,

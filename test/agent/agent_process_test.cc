@@ -90,21 +90,6 @@ bool parse_sample(const std::string& line, std::string* key, double* value) {
   return !number.empty() && *end == '\0';
 }
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST(AgentReconcile, ContextMemoryTheLibraryCannotSeeIsAddedToTheContainer) {
   Sandbox box;
   // No NVML for the library (one that loads but does not start: a path that

@@ -64,5 +64,7 @@ bool eventually(const std::function<bool()>& pred, int timeout_ms = 5000);
 bool file_exists(const std::string& path);
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& data);
+// A loopback TCP port free when asked (for the agent's --listen), or -1.
+int free_port();
 
 }  // namespace gpuslice::agent_test
