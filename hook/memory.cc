@@ -165,6 +165,10 @@ void disarm_fast_path() noexcept { owner_page().fast.store(0, std::memory_order_
       gpuslice::platform::table_detail::g_stuck_shards.load(std::memory_order_seq_cst) != 0)
     page.fast.store(0, std::memory_order_seq_cst);
 }
+[[gnu::cold, gnu::noinline]] void settle_freed_behind_at(const CUdeviceptr* dptr) noexcept {
+  settle_freed_behind(*dptr);
+}
+
 inline void maybe_arm_fast_path() noexcept {
   if (__builtin_expect(!g_fast_never.load(std::memory_order_relaxed), 1)) arm_fast_path();
 }
@@ -195,7 +199,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesiz
   asm volatile("" : "+m"(rec));
   const CUresult rc = real_cuMemAlloc_v2(dptr, bytesize);
   if (__builtin_expect(rc == CUDA_SUCCESS, 1) && g_pointers->insert_entered(*dptr, rec)) {
-    recheck_freed_behind(mark, *dptr);
+    // (The pointer read in the cold call: not loaded again on the common path.)
+    if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) settle_freed_behind_at(dptr);
     return rc;
   }
   commit_slow(*g_pointers, rc, Reservation{rec.dev, rec.bytes}, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::linear);

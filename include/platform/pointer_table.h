@@ -50,12 +50,13 @@ void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched
 
 // Growth that failed (issue 35). A shard past its load limit whose growth
 // mmap failed (the address space is exhausted: RLIMIT_AS) is stuck until a
-// growth succeeds or erasures bring it back under the limit; it keeps half
-// its capacity for what was admitted already. While any shard of
-// any table is stuck, new allocations are refused before the driver makes
-// them (hook/account.cc): a record is what lets a free release its bytes, so
-// none is admitted that could not be recorded. regrow_stuck retries the
-// growth of every stuck shard (cold): true when none is left stuck.
+// growth succeeds or, erasures having brought it back under the limit, a
+// retry finds it there; it keeps half its capacity for what was admitted
+// already. While any shard of any table is stuck, new allocations are
+// refused before the driver makes them (hook/account.cc): a record is what
+// lets a free release its bytes, so none is admitted that could not be
+// recorded. regrow_stuck retries the growth of every stuck shard and
+// unsticks those back under their limit (cold): true when none is left stuck.
 [[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_stuck_shards;  // read PC-relative
 using RegrowFn = bool (*)(void* table) noexcept;
 // Run (cold, under the stuck shard's lock: it must not use a table) each
@@ -640,7 +641,6 @@ class PointerTable {
     }
     s.slots[hole].hash = 0;
     --s.count;
-    if (__builtin_expect(s.stuck, 0) && (s.count + 1) * 2 <= s.mask + 1) unstick(s);
   }
 
   static void unstick(Shard& s) noexcept {
@@ -656,7 +656,14 @@ class PointerTable {
     bool all = true;
     for (Shard& s : t->shards_) {
       lock(s);
-      if (s.stuck) all = t->grow(s) && all;
+      // A shard erasures brought back under its load limit is stuck no
+      // more, grown or not (tested here, not in every erase).
+      if (s.stuck && !t->grow(s)) {
+        if ((s.count + 1) * 2 <= s.mask + 1)
+          unstick(s);
+        else
+          all = false;
+      }
       unlock(s);
     }
     return all;
