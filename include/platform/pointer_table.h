@@ -10,7 +10,7 @@
 // its key's hash in place of the key (the hash is a bijection: table_unhash
 // gives the key back), so neither a walk nor a growth hashes again (issue
 // 35: a pair's cost flat in the number of records). Each shard has
-// a one-word spin lock (one atomic exchange to take, a release store to drop;
+// a one-word spin lock (one lock bts to take, a release store to drop;
 // spins, then sleeps on the word, woken by the unlock: a preempted holder
 // gets the core) and grows, under that lock, into a fresh mmap'd
 // array (never malloc: the table may grow inside an allocation wrapper of a
