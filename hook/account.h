@@ -176,15 +176,27 @@ inline void release_record(const limiter::AllocRecord& rec) noexcept {
 // across that call, which the caller's frame would save. A record of 0
 // bytes on a device's entry moves the lease word by 0. Anything else, as
 // release_record(): release_record_slow().
+// A record of the word's entry (any record of a process with one device
+// but an uncounted one, entry -1) takes the entry's lease and committed
+// bytes from the page; any other goes the slow way. (The word may have been
+// set to 0 since the caller read it: the entry then reads 0, and the page's
+// lease is still entry 0's only if the entry was 0.)
 inline void release_record_armed(limiter::AllocRecord& rec) noexcept {
   if (__builtin_expect(region_intact(), 1)) {
     asm volatile("" : "+m"(rec));
-    if (__builtin_expect(rec.kind != limiter::AllocKind::spilled && static_cast<unsigned>(rec.dev) < kMaxDevices, 1) &&
-        limiter::lease_free(*owner_page().slot.load(std::memory_order_relaxed),
-                            g_process.lease_tag.load(std::memory_order_relaxed), rec.dev, rec.bytes)) {
-      if (g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0)
-        wake_oversub_waiters(rec.dev);
-      return;
+    const OwnerPage& page = owner_page();
+    if (__builtin_expect(rec.kind != limiter::AllocKind::spilled &&
+                             rec.dev == static_cast<int>(page.fast.load(std::memory_order_relaxed) & kFastEntryMask),
+                         1)) {
+      Slot::Lease& lease = *page.lease.load(std::memory_order_relaxed);
+      const std::uint64_t cap = lease.cap_bytes.load(std::memory_order_relaxed);
+      const std::uint64_t committed = page.committed.load(std::memory_order_relaxed)->load(std::memory_order_relaxed);
+      if (limiter::lease_free(lease, cap < committed ? cap : committed,
+                              g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes)) {
+        if (g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0)
+          wake_oversub_waiters(rec.dev);
+        return;
+      }
     }
   }
   release_record_slow(rec);

@@ -43,13 +43,15 @@ enum : std::uint32_t { kSlotNotOurs = 0, kSlotAdopting = 1, kSlotOurs = 2 };
 // pools, the thread's counter) is still tested on the fast path.
 // With the fast word the page holds (stored before it) this process's
 // epoch (include/platform/pointer_table.h: a counting operation's thread
-// check reads it from here, one load fewer) and the lease of the entry.
+// check reads it from here, one load fewer) and the entry's lease and
+// committed bytes. Only the word is ever set to 0 again: these stay.
 struct OwnerPage {
-  std::atomic<std::uint32_t> owner;  // what g_owner points to
-  std::atomic<std::uint32_t> fast;   // 0, or kFastArmed | flags | entry
-  std::atomic<Slot*> slot;           // &region->slots[g_process.slot], or null
-  std::atomic<std::uint64_t> epoch;  // the process epoch, once the fast word is set
-  std::atomic<Slot::Lease*> lease;   // &slot->lease[entry], once the fast word is set
+  std::atomic<std::uint32_t> owner;                    // what g_owner points to
+  std::atomic<std::uint32_t> fast;                     // 0, or kFastArmed | flags | entry
+  std::atomic<Slot*> slot;                             // &region->slots[g_process.slot], or null
+  std::atomic<std::uint64_t> epoch;                    // the process epoch, once the fast word is set
+  std::atomic<Slot::Lease*> lease;                     // &slot->lease[entry], once the fast word is set
+  std::atomic<std::atomic<std::uint64_t>*> committed;  // &slot->committed_bytes[entry], likewise
 };
 inline constexpr std::uint32_t kFastEntryMask = 0xff;
 inline constexpr std::uint32_t kFastArmed = 0x100;
