@@ -140,6 +140,16 @@ inline bool release_fast(int entry, std::uint64_t bytes) noexcept {
          limiter::lease_free(*slot, g_process.lease_tag.load(std::memory_order_relaxed), entry, bytes);
 }
 
+// The allocation pair's fast path (hook/memory.cc), with the owner page's
+// fast word set (hook/lifecycle.h): the slot is ours and non-null, the entry
+// a device's, no table stuck (a stuck shard sets the word to 0). The lease
+// word's one CAS when the region file is intact; false sends the caller the
+// whole way (ensure_ready, then reserve_out_of_line).
+inline bool reserve_armed(const OwnerPage& page, std::uint64_t bytes) noexcept {
+  Slot::Lease* const lease = page.lease.load(std::memory_order_relaxed);  // the entry's, stored before the fast word
+  return region_intact() && limiter::lease_alloc(*lease, g_process.lease_tag.load(std::memory_order_relaxed), bytes);
+}
+
 inline void release(int entry, std::uint64_t bytes) noexcept {
   if (!release_fast(entry, bytes)) release_out_of_line(entry, bytes);
 }
@@ -155,6 +165,39 @@ inline void release_record(const limiter::AllocRecord& rec) noexcept {
     if (g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0)
       wake_oversub_waiters(rec.dev);
     return;
+  }
+  release_record_slow(rec);
+}
+
+// release_record() on the allocation pair's fast path (hook/memory.cc), the
+// owner page's fast word set: the slot known non-null. The region file is
+// looked at first and the record read after its clock call (`rec` is the
+// caller's copy, in memory): nothing of it is then kept in a register
+// across that call, which the caller's frame would save. A record of 0
+// bytes on a device's entry moves the lease word by 0. Anything else, as
+// release_record(): release_record_slow().
+// A record of the word's entry (any record of a process with one device
+// but an uncounted one, entry -1) takes the entry's lease and committed
+// bytes from the page; any other goes the slow way. (The word may have been
+// set to 0 since the caller read it: the entry then reads 0, and the page's
+// lease is still entry 0's only if the entry was 0.)
+inline void release_record_armed(limiter::AllocRecord& rec) noexcept {
+  if (__builtin_expect(region_intact(), 1)) {
+    asm volatile("" : "+m"(rec));
+    const OwnerPage& page = owner_page();
+    if (__builtin_expect(rec.kind != limiter::AllocKind::spilled &&
+                             rec.dev == static_cast<int>(page.fast.load(std::memory_order_relaxed) & kFastEntryMask),
+                         1)) {
+      Slot::Lease& lease = *page.lease.load(std::memory_order_relaxed);
+      const std::uint64_t cap = lease.cap_bytes.load(std::memory_order_relaxed);
+      const std::uint64_t committed = page.committed.load(std::memory_order_relaxed)->load(std::memory_order_relaxed);
+      if (limiter::lease_free(lease, cap < committed ? cap : committed,
+                              g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes)) {
+        if (g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0)
+          wake_oversub_waiters(rec.dev);
+        return;
+      }
+    }
   }
   release_record_slow(rec);
 }

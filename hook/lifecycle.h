@@ -32,12 +32,32 @@ enum : std::uint32_t { kSlotNotOurs = 0, kSlotAdopting = 1, kSlotOurs = 2 };
 // null (every call out of line). Written once per page: a claim in this
 // process is made once, and a new one only in a child, whose page the
 // kernel zeroed.
+// The page holds too the allocation pair's fast word (hook/memory.cc,
+// issue 35): 0 sends cuMemAlloc_v2 and cuMemFree_v2 the whole way; else, set
+// once by this process (after slot, never in the fallback page), it says in
+// one load what those would otherwise test call by call and that, once
+// true in a process, stays true there: bootstrap done and the slot ours,
+// the only device's entry (its low bits), oversubscription off, counting
+// operations off or per thread (kFastCounting), the linear table entered.
+// What can change later (the region file, the lease word, a stuck table,
+// pools, the thread's counter) is still tested on the fast path.
+// With the fast word the page holds (stored before it) this process's
+// epoch (include/platform/pointer_table.h: a counting operation's thread
+// check reads it from here, one load fewer) and the entry's lease and
+// committed bytes. Only the word is ever set to 0 again: these stay.
 struct OwnerPage {
-  std::atomic<std::uint32_t> owner;  // what g_owner points to
-  std::atomic<Slot*> slot;           // &region->slots[g_process.slot], or null
+  std::atomic<std::uint32_t> owner;                    // what g_owner points to
+  std::atomic<std::uint32_t> fast;                     // 0, or kFastArmed | flags | entry
+  std::atomic<Slot*> slot;                             // &region->slots[g_process.slot], or null
+  std::atomic<std::uint64_t> epoch;                    // the process epoch, once the fast word is set
+  std::atomic<Slot::Lease*> lease;                     // &slot->lease[entry], once the fast word is set
+  std::atomic<std::atomic<std::uint64_t>*> committed;  // &slot->committed_bytes[entry], likewise
 };
-inline const OwnerPage& owner_page() noexcept {
-  return *reinterpret_cast<const OwnerPage*>(g_owner.load(std::memory_order_relaxed));
+inline constexpr std::uint32_t kFastEntryMask = 0xff;
+inline constexpr std::uint32_t kFastArmed = 0x100;
+inline constexpr std::uint32_t kFastCounting = 0x200;
+inline OwnerPage& owner_page() noexcept {
+  return *reinterpret_cast<OwnerPage*>(g_owner.load(std::memory_order_relaxed));
 }
 
 // The slot just claimed (g_process.slot) is this process's: the owner word

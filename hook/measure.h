@@ -110,6 +110,13 @@ inline void bump_own_counter(std::atomic<std::uint64_t>* c) noexcept {
 
 struct CountingOp {
   CountingOp() noexcept : counter(counting_on() ? begin() : kNone) {}
+  // With counting_on() already known (the allocation pair's fast word,
+  // hook/lifecycle.h: counting on there is per thread, never the shared word).
+  struct Known {
+    bool on;
+  };
+  // (`epoch`: the process epoch, as the owner page keeps it.)
+  CountingOp(Known k, std::uint64_t epoch) noexcept : counter(k.on ? begin(epoch) : kNone) {}
   ~CountingOp() {
     // One compare on the common path: a thread's own counter is an address
     // above both kNone and kShared.
@@ -125,6 +132,9 @@ struct CountingOp {
 
  private:
   static std::uintptr_t begin() noexcept {
+    return begin(platform::table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed));
+  }
+  static std::uintptr_t begin(std::uint64_t epoch) noexcept {
     // One compare: a claimed counter's epoch is never 0 and an unclaimed
     // thread's is kNoEpoch, so a process with no epoch yet (the word still
     // 0, as in a child before its first look) and a thread that never
@@ -134,10 +144,7 @@ struct CountingOp {
     // before the counter it vouches for (claim_op_counter stores them the
     // other way round): a signal handler's operation in between cannot
     // leave this one with a null counter.
-    if (__builtin_expect(
-            t_op.epoch !=
-                platform::table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed),
-            0)) {
+    if (__builtin_expect(t_op.epoch != epoch, 0)) {
       std::atomic<std::uint64_t>* const c = begin_op_slow();
       return c == &g_counting_ops ? kShared : reinterpret_cast<std::uintptr_t>(c);
     }

@@ -78,6 +78,7 @@ void take_address_uncounted(std::uint64_t key) noexcept {
 
 using namespace gpuslice::hook;
 using gpuslice::limiter::AllocKind;
+using gpuslice::limiter::AllocRecord;
 
 namespace {
 // Spill: managed memory that prefers to live on the host; the device pages it
@@ -122,7 +123,125 @@ struct ManagedAlloc {
 };
 }  // namespace
 
+namespace {
+// The allocation pair's fast word (hook/lifecycle.h, OwnerPage::fast): set
+// once the whole way found what it vouches for, which then stays true in
+// this process. g_fast_never: something that never changes in a process
+// (several devices, oversubscription, counting in the shared word) rules it
+// out, so the whole way stops asking (a forked child inherits both).
+std::atomic<bool> g_fast_never{false};
+
+// A shard of a table became stuck (include/platform/pointer_table.h), or
+// the region file was lost (region.cc): the fast way no longer vouches for
+// it; the whole way refuses (until the table grows again, and arms the word
+// again after) or fails closed.
+void disarm_fast_path() noexcept { owner_page().fast.store(0, std::memory_order_seq_cst); }
+
+[[gnu::cold, gnu::noinline]] void arm_fast_path() noexcept {
+  OwnerPage& page = owner_page();
+  if (page.slot.load(std::memory_order_acquire) == nullptr) return;  // not claimed, a child, the fallback page
+  if (page.owner.load(std::memory_order_acquire) != kSlotOurs) return;
+  if (g_ready.load(std::memory_order_acquire) != kReadyYes) return;
+  const int entry = g_single_entry.load(std::memory_order_relaxed);
+  const int counting = g_counting_state.load(std::memory_order_relaxed);
+  const int oversub = g_oversub_state.load(std::memory_order_relaxed);
+  if (entry == kSeveralDevices || counting == 3 || oversub == 2) {
+    g_fast_never.store(true, std::memory_order_relaxed);
+    return;
+  }
+  if (entry < 0 || static_cast<unsigned>(entry) >= gpuslice::kMaxDevices || counting == 0 || oversub != 1)
+    return;  // not yet
+  if (gpuslice::platform::table_detail::g_stuck_shards.load(std::memory_order_seq_cst) != 0) return;
+  gpuslice::platform::table_detail::set_on_stuck(disarm_fast_path);
+  set_on_region_lost(disarm_fast_path);
+  g_pointers->enter_process();
+  page.epoch.store(gpuslice::platform::table_detail::process_epoch(), std::memory_order_relaxed);
+  page.lease.store(&page.slot.load(std::memory_order_relaxed)->lease[entry], std::memory_order_relaxed);
+  page.committed.store(&page.slot.load(std::memory_order_relaxed)->committed_bytes[entry], std::memory_order_relaxed);
+  // The region lost meanwhile or a table stuck (disarm_fast_path runs after
+  // g_ready or g_stuck_shards said so): a word set after that is taken back.
+  page.fast.store(kFastArmed | (counting == 2 ? kFastCounting : 0) | static_cast<std::uint32_t>(entry),
+                  std::memory_order_seq_cst);
+  if (g_ready.load(std::memory_order_seq_cst) != kReadyYes ||
+      gpuslice::platform::table_detail::g_stuck_shards.load(std::memory_order_seq_cst) != 0)
+    page.fast.store(0, std::memory_order_seq_cst);
+}
+[[gnu::cold, gnu::noinline]] void settle_freed_behind_at(const CUdeviceptr* dptr) noexcept {
+  settle_freed_behind(*dptr);
+}
+
+inline void maybe_arm_fast_path() noexcept {
+  if (__builtin_expect(!g_fast_never.load(std::memory_order_relaxed), 1)) arm_fast_path();
+}
+
+[[gnu::noinline]] CUresult alloc_whole(CUdeviceptr* dptr, size_t bytesize) noexcept;
+[[gnu::noinline]] CUresult free_whole(CUdeviceptr dptr) noexcept;
+
+}  // namespace
+
+// The fast way (the fast word set): what the whole way (alloc_whole) does,
+// less what the word vouches for. A reservation the lease word does not
+// give goes to ensure_ready (the region lost: its error, as the whole way
+// returns it), then to the whole protocol.
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  const OwnerPage& page = owner_page();
+  const std::uint32_t fast = page.fast.load(std::memory_order_acquire);
+  if (__builtin_expect(fast == 0, 0)) return alloc_whole(dptr, bytesize);
+  CountingOp op(CountingOp::Known{(fast & kFastCounting) != 0}, page.epoch.load(std::memory_order_relaxed));
+  const int entry = static_cast<int>(fast & kFastEntryMask);
+  if (__builtin_expect(!reserve_armed(page, bytesize), 0)) {
+    if (const CUresult rc = ensure_ready(); rc != CUDA_SUCCESS) return rc;
+    if (!reserve_out_of_line(entry, bytesize)) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const std::uint64_t mark = freed_behind_mark();
+  // The record made before the driver call: kept in memory across it, not
+  // in registers the frame would save.
+  AllocRecord rec{bytesize, entry, AllocKind::linear};
+  asm volatile("" : "+m"(rec));
+  const CUresult rc = real_cuMemAlloc_v2(dptr, bytesize);
+  if (__builtin_expect(rc == CUDA_SUCCESS, 1) && g_pointers->insert_entered(*dptr, rec)) {
+    // (The pointer read in the cold call: not loaded again on the common path.)
+    if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) settle_freed_behind_at(dptr);
+    return rc;
+  }
+  commit_slow(*g_pointers, rc, Reservation{rec.dev, rec.bytes}, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::linear);
+  if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
+  return rc;
+}
+
+GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+  // The region lost (g_ready failed) sets the word to 0 (region.cc): the
+  // whole way's error, before the driver.
+  const OwnerPage& page = owner_page();
+  const std::uint32_t fast = page.fast.load(std::memory_order_acquire);
+  if (__builtin_expect(fast == 0, 0)) return free_whole(dptr);
+  if (__builtin_expect(pools::g_slots_used.load(std::memory_order_relaxed) != 0, 0)) {
+    CUresult pool_rc = CUDA_SUCCESS;  // (its own: rc stays in a register)
+    if (free_if_pool(dptr, &pool_rc)) return pool_rc;
+  }
+  const std::uint64_t mark = freed_behind_mark();
+  CountingOp op(CountingOp::Known{(fast & kFastCounting) != 0}, page.epoch.load(std::memory_order_relaxed));
+  AllocRecord rec;  // read only once erase_entered() copied the record into it
+  if (!g_pointers->erase_entered(dptr, &rec)) {
+    const CUresult untracked = real_cuMemFree_v2(dptr);
+    if (untracked == CUDA_SUCCESS) {  // as the whole way: its untracked free, then its after
+      freed_untracked(dptr);
+      if (g_freed_behind.load(std::memory_order_relaxed) != mark) freed_untracked(dptr);
+    }
+    return untracked;
+  }
+  const CUresult rc = real_cuMemFree_v2(dptr);
+  if (__builtin_expect(rc == CUDA_SUCCESS, 1)) {
+    release_record_armed(rec);
+    if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
+  } else {
+    free_refused(*g_pointers, dptr, rec, pointer_gone);
+  }
+  return rc;
+}
+
+namespace {
+CUresult alloc_whole(CUdeviceptr* dptr, size_t bytesize) noexcept {
   CountingOp op;
   Reservation r;
   CUresult rc = reserve_on_current(bytesize, &r);
@@ -149,8 +268,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesiz
   rc = real_cuMemAlloc_v2(dptr, bytesize);
   commit(*g_pointers, rc, r, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::linear);
   if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
+  maybe_arm_fast_path();
   return rc;
 }
+}  // namespace
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
   CountingOp op;
@@ -241,9 +362,11 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* p
   return rc;
 }
 
-GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+namespace {
+CUresult free_whole(CUdeviceptr dptr) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
+  maybe_arm_fast_path();
   // A pool allocation of ours first: a record of the linear table at its
   // address is stale (release_stale_linear), never what this frees.
   if (pools::g_slots_used.load(std::memory_order_relaxed) != 0 && free_if_pool(dptr, &rc)) return rc;
@@ -262,6 +385,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
         if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
       });
 }
+}  // namespace
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1*, unsigned int) { return refuse_legacy("cuMemAlloc"); }
 

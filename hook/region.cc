@@ -21,13 +21,16 @@ namespace {
 // mapping raises SIGBUS at the next touch, and the library installs no signal
 // handler. region_intact() (region.h) looks (fstat) at most once per coarse
 // clock tick.
+std::atomic<RegionLostFn> g_on_region_lost{nullptr};
+
 [[gnu::cold, gnu::noinline]] bool region_file_check(int fd) noexcept {
   shm::Error err{};
   if (shm::mapped_file_intact(fd, config().options.region, &err)) return true;
   g_region_checked_tick.store(-1, std::memory_order_relaxed);  // no fast "intact" from now on
   if (!g_region_lost.exchange(true, std::memory_order_acq_rel))
     GPUSLICE_LOG(error, "%s; CUDA calls fail with CUDA_ERROR_NOT_INITIALIZED from now on", err.message);
-  g_ready.store(kReadyFailed, std::memory_order_release);
+  g_ready.store(kReadyFailed, std::memory_order_seq_cst);
+  if (RegionLostFn fn = g_on_region_lost.load(std::memory_order_seq_cst)) fn();  // after g_ready (memory.cc)
   return false;
 }
 
@@ -36,6 +39,8 @@ std::atomic<int> g_entry_of_ordinal[kMaxDevices];
 std::atomic<int> g_ordinal_of_entry[kMaxDevices];
 
 }  // namespace
+
+void set_on_region_lost(RegionLostFn fn) noexcept { g_on_region_lost.store(fn, std::memory_order_seq_cst); }
 
 std::atomic<int> g_region_fd{-1};
 std::atomic<std::int64_t> g_region_checked_tick{-1};

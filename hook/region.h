@@ -37,6 +37,11 @@ inline bool region_intact(bool force = false) noexcept {
   if (__builtin_expect(!force && g_region_checked_tick.load(std::memory_order_relaxed) == tick, 1)) return true;
   return region_check_now(tick);
 }
+// Run once the region file was found lost, after g_ready says so (seq_cst):
+// the allocation pair's fast way, which tests no g_ready, stops vouching
+// for it (hook/memory.cc). One function per process.
+using RegionLostFn = void (*)() noexcept;
+void set_on_region_lost(RegionLostFn fn) noexcept;
 // The region file to watch (-1: none); bootstrap sets it when it attaches.
 void watch_region_file(int fd) noexcept;
 

@@ -73,8 +73,8 @@ constexpr bool lease_stale(std::uint64_t word) noexcept { return (word & kLeaseS
 
 // Allocation from the slot's spare lease: one CAS, or false (slow path).
 // Caller guarantees slot < kMaxSlots and dev < kMaxDevices.
-inline bool lease_alloc(Slot& s, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
-  std::atomic<std::uint64_t>& word = s.lease[dev].word;
+inline bool lease_alloc(Slot::Lease& lease, std::uint64_t tag, std::uint64_t bytes) noexcept {
+  std::atomic<std::uint64_t>& word = lease.word;
   std::uint64_t cur = word.load(std::memory_order_relaxed);
   do {
     // cur ^ tag: the amount when the word is of this claim with no flag set
@@ -83,6 +83,9 @@ inline bool lease_alloc(Slot& s, std::uint64_t tag, int dev, std::uint64_t bytes
     if ((spare >> kLeaseAmountBits) != 0 || spare < bytes) return false;
   } while (!word.compare_exchange_weak(cur, cur - bytes, std::memory_order_relaxed));
   return true;
+}
+inline bool lease_alloc(Slot& s, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
+  return lease_alloc(s.lease[dev], tag, bytes);
 }
 inline bool lease_alloc(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
   return lease_alloc(r->slots[slot], tag, dev, bytes);
@@ -100,15 +103,18 @@ inline std::uint64_t lease_room(const Slot& s, int dev) noexcept {
 // A free kept as spare: one CAS, or false (slow path) when the spare would
 // exceed the lease cap or the bytes this slot holds (a release of bytes never
 // reserved then takes the clamped slow path).
-inline bool lease_free(Slot& s, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
-  std::atomic<std::uint64_t>& word = s.lease[dev].word;
-  const std::uint64_t room = lease_room(s, dev);
+// (`room`: lease_room() of the word's slot and device.)
+inline bool lease_free(Slot::Lease& lease, std::uint64_t room, std::uint64_t tag, std::uint64_t bytes) noexcept {
+  std::atomic<std::uint64_t>& word = lease.word;
   std::uint64_t cur = word.load(std::memory_order_relaxed);
   do {
     const std::uint64_t spare = cur ^ tag;  // as in lease_alloc
     if ((spare >> kLeaseAmountBits) != 0 || bytes > room || spare > room - bytes) return false;
   } while (!word.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
   return true;
+}
+inline bool lease_free(Slot& s, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
+  return lease_free(s.lease[dev], lease_room(s, dev), tag, bytes);
 }
 inline bool lease_free(Region* r, int slot, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {
   return lease_free(r->slots[slot], tag, dev, bytes);

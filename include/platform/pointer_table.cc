@@ -83,7 +83,14 @@ struct StuckTable {
 StuckTable g_stuck_tables[32];
 }  // namespace
 
+namespace {
+std::atomic<StuckFn> g_on_stuck{nullptr};
+}  // namespace
+
+void set_on_stuck(StuckFn fn) noexcept { g_on_stuck.store(fn, std::memory_order_seq_cst); }
+
 void note_stuck(void* table, RegrowFn regrow) noexcept {
+  if (StuckFn fn = g_on_stuck.load(std::memory_order_seq_cst)) fn();
   for (StuckTable& e : g_stuck_tables) {
     void* seen = e.table.load(std::memory_order_acquire);
     if (seen == table) return;

@@ -10,7 +10,7 @@
 // its key's hash in place of the key (the hash is a bijection: table_unhash
 // gives the key back), so neither a walk nor a growth hashes again (issue
 // 35: a pair's cost flat in the number of records). Each shard has
-// a one-word spin lock (one atomic exchange to take, a release store to drop;
+// a one-word spin lock (one lock bts to take, a release store to drop;
 // spins, then sleeps on the word, woken by the unlock: a preempted holder
 // gets the core) and grows, under that lock, into a fresh mmap'd
 // array (never malloc: the table may grow inside an allocation wrapper of a
@@ -41,22 +41,30 @@ namespace table_detail {
 
 void* map_pages(std::size_t bytes) noexcept;  // zeroed anonymous memory, or nullptr
 void unmap_pages(void* p, std::size_t bytes) noexcept;
-// Lock words: 0 free, 1 held, kLockWaiters held with (perhaps) sleepers.
-inline constexpr std::uint32_t kLockWaiters = 2;
+// Lock words: 0 free, 1 held, kLockWaiters held with (perhaps) sleepers:
+// bit 0 is "held" in both, so that taking it is one bit test-and-set.
+inline constexpr std::uint32_t kLockWaiters = 3;
 [[gnu::cold, gnu::noinline]] void lock_slow(std::atomic<std::uint32_t>& word) noexcept;  // spins, then futex sleeps
 [[gnu::cold, gnu::noinline]] void wake_one(std::atomic<std::uint32_t>& word) noexcept;
 void backoff(unsigned* round) noexcept;  // a pause while round < 64, then sched_yield
 
 // Growth that failed (issue 35). A shard past its load limit whose growth
 // mmap failed (the address space is exhausted: RLIMIT_AS) is stuck until a
-// growth succeeds or erasures bring it back under the limit; it keeps half
-// its capacity for what was admitted already. While any shard of
-// any table is stuck, new allocations are refused before the driver makes
-// them (hook/account.cc): a record is what lets a free release its bytes, so
-// none is admitted that could not be recorded. regrow_stuck retries the
-// growth of every stuck shard (cold): true when none is left stuck.
+// growth succeeds or, erasures having brought it back under the limit, a
+// retry finds it there; it keeps half its capacity for what was admitted
+// already. While any shard of any table is stuck, new allocations are
+// refused before the driver makes them (hook/account.cc): a record is what
+// lets a free release its bytes, so none is admitted that could not be
+// recorded. regrow_stuck retries the growth of every stuck shard and
+// unsticks those back under their limit (cold): true when none is left stuck.
 [[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_stuck_shards;  // read PC-relative
 using RegrowFn = bool (*)(void* table) noexcept;
+// Run (cold, under the stuck shard's lock: it must not use a table) each
+// time a shard becomes stuck, after g_stuck_shards counted it (seq_cst): a
+// fast path that vouched for "no stuck shard" once takes that back
+// (hook/memory.cc). One function per process; set before it is relied on.
+using StuckFn = void (*)() noexcept;
+void set_on_stuck(StuckFn fn) noexcept;
 void note_stuck(void* table, RegrowFn regrow) noexcept;  // remembered for regrow_stuck (32 tables at most)
 [[gnu::cold, gnu::noinline]] bool regrow_stuck() noexcept;
 
@@ -129,9 +137,18 @@ class PointerTable {
   // to the key, an empty slot or the first record nearer its own home (whose
   // run then moves one slot on, open()); else insert_slow (growth, full).
   bool insert(std::uint64_t key, const V& value) noexcept {
+    enter();
+    return insert_entered(key, value);
+  }
+  // insert() and erase() for a caller that knows this process entered the
+  // table already (entered(), below, returned true in this process: a flag
+  // kept in a page a forked child finds zeroed, hook/lifecycle.h): no
+  // epoch check (issue 35: the allocation pair's fast path).
+  bool insert_entered(std::uint64_t key, const V& value) noexcept {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::table_hash(key);
-    Shard& s = locked_shard(h);
+    Shard& s = shard_of(h);
+    lock(s);
     bool ok = false;
     if (__builtin_expect(s.count < s.grow_at, 1)) {
       Slot* const slots = s.slots;
@@ -183,11 +200,16 @@ class PointerTable {
   // (One walk to the key or the first empty slot, the record copied and
   // removed where it is found.)
   bool erase(std::uint64_t key, V* out) noexcept {
+    enter();
+    return erase_entered(key, out);
+  }
+  bool erase_entered(std::uint64_t key, V* out) noexcept {
     // Of the reserved keys only 0 needs a test (its hash, 0, would match an
     // empty slot); ~0 is never inserted, so a walk for it finds nothing.
     const std::uint64_t h = table_detail::table_hash(key);
     if (__builtin_expect(h == 0, 0)) return false;
-    Shard& s = locked_shard(h);
+    Shard& s = shard_of(h);
+    lock(s);
     bool found = false;
     if (Slot* const slots = s.slots; slots != nullptr) {
       const std::size_t at = home(s, h);
@@ -246,6 +268,11 @@ class PointerTable {
     unlock(s);
     return i != kMissing;
   }
+
+  // This process's first use of the table done (its contents dropped if a
+  // parent's): from now on, in this process, the *_entered operations may
+  // be used. Cold.
+  void enter_process() const noexcept { enter(); }
 
   // Live entries (exact when no other thread changes the table).
   std::size_t size() const noexcept { return sum(&Shard::count); }
@@ -396,8 +423,19 @@ class PointerTable {
     return n;
   }
 
+  // One `lock bts` and a branch (bit 0 was clear: taken, the word now 1;
+  // GCC makes a CAS loop of fetch_or(1) & 1, hence the asm).
+  static bool try_take(std::atomic<std::uint32_t>& word) noexcept {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+    bool held;
+    asm volatile("lock btsl $0, %0" : "+m"(*reinterpret_cast<std::uint32_t*>(&word)), "=@ccc"(held) : : "memory");
+    return !held;
+#else
+    return (word.fetch_or(1, std::memory_order_acquire) & 1) == 0;
+#endif
+  }
   static void lock(Shard& s) noexcept {
-    if (__builtin_expect(s.lock.exchange(1, std::memory_order_acquire) == 0, 1)) return;
+    if (__builtin_expect(try_take(s.lock), 1)) return;
     table_detail::lock_slow(s.lock);
   }
   // A plain store (the holder owns the line: the load costs nothing); a
@@ -416,6 +454,13 @@ class PointerTable {
   void enter() const noexcept {
     const std::uint64_t e = table_detail::g_epoch_word.load(std::memory_order_acquire)->load(std::memory_order_relaxed);
     if (__builtin_expect(epoch_.load(std::memory_order_acquire) != e, 0)) adopt(table_detail::process_epoch());
+  }
+  // The shard of hash h, its address computed once (GCC otherwise computes
+  // it again after the lock is taken: three instructions more an operation).
+  Shard& shard_of(std::uint64_t h) const noexcept {
+    Shard* s = &shards_[h >> (64 - kShardBits)];
+    asm("" : "+r"(s));
+    return *s;
   }
   Shard& locked_shard(std::uint64_t h) const noexcept {
     enter();
@@ -546,7 +591,7 @@ class PointerTable {
     if (fresh == nullptr) {
       if (!s.stuck) {
         s.stuck = true;
-        table_detail::g_stuck_shards.fetch_add(1, std::memory_order_relaxed);
+        table_detail::g_stuck_shards.fetch_add(1, std::memory_order_seq_cst);
         table_detail::note_stuck(this, &PointerTable::regrow);
       }
       return false;
@@ -596,7 +641,6 @@ class PointerTable {
     }
     s.slots[hole].hash = 0;
     --s.count;
-    if (__builtin_expect(s.stuck, 0) && (s.count + 1) * 2 <= s.mask + 1) unstick(s);
   }
 
   static void unstick(Shard& s) noexcept {
@@ -612,7 +656,14 @@ class PointerTable {
     bool all = true;
     for (Shard& s : t->shards_) {
       lock(s);
-      if (s.stuck) all = t->grow(s) && all;
+      // A shard erasures brought back under its load limit is stuck no
+      // more, grown or not (tested here, not in every erase).
+      if (s.stuck && !t->grow(s)) {
+        if ((s.count + 1) * 2 <= s.mask + 1)
+          unstick(s);
+        else
+          all = false;
+      }
       unlock(s);
     }
     return all;

@@ -123,6 +123,9 @@ TEST(Lifecycle, TruncatedRegionFailsClosedInsteadOfSigbus) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(value(r, "truncate", "first_rc"), "0") << r.describe();
   EXPECT_NE(value(r, "truncate", "second_rc"), "0") << r.describe();
+  // The free after the loss fails closed as the allocation does (before the
+  // driver, the region untouched), on the pair's fast way too (hook/memory.cc).
+  EXPECT_EQ(value(r, "truncate", "free_rc"), "3") << "CUDA_ERROR_NOT_INITIALIZED\n" << r.describe();
   EXPECT_EQ(value(r, "truncate", "survived"), "1") << r.describe();
   auto errors = lines_with(r.err, "gpuslice: error: GPUSLICE_REGION=");
   ASSERT_EQ(errors.size(), 1u) << r.describe();
