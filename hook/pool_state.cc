@@ -378,8 +378,9 @@ void await_other_reclaims() noexcept {
   }
 }
 
-void reclaim_all() noexcept {
+bool reclaim_all() noexcept {
   const GrowerReclaiming grower;
+  bool skipped = false;
   g_reclaiming.fetch_add(1, std::memory_order_seq_cst);
   struct Ended {
     ~Ended() {
@@ -395,13 +396,17 @@ void reclaim_all() noexcept {
     if (&st == t_growing || st.in_use.load(std::memory_order_acquire) == 0 ||
         st.host.load(std::memory_order_relaxed) != 0 || st.destroyed.load(std::memory_order_relaxed) != 0)
       continue;
-    if (!lock_busy_pool(st)) continue;
+    if (!lock_busy_pool(st)) {
+      skipped = true;
+      continue;
+    }
     CUmemoryPool pool = st.handle.load(std::memory_order_relaxed);
     if (pool != nullptr && st.destroyed.load(std::memory_order_relaxed) == 0 && real_cuMemPoolTrimTo != nullptr)
       real_cuMemPoolTrimTo(pool, 0);
     reconcile_locked(st, false);
     st.mu.unlock();
   }
+  return skipped;
 }
 
 // A record displaced by the stale-record rule (platform::record): its bytes
@@ -489,6 +494,7 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CU
   std::unique_lock<std::mutex> lock(st.mu);
   st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
   std::uint64_t give_up = 0;  // waiting for the resident allowance: when it times out
+  bool reconciled = false;    // refused once: the pool's count brought down, the growth tried again
   for (;;) {
     std::uint64_t held = 0;
     const Grow grown = grow_locked(st, bytes, &held);
@@ -511,6 +517,24 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CU
         continue;
       }
       lock.lock();
+    }
+    // Before refusing, the pool's own count is brought down to its reserve
+    // (the reclaim that reserve() ran skipped this pool, whose mutex we
+    // hold): the driver may have trimmed it meanwhile (a synchronisation of
+    // another thread, whose reconciliation skipped the pool while we held it
+    // and reclaimed), or a reconciliation kept it up for requests then in
+    // `outstanding` that have ended since. Left as it was, those bytes stay
+    // counted with nothing on the device until the next synchronisation:
+    // this refusal, and any in the container meanwhile, refused with room.
+    // If that gave bytes back, the growth is tried once more.
+    if (!reconciled) {
+      reconciled = true;
+      const std::uint64_t before = st.counted.load(std::memory_order_seq_cst);
+      reconcile_locked(st, false);
+      if (st.counted.load(std::memory_order_seq_cst) < before) {
+        st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
+        continue;
+      }
     }
     finalize_if_drained(st);
     return CUDA_ERROR_OUT_OF_MEMORY;

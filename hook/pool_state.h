@@ -145,8 +145,9 @@ void reconcile_dirty() noexcept;
 // and reconciles them. Skips a pool whose mutex the calling thread holds;
 // waits (bounded) for one another thread holds, unless a thread holding a
 // pool's mutex is reclaiming too (a reclaim runs inside a pool's growth,
-// which holds that pool's mutex, and may be waiting for ours).
-void reclaim_all() noexcept;
+// which holds that pool's mutex, and may be waiting for ours). Returns
+// whether it skipped a pool another thread held.
+bool reclaim_all() noexcept;
 // After reclaim_all, before refusing: waits until no other thread of the
 // process is in reclaim_all (at most kReclaimWaitNs). A pool this reclaim
 // skipped may be the one another thread is trimming: the driver has its

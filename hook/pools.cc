@@ -84,10 +84,15 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstr
 // Registered with the runtime: before refusing any allocation, trim this
 // process's pools and take back what they returned to the driver, and let
 // other threads' reclaims finish (the pools they were trimming, ours skipped).
+// A pool skipped because a growing thread held it while reclaiming is looked
+// at once more after the other reclaims ended: its grower brings it down
+// before refusing (alloc_growing), and this reclaim must not refuse on the
+// count it had before.
 void reclaim() noexcept {
   if (pools::g_slots_used.load(std::memory_order_relaxed) == 0) return;
-  pools::reclaim_all();
+  const bool skipped = pools::reclaim_all();
   pools::await_other_reclaims();
+  if (skipped) pools::reclaim_all();
 }
 struct RegisterReclaim {
   RegisterReclaim() noexcept { set_pool_reclaim(reclaim); }

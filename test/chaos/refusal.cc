@@ -54,7 +54,7 @@ struct Slack {
   std::uint64_t agent = 0;       // agent_extra_bytes while the agent's heartbeat is fresh
   std::uint64_t absorbed = 0;    // outside memory measured into a live object (monitor_absorbed)
   std::uint64_t reclaimed = 0;   // trimmed by the driver inside other requests overlapping this one
-  std::uint64_t exiting = 0;     // counted for processes mid-exit whose files are closed (exiting_bytes)
+  std::uint64_t exiting = 0;     // counted for processes mid-exit or being reaped (exiting_bytes)
   std::uint64_t total() const {
     return freed + requesting + releasing + pools + agent + absorbed + reclaimed + exiting;
   }
@@ -67,6 +67,12 @@ struct Slack {
 // process alive (the zombie-leader rule: the lock's release cannot prove the
 // device memory gone, docs/memory-accounting.md, "Reaping"), so its count
 // stays until its last thread is gone: bounded by the rest of its exit.
+// And what gpuslice counts for a slot being reaped (kSlotReaping: judged
+// dead, its count not yet taken out of used_bytes): a refusal waits for
+// another reaper at most 20 ms (limiter::wait_for_reaper), and a reap whose
+// snapshot does not settle (allocations of the container's other processes
+// meanwhile) leaves its slots so for the next reaper to finish; bounded by
+// that reap (the agent's next cycle, the container's next refusal).
 // A process the simulator still finds alive (its lock held: a pthread_exit
 // in main) is in what the container holds, not here. State lock held.
 std::uint64_t exiting_bytes(const Region& r, std::uint32_t dev, int rd) {
@@ -74,11 +80,13 @@ std::uint64_t exiting_bytes(const Region& r, std::uint32_t dev, int rd) {
   std::uint64_t sum = 0;
   for (std::uint32_t s = 0; s < kMaxSlots; ++s) {
     const Slot& slot = r.slots[s];
-    if (slot.state.load(std::memory_order_acquire) != kSlotLive) continue;
+    const std::uint32_t state = slot.state.load(std::memory_order_acquire);
+    if (state != kSlotLive && state != kSlotReaping) continue;
     const std::uint32_t pid = slot.pid.load(std::memory_order_relaxed);
+    if (pid == 0) continue;
     platform::procfs::Stat st;
-    if (pid == 0 || platform::procfs::read_stat(pid, &st) != 0) continue;
-    if (st.state != 'Z' || st.num_threads <= 1) continue;
+    if (state == kSlotLive && platform::procfs::read_stat(pid, &st) != 0) continue;
+    if (state == kSlotLive && (st.state != 'Z' || st.num_threads <= 1)) continue;
     bool held = false;  // its lock still held: alive for the simulator too
     for (int i = 0; i < high && !held; ++i) {
       fakecuda_slot_info info{};

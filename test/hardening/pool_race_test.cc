@@ -67,6 +67,23 @@ TEST(PoolRace, PoolGrowthWaitingForTheAllowanceSeesTheSamePoolsFrees) {
   EXPECT_LT(number(r, "allowance-wait", "waited_ms"), 2500) << r.out;
 }
 
+// A growth refused over the quota reclaims the process's other pools, not
+// its own (it holds its mutex); a synchronisation meanwhile trims that pool
+// on the device, and its reconciliation skips it (held, its holder
+// reclaiming). The refusal left the pool counted at what it no longer held
+// (16 MiB counted for nothing, until the next synchronisation): in the
+// chaos suite, refusals with room in this process and the container's
+// others. Now the refused growth brings its pool's count down first.
+TEST(PoolRace, RefusedGrowthLeavesItsPoolCountedAtItsReserve) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "40Mi"}, {"FAKECUDA_POOL_QUERY_DELAY_US", "150000"}},
+                   {"refused-growth", "24", "16", "20"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "refused-growth", "rc"), CUDA_ERROR_OUT_OF_MEMORY) << r.out;
+  EXPECT_EQ(number(r, "refused-growth", "held"), 24 * kMi) << r.out;
+  EXPECT_EQ(number(r, "refused-growth", "counted"), number(r, "refused-growth", "held")) << r.out;
+}
+
 // Four threads churn stream-ordered pools (pool_churn: both allocations,
 // both frees, synchronisations, trims, release thresholds, destroy and
 // recreate) under a 512 MiB quota, and a test-local observer of the

@@ -118,6 +118,8 @@ const Scenario kScenarios[] = {
     {"pool-race", "set-mempool", "MIB", kInit, [](const Args& a) { return pool_race::set_mempool(a.mib(0)); }},
     {"pool-race", "allowance-wait", "MIB_A MIB_B", kInit,
      [](const Args& a) { return pool_race::allowance_wait(a.mib(0), a.mib(1)); }},
+    {"pool-race", "refused-growth", "LINEAR_MIB POOL_MIB MIB", kInit,
+     [](const Args& a) { return pool_race::refused_growth(a.mib(0), a.mib(1), a.mib(2)); }},
     {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
      [](const Args& a) { return reserve::thread_exit(a.number<int>(0), a.mib(1), a.mib(2)); }},
     {"reserve", "idle", "THREADS MIB BIG_MIB", kInit,

@@ -15,6 +15,12 @@
 //   allowance-wait MIB_A MIB_B
 //       a pool allocation waiting for the resident allowance while another
 //       thread frees the same pool's memory and synchronises
+//   refused-growth LINEAR_MIB POOL_MIB MIB
+//       LINEAR_MIB of cuMemAlloc and POOL_MIB freed back to the default pool
+//       (the quota full); a thread asks the pool for MIB, is refused, and
+//       reclaims (a second pool's reconciliation delayed) while this one
+//       synchronises (the driver trims the default pool, whose
+//       reconciliation skips it: the refused thread holds it)
 #include <cuda.h>
 
 #include <chrono>
@@ -100,6 +106,30 @@ int allowance_wait(std::size_t a, std::size_t b) {
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
   waiter.join();
   std::printf("allowance-wait rc=%d waited_ms=%lld\n", static_cast<int>(rc), waited_ms);
+  return 0;
+}
+
+int refused_growth(std::size_t linear, std::size_t pool_bytes, std::size_t bytes) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  const CUmemoryPool other = new_pool(0);  // reconciled by the refusal's reclaim: its reserve query is delayed
+  CUdeviceptr lin = 0, p = 0;
+  check(cuMemAlloc(&lin, linear), "cuMemAlloc");
+  check(cuMemAllocAsync(&p, pool_bytes, s), "cuMemAllocAsync");  // the default pool grows (counted)
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");                 // still counted: the pool keeps it
+  CUresult rc = CUDA_SUCCESS;
+  std::thread grower([&] {
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr q = 0;
+    rc = cuMemAllocAsync(&q, bytes, s);  // needs growth beyond the quota: refused
+    if (rc == CUDA_SUCCESS) cuMemFreeAsync(q, s);
+  });
+  sleep_ms(100);                                         // the grower is in its reclaim, holding the default pool
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");  // the driver trims the default pool to nothing
+  grower.join();
+  (void)other;
+  std::printf("refused-growth rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(),
+              held_allocations());
   return 0;
 }
 
