@@ -114,6 +114,7 @@ void ensure_lease(Device& p, Priority self, std::uint64_t now) noexcept {
     // Another level's timetable, the parent's descriptor (its locks would be
     // the parent's too), or a file its last user removed: a new one.
     if (p.lease_pid == pid && p.lease_level != self) shm::remove_lease(g_board, p.lease_level, p.uuid, p.lease_fd);
+    shm::unmap_wake_word(p.lease_wake.exchange(nullptr, std::memory_order_relaxed));
     close(p.lease_fd);
     p.lease_fd = -1;
   }
@@ -127,6 +128,7 @@ void ensure_lease(Device& p, Priority self, std::uint64_t now) noexcept {
     } else {
       p.lease_level = self;
       p.lease_pid = pid;
+      p.lease_wake.store(shm::map_wake_word(p.lease_fd), std::memory_order_relaxed);
     }
   }
 }
@@ -291,7 +293,8 @@ void publish(Device& p, Priority self, std::uint64_t now, std::uint64_t horizon)
   p.own_lock.unlock();
 }
 
-bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start) noexcept {
+bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start,
+          std::uint32_t* seq) noexcept {
   if (!p.named) return false;
   p.lease_lock.lock();
   ensure_lease(p, self, now);
@@ -307,6 +310,7 @@ bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, 
     booked = shm::write_lease(p.lease_fd, rec);
     shm::unlock_lease(p.lease_fd);
     *start = slot.start_ns;
+    *seq = rec.wake_seq;
   }
   p.lease_lock.unlock();
   return booked;
@@ -323,9 +327,30 @@ bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t 
 }
 
 void launched(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
+  bool moved = false;
   update_lease(p, 16, [&](shm::PriorityLease& rec, std::uint32_t self) {
-    return limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, self);
+    moved = limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, self);
+    return moved;
   });
+  // After the lock: the woken booking reads the record at once.
+  if (moved) shm::wake_one(p.lease_wake.load(std::memory_order_relaxed));
+}
+
+bool wait_turn(Device& p, std::uint32_t seq, std::uint64_t ns) noexcept {
+  const shm::Wake w = shm::wait_wake(p.lease_wake.load(std::memory_order_relaxed), seq, ns);
+  if (w == shm::Wake::unavailable) platform::sleep_ns(ns);
+  return w == shm::Wake::woken;
+}
+
+std::uint64_t launched_until(Device& p) noexcept {
+  // The descriptor is read under lease_lock (another thread may replace it);
+  // a pread, no file lock: a torn record reads as nothing launched.
+  p.lease_lock.lock();
+  shm::PriorityLease rec;
+  rec.launched_until_ns = 0;
+  if (p.lease_fd >= 0) shm::read_lease(p.lease_fd, &rec);
+  p.lease_lock.unlock();
+  return rec.launched_until_ns;
 }
 
 void unclaim(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
@@ -363,6 +388,7 @@ void record_hold(Device& p, std::uint64_t held_ns) noexcept {
     if (!p.lease_lock.try_lock()) continue;
     if (p.lease_fd >= 0 && p.lease_pid == self) {
       shm::remove_lease(g_board, p.lease_level, p.uuid, p.lease_fd);
+      shm::unmap_wake_word(p.lease_wake.exchange(nullptr, std::memory_order_relaxed));
       close(p.lease_fd);
       p.lease_fd = -1;
     }
