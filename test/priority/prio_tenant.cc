@@ -36,7 +36,9 @@
 // <dir>/high.bursts: "B <first event> <device-side latency ns>" per burst.
 // test/priority/harvest_split.py reads them.
 #include <cuda.h>
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -44,6 +46,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -121,6 +124,33 @@ extern "C" int clock_nanosleep(clockid_t clock, int flags, const timespec* req, 
   }
   if (rc < 0) return static_cast<int>(errno);
   return 0;
+}
+
+// ... and the handoff's waits (shm::wait_wake: syscall(SYS_futex, FUTEX_WAIT)
+// with a relative timeout) too, as sleeps planned to their timeout: one woken
+// early makes its tenant due at nothing (its next sleep, or its launch, says
+// when), one that timed out counts as a sleep. Other calls pass through.
+extern "C" long syscall(long number, ...) {
+  va_list ap;
+  va_start(ap, number);
+  long a[6];
+  for (long& x : a) x = va_arg(ap, long);
+  va_end(ap);
+  using Real = long (*)(long, ...);
+  static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "syscall"));
+  const bool traced =
+      number == SYS_futex && (a[1] & FUTEX_CMD_MASK) == FUTEX_WAIT && a[3] != 0 && g_in_launch && g_schedstat >= 0;
+  if (!traced) return real(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  const timespec* req = reinterpret_cast<const timespec*>(a[3]);
+  const std::uint64_t before = traced_delay_ns(), began = now_ns();
+  const std::uint64_t target =
+      began + static_cast<std::uint64_t>(req->tv_sec) * 1000000000ull + static_cast<std::uint64_t>(req->tv_nsec);
+  const long rc = real(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  const int e = errno;
+  if (g_sleeps_rec.size() + 6 <= g_sleeps_rec.capacity())
+    g_sleeps_rec.insert(g_sleeps_rec.end(), {began, target, now_ns(), before, traced_delay_ns(), g_launch_index});
+  errno = e;
+  return rc;
 }
 
 int main(int argc, char** argv) {
