@@ -360,10 +360,16 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
   std::uint32_t seq = 0;
   if (!book_again(b, self, &now, d, &start, &seq, &stuck)) return false;
   const std::uint64_t allow = limiter::lease_allow(d, tight, g.lease_late_ns.load(std::memory_order_relaxed));
+  bool may_hand = true;  // one handoff per launch: refused, it sleeps to its slot
   for (int round = 0; round < 1024 && stuck < limiter::kLeaseGiveUpNs; ++round) {
     std::uint64_t at = start > allow ? start - allow : 0;
+    bool handed = false;
     if (at > now) {
-      if (board::wait_turn(b, seq, at - now)) {
+      if (may_hand)
+        handed = board::wait_turn(b, seq, at - now);
+      else
+        sleep_ns(at - now);
+      if (handed) {
         // Handed the turn: the level's launch went. The claim (the same
         // condition) one lead before it should end; a timed sleep to there.
         now = mono_ns();
@@ -427,6 +433,14 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
       if (hold(g, b, self, now) == Verdict::free) return false;  // nobody higher any more
       now = mono_ns();
       start = now + allow;
+      continue;
+    }
+    if (handed && start > now + allow) {
+      // Handed the turn and refused (another claimed first): its own slot
+      // is still booked and ahead; it sleeps to it, as without the handoff
+      // (no second handoff: under load every launch would wake it again),
+      // rather than polling the token or booking anew.
+      may_hand = false;
       continue;
     }
     if (c.token_taken) {
