@@ -337,9 +337,29 @@ void launched(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexc
 }
 
 bool wait_turn(Device& p, std::uint32_t seq, std::uint64_t ns) noexcept {
-  const shm::Wake w = shm::wait_wake(p.lease_wake.load(std::memory_order_relaxed), seq, ns);
-  if (w == shm::Wake::unavailable) platform::sleep_ns(ns);
-  return w == shm::Wake::woken;
+  // Only a wake hands the turn on (one per launch): a word that moved before
+  // this thread slept (its wake went to another waiter) is read again and
+  // waited on, a few times at most, then the rest is slept.
+  const std::uint64_t until = platform::monotonic_ns() + ns;
+  for (int tries = 0; tries < 4; ++tries) {
+    const shm::Wake w = shm::wait_wake(p.lease_wake.load(std::memory_order_relaxed), seq, ns);
+    if (w == shm::Wake::woken) return true;
+    if (w != shm::Wake::moved) {
+      if (w == shm::Wake::unavailable) platform::sleep_ns(ns);
+      return false;
+    }
+    const std::uint64_t now = platform::monotonic_ns();
+    if (now >= until) return false;
+    ns = until - now;
+    p.lease_lock.lock();
+    shm::PriorityLease rec;
+    rec.wake_seq = seq + 1;
+    if (p.lease_fd >= 0) shm::read_lease(p.lease_fd, &rec);
+    p.lease_lock.unlock();
+    seq = rec.wake_seq;
+  }
+  platform::sleep_ns(ns);
+  return false;
 }
 
 std::uint64_t launched_until(Device& p) noexcept {

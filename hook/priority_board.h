@@ -100,8 +100,9 @@ void publish(Device& b, Priority self, std::uint64_t now, std::uint64_t horizon)
 bool book(Device& b, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start,
           std::uint32_t* seq) noexcept;
 // A booking waits for its slot, at most ns: true when a launch of its level
-// went meanwhile (the handoff woke it, or the word moved past `seq`); false
-// at the timeout (or after a plain sleep when there is no wake word).
+// woke it (the handoff); false at the timeout (or after a plain sleep when
+// there is no wake word). A word that moved past `seq` before it slept (that
+// launch woke another waiter) is read again and waited on.
 bool wait_turn(Device& b, std::uint32_t seq, std::uint64_t ns) noexcept;
 // When the level's launched work should end (the record's launched_until, read
 // without the lock), 0 when unknown.

@@ -171,7 +171,7 @@ Wake wait_wake(const std::uint32_t* word, std::uint32_t seen, std::uint64_t time
   if (rc == 0) return Wake::woken;
   switch (errno) {
     case EAGAIN:  // the word moved since it was read: a launch went
-    case EINTR: return Wake::woken;
+    case EINTR: return Wake::moved;
     case ETIMEDOUT: return Wake::timeout;
     default: return Wake::unavailable;  // EFAULT (truncated), ENOSYS
   }

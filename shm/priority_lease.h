@@ -90,11 +90,12 @@ bool write_lease(int fd, PriorityLease rec) noexcept;
 // given to the kernel (which reads the page cache that pwrite writes).
 const std::uint32_t* map_wake_word(int fd) noexcept;
 void unmap_wake_word(const std::uint32_t* word) noexcept;
-enum class Wake { woken, timeout, unavailable };
-// Waits until a waker (wake_one) wakes it, the word is no longer `seen`
-// (woken: a launch went since it was read), or timeout_ns passes (bounded
-// always; a signal reads as woken). `unavailable`: no futex on this word
-// (nullptr, a truncated page): the caller sleeps instead.
+enum class Wake { woken, moved, timeout, unavailable };
+// Waits until a waker (wake_one) wakes it (woken), or timeout_ns passes
+// (bounded always). `moved`: it did not sleep, the word is no longer `seen`
+// (a launch went since it was read, and its wake went to another waiter or
+// to nobody), or a signal interrupted it. `unavailable`: no futex on this
+// word (nullptr, a truncated page): the caller sleeps instead.
 Wake wait_wake(const std::uint32_t* word, std::uint32_t seen, std::uint64_t timeout_ns) noexcept;
 // Wakes one waiter on the word (the longest waiting: the kernel queues
 // waiters of equal priority in order); how many it woke (0 or 1).
