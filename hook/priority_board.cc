@@ -27,6 +27,9 @@ Device g_devices[kMaxDevices];
 std::atomic<bool> g_set_up{false};  // setup() ran: g_board and the names below are set
 char g_board[shm::kBoardPathMax];
 Priority g_env_level = Priority::normal;
+// GPUSLICE_PRIORITY_HANDOFF, read once by setup(): off, no wake word is
+// mapped (a launch wakes nobody, a booking sleeps to its slot).
+std::atomic<bool> g_handoff{false};
 std::uint64_t g_region_dev = 0, g_region_ino = 0;
 std::atomic<pid_t> g_exiting{0};  // the process whose exit-time removal ran: it never recreates a file
 
@@ -128,7 +131,8 @@ void ensure_lease(Device& p, Priority self, std::uint64_t now) noexcept {
     } else {
       p.lease_level = self;
       p.lease_pid = pid;
-      p.lease_wake.store(shm::map_wake_word(p.lease_fd), std::memory_order_relaxed);
+      if (g_handoff.load(std::memory_order_relaxed))
+        p.lease_wake.store(shm::map_wake_word(p.lease_fd), std::memory_order_relaxed);
     }
   }
 }
@@ -167,9 +171,12 @@ bool update_lease(Device& p, unsigned tries, Change&& change) noexcept {
 
 Device& device(int ordinal) noexcept { return g_devices[ordinal]; }
 
+bool handoff() noexcept { return g_handoff.load(std::memory_order_relaxed); }
+
 void setup() noexcept {
   read_board_path();
   g_env_level = config().valid ? config().options.priority : Priority::normal;
+  g_handoff.store(config().valid && config().options.priority_handoff, std::memory_order_relaxed);
   // The region this process mapped, not what its path names now.
   struct stat st;
   const int region_fd = g_region_fd.load(std::memory_order_acquire);

@@ -68,6 +68,9 @@ Device& device(int ordinal) noexcept;  // ordinal < kMaxDevices
 // Once, at the first refresh: the board directory (GPUSLICE_PRIORITY_BOARD),
 // GPUSLICE_PRIORITY and this container's key (its region file).
 void setup() noexcept;
+// GPUSLICE_PRIORITY_HANDOFF as setup() read it: whether a booking waits on
+// the wake word (and a launch wakes one), or sleeps to its slot (default).
+bool handoff() noexcept;
 // Whether setup() ran and the board directory exists.
 bool present() noexcept;
 // In a fork child: the child takes its own liveness lock at its next
@@ -117,7 +120,7 @@ bool claim(Device& b, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t 
 // The claimed launch went to the driver (limiter::launched_lease): the
 // level's launched work is counted from now, the token is given back. When
 // the lock stays taken the token expires by itself (kLeaseTokenNs). Then it
-// wakes one booking that waits for its slot (the handoff).
+// wakes one booking that waits for its slot (the handoff, when on).
 void launched(Device& b, const limiter::Claim& c, std::uint64_t launch_ns) noexcept;
 // A claimed launch that is held after all (a higher neighbour became active
 // between its look at the board and its claim) gives its place and the token

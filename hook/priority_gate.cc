@@ -360,7 +360,9 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
   std::uint32_t seq = 0;
   if (!book_again(b, self, &now, d, &start, &seq, &stuck)) return false;
   const std::uint64_t allow = limiter::lease_allow(d, tight, g.lease_late_ns.load(std::memory_order_relaxed));
-  bool may_hand = true;  // one handoff per launch: refused, it sleeps to its slot
+  // GPUSLICE_PRIORITY_HANDOFF (off: it sleeps to its slot); one handoff per
+  // launch: refused, it sleeps to its slot.
+  bool may_hand = board::handoff();
   for (int round = 0; round < 1024 && stuck < limiter::kLeaseGiveUpNs; ++round) {
     std::uint64_t at = start > allow ? start - allow : 0;
     bool handed = false;
