@@ -27,6 +27,9 @@ Device g_devices[kMaxDevices];
 std::atomic<bool> g_set_up{false};  // setup() ran: g_board and the names below are set
 char g_board[shm::kBoardPathMax];
 Priority g_env_level = Priority::normal;
+// GPUSLICE_PRIORITY_HANDOFF, read once by setup(): off, no wake word is
+// mapped (a launch wakes nobody, a booking sleeps to its slot).
+std::atomic<bool> g_handoff{false};
 std::uint64_t g_region_dev = 0, g_region_ino = 0;
 std::atomic<pid_t> g_exiting{0};  // the process whose exit-time removal ran: it never recreates a file
 
@@ -114,6 +117,7 @@ void ensure_lease(Device& p, Priority self, std::uint64_t now) noexcept {
     // Another level's timetable, the parent's descriptor (its locks would be
     // the parent's too), or a file its last user removed: a new one.
     if (p.lease_pid == pid && p.lease_level != self) shm::remove_lease(g_board, p.lease_level, p.uuid, p.lease_fd);
+    shm::unmap_wake_word(p.lease_wake.exchange(nullptr, std::memory_order_relaxed));
     close(p.lease_fd);
     p.lease_fd = -1;
   }
@@ -127,6 +131,8 @@ void ensure_lease(Device& p, Priority self, std::uint64_t now) noexcept {
     } else {
       p.lease_level = self;
       p.lease_pid = pid;
+      if (g_handoff.load(std::memory_order_relaxed))
+        p.lease_wake.store(shm::map_wake_word(p.lease_fd), std::memory_order_relaxed);
     }
   }
 }
@@ -165,9 +171,12 @@ bool update_lease(Device& p, unsigned tries, Change&& change) noexcept {
 
 Device& device(int ordinal) noexcept { return g_devices[ordinal]; }
 
+bool handoff() noexcept { return g_handoff.load(std::memory_order_relaxed); }
+
 void setup() noexcept {
   read_board_path();
   g_env_level = config().valid ? config().options.priority : Priority::normal;
+  g_handoff.store(config().valid && config().options.priority_handoff, std::memory_order_relaxed);
   // The region this process mapped, not what its path names now.
   struct stat st;
   const int region_fd = g_region_fd.load(std::memory_order_acquire);
@@ -291,7 +300,8 @@ void publish(Device& p, Priority self, std::uint64_t now, std::uint64_t horizon)
   p.own_lock.unlock();
 }
 
-bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start) noexcept {
+bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start,
+          std::uint32_t* seq) noexcept {
   if (!p.named) return false;
   p.lease_lock.lock();
   ensure_lease(p, self, now);
@@ -307,6 +317,7 @@ bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, 
     booked = shm::write_lease(p.lease_fd, rec);
     shm::unlock_lease(p.lease_fd);
     *start = slot.start_ns;
+    *seq = rec.wake_seq;
   }
   p.lease_lock.unlock();
   return booked;
@@ -323,9 +334,50 @@ bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t 
 }
 
 void launched(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
+  bool moved = false;
   update_lease(p, 16, [&](shm::PriorityLease& rec, std::uint32_t self) {
-    return limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, self);
+    moved = limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, self);
+    return moved;
   });
+  // After the lock: the woken booking reads the record at once.
+  if (moved) shm::wake_one(p.lease_wake.load(std::memory_order_relaxed));
+}
+
+bool wait_turn(Device& p, std::uint32_t seq, std::uint64_t ns) noexcept {
+  // Only a wake hands the turn on (one per launch): a word that moved before
+  // this thread slept (its wake went to another waiter) is read again and
+  // waited on, a few times at most, then the rest is slept.
+  const std::uint64_t until = platform::monotonic_ns() + ns;
+  for (int tries = 0; tries < 4; ++tries) {
+    const shm::Wake w = shm::wait_wake(p.lease_wake.load(std::memory_order_relaxed), seq, ns);
+    if (w == shm::Wake::woken) return true;
+    if (w != shm::Wake::moved) {
+      if (w == shm::Wake::unavailable) platform::sleep_ns(ns);
+      return false;
+    }
+    const std::uint64_t now = platform::monotonic_ns();
+    if (now >= until) return false;
+    ns = until - now;
+    p.lease_lock.lock();
+    shm::PriorityLease rec;
+    rec.wake_seq = seq + 1;
+    if (p.lease_fd >= 0) shm::read_lease(p.lease_fd, &rec);
+    p.lease_lock.unlock();
+    seq = rec.wake_seq;
+  }
+  platform::sleep_ns(ns);
+  return false;
+}
+
+std::uint64_t launched_until(Device& p) noexcept {
+  // The descriptor is read under lease_lock (another thread may replace it);
+  // a pread, no file lock: a torn record reads as nothing launched.
+  p.lease_lock.lock();
+  shm::PriorityLease rec;
+  rec.launched_until_ns = 0;
+  if (p.lease_fd >= 0) shm::read_lease(p.lease_fd, &rec);
+  p.lease_lock.unlock();
+  return rec.launched_until_ns;
 }
 
 void unclaim(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
@@ -363,6 +415,7 @@ void record_hold(Device& p, std::uint64_t held_ns) noexcept {
     if (!p.lease_lock.try_lock()) continue;
     if (p.lease_fd >= 0 && p.lease_pid == self) {
       shm::remove_lease(g_board, p.lease_level, p.uuid, p.lease_fd);
+      shm::unmap_wake_word(p.lease_wake.exchange(nullptr, std::memory_order_relaxed));
       close(p.lease_fd);
       p.lease_fd = -1;
     }

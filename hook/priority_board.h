@@ -56,7 +56,11 @@ struct alignas(64) Device {
   SleepLock lease_lock;
   int lease_fd = -1;
   Priority lease_level = Priority::unset;
-  pid_t lease_pid = 0;               // the process that opened lease_fd (a fork child opens its own)
+  pid_t lease_pid = 0;  // the process that opened lease_fd (a fork child opens its own)
+  // Its wake word (shm::map_wake_word; the handoff): set with lease_fd, read
+  // without the lock by a waiting booking (a mapping replaced meanwhile only
+  // ends that bounded wait early or late).
+  std::atomic<const std::uint32_t*> lease_wake{nullptr};
   std::uint64_t lease_retry_ns = 0;  // an open that failed is tried again after this
 };
 Device& device(int ordinal) noexcept;  // ordinal < kMaxDevices
@@ -64,6 +68,9 @@ Device& device(int ordinal) noexcept;  // ordinal < kMaxDevices
 // Once, at the first refresh: the board directory (GPUSLICE_PRIORITY_BOARD),
 // GPUSLICE_PRIORITY and this container's key (its region file).
 void setup() noexcept;
+// GPUSLICE_PRIORITY_HANDOFF as setup() read it: whether a booking waits on
+// the wake word (and a launch wakes one), or sleeps to its slot (default).
+bool handoff() noexcept;
 // Whether setup() ran and the board directory exists.
 bool present() noexcept;
 // In a fork child: the child takes its own liveness lock at its next
@@ -92,7 +99,17 @@ void publish(Device& b, Priority self, std::uint64_t now, std::uint64_t horizon)
 // level's timetable on the device (limiter::book_slot): *start is when it
 // should start running. False when there is no timetable (the lease file
 // cannot be opened, or its lock stays taken): the per-process bound applies.
-bool book(Device& b, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start) noexcept;
+// *seq: the lease's wake word as the booking left it (wait_turn).
+bool book(Device& b, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start,
+          std::uint32_t* seq) noexcept;
+// A booking waits for its slot, at most ns: true when a launch of its level
+// woke it (the handoff); false at the timeout (or after a plain sleep when
+// there is no wake word). A word that moved past `seq` before it slept (that
+// launch woke another waiter) is read again and waited on.
+bool wait_turn(Device& b, std::uint32_t seq, std::uint64_t ns) noexcept;
+// When the level's launched work should end (the record's launched_until, read
+// without the lock), 0 when unknown.
+std::uint64_t launched_until(Device& b) noexcept;
 // A booked launch whose slot came (limiter::claim_lease): when the level's
 // device token is free and the launches its level has already launched on
 // the device should be done by now + allow, it takes the token and claims its
@@ -102,7 +119,8 @@ bool book(Device& b, Priority self, std::uint64_t now, std::uint64_t launch_ns, 
 bool claim(Device& b, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t allow, limiter::Claim* c) noexcept;
 // The claimed launch went to the driver (limiter::launched_lease): the
 // level's launched work is counted from now, the token is given back. When
-// the lock stays taken the token expires by itself (kLeaseTokenNs).
+// the lock stays taken the token expires by itself (kLeaseTokenNs). Then it
+// wakes one booking that waits for its slot (the handoff, when on).
 void launched(Device& b, const limiter::Claim& c, std::uint64_t launch_ns) noexcept;
 // A claimed launch that is held after all (a higher neighbour became active
 // between its look at the board and its claim) gives its place and the token

@@ -320,9 +320,9 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
 // kLeaseGiveUpNs (a holder stopped for good) the launch goes with the
 // per-process bound.
 bool book_again(board::Device& b, Priority self, std::uint64_t* now, std::uint64_t d, std::uint64_t* start,
-                std::uint64_t* stuck) noexcept {
+                std::uint32_t* seq, std::uint64_t* stuck) noexcept {
   for (;;) {
-    if (board::book(b, self, *now, d, start)) return true;
+    if (board::book(b, self, *now, d, start, seq)) return true;
     if (b.lease_shared.load(std::memory_order_relaxed) == 0) return false;
     sleep_ns(limiter::kHoldPollNs);
     const std::uint64_t t = mono_ns();
@@ -334,7 +334,10 @@ bool book_again(board::Device& b, Priority self, std::uint64_t* now, std::uint64
 
 // Bounded next to a higher neighbour: books this launch in the level's
 // timetable on the device (board::book) and sleeps until its slot is
-// lease_allow() away; then, unless a higher neighbour has become active
+// lease_allow() away, or until a launch of its level wakes it (the handoff:
+// each launch that goes wakes the longest-waiting booking, which then claims
+// lease_allow() before that launch should end, the device's pace rather than
+// its slot's); then, unless a higher neighbour has become active
 // meanwhile (it is held, and books again), it takes the level's device token
 // and claims its place behind what the level has launched (board::claim).
 // When that is not nearly done (it, or a neighbour, woke late into another's
@@ -354,12 +357,27 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
   g.markers.lock.unlock();
   std::uint64_t now = mono_ns();
   std::uint64_t start = 0, stuck = 0;
-  if (!book_again(b, self, &now, d, &start, &stuck)) return false;
+  std::uint32_t seq = 0;
+  if (!book_again(b, self, &now, d, &start, &seq, &stuck)) return false;
   const std::uint64_t allow = limiter::lease_allow(d, tight, g.lease_late_ns.load(std::memory_order_relaxed));
+  // GPUSLICE_PRIORITY_HANDOFF (off: it sleeps to its slot); one handoff per
+  // launch: refused, it sleeps to its slot.
+  bool may_hand = board::handoff();
   for (int round = 0; round < 1024 && stuck < limiter::kLeaseGiveUpNs; ++round) {
-    const std::uint64_t at = start > allow ? start - allow : 0;
+    std::uint64_t at = start > allow ? start - allow : 0;
+    bool handed = false;
     if (at > now) {
-      sleep_ns(at - now);
+      if (may_hand)
+        handed = board::wait_turn(b, seq, at - now);
+      else
+        sleep_ns(at - now);
+      if (handed) {
+        // Handed the turn: the level's launch went. The claim (the same
+        // condition) one lead before it should end; a timed sleep to there.
+        now = mono_ns();
+        at = limiter::handoff_at(board::launched_until(b), now, allow);
+        if (at > now) sleep_ns(at - now);
+      }
       now = mono_ns();
       // How late the thread wakes: the lead hides up to that much.
       const std::uint64_t most = d != 0 ? d : limiter::kLeaseUnmeasuredNs;
@@ -399,7 +417,7 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
       const std::uint64_t t = mono_ns();
       stuck += t - now;
       now = t;
-      if (!book_again(b, self, &now, d, &start, &stuck)) return false;
+      if (!book_again(b, self, &now, d, &start, &seq, &stuck)) return false;
       continue;
     }
     if (c.go) {
@@ -419,6 +437,14 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
       start = now + allow;
       continue;
     }
+    if (handed && start > now + allow) {
+      // Handed the turn and refused (another claimed first): its own slot
+      // is still booked and ahead; it sleeps to it, as without the handoff
+      // (no second handoff: under load every launch would wake it again),
+      // rather than polling the token or booking anew.
+      may_hand = false;
+      continue;
+    }
     if (c.token_taken) {
       // Another launch of the level claimed and has not gone yet: it gives
       // the token back within a few syscalls unless its thread lost its CPU
@@ -434,7 +460,7 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
     }
     // Taken: the next free slot, at the timetable's end (waiting for this
     // one's end instead, every late waker would wake together).
-    if (!book_again(b, self, &now, d, &start, &stuck)) return false;
+    if (!book_again(b, self, &now, d, &start, &seq, &stuck)) return false;
   }
   return false;
 }

@@ -209,7 +209,14 @@ bool launched_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t now_n
   if (end > rec.launched_until_ns) rec.launched_until_ns = end;
   rec.token_pid = 0;
   rec.token_until_ns = 0;
+  ++rec.wake_seq;
   return true;
+}
+
+std::uint64_t handoff_at(std::uint64_t launched_until_ns, std::uint64_t now_ns, std::uint64_t allow_ns) noexcept {
+  const bool believed = launched_until_ns > now_ns && launched_until_ns - now_ns <= kLeaseMaxAheadNs;
+  if (!believed || launched_until_ns - now_ns <= allow_ns) return now_ns;
+  return launched_until_ns - allow_ns;
 }
 
 bool unclaim_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t launch_ns, std::uint32_t pid) noexcept {

@@ -152,11 +152,17 @@ Claim claim_lease(shm::PriorityLease& rec, std::uint64_t now_ns, std::uint64_t l
                   std::uint32_t pid, bool holder_alive) noexcept;
 // The claim's launch went to the driver at now_ns: the level's launched work
 // ends when it does, counted from then (a thread that lost its CPU between
-// its claim and its launch ran later than claimed), and the token is free.
+// its claim and its launch ran later than claimed), the token is free, and
+// the wake word moves (the caller wakes one waiting booking: the handoff).
 // Nothing when the token is not the claim's any more (it expired and another
 // launch took it). True when rec changed.
 bool launched_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t now_ns, std::uint64_t launch_ns,
                     std::uint32_t pid) noexcept;
+// When a booking woken by the handoff (a launch of its level went: the
+// lease's wake word moved) claims: allow_ns before the level's launched work
+// should end (the device's pace, not its own slot's), now when that is
+// nearer, past or not believed. The claim condition is claim_slot's either way.
+std::uint64_t handoff_at(std::uint64_t launched_until_ns, std::uint64_t now_ns, std::uint64_t allow_ns) noexcept;
 // A claimed launch held after all: its place (unclaim_slot) and the token back.
 bool unclaim_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t launch_ns, std::uint32_t pid) noexcept;
 // Whether the token is taken at now_ns: a holder, not expired (a stopped

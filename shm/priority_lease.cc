@@ -3,8 +3,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <cstddef>
 
 #include <cstring>
 
@@ -139,6 +145,42 @@ bool write_lease(int fd, PriorityLease rec) noexcept {
     n = pwrite(fd, &rec, sizeof rec, 0);
   } while (n < 0 && errno == EINTR);
   return n == static_cast<ssize_t>(sizeof rec);
+}
+
+const std::uint32_t* map_wake_word(int fd) noexcept {
+  if (fd < 0) return nullptr;
+  void* page = mmap(nullptr, sizeof(PriorityLease), PROT_READ, MAP_SHARED, fd, 0);
+  if (page == MAP_FAILED) return nullptr;
+  return reinterpret_cast<const std::uint32_t*>(static_cast<const char*>(page) + offsetof(PriorityLease, wake_seq));
+}
+
+void unmap_wake_word(const std::uint32_t* word) noexcept {
+  if (word == nullptr) return;
+  munmap(const_cast<char*>(reinterpret_cast<const char*>(word)) - offsetof(PriorityLease, wake_seq),
+         sizeof(PriorityLease));
+}
+
+Wake wait_wake(const std::uint32_t* word, std::uint32_t seen, std::uint64_t timeout_ns) noexcept {
+  if (word == nullptr) return Wake::unavailable;
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000);
+  // Shared (no FUTEX_PRIVATE_FLAG): the key is the file's page, the same in
+  // every process that maps it. A relative timeout: always bounded.
+  const long rc = syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, nullptr, 0);
+  if (rc == 0) return Wake::woken;
+  switch (errno) {
+    case EAGAIN:  // the word moved since it was read: a launch went
+    case EINTR: return Wake::moved;
+    case ETIMEDOUT: return Wake::timeout;
+    default: return Wake::unavailable;  // EFAULT (truncated), ENOSYS
+  }
+}
+
+int wake_one(const std::uint32_t* word) noexcept {
+  if (word == nullptr) return 0;
+  const long n = syscall(SYS_futex, word, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+  return n > 0 ? static_cast<int>(n) : 0;
 }
 
 }  // namespace gpuslice::shm

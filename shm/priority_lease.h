@@ -3,12 +3,17 @@
 // the level's timetable on that device: `booked_until_ns`, when the launches
 // its bounded containers have booked should be done (when to wake), and
 // `launched_until_ns`, when those it has launched should be (whether to go
-// now). A booking or a launch reads and writes it (pread/pwrite, never mapped: another container may truncate it)
-// under an OFD write lock on one byte past its end, taken without waiting; a
+// now). A booking or a launch reads and writes it (pread/pwrite: another
+// container may truncate it, so it is never read or written through a
+// mapping) under an OFD write lock on one byte past its end, taken without waiting; a
 // process killed inside drops the lock with its last descriptor, and a
 // booking it left behind only books device time that passes. Each process
 // that uses the file holds a read lock on byte kLeaseUserBase + its pid while
-// it has it open; the last one to leave removes it. Heap-free.
+// it has it open; the last one to leave removes it. The handoff: each launch
+// that goes bumps `wake_seq` and wakes one waiting booking (a futex on a
+// read-only shared mapping of the record's page, only ever passed to the
+// futex syscall, which answers EFAULT, never SIGBUS, on a truncated page).
+// Heap-free.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +37,9 @@ struct PriorityLease {
   std::uint32_t size;             // sizeof(PriorityLease)
   std::uint64_t booked_until_ns;  // CLOCK_MONOTONIC
   std::uint32_t booker_pid;       // the latest booking's process (tools only)
-  std::uint32_t reserved0;
+  // Bumped by each launch that goes (limiter::launched_lease): the futex word
+  // of the handoff (wait_wake). (Formerly reserved, zero: kept as read.)
+  std::uint32_t wake_seq;
   std::uint64_t bookings;           // how many launches booked (tools only)
   std::uint64_t launched_until_ns;  // CLOCK_MONOTONIC
   // The level's device token (docs/priority.md, "Many tenants"): a claimed
@@ -77,5 +84,21 @@ void read_lease(int fd, PriorityLease* out) noexcept;
 // Writes a whole record (magic, version, size and this process as the booker
 // filled in).
 bool write_lease(int fd, PriorityLease rec) noexcept;
+
+// The handoff's futex word: fd's wake_seq in a read-only shared mapping of
+// the file's first page, or nullptr. Never dereferenced: only its address is
+// given to the kernel (which reads the page cache that pwrite writes).
+const std::uint32_t* map_wake_word(int fd) noexcept;
+void unmap_wake_word(const std::uint32_t* word) noexcept;
+enum class Wake { woken, moved, timeout, unavailable };
+// Waits until a waker (wake_one) wakes it (woken), or timeout_ns passes
+// (bounded always). `moved`: it did not sleep, the word is no longer `seen`
+// (a launch went since it was read, and its wake went to another waiter or
+// to nobody), or a signal interrupted it. `unavailable`: no futex on this
+// word (nullptr, a truncated page): the caller sleeps instead.
+Wake wait_wake(const std::uint32_t* word, std::uint32_t seen, std::uint64_t timeout_ns) noexcept;
+// Wakes one waiter on the word (the longest waiting: the kernel queues
+// waiters of equal priority in order); how many it woke (0 or 1).
+int wake_one(const std::uint32_t* word) noexcept;
 
 }  // namespace gpuslice::shm

@@ -12,7 +12,9 @@
 //       between two events and followed by a synchronize, with random idle
 //       gaps.
 //
-// high prints one line: "prio_tenant pid=<pid> start_ns=<first launch,
+// low prints "prio_tenant_low handoff_waits=<n> handoff_woken=<n>" at its
+// end: the gate's futex waits inside its launches (GPUSLICE_PRIORITY_HANDOFF)
+// and how many a launch's wake ended. high prints one line: "prio_tenant pid=<pid> start_ns=<first launch,
 // CLOCK_MONOTONIC> end_ns=<last synchronize> bursts=<n> p50_us=<..>
 // p90_us=<..> p99_us=<..> max_us=<..> host_p99_us=<..>": burst latencies device-side
 // (between the events: simulated instants, free of the host's wake-up) and
@@ -36,7 +38,9 @@
 // <dir>/high.bursts: "B <first event> <device-side latency ns>" per burst.
 // test/priority/harvest_split.py reads them.
 #include <cuda.h>
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -44,6 +48,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +92,9 @@ int g_schedstat = -1;
 thread_local bool g_in_launch = false;    // the main thread only (the library has its own threads)
 std::vector<std::uint64_t> g_sleeps_rec;  // start, planned wake, wake, run_delay before, after, launch index
 std::uint64_t g_launch_index = 0;
+// The gate's handoff waits inside a launch (shared FUTEX_WAIT with a timeout,
+// GPUSLICE_PRIORITY_HANDOFF), traced or not, and how many a wake ended.
+std::uint64_t g_handoff_waits = 0, g_handoff_woken = 0;
 
 std::uint64_t traced_delay_ns() {
   char buf[128] = {};
@@ -121,6 +129,42 @@ extern "C" int clock_nanosleep(clockid_t clock, int flags, const timespec* req, 
   }
   if (rc < 0) return static_cast<int>(errno);
   return 0;
+}
+
+// ... and the handoff's waits (shm::wait_wake: syscall(SYS_futex, FUTEX_WAIT)
+// with a relative timeout) too, as sleeps planned to their timeout: one woken
+// early makes its tenant due at nothing (its next sleep, or its launch, says
+// when), one that timed out counts as a sleep. Other calls pass through.
+extern "C" long syscall(long number, ...) {
+  va_list ap;
+  va_start(ap, number);
+  long a[6];
+  for (long& x : a) x = va_arg(ap, long);
+  va_end(ap);
+  using Real = long (*)(long, ...);
+  static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "syscall"));
+  const bool gate_wait = number == SYS_futex && a[1] == FUTEX_WAIT && a[3] != 0 && g_in_launch;
+  if (gate_wait && g_schedstat < 0) {
+    const long rc = real(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+    ++g_handoff_waits;
+    g_handoff_woken += rc == 0;
+    return rc;
+  }
+  const bool traced =
+      number == SYS_futex && (a[1] & FUTEX_CMD_MASK) == FUTEX_WAIT && a[3] != 0 && g_in_launch && g_schedstat >= 0;
+  if (!traced) return real(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  const timespec* req = reinterpret_cast<const timespec*>(a[3]);
+  const std::uint64_t before = traced_delay_ns(), began = now_ns();
+  const std::uint64_t target =
+      began + static_cast<std::uint64_t>(req->tv_sec) * 1000000000ull + static_cast<std::uint64_t>(req->tv_nsec);
+  const long rc = real(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+  const int e = errno;
+  g_handoff_waits += gate_wait;
+  g_handoff_woken += gate_wait && rc == 0;
+  if (g_sleeps_rec.size() + 6 <= g_sleeps_rec.capacity())
+    g_sleeps_rec.insert(g_sleeps_rec.end(), {began, target, now_ns(), before, traced_delay_ns(), g_launch_index});
+  errno = e;
+  return rc;
 }
 
 int main(int argc, char** argv) {
@@ -159,7 +203,9 @@ int main(int argc, char** argv) {
     }
     for (unsigned n = 1;; ++n) {
       if (g_schedstat < 0) {
+        g_in_launch = true;
         launch();
+        g_in_launch = false;
       } else {
         const std::uint64_t d0 = traced_delay_ns(), t0 = now_ns();
         g_in_launch = true;
@@ -175,6 +221,8 @@ int main(int argc, char** argv) {
       }
     }
     check(cuStreamSynchronize(stream), "cuStreamSynchronize");
+    std::printf("prio_tenant_low handoff_waits=%llu handoff_woken=%llu\n",
+                static_cast<unsigned long long>(g_handoff_waits), static_cast<unsigned long long>(g_handoff_woken));
     if (trace != nullptr) {
       const std::string path = std::string(trace) + "/" + std::to_string(getpid()) + ".low";
       if (FILE* out = std::fopen(path.c_str(), "w")) {

@@ -319,4 +319,112 @@ TEST(PriorityLease, ALinkInItsPlaceIsRefused) {
   EXPECT_NE(std::string(err.message).find("lease"), std::string::npos) << err.message;
 }
 
+// The handoff (docs/priority.md, "Many tenants"): a booking waits for its
+// slot on the lease's wake word, and a launch of the level that goes wakes
+// exactly one waiter at once (the longest waiting), instead of every waiter
+// sleeping to its slot while the device idles. Counted, not timed: how many
+// waiters each wake woke, and which waiters returned woken rather than at
+// their (5 s, bounding) timeout.
+TEST(PriorityLease, ALaunchThatGoesWakesExactlyOneWaitingBooking) {
+  Board b;
+  const int fd = b.open();
+  const std::uint32_t* word = shm::map_wake_word(fd);
+  ASSERT_NE(word, nullptr);
+  // A booking writes the record before it waits (a new file is empty: a wait
+  // on its word, past the file's end, answers unavailable).
+  EXPECT_EQ(shm::wait_wake(word, 0, 1'000'000), shm::Wake::unavailable);
+  book(fd, platform::monotonic_ns(), 250'000);
+  pid_t children[2];
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  for (pid_t& child : children) {
+    child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // Another process of the level: its own descriptor and mapping.
+      shm::Error err{};
+      const int own = shm::open_lease(b.dir.c_str(), Priority::low, kUuid, &err);
+      const std::uint32_t* w = shm::map_wake_word(own);
+      if (own < 0 || w == nullptr) _exit(2);
+      std::uint32_t seen = record(own).wake_seq;
+      if (write(ready[1], "x", 1) != 1) _exit(3);
+      // As board::wait_turn: a word moved before it slept is read again.
+      shm::Wake r = shm::Wake::moved;
+      for (int i = 0; i < 100 && r == shm::Wake::moved; ++i) {
+        r = shm::wait_wake(w, seen, 5'000'000'000ull);
+        seen = record(own).wake_seq;
+      }
+      _exit(r == shm::Wake::woken ? 0 : r == shm::Wake::timeout ? 1 : 4);
+    }
+  }
+  close(ready[1]);
+  char c[2];
+  ASSERT_EQ(read(ready[0], c, 1), 1);
+  ASSERT_EQ(read(ready[0], c + 1, 1), 1);
+  close(ready[0]);
+  // Both block on the word: a wake finds one as soon as one waits (bounded
+  // tries; a waiter not yet asleep returns woken on the moved word below).
+  int woken = 0;
+  for (int i = 0; i < 5000 && woken == 0; ++i) {
+    woken = shm::wake_one(word);
+    if (woken == 0) usleep(1000);
+  }
+  EXPECT_EQ(woken, 1) << "a wake woke no waiting booking";
+  auto reap = [&](int want) {
+    int exited = 0, woke = 0;
+    for (int i = 0; i < 5000 && exited < want; ++i) {
+      for (pid_t& child : children) {
+        int status = 0;
+        if (child > 0 && waitpid(child, &status, WNOHANG) == child) {
+          ++exited;
+          woke += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          child = -1;
+        }
+      }
+      if (exited < want) usleep(1000);
+    }
+    return woke;
+  };
+  EXPECT_EQ(reap(1), 1) << "the woken booking did not return woken";
+  // The other still waits (one wake, one waiter); the next launch that goes
+  // moves the word (limiter::launched_lease) and wakes it.
+  limiter::Claim claimed;
+  const std::uint64_t now = platform::monotonic_ns();
+  ASSERT_EQ(claim(fd, now, 250'000, 80'000, &claimed), 0u);
+  const std::uint32_t before = record(fd).wake_seq;
+  launched(fd, claimed, now, 250'000);
+  EXPECT_EQ(record(fd).wake_seq, before + 1) << "a launch that goes moves the word";
+  int second = 0;
+  for (int i = 0; i < 5000 && second == 0; ++i) {
+    second = shm::wake_one(word);
+    if (second == 0) usleep(1000);
+  }
+  EXPECT_EQ(second, 1);
+  EXPECT_EQ(reap(1), 1) << "the second booking did not return woken";
+  for (pid_t child : children)
+    if (child > 0) kill(child, SIGKILL), waitpid(child, nullptr, 0);
+  // No waiter: nobody to wake, and a wait on a word that moved returns at
+  // once, not as a wake (that launch's wake went to another waiter).
+  EXPECT_EQ(shm::wake_one(word), 0);
+  EXPECT_EQ(shm::wait_wake(word, before, 5'000'000'000ull), shm::Wake::moved);
+  EXPECT_EQ(shm::wait_wake(word, record(fd).wake_seq, 1'000'000), shm::Wake::timeout);
+  // A file truncated under the mapping (another container may): the wait
+  // answers unavailable (the caller sleeps), never a SIGBUS.
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  EXPECT_EQ(shm::wait_wake(word, 0, 1'000'000), shm::Wake::unavailable);
+  EXPECT_EQ(shm::wake_one(word), 0);
+  shm::unmap_wake_word(word);
+  close(fd);
+}
+
+// A booking woken by the level's launch claims one lead before that launch
+// should end: the device's pace, not its own slot's.
+TEST(PriorityLease, AWokenBookingClaimsOneLeadBeforeTheLevelsWorkEnds) {
+  constexpr std::uint64_t kT0 = 10'000'000'000ull;
+  EXPECT_EQ(limiter::handoff_at(kT0 + 250'000, kT0, 80'000), kT0 + 170'000);
+  EXPECT_EQ(limiter::handoff_at(kT0 + 50'000, kT0, 80'000), kT0) << "nearly done: at once";
+  EXPECT_EQ(limiter::handoff_at(kT0 - 1, kT0, 80'000), kT0) << "done: at once";
+  EXPECT_EQ(limiter::handoff_at(kT0 + 2 * limiter::kLeaseMaxAheadNs, kT0, 80'000), kT0) << "not believed";
+}
+
 }  // namespace

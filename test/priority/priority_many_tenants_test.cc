@@ -32,8 +32,9 @@ struct Figures {
   double p50_us = 0, p90_us = 0, p99_us = 0, max_us = 0, host_p99_us = 0;
   double harvest = 0;  // percent of the time the high tenant left that the low ones used
   int bursts = 0;
-  std::string breakdown;          // prio_tenant's breakdown line (where the burst's time went)
-  std::vector<std::string> rows;  // per burst, with PRIO_TENANT_ROWS set
+  long handoff_waits = 0, handoff_woken = 0;  // the low tenants' (prio_tenant_low lines)
+  std::string breakdown;                      // prio_tenant's breakdown line (where the burst's time went)
+  std::vector<std::string> rows;              // per burst, with PRIO_TENANT_ROWS set
   std::string describe() const {
     return "p50 " + std::to_string(p50_us) + " us, p90 " + std::to_string(p90_us) + " us, p99 " +
            std::to_string(p99_us) + " us, max " + std::to_string(max_us) + " us, host p99 " +
@@ -56,8 +57,11 @@ int files_in(const std::string& dir) {
   return n;
 }
 
+const char* g_handoff = nullptr;  // GPUSLICE_PRIORITY_HANDOFF of every tenant, unset when null
+
 Env tenant_env(const Machine& m, const std::string& name, const std::string& level) {
   Env e = m.sandbox().env(true);
+  if (g_handoff != nullptr) e["GPUSLICE_PRIORITY_HANDOFF"] = g_handoff;
   if (!m.profile().empty()) e["FAKECUDA_PROFILE"] = m.profile();
   // The realistic profile's 512 MiB per context: 256 contexts would not fit
   // on the simulated device (nor on a real one); not what is measured here.
@@ -96,6 +100,7 @@ Figures run_next_to(Machine& m, int lows, int bursts, int kill = 0, double kill_
   EXPECT_EQ(files_in(m.sandbox().path("board") + "/low"), lows) << "low tenants publishing";
   close(open(go.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
   std::uint64_t killed_ns = 0;
+  long lows_waits = 0, lows_woken = 0;
   if (kill > 0) {
     usleep(static_cast<useconds_t>((0.3 + kill_after_s) * 1e6));  // the high tenant's 0.3 s, then into its bursts
     for (int i = 0; i < kill && i < lows; ++i) kill_pid(pids[static_cast<std::size_t>(i)]);
@@ -104,7 +109,11 @@ Figures run_next_to(Machine& m, int lows, int bursts, int kill = 0, double kill_
   const Result high = wait(high_pid, high_out, 120000);
   close(open(stop.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
   for (std::size_t i = 0; i < pids.size(); ++i) {
-    const Result r = wait(pids[i], "", 120000);
+    const Result r = wait(pids[i], m.sandbox().path("low" + std::to_string(i) + ".out"), 120000);
+    for (const std::string& l : lines_with(r.out, "prio_tenant_low ")) {
+      lows_waits += std::atol(field(l, "handoff_waits").c_str());
+      lows_woken += std::atol(field(l, "handoff_woken").c_str());
+    }
     if (static_cast<int>(i) < kill)
       EXPECT_EQ(r.signal, SIGKILL) << r.describe();
     else
@@ -113,6 +122,8 @@ Figures run_next_to(Machine& m, int lows, int bursts, int kill = 0, double kill_
   unlink(stop.c_str());
   unlink(go.c_str());
   Figures f;
+  f.handoff_waits = lows_waits;
+  f.handoff_woken = lows_woken;
   EXPECT_EQ(high.exit_code, 0) << high.describe();
   const auto lines = lines_with(high.out, "prio_tenant ");
   if (lines.empty()) return f;
@@ -183,6 +194,29 @@ TEST(PriorityManyTenants, KilledLowTenantsLeaveTheBudgetToTheOthers) {
   EXPECT_LT(f.p50_us, bound + 500.0) << "alone " << alone.describe() << "\nkilled " << f.describe();
   EXPECT_LT(f.p90_us, bound + 5000.0) << "alone " << alone.describe() << "\nkilled " << f.describe();
   EXPECT_GT(f.harvest, 40.0) << "the survivors' harvest after the kill: " << f.describe();
+}
+
+// GPUSLICE_PRIORITY_HANDOFF (docs/priority.md, "Many tenants"): unset or
+// false, a bounded low tenant's booking sleeps to its slot (the high tenant's
+// p99 first): its launches make no futex wait, so no launch wakes it; true,
+// bookings wait on the lease's wake word and launches of the level wake them.
+// Counted (prio_tenant_low's lines), not timed.
+TEST(PriorityManyTenants, TheHandoffWakesBookingsOnlyWhenTurnedOn) {
+  for (const char* value : {static_cast<const char*>(nullptr), "false", "true"}) {
+    g_handoff = value;
+    Machine m;
+    const Figures f = run_next_to(m, 4, 30);
+    g_handoff = nullptr;
+    ASSERT_EQ(f.bursts, 30) << f.describe();
+    const std::string what = std::string("GPUSLICE_PRIORITY_HANDOFF=") + (value != nullptr ? value : "(unset)");
+    std::printf("%s: %ld handoff waits, %ld woken\n", what.c_str(), f.handoff_waits, f.handoff_woken);
+    if (value == nullptr || std::string(value) == "false") {
+      EXPECT_EQ(f.handoff_waits, 0) << what << ": a booking waited on the wake word";
+      EXPECT_EQ(f.handoff_woken, 0) << what << ": a launch woke a booking";
+    } else {
+      EXPECT_GT(f.handoff_woken, 0) << what << ": no launch woke a booking (" << f.handoff_waits << " waits)";
+    }
+  }
 }
 
 // The figures of docs/priority.md's table: N = 0, 1, 16, 64, 256 (run by hand:

@@ -460,6 +460,37 @@ TEST(NewOptions, WordsAnyCaseAndErrorsListTheWords) {
   EXPECT_EQ(p.options.memory_resident[1], kUnlimited);
 }
 
+// GPUSLICE_PRIORITY_HANDOFF (docs/priority.md, "Many tenants"): off unless
+// an operator turns it on; a flag's spellings; a bad value names the variable.
+TEST(NewOptions, PriorityHandoffIsAFlagOffByDefault) {
+  Parsed p = parse({});
+  ASSERT_TRUE(p.ok) << p.error;
+  EXPECT_FALSE(p.options.priority_handoff);
+  EXPECT_STREQ(p.options.priority_handoff_source.name, "default");
+  for (const char* on : {"GPUSLICE_PRIORITY_HANDOFF=true", "GPUSLICE_PRIORITY_HANDOFF=1",
+                         "GPUSLICE_PRIORITY_HANDOFF=on", "GPUSLICE_PRIORITY_HANDOFF=YES"}) {
+    p = parse({on});
+    ASSERT_TRUE(p.ok) << on << ": " << p.error;
+    EXPECT_TRUE(p.options.priority_handoff) << on;
+    EXPECT_STREQ(p.options.priority_handoff_source.name, "GPUSLICE_PRIORITY_HANDOFF");
+  }
+  for (const char* off : {"GPUSLICE_PRIORITY_HANDOFF=false", "GPUSLICE_PRIORITY_HANDOFF=0",
+                          "GPUSLICE_PRIORITY_HANDOFF=off", "GPUSLICE_PRIORITY_HANDOFF=No"}) {
+    p = parse({off});
+    ASSERT_TRUE(p.ok) << off << ": " << p.error;
+    EXPECT_FALSE(p.options.priority_handoff) << off;
+  }
+  p = parse({"GPUSLICE_PRIORITY_HANDOFF=sometimes"});
+  EXPECT_FALSE(p.ok);
+  EXPECT_THAT(p.error, HasSubstr("GPUSLICE_PRIORITY_HANDOFF='sometimes'"));
+  p = parse({"GPUSLICE_PRIORITY_HANDOFF=on"});
+  char buf[16384];
+  const int n = format_effective_options(p.options, buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  EXPECT_THAT(std::string(buf, static_cast<std::size_t>(n)),
+              HasSubstr("gpuslice: GPUSLICE_PRIORITY_HANDOFF=true (GPUSLICE_PRIORITY_HANDOFF, environment)\n"));
+}
+
 TEST(NewOptions, AllOnesIsNotAQuota) {
   Parsed p = parse({"GPUSLICE_MEMORY_LIMIT=18446744073709551615"});
   EXPECT_FALSE(p.ok);
