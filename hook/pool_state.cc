@@ -244,9 +244,10 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
   // lowered until the next synchronisation looks again.
   std::uint64_t target = before;
   bool consistent = false;
+  std::uint64_t reserved = 0;
   for (int attempt = 0; attempt < 3 && !consistent; ++attempt) {
     st.dirty.store(0, std::memory_order_seq_cst);
-    std::uint64_t reserved = 0;
+    reserved = 0;
     if (!reserve_of(st.handle.load(std::memory_order_relaxed), &reserved)) {
       if (!unknown_is_empty) {  // the driver cannot say: keep what is counted
         st.dirty.store(1, std::memory_order_relaxed);
@@ -278,6 +279,10 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
     st.dirty.store(1, std::memory_order_relaxed);  // the next synchronisation looks again
   }
   if (target > before) st.counted.store(target, std::memory_order_seq_cst);
+  // Counted above the driver's reserve (for allocations in flight, which the
+  // driver may serve from the reserve: counted for nothing once they are
+  // freed), or not read consistently: the pool's next free looks again.
+  st.above_reserve.store(!consistent || target > reserved ? 1 : 0, std::memory_order_relaxed);
   // Still holding more than its allocations (a release threshold): a later
   // synchronisation may release the rest.
   if (target > round_chunk(st.outstanding.load(std::memory_order_relaxed))) mark_dirty(st);
@@ -289,6 +294,14 @@ void reconcile_locked(PoolState& st, bool unknown_is_empty) noexcept {
                          "a memory pool's reserve grew beyond what was reserved for it; the container is "
                          "over its quota until the pool is trimmed");
   }
+}
+
+// A pool another thread holds is left to it: a growth and a reconciliation
+// read `outstanding` again after this free's mark (reconcile_locked).
+void reconcile_after_free(PoolState& st) noexcept {
+  if (!st.mu.try_lock()) return;
+  if (st.in_use.load(std::memory_order_acquire) != 0) reconcile_locked(st, false);
+  st.mu.unlock();
 }
 
 void finalize_if_drained(PoolState& st) noexcept {

@@ -53,6 +53,10 @@ struct alignas(64) PoolState {
   std::atomic<std::uint32_t> destroyed{0};    // cuMemPoolDestroy returned; freed with the last allocation
   std::atomic<std::int32_t> entry{-1};        // region device entry (set before `handle` is published)
   std::atomic<std::uint32_t> host{0};         // host-located: never charged
+  // The last reconciliation left `counted` above the driver's reserve (kept
+  // for allocations then in flight, which the driver may serve from the
+  // reserve), or could not read it consistently: a free looks again.
+  std::atomic<std::uint32_t> above_reserve{0};
   // Cold.
   std::atomic<CUmemoryPool> handle{nullptr};   // nullptr once destroyed (lookups miss) or free
   std::atomic<std::uint32_t> in_use{0};        // slot taken (until destroyed and drained)
@@ -229,10 +233,13 @@ inline bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) n
 // line is written anyway): a reconciliation that sees the subtraction sees
 // the mark, so an allocation and free between its reads is never missed
 // (reconcile_locked).
+// A free of a pool counted above its reserve reconciles it (below).
+[[gnu::cold, gnu::noinline]] void reconcile_after_free(PoolState& st) noexcept;
 inline void freed(PoolState& st, std::uint64_t bytes) noexcept {
   st.dirty.store(1, std::memory_order_relaxed);
   st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
   if (__builtin_expect(st.destroyed.load(std::memory_order_seq_cst) != 0, 0)) finalize_if_drained(st);
+  if (__builtin_expect(st.above_reserve.load(std::memory_order_relaxed) != 0, 0)) reconcile_after_free(st);
 }
 
 }  // namespace gpuslice::hook::pools

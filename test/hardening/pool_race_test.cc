@@ -84,6 +84,22 @@ TEST(PoolRace, RefusedGrowthLeavesItsPoolCountedAtItsReserve) {
   EXPECT_EQ(number(r, "refused-growth", "counted"), number(r, "refused-growth", "held")) << r.out;
 }
 
+// A growth counts for the allocations then in flight (`outstanding`), and
+// the reconciliation after it keeps that count though the driver served this
+// one from the pool's free reserve; once both allocations are freed, the pool
+// was counted a whole allocation above what the driver held until the next
+// synchronisation: in the chaos suite, refusals with room in the container's
+// other processes (issue 32, seed 2292). Now the last free reconciles it.
+TEST(PoolRace, GrowthForAnAllocationInFlightIsGivenBackOnceItIsFreed) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "256Mi"}, {"FAKECUDA_ALLOC_ASYNC_DELAY_US", "300000"}},
+                   {"inflight-growth", "10"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "inflight-growth", "rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "inflight-growth", "held"), 10 * kMi) << r.out;
+  EXPECT_EQ(number(r, "inflight-growth", "counted"), number(r, "inflight-growth", "held")) << r.out;
+}
+
 // Four threads churn stream-ordered pools (pool_churn: both allocations,
 // both frees, synchronisations, trims, release thresholds, destroy and
 // recreate) under a 512 MiB quota, and a test-local observer of the

@@ -120,6 +120,7 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return pool_race::allowance_wait(a.mib(0), a.mib(1)); }},
     {"pool-race", "refused-growth", "LINEAR_MIB POOL_MIB MIB", kInit,
      [](const Args& a) { return pool_race::refused_growth(a.mib(0), a.mib(1), a.mib(2)); }},
+    {"pool-race", "inflight-growth", "MIB", kInit, [](const Args& a) { return pool_race::inflight_growth(a.mib(0)); }},
     {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
      [](const Args& a) { return reserve::thread_exit(a.number<int>(0), a.mib(1), a.mib(2)); }},
     {"reserve", "idle", "THREADS MIB BIG_MIB", kInit,

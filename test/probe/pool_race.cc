@@ -21,6 +21,12 @@
 //       reclaims (a second pool's reconciliation delayed) while this one
 //       synchronises (the driver trims the default pool, whose
 //       reconciliation skips it: the refused thread holds it)
+//   inflight-growth MIB
+//       MIB freed back to the default pool; a thread's cuMemAllocAsync of MIB
+//       fits the count (delayed in the driver); meanwhile this one grows the
+//       pool for MIB more (counted for both), gets the freed reserve and
+//       frees it; the delayed one gets it too and frees it: the driver never
+//       held more than MIB
 #include <cuda.h>
 
 #include <chrono>
@@ -129,6 +135,34 @@ int refused_growth(std::size_t linear, std::size_t pool_bytes, std::size_t bytes
   grower.join();
   (void)other;
   std::printf("refused-growth rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(),
+              held_allocations());
+  return 0;
+}
+
+// A growth counts for the allocations in flight (`outstanding`), and the
+// reconciliation after it keeps that count though the driver reused the
+// pool's free reserve for this one: once both are freed, the pool is counted
+// above what the driver holds for it until the next synchronisation.
+int inflight_growth(std::size_t bytes) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+  CUdeviceptr p = 0;
+  check(cuMemAllocFromPoolAsync(&p, bytes, pool, s), "cuMemAllocFromPoolAsync");  // the pool grows (counted)
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");                                  // and keeps it
+  CUresult rc = CUDA_SUCCESS;
+  std::thread late([&] {
+    cuCtxSetCurrent(ctx);
+    CUdeviceptr q = 0;
+    rc = cuMemAllocAsync(&q, bytes, s);  // fits the count: the fast path; delayed in the driver
+    if (rc == CUDA_SUCCESS) cuMemFreeAsync(q, s);
+  });
+  sleep_ms(100);  // the late one is in `outstanding`, not yet in the driver
+  check(cuMemAllocFromPoolAsync(&p, bytes, pool, s), "cuMemAllocFromPoolAsync");  // grows the count
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");
+  late.join();
+  std::printf("inflight-growth rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(),
               held_allocations());
   return 0;
 }
