@@ -14,7 +14,8 @@
 //  - a free lowers `outstanding` only: the pool keeps the memory reserved;
 //  - `counted` is brought down (or up) to the reserve the driver reports on
 //    slow triggers only: synchronisation, cuMemPoolTrimTo, before any
-//    allocation of the process is refused, destroy.
+//    allocation of the process is refused, destroy, and a free of a pool
+//    the last reconciliation left counted above its reserve.
 #pragma once
 
 #include <cuda.h>
