@@ -35,7 +35,13 @@ using AllocTable = platform::PointerTable<AllocRecord>;
 //    allocated at the address after the erase and committed (nothing to
 //    displace). That record counts the memory there now; the one taken is of
 //    memory gone (the destroyed context's, or a free's forwarded uncounted
-//    since): released here, never put back over it nor dropped uncounted.
+//    since): released here, never put back over it nor dropped uncounted;
+//  - known at the second question, but freed again before the put-back (an
+//    allocation there whose record was committed and erased meanwhile, or a
+//    pool allocation's, kept in another table): put back into an empty slot,
+//    a record of nothing. So once it went back, gone() is asked again and
+//    the same settles it (at most 3 rounds; a record at an address the
+//    driver does not know is stale: a free erases its record first).
 // A record that cannot go back for want of memory stays counted (never short).
 // settle_record: the same for one key (`rec`: what the caller saw there, or
 // {} when it saw nothing; gone() of the linear table ignores it).
@@ -43,12 +49,15 @@ template <class Gone, class Release>
 void settle_record(AllocTable& table, std::uint64_t key, const AllocRecord& rec, Gone&& gone,
                    Release&& release) noexcept {
   if (!gone(key, rec)) return;
-  AllocRecord taken{};
-  if (!table.erase(key, &taken)) return;
-  if (gone(key, taken)) return release(static_cast<const AllocRecord&>(taken));
-  bool newer = false;  // allocated again at this address since: ours goes back, unless a newer record is there
-  if (table.upsert(key, taken, [&](AllocRecord&, bool inserted) { newer = !inserted; }) && newer)
-    release(static_cast<const AllocRecord&>(taken));
+  for (int round = 0; round < 3; ++round) {
+    AllocRecord taken{};
+    if (!table.erase(key, &taken)) return;
+    if (gone(key, taken)) return release(static_cast<const AllocRecord&>(taken));
+    bool newer = false;  // allocated again at this address since: ours goes back, unless a newer record is there
+    if (!table.upsert(key, taken, [&](AllocRecord&, bool inserted) { newer = !inserted; })) return;
+    if (newer) return release(static_cast<const AllocRecord&>(taken));
+    if (!gone(key, taken)) return;  // put back: still known, or freed again since (asked once more)
+  }
 }
 template <class Gone, class Release>
 void sweep_records(AllocTable& table, Gone&& gone, Release&& release) noexcept {
