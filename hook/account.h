@@ -145,9 +145,14 @@ inline bool release_fast(int entry, std::uint64_t bytes) noexcept {
 // a device's, no table stuck (a stuck shard sets the word to 0). The lease
 // word's one CAS when the region file is intact; false sends the caller the
 // whole way (ensure_ready, then reserve_out_of_line).
-inline bool reserve_armed(const OwnerPage& page, std::uint64_t bytes) noexcept {
-  Slot::Lease* const lease = page.lease.load(std::memory_order_relaxed);  // the entry's, stored before the fast word
-  return region_intact() && limiter::lease_alloc(*lease, g_process.lease_tag.load(std::memory_order_relaxed), bytes);
+// The region looked at first; the lease's address (the entry's, stored
+// before the fast word) and the record's bytes read after its clock call:
+// `rec` is the caller's, in memory, so nothing is kept in a register across
+// that call that the caller's frame would save.
+inline bool reserve_armed(const limiter::AllocRecord& rec) noexcept {
+  if (__builtin_expect(!region_intact(), 0)) return false;
+  Slot::Lease* const lease = owner_page().lease.load(std::memory_order_relaxed);
+  return limiter::lease_alloc(*lease, g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes);
 }
 
 inline void release(int entry, std::uint64_t bytes) noexcept {
@@ -191,9 +196,11 @@ inline void release_record_armed(limiter::AllocRecord& rec) noexcept {
       Slot::Lease& lease = *page.lease.load(std::memory_order_relaxed);
       const std::uint64_t cap = lease.cap_bytes.load(std::memory_order_relaxed);
       const std::uint64_t committed = page.committed.load(std::memory_order_relaxed)->load(std::memory_order_relaxed);
-      if (limiter::lease_free(lease, cap < committed ? cap : committed,
-                              g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes)) {
-        if (g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0)
+      if (__builtin_expect(limiter::lease_free(lease, cap < committed ? cap : committed,
+                                               g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes),
+                           1)) {
+        if (__builtin_expect(g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0,
+                             0))
           wake_oversub_waiters(rec.dev);
         return;
       }
