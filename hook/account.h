@@ -182,8 +182,8 @@ inline void release_record(const limiter::AllocRecord& rec) noexcept {
 // bytes on a device's entry moves the lease word by 0. Anything else, as
 // release_record(): release_record_slow().
 // A record of the word's entry (any record of a process with one device
-// but an uncounted one, entry -1) takes the entry's lease and committed
-// bytes from the page; any other goes the slow way. (The word may have been
+// but an uncounted one, entry -1) takes the entry's lease, committed bytes
+// and waiter count from the page; any other goes the slow way. (The word may have been
 // set to 0 since the caller read it: the entry then reads 0, and the page's
 // lease is still entry 0's only if the entry was 0.)
 inline void release_record_armed(limiter::AllocRecord& rec) noexcept {
@@ -199,8 +199,7 @@ inline void release_record_armed(limiter::AllocRecord& rec) noexcept {
       if (__builtin_expect(limiter::lease_free(lease, cap < committed ? cap : committed,
                                                g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes),
                            1)) {
-        if (__builtin_expect(g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0,
-                             0))
+        if (__builtin_expect(page.waiting.load(std::memory_order_relaxed)->load(std::memory_order_seq_cst) != 0, 0))
           wake_oversub_waiters(rec.dev);
         return;
       }
