@@ -183,16 +183,17 @@ inline void release_record(const limiter::AllocRecord& rec) noexcept {
 // release_record(): release_record_slow().
 // A record of the word's entry (any record of a process with one device
 // but an uncounted one, entry -1) takes the entry's lease, committed bytes
-// and waiter count from the page; any other goes the slow way. (The word may have been
-// set to 0 since the caller read it: the entry then reads 0, and the page's
-// lease is still entry 0's only if the entry was 0.)
+// and waiter count from the page; any other goes the slow way. (The page's
+// entry is stored with them, before the word, and stays when the word is
+// set to 0 since: the four always agree.)
 inline void release_record_armed(limiter::AllocRecord& rec) noexcept {
   if (__builtin_expect(region_intact(), 1)) {
     asm volatile("" : "+m"(rec));
     const OwnerPage& page = owner_page();
-    if (__builtin_expect(rec.kind != limiter::AllocKind::spilled &&
-                             rec.dev == static_cast<int>(page.fast.load(std::memory_order_relaxed) & kFastEntryMask),
-                         1)) {
+    // (No test of a spilled record: the word is set only with
+    // oversubscription off, which stays so for the process, hook/config.h,
+    // and only oversubscription makes them, hook/oversub.cc.)
+    if (__builtin_expect(rec.dev == page.entry.load(std::memory_order_relaxed), 1)) {
       Slot::Lease& lease = *page.lease.load(std::memory_order_relaxed);
       const std::uint64_t cap = lease.cap_bytes.load(std::memory_order_relaxed);
       const std::uint64_t committed = page.committed.load(std::memory_order_relaxed)->load(std::memory_order_relaxed);

@@ -159,6 +159,7 @@ void disarm_fast_path() noexcept { owner_page().fast.store(0, std::memory_order_
   page.lease.store(&page.slot.load(std::memory_order_relaxed)->lease[entry], std::memory_order_relaxed);
   page.committed.store(&page.slot.load(std::memory_order_relaxed)->committed_bytes[entry], std::memory_order_relaxed);
   page.waiting.store(&g_process.region->devices[entry].oversub_waiting, std::memory_order_relaxed);
+  page.entry.store(entry, std::memory_order_relaxed);
   // The region lost meanwhile or a table stuck (disarm_fast_path runs after
   // g_ready or g_stuck_shards said so): a word set after that is taken back.
   page.fast.store(kFastArmed | (counting == 2 ? kFastCounting : 0) | static_cast<std::uint32_t>(entry),
