@@ -145,9 +145,14 @@ inline bool release_fast(int entry, std::uint64_t bytes) noexcept {
 // a device's, no table stuck (a stuck shard sets the word to 0). The lease
 // word's one CAS when the region file is intact; false sends the caller the
 // whole way (ensure_ready, then reserve_out_of_line).
-inline bool reserve_armed(const OwnerPage& page, std::uint64_t bytes) noexcept {
-  Slot::Lease* const lease = page.lease.load(std::memory_order_relaxed);  // the entry's, stored before the fast word
-  return region_intact() && limiter::lease_alloc(*lease, g_process.lease_tag.load(std::memory_order_relaxed), bytes);
+// The region looked at first; the lease's address (the entry's, stored
+// before the fast word) and the record's bytes read after its clock call:
+// `rec` is the caller's, in memory, so nothing is kept in a register across
+// that call that the caller's frame would save.
+inline bool reserve_armed(const limiter::AllocRecord& rec) noexcept {
+  if (__builtin_expect(!region_intact(), 0)) return false;
+  Slot::Lease* const lease = owner_page().lease.load(std::memory_order_relaxed);
+  return limiter::lease_alloc(*lease, g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes);
 }
 
 inline void release(int entry, std::uint64_t bytes) noexcept {
@@ -177,23 +182,25 @@ inline void release_record(const limiter::AllocRecord& rec) noexcept {
 // bytes on a device's entry moves the lease word by 0. Anything else, as
 // release_record(): release_record_slow().
 // A record of the word's entry (any record of a process with one device
-// but an uncounted one, entry -1) takes the entry's lease and committed
-// bytes from the page; any other goes the slow way. (The word may have been
-// set to 0 since the caller read it: the entry then reads 0, and the page's
-// lease is still entry 0's only if the entry was 0.)
+// but an uncounted one, entry -1) takes the entry's lease, committed bytes
+// and waiter count from the page; any other goes the slow way. (The page's
+// entry is stored with them, before the word, and stays when the word is
+// set to 0 since: the four always agree.)
 inline void release_record_armed(limiter::AllocRecord& rec) noexcept {
   if (__builtin_expect(region_intact(), 1)) {
     asm volatile("" : "+m"(rec));
     const OwnerPage& page = owner_page();
-    if (__builtin_expect(rec.kind != limiter::AllocKind::spilled &&
-                             rec.dev == static_cast<int>(page.fast.load(std::memory_order_relaxed) & kFastEntryMask),
-                         1)) {
+    // (No test of a spilled record: the word is set only with
+    // oversubscription off, which stays so for the process, hook/config.h,
+    // and only oversubscription makes them, hook/oversub.cc.)
+    if (__builtin_expect(rec.dev == page.entry.load(std::memory_order_relaxed), 1)) {
       Slot::Lease& lease = *page.lease.load(std::memory_order_relaxed);
       const std::uint64_t cap = lease.cap_bytes.load(std::memory_order_relaxed);
       const std::uint64_t committed = page.committed.load(std::memory_order_relaxed)->load(std::memory_order_relaxed);
-      if (limiter::lease_free(lease, cap < committed ? cap : committed,
-                              g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes)) {
-        if (g_process.region->devices[rec.dev].oversub_waiting.load(std::memory_order_seq_cst) != 0)
+      if (__builtin_expect(limiter::lease_free(lease, cap < committed ? cap : committed,
+                                               g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes),
+                           1)) {
+        if (__builtin_expect(page.waiting.load(std::memory_order_relaxed)->load(std::memory_order_seq_cst) != 0, 0))
           wake_oversub_waiters(rec.dev);
         return;
       }

@@ -26,7 +26,7 @@ std::atomic<int> g_slot_lock_fd{-1};  // our own description of the region file 
 
 // The owner word's home before it is mapped, and where it stays on kernels
 // without MADV_WIPEONFORK (lifecycle.h); its slot stays null.
-constinit OwnerPage g_fallback_page{{kSlotNotOurs}, {0}, {nullptr}, {0}, {nullptr}, {nullptr}};
+constinit OwnerPage g_fallback_page{{kSlotNotOurs}, {0}, {nullptr}, {0}, {nullptr}, {nullptr}, {nullptr}, {-2}};
 std::atomic<std::uint32_t>& g_fallback_owner = g_fallback_page.owner;
 static_assert(std::is_standard_layout_v<OwnerPage> && offsetof(OwnerPage, owner) == 0);
 
@@ -39,7 +39,7 @@ void map_owner_word() noexcept {
     munmap(page, 4096);
     return;
   }
-  auto* fresh = new (page) OwnerPage{{kSlotNotOurs}, {0}, {nullptr}, {0}, {nullptr}, {nullptr}};
+  auto* fresh = new (page) OwnerPage{{kSlotNotOurs}, {0}, {nullptr}, {0}, {nullptr}, {nullptr}, {nullptr}, {-2}};
   std::atomic<std::uint32_t>* expected = &g_fallback_owner;
   if (!g_owner.compare_exchange_strong(expected, &fresh->owner, std::memory_order_acq_rel)) munmap(page, 4096);
 }

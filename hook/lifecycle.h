@@ -52,6 +52,8 @@ struct OwnerPage {
   std::atomic<std::uint64_t> epoch;                    // the process epoch, once the fast word is set
   std::atomic<Slot::Lease*> lease;                     // &slot->lease[entry], once the fast word is set
   std::atomic<std::atomic<std::uint64_t>*> committed;  // &slot->committed_bytes[entry], likewise
+  std::atomic<std::atomic<std::uint32_t>*> waiting;    // &region->devices[entry].oversub_waiting, likewise
+  std::atomic<int> entry;                              // the word's entry, likewise (-2 until then)
 };
 inline constexpr std::uint32_t kFastEntryMask = 0xff;
 inline constexpr std::uint32_t kFastArmed = 0x100;

@@ -117,7 +117,8 @@ struct CountingOp {
   };
   // (`epoch`: the process epoch, as the owner page keeps it.)
   CountingOp(Known k, std::uint64_t epoch) noexcept : counter(k.on ? begin(epoch) : kNone) {}
-  ~CountingOp() {
+  [[gnu::always_inline]] ~CountingOp() {
+    // (Inline always: GCC otherwise calls it from a large wrapper.)
     // One compare on the common path: a thread's own counter is an address
     // above both kNone and kShared.
     if (__builtin_expect(counter > kShared, 1)) {

@@ -158,6 +158,8 @@ void disarm_fast_path() noexcept { owner_page().fast.store(0, std::memory_order_
   page.epoch.store(gpuslice::platform::table_detail::process_epoch(), std::memory_order_relaxed);
   page.lease.store(&page.slot.load(std::memory_order_relaxed)->lease[entry], std::memory_order_relaxed);
   page.committed.store(&page.slot.load(std::memory_order_relaxed)->committed_bytes[entry], std::memory_order_relaxed);
+  page.waiting.store(&g_process.region->devices[entry].oversub_waiting, std::memory_order_relaxed);
+  page.entry.store(entry, std::memory_order_relaxed);
   // The region lost meanwhile or a table stuck (disarm_fast_path runs after
   // g_ready or g_stuck_shards said so): a word set after that is taken back.
   page.fast.store(kFastArmed | (counting == 2 ? kFastCounting : 0) | static_cast<std::uint32_t>(entry),
@@ -168,6 +170,48 @@ void disarm_fast_path() noexcept { owner_page().fast.store(0, std::memory_order_
 }
 [[gnu::cold, gnu::noinline]] void settle_freed_behind_at(const CUdeviceptr* dptr) noexcept {
   settle_freed_behind(*dptr);
+}
+
+// cuMemAlloc_v2's fast way after the driver call: the driver refused (the
+// reservation goes back), or the record could not be inserted (commit_slow
+// decides; the allocation stands). The record by value: the caller keeps
+// no address of it across the insert.
+[[gnu::cold, gnu::noinline]] CUresult alloc_refused(CUresult rc, AllocRecord rec) noexcept {
+  commit_slow(*g_pointers, rc, Reservation{rec.dev, rec.bytes}, 0, AllocKind::linear);
+  return rc;
+}
+[[gnu::cold, gnu::noinline]] CUresult alloc_unrecorded(const CUdeviceptr* dptr, AllocRecord rec,
+                                                       std::uint64_t mark) noexcept {
+  commit_slow(*g_pointers, CUDA_SUCCESS, Reservation{rec.dev, rec.bytes}, *dptr, AllocKind::linear);
+  recheck_freed_behind(mark, *dptr);
+  return CUDA_SUCCESS;
+}
+
+// cuMemFree_v2's fast way, the driver refused the free: the table's address
+// taken here, not kept across the driver call.
+[[gnu::cold, gnu::noinline]] CUresult free_refused_linear(CUdeviceptr dptr, AllocRecord rec, CUresult rc) noexcept {
+  free_refused(*g_pointers, dptr, rec, pointer_gone);
+  return rc;
+}
+
+// CUDA_SUCCESS, as a value GCC cannot see equal to the driver's result that
+// was tested for it (else the pair's wrappers keep that result in a saved
+// register across every call to the return).
+inline CUresult opaque_success() noexcept {
+  CUresult success = CUDA_SUCCESS;
+  asm("" : "+r"(success));
+  return success;
+}
+
+// cuMemFree_v2's fast way, no record of the pointer (out of line: its
+// calls share no code with the common path's).
+[[gnu::cold, gnu::noinline]] CUresult free_unrecorded(CUdeviceptr dptr, std::uint64_t mark) noexcept {
+  const CUresult untracked = real_cuMemFree_v2(dptr);
+  if (untracked == CUDA_SUCCESS) {  // as the whole way: its untracked free, then its after
+    freed_untracked(dptr);
+    if (g_freed_behind.load(std::memory_order_relaxed) != mark) freed_untracked(dptr);
+  }
+  return untracked;
 }
 
 inline void maybe_arm_fast_path() noexcept {
@@ -188,26 +232,56 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesiz
   const std::uint32_t fast = page.fast.load(std::memory_order_acquire);
   if (__builtin_expect(fast == 0, 0)) return alloc_whole(dptr, bytesize);
   CountingOp op(CountingOp::Known{(fast & kFastCounting) != 0}, page.epoch.load(std::memory_order_relaxed));
-  const int entry = static_cast<int>(fast & kFastEntryMask);
-  if (__builtin_expect(!reserve_armed(page, bytesize), 0)) {
+  // The record made first: kept in memory across the region look's clock
+  // call and the driver call, not in registers the frame would save (the
+  // bytes and the entry read from it where they are used).
+  AllocRecord rec{bytesize, static_cast<int>(fast & kFastEntryMask), AllocKind::linear};
+  asm volatile("" : "+m"(rec));
+  if (__builtin_expect(!reserve_armed(rec), 0)) {
     if (const CUresult rc = ensure_ready(); rc != CUDA_SUCCESS) return rc;
-    if (!reserve_out_of_line(entry, bytesize)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!reserve_out_of_line(rec.dev, rec.bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const std::uint64_t mark = freed_behind_mark();
-  // The record made before the driver call: kept in memory across it, not
-  // in registers the frame would save.
-  AllocRecord rec{bytesize, entry, AllocKind::linear};
-  asm volatile("" : "+m"(rec));
-  const CUresult rc = real_cuMemAlloc_v2(dptr, bytesize);
-  if (__builtin_expect(rc == CUDA_SUCCESS, 1) && g_pointers->insert_entered(*dptr, rec)) {
-    // (The pointer read in the cold call: not loaded again on the common path.)
-    if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) settle_freed_behind_at(dptr);
-    return rc;
-  }
-  commit_slow(*g_pointers, rc, Reservation{rec.dev, rec.bytes}, rc == CUDA_SUCCESS ? *dptr : 0, AllocKind::linear);
-  if (rc == CUDA_SUCCESS) recheck_freed_behind(mark, *dptr);
-  return rc;
+  const CUresult rc = real_cuMemAlloc_v2(dptr, rec.bytes);
+  // Each path but the common one in a call whose result is returned as it
+  // is: from here on the result is CUDA_SUCCESS, a constant, and neither rc
+  // nor the table's address is kept across a call (registers the frame
+  // would save).
+  if (__builtin_expect(rc != CUDA_SUCCESS, 0)) return alloc_refused(rc, rec);
+  if (__builtin_expect(!g_pointers->insert_entered(*dptr, rec), 0)) return alloc_unrecorded(dptr, rec, mark);
+  // (The pointer read in the cold call: not loaded again on the common path.)
+  if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) settle_freed_behind_at(dptr);
+  return opaque_success();
 }
+
+namespace {
+// cuMemFree_v2's fast way past the pool check (the fast word set).
+[[gnu::always_inline]] inline CUresult free_armed(CUdeviceptr dptr, std::uint32_t fast,
+                                                  const OwnerPage& page) noexcept {
+  const std::uint64_t mark = freed_behind_mark();
+  CountingOp op(CountingOp::Known{(fast & kFastCounting) != 0}, page.epoch.load(std::memory_order_relaxed));
+  AllocRecord rec;  // read only once erase_entered() copied the record into it
+  if (__builtin_expect(!g_pointers->erase_entered(dptr, &rec), 0)) return free_unrecorded(dptr, mark);
+  const CUresult rc = real_cuMemFree_v2(dptr);
+  if (__builtin_expect(rc != CUDA_SUCCESS, 0)) return free_refused_linear(dptr, rec, rc);
+  release_record_armed(rec);
+  if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
+  return opaque_success();
+}
+
+// Pools in use: a stream-ordered allocation of ours is freed as such, any
+// other pointer the fast way (the word read again: the call above may have
+// run long). Out of line, so that the common path keeps no value across
+// the pool check's call.
+[[gnu::cold, gnu::noinline]] CUresult free_beside_pools(CUdeviceptr dptr) noexcept {
+  CUresult pool_rc = CUDA_SUCCESS;
+  if (free_if_pool(dptr, &pool_rc)) return pool_rc;
+  const OwnerPage& page = owner_page();
+  const std::uint32_t fast = page.fast.load(std::memory_order_acquire);
+  if (__builtin_expect(fast == 0, 0)) return free_whole(dptr);
+  return free_armed(dptr, fast, page);
+}
+}  // namespace
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   // The region lost (g_ready failed) sets the word to 0 (region.cc): the
@@ -215,29 +289,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   const OwnerPage& page = owner_page();
   const std::uint32_t fast = page.fast.load(std::memory_order_acquire);
   if (__builtin_expect(fast == 0, 0)) return free_whole(dptr);
-  if (__builtin_expect(pools::g_slots_used.load(std::memory_order_relaxed) != 0, 0)) {
-    CUresult pool_rc = CUDA_SUCCESS;  // (its own: rc stays in a register)
-    if (free_if_pool(dptr, &pool_rc)) return pool_rc;
-  }
-  const std::uint64_t mark = freed_behind_mark();
-  CountingOp op(CountingOp::Known{(fast & kFastCounting) != 0}, page.epoch.load(std::memory_order_relaxed));
-  AllocRecord rec;  // read only once erase_entered() copied the record into it
-  if (!g_pointers->erase_entered(dptr, &rec)) {
-    const CUresult untracked = real_cuMemFree_v2(dptr);
-    if (untracked == CUDA_SUCCESS) {  // as the whole way: its untracked free, then its after
-      freed_untracked(dptr);
-      if (g_freed_behind.load(std::memory_order_relaxed) != mark) freed_untracked(dptr);
-    }
-    return untracked;
-  }
-  const CUresult rc = real_cuMemFree_v2(dptr);
-  if (__builtin_expect(rc == CUDA_SUCCESS, 1)) {
-    release_record_armed(rec);
-    if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
-  } else {
-    free_refused(*g_pointers, dptr, rec, pointer_gone);
-  }
-  return rc;
+  if (__builtin_expect(pools::g_slots_used.load(std::memory_order_relaxed) != 0, 0)) return free_beside_pools(dptr);
+  return free_armed(dptr, fast, page);
 }
 
 namespace {

@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace gpuslice::platform {
@@ -148,33 +149,12 @@ class PointerTable {
     if (reserved(key)) return false;
     const std::uint64_t h = table_detail::table_hash(key);
     Shard& s = shard_of(h);
-    lock(s);
-    bool ok = false;
-    if (__builtin_expect(s.count < s.grow_at, 1)) {
-      Slot* const slots = s.slots;
-      const std::size_t at = home(s, h);
-      for (std::size_t i = at;; i = (i + 1) & s.mask) {
-        const std::uint64_t k = slots[i].hash;
-        if (__builtin_expect(k == 0, 1)) {  // (expected: the home slot free)
-          fill(s, i, h, value);
-          ok = true;
-          break;
-        }
-        if (k == h) break;
-        if (distance(s, k, i) < ((i - at) & s.mask)) {
-          open(s, i);
-          fill(s, i, h, value);
-          ok = true;
-          break;
-        }
-      }
-    } else {
-      ok = insert_slow(s, h, value);
-    }
-    unlock(s);
-    return ok;
+    // Every call below ends the operation (its result returned as it is):
+    // nothing of the table is kept across a call, so a caller's frame saves
+    // no register for it (issue 35).
+    if (__builtin_expect(!try_take(s.lock), 0)) return insert_contended(s, h, value);
+    return insert_held(s, h, value);
   }
-
   // Records `value` under `key`, displacing the record the key held, if any
   // (copied to *displaced). One probe of the key's cluster.
   enum class Put { inserted, replaced, full };
@@ -209,23 +189,8 @@ class PointerTable {
     const std::uint64_t h = table_detail::table_hash(key);
     if (__builtin_expect(h == 0, 0)) return false;
     Shard& s = shard_of(h);
-    lock(s);
-    bool found = false;
-    if (Slot* const slots = s.slots; slots != nullptr) {
-      const std::size_t at = home(s, h);
-      for (std::size_t i = at;; i = (i + 1) & s.mask) {
-        const std::uint64_t k = slots[i].hash;
-        if (__builtin_expect(k == h, 1)) {  // (expected: the key at its home)
-          if (out != nullptr) *out = slots[i].value;
-          remove(s, i);
-          found = true;
-          break;
-        }
-        if (k == 0 || distance(s, k, i) < ((i - at) & s.mask)) break;  // the key would be here
-      }
-    }
-    unlock(s);
-    return found;
+    if (__builtin_expect(!try_take(s.lock), 0)) return erase_contended(s, h, out);  // (as insert_entered)
+    return erase_held(s, h, out);
   }
 
   bool find(std::uint64_t key, V* out) const noexcept {
@@ -511,6 +476,61 @@ class PointerTable {
     s.mask = s.count = s.grow_at = s.map_bytes = 0;
   }
 
+  // insert_entered() and erase_entered() with the shard's lock held (taken
+  // by try_take, or by lock_slow in the *_contended call): the operation,
+  // then the unlock. Inline on the common path, the walk included (a key
+  // away from its home costs no call: flat in the number of records).
+  [[gnu::always_inline]] bool insert_held(Shard& s, std::uint64_t h, const V& value) noexcept {
+    if (__builtin_expect(s.count >= s.grow_at, 0)) return insert_slow(s, h, value);
+    Slot* const slots = s.slots;
+    bool ok = false;
+    // (d, the walk's distance from the home, counted: fewer registers than
+    // computing it from the home slot at every step.)
+    for (std::size_t i = home(s, h), d = 0;; i = (i + 1) & s.mask, ++d) {
+      const std::uint64_t k = slots[i].hash;
+      if (__builtin_expect(k == 0, 1)) {  // (expected: the home slot free)
+        fill(s, i, h, value);
+        ok = true;
+        break;
+      }
+      if (k == h) break;
+      if (distance(s, k, i) < d) {
+        open(s, i);
+        fill(s, i, h, value);
+        ok = true;
+        break;
+      }
+    }
+    unlock(s);
+    return ok;
+  }
+  [[gnu::cold, gnu::noinline]] bool insert_contended(Shard& s, std::uint64_t h, const V& value) noexcept {
+    table_detail::lock_slow(s.lock);
+    return insert_held(s, h, value);
+  }
+  [[gnu::always_inline]] static bool erase_held(Shard& s, std::uint64_t h, V* out) noexcept {
+    bool found = false;
+    if (Slot* const slots = s.slots; slots != nullptr) {
+      const std::size_t at = home(s, h);
+      for (std::size_t i = at;; i = (i + 1) & s.mask) {
+        const std::uint64_t k = slots[i].hash;
+        if (__builtin_expect(k == h, 1)) {  // (expected: the key at its home)
+          if (out != nullptr) *out = slots[i].value;
+          remove(s, i);
+          found = true;
+          break;
+        }
+        if (k == 0 || distance(s, k, i) < ((i - at) & s.mask)) break;  // the key would be here
+      }
+    }
+    unlock(s);
+    return found;
+  }
+  [[gnu::cold, gnu::noinline]] static bool erase_contended(Shard& s, std::uint64_t h, V* out) noexcept {
+    table_detail::lock_slow(s.lock);
+    return erase_held(s, h, out);
+  }
+
   // How far the record of hash k at slot i sits from its home.
   static std::size_t distance(const Shard& s, std::uint64_t k, std::size_t i) noexcept {
     return (i - home(s, k)) & s.mask;
@@ -533,8 +553,9 @@ class PointerTable {
 
   // Empties slot i (a record's) by moving its run, up to the next empty
   // slot, one slot on: each record moves one further from its home, in
-  // order (the new record then goes to i).
-  static void open(Shard& s, std::size_t i) noexcept {
+  // order (the new record then goes to i). Out of line: the insert's walk
+  // inline keeps few registers (a caller's frame saves none for it).
+  [[gnu::noinline]] static void open(Shard& s, std::size_t i) noexcept {
     std::size_t e = (i + 1) & s.mask;
     while (s.slots[e].hash != 0) e = (e + 1) & s.mask;
     for (; e != i; e = (e - 1) & s.mask) s.slots[e] = s.slots[(e - 1) & s.mask];
@@ -562,17 +583,18 @@ class PointerTable {
     }
   }
 
-  // insert() past the growth threshold (its shard locked).
+  // insert() past the growth threshold (its shard locked; unlocked here).
   [[gnu::noinline]] bool insert_slow(Shard& s, std::uint64_t h, const V& value) noexcept {
     const std::size_t i = probe(s, h);
     const bool ok = i != kMissing && s.slots[i].hash == 0;
     if (ok) fill(s, i, h, value);
+    unlock(s);
     return ok;
   }
 
   static void fill(Shard& s, std::size_t i, std::uint64_t h, const V& value) noexcept {
     s.slots[i].hash = h;
-    s.slots[i].value = value;
+    std::memcpy(&s.slots[i].value, &value, sizeof(V));  // (its bytes at once: GCC copies a field at a time)
     ++s.count;
   }
 
