@@ -40,6 +40,16 @@ Env monitored(const Sandbox& box, bool preload) {
                                   {"GPUSLICE_MEMORY_LIMIT", "64Mi"}});
 }
 
+// The container's region, mapped writable (the tests play a process's or
+// the agent's part in it), or nullptr; the caller unmaps sizeof(Region).
+Region* map_region(const Env& env) {
+  const int fd = open(env.at("GPUSLICE_REGION").c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  return mapped == MAP_FAILED ? nullptr : static_cast<Region*>(mapped);
+}
+
 // First a process under gpuslice creates the region's device entry (quota
 // 64 MiB) and, with `machine`'s FAKECUDA_* settings, the simulated machine.
 void create_region(const Sandbox& box, const Env& machine = {}) {
@@ -140,16 +150,14 @@ TEST(ChaosMonitor, ReportsDeviceMemoryCountedAsSpilled) {
     if (!allocated) usleep(1000);
   }
   EXPECT_TRUE(allocated) << slurp(box.path("probe.out"));
-  const int fd = open(env["GPUSLICE_REGION"].c_str(), O_RDWR | O_CLOEXEC);
-  void* mapped = fd < 0 ? MAP_FAILED : mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (fd >= 0) close(fd);
-  if (mapped != MAP_FAILED) {
-    DeviceState& d = static_cast<Region*>(mapped)->devices[0];
+  Region* const region = map_region(env);
+  if (region != nullptr) {
+    DeviceState& d = region->devices[0];
     d.spilled_in_bytes.fetch_add(d.used_bytes.load());
-    munmap(mapped, sizeof(Region));
+    munmap(region, sizeof(Region));
   }
   Result r = wait(probe, box.path("probe.out"));
-  ASSERT_NE(mapped, MAP_FAILED) << "cannot map " << env["GPUSLICE_REGION"];
+  ASSERT_NE(region, nullptr) << "cannot map " << env["GPUSLICE_REGION"];
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   const std::string report = slurp(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << report;
@@ -238,11 +246,8 @@ TEST(ChaosMonitor, GpusliceRefusingTheSameAllocationIsNoViolation) {
 int fill_with_extra(const Sandbox& box, bool heartbeat, std::string* report, std::string* out) {
   create_region(box);
   Env env = monitored(box, true);
-  const int fd = open(env["GPUSLICE_REGION"].c_str(), O_RDWR | O_CLOEXEC);
-  void* mapped = fd < 0 ? MAP_FAILED : mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (fd >= 0) close(fd);
-  if (mapped == MAP_FAILED) return -1;
-  Region* region = static_cast<Region*>(mapped);
+  Region* region = map_region(env);
+  if (region == nullptr) return -1;
   region->devices[0].agent_extra_bytes.store(32u << 20);
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -251,7 +256,7 @@ int fill_with_extra(const Sandbox& box, bool heartbeat, std::string* report, std
   Result r = run({CHAOS_TORTURE, "--worker", "0", "--seed", "1", "--threads", "1", "--ops", "4", "--classes", "fill",
                   "--quota", std::to_string(64u << 20)},
                  env, 60000);
-  munmap(mapped, sizeof(Region));
+  munmap(region, sizeof(Region));
   *report = slurp(box.path("violations"));
   *out = r.describe();
   return r.exit_code;
@@ -340,12 +345,8 @@ TEST(ChaosMonitor, ARefusalExplainedByAProcessMidExitWithItsFilesClosedIsNoViola
   ASSERT_EQ(threads, 2u);
 
   Env env = monitored(box, true);
-  const int fd = open(env["GPUSLICE_REGION"].c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  ASSERT_NE(mapped, MAP_FAILED);
-  Region* region = static_cast<Region*>(mapped);
+  Region* region = map_region(env);
+  ASSERT_NE(region, nullptr);
   struct stat ns {};
   ASSERT_EQ(stat("/proc/self/ns/pid", &ns), 0);
   Slot& slot = region->slots[kMaxSlots - 1];
@@ -361,7 +362,7 @@ TEST(ChaosMonitor, ARefusalExplainedByAProcessMidExitWithItsFilesClosedIsNoViola
   const bool still_mid_exit = stat_of(child, &state, &threads, &start) && state == 'Z' && threads == 2;
   const std::uint64_t counted = slot.committed_bytes[0].load();
   const std::uint32_t slot_state = slot.state.load();
-  munmap(mapped, sizeof(Region));
+  munmap(region, sizeof(Region));
   close(pipe_fds[1]);  // the waiting thread ends: the process is gone
   waitpid(child, nullptr, 0);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
@@ -385,12 +386,8 @@ TEST(ChaosMonitor, ARefusalExplainedByASlotBeingReapedIsNoViolation) {
   if (child == 0) _exit(0);
   ASSERT_EQ(waitpid(child, nullptr, 0), child);  // gone: its device memory too
   Env env = monitored(box, true);
-  const int fd = open(env["GPUSLICE_REGION"].c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  ASSERT_NE(mapped, MAP_FAILED);
-  Region* region = static_cast<Region*>(mapped);
+  Region* region = map_region(env);
+  ASSERT_NE(region, nullptr);
   Slot& slot = region->slots[kMaxSlots - 1];
   slot.pid.store(static_cast<std::uint32_t>(child));
   slot.committed_bytes[0].store(32u << 20);
@@ -404,7 +401,7 @@ TEST(ChaosMonitor, ARefusalExplainedByASlotBeingReapedIsNoViolation) {
   const std::uint64_t counted = slot.committed_bytes[0].load();
   const std::uint32_t slot_state = slot.state.load();
   region->header.reaper_lock.store(0);
-  munmap(mapped, sizeof(Region));
+  munmap(region, sizeof(Region));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   ASSERT_EQ(slot_state, static_cast<std::uint32_t>(kSlotReaping)) << "reaped meanwhile: the case is not made";
   ASSERT_EQ(counted, 32u << 20);
