@@ -9,6 +9,7 @@
 # devices (other state files) than the measured processes, in the same
 # region, so that the simulator's start does not grow with them: "added" is
 # then the library's alone.
+# STARTUP_CPU_REPS=R: R measured starts per figure (default 9).
 # usage: bench/startup_cpu.sh [BUILD_DIR] [N...]   (default: build, 1 16 256 1023)
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
@@ -25,10 +26,11 @@ run() {  # N MODE(native|quota|plain) -> the bench's line
     export FAKECUDA_MEMORY=64Gi GPUSLICE_PRIORITY_BOARD=$dir/board
     [ "$mode" != native ] && export LD_PRELOAD=$build/lib/libgpuslice.so
     [ "$mode" = quota ] && export GPUSLICE_MEMORY_LIMIT=32Gi
-    "$build/bin/gpuslice-startup-cpu" run "$n" 9
+    "$build/bin/gpuslice-startup-cpu" run "$n" "${STARTUP_CPU_REPS:-9}"
   )
 }
 field() { sed -n "s/.*$1=\([0-9-]*\).*/\1/p"; }
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "| live processes | native µs | gpuslice µs | added µs | gpuslice + quota µs | added µs | first cuMemGetInfo µs (quota) |"
 echo "|---:|---:|---:|---:|---:|---:|---:|"
 for n in "${counts[@]}"; do
