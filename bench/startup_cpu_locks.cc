@@ -12,6 +12,14 @@
 //   free_probe_us           F_OFD_GETLK of a byte nobody holds
 //   take_drop_us            F_OFD_SETLK of a read lock on a free byte, then
 //                           F_UNLCK (what a start does to join and claim)
+//   in_order_probes_us      single_probes_total_us again, N new holders
+//                           locking the bytes in their order (the first byte
+//                           first, as the simulator's processes hold theirs)
+//   interleaved_probes_us   the same, each holder locking a byte of a second
+//                           file just before (as a wrapped process holds its
+//                           region slot's lock before the simulator's): the
+//                           same walks over the same number of locks, whose
+//                           records lie every other one in the kernel's memory
 // Against the kernel of the machine it runs on; the simulator plays no part.
 #include <fcntl.h>
 #include <signal.h>
@@ -51,6 +59,61 @@ flock probe(int fd, off_t start, off_t len) {
 
 constexpr off_t kBase = 4096;  // the held bytes: kBase .. kBase + N - 1
 
+// N children, each holding a write lock on one byte of `path` (the last byte
+// first, or the first first) and, with `other`, first one on a byte of
+// `other`; false if one failed.
+bool start_holders(const char* path, const char* other, int n, bool last_first, std::vector<pid_t>* holders) {
+  int ready[2];
+  if (pipe(ready) != 0) return false;
+  bool ok_all = true;
+  for (int i = 0; i < n && ok_all; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      bool ok = true;
+      if (other != nullptr) {
+        const int ofd = open(other, O_RDWR);
+        flock f = range(F_WRLCK, kBase + i, 1);
+        ok = ofd >= 0 && fcntl(ofd, F_OFD_SETLK, &f) == 0;
+      }
+      const int fd = open(path, O_RDWR);
+      flock f = range(F_WRLCK, last_first ? kBase + n - 1 - i : kBase + i, 1);
+      const char c = ok && fd >= 0 && fcntl(fd, F_OFD_SETLK, &f) == 0 ? 'y' : 'n';
+      if (write(ready[1], &c, 1) != 1) _exit(1);
+      pause();
+      _exit(0);
+    }
+    if (pid < 0) ok_all = false;
+    holders->push_back(pid);
+    char c = 'n';
+    if (ok_all && (read(ready[0], &c, 1) != 1 || c != 'y')) ok_all = false;
+  }
+  close(ready[0]);
+  close(ready[1]);
+  return ok_all;
+}
+
+void stop_holders(std::vector<pid_t>* holders) {
+  for (pid_t pid : *holders) {
+    if (pid > 0) kill(pid, SIGKILL);
+  }
+  for (pid_t pid : *holders) {
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+  }
+  holders->clear();
+}
+
+// Best of seven rounds of a probe of every held byte, one after another, in µs.
+double all_single_probes(int fd, int n, bool* all_held) {
+  double best = 1e18;
+  for (int round = 0; round < 7; ++round) {
+    const double t = now_us();
+    for (int b = 0; b < n; ++b) *all_held = *all_held && probe(fd, kBase + b, 1).l_type == F_WRLCK;
+    best = std::min(best, now_us() - t);
+  }
+  return best;
+}
+
 }  // namespace
 
 int locks_main(int n) {
@@ -61,35 +124,16 @@ int locks_main(int n) {
   const int made = mkstemp(path);
   if (made < 0) return 1;
   close(made);
-  int ready[2];
-  if (pipe(ready) != 0) return 1;
   std::vector<pid_t> holders;
-  int rc = 0;
-  for (int i = 0; i < n && rc == 0; ++i) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int fd = open(path, O_RDWR);
-      flock f = range(F_WRLCK, kBase + n - 1 - i, 1);
-      const char ok = fd >= 0 && fcntl(fd, F_OFD_SETLK, &f) == 0 ? 'y' : 'n';
-      if (write(ready[1], &ok, 1) != 1) _exit(1);
-      pause();
-      _exit(0);
-    }
-    if (pid < 0) rc = 1;
-    holders.push_back(pid);
-    char ok = 'n';
-    if (rc == 0 && (read(ready[0], &ok, 1) != 1 || ok != 'y')) rc = 1;
-  }
+  int rc = start_holders(path, nullptr, n, true, &holders) ? 0 : 1;
   const int fd = rc == 0 ? open(path, O_RDWR) : -1;
   if (fd < 0) rc = 1;
   double single = 1e18, whole = 1e18, free_byte = 1e18, take_drop = 1e18;
   long reported = -1;
   bool all_held = true;
+  if (rc == 0) single = all_single_probes(fd, n, &all_held);
   for (int round = 0; round < 7 && rc == 0; ++round) {
     double t = now_us();
-    for (int b = 0; b < n; ++b) all_held = all_held && probe(fd, kBase + b, 1).l_type == F_WRLCK;
-    single = std::min(single, now_us() - t);
-    t = now_us();
     for (int k = 0; k < 100; ++k) reported = static_cast<long>(probe(fd, kBase, n).l_start - kBase);
     whole = std::min(whole, (now_us() - t) / 100);
     t = now_us();
@@ -104,13 +148,27 @@ int locks_main(int n) {
     }
     take_drop = std::min(take_drop, (now_us() - t) / 100);
   }
-  for (pid_t pid : holders) {
-    if (pid > 0) kill(pid, SIGKILL);
+  stop_holders(&holders);
+  if (fd >= 0) close(fd);
+  // Again, holders locking in the bytes' order, without and with a lock on a second file first.
+  double in_order = 1e18, interleaved = 1e18;
+  const std::string other_name = name + "-other";
+  const int other_made = rc == 0 ? open(other_name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600) : -1;
+  if (other_made < 0) rc = 1;
+  if (other_made >= 0) close(other_made);
+  for (double* figure : {&in_order, &interleaved}) {
+    if (rc == 0 && !start_holders(path, figure == &interleaved ? other_name.c_str() : nullptr, n, false, &holders))
+      rc = 1;
+    const int again = rc == 0 ? open(path, O_RDWR) : -1;
+    if (again >= 0) {
+      *figure = all_single_probes(again, n, &all_held);
+      close(again);
+    } else {
+      rc = 1;
+    }
+    stop_holders(&holders);
   }
-  for (pid_t pid : holders) {
-    int status = 0;
-    if (pid > 0) waitpid(pid, &status, 0);
-  }
+  if (other_made >= 0) unlink(other_name.c_str());
   unlink(path);
   if (rc != 0 || !all_held) {
     std::fprintf(stderr, "locks %d: %s\n", n, rc != 0 ? "could not start the holders" : "a probe answered wrong");
@@ -118,7 +176,7 @@ int locks_main(int n) {
   }
   std::printf(
       "locks=%d single_probes_total_us=%.0f range_probe_us=%.2f range_reports_byte=%ld free_probe_us=%.2f "
-      "take_drop_us=%.2f\n",
-      n, single, whole, reported, free_byte, take_drop);
+      "take_drop_us=%.2f in_order_probes_us=%.0f interleaved_probes_us=%.0f\n",
+      n, single, whole, reported, free_byte, take_drop, in_order, interleaved);
   return 0;
 }
