@@ -578,8 +578,13 @@ class PointerTable {
   }
 
   // How far the record of hash k at slot i sits from its home.
+  // (Computed as -(home - i): in the home's register. GCC's i - home takes
+  // a copy of i in one more register, which the walks inline in the pair's
+  // wrappers then save in their frames.)
   static std::size_t distance(const Shard& s, std::uint64_t k, std::size_t i) noexcept {
-    return (i - home(s, k)) & s.mask;
+    std::size_t ahead = home(s, k) - i;
+    asm("" : "+r"(ahead));
+    return (0 - ahead) & s.mask;
   }
 
   // Robin Hood order: along a run of records their homes never decrease, so
