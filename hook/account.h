@@ -18,6 +18,7 @@
 #include "hook/region.h"
 #include "limiter/alloc_table.h"
 #include "limiter/lease.h"
+#include "platform/compare.h"
 
 namespace gpuslice::hook {
 
@@ -200,7 +201,7 @@ inline void release_record_armed(limiter::AllocRecord& rec) noexcept {
       if (__builtin_expect(limiter::lease_free(lease, cap < committed ? cap : committed,
                                                g_process.lease_tag.load(std::memory_order_relaxed), rec.bytes),
                            1)) {
-        if (__builtin_expect(page.waiting.load(std::memory_order_relaxed)->load(std::memory_order_seq_cst) != 0, 0))
+        if (__builtin_expect(!platform::seq_cst_equals(*page.waiting.load(std::memory_order_relaxed), 0), 0))
           wake_oversub_waiters(rec.dev);
         return;
       }

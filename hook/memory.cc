@@ -13,6 +13,7 @@
 #include "hook/oversub.h"
 #include "hook/pool_state.h"
 #include "hook/wrap.h"
+#include "platform/compare.h"
 
 namespace gpuslice::hook {
 
@@ -250,7 +251,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesiz
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) return alloc_refused(rc, rec);
   if (__builtin_expect(!g_pointers->insert_entered(*dptr, rec), 0)) return alloc_unrecorded(dptr, rec, mark);
   // (The pointer read in the cold call: not loaded again on the common path.)
-  if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) settle_freed_behind_at(dptr);
+  if (__builtin_expect(!gpuslice::platform::relaxed_equals(g_freed_behind, mark), 0)) settle_freed_behind_at(dptr);
   return opaque_success();
 }
 
@@ -265,7 +266,7 @@ namespace {
   const CUresult rc = real_cuMemFree_v2(dptr);
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) return free_refused_linear(dptr, rec, rc);
   release_record_armed(rec);
-  if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
+  if (__builtin_expect(!gpuslice::platform::relaxed_equals(g_freed_behind, mark), 0)) freed_untracked(dptr);
   return opaque_success();
 }
 
@@ -289,7 +290,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   const OwnerPage& page = owner_page();
   const std::uint32_t fast = page.fast.load(std::memory_order_acquire);
   if (__builtin_expect(fast == 0, 0)) return free_whole(dptr);
-  if (__builtin_expect(pools::g_slots_used.load(std::memory_order_relaxed) != 0, 0)) return free_beside_pools(dptr);
+  if (__builtin_expect(!gpuslice::platform::relaxed_equals(pools::g_slots_used, 0), 0)) return free_beside_pools(dptr);
   return free_armed(dptr, fast, page);
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "platform/clock.h"  // clock_gettime called through its GOT entry
+#include "platform/compare.h"
 
 namespace gpuslice::hook {
 
@@ -34,7 +35,7 @@ inline bool region_intact(bool force = false) noexcept {
   timespec now;                                 // clock_gettime fills it (not zeroed first: two stores fewer)
   clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // vDSO: no syscall
   const std::int64_t tick = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-  if (__builtin_expect(!force && g_region_checked_tick.load(std::memory_order_relaxed) == tick, 1)) return true;
+  if (__builtin_expect(!force && platform::relaxed_equals(g_region_checked_tick, tick), 1)) return true;
   return region_check_now(tick);
 }
 // Run once the region file was found lost, after g_ready says so (seq_cst):

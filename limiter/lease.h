@@ -75,13 +75,16 @@ constexpr bool lease_stale(std::uint64_t word) noexcept { return (word & kLeaseS
 // Caller guarantees slot < kMaxSlots and dev < kMaxDevices.
 inline bool lease_alloc(Slot::Lease& lease, std::uint64_t tag, std::uint64_t bytes) noexcept {
   std::atomic<std::uint64_t>& word = lease.word;
-  std::uint64_t cur = word.load(std::memory_order_relaxed);
+  std::uint64_t cur = word.load(std::memory_order_relaxed), next;
   do {
     // cur ^ tag: the amount when the word is of this claim with no flag set
     // (a tag has no bit below kLeaseTagShift), else above kLeaseAmountMask.
     const std::uint64_t spare = cur ^ tag;
-    if ((spare >> kLeaseAmountBits) != 0 || spare < bytes) return false;
-  } while (!word.compare_exchange_weak(cur, cur - bytes, std::memory_order_relaxed));
+    // (The subtract's borrow is the test: one instruction fewer than a
+    // compare, then the subtract.)
+    if ((spare >> kLeaseAmountBits) != 0 || __builtin_sub_overflow(spare, bytes, &next)) return false;
+    next ^= tag;  // cur - bytes: the amount less bytes, below the tag's bits
+  } while (!word.compare_exchange_weak(cur, next, std::memory_order_relaxed));
   return true;
 }
 inline bool lease_alloc(Slot& s, std::uint64_t tag, int dev, std::uint64_t bytes) noexcept {

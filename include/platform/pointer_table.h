@@ -105,6 +105,13 @@ inline std::uint64_t table_hash(std::uint64_t key) noexcept {
   key ^= key >> 32;
   return key * 0xbf58476d1ce4e5b9ull;
 }
+// table_hash, tested for 0 after it (GCC otherwise tests the fold's two
+// halves for equality, which keeps both in registers: one move more).
+inline std::uint64_t table_hash_opaque(std::uint64_t key) noexcept {
+  std::uint64_t h = table_hash(key);
+  asm("" : "+r"(h));
+  return h;
+}
 // table_hash is a bijection (odd multipliers, a fold of the high half into
 // the low): the table stores the hash in place of the key, and gives the
 // key back (cold paths: walks, copies) with the inverse. 0 hashes to 0.
@@ -139,15 +146,19 @@ class PointerTable {
   // run then moves one slot on, open()); else insert_slow (growth, full).
   bool insert(std::uint64_t key, const V& value) noexcept {
     enter();
+    if (key == ~std::uint64_t{0}) return false;
     return insert_entered(key, value);
   }
   // insert() and erase() for a caller that knows this process entered the
   // table already (entered(), below, returned true in this process: a flag
   // kept in a page a forked child finds zeroed, hook/lifecycle.h): no
   // epoch check (issue 35: the allocation pair's fast path).
+  // (Of the reserved keys only 0 is tested, by its hash, as in erase_entered:
+  // ~0, which insert() refuses, is no device pointer, and its record would
+  // be a record like any other.)
   bool insert_entered(std::uint64_t key, const V& value) noexcept {
-    if (reserved(key)) return false;
-    const std::uint64_t h = table_detail::table_hash(key);
+    const std::uint64_t h = table_detail::table_hash_opaque(key);
+    if (__builtin_expect(h == 0, 0)) return false;
     Shard& s = shard_of(h);
     // Every call below ends the operation (its result returned as it is):
     // nothing of the table is kept across a call, so a caller's frame saves
@@ -186,7 +197,7 @@ class PointerTable {
   bool erase_entered(std::uint64_t key, V* out) noexcept {
     // Of the reserved keys only 0 needs a test (its hash, 0, would match an
     // empty slot); ~0 is never inserted, so a walk for it finds nothing.
-    const std::uint64_t h = table_detail::table_hash(key);
+    const std::uint64_t h = table_detail::table_hash_opaque(key);
     if (__builtin_expect(h == 0, 0)) return false;
     Shard& s = shard_of(h);
     if (__builtin_expect(!try_take(s.lock), 0)) return erase_contended(s, h, out);  // (as insert_entered)
@@ -240,7 +251,16 @@ class PointerTable {
   void enter_process() const noexcept { enter(); }
 
   // Live entries (exact when no other thread changes the table).
-  std::size_t size() const noexcept { return sum(&Shard::count); }
+  std::size_t size() const noexcept {
+    enter();
+    std::size_t n = 0;
+    for (Shard& s : shards_) {
+      lock(s);
+      n += count(s);
+      unlock(s);
+    }
+    return n;
+  }
   // Bytes of slot arrays mapped now (bounded by the peak live count).
   std::size_t mapped_bytes() const noexcept { return sum(&Shard::map_bytes); }
 
@@ -255,7 +275,7 @@ class PointerTable {
     Probes p;
     for (Shard& s : shards_) {
       lock(s);
-      for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
+      for (std::size_t i = 0; has_slots(s) && i <= s.mask; ++i) {
         if (s.slots[i].hash == 0) continue;
         const std::size_t d = (i - home(s, s.slots[i].hash)) & s.mask;
         ++p.entries;
@@ -276,7 +296,7 @@ class PointerTable {
     enter();
     for (Shard& s : shards_) {
       lock(s);
-      for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
+      for (std::size_t i = 0; has_slots(s) && i <= s.mask; ++i) {
         if (s.slots[i].hash != 0)
           f(table_detail::table_unhash(s.slots[i].hash), static_cast<const V&>(s.slots[i].value));
       }
@@ -299,14 +319,14 @@ class PointerTable {
       Slot* copy = stack;
       std::size_t map_bytes = 0, n = 0;
       lock(s);
-      if (s.count > kStack) {
-        map_bytes = s.count * sizeof(Slot);
+      if (count(s) > kStack) {
+        map_bytes = count(s) * sizeof(Slot);
         copy = static_cast<Slot*>(table_detail::map_pages(map_bytes));
       }
       if (copy == nullptr) {
         complete = false;
       } else {
-        for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
+        for (std::size_t i = 0; has_slots(s) && i <= s.mask; ++i) {
           if (s.slots[i].hash != 0) copy[n++] = s.slots[i];
         }
       }
@@ -326,10 +346,9 @@ class PointerTable {
     enter();
     for (Shard& s : shards_) {
       lock(s);
-      Slot* slots = s.slots;
+      Slot* slots = has_slots(s) ? s.slots : nullptr;
       const std::size_t mask = s.mask, map_bytes = s.map_bytes;
-      s.slots = nullptr;
-      s.mask = s.count = s.grow_at = s.map_bytes = 0;
+      forget_slots(s);
       unstick(s);
       unlock(s);
       if (slots == nullptr) continue;
@@ -345,14 +364,22 @@ class PointerTable {
     std::uint64_t hash;  // table_hash(key); 0 = empty (fresh anonymous pages are all-empty)
     V value;
   };
+  // What a shard without slots points to: two empty slots (shift 63 makes
+  // every home 0 or 1), never written (such a shard's room is 0, so an
+  // insert grows it first), so that a walk needs no test for "no slots"
+  // (issue 35: the free's erase).
+  static inline Slot no_slots_[2] = {};
   struct alignas(64) Shard {
     std::atomic<std::uint32_t> lock{0};
-    std::size_t count = 0;
+    // grow_at minus the live count (count()): what may be inserted before
+    // growth; below 0 in a stuck shard filled past its limit. One field,
+    // so that an insert's growth test and count are one subtract (issue 35).
+    std::ptrdiff_t room = 0;
     std::size_t mask = 0;     // capacity - 1 (capacity a power of two), 0 without slots
     unsigned shift = 63;      // 64 - log2(capacity): home() takes the hash's bits below the shard's
     std::size_t grow_at = 0;  // the count that one more entry would take past half full (0 without slots)
     std::size_t map_bytes = 0;
-    Slot* slots = nullptr;
+    Slot* slots = no_slots_;   // no_slots_ until the first growth
     bool stuck = false;        // past its load limit, its growth failed (g_stuck_shards counts it)
     bool first_taken = false;  // its page of first_pages_ was taken (and is its own to unmap)
   };
@@ -372,6 +399,15 @@ class PointerTable {
   static constexpr std::uint64_t kFresh = ~std::uint64_t{0};
 
   static bool reserved(std::uint64_t key) noexcept { return key == 0 || key == ~std::uint64_t{0}; }
+  static bool has_slots(const Shard& s) noexcept { return s.slots != no_slots_; }
+  static std::size_t count(const Shard& s) noexcept { return s.grow_at - static_cast<std::size_t>(s.room); }
+  // The shard without slots (what was mapped is the caller's to unmap).
+  static void forget_slots(Shard& s) noexcept {
+    s.slots = no_slots_;
+    s.mask = s.grow_at = s.map_bytes = 0;
+    s.room = 0;
+    s.shift = 63;
+  }
   // The home slot of hash h in shard s (which has slots): the log2(capacity)
   // bits of h just below the shard bits.
   static std::size_t home(const Shard& s, std::uint64_t h) noexcept { return (h << kShardBits) >> s.shift; }
@@ -404,10 +440,20 @@ class PointerTable {
     table_detail::lock_slow(s.lock);
   }
   // A plain store (the holder owns the line: the load costs nothing); a
-  // futex wake only when a waiter marked the word.
+  // futex wake only when a waiter marked the word. (On x86-64 the compare
+  // reads the word itself and the store leaves its flags: two instructions
+  // before the branch, where GCC loads, stores and compares.)
   static void unlock(Shard& s) noexcept {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+    bool waiters;
+    asm volatile("cmpl %2, %0\n\tmovl $0, %0"
+                 : "+m"(*reinterpret_cast<std::uint32_t*>(&s.lock)), "=@ccz"(waiters)
+                 : "i"(table_detail::kLockWaiters)
+                 : "memory");
+#else
     const bool waiters = s.lock.load(std::memory_order_relaxed) == table_detail::kLockWaiters;
     s.lock.store(0, std::memory_order_release);
+#endif
     if (__builtin_expect(waiters, 0)) table_detail::wake_one(s.lock);
   }
 
@@ -451,8 +497,7 @@ class PointerTable {
         if (seen != kFresh) {
           for (Shard& s : shards_) {
             if (interrupted) {
-              s.slots = nullptr;
-              s.mask = s.count = s.grow_at = s.map_bytes = 0;
+              forget_slots(s);
             } else {
               free_slots(s);
             }
@@ -471,9 +516,8 @@ class PointerTable {
   }
 
   static void free_slots(Shard& s) noexcept {
-    if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
-    s.slots = nullptr;
-    s.mask = s.count = s.grow_at = s.map_bytes = 0;
+    if (has_slots(s)) table_detail::unmap_pages(s.slots, s.map_bytes);
+    forget_slots(s);
   }
 
   // insert_entered() and erase_entered() with the shard's lock held (taken
@@ -481,7 +525,7 @@ class PointerTable {
   // then the unlock. Inline on the common path, the walk included (a key
   // away from its home costs no call: flat in the number of records).
   [[gnu::always_inline]] bool insert_held(Shard& s, std::uint64_t h, const V& value) noexcept {
-    if (__builtin_expect(s.count >= s.grow_at, 0)) return insert_slow(s, h, value);
+    if (__builtin_expect(!take_room(s), 0)) return insert_slow(s, h, value);
     Slot* const slots = s.slots;
     bool ok = false;
     // (d, the walk's distance from the home, counted: fewer registers than
@@ -489,14 +533,17 @@ class PointerTable {
     for (std::size_t i = home(s, h), d = 0;; i = (i + 1) & s.mask, ++d) {
       const std::uint64_t k = slots[i].hash;
       if (__builtin_expect(k == 0, 1)) {  // (expected: the home slot free)
-        fill(s, i, h, value);
+        put_slot(s, i, h, value);
         ok = true;
         break;
       }
-      if (k == h) break;
+      if (k == h) {
+        ++s.room;  // (present: the room taken back)
+        break;
+      }
       if (distance(s, k, i) < d) {
         open(s, i);
-        fill(s, i, h, value);
+        put_slot(s, i, h, value);
         ok = true;
         break;
       }
@@ -510,18 +557,17 @@ class PointerTable {
   }
   [[gnu::always_inline]] static bool erase_held(Shard& s, std::uint64_t h, V* out) noexcept {
     bool found = false;
-    if (Slot* const slots = s.slots; slots != nullptr) {
-      const std::size_t at = home(s, h);
-      for (std::size_t i = at;; i = (i + 1) & s.mask) {
-        const std::uint64_t k = slots[i].hash;
-        if (__builtin_expect(k == h, 1)) {  // (expected: the key at its home)
-          if (out != nullptr) *out = slots[i].value;
-          remove(s, i);
-          found = true;
-          break;
-        }
-        if (k == 0 || distance(s, k, i) < ((i - at) & s.mask)) break;  // the key would be here
+    Slot* const slots = s.slots;  // (no_slots_ without slots: its walk ends at once)
+    const std::size_t at = home(s, h);
+    for (std::size_t i = at;; i = (i + 1) & s.mask) {
+      const std::uint64_t k = slots[i].hash;
+      if (__builtin_expect(k == h, 1)) {  // (expected: the key at its home)
+        if (out != nullptr) *out = slots[i].value;
+        remove(s, i);
+        found = true;
+        break;
       }
+      if (k == 0 || distance(s, k, i) < ((i - at) & s.mask)) break;  // the key would be here
     }
     unlock(s);
     return found;
@@ -532,8 +578,13 @@ class PointerTable {
   }
 
   // How far the record of hash k at slot i sits from its home.
+  // (Computed as -(home - i): in the home's register. GCC's i - home takes
+  // a copy of i in one more register, which the walks inline in the pair's
+  // wrappers then save in their frames.)
   static std::size_t distance(const Shard& s, std::uint64_t k, std::size_t i) noexcept {
-    return (i - home(s, k)) & s.mask;
+    std::size_t ahead = home(s, k) - i;
+    asm("" : "+r"(ahead));
+    return (0 - ahead) & s.mask;
   }
 
   // Robin Hood order: along a run of records their homes never decrease, so
@@ -543,7 +594,7 @@ class PointerTable {
   // the first one at its home (issue 35: an erase does not walk the rest
   // of the cluster, whatever the number of records).
   static std::size_t lookup(const Shard& s, std::uint64_t h) noexcept {
-    if (s.slots == nullptr) return kMissing;
+    if (!has_slots(s)) return kMissing;
     for (std::size_t i = home(s, h), d = 0;; i = (i + 1) & s.mask, ++d) {
       const std::uint64_t k = s.slots[i].hash;
       if (k == h) return i;
@@ -568,10 +619,10 @@ class PointerTable {
   // memory for growth the shard fills up to one slot short of full;
   // kMissing when even that is reached and the key is absent.
   std::size_t probe(Shard& s, std::uint64_t h) noexcept {
-    if (__builtin_expect(s.count >= s.grow_at, 0) && !grow(s)) {
-      const std::size_t capacity = s.slots == nullptr ? 0 : s.mask + 1;
+    if (__builtin_expect(s.room <= 0, 0) && !grow(s)) {
+      const std::size_t capacity = has_slots(s) ? s.mask + 1 : 0;
       const std::size_t at = lookup(s, h);
-      if (at != kMissing || s.count + 1 >= capacity) return at;
+      if (at != kMissing || count(s) + 1 >= capacity) return at;
     }
     for (std::size_t i = home(s, h), d = 0;; i = (i + 1) & s.mask, ++d) {
       const std::uint64_t k = s.slots[i].hash;
@@ -593,16 +644,33 @@ class PointerTable {
   }
 
   static void fill(Shard& s, std::size_t i, std::uint64_t h, const V& value) noexcept {
+    put_slot(s, i, h, value);
+    --s.room;
+  }
+  // fill() for an insert that took its room already (take_room).
+  static void put_slot(Shard& s, std::size_t i, std::uint64_t h, const V& value) noexcept {
     s.slots[i].hash = h;
     std::memcpy(&s.slots[i].value, &value, sizeof(V));  // (its bytes at once: GCC copies a field at a time)
-    ++s.count;
+  }
+  // One entry's room taken (the growth test and the count in one subtract,
+  // its flag the branch; GCC loads, subtracts and stores): false, the room
+  // as it was, when none was left (growth due, or the shard stuck).
+  static bool take_room(Shard& s) noexcept {
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+    bool none;
+    asm("subq $1, %0" : "+m"(s.room), "=@ccs"(none));
+#else
+    const bool none = --s.room < 0;
+#endif
+    if (__builtin_expect(none, 0)) ++s.room;
+    return !none;
   }
 
   [[gnu::noinline]] bool grow(Shard& s) noexcept {
-    std::size_t capacity = s.slots == nullptr ? first_capacity() : 2 * (s.mask + 1);
+    std::size_t capacity = has_slots(s) ? 2 * (s.mask + 1) : first_capacity();
     std::size_t bytes = capacity * sizeof(Slot);
     Slot* fresh = nullptr;
-    if (s.slots == nullptr && !s.first_taken) {  // one page to start: this shard's of the first pages
+    if (!has_slots(s) && !s.first_taken) {  // one page to start: this shard's of the first pages
       if (char* block = first_pages()) {
         s.first_taken = true;
         fresh = reinterpret_cast<Slot*>(block + static_cast<std::size_t>(&s - shards_) * kFirstStride);
@@ -621,7 +689,7 @@ class PointerTable {
     unstick(s);
     const std::size_t mask = capacity - 1;
     const unsigned shift = 64 - static_cast<unsigned>(__builtin_ctzll(capacity));
-    for (std::size_t i = 0; s.slots != nullptr && i <= s.mask; ++i) {
+    for (std::size_t i = 0; has_slots(s) && i <= s.mask; ++i) {
       if (s.slots[i].hash == 0) continue;
       // Robin Hood insertion: the record carried takes the place of the
       // first one nearer its home, which is carried on.
@@ -640,11 +708,13 @@ class PointerTable {
         }
       }
     }
-    if (s.slots != nullptr) table_detail::unmap_pages(s.slots, s.map_bytes);
+    const std::size_t live = count(s);
+    if (has_slots(s)) table_detail::unmap_pages(s.slots, s.map_bytes);
     s.slots = fresh;
     s.mask = mask;
     s.shift = shift;
     s.grow_at = capacity / 2;  // (count + 1) * 2 > capacity exactly when count >= this
+    s.room = static_cast<std::ptrdiff_t>(s.grow_at - live);
     s.map_bytes = bytes;
     return true;
   }
@@ -662,7 +732,7 @@ class PointerTable {
       hole = j;
     }
     s.slots[hole].hash = 0;
-    --s.count;
+    ++s.room;
   }
 
   static void unstick(Shard& s) noexcept {
@@ -681,7 +751,7 @@ class PointerTable {
       // A shard erasures brought back under its load limit is stuck no
       // more, grown or not (tested here, not in every erase).
       if (s.stuck && !t->grow(s)) {
-        if ((s.count + 1) * 2 <= s.mask + 1)
+        if ((count(s) + 1) * 2 <= s.mask + 1)
           unstick(s);
         else
           all = false;

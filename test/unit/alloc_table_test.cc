@@ -1,6 +1,7 @@
 // The process-private pointer table (include/platform/pointer_table.h): exactly-once
 // erase under races, backward-shift deletion against a reference map, churn
-// in bounded memory, growth under concurrent use, drain, fork children.
+// in bounded memory, growth under concurrent use, drain, fork children; and
+// the hot paths' compares against memory (include/platform/compare.h).
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "limiter/alloc_table.h"
+#include "platform/compare.h"
 
 namespace gpuslice::limiter {
 namespace {
@@ -492,6 +494,60 @@ TEST(PointerTable, DrainRacingErasesIsExactlyOnce) {
     EXPECT_EQ(t.mapped_bytes(), 0u);
     EXPECT_TRUE(t.insert(ptr(1), rec(1)));  // usable after a drain
   }
+}
+
+// A shard without slots (never grown, or emptied by a drain) walks two
+// shared empty slots (pointer_table.h: no test for "no slots" in an erase):
+// after a drain of a grown table every key misses, nothing is mapped, and
+// the table grows again from its first pages.
+TEST(PointerTable, EveryKeyMissesAfterADrainAndTheTableGrowsAgain) {
+  AllocTable t;
+  const std::uint64_t n = 20000 / kScale;
+  for (std::uint64_t i = 1; i <= n; ++i) ASSERT_TRUE(t.insert(ptr(i), rec(i)));
+  std::uint64_t drained = 0;
+  t.drain([&](std::uint64_t, const AllocRecord&) { ++drained; });
+  EXPECT_EQ(drained, n);
+  EXPECT_EQ(t.mapped_bytes(), 0u);
+  for (std::uint64_t i = 1; i <= n; ++i) {
+    ASSERT_FALSE(t.erase_entered(ptr(i), nullptr)) << i;
+    ASSERT_FALSE(t.find(ptr(i), nullptr)) << i;
+  }
+  EXPECT_EQ(t.size(), 0u);
+  for (std::uint64_t i = 1; i <= n; ++i) ASSERT_TRUE(t.insert_entered(ptr(i), rec(i)));
+  EXPECT_FALSE(t.insert_entered(ptr(1), rec(1)));  // present: refused, its room given back
+  EXPECT_EQ(t.size(), n);
+  for (std::uint64_t i = n; i >= 1; --i) {
+    AllocRecord out{};
+    ASSERT_TRUE(t.erase_entered(ptr(i), &out)) << i;
+    ASSERT_EQ(out.bytes, i);
+  }
+  EXPECT_EQ(t.size(), 0u);
+}
+
+// The hot paths' compares against a word in memory (platform/compare.h):
+// 4- and 8-byte words, constants that fit an immediate and values that do
+// not (a register operand), equal and not.
+TEST(PlatformCompare, EqualsAsTheLoadWould) {
+  std::atomic<std::uint32_t> w32{0};
+  std::atomic<std::uint64_t> w64{0};
+  std::atomic<std::int64_t> s64{-1};
+  EXPECT_TRUE(platform::relaxed_equals(w32, 0));
+  EXPECT_FALSE(platform::relaxed_equals(w32, 1));
+  EXPECT_TRUE(platform::seq_cst_equals(w32, 0));
+  w32.store(0xfffffffeu);
+  EXPECT_TRUE(platform::relaxed_equals(w32, 0xfffffffeu));
+  EXPECT_FALSE(platform::seq_cst_equals(w32, 0));
+  EXPECT_TRUE(platform::relaxed_equals(s64, -1));
+  EXPECT_FALSE(platform::relaxed_equals(s64, 0xffffffff));
+  volatile std::uint64_t big = 0x123456789abcdef0ull;  // a value only at run time
+  EXPECT_FALSE(platform::relaxed_equals(w64, big));
+  w64.store(big);
+  EXPECT_TRUE(platform::relaxed_equals(w64, big));
+  EXPECT_TRUE(platform::relaxed_equals(w64, 0x123456789abcdef0ull));
+  EXPECT_FALSE(platform::relaxed_equals(w64, 0x9abcdef0ull));  // the low half alone
+  w64.store(0xffff0000ull);
+  EXPECT_FALSE(platform::relaxed_equals(w64, ~std::uint64_t{0xffff}));  // not sign-extended
+  EXPECT_TRUE(platform::seq_cst_equals(w64, 0xffff0000ull));
 }
 
 // A child holds none of its parent's allocations: it starts with an empty
