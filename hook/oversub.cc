@@ -95,6 +95,16 @@ bool wait_for_memory(int entry, std::uint64_t deadline, bool* counted) noexcept 
   return true;
 }
 
+// A wait may outlast a change of the quota (gpuslice-smi set): a reservation
+// made under the old quota is on no device yet, so after a wait it reaches
+// the driver only while the container, it included, fits the quota in force
+// (else it waits on, or times out). Without a wait the driver call follows
+// the admission at once, as on every other path.
+bool fits_quota(int entry) noexcept {
+  const std::uint64_t quota = limiter::quota_bytes(g_process.region, entry);
+  return quota == kUnlimited || limiter::used_bytes(g_process.region, entry) <= quota;
+}
+
 }  // namespace
 
 bool over_allowance(int entry) noexcept {
@@ -117,6 +127,7 @@ CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, 
       reap_if_due();
       over = over_allowance(r.entry);
     }
+    if (!over && waited) over = !fits_quota(r.entry);
     if (!over) {
       rc = real_alloc(ctx);
       if (rc != CUDA_ERROR_OUT_OF_MEMORY) {
@@ -147,15 +158,18 @@ bool resident_admits(int entry, bool may_wait) noexcept {
   const bool wait = may_wait && o.oversubscribe == options::kOversubscribeWait;
   const std::uint64_t deadline = now_ns() + std::uint64_t{o.oversubscribe_wait} * 1'000'000ull;
   bool waited = false;
-  while (over_allowance(entry)) {
-    reap_if_due();
-    if (!over_allowance(entry)) break;
+  for (;;) {
+    bool over = over_allowance(entry);
+    if (over) {
+      reap_if_due();
+      over = over_allowance(entry);
+    }
+    if (!over && (!waited || fits_quota(entry))) return true;
     if (!wait || !wait_for_memory(entry, deadline, &waited)) {
       if (wait) device(entry).oversub_timeouts.fetch_add(1);
       return false;
     }
   }
-  return true;
 }
 
 }  // namespace gpuslice::hook

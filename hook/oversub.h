@@ -8,7 +8,9 @@
 //          (still within the quota);
 //   wait   the call sleeps (futex on the region, woken by frees of the
 //          container, and every 20 ms for frees elsewhere) until the memory is
-//          there or GPUSLICE_OVERSUBSCRIBE_WAIT passes, then fails.
+//          there or GPUSLICE_OVERSUBSCRIBE_WAIT passes, then fails; after a
+//          wait it also needs the container within the quota in force
+//          (gpuslice-smi set may have lowered it meanwhile).
 // Pool, VMM and IPC paths cannot be served by managed memory: over the
 // allowance they fail (or wait). With neither option set, all of this costs
 // one predictable branch per allocation. A free wakes the waiters

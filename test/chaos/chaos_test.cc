@@ -184,6 +184,53 @@ TEST(ChaosMonitor, ReportsManagedMemoryAboveTheLimitOnceItIsNoLongerInFlight) {
   EXPECT_NE(report.find("grant: managed 1048576 bytes in cuMemAllocManaged"), std::string::npos) << report;
 }
 
+// A quota lowered below the container's use takes nothing away, nor does it
+// undo an allocation gpuslice admitted before the change, however long the
+// driver then takes to grant it (seed 352 of 0f406b0: a grant 155 ms in the
+// driver, the lowered quota seen more than the 100 ms lag before it landed,
+// reported as a quota violation). Here 8 MiB is admitted (the region's
+// used_bytes shows it) and held about 100 ms in the driver (a chaos sleep at
+// alloc_common's entry: seed 34, thread 1, point 1); meanwhile the quota falls
+// to 4 MiB and the monitor (lag 10 ms, sampler every 1 ms) sees it.
+TEST(ChaosMonitor, AnAllocationAdmittedBeforeTheQuotaFellMayLandAfterTheLag) {
+  Sandbox box;
+  const Env spill{{"GPUSLICE_OVERSUBSCRIBE", "spill"},  // as seed 352; an allowance: no spare leases in used_bytes
+                  {"GPUSLICE_MEMORY_RESIDENT", "128Mi"},
+                  {"FAKECUDA_MONITOR_LAG_MS", "10"},
+                  {"FAKECUDA_MONITOR_INTERVAL_MS", "1"}};
+  create_region(box, spill);
+  const Env env = merge(merge(monitored(box, true), spill), {{"FAKECUDA_CHAOS_SEED", "34"},
+                                                             {"FAKECUDA_CHAOS_CALLS", "alloc_common"},
+                                                             {"FAKECUDA_CHAOS_YIELD_PCT", "0"},
+                                                             {"FAKECUDA_CHAOS_SLEEP_PCT", "100"},
+                                                             {"FAKECUDA_CHAOS_SLEEP_US", "100000"}});
+  Region* const region = map_region(env);
+  ASSERT_NE(region, nullptr) << "cannot map " << env.at("GPUSLICE_REGION");
+  DeviceState& d = region->devices[0];
+  const pid_t probe = spawn({GPUSLICE_PROBE, "monitor", "hold", "8", "0"}, env, box.path("probe.out"));
+  bool admitted = false;
+  for (int i = 0; i < 20000 && !admitted; ++i) {
+    admitted = d.used_bytes.load() >= (8u << 20);
+    if (!admitted) usleep(500);
+  }
+  d.quota_bytes.store(4u << 20);
+  const bool in_driver = slurp(box.path("probe.out")).find("alloc=") == std::string::npos;
+  munmap(region, sizeof(Region));
+  Result r = wait(probe, box.path("probe.out"));
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_TRUE(admitted) << r.describe();
+  EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
+  if (!in_driver) GTEST_SKIP() << "the grant landed before the quota fell (a loaded machine): nothing was judged";
+  EXPECT_EQ(slurp(box.path("violations")), "");
+  // Bounded: a call begun after the lag is judged against the lowered limit
+  // (16 MiB: above the 8 MiB the ceiling may still hold if no check saw the free).
+  Result bypass = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0"}, merge(monitored(box, false), spill));
+  ASSERT_EQ(bypass.exit_code, 0) << bypass.describe();
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << report;
+  EXPECT_NE(report.find("device holds 16777216 bytes"), std::string::npos) << report;
+}
+
 // A spill's managed grant is excused while in flight; its advice to the host
 // (an uncharge, made without the simulator's state lock) lowers what the
 // process holds and then lands the grant. A check that read the held bytes

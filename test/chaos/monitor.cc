@@ -17,8 +17,9 @@
 //          only in flight (the library advises what it spills to the host
 //          right after the call: until the granting thread's next change of
 //          device memory).
-//          A limit lowered at run time applies after the lag, and memory held
-//          above it before the change is allowed until it is freed.
+//          A limit lowered at run time applies after the lag to driver calls
+//          begun after it (one begun before may grant later: its bytes raise
+//          the ceiling), and memory held above it is allowed until freed.
 //   count: gpuslice's count of what the device may hold (used_bytes less
 //          the bytes it counts as spilled, i.e. served as managed memory
 //          advised to the host, plus agent_extra_bytes) is not below what
@@ -382,6 +383,15 @@ void check(std::uint32_t dev, const Grant* grant) {
   // limit is not yet freed; a raised limit raises it at once.
   std::uint64_t ceiling = w->ceiling.load(std::memory_order_relaxed);
   if (ceiling < limit) ceiling = limit;
+  // An explicit grant whose driver call began before the lag of the last
+  // limit change ended was admitted under the previous limit: the driver may
+  // take any time to grant it (seed 352: 155 ms), and nothing takes it away.
+  // It raises the ceiling by its own bytes, at most to what the device holds.
+  if (grant != nullptr && !grant->implicit && !grace && grant->began_ns != 0 &&
+      grant->began_ns < w->grace_until_ns.load(std::memory_order_relaxed) && total > ceiling) {
+    ceiling = total - ceiling < grant->bytes ? total : ceiling + grant->bytes;
+    w->ceiling.store(ceiling, std::memory_order_relaxed);
+  }
   if (limit != kUnlimited && total > ceiling + managed_recent) {
     if (grace) {
       // Allocations admitted under the previous limit may still land.
@@ -450,7 +460,7 @@ void charged(int slot, unsigned dev, std::uint64_t bytes, int context, const cha
     Grant grant{bytes, context != 0 || !explicit_call(call),
                 call_is(call, "cuMemAllocManaged") ||
                     (call_is(call, "alloc_common") && call_is(previous_call, "cuMemAllocManaged")),
-                call};
+                call, fakecuda_call_began_ns()};
     land_managed();
     if (grant.managed && bytes > 0 && dev < kSimDevices) {
       g_shared->managed_in_flight[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);

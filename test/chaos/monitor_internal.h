@@ -113,6 +113,7 @@ struct Grant {
   bool implicit;  // context or module memory: measured by the library after the call
   bool managed;   // cuMemAllocManaged: spilled (advised to the host) after the call
   const char* call;
+  std::uint64_t began_ns = 0;  // when the granting driver call began (fakecuda_call_began_ns); 0: unknown
 };
 
 extern MonitorConfig g_config;

@@ -29,6 +29,7 @@ thread_local std::uint32_t t_ordinal = 0;
 thread_local std::uint64_t t_points = 0;
 thread_local const char* t_last_call = "";
 thread_local const char* t_previous_call = "";
+thread_local std::uint64_t t_call_began_ns = 0;
 
 std::uint64_t mix(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -193,6 +194,7 @@ void chaos_point(const char* call) {
 }
 
 void probe_entry_slow(const char* call) {
+  t_call_began_ns = now_ns();
   t_previous_call = t_last_call;
   t_last_call = call;
   ring_record(OpKind::call, call, 0, 0);
@@ -201,6 +203,7 @@ void probe_entry_slow(const char* call) {
 
 const char* last_call() { return t_last_call; }
 const char* previous_call() { return t_previous_call; }
+std::uint64_t call_began_ns() { return t_call_began_ns; }
 
 void ring_record(OpKind kind, const char* call, std::uint32_t dev, std::uint64_t bytes) {
   const std::uint64_t index = g_ring_next.fetch_add(1, std::memory_order_relaxed);

@@ -67,5 +67,7 @@ void ring_format(char* out, std::size_t len, int count);
 // Name of the last entry point the calling thread entered (and the one before).
 const char* last_call();
 const char* previous_call();
+// When (CLOCK_MONOTONIC ns) the calling thread entered its last entry point; 0: none yet.
+std::uint64_t call_began_ns();
 
 }  // namespace gpuslice::fakecuda

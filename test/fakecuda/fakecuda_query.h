@@ -114,6 +114,10 @@ uint64_t fakecuda_chaos_seed(void);
 uint64_t fakecuda_chaos_stream(void);
 /* The calling thread's ordinal in this process (t1, t2, ...: the ring's names). */
 uint32_t fakecuda_thread_ordinal(void);
+/* When (fakecuda_now_ns) the calling thread entered its last driver entry
+ * point (an observer's grant: the call that granted began then); 0 if none,
+ * or with chaos and observer off. */
+uint64_t fakecuda_call_began_ns(void);
 /* This process's last `count` operations (entry points, charges, chaos
  * decisions), oldest first, one indented line each, NUL-terminated. */
 void fakecuda_recent_operations(char* out, size_t len, int count);

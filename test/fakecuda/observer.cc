@@ -139,6 +139,8 @@ extern "C" uint64_t fakecuda_chaos_stream(void) { return chaos_config().stream; 
 
 extern "C" uint32_t fakecuda_thread_ordinal(void) { return chaos_thread_ordinal(); }
 
+extern "C" uint64_t fakecuda_call_began_ns(void) { return call_began_ns(); }
+
 extern "C" void fakecuda_recent_operations(char* out, size_t len, int count) {
   if (out == nullptr || len == 0) return;
   ring_format(out, len, count);

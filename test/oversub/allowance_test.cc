@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -24,6 +26,13 @@ namespace {
 constexpr unsigned long long kMi = 1ull << 20;
 
 std::string mib(unsigned long long n) { return std::to_string(n * kMi); }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 template <class Pred>
 bool await_region(const std::string& path, Pred pred, int ms = 20000) {
@@ -214,6 +223,47 @@ TEST(Allowance, AProcessKilledWhileWaitingIsNoLongerCountedOnceReaped) {
   EXPECT_EQ(v.dev().used_bytes.load(), 48 * kMi);
   run({"/usr/bin/touch", box.path("exit")}, {});
   EXPECT_EQ(wait(holder, box.path("holder.out")).exit_code, 0);
+}
+
+// A wait may outlast a change of the quota. 8 MiB reserved under a 1 GiB
+// quota waits for the 16 MiB allowance another process holds; the quota
+// falls to 4 MiB meanwhile, then the holder frees. The waiter's reservation
+// is on no device yet: it must not reach the driver while the container
+// stands above the quota (seed 352's shape under `wait`: 10 seeds of 300 at
+// a 10 ms lag). Before, it was granted at the holder's free: the device held
+// 8 MiB on a 4 MiB quota. Once the quota is back, it is granted.
+TEST(Allowance, AWaiterReservedBeforeTheQuotaFellWaitsUntilItFits) {
+  Sandbox box;
+  Env env = merge(allowance_env(box, "wait", "16Mi"), {{"GPUSLICE_OVERSUBSCRIBE_WAIT", "20s"}});
+  const pid_t holder = spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(16), "touch", box.path("holding"),
+                              "waitfile", box.path("release"), "freeall"},
+                             env, box.path("holder.out"));
+  ASSERT_TRUE(await_file(box.path("holding"), 20000));
+  const pid_t waiter =
+      spawn({bin("cuprobe"), "init", "ctx", "0", "alloc", mib(8), "freeall"}, env, box.path("waiter.out"));
+  const bool waiting = await_region(env["GPUSLICE_REGION"], [](DeviceState& d) {
+    return d.used_bytes.load() >= 24 * kMi && d.oversub_waiting.load() == 1;
+  });
+  {
+    RegionView v(env["GPUSLICE_REGION"]);
+    ASSERT_NE(v.region, nullptr);
+    v.dev().quota_bytes.store(4 * kMi);
+  }
+  run({"/usr/bin/touch", box.path("release")}, {});
+  EXPECT_EQ(wait(holder, box.path("holder.out")).exit_code, 0);
+  // The holder's free woke the waiter; its allocation must not have landed.
+  const bool landed = await_region(
+      env["GPUSLICE_REGION"],
+      [&](DeviceState&) { return lines_with(read_text(box.path("waiter.out")), "alloc ").size() != 0; }, 400);
+  {
+    RegionView v(env["GPUSLICE_REGION"]);
+    ASSERT_NE(v.region, nullptr);
+    v.dev().quota_bytes.store(1024 * kMi);
+  }
+  Result r = wait(waiter, box.path("waiter.out"));
+  ASSERT_TRUE(waiting) << r.describe();
+  EXPECT_FALSE(landed) << "granted while the container stood above its 4 MiB quota: " << r.describe();
+  EXPECT_EQ(values(r, "alloc", "rc"), std::vector<std::string>{"0"}) << r.describe();
 }
 
 }  // namespace
