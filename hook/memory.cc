@@ -102,12 +102,14 @@ bool free_if_pool(CUdeviceptr dptr, CUresult* rc) noexcept {
   pools::PoolState* st = nullptr;
   std::uint64_t bytes = 0;
   if (!pools::take_record(dptr, &st, &bytes)) return false;
+  const std::uint64_t mark = freed_behind_mark();
   CountingOp op;               // the last free of a destroyed pool frees the pool
   release_stale_linear(dptr);  // while the allocation still holds the address
   *rc = real_cuMemFree_v2(dptr);
-  if (*rc == CUDA_SUCCESS)
+  if (*rc == CUDA_SUCCESS) {
     pools::freed(*st, bytes);
-  else
+    if (g_freed_behind.load(std::memory_order_relaxed) != mark) freed_untracked(dptr);  // as free_pool_pointer
+  } else
     pools::record(dptr, *st, bytes);  // the driver refused: the allocation is still live
   return true;
 }

@@ -189,12 +189,18 @@ namespace {
 template <class RealFree>
 [[gnu::always_inline]] inline CUresult free_pool_pointer(CUdeviceptr dptr, PoolState& st, std::uint64_t bytes,
                                                          RealFree& real_free) noexcept {
+  const std::uint64_t mark = freed_behind_mark();
   release_stale_linear(dptr);  // while the allocation still holds the address (hook/memory.h)
   const CUresult rc = real_free();
-  if (rc == CUDA_SUCCESS)
+  if (rc == CUDA_SUCCESS) {
     pools::freed(st, bytes);
-  else
+    // A sweep that held a stale record of this address out of the table
+    // meanwhile put it back while this free was in the driver (the address
+    // known then): settled now, as cuMemFree does (limiter::settle_record).
+    if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
+  } else {
     pools::record(dptr, st, bytes);  // the driver refused: the allocation is still live
+  }
   return rc;
 }
 

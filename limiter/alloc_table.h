@@ -41,7 +41,9 @@ using AllocTable = platform::PointerTable<AllocRecord>;
 //    pool allocation's, kept in another table): put back into an empty slot,
 //    a record of nothing. So once it went back, gone() is asked again and
 //    the same settles it (at most 3 rounds; a record at an address the
-//    driver does not know is stale: a free erases its record first).
+//    driver does not know is stale: a free erases its record first). A pool
+//    free still in the driver after the last round settles the address
+//    itself once done (it saw the freed-behind word change: hook/memory.h).
 // A record that cannot go back for want of memory stays counted (never short).
 // settle_record: the same for one key (`rec`: what the caller saw there, or
 // {} when it saw nothing; gone() of the linear table ignores it).

@@ -41,6 +41,17 @@ thread_local int t_request_slot = -1;
 thread_local std::uint64_t t_request_reclaimed = 0;  // uncharged inside this thread's request in flight
 thread_local int t_members = -1;                     // -1: too many to record (not judged)
 thread_local Member t_member[kMembers];
+// gpuslice's slots whose process was mid-exit at the request's start (the
+// zombie-leader rule: see exiting_bytes), and the agent's figure then.
+struct Exiting {
+  std::uint32_t slot;
+  std::uint32_t pid;
+};
+constexpr int kExitingMax = 16;
+thread_local int t_exiting = 0;
+thread_local Exiting t_exiting_at[kExitingMax];
+thread_local std::uint64_t t_agent_beat = 0;
+thread_local std::uint64_t t_agent_extra = 0;
 
 // The documented conservative transients that may stand between what the
 // container holds and what gpuslice counts when it refuses (README.md, "The
@@ -75,8 +86,29 @@ struct Slack {
 // that reap (the agent's next cycle, the container's next refusal).
 // A process the simulator still finds alive (its lock held: a pthread_exit
 // in main) is in what the container holds, not here. State lock held.
-std::uint64_t exiting_bytes(const Region& r, std::uint32_t dev, int rd) {
+// The judgement comes after the refusal: a process mid-exit at the request's
+// start (t_exiting_at) whose exit ended before the judgement may have been
+// mid-exit when gpuslice refused, so its slot, still counted, is here too;
+// one already dead at the start is not (gpuslice reaps before it refuses).
+bool held_by_simulator(std::uint32_t pid, std::uint32_t dev) {
   const int high = fakecuda_slots_high_locked();
+  for (int i = 0; i < high; ++i) {
+    fakecuda_slot_info info{};
+    if (member_alive(i, dev, &info) && info.pid == pid) return true;  // its lock still held
+  }
+  return false;
+}
+bool mid_exit(std::uint32_t pid) {
+  platform::procfs::Stat st;
+  return platform::procfs::read_stat(pid, &st) == 0 && st.state == 'Z' && st.num_threads > 1;
+}
+bool was_mid_exit(std::uint32_t s, std::uint32_t pid) {
+  for (int k = 0; k < t_exiting; ++k) {
+    if (t_exiting_at[k].slot == s && t_exiting_at[k].pid == pid) return true;
+  }
+  return false;
+}
+std::uint64_t exiting_bytes(const Region& r, std::uint32_t dev, int rd) {
   std::uint64_t sum = 0;
   for (std::uint32_t s = 0; s < kMaxSlots; ++s) {
     const Slot& slot = r.slots[s];
@@ -84,17 +116,34 @@ std::uint64_t exiting_bytes(const Region& r, std::uint32_t dev, int rd) {
     if (state != kSlotLive && state != kSlotReaping) continue;
     const std::uint32_t pid = slot.pid.load(std::memory_order_relaxed);
     if (pid == 0) continue;
-    platform::procfs::Stat st;
-    if (state == kSlotLive && platform::procfs::read_stat(pid, &st) != 0) continue;
-    if (state == kSlotLive && (st.state != 'Z' || st.num_threads <= 1)) continue;
-    bool held = false;  // its lock still held: alive for the simulator too
-    for (int i = 0; i < high && !held; ++i) {
-      fakecuda_slot_info info{};
-      held = member_alive(i, dev, &info) && info.pid == pid;
-    }
-    if (!held) sum += slot.committed_bytes[rd].load(std::memory_order_relaxed);
+    if (state == kSlotLive && !mid_exit(pid) && !was_mid_exit(s, pid)) continue;
+    if (!held_by_simulator(pid, dev)) sum += slot.committed_bytes[rd].load(std::memory_order_relaxed);
   }
   return sum;
+}
+// At the request's start (state lock held): gpuslice's live slots whose
+// process is mid-exit, and not held by the simulator.
+void note_exiting(const Region& r, std::uint32_t dev) {
+  t_exiting = 0;
+  for (std::uint32_t s = 0; s < kMaxSlots && t_exiting < kExitingMax; ++s) {
+    const Slot& slot = r.slots[s];
+    if (slot.state.load(std::memory_order_acquire) != kSlotLive) continue;
+    const std::uint32_t pid = slot.pid.load(std::memory_order_relaxed);
+    if (pid == 0 || held_by_simulator(pid, dev) || !mid_exit(pid)) continue;
+    t_exiting_at[t_exiting++] = {s, pid};
+  }
+}
+// The agent's figure in force (limiter/agent_extra.h) and its heartbeat.
+std::uint64_t fresh_extra(const Region& r, const DeviceState& d, std::uint64_t* beat) {
+  *beat = r.header.agent_heartbeat_ns.load(std::memory_order_acquire);
+  const std::uint64_t now = fakecuda_now_ns();
+  // Fresh: written within the bound the library keeps an agent's extra in
+  // force after its last cycle: a SIGKILLed agent's figure is a documented
+  // transient for that long, and no longer. A heartbeat of 0 (no agent ever
+  // wrote one) is never fresh here.
+  if (*beat != 0 && now >= *beat && now - *beat <= limiter::kAgentExtraHoldNs)
+    return d.agent_extra_bytes.load(std::memory_order_acquire);
+  return 0;
 }
 bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Slack* out, const char** why) {
   for (int k = 0; k < t_members; ++k) {
@@ -141,14 +190,18 @@ bool refusal_slack(std::uint32_t dev, const DeviceState& d, const Region& r, Sla
     out->reclaimed += reclaimed;
   }
   out->exiting = exiting_bytes(r, dev, static_cast<int>(&d - r.devices));
-  const std::uint64_t beat = r.header.agent_heartbeat_ns.load(std::memory_order_acquire);
-  const std::uint64_t now = fakecuda_now_ns();
-  // Fresh: written within the bound the library keeps an agent's extra in
-  // force after its last cycle (limiter/agent_extra.h): a SIGKILLed agent's
-  // figure is a documented transient for that long, and no longer. A
-  // heartbeat of 0 (no agent ever wrote one) is never fresh here.
-  if (beat != 0 && now >= beat && now - beat <= limiter::kAgentExtraHoldNs)
-    out->agent = d.agent_extra_bytes.load(std::memory_order_acquire);
+  // The agent's figure gpuslice refused under: the one in force at the
+  // request's start, or one its cycle then in progress wrote since (an agent
+  // writes each device's extra once a cycle, after the heartbeat). A cycle
+  // begun during the request may have written a figure that its next one
+  // replaced before this judgement: not judged.
+  std::uint64_t beat = 0;
+  const std::uint64_t now_extra = fresh_extra(r, d, &beat);
+  if (beat != t_agent_beat) {
+    *why = "an agent cycle began during the request";
+    return false;
+  }
+  out->agent = now_extra > t_agent_extra ? now_extra : t_agent_extra;
   return true;
 }
 
@@ -219,6 +272,12 @@ void monitor_request_begin(unsigned dev, std::uint64_t bytes) {
                              g_shared->unknown_ended[i].load(std::memory_order_relaxed),
                              g_shared->request_ended[i][dev].load(std::memory_order_relaxed),
                              g_shared->reclaimed_ended[i][dev].load(std::memory_order_relaxed)};
+  }
+  t_exiting = 0;
+  t_agent_beat = t_agent_extra = 0;
+  if (const Region* r = region(); r != nullptr) {
+    note_exiting(*r, dev);
+    if (const int rd = region_device(dev, *r); rd >= 0) t_agent_extra = fresh_extra(*r, r->devices[rd], &t_agent_beat);
   }
   fakecuda_state_unlock();
   t_request = bytes;

@@ -12,6 +12,16 @@
 //                              (as the library's reclaim trims pools before
 //                              lowering their count), then A (8 MiB) is refused
 //   refusal_overlap noreclaim  the same with the 16 MiB freed before B began
+//   refusal_overlap extra-ends        only B, refused while the agent's extra
+//                                     (16 MiB, heartbeat fresh) was in force;
+//                                     the same cycle writes 0 before B is judged
+//   refusal_overlap extra-gone        the same with the 0 written before B began
+//   refusal_overlap extra-next-cycle  the 0 written by a next cycle (a new
+//                                     heartbeat) during B
+//   refusal_overlap mid-exit-ends PID     only B; PID (its leader a zombie,
+//                                         another thread alive) is SIGKILLed
+//                                         during B and is dead when B is judged
+//   refusal_overlap dead-before PID       the same with PID dead before B began
 // Prints "judged a=R b=R" (1: a violation reported; -1: not asked).
 //   refusal_overlap measured-short FREED_MIB ALLOWED_MIB   (run under
 //     gpuslice, the simulator's chaos sleeping in module_load) another
@@ -19,6 +29,10 @@
 //     8 MiB module's measured load; ALLOWED_MIB is reported as freed during measurements
 //     (monitor_measured_short); prints "checkpoint=N" (violations found).
 #include <cuda.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,6 +41,8 @@
 #include <cstring>
 #include <thread>
 
+#include <gpuslice/region.h>
+
 #include "fakecuda_query.h"
 #include "monitor.h"
 
@@ -34,6 +50,48 @@ namespace {
 std::atomic<int> g_step{0};
 void await(int step) {
   while (g_step.load() < step) std::this_thread::yield();
+}
+
+// The container's region (GPUSLICE_REGION), mapped writable: this program
+// plays the agent's part in it. nullptr when it cannot.
+gpuslice::Region* map_region() {
+  const char* path = std::getenv("GPUSLICE_REGION");
+  if (path == nullptr) return nullptr;
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  void* mapped = mmap(nullptr, sizeof(gpuslice::Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  return mapped == MAP_FAILED ? nullptr : static_cast<gpuslice::Region*>(mapped);
+}
+// A cycle of the agent: its heartbeat, then the device's extra.
+void agent_cycle(gpuslice::Region* r, std::uint64_t extra) {
+  r->header.agent_heartbeat_ns.store(fakecuda_now_ns());
+  r->devices[0].agent_extra_bytes.store(extra);
+}
+// /proc/<pid>/stat: a zombie with its last thread gone (waited for 5 s at most).
+bool await_dead(pid_t pid) {
+  for (int i = 0; i < 1000; ++i) {
+    char path[64], text[512];
+    std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return true;
+    const ssize_t n = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    if (n > 0) {
+      text[n] = '\0';
+      const char* paren = std::strrchr(text, ')');
+      unsigned long threads = 0;
+      char state = 0;
+      // Fields 3 (state) and 20 (threads) after the command's ')'.
+      if (paren != nullptr &&
+          std::sscanf(paren + 1, " %c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %lu", &state,
+                      &threads) == 2 &&
+          state == 'Z' && threads <= 1)
+        return true;
+    }
+    usleep(5000);
+  }
+  return false;
 }
 }  // namespace
 
@@ -98,6 +156,29 @@ int main(int argc, char** argv) {
     a = monitor_request_end(true, "cuMemAlloc");
     g_step.store(2);
     tb.join();
+    std::printf("judged a=%d b=%d\n", a, b);
+    return 0;
+  }
+  if (std::strncmp(argv[1], "extra-", 6) == 0) {
+    gpuslice::Region* r = map_region();
+    if (r == nullptr) return 1;
+    agent_cycle(r, 16u << 20);
+    if (std::strcmp(argv[1], "extra-gone") == 0) r->devices[0].agent_extra_bytes.store(0);
+    monitor_request_begin(0, 8u << 20);  // refused here, the extra in force
+    if (std::strcmp(argv[1], "extra-ends") == 0) r->devices[0].agent_extra_bytes.store(0);
+    if (std::strcmp(argv[1], "extra-next-cycle") == 0) agent_cycle(r, 0);
+    b = monitor_request_end(true, "cuMemAlloc");
+    std::printf("judged a=%d b=%d\n", a, b);
+    return 0;
+  }
+  if (std::strcmp(argv[1], "mid-exit-ends") == 0 || std::strcmp(argv[1], "dead-before") == 0) {
+    if (argc != 3) return 2;
+    const pid_t pid = static_cast<pid_t>(std::atoi(argv[2]));
+    const bool during = std::strcmp(argv[1], "mid-exit-ends") == 0;
+    if (!during && (kill(pid, SIGKILL) != 0 || !await_dead(pid))) return 1;
+    monitor_request_begin(0, 8u << 20);  // refused here, the process mid-exit
+    if (during && (kill(pid, SIGKILL) != 0 || !await_dead(pid))) return 1;
+    b = monitor_request_end(true, "cuMemAlloc");
     std::printf("judged a=%d b=%d\n", a, b);
     return 0;
   }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "monitor_internal.h"
 #include "torture.h"
 
 extern char** environ;
@@ -130,6 +132,7 @@ struct SeedResult {
   int failures = 0;
   bool hang = false;
   std::uint64_t checks = 0;
+  std::uint64_t refusals_judged = 0, refusals_skipped = 0;
   std::string classes;
   std::string detail;
 };
@@ -314,6 +317,15 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
     std::ifstream in(dir + "/state.monitor", std::ios::binary);
     std::uint64_t words[3] = {};
     if (in.read(reinterpret_cast<char*>(words), sizeof(words))) result.checks = words[2];
+    // And the refusals it judged and those it could not (refusal.cc).
+    using gpuslice::chaos::internal::MonitorShared;
+    std::uint64_t refusals[2] = {};
+    in.seekg(static_cast<std::streamoff>(offsetof(MonitorShared, refusals_judged)));
+    static_assert(offsetof(MonitorShared, refusals_skipped) == offsetof(MonitorShared, refusals_judged) + 8);
+    if (in && in.read(reinterpret_cast<char*>(refusals), sizeof(refusals))) {
+      result.refusals_judged = refusals[0];
+      result.refusals_skipped = refusals[1];
+    }
   }
   const std::string report = read_file(dir + "/violations");
   result.violations = count_of(report, "fakecuda-monitor: VIOLATION");
@@ -459,12 +471,15 @@ int main(int argc, char** argv) {
   }
   const std::uint64_t begin = now_ms();
   int violations = 0, failed = 0;
+  std::uint64_t judged = 0, skipped = 0;
   std::string failed_seeds;
   for (std::uint64_t seed : o.seeds) {
     const std::uint64_t t0 = now_ms();
     SeedResult r = run_seed(o, seed, self);
     const bool bad = r.violations > 0 || r.failures > 0 || r.hang;
     violations += r.violations;
+    judged += r.refusals_judged;
+    skipped += r.refusals_skipped;
     if (bad) {
       ++failed;
       failed_seeds += (failed_seeds.empty() ? "" : " ") + std::to_string(seed);
@@ -477,8 +492,11 @@ int main(int argc, char** argv) {
   }
   const double secs = static_cast<double>(now_ms() - begin) / 1000.0;
   const std::uint64_t count = o.seeds.size();
-  std::printf("summary: seeds=%llu failed=%d violations=%d time_s=%.1f seeds_per_s=%.2f classes=%s failed_seeds=[%s]\n",
-              static_cast<unsigned long long>(count), failed, violations, secs, static_cast<double>(count) / secs,
-              join(o.classes).c_str(), failed_seeds.c_str());
+  std::printf(
+      "summary: seeds=%llu failed=%d violations=%d time_s=%.1f seeds_per_s=%.2f classes=%s failed_seeds=[%s] "
+      "refusals_judged=%llu refusals_not_judged=%llu\n",
+      static_cast<unsigned long long>(count), failed, violations, secs, static_cast<double>(count) / secs,
+      join(o.classes).c_str(), failed_seeds.c_str(), static_cast<unsigned long long>(judged),
+      static_cast<unsigned long long>(skipped));
   return failed == 0 ? 0 : 1;
 }

@@ -220,6 +220,19 @@ unsigned alloc_return_delay_us() {
   }();
   return us;
 }
+// Test knob (README, "Test knobs"): microseconds cuMemGetAddressRange_v2
+// sleeps before it looks the address up, and again after (its answer stale
+// both ways, as a preempted caller's); 0 = none.
+unsigned address_range_delay_us() {
+  static const unsigned us = [] {
+    const char* text = std::getenv("FAKECUDA_ADDRESS_RANGE_DELAY_US");
+    if (text == nullptr || *text == '\0') return 0u;
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(text, &end, 10);
+    return *end == '\0' && v <= 10'000'000 ? static_cast<unsigned>(v) : 0u;
+  }();
+  return us;
+}
 }  // namespace
 
 extern "C" CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
@@ -368,6 +381,7 @@ extern "C" CUresult cuMemGetInfo(unsigned int* free, unsigned int* total) {
 
 extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
   if (!initialized()) return uninitialized_error();
+  if (address_range_delay_us() != 0) usleep(address_range_delay_us());
   CUresult rc = CUDA_SUCCESS;
   {
     std::lock_guard guard(runtime().mu);
@@ -383,6 +397,7 @@ extern "C" CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, C
   // A return point (README, "Chaos points"): the answer is given, and another
   // thread may free or allocate at this address before the caller acts on it.
   chaos_point("cuMemGetAddressRange_v2");
+  if (address_range_delay_us() != 0) usleep(address_range_delay_us());
   return rc;
 }
 

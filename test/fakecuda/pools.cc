@@ -214,8 +214,8 @@ void knob_sleep(const char* name, std::atomic<unsigned>* cached, std::atomic<int
   const unsigned us = cached->load(std::memory_order_relaxed);
   if (us != 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
-std::atomic<unsigned> g_alloc_delay_us{0}, g_query_delay_us{0};
-std::atomic<int> g_alloc_delay_read{0}, g_query_delay_read{0};
+std::atomic<unsigned> g_alloc_delay_us{0}, g_query_delay_us{0}, g_free_delay_us{0};
+std::atomic<int> g_alloc_delay_read{0}, g_query_delay_read{0}, g_free_delay_read{0};
 
 CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUmemPoolHandle_st* pool, CUstream hStream, bool ptsz) {
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -235,6 +235,7 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUmemPoolHandle_st* poo
 
 CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
   if (!initialized()) return uninitialized_error();
+  knob_sleep("FAKECUDA_FREE_ASYNC_DELAY_US", &g_free_delay_us, &g_free_delay_read);  // the address still allocated
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   std::lock_guard guard(runtime().mu);

@@ -27,6 +27,15 @@
 //       pool for MIB more (counted for both), gets the freed reserve and
 //       frees it; the delayed one gets it too and frees it: the driver never
 //       held more than MIB
+//   freed-after-sweep MIB DELAY_MS
+//       a created context's cuMemAlloc of MIB goes with its destroy (another
+//       thread); its sweep's address queries are delayed (by DELAY_MS:
+//       FAKECUDA_ADDRESS_RANGE_DELAY_US, before and after the look-up) and
+//       so is the driver's part of cuMemFreeAsync (FAKECUDA_FREE_ASYNC_DELAY_US,
+//       >= 3 x DELAY_MS): once the sweep took the record out, this thread
+//       takes the address with a pool allocation and frees it before the
+//       sweep's next question; the free ends after the sweep's last one
+//       (same: 1 when the pool allocation got the context allocation's address)
 #include <cuda.h>
 
 #include <chrono>
@@ -164,6 +173,40 @@ int inflight_growth(std::size_t bytes) {
   late.join();
   std::printf("inflight-growth rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(),
               held_allocations());
+  return 0;
+}
+
+// A record the implicit-free sweep put back (limiter::settle_record: the
+// address known again, held by a pool allocation of ours being freed) and
+// asked about for the last time before that free ended: a record of nothing
+// unless the free itself settles it.
+int freed_after_sweep(std::size_t bytes, int delay_ms) {
+  const CUcontext primary = use_primary(0);
+  const CUstream s = new_stream();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+  CUcontext ctx = nullptr;
+  check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+  CUdeviceptr gone = 0;
+  check(cuMemAlloc(&gone, bytes), "cuMemAlloc");  // goes with the context
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  CUresult destroyed = CUDA_SUCCESS;
+  std::thread destroy([&] { destroyed = cuCtxDestroy(ctx); });
+  // The sweep's questions are answered at D (gone), 3D, 5D (each returned
+  // D later); the record taken out at 2D, put back at 4D. Between 2D and 3D
+  // (after the second question's look at our pool records) this thread
+  // allocates at the address and starts freeing it: nothing to take out.
+  sleep_ms(delay_ms * 2 + delay_ms / 5);
+  CUdeviceptr p = 0;
+  check(cuMemAllocFromPoolAsync(&p, bytes, pool, s), "cuMemAllocFromPoolAsync");
+  sleep_ms(delay_ms / 4);
+  const CUresult rc = cuMemFreeAsync(p, s);  // its driver part ends after the third question (5D)
+  destroy.join();
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  std::printf("freed-after-sweep rc=%d destroyed=%d same=%d counted=%lld held=%lld\n", static_cast<int>(rc),
+              static_cast<int>(destroyed), p == gone ? 1 : 0, counted_used(), held_allocations());
   return 0;
 }
 
