@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "agent.h"
 #include "agent_test_util.h"
 #include "limiter/memory_accounting.h"
+#include "region_io.h"
 
 using namespace std::string_literals;
 
@@ -101,6 +103,36 @@ TEST(AgentRegions, FileTruncatedUnderTheMappingIsDroppedNotFatal) {
   ASSERT_EQ(truncate(path.c_str(), sizeof(Region)), 0);
   a.cycle();
   EXPECT_EQ(a.stats().regions, 1u);
+}
+
+// The guard does not save the signal mask per read (a system call): a fault
+// must still leave the thread's mask as it was and the next fault caught too.
+TEST(AgentRegions, GuardedFaultLeavesTheSignalMaskAsItWas) {
+  Sandbox box;
+  const std::string path = box.path("pages");
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  void* map = mmap(nullptr, 8192, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(ftruncate(fd, 0), 0);  // every page of the mapping now faults
+  sigset_t marker, before, after;
+  sigemptyset(&marker);
+  sigaddset(&marker, SIGUSR2);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &marker, &before), 0);
+  const auto* bytes = static_cast<const volatile unsigned char*>(map);
+  int sum = 0;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(agent::guarded([&] { sum += bytes[4096 * (i % 2)]; })) << "fault " << i;
+    ASSERT_EQ(pthread_sigmask(SIG_BLOCK, nullptr, &after), 0);
+    EXPECT_EQ(sigismember(&after, SIGUSR2), 1) << "fault " << i;
+    EXPECT_EQ(sigismember(&after, SIGBUS), 0) << "fault " << i;
+  }
+  EXPECT_TRUE(agent::guarded([&] { sum += 1; }));
+  EXPECT_EQ(sum, 1);
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  munmap(map, 8192);
+  close(fd);
 }
 
 TEST(AgentRegions, UnusedRegionIsRemovedAfterTheGracePeriodAndKeptWhileUsed) {
