@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "agent.h"
 #include "agent_test_util.h"
@@ -133,6 +135,47 @@ TEST(AgentRegions, GuardedFaultLeavesTheSignalMaskAsItWas) {
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
   munmap(map, 8192);
   close(fd);
+}
+
+// /metrics writes each value as the shortest text that reads back as the
+// same number ("%.17g" wrote 0.050000000000000003 for 0.05): the same
+// series in fewer bytes (docs/scale.md, "Agent regions").
+TEST(AgentMetrics, ValuesAreWrittenInTheirShortestText) {
+  Sandbox box;
+  agent::Agent a(config_for(box, false));
+  a.start();
+  Region* r = make_region(region_dir(box) + "/pod-s/s.region", "short");
+  ASSERT_NE(r, nullptr);
+  const int dev = add_device(r, 0x20, 64 * kMi, 40);
+  r->devices[dev].util_permille.store(50);
+  r->devices[dev].util_updated_ns.store(1);
+  r->devices[dev].throttled_ns.store(1'100'000'000);
+  r->header.priority_held_ns.store(300'000'000);
+  shm::detach(r);
+  a.cycle();
+  const std::string text = a.metrics_text();
+  const std::string labels = "{container=\"short\",region=\"pod-s/s.region\"";
+  for (const char* line :
+       {"gpuslice_sm_utilization_ratio", "gpuslice_throttled_seconds_total", "gpuslice_priority_held_seconds_total"}) {
+    EXPECT_NE(text.find("\n"s + line + labels), std::string::npos) << line << " missing in\n" << text;
+  }
+  EXPECT_NE(text.find("\"} 0.05\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"} 1.1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"} 0.3\n"), std::string::npos) << text;
+  // Every value: no shorter text gives the same double.
+  std::istringstream in(text);
+  std::string line;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::string value = line.substr(line.rfind(' ') + 1);
+    const double v = std::strtod(value.c_str(), nullptr);
+    char shortest[64];
+    const auto end = std::to_chars(shortest, shortest + sizeof shortest, v).ptr;
+    EXPECT_EQ(value, std::string(shortest, end)) << line;
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
 }
 
 TEST(AgentRegions, UnusedRegionIsRemovedAfterTheGracePeriodAndKeptWhileUsed) {

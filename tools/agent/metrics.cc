@@ -1,9 +1,9 @@
 #include "metrics.h"
 
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
+#include <charconv>
 #include <cstring>
+#include <string_view>
 
 #include "region_io.h"
 #include "limiter/lease.h"
@@ -75,29 +75,31 @@ class Writer {
     *out_ += '\n';
     return true;
   }
+  // The shortest text that reads back as the same double (std::to_chars),
+  // where "%.17g" wrote 0.050000000000000003 for 0.05.
   void sample(const std::string& labels, double value) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.17g", value);
-    line(labels, buf);
+    const auto end = std::to_chars(buf, buf + sizeof buf, value).ptr;
+    line(labels, std::string_view(buf, static_cast<std::size_t>(end - buf)));
   }
   void sample_u64(const std::string& labels, std::uint64_t value) {
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%" PRIu64, value);
-    line(labels, buf);
+    const auto end = std::to_chars(buf, buf + sizeof buf, value).ptr;
+    line(labels, std::string_view(buf, static_cast<std::size_t>(end - buf)));
   }
 
  private:
-  void line(const std::string& labels, const char* value) {
+  void line(const std::string& labels, std::string_view value) {
     if (skip_) return;
-    *out_ += name_;
+    out_->append(name_);
     if (!labels.empty()) {
-      *out_ += '{';
-      *out_ += labels;
-      *out_ += '}';
+      out_->push_back('{');
+      out_->append(labels);
+      out_->push_back('}');
     }
-    *out_ += ' ';
-    *out_ += value;
-    *out_ += '\n';
+    out_->push_back(' ');
+    out_->append(value);
+    out_->push_back('\n');
   }
   std::string* out_;
   const char* name_ = "";
