@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "agent_test_util.h"
 #include "limiter/memory_accounting.h"
 #include "region_io.h"
+#include "scan.h"
 
 using namespace std::string_literals;
 
@@ -176,6 +178,70 @@ TEST(AgentMetrics, ValuesAreWrittenInTheirShortestText) {
     ++checked;
   }
   EXPECT_GT(checked, 20);
+}
+
+// A rescan does not list a pod directory unchanged since it was last listed
+// (scan.h, DirMemo), and sees every change a container can make to it:
+// a file added, one added with the old mtime forged back, one removed, and
+// a region dropped meanwhile (truncated) is looked at again.
+TEST(AgentRegions, AnUnchangedPodDirectoryIsNotListedAgainAndEveryChangeIsSeen) {
+  Sandbox box;
+  const std::string dir = region_dir(box);
+  const std::string pod = dir + "/pod-a";
+  Region* a = make_region(pod + "/a.region", "a");
+  ASSERT_NE(a, nullptr);
+  add_device(a, 0x30, 64 * kMi);
+  shm::detach(a);
+  auto age = [&](std::int64_t back_s) {  // the pod directory's mtime, back_s seconds ago
+    timespec now{};
+    clock_gettime(CLOCK_REALTIME, &now);
+    const timespec t[2] = {{now.tv_sec - back_s, 0}, {now.tv_sec - back_s, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, pod.c_str(), t, 0), 0);
+  };
+  auto live = [](agent::RegionSet& set) {
+    std::size_t n = 0;
+    for (const auto& t : set.regions()) n += t->dropped ? 0 : 1;
+    return n;
+  };
+  age(10);
+  agent::RegionSet set(dir, 16);
+  set.rescan();
+  EXPECT_EQ(live(set), 1u);
+  EXPECT_EQ(set.dirs_listed(), 1u);
+  set.rescan();
+  EXPECT_EQ(set.dirs_unchanged(), 1u) << "an unchanged directory is not listed again";
+  EXPECT_EQ(set.dirs_listed(), 1u);
+  EXPECT_EQ(live(set), 1u);
+  // Dropped (as a truncated region is): looked at again, and watched again.
+  set.drop(*set.regions().front(), "test");
+  set.sweep();
+  set.rescan();
+  EXPECT_EQ(set.dirs_listed(), 2u);
+  EXPECT_EQ(live(set), 1u);
+  set.rescan();
+  EXPECT_EQ(set.dirs_unchanged(), 2u);
+  // A file added, the directory's mtime then set back to what it was: its
+  // ctime tells.
+  struct stat before {};
+  ASSERT_EQ(stat(pod.c_str(), &before), 0);
+  Region* b = make_region(pod + "/b.region", "b");
+  ASSERT_NE(b, nullptr);
+  shm::detach(b);
+  const timespec same[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, pod.c_str(), same, 0), 0);
+  set.rescan();
+  EXPECT_EQ(set.dirs_listed(), 3u);
+  EXPECT_EQ(live(set), 2u) << "the file added behind a forged mtime is watched";
+  // A file removed (the directory's mtime moves; made old again, it settles).
+  age(10);
+  set.rescan();
+  EXPECT_EQ(set.dirs_listed(), 4u);
+  set.rescan();
+  EXPECT_EQ(set.dirs_unchanged(), 3u);
+  ASSERT_EQ(unlink((pod + "/b.region").c_str()), 0);
+  set.rescan();
+  EXPECT_EQ(set.dirs_listed(), 5u);
+  EXPECT_EQ(live(set), 1u) << "the removed file is gone";
 }
 
 TEST(AgentRegions, UnusedRegionIsRemovedAfterTheGracePeriodAndKeptWhileUsed) {
