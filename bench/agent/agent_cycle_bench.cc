@@ -181,6 +181,21 @@ int main(int argc, char** argv) {
     auto [cpu, wall] = measure(agent, o.cycles, [&] { agent.cycle(); });
     print("simulated NVML library (dlopen)", cpu, wall);
   }
+  // A scrape: the regions are read under the agent's lock (read_metrics), the
+  // text made after it; callgrind --toggle-collect=*read_metrics* counts the
+  // part a cycle may wait for.
+  {
+    std::vector<double> ms;
+    std::size_t bytes = 0;
+    for (int i = 0; i < 5; ++i) {
+      const std::uint64_t t0 = monotonic_ns();
+      bytes = agent.metrics_text().size();
+      ms.push_back(static_cast<double>(monotonic_ns() - t0) / 1e6);
+    }
+    const Stats m = summarize(ms);
+    std::printf("/metrics text: %zu bytes, wall mean %.3f ms  p50 %.3f  max %.3f (5 scrapes)\n", bytes, m.mean_ms,
+                m.p50_ms, m.max_ms);
+  }
   // Directory re-read every cycle (normally once a second: every 10th cycle).
   {
     AgentConfig rescan = cfg;

@@ -5,17 +5,23 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "agent.h"
 #include "agent_test_util.h"
 #include "limiter/memory_accounting.h"
+#include "region_io.h"
+#include "scan.h"
 
 using namespace std::string_literals;
 
@@ -101,6 +107,141 @@ TEST(AgentRegions, FileTruncatedUnderTheMappingIsDroppedNotFatal) {
   ASSERT_EQ(truncate(path.c_str(), sizeof(Region)), 0);
   a.cycle();
   EXPECT_EQ(a.stats().regions, 1u);
+}
+
+// The guard does not save the signal mask per read (a system call): a fault
+// must still leave the thread's mask as it was and the next fault caught too.
+TEST(AgentRegions, GuardedFaultLeavesTheSignalMaskAsItWas) {
+  Sandbox box;
+  const std::string path = box.path("pages");
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  void* map = mmap(nullptr, 8192, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(ftruncate(fd, 0), 0);  // every page of the mapping now faults
+  sigset_t marker, before, after;
+  sigemptyset(&marker);
+  sigaddset(&marker, SIGUSR2);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &marker, &before), 0);
+  const auto* bytes = static_cast<const volatile unsigned char*>(map);
+  int sum = 0;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(agent::guarded([&] { sum += bytes[4096 * (i % 2)]; })) << "fault " << i;
+    ASSERT_EQ(pthread_sigmask(SIG_BLOCK, nullptr, &after), 0);
+    EXPECT_EQ(sigismember(&after, SIGUSR2), 1) << "fault " << i;
+    EXPECT_EQ(sigismember(&after, SIGBUS), 0) << "fault " << i;
+  }
+  EXPECT_TRUE(agent::guarded([&] { sum += 1; }));
+  EXPECT_EQ(sum, 1);
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  munmap(map, 8192);
+  close(fd);
+}
+
+// /metrics writes each value as the shortest text that reads back as the
+// same number ("%.17g" wrote 0.050000000000000003 for 0.05): the same
+// series in fewer bytes (docs/scale.md, "Agent regions").
+TEST(AgentMetrics, ValuesAreWrittenInTheirShortestText) {
+  Sandbox box;
+  agent::Agent a(config_for(box, false));
+  a.start();
+  Region* r = make_region(region_dir(box) + "/pod-s/s.region", "short");
+  ASSERT_NE(r, nullptr);
+  const int dev = add_device(r, 0x20, 64 * kMi, 40);
+  r->devices[dev].util_permille.store(50);
+  r->devices[dev].util_updated_ns.store(1);
+  r->devices[dev].throttled_ns.store(1'100'000'000);
+  r->header.priority_held_ns.store(300'000'000);
+  shm::detach(r);
+  a.cycle();
+  const std::string text = a.metrics_text();
+  const std::string labels = "{container=\"short\",region=\"pod-s/s.region\"";
+  for (const char* line :
+       {"gpuslice_sm_utilization_ratio", "gpuslice_throttled_seconds_total", "gpuslice_priority_held_seconds_total"}) {
+    EXPECT_NE(text.find("\n"s + line + labels), std::string::npos) << line << " missing in\n" << text;
+  }
+  EXPECT_NE(text.find("\"} 0.05\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"} 1.1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"} 0.3\n"), std::string::npos) << text;
+  // Every value: no shorter text gives the same double.
+  std::istringstream in(text);
+  std::string line;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::string value = line.substr(line.rfind(' ') + 1);
+    const double v = std::strtod(value.c_str(), nullptr);
+    char shortest[64];
+    const auto end = std::to_chars(shortest, shortest + sizeof shortest, v).ptr;
+    EXPECT_EQ(value, std::string(shortest, end)) << line;
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
+}
+
+// A rescan does not list a pod directory unchanged since it was last listed
+// (scan.h, DirMemo), and sees every change a container can make to it:
+// a file added, one added with the old mtime forged back, one removed, and
+// a region dropped meanwhile (truncated) is looked at again.
+TEST(AgentRegions, AnUnchangedPodDirectoryIsNotListedAgainAndEveryChangeIsSeen) {
+  Sandbox box;
+  const std::string dir = region_dir(box);
+  const std::string pod = dir + "/pod-a";
+  Region* a = make_region(pod + "/a.region", "a");
+  ASSERT_NE(a, nullptr);
+  add_device(a, 0x30, 64 * kMi);
+  shm::detach(a);
+  auto age = [&](std::int64_t back_s) {  // the pod directory's mtime, back_s seconds ago
+    timespec now{};
+    clock_gettime(CLOCK_REALTIME, &now);
+    const timespec t[2] = {{now.tv_sec - back_s, 0}, {now.tv_sec - back_s, 0}};
+    ASSERT_EQ(utimensat(AT_FDCWD, pod.c_str(), t, 0), 0);
+  };
+  auto live = [](agent::RegionSet& set) {
+    std::size_t n = 0;
+    for (const auto& t : set.regions()) n += t->dropped ? 0 : 1;
+    return n;
+  };
+  age(10);
+  agent::RegionSet set(dir, 16);
+  set.rescan();
+  EXPECT_EQ(live(set), 1u);
+  EXPECT_EQ(set.dirs_listed(), 1u);
+  set.rescan();
+  EXPECT_EQ(set.dirs_unchanged(), 1u) << "an unchanged directory is not listed again";
+  EXPECT_EQ(set.dirs_listed(), 1u);
+  EXPECT_EQ(live(set), 1u);
+  // Dropped (as a truncated region is): looked at again, and watched again.
+  set.drop(*set.regions().front(), "test");
+  set.sweep();
+  set.rescan();
+  EXPECT_EQ(set.dirs_listed(), 2u);
+  EXPECT_EQ(live(set), 1u);
+  set.rescan();
+  EXPECT_EQ(set.dirs_unchanged(), 2u);
+  // A file added, the directory's mtime then set back to what it was: its
+  // ctime tells.
+  struct stat before {};
+  ASSERT_EQ(stat(pod.c_str(), &before), 0);
+  Region* b = make_region(pod + "/b.region", "b");
+  ASSERT_NE(b, nullptr);
+  shm::detach(b);
+  const timespec same[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, pod.c_str(), same, 0), 0);
+  set.rescan();
+  EXPECT_EQ(set.dirs_listed(), 3u);
+  EXPECT_EQ(live(set), 2u) << "the file added behind a forged mtime is watched";
+  // A file removed (the directory's mtime moves; made old again, it settles).
+  age(10);
+  set.rescan();
+  EXPECT_EQ(set.dirs_listed(), 4u);
+  set.rescan();
+  EXPECT_EQ(set.dirs_unchanged(), 3u);
+  ASSERT_EQ(unlink((pod + "/b.region").c_str()), 0);
+  set.rescan();
+  EXPECT_EQ(set.dirs_listed(), 5u);
+  EXPECT_EQ(live(set), 1u) << "the removed file is gone";
 }
 
 TEST(AgentRegions, UnusedRegionIsRemovedAfterTheGracePeriodAndKeptWhileUsed) {

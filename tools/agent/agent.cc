@@ -299,7 +299,7 @@ std::string Agent::metrics_text() const {
     in.tamper_repairs = tamper_.repairs_by_region();
     snapshot = read_metrics(in);
   }
-  return render_metrics(*snapshot);
+  return render_metrics(std::move(snapshot));
 }
 
 bool Agent::healthy() const {

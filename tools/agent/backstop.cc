@@ -132,7 +132,8 @@ Backstop::~Backstop() = default;
 
 void Backstop::resolve(Entry& e, const TrackedRegion& t, std::uint64_t now) {
   std::uint64_t sig = 0;
-  std::vector<std::uint32_t> pids;
+  std::vector<std::uint32_t>& pids = pids_;  // kept across cycles: no allocation per region
+  pids.clear();
   for (const SlotSample& s : t.sample.slots) {
     if (s.res.fate != Fate::alive || s.res.host_pid == 0) continue;
     pids.push_back(s.res.host_pid);
@@ -205,24 +206,28 @@ void Backstop::clear(Applied& a, Nvml& nvml, const std::string& rel) {
 void Backstop::cycle(const std::vector<TrackedRegion*>& active, Nvml* nvml, bool agent_enforces, std::uint64_t now) {
   for (auto& [key, e] : entries_) e.seen = false;
   const auto fallback = static_cast<std::uint8_t>(agent_enforces ? BackstopKind::agent : BackstopKind::none);
+  // Why none can be set, once per cycle (not once per region: there may be thousands).
+  bool possible = enabled_;
+  if (possible && !active.empty() && (nvml == nullptr || !nvml->available())) {
+    log_once(LogLevel::warn, "backstop-no-nvml", "no driver backstop: NVML is not loaded");
+    possible = false;
+  }
+  if (possible && !active.empty() && mount_.empty()) {
+    log_once(LogLevel::warn, "backstop-no-cgroup2",
+             "no driver backstop: no cgroup v2 mount (a cgroup v1 host); the driver's memory limit needs cgroup v2");
+    possible = false;
+  }
   for (TrackedRegion* t : active) {
     if (t->dropped) continue;
     for (const DeviceSample& d : t->sample.devices) {
       t->sample.stats[d.index].backstop = fallback;
       t->sample.stats[d.index].backstop_limit_bytes = 0;
     }
-    if (!enabled_) continue;
-    if (nvml == nullptr || !nvml->available()) {
-      log_once(LogLevel::warn, "backstop-no-nvml", "no driver backstop: NVML is not loaded");
-      continue;
-    }
-    if (mount_.empty()) {
-      log_once(LogLevel::warn, "backstop-no-cgroup2",
-               "no driver backstop: no cgroup v2 mount (a cgroup v1 host); the driver's memory limit needs cgroup v2");
-      continue;
-    }
-    const std::string key = std::to_string(t->root) + ":" + t->rel;
-    Entry& e = entries_[key];
+    if (!possible) continue;
+    key_.assign(std::to_string(t->root)).append(1, ':').append(t->rel);  // no allocation once key_ is long enough
+    auto found = entries_.find(key_);
+    if (found == entries_.end()) found = entries_.emplace(key_, Entry{}).first;
+    Entry& e = found->second;
     e.seen = true;
     e.rel = t->rel;
     resolve(e, *t, now);

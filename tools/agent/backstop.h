@@ -92,6 +92,8 @@ class Backstop {
   std::string mount_;                               // the cgroup v2 mount ("" = none)
   std::string own_cgroup_;                          // the agent's own cgroup
   std::unordered_map<std::string, Entry> entries_;  // by region path
+  std::string key_;                                 // scratch: the key looked up
+  std::vector<std::uint32_t> pids_;                 // scratch: resolve()'s processes
   std::vector<int> gpu_rc_;                         // per NVML device: an error no retry changes (0 = none)
   std::uint64_t limits_set_ = 0, limits_cleared_ = 0, errors_ = 0;
 };

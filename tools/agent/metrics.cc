@@ -1,9 +1,9 @@
 #include "metrics.h"
 
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
+#include <charconv>
 #include <cstring>
+#include <string_view>
 
 #include "region_io.h"
 #include "limiter/lease.h"
@@ -30,15 +30,22 @@ struct MetricsRows {
       return dev.oversub_policy != 0 || dev.spilled_bytes != 0 || dev.oversub_waits != 0 || dev.oversub_timeouts != 0 ||
              dev.oversub_waiting != 0 || (dev.resident_limit_bytes != 0 && dev.resident_limit_bytes != kUnlimited);
     }
-    std::string labels;  // container="..",region="..",device="..",uuid=".."
+    std::size_t region;  // its RegionRow
     DeviceView dev;
     DeviceStats stats;
     std::uint32_t processes;
+    // Made by render_metrics, after the agent's lock:
+    std::string labels;        // container="..",region="..",device="..",uuid=".."
     std::string short_labels;  // container="..",region="..",device="..": the backstop series (one per entry)
   };
 
+  // Copied under the agent's lock; the label text is made after it.
   struct RegionRow {
-    std::string labels;  // container="..",region=".."
+    char name[sizeof(RegionHeader::container_name)];  // the header's, NUL-terminated
+    std::string rel;
+    OwnerLabels owner;
+    std::string labels;  // container="..",region=".." (render_metrics)
+    std::string base;    // the same, without the owner labels
     std::uint32_t processes;
     std::uint64_t heartbeat_ns;
     std::uint32_t priority = 0;  // RegionHeader::priority (docs/priority.md)
@@ -75,29 +82,31 @@ class Writer {
     *out_ += '\n';
     return true;
   }
+  // The shortest text that reads back as the same double (std::to_chars),
+  // where "%.17g" wrote 0.050000000000000003 for 0.05.
   void sample(const std::string& labels, double value) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.17g", value);
-    line(labels, buf);
+    const auto end = std::to_chars(buf, buf + sizeof buf, value).ptr;
+    line(labels, std::string_view(buf, static_cast<std::size_t>(end - buf)));
   }
   void sample_u64(const std::string& labels, std::uint64_t value) {
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%" PRIu64, value);
-    line(labels, buf);
+    const auto end = std::to_chars(buf, buf + sizeof buf, value).ptr;
+    line(labels, std::string_view(buf, static_cast<std::size_t>(end - buf)));
   }
 
  private:
-  void line(const std::string& labels, const char* value) {
+  void line(const std::string& labels, std::string_view value) {
     if (skip_) return;
-    *out_ += name_;
+    out_->append(name_);
     if (!labels.empty()) {
-      *out_ += '{';
-      *out_ += labels;
-      *out_ += '}';
+      out_->push_back('{');
+      out_->append(labels);
+      out_->push_back('}');
     }
-    *out_ += ' ';
-    *out_ += value;
-    *out_ += '\n';
+    out_->push_back(' ');
+    out_->append(value);
+    out_->push_back('\n');
   }
   std::string* out_;
   const char* name_ = "";
@@ -189,31 +198,53 @@ MetricsSnapshot read_metrics(const MetricsInput& in) {
     });
     if (!ok) continue;  // truncated under us: the next cycle drops it
     name[sizeof name - 1] = '\0';
-    // The name the container gave itself (GPUSLICE_CONTAINER_NAME) wins; HAMi
-    // sets none, and its directory names the container instead.
-    std::string container = printable(name, sizeof name);
-    if (container.empty()) container = tools::escape_untrusted(t->owner.container);
-    const std::string base = region_labels(container, t->rel);
-    const std::string owner = owner_labels_text(t->owner);
-    region_rows.push_back({base + owner, static_cast<std::uint32_t>(t->sample.slots.size()), heartbeat, priority,
-                           held_ns, held_until_ns});
+    MetricsRows::RegionRow& rr = region_rows.emplace_back();
+    std::memcpy(rr.name, name, sizeof name);
+    rr.rel = t->rel;
+    rr.owner = t->owner;
+    rr.processes = static_cast<std::uint32_t>(t->sample.slots.size());
+    rr.heartbeat_ns = heartbeat;
+    rr.priority = priority;
+    rr.held_ns = held_ns;
+    rr.held_until_ns = held_until_ns;
     for (int i = 0; i < count; ++i) {
       const int dev = devs[i].index;
       std::uint32_t processes = 0;
       for (const SlotSample& s : t->sample.slots) {
         if (s.committed_bytes[dev] != 0 || s.nvml_now_bytes[dev] != 0) ++processes;
       }
-      const std::string with_device = base + ",device=\"" + std::to_string(dev) + "\"";
-      rows.push_back({with_device + ",uuid=\"" + format_uuid(devs[i].uuid) + "\"" + owner, devs[i],
-                      t->sample.stats[dev], processes, with_device});
+      rows.push_back({region_rows.size() - 1, devs[i], t->sample.stats[dev], processes, {}, {}});
     }
   }
   return snap;
 }
 
-std::string render_metrics(const MetricsInput& in) { return render_metrics(*read_metrics(in)); }
+namespace {
 
-std::string render_metrics(const MetricsRows& in) {
+// The label text of every row, made without the agent's lock.
+void make_labels(MetricsRows* in) {
+  for (MetricsRows::RegionRow& r : in->regions) {
+    // The name the container gave itself (GPUSLICE_CONTAINER_NAME) wins; HAMi
+    // sets none, and its directory names the container instead.
+    std::string container = printable(r.name, sizeof r.name);
+    if (container.empty()) container = tools::escape_untrusted(r.owner.container);
+    r.base = region_labels(container, r.rel);
+    r.labels = r.base + owner_labels_text(r.owner);
+  }
+  for (MetricsRows::Row& row : in->rows) {
+    const MetricsRows::RegionRow& r = in->regions[row.region];
+    row.short_labels = r.base + ",device=\"" + std::to_string(row.dev.index) + "\"";
+    row.labels = row.short_labels + ",uuid=\"" + format_uuid(row.dev.uuid) + "\"" + owner_labels_text(r.owner);
+  }
+}
+
+}  // namespace
+
+std::string render_metrics(const MetricsInput& in) { return render_metrics(read_metrics(in)); }
+
+std::string render_metrics(MetricsSnapshot snapshot) {
+  make_labels(snapshot.get());
+  const MetricsRows& in = *snapshot;
   using Row = MetricsRows::Row;
   using RegionRow = MetricsRows::RegionRow;
   const std::vector<Row>& rows = in.rows;

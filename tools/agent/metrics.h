@@ -34,7 +34,7 @@ struct MetricsRowsFree {
 };
 using MetricsSnapshot = std::unique_ptr<MetricsRows, MetricsRowsFree>;
 MetricsSnapshot read_metrics(const MetricsInput& in);
-std::string render_metrics(const MetricsRows& rows);
+std::string render_metrics(MetricsSnapshot rows);    // makes the label text (no lock needed)
 std::string render_metrics(const MetricsInput& in);  // both
 // A label value escaped for the text format (\\, \" and \n).
 std::string escape_label(const std::string& value);

@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -25,6 +26,7 @@ namespace {
 thread_local sigjmp_buf* t_guard = nullptr;
 struct sigaction g_previous_sigbus;
 std::once_flag g_guard_once;
+std::atomic<bool> g_guard_installed{false};
 
 void on_sigbus(int sig, siginfo_t* info, void* uctx) {
   if (sigjmp_buf* guard = t_guard; guard != nullptr) {
@@ -63,15 +65,26 @@ void install_fault_guard() {
     sa.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGBUS, &sa, &g_previous_sigbus);
+    g_guard_installed.store(true, std::memory_order_release);
   });
 }
 
+// The signal mask is not saved here (sigsetjmp's second argument 0: saving
+// it is a system call, and a cycle makes several guarded reads per region).
+// It need not be: the handler runs with SA_NODEFER and an empty sa_mask, so
+// the kernel delivers SIGBUS without changing the thread's mask, and the jump
+// out of the handler leaves the mask as it was when fn started. On that rare
+// path SIGBUS is unblocked explicitly all the same.
 bool run_guarded(void (*fn)(void*), void* ctx) noexcept {
-  install_fault_guard();
+  if (!g_guard_installed.load(std::memory_order_acquire)) install_fault_guard();
   sigjmp_buf buf;
   sigjmp_buf* const outer = t_guard;
-  if (sigsetjmp(buf, 1) != 0) {
+  if (sigsetjmp(buf, 0) != 0) {
     t_guard = outer;
+    sigset_t bus;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &bus, nullptr);
     return false;
   }
   t_guard = &buf;

@@ -44,45 +44,71 @@ std::int64_t mtime_ns(const struct stat& st) {
 
 // Visits the entries of an open directory (takes ownership of fd); at most
 // `limit` entries, so a directory stuffed with millions of files cannot stall
-// a cycle.
+// a cycle. Read with getdents64 into a buffer on the stack: opendir's DIR
+// costs an fstat, an fcntl and a 32 KiB allocation per directory, and a
+// re-read opens one directory per region.
+struct Entry {
+  const char* d_name;
+  unsigned char d_type;
+};
+
 template <class F>
-void for_each_entry(int fd, std::size_t limit, F&& visit) {
-  DIR* d = fdopendir(fd);
-  if (d == nullptr) {
-    close(fd);
-    return;
-  }
+bool for_each_entry(int fd, std::size_t limit, F&& visit) {  // false: stopped at the limit or an error
+  alignas(8) char buf[8192];
   std::size_t n = 0;
-  while (dirent* e = readdir(d)) {
-    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
-    if (++n > limit) {
-      log_once(LogLevel::warn, "too-many-entries",
-               "a directory below the region directory holds more than %zu entries; "
-               "the rest are ignored",
-               limit);
-      break;
+  for (;;) {
+    const ssize_t got = getdents64(fd, buf, sizeof buf);
+    if (got < 0) {
+      close(fd);
+      return false;
     }
-    visit(dirfd(d), e);
+    if (got == 0) break;
+    for (ssize_t off = 0; off < got;) {
+      const auto* d = reinterpret_cast<const dirent64*>(buf + off);
+      off += d->d_reclen;
+      if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
+      if (++n > limit) {
+        log_once(LogLevel::warn, "too-many-entries",
+                 "a directory below the region directory holds more than %zu entries; "
+                 "the rest are ignored",
+                 limit);
+        close(fd);
+        return false;
+      }
+      const Entry e{d->d_name, d->d_type};
+      visit(fd, &e);
+    }
   }
-  closedir(d);
+  close(fd);
+  return true;
+}
+
+constexpr std::int64_t kDirSettleNs = 3'000'000'000;  // above any file system's timestamp granularity (FAT: 2 s)
+
+std::int64_t realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::int64_t ctime_ns(const struct stat& st) {
+  return static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
 }
 
 // Whether an open directory holds nothing (takes ownership of fd).
 bool empty_dir(int fd) {
-  DIR* d = fdopendir(fd);
-  if (d == nullptr) {
-    close(fd);
-    return false;
-  }
+  alignas(8) char buf[1024];
   bool empty = true;
-  while (dirent* e = readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-      empty = false;
-      break;
+  ssize_t got = 0;
+  while (empty && (got = getdents64(fd, buf, sizeof buf)) > 0) {
+    for (ssize_t off = 0; off < got && empty;) {
+      const auto* d = reinterpret_cast<const dirent64*>(buf + off);
+      off += d->d_reclen;
+      empty = std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0;
     }
   }
-  closedir(d);
-  return empty;
+  close(fd);
+  return empty && got == 0;  // an error reading it: not known to be empty
 }
 
 }  // namespace
@@ -112,12 +138,15 @@ bool RegionSet::rescan() {
   bool all = true;
   std::vector<char> unreadable(roots_.size(), 0);
   unwatched_counting_ = 0;
+  for (auto& [k, m] : dir_memo_) m.visited = false;
   for (std::size_t r = 0; r < roots_.size(); ++r) {
     if (!scan_root(r, seen)) {
       all = false;
       unreadable[r] = 1;
     }
   }
+  for (auto it = dir_memo_.begin(); it != dir_memo_.end();)
+    it = it->second.visited ? std::next(it) : dir_memo_.erase(it);
   for (auto& t : regions_) {
     // An unreadable root keeps its regions mapped (as documented in rescan()).
     if (!t->dropped && !unreadable[t->root] && seen.count(key(t->root, t->sub, t->current)) == 0) {
@@ -199,16 +228,15 @@ bool RegionSet::scan_root(std::size_t r, std::unordered_map<std::string, bool>& 
   if (dir_error_logged_[r]) log(LogLevel::info, "region directory %s is readable again", dir.c_str());
   dir_error_logged_[r] = 0;
   const std::size_t limit = 4 * max_regions_ + 64;
-  for_each_entry(root, limit, [&](int rootfd, dirent* e) {
+  for_each_entry(root, limit, [&](int rootfd, const Entry* e) {
     if (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN) {
+      // The file system's d_type is the file's type (a link says DT_LNK):
+      // only DT_UNKNOWN needs an fstatat to tell.
       struct stat st {};
-      if (fstatat(rootfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
-      if (S_ISDIR(st.st_mode)) {
+      if (e->d_type == DT_UNKNOWN && fstatat(rootfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+      if (e->d_type == DT_DIR || S_ISDIR(st.st_mode)) {
         if (e->d_name[0] == '.') return;
-        const int sub = openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-        if (sub < 0) return;
-        const std::string subname = e->d_name;
-        for_each_entry(sub, limit, [&](int subfd, dirent* f) { consider(r, subfd, subname, f->d_name, seen); });
+        scan_sub(r, rootfd, e->d_name, limit, seen);
         return;
       }
     }
@@ -217,28 +245,69 @@ bool RegionSet::scan_root(std::size_t r, std::unordered_map<std::string, bool>& 
   return true;
 }
 
-void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const char* name,
+void RegionSet::scan_sub(std::size_t r, int rootfd, const char* name, std::size_t limit,
+                         std::unordered_map<std::string, bool>& seen) {
+  const std::string subname = name;
+  const std::string memo_key = roots_[r].dir + "/" + subname;
+  struct stat ds {};
+  const bool stat_ok = fstatat(rootfd, name, &ds, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(ds.st_mode);
+  if (stat_ok) {
+    if (auto it = dir_memo_.find(memo_key); it != dir_memo_.end()) {
+      DirMemo& m = it->second;
+      bool same = m.dev == ds.st_dev && m.ino == ds.st_ino && m.mtime_ns == mtime_ns(ds) && m.ctime_ns == ctime_ns(ds);
+      for (std::size_t i = 0; same && i < m.keys.size(); ++i) {
+        const auto t = by_rel_.find(m.keys[i]);
+        same = t != by_rel_.end() && !t->second->dropped && !t->second->removing &&
+               key(t->second->root, t->second->sub, t->second->current) == m.keys[i];
+      }
+      if (same) {
+        for (const std::string& k : m.keys) seen[k] = true;
+        m.visited = true;
+        ++dirs_unchanged_;
+        return;
+      }
+      dir_memo_.erase(it);
+    }
+  }
+  const std::int64_t listed_ns = realtime_ns();  // before the listing: a change during it moves the mtime past this
+  const int sub = openat(rootfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (sub < 0) return;
+  ++dirs_listed_;
+  bool settled = stat_ok && mtime_ns(ds) + kDirSettleNs < listed_ns;
+  std::vector<std::string> keys;
+  const bool complete = for_each_entry(sub, limit, [&](int subfd, const Entry* f) {
+    if (consider(r, subfd, subname, f->d_name, seen)) {
+      if (settled) keys.push_back(key(r, subname, f->d_name));
+    } else {
+      settled = false;
+    }
+  });
+  if (settled && complete)
+    dir_memo_[memo_key] = {ds.st_dev, ds.st_ino, mtime_ns(ds), ctime_ns(ds), std::move(keys), true};
+}
+
+bool RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const char* name,
                          std::unordered_map<std::string, bool>& seen) {
   std::string file = name;
   const bool hidden = file[0] == '.';
-  if (hidden && !ends_with(file, kRemovingSuffix)) return;  // temporary files of region creation, editors, ...
+  if (hidden && !ends_with(file, kRemovingSuffix)) return false;  // temporary files of region creation, editors, ...
   // In HAMi's directories only the shared-cache files can be regions: the
   // container runtime also leaves there the empty mount point of
   // /usr/local/vgpu/libvgpu.so (HAMi mounts the library inside that directory).
   if (roots_[r].layout != Layout::gpuslice && !ends_with(file, ".cache") &&
       !(hidden && ends_with(file, (std::string(".cache") + kRemovingSuffix).c_str()))) {
-    return;
+    return false;
   }
   const std::string rel = key(r, sub, file);  // the full path
   struct stat st {};
-  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
   seen[rel] = true;
   if (!S_ISREG(st.st_mode)) {
     if (!S_ISDIR(st.st_mode)) {
       skip_warning("skip:"s + rel, "skipping %s: %s, expected a regular region file", rel.c_str(),
                    S_ISLNK(st.st_mode) ? "a symbolic link (never followed)" : "not a regular file");
     }
-    return;
+    return false;
   }
   // A second name (hard link) of a file already watched is the same region:
   // watched once, and never counted against --max-regions again.
@@ -249,18 +318,18 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
       log_once(LogLevel::info, "links:"s + same->second->rel,
                "region %s has other names (hard links, e.g. %s): it is watched once, under its first name",
                same->second->rel.c_str(), rel.c_str());
-      return;
+      return false;
     }
   }
   if (auto it = by_rel_.find(rel); it != by_rel_.end()) {
     TrackedRegion& t = *it->second;
-    if (t.map.device() == st.st_dev && t.map.inode() == st.st_ino && !t.map.unlinked()) return;
+    if (t.map.device() == st.st_dev && t.map.inode() == st.st_ino && !t.map.unlinked()) return true;
     drop(t, "replaced by another file");
     sweep();
   }
   if (auto it = bad_.find(rel); it != bad_.end()) {
     const BadFile& b = it->second;
-    if (b.dev == st.st_dev && b.ino == st.st_ino && b.size == st.st_size && b.mtime_ns == mtime_ns(st)) return;
+    if (b.dev == st.st_dev && b.ino == st.st_ino && b.size == st.st_size && b.mtime_ns == mtime_ns(st)) return false;
   }
   if (regions_.size() >= max_regions_) {
     ++unwatched_counting_;
@@ -268,14 +337,14 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
              "more than %zu region files below %s: the rest are not watched, reaped or removed (--max-regions; "
              "gpuslice_agent_regions_unwatched counts them)",
              max_regions_, roots_[r].dir.c_str());
-    return;
+    return false;
   }
   MappedRegion map;
   std::string why;
   if (!open_region(dirfd, name, true, false, &map, &why)) {
     bad_[rel] = {st.st_dev, st.st_ino, st.st_size, mtime_ns(st)};
     skip_warning("skip:"s + rel, "skipping %s: %s", rel.c_str(), why.c_str());
-    return;
+    return false;
   }
   bad_.erase(rel);
   forget_once("skip:"s + rel);
@@ -307,6 +376,7 @@ void RegionSet::consider(std::size_t r, int dirfd, const std::string& sub, const
   by_rel_[rel] = t.get();
   by_inode_[FileId{t->map.device(), t->map.inode()}] = t.get();
   regions_.push_back(std::move(t));
+  return true;
 }
 
 void RegionSet::drop(TrackedRegion& t, const std::string& why) {

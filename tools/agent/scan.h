@@ -91,6 +91,10 @@ class RegionSet {
   // Warnings about invalid files left unwritten by the log budget (below).
   std::uint64_t log_suppressed() const { return log_suppressed_; }
   std::uint64_t removed_total() const { return removed_total_; }
+  // Pod directories a rescan listed, and those it found unchanged and did
+  // not list (DirMemo below).
+  std::uint64_t dirs_listed() const { return dirs_listed_; }
+  std::uint64_t dirs_unchanged() const { return dirs_unchanged_; }
 
  private:
   struct BadFile {
@@ -100,7 +104,12 @@ class RegionSet {
     std::int64_t mtime_ns;
   };
   bool scan_root(std::size_t root, std::unordered_map<std::string, bool>& seen);
-  void consider(std::size_t root, int dirfd, const std::string& sub, const char* name,
+  // Lists one pod directory, or finds it unchanged (its keys then count as seen).
+  void scan_sub(std::size_t root, int rootfd, const char* name, std::size_t limit,
+                std::unordered_map<std::string, bool>& seen);
+  // true: the file is a region watched under this name (nothing to re-check
+  // while its directory is unchanged).
+  bool consider(std::size_t root, int dirfd, const std::string& sub, const char* name,
                 std::unordered_map<std::string, bool>& seen);
   int open_sub(std::size_t root, const std::string& sub) const;
   // The file's full path: the key of by_rel_, bad_ and a rescan's "seen".
@@ -136,6 +145,21 @@ class RegionSet {
   };
   std::unordered_map<FileId, TrackedRegion*, FileIdHash> by_inode_;  // watched files, by (st_dev, st_ino)
   std::unordered_map<std::string, BadFile> bad_;
+  // A pod directory whose every entry was a region watched under its name,
+  // as last listed. Not listed again while its inode, mtime and ctime are
+  // the same (a name added, removed or renamed changes both; ctime cannot be
+  // set back), the listing began over kDirSettleNs after that mtime (a change
+  // in the same timestamp tick is not missed) and its regions are all still
+  // watched (one dropped, e.g. truncated, is looked at again).
+  struct DirMemo {
+    dev_t dev;
+    ino_t ino;
+    std::int64_t mtime_ns, ctime_ns;
+    std::vector<std::string> keys;  // key() of each region in it
+    bool visited;                   // by this rescan
+  };
+  std::unordered_map<std::string, DirMemo> dir_memo_;  // by root/sub
+  std::uint64_t dirs_listed_ = 0, dirs_unchanged_ = 0;
   std::uint64_t removed_total_ = 0;
   std::vector<char> dir_error_logged_;  // per root
   std::size_t unwatched_ = 0, unwatched_counting_ = 0;

@@ -103,13 +103,17 @@ void TamperGuard::run(const std::vector<TrackedRegion*>& regions, std::uint64_t 
   open_grant_dirs();
   // 1. The regions' values, read before the grant records: smi writes its
   // record before the region, so a change found here has its record below.
+  // Only the entries of each region's sample are written and read (check()
+  // looks at no other): not all 16 of every region, each cycle.
   std::vector<Found>& found = found_;
-  found.assign(regions.size(), Found{});
+  if (found.size() < regions.size()) found.resize(regions.size());
   for (std::size_t i = 0; i < regions.size(); ++i) {
     TrackedRegion* t = regions[i];
     if (t->dropped) continue;
     const Region* r = t->map.get();
     Found& f = found[i];
+    f.priority = 0;
+    for (const DeviceSample& d : t->sample.devices) f.devices[d.index] = Limits{};
     const bool ok = guarded([&] {
       f.priority = r->header.priority.load(std::memory_order_relaxed);
       for (const DeviceSample& d : t->sample.devices) {
@@ -141,7 +145,7 @@ void TamperGuard::run(const std::vector<TrackedRegion*>& regions, std::uint64_t 
       if (given == nullptr && k.given.size() < kMaxKeptDevices) k.given.push_back(kl);
     }
     if (k.priority == 0 && f.priority >= 1 && f.priority <= 3) k.priority = f.priority;
-    std::copy(std::begin(k.devices), std::end(k.devices), std::begin(k.before));
+    for (const DeviceSample& d : t->sample.devices) k.before[d.index] = k.devices[d.index];
     k.priority_before = k.priority;
   }
   // 2. The operator's changes (a directory read per cycle; usually empty).
