@@ -44,6 +44,17 @@ CUresult forward(RealAlloc& real_alloc) noexcept {
   return real_alloc();
 }
 
+// A sweep of implicitly freed records (a context destroyed) ran while this
+// allocation was in the driver: it found the address known before the pool
+// record held it, and may have put a stale linear record back there (a
+// record of nothing while this allocation lives). The address is a pool
+// allocation of ours now: a linear record at it is stale. As cuMemAlloc
+// settles its own address (hook/memory.h, the freed-behind word).
+[[gnu::cold, gnu::noinline]] CUresult settle_behind(CUresult rc, const CUdeviceptr* dptr, std::uint64_t mark) noexcept {
+  if (rc == CUDA_SUCCESS && g_freed_behind.load(std::memory_order_relaxed) != mark) release_stale_linear(*dptr);
+  return rc;
+}
+
 // `destroyed(real_alloc)`: the pool is destroyed (never a host pool).
 template <class RealAlloc, class Destroyed = CUresult (*)(RealAlloc&) noexcept>
 CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstream stream, bool per_thread,
@@ -52,6 +63,7 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstr
   if (__builtin_expect((st.host.load(std::memory_order_relaxed) | st.destroyed.load(std::memory_order_relaxed)) != 0,
                        0))
     return st.host.load(std::memory_order_relaxed) != 0 ? real_alloc() : destroyed(real_alloc);
+  const std::uint64_t mark = freed_behind_mark();  // before the driver call
   st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
   pools::mark_dirty(st);
   // What is outstanding is read again *after* the count, not taken from the
@@ -63,8 +75,10 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstr
   const std::uint64_t limit = st.counted.load(std::memory_order_seq_cst);
   if (__builtin_expect(st.outstanding.load(std::memory_order_seq_cst) > limit || bytes > pools::kHugeBytes, 0)) {
     using Fn = std::remove_reference_t<RealAlloc>;
-    return pools::alloc_growing(
-        st, bytes, dptr, stream, per_thread, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc);
+    return settle_behind(pools::alloc_growing(
+                             st, bytes, dptr, stream, per_thread,
+                             [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc),
+                         dptr, mark);
   }
   const CUresult rc = real_alloc();
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {
@@ -76,8 +90,9 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstr
   // counted (fragmentation, a reuse policy): looked at before the pointer is
   // handed out or recorded, and settled under the pool's mutex if it did.
   if (__builtin_expect(pools::grew_past_count(st), 0))
-    return pools::settle_fast_growth(st, bytes, dptr, stream, per_thread);
+    return settle_behind(pools::settle_fast_growth(st, bytes, dptr, stream, per_thread), dptr, mark);
   if (__builtin_expect(!pools::record(*dptr, st, bytes), 0)) pools::record_failed();
+  if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) return settle_behind(rc, dptr, mark);
   return rc;
 }
 

@@ -36,6 +36,12 @@
 //       takes the address with a pool allocation and frees it before the
 //       sweep's next question; the free ends after the sweep's last one
 //       (same: 1 when the pool allocation got the context allocation's address)
+//   allocated-during-sweep MIB DELAY_MS
+//       the same context allocation; once the sweep took its record out, this
+//       thread's pool allocation takes the address in the driver, and its
+//       reserve queries (FAKECUDA_POOL_QUERY_DELAY_US, >= 2 x DELAY_MS) keep
+//       it from being recorded until after the sweep's last question: counted
+//       and held printed while it is still allocated
 #include <cuda.h>
 
 #include <chrono>
@@ -207,6 +213,36 @@ int freed_after_sweep(std::size_t bytes, int delay_ms) {
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
   std::printf("freed-after-sweep rc=%d destroyed=%d same=%d counted=%lld held=%lld\n", static_cast<int>(rc),
               static_cast<int>(destroyed), p == gone ? 1 : 0, counted_used(), held_allocations());
+  return 0;
+}
+
+// A record the implicit-free sweep put back while the address was a pool
+// allocation of ours in flight (in the driver, not yet recorded: the sweep's
+// questions find it known): a record of nothing while that allocation lives,
+// unless the allocation itself settles it.
+int allocated_during_sweep(std::size_t bytes, int delay_ms) {
+  const CUcontext primary = use_primary(0);
+  const CUstream s = new_stream();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+  CUcontext ctx = nullptr;
+  check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+  CUdeviceptr gone = 0;
+  check(cuMemAlloc(&gone, bytes), "cuMemAlloc");  // goes with the context
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  CUresult destroyed = CUDA_SUCCESS;
+  std::thread destroy([&] { destroyed = cuCtxDestroy(ctx); });
+  // The sweep's questions are answered at D (gone), 3D, 5D; the record taken
+  // out at 2D, put back at 4D. This allocation is in the driver before 3D
+  // and recorded after 4D (its reserve queries).
+  sleep_ms(delay_ms * 2 + delay_ms / 5);
+  CUdeviceptr p = 0;
+  const CUresult rc = cuMemAllocFromPoolAsync(&p, bytes, pool, s);
+  destroy.join();
+  std::printf("allocated-during-sweep rc=%d destroyed=%d same=%d counted=%lld held=%lld\n", static_cast<int>(rc),
+              static_cast<int>(destroyed), p == gone ? 1 : 0, counted_used(), held_allocations());
+  if (rc == CUDA_SUCCESS) cuMemFreeAsync(p, s);
+  cuStreamSynchronize(s);
   return 0;
 }
 
