@@ -232,6 +232,52 @@ TEST(ChaosMonitor, AnAllocationAdmittedBeforeTheQuotaFellMayLandAfterTheLag) {
   EXPECT_NE(report.find("device holds 16777216 bytes"), std::string::npos) << report;
 }
 
+// ...but only up to the highest limit in force since its call began. The
+// quota falls from 64 to 4 MiB (seen by a monitored program), then a program
+// bypassing gpuslice begins an 8 MiB allocation held 100 ms in the driver
+// (the chaos sleep above); meanwhile the quota rises to 6 MiB. Its call began
+// after the fall's lag, so no limit above 6 MiB admitted it: reported when it
+// lands. The monitor once excused any grant of a call begun before the lag of
+// the last change ended by its bytes, a raise as a fall, and saw nothing.
+TEST(ChaosMonitor, AnAllocationBegunAfterAFallIsJudgedAgainstTheRaisedLimit) {
+  Sandbox box;
+  const Env fast{{"FAKECUDA_MONITOR_LAG_MS", "10"}, {"FAKECUDA_MONITOR_INTERVAL_MS", "1"}};
+  create_region(box, fast);
+  const Env bypass = merge(monitored(box, false), fast);
+  Region* const region = map_region(bypass);
+  ASSERT_NE(region, nullptr) << "cannot map " << bypass.at("GPUSLICE_REGION");
+  DeviceState& d = region->devices[0];
+  d.quota_bytes.store(4u << 20);
+  Result seen = run({GPUSLICE_PROBE, "monitor", "hold", "1", "0"}, bypass);  // its checks see the fall
+  usleep(50 * 1000);                                                         // past the fall's lag
+  const pid_t probe = spawn({GPUSLICE_PROBE, "monitor", "hold", "8", "0"},
+                            merge(bypass, {{"FAKECUDA_CHAOS_SEED", "34"},
+                                           {"FAKECUDA_CHAOS_CALLS", "alloc_common"},
+                                           {"FAKECUDA_CHAOS_YIELD_PCT", "0"},
+                                           {"FAKECUDA_CHAOS_SLEEP_PCT", "100"},
+                                           {"FAKECUDA_CHAOS_SLEEP_US", "100000"}}),
+                            box.path("probe.out"));
+  bool allocating = false;
+  for (int i = 0; i < 20000 && !allocating; ++i) {
+    allocating = slurp(box.path("probe.out")).find("allocating") != std::string::npos;
+    if (!allocating) usleep(1000);
+  }
+  usleep(20 * 1000);  // the call has begun; its probe's sampler sees the raise
+  d.quota_bytes.store(6u << 20);
+  const bool in_driver = slurp(box.path("probe.out")).find("alloc=") == std::string::npos;
+  munmap(region, sizeof(Region));
+  Result r = wait(probe, box.path("probe.out"));
+  ASSERT_EQ(seen.exit_code, 0) << seen.describe();
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  ASSERT_TRUE(allocating) << r.describe();
+  EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
+  if (!in_driver) GTEST_SKIP() << "the grant landed before the quota rose (a loaded machine): nothing was judged";
+  const std::string report = slurp(box.path("violations"));
+  EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("device holds 8388608 bytes"), std::string::npos) << report;
+}
+
 // A spill's managed grant is excused while in flight; its advice to the host
 // (an uncharge, made without the simulator's state lock) lowers what the
 // process holds and then lands the grant. A check that read the held bytes

@@ -19,7 +19,8 @@
 //          device memory).
 //          A limit lowered at run time applies after the lag to driver calls
 //          begun after it (one begun before may grant later: its bytes raise
-//          the ceiling), and memory held above it is allowed until freed.
+//          the ceiling, up to the highest limit in force since it began),
+//          and memory held above it is allowed until freed.
 //   count: gpuslice's count of what the device may hold (used_bytes less
 //          the bytes it counts as spilled, i.e. served as managed memory
 //          advised to the host, plus agent_extra_bytes) is not below what
@@ -186,6 +187,32 @@ Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total) {
     }
   }
   return nullptr;
+}
+
+void note_limit(Watch& w, std::uint64_t limit, std::uint64_t now) {
+  const std::uint64_t before = w.limit_seen.load(std::memory_order_relaxed);
+  if (before == limit) return;
+  const std::uint64_t n = w.changes.load(std::memory_order_relaxed);
+  w.change_seen_ns[n % kLimitChanges].store(now, std::memory_order_relaxed);
+  w.limit_before[n % kLimitChanges].store(before, std::memory_order_relaxed);
+  w.changes.store(n + 1, std::memory_order_release);
+  w.limit_seen.store(limit, std::memory_order_relaxed);
+  w.grace_until_ns.store(now + g_config.lag_ns, std::memory_order_relaxed);
+}
+
+std::uint64_t highest_limit_since(const Watch& w, std::uint64_t limit, std::uint64_t began) {
+  const std::uint64_t n = w.changes.load(std::memory_order_acquire);
+  std::uint64_t highest = limit;
+  // Newest first: a change whose lag ended by `began` (and every older one)
+  // admitted nothing begun then.
+  for (std::uint64_t k = 0; k < n; ++k) {
+    if (k == kLimitChanges) return kUnlimited;  // older changes forgotten: unknown
+    const std::uint32_t e = static_cast<std::uint32_t>((n - 1 - k) % kLimitChanges);
+    if (w.change_seen_ns[e].load(std::memory_order_relaxed) + g_config.lag_ns <= began) break;
+    const std::uint64_t before = w.limit_before[e].load(std::memory_order_relaxed);
+    if (before > highest) highest = before;
+  }
+  return highest;
 }
 
 // One line per live process of the container: what the simulator says it
@@ -357,10 +384,7 @@ void check(std::uint32_t dev, const Grant* grant) {
   if (w == nullptr) return;
   const std::uint64_t now = fakecuda_now_ns();
   const std::uint64_t lag = g_config.lag_ns;
-  if (w->limit_seen.load(std::memory_order_relaxed) != limit) {
-    w->limit_seen.store(limit, std::memory_order_relaxed);
-    w->grace_until_ns.store(now + lag, std::memory_order_relaxed);
-  }
+  note_limit(*w, limit, now);
   // Implicit grants of the last `lag`: an explicit grant may find the device
   // above the limit by at most their sum (the library measures them after
   // the call and then counts them, or destroys what does not fit).
@@ -383,13 +407,18 @@ void check(std::uint32_t dev, const Grant* grant) {
   // limit is not yet freed; a raised limit raises it at once.
   std::uint64_t ceiling = w->ceiling.load(std::memory_order_relaxed);
   if (ceiling < limit) ceiling = limit;
-  // An explicit grant whose driver call began before the lag of the last
-  // limit change ended was admitted under the previous limit: the driver may
-  // take any time to grant it (seed 352: 155 ms), and nothing takes it away.
-  // It raises the ceiling by its own bytes, at most to what the device holds.
+  // An explicit grant whose driver call began before the lag of a limit
+  // change ended may have been admitted under the limit it replaced: the
+  // driver may take any time to grant it (seed 352: 155 ms), and nothing
+  // takes it away. It raises the ceiling by its own bytes, at most to what the
+  // device holds and to the highest limit in force since its call began (one
+  // begun under a limit lowered, then raised a little, fitted the lower one).
   if (grant != nullptr && !grant->implicit && !grace && grant->began_ns != 0 &&
       grant->began_ns < w->grace_until_ns.load(std::memory_order_relaxed) && total > ceiling) {
-    ceiling = total - ceiling < grant->bytes ? total : ceiling + grant->bytes;
+    std::uint64_t raised = total - ceiling < grant->bytes ? total : ceiling + grant->bytes;
+    const std::uint64_t highest = highest_limit_since(*w, limit, grant->began_ns);
+    if (raised > highest) raised = highest > ceiling ? highest : ceiling;
+    ceiling = raised;
     w->ceiling.store(ceiling, std::memory_order_relaxed);
   }
   if (limit != kUnlimited && total > ceiling + managed_recent) {

@@ -18,15 +18,21 @@ namespace gpuslice::chaos::internal {
 inline constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
 inline constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
 
-inline constexpr std::uint64_t kMonitorMagic = 0x354f54494e4f4d46ull;  // "FMONITO5": absorbed outside memory
+inline constexpr std::uint64_t kMonitorMagic = 0x364f54494e4f4d46ull;  // "FMONITO6": limit changes kept
 inline constexpr std::uint32_t kWatches = 256;
+inline constexpr std::uint32_t kLimitChanges = 4;  // the last limit changes each watch keeps
 
 // Shared by every process of the simulated machine: <state>.monitor.
 struct Watch {                     // one (container, device)
   std::atomic<std::uint64_t> key;  // 0 = free
   std::atomic<std::uint64_t> limit_seen;
   std::atomic<std::uint64_t> ceiling;
-  std::atomic<std::uint64_t> grace_until_ns;     // a limit change: excess tolerated until then
+  std::atomic<std::uint64_t> grace_until_ns;  // a limit change: excess tolerated until then
+  // The last kLimitChanges changes of the limit: when each was seen and the
+  // limit in force before it (entry changes % kLimitChanges is the next).
+  std::atomic<std::uint64_t> changes;
+  std::atomic<std::uint64_t> change_seen_ns[kLimitChanges];
+  std::atomic<std::uint64_t> limit_before[kLimitChanges];
   std::atomic<std::uint64_t> implicit_until_ns;  // implicit grants: excess up to implicit_bytes tolerated until then
   std::atomic<std::uint64_t> implicit_bytes;
   // A condition (excess, deficit) "stayed" only if checks saw it without a
@@ -133,6 +139,13 @@ bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot);
 // managed grants in flight). State lock held.
 std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr);
 Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total);
+// A check read `limit`: a change from the last one seen starts its lag and
+// is kept in the watch's ring. State lock held.
+void note_limit(Watch& w, std::uint64_t limit, std::uint64_t now);
+// The highest limit that may have admitted a driver call begun at `began`:
+// the limit now, or one a change since replaced, until that change's lag
+// ended; kUnlimited when the ring no longer reaches back to `began`.
+std::uint64_t highest_limit_since(const Watch& w, std::uint64_t limit, std::uint64_t began);
 // An uncharge of this process (the observer's): one inside the calling
 // thread's request in flight counts as reclaimed (refusal.cc).
 void note_uncharge(unsigned dev, std::uint64_t bytes);

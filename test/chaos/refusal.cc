@@ -334,10 +334,7 @@ int monitor_request_end(bool refused, const char* what) {
   Watch* w = watch_for(dev, limit, total);
   const std::uint64_t now = fakecuda_now_ns();
   if (w == nullptr || limit == kUnlimited) return 0;
-  if (w->limit_seen.load(std::memory_order_relaxed) != limit) {
-    w->limit_seen.store(limit, std::memory_order_relaxed);
-    w->grace_until_ns.store(now + g_config.lag_ns, std::memory_order_relaxed);
-  }
+  note_limit(*w, limit, now);
   // A limit changed (gpuslice-smi set) shortly before or during the request:
   // the library may have judged it under the other one.
   const char* why = nullptr;
