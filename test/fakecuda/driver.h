@@ -382,4 +382,9 @@ CUresult place_library_at_launch(CUfunc_st* function, std::uint32_t dev);
 
 std::uint64_t next_object_id_locked();
 
+// A test knob of microseconds (README, "Test knobs") from the environment
+// variable `name`: 0 when unset or empty; a value that is not 0 to 10000000
+// is reported on stderr and read as 0 (pools.cc).
+unsigned delay_knob(const char* name);
+
 }  // namespace gpuslice::fakecuda

@@ -209,28 +209,16 @@ void memory_release_context_locked(CUctx_st* ctx) {
 
 namespace {
 // Test knob (README, "Test knobs"): microseconds a successful cuMemAlloc_v2
-// sleeps before it returns, read once (as pools.cc's knobs); 0 = none.
+// sleeps before it returns, read once (delay_knob); 0 = none.
 unsigned alloc_return_delay_us() {
-  static const unsigned us = [] {
-    const char* text = std::getenv("FAKECUDA_ALLOC_RETURN_DELAY_US");
-    if (text == nullptr || *text == '\0') return 0u;
-    char* end = nullptr;
-    const unsigned long v = std::strtoul(text, &end, 10);
-    return *end == '\0' && v <= 10'000'000 ? static_cast<unsigned>(v) : 0u;
-  }();
+  static const unsigned us = gpuslice::fakecuda::delay_knob("FAKECUDA_ALLOC_RETURN_DELAY_US");
   return us;
 }
 // Test knob (README, "Test knobs"): microseconds cuMemGetAddressRange_v2
 // sleeps before it looks the address up, and again after (its answer stale
 // both ways, as a preempted caller's); 0 = none.
 unsigned address_range_delay_us() {
-  static const unsigned us = [] {
-    const char* text = std::getenv("FAKECUDA_ADDRESS_RANGE_DELAY_US");
-    if (text == nullptr || *text == '\0') return 0u;
-    char* end = nullptr;
-    const unsigned long v = std::strtoul(text, &end, 10);
-    return *end == '\0' && v <= 10'000'000 ? static_cast<unsigned>(v) : 0u;
-  }();
+  static const unsigned us = gpuslice::fakecuda::delay_knob("FAKECUDA_ADDRESS_RANGE_DELAY_US");
   return us;
 }
 }  // namespace

@@ -193,17 +193,7 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_s
 // slept, outside the driver's lock, before a stream-ordered allocation looks
 // at the device's current pool, and after a pool's reserve is read for
 // cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT). 0 = none.
-unsigned delay_knob(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return 0;
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(text, &end, 10);
-  if (*end != '\0' || v > 10'000'000) {
-    std::fprintf(stderr, "fakecuda: %s=%s: expected microseconds, 0 to 10000000; ignored\n", name, text);
-    return 0;
-  }
-  return static_cast<unsigned>(v);
-}
+// (Parsed by delay_knob, below.)
 // The knob is read once; threads that race to read it first each store the
 // same value (an atomic: TSan saw two first calls write a plain one at once).
 void knob_sleep(const char* name, std::atomic<unsigned>* cached, std::atomic<int>* read) {
@@ -259,6 +249,18 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
 }  // namespace
 
 namespace gpuslice::fakecuda {
+
+unsigned delay_knob(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const unsigned long v = std::strtoul(text, &end, 10);
+  if (*end != '\0' || v > 10'000'000) {
+    std::fprintf(stderr, "fakecuda: %s=%s: expected microseconds, 0 to 10000000; ignored\n", name, text);
+    return 0;
+  }
+  return static_cast<unsigned>(v);
+}
 
 void pool_return_locked(CUmemPoolHandle_st* pool, std::uint64_t size) {
   pool->used -= size;
