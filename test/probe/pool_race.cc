@@ -182,37 +182,49 @@ int inflight_growth(std::size_t bytes) {
   return 0;
 }
 
+// The stage of the two sweep races below: the primary context current, a
+// stream and the device's pool; a created context holding `bytes` that
+// another thread is destroying (its implicit-free sweep under way).
+struct DyingContext {
+  CUstream s = nullptr;
+  CUmemoryPool pool = nullptr;
+  CUdeviceptr gone = 0;  // the context's allocation, going with it
+  CUresult destroyed = CUDA_SUCCESS;
+  std::thread destroy;
+  explicit DyingContext(std::size_t bytes) {
+    const CUcontext primary = use_primary(0);
+    s = new_stream();
+    check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+    CUcontext ctx = nullptr;
+    check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+    check(cuMemAlloc(&gone, bytes), "cuMemAlloc");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    destroy = std::thread([this, ctx] { destroyed = cuCtxDestroy(ctx); });
+  }
+};
+
 // A record the implicit-free sweep put back (limiter::settle_record: the
 // address known again, held by a pool allocation of ours being freed) and
 // asked about for the last time before that free ended: a record of nothing
 // unless the free itself settles it.
 int freed_after_sweep(std::size_t bytes, int delay_ms) {
-  const CUcontext primary = use_primary(0);
-  const CUstream s = new_stream();
-  CUmemoryPool pool = nullptr;
-  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
-  CUcontext ctx = nullptr;
-  check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
-  CUdeviceptr gone = 0;
-  check(cuMemAlloc(&gone, bytes), "cuMemAlloc");  // goes with the context
-  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
-  CUresult destroyed = CUDA_SUCCESS;
-  std::thread destroy([&] { destroyed = cuCtxDestroy(ctx); });
+  DyingContext d(bytes);
+  const CUstream s = d.s;
   // The sweep's questions are answered at D (gone), 3D, 5D (each returned
   // D later); the record taken out at 2D, put back at 4D. Between 2D and 3D
   // (after the second question's look at our pool records) this thread
   // allocates at the address and starts freeing it: nothing to take out.
   sleep_ms(delay_ms * 2 + delay_ms / 5);
   CUdeviceptr p = 0;
-  check(cuMemAllocFromPoolAsync(&p, bytes, pool, s), "cuMemAllocFromPoolAsync");
+  check(cuMemAllocFromPoolAsync(&p, bytes, d.pool, s), "cuMemAllocFromPoolAsync");
   sleep_ms(delay_ms / 4);
   const CUresult rc = cuMemFreeAsync(p, s);  // its driver part ends after the third question (5D)
-  destroy.join();
+  d.destroy.join();
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
-  check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+  check(cuMemPoolTrimTo(d.pool, 0), "cuMemPoolTrimTo");
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
   std::printf("freed-after-sweep rc=%d destroyed=%d same=%d counted=%lld held=%lld\n", static_cast<int>(rc),
-              static_cast<int>(destroyed), p == gone ? 1 : 0, counted_used(), held_allocations());
+              static_cast<int>(d.destroyed), p == d.gone ? 1 : 0, counted_used(), held_allocations());
   return 0;
 }
 
@@ -221,26 +233,17 @@ int freed_after_sweep(std::size_t bytes, int delay_ms) {
 // questions find it known): a record of nothing while that allocation lives,
 // unless the allocation itself settles it.
 int allocated_during_sweep(std::size_t bytes, int delay_ms) {
-  const CUcontext primary = use_primary(0);
-  const CUstream s = new_stream();
-  CUmemoryPool pool = nullptr;
-  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
-  CUcontext ctx = nullptr;
-  check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
-  CUdeviceptr gone = 0;
-  check(cuMemAlloc(&gone, bytes), "cuMemAlloc");  // goes with the context
-  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
-  CUresult destroyed = CUDA_SUCCESS;
-  std::thread destroy([&] { destroyed = cuCtxDestroy(ctx); });
+  DyingContext d(bytes);
+  const CUstream s = d.s;
   // The sweep's questions are answered at D (gone), 3D, 5D; the record taken
   // out at 2D, put back at 4D. This allocation is in the driver before 3D
   // and recorded after 4D (its reserve queries).
   sleep_ms(delay_ms * 2 + delay_ms / 5);
   CUdeviceptr p = 0;
-  const CUresult rc = cuMemAllocFromPoolAsync(&p, bytes, pool, s);
-  destroy.join();
+  const CUresult rc = cuMemAllocFromPoolAsync(&p, bytes, d.pool, s);
+  d.destroy.join();
   std::printf("allocated-during-sweep rc=%d destroyed=%d same=%d counted=%lld held=%lld\n", static_cast<int>(rc),
-              static_cast<int>(destroyed), p == gone ? 1 : 0, counted_used(), held_allocations());
+              static_cast<int>(d.destroyed), p == d.gone ? 1 : 0, counted_used(), held_allocations());
   if (rc == CUDA_SUCCESS) cuMemFreeAsync(p, s);
   cuStreamSynchronize(s);
   return 0;
