@@ -87,8 +87,7 @@ void monitor_call_end() {
   // After gpuslice counted what the call made (the call returned): a check
   // that reads this after the count reads the count after it too.
   for (std::uint32_t dev = 0; dev < kSimDevices; ++dev) {
-    if (t_call_bytes[dev] != 0)
-      g_shared->in_calls[g_slot][dev].fetch_sub(t_call_bytes[dev], std::memory_order_release);
+    if (t_call_bytes[dev] != 0) g_shared->in_calls[g_slot][dev].fetch_sub(t_call_bytes[dev], std::memory_order_release);
     t_call_bytes[dev] = 0;
   }
   t_call_slot = -1;

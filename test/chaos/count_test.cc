@@ -1,14 +1,20 @@
-// The invariant monitor's count direction (monitor.h: monitor_call_begin/end,
-// monitor_outside_begin/end; calls.cc), part of chaos_test: what the device
-// holds beyond gpuslice's count is judged against the program's calls in
-// flight, not against a wall-clock lag.
+// The invariant monitor judged per call, not by a wall-clock window; part of
+// chaos_test. The count direction (monitor.h: monitor_call_begin/end,
+// monitor_outside_begin/end; calls.cc): what the device holds beyond
+// gpuslice's count is judged against the program's calls in flight. The
+// quota after a limit change: only grants of calls the old limit may have
+// admitted are excused, each by its bytes.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "gpuslice/region.h"
 #include "harness.h"
 
 namespace gpuslice::test {
@@ -82,6 +88,39 @@ TEST(ChaosMonitor, MemoryOutsideCudaIsExcusedByItsBytesOnly) {
   const std::string report = slurp(four.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << r4.describe() << report;
   EXPECT_NE(report.find("outside CUDA 4194304,"), std::string::npos) << report;
+}
+
+// A changed limit excuses, during its lag as after it, only grants of calls
+// begun before the lag ended, each by its bytes up to the highest limit in
+// force since the call began (seed 352's rule), nothing else. The quota falls
+// from 64 to 16 MiB (the lag is 60 s: all that follows is within it); a
+// program bypassing gpuslice is then granted 48 MiB, which the old limit
+// admits: no violation; 128 MiB, which no limit admitted: reported at the
+// grant. The monitor once tolerated any excess during the lag (its ceiling
+// raised to whatever the device held, and kept until freed) and saw nothing.
+std::string after_a_fall(const Sandbox& box, const char* mib) {
+  create_region(box);
+  const Env env = merge(monitored(box, false), {{"FAKECUDA_MONITOR_LAG_MS", "60000"}});
+  const int fd = open(env.at("GPUSLICE_REGION").c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return "no region";
+  void* mapped = mmap(nullptr, sizeof(Region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mapped == MAP_FAILED) return "no region";
+  static_cast<Region*>(mapped)->devices[0].quota_bytes.store(16u << 20);
+  munmap(mapped, sizeof(Region));
+  Result r = run({GPUSLICE_PROBE, "monitor", "hold", mib, "0"}, env);
+  return (r.exit_code == 0 && r.out.find("alloc=0") != std::string::npos ? "" : "probe failed: " + r.describe()) +
+         slurp(box.path("violations"));
+}
+
+TEST(ChaosMonitor, ALimitChangeExcusesDuringItsLagOnlyGrantsTheOldLimitAdmits) {
+  Sandbox within, beyond;
+  EXPECT_EQ(after_a_fall(within, "48"), "");
+  const std::string report = after_a_fall(beyond, "128");
+  EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("device holds 134217728 bytes"), std::string::npos) << report;
+  EXPECT_NE(report.find("limit 67108864"), std::string::npos) << report;
 }
 
 }  // namespace

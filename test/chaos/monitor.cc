@@ -443,20 +443,20 @@ void check(std::uint32_t dev, const Grant* grant) {
   // beyond the limit stays after that.
   const std::uint64_t managed_recent = in_flight;
   g_check_in_flight = in_flight;
-  const bool grace = now < w->grace_until_ns.load(std::memory_order_relaxed);
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
   // The ceiling is the limit, or more while memory held above a lowered
   // limit is not yet freed; a raised limit raises it at once.
   std::uint64_t ceiling = w->ceiling.load(std::memory_order_relaxed);
   if (ceiling < limit) ceiling = limit;
-  // An explicit grant whose driver call began before the lag of a limit
-  // change ended may have been admitted under the limit it replaced: the
-  // driver may take any time to grant it (seed 352: 155 ms), and nothing
-  // takes it away. It raises the ceiling by its own bytes, at most to what the
-  // device holds and to the highest limit in force since its call began (one
-  // begun under a limit lowered, then raised a little, fitted the lower one).
-  if (grant != nullptr && !grant->implicit && !grace && grant->began_ns != 0 &&
-      grant->began_ns < w->grace_until_ns.load(std::memory_order_relaxed) && total > ceiling) {
+  // A grant whose driver call began before the lag of a limit change ended
+  // may have been admitted under the limit it replaced: the driver may take
+  // any time to grant it (seed 352: 155 ms), and nothing takes it away. It
+  // raises the ceiling by its own bytes, at most to what the device holds
+  // and to the highest limit in force since its call began (one begun under
+  // a limit lowered, then raised a little, fitted the lower one). During the
+  // lag as after it: no other excess is excused by a change.
+  if (grant != nullptr && grant->began_ns != 0 && grant->began_ns < w->grace_until_ns.load(std::memory_order_relaxed) &&
+      total > ceiling) {
     std::uint64_t raised = total - ceiling < grant->bytes ? total : ceiling + grant->bytes;
     const std::uint64_t highest = highest_limit_since(*w, limit, grant->began_ns);
     if (raised > highest) raised = highest > ceiling ? highest : ceiling;
@@ -464,10 +464,7 @@ void check(std::uint32_t dev, const Grant* grant) {
     w->ceiling.store(ceiling, std::memory_order_relaxed);
   }
   if (limit != kUnlimited && total > ceiling + managed_recent) {
-    if (grace) {
-      // Allocations admitted under the previous limit may still land.
-      w->ceiling.store(total, std::memory_order_relaxed);
-    } else if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent + managed_recent) {
+    if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent + managed_recent) {
       report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
              ceiling, d, grant);
     } else {

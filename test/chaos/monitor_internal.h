@@ -27,7 +27,7 @@ struct Watch {                     // one (container, device)
   std::atomic<std::uint64_t> key;  // 0 = free
   std::atomic<std::uint64_t> limit_seen;
   std::atomic<std::uint64_t> ceiling;
-  std::atomic<std::uint64_t> grace_until_ns;  // a limit change: excess tolerated until then
+  std::atomic<std::uint64_t> grace_until_ns;  // a limit change: calls begun before then may hold the old limit
   // The last kLimitChanges changes of the limit: when each was seen and the
   // limit in force before it (entry changes % kLimitChanges is the next).
   std::atomic<std::uint64_t> changes;
