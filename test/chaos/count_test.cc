@@ -90,6 +90,23 @@ TEST(ChaosMonitor, MemoryOutsideCudaIsExcusedByItsBytesOnly) {
   EXPECT_NE(report.find("outside CUDA 4194304,"), std::string::npos) << report;
 }
 
+// The quota likewise: memory outside CUDA may stand above it (gpuslice
+// refuses its import when it does not fit), by its bytes, however long. 80
+// MiB held 300 ms on a 64 MiB quota (lag 100 ms), all said: no violation
+// (the monitor before excused it as an implicit grant for one lag, and
+// reported it after); 8 MiB said: the quota reported (and the count).
+TEST(ChaosMonitor, MemoryOutsideCudaAboveTheQuotaIsExcusedByItsBytesOnly) {
+  Sandbox all, eight;
+  Result ra = count_direction(all, {"outside", "80", "80"}, "100");
+  Result r8 = count_direction(eight, {"outside", "8", "80"}, "100");
+  ASSERT_EQ(ra.exit_code, 0) << ra.describe();
+  ASSERT_EQ(r8.exit_code, 0) << r8.describe();
+  EXPECT_EQ(slurp(all.path("violations")), "") << ra.describe();
+  const std::string report = slurp(eight.path("violations"));
+  EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << r8.describe() << report;
+  EXPECT_NE(report.find("memory outside CUDA (excused): 8388608 bytes"), std::string::npos) << report;
+}
+
 // A changed limit excuses, during its lag as after it, only grants of calls
 // begun before the lag ended, each by its bytes up to the highest limit in
 // force since the call began (seed 352's rule), nothing else. The quota falls

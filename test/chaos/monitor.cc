@@ -336,8 +336,10 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
   if (const int m = std::strcmp(invariant, "refusal") == 0
                         ? 0
                         : std::snprintf(text + used, sizeof(text) - used,
-                                        "  managed grants in flight (excused) at the check: %llu bytes\n",
-                                        static_cast<unsigned long long>(g_check_in_flight));
+                                        "  managed grants in flight (excused) at the check: %llu bytes; memory "
+                                        "outside CUDA (excused): %llu bytes\n",
+                                        static_cast<unsigned long long>(g_check_in_flight),
+                                        static_cast<unsigned long long>(g_check_excused.outside));
       m > 0 && static_cast<std::size_t>(used + m) < sizeof(text))
     used += m;
   if (std::strcmp(invariant, "count") == 0) {
@@ -440,9 +442,13 @@ void check(std::uint32_t dev, const Grant* grant) {
   // from the driver's allocation until its advice to the host, the granting
   // thread's next change of device memory; any check may find the device
   // above the limit by their sum. Memory the library admitted as resident
-  // beyond the limit stays after that.
-  const std::uint64_t managed_recent = in_flight;
+  // beyond the limit stays after that. And memory a process holds outside
+  // CUDA (a graphics allocation before its import): gpuslice cannot know of
+  // it, and refuses its import when it does not fit; excused by its bytes
+  // while so held (monitor_outside_begin/end), however long.
+  const std::uint64_t transient = in_flight + excused.outside;
   g_check_in_flight = in_flight;
+  g_check_excused = excused;
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
   // The ceiling is the limit, or more while memory held above a lowered
   // limit is not yet freed; a raised limit raises it at once.
@@ -463,8 +469,8 @@ void check(std::uint32_t dev, const Grant* grant) {
     ceiling = raised;
     w->ceiling.store(ceiling, std::memory_order_relaxed);
   }
-  if (limit != kUnlimited && total > ceiling + managed_recent) {
-    if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent + managed_recent) {
+  if (limit != kUnlimited && total > ceiling + transient) {
+    if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent + transient) {
       report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
              ceiling, d, grant);
     } else {
@@ -492,13 +498,11 @@ void check(std::uint32_t dev, const Grant* grant) {
     if ((at_once || (since != now && now - since > lag)) &&
         w->deficit_reported.load(std::memory_order_relaxed) != since) {
       w->deficit_reported.store(since, std::memory_order_relaxed);
-      g_check_excused = excused;
       report("count",
              at_once ? "gpuslice's count is below what the device holds beyond what calls in flight and the "
                        "documented transients excuse"
                      : "gpuslice's count stayed below what the device holds longer than FAKECUDA_MONITOR_LAG_MS",
              dev, rd, total, own, ceiling, d, grant);
-      g_check_excused = Excused{};
     }
   } else {
     w->deficit_since_ns.store(0, std::memory_order_relaxed);
@@ -776,6 +780,7 @@ int monitor_checkpoint() {
                     static_cast<unsigned long long>(short_by),
                     own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
       g_check_in_flight = 0;
+      g_check_excused = Excused{};
       report("count at checkpoint", detail, dev, rd, container_total(dev, nullptr), held,
              w != nullptr ? w->ceiling.load(std::memory_order_relaxed) : 0, r->devices[rd], nullptr);
     }

@@ -34,8 +34,9 @@
 //     granted 8 MiB, then stalls MS ms before it counts them and returns
 //   refusal_overlap returned-uncounted  a call is granted 8 MiB and returns
 //     without counting them
-//   refusal_overlap outside MIB   8 MiB allocated outside CUDA (a graphics
-//     allocation) held 300 ms, MIB MiB of them said to be (monitor_outside_begin)
+//   refusal_overlap outside MIB [HELD]   HELD MiB (default 8) allocated outside
+//     CUDA (a graphics allocation) held 300 ms, MIB MiB of them said to be
+//     (monitor_outside_begin)
 #include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -121,10 +122,11 @@ int count_direction(int argc, char** argv) {
   constexpr std::uint64_t kBytes = 8u << 20;
   CUdeviceptr p = 0;
   if (std::strcmp(argv[1], "outside") == 0) {
-    if (argc != 3) return 2;
+    if (argc != 3 && argc != 4) return 2;
     const std::uint64_t declared = std::strtoull(argv[2], nullptr, 10) << 20;
+    const std::uint64_t held = argc == 4 ? std::strtoull(argv[3], nullptr, 10) << 20 : kBytes;
     gpuslice::chaos::monitor_outside_begin(0, declared);
-    const std::uint64_t gfx = fakecuda_graphics_alloc(0, kBytes);
+    const std::uint64_t gfx = fakecuda_graphics_alloc(0, held);
     if (gfx == 0) return 1;
     usleep(300 * 1000);
     fakecuda_graphics_free(gfx);
