@@ -15,6 +15,7 @@
 // memory at the process's end) by all it holds.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 
@@ -32,10 +33,10 @@ namespace {
 thread_local int t_depth = 0;
 thread_local int t_call_slot = -1;  // the slot the bytes were added to (a forked child's copy is not its own)
 thread_local std::uint64_t t_call_bytes[kSimDevices];
-pid_t g_attached_pid = 0;  // a forked child that calls exit() is not the process that attached
+std::atomic<pid_t> g_attached_pid{0};  // a forked child that calls exit() is not the process that attached
 
 void mark_exiting() {
-  if (g_config.on && g_shared != nullptr && g_slot >= 0 && getpid() == g_attached_pid)
+  if (g_config.on && g_shared != nullptr && g_slot >= 0 && getpid() == g_attached_pid.load(std::memory_order_relaxed))
     g_shared->exiting[g_slot].store(1, std::memory_order_release);
 }
 
@@ -46,7 +47,7 @@ void internal::calls_attach(int slot) {
   for (auto& bytes : g_shared->outside[slot]) bytes.store(0, std::memory_order_relaxed);
   for (auto& bytes : g_shared->measured_short[slot]) bytes.store(0, std::memory_order_relaxed);
   g_shared->exiting[slot].store(0, std::memory_order_relaxed);
-  g_attached_pid = getpid();
+  g_attached_pid.store(getpid(), std::memory_order_relaxed);
   // atexit handlers run in the reverse order of their registration, and the
   // loader's destructor pass (gpuslice's release_at_exit among them) was
   // registered before main: this runs first.
