@@ -33,6 +33,7 @@ namespace {
 thread_local int t_depth = 0;
 thread_local int t_call_slot = -1;  // the slot the bytes were added to (a forked child's copy is not its own)
 thread_local std::uint64_t t_call_bytes[kSimDevices];
+thread_local std::uint64_t t_call_implicit[kSimDevices];  // of those, implicit grants
 std::atomic<pid_t> g_attached_pid{0};  // a forked child that calls exit() is not the process that attached
 
 void mark_exiting() {
@@ -44,6 +45,7 @@ void mark_exiting() {
 
 void internal::calls_attach(int slot) {
   for (auto& bytes : g_shared->in_calls[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->in_calls_implicit[slot]) bytes.store(0, std::memory_order_relaxed);
   for (auto& bytes : g_shared->outside[slot]) bytes.store(0, std::memory_order_relaxed);
   for (auto& bytes : g_shared->measured_short[slot]) bytes.store(0, std::memory_order_relaxed);
   g_shared->exiting[slot].store(0, std::memory_order_relaxed);
@@ -54,14 +56,19 @@ void internal::calls_attach(int slot) {
   std::atexit(mark_exiting);
 }
 
-void internal::note_call_charge(unsigned dev, std::uint64_t bytes) {
+void internal::note_call_charge(unsigned dev, std::uint64_t bytes, bool implicit) {
   if (t_depth == 0 || dev >= kSimDevices || bytes == 0) return;
   if (t_call_slot != g_slot) {  // the first grant of this call (or a child's stale copy)
     for (auto& b : t_call_bytes) b = 0;
+    for (auto& b : t_call_implicit) b = 0;
     t_call_slot = g_slot;
   }
   t_call_bytes[dev] += bytes;
   g_shared->in_calls[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);  // state lock held
+  if (implicit) {
+    t_call_implicit[dev] += bytes;
+    g_shared->in_calls_implicit[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+  }
 }
 
 std::uint64_t internal::count_excused(int slot, std::uint32_t dev, std::uint64_t held, Excused* parts) {
@@ -70,10 +77,12 @@ std::uint64_t internal::count_excused(int slot, std::uint32_t dev, std::uint64_t
     return held;
   }
   const std::uint64_t calls = g_shared->in_calls[slot][dev].load(std::memory_order_acquire);
+  const std::uint64_t implicit = g_shared->in_calls_implicit[slot][dev].load(std::memory_order_acquire);
   const std::uint64_t outside = g_shared->outside[slot][dev].load(std::memory_order_acquire);
   const std::uint64_t short_by = g_shared->measured_short[slot][dev].load(std::memory_order_acquire);
   if (parts != nullptr) {
     parts->calls += calls;
+    parts->implicit_calls += implicit;
     parts->outside += outside;
     parts->measured_short += short_by;
   }
@@ -90,6 +99,9 @@ void monitor_call_end() {
   for (std::uint32_t dev = 0; dev < kSimDevices; ++dev) {
     if (t_call_bytes[dev] != 0) g_shared->in_calls[g_slot][dev].fetch_sub(t_call_bytes[dev], std::memory_order_release);
     t_call_bytes[dev] = 0;
+    if (t_call_implicit[dev] != 0)
+      g_shared->in_calls_implicit[g_slot][dev].fetch_sub(t_call_implicit[dev], std::memory_order_release);
+    t_call_implicit[dev] = 0;
   }
   t_call_slot = -1;
 }

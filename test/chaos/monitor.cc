@@ -13,7 +13,9 @@
 //          that ends above it by more than the implicit grants of the last
 //          lag and the managed grants in flight is a violation at once;
 //          memory the library can only measure after the fact (contexts,
-//          modules) may stand above it for at most the lag; managed memory
+//          modules) may stand above it while the call that made it is in
+//          flight (monitor_call_begin/end) and for at most the lag after;
+//          memory outside CUDA (graphics) by its bytes; managed memory
 //          only in flight (the library advises what it spills to the host
 //          right after the call: until the granting thread's next change of
 //          device memory).
@@ -445,8 +447,11 @@ void check(std::uint32_t dev, const Grant* grant) {
   // beyond the limit stays after that. And memory a process holds outside
   // CUDA (a graphics allocation before its import): gpuslice cannot know of
   // it, and refuses its import when it does not fit; excused by its bytes
-  // while so held (monitor_outside_begin/end), however long.
-  const std::uint64_t transient = in_flight + excused.outside;
+  // while so held (monitor_outside_begin/end), however long. And implicit
+  // grants inside calls still in flight (monitor_call_begin/end): gpuslice
+  // measures them after the driver's call and counts or destroys them before
+  // the call returns, however long the process waits for a CPU in between.
+  const std::uint64_t transient = in_flight + excused.outside + excused.implicit_calls;
   g_check_in_flight = in_flight;
   g_check_excused = excused;
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
@@ -544,7 +549,8 @@ void charged(int slot, unsigned dev, std::uint64_t bytes, int context, const cha
                     (call_is(call, "alloc_common") && call_is(previous_call, "cuMemAllocManaged")),
                 call, fakecuda_call_began_ns()};
     land_managed();
-    note_call_charge(dev, bytes);
+    // Graphics memory is outside CUDA (monitor_outside_begin), not a driver call's.
+    note_call_charge(dev, bytes, grant.implicit && !call_is(call, "fakecuda_graphics_alloc"));
     if (grant.managed && bytes > 0 && dev < kSimDevices) {
       g_shared->managed_in_flight[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
       t_managed_in_flight = bytes;

@@ -97,6 +97,7 @@ struct MonitorShared {
   // out of measurements of live objects (monitor_measured_short), and 1 once
   // it runs its exit handlers.
   std::atomic<std::uint64_t> in_calls[kSimSlots][kSimDevices];
+  std::atomic<std::uint64_t> in_calls_implicit[kSimSlots][kSimDevices];  // of in_calls, implicit grants
   std::atomic<std::uint64_t> outside[kSimSlots][kSimDevices];
   std::atomic<std::uint64_t> measured_short[kSimSlots][kSimDevices];
   std::atomic<std::uint32_t> exiting[kSimSlots];
@@ -158,6 +159,7 @@ struct Excused {
   std::uint64_t outside = 0;         // memory outside CUDA (not imported)
   std::uint64_t measured_short = 0;  // graphics frees inside measurements of live objects
   std::uint64_t exiting = 0;         // all of a process in its exit handlers
+  std::uint64_t implicit_calls = 0;  // of calls, implicit grants (the quota's excuse too)
   std::uint64_t total() const { return calls + outside + measured_short + exiting; }
 };
 // Device bytes held by the live processes of this container (and of them the
@@ -168,7 +170,7 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
 // calling thread (inside its call in flight: excused until the call ends);
 // what process slot `slot`, holding `held` on `dev`, is excused (added to *parts).
 void calls_attach(int slot);
-void note_call_charge(unsigned dev, std::uint64_t bytes);
+void note_call_charge(unsigned dev, std::uint64_t bytes, bool implicit);
 std::uint64_t count_excused(int slot, std::uint32_t dev, std::uint64_t held, Excused* parts);
 Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total);
 // A check read `limit`: a change from the last one seen starts its lag and

@@ -34,6 +34,10 @@
 //     granted 8 MiB, then stalls MS ms before it counts them and returns
 //   refusal_overlap returned-uncounted  a call is granted 8 MiB and returns
 //     without counting them
+//   refusal_overlap context MS DESTROY   a call creates a context (implicit
+//     memory: FAKECUDA_CONTEXT_MEMORY), counts it, stalls MS ms and, with
+//     DESTROY 1, destroys it before it returns (as gpuslice destroys what
+//     does not fit); with 0 it returns keeping it; then 300 ms
 //   refusal_overlap outside MIB [HELD]   HELD MiB (default 8) allocated outside
 //     CUDA (a graphics allocation) held 300 ms, MIB MiB of them said to be
 //     (monitor_outside_begin)
@@ -121,7 +125,25 @@ int count_direction(int argc, char** argv) {
   monitor_call_end();
   constexpr std::uint64_t kBytes = 8u << 20;
   CUdeviceptr p = 0;
-  if (std::strcmp(argv[1], "outside") == 0) {
+  if (std::strcmp(argv[1], "context") == 0) {
+    if (argc != 4) return 2;
+    monitor_call_begin();
+    const std::uint64_t before = fakecuda_process_used_bytes(0, 0);
+    CUcontext made = nullptr;
+    if (cuCtxCreate(&made, nullptr, 0, dev) != CUDA_SUCCESS) return 1;
+    const std::uint64_t bytes = fakecuda_process_used_bytes(0, 0) - before;
+    used.fetch_add(bytes);
+    usleep(static_cast<useconds_t>(std::strtoul(argv[2], nullptr, 10) * 1000));
+    const bool destroy = std::strcmp(argv[3], "1") == 0;
+    if (destroy) {
+      cuCtxDestroy(made);
+      used.fetch_sub(bytes);
+    }
+    cuCtxSetCurrent(ctx);
+    monitor_call_end();
+    usleep(300 * 1000);
+    if (!destroy) cuCtxDestroy(made);
+  } else if (std::strcmp(argv[1], "outside") == 0) {
     if (argc != 3 && argc != 4) return 2;
     const std::uint64_t declared = std::strtoull(argv[2], nullptr, 10) << 20;
     const std::uint64_t held = argc == 4 ? std::strtoull(argv[3], nullptr, 10) << 20 : kBytes;
@@ -154,7 +176,7 @@ int main(int argc, char** argv) {
   using gpuslice::chaos::monitor_request_end;
   if (argc < 2 || argc > 4) return 2;
   if (std::strcmp(argv[1], "stalled-call") == 0 || std::strcmp(argv[1], "returned-uncounted") == 0 ||
-      std::strcmp(argv[1], "outside") == 0)
+      std::strcmp(argv[1], "outside") == 0 || std::strcmp(argv[1], "context") == 0)
     return count_direction(argc, argv);
   const bool overlap = std::strcmp(argv[1], "overlap") == 0;
   const bool absorbed = std::strcmp(argv[1], "absorbed") == 0 && argc == 3;
