@@ -72,6 +72,7 @@ void internal::note_call_charge(unsigned dev, std::uint64_t bytes, bool implicit
 }
 
 std::uint64_t internal::count_excused(int slot, std::uint32_t dev, std::uint64_t held, Excused* parts) {
+  if (parts != nullptr) ++parts->processes;
   if (g_shared->exiting[slot].load(std::memory_order_acquire) != 0) {
     if (parts != nullptr) parts->exiting += held;
     return held;
@@ -87,6 +88,16 @@ std::uint64_t internal::count_excused(int slot, std::uint32_t dev, std::uint64_t
     parts->measured_short += short_by;
   }
   return calls + outside + short_by;
+}
+
+int internal::live_processes(std::uint32_t dev) {
+  int n = 0;
+  const int high = fakecuda_slots_high_locked();
+  for (int i = 0; i < high; ++i) {
+    fakecuda_slot_info slot{};
+    if (member_alive(i, dev, &slot)) ++n;
+  }
+  return n;
 }
 
 void monitor_call_begin() { ++t_depth; }

@@ -409,8 +409,10 @@ void check(std::uint32_t dev, const Grant* grant) {
   // gpuslice counted them), is never below the count in force then. But a
   // free (the driver's uncharge, then gpuslice's uncount) takes no lock: one
   // landing during the reads may be in the device's figure and out of the
-  // count. So the reads are made again (4 times at most) while the machine's
-  // uncharges moved during them; still moving, the count is not judged.
+  // count; so may a process that died after its bytes were read, its slot
+  // reaped by gpuslice before the count was. So the reads are made again (4
+  // times at most) while the machine's uncharges moved or a process died
+  // during them; still moving, the count is not judged.
   std::uint64_t total = 0;
   std::uint64_t count = 0;
   bool count_settled = false;
@@ -420,7 +422,8 @@ void check(std::uint32_t dev, const Grant* grant) {
     const std::uint64_t moved = g_shared->uncharges.load(std::memory_order_acquire);
     total = container_total(dev, &own, &in_flight, &excused);
     count = resident_count(d);
-    count_settled = total <= count + excused.total() || g_shared->uncharges.load(std::memory_order_acquire) == moved;
+    count_settled = total <= count + excused.total() || (g_shared->uncharges.load(std::memory_order_acquire) == moved &&
+                                                         live_processes(dev) == excused.processes);
   }
   std::uint64_t limit = d.quota_bytes.load(std::memory_order_acquire);
   const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);

@@ -160,6 +160,7 @@ struct Excused {
   std::uint64_t measured_short = 0;  // graphics frees inside measurements of live objects
   std::uint64_t exiting = 0;         // all of a process in its exit handlers
   std::uint64_t implicit_calls = 0;  // of calls, implicit grants (the quota's excuse too)
+  int processes = 0;                 // the live processes these are of
   std::uint64_t total() const { return calls + outside + measured_short + exiting; }
 };
 // Device bytes held by the live processes of this container (and of them the
@@ -172,6 +173,8 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
 void calls_attach(int slot);
 void note_call_charge(unsigned dev, std::uint64_t bytes, bool implicit);
 std::uint64_t count_excused(int slot, std::uint32_t dev, std::uint64_t held, Excused* parts);
+// The live processes of this container (container_total's). State lock held.
+int live_processes(std::uint32_t dev);
 Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total);
 // A check read `limit`: a change from the last one seen starts its lag and
 // is kept in the watch's ring. State lock held.
