@@ -13,7 +13,9 @@
 //          that ends above it by more than the implicit grants of the last
 //          lag and the managed grants in flight is a violation at once;
 //          memory the library can only measure after the fact (contexts,
-//          modules) may stand above it for at most the lag; managed memory
+//          modules) may stand above it while the call that made it is in
+//          flight (monitor_call_begin/end) and for at most the lag after;
+//          memory outside CUDA (graphics) by its bytes; managed memory
 //          only in flight (the library advises what it spills to the host
 //          right after the call: until the granting thread's next change of
 //          device memory).
@@ -24,7 +26,11 @@
 //   count: gpuslice's count of what the device may hold (used_bytes less
 //          the bytes it counts as spilled, i.e. served as managed memory
 //          advised to the host, plus agent_extra_bytes) is not below what
-//          the device holds for more than the lag.
+//          the device holds, beyond what calls.cc excuses (bytes granted
+//          inside calls in flight, memory outside CUDA, graphics frees inside
+//          measurements, processes in their exit handlers): at once when the
+//          program brackets its calls (FAKECUDA_MONITOR_CALLS=1), else for
+//          more than the lag.
 // A violation prints the seed, the invariant, the numbers and this process's
 // last operations to stderr and appends them to the report file; the count of
 // violations is kept in <state>.monitor.
@@ -149,7 +155,7 @@ bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot) {
 
 // Device bytes held by the live processes of this container, and of them the
 // managed grants in flight. State lock held.
-std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight) {
+std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight, Excused* excused) {
   std::uint64_t total = 0;
   const int high = fakecuda_slots_high_locked();  // no slot above it was ever claimed
   for (int i = 0; i < high; ++i) {
@@ -168,6 +174,7 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
     if (i == g_slot && own != nullptr) *own = held;
     total += held;
     if (in_flight != nullptr) *in_flight += flying;
+    if (excused != nullptr) count_excused(i, dev, held, excused);
   }
   return total;
 }
@@ -260,15 +267,19 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
     }
     // Of committed, what the device need not hold: the spare lease, or bytes
     // a theft already took out of used_bytes (owed), from the lease word.
+    Excused ex;
+    count_excused(i, dev, held, &ex);
     int m = std::snprintf(text + used, len - used,
                           "  process pid %u%s (%s): device holds %llu; gpuslice slot %s, committed %lld (lease: spare "
-                          "%llu, owed %llu%s%s)\n",
+                          "%llu, owed %llu%s%s); excused: in calls %llu, outside CUDA %llu, measured short %llu%s\n",
                           pid, alive ? "" : " (dead)", proc, held,
                           committed < 0 ? "none" : (state == gpuslice::kSlotLive ? "live" : "reaping/claiming"),
                           committed < 0 ? 0 : committed, static_cast<unsigned long long>(limiter::lease_spare(word)),
                           static_cast<unsigned long long>(limiter::lease_owed(word)),
                           limiter::lease_stale(word) ? ", stale" : "",
-                          (word & limiter::kLeaseClosed) != 0 ? ", closed" : "");
+                          (word & limiter::kLeaseClosed) != 0 ? ", closed" : "",
+                          static_cast<unsigned long long>(ex.calls), static_cast<unsigned long long>(ex.outside),
+                          static_cast<unsigned long long>(ex.measured_short), ex.exiting != 0 ? ", exiting" : "");
     if (m < 0 || static_cast<std::size_t>(used + m) >= len) break;
     used += m;
   }
@@ -290,8 +301,10 @@ std::uint64_t resident_count(const DeviceState& d) {
   return resident_used(d) + d.agent_extra_bytes.load(std::memory_order_acquire);
 }
 
-// The managed grants in flight the check that reports excused (state lock held).
+// The managed grants in flight the check that reports excused, and what its
+// count check excused (state lock held).
 std::uint64_t g_check_in_flight = 0;
+Excused g_check_excused;
 
 void report(const char* invariant, const char* detail, std::uint32_t dev, int region_dev, std::uint64_t total,
             std::uint64_t own, std::uint64_t limit, const DeviceState& d, const Grant* grant) {
@@ -325,10 +338,24 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
   if (const int m = std::strcmp(invariant, "refusal") == 0
                         ? 0
                         : std::snprintf(text + used, sizeof(text) - used,
-                                        "  managed grants in flight (excused) at the check: %llu bytes\n",
-                                        static_cast<unsigned long long>(g_check_in_flight));
+                                        "  managed grants in flight (excused) at the check: %llu bytes; memory "
+                                        "outside CUDA (excused): %llu bytes\n",
+                                        static_cast<unsigned long long>(g_check_in_flight),
+                                        static_cast<unsigned long long>(g_check_excused.outside));
       m > 0 && static_cast<std::size_t>(used + m) < sizeof(text))
     used += m;
+  if (std::strcmp(invariant, "count") == 0) {
+    const int m = std::snprintf(
+        text + used, sizeof(text) - used,
+        "  excused from the count: %llu (granted inside calls in flight %llu, outside CUDA %llu, measured short "
+        "%llu, processes in their exit handlers %llu)\n",
+        static_cast<unsigned long long>(g_check_excused.total()),
+        static_cast<unsigned long long>(g_check_excused.calls),
+        static_cast<unsigned long long>(g_check_excused.outside),
+        static_cast<unsigned long long>(g_check_excused.measured_short),
+        static_cast<unsigned long long>(g_check_excused.exiting));
+    if (m > 0 && static_cast<std::size_t>(used + m) < sizeof(text)) used += m;
+  }
   used = append_processes(text, sizeof(text), used, dev, region_dev);
   if (static_cast<std::size_t>(used) < sizeof(text)) {
     int m = std::snprintf(text + used, sizeof(text) - used, "  last %d operations of pid %d, oldest first:\n",
@@ -375,7 +402,29 @@ void check(std::uint32_t dev, const Grant* grant) {
   g_shared->checks.fetch_add(1, std::memory_order_relaxed);
   std::uint64_t own = 0;
   std::uint64_t in_flight = 0;
-  const std::uint64_t total = container_total(dev, &own, &in_flight);
+  Excused excused;
+  // What the device holds is read under the state lock, and gpuslice counts
+  // an allocation before the driver grants it (under that lock): the count,
+  // read after it and after the excuses (a call's bytes are excused until
+  // gpuslice counted them), is never below the count in force then. But a
+  // free (the driver's uncharge, then gpuslice's uncount) takes no lock: one
+  // landing during the reads may be in the device's figure and out of the
+  // count; so may a process that died after its bytes were read, its slot
+  // reaped by gpuslice before the count was. So the reads are made again (4
+  // times at most) while the machine's uncharges moved or a process died
+  // during them; still moving, the count is not judged.
+  std::uint64_t total = 0;
+  std::uint64_t count = 0;
+  bool count_settled = false;
+  for (int attempt = 0; attempt < 4 && !count_settled; ++attempt) {
+    own = in_flight = 0;
+    excused = Excused{};
+    const std::uint64_t moved = g_shared->uncharges.load(std::memory_order_acquire);
+    total = container_total(dev, &own, &in_flight, &excused);
+    count = resident_count(d);
+    count_settled = total <= count + excused.total() || (g_shared->uncharges.load(std::memory_order_acquire) == moved &&
+                                                         live_processes(dev) == excused.processes);
+  }
   std::uint64_t limit = d.quota_bytes.load(std::memory_order_acquire);
   const std::uint64_t resident = d.resident_limit_bytes.load(std::memory_order_acquire);
   if (resident != 0 && resident < limit) limit = resident;
@@ -398,34 +447,38 @@ void check(std::uint32_t dev, const Grant* grant) {
   // from the driver's allocation until its advice to the host, the granting
   // thread's next change of device memory; any check may find the device
   // above the limit by their sum. Memory the library admitted as resident
-  // beyond the limit stays after that.
-  const std::uint64_t managed_recent = in_flight;
+  // beyond the limit stays after that. And memory a process holds outside
+  // CUDA (a graphics allocation before its import): gpuslice cannot know of
+  // it, and refuses its import when it does not fit; excused by its bytes
+  // while so held (monitor_outside_begin/end), however long. And implicit
+  // grants inside calls still in flight (monitor_call_begin/end): gpuslice
+  // measures them after the driver's call and counts or destroys them before
+  // the call returns, however long the process waits for a CPU in between.
+  const std::uint64_t transient = in_flight + excused.outside + excused.implicit_calls;
   g_check_in_flight = in_flight;
-  const bool grace = now < w->grace_until_ns.load(std::memory_order_relaxed);
+  g_check_excused = excused;
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
   // The ceiling is the limit, or more while memory held above a lowered
   // limit is not yet freed; a raised limit raises it at once.
   std::uint64_t ceiling = w->ceiling.load(std::memory_order_relaxed);
   if (ceiling < limit) ceiling = limit;
-  // An explicit grant whose driver call began before the lag of a limit
-  // change ended may have been admitted under the limit it replaced: the
-  // driver may take any time to grant it (seed 352: 155 ms), and nothing
-  // takes it away. It raises the ceiling by its own bytes, at most to what the
-  // device holds and to the highest limit in force since its call began (one
-  // begun under a limit lowered, then raised a little, fitted the lower one).
-  if (grant != nullptr && !grant->implicit && !grace && grant->began_ns != 0 &&
-      grant->began_ns < w->grace_until_ns.load(std::memory_order_relaxed) && total > ceiling) {
+  // A grant whose driver call began before the lag of a limit change ended
+  // may have been admitted under the limit it replaced: the driver may take
+  // any time to grant it (seed 352: 155 ms), and nothing takes it away. It
+  // raises the ceiling by its own bytes, at most to what the device holds
+  // and to the highest limit in force since its call began (one begun under
+  // a limit lowered, then raised a little, fitted the lower one). During the
+  // lag as after it: no other excess is excused by a change.
+  if (grant != nullptr && grant->began_ns != 0 && grant->began_ns < w->grace_until_ns.load(std::memory_order_relaxed) &&
+      total > ceiling) {
     std::uint64_t raised = total - ceiling < grant->bytes ? total : ceiling + grant->bytes;
     const std::uint64_t highest = highest_limit_since(*w, limit, grant->began_ns);
     if (raised > highest) raised = highest > ceiling ? highest : ceiling;
     ceiling = raised;
     w->ceiling.store(ceiling, std::memory_order_relaxed);
   }
-  if (limit != kUnlimited && total > ceiling + managed_recent) {
-    if (grace) {
-      // Allocations admitted under the previous limit may still land.
-      w->ceiling.store(total, std::memory_order_relaxed);
-    } else if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent + managed_recent) {
+  if (limit != kUnlimited && total > ceiling + transient) {
+    if (grant != nullptr && !grant->implicit && total > ceiling + implicit_recent + transient) {
       report("quota", "an allocation the driver granted left the container above its limit", dev, rd, total, own,
              ceiling, d, grant);
     } else {
@@ -443,13 +496,21 @@ void check(std::uint32_t dev, const Grant* grant) {
       w->ceiling.store(lowered > limit ? lowered : limit, std::memory_order_relaxed);
     }
   }
-  const std::uint64_t count = resident_count(d);
-  if (total > count) {
+  g_shared->count_judged.fetch_add(count_settled ? 1 : 0, std::memory_order_relaxed);
+  g_shared->count_unsettled.fetch_add(count_settled ? 0 : 1, std::memory_order_relaxed);
+  if (!count_settled) {
+    // Not judged: the run of sightings neither grows nor ends.
+  } else if (total > count + excused.total()) {
     const std::uint64_t since = sighting(w->deficit_since_ns, w->deficit_seen_ns, now, lag);
-    if (since != now && now - since > lag && w->deficit_reported.load(std::memory_order_relaxed) != since) {
+    const bool at_once = g_config.calls;
+    if ((at_once || (since != now && now - since > lag)) &&
+        w->deficit_reported.load(std::memory_order_relaxed) != since) {
       w->deficit_reported.store(since, std::memory_order_relaxed);
-      report("count", "gpuslice's count stayed below what the device holds longer than FAKECUDA_MONITOR_LAG_MS", dev,
-             rd, total, own, ceiling, d, grant);
+      report("count",
+             at_once ? "gpuslice's count is below what the device holds beyond what calls in flight and the "
+                       "documented transients excuse"
+                     : "gpuslice's count stayed below what the device holds longer than FAKECUDA_MONITOR_LAG_MS",
+             dev, rd, total, own, ceiling, d, grant);
     }
   } else {
     w->deficit_since_ns.store(0, std::memory_order_relaxed);
@@ -491,6 +552,8 @@ void charged(int slot, unsigned dev, std::uint64_t bytes, int context, const cha
                     (call_is(call, "alloc_common") && call_is(previous_call, "cuMemAllocManaged")),
                 call, fakecuda_call_began_ns()};
     land_managed();
+    // Graphics memory is outside CUDA (monitor_outside_begin), not a driver call's.
+    note_call_charge(dev, bytes, grant.implicit && !call_is(call, "fakecuda_graphics_alloc"));
     if (grant.managed && bytes > 0 && dev < kSimDevices) {
       g_shared->managed_in_flight[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
       t_managed_in_flight = bytes;
@@ -504,6 +567,7 @@ void charged(int slot, unsigned dev, std::uint64_t bytes, int context, const cha
 void uncharged(int slot, unsigned dev, std::uint64_t bytes, int, const char*) {
   if (g_config.on && slot == g_slot) {
     land_managed();
+    g_shared->uncharges.fetch_add(1, std::memory_order_acq_rel);  // before gpuslice uncounts (check())
     if (dev < kSimDevices) g_shared->freed[slot][dev].fetch_add(bytes, std::memory_order_relaxed);
     note_uncharge(dev, bytes);
   }
@@ -580,6 +644,13 @@ int configure(const char* state_path, char* error, std::size_t len) {
     }
     config.judge_refusals = v[0] == '1';
   }
+  if (const char* v = std::getenv("FAKECUDA_MONITOR_CALLS"); v != nullptr && v[0] != '\0') {
+    if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+      std::snprintf(error, len, "FAKECUDA_MONITOR_CALLS='%s': expected 0 or 1", v);
+      return -1;
+    }
+    config.calls = v[0] == '1';
+  }
   config.lag_ns = lag_ms * 1000000;
   config.ring = static_cast<int>(ring);
   const char* report = std::getenv("FAKECUDA_MONITOR_REPORT");
@@ -630,6 +701,7 @@ int attach(int slot, unsigned devices) {
   g_shared->unknown_begun[slot].store(0, std::memory_order_relaxed);
   g_shared->unknown_ended[slot].store(0, std::memory_order_relaxed);
   g_shared->pools[slot].store(0, std::memory_order_relaxed);
+  calls_attach(slot);
   g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
   g_shared->member_generation[slot].store(info.generation, std::memory_order_release);
   if (g_config.interval_ms > 0) std::thread(sampler).detach();
@@ -661,6 +733,7 @@ void monitor_measured_short(unsigned dev, std::uint64_t bytes) {
     for (auto& b : g_measured_short) b.store(0, std::memory_order_relaxed);
   }
   g_measured_short[dev].store(bytes, std::memory_order_relaxed);
+  g_shared->measured_short[g_slot][dev].store(bytes, std::memory_order_release);
 }
 
 // The calling process says it is quiescent (no driver call and no gpuslice
@@ -716,6 +789,7 @@ int monitor_checkpoint() {
                     static_cast<unsigned long long>(short_by),
                     own != nullptr ? "its slot's committed_bytes" : "it has no live gpuslice slot");
       g_check_in_flight = 0;
+      g_check_excused = Excused{};
       report("count at checkpoint", detail, dev, rd, container_total(dev, nullptr), held,
              w != nullptr ? w->ceiling.load(std::memory_order_relaxed) : 0, r->devices[rd], nullptr);
     }

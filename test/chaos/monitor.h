@@ -47,7 +47,22 @@ void monitor_absorbed(unsigned dev, std::uint64_t bytes);
 // by up to these bytes (NVML cannot tell the graphics free from the object's
 // size: docs/memory.md) until it is destroyed. monitor_checkpoint() allows
 // exactly these bytes above the count; `bytes` is the whole amount for the
-// process on `dev`.
+// process on `dev`. The background count check excuses them too.
 void monitor_measured_short(unsigned dev, std::uint64_t bytes);
+
+// The count direction (calls.cc): the calling thread begins, and ends, a
+// call of the program through gpuslice (or an operation made of such calls;
+// nested brackets count as one). gpuslice counts what a call made by the
+// time it returns: bytes granted to the thread inside the bracket are
+// excused from the count until it ends. With FAKECUDA_MONITOR_CALLS=1 (every
+// process brackets every call) a deficit beyond the excuses is a violation
+// at once; without it, one that lasts longer than FAKECUDA_MONITOR_LAG_MS.
+void monitor_call_begin();
+void monitor_call_end();
+// Device memory this process is about to hold, and no longer holds, outside
+// CUDA without gpuslice knowing of it (a graphics allocation before its
+// import, or after its import was destroyed): excused by its bytes between.
+void monitor_outside_begin(unsigned dev, std::uint64_t bytes);
+void monitor_outside_end(unsigned dev, std::uint64_t bytes);
 
 }  // namespace gpuslice::chaos

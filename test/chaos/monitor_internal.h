@@ -18,7 +18,7 @@ namespace gpuslice::chaos::internal {
 inline constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
 inline constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
 
-inline constexpr std::uint64_t kMonitorMagic = 0x364f54494e4f4d46ull;  // "FMONITO6": limit changes kept
+inline constexpr std::uint64_t kMonitorMagic = 0x374f54494e4f4d46ull;  // "FMONITO7": count excuses
 inline constexpr std::uint32_t kWatches = 256;
 inline constexpr std::uint32_t kLimitChanges = 4;  // the last limit changes each watch keeps
 
@@ -27,7 +27,7 @@ struct Watch {                     // one (container, device)
   std::atomic<std::uint64_t> key;  // 0 = free
   std::atomic<std::uint64_t> limit_seen;
   std::atomic<std::uint64_t> ceiling;
-  std::atomic<std::uint64_t> grace_until_ns;  // a limit change: excess tolerated until then
+  std::atomic<std::uint64_t> grace_until_ns;  // a limit change: calls begun before then may hold the old limit
   // The last kLimitChanges changes of the limit: when each was seen and the
   // limit in force before it (entry changes % kLimitChanges is the next).
   std::atomic<std::uint64_t> changes;
@@ -88,6 +88,20 @@ struct MonitorShared {
   std::atomic<std::uint64_t> reclaimed_ended[kSimSlots][kSimDevices];
   std::atomic<std::uint64_t> refusals_judged;
   std::atomic<std::uint64_t> refusals_skipped;
+  // Count checks judged, and not (the machine's frees moved during every read).
+  std::atomic<std::uint64_t> count_judged;
+  std::atomic<std::uint64_t> count_unsettled;
+  // The count direction's excuses, per process (calls.cc): bytes granted to
+  // its threads inside calls still in flight (monitor_call_begin/end), its
+  // memory outside CUDA (monitor_outside_begin/end), what graphics frees took
+  // out of measurements of live objects (monitor_measured_short), and 1 once
+  // it runs its exit handlers.
+  std::atomic<std::uint64_t> in_calls[kSimSlots][kSimDevices];
+  std::atomic<std::uint64_t> in_calls_implicit[kSimSlots][kSimDevices];  // of in_calls, implicit grants
+  std::atomic<std::uint64_t> outside[kSimSlots][kSimDevices];
+  std::atomic<std::uint64_t> measured_short[kSimSlots][kSimDevices];
+  std::atomic<std::uint32_t> exiting[kSimSlots];
+  std::atomic<std::uint64_t> uncharges;  // every process's, monotone (check(): a free during its reads)
 };
 
 struct MonitorConfig {
@@ -112,6 +126,10 @@ struct MonitorConfig {
   // grants in flight and what it holds), widening the window in which its
   // threads change them (ChaosTorture.AManagedGrantLandingDuringACheckIsNoExcess).
   std::uint64_t read_delay_us = 0;
+  // FAKECUDA_MONITOR_CALLS=1: every process brackets its calls
+  // (monitor_call_begin/end), so a deficit beyond the excuses (calls.cc) is
+  // a violation at once; without it, one that lasts longer than the lag.
+  bool calls = false;
 };
 
 struct Grant {
@@ -135,9 +153,28 @@ int region_device(std::uint32_t dev, const Region& r);
 // member_alive: and its process is alive (or is us). State lock held.
 bool member(int i, std::uint32_t dev, fakecuda_slot_info* slot);
 bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot);
+// What a process may hold beyond gpuslice's count (calls.cc), in parts.
+struct Excused {
+  std::uint64_t calls = 0;           // granted inside calls in flight
+  std::uint64_t outside = 0;         // memory outside CUDA (not imported)
+  std::uint64_t measured_short = 0;  // graphics frees inside measurements of live objects
+  std::uint64_t exiting = 0;         // all of a process in its exit handlers
+  std::uint64_t implicit_calls = 0;  // of calls, implicit grants (the quota's excuse too)
+  int processes = 0;                 // the live processes these are of
+  std::uint64_t total() const { return calls + outside + measured_short + exiting; }
+};
 // Device bytes held by the live processes of this container (and of them the
-// managed grants in flight). State lock held.
-std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr);
+// managed grants in flight, and what the count direction excuses). State lock held.
+std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr,
+                              Excused* excused = nullptr);
+// calls.cc: a process attached (its excuses start at 0); a grant to the
+// calling thread (inside its call in flight: excused until the call ends);
+// what process slot `slot`, holding `held` on `dev`, is excused (added to *parts).
+void calls_attach(int slot);
+void note_call_charge(unsigned dev, std::uint64_t bytes, bool implicit);
+std::uint64_t count_excused(int slot, std::uint32_t dev, std::uint64_t held, Excused* parts);
+// The live processes of this container (container_total's). State lock held.
+int live_processes(std::uint32_t dev);
 Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total);
 // A check read `limit`: a change from the last one seen starts its lag and
 // is kept in the watch's ring. State lock held.

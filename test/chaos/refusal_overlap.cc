@@ -28,6 +28,19 @@
 //     thread frees FREED_MIB of graphics memory never imported inside an
 //     8 MiB module's measured load; ALLOWED_MIB is reported as freed during measurements
 //     (monitor_measured_short); prints "checkpoint=N" (violations found).
+// The count direction (FAKECUDA_MONITOR_CALLS=1; this program plays
+// gpuslice's part, counting in the region what it holds after its start):
+//   refusal_overlap stalled-call MS   a call (monitor_call_begin/end) is
+//     granted 8 MiB, then stalls MS ms before it counts them and returns
+//   refusal_overlap returned-uncounted  a call is granted 8 MiB and returns
+//     without counting them
+//   refusal_overlap context MS DESTROY   a call creates a context (implicit
+//     memory: FAKECUDA_CONTEXT_MEMORY), counts it, stalls MS ms and, with
+//     DESTROY 1, destroys it before it returns (as gpuslice destroys what
+//     does not fit); with 0 it returns keeping it; then 300 ms
+//   refusal_overlap outside MIB [HELD]   HELD MiB (default 8) allocated outside
+//     CUDA (a graphics allocation) held 300 ms, MIB MiB of them said to be
+//     (monitor_outside_begin)
 #include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -93,12 +106,78 @@ bool await_dead(pid_t pid) {
   }
   return false;
 }
+
+// The count-direction modes (see the top).
+int count_direction(int argc, char** argv) {
+  using gpuslice::chaos::monitor_call_begin;
+  using gpuslice::chaos::monitor_call_end;
+  gpuslice::Region* r = map_region();
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  monitor_call_begin();  // the start: its context, counted before it "returns"
+  if (r == nullptr || cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    std::printf("init failed\n");
+    return 1;
+  }
+  std::atomic<std::uint64_t>& used = r->devices[0].used_bytes;
+  used.fetch_add(fakecuda_process_used_bytes(0, 0));
+  monitor_call_end();
+  constexpr std::uint64_t kBytes = 8u << 20;
+  CUdeviceptr p = 0;
+  if (std::strcmp(argv[1], "context") == 0) {
+    if (argc != 4) return 2;
+    monitor_call_begin();
+    const std::uint64_t before = fakecuda_process_used_bytes(0, 0);
+    CUcontext made = nullptr;
+    if (cuCtxCreate(&made, nullptr, 0, dev) != CUDA_SUCCESS) return 1;
+    const std::uint64_t bytes = fakecuda_process_used_bytes(0, 0) - before;
+    used.fetch_add(bytes);
+    usleep(static_cast<useconds_t>(std::strtoul(argv[2], nullptr, 10) * 1000));
+    const bool destroy = std::strcmp(argv[3], "1") == 0;
+    if (destroy) {
+      cuCtxDestroy(made);
+      used.fetch_sub(bytes);
+    }
+    cuCtxSetCurrent(ctx);
+    monitor_call_end();
+    usleep(300 * 1000);
+    if (!destroy) cuCtxDestroy(made);
+  } else if (std::strcmp(argv[1], "outside") == 0) {
+    if (argc != 3 && argc != 4) return 2;
+    const std::uint64_t declared = std::strtoull(argv[2], nullptr, 10) << 20;
+    const std::uint64_t held = argc == 4 ? std::strtoull(argv[3], nullptr, 10) << 20 : kBytes;
+    gpuslice::chaos::monitor_outside_begin(0, declared);
+    const std::uint64_t gfx = fakecuda_graphics_alloc(0, held);
+    if (gfx == 0) return 1;
+    usleep(300 * 1000);
+    fakecuda_graphics_free(gfx);
+    gpuslice::chaos::monitor_outside_end(0, declared);
+  } else {
+    const bool stalled = std::strcmp(argv[1], "stalled-call") == 0;
+    if (stalled && argc != 3) return 2;
+    monitor_call_begin();
+    if (cuMemAlloc(&p, kBytes) != CUDA_SUCCESS) return 1;
+    if (stalled) {
+      usleep(static_cast<useconds_t>(std::strtoul(argv[2], nullptr, 10) * 1000));
+      used.fetch_add(kBytes);
+    }
+    monitor_call_end();
+  }
+  usleep(50 * 1000);  // the sampler's checks (every 5 ms) after the call returned
+  std::printf("done\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using gpuslice::chaos::monitor_request_begin;
   using gpuslice::chaos::monitor_request_end;
   if (argc < 2 || argc > 4) return 2;
+  if (std::strcmp(argv[1], "stalled-call") == 0 || std::strcmp(argv[1], "returned-uncounted") == 0 ||
+      std::strcmp(argv[1], "outside") == 0 || std::strcmp(argv[1], "context") == 0)
+    return count_direction(argc, argv);
   const bool overlap = std::strcmp(argv[1], "overlap") == 0;
   const bool absorbed = std::strcmp(argv[1], "absorbed") == 0 && argc == 3;
   CUdevice dev = 0;

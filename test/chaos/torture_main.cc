@@ -133,6 +133,7 @@ struct SeedResult {
   bool hang = false;
   std::uint64_t checks = 0;
   std::uint64_t refusals_judged = 0, refusals_skipped = 0;
+  std::uint64_t count_judged = 0, count_unsettled = 0;  // count checks (monitor.cc)
   std::string classes;
   std::string detail;
 };
@@ -180,6 +181,7 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
   env.push_back("FAKECUDA_MONITOR=1");
   env.push_back("FAKECUDA_MONITOR_LAG_MS=" + std::to_string(o.lag_ms));
   env.push_back("FAKECUDA_MONITOR_REPORT=" + dir + "/violations");
+  env.push_back("FAKECUDA_MONITOR_CALLS=1");  // the worker brackets its calls: the count is judged at once
   if (!o.judge_refusals) env.push_back("FAKECUDA_MONITOR_REFUSALS=0");
   if (o.read_delay_us != 0) env.push_back("FAKECUDA_MONITOR_READ_DELAY_US=" + std::to_string(o.read_delay_us));
   if (o.chaos) env.push_back("FAKECUDA_CHAOS_SEED=" + std::to_string(seed));
@@ -319,12 +321,15 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
     if (in.read(reinterpret_cast<char*>(words), sizeof(words))) result.checks = words[2];
     // And the refusals it judged and those it could not (refusal.cc).
     using gpuslice::chaos::internal::MonitorShared;
-    std::uint64_t refusals[2] = {};
+    std::uint64_t refusals[4] = {};
     in.seekg(static_cast<std::streamoff>(offsetof(MonitorShared, refusals_judged)));
     static_assert(offsetof(MonitorShared, refusals_skipped) == offsetof(MonitorShared, refusals_judged) + 8);
+    static_assert(offsetof(MonitorShared, count_unsettled) == offsetof(MonitorShared, refusals_judged) + 24);
     if (in && in.read(reinterpret_cast<char*>(refusals), sizeof(refusals))) {
       result.refusals_judged = refusals[0];
       result.refusals_skipped = refusals[1];
+      result.count_judged = refusals[2];
+      result.count_unsettled = refusals[3];
     }
   }
   const std::string report = read_file(dir + "/violations");
@@ -471,7 +476,7 @@ int main(int argc, char** argv) {
   }
   const std::uint64_t begin = now_ms();
   int violations = 0, failed = 0;
-  std::uint64_t judged = 0, skipped = 0;
+  std::uint64_t judged = 0, skipped = 0, count_judged = 0, count_unsettled = 0;
   std::string failed_seeds;
   for (std::uint64_t seed : o.seeds) {
     const std::uint64_t t0 = now_ms();
@@ -480,6 +485,8 @@ int main(int argc, char** argv) {
     violations += r.violations;
     judged += r.refusals_judged;
     skipped += r.refusals_skipped;
+    count_judged += r.count_judged;
+    count_unsettled += r.count_unsettled;
     if (bad) {
       ++failed;
       failed_seeds += (failed_seeds.empty() ? "" : " ") + std::to_string(seed);
@@ -494,9 +501,10 @@ int main(int argc, char** argv) {
   const std::uint64_t count = o.seeds.size();
   std::printf(
       "summary: seeds=%llu failed=%d violations=%d time_s=%.1f seeds_per_s=%.2f classes=%s failed_seeds=[%s] "
-      "refusals_judged=%llu refusals_not_judged=%llu\n",
+      "refusals_judged=%llu refusals_not_judged=%llu count_checks_judged=%llu count_checks_not_settled=%llu\n",
       static_cast<unsigned long long>(count), failed, violations, secs, static_cast<double>(count) / secs,
       join(o.classes).c_str(), failed_seeds.c_str(), static_cast<unsigned long long>(judged),
-      static_cast<unsigned long long>(skipped));
+      static_cast<unsigned long long>(skipped), static_cast<unsigned long long>(count_judged),
+      static_cast<unsigned long long>(count_unsettled));
   return failed == 0 ? 0 : 1;
 }

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -139,6 +140,16 @@ class Absorbed {
   std::vector<Event> events_;
 };
 
+// A call of the program through gpuslice, or an operation made of such
+// calls (monitor_call_begin/end): what the driver grants inside it may stay
+// uncounted until it returns, and no longer (FAKECUDA_MONITOR_CALLS=1).
+struct InCall {
+  InCall() { monitor_call_begin(); }
+  ~InCall() { monitor_call_end(); }
+  InCall(const InCall&) = delete;
+  InCall& operator=(const InCall&) = delete;
+};
+
 // All threads of the worker meet every kCheckpointEvery operations; the last
 // to arrive, with every other thread parked, asks the monitor for its exact
 // per-process check (monitor_checkpoint, monitor.h).
@@ -207,8 +218,11 @@ class Worker {
   }
 
   void run() {
-    cuCtxSetCurrent(s_.primary);
-    cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING);
+    {
+      InCall call;
+      cuCtxSetCurrent(s_.primary);
+      cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING);
+    }
     for (int i = 0; i < o_.ops; ++i) {
       if (i % kCheckpointEvery == kCheckpointEvery - 1) s_.barrier.arrive_and_check();
       if (held_.size() >= max_held_ || (!held_.empty() && rng_.chance(40))) {
@@ -219,6 +233,7 @@ class Worker {
       op(c);
     }
     while (!held_.empty()) release_one();
+    InCall call;
     cuCtxSetCurrent(s_.primary);
     sync_stream(stream_);
     released(0, [&] { cuStreamDestroy(stream_); });
@@ -254,6 +269,7 @@ class Worker {
   void hold(const Held& h) { held_.push_back(h); }
 
   void op(const std::string& c) {
+    InCall call;
     const std::size_t before = held_.size();
     // Operations whose device memory the worker cannot size (implicit memory,
     // reserved before the call and settled to a measurement after it; pitch
@@ -490,6 +506,14 @@ class Worker {
     Held h;
     h.kind = Kind::ext;
     h.size = size();
+    // Outside CUDA until its import returned (monitor_outside_begin): gpuslice cannot know of it before.
+    const unsigned dev = static_cast<unsigned>(s_.dev);
+    monitor_outside_begin(dev, h.size);
+    struct Outside {
+      unsigned dev;
+      std::size_t bytes;
+      ~Outside() { monitor_outside_end(dev, bytes); }
+    } outside{dev, h.size};
     const int event = s_.absorbed.graphics_begin(h.size);
     h.graphics = fakecuda_graphics_alloc(s_.dev, h.size);
     s_.absorbed.graphics_end(event);
@@ -585,6 +609,7 @@ class Worker {
   }
 
   void release_one() {
+    InCall call;
     const std::size_t i = rng_.below(held_.size());
     Held h = held_[i];
     held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
@@ -637,8 +662,11 @@ class Worker {
       case Kind::ext:
         if (h.ptr != 0) cuMemFree(h.ptr);
         if (rng_.chance(50)) {
+          // Outside CUDA from the import's destruction to the graphics free.
+          monitor_outside_begin(static_cast<unsigned>(s_.dev), h.size);
           cuDestroyExternalMemory(h.ext);
           graphics_free(h.graphics, h.size);  // the import gone: the memory leaves the device
+          monitor_outside_end(static_cast<unsigned>(s_.dev), h.size);
         } else {
           fakecuda_graphics_free(h.graphics);
           cuDestroyExternalMemory(h.ext);
@@ -694,6 +722,7 @@ int run_worker(const WorkerOptions& options, const char* self) {
                  options.index, std::getenv("LD_PRELOAD"), from);
     return 4;
   }
+  std::optional<InCall> start(std::in_place);  // the start's calls (the primary context's memory)
   if (cuInit(0) != CUDA_SUCCESS) {
     std::fprintf(stderr, "torture worker %d: cuInit failed\n", options.index);
     return 2;
@@ -710,6 +739,7 @@ int run_worker(const WorkerOptions& options, const char* self) {
   }
   cuCtxSetCurrent(shared.primary);
   cuDeviceGetDefaultMemPool(&shared.default_pool, shared.dev);
+  start.reset();
   shared.pool_allocs = std::find(options.classes.begin(), options.classes.end(), "pool") != options.classes.end();
   if (shared.pool_allocs) monitor_pools(1);  // the default pool (each may be counted a chunk above its reserve)
   std::vector<std::thread> threads;
@@ -723,6 +753,7 @@ int run_worker(const WorkerOptions& options, const char* self) {
   for (const Worker& w : workers) granted += w.granted_;
   std::printf("torture worker %d: %d of %d operations acquired a resource\n", options.index, granted,
               options.ops * options.threads);
+  InCall teardown;
   cuDeviceSetMemPool(shared.dev, shared.default_pool);
   // Teardown frees of unknown size (monitor_release_begin): pools, the primary context.
   monitor_release_begin(static_cast<unsigned>(shared.dev), 0);

@@ -1,0 +1,130 @@
+// The count direction's excuses (monitor.h: monitor_call_begin/end,
+// monitor_outside_begin/end; README.md, "The invariant monitor"): what the
+// device may hold beyond gpuslice's count in a process without a miscount.
+// gpuslice's promise is about calls that have returned: memory a driver call
+// makes inside a call the library wraps (a context, a module's placement,
+// measured after the driver's call) may be uncounted until that call
+// returns, however long the process waits for a CPU in between. A program
+// that brackets its calls (FAKECUDA_MONITOR_CALLS=1) has the bytes its
+// threads were granted inside calls still in flight excused, and any other
+// deficit judged at once; memory it holds outside CUDA (a graphics
+// allocation before its import: the library cannot know of it) is excused
+// by its bytes while it says so; memory a graphics free took out of a
+// measurement (monitor_measured_short) by those bytes; a process in its exit
+// handlers (gpuslice gives its count back before the driver frees its
+// memory at the process's end) by all it holds.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+#include "fakecuda_query.h"
+#include "monitor.h"
+#include "monitor_internal.h"
+
+namespace gpuslice::chaos {
+using namespace internal;
+
+namespace {
+
+// The calling thread's calls in flight (nested) and the bytes granted to it
+// inside them, per device, not yet given back to MonitorShared::in_calls.
+thread_local int t_depth = 0;
+thread_local int t_call_slot = -1;  // the slot the bytes were added to (a forked child's copy is not its own)
+thread_local std::uint64_t t_call_bytes[kSimDevices];
+thread_local std::uint64_t t_call_implicit[kSimDevices];  // of those, implicit grants
+std::atomic<pid_t> g_attached_pid{0};  // a forked child that calls exit() is not the process that attached
+
+void mark_exiting() {
+  if (g_config.on && g_shared != nullptr && g_slot >= 0 && getpid() == g_attached_pid.load(std::memory_order_relaxed))
+    g_shared->exiting[g_slot].store(1, std::memory_order_release);
+}
+
+}  // namespace
+
+void internal::calls_attach(int slot) {
+  for (auto& bytes : g_shared->in_calls[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->in_calls_implicit[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->outside[slot]) bytes.store(0, std::memory_order_relaxed);
+  for (auto& bytes : g_shared->measured_short[slot]) bytes.store(0, std::memory_order_relaxed);
+  g_shared->exiting[slot].store(0, std::memory_order_relaxed);
+  g_attached_pid.store(getpid(), std::memory_order_relaxed);
+  // atexit handlers run in the reverse order of their registration, and the
+  // loader's destructor pass (gpuslice's release_at_exit among them) was
+  // registered before main: this runs first.
+  std::atexit(mark_exiting);
+}
+
+void internal::note_call_charge(unsigned dev, std::uint64_t bytes, bool implicit) {
+  if (t_depth == 0 || dev >= kSimDevices || bytes == 0) return;
+  if (t_call_slot != g_slot) {  // the first grant of this call (or a child's stale copy)
+    for (auto& b : t_call_bytes) b = 0;
+    for (auto& b : t_call_implicit) b = 0;
+    t_call_slot = g_slot;
+  }
+  t_call_bytes[dev] += bytes;
+  g_shared->in_calls[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);  // state lock held
+  if (implicit) {
+    t_call_implicit[dev] += bytes;
+    g_shared->in_calls_implicit[g_slot][dev].fetch_add(bytes, std::memory_order_relaxed);
+  }
+}
+
+std::uint64_t internal::count_excused(int slot, std::uint32_t dev, std::uint64_t held, Excused* parts) {
+  if (parts != nullptr) ++parts->processes;
+  if (g_shared->exiting[slot].load(std::memory_order_acquire) != 0) {
+    if (parts != nullptr) parts->exiting += held;
+    return held;
+  }
+  const std::uint64_t calls = g_shared->in_calls[slot][dev].load(std::memory_order_acquire);
+  const std::uint64_t implicit = g_shared->in_calls_implicit[slot][dev].load(std::memory_order_acquire);
+  const std::uint64_t outside = g_shared->outside[slot][dev].load(std::memory_order_acquire);
+  const std::uint64_t short_by = g_shared->measured_short[slot][dev].load(std::memory_order_acquire);
+  if (parts != nullptr) {
+    parts->calls += calls;
+    parts->implicit_calls += implicit;
+    parts->outside += outside;
+    parts->measured_short += short_by;
+  }
+  return calls + outside + short_by;
+}
+
+int internal::live_processes(std::uint32_t dev) {
+  int n = 0;
+  const int high = fakecuda_slots_high_locked();
+  for (int i = 0; i < high; ++i) {
+    fakecuda_slot_info slot{};
+    if (member_alive(i, dev, &slot)) ++n;
+  }
+  return n;
+}
+
+void monitor_call_begin() { ++t_depth; }
+
+void monitor_call_end() {
+  if (t_depth == 0 || --t_depth != 0) return;
+  if (t_call_slot < 0 || t_call_slot != g_slot || g_shared == nullptr) return void(t_call_slot = -1);
+  // After gpuslice counted what the call made (the call returned): a check
+  // that reads this after the count reads the count after it too.
+  for (std::uint32_t dev = 0; dev < kSimDevices; ++dev) {
+    if (t_call_bytes[dev] != 0) g_shared->in_calls[g_slot][dev].fetch_sub(t_call_bytes[dev], std::memory_order_release);
+    t_call_bytes[dev] = 0;
+    if (t_call_implicit[dev] != 0)
+      g_shared->in_calls_implicit[g_slot][dev].fetch_sub(t_call_implicit[dev], std::memory_order_release);
+    t_call_implicit[dev] = 0;
+  }
+  t_call_slot = -1;
+}
+
+void monitor_outside_begin(unsigned dev, std::uint64_t bytes) {
+  if (g_config.on && g_slot >= 0 && dev < g_devices)
+    g_shared->outside[g_slot][dev].fetch_add(bytes, std::memory_order_release);
+}
+
+void monitor_outside_end(unsigned dev, std::uint64_t bytes) {
+  if (g_config.on && g_slot >= 0 && dev < g_devices)
+    g_shared->outside[g_slot][dev].fetch_sub(bytes, std::memory_order_release);
+}
+
+}  // namespace gpuslice::chaos
