@@ -33,12 +33,16 @@ namespace gpuslice::hook {
 // or the key is held again by a newer record (the driver handed it out
 // again: the stale-record rule, platform::record). Both release it.
 // The driver refused the free: the record goes back unless its object is
-// gone (free_counted, below). Out of line: the common path keeps nothing
-// of the table across the driver call.
+// gone (free_counted, below). "Known" may be another thread's allocation at
+// the address, freed again before the record went back (issue 32): so once
+// back, the record is settled as the sweep settles one it put back
+// (limiter::settle_record: asked again, released if gone). Out of line: the
+// common path keeps nothing of the table across the driver call.
 template <class Gone>
 [[gnu::cold, gnu::noinline]] void free_refused(limiter::AllocTable& table, std::uint64_t key,
                                                const limiter::AllocRecord& rec, Gone& gone) noexcept {
-  if (gone(key, rec) || !table.insert(key, rec)) release_record(rec);
+  if (gone(key, rec) || !table.insert(key, rec)) return release_record(rec);
+  limiter::settle_record(table, key, rec, gone, [](const limiter::AllocRecord& r) { release_record(r); });
 }
 
 // `after` runs once the driver freed it (rc CUDA_SUCCESS), still inside the

@@ -167,5 +167,26 @@ TEST(MemoryBypass, ContextMemoryIsExactWhileAnotherThreadAllocates) {
   EXPECT_EQ(number(r, "ctx-race", "mismatches"), 0) << r.out;
 }
 
+// A free of a pointer whose context another thread was destroying took the
+// record out, the driver refused it (the memory went with the context), and
+// the library asked whether the address was still known: another thread had
+// allocated there meanwhile (known) and freed it before the record went back.
+// The record of nothing stayed counted (issue 32: in the chaos suite a
+// process counting a torture size it did not hold, refusing with room).
+// Now a record put back after a refused free is asked about once more.
+TEST(MemoryRefused, ARefusedFreeLeavesNoRecordWhenItsAddressWasReusedAndFreed) {
+  Sandbox box;
+  Result r = probe(
+      box,
+      {{"GPUSLICE_MEMORY_LIMIT", "1Gi"}, {"FAKECUDA_MEMORY", "16Gi"}, {"FAKECUDA_ADDRESS_RANGE_DELAY_US", "100000"}},
+      {"refused-free-reuse", "24", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "refused-free-reuse", "destroyed"), CUDA_SUCCESS) << r.out;
+  EXPECT_NE(number(r, "refused-free-reuse", "freed"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "refused-free-reuse", "same"), 1) << "the allocation took another address\n" << r.out;
+  EXPECT_EQ(number(r, "refused-free-reuse", "held"), 0) << r.out;
+  EXPECT_EQ(number(r, "refused-free-reuse", "counted"), number(r, "refused-free-reuse", "held")) << r.out;
+}
+
 }  // namespace
 }  // namespace gpuslice::test

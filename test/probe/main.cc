@@ -88,6 +88,8 @@ const Scenario kScenarios[] = {
     {"memory", "primary-reset-live", "MIB ROUNDS", kInit,
      [](const Args& a) { return memory::ctx_destroy_live(a.mib(0), a.number<int>(1), true, false); }},
     {"memory", "ctx-race", "TRIES", kInit, [](const Args& a) { return memory::ctx_race(a.number<int>(0)); }},
+    {"memory", "refused-free-reuse", "MIB DELAY_MS", kInit,
+     [](const Args& a) { return memory::refused_free_reuse(a.mib(0), a.number<int>(1)); }},
 
     {"gate", "stuck-release", "MIB [keep]", kInit,
      [](const Args& a) { return gate::stuck_release(a.mib(0), a.flag(1, "keep")); }},

@@ -20,11 +20,16 @@
 //   primary-reset-live MIB ROUNDS primary retain, cuMemAlloc, cuDevicePrimaryCtxReset, again
 //   ctx-destroy-live-array MIB ROUNDS  cuCtxCreate, cuArrayCreate, cuCtxDestroy, again
 //   ctx-race TRIES             contexts created while another thread allocates and frees
+//   refused-free-reuse MIB DELAY_MS  a free the driver refuses (its context destroyed meanwhile)
+//                              while another thread allocates at the address and frees it
+//                              (run with FAKECUDA_ADDRESS_RANGE_DELAY_US = DELAY_MS * 1000)
 #include <cuda.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "probe.h"
 
@@ -283,6 +288,41 @@ int ctx_race(int tries) {
   }
   churn.stop();
   std::printf("ctx-race tries=%d mismatches=%d\n", tries, mismatches);
+  return 0;
+}
+
+// A free of a pointer whose context another thread is destroying: the free
+// takes the record out, the driver refuses it (the destroy freed the
+// memory), and the library asks whether the address is still known. Each
+// question sleeps D before its look-up and D after (the knob). The destroy's
+// sweep asks at D (gone) and ends at 2D, its record already taken by the
+// free (at 1.5D); the free's question looks at 2.5D, answers at 3.5D.
+// Between, this thread allocates at the address (2.2D: known at the look)
+// and frees it (3D): the answer "known" is stale when the record goes back.
+int refused_free_reuse(std::size_t bytes, int delay_ms) {
+  const auto sleep_ms = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  const CUcontext primary = use_primary(0);
+  CUcontext ctx = nullptr;
+  check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+  CUdeviceptr gone = 0;
+  check(cuMemAlloc(&gone, bytes), "cuMemAlloc");
+  check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+  CUresult destroyed = CUDA_SUCCESS, freed = CUDA_SUCCESS;
+  std::thread destroy([&] { destroyed = cuCtxDestroy(ctx); });
+  std::thread free_late([&] {
+    cuCtxSetCurrent(primary);
+    sleep_ms(delay_ms * 3 / 2);
+    freed = cuMemFree(gone);
+  });
+  sleep_ms(delay_ms * 11 / 5);
+  CUdeviceptr again = 0;
+  check(cuMemAlloc(&again, bytes), "cuMemAlloc (again)");
+  sleep_ms(delay_ms * 4 / 5);
+  check(cuMemFree(again), "cuMemFree (again)");
+  destroy.join();
+  free_late.join();
+  std::printf("refused-free-reuse destroyed=%d freed=%d same=%d counted=%lld held=%lld\n", static_cast<int>(destroyed),
+              static_cast<int>(freed), again == gone ? 1 : 0, counted_used(), held_allocations());
   return 0;
 }
 

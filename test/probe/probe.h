@@ -159,6 +159,7 @@ int pool_failed(std::size_t bytes);
 int free_async_linear(std::size_t bytes, int rounds);
 int ctx_destroy_live(std::size_t bytes, int rounds, bool primary_reset, bool arrays);
 int ctx_race(int tries);
+int refused_free_reuse(std::size_t bytes, int delay_ms);
 }  // namespace memory
 namespace gate {
 int stuck_release(std::size_t bytes, bool keep);
