@@ -10,6 +10,7 @@
 #include "hook/config.h"
 #include "hook/log.h"
 #include "hook/region.h"
+#include "limiter/agent_extra.h"
 #include "limiter/memory_accounting.h"
 #include "platform/clock.h"
 
@@ -112,7 +113,11 @@ bool over_allowance(int entry) noexcept {
   DeviceState& d = device(entry);
   const std::uint64_t limit = d.resident_limit_bytes.load(std::memory_order_relaxed);
   if (limit == 0 || limit == kUnlimited) return false;
-  return limiter::resident_bytes(g_process.region, entry) > limit;
+  // The live agent's extra is memory on the device beyond our count: resident,
+  // as admission against the quota counts it (limiter/agent_extra.h).
+  const std::uint64_t resident = limiter::resident_bytes(g_process.region, entry);
+  const std::uint64_t extra = limiter::agent_extra_in_force(g_process.region, d);
+  return resident > limit || extra > limit - resident;
 }
 
 CUresult alloc_oversubscribed(limiter::AllocTable& table, const Reservation& r, std::uint64_t* key,

@@ -30,7 +30,8 @@ namespace gpuslice::hook {
 // Whether oversubscription is on: oversubscribing() (hook/config.h).
 
 // Would the container hold more than its device-resident allowance on `entry`
-// once `bytes` (already reserved against the quota) are resident?
+// once `bytes` (already reserved against the quota) are resident? The live
+// agent's extra (agent_extra_bytes) counts as resident.
 bool over_allowance(int entry) noexcept;
 
 // The whole allocation under the policy, for an allocation already reserved

@@ -236,6 +236,15 @@ inline bool take_record(CUdeviceptr ptr, PoolState** st, std::uint64_t* bytes) n
 // (reconcile_locked).
 // A free of a pool counted above its reserve reconciles it (below).
 [[gnu::cold, gnu::noinline]] void reconcile_after_free(PoolState& st) noexcept;
+// An untracked free (the freed-behind word, hook/memory.h) may have freed a
+// pool allocation of ours that was in the driver and not yet recorded (a
+// program's stale pointer at an address the allocation took): its record,
+// made after, counts what the driver no longer holds. Settles the record at
+// `ptr` if the driver does not know the address (at most 3 rounds against
+// new allocations there, as limiter::settle_record). Run by the allocation
+// once recorded, if the word moved during it, and by the untracked free
+// after it (one of the two sees the other).
+[[gnu::cold, gnu::noinline]] void settle_freed_behind(CUdeviceptr ptr) noexcept;
 inline void freed(PoolState& st, std::uint64_t bytes) noexcept {
   st.dirty.store(1, std::memory_order_relaxed);
   st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);

@@ -49,9 +49,14 @@ CUresult forward(RealAlloc& real_alloc) noexcept {
 // record held it, and may have put a stale linear record back there (a
 // record of nothing while this allocation lives). The address is a pool
 // allocation of ours now: a linear record at it is stale. As cuMemAlloc
-// settles its own address (hook/memory.h, the freed-behind word).
+// settles its own address (hook/memory.h, the freed-behind word). Or an
+// untracked free (a program's stale pointer) freed this allocation in the
+// driver before it was recorded: its record is settled too.
 [[gnu::cold, gnu::noinline]] CUresult settle_behind(CUresult rc, const CUdeviceptr* dptr, std::uint64_t mark) noexcept {
-  if (rc == CUDA_SUCCESS && g_freed_behind.load(std::memory_order_relaxed) != mark) release_stale_linear(*dptr);
+  if (rc == CUDA_SUCCESS && g_freed_behind.load(std::memory_order_seq_cst) != mark) {
+    release_stale_linear(*dptr);
+    pools::settle_freed_behind(*dptr);
+  }
   return rc;
 }
 

@@ -146,6 +146,28 @@ TEST(PoolRace, PoolAllocationDuringTheSweepLeavesNoRecordAtItsAddress) {
   EXPECT_EQ(number(r, "allocated-during-sweep", "counted"), number(r, "allocated-during-sweep", "held")) << r.out;
 }
 
+// A program frees a stale pointer (its destroyed context's allocation)
+// whose address a pool allocation of ours has just taken in the driver, not
+// yet recorded: the driver frees the pool allocation, and the record made
+// after it kept its bytes in the pool's `outstanding`, so its pool stayed
+// counted 16 MiB above its reserve after a trim (and after the reclaim
+// before a refusal: issue 32's pools shape, seeds 58216 and 59267 of
+// pool,trim,context,primary,library,fill, a 7 MiB record of nothing). Now
+// an allocation that overlapped an untracked free (the freed-behind word)
+// settles its own record as it settles a linear one, and the untracked
+// free settles a pool record at its address.
+TEST(PoolRace, AllocationFreedByAStaleFreeWhileUnrecordedLeavesNoCount) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "256Mi"}, {"FAKECUDA_POOL_QUERY_DELAY_US", "150000"}},
+                   {"freed-while-recording", "16", "50"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "freed-while-recording", "rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "freed-while-recording", "stale"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "freed-while-recording", "same"), 1) << "the pool allocation took another address\n" << r.out;
+  EXPECT_EQ(number(r, "freed-while-recording", "held"), 0) << r.out;
+  EXPECT_EQ(number(r, "freed-while-recording", "counted"), number(r, "freed-while-recording", "held")) << r.out;
+}
+
 // Four threads churn stream-ordered pools (pool_churn: both allocations,
 // both frees, synchronisations, trims, release thresholds, destroy and
 // recreate) under a 512 MiB quota, and a test-local observer of the

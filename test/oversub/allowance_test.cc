@@ -17,7 +17,9 @@
 #include "gpuslice/region.h"
 #include "harness.h"
 #include "region_view.h"
+#include "limiter/agent_extra.h"
 #include "limiter/memory_accounting.h"
+#include "platform/clock.h"
 #include "shm/region_file.h"
 
 namespace gpuslice::test {
@@ -264,6 +266,69 @@ TEST(Allowance, AWaiterReservedBeforeTheQuotaFellWaitsUntilItFits) {
   ASSERT_TRUE(waiting) << r.describe();
   EXPECT_FALSE(landed) << "granted while the container stood above its 4 MiB quota: " << r.describe();
   EXPECT_EQ(values(r, "alloc", "rc"), std::vector<std::string>{"0"}) << r.describe();
+}
+
+// The agent's extra (agent_extra_bytes: memory NVML shows on the device
+// beyond the container's count) is resident memory: it counts against the
+// allowance as it counts against the quota, while the agent that wrote it
+// beats (limiter/agent_extra.h). 48 MiB under a 64 MiB allowance with 32 MiB
+// of fresh extra: 80 MiB would be resident. Before, it was granted on the
+// device under every policy; a stale heartbeat's extra does not count.
+struct ExtraRun {
+  Result result;
+  std::uint64_t spilled = 0;
+  std::uint64_t timeouts = 0;
+};
+
+ExtraRun alloc_beside_extra(const std::string& policy, bool fresh) {
+  Sandbox box;
+  Env env = merge(allowance_env(box, policy, "64Mi"), {{"GPUSLICE_OVERSUBSCRIBE_WAIT", "100ms"}});
+  const pid_t p = spawn({bin("cuprobe"), "init", "ctx", "0", "touch", box.path("ready"), "waitfile", box.path("go"),
+                         "alloc", mib(48), "touch", box.path("done"), "waitfile", box.path("exit"), "freeall"},
+                        env, box.path("p.out"));
+  ExtraRun out;
+  EXPECT_TRUE(await_file(box.path("ready"), 20000));
+  {
+    RegionView v(env["GPUSLICE_REGION"]);
+    EXPECT_NE(v.region, nullptr);
+    if (v.region != nullptr) {
+      v.dev().agent_extra_bytes.store(32 * kMi);
+      const std::uint64_t now = platform::monotonic_ns();
+      v.region->header.agent_heartbeat_ns.store(fresh ? now : now - limiter::kAgentExtraHoldNs - 1'000'000'000);
+    }
+  }
+  run({"/usr/bin/touch", box.path("go")}, {});
+  EXPECT_TRUE(await_file(box.path("done"), 20000));
+  {
+    RegionView v(env["GPUSLICE_REGION"]);
+    if (v.region != nullptr) {
+      out.spilled = v.dev().spilled_bytes.load();
+      out.timeouts = v.dev().oversub_timeouts.load();
+    }
+  }
+  run({"/usr/bin/touch", box.path("exit")}, {});
+  out.result = wait(p, box.path("p.out"));
+  return out;
+}
+
+TEST(Allowance, TheAgentsFreshExtraCountsAgainstIt) {
+  ExtraRun fail = alloc_beside_extra("fail", true);
+  EXPECT_EQ(values(fail.result, "alloc", "rc"), std::vector<std::string>{"2"}) << fail.result.describe();
+  ExtraRun wait_run = alloc_beside_extra("wait", true);
+  EXPECT_EQ(values(wait_run.result, "alloc", "rc"), std::vector<std::string>{"2"}) << wait_run.result.describe();
+  EXPECT_EQ(wait_run.timeouts, 1u);
+  ExtraRun spill = alloc_beside_extra("spill", true);
+  EXPECT_EQ(values(spill.result, "alloc", "rc"), std::vector<std::string>{"0"}) << spill.result.describe();
+  EXPECT_EQ(spill.spilled, 48 * kMi) << "served on the device above the allowance";
+}
+
+TEST(Allowance, AStaleExtraDoesNotCountAgainstIt) {
+  for (const char* policy : {"fail", "wait", "spill"}) {
+    ExtraRun r = alloc_beside_extra(policy, false);
+    EXPECT_EQ(values(r.result, "alloc", "rc"), std::vector<std::string>{"0"}) << policy << ": " << r.result.describe();
+    EXPECT_EQ(r.spilled, 0u) << policy;
+    EXPECT_EQ(r.timeouts, 0u) << policy;
+  }
 }
 
 }  // namespace

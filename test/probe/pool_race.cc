@@ -42,6 +42,14 @@
 //       reserve queries (FAKECUDA_POOL_QUERY_DELAY_US, >= 2 x DELAY_MS) keep
 //       it from being recorded until after the sweep's last question: counted
 //       and held printed while it is still allocated
+//   freed-while-recording MIB DELAY_MS
+//       the same context allocation, its destroy finished; a thread's pool
+//       allocation takes the address in the driver and its reserve query
+//       (FAKECUDA_POOL_QUERY_DELAY_US, > DELAY_MS) keeps it unrecorded while
+//       this thread frees the address it had (a stale pointer: the
+//       context's allocation went with the destroy), which frees the pool
+//       allocation in the driver; then the pool is trimmed: counted and held
+//       printed with nothing allocated
 #include <cuda.h>
 
 #include <chrono>
@@ -246,6 +254,32 @@ int allocated_during_sweep(std::size_t bytes, int delay_ms) {
               static_cast<int>(d.destroyed), p == d.gone ? 1 : 0, counted_used(), held_allocations());
   if (rc == CUDA_SUCCESS) cuMemFreeAsync(p, s);
   cuStreamSynchronize(s);
+  return 0;
+}
+
+// A program's stale free (a pointer of a destroyed context) of an address
+// that a pool allocation of ours had taken in the driver and not recorded
+// yet: the driver freed the pool allocation, and the record made after it
+// counted it on (its pool counted above its reserve at the next trim, and
+// at a refusal's reclaim: issue 32's pools shape in the chaos suite).
+int freed_while_recording(std::size_t bytes, int delay_ms) {
+  DyingContext d(bytes);
+  d.destroy.join();
+  CUdeviceptr p = 0;
+  CUresult rc = CUDA_ERROR_UNKNOWN;
+  std::thread alloc([&] {
+    check(cuCtxSetCurrent(use_primary(0)), "cuCtxSetCurrent");
+    rc = cuMemAllocFromPoolAsync(&p, bytes, d.pool, d.s);  // recorded after the delayed reserve query
+  });
+  sleep_ms(delay_ms);
+  const CUresult stale = cuMemFree(d.gone);  // the driver frees whatever holds the address now
+  alloc.join();
+  check(cuStreamSynchronize(d.s), "cuStreamSynchronize");
+  check(cuMemPoolTrimTo(d.pool, 0), "cuMemPoolTrimTo");
+  check(cuStreamSynchronize(d.s), "cuStreamSynchronize");
+  std::printf("freed-while-recording rc=%d stale=%d destroyed=%d same=%d counted=%lld held=%lld\n",
+              static_cast<int>(rc), static_cast<int>(stale), static_cast<int>(d.destroyed), p == d.gone ? 1 : 0,
+              counted_used(), held_allocations());
   return 0;
 }
 

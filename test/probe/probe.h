@@ -198,6 +198,7 @@ int refused_growth(std::size_t linear, std::size_t pool_bytes, std::size_t bytes
 int inflight_growth(std::size_t bytes);
 int freed_after_sweep(std::size_t bytes, int delay_ms);
 int allocated_during_sweep(std::size_t bytes, int delay_ms);
+int freed_while_recording(std::size_t bytes, int delay_ms);
 }  // namespace pool_race
 
 }  // namespace gpuslice::probe
