@@ -40,18 +40,20 @@ int overcount_at_checkpoint(std::uint32_t dev, int rd, std::uint64_t held, const
   committed = committed > spilled ? committed - spilled : 0;
   const std::uint64_t word = own.lease[rd].word.load(std::memory_order_acquire);
   const std::uint64_t tag = limiter::lease_tag_of(own.claim_generation.load(std::memory_order_acquire));
-  const std::uint64_t lease = word >> limiter::kLeaseTagShift == tag >> limiter::kLeaseTagShift ? limiter::lease_amount(word) : 0;
+  const std::uint64_t lease =
+      word >> limiter::kLeaseTagShift == tag >> limiter::kLeaseTagShift ? limiter::lease_amount(word) : 0;
   const std::uint64_t pools = std::uint64_t{g_shared->pools[g_slot].load(std::memory_order_relaxed)} << 21;
   const std::uint64_t absorbed = g_shared->absorbed[g_slot][dev].load(std::memory_order_relaxed);
   const std::uint64_t slack = lease + pools + absorbed;
   if (committed <= held + slack) return 0;
-  char detail[400];
+  char detail[480];
   std::snprintf(detail, sizeof(detail),
                 "the quiescent process counts %llu bytes more than it holds beyond the documented slack: it holds "
-                "%llu on the device; its slot's committed_bytes less spilled is %llu (spilled %llu); slack %llu "
-                "(lease spare or owed %llu, pools %llu, absorbed %llu)",
+                "%llu on the device; its slot's committed_bytes less spilled is %llu (spilled %llu, contexts %llu); "
+                "slack %llu (lease spare or owed %llu, pools %llu, absorbed %llu)",
                 static_cast<unsigned long long>(committed - held - slack), static_cast<unsigned long long>(held),
                 static_cast<unsigned long long>(committed), static_cast<unsigned long long>(spilled),
+                static_cast<unsigned long long>(own.context_bytes[rd].load(std::memory_order_relaxed)),
                 static_cast<unsigned long long>(slack), static_cast<unsigned long long>(lease),
                 static_cast<unsigned long long>(pools), static_cast<unsigned long long>(absorbed));
   const DeviceState& d = r.devices[rd];
