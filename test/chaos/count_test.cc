@@ -161,5 +161,44 @@ TEST(ChaosMonitor, ALimitChangeExcusesDuringItsLagOnlyGrantsTheOldLimitAdmits) {
   EXPECT_NE(report.find("limit 67108864"), std::string::npos) << report;
 }
 
+// The other direction at a quiescent checkpoint (FAKECUDA_MONITOR_OVERCOUNT=1,
+// overcount.cc): a process whose slot counts bytes it does not hold refuses
+// later with room (issue 32: seeds 1,051,802, 2364, 405, a torture size
+// counted, not held). The process (under gpuslice, 48 MiB held) allocates
+// and frees 1 MiB: its slot counts its spare lease beyond what it holds,
+// documented slack, not reported. Then bytes are added to its slot's count:
+// 2 MiB with one pool said (a pool is counted up to a chunk above its
+// reserve): not reported; 4 KiB more than that, or 4 KiB with no pool:
+// reported, with the process's last operations. The monitor before checked
+// only "holds <= counts" there and reported none.
+TEST(ChaosMonitor, ReportsAQuiescentProcessCountingBytesItDoesNotHoldBeyondTheSlack) {
+  struct Case {
+    const char* add_kib;
+    const char* pools;
+    const char* after;
+  };
+  for (const Case& c : {Case{"0", "0", "0"}, Case{"2048", "1", "0"}, Case{"2052", "1", "1"}, Case{"4", "0", "1"}}) {
+    Sandbox box;
+    create_region(box);
+    Result r = run({REFUSAL_OVERLAP, "overcount", c.add_kib, c.pools},
+                   merge(monitored(box, true), {{"FAKECUDA_MONITOR_OVERCOUNT", "1"}}), 60000);
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    ASSERT_GT(unsigned_number(r, "overcount", "spare"), 0u) << "a spare lease, counted and not held\n" << r.describe();
+    ASSERT_GE(unsigned_number(r, "overcount", "slack"), unsigned_number(r, "overcount", "spare")) << r.describe();
+    const std::string report = slurp(box.path("violations"));
+    EXPECT_EQ(value(r, "overcount", "before"), "0") << r.describe() << report;
+    EXPECT_EQ(value(r, "overcount", "after"), c.after) << c.add_kib << " KiB, " << c.pools << " pools\n"
+                                                       << r.describe() << report;
+    if (std::string(c.after) == "1") {
+      EXPECT_NE(report.find("VIOLATION (over-count at checkpoint)"), std::string::npos) << report;
+      EXPECT_NE(report.find("counts 4096 bytes more than it holds beyond the documented slack"), std::string::npos)
+          << report;
+      EXPECT_NE(report.find("operations of pid"), std::string::npos) << report;
+    } else {
+      EXPECT_EQ(report, "") << r.describe();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gpuslice::test

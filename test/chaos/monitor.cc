@@ -88,6 +88,18 @@ bool parse_ms(const char* name, std::uint64_t lo, std::uint64_t hi, std::uint64_
   return true;
 }
 
+// A variable that is 0 or 1 (unset: `out` unchanged).
+bool parse_flag(const char* name, bool& out, char* error, std::size_t len) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return true;
+  if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+    std::snprintf(error, len, "%s='%s': expected 0 or 1", name, v);
+    return false;
+  }
+  out = v[0] == '1';
+  return true;
+}
+
 MonitorShared* map_shared(const char* state_path) {
   char path[1100];
   std::snprintf(path, sizeof(path), "%s.monitor", state_path);
@@ -637,20 +649,10 @@ int configure(const char* state_path, char* error, std::size_t len) {
       !parse_ms("FAKECUDA_MONITOR_READ_DELAY_US", 0, 10000, config.read_delay_us, error, len)) {
     return -1;
   }
-  if (const char* v = std::getenv("FAKECUDA_MONITOR_REFUSALS"); v != nullptr && v[0] != '\0') {
-    if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
-      std::snprintf(error, len, "FAKECUDA_MONITOR_REFUSALS='%s': expected 0 or 1", v);
-      return -1;
-    }
-    config.judge_refusals = v[0] == '1';
-  }
-  if (const char* v = std::getenv("FAKECUDA_MONITOR_CALLS"); v != nullptr && v[0] != '\0') {
-    if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
-      std::snprintf(error, len, "FAKECUDA_MONITOR_CALLS='%s': expected 0 or 1", v);
-      return -1;
-    }
-    config.calls = v[0] == '1';
-  }
+  if (!parse_flag("FAKECUDA_MONITOR_REFUSALS", config.judge_refusals, error, len) ||
+      !parse_flag("FAKECUDA_MONITOR_CALLS", config.calls, error, len) ||
+      !parse_flag("FAKECUDA_MONITOR_OVERCOUNT", config.overcount, error, len))
+    return -1;
   config.lag_ns = lag_ms * 1000000;
   config.ring = static_cast<int>(ring);
   const char* report = std::getenv("FAKECUDA_MONITOR_REPORT");
@@ -721,8 +723,7 @@ constexpr fakecuda_observer kObserver = {configure, attach, charged, uncharged};
 using namespace internal;
 
 namespace {
-// monitor_measured_short: this process's own (a forked child starts at 0:
-// the slot it was set for is not the child's).
+// monitor_measured_short: this process's own (a forked child's start at 0).
 std::atomic<std::uint64_t> g_measured_short[kSimDevices];
 std::atomic<int> g_measured_short_slot{-1};
 }  // namespace
@@ -736,13 +737,10 @@ void monitor_measured_short(unsigned dev, std::uint64_t bytes) {
   g_shared->measured_short[g_slot][dev].store(bytes, std::memory_order_release);
 }
 
-// The calling process says it is quiescent (no driver call and no gpuslice
-// operation in flight in any of its threads): then what it holds on each
-// device must not exceed what gpuslice has committed for it as possibly
-// resident (its region slot's committed_bytes, spare lease included, less its
-// spilled bytes), plus what its graphics API freed inside the measurement of
-// an object still alive (monitor_measured_short). Exact, no lag. Returns the violations found, or -1 when the
-// monitor is off.
+// Quiescent (monitor.h): what the process holds on each device must not exceed
+// its slot's committed_bytes (spare lease included) less its spilled bytes,
+// plus monitor_measured_short's bytes; exact, no lag. With
+// FAKECUDA_MONITOR_OVERCOUNT=1, the other way too (overcount.cc).
 int monitor_checkpoint() {
   if (!g_config.on || g_slot < 0) return -1;
   // Every check runs under the state lock (the region mapping and the watch
@@ -770,7 +768,9 @@ int monitor_checkpoint() {
     fakecuda_slot_info_get(g_slot, dev, &mine);
     const std::uint64_t held = mine.held_bytes;
     const int rd = region_device(dev, *r);
-    if (held == 0 || rd < 0) continue;
+    if (rd < 0) continue;
+    if (g_config.overcount && own != nullptr) found += overcount_at_checkpoint(dev, rd, held, *r, *own);
+    if (held == 0) continue;
     // Less what it counts as spilled: host memory, never held by the device.
     std::uint64_t committed = own != nullptr ? own->committed_bytes[rd].load(std::memory_order_acquire) : 0;
     const std::uint64_t spilled = own != nullptr ? own->spilled_bytes[rd].load(std::memory_order_acquire) : 0;

@@ -130,6 +130,9 @@ struct MonitorConfig {
   // (monitor_call_begin/end), so a deficit beyond the excuses (calls.cc) is
   // a violation at once; without it, one that lasts longer than the lag.
   bool calls = false;
+  // FAKECUDA_MONITOR_OVERCOUNT=1: monitor_checkpoint() also judges the other
+  // direction, a process counting more than it holds (overcount.cc).
+  bool overcount = false;
 };
 
 struct Grant {
@@ -189,6 +192,11 @@ void note_uncharge(unsigned dev, std::uint64_t bytes);
 // gpuslice's count of what the device may hold (without / with agent_extra_bytes).
 std::uint64_t resident_used(const DeviceState& d);
 std::uint64_t resident_count(const DeviceState& d);
+// The quiescent process (monitor_checkpoint), holding `held` on `dev`
+// (region device `rd`): its slot `own` counts no more than that plus the
+// documented conservative slack (overcount.cc). Returns the violations
+// found (reported). State lock held.
+int overcount_at_checkpoint(std::uint32_t dev, int rd, std::uint64_t held, const Region& r, const Slot& own);
 // Counts and prints a violation. State lock held.
 void report(const char* invariant, const char* detail, std::uint32_t dev, int region_dev, std::uint64_t total,
             std::uint64_t own, std::uint64_t limit, const DeviceState& d, const Grant* grant);

@@ -28,6 +28,11 @@
 //     thread frees FREED_MIB of graphics memory never imported inside an
 //     8 MiB module's measured load; ALLOWED_MIB is reported as freed during measurements
 //     (monitor_measured_short); prints "checkpoint=N" (violations found).
+//   refusal_overlap overcount ADD_KIB POOLS   (run under gpuslice) 1 MiB
+//     allocated and freed (its lease spare), a checkpoint; POOLS said
+//     (monitor_pools) and ADD_KIB KiB added to its slot's committed_bytes,
+//     a checkpoint; prints "overcount spare=S slack=B before=N after=M"
+//     (S its lease's spare, B committed less held, N and M violations).
 // The count direction (FAKECUDA_MONITOR_CALLS=1; this program plays
 // gpuslice's part, counting in the region what it holds after its start):
 //   refusal_overlap stalled-call MS   a call (monitor_call_begin/end) is
@@ -57,6 +62,7 @@
 #include <gpuslice/region.h>
 
 #include "fakecuda_query.h"
+#include "limiter/lease.h"
 #include "monitor.h"
 
 namespace {
@@ -216,6 +222,32 @@ int main(int argc, char** argv) {
     std::printf("load rc=%d held=%llu counted=%zu checkpoint=%d\n", static_cast<int>(rc),
                 static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)), total_b - free_b,
                 gpuslice::chaos::monitor_checkpoint());
+    return 0;
+  }
+  if (std::strcmp(argv[1], "overcount") == 0) {
+    if (argc != 4) return 2;
+    gpuslice::Region* r = map_region();
+    CUdeviceptr small = 0;
+    if (r == nullptr || cuMemAlloc(&small, 1u << 20) != CUDA_SUCCESS || cuMemFree(small) != CUDA_SUCCESS) return 1;
+    gpuslice::Slot* own = nullptr;
+    for (gpuslice::Slot& slot : r->slots) {
+      if (slot.state.load() == gpuslice::kSlotLive && slot.pid.load() == static_cast<std::uint32_t>(getpid()))
+        own = &slot;
+    }
+    if (own == nullptr) return 1;
+    const std::uint64_t spare = gpuslice::limiter::lease_spare(own->lease[0].word.load());
+    const std::uint64_t slack = own->committed_bytes[0].load() - fakecuda_process_used_bytes(0, 0);
+    const int before = gpuslice::chaos::monitor_checkpoint();
+    // Counted, not held: ADD_KIB more in the slot (and the device's sum).
+    const std::uint64_t add = std::strtoull(argv[2], nullptr, 10) << 10;
+    gpuslice::chaos::monitor_pools(static_cast<unsigned>(std::strtoul(argv[3], nullptr, 10)));
+    own->committed_bytes[0].fetch_add(add);
+    r->devices[0].used_bytes.fetch_add(add);
+    const int after = gpuslice::chaos::monitor_checkpoint();
+    own->committed_bytes[0].fetch_sub(add);
+    r->devices[0].used_bytes.fetch_sub(add);
+    std::printf("overcount spare=%llu slack=%llu before=%d after=%d\n", static_cast<unsigned long long>(spare),
+                static_cast<unsigned long long>(slack), before, after);
     return 0;
   }
   const bool reclaim = std::strcmp(argv[1], "reclaim") == 0;

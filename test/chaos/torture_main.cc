@@ -2,7 +2,7 @@
 // chaos torture suite. See test/chaos/README.md.
 //
 //   chaos_torture [--seeds A[-B][,C[-D]...]] [--classes all|c1,c2,...] [--exclude c1,...]
-//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--read-delay US] [--exact] [--no-chaos] [--no-refusals] [--no-preload] [--library PATH] [--keep] [--verbose]
+//                 [--procs P] [--threads T] [--ops N] [--quota MiB] [--lag MS] [--read-delay US] [--exact] [--no-chaos] [--no-refusals] [--overcount] [--no-preload] [--library PATH] [--keep] [--verbose]
 //
 // For each seed: a fresh directory with a simulated machine (FAKECUDA_STATE)
 // and a region (GPUSLICE_REGION); P worker processes of that container under
@@ -71,6 +71,7 @@ struct Options {
   bool exact = false;
   bool chaos = true;
   bool judge_refusals = true;  // --no-refusals: FAKECUDA_MONITOR_REFUSALS=0
+  bool overcount = false;      // --overcount: FAKECUDA_MONITOR_OVERCOUNT=1 (the checkpoints judge over-counts)
   bool preload =
       true;  // --no-preload: workers after the first (which creates the region) run without gpuslice  // --no-chaos: the monitor only (to measure what the perturbation adds)  // every selected class in every schedule (else the seed picks a subset)
   std::string build = GPUSLICE_TEST_BUILD_DIR;
@@ -183,6 +184,7 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
   env.push_back("FAKECUDA_MONITOR_REPORT=" + dir + "/violations");
   env.push_back("FAKECUDA_MONITOR_CALLS=1");  // the worker brackets its calls: the count is judged at once
   if (!o.judge_refusals) env.push_back("FAKECUDA_MONITOR_REFUSALS=0");
+  if (o.overcount) env.push_back("FAKECUDA_MONITOR_OVERCOUNT=1");
   if (o.read_delay_us != 0) env.push_back("FAKECUDA_MONITOR_READ_DELAY_US=" + std::to_string(o.read_delay_us));
   if (o.chaos) env.push_back("FAKECUDA_CHAOS_SEED=" + std::to_string(seed));
   if (has("resident-wait") || has("resident-spill")) {
@@ -405,6 +407,10 @@ int main(int argc, char** argv) {
     }
     if (a == "--no-refusals") {
       o.judge_refusals = false;
+      continue;
+    }
+    if (a == "--overcount") {
+      o.overcount = true;
       continue;
     }
     if (a == "--no-preload") {
