@@ -151,6 +151,32 @@ CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) 
   return rc;
 }
 
+bool array_gone(std::uint64_t key, const limiter::AllocRecord& rec) noexcept;
+
+// The question about a mipmapped array (below) makes its level 0 if it had
+// none: an array the driver may put in the handle of an array gone (with
+// its context) whose record the sweep has not asked about yet; asked then,
+// the level would answer "known" and the dead array stay counted (issue 32,
+// chaos seed 1,051,629). A level is no array the application created: an
+// array record at its handle is of memory gone, released here once the
+// driver still gives that level after the record was taken (else it goes
+// back, and is settled as limiter::settle_record settles one it put back:
+// the array there may have been destroyed while its record was out, its
+// destroy finding none). Cold: the sweep's.
+[[gnu::cold, gnu::noinline]] void release_displaced_by_level(CUmipmappedArray m, CUarray level) noexcept {
+  const auto key = reinterpret_cast<std::uint64_t>(level);
+  limiter::AllocRecord taken{};
+  if (!g_arrays->erase(key, &taken)) return;
+  CUarray again = nullptr;
+  if (taken.kind == limiter::AllocKind::array && real_cuMipmappedArrayGetLevel(&again, m, 0) == CUDA_SUCCESS &&
+      again == level)
+    return release_record(taken);
+  bool newer = false;  // an array made at the handle since and committed: ours is of memory gone
+  if (!g_arrays->upsert(key, taken, [&](limiter::AllocRecord&, bool inserted) { newer = !inserted; })) return;
+  if (newer) return release_record(taken);
+  limiter::settle_record(*g_arrays, key, taken, array_gone, [](const limiter::AllocRecord& r) { release_record(r); });
+}
+
 // Whether the driver no longer knows the array (or mipmapped array) `key`.
 // Only "no such handle" answers say so; any other error keeps the count.
 bool array_gone(std::uint64_t key, const limiter::AllocRecord& rec) noexcept {
@@ -159,6 +185,8 @@ bool array_gone(std::uint64_t key, const limiter::AllocRecord& rec) noexcept {
   if (rec.kind == limiter::AllocKind::mipmapped) {
     CUarray level = nullptr;
     rc = real_cuMipmappedArrayGetLevel(&level, reinterpret_cast<CUmipmappedArray>(key), 0);
+    if (rc == CUDA_SUCCESS && level != nullptr)
+      release_displaced_by_level(reinterpret_cast<CUmipmappedArray>(key), level);
   } else {
     CUDA_ARRAY3D_DESCRIPTOR d{};
     rc = real_cuArray3DGetDescriptor_v2(&d, reinterpret_cast<CUarray>(key));

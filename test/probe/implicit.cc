@@ -50,6 +50,13 @@
 //       refused: CUDA_ERROR_INVALID_HANDLE), then a library loaded lazily
 //       gets the handle back and is placed: prints the rounds that left the
 //       count below the device (shorts)
+//   array-level-reuse MIB MIPMAPS ROUNDS
+//       a MIB array in a created context and MIPMAPS mipmapped arrays (no
+//       level asked yet) in the primary one; the created context destroyed,
+//       its sweep asking about the array and the mipmapped arrays, ROUNDS
+//       times. Prints the rounds in which a level 0 had the dead array's
+//       handle (reused) and those that left the count above the device
+//       (overs, the largest: max_over)
 #include <cuda.h>
 
 #include <atomic>
@@ -57,6 +64,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "probe.h"
 
@@ -380,6 +388,48 @@ int reset_vs_place(int rounds) {
   }
   std::printf("reset-vs-place rounds=%d placed=%d shorts=%d max_short=%lld\n", rounds, placed, shorts.rounds,
               shorts.max);
+  return 0;
+}
+
+// The destroy's sweep asks a live mipmapped array about its level 0 (the
+// driver makes that level then) and the destroyed context's array whether
+// it is still known: the level may take the dead array's handle.
+int array_level_reuse(std::size_t bytes, int mipmaps, int rounds) {
+  const CUcontext primary = use_primary(0);
+  int reused = 0, overs = 0;
+  long long max_over = 0;
+  for (int round = 0; round < rounds; ++round) {
+    CUcontext ctx = nullptr;
+    check(cuCtxCreate(&ctx, nullptr, 0, 0), "cuCtxCreate");
+    CUDA_ARRAY_DESCRIPTOR d{};
+    d.Width = bytes / 4096;
+    d.Height = 1024;
+    d.Format = CU_AD_FORMAT_UNSIGNED_INT32;
+    d.NumChannels = 1;
+    CUarray array = nullptr;
+    check(cuArrayCreate(&array, &d), "cuArrayCreate");
+    check(cuCtxSetCurrent(primary), "cuCtxSetCurrent");
+    std::vector<CUmipmappedArray> m(static_cast<std::size_t>(mipmaps));
+    CUDA_ARRAY3D_DESCRIPTOR md{};
+    md.Width = 64;
+    md.Height = 64;
+    md.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    md.NumChannels = 1;
+    for (CUmipmappedArray& one : m) check(cuMipmappedArrayCreate(&one, &md, 1), "cuMipmappedArrayCreate");
+    check(cuCtxDestroy(ctx), "cuCtxDestroy");
+    bool hit = false;
+    for (CUmipmappedArray one : m) {
+      CUarray level = nullptr;
+      hit |= cuMipmappedArrayGetLevel(&level, one, 0) == CUDA_SUCCESS && level == array;
+    }
+    reused += hit ? 1 : 0;
+    const long long over = counted_used() - held();
+    if (over > 0) ++overs;
+    if (over > max_over) max_over = over;
+    for (CUmipmappedArray one : m) check(cuMipmappedArrayDestroy(one), "cuMipmappedArrayDestroy");
+  }
+  std::printf("array-level-reuse rounds=%d reused=%d overs=%d max_over=%lld counted=%lld held=%lld\n", rounds, reused,
+              overs, max_over, counted_used(), held());
   return 0;
 }
 

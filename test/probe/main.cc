@@ -62,6 +62,8 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return implicit::unload_vs_reuse(a.number<int>(0)); }},
     {"implicit", "double-unload", "ROUNDS", kInit,
      [](const Args& a) { return implicit::double_unload(a.number<int>(0)); }},
+    {"implicit", "array-level-reuse", "MIB MIPMAPS ROUNDS", kInit,
+     [](const Args& a) { return implicit::array_level_reuse(a.mib(0), a.number<int>(1), a.number<int>(2)); }},
 
     {"memory", "vmm-retain", "MIB ROUNDS", kInit,
      [](const Args& a) { return memory::vmm_retain(a.mib(0), a.number<int>(1)); }},
