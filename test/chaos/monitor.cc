@@ -313,9 +313,9 @@ std::uint64_t resident_count(const DeviceState& d) {
   return resident_used(d) + d.agent_extra_bytes.load(std::memory_order_acquire);
 }
 
-// The managed grants in flight the check that reports excused, and what its
-// count check excused (state lock held).
-std::uint64_t g_check_in_flight = 0;
+// The managed grants in flight the check that reports excused, and its
+// count check's excuses and count (state lock held).
+std::uint64_t g_check_in_flight = 0, g_check_count = 0;
 Excused g_check_excused;
 
 void report(const char* invariant, const char* detail, std::uint32_t dev, int region_dev, std::uint64_t total,
@@ -359,9 +359,9 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
   if (std::strcmp(invariant, "count") == 0) {
     const int m = std::snprintf(
         text + used, sizeof(text) - used,
-        "  excused from the count: %llu (granted inside calls in flight %llu, outside CUDA %llu, measured short "
-        "%llu, processes in their exit handlers %llu)\n",
-        static_cast<unsigned long long>(g_check_excused.total()),
+        "  at the check: gpuslice count %llu (above, and below, read at this report); excused from the count: %llu "
+        "(in calls in flight %llu, outside CUDA %llu, measured short %llu, processes in their exit handlers %llu)\n",
+        static_cast<unsigned long long>(g_check_count), static_cast<unsigned long long>(g_check_excused.total()),
         static_cast<unsigned long long>(g_check_excused.calls),
         static_cast<unsigned long long>(g_check_excused.outside),
         static_cast<unsigned long long>(g_check_excused.measured_short),
@@ -412,8 +412,7 @@ void check(std::uint32_t dev, const Grant* grant) {
   if (rd < 0) return;
   const DeviceState& d = r->devices[rd];
   g_shared->checks.fetch_add(1, std::memory_order_relaxed);
-  std::uint64_t own = 0;
-  std::uint64_t in_flight = 0;
+  std::uint64_t own = 0, in_flight = 0;
   Excused excused;
   // What the device holds is read under the state lock, and gpuslice counts
   // an allocation before the driver grants it (under that lock): the count,
@@ -469,6 +468,7 @@ void check(std::uint32_t dev, const Grant* grant) {
   const std::uint64_t transient = in_flight + excused.outside + excused.implicit_calls;
   g_check_in_flight = in_flight;
   g_check_excused = excused;
+  g_check_count = count;
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
   // The ceiling is the limit, or more while memory held above a lowered
   // limit is not yet freed; a raised limit raises it at once.
