@@ -26,13 +26,6 @@
 namespace gpuslice::test {
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 Env monitored(const Sandbox& box, bool preload) {
   return merge(box.env(preload), {{"FAKECUDA_MONITOR", "1"},
                                   {"FAKECUDA_MONITOR_REPORT", box.path("violations")},
@@ -57,7 +50,7 @@ void create_region(const Sandbox& box, const Env& machine = {}) {
   Result r = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0"}, merge(monitored(box, true), machine));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   ASSERT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
-  ASSERT_EQ(slurp(box.path("violations")), "") << "no violation under gpuslice";
+  ASSERT_EQ(read_text(box.path("violations")), "") << "no violation under gpuslice";
 }
 
 TEST(ChaosMonitor, ReportsAnAllocationAboveTheQuotaThatBypassesGpuslice) {
@@ -69,7 +62,7 @@ TEST(ChaosMonitor, ReportsAnAllocationAboveTheQuotaThatBypassesGpuslice) {
                  merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "4242"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << report;
   EXPECT_NE(report.find("seed=4242"), std::string::npos) << report;
   EXPECT_NE(report.find("device holds 134217728 bytes"), std::string::npos) << report;
@@ -88,7 +81,7 @@ TEST(ChaosMonitor, ReportsAnExcursionAtItsChargeWithTheSamplerOff) {
   Result r = run({GPUSLICE_PROBE, "monitor", "hold", "66", "0"},
                  merge(monitored(box, false), {{"FAKECUDA_MONITOR_INTERVAL_MS", "0"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
       << report;
   EXPECT_NE(report.find("device holds 69206016 bytes"), std::string::npos) << report;
@@ -101,7 +94,7 @@ TEST(ChaosMonitor, ReportsACountLeftBelowTheDevice) {
   // device for 500 ms > FAKECUDA_MONITOR_LAG_MS (the background sampler sees it).
   Result r = run({GPUSLICE_PROBE, "monitor", "hold", "32", "500"}, monitored(box, false));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << report;
   EXPECT_EQ(report.find("VIOLATION (quota)"), std::string::npos) << report;
 }
@@ -126,11 +119,11 @@ TEST(ChaosMonitor, TwoShortDeficitsFarApartAreNotOneLongOne) {
   usleep(300 * 1000);
   Result second = run({GPUSLICE_PROBE, "monitor", "hold", "8", "0"}, env);
   ASSERT_EQ(second.exit_code, 0) << second.describe();
-  EXPECT_EQ(slurp(box.path("violations")), "");
+  EXPECT_EQ(read_text(box.path("violations")), "");
   // Seen continuously (the sampler, every 5 ms) for 500 ms: reported.
   Result held = run({GPUSLICE_PROBE, "monitor", "hold", "8", "500"}, merge(monitored(box, false), context));
   ASSERT_EQ(held.exit_code, 0) << held.describe();
-  EXPECT_NE(slurp(box.path("violations")).find("VIOLATION (count)"), std::string::npos);
+  EXPECT_NE(read_text(box.path("violations")).find("VIOLATION (count)"), std::string::npos);
 }
 
 // Memory gpuslice counts as spilled (managed memory advised to the host) is
@@ -147,10 +140,10 @@ TEST(ChaosMonitor, ReportsDeviceMemoryCountedAsSpilled) {
   const pid_t probe = spawn({GPUSLICE_PROBE, "monitor", "hold", "16", "600"}, env, box.path("probe.out"));
   bool allocated = false;
   for (int i = 0; i < 10000 && !allocated; ++i) {
-    allocated = slurp(box.path("probe.out")).find("alloc=0") != std::string::npos;
+    allocated = read_text(box.path("probe.out")).find("alloc=0") != std::string::npos;
     if (!allocated) usleep(1000);
   }
-  EXPECT_TRUE(allocated) << slurp(box.path("probe.out"));
+  EXPECT_TRUE(allocated) << read_text(box.path("probe.out"));
   Region* const region = map_region(env);
   if (region != nullptr) {
     DeviceState& d = region->devices[0];
@@ -160,7 +153,7 @@ TEST(ChaosMonitor, ReportsDeviceMemoryCountedAsSpilled) {
   Result r = wait(probe, box.path("probe.out"));
   ASSERT_NE(region, nullptr) << "cannot map " << env["GPUSLICE_REGION"];
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << report;
   EXPECT_NE(report.find("device holds 16777216 bytes"), std::string::npos) << report;
 }
@@ -178,7 +171,7 @@ TEST(ChaosMonitor, ReportsManagedMemoryAboveTheLimitOnceItIsNoLongerInFlight) {
                  merge(monitored(box, false), {{"FAKECUDA_CHAOS_SEED", "5"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << report;
   EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
       << report;
@@ -215,19 +208,19 @@ TEST(ChaosMonitor, AnAllocationAdmittedBeforeTheQuotaFellMayLandAfterTheLag) {
     if (!admitted) usleep(500);
   }
   d.quota_bytes.store(4u << 20);
-  const bool in_driver = slurp(box.path("probe.out")).find("alloc=") == std::string::npos;
+  const bool in_driver = read_text(box.path("probe.out")).find("alloc=") == std::string::npos;
   munmap(region, sizeof(Region));
   Result r = wait(probe, box.path("probe.out"));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   ASSERT_TRUE(admitted) << r.describe();
   EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
   if (!in_driver) GTEST_SKIP() << "the grant landed before the quota fell (a loaded machine): nothing was judged";
-  EXPECT_EQ(slurp(box.path("violations")), "");
+  EXPECT_EQ(read_text(box.path("violations")), "");
   // Bounded: a call begun after the lag is judged against the lowered limit
   // (16 MiB: above the 8 MiB the ceiling may still hold if no check saw the free).
   Result bypass = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0"}, merge(monitored(box, false), spill));
   ASSERT_EQ(bypass.exit_code, 0) << bypass.describe();
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << report;
   EXPECT_NE(report.find("device holds 16777216 bytes"), std::string::npos) << report;
 }
@@ -259,12 +252,12 @@ TEST(ChaosMonitor, AnAllocationBegunAfterAFallIsJudgedAgainstTheRaisedLimit) {
                             box.path("probe.out"));
   bool allocating = false;
   for (int i = 0; i < 20000 && !allocating; ++i) {
-    allocating = slurp(box.path("probe.out")).find("allocating") != std::string::npos;
+    allocating = read_text(box.path("probe.out")).find("allocating") != std::string::npos;
     if (!allocating) usleep(1000);
   }
   usleep(20 * 1000);  // the call has begun; its probe's sampler sees the raise
   d.quota_bytes.store(6u << 20);
-  const bool in_driver = slurp(box.path("probe.out")).find("alloc=") == std::string::npos;
+  const bool in_driver = read_text(box.path("probe.out")).find("alloc=") == std::string::npos;
   munmap(region, sizeof(Region));
   Result r = wait(probe, box.path("probe.out"));
   ASSERT_EQ(seen.exit_code, 0) << seen.describe();
@@ -272,7 +265,7 @@ TEST(ChaosMonitor, AnAllocationBegunAfterAFallIsJudgedAgainstTheRaisedLimit) {
   ASSERT_TRUE(allocating) << r.describe();
   EXPECT_NE(r.out.find("alloc=0"), std::string::npos) << r.describe();
   if (!in_driver) GTEST_SKIP() << "the grant landed before the quota rose (a loaded machine): nothing was judged";
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("an allocation the driver granted left the container above its limit"), std::string::npos)
       << report;
   EXPECT_NE(report.find("device holds 8388608 bytes"), std::string::npos) << report;
@@ -308,13 +301,13 @@ TEST(ChaosMonitor, CheckpointIsExactForAQuiescentProcess) {
   Result counted = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0", "checkpoint"}, monitored(box, true));
   ASSERT_EQ(counted.exit_code, 0) << counted.describe();
   EXPECT_NE(counted.out.find("checkpoint=0"), std::string::npos) << counted.describe();
-  EXPECT_EQ(slurp(box.path("violations")), "");
+  EXPECT_EQ(read_text(box.path("violations")), "");
   // Without it nothing is committed: 1 violation at once (no lag), though
   // 16 MiB are within the quota.
   Result bypass = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0", "checkpoint"}, monitored(box, false));
   ASSERT_EQ(bypass.exit_code, 0) << bypass.describe();
   EXPECT_NE(bypass.out.find("checkpoint=1"), std::string::npos) << bypass.describe();
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count at checkpoint)"), std::string::npos) << report;
   EXPECT_NE(report.find("holds 16777216 bytes on the device; gpuslice committed 0"), std::string::npos) << report;
 }
@@ -326,7 +319,7 @@ TEST(ChaosMonitor, GpusliceRefusingTheSameAllocationIsNoViolation) {
                  merge(monitored(box, true), {{"FAKECUDA_CHAOS_SEED", "7"}}));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_NE(r.out.find("alloc=2"), std::string::npos) << "refused: " << r.describe();
-  EXPECT_EQ(slurp(box.path("violations")), "");
+  EXPECT_EQ(read_text(box.path("violations")), "");
 }
 
 // The refusal direction. A torture worker (it reports each request and each
@@ -351,7 +344,7 @@ int fill_with_extra(const Sandbox& box, bool heartbeat, std::string* report, std
                   "--quota", std::to_string(64u << 20)},
                  env, 60000);
   munmap(region, sizeof(Region));
-  *report = slurp(box.path("violations"));
+  *report = read_text(box.path("violations"));
   *out = r.describe();
   return r.exit_code;
 }
@@ -390,7 +383,7 @@ void* wait_on_pipe(void* fd) {
 
 // /proc/<pid>/stat fields 3 (state), 20 (threads) and 22 (start time).
 bool stat_of(pid_t pid, char* state, unsigned long* threads, unsigned long long* start) {
-  const std::string text = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const std::string text = read_text("/proc/" + std::to_string(pid) + "/stat");
   const std::size_t paren = text.rfind(')');
   if (paren == std::string::npos) return false;
   std::istringstream in(text.substr(paren + 1));
@@ -463,7 +456,7 @@ TEST(ChaosMonitor, ARefusalExplainedByAProcessMidExitWithItsFilesClosedIsNoViola
   ASSERT_TRUE(still_mid_exit);
   ASSERT_EQ(slot_state, static_cast<std::uint32_t>(kSlotLive)) << "the rule keeps a zombie leader with threads";
   ASSERT_EQ(counted, 32u << 20);
-  EXPECT_EQ(slurp(box.path("violations")), "") << r.describe();
+  EXPECT_EQ(read_text(box.path("violations")), "") << r.describe();
 }
 
 // A slot being reaped (kSlotReaping: judged dead, its count not yet out of
@@ -499,7 +492,7 @@ TEST(ChaosMonitor, ARefusalExplainedByASlotBeingReapedIsNoViolation) {
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   ASSERT_EQ(slot_state, static_cast<std::uint32_t>(kSlotReaping)) << "reaped meanwhile: the case is not made";
   ASSERT_EQ(counted, 32u << 20);
-  EXPECT_EQ(slurp(box.path("violations")), "") << r.describe();
+  EXPECT_EQ(read_text(box.path("violations")), "") << r.describe();
 }
 
 // A request refused while another request of the container was in flight:
@@ -521,9 +514,9 @@ std::string refusal_pair(const Sandbox& box, const char* mode, std::string* out)
 TEST(ChaosMonitor, ARefusalExplainedByAnOverlappingRequestThatEndedIsNoViolation) {
   Sandbox box;
   std::string out;
-  EXPECT_EQ(refusal_pair(box, "overlap", &out), "0") << out << slurp(box.path("violations"));
-  EXPECT_EQ(slurp(box.path("violations")).find("VIOLATION (refusal)"), std::string::npos)
-      << slurp(box.path("violations"));
+  EXPECT_EQ(refusal_pair(box, "overlap", &out), "0") << out << read_text(box.path("violations"));
+  EXPECT_EQ(read_text(box.path("violations")).find("VIOLATION (refusal)"), std::string::npos)
+      << read_text(box.path("violations"));
 }
 
 // Memory the program allocated outside CUDA while gpuslice measured an object
@@ -537,11 +530,11 @@ TEST(ChaosMonitor, OutsideMemoryMeasuredIntoAnObjectExplainsARefusalByItsBytesOn
   const Env lag{{"FAKECUDA_MONITOR_LAG_MS", "60000"}};
   Result r9 = run({REFUSAL_OVERLAP, "absorbed", "9"}, merge(monitored(nine, false), lag), 60000);
   Result r8 = run({REFUSAL_OVERLAP, "absorbed", "8"}, merge(monitored(eight, false), lag), 60000);
-  EXPECT_EQ(value(r9, "judged", "b"), "0") << r9.describe() << slurp(nine.path("violations"));
+  EXPECT_EQ(value(r9, "judged", "b"), "0") << r9.describe() << read_text(nine.path("violations"));
   EXPECT_EQ(value(r8, "judged", "b"), "1") << r8.describe();
-  EXPECT_NE(slurp(eight.path("violations")).find("outside memory measured into live objects 8388608"),
+  EXPECT_NE(read_text(eight.path("violations")).find("outside memory measured into live objects 8388608"),
             std::string::npos)
-      << slurp(eight.path("violations"));
+      << read_text(eight.path("violations"));
 }
 
 // A graphics free (no CUDA call) inside a module's measured load leaves the
@@ -571,7 +564,7 @@ TEST(ChaosMonitor, AGraphicsFreeInsideAMeasurementIsAllowedAtCheckpointByItsByte
         << r.describe();
     EXPECT_EQ(value(r, "load", "checkpoint"), std::string(allowed) == "8" ? "0" : "1")
         << "allowed " << allowed << " MiB\n"
-        << r.describe() << slurp(box.path("violations"));
+        << r.describe() << read_text(box.path("violations"));
   }
 }
 
@@ -588,10 +581,10 @@ TEST(ChaosMonitor, BytesTrimmedInsideAnOverlappingRequestExplainARefusalOnlyThen
   const Env lag{{"FAKECUDA_MONITOR_LAG_MS", "60000"}};
   Result ri = run({REFUSAL_OVERLAP, "reclaim"}, merge(monitored(inside, false), lag), 60000);
   Result rb = run({REFUSAL_OVERLAP, "noreclaim"}, merge(monitored(before, false), lag), 60000);
-  EXPECT_EQ(value(ri, "judged", "a"), "0") << ri.describe() << slurp(inside.path("violations"));
+  EXPECT_EQ(value(ri, "judged", "a"), "0") << ri.describe() << read_text(inside.path("violations"));
   EXPECT_EQ(value(rb, "judged", "a"), "1") << rb.describe();
-  EXPECT_NE(slurp(before.path("violations")).find("trimmed inside other requests 0,"), std::string::npos)
-      << slurp(before.path("violations"));
+  EXPECT_NE(read_text(before.path("violations")).find("trimmed inside other requests 0,"), std::string::npos)
+      << read_text(before.path("violations"));
 }
 
 // The refusal is judged after the call returned, with the state then; the
@@ -606,7 +599,7 @@ std::string judged_b(const Sandbox& box, std::vector<std::string> args, std::str
   create_region(box);
   args.insert(args.begin(), REFUSAL_OVERLAP);
   Result r = run(args, merge(monitored(box, false), {{"FAKECUDA_MONITOR_LAG_MS", "60000"}}), 60000);
-  *out = r.describe() + slurp(box.path("violations"));
+  *out = r.describe() + read_text(box.path("violations"));
   return r.exit_code == 0 ? value(r, "judged", "b") : "exit";
 }
 
@@ -617,7 +610,7 @@ TEST(ChaosMonitor, ARefusalUnderTheAgentsFigureInForceAtItsStartIsNoViolation) {
   EXPECT_EQ(judged_b(gone, {"extra-gone"}, &out), "1") << out;
   EXPECT_NE(out.find("fresh agent_extra_bytes 0)"), std::string::npos) << out;
   EXPECT_EQ(judged_b(next, {"extra-next-cycle"}, &out), "0") << out;
-  EXPECT_EQ(slurp(next.path("violations")), "") << out;
+  EXPECT_EQ(read_text(next.path("violations")), "") << out;
 }
 
 // A process mid-exit when the request began (a zombie leader, another
@@ -668,7 +661,7 @@ std::string judged_with_process(const char* mode, std::string* out) {
     slot.state.store(kSlotLive);
     Result r =
         run({REFUSAL_OVERLAP, mode, std::to_string(child)}, merge(env, {{"FAKECUDA_MONITOR_LAG_MS", "60000"}}), 60000);
-    *out = r.describe() + slurp(box.path("violations"));
+    *out = r.describe() + read_text(box.path("violations"));
     b = r.exit_code == 0 ? value(r, "judged", "b") : "exit";
     munmap(region, sizeof(Region));
   }
@@ -692,8 +685,8 @@ TEST(ChaosMonitor, ReportsARefusalAfterAnotherRequestEndedBeforeItBegan) {
   Sandbox box;
   std::string out;
   EXPECT_EQ(refusal_pair(box, "apart", &out), "1") << out;
-  EXPECT_NE(slurp(box.path("violations")).find("cuMemAlloc of 8388608 bytes refused"), std::string::npos)
-      << slurp(box.path("violations"));
+  EXPECT_NE(read_text(box.path("violations")).find("cuMemAlloc of 8388608 bytes refused"), std::string::npos)
+      << read_text(box.path("violations"));
 }
 
 // The chaos decisions of the probe's one thread, as its report lists them
@@ -718,7 +711,7 @@ TEST(ChaosMode, TheSameSeedReplaysTheSameDecisions) {
                                                  {"FAKECUDA_CHAOS_SLEEP_PCT", "30"},
                                                  {"FAKECUDA_CHAOS_SLEEP_US", "20"}}));
     EXPECT_EQ(r.exit_code, 0) << r.describe();
-    return decisions(slurp(box.path("violations")));
+    return decisions(read_text(box.path("violations")));
   };
   const std::string first = run_seed("11");
   EXPECT_NE(first, "") << "some chaos points perturbed";

@@ -9,8 +9,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,13 +17,6 @@
 
 namespace gpuslice::test {
 namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // The container's region and simulated machine, made by a process under
 // gpuslice (as chaos_test.cc's create_region), then the program without it.
@@ -38,7 +29,7 @@ Env monitored(const Sandbox& box, bool preload) {
 void create_region(const Sandbox& box, const Env& machine = {}) {
   Result r = run({GPUSLICE_PROBE, "monitor", "hold", "16", "0"}, merge(monitored(box, true), machine));
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  ASSERT_EQ(slurp(box.path("violations")), "") << "no violation under gpuslice";
+  ASSERT_EQ(read_text(box.path("violations")), "") << "no violation under gpuslice";
 }
 
 // The count direction judges calls, not the clock (issue 32, seed 1,051,223:
@@ -64,14 +55,14 @@ TEST(ChaosMonitor, BytesGrantedInsideAStalledCallAreExcusedUntilItReturns) {
   Sandbox box;
   Result r = count_direction(box, {"stalled-call", "300"}, "100");
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(slurp(box.path("violations")), "") << r.describe();
+  EXPECT_EQ(read_text(box.path("violations")), "") << r.describe();
 }
 
 TEST(ChaosMonitor, ReportsACallThatReturnedWithItsBytesUncountedAtOnce) {
   Sandbox box;
   Result r = count_direction(box, {"returned-uncounted"}, "60000");
   ASSERT_EQ(r.exit_code, 0) << r.describe();
-  const std::string report = slurp(box.path("violations"));
+  const std::string report = read_text(box.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << r.describe() << report;
   EXPECT_NE(report.find("excused from the count: 0 "), std::string::npos) << report;
   // The report gives the count the check read (its other figures are read
@@ -92,8 +83,8 @@ TEST(ChaosMonitor, MemoryOutsideCudaIsExcusedByItsBytesOnly) {
   Result r4 = count_direction(four, {"outside", "4"}, "60000");
   ASSERT_EQ(r8.exit_code, 0) << r8.describe();
   ASSERT_EQ(r4.exit_code, 0) << r4.describe();
-  EXPECT_EQ(slurp(eight.path("violations")), "") << r8.describe();
-  const std::string report = slurp(four.path("violations"));
+  EXPECT_EQ(read_text(eight.path("violations")), "") << r8.describe();
+  const std::string report = read_text(four.path("violations"));
   EXPECT_NE(report.find("VIOLATION (count)"), std::string::npos) << r4.describe() << report;
   EXPECT_NE(report.find("outside CUDA 4194304,"), std::string::npos) << report;
 }
@@ -109,8 +100,8 @@ TEST(ChaosMonitor, MemoryOutsideCudaAboveTheQuotaIsExcusedByItsBytesOnly) {
   Result r8 = count_direction(eight, {"outside", "8", "80"}, "100");
   ASSERT_EQ(ra.exit_code, 0) << ra.describe();
   ASSERT_EQ(r8.exit_code, 0) << r8.describe();
-  EXPECT_EQ(slurp(all.path("violations")), "") << ra.describe();
-  const std::string report = slurp(eight.path("violations"));
+  EXPECT_EQ(read_text(all.path("violations")), "") << ra.describe();
+  const std::string report = read_text(eight.path("violations"));
   EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << r8.describe() << report;
   EXPECT_NE(report.find("memory outside CUDA (excused): 8388608 bytes"), std::string::npos) << report;
 }
@@ -128,8 +119,8 @@ TEST(ChaosMonitor, ImplicitMemoryInsideAStalledCallMayStandAboveTheQuota) {
   Result rk = count_direction(kept, {"context", "0", "0"}, "100", machine);
   ASSERT_EQ(rs.exit_code, 0) << rs.describe();
   ASSERT_EQ(rk.exit_code, 0) << rk.describe();
-  EXPECT_EQ(slurp(stalled.path("violations")), "") << rs.describe();
-  const std::string report = slurp(kept.path("violations"));
+  EXPECT_EQ(read_text(stalled.path("violations")), "") << rs.describe();
+  const std::string report = read_text(kept.path("violations"));
   EXPECT_NE(report.find("VIOLATION (quota)"), std::string::npos) << rk.describe() << report;
   EXPECT_NE(report.find("device holds 83886080 bytes"), std::string::npos) << report;
 }
@@ -154,7 +145,7 @@ std::string after_a_fall(const Sandbox& box, const char* mib) {
   munmap(mapped, sizeof(Region));
   Result r = run({GPUSLICE_PROBE, "monitor", "hold", mib, "0"}, env);
   return (r.exit_code == 0 && r.out.find("alloc=0") != std::string::npos ? "" : "probe failed: " + r.describe()) +
-         slurp(box.path("violations"));
+         read_text(box.path("violations"));
 }
 
 TEST(ChaosMonitor, ALimitChangeExcusesDuringItsLagOnlyGrantsTheOldLimitAdmits) {
@@ -191,7 +182,7 @@ TEST(ChaosMonitor, ReportsAQuiescentProcessCountingBytesItDoesNotHoldBeyondTheSl
     ASSERT_EQ(r.exit_code, 0) << r.describe();
     ASSERT_GT(unsigned_number(r, "overcount", "spare"), 0u) << "a spare lease, counted and not held\n" << r.describe();
     ASSERT_GE(unsigned_number(r, "overcount", "slack"), unsigned_number(r, "overcount", "spare")) << r.describe();
-    const std::string report = slurp(box.path("violations"));
+    const std::string report = read_text(box.path("violations"));
     EXPECT_EQ(value(r, "overcount", "before"), "0") << r.describe() << report;
     EXPECT_EQ(value(r, "overcount", "after"), c.after) << c.add_kib << " KiB, " << c.pools << " pools\n"
                                                        << r.describe() << report;

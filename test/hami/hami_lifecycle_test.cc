@@ -29,13 +29,6 @@ constexpr char kInstall[] = GPUSLICE_DEPLOY_DIR "/install-library.sh";
 constexpr char kVgpuInit[] = GPUSLICE_HAMI_SOURCE_DIR "/vgpu_init.sh";
 constexpr unsigned long long kQuota = 64ull << 20;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 void write_file(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 ino_t inode(const std::string& path) {
@@ -56,14 +49,15 @@ struct Node {
   std::string image = box.path("k8s-vgpu-lib-nvidia");
   std::string ready = box.path("ready");
   std::string out = box.path("workload.out");
-  std::string gpuslice = slurp(gpuslice::test::preload_library());
+  std::string gpuslice = gpuslice::test::read_text(gpuslice::test::preload_library());
 
   Node() {
     mkdir(vgpu.c_str(), 0755);
     mkdir(image.c_str(), 0755);
     // HAMi-core as the image ships it: another library (here the simulated
     // NVML, any ELF file whose bytes differ does the same damage).
-    write_file(image + "/libvgpu.so.v2.5.0", slurp(gpuslice::test::fakecuda_dir() + "/libnvidia-ml.so.1"));
+    write_file(image + "/libvgpu.so.v2.5.0",
+               gpuslice::test::read_text(gpuslice::test::fakecuda_dir() + "/libnvidia-ml.so.1"));
     write_file(image + "/ld.so.preload", "/usr/local/vgpu/libvgpu.so\n");
   }
   ~Node() { gpuslice::test::run({kInstall, "--release", target}, {}, 10000); }
@@ -117,11 +111,11 @@ TEST(HamiLifecycle, UpgradeByOurInstallKeepsRunningProcesses) {
   ASSERT_EQ(node.install(v1, true).exit_code, 0);
   const ino_t before = inode(node.target);
   const pid_t pid = node.start_workload();
-  ASSERT_TRUE(node.wait_ready()) << slurp(node.out);
+  ASSERT_TRUE(node.wait_ready()) << gpuslice::test::read_text(node.out);
   const Result up = node.install(v2, true);
   EXPECT_EQ(up.exit_code, 0) << up.describe();
   EXPECT_NE(inode(node.target), before) << "replaced by rename: a new inode";
-  EXPECT_TRUE(slurp(node.target) == slurp(v2));
+  EXPECT_TRUE(gpuslice::test::read_text(node.target) == gpuslice::test::read_text(v2));
   expect_unharmed(gpuslice::test::wait(pid, node.out));
   // Nothing left behind but the library.
   std::vector<std::string> names;
@@ -141,13 +135,13 @@ TEST(HamiLifecycle, HamiStartUpCopyDoesNotTouchTheProtectedLibrary) {
     GTEST_SKIP() << "cannot mark files immutable here (CAP_LINUX_IMMUTABLE or file-system support missing): " << in.err;
   }
   const pid_t pid = node.start_workload();
-  ASSERT_TRUE(node.wait_ready()) << slurp(node.out);
+  ASSERT_TRUE(node.wait_ready()) << gpuslice::test::read_text(node.out);
   // The device plugin restarts: its copy is refused, and its script goes on.
   const Result hami = gpuslice::test::run({"/bin/sh", kVgpuInit, node.image, node.vgpu}, {}, 30000);
   EXPECT_EQ(hami.exit_code, 0) << hami.describe();
   EXPECT_NE(hami.err.find("Operation not permitted"), std::string::npos) << hami.describe();
-  EXPECT_TRUE(slurp(node.target) == node.gpuslice) << "still gpuslice";
-  EXPECT_EQ(slurp(node.vgpu + "/ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n")
+  EXPECT_TRUE(gpuslice::test::read_text(node.target) == node.gpuslice) << "still gpuslice";
+  EXPECT_EQ(gpuslice::test::read_text(node.vgpu + "/ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n")
       << "the rest of HAMi's files are copied";
   expect_unharmed(gpuslice::test::wait(pid, node.out));
   // The drop-in's next round finds its library in place and does nothing.
@@ -163,7 +157,7 @@ TEST(HamiLifecycle, HamiStartUpCopyOntoAnUnprotectedLibraryKillsRunningProcesses
   ASSERT_EQ(node.install(gpuslice::test::preload_library(), false).exit_code, 0);
   ASSERT_FALSE(immutable(node.target));
   const pid_t pid = node.start_workload();
-  ASSERT_TRUE(node.wait_ready()) << slurp(node.out);
+  ASSERT_TRUE(node.wait_ready()) << gpuslice::test::read_text(node.out);
   const Result hami = gpuslice::test::run({"/bin/sh", kVgpuInit, node.image, node.vgpu}, {}, 30000);
   EXPECT_EQ(hami.exit_code, 0) << hami.describe();
   const Result r = gpuslice::test::wait(pid, node.out);
@@ -178,7 +172,8 @@ TEST(HamiLifecycle, ReleaseLetsHamiRestoreItsLibraryForARollback) {
   EXPECT_FALSE(immutable(node.target));
   const Result hami = gpuslice::test::run({"/bin/sh", kVgpuInit, node.image, node.vgpu}, {}, 30000);
   EXPECT_EQ(hami.exit_code, 0) << hami.describe();
-  EXPECT_TRUE(slurp(node.target) == slurp(node.image + "/libvgpu.so.v2.5.0")) << "HAMi's copy is back";
+  EXPECT_TRUE(gpuslice::test::read_text(node.target) == gpuslice::test::read_text(node.image + "/libvgpu.so.v2.5.0"))
+      << "HAMi's copy is back";
 }
 
 TEST(HamiLifecycle, InstallWritesOneLineFilesByRenameToo) {
@@ -188,7 +183,7 @@ TEST(HamiLifecycle, InstallWritesOneLineFilesByRenameToo) {
   const ino_t before = inode(preload);
   const Result r = gpuslice::test::run({kInstall, "--line", "/usr/local/vgpu/libvgpu.so", preload}, {}, 10000);
   EXPECT_EQ(r.exit_code, 0) << r.describe();
-  EXPECT_EQ(slurp(preload), "/usr/local/vgpu/libvgpu.so\n");
+  EXPECT_EQ(gpuslice::test::read_text(preload), "/usr/local/vgpu/libvgpu.so\n");
   EXPECT_NE(inode(preload), before);
   const ino_t installed = inode(preload);
   EXPECT_EQ(gpuslice::test::run({kInstall, "--line", "/usr/local/vgpu/libvgpu.so", preload}, {}, 10000).exit_code, 0);

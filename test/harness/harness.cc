@@ -54,6 +54,13 @@ Env Sandbox::env(bool preload) const {
   return e;
 }
 
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
 Env merge(Env base, const Env& extra) {
   for (const auto& [k, v] : extra) base[k] = v;
   return base;

@@ -114,6 +114,9 @@ long long number(const Result& r, const std::string& op, const std::string& key,
 unsigned long long unsigned_number(const Result& r, const std::string& op, const std::string& key,
                                    unsigned long long absent = ~0ull);
 
+// The whole of the file at `path` (bytes as they are), "" if it cannot be read.
+std::string read_text(const std::string& path);
+
 // Waits up to timeout_ms for `path` to exist (a probe's "touch" step).
 bool await_file(const std::string& path, int timeout_ms);
 
