@@ -7,6 +7,7 @@
 
 #include <cuda.h>
 
+#include "hook/address_gone.h"
 #include "hook/arrays.h"
 #include "hook/log.h"
 #include "hook/modules.h"
@@ -57,14 +58,7 @@ void sweep_implicitly_freed() noexcept {
 }
 
 bool pointer_gone(std::uint64_t key, const limiter::AllocRecord&) noexcept {
-  if (pools::g_slots_used.load(std::memory_order_relaxed) != 0 && pools::holds(key)) return true;
-  if (real_cuMemGetAddressRange_v2 == nullptr) return false;
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  const CUresult rc = real_cuMemGetAddressRange_v2(&base, &size, key);
-  // Only "no such allocation" means freed; any other error (no current
-  // context, ...) keeps the count: never release what may still be held.
-  return rc == CUDA_ERROR_NOT_FOUND || rc == CUDA_ERROR_INVALID_VALUE;
+  return (pools::g_slots_used.load(std::memory_order_relaxed) != 0 && pools::holds(key)) || address_gone(key);
 }
 
 void release_stale_linear(std::uint64_t key) noexcept {

@@ -10,6 +10,7 @@
 
 #include <new>
 
+#include "hook/address_gone.h"
 #include "hook/log.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
@@ -422,32 +423,15 @@ bool reclaim_all() noexcept {
   return skipped;
 }
 
-namespace {
-// Only "no such allocation" means the driver freed the address.
-bool address_gone(CUdeviceptr ptr) noexcept {
-  if (real_cuMemGetAddressRange_v2 == nullptr) return false;
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  const CUresult rc = real_cuMemGetAddressRange_v2(&base, &size, ptr);
-  return rc == CUDA_ERROR_NOT_FOUND || rc == CUDA_ERROR_INVALID_VALUE;
-}
-}  // namespace
-
-// Taken out before the driver is asked again: a new allocation at the
-// address meanwhile is known to it (ours goes back, and that allocation's
-// record displaces it: the stale-record rule) or recorded already (ours is
-// stale); a free of the address meanwhile runs this again after it.
+// As a linear record is settled (limiter::settle_record: taken out before
+// the driver is asked again; a new allocation at the address meanwhile is
+// known to it, or recorded already and displaces ours).
 void settle_freed_behind(CUdeviceptr ptr) noexcept {
-  for (int round = 0; round < 3; ++round) {
-    PoolRecord seen{};
-    if (!g_records.find(ptr, &seen) || !address_gone(ptr)) return;
-    PoolRecord taken{};
-    if (!g_records.erase(ptr, &taken)) return;
-    if (address_gone(ptr)) return freed(g_states[taken.slot], taken.bytes);
-    bool newer = false;
-    if (!g_records.upsert(ptr, taken, [&](PoolRecord&, bool inserted) noexcept { newer = !inserted; })) return;
-    if (newer) return freed(g_states[taken.slot], taken.bytes);
-  }
+  PoolRecord seen{};
+  if (!g_records.find(ptr, &seen)) return;
+  limiter::settle_record(
+      g_records, ptr, seen, [](std::uint64_t key, const PoolRecord&) noexcept { return address_gone(key); },
+      [](const PoolRecord& rec) noexcept { freed(g_states[rec.slot], rec.bytes); });
 }
 
 // A record displaced by the stale-record rule (platform::record): its bytes

@@ -47,17 +47,18 @@ using AllocTable = platform::PointerTable<AllocRecord>;
 // A record that cannot go back for want of memory stays counted (never short).
 // settle_record: the same for one key (`rec`: what the caller saw there, or
 // {} when it saw nothing; gone() of the linear table ignores it).
-template <class Gone, class Release>
-void settle_record(AllocTable& table, std::uint64_t key, const AllocRecord& rec, Gone&& gone,
+// Any table of records (the pools' too: hook/pool_state.cc).
+template <class Record, class Gone, class Release>
+void settle_record(platform::PointerTable<Record>& table, std::uint64_t key, const Record& rec, Gone&& gone,
                    Release&& release) noexcept {
   if (!gone(key, rec)) return;
   for (int round = 0; round < 3; ++round) {
-    AllocRecord taken{};
+    Record taken{};
     if (!table.erase(key, &taken)) return;
-    if (gone(key, taken)) return release(static_cast<const AllocRecord&>(taken));
+    if (gone(key, taken)) return release(static_cast<const Record&>(taken));
     bool newer = false;  // allocated again at this address since: ours goes back, unless a newer record is there
-    if (!table.upsert(key, taken, [&](AllocRecord&, bool inserted) { newer = !inserted; })) return;
-    if (newer) return release(static_cast<const AllocRecord&>(taken));
+    if (!table.upsert(key, taken, [&](Record&, bool inserted) { newer = !inserted; })) return;
+    if (newer) return release(static_cast<const Record&>(taken));
     if (!gone(key, taken)) return;  // put back: still known, or freed again since (asked once more)
   }
 }
