@@ -316,6 +316,7 @@ std::uint64_t resident_count(const DeviceState& d) {
 // The managed grants in flight the check that reports excused, and its
 // count check's excuses and count (state lock held).
 std::uint64_t g_check_in_flight = 0, g_check_count = 0;
+std::atomic<void (*)(char*, std::size_t)> g_describer{nullptr};
 Excused g_check_excused;
 
 void report(const char* invariant, const char* detail, std::uint32_t dev, int region_dev, std::uint64_t total,
@@ -369,6 +370,22 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
     if (m > 0 && static_cast<std::size_t>(used + m) < sizeof(text)) used += m;
   }
   used = append_processes(text, sizeof(text), used, dev, region_dev);
+  // What the device holds for this process, object by object, and (at a
+  // checkpoint, its threads parked) what the program holds: the object a
+  // count above the device's is of (issue 32's open shapes).
+  if (static_cast<std::size_t>(used) + 64 < sizeof(text)) {
+    used += std::snprintf(text + used, sizeof(text) - used, "  the simulator's holdings of pid %d:\n",
+                          static_cast<int>(getpid()));
+    fakecuda_holdings(text + used, sizeof(text) - used);
+    used = static_cast<int>(std::strlen(text));
+  }
+  if (void (*describe)(char*, std::size_t) = g_describer.load(std::memory_order_acquire);
+      describe != nullptr && std::strstr(invariant, "checkpoint") != nullptr &&
+      static_cast<std::size_t>(used) + 64 < sizeof(text)) {
+    used += std::snprintf(text + used, sizeof(text) - used, "  the program's holdings (its threads parked):\n");
+    describe(text + used, sizeof(text) - used);
+    used = static_cast<int>(std::strlen(text));
+  }
   if (static_cast<std::size_t>(used) < sizeof(text)) {
     int m = std::snprintf(text + used, sizeof(text) - used, "  last %d operations of pid %d, oldest first:\n",
                           g_config.ring, static_cast<int>(getpid()));
@@ -795,6 +812,10 @@ int monitor_checkpoint() {
     }
   }
   return found;
+}
+
+void monitor_describer(void (*describe)(char* out, std::size_t len)) {
+  internal::g_describer.store(describe, std::memory_order_release);
 }
 
 }  // namespace gpuslice::chaos

@@ -5,6 +5,7 @@
 // registered before main(); FAKECUDA_MONITOR=1 turns it on.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace gpuslice::chaos {
@@ -34,6 +35,12 @@ void monitor_release_end();
 // How many memory pools (the device's default included) this process uses:
 // each may be counted up to one 2 MiB chunk above its reserve.
 void monitor_pools(unsigned count);
+// The program's own view of what it holds, for the reports of the quiescent
+// checks (monitor_checkpoint: its threads parked): `describe` writes one
+// indented line per object, NUL-terminated, beside the simulator's list
+// (fakecuda_holdings), so a count above what the device holds names the
+// object the device no longer has. nullptr: none.
+void monitor_describer(void (*describe)(char* out, std::size_t len));
 // Memory this process allocated outside CUDA (a graphics API: interop) while
 // it created an object whose memory gpuslice measures (a context, module,
 // library or array: NVML's usage of the process after minus before the call)

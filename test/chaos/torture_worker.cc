@@ -217,7 +217,25 @@ class Worker {
     }
   }
 
+  // The program's view for the monitor's checkpoint reports (monitor_describer).
+  void describe(std::string* out) const {
+    static const char* const kKinds[] = {"linear",      "pool_ptr", "vmm",     "array",    "mipmap", "ctx",
+                                         "primary_ref", "module",   "library", "ipc_open", "ext"};
+    char line[200];
+    for (const Held& h : held_) {
+      const void* handle = h.array != nullptr    ? static_cast<const void*>(h.array)
+                           : h.mipmap != nullptr ? static_cast<const void*>(h.mipmap)
+                           : h.ctx != nullptr    ? static_cast<const void*>(h.ctx)
+                           : h.module != nullptr ? static_cast<const void*>(h.module)
+                                                 : static_cast<const void*>(h.library);
+      std::snprintf(line, sizeof(line), "    t%d %s 0x%llx size %zu handle %p\n", ordinal_,
+                    kKinds[static_cast<int>(h.kind)], static_cast<unsigned long long>(h.ptr), h.size, handle);
+      *out += line;
+    }
+  }
+
   void run() {
+    ordinal_ = static_cast<int>(fakecuda_thread_ordinal());
     {
       InCall call;
       cuCtxSetCurrent(s_.primary);
@@ -688,12 +706,23 @@ class Worker {
   std::vector<Held> held_;
   int forks_ = 0;
   std::size_t max_held_ = kMaxHeld;
+  int ordinal_ = 0;  // the simulator's name of the thread (t1, t2, ...)
 
  public:
   int granted_ = 0;  // operations that acquired a resource
 };
 
 std::atomic<int> Worker::child_failures_{0};
+
+// The workers while they run, for the monitor's checkpoint reports (called
+// by the last thread at the barrier, every other one parked).
+std::vector<Worker>* g_workers = nullptr;
+void describe_workers(char* out, std::size_t len) {
+  std::string text;
+  if (g_workers != nullptr)
+    for (const Worker& w : *g_workers) w.describe(&text);
+  std::snprintf(out, len, "%s", text.c_str());
+}
 
 // A worker meant to run under gpuslice (LD_PRELOAD names libgpuslice.so)
 // that ld.so could not preload runs anyway: ld.so prints a warning and
@@ -746,9 +775,13 @@ int run_worker(const WorkerOptions& options, const char* self) {
   std::vector<Worker> workers;
   workers.reserve(static_cast<std::size_t>(options.threads));
   for (int t = 0; t < options.threads; ++t) workers.emplace_back(shared, options, t, self);
+  g_workers = &workers;
+  monitor_describer(describe_workers);
   for (int t = 0; t < options.threads; ++t)
     threads.emplace_back([&workers, t] { workers[static_cast<std::size_t>(t)].run(); });
   for (std::thread& t : threads) t.join();
+  monitor_describer(nullptr);
+  g_workers = nullptr;
   int granted = 0;
   for (const Worker& w : workers) granted += w.granted_;
   std::printf("torture worker %d: %d of %d operations acquired a resource\n", options.index, granted,

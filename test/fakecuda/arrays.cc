@@ -3,7 +3,10 @@
 // (mipmapped: the sum over levels), charged to the current context's device.
 // A mipmapped array's levels (cuMipmappedArrayGetLevel) are arrays it owns:
 // views of its memory (charged once, with it), gone with it.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 
 #include "driver.h"
 
@@ -75,6 +78,16 @@ CUresult create_array(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR& desc) {
   return CUDA_SUCCESS;
 }
 
+// Test knob (README, "Test knobs"): microseconds a successful array or
+// mipmapped array creation sleeps before it returns, the array made (a
+// reset or destroy of its context may free it before the caller records
+// the handle), read once (delay_knob); 0 = none.
+CUresult delayed_return(CUresult rc) {
+  static const unsigned us = gpuslice::fakecuda::delay_knob("FAKECUDA_ARRAY_RETURN_DELAY_US");
+  if (rc == CUDA_SUCCESS && us != 0) usleep(us);
+  return rc;
+}
+
 }  // namespace
 
 namespace gpuslice::fakecuda {
@@ -102,6 +115,22 @@ void retire_levels_locked(CUmipmappedArray_st* m) {
   }
 }
 
+void holdings_arrays_locked(std::string* out) {
+  char line[160];
+  g_arrays.for_each_live([&](CUarray_st* a) {
+    if (a->bytes == 0) return;
+    std::snprintf(line, sizeof(line), "    array %p held %llu dev%u ctx %llu\n", static_cast<void*>(a),
+                  static_cast<unsigned long long>(a->bytes), a->device,
+                  static_cast<unsigned long long>(a->ctx != nullptr ? a->ctx->id : 0));
+    *out += line;
+  });
+  g_mipmapped.for_each_live([&](CUmipmappedArray_st* a) {
+    std::snprintf(line, sizeof(line), "    mipmapped %p held %llu dev%u ctx %llu\n", static_cast<void*>(a),
+                  static_cast<unsigned long long>(a->bytes), a->device,
+                  static_cast<unsigned long long>(a->ctx != nullptr ? a->ctx->id : 0));
+    *out += line;
+  });
+}
 }  // namespace gpuslice::fakecuda
 
 extern "C" CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* pAllocateArray) {
@@ -111,12 +140,12 @@ extern "C" CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPT
   desc.Height = pAllocateArray->Height;
   desc.Format = pAllocateArray->Format;
   desc.NumChannels = pAllocateArray->NumChannels;
-  return create_array(pHandle, desc);
+  return delayed_return(create_array(pHandle, desc));
 }
 
 extern "C" CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray) {
   if (pHandle == nullptr || pAllocateArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return create_array(pHandle, *pAllocateArray);
+  return delayed_return(create_array(pHandle, *pAllocateArray));
 }
 
 extern "C" CUresult cuArrayDestroy(CUarray hArray) {
@@ -173,16 +202,18 @@ extern "C" CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle,
   }
   CUctx_st* ctx = nullptr;
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard guard(runtime().mu);
-  if (CUresult rc = charge_device(ctx->device, total); rc != CUDA_SUCCESS) return rc;
-  CUmipmappedArray_st* array = g_mipmapped.make();
-  array->ctx = memory_owner(ctx);
-  array->device = ctx->device;
-  array->bytes = total;
-  array->levels = numMipmapLevels;
-  array->desc = base;
-  *pHandle = array;
-  return CUDA_SUCCESS;
+  {
+    std::lock_guard guard(runtime().mu);
+    if (CUresult rc = charge_device(ctx->device, total); rc != CUDA_SUCCESS) return rc;
+    CUmipmappedArray_st* array = g_mipmapped.make();
+    array->ctx = memory_owner(ctx);
+    array->device = ctx->device;
+    array->bytes = total;
+    array->levels = numMipmapLevels;
+    array->desc = base;
+    *pHandle = array;
+  }
+  return delayed_return(CUDA_SUCCESS);
 }
 
 extern "C" CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {

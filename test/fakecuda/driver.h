@@ -296,6 +296,12 @@ struct Allocation {
   void* host = nullptr;
   std::uint64_t buffer_id = 0;
 };
+// The objects of this process holding device memory, one line each (the
+// chaos monitor's reports: fakecuda_holdings). Runtime mutex held.
+void holdings_allocations_locked(std::string* out);
+void holdings_modules_locked(std::string* out);
+void holdings_arrays_locked(std::string* out);
+void holdings_pools_locked(std::string* out);
 // Runtime mutex held for all of these.
 void register_allocation_locked(CUdeviceptr base, const Allocation& allocation);
 bool remove_allocation_locked(CUdeviceptr base, Allocation* out);

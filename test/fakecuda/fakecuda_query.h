@@ -121,6 +121,11 @@ uint64_t fakecuda_call_began_ns(void);
 /* This process's last `count` operations (entry points, charges, chaos
  * decisions), oldest first, one indented line each, NUL-terminated. */
 void fakecuda_recent_operations(char* out, size_t len, int count);
+/* This process's objects holding device memory (allocations, placed modules
+ * and libraries, arrays, pools' reserves), one indented line each,
+ * NUL-terminated; "    (busy)" when another thread holds the simulator's
+ * registries (never waits for them: callable with the state lock held). */
+void fakecuda_holdings(char* out, size_t len);
 
 /* The simulated graphics allocator (interop.cc): device memory a graphics API
  * allocates for this process, charged to it (NVML shows it as the process's)

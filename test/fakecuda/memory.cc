@@ -3,6 +3,7 @@
 // charged to the device in the shared state, so all processes see one capacity.
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
 
@@ -205,6 +206,18 @@ void memory_release_context_locked(CUctx_st* ctx) {
   }
 }
 
+void holdings_allocations_locked(std::string* out) {
+  static const char* const kKinds[] = {"linear", "pitch", "managed", "legacy32", "pool"};
+  char line[200];
+  for (const auto& [base, a] : g_allocations) {
+    std::snprintf(
+        line, sizeof(line), "    %s 0x%llx size %llu held %llu dev%u ctx %llu%s\n",
+        kKinds[static_cast<int>(a.kind) < 5 ? static_cast<int>(a.kind) : 0], static_cast<unsigned long long>(base),
+        static_cast<unsigned long long>(a.size), static_cast<unsigned long long>(a.held), a.device,
+        static_cast<unsigned long long>(a.ctx != nullptr ? a.ctx->id : 0), a.pool != nullptr ? " (pool)" : "");
+    *out += line;
+  }
+}
 }  // namespace gpuslice::fakecuda
 
 namespace {

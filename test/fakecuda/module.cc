@@ -163,6 +163,15 @@ CUresult place_library_at_launch(CUfunc_st* function, std::uint32_t dev) {
   return place_locked(function->module, dev);
 }
 
+void holdings_modules_locked(std::string* out) {
+  char line[160];
+  g_modules.for_each_live([&](CUmod_st* m) {
+    if (!m->placed.load(std::memory_order_relaxed) || m->held == 0) return;
+    std::snprintf(line, sizeof(line), "    %s %p held %llu dev%u\n", m->ctx == nullptr ? "library" : "module",
+                  static_cast<void*>(m), static_cast<unsigned long long>(m->held), m->device);
+    *out += line;
+  });
+}
 }  // namespace gpuslice::fakecuda
 
 extern "C" CUresult cuModuleLoadData(CUmodule* module, const void* image) { return module_load(module, image); }

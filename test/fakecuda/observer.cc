@@ -145,3 +145,28 @@ extern "C" void fakecuda_recent_operations(char* out, size_t len, int count) {
   if (out == nullptr || len == 0) return;
   ring_format(out, len, count);
 }
+
+extern "C" void fakecuda_holdings(char* out, size_t len) {
+  if (out == nullptr || len == 0) return;
+  out[0] = '\0';
+  Runtime& r = runtime();
+  // try_lock: the registries' lock is taken before the state lock elsewhere.
+  if (!r.mu.try_lock()) {
+    std::snprintf(out, len, "    (busy)\n");
+    return;
+  }
+  std::string text;
+  char line[160];
+  r.contexts.for_each_live([&](CUctx_st* c) {
+    if (c->primary && c->retain_count == 0) return;  // not active: holds nothing
+    std::snprintf(line, sizeof(line), "    context %p id %llu%s dev%u\n", static_cast<void*>(c),
+                  static_cast<unsigned long long>(c->id), c->primary ? " (primary)" : "", c->device);
+    text += line;
+  });
+  holdings_allocations_locked(&text);
+  holdings_modules_locked(&text);
+  holdings_arrays_locked(&text);
+  holdings_pools_locked(&text);
+  r.mu.unlock();
+  std::snprintf(out, len, "%s", text.c_str());
+}

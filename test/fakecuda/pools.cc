@@ -288,6 +288,16 @@ void pools_trim_at_sync(std::uint32_t dev) {
   trim_device_pools_locked(dev, false);
 }
 
+void holdings_pools_locked(std::string* out) {
+  char line[200];
+  g_pools.for_each_live([&](CUmemPoolHandle_st* p) {
+    if (p->host || p->reserved == 0) return;
+    std::snprintf(line, sizeof(line), "    pool %p%s reserved %llu used %llu dev%u\n", static_cast<void*>(p),
+                  p->is_default ? " (default)" : "", static_cast<unsigned long long>(p->reserved),
+                  static_cast<unsigned long long>(p->used), p->device);
+    *out += line;
+  });
+}
 }  // namespace gpuslice::fakecuda
 
 extern "C" CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
