@@ -60,6 +60,18 @@ void release_limits(CUcontext ctx) noexcept {
   }
 }
 Primary g_primary[kMaxDevices];
+// The slot's context_bytes (gpuslice/region.h: the part of committed_bytes
+// held by contexts), kept beside each count and release of a context (cold:
+// creations and destructions only), so a count can be told apart from what
+// the device holds by its parts.
+void note_context(const Counted& c, bool counted) noexcept {
+  Slot* const slot = owner_page().slot.load(std::memory_order_acquire);
+  if (slot == nullptr || c.entry < 0 || static_cast<unsigned>(c.entry) >= kMaxDevices || c.bytes == 0) return;
+  if (counted)
+    slot->context_bytes[c.entry].fetch_add(c.bytes, std::memory_order_relaxed);
+  else
+    slot->context_bytes[c.entry].fetch_sub(c.bytes, std::memory_order_relaxed);
+}
 NoDestroy<std::mutex> g_primary_mu;  // held across primary retain/release so refcounts match the driver's
 std::atomic<std::uint64_t> g_context_size[kMaxDevices];  // last exact measurement per device, 0 = none
 
@@ -293,9 +305,12 @@ CUresult create_context(CUcontext* pctx, CUdevice dev, std::int64_t flags, Creat
     // A handle value still recorded is a context destroyed behind our back
     // (the driver reuses handles): what it held went with it.
     if (!platform::record(*g_contexts, reinterpret_cast<std::uint64_t>(ctx), c, [](const Counted& stale) {
+          note_context(stale, false);
           if (stale.bytes != 0) release(stale.entry, stale.bytes);
         })) {
       release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
+    } else {
+      note_context(c, true);
     }
     return rc;
   }
@@ -310,7 +325,10 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   FreeingBehind freeing;
   rc = destroy();
   Counted c{};
-  if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) release(c.entry, c.bytes);
+  if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) {
+    note_context(c, false);
+    release(c.entry, c.bytes);
+  }
   if (rc == CUDA_SUCCESS) release_limits(ctx);
   if (rc == CUDA_SUCCESS) sweep_implicitly_freed();      // what the context owned went with it
   if (rc == CUDA_SUCCESS) launch::forget_all_streams();  // its streams too: their handles may come back
@@ -333,6 +351,7 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
     p.refs = reset ? 0 : p.refs - 1;
     if (p.refs == 0) kernels_context_destroyed();
     if (p.refs == 0 && p.counted.bytes != 0) {
+      note_context(p.counted, false);
       release(p.counted.entry, p.counted.bytes);
       p.counted = Counted{-1, 0};
     }
@@ -397,6 +416,7 @@ CUresult retain_primary(CUdevice dev, CUcontext* handle, bool green, Retain&& re
         return rc;
       }
       p.counted = c;
+      note_context(c, true);
       if (handle != nullptr) p.handle = *handle;
       kernels_context_created();
     }
