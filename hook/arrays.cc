@@ -7,6 +7,7 @@
 
 #include <cuda.h>
 
+#include "hook/memory.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
 
@@ -124,6 +125,22 @@ CUresult admit_resident(const Reservation& r) noexcept {
   return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+bool array_gone(std::uint64_t key, const limiter::AllocRecord& rec) noexcept;
+
+// An array made while its context was reset or destroyed (hook/memory.h,
+// g_freed_behind: the word changed between the mark read before the driver
+// call and the record made after it): the driver may have freed it before
+// its record existed, unseen by the sweep after the reset. Its record is
+// settled as the sweep settles one (issue 32, chaos seed 2,001,044). Cold.
+[[gnu::cold, gnu::noinline]] void settle_array_behind(std::uint64_t key, limiter::AllocKind kind) noexcept {
+  limiter::settle_record(*g_arrays, key, limiter::AllocRecord{0, -1, kind}, array_gone,
+                         [](const limiter::AllocRecord& r) { release_record(r); });
+}
+inline void recheck_array(CUresult rc, std::uint64_t mark, std::uint64_t key, limiter::AllocKind kind) noexcept {
+  if (rc == CUDA_SUCCESS && __builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0))
+    settle_array_behind(key, kind);
+}
+
 // A counting operation (measure.h), as every allocation: the driver call takes
 // device memory, and reserve() may trim this process's idle pool reserves
 // before it refuses (the pool reclaim): neither may overlap a measurement of
@@ -135,6 +152,7 @@ CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) 
   CUresult rc = reserve_on_current(bytes, &r);
   if (rc != CUDA_SUCCESS) return rc;
   if ((rc = admit_resident(r)) != CUDA_SUCCESS) return rc;
+  const std::uint64_t mark = freed_behind_mark();
   rc = real_create();
   if (rc == CUDA_SUCCESS && real_cuArrayGetMemoryRequirements != nullptr) {
     CUarray a = *handle;
@@ -146,12 +164,11 @@ CUresult create_array(CUarray* handle, std::uint64_t bytes, auto&& real_create) 
         [&] { real_cuArrayDestroy(a); });
     if (rc != CUDA_SUCCESS) return rc;
   }
-  commit(*g_arrays, rc, r, rc == CUDA_SUCCESS ? reinterpret_cast<std::uint64_t>(*handle) : 0,
-         limiter::AllocKind::array);
+  const std::uint64_t key = rc == CUDA_SUCCESS ? reinterpret_cast<std::uint64_t>(*handle) : 0;
+  commit(*g_arrays, rc, r, key, limiter::AllocKind::array);
+  recheck_array(rc, mark, key, limiter::AllocKind::array);
   return rc;
 }
-
-bool array_gone(std::uint64_t key, const limiter::AllocRecord& rec) noexcept;
 
 // The question about a mipmapped array (below) makes its level 0 if it had
 // none: an array the driver may put in the handle of an array gone (with
@@ -233,6 +250,7 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandl
   CUresult rc = reserve_on_current(mipmapped_bytes(*d, numLevels), &r);
   if (rc != CUDA_SUCCESS) return rc;
   if ((rc = admit_resident(r)) != CUDA_SUCCESS) return rc;
+  const std::uint64_t mark = freed_behind_mark();
   rc = real_cuMipmappedArrayCreate(pHandle, d, numLevels);
   if (rc == CUDA_SUCCESS && real_cuMipmappedArrayGetMemoryRequirements != nullptr) {
     CUmipmappedArray m = *pHandle;
@@ -244,8 +262,9 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandl
         [&] { real_cuMipmappedArrayDestroy(m); });
     if (rc != CUDA_SUCCESS) return rc;
   }
-  commit(*g_arrays, rc, r, rc == CUDA_SUCCESS ? reinterpret_cast<std::uint64_t>(*pHandle) : 0,
-         gpuslice::limiter::AllocKind::mipmapped);
+  const std::uint64_t key = rc == CUDA_SUCCESS ? reinterpret_cast<std::uint64_t>(*pHandle) : 0;
+  commit(*g_arrays, rc, r, key, gpuslice::limiter::AllocKind::mipmapped);
+  recheck_array(rc, mark, key, gpuslice::limiter::AllocKind::mipmapped);
   return rc;
 }
 

@@ -36,6 +36,16 @@
 // holds its return). p and the probes
 // are pitched allocations (no return delay). Per round "round N hit=0|1
 // probe_rc=R used=U": hit when the stale free freed the new allocation.
+//
+//   implicit_free_race create ROUNDS MIB [mipmap]
+// Each round: a second thread creates a 2D float array (or a one-level
+// mipmapped array) of MIB MiB in the primary context, and while its creation
+// has yet to return (the simulator's FAKECUDA_ARRAY_RETURN_DELAY_US: the
+// array made, its handle not yet recorded by the caller's library) this one
+// resets the primary context (the driver frees the array). Then "round N
+// create_rc=R gone=0|1 probe_rc=R used=U": the creation's result, whether
+// the driver no longer knows the array (the race exercised), an allocation
+// of MIB MiB (freed at once) and cuMemGetInfo's total - free before it.
 #include <cuda.h>
 #include <unistd.h>
 
@@ -143,6 +153,45 @@ int span(CUdevice dev, int rounds, std::size_t mib) {
   return 0;
 }
 
+int create(CUdevice dev, int rounds, std::size_t mib, bool mipmap) {
+  for (int round = 0; round < rounds; ++round) {
+    if (!current(dev)) return 1;
+    CUcontext ctx = nullptr;
+    cuCtxGetCurrent(&ctx);
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    d.Width = 1024;
+    d.Height = 256 * mib;  // 1024 floats a row: 1 MiB per 256 rows
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 1;
+    std::atomic<bool> entering{false};
+    CUarray a = nullptr;
+    CUmipmappedArray m = nullptr;
+    CUresult create_rc = CUDA_SUCCESS;
+    std::thread creator([&] {
+      cuCtxSetCurrent(ctx);
+      entering.store(true);
+      create_rc = mipmap ? cuMipmappedArrayCreate(&m, &d, 1) : cuArray3DCreate(&a, &d);
+    });
+    while (!entering.load()) usleep(100);
+    usleep(100000);  // the array is made, its creation not returned
+    cuDevicePrimaryCtxReset(dev);
+    creator.join();
+    if (!current(dev)) return 1;
+    CUDA_ARRAY3D_DESCRIPTOR seen{};
+    CUarray level = nullptr;
+    const bool gone = create_rc == CUDA_SUCCESS && (mipmap ? cuMipmappedArrayGetLevel(&level, m, 0) != CUDA_SUCCESS
+                                                           : cuArray3DGetDescriptor(&seen, a) != CUDA_SUCCESS);
+    std::size_t free_bytes = 0, total = 0;
+    cuMemGetInfo(&free_bytes, &total);
+    CUdeviceptr probe = 0;
+    const CUresult probe_rc = cuMemAlloc(&probe, mib << 20);
+    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    std::printf("round %d create_rc=%d gone=%d probe_rc=%d used=%zu\n", round, static_cast<int>(create_rc),
+                gone ? 1 : 0, static_cast<int>(probe_rc), total - free_bytes);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,6 +209,8 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "span") == 0) return span(dev, std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
   if (std::strcmp(argv[1], "reuse") == 0) return reuse(dev, std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
+  if (std::strcmp(argv[1], "create") == 0)
+    return create(dev, rounds, mib, argc == 5 && std::strcmp(argv[4], "mipmap") == 0);
   int hits = 0;
   for (int round = 0; round < rounds; ++round) {
     CUdeviceptr p = 0;
