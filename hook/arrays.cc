@@ -140,6 +140,14 @@ inline void recheck_array(CUresult rc, std::uint64_t mark, std::uint64_t key, li
   if (rc == CUDA_SUCCESS && __builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0))
     settle_array_behind(key, kind);
 }
+// A destroy of a handle with no record went through the driver: a handle a
+// reset freed, which the driver may have given to another thread's array
+// not yet recorded (the program's error, as a stale cuMemFree): the word
+// moves, so that creation settles its record (hook/memory.h, freed_untracked).
+CUresult destroyed_untracked(CUresult rc) noexcept {
+  if (rc == CUDA_SUCCESS) g_freed_behind.fetch_add(kFreedBehindEvent, std::memory_order_seq_cst);
+  return rc;
+}
 
 // A counting operation (measure.h), as every allocation: the driver call takes
 // device memory, and reserve() may trim this process's idle pool reserves
@@ -239,7 +247,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   return free_counted(
-      *g_arrays, reinterpret_cast<std::uint64_t>(hArray), [&] { return real_cuArrayDestroy(hArray); }, array_gone);
+      *g_arrays, reinterpret_cast<std::uint64_t>(hArray), [&] { return real_cuArrayDestroy(hArray); },
+      [&] { return destroyed_untracked(real_cuArrayDestroy(hArray)); }, array_gone);
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d,
@@ -272,7 +281,8 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray h) {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   return free_counted(
-      *g_arrays, reinterpret_cast<std::uint64_t>(h), [&] { return real_cuMipmappedArrayDestroy(h); }, array_gone);
+      *g_arrays, reinterpret_cast<std::uint64_t>(h), [&] { return real_cuMipmappedArrayDestroy(h); },
+      [&] { return destroyed_untracked(real_cuMipmappedArrayDestroy(h)); }, array_gone);
 }
 
 GPUSLICE_EXPORT CUresult CUDAAPI cuArrayCreate(CUarray*, const CUDA_ARRAY_DESCRIPTOR_v1*) {

@@ -109,6 +109,25 @@ TEST(ImplicitFreeRace, AMipmappedArrayAResetFreedBeforeItsCreationReturnedIsNotC
   expect_array_released(race(box, create_env(), {"create", "1", "40", "mipmap"}));
 }
 
+// The array form of the stale free below: an array handle a reset freed is
+// destroyed by the program while another thread's array, which the driver
+// gave that handle, has yet to return from its creation. The driver destroys
+// the new array; the library had no record of the handle (the sweep after
+// the reset released it), and the new array's record, made after, counted
+// 40 MiB with nothing on the device.
+TEST(ImplicitFreeRace, AStaleArrayDestroyOfAHandleGivenAgainLeavesNothingCounted) {
+  Sandbox box;
+  Result r = race(box, create_env(), {"stale-array", "1", "40"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const std::size_t at = r.out.find("round 0 reused=1 create_rc=0 stale_destroy_rc=0 gone=1 ");
+  ASSERT_NE(at, std::string::npos) << "the handle did not come back, or the stale destroy failed: the race was not "
+                                      "exercised\n"
+                                   << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_NE(line.find("probe_rc=0 "), std::string::npos) << "refused with the device empty\n" << r.out;
+  EXPECT_NE(line.find("used=0"), std::string::npos) << "freed memory shown as used\n" << r.out;
+}
+
 // A use after a reset (issue 32's `alloc,fill,primary` chaos class): a
 // pointer the reset freed is freed again by the program while another
 // thread's cuMemAlloc, which got the same address from the driver, has yet

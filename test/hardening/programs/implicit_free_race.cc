@@ -46,6 +46,14 @@
 // create_rc=R gone=0|1 probe_rc=R used=U": the creation's result, whether
 // the driver no longer knows the array (the race exercised), an allocation
 // of MIB MiB (freed at once) and cuMemGetInfo's total - free before it.
+//
+//   implicit_free_race stale-array ROUNDS MIB
+// Each round: an array a of MIB MiB, then a reset of the primary context
+// (the driver frees a); a second thread creates another array, which the
+// driver gives a's handle, and while that creation has yet to return
+// (FAKECUDA_ARRAY_RETURN_DELAY_US) this one destroys a (a use after the
+// reset: the driver destroys the second thread's array). Then "round N
+// reused=0|1 create_rc=R stale_destroy_rc=R gone=0|1 probe_rc=R used=U".
 #include <cuda.h>
 #include <unistd.h>
 
@@ -192,6 +200,49 @@ int create(CUdevice dev, int rounds, std::size_t mib, bool mipmap) {
   return 0;
 }
 
+int stale_array(CUdevice dev, int rounds, std::size_t mib) {
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  d.Width = 1024;
+  d.Height = 256 * mib;  // 1024 floats a row: 1 MiB per 256 rows
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 1;
+  for (int round = 0; round < rounds; ++round) {
+    if (!current(dev)) return 1;
+    CUarray a = nullptr;
+    if (cuArray3DCreate(&a, &d) != CUDA_SUCCESS) {
+      std::printf("round %d alloc refused\n", round);
+      return 1;
+    }
+    cuDevicePrimaryCtxReset(dev);
+    if (!current(dev)) return 1;
+    CUcontext ctx = nullptr;
+    cuCtxGetCurrent(&ctx);
+    std::atomic<bool> entering{false};
+    CUarray b = nullptr;
+    CUresult create_rc = CUDA_SUCCESS;
+    std::thread creator([&] {
+      cuCtxSetCurrent(ctx);
+      entering.store(true);
+      create_rc = cuArray3DCreate(&b, &d);
+    });
+    while (!entering.load()) usleep(100);
+    usleep(100000);  // the array is made, its creation not returned
+    const CUresult stale_rc = cuArrayDestroy(a);
+    creator.join();
+    CUDA_ARRAY3D_DESCRIPTOR seen{};
+    const bool gone = create_rc == CUDA_SUCCESS && cuArray3DGetDescriptor(&seen, b) != CUDA_SUCCESS;
+    std::size_t free_bytes = 0, total = 0;
+    cuMemGetInfo(&free_bytes, &total);
+    CUdeviceptr probe = 0;
+    const CUresult probe_rc = cuMemAlloc(&probe, mib << 20);
+    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    std::printf("round %d reused=%d create_rc=%d stale_destroy_rc=%d gone=%d probe_rc=%d used=%zu\n", round,
+                b == a ? 1 : 0, static_cast<int>(create_rc), static_cast<int>(stale_rc), gone ? 1 : 0,
+                static_cast<int>(probe_rc), total - free_bytes);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -209,6 +260,7 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "span") == 0) return span(dev, std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
   if (std::strcmp(argv[1], "reuse") == 0) return reuse(dev, std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
+  if (std::strcmp(argv[1], "stale-array") == 0) return stale_array(dev, rounds, mib);
   if (std::strcmp(argv[1], "create") == 0)
     return create(dev, rounds, mib, argc == 5 && std::strcmp(argv[4], "mipmap") == 0);
   int hits = 0;
