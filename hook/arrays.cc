@@ -7,7 +7,7 @@
 
 #include <cuda.h>
 
-#include "hook/memory.h"
+#include "hook/freed_behind.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
 

@@ -35,8 +35,6 @@ std::uint64_t pitch_estimate(std::uint64_t width, std::uint64_t height) noexcept
 
 limiter::AllocTable& linear_table() noexcept { return *g_pointers; }
 
-constinit std::atomic<std::uint64_t> g_freed_behind{0};
-
 void settle_freed_behind(std::uint64_t key) noexcept {
   limiter::settle_record(*g_pointers, key, limiter::AllocRecord{}, pointer_gone,
                          [](const limiter::AllocRecord& rec) { release_record(rec); });

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "hook/freed_behind.h"
 #include "limiter/alloc_table.h"
 
 namespace gpuslice::hook {
@@ -35,23 +36,8 @@ void release_stale_linear(std::uint64_t key) noexcept;
 // back (limiter::settle_record). cuMemFree of the object takes it, releasing 0.
 void take_address_uncounted(std::uint64_t key) noexcept;
 
-// Device memory freed behind a record (docs/memory-accounting.md, "Frees
-// behind a record"): the driver may free, or hand out again, an address a
-// record of the linear table is about to be made for, when a program frees a
-// pointer its primary-context reset or context destroy already freed. This
-// word changes at each such chance: +1 when a reset or destroy begins (the
-// low 16 bits: how many are in progress), +kFreedBehindEvent - 1 when it
-// ended (its sweep done), +kFreedBehindEvent after a free the table had no
-// record of went through. An allocation reads it before its driver call
-// (freed_behind_mark) and after its record is made; if it changed, it asks
-// the driver whether its address is still held (settle_freed_behind). The
-// table's shard lock orders the record against the change: a free that
-// changed it after the allocation read it again finds the record instead.
-[[gnu::visibility("hidden")]] extern std::atomic<std::uint64_t> g_freed_behind;
-inline constexpr std::uint64_t kFreedBehindEvent = std::uint64_t{1} << 16;
-inline std::uint64_t freed_behind_mark() noexcept {
-  return g_freed_behind.load(std::memory_order_relaxed) & ~(kFreedBehindEvent - 1);
-}
+// The linear table's use of the freed-behind word (hook/freed_behind.h):
+// an allocation whose word moved settles its address.
 [[gnu::cold, gnu::noinline]] void settle_freed_behind(std::uint64_t key) noexcept;
 // After the record of `key` (an allocation that succeeded) was made.
 inline void recheck_freed_behind(std::uint64_t mark, std::uint64_t key) noexcept {
@@ -60,12 +46,5 @@ inline void recheck_freed_behind(std::uint64_t mark, std::uint64_t key) noexcept
 // A free the linear table had no record of went through the driver: it may
 // have freed an allocation whose record was not made yet.
 [[gnu::cold, gnu::noinline]] void freed_untracked(std::uint64_t key) noexcept;
-// A reset or destroy (every path out of it ends it).
-struct FreeingBehind {
-  FreeingBehind() noexcept { g_freed_behind.fetch_add(1, std::memory_order_relaxed); }
-  ~FreeingBehind() { g_freed_behind.fetch_add(kFreedBehindEvent - 1, std::memory_order_relaxed); }
-  FreeingBehind(const FreeingBehind&) = delete;
-  FreeingBehind& operator=(const FreeingBehind&) = delete;
-};
 
 }  // namespace gpuslice::hook
