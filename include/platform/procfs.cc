@@ -85,13 +85,13 @@ bool parse_stat(const char* text, std::size_t len, Stat* out) noexcept {
   if (p + 2 >= len || text[p] != ' ' || text[p + 1] == ' ' || text[p + 2] != ' ') return false;
   const char state = text[p + 1];
   p += 2;
-  std::uint64_t threads = 0;
+  std::uint64_t threads = 0, flags = 0;
   for (int field = 3; field < 22; ++field) {  // p is at the space before field + 1
     if (p >= len || text[p] != ' ') return false;
     ++p;
     if (field + 1 == 22) break;
-    if (field + 1 == 20) {
-      if (!number(text, len, &p, &threads)) return false;
+    if (field + 1 == 9 || field + 1 == 20) {
+      if (!number(text, len, &p, field + 1 == 9 ? &flags : &threads)) return false;
       continue;
     }
     while (p < len && text[p] != ' ' && text[p] != '\n' && text[p] != '\0') ++p;
@@ -101,10 +101,16 @@ bool parse_stat(const char* text, std::size_t len, Stat* out) noexcept {
   out->pid = static_cast<std::uint32_t>(pid);
   out->state = state;
   out->num_threads = threads;
+  out->flags = flags;
   out->start_time = start;
   return true;
 }
 
+bool in_exit(const Stat& st) noexcept {
+  constexpr std::uint64_t kPfExiting = 0x4;  // include/linux/sched.h
+  if (st.state == 'Z') return st.num_threads > 1;
+  return st.state != 'X' && st.state != 'x' && (st.flags & kPfExiting) != 0;
+}
 int read_stat(std::uint32_t pid, Stat* out) noexcept {
   char file[64];
   path(file, sizeof file, pid, "stat");

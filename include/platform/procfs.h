@@ -22,6 +22,7 @@ long read_file(const char* path, char* buf, std::size_t cap) noexcept;
 struct Stat {
   std::uint32_t pid = 0;          // field 1, in the /proc mount's pid namespace
   char state = 0;                 // field 3: R, S, D, Z, X, ...
+  std::uint64_t flags = 0;        // field 9: the leader's PF_* flags (PF_EXITING 0x4: in its exit)
   std::uint64_t num_threads = 0;  // field 20: the thread group's threads (a zombie leader counts itself)
   std::uint64_t start_time = 0;   // field 22, clock ticks after boot
 };
@@ -32,6 +33,12 @@ bool parse_stat(const char* text, std::size_t len, Stat* out) noexcept;
 // Reads and parses /proc/<pid>/stat (pid 0: self). 0, or the errno of the
 // failure (ENOENT/ESRCH: no such process; EINVAL: unparsable).
 int read_stat(std::uint32_t pid, Stat* out) noexcept;
+// In its exit: a zombie leader whose other threads still exit, or a leader
+// that runs its exit (PF_EXITING, not yet a zombie: a SIGKILL's exit closes
+// the files first). Not dead: a leader's pthread_exit passes through here
+// too while its other threads live on. What the chaos monitor excuses as
+// mid-exit; the liveness rule keeps such a process (shm::judge_liveness).
+bool in_exit(const Stat& st) noexcept;
 
 // What the one rule of liveness (shm::judge_liveness) judges a process by:
 // its stat line and, when asked for, its pid namespace.

@@ -98,9 +98,12 @@ bool held_by_simulator(std::uint32_t pid, std::uint32_t dev) {
   }
   return false;
 }
+// Mid-exit (platform::procfs::in_exit): a zombie leader whose other threads
+// still exit, or a leader not yet a zombie that runs its exit (a SIGKILL's
+// exit after its files closed; docs/log/2026-11-29-ci-flake.md).
 bool mid_exit(std::uint32_t pid) {
   platform::procfs::Stat st;
-  return platform::procfs::read_stat(pid, &st) == 0 && st.state == 'Z' && st.num_threads > 1;
+  return platform::procfs::read_stat(pid, &st) == 0 && platform::procfs::in_exit(st);
 }
 bool was_mid_exit(std::uint32_t s, std::uint32_t pid) {
   for (int k = 0; k < t_exiting; ++k) {

@@ -42,6 +42,37 @@ TEST(ProcStat, ReadsPidStateAndStartTime) {
   EXPECT_EQ(s.state, 'S');
   EXPECT_EQ(s.start_time, 987654321u);
   EXPECT_EQ(s.num_threads, 60u);  // field 20 of the synthetic line
+  EXPECT_EQ(s.flags, 27u);        // field 9
+}
+
+// In its exit (the chaos monitor's mid-exit): a SIGKILLed process's leader
+// runs its exit with its files closed before it is a zombie (state R, field
+// 9's PF_EXITING 0x4: ASan CI, seed 21 of the agent's subset); a zombie
+// leader counts only while other threads still exit.
+std::string stat_with(char state, unsigned flags, unsigned threads) {
+  std::string s = "4242 (w) ";
+  s.push_back(state);
+  for (int field = 4; field < 22; ++field) {
+    const unsigned v = field == 9 ? flags : field == 20 ? threads : 1u;
+    s.append(" ").append(std::to_string(v));
+  }
+  return s.append(" 777 1 2\n");
+}
+TEST(ProcStat, InExitCoversALeaderRunningItsExitBeforeItIsAZombie) {
+  const auto judged = [](char state, unsigned flags, unsigned threads) {
+    platform::procfs::Stat s;
+    EXPECT_TRUE(parse(stat_with(state, flags, threads), &s));
+    EXPECT_EQ(s.flags, flags);
+    EXPECT_EQ(s.num_threads, threads);
+    return platform::procfs::in_exit(s);
+  };
+  EXPECT_TRUE(judged('R', 0x4 | 0x400000, 3));  // PF_EXITING (a SIGKILL's exit, files closed)
+  EXPECT_TRUE(judged('D', 0x4, 1));
+  EXPECT_TRUE(judged('Z', 0x4, 2));        // a zombie leader, one thread still exiting
+  EXPECT_FALSE(judged('Z', 0x4, 1));       // all gone but the leader: dead
+  EXPECT_FALSE(judged('R', 0x400000, 3));  // running, not exiting
+  EXPECT_FALSE(judged('S', 0x40, 1));
+  EXPECT_FALSE(judged('X', 0x4, 1));
 }
 
 // Field 20 is the thread group's size: what /proc/self/task lists (counted
