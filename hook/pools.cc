@@ -80,10 +80,11 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstr
   const std::uint64_t limit = st.counted.load(std::memory_order_seq_cst);
   if (__builtin_expect(st.outstanding.load(std::memory_order_seq_cst) > limit || bytes > pools::kHugeBytes, 0)) {
     using Fn = std::remove_reference_t<RealAlloc>;
-    return settle_behind(pools::alloc_growing(
-                             st, bytes, dptr, stream, per_thread,
-                             [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc),
-                         dptr, mark);
+    bool gone = false;  // destroyed while the growth waited for the pool's mutex
+    const CUresult rc = pools::alloc_growing(
+        st, bytes, dptr, stream, per_thread, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc,
+        &gone);
+    return gone ? destroyed(real_alloc) : settle_behind(rc, dptr, mark);
   }
   const CUresult rc = real_alloc();
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {

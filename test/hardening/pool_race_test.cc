@@ -178,6 +178,23 @@ TEST(PoolRace, AllocationFreedByAStaleFreeWhileUnrecordedLeavesNoCount) {
 // pool created while another was destroyed got the destroyed one's handle
 // and was found under its record. Now the fast path reads `outstanding`
 // after the count, and a destroy keeps the registry from finding its handle.
+// cuMemAllocFromPoolAsync from a pool another thread is destroying: the
+// growth waited for the pool's mutex (the destroy's last reconciliation held
+// it), then counted its chunks on the record whose count the destroy had
+// just released; the driver refused the allocation (the pool gone) and the
+// chunks stayed counted with nothing under them until the process ended.
+// Now a growth that finds its pool destroyed counts nothing.
+TEST(PoolRace, GrowthOfAPoolDestroyedMeanwhileLeavesNothingCounted) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "256Mi"}, {"FAKECUDA_POOL_QUERY_DELAY_US", "300000"}},
+                   {"destroyed-while-growing", "4", "100"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "destroyed-while-growing", "destroyed"), CUDA_SUCCESS) << r.out;
+  EXPECT_NE(number(r, "destroyed-while-growing", "rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "destroyed-while-growing", "held"), 0) << r.out;
+  EXPECT_EQ(number(r, "destroyed-while-growing", "counted"), 0) << r.out;
+}
+
 TEST(PoolRace, NaturalChurnNeverLeavesTheDeviceAboveTheQuota) {
   for (const char* seed : {"1", "2", "3", "4", "5", "6"}) {
     Sandbox box;

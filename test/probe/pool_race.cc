@@ -50,6 +50,13 @@
 //       context's allocation went with the destroy), which frees the pool
 //       allocation in the driver; then the pool is trimmed: counted and held
 //       printed with nothing allocated
+//   destroyed-while-growing MIB DELAY_MS
+//       a created pool's cuMemPoolDestroy (another thread) holds the pool's
+//       mutex while its last reserve query is answered late
+//       (FAKECUDA_POOL_QUERY_DELAY_US, > DELAY_MS); meanwhile, after
+//       DELAY_MS, this thread asks that pool for MIB (more than it counts:
+//       the slow path waits for the mutex); the driver refuses it, the pool
+//       destroyed: counted and held printed with nothing allocated
 #include <cuda.h>
 
 #include <chrono>
@@ -280,6 +287,31 @@ int freed_while_recording(std::size_t bytes, int delay_ms) {
   std::printf("freed-while-recording rc=%d stale=%d destroyed=%d same=%d counted=%lld held=%lld\n",
               static_cast<int>(rc), static_cast<int>(stale), static_cast<int>(d.destroyed), p == d.gone ? 1 : 0,
               counted_used(), held_allocations());
+  return 0;
+}
+
+// A program's allocation from a pool it is destroying (another thread): the
+// growth waited for the pool's mutex while the destroy held it, then counted
+// its chunks on the destroyed pool's record after the destroy had released
+// that record's count (finalize_if_drained: exactly once); the driver
+// refused the allocation and the chunks stayed counted until the process
+// ended.
+int destroyed_while_growing(std::size_t bytes, int delay_ms) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  const CUmemoryPool pool = new_pool(0);
+  CUresult destroyed = CUDA_ERROR_UNKNOWN;
+  std::thread destroy([&] {
+    cuCtxSetCurrent(ctx);
+    destroyed = cuMemPoolDestroy(pool);  // its reconciliation's reserve query answered late
+  });
+  sleep_ms(delay_ms);
+  CUdeviceptr p = 0;
+  const CUresult rc = cuMemAllocFromPoolAsync(&p, bytes, pool, s);
+  destroy.join();
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  std::printf("destroyed-while-growing rc=%d destroyed=%d counted=%lld held=%lld\n", static_cast<int>(rc),
+              static_cast<int>(destroyed), counted_used(), held_allocations());
   return 0;
 }
 

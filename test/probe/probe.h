@@ -200,6 +200,7 @@ int inflight_growth(std::size_t bytes);
 int freed_after_sweep(std::size_t bytes, int delay_ms);
 int allocated_during_sweep(std::size_t bytes, int delay_ms);
 int freed_while_recording(std::size_t bytes, int delay_ms);
+int destroyed_while_growing(std::size_t bytes, int delay_ms);
 }  // namespace pool_race
 
 }  // namespace gpuslice::probe
