@@ -88,8 +88,11 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstr
   }
   const CUresult rc = real_alloc();
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {
-    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
-    pools::finalize_if_drained(st);  // destroyed meanwhile: we may have been its last
+    // Taken back as a free is (pools::freed): a growth meanwhile may have
+    // counted it (in `outstanding`) and its reconciliation kept the count
+    // for it, unmarked; the pool is marked, and reconciled if it was left
+    // above its reserve. The last of a destroyed pool frees the pool.
+    pools::freed(st, bytes);
     return rc;
   }
   // The driver may grow the reserve though the allocation fits in what is

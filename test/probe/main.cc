@@ -133,6 +133,8 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return pool_race::freed_while_recording(a.mib(0), a.number<int>(1)); }},
     {"pool-race", "destroyed-while-growing", "MIB DELAY_MS", kInit,
      [](const Args& a) { return pool_race::destroyed_while_growing(a.mib(0), a.number<int>(1)); }},
+    {"pool-race", "failed-in-flight", "MIB", kInit,
+     [](const Args& a) { return pool_race::failed_in_flight(a.mib(0)); }},
     {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
      [](const Args& a) { return reserve::thread_exit(a.number<int>(0), a.mib(1), a.mib(2)); }},
     {"reserve", "idle", "THREADS MIB BIG_MIB", kInit,

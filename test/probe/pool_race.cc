@@ -57,6 +57,13 @@
 //       DELAY_MS, this thread asks that pool for MIB (more than it counts:
 //       the slow path waits for the mutex); the driver refuses it, the pool
 //       destroyed: counted and held printed with nothing allocated
+//   failed-in-flight MIB
+//       MIB freed back to the default pool; a thread's cuMemAllocAsync of MIB
+//       on a second stream fits the count (delayed in the driver); meanwhile
+//       this one grows the pool for MIB more (counted for both) and gets the
+//       freed reserve, then destroys the second stream: the delayed
+//       allocation fails; after a synchronisation, counted and held printed
+//       with this one's MIB allocated
 #include <cuda.h>
 
 #include <chrono>
@@ -312,6 +319,40 @@ int destroyed_while_growing(std::size_t bytes, int delay_ms) {
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
   std::printf("destroyed-while-growing rc=%d destroyed=%d counted=%lld held=%lld\n", static_cast<int>(rc),
               static_cast<int>(destroyed), counted_used(), held_allocations());
+  return 0;
+}
+
+// A growth counted an allocation then in flight on the fast path, and the
+// reconciliation after it kept that count (the allocation in
+// `outstanding`); the allocation then failed in the driver, and the pool
+// stayed counted a whole allocation above its reserve, unmarked, so that
+// synchronisations skipped it (issue 32: the chaos suite's pools shape,
+// seed 2,005,047: 18 MiB counted, 14 MiB reserved and outstanding).
+int failed_in_flight(std::size_t bytes) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  const CUstream s2 = new_stream();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");  // counted: the pool grew
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");            // still counted: the pool keeps it
+  CUresult rc = CUDA_ERROR_UNKNOWN;
+  CUdeviceptr pa = 0;
+  std::thread alloc([&] {
+    cuCtxSetCurrent(ctx);
+    rc = cuMemAllocAsync(&pa, bytes, s2);  // fits the count: the fast path, delayed in the driver
+  });
+  sleep_ms(100);
+  CUdeviceptr q = 0;
+  check(cuMemAllocFromPoolAsync(&q, bytes, pool, s), "cuMemAllocFromPoolAsync");  // grows the count for both
+  check(cuStreamDestroy(s2), "cuStreamDestroy");  // the delayed allocation's stream: it fails
+  alloc.join();
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  std::printf("failed-in-flight rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(),
+              held_allocations());
+  check(cuMemFreeAsync(q, s), "cuMemFreeAsync");
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
   return 0;
 }
 
