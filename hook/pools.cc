@@ -224,6 +224,10 @@ template <class RealFree>
     if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
   } else {
     pools::record(dptr, st, bytes);  // the driver refused: the allocation is still live
+    // Unless a free without a record (another thread's; a stale pointer at
+    // the address) freed it in the driver while the record was out: the
+    // record put back is settled, as an allocation's is (settle_behind).
+    if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) pools::settle_freed_behind(dptr);
   }
   return rc;
 }

@@ -212,6 +212,23 @@ TEST(PoolRace, FailedAllocationCountedByAGrowthIsGivenBack) {
   EXPECT_EQ(number(r, "failed-in-flight", "counted"), number(r, "failed-in-flight", "held")) << r.out;
 }
 
+// A pool free the driver refused (its stream gone) put its record back
+// after a free without a record (another thread's; a stale pointer at the
+// address) had freed the allocation in the driver: a record of nothing,
+// counted until the process ended. Now a refused free that overlapped a free
+// without a record (the freed-behind word moved) settles the record it put
+// back, as an allocation's record is.
+TEST(PoolRace, RefusedPoolFreeOverlappingAnUntrackedFreeLeavesNoRecord) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "256Mi"}, {"FAKECUDA_FREE_ASYNC_DELAY_US", "300000"}},
+                   {"refused-free-freed-meanwhile", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_NE(number(r, "refused-free-freed-meanwhile", "refused"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "refused-free-freed-meanwhile", "freed"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "refused-free-freed-meanwhile", "held"), 0) << r.out;
+  EXPECT_EQ(number(r, "refused-free-freed-meanwhile", "counted"), 0) << r.out;
+}
+
 TEST(PoolRace, NaturalChurnNeverLeavesTheDeviceAboveTheQuota) {
   for (const char* seed : {"1", "2", "3", "4", "5", "6"}) {
     Sandbox box;

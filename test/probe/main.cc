@@ -135,6 +135,8 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return pool_race::destroyed_while_growing(a.mib(0), a.number<int>(1)); }},
     {"pool-race", "failed-in-flight", "MIB", kInit,
      [](const Args& a) { return pool_race::failed_in_flight(a.mib(0)); }},
+    {"pool-race", "refused-free-freed-meanwhile", "MIB", kInit,
+     [](const Args& a) { return pool_race::refused_free_freed_meanwhile(a.mib(0)); }},
     {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
      [](const Args& a) { return reserve::thread_exit(a.number<int>(0), a.mib(1), a.mib(2)); }},
     {"reserve", "idle", "THREADS MIB BIG_MIB", kInit,

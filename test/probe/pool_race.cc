@@ -64,6 +64,12 @@
 //       freed reserve, then destroys the second stream: the delayed
 //       allocation fails; after a synchronisation, counted and held printed
 //       with this one's MIB allocated
+//   refused-free-freed-meanwhile MIB
+//       MIB from the default pool; a thread frees it with cuMemFreeAsync on
+//       a destroyed stream (delayed in the driver: FAKECUDA_FREE_ASYNC_DELAY_US,
+//       > 100 ms; the driver refuses it), while this one frees the same
+//       pointer with cuMemFree (as a program's stale pointer at the address
+//       would); after a trim, counted and held printed with nothing allocated
 #include <cuda.h>
 
 #include <chrono>
@@ -353,6 +359,36 @@ int failed_in_flight(std::size_t bytes) {
               held_allocations());
   check(cuMemFreeAsync(q, s), "cuMemFreeAsync");
   check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  return 0;
+}
+
+// A pool free the driver refused (its stream gone with a context) puts the
+// record back; a free without a record (another thread's, a stale pointer at
+// the address) freed the allocation in the driver while the record was out,
+// and the record put back after it counted a pool allocation the device no
+// longer held (issue 32, the chaos suite's pools shape: seed 2,004,964's
+// record of nothing, a candidate).
+int refused_free_freed_meanwhile(std::size_t bytes) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  const CUstream gone = new_stream();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");
+  check(cuStreamDestroy(gone), "cuStreamDestroy");
+  CUresult refused = CUDA_ERROR_UNKNOWN;
+  std::thread free_async([&] {
+    cuCtxSetCurrent(ctx);
+    refused = cuMemFreeAsync(p, gone);  // its record out while the driver waits, then refused
+  });
+  sleep_ms(100);
+  const CUresult freed = cuMemFree(p);  // no record (the other free holds it): the driver frees it
+  free_async.join();
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+  std::printf("refused-free-freed-meanwhile refused=%d freed=%d counted=%lld held=%lld\n", static_cast<int>(refused),
+              static_cast<int>(freed), counted_used(), held_allocations());
   return 0;
 }
 
