@@ -104,8 +104,11 @@ bool free_if_pool(CUdeviceptr dptr, CUresult* rc) noexcept {
   if (*rc == CUDA_SUCCESS) {
     pools::freed(*st, bytes);
     if (g_freed_behind.load(std::memory_order_relaxed) != mark) freed_untracked(dptr);  // as free_pool_pointer
-  } else
+  } else {
     pools::record(dptr, *st, bytes);  // the driver refused: the allocation is still live
+    // unless an untracked free took it meanwhile (as free_pool_pointer)
+    if (g_freed_behind.load(std::memory_order_relaxed) != mark) pools::settle_freed_behind(dptr);
+  }
   return true;
 }
 

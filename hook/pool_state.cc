@@ -496,7 +496,7 @@ void undo_growth(PoolState& st, CUdeviceptr dptr, std::uint64_t bytes, CUstream 
 }  // namespace
 
 CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstream stream, bool per_thread,
-                       RealAllocFn real_alloc, void* ctx) noexcept {
+                       RealAllocFn real_alloc, void* ctx, bool* destroyed) noexcept {
   // A counting operation: its callers (pools.cc) bracket the whole
   // allocation, from the look at the pool to the settle (not nested here: a
   // nested bracket would read as finished while the outer one runs).
@@ -517,6 +517,17 @@ CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CU
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   std::unique_lock<std::mutex> lock(st.mu);
+  // Destroyed while this waited for the mutex (cuMemPoolDestroy holds it for
+  // its last reconciliation and the driver call): the destroy may have
+  // released the record's count already (finalize_if_drained, exactly once),
+  // and a growth counted now would never be given back. Nothing is counted;
+  // the caller treats the pool as destroyed, as when it saw the flag first.
+  if (st.destroyed.load(std::memory_order_seq_cst) != 0) {
+    lock.unlock();
+    finalize_if_drained(st);  // we may have been its last
+    *destroyed = true;
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   st.outstanding.fetch_add(bytes, std::memory_order_seq_cst);
   std::uint64_t give_up = 0;  // waiting for the resident allowance: when it times out
   bool reconciled = false;    // refused once: the pool's count brought down, the growth tried again

@@ -171,11 +171,13 @@ void await_other_reclaims() noexcept;
 // given back and the count is what the driver holds. A reserve the driver
 // grew past the count (its growth step is its own) is reserved against the
 // quota and the allowance; what does not fit is trimmed, and if it still
-// does not fit the allocation is freed on `stream` and refused.
+// does not fit the allocation is freed on `stream` and refused. A pool
+// destroyed while this waited for its mutex is not grown and the driver is
+// not called: *destroyed is set (the caller handles a destroyed pool).
 using RealAllocFn = CUresult (*)(void* ctx) noexcept;
 [[gnu::cold, gnu::noinline]] CUresult alloc_growing(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr,
-                                                    CUstream stream, bool per_thread, RealAllocFn real_alloc,
-                                                    void* ctx) noexcept;
+                                                    CUstream stream, bool per_thread, RealAllocFn real_alloc, void* ctx,
+                                                    bool* destroyed) noexcept;
 // After a fast-path allocation (one that fit in `counted`): whether the
 // driver's reserve is above `counted` all the same (it grows in steps, and
 // where fragmentation or the reuse attributes keep freed memory from the

@@ -80,15 +80,19 @@ CUresult alloc_from(PoolState& st, std::uint64_t bytes, CUdeviceptr* dptr, CUstr
   const std::uint64_t limit = st.counted.load(std::memory_order_seq_cst);
   if (__builtin_expect(st.outstanding.load(std::memory_order_seq_cst) > limit || bytes > pools::kHugeBytes, 0)) {
     using Fn = std::remove_reference_t<RealAlloc>;
-    return settle_behind(pools::alloc_growing(
-                             st, bytes, dptr, stream, per_thread,
-                             [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc),
-                         dptr, mark);
+    bool gone = false;  // destroyed while the growth waited for the pool's mutex
+    const CUresult rc = pools::alloc_growing(
+        st, bytes, dptr, stream, per_thread, [](void* c) noexcept { return (*static_cast<Fn*>(c))(); }, &real_alloc,
+        &gone);
+    return gone ? destroyed(real_alloc) : settle_behind(rc, dptr, mark);
   }
   const CUresult rc = real_alloc();
   if (__builtin_expect(rc != CUDA_SUCCESS, 0)) {
-    st.outstanding.fetch_sub(bytes, std::memory_order_seq_cst);
-    pools::finalize_if_drained(st);  // destroyed meanwhile: we may have been its last
+    // Taken back as a free is (pools::freed): a growth meanwhile may have
+    // counted it (in `outstanding`) and its reconciliation kept the count
+    // for it, unmarked; the pool is marked, and reconciled if it was left
+    // above its reserve. The last of a destroyed pool frees the pool.
+    pools::freed(st, bytes);
     return rc;
   }
   // The driver may grow the reserve though the allocation fits in what is
@@ -220,6 +224,10 @@ template <class RealFree>
     if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) freed_untracked(dptr);
   } else {
     pools::record(dptr, st, bytes);  // the driver refused: the allocation is still live
+    // Unless a free without a record (another thread's; a stale pointer at
+    // the address) freed it in the driver while the record was out: the
+    // record put back is settled, as an allocation's is (settle_behind).
+    if (__builtin_expect(g_freed_behind.load(std::memory_order_relaxed) != mark, 0)) pools::settle_freed_behind(dptr);
   }
   return rc;
 }

@@ -50,6 +50,26 @@
 //       context's allocation went with the destroy), which frees the pool
 //       allocation in the driver; then the pool is trimmed: counted and held
 //       printed with nothing allocated
+//   destroyed-while-growing MIB DELAY_MS
+//       a created pool's cuMemPoolDestroy (another thread) holds the pool's
+//       mutex while its last reserve query is answered late
+//       (FAKECUDA_POOL_QUERY_DELAY_US, > DELAY_MS); meanwhile, after
+//       DELAY_MS, this thread asks that pool for MIB (more than it counts:
+//       the slow path waits for the mutex); the driver refuses it, the pool
+//       destroyed: counted and held printed with nothing allocated
+//   failed-in-flight MIB
+//       MIB freed back to the default pool; a thread's cuMemAllocAsync of MIB
+//       on a second stream fits the count (delayed in the driver); meanwhile
+//       this one grows the pool for MIB more (counted for both) and gets the
+//       freed reserve, then destroys the second stream: the delayed
+//       allocation fails; after a synchronisation, counted and held printed
+//       with this one's MIB allocated
+//   refused-free-freed-meanwhile MIB
+//       MIB from the default pool; a thread frees it with cuMemFreeAsync on
+//       a destroyed stream (delayed in the driver: FAKECUDA_FREE_ASYNC_DELAY_US,
+//       > 100 ms; the driver refuses it), while this one frees the same
+//       pointer with cuMemFree (as a program's stale pointer at the address
+//       would); after a trim, counted and held printed with nothing allocated
 #include <cuda.h>
 
 #include <chrono>
@@ -280,6 +300,95 @@ int freed_while_recording(std::size_t bytes, int delay_ms) {
   std::printf("freed-while-recording rc=%d stale=%d destroyed=%d same=%d counted=%lld held=%lld\n",
               static_cast<int>(rc), static_cast<int>(stale), static_cast<int>(d.destroyed), p == d.gone ? 1 : 0,
               counted_used(), held_allocations());
+  return 0;
+}
+
+// A program's allocation from a pool it is destroying (another thread): the
+// growth waited for the pool's mutex while the destroy held it, then counted
+// its chunks on the destroyed pool's record after the destroy had released
+// that record's count (finalize_if_drained: exactly once); the driver
+// refused the allocation and the chunks stayed counted until the process
+// ended.
+int destroyed_while_growing(std::size_t bytes, int delay_ms) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  const CUmemoryPool pool = new_pool(0);
+  CUresult destroyed = CUDA_ERROR_UNKNOWN;
+  std::thread destroy([&] {
+    cuCtxSetCurrent(ctx);
+    destroyed = cuMemPoolDestroy(pool);  // its reconciliation's reserve query answered late
+  });
+  sleep_ms(delay_ms);
+  CUdeviceptr p = 0;
+  const CUresult rc = cuMemAllocFromPoolAsync(&p, bytes, pool, s);
+  destroy.join();
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  std::printf("destroyed-while-growing rc=%d destroyed=%d counted=%lld held=%lld\n", static_cast<int>(rc),
+              static_cast<int>(destroyed), counted_used(), held_allocations());
+  return 0;
+}
+
+// A growth counted an allocation then in flight on the fast path, and the
+// reconciliation after it kept that count (the allocation in
+// `outstanding`); the allocation then failed in the driver, and the pool
+// stayed counted a whole allocation above its reserve, unmarked, so that
+// synchronisations skipped it (issue 32: the chaos suite's pools shape,
+// seed 2,005,047: 18 MiB counted, 14 MiB reserved and outstanding).
+int failed_in_flight(std::size_t bytes) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  const CUstream s2 = new_stream();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");  // counted: the pool grew
+  check(cuMemFreeAsync(p, s), "cuMemFreeAsync");            // still counted: the pool keeps it
+  CUresult rc = CUDA_ERROR_UNKNOWN;
+  CUdeviceptr pa = 0;
+  std::thread alloc([&] {
+    cuCtxSetCurrent(ctx);
+    rc = cuMemAllocAsync(&pa, bytes, s2);  // fits the count: the fast path, delayed in the driver
+  });
+  sleep_ms(100);
+  CUdeviceptr q = 0;
+  check(cuMemAllocFromPoolAsync(&q, bytes, pool, s), "cuMemAllocFromPoolAsync");  // grows the count for both
+  check(cuStreamDestroy(s2), "cuStreamDestroy");  // the delayed allocation's stream: it fails
+  alloc.join();
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  std::printf("failed-in-flight rc=%d counted=%lld held=%lld\n", static_cast<int>(rc), counted_used(),
+              held_allocations());
+  check(cuMemFreeAsync(q, s), "cuMemFreeAsync");
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  return 0;
+}
+
+// A pool free the driver refused (its stream gone with a context) puts the
+// record back; a free without a record (another thread's, a stale pointer at
+// the address) freed the allocation in the driver while the record was out,
+// and the record put back after it counted a pool allocation the device no
+// longer held (issue 32, the chaos suite's pools shape: seed 2,004,964's
+// record of nothing, a candidate).
+int refused_free_freed_meanwhile(std::size_t bytes) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  const CUstream gone = new_stream();
+  CUmemoryPool pool = nullptr;
+  check(cuDeviceGetMemPool(&pool, 0), "cuDeviceGetMemPool");
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");
+  check(cuStreamDestroy(gone), "cuStreamDestroy");
+  CUresult refused = CUDA_ERROR_UNKNOWN;
+  std::thread free_async([&] {
+    cuCtxSetCurrent(ctx);
+    refused = cuMemFreeAsync(p, gone);  // its record out while the driver waits, then refused
+  });
+  sleep_ms(100);
+  const CUresult freed = cuMemFree(p);  // no record (the other free holds it): the driver frees it
+  free_async.join();
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");
+  check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+  std::printf("refused-free-freed-meanwhile refused=%d freed=%d counted=%lld held=%lld\n", static_cast<int>(refused),
+              static_cast<int>(freed), counted_used(), held_allocations());
   return 0;
 }
 

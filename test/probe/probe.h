@@ -200,6 +200,9 @@ int inflight_growth(std::size_t bytes);
 int freed_after_sweep(std::size_t bytes, int delay_ms);
 int allocated_during_sweep(std::size_t bytes, int delay_ms);
 int freed_while_recording(std::size_t bytes, int delay_ms);
+int destroyed_while_growing(std::size_t bytes, int delay_ms);
+int failed_in_flight(std::size_t bytes);
+int refused_free_freed_meanwhile(std::size_t bytes);
 }  // namespace pool_race
 
 }  // namespace gpuslice::probe
