@@ -15,5 +15,7 @@ FAKECUDA_GLIBC_PIN(int, pthread_mutexattr_setpshared, "GLIBC_2.2.5", (pthread_mu
 FAKECUDA_GLIBC_PIN(int, pthread_mutexattr_setrobust, "GLIBC_2.12", (pthread_mutexattr_t * attr, int robust),
                    (attr, robust))
 FAKECUDA_GLIBC_PIN(int, pthread_mutex_consistent, "GLIBC_2.12", (pthread_mutex_t * mutex), (mutex))
+// The chaos reports' holdings list (observer.cc) never waits for the registries' lock.
+FAKECUDA_GLIBC_PIN(int, pthread_mutex_trylock, "GLIBC_2.2.5", (pthread_mutex_t * mutex), (mutex))
 // GLIBC_2.33.
 FAKECUDA_GLIBC_STAT_BY_SYSCALL()
