@@ -73,6 +73,52 @@ TEST(ChaosMonitor, ReportsACallThatReturnedWithItsBytesUncountedAtOnce) {
   EXPECT_EQ(std::stoull(report.substr(held + 16)) - std::stoull(report.substr(counted + 29)), 8ull << 20) << report;
 }
 
+// The count report names the holders the count misses (issue 32, seed
+// 1,086,451: 14 MiB on the device beyond every live gpuslice slot the report
+// listed, read after the check, the holder unnamed): from what the check
+// read, per process, less its live slot's count and its excuses. A process
+// with no gpuslice slot holding its context and 8 MiB (the program plays
+// gpuslice, counting its start in the device's sum only): named with all it
+// holds, "no live gpuslice slot", its slot "none in any state" and its
+// /proc state. A process under gpuslice whose slot counts 4 MiB less than
+// it holds: named with exactly 4 MiB, "beyond its live slot".
+TEST(ChaosMonitor, TheCountReportNamesTheHoldersTheCountMisses) {
+  Sandbox unslotted, under;
+  Result ru = count_direction(unslotted, {"returned-uncounted"}, "60000");
+  ASSERT_EQ(ru.exit_code, 0) << ru.describe();
+  const std::string report = read_text(unslotted.path("violations"));
+  ASSERT_NE(report.find("VIOLATION (count)"), std::string::npos) << ru.describe() << report;
+  const std::size_t missed = report.find("holders the count misses");
+  ASSERT_NE(missed, std::string::npos) << report;
+  const std::string line = report.substr(missed, report.find('\n', missed) - missed);
+  const std::size_t named = line.find(": pid ");
+  ASSERT_NE(named, std::string::npos) << line;
+  const unsigned long long pid = std::stoull(line.substr(named + 6));
+  const std::size_t bytes = line.find(' ', named + 6);
+  EXPECT_NE(line.find("bytes (no live gpuslice slot);"), std::string::npos) << line;
+  // All it holds (the 8 MiB, and its context's memory if any), as its own line says.
+  const std::size_t process = report.find("process pid " + std::to_string(pid) + " (state ");
+  ASSERT_NE(process, std::string::npos) << report;
+  const std::size_t holds = report.find("device holds ", process);
+  ASSERT_NE(holds, std::string::npos) << report;
+  EXPECT_GE(std::stoull(report.substr(holds + 13)), 8ull << 20) << report;
+  EXPECT_EQ(std::stoull(line.substr(bytes + 1)), std::stoull(report.substr(holds + 13))) << report;
+  EXPECT_NE(report.find("gpuslice slot none in any state", process), std::string::npos) << report;
+
+  create_region(under);
+  Result rc = run(
+      {REFUSAL_OVERLAP, "undercount", "4"},
+      merge(monitored(under, true), {{"FAKECUDA_MONITOR_LAG_MS", "60000"}, {"FAKECUDA_MONITOR_CALLS", "1"}}), 60000);
+  ASSERT_EQ(rc.exit_code, 0) << rc.describe();
+  const std::string undercount = read_text(under.path("violations"));
+  ASSERT_NE(undercount.find("VIOLATION (count)"), std::string::npos) << rc.describe() << undercount;
+  const std::string beyond =
+      "holders the count misses (what the check read, less each live slot's count now and the "
+      "excuses then): pid " +
+      value(rc, "undercount", "pid") + " 4194304 bytes (beyond its live slot);";
+  EXPECT_NE(undercount.find(beyond), std::string::npos) << undercount;
+}
+
 // Memory outside CUDA (a graphics allocation before its import: gpuslice
 // cannot know of it) is excused by the bytes the program says it holds so
 // (monitor_outside_begin), no more: 8 MiB held 300 ms, 8 said: none; 4

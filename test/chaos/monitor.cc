@@ -169,6 +169,8 @@ bool member_alive(int i, std::uint32_t dev, fakecuda_slot_info* slot) {
 // managed grants in flight. State lock held.
 std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight, Excused* excused) {
   std::uint64_t total = 0;
+  // A count check's reads (excused asked for) are kept for its report (holders.cc).
+  if (excused != nullptr) ++g_seen_serial;
   const int high = fakecuda_slots_high_locked();  // no slot above it was ever claimed
   for (int i = 0; i < high; ++i) {
     // A process's managed grant in flight before what it holds: its advice
@@ -186,7 +188,10 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
     if (i == g_slot && own != nullptr) *own = held;
     total += held;
     if (in_flight != nullptr) *in_flight += flying;
-    if (excused != nullptr) count_excused(i, dev, held, excused);
+    if (excused != nullptr) {
+      const std::uint64_t ex = count_excused(i, dev, held, excused);
+      g_seen[i] = Seen{g_seen_serial, slot.generation, slot.pid, held, ex};
+    }
   }
   return total;
 }
@@ -232,70 +237,6 @@ std::uint64_t highest_limit_since(const Watch& w, std::uint64_t limit, std::uint
     if (before > highest) highest = before;
   }
   return highest;
-}
-
-// One line per live process of the container: what the simulator says it
-// holds on the device, and what gpuslice's region slot with its pid counts.
-// State lock held.
-int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
-  if (g_slot < 0 || used < 0 || static_cast<std::size_t>(used) >= len) return used;
-  const gpuslice::Region* r = region();
-  const int high = fakecuda_slots_high_locked();
-  for (int i = 0; i < high; ++i) {
-    fakecuda_slot_info slot{};
-    if (!member(i, dev, &slot)) continue;
-    const bool alive = i == g_slot || fakecuda_slot_alive(i) != 0;
-    const std::uint32_t pid = slot.pid;
-    const unsigned long long held = slot.held_bytes;
-    long long committed = -1;
-    unsigned state = 0;
-    std::uint64_t word = 0;
-    if (r != nullptr && region_dev >= 0) {
-      for (std::uint32_t k = 0; k < gpuslice::kMaxSlots; ++k) {
-        const gpuslice::Slot& gs = r->slots[k];
-        const std::uint32_t st = gs.state.load(std::memory_order_acquire);
-        if (st != gpuslice::kSlotFree && gs.pid.load(std::memory_order_relaxed) == pid) {
-          committed = static_cast<long long>(gs.committed_bytes[region_dev].load(std::memory_order_relaxed));
-          word = gs.lease[region_dev].word.load(std::memory_order_relaxed);
-          state = st;
-          break;
-        }
-      }
-    }
-    // The kernel's view: state of the thread-group leader and live threads.
-    char proc[64] = "gone";
-    char path[64];
-    std::snprintf(path, sizeof(path), "/proc/%u/status", pid);
-    if (FILE* f = std::fopen(path, "re")) {
-      char line[256];
-      char st = '?';
-      int threads = -1;
-      while (std::fgets(line, sizeof(line), f) != nullptr) {
-        if (std::strncmp(line, "State:", 6) == 0) std::sscanf(line + 6, " %c", &st);
-        if (std::strncmp(line, "Threads:", 8) == 0) std::sscanf(line + 8, "%d", &threads);
-      }
-      std::fclose(f);
-      std::snprintf(proc, sizeof(proc), "state %c, %d threads", st, threads);
-    }
-    // Of committed, what the device need not hold: the spare lease, or bytes
-    // a theft already took out of used_bytes (owed), from the lease word.
-    Excused ex;
-    count_excused(i, dev, held, &ex);
-    int m = std::snprintf(text + used, len - used,
-                          "  process pid %u%s (%s): device holds %llu; gpuslice slot %s, committed %lld (lease: spare "
-                          "%llu, owed %llu%s%s); excused: in calls %llu, outside CUDA %llu, measured short %llu%s\n",
-                          pid, alive ? "" : " (dead)", proc, held,
-                          committed < 0 ? "none" : (state == gpuslice::kSlotLive ? "live" : "reaping/claiming"),
-                          committed < 0 ? 0 : committed, static_cast<unsigned long long>(limiter::lease_spare(word)),
-                          static_cast<unsigned long long>(limiter::lease_owed(word)),
-                          limiter::lease_stale(word) ? ", stale" : "",
-                          (word & limiter::kLeaseClosed) != 0 ? ", closed" : "",
-                          static_cast<unsigned long long>(ex.calls), static_cast<unsigned long long>(ex.outside),
-                          static_cast<unsigned long long>(ex.measured_short), ex.exiting != 0 ? ", exiting" : "");
-    if (m < 0 || static_cast<std::size_t>(used + m) >= len) break;
-    used += m;
-  }
-  return used;
 }
 
 // What gpuslice counts as possibly on the device: used_bytes less what it
@@ -486,6 +427,7 @@ void check(std::uint32_t dev, const Grant* grant) {
   g_check_in_flight = in_flight;
   g_check_excused = excused;
   g_check_count = count;
+  g_seen_report = g_seen_serial;  // its reports name the holders from these reads (holders.cc)
   const std::uint64_t implicit_recent = w->implicit_bytes.load(std::memory_order_relaxed);
   // The ceiling is the limit, or more while memory held above a lowered
   // limit is not yet freed; a raised limit raises it at once.
@@ -544,6 +486,7 @@ void check(std::uint32_t dev, const Grant* grant) {
   } else {
     w->deficit_since_ns.store(0, std::memory_order_relaxed);
   }
+  g_seen_report = 0;
 }
 
 bool call_is(const char* call, const char* name) { return call != nullptr && std::strcmp(call, name) == 0; }

@@ -170,6 +170,25 @@ struct Excused {
 // managed grants in flight, and what the count direction excuses). State lock held.
 std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64_t* in_flight = nullptr,
                               Excused* excused = nullptr);
+// What the last count check's reads found of each process it counted
+// (container_total with excused): the report prints it beside what it reads
+// later, when a free may have landed (holders.cc). State lock held.
+struct Seen {
+  std::uint64_t serial = 0;  // g_seen_serial of that check; another: not counted by it
+  std::uint32_t generation = 0;
+  std::uint32_t pid = 0;
+  std::uint64_t held = 0;
+  std::uint64_t excused = 0;  // count_excused's total for it
+};
+extern Seen g_seen[kSimSlots];
+extern std::uint64_t g_seen_serial;
+extern std::uint64_t g_seen_report;  // the serial of the check reporting now; 0: a report of no count check
+// One line per process of the container (holders.cc): what the simulator
+// says it holds, at the check and now, what gpuslice's slot with its pid
+// counts, its /proc state; then the holders the count misses: processes the
+// check counted with no live gpuslice slot, or holding more than their
+// slot counts and their excuses. Returns the new length. State lock held.
+int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev);
 // calls.cc: a process attached (its excuses start at 0); a grant to the
 // calling thread (inside its call in flight: excused until the call ends);
 // what process slot `slot`, holding `held` on `dev`, is excused (added to *parts).

@@ -28,6 +28,10 @@
 //     thread frees FREED_MIB of graphics memory never imported inside an
 //     8 MiB module's measured load; ALLOWED_MIB is reported as freed during measurements
 //     (monitor_measured_short); prints "checkpoint=N" (violations found).
+//   refusal_overlap undercount MIB   (run under gpuslice, FAKECUDA_MONITOR_CALLS=1)
+//     8 MiB allocated; its slot (and the device's sum) then counts MIB MiB
+//     less than the process holds for 50 ms (as a count given back before
+//     the driver freed), restored after; prints "undercount pid=P".
 //   refusal_overlap overcount ADD_KIB POOLS   (run under gpuslice) 1 MiB
 //     allocated and freed (its lease spare), a checkpoint; POOLS said
 //     (monitor_pools) and ADD_KIB KiB added to its slot's committed_bytes,
@@ -222,6 +226,29 @@ int main(int argc, char** argv) {
     std::printf("load rc=%d held=%llu counted=%zu checkpoint=%d\n", static_cast<int>(rc),
                 static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)), total_b - free_b,
                 gpuslice::chaos::monitor_checkpoint());
+    return 0;
+  }
+  if (std::strcmp(argv[1], "undercount") == 0) {
+    if (argc != 3) return 2;
+    gpuslice::Region* r = map_region();
+    CUdeviceptr p = 0;
+    if (r == nullptr || cuMemAlloc(&p, 8u << 20) != CUDA_SUCCESS) return 1;
+    gpuslice::Slot* own = nullptr;
+    for (gpuslice::Slot& slot : r->slots) {
+      if (slot.state.load() == gpuslice::kSlotLive && slot.pid.load() == static_cast<std::uint32_t>(getpid()))
+        own = &slot;
+    }
+    if (own == nullptr) return 1;
+    // The slot counts what the process holds less MIB MiB (its spare lease out too).
+    const std::uint64_t counted = own->committed_bytes[0].load();
+    const std::uint64_t target = fakecuda_process_used_bytes(0, 0) - (std::strtoull(argv[2], nullptr, 10) << 20);
+    const std::uint64_t cut = counted - target;
+    own->committed_bytes[0].fetch_sub(cut);
+    r->devices[0].used_bytes.fetch_sub(cut);
+    usleep(50 * 1000);  // the sampler's checks (every 5 ms)
+    own->committed_bytes[0].fetch_add(cut);
+    r->devices[0].used_bytes.fetch_add(cut);
+    std::printf("undercount pid=%d\n", static_cast<int>(getpid()));
     return 0;
   }
   if (std::strcmp(argv[1], "overcount") == 0) {

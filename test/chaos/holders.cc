@@ -1,0 +1,192 @@
+// The violation report's processes (monitor_internal.h: append_processes):
+// who holds what the count misses. A count check reads what each process of
+// the container holds (container_total, under the state lock); its report
+// comes later, and a free (the driver's uncharge: no lock) may land in
+// between, so the report prints both: what the check read (g_seen) and what
+// it reads now. Per process: gpuslice's slot with its pid (in any state: a
+// slot the library or the agent reaped, or one its own exit released, is
+// gone, its pid cleared), the kernel's view (/proc/<pid>/stat: state,
+// threads, PF_EXITING, read as shm::judge_liveness reads it), and whether
+// the region's ring of departed processes records its exit. Then the
+// holders the count misses, by name: a process the check counted with no
+// live gpuslice slot, or holding more than its slot counts (spilled bytes
+// left out) and its excuses (issue 32, seed 1,086,451: 14 MiB on the device
+// beyond every live slot listed, its holder unnamed).
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+
+#include <gpuslice/region.h>
+
+#include "fakecuda_query.h"
+#include "limiter/lease.h"
+#include "monitor_internal.h"
+#include "platform/procfs.h"
+
+namespace gpuslice::chaos::internal {
+
+Seen g_seen[kSimSlots];
+std::uint64_t g_seen_serial = 0;
+std::uint64_t g_seen_report = 0;
+
+namespace {
+
+const char* slot_state_name(std::uint32_t state) {
+  switch (state) {
+    case kSlotFree: return "free";
+    case kSlotClaiming: return "claiming";
+    case kSlotLive: return "live";
+    case kSlotReaping: return "reaping";
+    default: return "unknown";
+  }
+}
+
+// gpuslice's slot with this pid: a live one first, else any other state
+// (claiming, reaping). A freed slot's pid is cleared: none then.
+struct RegionSlot {
+  const Slot* slot = nullptr;
+  std::uint32_t state = kSlotFree;
+  int others = 0;  // more slots with the pid (a pid reused, or a slot being reaped)
+};
+RegionSlot find_slot(const Region& r, std::uint32_t pid) {
+  RegionSlot found;
+  for (std::uint32_t k = 0; k < kMaxSlots; ++k) {
+    const Slot& gs = r.slots[k];
+    const std::uint32_t st = gs.state.load(std::memory_order_acquire);
+    if (st == kSlotFree || gs.pid.load(std::memory_order_relaxed) != pid) continue;
+    if (found.slot != nullptr && (found.state == kSlotLive || st != kSlotLive)) {
+      ++found.others;
+      continue;
+    }
+    if (found.slot != nullptr) ++found.others;
+    found.slot = &gs;
+    found.state = st;
+  }
+  return found;
+}
+
+// The region's ring of departed processes records this pid (its exit ran
+// gpuslice's exit path with the compute feedback on: the pid as NVML says it).
+bool departed(const Region& r, std::uint32_t pid) {
+  for (const DepartedProcess& d : r.departed) {
+    if ((d.seq.load(std::memory_order_acquire) & 1u) == 0 && d.pid.load(std::memory_order_acquire) == pid) return true;
+  }
+  return false;
+}
+
+// The kernel's view of the process, as the liveness rule reads it.
+void describe_proc(std::uint32_t pid, char* out, std::size_t len) {
+  platform::procfs::Stat st;
+  const int err = platform::procfs::read_stat(pid, &st);
+  if (err != 0) {
+    std::snprintf(out, len, "gone (/proc: errno %d)", err);
+    return;
+  }
+  std::snprintf(out, len, "state %c, %llu threads, flags 0x%llx%s%s", st.state,
+                static_cast<unsigned long long>(st.num_threads), static_cast<unsigned long long>(st.flags),
+                (st.flags & 0x4) != 0 ? " PF_EXITING" : "", platform::procfs::in_exit(st) ? ", in its exit" : "");
+}
+
+int append(std::size_t len, int used, int m) {
+  if (m < 0 || static_cast<std::size_t>(used + m) >= len) return -1;
+  return used + m;
+}
+
+}  // namespace
+
+int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
+  if (g_slot < 0 || used < 0 || static_cast<std::size_t>(used) >= len) return used;
+  const Region* r = region();
+  const int high = fakecuda_slots_high_locked();
+  // The holders the count misses, gathered for the closing line.
+  char missed[1024] = "";
+  int missed_len = 0;
+  int checked = 0;
+  for (int i = 0; i < high; ++i) {
+    fakecuda_slot_info slot{};
+    const bool is_member = member(i, dev, &slot);
+    const Seen& seen = g_seen[i];
+    const bool counted = g_seen_report != 0 && seen.serial == g_seen_report;  // by the check that reports
+    if (counted) ++checked;
+    if (!is_member && !counted) continue;
+    const std::uint32_t pid = is_member ? slot.pid : seen.pid;
+    const bool alive = is_member && (i == g_slot || fakecuda_slot_alive(i) != 0);
+    const unsigned long long held = is_member ? slot.held_bytes : 0;
+    RegionSlot rs;
+    if (r != nullptr) rs = find_slot(*r, pid);
+    long long committed = -1;
+    std::uint64_t spilled = 0, word = 0;
+    if (rs.slot != nullptr && region_dev >= 0) {
+      committed = static_cast<long long>(rs.slot->committed_bytes[region_dev].load(std::memory_order_relaxed));
+      spilled = rs.slot->spilled_bytes[region_dev].load(std::memory_order_relaxed);
+      word = rs.slot->lease[region_dev].word.load(std::memory_order_relaxed);
+    }
+    char proc[128];
+    describe_proc(pid, proc, sizeof(proc));
+    char at_check[96] = "";
+    if (g_seen_report == 0) {
+      // Not a count check's report: nothing read before.
+    } else if (!counted) {
+      std::snprintf(at_check, sizeof(at_check), ", not counted by the check");
+    } else if (!is_member || seen.generation != slot.generation || seen.held != held) {
+      std::snprintf(at_check, sizeof(at_check), ", %llu at the check%s", static_cast<unsigned long long>(seen.held),
+                    !is_member || seen.generation != slot.generation ? " (its simulator slot since given back)" : "");
+    }
+    char gslot[96];
+    if (rs.slot == nullptr) {
+      std::snprintf(gslot, sizeof(gslot), "none in any state%s",
+                    r != nullptr && departed(*r, pid) ? "; its exit is in the departed ring" : "");
+    } else {
+      std::snprintf(gslot, sizeof(gslot), "%s%s", slot_state_name(rs.state),
+                    rs.others > 0 ? " (and more slots with this pid)" : "");
+    }
+    Excused ex;
+    count_excused(i, dev, held, &ex);
+    const int m = std::snprintf(
+        text + used, len - used,
+        "  process pid %u%s (%s): device holds %llu%s; gpuslice slot %s, committed %lld (lease: spare %llu, owed "
+        "%llu%s%s); excused: in calls %llu, outside CUDA %llu, measured short %llu%s\n",
+        pid, alive ? "" : " (dead)", proc, held, at_check, gslot, committed < 0 ? 0 : committed,
+        static_cast<unsigned long long>(limiter::lease_spare(word)),
+        static_cast<unsigned long long>(limiter::lease_owed(word)), limiter::lease_stale(word) ? ", stale" : "",
+        (word & limiter::kLeaseClosed) != 0 ? ", closed" : "", static_cast<unsigned long long>(ex.calls),
+        static_cast<unsigned long long>(ex.outside), static_cast<unsigned long long>(ex.measured_short),
+        ex.exiting != 0 ? ", exiting" : "");
+    const int next = append(len, used, m);
+    if (next < 0) return used;
+    used = next;
+    // Missed by the count: what the check read of it beyond its live slot's
+    // count now (spilled bytes are host memory) and its excuses then.
+    if (!counted) continue;
+    const std::uint64_t counts =
+        rs.state == kSlotLive && committed > 0 && static_cast<std::uint64_t>(committed) > spilled
+            ? static_cast<std::uint64_t>(committed) - spilled
+            : 0;
+    if (seen.held <= counts + seen.excused) continue;
+    const int k = std::snprintf(missed + missed_len, sizeof(missed) - static_cast<std::size_t>(missed_len),
+                                " pid %u %llu bytes (%s);", pid,
+                                static_cast<unsigned long long>(seen.held - counts - seen.excused),
+                                rs.state == kSlotLive ? "beyond its live slot" : "no live gpuslice slot");
+    if (k > 0 && static_cast<std::size_t>(missed_len + k) < sizeof(missed)) missed_len += k;
+  }
+  if (g_seen_report == 0) return used;
+  const int m =
+      std::snprintf(text + used, len - used,
+                    "  holders the count misses (what the check read, less each live slot's count now and the "
+                    "excuses then):%s%s\n",
+                    missed_len > 0 ? missed : " none named",
+                    checked == 0 ? " (no count check read the processes)" : "");
+  const int next = append(len, used, m);
+  if (next >= 0) used = next;
+  if (r != nullptr) {
+    const int k = std::snprintf(text + used, len - used, "  region: %u live slots, %llu slots reaped so far%s\n",
+                                r->header.live_slots.load(std::memory_order_relaxed),
+                                static_cast<unsigned long long>(r->header.slots_reaped.load(std::memory_order_relaxed)),
+                                r->header.reaper_lock.load(std::memory_order_relaxed) != 0 ? ", a reaper at work" : "");
+    const int after = append(len, used, k);
+    if (after >= 0) used = after;
+  }
+  return used;
+}
+
+}  // namespace gpuslice::chaos::internal
