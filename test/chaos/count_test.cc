@@ -6,6 +6,7 @@
 // admitted are excused, each by its bytes.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -76,11 +77,11 @@ TEST(ChaosMonitor, ReportsACallThatReturnedWithItsBytesUncountedAtOnce) {
 // The count report names the holders the count misses (issue 32, seed
 // 1,086,451: 14 MiB on the device beyond every live gpuslice slot the report
 // listed, read after the check, the holder unnamed): from what the check
-// read, per process, less its live slot's count and its excuses. A process
-// with no gpuslice slot holding its context and 8 MiB (the program plays
-// gpuslice, counting its start in the device's sum only): named with all it
-// holds, "no live gpuslice slot", its slot "none in any state" and its
-// /proc state. A process under gpuslice whose slot counts 4 MiB less than
+// read, per process (held, and its live slot's resident count then), less
+// its excuses. A process with no gpuslice slot holding its context and 8 MiB
+// (the program plays gpuslice, counting its start in the device's sum
+// only): named with all it holds, "no live gpuslice slot", its slot "none in
+// any state" and its /proc state. A process under gpuslice whose slot counts 4 MiB less than
 // it holds: named with exactly 4 MiB, "beyond its live slot".
 TEST(ChaosMonitor, TheCountReportNamesTheHoldersTheCountMisses) {
   Sandbox unslotted, under;
@@ -104,6 +105,7 @@ TEST(ChaosMonitor, TheCountReportNamesTheHoldersTheCountMisses) {
   EXPECT_GE(std::stoull(report.substr(holds + 13)), 8ull << 20) << report;
   EXPECT_EQ(std::stoull(line.substr(bytes + 1)), std::stoull(report.substr(holds + 13))) << report;
   EXPECT_NE(report.find("gpuslice slot none in any state", process), std::string::npos) << report;
+  EXPECT_NE(report.find("no live slot)", process), std::string::npos) << report;  // what the check read
 
   create_region(under);
   Result rc = run(
@@ -113,10 +115,37 @@ TEST(ChaosMonitor, TheCountReportNamesTheHoldersTheCountMisses) {
   const std::string undercount = read_text(under.path("violations"));
   ASSERT_NE(undercount.find("VIOLATION (count)"), std::string::npos) << rc.describe() << undercount;
   const std::string beyond =
-      "holders the count misses (what the check read, less each live slot's count now and the "
-      "excuses then): pid " +
+      "holders the count misses (what the check read of each: held less its live slot's resident count and its "
+      "excuses): pid " +
       value(rc, "undercount", "pid") + " 4194304 bytes (beyond its live slot);";
   EXPECT_NE(undercount.find(beyond), std::string::npos) << undercount;
+}
+
+// A holder the count misses that is not the reporting process writes its
+// own last operations to the report file (its ring is in its own memory):
+// the report sets its request word, its sampler answers within one
+// interval. Process B (gpuslice-probe, 1 MiB held, its sampler on) finds A
+// (refusal_overlap, its slot 4 MiB short; its own sampler off, so only B
+// checks) and names it; A answers as its sampler would: the report file
+// holds A's operations under "holder pid A", its 8 MiB grant among them.
+TEST(ChaosMonitor, AHolderNamedByAnotherProcesssReportWritesItsLastOperations) {
+  Sandbox box;
+  create_region(box);
+  const Env env = merge(monitored(box, true), {{"FAKECUDA_MONITOR_LAG_MS", "60000"}, {"FAKECUDA_MONITOR_CALLS", "1"}});
+  const pid_t b = spawn({GPUSLICE_PROBE, "monitor", "hold", "1", "20000"}, env, box.path("b.out"));
+  Result a =
+      run({REFUSAL_OVERLAP, "undercount", "4", "15000"}, merge(env, {{"FAKECUDA_MONITOR_INTERVAL_MS", "0"}}), 60000);
+  kill(b, SIGKILL);
+  wait(b, box.path("b.out"));
+  ASSERT_EQ(a.exit_code, 0) << a.describe();
+  const std::string report = read_text(box.path("violations"));
+  EXPECT_EQ(value(a, "undercount", "dumped"), "1") << a.describe() << report;
+  const std::string pid = value(a, "undercount", "pid");
+  EXPECT_NE(report.find("excuses): pid " + pid + " 4194304 bytes (beyond its live slot);"), std::string::npos)
+      << report;
+  const std::size_t dump = report.find("fakecuda-monitor: holder pid " + pid + " (named by the report of pid ");
+  ASSERT_NE(dump, std::string::npos) << report;
+  EXPECT_NE(report.find("charge dev0 8388608 bytes (in alloc_common)", dump), std::string::npos) << report;
 }
 
 // Memory outside CUDA (a graphics allocation before its import: gpuslice

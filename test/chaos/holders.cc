@@ -12,9 +12,13 @@
 // live gpuslice slot, or holding more than its slot counts (spilled bytes
 // left out) and its excuses (issue 32, seed 1,086,451: 14 MiB on the device
 // beyond every live slot listed, its holder unnamed).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include <gpuslice/region.h>
 
@@ -28,6 +32,32 @@ namespace gpuslice::chaos::internal {
 Seen g_seen[kSimSlots];
 std::uint64_t g_seen_serial = 0;
 std::uint64_t g_seen_report = 0;
+
+namespace {
+int g_region_slot[kSimSlots];  // simulator slot -> its process's region slot + 1 (0: not looked up)
+}  // namespace
+
+long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd) {
+  const Region* r = region();
+  if (r == nullptr || rd < 0 || sim_slot >= kSimSlots) return -1;
+  const auto is_live = [&](std::uint32_t k) {
+    return r->slots[k].state.load(std::memory_order_acquire) == kSlotLive &&
+           r->slots[k].pid.load(std::memory_order_acquire) == pid;
+  };
+  int k = g_region_slot[sim_slot] - 1;
+  if (k < 0 || !is_live(static_cast<std::uint32_t>(k))) {
+    k = -1;
+    for (std::uint32_t j = 0; j < kMaxSlots && k < 0; ++j) {
+      if (is_live(j)) k = static_cast<int>(j);
+    }
+    g_region_slot[sim_slot] = k + 1;
+    if (k < 0) return -1;
+  }
+  const Slot& s = r->slots[k];
+  const std::uint64_t committed = s.committed_bytes[rd].load(std::memory_order_acquire);
+  const std::uint64_t spilled = s.spilled_bytes[rd].load(std::memory_order_acquire);
+  return static_cast<long long>(committed > spilled ? committed - spilled : 0);
+}
 
 namespace {
 
@@ -87,12 +117,33 @@ void describe_proc(std::uint32_t pid, char* out, std::size_t len) {
                 (st.flags & 0x4) != 0 ? " PF_EXITING" : "", platform::procfs::in_exit(st) ? ", in its exit" : "");
 }
 
+constexpr int kHolderOps = 96;  // of the simulator's ring of 256: the holder's sampler writes them up to 5 ms later
+
 int append(std::size_t len, int used, int m) {
   if (m < 0 || static_cast<std::size_t>(used + m) >= len) return -1;
   return used + m;
 }
 
 }  // namespace
+
+bool answer_dump_request() {
+  if (g_shared == nullptr || g_slot < 0) return false;
+  const std::uint32_t asker = g_shared->dump_asked[g_slot].exchange(0, std::memory_order_acq_rel);
+  if (asker == 0) return false;
+  static char text[12288];  // the sampler's thread only
+  int used = std::snprintf(text, sizeof(text),
+                           "fakecuda-monitor: holder pid %d (named by the report of pid %u), its last %d operations, "
+                           "oldest first:\n",
+                           static_cast<int>(getpid()), asker, kHolderOps);
+  if (used < 0) return false;
+  fakecuda_recent_operations(text + used, sizeof(text) - static_cast<std::size_t>(used), kHolderOps);
+  used = static_cast<int>(std::strlen(text));
+  const int fd = open(g_config.report, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  const bool written = write(fd, text, static_cast<std::size_t>(used)) == used;
+  close(fd);
+  return written;
+}
 
 int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
   if (g_slot < 0 || used < 0 || static_cast<std::size_t>(used) >= len) return used;
@@ -123,14 +174,17 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
     }
     char proc[128];
     describe_proc(pid, proc, sizeof(proc));
-    char at_check[96] = "";
+    char at_check[128] = "";
     if (g_seen_report == 0) {
       // Not a count check's report: nothing read before.
     } else if (!counted) {
       std::snprintf(at_check, sizeof(at_check), ", not counted by the check");
-    } else if (!is_member || seen.generation != slot.generation || seen.held != held) {
-      std::snprintf(at_check, sizeof(at_check), ", %llu at the check%s", static_cast<unsigned long long>(seen.held),
-                    !is_member || seen.generation != slot.generation ? " (its simulator slot since given back)" : "");
+    } else {
+      char counted_then[48] = "no live slot";
+      if (seen.counted >= 0) std::snprintf(counted_then, sizeof(counted_then), "counted %lld", seen.counted);
+      std::snprintf(at_check, sizeof(at_check), " (at the check: held %llu, %s%s)",
+                    static_cast<unsigned long long>(seen.held), counted_then,
+                    !is_member || seen.generation != slot.generation ? "; its simulator slot since given back" : "");
     }
     char gslot[96];
     if (rs.slot == nullptr) {
@@ -144,10 +198,10 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
     count_excused(i, dev, held, &ex);
     const int m = std::snprintf(
         text + used, len - used,
-        "  process pid %u%s (%s): device holds %llu%s; gpuslice slot %s, committed %lld (lease: spare %llu, owed "
-        "%llu%s%s); excused: in calls %llu, outside CUDA %llu, measured short %llu%s\n",
+        "  process pid %u%s (%s): device holds %llu%s; gpuslice slot %s, committed %lld (spilled %llu; lease: spare "
+        "%llu, owed %llu%s%s); excused: in calls %llu, outside CUDA %llu, measured short %llu%s\n",
         pid, alive ? "" : " (dead)", proc, held, at_check, gslot, committed < 0 ? 0 : committed,
-        static_cast<unsigned long long>(limiter::lease_spare(word)),
+        static_cast<unsigned long long>(spilled), static_cast<unsigned long long>(limiter::lease_spare(word)),
         static_cast<unsigned long long>(limiter::lease_owed(word)), limiter::lease_stale(word) ? ", stale" : "",
         (word & limiter::kLeaseClosed) != 0 ? ", closed" : "", static_cast<unsigned long long>(ex.calls),
         static_cast<unsigned long long>(ex.outside), static_cast<unsigned long long>(ex.measured_short),
@@ -158,24 +212,23 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
     // Missed by the count: what the check read of it beyond its live slot's
     // count now (spilled bytes are host memory) and its excuses then.
     if (!counted) continue;
-    const std::uint64_t counts =
-        rs.state == kSlotLive && committed > 0 && static_cast<std::uint64_t>(committed) > spilled
-            ? static_cast<std::uint64_t>(committed) - spilled
-            : 0;
+    const std::uint64_t counts = seen.counted > 0 ? static_cast<std::uint64_t>(seen.counted) : 0;
     if (seen.held <= counts + seen.excused) continue;
     const int k = std::snprintf(missed + missed_len, sizeof(missed) - static_cast<std::size_t>(missed_len),
                                 " pid %u %llu bytes (%s);", pid,
                                 static_cast<unsigned long long>(seen.held - counts - seen.excused),
-                                rs.state == kSlotLive ? "beyond its live slot" : "no live gpuslice slot");
+                                seen.counted >= 0 ? "beyond its live slot" : "no live gpuslice slot");
     if (k > 0 && static_cast<std::size_t>(missed_len + k) < sizeof(missed)) missed_len += k;
+    // Its own last operations (another process's ring): its sampler writes them.
+    if (i != g_slot && is_member && alive)
+      g_shared->dump_asked[i].store(static_cast<std::uint32_t>(getpid()), std::memory_order_release);
   }
   if (g_seen_report == 0) return used;
-  const int m =
-      std::snprintf(text + used, len - used,
-                    "  holders the count misses (what the check read, less each live slot's count now and the "
-                    "excuses then):%s%s\n",
-                    missed_len > 0 ? missed : " none named",
-                    checked == 0 ? " (no count check read the processes)" : "");
+  const int m = std::snprintf(
+      text + used, len - used,
+      "  holders the count misses (what the check read of each: held less its live slot's resident count "
+      "and its excuses):%s%s\n",
+      missed_len > 0 ? missed : " none named", checked == 0 ? " (no count check read the processes)" : "");
   const int next = append(len, used, m);
   if (next >= 0) used = next;
   if (r != nullptr) {

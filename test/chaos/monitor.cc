@@ -190,7 +190,9 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
     if (in_flight != nullptr) *in_flight += flying;
     if (excused != nullptr) {
       const std::uint64_t ex = count_excused(i, dev, held, excused);
-      g_seen[i] = Seen{g_seen_serial, slot.generation, slot.pid, held, ex};
+      const Region* r = region();
+      const int rd = r != nullptr ? region_device(dev, *r) : -1;
+      g_seen[i] = Seen{g_seen_serial, slot.generation, slot.pid, held, ex, slot_counted(i, slot.pid, rd)};
     }
   }
   return total;
@@ -549,6 +551,7 @@ void sampler() {
   for (;;) {
     usleep(static_cast<useconds_t>(g_config.interval_ms * 1000));
     if (fakecuda_initialized() == 0) return;
+    answer_dump_request();
     if (fakecuda_state_lock() == 0) continue;
     fakecuda_reap_locked();
     for (std::uint32_t dev = 0; dev < g_devices; ++dev) check(dev, nullptr);
@@ -663,6 +666,7 @@ int attach(int slot, unsigned devices) {
   g_shared->unknown_begun[slot].store(0, std::memory_order_relaxed);
   g_shared->unknown_ended[slot].store(0, std::memory_order_relaxed);
   g_shared->pools[slot].store(0, std::memory_order_relaxed);
+  g_shared->dump_asked[slot].store(0, std::memory_order_relaxed);
   calls_attach(slot);
   g_shared->member_container[slot].store(g_config.container, std::memory_order_release);
   g_shared->member_generation[slot].store(info.generation, std::memory_order_release);

@@ -102,6 +102,10 @@ struct MonitorShared {
   std::atomic<std::uint64_t> measured_short[kSimSlots][kSimDevices];
   std::atomic<std::uint32_t> exiting[kSimSlots];
   std::atomic<std::uint64_t> uncharges;  // every process's, monotone (check(): a free during its reads)
+  // A report named this process as a holder the count misses (holders.cc):
+  // the reporter's pid; its sampler appends its own last operations to the
+  // report file and clears it.
+  std::atomic<std::uint32_t> dump_asked[kSimSlots];
 };
 
 struct MonitorConfig {
@@ -179,8 +183,14 @@ struct Seen {
   std::uint32_t pid = 0;
   std::uint64_t held = 0;
   std::uint64_t excused = 0;  // count_excused's total for it
+  // gpuslice's live slot with its pid, read right after `held`: what it
+  // counted as possibly resident (committed less spilled); -1: none live.
+  long long counted = -1;
 };
 extern Seen g_seen[kSimSlots];
+// The live region slot of `pid` (a cached index, checked; else a scan):
+// committed less spilled on region device `rd`, or -1 when it has none.
+long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd);
 extern std::uint64_t g_seen_serial;
 extern std::uint64_t g_seen_report;  // the serial of the check reporting now; 0: a report of no count check
 // One line per process of the container (holders.cc): what the simulator
@@ -189,6 +199,9 @@ extern std::uint64_t g_seen_report;  // the serial of the check reporting now; 0
 // check counted with no live gpuslice slot, or holding more than their
 // slot counts and their excuses. Returns the new length. State lock held.
 int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev);
+// A process's sampler: its last operations appended to the report file when
+// a report named it as a holder (holders.cc). True when it wrote them.
+bool answer_dump_request();
 // calls.cc: a process attached (its excuses start at 0); a grant to the
 // calling thread (inside its call in flight: excused until the call ends);
 // what process slot `slot`, holding `held` on `dev`, is excused (added to *parts).

@@ -28,10 +28,13 @@
 //     thread frees FREED_MIB of graphics memory never imported inside an
 //     8 MiB module's measured load; ALLOWED_MIB is reported as freed during measurements
 //     (monitor_measured_short); prints "checkpoint=N" (violations found).
-//   refusal_overlap undercount MIB   (run under gpuslice, FAKECUDA_MONITOR_CALLS=1)
-//     8 MiB allocated; its slot (and the device's sum) then counts MIB MiB
-//     less than the process holds for 50 ms (as a count given back before
-//     the driver freed), restored after; prints "undercount pid=P".
+//   refusal_overlap undercount MIB [WAIT_MS]   (run under gpuslice,
+//     FAKECUDA_MONITOR_CALLS=1) 8 MiB allocated; its slot (and the device's
+//     sum) then counts MIB MiB less than the process holds (as a count given
+//     back before the driver freed) for 50 ms, or with WAIT_MS until another
+//     process's report named it and it wrote its last operations there
+//     (answer_dump_request, as its sampler does; WAIT_MS at most), restored
+//     after; prints "undercount pid=P dumped=D".
 //   refusal_overlap overcount ADD_KIB POOLS   (run under gpuslice) 1 MiB
 //     allocated and freed (its lease spare), a checkpoint; POOLS said
 //     (monitor_pools) and ADD_KIB KiB added to its slot's committed_bytes,
@@ -68,6 +71,7 @@
 #include "fakecuda_query.h"
 #include "limiter/lease.h"
 #include "monitor.h"
+#include "monitor_internal.h"
 
 namespace {
 std::atomic<int> g_step{0};
@@ -229,7 +233,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (std::strcmp(argv[1], "undercount") == 0) {
-    if (argc != 3) return 2;
+    if (argc != 3 && argc != 4) return 2;
     gpuslice::Region* r = map_region();
     CUdeviceptr p = 0;
     if (r == nullptr || cuMemAlloc(&p, 8u << 20) != CUDA_SUCCESS) return 1;
@@ -245,10 +249,18 @@ int main(int argc, char** argv) {
     const std::uint64_t cut = counted - target;
     own->committed_bytes[0].fetch_sub(cut);
     r->devices[0].used_bytes.fetch_sub(cut);
-    usleep(50 * 1000);  // the sampler's checks (every 5 ms)
+    bool dumped = false;
+    if (argc == 4) {
+      for (unsigned long waited = 0; waited < std::strtoul(argv[3], nullptr, 10) && !dumped; waited += 5) {
+        usleep(5 * 1000);
+        dumped = gpuslice::chaos::internal::answer_dump_request();
+      }
+    } else {
+      usleep(50 * 1000);  // the sampler's checks (every 5 ms)
+    }
     own->committed_bytes[0].fetch_add(cut);
     r->devices[0].used_bytes.fetch_add(cut);
-    std::printf("undercount pid=%d\n", static_cast<int>(getpid()));
+    std::printf("undercount pid=%d dumped=%d\n", static_cast<int>(getpid()), dumped ? 1 : 0);
     return 0;
   }
   if (std::strcmp(argv[1], "overcount") == 0) {
