@@ -37,7 +37,8 @@ namespace {
 int g_region_slot[kSimSlots];  // simulator slot -> its process's region slot + 1 (0: not looked up)
 }  // namespace
 
-long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd) {
+long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd, std::uint64_t* word) {
+  *word = 0;
   const Region* r = region();
   if (r == nullptr || rd < 0 || sim_slot >= kSimSlots) return -1;
   const auto is_live = [&](std::uint32_t k) {
@@ -53,10 +54,15 @@ long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd) {
     g_region_slot[sim_slot] = k + 1;
     if (k < 0) return -1;
   }
+  // Its share of used_bytes is committed less what a thief took back (OWED,
+  // limiter/lease.h), as the reaper reads it; of that, spilled bytes are host memory.
   const Slot& s = r->slots[k];
   const std::uint64_t committed = s.committed_bytes[rd].load(std::memory_order_acquire);
+  *word = s.lease[rd].word.load(std::memory_order_acquire);
+  const std::uint64_t owed = limiter::lease_owed(*word);
   const std::uint64_t spilled = s.spilled_bytes[rd].load(std::memory_order_acquire);
-  return static_cast<long long>(committed > spilled ? committed - spilled : 0);
+  const std::uint64_t share = committed > owed ? committed - owed : 0;
+  return static_cast<long long>(share > spilled ? share - spilled : 0);
 }
 
 namespace {
@@ -174,14 +180,17 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
     }
     char proc[128];
     describe_proc(pid, proc, sizeof(proc));
-    char at_check[128] = "";
+    char at_check[192] = "";
     if (g_seen_report == 0) {
       // Not a count check's report: nothing read before.
     } else if (!counted) {
       std::snprintf(at_check, sizeof(at_check), ", not counted by the check");
     } else {
-      char counted_then[48] = "no live slot";
-      if (seen.counted >= 0) std::snprintf(counted_then, sizeof(counted_then), "counted %lld", seen.counted);
+      char counted_then[96] = "no live slot";
+      if (seen.counted >= 0)
+        std::snprintf(counted_then, sizeof(counted_then), "counted %lld, lease spare %llu owed %llu", seen.counted,
+                      static_cast<unsigned long long>(limiter::lease_spare(seen.lease_word)),
+                      static_cast<unsigned long long>(limiter::lease_owed(seen.lease_word)));
       std::snprintf(at_check, sizeof(at_check), " (at the check: held %llu, %s%s)",
                     static_cast<unsigned long long>(seen.held), counted_then,
                     !is_member || seen.generation != slot.generation ? "; its simulator slot since given back" : "");

@@ -192,7 +192,9 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
       const std::uint64_t ex = count_excused(i, dev, held, excused);
       const Region* r = region();
       const int rd = r != nullptr ? region_device(dev, *r) : -1;
-      g_seen[i] = Seen{g_seen_serial, slot.generation, slot.pid, held, ex, slot_counted(i, slot.pid, rd)};
+      std::uint64_t word = 0;
+      const long long counted = slot_counted(i, slot.pid, rd, &word);
+      g_seen[i] = Seen{g_seen_serial, slot.generation, slot.pid, held, ex, counted, word};
     }
   }
   return total;

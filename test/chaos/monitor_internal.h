@@ -184,13 +184,15 @@ struct Seen {
   std::uint64_t held = 0;
   std::uint64_t excused = 0;  // count_excused's total for it
   // gpuslice's live slot with its pid, read right after `held`: what it
-  // counted as possibly resident (committed less spilled); -1: none live.
+  // counted as possibly resident (committed less owed less spilled); -1: none live.
   long long counted = -1;
+  std::uint64_t lease_word = 0;  // its lease word then (limiter/lease.h)
 };
 extern Seen g_seen[kSimSlots];
 // The live region slot of `pid` (a cached index, checked; else a scan):
-// committed less spilled on region device `rd`, or -1 when it has none.
-long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd);
+// committed less owed (a thief's, limiter/lease.h) less spilled on region
+// device `rd`, or -1 when it has none; *word gets its lease word.
+long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd, std::uint64_t* word);
 extern std::uint64_t g_seen_serial;
 extern std::uint64_t g_seen_report;  // the serial of the check reporting now; 0: a report of no count check
 // One line per process of the container (holders.cc): what the simulator
