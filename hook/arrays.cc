@@ -145,7 +145,7 @@ inline void recheck_array(CUresult rc, std::uint64_t mark, std::uint64_t key, li
 // not yet recorded (the program's error, as a stale cuMemFree): the word
 // moves, so that creation settles its record (hook/memory.h, freed_untracked).
 CUresult destroyed_untracked(CUresult rc) noexcept {
-  if (rc == CUDA_SUCCESS) g_freed_behind.fetch_add(kFreedBehindEvent, std::memory_order_seq_cst);
+  if (rc == CUDA_SUCCESS) note_freed_untracked();
   return rc;
 }
 

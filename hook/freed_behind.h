@@ -24,6 +24,9 @@ namespace gpuslice::hook {
 // changed it after the allocation read it again finds the record instead.
 [[gnu::visibility("hidden")]] inline constinit std::atomic<std::uint64_t> g_freed_behind{0};
 inline constexpr std::uint64_t kFreedBehindEvent = std::uint64_t{1} << 16;
+// A free (or array destroy) the tables had no record of went through the
+// driver: it may have freed memory whose record is not made yet.
+inline void note_freed_untracked() noexcept { g_freed_behind.fetch_add(kFreedBehindEvent, std::memory_order_seq_cst); }
 inline std::uint64_t freed_behind_mark() noexcept {
   return g_freed_behind.load(std::memory_order_relaxed) & ~(kFreedBehindEvent - 1);
 }

@@ -41,7 +41,7 @@ void settle_freed_behind(std::uint64_t key) noexcept {
 }
 
 void freed_untracked(std::uint64_t key) noexcept {
-  g_freed_behind.fetch_add(kFreedBehindEvent, std::memory_order_seq_cst);
+  note_freed_untracked();
   settle_freed_behind(key);
   // A pool allocation of ours at the address, recorded after this free
   // took it in the driver (pool_state.h, settle_freed_behind).
