@@ -71,6 +71,52 @@ bool current(CUdevice dev) {
   return cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
 }
 
+// A 2D array of `mib` MiB: 1024 floats a row, 1 MiB per 256 rows.
+CUDA_ARRAY3D_DESCRIPTOR array_desc(std::size_t mib) {
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  d.Width = 1024;
+  d.Height = 256 * mib;
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 1;
+  return d;
+}
+
+// A thread making `call` in `ctx`, returned once it is about to and then
+// `settle_us` later (the call held in the driver by a FAKECUDA_* delay).
+template <class Call>
+std::thread in_driver(CUcontext ctx, unsigned settle_us, Call call) {
+  std::atomic<bool> entering{false};
+  std::thread t([&entering, ctx, call]() mutable {
+    cuCtxSetCurrent(ctx);
+    entering.store(true);  // the last use of `entering`: it ends with this function
+    call();
+  });
+  while (!entering.load()) usleep(100);
+  usleep(settle_us);
+  return t;
+}
+
+CUresult pitched(CUdeviceptr* p, std::size_t mib) {
+  size_t pitch = 0;
+  return cuMemAllocPitch(p, &pitch, std::size_t{1} << 20, mib, 4);
+}
+
+// What the container is shown (cuMemGetInfo, read before the probe: its
+// record at a reused address would settle it), then whether `mib` MiB more
+// is admitted (freed at once).
+struct Shown {
+  CUresult probe_rc;
+  std::size_t used;
+};
+Shown shown_then_probe(std::size_t mib, bool pitch = false) {
+  std::size_t free_bytes = 0, total = 0;
+  cuMemGetInfo(&free_bytes, &total);
+  CUdeviceptr probe = 0;
+  const CUresult rc = pitch ? pitched(&probe, mib) : cuMemAlloc(&probe, mib << 20);
+  if (rc == CUDA_SUCCESS) cuMemFree(probe);
+  return {rc, total - free_bytes};
+}
+
 int reuse(CUdevice dev, int rounds, std::size_t mib) {
   for (int round = 0; round < rounds; ++round) {
     CUdeviceptr p = 0;
@@ -82,34 +128,19 @@ int reuse(CUdevice dev, int rounds, std::size_t mib) {
     if (!current(dev)) return 1;
     CUcontext ctx = nullptr;
     cuCtxGetCurrent(&ctx);
-    std::atomic<bool> entering{false};
     CUdeviceptr q = 0;
     CUresult q_rc = CUDA_SUCCESS;
-    std::thread owner([&] {
-      cuCtxSetCurrent(ctx);
-      entering.store(true);
-      q_rc = cuMemAlloc(&q, mib << 20);
-    });
-    while (!entering.load()) usleep(100);
-    usleep(100000);  // the owner's allocation is made, its cuMemAlloc not returned
+    // 100 ms: the owner's allocation is made, its cuMemAlloc not returned.
+    std::thread owner = in_driver(ctx, 100000, [&] { q_rc = cuMemAlloc(&q, mib << 20); });
     const CUresult stale_rc = cuMemFree(p);
     owner.join();
-    std::size_t free_bytes = 0, total = 0;
-    cuMemGetInfo(&free_bytes, &total);  // before the probe: its record at a reused address would settle it
-    CUdeviceptr probe = 0;
-    const CUresult probe_rc = cuMemAlloc(&probe, mib << 20);
-    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    const Shown shown = shown_then_probe(mib);
     std::printf("round %d reused=%d q_rc=%d stale_free_rc=%d probe_rc=%d used=%zu\n", round,
                 q_rc == CUDA_SUCCESS && q == p ? 1 : 0, static_cast<int>(q_rc), static_cast<int>(stale_rc),
-                static_cast<int>(probe_rc), total - free_bytes);
+                static_cast<int>(shown.probe_rc), shown.used);
     if (q_rc == CUDA_SUCCESS) std::printf("round %d owner_free_rc=%d\n", round, static_cast<int>(cuMemFree(q)));
   }
   return 0;
-}
-
-CUresult pitched(CUdeviceptr* p, std::size_t mib) {
-  size_t pitch = 0;
-  return cuMemAllocPitch(p, &pitch, std::size_t{1} << 20, mib, 4);
 }
 
 int span(CUdevice dev, int rounds, std::size_t mib) {
@@ -128,15 +159,9 @@ int span(CUdevice dev, int rounds, std::size_t mib) {
     }
     CUcontext ctx = nullptr;
     cuCtxGetCurrent(&ctx);
-    std::atomic<bool> entering{false};
     CUresult stale_rc = CUDA_SUCCESS;
-    std::thread freer([&] {
-      cuCtxSetCurrent(ctx);
-      entering.store(true);
-      stale_rc = cuMemFree(p);  // the chaos sleep holds it at the driver's entry
-    });
-    while (!entering.load()) usleep(100);
-    usleep(2000);
+    // The chaos sleep holds the free at the driver's entry.
+    std::thread freer = in_driver(ctx, 2000, [&] { stale_rc = cuMemFree(p); });
     cuDevicePrimaryCtxReset(dev);
     cuCtxSetCurrent(other);
     CUdeviceptr q = 0;
@@ -147,13 +172,9 @@ int span(CUdevice dev, int rounds, std::size_t mib) {
     const bool hit = q_rc == CUDA_SUCCESS && q == p && stale_rc == CUDA_SUCCESS &&
                      cuMemGetAddressRange(&base, &size, q) != CUDA_SUCCESS;
     hits += hit ? 1 : 0;
-    std::size_t free_bytes = 0, total = 0;
-    cuMemGetInfo(&free_bytes, &total);  // before the probe: its record at a reused address would settle it
-    CUdeviceptr probe = 0;
-    const CUresult probe_rc = pitched(&probe, mib);
-    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    const Shown shown = shown_then_probe(mib, /*pitch=*/true);
     std::printf("round %d hit=%d probe_rc=%d used=%zu reused=%d q_rc=%d stale_free_rc=%d\n", round, hit ? 1 : 0,
-                static_cast<int>(probe_rc), total - free_bytes, q == p ? 1 : 0, static_cast<int>(q_rc),
+                static_cast<int>(shown.probe_rc), shown.used, q == p ? 1 : 0, static_cast<int>(q_rc),
                 static_cast<int>(stale_rc));
     if (q_rc == CUDA_SUCCESS) cuMemFree(q);
   }
@@ -166,22 +187,13 @@ int create(CUdevice dev, int rounds, std::size_t mib, bool mipmap) {
     if (!current(dev)) return 1;
     CUcontext ctx = nullptr;
     cuCtxGetCurrent(&ctx);
-    CUDA_ARRAY3D_DESCRIPTOR d{};
-    d.Width = 1024;
-    d.Height = 256 * mib;  // 1024 floats a row: 1 MiB per 256 rows
-    d.Format = CU_AD_FORMAT_FLOAT;
-    d.NumChannels = 1;
-    std::atomic<bool> entering{false};
+    const CUDA_ARRAY3D_DESCRIPTOR d = array_desc(mib);
     CUarray a = nullptr;
     CUmipmappedArray m = nullptr;
     CUresult create_rc = CUDA_SUCCESS;
-    std::thread creator([&] {
-      cuCtxSetCurrent(ctx);
-      entering.store(true);
-      create_rc = mipmap ? cuMipmappedArrayCreate(&m, &d, 1) : cuArray3DCreate(&a, &d);
-    });
-    while (!entering.load()) usleep(100);
-    usleep(100000);  // the array is made, its creation not returned
+    // 100 ms: the array is made, its creation not returned.
+    std::thread creator = in_driver(
+        ctx, 100000, [&] { create_rc = mipmap ? cuMipmappedArrayCreate(&m, &d, 1) : cuArray3DCreate(&a, &d); });
     cuDevicePrimaryCtxReset(dev);
     creator.join();
     if (!current(dev)) return 1;
@@ -189,23 +201,15 @@ int create(CUdevice dev, int rounds, std::size_t mib, bool mipmap) {
     CUarray level = nullptr;
     const bool gone = create_rc == CUDA_SUCCESS && (mipmap ? cuMipmappedArrayGetLevel(&level, m, 0) != CUDA_SUCCESS
                                                            : cuArray3DGetDescriptor(&seen, a) != CUDA_SUCCESS);
-    std::size_t free_bytes = 0, total = 0;
-    cuMemGetInfo(&free_bytes, &total);
-    CUdeviceptr probe = 0;
-    const CUresult probe_rc = cuMemAlloc(&probe, mib << 20);
-    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    const Shown shown = shown_then_probe(mib);
     std::printf("round %d create_rc=%d gone=%d probe_rc=%d used=%zu\n", round, static_cast<int>(create_rc),
-                gone ? 1 : 0, static_cast<int>(probe_rc), total - free_bytes);
+                gone ? 1 : 0, static_cast<int>(shown.probe_rc), shown.used);
   }
   return 0;
 }
 
 int stale_array(CUdevice dev, int rounds, std::size_t mib) {
-  CUDA_ARRAY3D_DESCRIPTOR d{};
-  d.Width = 1024;
-  d.Height = 256 * mib;  // 1024 floats a row: 1 MiB per 256 rows
-  d.Format = CU_AD_FORMAT_FLOAT;
-  d.NumChannels = 1;
+  const CUDA_ARRAY3D_DESCRIPTOR d = array_desc(mib);
   for (int round = 0; round < rounds; ++round) {
     if (!current(dev)) return 1;
     CUarray a = nullptr;
@@ -217,28 +221,18 @@ int stale_array(CUdevice dev, int rounds, std::size_t mib) {
     if (!current(dev)) return 1;
     CUcontext ctx = nullptr;
     cuCtxGetCurrent(&ctx);
-    std::atomic<bool> entering{false};
     CUarray b = nullptr;
     CUresult create_rc = CUDA_SUCCESS;
-    std::thread creator([&] {
-      cuCtxSetCurrent(ctx);
-      entering.store(true);
-      create_rc = cuArray3DCreate(&b, &d);
-    });
-    while (!entering.load()) usleep(100);
-    usleep(100000);  // the array is made, its creation not returned
+    // 100 ms: the array is made, its creation not returned.
+    std::thread creator = in_driver(ctx, 100000, [&] { create_rc = cuArray3DCreate(&b, &d); });
     const CUresult stale_rc = cuArrayDestroy(a);
     creator.join();
     CUDA_ARRAY3D_DESCRIPTOR seen{};
     const bool gone = create_rc == CUDA_SUCCESS && cuArray3DGetDescriptor(&seen, b) != CUDA_SUCCESS;
-    std::size_t free_bytes = 0, total = 0;
-    cuMemGetInfo(&free_bytes, &total);
-    CUdeviceptr probe = 0;
-    const CUresult probe_rc = cuMemAlloc(&probe, mib << 20);
-    if (probe_rc == CUDA_SUCCESS) cuMemFree(probe);
+    const Shown shown = shown_then_probe(mib);
     std::printf("round %d reused=%d create_rc=%d stale_destroy_rc=%d gone=%d probe_rc=%d used=%zu\n", round,
                 b == a ? 1 : 0, static_cast<int>(create_rc), static_cast<int>(stale_rc), gone ? 1 : 0,
-                static_cast<int>(probe_rc), total - free_bytes);
+                static_cast<int>(shown.probe_rc), shown.used);
   }
   return 0;
 }
@@ -270,11 +264,7 @@ int main(int argc, char** argv) {
     CUmipmappedArray m = nullptr;
     CUmodule mod = nullptr;
     CUresult rc;
-    CUDA_ARRAY3D_DESCRIPTOR d{};
-    d.Width = 1024;
-    d.Height = 256 * mib;  // 1024 floats a row: 1 MiB per 256 rows
-    d.Format = CU_AD_FORMAT_FLOAT;
-    d.NumChannels = 1;
+    const CUDA_ARRAY3D_DESCRIPTOR d = array_desc(mib);
     if (array) {
       rc = cuArray3DCreate(&a, &d);
     } else if (mipmap) {
