@@ -127,7 +127,7 @@ CUresult admit_resident(const Reservation& r) noexcept {
 
 bool array_gone(std::uint64_t key, const limiter::AllocRecord& rec) noexcept;
 
-// An array made while its context was reset or destroyed (hook/memory.h,
+// An array made while its context was reset or destroyed (hook/freed_behind.h,
 // g_freed_behind: the word changed between the mark read before the driver
 // call and the record made after it): the driver may have freed it before
 // its record existed, unseen by the sweep after the reset. Its record is
@@ -143,7 +143,7 @@ inline void recheck_array(CUresult rc, std::uint64_t mark, std::uint64_t key, li
 // A destroy of a handle with no record went through the driver: a handle a
 // reset freed, which the driver may have given to another thread's array
 // not yet recorded (the program's error, as a stale cuMemFree): the word
-// moves, so that creation settles its record (hook/memory.h, freed_untracked).
+// moves (note_freed_untracked, as cuMemFree's), so that creation settles its record.
 CUresult destroyed_untracked(CUresult rc) noexcept {
   if (rc == CUDA_SUCCESS) note_freed_untracked();
   return rc;
