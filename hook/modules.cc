@@ -287,6 +287,12 @@ CUresult unload_library_counted(CUlibrary l) noexcept {
   return rc;
 }
 
+// The driver's answers to a use that prove it placed nothing: no library
+// has the handle, or no context is current to place it in.
+bool placed_nothing(CUresult rc) noexcept {
+  return rc == CUDA_ERROR_INVALID_HANDLE || rc == CUDA_ERROR_INVALID_CONTEXT || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
+
 // A use of `lib` that places it in the current context if it is not there
 // yet: measured (again whenever the context differs from the last one
 // measured for the library on that device) and charged like a load; over
@@ -313,8 +319,13 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   t_loading = false;
   const std::uint64_t bytes = measured_bytes(dev, entry, m, nullptr);
   // A failed use may have placed it all the same (a global not found after
-  // the placement): what it took is counted either way.
-  if (rc != CUDA_SUCCESS && bytes == 0) return rc;
+  // the placement): what it took is counted either way. Not one that names
+  // no library or no context (an unloaded library's handle, a destroyed
+  // context): nothing was placed, whatever the measurement saw meanwhile (a
+  // graphics allocation, a disturbed measurement's settle), and a record
+  // would make the next library given that handle look placed already: its
+  // placement unmeasured (issue 32).
+  if (rc != CUDA_SUCCESS && (bytes == 0 || placed_nothing(rc))) return rc;
   if (bytes != 0 && (!charge(entry, bytes) || over_resident(entry))) {
     release(entry, bytes);
     forget(lib);

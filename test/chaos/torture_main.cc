@@ -173,12 +173,15 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
   std::vector<std::string> env = base_env();
   const std::string preload = "LD_PRELOAD=" + (o.library.empty() ? o.build + "/lib/libgpuslice.so" : o.library);
   env.push_back("LD_LIBRARY_PATH=" + o.build + "/fakecuda");
-  env.push_back("FAKECUDA_STATE=" + dir + "/state");
+  // The simulated machine, given to every process that may create its state
+  // (the first to open it does, with its own variables): the agent too, which
+  // often opens it first; with the defaults there (contexts and modules hold
+  // nothing) a seed tested no implicit memory at all.
+  const std::vector<std::string> machine{"FAKECUDA_STATE=" + dir + "/state", "FAKECUDA_MEMORY=8Gi",
+                                         "FAKECUDA_CONTEXT_MEMORY=16Mi", "FAKECUDA_MODULE_MEMORY=1"};
+  env.insert(env.end(), machine.begin(), machine.end());
   env.push_back("GPUSLICE_REGION=" + region);
   env.push_back("GPUSLICE_MEMORY_LIMIT=" + std::to_string(o.quota_mib) + "Mi");
-  env.push_back("FAKECUDA_MEMORY=8Gi");
-  env.push_back("FAKECUDA_CONTEXT_MEMORY=16Mi");
-  env.push_back("FAKECUDA_MODULE_MEMORY=1");
   env.push_back("FAKECUDA_MONITOR=1");
   env.push_back("FAKECUDA_MONITOR_LAG_MS=" + std::to_string(o.lag_ms));
   env.push_back("FAKECUDA_MONITOR_REPORT=" + dir + "/violations");
@@ -211,7 +214,7 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
   if (agent_on) result.classes.append(" (agent ").append(interval).append(")");
   auto start_agent = [&] {
     std::vector<std::string> agent_env = base_env();
-    agent_env.push_back("FAKECUDA_STATE=" + dir + "/state");
+    agent_env.insert(agent_env.end(), machine.begin(), machine.end());
     return spawn(
         {o.build + "/bin/gpuslice-agent", "--region-dir", region_dir, "--nvml", o.build + "/fakecuda/libnvidia-ml.so.1",
          "--interval", interval, "--rescan", interval, "--grace", "10ms", "--listen", "off"},

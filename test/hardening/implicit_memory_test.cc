@@ -219,6 +219,31 @@ TEST(LazyLibraryHandleReuse, RefusedUnloadOfAnUnloadedLibraryKeepsNothing) {
   EXPECT_EQ(number(r, "double-unload", "shorts"), 0) << r.out;
 }
 
+// A use of a library handle no library has (unloaded before its first use:
+// CUDA_ERROR_INVALID_HANDLE) places nothing. Measured while the process's
+// usage grew for another reason (here a graphics allocation of another
+// thread inside the call, forced by a sleep at cuLibraryGetGlobal's entry;
+// in the chaos suite a disturbed measurement's settle), it was charged and
+// recorded as a placement of that handle; the next library the driver gave
+// the handle to then looked placed already, and its placement went
+// unmeasured: 40 MiB on the device, 1 MiB counted (issue 32, seeds
+// 2,100,176 and 2,100,553's shape: a live slot one placement short).
+TEST(LazyLibraryHandleReuse, AUseOfAnUnloadedLibraryRecordsNoPlacement) {
+  Sandbox box;
+  Env env = kDevice;
+  env["FAKECUDA_CHAOS_SEED"] = "5";
+  env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryGetGlobal";
+  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
+  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
+  env["FAKECUDA_CHAOS_SLEEP_US"] = "10000";
+  Result r = probe(box, env, {"dead-handle-place", "20"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "dead-handle-place", "rounds"), 20) << r.out;
+  EXPECT_EQ(number(r, "dead-handle-place", "invalid"), 20) << r.out;
+  EXPECT_GE(number(r, "dead-handle-place", "reused"), 15) << r.out;
+  EXPECT_EQ(number(r, "dead-handle-place", "shorts"), 0) << r.out;
+}
+
 // The main thread's current (primary) context is reset by another thread
 // and retained again (the same handle) while the main thread places a lazily
 // loaded library: the library looked at the context before the call (none:

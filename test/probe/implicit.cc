@@ -50,6 +50,15 @@
 //       refused: CUDA_ERROR_INVALID_HANDLE), then a library loaded lazily
 //       gets the handle back and is placed: prints the rounds that left the
 //       count below the device (shorts)
+//   dead-handle-place ROUNDS
+//       a lazily loaded library unloaded before its first use, then
+//       cuLibraryGetGlobal on its handle (CUDA_ERROR_INVALID_HANDLE: no
+//       library has it) while another thread's graphics API allocates 1 MiB
+//       (run with a sleep at cuLibraryGetGlobal's entry: NVML's usage grows
+//       inside the measured call), freed after; then a library loaded lazily
+//       gets the handle back and is placed. Prints the rounds in which the
+//       handle came back (reused) and those that left the count below the
+//       device (shorts)
 //   array-level-reuse MIB MIPMAPS ROUNDS
 //       a MIB array in a created context and MIPMAPS mipmapped arrays (no
 //       level asked yet) in the primary one; the created context destroyed,
@@ -66,6 +75,7 @@
 #include <thread>
 #include <vector>
 
+#include "fakecuda_query.h"
 #include "probe.h"
 
 namespace gpuslice::probe::implicit {
@@ -347,6 +357,42 @@ int double_unload(int rounds) {
     check(cuLibraryUnload(b), "cuLibraryUnload");
   }
   std::printf("double-unload rounds=%d refused=%d reused=%d shorts=%d max_short=%lld\n", rounds, refused, reused,
+              shorts.rounds, shorts.max);
+  return 0;
+}
+
+// A use of an unloaded library's handle places nothing; measured while the
+// process's usage moves for another reason, it must not leave a record of
+// a placement for that handle: the next library the driver gives the
+// handle to would look placed already.
+int dead_handle_place(int rounds) {
+  const CUcontext home = use_primary(0);
+  const std::string image_a = image_with_global(8 * kMi), image_b = image_with_global(40 * kMi);
+  int reused = 0, invalid = 0;
+  Shortfall shorts;
+  for (int i = 0; i < rounds; ++i) {
+    const CUlibrary a = load_lazily(image_a, home);
+    check(cuLibraryUnload(a), "cuLibraryUnload");  // never placed
+    std::atomic<bool> calling{false};
+    std::uint64_t graphics = 0;
+    std::thread g([&] {
+      while (!calling.load()) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // inside the call (its entry sleeps)
+      graphics = fakecuda_graphics_alloc(0, kMi);
+    });
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    calling.store(true);
+    if (cuLibraryGetGlobal(&p, &size, a, "big") == CUDA_ERROR_INVALID_HANDLE) ++invalid;
+    g.join();
+    if (graphics != 0) fakecuda_graphics_free(graphics);
+    const CUlibrary b = load_lazily(image_b, home);
+    if (b == a) ++reused;
+    place(b);
+    shorts.observe();
+    check(cuLibraryUnload(b), "cuLibraryUnload");
+  }
+  std::printf("dead-handle-place rounds=%d invalid=%d reused=%d shorts=%d max_short=%lld\n", rounds, invalid, reused,
               shorts.rounds, shorts.max);
   return 0;
 }

@@ -60,6 +60,8 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return implicit::reset_vs_place(a.number<int>(0)); }},
     {"implicit", "unload-vs-reuse", "ROUNDS", kInit,
      [](const Args& a) { return implicit::unload_vs_reuse(a.number<int>(0)); }},
+    {"implicit", "dead-handle-place", "ROUNDS", kInit,
+     [](const Args& a) { return implicit::dead_handle_place(a.number<int>(0)); }},
     {"implicit", "double-unload", "ROUNDS", kInit,
      [](const Args& a) { return implicit::double_unload(a.number<int>(0)); }},
     {"implicit", "array-level-reuse", "MIB MIPMAPS ROUNDS", kInit,

@@ -147,6 +147,7 @@ int module_load(std::size_t bytes);
 int reset_vs_place(int rounds);
 int unload_vs_reuse(int rounds);
 int double_unload(int rounds);
+int dead_handle_place(int rounds);
 int array_level_reuse(std::size_t bytes, int mipmaps, int rounds);
 }  // namespace implicit
 namespace memory {
