@@ -195,6 +195,7 @@ extern Seen g_seen[kSimSlots];
 long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd, std::uint64_t* word);
 extern std::uint64_t g_seen_serial;
 extern std::uint64_t g_seen_report;  // the serial of the check reporting now; 0: a report of no count check
+extern std::uint64_t g_check_count;  // the count that check read (monitor.cc: resident_count)
 // One line per process of the container (holders.cc): what the simulator
 // says it holds, at the check and now, what gpuslice's slot with its pid
 // counts, its /proc state; then the holders the count misses: processes the

@@ -34,7 +34,10 @@
 //     back before the driver freed) for 50 ms, or with WAIT_MS until another
 //     process's report named it and it wrote its last operations there
 //     (answer_dump_request, as its sampler does; WAIT_MS at most), restored
-//     after; prints "undercount pid=P dumped=D".
+//     after; prints "undercount pid=P dumped=D cut=C" (C: bytes taken out).
+//   refusal_overlap undercount-used MIB [WAIT_MS]   the same with its slot
+//     untouched: the device's sum alone (used_bytes) counts MIB MiB less (as
+//     bytes out of used_bytes before leaving a slot); prints the same line.
 //   refusal_overlap overcount ADD_KIB POOLS   (run under gpuslice) 1 MiB
 //     allocated and freed (its lease spare), a checkpoint; POOLS said
 //     (monitor_pools) and ADD_KIB KiB added to its slot's committed_bytes,
@@ -232,8 +235,9 @@ int main(int argc, char** argv) {
                 gpuslice::chaos::monitor_checkpoint());
     return 0;
   }
-  if (std::strcmp(argv[1], "undercount") == 0) {
+  if (std::strcmp(argv[1], "undercount") == 0 || std::strcmp(argv[1], "undercount-used") == 0) {
     if (argc != 3 && argc != 4) return 2;
+    const bool slot_too = std::strcmp(argv[1], "undercount") == 0;
     gpuslice::Region* r = map_region();
     CUdeviceptr p = 0;
     if (r == nullptr || cuMemAlloc(&p, 8u << 20) != CUDA_SUCCESS) return 1;
@@ -247,7 +251,7 @@ int main(int argc, char** argv) {
     const std::uint64_t counted = own->committed_bytes[0].load();
     const std::uint64_t target = fakecuda_process_used_bytes(0, 0) - (std::strtoull(argv[2], nullptr, 10) << 20);
     const std::uint64_t cut = counted - target;
-    own->committed_bytes[0].fetch_sub(cut);
+    if (slot_too) own->committed_bytes[0].fetch_sub(cut);
     r->devices[0].used_bytes.fetch_sub(cut);
     bool dumped = false;
     if (argc == 4) {
@@ -258,9 +262,10 @@ int main(int argc, char** argv) {
     } else {
       usleep(50 * 1000);  // the sampler's checks (every 5 ms)
     }
-    own->committed_bytes[0].fetch_add(cut);
+    if (slot_too) own->committed_bytes[0].fetch_add(cut);
     r->devices[0].used_bytes.fetch_add(cut);
-    std::printf("undercount pid=%d dumped=%d\n", static_cast<int>(getpid()), dumped ? 1 : 0);
+    std::printf("undercount pid=%d dumped=%d cut=%llu\n", static_cast<int>(getpid()), dumped ? 1 : 0,
+                static_cast<unsigned long long>(cut));
     return 0;
   }
   if (std::strcmp(argv[1], "overcount") == 0) {
