@@ -202,6 +202,25 @@ TEST(ChaosMonitor, MemoryOutsideCudaIsExcusedByItsBytesOnly) {
 // MiB held 300 ms on a 64 MiB quota (lag 100 ms), all said: no violation
 // (the monitor before excused it as an implicit grant for one lag, and
 // reported it after); 8 MiB said: the quota reported (and the count).
+// Memory declared outside CUDA before the count of its import is given back
+// (the worker's interop release: monitor_outside_begin, then
+// cuDestroyExternalMemory, then the graphics free) is excused when the
+// declaration and the release land between a check's reads of the processes
+// and of the count (seed 2,600,536: reported 11 MiB short, every process
+// within its slot). The monitor's test hook lands both there. Undeclared,
+// the same release is reported: the excuse is the declared bytes, read again.
+TEST(ChaosMonitor, MemoryDeclaredOutsideCudaBetweenACheckReadsExcusesTheReleaseAfter) {
+  Sandbox declared, undeclared;
+  Result rd = count_direction(declared, {"release-outside", "1"}, "60000");
+  ASSERT_EQ(rd.exit_code, 0) << rd.describe();
+  EXPECT_EQ(value(rd, "release-outside", "hooked"), "1") << rd.describe();
+  EXPECT_EQ(read_text(declared.path("violations")), "") << rd.describe();
+  Result ru = count_direction(undeclared, {"release-outside", "0"}, "60000");
+  ASSERT_EQ(ru.exit_code, 0) << ru.describe();
+  EXPECT_EQ(value(ru, "release-outside", "hooked"), "1") << ru.describe();
+  EXPECT_NE(read_text(undeclared.path("violations")).find("VIOLATION (count)"), std::string::npos) << ru.describe();
+}
+
 TEST(ChaosMonitor, MemoryOutsideCudaAboveTheQuotaIsExcusedByItsBytesOnly) {
   Sandbox all, eight;
   Result ra = count_direction(all, {"outside", "80", "80"}, "100");
