@@ -11,7 +11,12 @@
 // holders the count misses, by name: a process the check counted with no
 // live gpuslice slot, or holding more than its slot counts (spilled bytes
 // left out) and its excuses (issue 32, seed 1,086,451: 14 MiB on the device
-// beyond every live slot listed, its holder unnamed).
+// beyond every live slot listed, its holder unnamed). With none named, the
+// count (used_bytes) may stand below what the live slots themselves count:
+// bytes out of used_bytes before (or without) leaving a slot, or a slot's
+// release landing between the check's reads of it and of the count (seeds
+// 2,100,015 and 2,100,342: 16 and 15 MiB, every process within its slot).
+// The report then says by how much, and every member writes its operations.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -159,6 +164,8 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
   char missed[1024] = "";
   int missed_len = 0;
   int checked = 0;
+  std::uint64_t slots_count = 0;  // the check's resident counts of the live slots, summed
+  bool others[kSimSlots] = {};    // members alive but this process: each may write its operations
   for (int i = 0; i < high; ++i) {
     fakecuda_slot_info slot{};
     const bool is_member = member(i, dev, &slot);
@@ -222,6 +229,8 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
     // count now (spilled bytes are host memory) and its excuses then.
     if (!counted) continue;
     const std::uint64_t counts = seen.counted > 0 ? static_cast<std::uint64_t>(seen.counted) : 0;
+    slots_count += counts;
+    others[i] = i != g_slot && is_member && alive;
     if (seen.held <= counts + seen.excused) continue;
     const int k = std::snprintf(missed + missed_len, sizeof(missed) - static_cast<std::size_t>(missed_len),
                                 " pid %u %llu bytes (%s);", pid,
@@ -240,6 +249,19 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
       missed_len > 0 ? missed : " none named", checked == 0 ? " (no count check read the processes)" : "");
   const int next = append(len, used, m);
   if (next >= 0) used = next;
+  if (missed_len == 0 && checked > 0 && slots_count > g_check_count) {
+    const int k = std::snprintf(
+        text + used, len - used,
+        "  the count at the check stood %llu bytes below what the live slots counted then (%llu): bytes out of "
+        "used_bytes before (or without) leaving a slot, or a slot's release between the check's reads of it and "
+        "of the count; every process writes its operations\n",
+        static_cast<unsigned long long>(slots_count - g_check_count), static_cast<unsigned long long>(slots_count));
+    const int after = append(len, used, k);
+    if (after >= 0) used = after;
+    for (int i = 0; i < high; ++i) {
+      if (others[i]) g_shared->dump_asked[i].store(static_cast<std::uint32_t>(getpid()), std::memory_order_release);
+    }
+  }
   if (r != nullptr) {
     const int k = std::snprintf(text + used, len - used, "  region: %u live slots, %llu slots reaped so far%s\n",
                                 r->header.live_slots.load(std::memory_order_relaxed),

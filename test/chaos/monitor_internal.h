@@ -167,8 +167,11 @@ struct Excused {
   std::uint64_t measured_short = 0;  // graphics frees inside measurements of live objects
   std::uint64_t exiting = 0;         // all of a process in its exit handlers
   std::uint64_t implicit_calls = 0;  // of calls, implicit grants (the quota's excuse too)
-  int processes = 0;                 // the live processes these are of
-  std::uint64_t total() const { return calls + outside + measured_short + exiting; }
+  // Declared after the processes were read and before the count was: memory
+  // outside CUDA, or an exit begun, ahead of a release the count already shows.
+  std::uint64_t after_reads = 0;
+  int processes = 0;  // the live processes these are of
+  std::uint64_t total() const { return calls + outside + measured_short + exiting + after_reads; }
 };
 // Device bytes held by the live processes of this container (and of them the
 // managed grants in flight, and what the count direction excuses). State lock held.
@@ -195,6 +198,10 @@ extern Seen g_seen[kSimSlots];
 long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd, std::uint64_t* word);
 extern std::uint64_t g_seen_serial;
 extern std::uint64_t g_seen_report;  // the serial of the check reporting now; 0: a report of no count check
+extern std::uint64_t g_check_count;  // the count that check read (monitor.cc: resident_count)
+// Test hook: run by a count check after it read the processes and before it
+// reads the count (state lock held), as another thread's moves landing there.
+extern void (*g_check_between_reads)();
 // One line per process of the container (holders.cc): what the simulator
 // says it holds, at the check and now, what gpuslice's slot with its pid
 // counts, its /proc state; then the holders the count misses: processes the

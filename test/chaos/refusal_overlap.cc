@@ -34,7 +34,10 @@
 //     back before the driver freed) for 50 ms, or with WAIT_MS until another
 //     process's report named it and it wrote its last operations there
 //     (answer_dump_request, as its sampler does; WAIT_MS at most), restored
-//     after; prints "undercount pid=P dumped=D".
+//     after; prints "undercount pid=P dumped=D cut=C" (C: bytes taken out).
+//   refusal_overlap undercount-used MIB [WAIT_MS]   the same with its slot
+//     untouched: the device's sum alone (used_bytes) counts MIB MiB less (as
+//     bytes out of used_bytes before leaving a slot); prints the same line.
 //   refusal_overlap overcount ADD_KIB POOLS   (run under gpuslice) 1 MiB
 //     allocated and freed (its lease spare), a checkpoint; POOLS said
 //     (monitor_pools) and ADD_KIB KiB added to its slot's committed_bytes,
@@ -53,6 +56,12 @@
 //   refusal_overlap outside MIB [HELD]   HELD MiB (default 8) allocated outside
 //     CUDA (a graphics allocation) held 300 ms, MIB MiB of them said to be
 //     (monitor_outside_begin)
+//   refusal_overlap release-outside DECLARE   8 MiB of graphics memory
+//     imported (counted); then, inside a count check between its reads of
+//     the processes and of the count (the monitor's test hook), its count
+//     given back as gpuslice does when the import is destroyed, the memory
+//     declared outside CUDA first with DECLARE 1 (as the worker does), not
+//     with 0; freed 50 ms later; prints "release-outside hooked=H"
 #include <cuda.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -75,6 +84,15 @@
 
 namespace {
 std::atomic<int> g_step{0};
+// release-outside: the count check's test hook gives the import's count back (once).
+std::atomic<std::uint64_t>* g_hook_used = nullptr;
+bool g_hook_declare = false;
+std::atomic<bool> g_hook_ran{false};
+void release_between_reads() {
+  if (g_hook_used == nullptr || g_hook_ran.exchange(true)) return;
+  if (g_hook_declare) gpuslice::chaos::monitor_outside_begin(0, 8u << 20);
+  g_hook_used->fetch_sub(8u << 20);
+}
 void await(int step) {
   while (g_step.load() < step) std::this_thread::yield();
 }
@@ -167,6 +185,22 @@ int count_direction(int argc, char** argv) {
     usleep(300 * 1000);
     fakecuda_graphics_free(gfx);
     gpuslice::chaos::monitor_outside_end(0, declared);
+  } else if (std::strcmp(argv[1], "release-outside") == 0) {
+    if (argc != 3) return 2;
+    gpuslice::chaos::monitor_outside_begin(0, kBytes);
+    const std::uint64_t gfx = fakecuda_graphics_alloc(0, kBytes);
+    if (gfx == 0) return 1;
+    used.fetch_add(kBytes);  // imported: counted from here on
+    gpuslice::chaos::monitor_outside_end(0, kBytes);
+    usleep(20 * 1000);
+    g_hook_declare = std::strcmp(argv[2], "1") == 0;
+    g_hook_used = &used;
+    gpuslice::chaos::internal::g_check_between_reads = release_between_reads;
+    for (int i = 0; i < 2000 && !g_hook_ran.load(); ++i) usleep(1000);
+    usleep(50 * 1000);  // more checks: the memory outside CUDA, its count given back
+    fakecuda_graphics_free(gfx);
+    if (g_hook_declare) gpuslice::chaos::monitor_outside_end(0, kBytes);
+    std::printf("release-outside hooked=%d\n", g_hook_ran.load() ? 1 : 0);
   } else {
     const bool stalled = std::strcmp(argv[1], "stalled-call") == 0;
     if (stalled && argc != 3) return 2;
@@ -190,7 +224,8 @@ int main(int argc, char** argv) {
   using gpuslice::chaos::monitor_request_end;
   if (argc < 2 || argc > 4) return 2;
   if (std::strcmp(argv[1], "stalled-call") == 0 || std::strcmp(argv[1], "returned-uncounted") == 0 ||
-      std::strcmp(argv[1], "outside") == 0 || std::strcmp(argv[1], "context") == 0)
+      std::strcmp(argv[1], "outside") == 0 || std::strcmp(argv[1], "context") == 0 ||
+      std::strcmp(argv[1], "release-outside") == 0)
     return count_direction(argc, argv);
   const bool overlap = std::strcmp(argv[1], "overlap") == 0;
   const bool absorbed = std::strcmp(argv[1], "absorbed") == 0 && argc == 3;
@@ -232,8 +267,9 @@ int main(int argc, char** argv) {
                 gpuslice::chaos::monitor_checkpoint());
     return 0;
   }
-  if (std::strcmp(argv[1], "undercount") == 0) {
+  if (std::strcmp(argv[1], "undercount") == 0 || std::strcmp(argv[1], "undercount-used") == 0) {
     if (argc != 3 && argc != 4) return 2;
+    const bool slot_too = std::strcmp(argv[1], "undercount") == 0;
     gpuslice::Region* r = map_region();
     CUdeviceptr p = 0;
     if (r == nullptr || cuMemAlloc(&p, 8u << 20) != CUDA_SUCCESS) return 1;
@@ -247,7 +283,7 @@ int main(int argc, char** argv) {
     const std::uint64_t counted = own->committed_bytes[0].load();
     const std::uint64_t target = fakecuda_process_used_bytes(0, 0) - (std::strtoull(argv[2], nullptr, 10) << 20);
     const std::uint64_t cut = counted - target;
-    own->committed_bytes[0].fetch_sub(cut);
+    if (slot_too) own->committed_bytes[0].fetch_sub(cut);
     r->devices[0].used_bytes.fetch_sub(cut);
     bool dumped = false;
     if (argc == 4) {
@@ -258,9 +294,10 @@ int main(int argc, char** argv) {
     } else {
       usleep(50 * 1000);  // the sampler's checks (every 5 ms)
     }
-    own->committed_bytes[0].fetch_add(cut);
+    if (slot_too) own->committed_bytes[0].fetch_add(cut);
     r->devices[0].used_bytes.fetch_add(cut);
-    std::printf("undercount pid=%d dumped=%d\n", static_cast<int>(getpid()), dumped ? 1 : 0);
+    std::printf("undercount pid=%d dumped=%d cut=%llu\n", static_cast<int>(getpid()), dumped ? 1 : 0,
+                static_cast<unsigned long long>(cut));
     return 0;
   }
   if (std::strcmp(argv[1], "overcount") == 0) {
