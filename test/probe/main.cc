@@ -137,6 +137,8 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return pool_race::failed_in_flight(a.mib(0)); }},
     {"pool-race", "refused-free-freed-meanwhile", "MIB", kInit,
      [](const Args& a) { return pool_race::refused_free_freed_meanwhile(a.mib(0)); }},
+    {"pool-race", "freed-during-sync", "MIB", kInit,
+     [](const Args& a) { return pool_race::freed_during_sync(a.mib(0)); }},
     {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
      [](const Args& a) { return reserve::thread_exit(a.number<int>(0), a.mib(1), a.mib(2)); }},
     {"reserve", "idle", "THREADS MIB BIG_MIB", kInit,
