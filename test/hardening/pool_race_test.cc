@@ -246,6 +246,19 @@ TEST(PoolRace, SynchronisationDuringAPoolFreeLeavesNothingCounted) {
   EXPECT_EQ(number(r, "freed-during-sync", "counted"), 0) << r.out;
 }
 
+// The same free made by cuMemFree (a program's, or a stale pointer of
+// another thread's at the pool allocation's address: seed 2,006,521's
+// program held a pool pointer the device no longer held).
+TEST(PoolRace, SynchronisationDuringAPoolMemFreeLeavesNothingCounted) {
+  Sandbox box;
+  Result r = probe(box, {{"GPUSLICE_MEMORY_LIMIT", "256Mi"}, {"FAKECUDA_FREE_RETURN_DELAY_US", "300000"}},
+                   {"freed-during-sync", "4", "memfree"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "freed-during-sync", "freed"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "freed-during-sync", "held"), 0) << r.out;
+  EXPECT_EQ(number(r, "freed-during-sync", "counted"), 0) << r.out;
+}
+
 TEST(PoolRace, NaturalChurnNeverLeavesTheDeviceAboveTheQuota) {
   for (const char* seed : {"1", "2", "3", "4", "5", "6"}) {
     Sandbox box;

@@ -70,10 +70,11 @@
 //       > 100 ms; the driver refuses it), while this one frees the same
 //       pointer with cuMemFree (as a program's stale pointer at the address
 //       would); after a trim, counted and held printed with nothing allocated
-//   freed-during-sync MIB
+//   freed-during-sync MIB [memfree]
 //       MIB from the default pool, reconciled at a synchronisation (counted
-//       at its reserve); a thread frees it with cuMemFreeAsync, whose return
-//       is delayed after the free (FAKECUDA_FREE_ASYNC_RETURN_DELAY_US,
+//       at its reserve); a thread frees it with cuMemFreeAsync (memfree:
+//       cuMemFree), whose return is delayed after the free
+//       (FAKECUDA_FREE_ASYNC_RETURN_DELAY_US, FAKECUDA_FREE_RETURN_DELAY_US:
 //       > 100 ms), while this one synchronises (the driver trims the freed
 //       reserve): counted and held printed once both returned, with nothing
 //       allocated
@@ -405,7 +406,7 @@ int refused_free_freed_meanwhile(std::size_t bytes) {
 // once back); the pool stayed counted at the reserve it no longer held until
 // the next synchronisation (issue 32, the chaos suite's pools shape: seed
 // 2,005,144, `counted` 4 MiB, nothing outstanding, no reserve).
-int freed_during_sync(std::size_t bytes) {
+int freed_during_sync(std::size_t bytes, bool memfree) {
   const CUcontext ctx = use_primary(0);
   const CUstream s = new_stream();
   CUdeviceptr p = 0;
@@ -414,7 +415,7 @@ int freed_during_sync(std::size_t bytes) {
   CUresult freed = CUDA_ERROR_UNKNOWN;
   std::thread free_async([&] {
     cuCtxSetCurrent(ctx);
-    freed = cuMemFreeAsync(p, s);  // freed in the driver at once, back late
+    freed = memfree ? cuMemFree(p) : cuMemFreeAsync(p, s);  // freed in the driver at once, back late
   });
   sleep_ms(100);
   check(cuStreamSynchronize(s), "cuStreamSynchronize");  // the driver trims the freed reserve
