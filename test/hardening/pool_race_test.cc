@@ -259,6 +259,27 @@ TEST(PoolRace, SynchronisationDuringAPoolMemFreeLeavesNothingCounted) {
   EXPECT_EQ(number(r, "freed-during-sync", "counted"), 0) << r.out;
 }
 
+// A stale pointer's free (no record) freed a pool allocation of ours not yet
+// recorded; a synchronisation trimmed its memory while the pool was clean
+// (reconciled since that allocation's mark) and skipped it; the record,
+// settled after (settle_freed_behind), gave its bytes back to `outstanding`
+// only, and the pool stayed counted at a reserve it no longer held until
+// the next synchronisation. Now a record settled so reconciles its pool.
+TEST(PoolRace, PoolRecordSettledAfterATrimLeavesNothingCounted) {
+  Sandbox box;
+  Result r = probe(box,
+                   {{"GPUSLICE_MEMORY_LIMIT", "256Mi"},
+                    {"FAKECUDA_POOL_QUERY_DELAY_US", "300000"},
+                    {"FAKECUDA_ADDRESS_RANGE_DELAY_US", "200000"}},
+                   {"settled-after-trim", "4", "300"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "settled-after-trim", "rc"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "settled-after-trim", "stale"), CUDA_SUCCESS) << r.out;
+  EXPECT_EQ(number(r, "settled-after-trim", "same"), 1) << "the pool allocation took another address\n" << r.out;
+  EXPECT_EQ(number(r, "settled-after-trim", "held"), 0) << r.out;
+  EXPECT_EQ(number(r, "settled-after-trim", "counted"), 0) << r.out;
+}
+
 TEST(PoolRace, NaturalChurnNeverLeavesTheDeviceAboveTheQuota) {
   for (const char* seed : {"1", "2", "3", "4", "5", "6"}) {
     Sandbox box;

@@ -139,6 +139,8 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return pool_race::refused_free_freed_meanwhile(a.mib(0)); }},
     {"pool-race", "freed-during-sync", "MIB [memfree]", kInit,
      [](const Args& a) { return pool_race::freed_during_sync(a.mib(0), a.flag(1, "memfree")); }},
+    {"pool-race", "settled-after-trim", "MIB DELAY_MS", kInit,
+     [](const Args& a) { return pool_race::settled_after_trim(a.mib(0), a.number<int>(1)); }},
     {"reserve", "thread-exit", "THREADS MIB BIG_MIB", kInit,
      [](const Args& a) { return reserve::thread_exit(a.number<int>(0), a.mib(1), a.mib(2)); }},
     {"reserve", "idle", "THREADS MIB BIG_MIB", kInit,
