@@ -100,6 +100,7 @@ bool free_if_pool(CUdeviceptr dptr, CUresult* rc) noexcept {
   const std::uint64_t mark = freed_behind_mark();
   CountingOp op;               // the last free of a destroyed pool frees the pool
   release_stale_linear(dptr);  // while the allocation still holds the address
+  pools::mark_dirty(*st);      // before the driver call, as free_pool_pointer (hook/pools.cc)
   *rc = real_cuMemFree_v2(dptr);
   if (*rc == CUDA_SUCCESS) {
     pools::freed(*st, bytes);

@@ -423,6 +423,19 @@ bool reclaim_all() noexcept {
   return skipped;
 }
 
+namespace {
+// A record of memory the driver freed earlier without it (a free that found
+// no record: a stale pointer at the address): a synchronisation since may
+// have trimmed what that free gave back to the pool and skipped the pool,
+// unmarked (the free could not mark it). Taken back as a free is, and the
+// pool reconciled (freed(): a pool that may be counted above its reserve).
+// Never under the pool's mutex (settle_freed_behind's callers hold none).
+void freed_behind(PoolState& st, std::uint64_t bytes) noexcept {
+  st.above_reserve.store(1, std::memory_order_relaxed);
+  freed(st, bytes);
+}
+}  // namespace
+
 // As a linear record is settled (limiter::settle_record: taken out before
 // the driver is asked again; a new allocation at the address meanwhile is
 // known to it, or recorded already and displaces ours).
@@ -431,7 +444,7 @@ void settle_freed_behind(CUdeviceptr ptr) noexcept {
   if (!g_records.find(ptr, &seen)) return;
   limiter::settle_record(
       g_records, ptr, seen, [](std::uint64_t key, const PoolRecord&) noexcept { return address_gone(key); },
-      [](const PoolRecord& rec) noexcept { freed(g_states[rec.slot], rec.bytes); });
+      [](const PoolRecord& rec) noexcept { freed_behind(g_states[rec.slot], rec.bytes); });
 }
 
 // A record displaced by the stale-record rule (platform::record): its bytes

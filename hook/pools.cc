@@ -215,6 +215,12 @@ template <class RealFree>
                                                          RealFree& real_free) noexcept {
   const std::uint64_t mark = freed_behind_mark();
   release_stale_linear(dptr);  // while the allocation still holds the address (hook/memory.h)
+  // Marked before the driver call too: a synchronisation of another thread
+  // between the driver's free and pools::freed() trims the freed memory,
+  // and its reconciliation must not skip the pool as unused since its last
+  // (it keeps the count for this allocation, still outstanding, and leaves
+  // the pool above its reserve: freed() then reconciles it).
+  pools::mark_dirty(st);
   const CUresult rc = real_free();
   if (rc == CUDA_SUCCESS) {
     pools::freed(st, bytes);

@@ -227,6 +227,12 @@ unsigned alloc_return_delay_us() {
   static const unsigned us = gpuslice::fakecuda::delay_knob("FAKECUDA_ALLOC_RETURN_DELAY_US");
   return us;
 }
+// Test knob (README, "Test knobs"): microseconds a successful cuMemFree_v2
+// sleeps before it returns, read once (delay_knob); 0 = none.
+unsigned free_return_delay_us() {
+  static const unsigned us = gpuslice::fakecuda::delay_knob("FAKECUDA_FREE_RETURN_DELAY_US");
+  return us;
+}
 // Test knob (README, "Test knobs"): microseconds cuMemGetAddressRange_v2
 // sleeps before it looks the address up, and again after (its answer stale
 // both ways, as a preempted caller's); 0 = none.
@@ -353,7 +359,14 @@ extern "C" CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise a
   return cuMemAdvise_v2(devPtr, count, advice, location);
 }
 
-extern "C" CUresult cuMemFree_v2(CUdeviceptr dptr) { return free_common(dptr); }
+extern "C" CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  const CUresult rc = free_common(dptr);
+  // Test knob (README, "Test knobs"): the free is made, the caller not yet
+  // back (another thread's synchronisation may trim what it returned to a
+  // pool meanwhile).
+  if (rc == CUDA_SUCCESS && free_return_delay_us() != 0) usleep(free_return_delay_us());
+  return rc;
+}
 extern "C" CUresult cuMemFree(CUdeviceptr_v1 dptr) { return free_common(dptr); }
 
 extern "C" CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {

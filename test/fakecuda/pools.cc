@@ -191,8 +191,9 @@ CUresult pool_alloc_locked(CUmemPoolHandle_st* pool, std::uint64_t size, CUctx_s
 
 // Test knobs that widen a race window (README, "Test knobs"): microseconds
 // slept, outside the driver's lock, before a stream-ordered allocation looks
-// at the device's current pool, and after a pool's reserve is read for
-// cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT). 0 = none.
+// at the device's current pool, after a pool's reserve is read for
+// cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), and before and
+// after a cuMemFreeAsync takes effect. 0 = none.
 // (Parsed by delay_knob, below.)
 // The knob is read once; threads that race to read it first each store the
 // same value (an atomic: TSan saw two first calls write a plain one at once).
@@ -204,8 +205,8 @@ void knob_sleep(const char* name, std::atomic<unsigned>* cached, std::atomic<int
   const unsigned us = cached->load(std::memory_order_relaxed);
   if (us != 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
-std::atomic<unsigned> g_alloc_delay_us{0}, g_query_delay_us{0}, g_free_delay_us{0};
-std::atomic<int> g_alloc_delay_read{0}, g_query_delay_read{0}, g_free_delay_read{0};
+std::atomic<unsigned> g_alloc_delay_us{0}, g_query_delay_us{0}, g_free_delay_us{0}, g_free_return_delay_us{0};
+std::atomic<int> g_alloc_delay_read{0}, g_query_delay_read{0}, g_free_delay_read{0}, g_free_return_delay_read{0};
 
 CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, CUmemPoolHandle_st* pool, CUstream hStream, bool ptsz) {
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -228,21 +229,26 @@ CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz) {
   knob_sleep("FAKECUDA_FREE_ASYNC_DELAY_US", &g_free_delay_us, &g_free_delay_read);  // the address still allocated
   CUstream_st* stream = nullptr;
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
-  std::lock_guard guard(runtime().mu);
-  Allocation allocation;
-  if (!remove_allocation_locked(dptr, &allocation)) return CUDA_ERROR_INVALID_VALUE;
-  if (allocation.kind == AllocKind::pool) {
-    CUmemPoolHandle_st* pool = allocation.pool;
-    const bool bind = !cross_stream_reuse(pool) && !pool->destroy_pending;
-    pool_return_locked(pool, allocation.size);
-    if (bind) {
-      pool->stream_bound[stream].pending += allocation.size;
-      pool->bound += allocation.size;
-      pool->pending += allocation.size;
+  {
+    std::lock_guard guard(runtime().mu);
+    Allocation allocation;
+    if (!remove_allocation_locked(dptr, &allocation)) return CUDA_ERROR_INVALID_VALUE;
+    if (allocation.kind == AllocKind::pool) {
+      CUmemPoolHandle_st* pool = allocation.pool;
+      const bool bind = !cross_stream_reuse(pool) && !pool->destroy_pending;
+      pool_return_locked(pool, allocation.size);
+      if (bind) {
+        pool->stream_bound[stream].pending += allocation.size;
+        pool->bound += allocation.size;
+        pool->pending += allocation.size;
+      }
+    } else {
+      uncharge_device(allocation.device, allocation.held);  // a cuMemAlloc pointer may be freed this way too
     }
-  } else {
-    uncharge_device(allocation.device, allocation.held);  // a cuMemAlloc pointer may be freed this way too
   }
+  // The free made, the caller not yet back (a synchronisation of another
+  // thread may trim what it returned to the pool meanwhile).
+  knob_sleep("FAKECUDA_FREE_ASYNC_RETURN_DELAY_US", &g_free_return_delay_us, &g_free_return_delay_read);
   return CUDA_SUCCESS;
 }
 

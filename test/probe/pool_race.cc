@@ -70,6 +70,26 @@
 //       > 100 ms; the driver refuses it), while this one frees the same
 //       pointer with cuMemFree (as a program's stale pointer at the address
 //       would); after a trim, counted and held printed with nothing allocated
+//   settled-after-trim MIB DELAY_MS
+//       MIB from the default pool and freed (counted, the pool keeps it); a
+//       created context's cuMemAlloc of MIB at that address goes with its
+//       destroy; a thread's pool allocation takes the address on the fast
+//       path, its reserve query answered late (FAKECUDA_POOL_QUERY_DELAY_US
+//       = DELAY_MS) and its record's settle later still
+//       (FAKECUDA_ADDRESS_RANGE_DELAY_US, >= DELAY_MS / 2); meanwhile a
+//       synchronisation reconciles the pool (its query late too), this
+//       thread frees the stale pointer (the driver frees the pool
+//       allocation), and once that reconciliation ended another
+//       synchronisation trims the freed memory: counted and held printed
+//       once all returned, with nothing allocated
+//   freed-during-sync MIB [memfree]
+//       MIB from the default pool, reconciled at a synchronisation (counted
+//       at its reserve); a thread frees it with cuMemFreeAsync (memfree:
+//       cuMemFree), whose return is delayed after the free
+//       (FAKECUDA_FREE_ASYNC_RETURN_DELAY_US, FAKECUDA_FREE_RETURN_DELAY_US:
+//       > 100 ms), while this one synchronises (the driver trims the freed
+//       reserve): counted and held printed once both returned, with nothing
+//       allocated
 #include <cuda.h>
 
 #include <chrono>
@@ -389,6 +409,74 @@ int refused_free_freed_meanwhile(std::size_t bytes) {
   check(cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
   std::printf("refused-free-freed-meanwhile refused=%d freed=%d counted=%lld held=%lld\n", static_cast<int>(refused),
               static_cast<int>(freed), counted_used(), held_allocations());
+  return 0;
+}
+
+// A free without a record (a stale pointer) freed a pool allocation of ours
+// still unrecorded; a synchronisation trimmed its memory while the pool was
+// clean (reconciled since that allocation's mark) and skipped it; the record
+// settled after (settle_freed_behind) gave its bytes back to `outstanding`
+// only: the pool stayed counted at the reserve it no longer held until the
+// next synchronisation.
+int settled_after_trim(std::size_t bytes, int delay_ms) {
+  {
+    use_primary(0);
+    const CUstream s0 = new_stream();
+    CUdeviceptr first = 0;
+    check(cuMemAllocAsync(&first, bytes, s0), "cuMemAllocAsync");  // counted: the pool grew
+    check(cuMemFreeAsync(first, s0), "cuMemFreeAsync");            // the pool keeps it; the address is free
+  }
+  DyingContext d(bytes);
+  d.destroy.join();
+  const CUcontext ctx = use_primary(0);
+  CUdeviceptr p = 0;
+  CUresult rc = CUDA_ERROR_UNKNOWN;
+  std::thread alloc([&] {
+    cuCtxSetCurrent(ctx);
+    rc = cuMemAllocAsync(&p, bytes, d.s);  // fits the count: the fast path, recorded late, settled later
+  });
+  sleep_ms(delay_ms / 10);
+  std::thread first_sync([&] {
+    cuCtxSetCurrent(ctx);
+    cuStreamSynchronize(d.s);  // reconciles the pool (the allocation outstanding): clean
+  });
+  std::thread second_sync([&] {
+    cuCtxSetCurrent(ctx);
+    sleep_ms(delay_ms + delay_ms / 2);  // after the first reconciliation, before the settle
+    cuStreamSynchronize(d.s);           // the driver trims the freed allocation's memory
+  });
+  sleep_ms(delay_ms / 10);
+  const CUresult stale = cuMemFree(d.gone);  // no record: the driver frees the pool allocation at the address
+  alloc.join();
+  first_sync.join();
+  second_sync.join();
+  std::printf("settled-after-trim rc=%d stale=%d same=%d counted=%lld held=%lld\n", static_cast<int>(rc),
+              static_cast<int>(stale), p == d.gone ? 1 : 0, counted_used(), held_allocations());
+  return 0;
+}
+
+// A synchronisation between the driver's free of a pool allocation and the
+// library's: the driver trimmed the freed reserve, and the reconciliation
+// skipped the pool, unmarked since the last one (the free marked it only
+// once back); the pool stayed counted at the reserve it no longer held until
+// the next synchronisation (issue 32, the chaos suite's pools shape: seed
+// 2,005,144, `counted` 4 MiB, nothing outstanding, no reserve).
+int freed_during_sync(std::size_t bytes, bool memfree) {
+  const CUcontext ctx = use_primary(0);
+  const CUstream s = new_stream();
+  CUdeviceptr p = 0;
+  check(cuMemAllocAsync(&p, bytes, s), "cuMemAllocAsync");  // counted: the pool grew
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");     // reconciled: counted at the reserve, unmarked
+  CUresult freed = CUDA_ERROR_UNKNOWN;
+  std::thread free_async([&] {
+    cuCtxSetCurrent(ctx);
+    freed = memfree ? cuMemFree(p) : cuMemFreeAsync(p, s);  // freed in the driver at once, back late
+  });
+  sleep_ms(100);
+  check(cuStreamSynchronize(s), "cuStreamSynchronize");  // the driver trims the freed reserve
+  free_async.join();
+  std::printf("freed-during-sync freed=%d counted=%lld held=%lld\n", static_cast<int>(freed), counted_used(),
+              held_allocations());
   return 0;
 }
 

@@ -204,6 +204,8 @@ int freed_while_recording(std::size_t bytes, int delay_ms);
 int destroyed_while_growing(std::size_t bytes, int delay_ms);
 int failed_in_flight(std::size_t bytes);
 int refused_free_freed_meanwhile(std::size_t bytes);
+int freed_during_sync(std::size_t bytes, bool memfree);
+int settled_after_trim(std::size_t bytes, int delay_ms);
 }  // namespace pool_race
 
 }  // namespace gpuslice::probe
