@@ -323,7 +323,10 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   CountingOp op;  // the device's usage drops: no measurement may overlap it
   // Until its sweep is done: allocations meanwhile check their address (hook/memory.h).
   FreeingBehind freeing;
+  PlacedParts placed;  // its copies of libraries go with it
+  library_placements_take(ctx, &placed);
   rc = destroy();
+  library_placements_put(ctx, placed, rc == CUDA_SUCCESS);
   Counted c{};
   if (rc == CUDA_SUCCESS && g_contexts->erase(reinterpret_cast<std::uint64_t>(ctx), &c)) {
     note_context(c, false);
@@ -345,8 +348,13 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   CountingOp op;  // after the lock: a retain measuring under it must not wait for us
   // Until its sweep is done: allocations meanwhile check their address (hook/memory.h).
   FreeingBehind freeing;
-  rc = real_release();
   Primary& p = g_primary[dev];
+  // The last release or a reset destroys it: its copies of libraries go with it.
+  PlacedParts placed;
+  const CUcontext handle = p.handle;
+  if (p.refs > 0 && (reset || p.refs == 1)) library_placements_take(handle, &placed);
+  rc = real_release();
+  library_placements_put(handle, placed, rc == CUDA_SUCCESS);
   if (rc == CUDA_SUCCESS && p.refs > 0) {
     p.refs = reset ? 0 : p.refs - 1;
     if (p.refs == 0) kernels_context_destroyed();

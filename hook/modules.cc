@@ -36,15 +36,42 @@ using limiter::Counted;
 
 constinit NoDestroy<platform::PointerTable<Counted>> g_loaded;  // CUmodule -> what was charged
 // A library's placements on a device, keyed by placed_key(): what was
-// charged for them all, and the context of the last one measured (0 bytes
-// when NVML could not see it: still placed). A use in another context of the
-// device is measured again (the driver places a library in each context;
-// one already placed measures 0) and adds to the count.
+// charged for them all, and per context measured (the last kPlacedContexts;
+// 0 bytes when NVML could not see it: still placed) the part charged there.
+// The driver loads a library into each context that uses it, and that copy
+// goes with the context (NVIDIA's context-independent loading): a use in a
+// context not listed is measured again (one already placed measures 0) and
+// adds to the count; a context's part is released when it goes
+// (library_placements_take, _put). A part whose context was pushed out of the
+// list stays in `bytes` until the library is unloaded (counted above).
+constexpr unsigned kPlacedContexts = 4;
 struct Placed {
   int entry;
   std::uint64_t bytes;
-  CUcontext ctx;
+  CUcontext ctx[kPlacedContexts];
+  std::uint64_t part[kPlacedContexts];
+  std::uint32_t next;  // the slot replaced next once all are in use
 };
+bool placed_in(const Placed& p, CUcontext ctx) noexcept {
+  for (unsigned i = 0; i < kPlacedContexts; ++i)
+    if (ctx != nullptr && p.ctx[i] == ctx) return true;
+  return false;
+}
+// Adds `bytes` charged in `ctx` to `v` (its total and that context's part).
+void add_part(Placed& v, CUcontext ctx, std::uint64_t bytes) noexcept {
+  v.bytes += bytes;
+  if (ctx == nullptr) return;
+  for (unsigned i = 0; i < kPlacedContexts; ++i)
+    if (v.ctx[i] == ctx) {
+      v.part[i] += bytes;
+      return;
+    }
+  unsigned slot = kPlacedContexts;
+  for (unsigned i = 0; i < kPlacedContexts && slot == kPlacedContexts; ++i)
+    if (v.ctx[i] == nullptr) slot = i;
+  if (slot == kPlacedContexts) slot = v.next, v.next = (v.next + 1) % kPlacedContexts;
+  v.ctx[slot] = ctx, v.part[slot] = bytes;
+}
 constinit NoDestroy<platform::PointerTable<Placed>> g_placed;
 // CUkernel -> its CUlibrary (from cuLibraryGetKernel), for cuKernelGetFunction
 // and launches (modules.h), with the contexts its library was measured (or
@@ -154,9 +181,10 @@ void remember(CUmodule m, CUdevice, const Counted& c) noexcept {
 void remember(CUlibrary l, CUdevice dev, const Counted& c) noexcept {
   CUcontext ctx = nullptr;
   real_cuCtxGetCurrent(&ctx);
-  const Placed add{c.entry, c.bytes, ctx};
+  Placed add{c.entry, 0, {}, {}, 0};
+  add_part(add, ctx, c.bytes);
   if (!g_placed->upsert(placed_key(l, dev), add, [&](Placed& v, bool fresh) {
-        if (!fresh) v.bytes += c.bytes, v.ctx = ctx;
+        if (!fresh) add_part(v, ctx, c.bytes);
       })) {
     release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
   }
@@ -265,7 +293,7 @@ CUresult unload_library_counted(CUlibrary l) noexcept {
   CountingOp op;  // the device's usage drops: no measurement may overlap it
   Placed taken[kMaxDevices] = {};
   for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d)
-    if (!g_placed->erase(placed_key(l, d), &taken[d])) taken[d] = Placed{-1, 0, nullptr};
+    if (!g_placed->erase(placed_key(l, d), &taken[d])) taken[d] = Placed{-1, 0, {}, {}, 0};
   g_unloads.fetch_add(1, std::memory_order_acq_rel);
   rc = real_cuLibraryUnload(l);
   if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_INVALID_HANDLE) forget_kernels(l);
@@ -278,7 +306,11 @@ CUresult unload_library_counted(CUlibrary l) noexcept {
     }
     if (!g_placed->upsert(placed_key(l, d), c,
                           [&](Placed& v, bool fresh) {
-                            if (!fresh) v.bytes += c.bytes;
+                            if (fresh) return;
+                            std::uint64_t parts = 0;
+                            for (unsigned i = 0; i < kPlacedContexts; ++i)
+                              if (c.ctx[i] != nullptr) add_part(v, c.ctx[i], c.part[i]), parts += c.part[i];
+                            v.bytes += c.bytes - parts;
                           }) &&
         c.bytes != 0)
       release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
@@ -310,9 +342,9 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   real_cuCtxGetCurrent(&ctx);
   Placed known{};
   // Placed (and counted) in this context already.
-  if (g_placed->find(placed_key(lib, dev), &known) && known.ctx == ctx) return use();
+  if (g_placed->find(placed_key(lib, dev), &known) && placed_in(known, ctx)) return use();
   std::lock_guard<MeasureMutex> measuring(measure_mutex());
-  if (g_placed->find(placed_key(lib, dev), &known) && known.ctx == ctx) return use();
+  if (g_placed->find(placed_key(lib, dev), &known) && placed_in(known, ctx)) return use();
   const Measure m = measure_before(dev);
   t_loading = true;
   rc = use();
@@ -527,6 +559,51 @@ CUresult place_kernel_in_context(CUfunction f, CUcontext ctx) noexcept {
   CUcontext popped = nullptr;
   real_cuCtxPopCurrent_v2(&popped);
   return rc;
+}
+
+// Takes out every library's part charged in `ctx` (before the driver
+// destroys it: once destroyed, its handle may come back for another thread's
+// new context, whose first use must not find our record and go unmeasured,
+// as for cuLibraryUnload). Returns what was taken, to be released
+// (library_placements_put) or put back if the destroy is refused.
+void library_placements_take(CUcontext ctx, PlacedParts* out) noexcept {
+  out->n = 0;
+  if (ctx == nullptr) return;
+  std::uint64_t keys[PlacedParts::kMax];
+  unsigned n = 0;  // beyond kMax: left counted (above) until the library is unloaded
+  g_placed->for_each([&](std::uint64_t k, const Placed& v) {
+    if (placed_in(v, ctx) && n < PlacedParts::kMax) keys[n++] = k;
+  });
+  for (unsigned j = 0; j < n; ++j) {
+    g_placed->update(keys[j], [&](Placed& v) {
+      for (unsigned i = 0; i < kPlacedContexts; ++i) {
+        if (v.ctx[i] != ctx) continue;
+        out->part[out->n] = PlacedParts::Part{keys[j], v.entry, v.part[i]};
+        ++out->n;
+        v.bytes -= v.part[i];
+        v.ctx[i] = nullptr, v.part[i] = 0;
+      }
+      return false;
+    });
+  }
+}
+// The context went: what was taken is released. Refused: put back.
+void library_placements_put(CUcontext ctx, const PlacedParts& taken, bool gone) noexcept {
+  for (unsigned j = 0; j < taken.n; ++j) {
+    const PlacedParts::Part& p = taken.part[j];
+    if (gone) {
+      if (p.bytes != 0) release(p.entry, p.bytes);
+      continue;
+    }
+    Placed back{p.entry, 0, {}, {}, 0};
+    add_part(back, ctx, p.bytes);
+    if (!g_placed->upsert(p.key, back,
+                          [&](Placed& v, bool fresh) {
+                            if (!fresh) add_part(v, ctx, p.bytes);
+                          }) &&
+        p.bytes != 0)
+      release(p.entry, p.bytes);  // cannot track it: do not hold budget we could never return
+  }
 }
 
 void kernels_context_created() noexcept {

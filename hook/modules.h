@@ -49,6 +49,22 @@ inline CUresult place_node_kernel(CUfunction f, CUcontext ctx) noexcept {
 // context is one where no library is placed yet.
 void kernels_context_created() noexcept;
 void kernels_context_destroyed() noexcept;
+// A context's copies of libraries go with it (NVIDIA's driver loads a
+// library into each context that uses it): what was charged for them in
+// `ctx` is taken out before the driver destroys it, then released when it
+// went (gone) or put back when the destroy was refused.
+struct PlacedParts {
+  static constexpr unsigned kMax = 64;  // beyond: left counted until the library's unload
+  struct Part {
+    std::uint64_t key;
+    int entry;
+    std::uint64_t bytes;
+  };
+  Part part[kMax];
+  unsigned n = 0;
+};
+void library_placements_take(CUcontext ctx, PlacedParts* out) noexcept;
+void library_placements_put(CUcontext ctx, const PlacedParts& taken, bool gone) noexcept;
 // After the driver freed memory implicitly (a context destroyed, the primary
 // context reset or released for the last time): a module loaded in that
 // context was unloaded with it, so every counted module the driver no longer

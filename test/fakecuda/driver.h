@@ -103,10 +103,24 @@ struct CUmod_st {
   };
   std::map<std::string, Global> globals;
   std::uint64_t globals_bytes = 0;
-  std::atomic<bool> placed{false};  // memory charged on `device` (read without the lock by launches)
+  // A module's memory, charged on `device` (a library's module: unused, see below).
+  std::atomic<bool> placed{false};
   std::uint32_t device = 0;
   std::uint64_t held = 0;
   CUdeviceptr globals_base = 0;
+  // A library's module (ctx == nullptr) is loaded into each context that uses
+  // it, at its first use there, and that copy goes with the context (NVIDIA's
+  // context-independent loading, README "Modules"). Runtime mutex.
+  struct Placement {
+    CUctx_st* ctx;  // memory_owner() of the context it was used in
+    std::uint32_t device;
+    std::uint64_t held;
+    CUdeviceptr globals_base;
+  };
+  std::vector<Placement> placements;
+  // The id of a context holding a copy (0: none known): a launch checks it
+  // without the lock; cleared when that context's copy goes.
+  std::atomic<std::uint64_t> placed_ctx_id{0};
 };
 
 struct CUlib_st {
@@ -382,9 +396,15 @@ void sched_stream_wait_event(CUstream_st* stream, CUevent_st* event);
 CUresult capture_kernel_node(CUstream_st* stream, const CUDA_KERNEL_NODE_PARAMS& params);
 // A CUfunction or a CUkernel (which is the same object here).
 CUfunc_st* function_from_handle(CUfunction f);
-// A launch of a CUkernel whose library is not placed yet places it on `dev`
-// (module.cc): OUT_OF_MEMORY when the device cannot hold it.
-CUresult place_library_at_launch(CUfunc_st* function, std::uint32_t dev);
+// A launch of a CUkernel whose library is not placed in the launch's context
+// (memory_owner(ctx)) yet places it there (module.cc): OUT_OF_MEMORY when the
+// device cannot hold it.
+CUresult place_library_at_launch(CUfunc_st* function, CUctx_st* ctx);
+// Whether a launch in `ctx` may skip place_library_at_launch (no lock).
+inline bool library_placed_in(const CUmod_st* module, const CUctx_st* ctx) {
+  const CUctx_st* owner = ctx->base != nullptr ? ctx->base : ctx;
+  return module->placed_ctx_id.load(std::memory_order_acquire) == owner->id;
+}
 
 std::uint64_t next_object_id_locked();
 

@@ -81,12 +81,12 @@ CUresult graph_launch(CUgraphExec hGraphExec, CUstream hStream, bool ptsz) {
   if (CUresult rc = resolve_stream(hStream, ptsz, &stream); rc != CUDA_SUCCESS) return rc;
   for (CUfunc_st* function : hGraphExec->kernels) {
     if (!alive(function)) return CUDA_ERROR_INVALID_HANDLE;  // its module was unloaded
-    // A node naming a CUkernel of a library loaded with no context current
-    // and never used since: placed now, as a direct launch places it
+    // A node naming a CUkernel of a library not used in the launch's context
+    // yet: loaded into it now, as a direct launch loads it
     // (launch.cc; README "Modules").
     CUmod_st* module = function->module;
-    if (module != nullptr && module->ctx == nullptr && !module->placed.load(std::memory_order_acquire)) {
-      if (CUresult rc = place_library_at_launch(function, stream->ctx->device); rc != CUDA_SUCCESS) return rc;
+    if (module != nullptr && module->ctx == nullptr && !library_placed_in(module, stream->ctx)) {
+      if (CUresult rc = place_library_at_launch(function, stream->ctx); rc != CUDA_SUCCESS) return rc;
     }
   }
   for (CUfunc_st* function : hGraphExec->kernels) {

@@ -64,12 +64,12 @@ inline CUresult launch(CUfunction f, const Launch& l, bool ptsz, bool cooperativ
   // green context uses its primary context's).
   CUctx_st* owner = function->module != nullptr ? function->module->ctx : nullptr;
   if (owner != nullptr && owner != memory_owner(stream->ctx)) return CUDA_ERROR_INVALID_HANDLE;
-  // A CUkernel of a library loaded with no context current and never used
-  // since: the driver places the library now, on the launch's device
-  // (lazy loading, README "Modules"). One load and a predictable branch otherwise.
-  if (owner == nullptr && function->module != nullptr && !function->module->placed.load(std::memory_order_acquire))
+  // A CUkernel of a library not used in the launch's context yet: the driver
+  // loads the library into that context now (lazy loading, README "Modules").
+  // One load and a predictable branch while one context launches it.
+  if (owner == nullptr && function->module != nullptr && !library_placed_in(function->module, stream->ctx))
       [[unlikely]] {
-    if (CUresult rc = place_library_at_launch(function, stream->ctx->device); rc != CUDA_SUCCESS) return rc;
+    if (CUresult rc = place_library_at_launch(function, stream->ctx); rc != CUDA_SUCCESS) return rc;
   }
   if (stream->capture.load(std::memory_order_acquire) != nullptr) return capture(function, l, stream);
   return launch_on_stream(function, stream, std::uint64_t{l.grid[0]} * l.grid[1] * l.grid[2]);

@@ -84,6 +84,43 @@ CUresult place_locked(CUmod_st* module, std::uint32_t dev) {
   return CUDA_SUCCESS;
 }
 
+// Loads a library's module into `ctx` (its memory owner) at its first use
+// there: its own globals and code on the context's device.
+CUresult place_library_locked(CUmod_st* module, CUctx_st* ctx, CUdeviceptr* globals_base = nullptr) {
+  CUctx_st* owner = memory_owner(ctx);
+  for (const CUmod_st::Placement& p : module->placements) {
+    if (p.ctx != owner) continue;
+    if (globals_base != nullptr) *globals_base = p.globals_base;
+    module->placed_ctx_id.store(owner->id, std::memory_order_release);
+    return CUDA_SUCCESS;
+  }
+  std::uint64_t held = 0;
+  if (state().header().module_memory != 0) held = round_up(module->globals_bytes + module->image.size(), 64 * 1024);
+  if (held > 0) {
+    if (CUresult rc = charge_device(owner->device, held); rc != CUDA_SUCCESS) return rc;
+  }
+  CUdeviceptr base = reserve_address(owner->device, module->globals_bytes > 0 ? module->globals_bytes : 1, 512);
+  module->placements.push_back(CUmod_st::Placement{owner, owner->device, held, base});
+  if (globals_base != nullptr) *globals_base = base;
+  module->placed_ctx_id.store(owner->id, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+void unplace_library_locked(CUmod_st* module, CUctx_st* ctx) {
+  auto& list = module->placements;
+  for (auto it = list.begin(); it != list.end();) {
+    if (ctx != nullptr && it->ctx != ctx) {
+      ++it;
+      continue;
+    }
+    if (it->held > 0) uncharge_device(it->device, it->held);
+    if (module->placed_ctx_id.load(std::memory_order_relaxed) == it->ctx->id) {
+      module->placed_ctx_id.store(0, std::memory_order_release);
+    }
+    it = list.erase(it);
+  }
+}
+
 CUmod_st* load_locked(std::string image, bool opaque, CUctx_st* ctx) {
   CUmod_st* module = g_modules.make();
   module->ctx = memory_owner(ctx);
@@ -95,6 +132,7 @@ CUmod_st* load_locked(std::string image, bool opaque, CUctx_st* ctx) {
 
 void unload_locked(CUmod_st* module) {
   if (module->placed) uncharge_device(module->device, module->held);
+  unplace_library_locked(module, nullptr);  // a library: every context's copy
   module->placed = false;
   for (auto& entry : module->functions) g_functions.retire(entry.second);
   module->functions.clear();
@@ -137,10 +175,10 @@ CUresult module_load(CUmodule* module, const void* image, std::uint64_t limit = 
   return CUDA_SUCCESS;
 }
 
-CUresult get_global(CUdeviceptr* dptr, size_t* bytes, CUmod_st* module, const char* name) {
+CUresult get_global(CUdeviceptr* dptr, size_t* bytes, CUmod_st* module, const char* name, CUdeviceptr base) {
   auto it = module->globals.find(name);
   if (it == module->globals.end()) return CUDA_ERROR_NOT_FOUND;
-  if (dptr != nullptr) *dptr = module->globals_base + it->second.offset;
+  if (dptr != nullptr) *dptr = base + it->second.offset;
   if (bytes != nullptr) *bytes = it->second.size;
   return CUDA_SUCCESS;
 }
@@ -151,24 +189,34 @@ namespace gpuslice::fakecuda {
 
 void modules_release_context_locked(CUctx_st* ctx) {
   g_modules.for_each_live([&](CUmod_st* module) {
-    if (module->ctx == ctx) unload_locked(module);
+    if (module->ctx == ctx) {
+      unload_locked(module);
+    } else if (module->ctx == nullptr) {
+      unplace_library_locked(module, ctx);  // the context's copy of a library goes with it
+    }
   });
 }
 
 CUfunc_st* function_from_handle(CUfunction f) { return alive(f) ? f : nullptr; }
 
-CUresult place_library_at_launch(CUfunc_st* function, std::uint32_t dev) {
+CUresult place_library_at_launch(CUfunc_st* function, CUctx_st* ctx) {
   std::lock_guard guard(runtime().mu);
   if (!alive(function) || function->module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  return place_locked(function->module, dev);
+  return place_library_locked(function->module, ctx);
 }
 
 void holdings_modules_locked(std::string* out) {
   char line[160];
   g_modules.for_each_live([&](CUmod_st* m) {
+    for (const CUmod_st::Placement& p : m->placements) {
+      if (p.held == 0) continue;
+      std::snprintf(line, sizeof(line), "    library %p held %llu dev%u ctx %llu\n", static_cast<void*>(m),
+                    static_cast<unsigned long long>(p.held), p.device, static_cast<unsigned long long>(p.ctx->id));
+      *out += line;
+    }
     if (!m->placed.load(std::memory_order_relaxed) || m->held == 0) return;
-    std::snprintf(line, sizeof(line), "    %s %p held %llu dev%u\n", m->ctx == nullptr ? "library" : "module",
-                  static_cast<void*>(m), static_cast<unsigned long long>(m->held), m->device);
+    std::snprintf(line, sizeof(line), "    module %p held %llu dev%u\n", static_cast<void*>(m),
+                  static_cast<unsigned long long>(m->held), m->device);
     *out += line;
   });
 }
@@ -305,11 +353,11 @@ extern "C" CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUji
   if (CUresult rc = read_image(code, &text, &opaque); rc != CUDA_SUCCESS) return rc;
   std::lock_guard guard(runtime().mu);
   CUmod_st* module = load_locked(std::move(text), opaque, nullptr);
-  // Loaded into the current context's device now; with no context current, on
-  // first use of a global (the real driver loads libraries lazily too).
+  // Loaded into the current context now (the model's choice); into any other
+  // context at its first use there (NVIDIA's lazy loading, README "Modules").
   CUctx_st* ctx = nullptr;
   if (current_context(&ctx) == CUDA_SUCCESS) {
-    if (CUresult rc = place_locked(module, ctx->device); rc != CUDA_SUCCESS) {
+    if (CUresult rc = place_library_locked(module, ctx); rc != CUDA_SUCCESS) {
       unload_locked(module);
       return rc;
     }
@@ -346,8 +394,9 @@ extern "C" CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibra
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::lock_guard guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
-  if (CUresult rc = place_locked(library->module, ctx->device); rc != CUDA_SUCCESS) return rc;
-  return get_global(dptr, bytes, library->module, name);
+  CUdeviceptr base = 0;
+  if (CUresult rc = place_library_locked(library->module, ctx, &base); rc != CUDA_SUCCESS) return rc;
+  return get_global(dptr, bytes, library->module, name, base);
 }
 
 extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name) {
@@ -355,7 +404,14 @@ extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmod
   if (!initialized()) return uninitialized_error();
   std::lock_guard guard(runtime().mu);
   if (!alive(hmod)) return CUDA_ERROR_INVALID_HANDLE;
-  return get_global(dptr, bytes, hmod, name);
+  if (hmod->ctx == nullptr) {  // a library's module (cuLibraryGetModule): the current context's copy
+    CUctx_st* ctx = nullptr;
+    if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
+    CUdeviceptr base = 0;
+    if (CUresult rc = place_library_locked(hmod, ctx, &base); rc != CUDA_SUCCESS) return rc;
+    return get_global(dptr, bytes, hmod, name, base);
+  }
+  return get_global(dptr, bytes, hmod, name, hmod->globals_base);
 }
 
 extern "C" CUresult cuLibraryUnload(CUlibrary library) {
@@ -381,7 +437,7 @@ extern "C" CUresult cuLibraryGetModule(CUmodule* pMod, CUlibrary library) {
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   std::lock_guard guard(runtime().mu);
   if (!alive(library)) return CUDA_ERROR_INVALID_HANDLE;
-  if (CUresult rc = place_locked(library->module, ctx->device); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = place_library_locked(library->module, ctx); rc != CUDA_SUCCESS) return rc;
   *pMod = library->module;
   return CUDA_SUCCESS;
 }
@@ -406,7 +462,10 @@ extern "C" CUresult cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
   if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
   // The function in the current context: its lazily loaded library is placed now.
   std::lock_guard guard(runtime().mu);
-  if (CUresult rc = place_locked(function->module, ctx->device); rc != CUDA_SUCCESS) return rc;
+  if (!alive(function) || function->module == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (function->module->ctx == nullptr) {
+    if (CUresult rc = place_library_locked(function->module, ctx); rc != CUDA_SUCCESS) return rc;
+  }
   *pFunc = function;
   return CUDA_SUCCESS;
 }

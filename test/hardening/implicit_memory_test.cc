@@ -297,6 +297,31 @@ TEST_P(MeasureGate, ATimedOutMeasurementIsNeverCountedShort) {
 INSTANTIATE_TEST_SUITE_P(Threads, MeasureGate, ::testing::Values("alone", "keep"),
                          [](const auto& info) { return std::string(info.param); });
 
+// NVIDIA's driver loads a library into each context that uses it, and a
+// context's copy goes with the context (the simulator does so since r10):
+// what gpuslice counted for that copy goes too, and a new context (whose
+// handle may be the old one's) is measured again at its first use.
+// "destroy": a created context destroyed; "reset": the primary context reset.
+class LibraryPerContext : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LibraryPerContext, ACopyIsCountedWhileItsContextLives) {
+  Sandbox box;
+  Result r = probe(box, kDevice, {"library-per-context", "256", GetParam()});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  const char* s = "library-per-context";
+  EXPECT_EQ(r.out.find("rc=0,0,0,0") != std::string::npos, true) << r.out;
+  EXPECT_GE(number(r, s, "second_held") - number(r, s, "first_held"), 256 * kMi) << r.out;
+  EXPECT_EQ(number(r, s, "first"), number(r, s, "first_held")) << r.out;
+  EXPECT_EQ(number(r, s, "second"), number(r, s, "second_held")) << r.out;
+  EXPECT_EQ(number(r, s, "gone"), number(r, s, "gone_held")) << r.out;
+  EXPECT_EQ(number(r, s, "again"), number(r, s, "again_held")) << r.out;
+  EXPECT_EQ(number(r, s, "renewed"), number(r, s, "renewed_held")) << r.out;
+  EXPECT_EQ(number(r, s, "unloaded"), number(r, s, "unloaded_held")) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gone, LibraryPerContext, ::testing::Values("destroy", "reset"),
+                         [](const auto& info) { return std::string(info.param); });
+
 TEST(ResourceLimit, MallocHeapIsCountedUntilTheContextGoes) {
   Sandbox box;
   Result r = probe(box, kDevice, {"set-limit", "1024"});

@@ -26,6 +26,15 @@
 //       stream of the context, none current in the thread); or a graph
 //       kernel node naming it: graph (as func), graph-kern (as kern, func
 //       NULL), the graph instantiated and launched into a stream
+//   library-per-context MIB HOW
+//       a library with a MIB global loaded with no context current, placed
+//       (cuLibraryGetGlobal) in the primary context and in a second one,
+//       then the second one goes: HOW = destroy (a created context,
+//       cuCtxDestroy), reset (the primary context is the second one: first
+//       placed in a created context, then cuDevicePrimaryCtxReset); the
+//       library is then used again in the context that stays, in a new
+//       context (the handle may come back), and unloaded. Prints counted and
+//       held after each step
 //   module-load MIB
 //       cuModuleLoadData of an image with a MIB global in the primary
 //       context; prints rc, counted and held after it
@@ -262,6 +271,65 @@ int lazy_library(std::size_t bytes, const std::string& how) {
       "again=%lld again_held=%lld unloaded=%lld unloaded_held=%lld\n",
       how.c_str(), static_cast<int>(rc), static_cast<int>(again), loaded, loaded_held, placed, placed_held,
       again_counted, again_held, unloaded, unloaded_held);
+  return 0;
+}
+
+// NVIDIA's driver loads a library into each context that uses it, and a
+// context's copy goes with the context: the count follows the device.
+int library_per_context(std::size_t bytes, const std::string& how) {
+  const std::string image = image_with_global(bytes);
+  CUlibrary lib = nullptr;
+  check(cuLibraryLoadData(&lib, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+  CUdeviceptr p = 0;
+  size_t size = 0;
+  const bool reset = how == "reset";
+  CUcontext created = nullptr;
+  // stays: the context that is kept; goes: the second one.
+  if (reset) {
+    check(cuCtxCreate(&created, nullptr, 0, 0), "cuCtxCreate");
+  } else {
+    use_primary(0);
+  }
+  const CUresult first_rc = cuLibraryGetGlobal(&p, &size, lib, "big");
+  const long long first = counted_used(), first_held = held();
+  if (reset) {
+    use_primary(0);
+  } else {
+    check(cuCtxCreate(&created, nullptr, 0, 0), "cuCtxCreate");
+  }
+  const CUresult second_rc = cuLibraryGetGlobal(&p, &size, lib, "big");
+  const long long second = counted_used(), second_held = held();
+  if (reset) {
+    check(cuDevicePrimaryCtxReset(0), "cuDevicePrimaryCtxReset");
+    check(cuCtxSetCurrent(created), "cuCtxSetCurrent");
+  } else {
+    check(cuCtxDestroy(created), "cuCtxDestroy");
+    use_primary(0);
+  }
+  const long long gone = counted_used(), gone_held = held();
+  const CUresult again_rc = cuLibraryGetGlobal(&p, &size, lib, "big");
+  const long long again = counted_used(), again_held = held();
+  // A new context (a created one's handle may come back; the primary
+  // context's handle does) used again.
+  CUcontext fresh = nullptr;
+  if (reset) {
+    use_primary(0);
+  } else {
+    check(cuCtxCreate(&fresh, nullptr, 0, 0), "cuCtxCreate");
+  }
+  const CUresult fresh_rc = cuLibraryGetGlobal(&p, &size, lib, "big");
+  const long long renewed = counted_used(), renewed_held = held();
+  cuLibraryUnload(lib);
+  const long long unloaded = counted_used(), unloaded_held = held();
+  std::printf(
+      "library-per-context how=%s rc=%d,%d,%d,%d first=%lld first_held=%lld second=%lld second_held=%lld "
+      "gone=%lld gone_held=%lld again=%lld again_held=%lld renewed=%lld renewed_held=%lld unloaded=%lld "
+      "unloaded_held=%lld\n",
+      how.c_str(), static_cast<int>(first_rc), static_cast<int>(second_rc), static_cast<int>(again_rc),
+      static_cast<int>(fresh_rc), first, first_held, second, second_held, gone, gone_held, again, again_held, renewed,
+      renewed_held, unloaded, unloaded_held);
+  if (fresh != nullptr) cuCtxDestroy(fresh);
+  if (reset && created != nullptr) cuCtxDestroy(created);
   return 0;
 }
 

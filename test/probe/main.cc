@@ -55,6 +55,8 @@ const Scenario kScenarios[] = {
     {"implicit", "set-limit", "MIB", kInit, [](const Args& a) { return implicit::set_limit(a.mib(0)); }},
     {"implicit", "lazy-library", "MIB global|kernel|launch|launch-ex|launch-stream|graph|graph-kern", kInit,
      [](const Args& a) { return implicit::lazy_library(a.mib(0), a.text(1)); }},
+    {"implicit", "library-per-context", "MIB destroy|reset", kInit,
+     [](const Args& a) { return implicit::library_per_context(a.mib(0), a.text(1)); }},
     {"implicit", "module-load", "MIB", kInit, [](const Args& a) { return implicit::module_load(a.mib(0)); }},
     {"implicit", "reset-vs-place", "ROUNDS", kInit,
      [](const Args& a) { return implicit::reset_vs_place(a.number<int>(0)); }},

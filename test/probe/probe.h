@@ -143,6 +143,7 @@ namespace implicit {
 int measure_vs_release(const std::string& measured, const std::string& kind, int rounds);
 int set_limit(std::size_t bytes);
 int lazy_library(std::size_t bytes, const std::string& how);
+int library_per_context(std::size_t bytes, const std::string& how);
 int module_load(std::size_t bytes);
 int reset_vs_place(int rounds);
 int unload_vs_reuse(int rounds);

@@ -406,6 +406,121 @@ TEST_F(Realistic, LaunchOfAnUnresolvedKernelPlacesItsLibrary) {
   EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
 }
 
+// NVIDIA's context-independent loading (CUDA 12, cuLibraryLoadData, lazy
+// loading): a library is loaded into each context that uses it, at its first
+// use there; each context's copy holds its own globals and code
+// (cuLibraryGetGlobal: "for the requested library and the current context").
+TEST_F(Realistic, ALibraryIsPlacedInEachContextAtItsFirstUseThere) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  CUcontext a = nullptr, b = nullptr;
+  InitWithContext(&a);
+  ASSERT_CU(cuCtxCreate(&b, nullptr, 0, 0));  // current: b
+  CUcontext popped = nullptr;
+  ASSERT_CU(cuCtxPopCurrent(&popped));
+  ASSERT_CU(cuCtxPopCurrent(&popped));
+  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
+  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  CUlibrary library = nullptr;
+  ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  CUdeviceptr in_a = 0, in_b = 0, again = 0;
+  ASSERT_CU(cuCtxSetCurrent(a));
+  ASSERT_CU(cuLibraryGetGlobal(&in_a, nullptr, library, "buf"));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected);
+  ASSERT_CU(cuLibraryGetGlobal(&again, nullptr, library, "buf"));
+  EXPECT_EQ(again, in_a);
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "placed once per context";
+  ASSERT_CU(cuCtxSetCurrent(b));
+  ASSERT_CU(cuLibraryGetGlobal(&in_b, nullptr, library, "buf"));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 2 * expected) << "b's first use loads b's own copy";
+  EXPECT_NE(in_b, in_a) << "each context's copy has its own globals";
+  CUkernel kernel = nullptr;
+  CUfunction f = nullptr;
+  ASSERT_CU(cuLibraryGetKernel(&kernel, library, "k"));
+  ASSERT_CU(cuKernelGetFunction(&f, kernel));
+  ASSERT_CU(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 2 * expected);
+  ASSERT_CU(cuLibraryUnload(library));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u) << "cuLibraryUnload frees every context's copy";
+  ASSERT_CU(cuCtxDestroy(b));
+  ASSERT_CU(cuCtxDestroy(a));
+}
+
+// A launch (or cuKernelGetFunction, cuLibraryGetModule) in a context that
+// has not used the library yet is such a first use there.
+TEST_F(Realistic, ALaunchInASecondContextPlacesTheLibraryThere) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  CUcontext a = nullptr, b = nullptr;
+  InitWithContext(&a);
+  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
+  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  CUlibrary library = nullptr;
+  ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "placed in the context current at the load";
+  CUkernel kernel = nullptr;
+  ASSERT_CU(cuLibraryGetKernel(&kernel, library, "k"));
+  ASSERT_CU(cuCtxCreate(&b, nullptr, 0, 0));  // current: b
+  ASSERT_CU(cuLaunchKernel(reinterpret_cast<CUfunction>(kernel), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 2 * expected);
+  CUcontext c = nullptr;
+  ASSERT_CU(cuCtxCreate(&c, nullptr, 0, 0));  // current: c
+  CUmodule module = nullptr;
+  ASSERT_CU(cuLibraryGetModule(&module, library));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 3 * expected);
+  CUfunction f = nullptr;
+  ASSERT_CU(cuKernelGetFunction(&f, kernel));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 3 * expected);
+  ASSERT_CU(cuCtxDestroy(c));
+  ASSERT_CU(cuCtxDestroy(b));
+  ASSERT_CU(cuLibraryUnload(library));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  ASSERT_CU(cuCtxDestroy(a));
+}
+
+// A context's copy of a library goes with the context (cuCtxDestroy,
+// cuDevicePrimaryCtxReset); the library stays loaded, and its next use in a
+// context loads a copy there again.
+TEST_F(Realistic, AContextsCopyOfALibraryGoesWithTheContext) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  CUcontext a = nullptr, b = nullptr;
+  InitWithContext(&a);
+  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
+  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  CUlibrary library = nullptr;
+  ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  ASSERT_CU(cuCtxCreate(&b, nullptr, 0, 0));
+  CUdeviceptr buf = 0;
+  ASSERT_CU(cuLibraryGetGlobal(&buf, nullptr, library, "buf"));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 2 * expected);
+  ASSERT_CU(cuCtxDestroy(b));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "b's copy went with b";
+  ASSERT_CU(cuCtxSetCurrent(a));
+  ASSERT_CU(cuLibraryGetGlobal(&buf, nullptr, library, "buf"));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "a's copy stays";
+  ASSERT_CU(cuCtxDestroy(a));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u) << "a's copy went with a";
+  CUdevice dev = 0;
+  CUcontext primary = nullptr;
+  ASSERT_CU(cuDevicePrimaryCtxRetain(&primary, dev));
+  ASSERT_CU(cuCtxSetCurrent(primary));
+  ASSERT_CU(cuLibraryGetGlobal(&buf, nullptr, library, "buf"));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "loaded again in the primary context";
+  ASSERT_CU(cuDevicePrimaryCtxReset(dev));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u) << "the primary context's copy went with its reset";
+  ASSERT_CU(cuDevicePrimaryCtxRetain(&primary, dev));
+  ASSERT_CU(cuCtxSetCurrent(primary));
+  CUkernel kernel = nullptr;
+  ASSERT_CU(cuLibraryGetKernel(&kernel, library, "k"));
+  ASSERT_CU(cuLaunchKernel(reinterpret_cast<CUfunction>(kernel), 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr));
+  ASSERT_CU(cuCtxSynchronize());
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "a launch after the reset loads it again";
+  ASSERT_CU(cuLibraryUnload(library));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  ASSERT_CU(cuDevicePrimaryCtxRelease(dev));
+}
+
 TEST_F(FakeCuda, IdealModulesHoldNoMemory) {
   unsetenv("FAKECUDA_PROFILE");
   unsetenv("FAKECUDA_MODULE_MEMORY");
