@@ -115,8 +115,9 @@ void unlock_slot_file(int fd, int slot) noexcept;
 // variant: before the name is checked to still name the file it opened, or
 // before a file it created is linked) until its slot is claimed and locked;
 // end_attach drops it (fd < 0: nothing). Whoever removes an unused region
-// (the agent) takes the byte exclusively first (lock_for_removal: false while
-// a process is joining; true too where OFD locks do not exist) and checks the
+// (the agent) takes the byte exclusively first (lock_for_removal: true only
+// with the byte held, or where OFD locks do not exist; false while a process
+// is joining, or when the take keeps losing to joiners) and checks the
 // slots again under it, so no process ever claims a slot in a region being
 // renamed away or unlinked. unlock_for_removal drops it.
 inline constexpr std::uint64_t kJoinLockByte = sizeof(Region) + kMaxSlots;

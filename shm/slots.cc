@@ -111,8 +111,20 @@ void end_attach(int fd) noexcept {
 }
 
 bool lock_for_removal(int fd) noexcept {
-  if (platform::ofd_lock::take(fd, platform::ofd_lock::Kind::write, kJoinLockByte, 1)) return true;
-  return platform::ofd_lock::probe(fd, kJoinLockByte, 1) != platform::ofd_lock::Probe::held;
+  // Only the lock held (or no OFD locks at all) lets the remover go on. A
+  // take refused, then a probe that finds the byte free, is a joiner that let
+  // go in between: not a lock (the next joiner would join and claim unseen
+  // while the region is renamed away). Take again, a few times; else the next
+  // cycle does.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    if (platform::ofd_lock::take(fd, platform::ofd_lock::Kind::write, kJoinLockByte, 1)) return true;
+    switch (platform::ofd_lock::probe(fd, kJoinLockByte, 1)) {
+      case platform::ofd_lock::Probe::held: return false;
+      case platform::ofd_lock::Probe::unknown: return true;  // no OFD locks here: as without the lock
+      case platform::ofd_lock::Probe::free: break;
+    }
+  }
+  return false;
 }
 
 void unlock_for_removal(int fd) noexcept { platform::ofd_lock::drop(fd, kJoinLockByte, 1); }

@@ -372,6 +372,60 @@ TEST(RegionFile, AJoiningProcessHoldsTheRegionUntilEndAttach) {
   }
 }
 
+// Issue 32 (seed 2,600,448; docs/log/2026-11-29-two-regions.md): the remover
+// may go on (read the slots, rename or unlink the region) only while it holds
+// the joining lock. A failed take followed by a probe that finds the lock free
+// (the joiner that held it let go in between) is not a lock: a joiner arriving
+// then joins and claims a slot the remover's read of the slots missed, in a
+// region renamed away right after. Here joiners come and go on their own
+// descriptions while a remover asks again and again; whenever it is told it
+// may remove, a third description must be refused the joining lock.
+TEST(RegionFile, ARemoverToldItMayRemoveAlwaysHoldsTheJoiningLock) {
+  TempDir dir;
+  const std::string path = dir.file("region");
+  shm::Error err{};
+  {
+    int fd = -1;
+    Region* r = shm::attach(path.c_str(), "n", &err, nullptr, &fd);
+    ASSERT_NE(r, nullptr) << err.message;
+    shm::end_attach(fd);
+    close(fd);
+    shm::detach(r);
+  }
+  const int remover = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const int checker = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const int joiner_fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(remover, 0);
+  ASSERT_GE(checker, 0);
+  ASSERT_GE(joiner_fd, 0);
+  std::atomic<bool> stop{false};
+  std::thread joiner([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (shm::begin_attach(joiner_fd) == shm::Join::held) shm::end_attach(joiner_fd);
+    }
+  });
+  int granted = 0;
+  int unlocked_grants = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (int i = 0; i < 200000 && unlocked_grants == 0 && std::chrono::steady_clock::now() < deadline; ++i) {
+    if (!shm::lock_for_removal(remover)) continue;
+    ++granted;
+    if (shm::begin_attach(checker) == shm::Join::held) {
+      ++unlocked_grants;
+      shm::end_attach(checker);
+    }
+    shm::unlock_for_removal(remover);
+  }
+  stop = true;
+  joiner.join();
+  close(joiner_fd);
+  close(checker);
+  close(remover);
+  EXPECT_GT(granted, 0) << "the remover was never told it may remove: the test tested nothing";
+  EXPECT_EQ(unlocked_grants, 0) << "told it may remove (of " << granted
+                                << " grants) while a joiner could still take the joining lock";
+}
+
 // A remover (the agent) descheduled while it holds the joining lock must not
 // fail a process's start: the joiner waits for it, then joins (the remover
 // here gives the region up without renaming it) — seen in a chaos seed where
