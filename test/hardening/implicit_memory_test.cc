@@ -266,6 +266,33 @@ TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
   EXPECT_EQ(number(r, "reset-vs-place", "shorts"), 0) << r.out;
 }
 
+// A library placed (and counted) in the primary context is used there again
+// (the "placed already" shortcut: no measurement) while another thread drops
+// the primary context (a reset, or the last release) and retains it again:
+// the same handle. The driver freed the library's copy with the context; the
+// use, still inside the driver (forced: a sleep at cuLibraryGetGlobal's
+// entry), placed it again in the new context, and nobody measured it: 32 MiB
+// on the device beyond the count (issue 32, seed 1,120,116). Now a drop
+// waits for the shortcut uses in flight, and a use that finds a drop in
+// flight is measured.
+TEST(LazyLibraryShortcut, ADropInsideAPlacedUseLeavesNothingUnmeasured) {
+  for (const char* how : {"reset", "release"}) {
+    Sandbox box;
+    Env env = kDevice;
+    env["FAKECUDA_CHAOS_SEED"] = "7";
+    env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryGetGlobal";
+    env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
+    env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
+    env["FAKECUDA_CHAOS_SLEEP_US"] = "10000";
+    Result r = probe(box, env, {"shortcut-vs-drop", "10", how});
+    ASSERT_EQ(r.exit_code, 0) << r.describe();
+    EXPECT_EQ(number(r, "shortcut-vs-drop", "rounds"), 10) << r.out;
+    EXPECT_EQ(number(r, "shortcut-vs-drop", "placed"), 10) << r.out;
+    EXPECT_EQ(number(r, "shortcut-vs-drop", "same"), 10) << r.out;  // the new context has the handle
+    EXPECT_EQ(number(r, "shortcut-vs-drop", "shorts"), 0) << r.out;
+  }
+}
+
 // A measurement whose gate times out: another thread's synchronisation waits
 // 2.5 s for a kernel (longer than the 2 s the gate waits), then trims 96 MiB
 // of pool reserve inside the measured module load and settles its count only

@@ -59,6 +59,14 @@
 //       refused: CUDA_ERROR_INVALID_HANDLE), then a library loaded lazily
 //       gets the handle back and is placed: prints the rounds that left the
 //       count below the device (shorts)
+//   shortcut-vs-drop ROUNDS HOW
+//       a library placed (and counted) in the primary context, used again
+//       there with cuLibraryGetGlobal (the "placed already" shortcut) while
+//       another thread drops the primary context and retains it again (the
+//       same handle): HOW = reset (cuDevicePrimaryCtxReset) or release (the
+//       last cuDevicePrimaryCtxRelease); run with a sleep at
+//       cuLibraryGetGlobal's entry so that the drop lands inside the use.
+//       Prints the rounds that left the count below the device (shorts)
 //   dead-handle-place ROUNDS
 //       a lazily loaded library unloaded before its first use, then
 //       cuLibraryGetGlobal on its handle (CUDA_ERROR_INVALID_HANDLE: no
@@ -502,6 +510,44 @@ int reset_vs_place(int rounds) {
   }
   std::printf("reset-vs-place rounds=%d placed=%d shorts=%d max_short=%lld\n", rounds, placed, shorts.rounds,
               shorts.max);
+  return 0;
+}
+
+// A use of a library placed in the current context already goes to the
+// driver unmeasured; a drop of that context inside the use (and a new one
+// at the same handle) must not let the driver place it there unmeasured.
+int shortcut_vs_drop(int rounds, const std::string& how) {
+  const CUcontext home = use_primary(0);
+  const std::string image = image_with_global(32 * kMi);
+  const bool reset = how == "reset";
+  int placed = 0, same = 0;
+  Shortfall shorts;
+  for (int i = 0; i < rounds; ++i) {
+    const CUlibrary lib = load_lazily(image, home);
+    place(lib);  // measured: placed in the primary context and counted
+    std::atomic<bool> calling{false};
+    CUcontext again = nullptr;
+    std::thread b([&] {
+      while (!calling.load()) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // inside the use (its entry sleeps)
+      if (reset)
+        cuDevicePrimaryCtxReset(0);
+      else
+        cuDevicePrimaryCtxRelease(0);  // the last reference: destroyed
+      cuDevicePrimaryCtxRetain(&again, 0);
+    });
+    CUdeviceptr p = 0;
+    size_t size = 0;
+    calling.store(true);
+    if (cuLibraryGetGlobal(&p, &size, lib, "big") == CUDA_SUCCESS) ++placed;
+    b.join();
+    if (again == home) ++same;
+    check(cuCtxSetCurrent(home), "cuCtxSetCurrent");
+    shorts.observe();
+    cuLibraryUnload(lib);
+  }
+  std::printf("shortcut-vs-drop how=%s rounds=%d placed=%d same=%d shorts=%d max_short=%lld\n", how.c_str(), rounds,
+              placed, same, shorts.rounds, shorts.max);
   return 0;
 }
 

@@ -149,6 +149,7 @@ int reset_vs_place(int rounds);
 int unload_vs_reuse(int rounds);
 int double_unload(int rounds);
 int dead_handle_place(int rounds);
+int shortcut_vs_drop(int rounds, const std::string& how);
 int array_level_reuse(std::size_t bytes, int mipmaps, int rounds);
 }  // namespace implicit
 namespace memory {
