@@ -324,6 +324,7 @@ CUresult destroy_context(CUcontext ctx, Destroy&& destroy) noexcept {
   // Until its sweep is done: allocations meanwhile check their address (hook/memory.h).
   FreeingBehind freeing;
   PlacedParts placed;  // its copies of libraries go with it
+  PlacementDrop drop;  // no use of a library found placed in it is in the driver meanwhile
   library_placements_take(ctx, &placed);
   rc = destroy();
   library_placements_put(ctx, placed, rc == CUDA_SUCCESS);
@@ -352,7 +353,9 @@ CUresult primary_drop(CUdevice dev, bool reset, Release&& real_release) noexcept
   // The last release or a reset destroys it: its copies of libraries go with it.
   PlacedParts placed;
   const CUcontext handle = p.handle;
-  if (p.refs > 0 && (reset || p.refs == 1)) library_placements_take(handle, &placed);
+  const bool dropping = p.refs > 0 && (reset || p.refs == 1);
+  PlacementDrop drop(dropping);  // no use of a library found placed in it is in the driver meanwhile
+  if (dropping) library_placements_take(handle, &placed);
   rc = real_release();
   library_placements_put(handle, placed, rc == CUDA_SUCCESS);
   if (rc == CUDA_SUCCESS && p.refs > 0) {

@@ -222,6 +222,9 @@ static bool read_op_counts(std::uint64_t* sum, bool* busy) noexcept {
 
 // Read by every counting operation, written only by measurements: a line of its own.
 alignas(64) constinit std::atomic<std::uint32_t> g_measure_gate{0};
+// modules.cc's uses found placed and drops (measure.h): a line of their own.
+alignas(64) constinit std::atomic<std::uint32_t> g_placed_uses{0};
+constinit std::atomic<std::uint32_t> g_drops_in_flight{0};
 
 // Waiting at the gate and for operations in flight blocks, never spins: a
 // spinning waiter burns the container's CPU quota for as long as a
@@ -268,6 +271,10 @@ constexpr std::uint64_t kFirstDrainSleepNs = 10'000;
 // allocate: never during bootstrap).
 static void measure_reset_in_child() noexcept {
   g_measure_gate.store(0, std::memory_order_relaxed);
+  // A library is placed measured before any use finds it placed, so this
+  // handler is registered before a use can be in flight in another thread.
+  g_placed_uses.store(0, std::memory_order_relaxed);
+  g_drops_in_flight.store(0, std::memory_order_relaxed);
   t_measuring = false;
   new (&*g_create_mu) MeasureMutex;
 }

@@ -93,6 +93,11 @@ bool op_counter_owner_alive(std::uint64_t owner) noexcept;
 // before that barrier is seen in flight and waited for; one that marked
 // itself after sees the gate closed.
 [[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_measure_gate;
+// Uses of a library found placed already in the driver now, and drops of
+// library copies in flight (modules.cc, PlacementDrop in modules.h): here
+// so that a forked child starts them at 0 (its fork handler, below).
+[[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_placed_uses;
+[[gnu::visibility("hidden")]] extern std::atomic<std::uint32_t> g_drops_in_flight;
 [[gnu::cold, gnu::noinline]] void wait_measure_gate(std::atomic<std::uint64_t>* counter) noexcept;
 
 // One more on a counter only its own thread writes: on x86-64 one add to

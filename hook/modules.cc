@@ -21,6 +21,8 @@
 // invalid from then on), and so does a launch that placed it.
 #include <cuda.h>
 
+#include <time.h>
+
 #include <mutex>
 
 #include "hook/modules.h"
@@ -91,8 +93,29 @@ struct KernelRecord {
 constinit NoDestroy<platform::PointerTable<KernelRecord>> g_kernels;
 std::atomic<int> g_live_contexts{0};
 std::atomic<std::uint64_t> g_context_epoch{0};
-// Libraries unloaded so far: invalidates the threads' last resolved kernel.
+// Libraries unloaded and contexts dropped so far (PlacementDrop):
+// invalidates the threads' last resolved kernel.
 constinit std::atomic<std::uint64_t> g_unloads{0};
+// Uses of a library found placed already that are in the driver now, and
+// drops in flight (PlacementDrop, modules.h): each side adds itself, then
+// looks at the other (seq_cst, Dekker): a use that sees no drop in flight
+// is waited for by every drop that begins after it; one that sees a drop
+// is measured instead (issue 32, seed 1,120,116: a primary context released
+// and retained again, same handle, inside a use that the driver then placed
+// in the new context, unmeasured).
+// (measure.h: g_placed_uses, g_drops_in_flight.)
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+// Runs `use` (a library use with no measurement) if no drop is in flight
+// and still_placed() (looked at after the use counted itself in): true
+// when it ran (*rc).
+template <class Still, class Use>
+bool use_placed(Still&& still_placed, Use&& use, CUresult* rc) noexcept {
+  g_placed_uses.fetch_add(1, std::memory_order_seq_cst);
+  const bool ran = g_drops_in_flight.load(std::memory_order_seq_cst) == 0 && still_placed();
+  if (ran) *rc = use();
+  g_placed_uses.fetch_sub(1, std::memory_order_seq_cst);
+  return ran;
+}
 [[gnu::tls_model("initial-exec")]] constinit thread_local CUkernel t_kernel = nullptr;
 [[gnu::tls_model("initial-exec")]] constinit thread_local CUcontext t_kernel_ctx = nullptr;
 [[gnu::tls_model("initial-exec")]] constinit thread_local std::uint64_t t_kernel_gen = 0;
@@ -290,7 +313,8 @@ void forget_kernels(CUlibrary l) noexcept {
 CUresult unload_library_counted(CUlibrary l) noexcept {
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
-  CountingOp op;  // the device's usage drops: no measurement may overlap it
+  CountingOp op;       // the device's usage drops: no measurement may overlap it
+  PlacementDrop drop;  // no use of it found placed already is in the driver meanwhile
   Placed taken[kMaxDevices] = {};
   for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d)
     if (!g_placed->erase(placed_key(l, d), &taken[d])) taken[d] = Placed{-1, 0, {}, {}, 0};
@@ -340,11 +364,16 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   if (entry < 0 || dev < 0 || static_cast<unsigned>(dev) >= kMaxDevices) return use();
   CUcontext ctx = nullptr;
   real_cuCtxGetCurrent(&ctx);
-  Placed known{};
-  // Placed (and counted) in this context already.
-  if (g_placed->find(placed_key(lib, dev), &known) && placed_in(known, ctx)) return use();
+  // Placed (and counted) in this context already, and no drop in flight
+  // (a context's or the library's: the driver could place it anew in the
+  // context, or place another library given the handle, inside the call).
+  const auto placed = [&] {
+    Placed known{};
+    return g_placed->find(placed_key(lib, dev), &known) && placed_in(known, ctx);
+  };
+  if (use_placed(placed, use, &rc)) return rc;
   std::lock_guard<MeasureMutex> measuring(measure_mutex());
-  if (g_placed->find(placed_key(lib, dev), &known) && placed_in(known, ctx)) return use();
+  if (use_placed(placed, use, &rc)) return rc;
   const Measure m = measure_before(dev);
   t_loading = true;
   rc = use();
@@ -360,6 +389,7 @@ CUresult place_counted(CUlibrary lib, Use&& use) noexcept {
   if (rc != CUDA_SUCCESS && (bytes == 0 || placed_nothing(rc))) return rc;
   if (bytes != 0 && (!charge(entry, bytes) || over_resident(entry))) {
     release(entry, bytes);
+    PlacementDrop drop;
     forget(lib);
     real_cuLibraryUnload(lib);
     forget_kernels(lib);
@@ -487,8 +517,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pFunc, CUkernel
   CUcontext ctx = nullptr;
   const std::uint64_t gen = g_unloads.load(std::memory_order_acquire);
   if (real_cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr && kernel == t_kernel && ctx == t_kernel_ctx &&
-      gen == t_kernel_gen)
-    return real_cuKernelGetFunction(pFunc, kernel);
+      gen == t_kernel_gen &&
+      use_placed([&] { return g_unloads.load(std::memory_order_seq_cst) == gen; },
+                 [&] { return real_cuKernelGetFunction(pFunc, kernel); }, &rc))
+    return rc;
   KernelRecord rec{};
   if (!g_kernels->find(reinterpret_cast<std::uint64_t>(kernel), &rec))
     return real_cuKernelGetFunction(pFunc, kernel);  // a kernel we never saw resolved
@@ -503,6 +535,32 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pFunc, CUkernel
 namespace gpuslice::hook {
 
 std::atomic<std::uint64_t> g_kernel_check{0};
+
+// Bounded (kDrainNs, as a measurement's drain): a use whose driver call does
+// not return (a hung device), or a drop made by a thread inside such a use (a
+// signal handler), must not hang the drop for ever; past the bound the drop
+// goes on, warned, and a use still in flight may go unmeasured as before.
+PlacementDrop::PlacementDrop(bool on) noexcept : on_(on) {
+  if (!on_) return;
+  g_drops_in_flight.fetch_add(1, std::memory_order_seq_cst);
+  std::uint64_t waited = 0, sleep_ns = 10'000;
+  while (g_placed_uses.load(std::memory_order_seq_cst) != 0) {
+    if (waited >= kDrainNs) {
+      GPUSLICE_WARN_CAPPED(3, "a library use stayed in the driver for %llu ms during a context drop or unload",
+                           static_cast<unsigned long long>(waited / 1'000'000));
+      break;
+    }
+    const timespec ts{0, static_cast<long>(sleep_ns)};
+    nanosleep(&ts, nullptr);
+    waited += sleep_ns;
+    sleep_ns = sleep_ns >= 100'000 ? 200'000 : sleep_ns * 2;
+  }
+}
+PlacementDrop::~PlacementDrop() {
+  if (!on_) return;
+  g_unloads.fetch_add(1, std::memory_order_seq_cst);  // the threads' last resolved kernel may be gone
+  g_drops_in_flight.fetch_sub(1, std::memory_order_seq_cst);
+}
 
 // The first launch of a kernel handed out by cuLibraryGetKernel in a context
 // (the stream's, or the current one for the NULL, legacy and per-thread

@@ -63,6 +63,24 @@ struct PlacedParts {
   Part part[kMax];
   unsigned n = 0;
 };
+// A drop of library copies (a context destroyed, the primary context's last
+// release or reset, a library unloaded: the driver frees copies and may give
+// their context's or library's handle to the next one), bracketing the
+// records' take and the driver call, after the operation's CountingOp: no
+// use of a library found placed already (modules.cc, place_counted's
+// shortcut and cuKernelGetFunction's, which go to the driver unmeasured) is
+// in flight meanwhile. The drop waits for those in flight (bounded, kDrainNs:
+// a warning then); those that begin while it is in flight are measured.
+class PlacementDrop {
+ public:
+  explicit PlacementDrop(bool on = true) noexcept;
+  ~PlacementDrop();
+  PlacementDrop(const PlacementDrop&) = delete;
+  PlacementDrop& operator=(const PlacementDrop&) = delete;
+
+ private:
+  bool on_;
+};
 void library_placements_take(CUcontext ctx, PlacedParts* out) noexcept;
 void library_placements_put(CUcontext ctx, const PlacedParts& taken, bool gone) noexcept;
 // After the driver freed memory implicitly (a context destroyed, the primary

@@ -293,6 +293,20 @@ TEST(LazyLibraryShortcut, ADropInsideAPlacedUseLeavesNothingUnmeasured) {
   }
 }
 
+// The thread's last resolved kernel goes to the driver unmeasured while its
+// library is not unloaded and the context handle is the same: the primary
+// context reset and retained again (the same handle, its copy of the library
+// gone with the old one) resolved the kernel again, and the driver placed the
+// library in the new context unmeasured. A context drop now invalidates it.
+TEST(LazyLibraryShortcut, AKernelResolvedAgainAfterADropIsMeasured) {
+  Sandbox box;
+  Result r = probe(box, kDevice, {"shortcut-vs-drop", "5", "kernel"});
+  ASSERT_EQ(r.exit_code, 0) << r.describe();
+  EXPECT_EQ(number(r, "shortcut-vs-drop", "placed"), 5) << r.out;
+  EXPECT_EQ(number(r, "shortcut-vs-drop", "same"), 5) << r.out;
+  EXPECT_EQ(number(r, "shortcut-vs-drop", "shorts"), 0) << r.out;
+}
+
 // A measurement whose gate times out: another thread's synchronisation waits
 // 2.5 s for a kernel (longer than the 2 s the gate waits), then trims 96 MiB
 // of pool reserve inside the measured module load and settles its count only

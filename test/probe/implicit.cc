@@ -66,7 +66,11 @@
 //       same handle): HOW = reset (cuDevicePrimaryCtxReset) or release (the
 //       last cuDevicePrimaryCtxRelease); run with a sleep at
 //       cuLibraryGetGlobal's entry so that the drop lands inside the use.
-//       Prints the rounds that left the count below the device (shorts)
+//       HOW = kernel: no second thread; a kernel resolved
+//       (cuKernelGetFunction) in the primary context, which is reset and
+//       retained again, then resolved again (the thread's last resolved
+//       kernel in the same context handle). Prints the rounds that left the
+//       count below the device (shorts)
 //   dead-handle-place ROUNDS
 //       a lazily loaded library unloaded before its first use, then
 //       cuLibraryGetGlobal on its handle (CUDA_ERROR_INVALID_HANDLE: no
@@ -522,7 +526,22 @@ int shortcut_vs_drop(int rounds, const std::string& how) {
   const bool reset = how == "reset";
   int placed = 0, same = 0;
   Shortfall shorts;
-  for (int i = 0; i < rounds; ++i) {
+  for (int i = 0; i < rounds && how == "kernel"; ++i) {
+    const CUlibrary lib = load_lazily(image, home);
+    CUkernel k = nullptr;
+    CUfunction f = nullptr;
+    check(cuLibraryGetKernel(&k, lib, "k"), "cuLibraryGetKernel");
+    check(cuKernelGetFunction(&f, k), "cuKernelGetFunction");  // placed, counted; remembered by the thread
+    check(cuDevicePrimaryCtxReset(0), "cuDevicePrimaryCtxReset");
+    CUcontext again = nullptr;
+    check(cuDevicePrimaryCtxRetain(&again, 0), "cuDevicePrimaryCtxRetain");
+    if (again == home) ++same;
+    check(cuCtxSetCurrent(home), "cuCtxSetCurrent");
+    if (cuKernelGetFunction(&f, k) == CUDA_SUCCESS) ++placed;  // placed in the new context
+    shorts.observe();
+    cuLibraryUnload(lib);
+  }
+  for (int i = 0; i < rounds && how != "kernel"; ++i) {
     const CUlibrary lib = load_lazily(image, home);
     place(lib);  // measured: placed in the primary context and counted
     std::atomic<bool> calling{false};
