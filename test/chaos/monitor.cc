@@ -261,7 +261,7 @@ std::uint64_t resident_count(const DeviceState& d) {
 // The managed grants in flight the check that reports excused, and its
 // count check's excuses and count (state lock held).
 std::uint64_t g_check_in_flight = 0, g_check_count = 0;
-void (*g_check_between_reads)() = nullptr;
+std::atomic<void (*)()> g_check_between_reads{nullptr};
 
 // Two excuses rise before the count drops: memory a program declares
 // outside CUDA before the import that counted it is destroyed (gpuslice
@@ -421,7 +421,7 @@ void check(std::uint32_t dev, const Grant* grant) {
     excused = Excused{};
     const std::uint64_t moved = g_shared->uncharges.load(std::memory_order_acquire);
     total = container_total(dev, &own, &in_flight, &excused);
-    if (g_check_between_reads != nullptr) g_check_between_reads();
+    if (void (*hook)() = g_check_between_reads.load(std::memory_order_acquire); hook != nullptr) hook();
     count = resident_count(d);
     excuses_after_count(dev, &excused);
     count_settled = total <= count + excused.total() || (g_shared->uncharges.load(std::memory_order_acquire) == moved &&

@@ -201,7 +201,8 @@ extern std::uint64_t g_seen_report;  // the serial of the check reporting now; 0
 extern std::uint64_t g_check_count;  // the count that check read (monitor.cc: resident_count)
 // Test hook: run by a count check after it read the processes and before it
 // reads the count (state lock held), as another thread's moves landing there.
-extern void (*g_check_between_reads)();
+// Atomic: the test sets it from its main thread while the sampler checks.
+extern std::atomic<void (*)()> g_check_between_reads;
 // One line per process of the container (holders.cc): what the simulator
 // says it holds, at the check and now, what gpuslice's slot with its pid
 // counts, its /proc state; then the holders the count misses: processes the

@@ -85,13 +85,14 @@
 namespace {
 std::atomic<int> g_step{0};
 // release-outside: the count check's test hook gives the import's count back (once).
-std::atomic<std::uint64_t>* g_hook_used = nullptr;
-bool g_hook_declare = false;
+std::atomic<std::atomic<std::uint64_t>*> g_hook_used{nullptr};
+std::atomic<bool> g_hook_declare{false};
 std::atomic<bool> g_hook_ran{false};
 void release_between_reads() {
-  if (g_hook_used == nullptr || g_hook_ran.exchange(true)) return;
-  if (g_hook_declare) gpuslice::chaos::monitor_outside_begin(0, 8u << 20);
-  g_hook_used->fetch_sub(8u << 20);
+  std::atomic<std::uint64_t>* used = g_hook_used.load();
+  if (used == nullptr || g_hook_ran.exchange(true)) return;
+  if (g_hook_declare.load()) gpuslice::chaos::monitor_outside_begin(0, 8u << 20);
+  used->fetch_sub(8u << 20);
 }
 void await(int step) {
   while (g_step.load() < step) std::this_thread::yield();
@@ -193,13 +194,13 @@ int count_direction(int argc, char** argv) {
     used.fetch_add(kBytes);  // imported: counted from here on
     gpuslice::chaos::monitor_outside_end(0, kBytes);
     usleep(20 * 1000);
-    g_hook_declare = std::strcmp(argv[2], "1") == 0;
-    g_hook_used = &used;
-    gpuslice::chaos::internal::g_check_between_reads = release_between_reads;
+    g_hook_declare.store(std::strcmp(argv[2], "1") == 0);
+    g_hook_used.store(&used);
+    gpuslice::chaos::internal::g_check_between_reads.store(release_between_reads);
     for (int i = 0; i < 2000 && !g_hook_ran.load(); ++i) usleep(1000);
     usleep(50 * 1000);  // more checks: the memory outside CUDA, its count given back
     fakecuda_graphics_free(gfx);
-    if (g_hook_declare) gpuslice::chaos::monitor_outside_end(0, kBytes);
+    if (g_hook_declare.load()) gpuslice::chaos::monitor_outside_end(0, kBytes);
     std::printf("release-outside hooked=%d\n", g_hook_ran.load() ? 1 : 0);
   } else {
     const bool stalled = std::strcmp(argv[1], "stalled-call") == 0;
