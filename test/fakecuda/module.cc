@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "driver.h"
@@ -205,15 +206,26 @@ CUresult place_library_at_launch(CUfunc_st* function, CUctx_st* ctx) {
   return place_library_locked(function->module, ctx);
 }
 
+// A library's copies are named by its CUlibrary, the handle its program
+// holds (its module is the simulator's own object).
 void holdings_modules_locked(std::string* out) {
   char line[160];
-  g_modules.for_each_live([&](CUmod_st* m) {
+  std::set<const CUmod_st*> of_libraries;
+  const auto copies = [&](const void* name, const CUmod_st* m) {
     for (const CUmod_st::Placement& p : m->placements) {
       if (p.held == 0) continue;
-      std::snprintf(line, sizeof(line), "    library %p held %llu dev%u ctx %llu\n", static_cast<void*>(m),
+      std::snprintf(line, sizeof(line), "    library %p held %llu dev%u ctx %llu\n", name,
                     static_cast<unsigned long long>(p.held), p.device, static_cast<unsigned long long>(p.ctx->id));
       *out += line;
     }
+  };
+  g_libraries.for_each_live([&](CUlib_st* l) {
+    if (l->module == nullptr) return;
+    of_libraries.insert(l->module);
+    copies(l, l->module);
+  });
+  g_modules.for_each_live([&](CUmod_st* m) {
+    if (of_libraries.count(m) == 0) copies(m, m);
     if (!m->placed.load(std::memory_order_relaxed) || m->held == 0) return;
     std::snprintf(line, sizeof(line), "    module %p held %llu dev%u\n", static_cast<void*>(m),
                   static_cast<unsigned long long>(m->held), m->device);

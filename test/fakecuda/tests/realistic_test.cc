@@ -521,6 +521,29 @@ TEST_F(Realistic, AContextsCopyOfALibraryGoesWithTheContext) {
   ASSERT_CU(cuDevicePrimaryCtxRelease(dev));
 }
 
+// The chaos reports' holdings (fakecuda_holdings) name a library's copies by
+// the CUlibrary the program holds, so that they can be matched with the
+// program's records; a module by its CUmodule (issue 32, seed 1,120,703: the
+// report named the library's inner module, a pointer no program knows).
+TEST_F(Realistic, HoldingsNameALibraryByItsHandle) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  InitWithContext();
+  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
+  CUlibrary library = nullptr;
+  ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUmodule module = nullptr;
+  ASSERT_CU(cuModuleLoadData(&module, image.c_str()));
+  char text[2048];
+  fakecuda_holdings(text, sizeof(text));
+  char lib_line[64], mod_line[64];
+  std::snprintf(lib_line, sizeof(lib_line), "    library %p held ", static_cast<void*>(library));
+  std::snprintf(mod_line, sizeof(mod_line), "    module %p held ", static_cast<void*>(module));
+  EXPECT_NE(std::strstr(text, lib_line), nullptr) << text;
+  EXPECT_NE(std::strstr(text, mod_line), nullptr) << text;
+  ASSERT_CU(cuModuleUnload(module));
+  ASSERT_CU(cuLibraryUnload(library));
+}
+
 TEST_F(FakeCuda, IdealModulesHoldNoMemory) {
   unsetenv("FAKECUDA_PROFILE");
   unsetenv("FAKECUDA_MODULE_MEMORY");
