@@ -276,7 +276,7 @@ TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
 // waits for the shortcut uses in flight, and a use that finds a drop in
 // flight is measured.
 TEST(LazyLibraryShortcut, ADropInsideAPlacedUseLeavesNothingUnmeasured) {
-  for (const char* how : {"reset", "release"}) {
+  for (const char* how : {"reset", "release", "reset-at-load"}) {
     Sandbox box;
     Env env = kDevice;
     env["FAKECUDA_CHAOS_SEED"] = "7";

@@ -64,7 +64,9 @@
 //       there with cuLibraryGetGlobal (the "placed already" shortcut) while
 //       another thread drops the primary context and retains it again (the
 //       same handle): HOW = reset (cuDevicePrimaryCtxReset) or release (the
-//       last cuDevicePrimaryCtxRelease); run with a sleep at
+//       last cuDevicePrimaryCtxRelease) or reset-at-load (a reset, the
+//       library placed and counted by its load: a context current at the
+//       "lazy" load, as in the torture worker); run with a sleep at
 //       cuLibraryGetGlobal's entry so that the drop lands inside the use.
 //       HOW = kernel: no second thread; a kernel resolved
 //       (cuKernelGetFunction) in the primary context, which is reset and
@@ -523,7 +525,8 @@ int reset_vs_place(int rounds) {
 int shortcut_vs_drop(int rounds, const std::string& how) {
   const CUcontext home = use_primary(0);
   const std::string image = image_with_global(32 * kMi);
-  const bool reset = how == "reset";
+  const bool at_load = how == "reset-at-load";
+  const bool reset = how == "reset" || at_load;
   int placed = 0, same = 0;
   Shortfall shorts;
   for (int i = 0; i < rounds && how == "kernel"; ++i) {
@@ -542,8 +545,18 @@ int shortcut_vs_drop(int rounds, const std::string& how) {
     cuLibraryUnload(lib);
   }
   for (int i = 0; i < rounds && how != "kernel"; ++i) {
-    const CUlibrary lib = load_lazily(image, home);
-    place(lib);  // measured: placed in the primary context and counted
+    CUlibrary lib = nullptr;
+    if (at_load) {
+      // The torture worker's "lazy" load after its "context" class (its
+      // cuCtxSetCurrent replaced the new context at the top of a two-deep
+      // stack by the primary): the pop leaves the primary context current,
+      // so the load places the library and is measured there.
+      check(cuCtxPushCurrent(home), "cuCtxPushCurrent");
+      lib = load_lazily(image, home);
+    } else {
+      lib = load_lazily(image, home);
+      place(lib);  // measured: placed in the primary context and counted
+    }
     std::atomic<bool> calling{false};
     CUcontext again = nullptr;
     std::thread b([&] {

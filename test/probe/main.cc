@@ -64,7 +64,7 @@ const Scenario kScenarios[] = {
      [](const Args& a) { return implicit::unload_vs_reuse(a.number<int>(0)); }},
     {"implicit", "dead-handle-place", "ROUNDS", kInit,
      [](const Args& a) { return implicit::dead_handle_place(a.number<int>(0)); }},
-    {"implicit", "shortcut-vs-drop", "ROUNDS reset|release|kernel", kInit,
+    {"implicit", "shortcut-vs-drop", "ROUNDS reset|release|reset-at-load|kernel", kInit,
      [](const Args& a) { return implicit::shortcut_vs_drop(a.number<int>(0), a.text(1)); }},
     {"implicit", "double-unload", "ROUNDS", kInit,
      [](const Args& a) { return implicit::double_unload(a.number<int>(0)); }},
