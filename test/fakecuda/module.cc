@@ -416,12 +416,20 @@ extern "C" CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmod
   if (!initialized()) return uninitialized_error();
   std::lock_guard guard(runtime().mu);
   if (!alive(hmod)) return CUDA_ERROR_INVALID_HANDLE;
-  if (hmod->ctx == nullptr) {  // a library's module (cuLibraryGetModule): the current context's copy
+  // A library's module: cuLibraryGetModule gave it for the current context
+  // and placed the library there (a module's data is allocated at its load,
+  // not lazily: cuModuleLoad), so this answers from the current context's copy
+  // and places nothing. Without one, the handle belongs to no module of this
+  // context (another context's, one gone with its context, or a handle the
+  // program never got: one object serves every context, README "Modules").
+  if (hmod->ctx == nullptr) {
     CUctx_st* ctx = nullptr;
     if (CUresult rc = current_context(&ctx); rc != CUDA_SUCCESS) return rc;
-    CUdeviceptr base = 0;
-    if (CUresult rc = place_library_locked(hmod, ctx, &base); rc != CUDA_SUCCESS) return rc;
-    return get_global(dptr, bytes, hmod, name, base);
+    const CUctx_st* owner = memory_owner(ctx);
+    for (const CUmod_st::Placement& p : hmod->placements) {
+      if (p.ctx == owner) return get_global(dptr, bytes, hmod, name, p.globals_base);
+    }
+    return CUDA_ERROR_INVALID_HANDLE;
   }
   return get_global(dptr, bytes, hmod, name, hmod->globals_base);
 }

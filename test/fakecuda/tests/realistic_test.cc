@@ -521,6 +521,51 @@ TEST_F(Realistic, AContextsCopyOfALibraryGoesWithTheContext) {
   ASSERT_CU(cuDevicePrimaryCtxRelease(dev));
 }
 
+// cuLibraryGetModule returns "the module handle associated with the current
+// context" and a module lives as long as "the context it was loaded in"
+// (cuFuncGetModule); a module's data is allocated at its load, not lazily
+// (cuModuleLoad). So cuModuleGetGlobal places nothing: it answers from the
+// copy the context already holds, and a context without one gets an invalid
+// handle (issue 32, seed 1,131,053: a module handle gone with its context and
+// recycled as a library's placed a copy at cuModuleGetGlobal, unmeasured).
+TEST_F(Realistic, ModuleGetGlobalPlacesNoLibraryCopy) {
+  setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
+  CUcontext a = nullptr, b = nullptr;
+  InitWithContext(&a);
+  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
+  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  CUlibrary library = nullptr;
+  ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUmodule module = nullptr;
+  ASSERT_CU(cuLibraryGetModule(&module, library));
+  CUdeviceptr in_a = 0, got = 0;
+  ASSERT_CU(cuLibraryGetGlobal(&in_a, nullptr, library, "buf"));
+  ASSERT_CU(cuModuleGetGlobal(&got, nullptr, module, "buf"));
+  EXPECT_EQ(got, in_a) << "a's module answers for a's copy";
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected);
+  ASSERT_CU(cuCtxCreate(&b, nullptr, 0, 0));  // current: b, no copy there
+  EXPECT_EQ(cuModuleGetGlobal(&got, nullptr, module, "buf"), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "nothing placed in b by a's module";
+  // The seed: a module gone with its context, its handle recycled as a
+  // library's (loaded with no context current, so not placed yet).
+  CUcontext c = nullptr;
+  ASSERT_CU(cuCtxCreate(&c, nullptr, 0, 0));
+  CUmodule gone = nullptr;
+  ASSERT_CU(cuModuleLoadData(&gone, image.c_str()));
+  ASSERT_CU(cuCtxDestroy(c));
+  for (CUcontext popped = nullptr; cuCtxPopCurrent(&popped) == CUDA_SUCCESS && popped != nullptr;) {}
+  CUlibrary second = nullptr;
+  ASSERT_CU(cuLibraryLoadData(&second, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  ASSERT_CU(cuCtxSetCurrent(b));
+  EXPECT_NE(cuModuleGetGlobal(&got, nullptr, gone, "buf"), CUDA_SUCCESS);
+  EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "a stale module handle places nothing";
+  ASSERT_CU(cuLibraryUnload(second));
+  ASSERT_CU(cuLibraryUnload(library));
+  EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
+  ASSERT_CU(cuCtxDestroy(b));
+  ASSERT_CU(cuCtxDestroy(a));
+}
+
 // The chaos reports' holdings (fakecuda_holdings) name a library's copies by
 // the CUlibrary the program holds, so that they can be matched with the
 // program's records; a module by its CUmodule (issue 32, seed 1,120,703: the
