@@ -50,6 +50,17 @@ std::string valid_region_bytes(const TempDir& dir) {
   return bytes;
 }
 
+// Creates the region file at `path` by a real attach, and leaves it unused.
+void create_region_file(const std::string& path) {
+  shm::Error err{};
+  int fd = -1;
+  Region* r = shm::attach(path.c_str(), "n", &err, nullptr, &fd);
+  ASSERT_NE(r, nullptr) << err.message;
+  shm::end_attach(fd);
+  close(fd);
+  shm::detach(r);
+}
+
 template <class T>
 void poke(std::string& bytes, std::size_t offset, T value) {
   std::memcpy(bytes.data() + offset, &value, sizeof value);
@@ -383,15 +394,7 @@ TEST(RegionFile, AJoiningProcessHoldsTheRegionUntilEndAttach) {
 TEST(RegionFile, ARemoverToldItMayRemoveAlwaysHoldsTheJoiningLock) {
   TempDir dir;
   const std::string path = dir.file("region");
-  shm::Error err{};
-  {
-    int fd = -1;
-    Region* r = shm::attach(path.c_str(), "n", &err, nullptr, &fd);
-    ASSERT_NE(r, nullptr) << err.message;
-    shm::end_attach(fd);
-    close(fd);
-    shm::detach(r);
-  }
+  ASSERT_NO_FATAL_FAILURE(create_region_file(path));
   const int remover = open(path.c_str(), O_RDWR | O_CLOEXEC);
   const int checker = open(path.c_str(), O_RDWR | O_CLOEXEC);
   const int joiner_fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -434,15 +437,7 @@ TEST(RegionFile, ARemoverToldItMayRemoveAlwaysHoldsTheJoiningLock) {
 TEST(RegionFile, AJoinerWaitsForARemoverHoldingTheLock) {
   TempDir dir;
   const std::string path = dir.file("region");
-  shm::Error err{};
-  {
-    int fd = -1;
-    Region* r = shm::attach(path.c_str(), "n", &err, nullptr, &fd);
-    ASSERT_NE(r, nullptr) << err.message;
-    shm::end_attach(fd);
-    close(fd);
-    shm::detach(r);
-  }
+  ASSERT_NO_FATAL_FAILURE(create_region_file(path));
   const int remover = open(path.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(remover, 0);
   ASSERT_TRUE(shm::lock_for_removal(remover));
