@@ -377,6 +377,11 @@ TEST_F(Realistic, ModulesHoldMemoryForGlobalsAndCode) {
   EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
 }
 
+// The libraries of the placement tests: a 1 MiB global and one kernel; a
+// copy of it in a context holds the image and the global, rounded up to 64 KiB.
+constexpr char kLibraryImage[] = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
+constexpr unsigned long long kLibraryCopyBytes = (1048576ull + (sizeof(kLibraryImage) - 1) + 65535) / 65536 * 65536;
+
 // A library loaded with no context current holds nothing until its first
 // use in a context; a launch of one of its kernels, resolved with no context
 // current (cuLibraryGetKernel) and cast to CUfunction, is such a use: the
@@ -387,8 +392,8 @@ TEST_F(Realistic, LaunchOfAnUnresolvedKernelPlacesItsLibrary) {
   InitWithContext(&ctx);
   CUcontext popped = nullptr;
   ASSERT_CU(cuCtxPopCurrent(&popped));
-  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
-  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  const std::string image = kLibraryImage;
+  const unsigned long long expected = kLibraryCopyBytes;
   CUlibrary library = nullptr;
   ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
   CUkernel kernel = nullptr;
@@ -418,8 +423,8 @@ TEST_F(Realistic, ALibraryIsPlacedInEachContextAtItsFirstUseThere) {
   CUcontext popped = nullptr;
   ASSERT_CU(cuCtxPopCurrent(&popped));
   ASSERT_CU(cuCtxPopCurrent(&popped));
-  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
-  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  const std::string image = kLibraryImage;
+  const unsigned long long expected = kLibraryCopyBytes;
   CUlibrary library = nullptr;
   ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
   EXPECT_EQ(fakecuda_device_used_bytes(0), 0u);
@@ -453,8 +458,8 @@ TEST_F(Realistic, ALaunchInASecondContextPlacesTheLibraryThere) {
   setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
   CUcontext a = nullptr, b = nullptr;
   InitWithContext(&a);
-  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
-  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  const std::string image = kLibraryImage;
+  const unsigned long long expected = kLibraryCopyBytes;
   CUlibrary library = nullptr;
   ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
   EXPECT_EQ(fakecuda_device_used_bytes(0), expected) << "placed in the context current at the load";
@@ -486,8 +491,8 @@ TEST_F(Realistic, AContextsCopyOfALibraryGoesWithTheContext) {
   setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
   CUcontext a = nullptr, b = nullptr;
   InitWithContext(&a);
-  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
-  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  const std::string image = kLibraryImage;
+  const unsigned long long expected = kLibraryCopyBytes;
   CUlibrary library = nullptr;
   ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
   ASSERT_CU(cuCtxCreate(&b, nullptr, 0, 0));
@@ -532,8 +537,8 @@ TEST_F(Realistic, ModuleGetGlobalPlacesNoLibraryCopy) {
   setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
   CUcontext a = nullptr, b = nullptr;
   InitWithContext(&a);
-  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
-  const unsigned long long expected = (1048576ull + image.size() + 65535) / 65536 * 65536;
+  const std::string image = kLibraryImage;
+  const unsigned long long expected = kLibraryCopyBytes;
   CUlibrary library = nullptr;
   ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
   CUmodule module = nullptr;
@@ -573,7 +578,7 @@ TEST_F(Realistic, ModuleGetGlobalPlacesNoLibraryCopy) {
 TEST_F(Realistic, HoldingsNameALibraryByItsHandle) {
   setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
   InitWithContext();
-  const std::string image = ".visible .global .align 8 .b8 buf[1048576];\n.visible .entry k() { ret; }\n";
+  const std::string image = kLibraryImage;
   CUlibrary library = nullptr;
   ASSERT_CU(cuLibraryLoadData(&library, image.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
   CUmodule module = nullptr;
