@@ -22,6 +22,18 @@ const Env kDevice = {{"GPUSLICE_MEMORY_LIMIT", "2Gi"},
                      {"FAKECUDA_CONTEXT_MEMORY", "256Mi"},
                      {"FAKECUDA_MODULE_MEMORY", "1"}};
 
+// kDevice with the simulator sleeping `us` µs at the entry of every `call`
+// (chaos seed `seed`, no yields): widens a race window so a test forces it.
+Env sleep_in(const std::string& call, const char* seed, const char* us) {
+  Env env = kDevice;
+  env["FAKECUDA_CHAOS_SEED"] = seed;
+  env["FAKECUDA_CHAOS_CALLS"] = call;
+  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
+  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
+  env["FAKECUDA_CHAOS_SLEEP_US"] = us;
+  return env;
+}
+
 // A context (or module) measured while another thread of the process releases
 // device memory in a way that is not an allocation or a free: the release is
 // a counting operation too, so no measurement overlaps it, and the count
@@ -68,12 +80,7 @@ INSTANTIATE_TEST_SUITE_P(Releases, MeasuredWhileReleasing,
 class ArrayReclaim : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
 TEST_P(ArrayReclaim, DuringAMeasurementIsNeverCountedShort) {
   Sandbox box;
-  Env env = kDevice;
-  env["FAKECUDA_CHAOS_SEED"] = "5";
-  env["FAKECUDA_CHAOS_CALLS"] = GetParam().second;
-  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
-  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
-  env["FAKECUDA_CHAOS_SLEEP_US"] = "5000";
+  Env env = sleep_in(GetParam().second, "5", "5000");
   Result r = probe(box, env, {"measure-vs-release", GetParam().first, "array-reclaim", "200"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(number(r, "measure-vs-release", "rounds"), 200) << r.out;
@@ -180,12 +187,7 @@ INSTANTIATE_TEST_SUITE_P(Policies, ModuleOverAllowance, ::testing::Values("fail"
 // class `library`, seeds 2 and 6 of 1-10).
 TEST(LazyLibraryHandleReuse, PlacementIsCountedWhenTheHandleComesBack) {
   Sandbox box;
-  Env env = kDevice;
-  env["FAKECUDA_CHAOS_SEED"] = "7";
-  env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryUnload";
-  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
-  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
-  env["FAKECUDA_CHAOS_SLEEP_US"] = "20000";
+  Env env = sleep_in("cuLibraryUnload", "7", "20000");
   Result r = probe(box, env, {"unload-vs-reuse", "20"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(number(r, "unload-vs-reuse", "rounds"), 20) << r.out;
@@ -205,12 +207,7 @@ TEST(LazyLibraryHandleReuse, PlacementIsCountedWhenTheHandleComesBack) {
 // gpuslice took the records and before the driver call.
 TEST(LazyLibraryHandleReuse, RefusedUnloadOfAnUnloadedLibraryKeepsNothing) {
   Sandbox box;
-  Env env = kDevice;
-  env["FAKECUDA_CHAOS_SEED"] = "11";
-  env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryUnload";
-  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
-  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
-  env["FAKECUDA_CHAOS_SLEEP_US"] = "5000";
+  Env env = sleep_in("cuLibraryUnload", "11", "5000");
   Result r = probe(box, env, {"double-unload", "30"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(number(r, "double-unload", "rounds"), 30) << r.out;
@@ -230,12 +227,7 @@ TEST(LazyLibraryHandleReuse, RefusedUnloadOfAnUnloadedLibraryKeepsNothing) {
 // 2,100,176 and 2,100,553's shape: a live slot one placement short).
 TEST(LazyLibraryHandleReuse, AUseOfAnUnloadedLibraryRecordsNoPlacement) {
   Sandbox box;
-  Env env = kDevice;
-  env["FAKECUDA_CHAOS_SEED"] = "5";
-  env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryGetGlobal";
-  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
-  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
-  env["FAKECUDA_CHAOS_SLEEP_US"] = "10000";
+  Env env = sleep_in("cuLibraryGetGlobal", "5", "10000");
   Result r = probe(box, env, {"dead-handle-place", "20"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(number(r, "dead-handle-place", "rounds"), 20) << r.out;
@@ -254,12 +246,7 @@ TEST(LazyLibraryHandleReuse, AUseOfAnUnloadedLibraryRecordsNoPlacement) {
 // one placement short before.)
 TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
   Sandbox box;
-  Env env = kDevice;
-  env["FAKECUDA_CHAOS_SEED"] = "3";
-  env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryGetGlobal";
-  env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
-  env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
-  env["FAKECUDA_CHAOS_SLEEP_US"] = "10000";
+  Env env = sleep_in("cuLibraryGetGlobal", "3", "10000");
   Result r = probe(box, env, {"reset-vs-place", "30"});
   ASSERT_EQ(r.exit_code, 0) << r.describe();
   EXPECT_EQ(number(r, "reset-vs-place", "rounds"), 30) << r.out;
@@ -278,12 +265,7 @@ TEST(LazyLibraryContextComesBack, PlacementIsNeverUnmeasured) {
 TEST(LazyLibraryShortcut, ADropInsideAPlacedUseLeavesNothingUnmeasured) {
   for (const char* how : {"reset", "release", "reset-at-load"}) {
     Sandbox box;
-    Env env = kDevice;
-    env["FAKECUDA_CHAOS_SEED"] = "7";
-    env["FAKECUDA_CHAOS_CALLS"] = "cuLibraryGetGlobal";
-    env["FAKECUDA_CHAOS_YIELD_PCT"] = "0";
-    env["FAKECUDA_CHAOS_SLEEP_PCT"] = "100";
-    env["FAKECUDA_CHAOS_SLEEP_US"] = "10000";
+    Env env = sleep_in("cuLibraryGetGlobal", "7", "10000");
     Result r = probe(box, env, {"shortcut-vs-drop", "10", how});
     ASSERT_EQ(r.exit_code, 0) << r.describe();
     EXPECT_EQ(number(r, "shortcut-vs-drop", "rounds"), 10) << r.out;
