@@ -254,17 +254,6 @@ static void sleep_on_gate(std::uint32_t closed, std::uint64_t until) noexcept {
   syscall(SYS_futex, gate_word(), FUTEX_WAIT_PRIVATE, closed, &ts, nullptr, 0);
 }
 
-// The measurer's wait for operations in flight (they take microseconds, a
-// synchronisation or a destroy as long as the device's work): polls with a
-// sleep that doubles from 10 us to 1 ms. Each poll costs a membarrier and a
-// read of the counters, so a long wait costs about 1 % of a CPU.
-static void pause_drain(std::uint64_t* sleep_ns) noexcept {
-  const timespec ts{0, static_cast<long>(*sleep_ns)};
-  nanosleep(&ts, nullptr);
-  *sleep_ns = *sleep_ns >= 500'000 ? 1'000'000 : *sleep_ns * 2;
-}
-constexpr std::uint64_t kFirstDrainSleepNs = 10'000;
-
 // A child forked while another thread measured would find the gate closed
 // and the mutex held forever (no thread of the child measures): both start
 // anew there. Registered at the first measurement (pthread_atfork may
@@ -306,13 +295,17 @@ void wait_measure_gate(std::atomic<std::uint64_t>* c) noexcept {
   errno = saved_errno;
 }
 
-// Polls the op counters (backing off, pause_drain) until none is in flight
-// or `ns` passed; true when quiet. *ops gets their counts as last read.
+// The measurer's wait for operations in flight (they take microseconds, a
+// synchronisation or a destroy as long as the device's work): polls the op
+// counters with a sleep that doubles from 10 us to 1 ms until none is in
+// flight or `ns` passed; true when quiet. *ops gets their counts as last
+// read. Each poll costs a membarrier and a read of the counters, so a long
+// wait costs about 1 % of a CPU.
 static bool drain_ops(std::uint64_t ns, std::uint64_t* ops) noexcept {
   bool busy = true, readable = false;
   const std::uint64_t deadline = platform::monotonic_ns() + ns;
-  std::uint64_t sleep_ns = kFirstDrainSleepNs;
-  while ((readable = read_op_counts(ops, &busy)) && busy && platform::monotonic_ns() < deadline) pause_drain(&sleep_ns);
+  platform::Backoff backoff(10'000, 1'000'000);
+  while ((readable = read_op_counts(ops, &busy)) && busy && platform::monotonic_ns() < deadline) backoff.pause();
   return readable && !busy;
 }
 

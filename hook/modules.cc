@@ -21,8 +21,6 @@
 // invalid from then on), and so does a launch that placed it.
 #include <cuda.h>
 
-#include <time.h>
-
 #include <mutex>
 
 #include "hook/modules.h"
@@ -30,6 +28,7 @@
 #include "hook/measure.h"
 #include "hook/oversub.h"
 #include "hook/wrap.h"
+#include "platform/clock.h"
 
 namespace gpuslice::hook {
 namespace {
@@ -93,9 +92,10 @@ struct KernelRecord {
 constinit NoDestroy<platform::PointerTable<KernelRecord>> g_kernels;
 std::atomic<int> g_live_contexts{0};
 std::atomic<std::uint64_t> g_context_epoch{0};
-// Libraries unloaded and contexts dropped so far (PlacementDrop):
+// Libraries unloaded and contexts dropped (destroyed, reset, last released)
+// so far (PlacementDrop):
 // invalidates the threads' last resolved kernel.
-constinit std::atomic<std::uint64_t> g_unloads{0};
+constinit std::atomic<std::uint64_t> g_placement_drops{0};
 // Uses of a library found placed already that are in the driver now, and
 // drops in flight (PlacementDrop, modules.h): each side adds itself, then
 // looks at the other (seq_cst, Dekker): a use that sees no drop in flight
@@ -229,7 +229,7 @@ void forget(CUmodule m) noexcept {
   if (g_loaded->erase(reinterpret_cast<std::uint64_t>(m), &c)) release(c.entry, c.bytes);
 }
 void forget(CUlibrary l) noexcept {
-  g_unloads.fetch_add(1, std::memory_order_acq_rel);
+  g_placement_drops.fetch_add(1, std::memory_order_acq_rel);
   for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d) {
     Placed c{};
     if (g_placed->erase(placed_key(l, d), &c) && c.bytes != 0) release(c.entry, c.bytes);
@@ -318,7 +318,7 @@ CUresult unload_library_counted(CUlibrary l) noexcept {
   Placed taken[kMaxDevices] = {};
   for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d)
     if (!g_placed->erase(placed_key(l, d), &taken[d])) taken[d] = Placed{-1, 0, {}, {}, 0};
-  g_unloads.fetch_add(1, std::memory_order_acq_rel);
+  g_placement_drops.fetch_add(1, std::memory_order_acq_rel);
   rc = real_cuLibraryUnload(l);
   if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_INVALID_HANDLE) forget_kernels(l);
   for (CUdevice d = 0; d < static_cast<CUdevice>(kMaxDevices); ++d) {
@@ -339,7 +339,7 @@ CUresult unload_library_counted(CUlibrary l) noexcept {
         c.bytes != 0)
       release(c.entry, c.bytes);  // cannot track it: do not hold budget we could never return
   }
-  g_unloads.fetch_add(1, std::memory_order_acq_rel);
+  g_placement_drops.fetch_add(1, std::memory_order_acq_rel);
   return rc;
 }
 
@@ -515,10 +515,10 @@ GPUSLICE_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pFunc, CUkernel
   CUresult rc = ensure_ready();
   if (rc != CUDA_SUCCESS) return rc;
   CUcontext ctx = nullptr;
-  const std::uint64_t gen = g_unloads.load(std::memory_order_acquire);
+  const std::uint64_t gen = g_placement_drops.load(std::memory_order_acquire);
   if (real_cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr && kernel == t_kernel && ctx == t_kernel_ctx &&
       gen == t_kernel_gen &&
-      use_placed([&] { return g_unloads.load(std::memory_order_seq_cst) == gen; },
+      use_placed([&] { return g_placement_drops.load(std::memory_order_seq_cst) == gen; },
                  [&] { return real_cuKernelGetFunction(pFunc, kernel); }, &rc))
     return rc;
   KernelRecord rec{};
@@ -543,22 +543,20 @@ std::atomic<std::uint64_t> g_kernel_check{0};
 PlacementDrop::PlacementDrop(bool on) noexcept : on_(on) {
   if (!on_) return;
   g_drops_in_flight.fetch_add(1, std::memory_order_seq_cst);
-  std::uint64_t waited = 0, sleep_ns = 10'000;
+  std::uint64_t waited = 0;
+  platform::Backoff backoff(10'000, 200'000);
   while (g_placed_uses.load(std::memory_order_seq_cst) != 0) {
     if (waited >= kDrainNs) {
       GPUSLICE_WARN_CAPPED(3, "a library use stayed in the driver for %llu ms during a context drop or unload",
                            static_cast<unsigned long long>(waited / 1'000'000));
       break;
     }
-    const timespec ts{0, static_cast<long>(sleep_ns)};
-    nanosleep(&ts, nullptr);
-    waited += sleep_ns;
-    sleep_ns = sleep_ns >= 100'000 ? 200'000 : sleep_ns * 2;
+    waited += backoff.pause();
   }
 }
 PlacementDrop::~PlacementDrop() {
   if (!on_) return;
-  g_unloads.fetch_add(1, std::memory_order_seq_cst);  // the threads' last resolved kernel may be gone
+  g_placement_drops.fetch_add(1, std::memory_order_seq_cst);  // the threads' last resolved kernel may be gone
   g_drops_in_flight.fetch_sub(1, std::memory_order_seq_cst);
 }
 

@@ -344,11 +344,9 @@ bool lock_busy_pool(PoolState& st) noexcept {
   if (st.mu.try_lock()) return true;
   const std::uint32_t self = t_growing != nullptr ? 1u : 0u;
   const std::uint64_t deadline = platform::monotonic_ns() + kReclaimWaitNs;
-  long sleep_ns = 10'000;
+  platform::Backoff backoff(10'000, 200'000);
   while (g_growers_reclaiming.load(std::memory_order_seq_cst) <= self && platform::monotonic_ns() < deadline) {
-    const timespec ts{0, sleep_ns};
-    nanosleep(&ts, nullptr);
-    sleep_ns = sleep_ns >= 100'000 ? 200'000 : sleep_ns * 2;
+    backoff.pause();
     if (st.mu.try_lock()) return true;
   }
   return false;

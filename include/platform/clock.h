@@ -36,6 +36,25 @@ inline void sleep_ns(std::uint64_t ns) noexcept {
   while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {}
 }
 
+// A bounded poll's pause, for the library's waits on a peer that is inside
+// the driver (a measurement's drain, a busy pool's mutex, a placement drop):
+// each pause() sleeps, then doubles the next sleep up to a cap, and returns
+// the nanoseconds it slept. The caller owns the bound (a deadline or a sum).
+class Backoff {
+ public:
+  constexpr Backoff(std::uint64_t first_ns, std::uint64_t cap_ns) noexcept : next_ns_(first_ns), cap_ns_(cap_ns) {}
+  std::uint64_t pause() noexcept {
+    const std::uint64_t ns = next_ns_;
+    sleep_ns(ns);
+    next_ns_ = ns >= cap_ns_ / 2 ? cap_ns_ : ns * 2;
+    return ns;
+  }
+
+ private:
+  std::uint64_t next_ns_;
+  std::uint64_t cap_ns_;
+};
+
 // Until monotonic_ns() reads deadline_ns (at once if it already has): the
 // bench's processes start and pace their work on deadlines of this clock that
 // they share, so a late waker does not shift the schedule.
