@@ -5,6 +5,8 @@
 # corpus (test/fuzz/corpus/<target>) for a short time. A crash, a leak, a
 # hang or a failed invariant fails the lane and names the reproducer.
 #   test/fuzz/run.sh [SECONDS]       seconds per target (default 15)
+#   test/fuzz/run.sh --build          builds the targets and stops (.ci/run builds them
+#                                    beside the ASan lane's tests, runs them last)
 #   test/fuzz/run.sh --merge TARGET DIR...
 #                                    rewrites test/fuzz/corpus/TARGET as the smallest set of
 #                                    its inputs and DIRs' (a longer run's) with the same coverage
@@ -28,6 +30,7 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=R
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DGPUSLICE_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" -j"$(nproc)" --target fuzz_libfuzzer
+[ "${1:-}" = "--build" ] && exit 0
 
 if [ "${1:-}" = "--merge" ]; then
   t=$2
