@@ -33,7 +33,9 @@ inline std::uint64_t realtime_us() noexcept {
 
 inline void sleep_ns(std::uint64_t ns) noexcept {
   timespec ts{static_cast<time_t>(ns / 1'000'000'000ull), static_cast<long>(ns % 1'000'000'000ull)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0) {}
+  // Again only after a signal (it returns the error, not -1): any other
+  // error (a seccomp filter's EPERM) ends the sleep, never spins for ever.
+  while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR) {}
 }
 
 // A bounded poll's pause, for the library's waits on a peer that is inside
