@@ -124,7 +124,8 @@ function(gpuslice_use_test_pch)
   # copies in these files (a known class of false positives in GCC 12's
   # std::string), which it leaves unreported, as in a system header, when the
   # files include the headers themselves: the first two at -O3, the third
-  # under TSan at -O1 (.ci/run), the last two at the test programs' -O1 of a
+  # under TSan (seen at -O1; the test programs' -O0 now), the last two at the
+  # test programs' -O1 of a
   # Release build (above). A new test file failing that way
   # ("error: ... char_traits.h ... [-Werror=array-bounds]", included from
   # cmake_pch.hxx) goes on this list.

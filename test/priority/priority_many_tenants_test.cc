@@ -227,18 +227,21 @@ TEST(PriorityManyTenants, TheHandoffWakesBookingsOnlyWhenTurnedOn) {
 // and the idle time in its window, the high thread's wait for a CPU (us);
 // PRIO_TENANT_NICE=<n> runs the high tenant at that nice value;
 // PRIO_TENANT_TRACE=<dir> has every tenant write its launches there
-// (prio_tenant.cc; test/priority/harvest_split.py splits the idle time).
+// (prio_tenant.cc; test/priority/harvest_split.py splits the idle time);
+// PRIO_HANDOFF=<value> sets every tenant's GPUSLICE_PRIORITY_HANDOFF.
 TEST(PriorityManyTenants, DISABLED_Sweep) {
   std::vector<int> ns = {0, 1, 16, 64, 256};
   if (const char* only = std::getenv("PRIO_N")) ns = {std::atoi(only)};
+  g_handoff = std::getenv("PRIO_HANDOFF");
   for (int n : ns) {
     Machine m;
     const Figures f = run_next_to(m, n, 200);
-    std::printf("profile=%s N=%d %s\n  %s\n", m.profile().empty() ? "ideal" : m.profile().c_str(), n,
-                f.describe().c_str(), f.breakdown.c_str());
+    std::printf("profile=%s N=%d handoff=%s %s\n  %s\n", m.profile().empty() ? "ideal" : m.profile().c_str(), n,
+                g_handoff != nullptr ? g_handoff : "default", f.describe().c_str(), f.breakdown.c_str());
     for (const std::string& row : f.rows) std::printf("  %s\n", row.c_str());
     std::fflush(stdout);
   }
+  g_handoff = nullptr;
 }
 
 }  // namespace
