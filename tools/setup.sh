@@ -17,7 +17,9 @@ need=()
 # clang-format: the formatter's check (tools/format.sh). valgrind:
 # gpuslice-instructions counts the library's instructions with callgrind.
 # clang + libclang-rt-dev (libFuzzer, the sanitizer runtimes): CI's fuzz lane
-# (test/fuzz/run.sh).
+# (test/fuzz/run.sh). ninja-build: .ci/run's sanitizer lanes and the fuzz
+# lane build with Ninja where it is installed (one build keeping both cores
+# busy, instead of one make per folder draining to one job at its tail).
 for pkg in \
     nlohmann-json3-dev \
     libcli11-dev \
@@ -33,6 +35,7 @@ for pkg in \
     clang-format \
     clang \
     libclang-rt-dev \
+    ninja-build \
     valgrind; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
