@@ -518,6 +518,7 @@ void check(std::uint32_t dev, const Grant* grant) {
     }
   }
   g_shared->count_judged.fetch_add(count_settled ? 1 : 0, std::memory_order_relaxed);
+  g_shared->count_released.fetch_add(excused.released != 0 ? 1 : 0, std::memory_order_relaxed);
   g_shared->count_unsettled.fetch_add(count_settled ? 0 : 1, std::memory_order_relaxed);
   if (!count_settled) {
     // Not judged: the run of sightings neither grows nor ends.

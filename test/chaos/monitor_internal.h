@@ -114,6 +114,7 @@ struct MonitorShared {
   std::atomic<std::uint32_t> released_generation[kSimSlots];
   std::atomic<std::uint32_t> region_slot_plus1[kSimSlots];
   std::atomic<std::uint32_t> region_slot_pid[kSimSlots];
+  std::atomic<std::uint64_t> count_released;  // count checks that excused such a process (the summary's)
 };
 
 struct MonitorConfig {
