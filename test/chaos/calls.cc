@@ -12,16 +12,19 @@
 // by its bytes while it says so; memory a graphics free took out of a
 // measurement (monitor_measured_short) by those bytes; a process in its exit
 // handlers (gpuslice gives its count back before the driver frees its
-// memory at the process's end) by all it holds.
+// memory at the process's end) by all it holds; a dead process whose files
+// another task still releases by all it holds, for the lag (released_excused).
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 
 #include "fakecuda_query.h"
 #include "monitor.h"
 #include "monitor_internal.h"
+#include "platform/procfs.h"
 
 namespace gpuslice::chaos {
 using namespace internal;
@@ -88,6 +91,39 @@ std::uint64_t internal::count_excused(int slot, std::uint32_t dev, std::uint64_t
     parts->measured_short += short_by;
   }
   return calls + outside + short_by;
+}
+
+// Dead by the liveness rule's /proc facts (shm::judge_liveness: gone, or a
+// zombie that is the last of its threads), its simulator slot still held:
+// another task holds a reference to its files and releases them — a reader
+// of /proc/<pid>/stat that held its mm at its last thread's exit_mm, or a
+// child it forked, at its exit. The kernel releases one task's last
+// references one at a time (task_work, in reverse order of their last
+// fput: mappings by address, descriptors by number), and may reschedule
+// between two, so the region's description, whose lock is the slot's
+// liveness (shm::lock_slot_file), may go before the driver's, whose release
+// frees the memory: gpuslice reaps while the device still holds it (seed
+// 1,154,803). The real driver's files (mapped too) go the same way. Bounded
+// by that task's release: excused for at most the lag after a check first
+// found it; never while the region slot gpuslice gave it is left with its
+// lock held (a task holds its region description: reaped too early).
+std::uint64_t internal::released_excused(int slot, std::uint32_t pid, std::uint32_t generation, std::uint64_t bytes) {
+  platform::procfs::Stat st;
+  const int err = platform::procfs::read_stat(pid, &st);
+  const bool dead = err == ENOENT || err == ESRCH ||
+                    (err == 0 && (st.state == 'Z' || st.state == 'X' || st.state == 'x') && st.num_threads <= 1);
+  if (!dead || region_lock_still_held(slot, pid)) {
+    g_shared->released_since_ns[slot].store(0, std::memory_order_relaxed);
+    return 0;
+  }
+  const std::uint64_t now = fakecuda_now_ns();
+  std::uint64_t since = g_shared->released_since_ns[slot].load(std::memory_order_relaxed);
+  if (since == 0 || g_shared->released_generation[slot].load(std::memory_order_relaxed) != generation) {
+    since = now;
+    g_shared->released_generation[slot].store(generation, std::memory_order_relaxed);
+    g_shared->released_since_ns[slot].store(since, std::memory_order_relaxed);
+  }
+  return now - since <= g_config.lag_ns ? bytes : 0;
 }
 
 int internal::live_processes(std::uint32_t dev) {

@@ -59,6 +59,9 @@ long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd, std::u
     g_region_slot[sim_slot] = k + 1;
     if (k < 0) return -1;
   }
+  // For released_excused: the slot whose file lock stands for this process (calls.cc).
+  g_shared->region_slot_pid[sim_slot].store(pid, std::memory_order_relaxed);
+  g_shared->region_slot_plus1[sim_slot].store(static_cast<std::uint32_t>(k) + 1, std::memory_order_relaxed);
   // Its share of used_bytes is committed less what a thief took back (OWED,
   // limiter/lease.h), as the reaper reads it; of that, spilled bytes are host memory.
   const Slot& s = r->slots[k];
@@ -68,6 +71,27 @@ long long slot_counted(std::uint32_t sim_slot, std::uint32_t pid, int rd, std::u
   const std::uint64_t spilled = s.spilled_bytes[rd].load(std::memory_order_acquire);
   const std::uint64_t share = committed > owed ? committed - owed : 0;
   return static_cast<long long>(share > spilled ? share - spilled : 0);
+}
+
+bool region_lock_still_held(int sim_slot, std::uint32_t pid) {
+  const Region* r = region();
+  const int fd = region_fd();
+  const std::uint32_t plus1 = g_shared->region_slot_plus1[sim_slot].load(std::memory_order_relaxed);
+  if (r == nullptr || fd < 0 || plus1 == 0 || plus1 > kMaxSlots ||
+      g_shared->region_slot_pid[sim_slot].load(std::memory_order_relaxed) != pid)
+    return false;
+  // Claimed again since (a claim takes the slot before its lock): the lock is
+  // the new owner's, and tells nothing of this process.
+  const Slot& s = r->slots[plus1 - 1];
+  const std::uint32_t state = s.state.load(std::memory_order_acquire);
+  if (state != kSlotFree && state != kSlotReaping) return false;
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = static_cast<off_t>(sizeof(Region) + (plus1 - 1));  // shm::lock_slot_file's byte
+  lock.l_len = 1;
+  const bool held = fcntl(fd, F_OFD_GETLK, &lock) == 0 && lock.l_type != F_UNLCK;
+  return held && s.state.load(std::memory_order_acquire) == state;
 }
 
 namespace {

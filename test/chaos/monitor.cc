@@ -64,6 +64,7 @@ int g_slot = -1;              // this process's slot in the simulator's state
 std::uint32_t g_devices = 0;  // the simulated machine's devices
 namespace {
 const Region* g_region = nullptr;  // mapped read-only once it exists
+int g_region_fd = -1;              // its description, kept: the slots' file locks are probed through it
 int g_region_device[kSimDevices];  // fake device -> region entry; -1 unknown
 std::atomic<int> g_reports{0};
 
@@ -130,16 +131,22 @@ const Region* region() {
   if (fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(Region)) {
     p = mmap(nullptr, sizeof(Region), PROT_READ, MAP_SHARED, fd, 0);
   }
-  close(fd);
-  if (p == MAP_FAILED) return nullptr;
+  if (p == MAP_FAILED) {
+    close(fd);
+    return nullptr;
+  }
   auto* r = static_cast<const Region*>(p);
   if (r->header.magic != kRegionMagic || r->header.abi_version != kRegionAbiVersion) {
     munmap(p, sizeof(Region));
+    close(fd);
     return nullptr;
   }
+  g_region_fd = fd;
   g_region = r;
   return g_region;
 }
+
+int region_fd() { return region() != nullptr ? g_region_fd : -1; }
 
 int region_device(std::uint32_t dev, const Region& r) {
   if (g_region_device[dev] >= 0) return g_region_device[dev];
@@ -189,11 +196,17 @@ std::uint64_t container_total(std::uint32_t dev, std::uint64_t* own, std::uint64
     total += held;
     if (in_flight != nullptr) *in_flight += flying;
     if (excused != nullptr) {
-      const std::uint64_t ex = count_excused(i, dev, held, excused);
+      std::uint64_t ex = count_excused(i, dev, held, excused);
       const Region* r = region();
       const int rd = r != nullptr ? region_device(dev, *r) : -1;
       std::uint64_t word = 0;
       const long long counted = slot_counted(i, slot.pid, rd, &word);
+      // No live gpuslice slot: a dead process whose files another task still releases (calls.cc)?
+      if (counted < 0 && held > ex) {
+        const std::uint64_t released = released_excused(i, slot.pid, slot.generation, held - ex);
+        excused->released += released;
+        ex += released;
+      }
       g_seen[i] = Seen{g_seen_serial, slot.generation, slot.pid, held, ex, counted, word};
     }
   }
@@ -332,13 +345,14 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
         text + used, sizeof(text) - used,
         "  at the check: gpuslice count %llu (above, and below, read at this report); excused from the count: %llu "
         "(in calls in flight %llu, outside CUDA %llu, measured short %llu, processes in their exit handlers %llu, "
-        "declared between the reads %llu)\n",
+        "declared between the reads %llu, dead processes whose files another task still releases %llu)\n",
         static_cast<unsigned long long>(g_check_count), static_cast<unsigned long long>(g_check_excused.total()),
         static_cast<unsigned long long>(g_check_excused.calls),
         static_cast<unsigned long long>(g_check_excused.outside),
         static_cast<unsigned long long>(g_check_excused.measured_short),
         static_cast<unsigned long long>(g_check_excused.exiting),
-        static_cast<unsigned long long>(g_check_excused.after_reads));
+        static_cast<unsigned long long>(g_check_excused.after_reads),
+        static_cast<unsigned long long>(g_check_excused.released));
     if (m > 0 && static_cast<std::size_t>(used + m) < sizeof(text)) used += m;
   }
   used = append_processes(text, sizeof(text), used, dev, region_dev);
@@ -456,7 +470,10 @@ void check(std::uint32_t dev, const Grant* grant) {
   // grants inside calls still in flight (monitor_call_begin/end): gpuslice
   // measures them after the driver's call and counts or destroys them before
   // the call returns, however long the process waits for a CPU in between.
-  const std::uint64_t transient = in_flight + excused.outside + excused.implicit_calls;
+  // And a dead process's memory while another task still releases its files
+  // (released_excused: for the lag): gpuslice, its slot reaped, may admit
+  // others meanwhile.
+  const std::uint64_t transient = in_flight + excused.outside + excused.implicit_calls + excused.released;
   g_check_in_flight = in_flight;
   g_check_excused = excused;
   g_check_count = count;
@@ -501,6 +518,7 @@ void check(std::uint32_t dev, const Grant* grant) {
     }
   }
   g_shared->count_judged.fetch_add(count_settled ? 1 : 0, std::memory_order_relaxed);
+  g_shared->count_released.fetch_add(excused.released != 0 ? 1 : 0, std::memory_order_relaxed);
   g_shared->count_unsettled.fetch_add(count_settled ? 0 : 1, std::memory_order_relaxed);
   if (!count_settled) {
     // Not judged: the run of sightings neither grows nor ends.

@@ -18,7 +18,7 @@ namespace gpuslice::chaos::internal {
 inline constexpr std::uint32_t kSimSlots = FAKECUDA_MAX_SLOTS;
 inline constexpr std::uint32_t kSimDevices = FAKECUDA_MAX_DEVICES;
 
-inline constexpr std::uint64_t kMonitorMagic = 0x374f54494e4f4d46ull;  // "FMONITO7": count excuses
+inline constexpr std::uint64_t kMonitorMagic = 0x384f54494e4f4d46ull;  // "FMONITO8": released files
 inline constexpr std::uint32_t kWatches = 256;
 inline constexpr std::uint32_t kLimitChanges = 4;  // the last limit changes each watch keeps
 
@@ -106,6 +106,15 @@ struct MonitorShared {
   // the reporter's pid; its sampler appends its own last operations to the
   // report file and clears it.
   std::atomic<std::uint32_t> dump_asked[kSimSlots];
+  // A dead process whose files another task still releases (calls.cc,
+  // released_excused): when a check first found it so (0: not so), in which
+  // generation of its simulator slot; and the region slot gpuslice last gave
+  // it, as a count check found it live (index + 1, and its pid).
+  std::atomic<std::uint64_t> released_since_ns[kSimSlots];
+  std::atomic<std::uint32_t> released_generation[kSimSlots];
+  std::atomic<std::uint32_t> region_slot_plus1[kSimSlots];
+  std::atomic<std::uint32_t> region_slot_pid[kSimSlots];
+  std::atomic<std::uint64_t> count_released;  // count checks that excused such a process (the summary's)
 };
 
 struct MonitorConfig {
@@ -154,6 +163,8 @@ extern std::uint32_t g_devices;  // the simulated machine's devices
 
 // The region, mapped read-only once it exists; its entry for a fake device.
 const Region* region();
+// Its open description (read-only), kept for probing the slots' file locks; -1 without a region.
+int region_fd();
 int region_device(std::uint32_t dev, const Region& r);
 // Whether simulator slot `i` is a process of this container (claimed, and
 // recorded as a member in this generation); *slot gets its figures on `dev`.
@@ -166,12 +177,13 @@ struct Excused {
   std::uint64_t outside = 0;         // memory outside CUDA (not imported)
   std::uint64_t measured_short = 0;  // graphics frees inside measurements of live objects
   std::uint64_t exiting = 0;         // all of a process in its exit handlers
+  std::uint64_t released = 0;        // dead processes whose files another task still releases (for the lag)
   std::uint64_t implicit_calls = 0;  // of calls, implicit grants (the quota's excuse too)
   // Declared after the processes were read and before the count was: memory
   // outside CUDA, or an exit begun, ahead of a release the count already shows.
   std::uint64_t after_reads = 0;
   int processes = 0;  // the live processes these are of
-  std::uint64_t total() const { return calls + outside + measured_short + exiting + after_reads; }
+  std::uint64_t total() const { return calls + outside + measured_short + exiting + released + after_reads; }
 };
 // Device bytes held by the live processes of this container (and of them the
 // managed grants in flight, and what the count direction excuses). State lock held.
@@ -218,6 +230,16 @@ bool answer_dump_request();
 void calls_attach(int slot);
 void note_call_charge(unsigned dev, std::uint64_t bytes, bool implicit);
 std::uint64_t count_excused(int slot, std::uint32_t dev, std::uint64_t held, Excused* parts);
+// A process with no live gpuslice slot, `bytes` of its holdings not excused
+// otherwise: all of them while it is dead by the liveness rule's /proc facts
+// and another task still releases its files, for at most the lag after a
+// check first found it so (calls.cc). State lock held.
+std::uint64_t released_excused(int slot, std::uint32_t pid, std::uint32_t generation, std::uint64_t bytes);
+// Whether the region slot gpuslice last gave `pid` (slot_counted records it)
+// is free, or being reaped, with its file lock still held by another
+// description: a task still holds the process's region description
+// (shm::lock_slot_file). False when unknown (holders.cc).
+bool region_lock_still_held(int sim_slot, std::uint32_t pid);
 // The live processes of this container (container_total's). State lock held.
 int live_processes(std::uint32_t dev);
 Watch* watch_for(std::uint32_t dev, std::uint64_t limit, std::uint64_t total);

@@ -62,10 +62,26 @@
 //     given back as gpuslice does when the import is destroyed, the memory
 //     declared outside CUDA first with DECLARE 1 (as the worker does), not
 //     with 0; freed 50 ms later; prints "release-outside hooked=H"
+// A dead process whose files another task releases (calls.cc, released_excused):
+//   refusal_overlap mm-holder DIR   (run under gpuslice) 24 MiB allocated; a
+//     task sharing its memory, its own descriptors closed (CLONE_VM: as a
+//     reader of /proc/<pid>/stat holding its mm at its last exit_mm), is
+//     made; prints "mm-holder pid=P holder=H", then sleeps until killed.
+//     Once DIR/release exists the holder unmaps the region file — its last
+//     reference: gpuslice's slot lock goes — and keeps the simulator's
+//     state file mapped (its lock, the device memory's), as the kernel's
+//     release of its files rescheduled between the two leaves them; writes
+//     DIR/released; exits once DIR/exit exists (60 s at most).
+//   refusal_overlap reap-hold MS   (run under gpuslice) its first
+//     cuMemGetInfo (gpuslice reaps the dead's slots first), 4 MiB allocated,
+//     held MS ms (the sampler checks), freed; prints "reap-hold done"
 #include <cuda.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -218,6 +234,81 @@ int count_direction(int argc, char** argv) {
   return 0;
 }
 
+// mm-holder: what the holder unmaps, and the files it waits for (set before
+// it is made; it shares this memory and makes raw system calls only).
+constexpr int kMaxRanges = 8;
+std::uintptr_t g_range_start[kMaxRanges], g_range_end[kMaxRanges];
+int g_ranges = 0;
+char g_release[1024], g_released[1024], g_exit[1024];
+alignas(64) char g_holder_stack[1 << 16];
+
+bool await_file(const char* path) {
+  const timespec ms{0, 1000000};
+  for (int i = 0; i < 60000; ++i) {
+    if (syscall(SYS_faccessat, AT_FDCWD, path, F_OK, 0) == 0) return true;
+    syscall(SYS_nanosleep, &ms, nullptr);
+  }
+  return false;
+}
+int holder(void*) {
+  syscall(SYS_close_range, 0u, ~0u, 0u);  // the mm only, as a /proc reader's mmget (nor the test's output)
+  if (await_file(g_release)) {
+    for (int i = 0; i < g_ranges; ++i) syscall(SYS_munmap, g_range_start[i], g_range_end[i] - g_range_start[i]);
+    const long fd = syscall(SYS_openat, AT_FDCWD, g_released, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) syscall(SYS_close, fd);
+    await_file(g_exit);
+  }
+  syscall(SYS_exit_group, 0);
+  return 0;
+}
+
+int released_files(int argc, char** argv) {
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  gpuslice::chaos::monitor_call_begin();  // the start: its context, counted before it "returns"
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    std::printf("init failed\n");
+    return 1;
+  }
+  gpuslice::chaos::monitor_call_end();
+  CUdeviceptr p = 0;
+  if (std::strcmp(argv[1], "reap-hold") == 0) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    cuMemGetInfo(&free_bytes, &total_bytes);
+    if (cuMemAlloc(&p, 4u << 20) != CUDA_SUCCESS) return 1;
+    usleep(static_cast<useconds_t>(std::strtoul(argv[2], nullptr, 10) * 1000));
+    cuMemFree(p);
+    std::printf("reap-hold done\n");
+    return 0;
+  }
+  const char* region = std::getenv("GPUSLICE_REGION");
+  struct stat region_stat {};
+  if (argc != 3 || region == nullptr || stat(region, &region_stat) != 0 || cuMemAlloc(&p, 24u << 20) != CUDA_SUCCESS)
+    return 1;
+  // Every mapping of the region file (gpuslice's, and the monitor's own).
+  if (FILE* maps = std::fopen("/proc/self/maps", "re")) {
+    char line[1024];
+    while (std::fgets(line, sizeof(line), maps) != nullptr && g_ranges < kMaxRanges) {
+      unsigned long start = 0, end = 0, inode = 0;
+      if (std::sscanf(line, "%lx-%lx %*s %*s %*s %lu", &start, &end, &inode) == 3 && inode == region_stat.st_ino) {
+        g_range_start[g_ranges] = start;
+        g_range_end[g_ranges++] = end;
+      }
+    }
+    std::fclose(maps);
+  }
+  std::snprintf(g_release, sizeof(g_release), "%s/release", argv[2]);
+  std::snprintf(g_released, sizeof(g_released), "%s/released", argv[2]);
+  std::snprintf(g_exit, sizeof(g_exit), "%s/exit", argv[2]);
+  const pid_t h = clone(holder, g_holder_stack + sizeof(g_holder_stack), CLONE_VM | SIGCHLD, nullptr);
+  if (g_ranges == 0 || h < 0) return 1;
+  std::printf("mm-holder pid=%d holder=%d\n", static_cast<int>(getpid()), static_cast<int>(h));
+  std::fflush(stdout);
+  for (int i = 0; i < 600; ++i) usleep(100 * 1000);  // killed long before
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,6 +319,8 @@ int main(int argc, char** argv) {
       std::strcmp(argv[1], "outside") == 0 || std::strcmp(argv[1], "context") == 0 ||
       std::strcmp(argv[1], "release-outside") == 0)
     return count_direction(argc, argv);
+  if ((std::strcmp(argv[1], "mm-holder") == 0 || std::strcmp(argv[1], "reap-hold") == 0) && argc == 3)
+    return released_files(argc, argv);
   const bool overlap = std::strcmp(argv[1], "overlap") == 0;
   const bool absorbed = std::strcmp(argv[1], "absorbed") == 0 && argc == 3;
   CUdevice dev = 0;

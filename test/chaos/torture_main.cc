@@ -135,6 +135,7 @@ struct SeedResult {
   std::uint64_t checks = 0;
   std::uint64_t refusals_judged = 0, refusals_skipped = 0;
   std::uint64_t count_judged = 0, count_unsettled = 0;  // count checks (monitor.cc)
+  std::uint64_t count_released = 0;                     // of those, excusing a dead process's files released
   std::string classes;
   std::string detail;
 };
@@ -336,6 +337,10 @@ SeedResult run_seed(const Options& o, std::uint64_t seed, const char* self) {
       result.count_judged = refusals[2];
       result.count_unsettled = refusals[3];
     }
+    std::uint64_t released = 0;
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(offsetof(MonitorShared, count_released)));
+    if (in && in.read(reinterpret_cast<char*>(&released), sizeof(released))) result.count_released = released;
   }
   const std::string report = read_file(dir + "/violations");
   result.violations = count_of(report, "fakecuda-monitor: VIOLATION");
@@ -485,7 +490,7 @@ int main(int argc, char** argv) {
   }
   const std::uint64_t begin = now_ms();
   int violations = 0, failed = 0;
-  std::uint64_t judged = 0, skipped = 0, count_judged = 0, count_unsettled = 0;
+  std::uint64_t judged = 0, skipped = 0, count_judged = 0, count_unsettled = 0, count_released = 0;
   std::string failed_seeds;
   for (std::uint64_t seed : o.seeds) {
     const std::uint64_t t0 = now_ms();
@@ -496,6 +501,7 @@ int main(int argc, char** argv) {
     skipped += r.refusals_skipped;
     count_judged += r.count_judged;
     count_unsettled += r.count_unsettled;
+    count_released += r.count_released;
     if (bad) {
       ++failed;
       failed_seeds += (failed_seeds.empty() ? "" : " ") + std::to_string(seed);
@@ -510,10 +516,11 @@ int main(int argc, char** argv) {
   const std::uint64_t count = o.seeds.size();
   std::printf(
       "summary: seeds=%llu failed=%d violations=%d time_s=%.1f seeds_per_s=%.2f classes=%s failed_seeds=[%s] "
-      "refusals_judged=%llu refusals_not_judged=%llu count_checks_judged=%llu count_checks_not_settled=%llu\n",
+      "refusals_judged=%llu refusals_not_judged=%llu count_checks_judged=%llu count_checks_not_settled=%llu "
+      "count_checks_excusing_released_files=%llu\n",
       static_cast<unsigned long long>(count), failed, violations, secs, static_cast<double>(count) / secs,
       join(o.classes).c_str(), failed_seeds.c_str(), static_cast<unsigned long long>(judged),
       static_cast<unsigned long long>(skipped), static_cast<unsigned long long>(count_judged),
-      static_cast<unsigned long long>(count_unsettled));
+      static_cast<unsigned long long>(count_unsettled), static_cast<unsigned long long>(count_released));
   return failed == 0 ? 0 : 1;
 }
