@@ -343,6 +343,27 @@ bool zombie_alone(pid_t pid) {
   return false;
 }
 
+// refusal_overlap mm-holder's output once it names its holder task (the
+// task sharing its memory), waited for up to 10 s.
+std::string await_holder(const Sandbox& box) {
+  std::string out;
+  for (int i = 0; i < 2000 && out.find("holder=") == std::string::npos; ++i) {
+    usleep(5000);
+    out = read_text(box.path("p.out"));
+  }
+  return out;
+}
+
+// Until the holder task named in `out` is gone or a zombie (at most 5 s).
+void await_holder_gone(const std::string& out) {
+  const std::size_t at = out.find("holder=");
+  const pid_t holder = at == std::string::npos ? 0 : static_cast<pid_t>(std::stol(out.substr(at + 7)));
+  for (int i = 0; i < 1000 && holder > 0 && kill(holder, 0) == 0 &&
+                  read_text("/proc/" + std::to_string(holder) + "/stat").find(") Z ") == std::string::npos;
+       ++i)
+    usleep(5000);
+}
+
 // A dead process whose files another task still releases (seed 1,154,803:
 // pid 14265, SIGKILLed, a zombie alone, its 66 MiB still on the device, its
 // gpuslice slot reaped). The kernel releases a task's last references one
@@ -362,11 +383,7 @@ TEST(ChaosMonitor, ADeadProcessWhoseFilesAnotherTaskReleasesIsExcusedForTheLagOn
   const Env env = merge(monitored(box, true), {{"FAKECUDA_MONITOR_LAG_MS", "1000"}, {"FAKECUDA_MONITOR_CALLS", "1"}});
   const pid_t p = spawn({REFUSAL_OVERLAP, "mm-holder", box.dir()}, merge(env, {{"FAKECUDA_MONITOR_INTERVAL_MS", "0"}}),
                         box.path("p.out"));
-  std::string out;
-  for (int i = 0; i < 2000 && out.find("holder=") == std::string::npos; ++i) {
-    usleep(5000);
-    out = read_text(box.path("p.out"));
-  }
+  const std::string out = await_holder(box);
   kill(p, SIGKILL);
   const bool alone = zombie_alone(p);
   { std::ofstream(box.path("release")) << "1"; }
@@ -389,12 +406,7 @@ TEST(ChaosMonitor, ADeadProcessWhoseFilesAnotherTaskReleasesIsExcusedForTheLagOn
   const std::string second = read_text(box.path("violations"));
   { std::ofstream(box.path("exit")) << "1"; }
   Result pr = wait(p, box.path("p.out"));
-  const std::size_t at = out.find("holder=");
-  const pid_t holder = at == std::string::npos ? 0 : static_cast<pid_t>(std::stol(out.substr(at + 7)));
-  for (int i = 0; i < 1000 && holder > 0 && kill(holder, 0) == 0 &&
-                  read_text("/proc/" + std::to_string(holder) + "/stat").find(") Z ") == std::string::npos;
-       ++i)
-    usleep(5000);  // gone (or a zombie): it held the state file
+  await_holder_gone(out);  // it held the state file
   ASSERT_NE(out.find("mm-holder pid="), std::string::npos) << out << pr.describe();
   ASSERT_TRUE(alone);
   ASSERT_TRUE(released);
@@ -417,11 +429,7 @@ TEST(ChaosMonitor, ADeadProcessReapedWhileItsRegionLockIsHeldIsReportedAtOnce) {
   const Env env = merge(monitored(box, true), {{"FAKECUDA_MONITOR_LAG_MS", "60000"}, {"FAKECUDA_MONITOR_CALLS", "1"}});
   const pid_t p = spawn({REFUSAL_OVERLAP, "mm-holder", box.dir()}, merge(env, {{"FAKECUDA_MONITOR_INTERVAL_MS", "0"}}),
                         box.path("p.out"));
-  std::string out;
-  for (int i = 0; i < 2000 && out.find("holder=") == std::string::npos; ++i) {
-    usleep(5000);
-    out = read_text(box.path("p.out"));
-  }
+  const std::string out = await_holder(box);
   kill(p, SIGKILL);
   const bool alone = zombie_alone(p);
   bool freed = false;
@@ -445,12 +453,7 @@ TEST(ChaosMonitor, ADeadProcessReapedWhileItsRegionLockIsHeldIsReportedAtOnce) {
   { std::ofstream(box.path("exit")) << "1"; }
   { std::ofstream(box.path("release")) << "1"; }  // the holder waits for it first
   wait(p, box.path("p.out"));
-  const std::size_t at = out.find("holder=");
-  const pid_t holder = at == std::string::npos ? 0 : static_cast<pid_t>(std::stol(out.substr(at + 7)));
-  for (int i = 0; i < 1000 && holder > 0 && kill(holder, 0) == 0 &&
-                  read_text("/proc/" + std::to_string(holder) + "/stat").find(") Z ") == std::string::npos;
-       ++i)
-    usleep(5000);
+  await_holder_gone(out);
   ASSERT_TRUE(alone) << out;
   ASSERT_TRUE(freed);
   ASSERT_EQ(r.exit_code, 0) << r.describe();
