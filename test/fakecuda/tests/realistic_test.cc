@@ -615,6 +615,43 @@ namespace {
 // Two processes with 200 ms of kernels each: while both have work, the device
 // alternates between them, each charged only for the slices it ran (about half
 // of the time each), and the device's busy time is never counted twice.
+// The test queries that read the schedule (fakecuda_query.h): the kernels
+// still pending (a process's own left out on request), the device time they
+// still owe, and the busy intervals of the timeline with their process.
+TEST_F(Realistic, PendingKernelsAndBusySegmentsReadTheSchedule) {
+  InitWithContext();
+  CUfunction gate_kernel = Function("spin_50000us");
+  CUfunction f = Function("spin_5000us");
+  CUstream s = nullptr;
+  ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  const std::uint64_t t0 = NowNs();
+  CUevent gate = Gate(gate_kernel, s);
+  ASSERT_CU(Launch(f, s));
+  ASSERT_CU(Launch(f, s));
+  const std::uint64_t pending = fakecuda_pending_kernels(0, 0);
+  const std::uint64_t owed = fakecuda_pending_ns(0);
+  const std::uint64_t others = fakecuda_pending_kernels(0, static_cast<int>(getpid()));
+  SKIP_IF_LATE(gate);
+  EXPECT_EQ(pending, 3u) << "the gate and two launches";
+  EXPECT_EQ(others, 0u) << "all of them this process's";
+  EXPECT_GT(owed, 10'000'000u);
+  EXPECT_LE(owed, 60'000'000u);
+  ASSERT_CU(cuStreamSynchronize(s));
+  EXPECT_EQ(fakecuda_pending_kernels(0, 0), 0u);
+  EXPECT_EQ(fakecuda_pending_ns(0), 0u);
+  std::uint64_t seg[3 * 16] = {};
+  const std::size_t n = fakecuda_busy_segments(0, t0, NowNs(), seg, 16);
+  ASSERT_GE(n, 1u);
+  ASSERT_LE(n, 16u);
+  std::uint64_t busy = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    EXPECT_EQ(seg[3 * k + 2], static_cast<std::uint64_t>(getpid()));
+    EXPECT_LT(seg[3 * k], seg[3 * k + 1]);
+    busy += seg[3 * k + 1] - seg[3 * k];
+  }
+  EXPECT_EQ(busy, 60'000'000u) << "the gate's 50 ms and two 5 ms kernels, nothing else";
+}
+
 TEST_F(Realistic, ProcessesAreChargedForTheSlicesTheyRan) {
   setenv("FAKECUDA_CONTEXT_MEMORY", "0", 1);
   ASSERT_CU(cuInit(0));
