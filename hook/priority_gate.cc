@@ -79,6 +79,7 @@ struct alignas(64) GateDevice {
   // (retire_oldest), not yet told to the level (publish_lag), and its claim's lag_shift_us.
   std::uint64_t lag_ns = 0;
   std::uint32_t lag_shift_us = 0;
+  std::uint32_t lag_launches = 0;  // booked launches since learn_lag last looked
 };
 GateDevice g_gate[kMaxDevices];
 
@@ -357,12 +358,20 @@ void publish_lag(GateDevice& g, board::Device& b) noexcept {
 // when that comes well before its own turn (`at`): done, its markers tell how
 // late it ended; not yet, it waits for it (the driver's blocking wait). Then
 // it tells the level: the lag is seen one launch after it arose, not one turn
-// of every container later.
-void learn_lag(GateDevice& g, board::Device& b, std::uint64_t at) noexcept {
+// of every container later. A look costs a wake-up, which beside many
+// containers on few cores is what the host lacks (next to 256 low tenants on
+// 2 cores, a look at every launch made the high tenant's thread wait for a
+// CPU in its bursts): a booking with more than kLagLookers launches of its
+// level booked ahead of it (`ahead`) looks at one launch in ahead /
+// kLagLookers, so that the level looks about kLagLookers times per turn.
+constexpr std::uint64_t kLagLookers = 16;
+void learn_lag(GateDevice& g, board::Device& b, std::uint64_t at, std::uint64_t ahead) noexcept {
   g.markers.lock.lock();
   while (!g.markers.empty() && retire_oldest(g, false)) {}
   const std::uint64_t end = g.lease_end_ns;
-  const bool look = !g.markers.empty() && end != 0 && end + limiter::kLeaseLeadNs < at;
+  const bool due = ++g.lag_launches >= ahead / kLagLookers;
+  const bool look = due && !g.markers.empty() && end != 0 && end + limiter::kLeaseLeadNs < at;
+  if (look) g.lag_launches = 0;
   g.markers.lock.unlock();
   if (!look) return publish_lag(g, b);
   const std::uint64_t now = mono_ns(), when = end + limiter::kLeaseLagFixNs / 2;
@@ -420,7 +429,7 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
   std::uint32_t seq = 0, shift = 0;
   if (!book_again(b, self, &now, d, &start, &seq, &shift, &stuck)) return false;
   const std::uint64_t allow = limiter::lease_allow(d, tight, g.lease_late_ns.load(std::memory_order_relaxed));
-  learn_lag(g, b, start > allow ? start - allow : 0);
+  learn_lag(g, b, start > allow ? start - allow : 0, start > now && d != 0 ? (start - now) / d : 0);
   now = mono_ns();
   // GPUSLICE_PRIORITY_HANDOFF (off: it sleeps to its slot); one handoff per
   // launch: refused, it sleeps to its slot.
