@@ -301,7 +301,7 @@ void publish(Device& p, Priority self, std::uint64_t now, std::uint64_t horizon)
 }
 
 bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start,
-          std::uint32_t* seq) noexcept {
+          std::uint32_t* seq, std::uint32_t* shift_us) noexcept {
   if (!p.named) return false;
   p.lease_lock.lock();
   ensure_lease(p, self, now);
@@ -318,6 +318,7 @@ bool book(Device& p, Priority self, std::uint64_t now, std::uint64_t launch_ns, 
     shm::unlock_lease(p.lease_fd);
     *start = slot.start_ns;
     *seq = rec.wake_seq;
+    *shift_us = rec.lag_shift_us;
   }
   p.lease_lock.unlock();
   return booked;
@@ -333,14 +334,22 @@ bool claim(Device& p, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t 
   });
 }
 
-void launched(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
+std::uint64_t launched(Device& p, const limiter::Claim& c, std::uint64_t launch_ns) noexcept {
   bool moved = false;
+  std::uint64_t end = 0;
   update_lease(p, 16, [&](shm::PriorityLease& rec, std::uint32_t self) {
-    moved = limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, self);
+    moved = limiter::launched_lease(rec, c, platform::monotonic_ns(), launch_ns, self, &end);
     return moved;
   });
   // After the lock: the woken booking reads the record at once.
   if (moved) shm::wake_one(p.lease_wake.load(std::memory_order_relaxed));
+  return moved ? end : 0;
+}
+
+void correct(Device& p, std::uint32_t shift_at_claim, std::uint64_t lag_ns) noexcept {
+  update_lease(p, 16, [&](shm::PriorityLease& rec, std::uint32_t) {
+    return limiter::correct_lease(rec, shift_at_claim, lag_ns, platform::monotonic_ns());
+  });
 }
 
 bool wait_turn(Device& p, std::uint32_t seq, std::uint64_t ns) noexcept {

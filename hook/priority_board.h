@@ -99,9 +99,10 @@ void publish(Device& b, Priority self, std::uint64_t now, std::uint64_t horizon)
 // level's timetable on the device (limiter::book_slot): *start is when it
 // should start running. False when there is no timetable (the lease file
 // cannot be opened, or its lock stays taken): the per-process bound applies.
-// *seq: the lease's wake word as the booking left it (wait_turn).
+// *seq: the lease's wake word as the booking left it (wait_turn); *shift_us:
+// its lag_shift_us (a later correction moves the slot: limiter::lag_moved_ns).
 bool book(Device& b, Priority self, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t* start,
-          std::uint32_t* seq) noexcept;
+          std::uint32_t* seq, std::uint32_t* shift_us) noexcept;
 // A booking waits for its slot, at most ns: true when a launch of its level
 // woke it (the handoff); false at the timeout (or after a plain sleep when
 // there is no wake word). A word that moved past `seq` before it slept (that
@@ -121,7 +122,13 @@ bool claim(Device& b, std::uint64_t now, std::uint64_t launch_ns, std::uint64_t 
 // level's launched work is counted from now, the token is given back. When
 // the lock stays taken the token expires by itself (kLeaseTokenNs). Then it
 // wakes one booking that waits for its slot (the handoff, when on).
-void launched(Device& b, const limiter::Claim& c, std::uint64_t launch_ns) noexcept;
+// Returns when the timetable says that launch ends (0: the token was not the
+// claim's any more, or the lock stayed taken).
+std::uint64_t launched(Device& b, const limiter::Claim& c, std::uint64_t launch_ns) noexcept;
+// A booked launch of the claim `shift_at_claim` (Claim::lag_shift_us) ended
+// lag_ns later than the timetable said: the timetable moves by as much
+// (limiter::correct_lease), unless another correction came first.
+void correct(Device& b, std::uint32_t shift_at_claim, std::uint64_t lag_ns) noexcept;
 // A claimed launch that is held after all (a higher neighbour became active
 // between its look at the board and its claim) gives its place and the token
 // back (limiter::unclaim_lease).

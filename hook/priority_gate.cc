@@ -43,6 +43,12 @@ struct Marker {
   bool sample;
   // A booked launch's end marker (priority_after_launch): observe_booked.
   bool booked;
+  // A booked end marker's: when the marker in front of the launch was
+  // recorded (on an idle stream: it completed then), when the level's
+  // timetable says the launch ends (0: unknown), and the claim's lag_shift_us.
+  std::uint64_t begin_ns;
+  std::uint64_t timetable_end_ns;
+  std::uint32_t shift_us;
 };
 // "Right after": the marker of the next launch comes within this of the previous launch.
 constexpr std::uint64_t kAdjacentNs = 100'000;
@@ -65,6 +71,15 @@ struct alignas(64) GateDevice {
   std::uint32_t lease_tail = 0;
   bool lease_marked = false;
   std::atomic<std::uint64_t> lease_late_ns{0};  // moving average: how late we woke for a booked slot
+  // The booked launch's marker in front of it: when it was recorded; the
+  // newest booked launch's end in the timetable, until its end marker retires.
+  std::uint64_t lease_begin_ns = 0;
+  std::uint64_t lease_end_ns = 0;
+  // How much later than the timetable said a booked launch of ours ended
+  // (retire_oldest), not yet told to the level (publish_lag), and its claim's lag_shift_us.
+  std::uint64_t lag_ns = 0;
+  std::uint32_t lag_shift_us = 0;
+  std::uint32_t lag_launches = 0;  // booked launches since learn_lag last looked
 };
 GateDevice g_gate[kMaxDevices];
 
@@ -127,12 +142,21 @@ bool retire_oldest(GateDevice& g, bool wait) noexcept {
     // and still alive: the ring never reuses the slot behind the oldest.
     std::uint64_t ns = 0;
     if (marker_elapsed_ns(g.markers.before_oldest().event, m.event, &ns)) {
-      if (m.booked)
+      if (m.booked) {
         limiter::observe_booked(g.estimate, ns);
-      else
+        // Its end on the host clock: the marker in front of it completed
+        // when recorded (the stream had nothing of ours queued).
+        const std::uint64_t end = m.begin_ns + ns;
+        if (m.timetable_end_ns != 0 && end > m.timetable_end_ns) {
+          g.lag_ns = end - m.timetable_end_ns;
+          g.lag_shift_us = m.shift_us;
+        }
+      } else {
         limiter::observe_launch(g.estimate, ns);
+      }
     }
   }
+  if (m.booked) g.lease_end_ns = 0;
   g.markers.pop();
   return true;
 }
@@ -158,9 +182,11 @@ bool record_marker(GateDevice& g, CUstream s, bool ptsz, bool leased) noexcept {
         m.sample =
             g.last_queued && g.last_stream == stream && g.last_launch_ns != 0 && now - g.last_launch_ns < kAdjacentNs;
         m.booked = false;
+        m.timetable_end_ns = 0;
         g.markers.push();
         // A booked launch: priority_after_launch() brackets it with the next one.
         g.lease_marked = leased;
+        g.lease_begin_ns = now;
         g.lease_tail = g.markers.tail;
         // Pending right after its record: this launch will queue behind earlier work.
         g.last_queued = query_marker(m.event) == MarkerState::pending;
@@ -313,6 +339,49 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
   return v;
 }
 
+// Tells the level how much later than its timetable a booked launch of ours
+// ended (board::correct: the timetable moves by as much, once per lag).
+void publish_lag(GateDevice& g, board::Device& b) noexcept {
+  g.markers.lock.lock();
+  const std::uint64_t lag = g.lag_ns;
+  const std::uint32_t shift = g.lag_shift_us;
+  g.lag_ns = 0;
+  g.markers.lock.unlock();
+  if (lag >= limiter::kLeaseLagFixNs) board::correct(b, shift, lag);
+}
+
+// The level's timetable counts launches by estimates, never by what the
+// device did: with run times that vary it runs ahead of the device, which
+// falls a launch or more behind for as long as nothing idles it (each later
+// launch queued on time behind a late one). A booked launch looks at its
+// previous booked launch's end marker just after the timetable says it ended,
+// when that comes well before its own turn (`at`): done, its markers tell how
+// late it ended; not yet, it waits for it (the driver's blocking wait). Then
+// it tells the level: the lag is seen one launch after it arose, not one turn
+// of every container later. A look costs a wake-up, which beside many
+// containers on few cores is what the host lacks (next to 256 low tenants on
+// 2 cores, a look at every launch made the high tenant's thread wait for a
+// CPU in its bursts): a booking with more than kLagLookers launches of its
+// level booked ahead of it (`ahead`) looks at one launch in ahead /
+// kLagLookers, so that the level looks about kLagLookers times per turn.
+constexpr std::uint64_t kLagLookers = 16;
+void learn_lag(GateDevice& g, board::Device& b, std::uint64_t at, std::uint64_t ahead) noexcept {
+  g.markers.lock.lock();
+  while (!g.markers.empty() && retire_oldest(g, false)) {}
+  const std::uint64_t end = g.lease_end_ns;
+  const bool due = ++g.lag_launches >= ahead / kLagLookers;
+  const bool look = due && !g.markers.empty() && end != 0 && end + limiter::kLeaseLeadNs < at;
+  if (look) g.lag_launches = 0;
+  g.markers.lock.unlock();
+  if (!look) return publish_lag(g, b);
+  const std::uint64_t now = mono_ns(), when = end + limiter::kLeaseLagFixNs / 2;
+  if (when > now) sleep_ns(when - now);
+  g.markers.lock.lock();
+  while (!g.markers.empty()) retire_oldest(g, true);
+  g.markers.lock.unlock();
+  publish_lag(g, b);
+}
+
 // board::book, tried again after a kHoldPollNs sleep while the level's lock
 // stays taken (its holder lacks a CPU: with hundreds of containers on a few
 // cores, common): a launch that went unbooked would queue beside the level's,
@@ -320,9 +389,9 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
 // kLeaseGiveUpNs (a holder stopped for good) the launch goes with the
 // per-process bound.
 bool book_again(board::Device& b, Priority self, std::uint64_t* now, std::uint64_t d, std::uint64_t* start,
-                std::uint32_t* seq, std::uint64_t* stuck) noexcept {
+                std::uint32_t* seq, std::uint32_t* shift_us, std::uint64_t* stuck) noexcept {
   for (;;) {
-    if (board::book(b, self, *now, d, start, seq)) return true;
+    if (board::book(b, self, *now, d, start, seq, shift_us)) return true;
     if (b.lease_shared.load(std::memory_order_relaxed) == 0) return false;
     sleep_ns(limiter::kHoldPollNs);
     const std::uint64_t t = mono_ns();
@@ -357,9 +426,11 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
   g.markers.lock.unlock();
   std::uint64_t now = mono_ns();
   std::uint64_t start = 0, stuck = 0;
-  std::uint32_t seq = 0;
-  if (!book_again(b, self, &now, d, &start, &seq, &stuck)) return false;
+  std::uint32_t seq = 0, shift = 0;
+  if (!book_again(b, self, &now, d, &start, &seq, &shift, &stuck)) return false;
   const std::uint64_t allow = limiter::lease_allow(d, tight, g.lease_late_ns.load(std::memory_order_relaxed));
+  learn_lag(g, b, start > allow ? start - allow : 0, start > now && d != 0 ? (start - now) / d : 0);
+  now = mono_ns();
   // GPUSLICE_PRIORITY_HANDOFF (off: it sleeps to its slot); one handoff per
   // launch: refused, it sleeps to its slot.
   bool may_hand = board::handoff();
@@ -405,6 +476,7 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
     const bool behind = !g.markers.empty();
     while (!g.markers.empty()) retire_oldest(g, true);
     g.markers.lock.unlock();
+    publish_lag(g, b);
     if (behind) {
       now = mono_ns();
       start = now + allow;
@@ -417,7 +489,7 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
       const std::uint64_t t = mono_ns();
       stuck += t - now;
       now = t;
-      if (!book_again(b, self, &now, d, &start, &seq, &stuck)) return false;
+      if (!book_again(b, self, &now, d, &start, &seq, &shift, &stuck)) return false;
       continue;
     }
     if (c.go) {
@@ -445,6 +517,14 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
       may_hand = false;
       continue;
     }
+    if (!c.token_taken && limiter::lag_moved_ns(c.lag_shift_us, shift) != 0 &&
+        c.busy_until_ns <= start + limiter::lag_moved_ns(c.lag_shift_us, shift)) {
+      // The device ran behind the timetable and it moved (correct_lease):
+      // its slot moved with it, still its turn.
+      start += limiter::lag_moved_ns(c.lag_shift_us, shift);
+      shift = c.lag_shift_us;
+      continue;
+    }
     if (c.token_taken) {
       // Another launch of the level claimed and has not gone yet: it gives
       // the token back within a few syscalls unless its thread lost its CPU
@@ -460,7 +540,7 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
     }
     // Taken: the next free slot, at the timetable's end (waiting for this
     // one's end instead, every late waker would wake together).
-    if (!book_again(b, self, &now, d, &start, &seq, &stuck)) return false;
+    if (!book_again(b, self, &now, d, &start, &seq, &shift, &stuck)) return false;
   }
   return false;
 }
@@ -545,10 +625,11 @@ bool priority_admit(int ordinal, CUstream stream, bool ptsz) noexcept {
 void priority_after_launch(int ordinal, CUstream stream, bool ptsz, bool launched) noexcept {
   if (static_cast<unsigned>(ordinal) >= kMaxDevices) return;
   GateDevice& g = g_gate[ordinal];
+  std::uint64_t timetable_end = 0;
   if (t_pending.ordinal == ordinal) {
     // Gone to the driver (or refused: nothing queued, the same for the level).
     t_pending.ordinal = -1;
-    board::launched(board::device(ordinal), t_pending.claim, t_pending.launch_ns);
+    timetable_end = board::launched(board::device(ordinal), t_pending.claim, t_pending.launch_ns);
   }
   const CUstream target = target_stream(stream, ptsz);
   g.markers.lock.lock();
@@ -561,7 +642,11 @@ void priority_after_launch(int ordinal, CUstream stream, bool ptsz, bool launche
       m.stream = target;
       m.sample = true;
       m.booked = true;
+      m.begin_ns = g.lease_begin_ns;
+      m.timetable_end_ns = timetable_end;
+      m.shift_us = t_pending.claim.lag_shift_us;
       g.markers.push();
+      g.lease_end_ns = timetable_end;
     }
   }
   g.lease_marked = false;

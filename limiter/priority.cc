@@ -181,6 +181,7 @@ bool token_taken(const shm::PriorityLease& rec, std::uint64_t now_ns, bool holde
 Claim claim_lease(shm::PriorityLease& rec, std::uint64_t now_ns, std::uint64_t launch_ns, std::uint64_t allow_ns,
                   std::uint32_t pid, bool holder_alive) noexcept {
   Claim c;
+  c.lag_shift_us = rec.lag_shift_us;
   if (token_taken(rec, now_ns, holder_alive)) {
     c.token_taken = true;
     c.busy_until_ns = rec.token_until_ns;
@@ -202,14 +203,30 @@ Claim claim_lease(shm::PriorityLease& rec, std::uint64_t now_ns, std::uint64_t l
 }
 
 bool launched_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t now_ns, std::uint64_t launch_ns,
-                    std::uint32_t pid) noexcept {
+                    std::uint32_t pid, std::uint64_t* end_ns) noexcept {
   if (!c.go || rec.token_pid != pid || rec.token_until_ns != c.token_until_ns) return false;
   const std::uint64_t d = launch_ns != 0 ? launch_ns : kLeaseUnmeasuredNs;
   const std::uint64_t end = (c.start_ns > now_ns ? c.start_ns : now_ns) + d;
   if (end > rec.launched_until_ns) rec.launched_until_ns = end;
+  if (end_ns != nullptr) *end_ns = end;
   rec.token_pid = 0;
   rec.token_until_ns = 0;
   ++rec.wake_seq;
+  return true;
+}
+
+bool correct_lease(shm::PriorityLease& rec, std::uint32_t shift_at_claim, std::uint64_t lag_ns,
+                   std::uint64_t now_ns) noexcept {
+  if (rec.lag_shift_us != shift_at_claim || lag_ns < kLeaseLagFixNs || lag_ns > kLeaseMaxAheadNs) return false;
+  // Launches queued since ours run lag_ns later than counted: until when the
+  // device is busy with them. Past: it has caught up (a gap in the timetable).
+  const std::uint64_t busy_until = rec.launched_until_ns + lag_ns;
+  if (busy_until <= now_ns || busy_until - now_ns > kLeaseMaxAheadNs) return false;
+  const std::uint64_t us = (lag_ns + 999) / 1000;
+  rec.launched_until_ns += us * 1000;
+  if (rec.booked_until_ns > now_ns && rec.booked_until_ns - now_ns <= kLeaseMaxAheadNs)
+    rec.booked_until_ns += us * 1000;
+  rec.lag_shift_us += static_cast<std::uint32_t>(us);
   return true;
 }
 

@@ -102,6 +102,9 @@ inline constexpr std::uint64_t kLeaseMaxAheadNs = 1'000'000'000;
 // How long before its slot a booked launch is queued while tight (hides the
 // process's wake-up); more (up to half a launch) when it has been waking late.
 inline constexpr std::uint64_t kLeaseLeadNs = 80'000;
+// The least lag of the device behind the level's timetable that moves the
+// timetable (correct_lease): half the lead.
+inline constexpr std::uint64_t kLeaseLagFixNs = kLeaseLeadNs / 2;
 // A claimed launch holds the level's device token until it has gone to the
 // driver, at most this long (a holder stopped between its claim and its
 // launch; one killed frees it at once: its presence lock goes).
@@ -147,6 +150,7 @@ struct Claim {
   std::uint64_t claimed_ns = 0;      // the claim's launched_until
   std::uint64_t start_ns = 0;        // when the claimed launch should start running
   std::uint64_t token_until_ns = 0;  // the token's word as the claim wrote it (whose it is)
+  std::uint32_t lag_shift_us = 0;    // the record's lag_shift_us at the claim, go or not (correct_lease)
 };
 Claim claim_lease(shm::PriorityLease& rec, std::uint64_t now_ns, std::uint64_t launch_ns, std::uint64_t allow_ns,
                   std::uint32_t pid, bool holder_alive) noexcept;
@@ -156,8 +160,26 @@ Claim claim_lease(shm::PriorityLease& rec, std::uint64_t now_ns, std::uint64_t l
 // the wake word moves (the caller wakes one waiting booking: the handoff).
 // Nothing when the token is not the claim's any more (it expired and another
 // launch took it). True when rec changed.
+// *end_ns (when given) is when the timetable says this launch ends.
 bool launched_lease(shm::PriorityLease& rec, const Claim& c, std::uint64_t now_ns, std::uint64_t launch_ns,
-                    std::uint32_t pid) noexcept;
+                    std::uint32_t pid, std::uint64_t* end_ns = nullptr) noexcept;
+// The timetable is open-loop: it counts each launch as its process's
+// estimate (the least of its samples: the shortest kernels, when their run
+// times vary), never what the device did. A booked launch that ended lag_ns
+// later than the timetable said (seen from its own markers) shows the device
+// that far behind it, and every launch queued since as late: the level's
+// launched_until and booked_until move by lag_ns and lag_shift_us adds it
+// (bookings made before move their slots by as much: lag_moved_ns). Once per
+// lag: only when no correction was made since the launch was claimed
+// (`shift_at_claim`, Claim::lag_shift_us), and only a lag of kLeaseLagFixNs or
+// more (a smaller one is within the lead); not when the device has caught up
+// since (launched_until + lag_ns is past). True when rec changed.
+bool correct_lease(shm::PriorityLease& rec, std::uint32_t shift_at_claim, std::uint64_t lag_ns,
+                   std::uint64_t now_ns) noexcept;
+// How far corrections moved the timetable since lag_shift_us read `then`.
+constexpr std::uint64_t lag_moved_ns(std::uint32_t now_us, std::uint32_t then_us) noexcept {
+  return static_cast<std::uint64_t>(static_cast<std::uint32_t>(now_us - then_us)) * 1000;
+}
 // When a booking woken by the handoff (a launch of its level went: the
 // lease's wake word moved) claims: allow_ns before the level's launched work
 // should end (the device's pace, not its own slot's), now when that is

@@ -47,7 +47,11 @@ struct PriorityLease {
   // counted from its real launch), at most until token_until_ns. 0: free.
   // (Formerly reserved, zero: a library without the token keeps them as read.)
   std::uint32_t token_pid;
-  std::uint32_t reserved1;
+  // The corrections of the timetable by the device's lag, summed (µs, modulo
+  // 2^32; limiter::correct_lease): a launch claimed before the latest one
+  // does not correct it again, a booking made before it moves its slot by
+  // the difference. (Formerly reserved, zero: a library without it keeps it as read.)
+  std::uint32_t lag_shift_us;
   std::uint64_t token_until_ns;  // CLOCK_MONOTONIC
 };
 static_assert(sizeof(PriorityLease) == 64);

@@ -39,8 +39,22 @@ uint64_t fakecuda_process_context_bytes(int dev, int pid_or_0);
 int fakecuda_process_count(int dev);
 /* Device time within [t0_ns, t1_ns) spent on kernels of pid (0 = all processes). */
 uint64_t fakecuda_busy_ns(int dev, int pid_or_0, uint64_t t0_ns, uint64_t t1_ns);
-/* When the last kernel submitted to the device ends. */
+/* The busy intervals the device's ring holds that overlap [t0_ns, t1_ns):
+ * up to max of them into out as (start_ns, end_ns, host pid) triples, clipped
+ * to the window, in ring order; returns how many overlap (may exceed max). */
+size_t fakecuda_busy_segments(int dev, uint64_t t0_ns, uint64_t t1_ns, uint64_t* out, size_t max);
+/* When the last kernel submitted to the device ends (the realistic profile:
+ * the simulated now, see fakecuda_pending_ns). */
 uint64_t fakecuda_busy_until_ns(int dev);
+/* The device time still owed to the work submitted to the device and not yet
+ * run (ns): the ideal profile's busy_until - now, the realistic profile's
+ * pending launches' remaining run time (advanced to now first). */
+uint64_t fakecuda_pending_ns(int dev);
+/* Kernel launches submitted to the device and not yet run to their end, of
+ * processes other than except_pid (0: of every process); the realistic
+ * profile only (the ideal one's timeline keeps no queue: 0). Advances the
+ * simulation to now first. */
+uint64_t fakecuda_pending_kernels(int dev, int except_pid);
 /* CLOCK_MONOTONIC now, in ns: the timeline's clock. */
 uint64_t fakecuda_now_ns(void);
 /* Frees the holdings of dead processes now; returns how many were reaped. */

@@ -113,9 +113,67 @@ extern "C" uint64_t fakecuda_busy_ns(int dev, int pid_or_0, uint64_t t0_ns, uint
   return timeline_busy_ns(*s, static_cast<std::uint32_t>(dev), static_cast<std::uint32_t>(pid_or_0), t0_ns, t1_ns);
 }
 
+extern "C" size_t fakecuda_busy_segments(int dev, uint64_t t0_ns, uint64_t t1_ns, uint64_t* out, size_t max) {
+  State* s = query_state();
+  if (!valid(s, dev)) return 0;
+  std::size_t count = 0;
+  timeline_for_each(*s, static_cast<std::uint32_t>(dev),
+                    [&](std::uint64_t start, std::uint64_t end, std::uint64_t pids) {
+                      const std::uint64_t lo = start > t0_ns ? start : t0_ns, hi = end < t1_ns ? end : t1_ns;
+                      if (hi <= lo) return;
+                      if (count < max) {
+                        out[3 * count] = lo;
+                        out[3 * count + 1] = hi;
+                        out[3 * count + 2] = pids >> 32;
+                      }
+                      ++count;
+                    });
+  return count;
+}
+
 extern "C" uint64_t fakecuda_busy_until_ns(int dev) {
   State* s = query_state();
   return valid(s, dev) ? s->device(static_cast<std::uint32_t>(dev)).busy_until_ns.load(std::memory_order_acquire) : 0;
+}
+
+extern "C" uint64_t fakecuda_pending_ns(int dev) {
+  State* s = query_state();
+  if (!valid(s, dev)) return 0;
+  const auto d = static_cast<std::uint32_t>(dev);
+  const std::uint64_t now = mono_ns();
+  if (!sched_enabled(s->header())) {
+    const std::uint64_t until = s->device(d).busy_until_ns.load(std::memory_order_acquire);
+    return until > now ? until - now : 0;
+  }
+  State::Lock lock(*s);
+  if (!lock.ok()) return 0;
+  sched_advance_locked(*s, d, now);
+  std::uint64_t pending = 0;
+  for (const SchedStream& stream : sched_device(*s, d).streams) {
+    if (stream.used != 0) pending += stream.remaining_ns;
+  }
+  return pending;
+}
+
+extern "C" uint64_t fakecuda_pending_kernels(int dev, int except_pid) {
+  State* s = query_state();
+  if (!valid(s, dev) || !sched_enabled(s->header())) return 0;
+  const auto d = static_cast<std::uint32_t>(dev);
+  const auto except = static_cast<std::uint32_t>(except_pid);
+  State::Lock lock(*s);
+  if (!lock.ok()) return 0;
+  sched_advance_locked(*s, d, mono_ns());
+  const SchedDevice& sd = sched_device(*s, d);
+  std::uint64_t kernels = 0;
+  for (const SchedStream& stream : sd.streams) {
+    if (stream.used == 0) continue;
+    const auto pid = static_cast<std::uint32_t>(stream.info.pids),
+               host_pid = static_cast<std::uint32_t>(stream.info.pids >> 32);
+    if (except != 0 && (pid == except || host_pid == except)) continue;
+    for (std::uint32_t i = stream.head; i != kNoEntry; i = sd.entries[i].next)
+      kernels += sd.entries[i].kind == SchedKind::kernel;
+  }
+  return kernels;
 }
 
 extern "C" uint64_t fakecuda_now_ns(void) { return mono_ns(); }

@@ -40,8 +40,17 @@ void note_ticket(CUstream_st* stream, std::uint64_t ticket) {
 // Waits about `ns`: a timed sleep when it is long, else yielding until then
 // (a sleep overshoots by the timer slack, ~50 us, more than short kernels
 // last; the real driver's default synchronisation also spins when it can).
-void wait_for(std::uint64_t ns) {
+// `blocking`: always a sleep (an event created with CU_EVENT_BLOCKING_SYNC:
+// "a CPU thread that uses cuEventSynchronize() to wait on an event created
+// with this flag will block until the event has actually been completed",
+// cuEventCreate's documentation; it never spins).
+void wait_for(std::uint64_t ns, bool blocking = false) {
   if (ns < kMinPollNs) ns = kMinPollNs;
+  if (blocking) {
+    timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+    nanosleep(&ts, nullptr);
+    return;
+  }
   if (ns >= kSpinBelowNs) {
     timespec ts{static_cast<time_t>((ns - kSpinBelowNs / 2) / 1000000000ull),
                 static_cast<long>((ns - kSpinBelowNs / 2) % 1000000000ull)};
@@ -56,7 +65,7 @@ void wait_for(std::uint64_t ns) {
 // nothing left, sleeping for the remaining run time it reports: a lower bound on
 // the wait, so the caller never oversleeps the uncontended finish.
 template <typename Pending>
-void wait_until_idle(std::uint32_t dev, Pending&& pending) {
+void wait_until_idle(std::uint32_t dev, Pending&& pending, bool blocking = false) {
   State& s = state();
   std::uint64_t last_reap = mono_ns();
   for (;;) {
@@ -75,7 +84,7 @@ void wait_until_idle(std::uint32_t dev, Pending&& pending) {
       left = pending();
     }
     if (left.entries == 0) return;
-    wait_for(left.remaining_ns);
+    wait_for(left.remaining_ns, blocking);
   }
 }
 
@@ -195,14 +204,17 @@ bool sched_event_done(CUevent_st* event) {
 void sched_event_wait(CUevent_st* event) {
   std::uint64_t ticket = event->ticket.load(std::memory_order_acquire);
   if (ticket == 0) return;
-  wait_until_idle(event->device, [&] {
-    std::uint64_t end = 0;
-    if (sched_ticket_done_locked(state(), event->device, event->where, ticket, &end)) return SchedPending{0, 0};
-    // Still queued on its stream: wait at least for the work ahead of it there.
-    const SchedStream& queue = sched_device(state(), event->device).streams[event->where.stream];
-    SchedPending ahead = sched_stream_pending_locked(state(), event->device, queue.info.key, ticket);
-    return SchedPending{ahead.entries > 0 ? ahead.entries : 1, ahead.remaining_ns};
-  });
+  wait_until_idle(
+      event->device,
+      [&] {
+        std::uint64_t end = 0;
+        if (sched_ticket_done_locked(state(), event->device, event->where, ticket, &end)) return SchedPending{0, 0};
+        // Still queued on its stream: wait at least for the work ahead of it there.
+        const SchedStream& queue = sched_device(state(), event->device).streams[event->where.stream];
+        SchedPending ahead = sched_stream_pending_locked(state(), event->device, queue.info.key, ticket);
+        return SchedPending{ahead.entries > 0 ? ahead.entries : 1, ahead.remaining_ns};
+      },
+      (event->flags & CU_EVENT_BLOCKING_SYNC) != 0);
   sched_event_done(event);
 }
 

@@ -36,7 +36,9 @@ def main():
     bursts = []
     with open(os.path.join(d, "high.bursts")) as f:
         for line in f:
-            _, t0, lat = line.split()
+            if line[0] != "B":  # H (its launches) and G (the device's busy intervals) lines
+                continue
+            _, t0, lat = line.split()[:3]
             bursts.append((int(t0), int(t0) + int(lat)))
     launches, per_tenant, sleeps = [], {}, {}
     files = glob.glob(os.path.join(d, "*.low"))

@@ -14,14 +14,16 @@
 //
 // low prints "prio_tenant_low handoff_waits=<n> handoff_woken=<n>" at its
 // end: the gate's futex waits inside its launches (GPUSLICE_PRIORITY_HANDOFF)
-// and how many a launch's wake ended. high prints one line: "prio_tenant pid=<pid> start_ns=<first launch,
+// and how many a launch's wake ended; with PRIO_TENANT_HIGH_PID (realistic
+// profile), "prio_tenant_crowded <t>...": when its launches found two or more
+// kernels of the others (not that pid's) still on the device. high prints one line: "prio_tenant pid=<pid> start_ns=<first launch,
 // CLOCK_MONOTONIC> end_ns=<last synchronize> bursts=<n> p50_us=<..>
 // p90_us=<..> p99_us=<..> max_us=<..> host_p99_us=<..>": burst latencies device-side
 // (between the events: simulated instants, free of the host's wake-up) and
 // host-side (first launch to the synchronize's return). Then a line
 // "prio_tenant_gaps ..." (the device's idle time between bursts) and one
 // "prio_tenant_breakdown ..." (where the worst 2 % and all bursts' time went:
-// the device's queue at arrival, the others' device time in the burst's
+// the device's queue at arrival (fakecuda_pending_ns), the others' device time in the burst's
 // window, the idle time in it, the time this thread waited for a CPU between
 // its first event and its last launch, from /proc/thread-self/schedstat);
 // with PRIO_TENANT_ROWS set, a "row ..." line per burst. PRIO_TENANT_NICE=<n>
@@ -35,7 +37,11 @@
 // clock_nanosleep, defined below): "S <start> <planned wake> <wake>
 // <run_delay before> <after> <launch index>" (ns, CLOCK_MONOTONIC;
 // run_delay: the thread's wait for a CPU, schedstat). The high one writes
-// <dir>/high.bursts: "B <first event> <device-side latency ns>" per burst.
+// <dir>/high.bursts: "B <first event> <device-side latency ns> <device work
+// queued at its start, ns>" per burst, then "H <each launch's return>" and
+// "G <start> <end> <host pid>" per busy interval of the device from 1 ms before
+// the burst to its end (fakecuda_busy_segments); <dir>/device.timeline: every
+// busy interval of the bursts' span, "<start> <end> <host pid>".
 // test/priority/harvest_split.py reads them.
 #include <cuda.h>
 #include <dlfcn.h>
@@ -201,11 +207,21 @@ int main(int argc, char** argv) {
       rec.reserve(5u << 17);
       g_sleeps_rec.reserve(6u << 18);
     }
+    // PRIO_TENANT_HIGH_PID (the realistic profile): after each launch, how
+    // many kernels of the others (not the high tenant's) are still on the
+    // device. The level's budget keeps one running and this one queued
+    // (docs/priority.md, "Many tenants"): a launch that finds two others is
+    // crowded; its time is printed (the test counts those within the bursts).
+    const char* high_pid = std::getenv("PRIO_TENANT_HIGH_PID");
+    const int except = high_pid != nullptr ? std::atoi(high_pid) : 0;
+    std::vector<std::uint64_t> crowded;
     for (unsigned n = 1;; ++n) {
       if (g_schedstat < 0) {
         g_in_launch = true;
         launch();
         g_in_launch = false;
+        if (except != 0 && fakecuda_pending_kernels(0, except) > 2 && crowded.size() < 100000)
+          crowded.push_back(now_ns());
       } else {
         const std::uint64_t d0 = traced_delay_ns(), t0 = now_ns();
         g_in_launch = true;
@@ -223,6 +239,11 @@ int main(int argc, char** argv) {
     check(cuStreamSynchronize(stream), "cuStreamSynchronize");
     std::printf("prio_tenant_low handoff_waits=%llu handoff_woken=%llu\n",
                 static_cast<unsigned long long>(g_handoff_waits), static_cast<unsigned long long>(g_handoff_woken));
+    if (except != 0) {
+      std::printf("prio_tenant_crowded");
+      for (std::uint64_t t : crowded) std::printf(" %llu", static_cast<unsigned long long>(t));
+      std::printf("\n");
+    }
     if (trace != nullptr) {
       const std::string path = std::string(trace) + "/" + std::to_string(getpid()) + ".low";
       if (FILE* out = std::fopen(path.c_str(), "w")) {
@@ -266,17 +287,20 @@ int main(int argc, char** argv) {
   // Per burst, for the breakdown line: when it began, the device's queue
   // then (the ideal profile's busy_until; the realistic one's is its
   // simulated now: 0 there).
-  std::vector<std::uint64_t> began_ns, queued_ns, cpu_wait_ns;
+  std::vector<std::uint64_t> began_ns, queued_ns, cpu_wait_ns, launched_ns;
   std::uint64_t start = 0, end = 0;
   for (int i = 0; i < bursts; ++i) {
-    const std::uint64_t busy_until = fakecuda_busy_until_ns(0);
+    const std::uint64_t queued = fakecuda_pending_ns(0);
     const std::uint64_t t0 = now_ns();
     if (start == 0) start = t0;
     began_ns.push_back(t0);
-    queued_ns.push_back(busy_until > t0 ? busy_until - t0 : 0);
+    queued_ns.push_back(queued);
     const std::uint64_t delay0 = run_delay_ns();
     check(cuEventRecord(a, stream), "cuEventRecord");
-    for (int k = 0; k < kernels; ++k) launch();
+    for (int k = 0; k < kernels; ++k) {
+      launch();
+      if (trace != nullptr) launched_ns.push_back(now_ns());
+    }
     check(cuEventRecord(b, stream), "cuEventRecord");
     cpu_wait_ns.push_back(run_delay_ns() - delay0);
     check(cuStreamSynchronize(stream), "cuStreamSynchronize");
@@ -289,9 +313,35 @@ int main(int argc, char** argv) {
   }
   if (trace != nullptr) {
     if (FILE* out = std::fopen((std::string(trace) + "/high.bursts").c_str(), "w")) {
-      for (std::size_t i = 0; i < began_ns.size(); ++i)
-        std::fprintf(out, "B %llu %llu\n", static_cast<unsigned long long>(began_ns[i]),
-                     static_cast<unsigned long long>(device_us[i] * 1000.0));
+      std::vector<std::uint64_t> seg(3 * 64);
+      for (std::size_t i = 0; i < began_ns.size(); ++i) {
+        const std::uint64_t t0 = began_ns[i], t1 = t0 + static_cast<std::uint64_t>(device_us[i] * 1000.0);
+        std::fprintf(out, "B %llu %llu %llu\n", static_cast<unsigned long long>(t0),
+                     static_cast<unsigned long long>(device_us[i] * 1000.0),
+                     static_cast<unsigned long long>(queued_ns[i]));
+        std::fprintf(out, "H");
+        for (int k = 0; k < kernels; ++k)
+          std::fprintf(out, " %llu",
+                       static_cast<unsigned long long>(
+                           launched_ns[i * static_cast<std::size_t>(kernels) + static_cast<std::size_t>(k)]));
+        std::fprintf(out, "\n");
+        const std::size_t n =
+            std::min<std::size_t>(64, fakecuda_busy_segments(0, t0 - 1'000'000, t1 + 100'000, seg.data(), 64));
+        for (std::size_t k = 0; k < n; ++k)
+          std::fprintf(out, "G %llu %llu %llu\n", static_cast<unsigned long long>(seg[3 * k]),
+                       static_cast<unsigned long long>(seg[3 * k + 1]),
+                       static_cast<unsigned long long>(seg[3 * k + 2]));
+      }
+      std::fclose(out);
+    }
+    // The whole device timeline of the bursts' span: who held the device when.
+    if (FILE* out = std::fopen((std::string(trace) + "/device.timeline").c_str(), "w")) {
+      std::vector<std::uint64_t> all(3u << 17);
+      const std::size_t n =
+          std::min<std::size_t>(all.size() / 3, fakecuda_busy_segments(0, start, end, all.data(), all.size() / 3));
+      for (std::size_t k = 0; k < n; ++k)
+        std::fprintf(out, "%llu %llu %llu\n", static_cast<unsigned long long>(all[3 * k]),
+                     static_cast<unsigned long long>(all[3 * k + 1]), static_cast<unsigned long long>(all[3 * k + 2]));
       std::fclose(out);
     }
   }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "limiter/priority.h"
@@ -221,6 +222,41 @@ TEST(PriorityLease, BookedSamplesKeepTheLeast) {
   EXPECT_EQ(e.avg_ns, 1'000'000u) << "longer launches are learnt within two windows";
   limiter::observe_booked(e, 600'000);
   EXPECT_EQ(e.avg_ns, 600'000u) << "shorter ones at once";
+}
+
+// The timetable counts launches by estimates; a booked launch that ended
+// later than it said moves it (and the bookings) by its lag, once: a launch
+// claimed before that correction saw the same lag and must not move it again;
+// a lag within half the lead, or one the device has caught up on (the
+// timetable ended before now), moves nothing. Bookings made before learn how
+// far their slots moved from lag_shift_us (wrapping).
+TEST(PriorityLease, ALaunchThatEndedLateMovesTheTimetableOnce) {
+  const std::uint64_t now = 10'000'000'000;
+  shm::PriorityLease rec{};
+  rec.launched_until_ns = now + 300'000;
+  rec.booked_until_ns = now + 2'000'000;
+  rec.lag_shift_us = 7;
+  const limiter::Claim refused = limiter::claim_lease(rec, now, 250'000, 80'000, 1, true);
+  ASSERT_FALSE(refused.go);
+  EXPECT_EQ(refused.lag_shift_us, 7u) << "a refused claim reads the shift too";
+  EXPECT_TRUE(limiter::correct_lease(rec, 7, 250'000, now));
+  EXPECT_EQ(rec.launched_until_ns, now + 550'000);
+  EXPECT_EQ(rec.booked_until_ns, now + 2'250'000);
+  EXPECT_EQ(limiter::lag_moved_ns(rec.lag_shift_us, 7), 250'000u);
+  const shm::PriorityLease after = rec;
+  EXPECT_FALSE(limiter::correct_lease(rec, 7, 250'000, now)) << "claimed before the correction";
+  EXPECT_FALSE(limiter::correct_lease(rec, rec.lag_shift_us, limiter::kLeaseLagFixNs - 1, now)) << "within the lead";
+  EXPECT_EQ(std::memcmp(&rec, &after, sizeof rec), 0);
+  rec.launched_until_ns = now - 1'000'000;
+  EXPECT_FALSE(limiter::correct_lease(rec, rec.lag_shift_us, 300'000, now)) << "the device has caught up";
+  EXPECT_EQ(rec.launched_until_ns, now - 1'000'000);
+  rec.launched_until_ns = now + 100'000;
+  rec.booked_until_ns = now - 5;  // no booking ahead: stays
+  rec.lag_shift_us = 0xfffffffeu;
+  EXPECT_TRUE(limiter::correct_lease(rec, 0xfffffffeu, 60'500, now));
+  EXPECT_EQ(rec.launched_until_ns, now + 161'000) << "whole microseconds, rounded up";
+  EXPECT_EQ(rec.booked_until_ns, now - 5);
+  EXPECT_EQ(limiter::lag_moved_ns(rec.lag_shift_us, 0xfffffffeu), 61'000u) << "across the wrap";
 }
 
 TEST(PriorityLease, SlotsInThePastAndWordsTooFarAheadStartNow) {
