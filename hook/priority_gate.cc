@@ -78,6 +78,7 @@ struct alignas(64) GateDevice {
   // How much later than the timetable said a booked launch of ours ended
   // (retire_oldest), not yet told to the level (publish_lag), and its claim's lag_shift_us.
   std::uint64_t lag_ns = 0;
+  std::uint64_t lag_seen_ns = 0;  // when that launch ended (publish_lag drops a stale lag)
   std::uint32_t lag_shift_us = 0;
   std::uint32_t lag_launches = 0;  // booked launches since learn_lag last looked
 };
@@ -115,6 +116,13 @@ void after_fork_in_child() noexcept {
     g.prev_start_ns = 0;
     g.late_ns = 0;
     g.lease_marked = false;
+    g.lease_tail = 0;
+    g.lease_begin_ns = 0;
+    g.lease_end_ns = 0;
+    g.lag_ns = 0;
+    g.lag_seen_ns = 0;
+    g.lag_shift_us = 0;
+    g.lag_launches = 0;
     g.lease_late_ns.store(0, std::memory_order_relaxed);
     g.horizon.store(0, std::memory_order_relaxed);
   }
@@ -149,7 +157,10 @@ bool retire_oldest(GateDevice& g, bool wait) noexcept {
         const std::uint64_t end = m.begin_ns + ns;
         if (m.timetable_end_ns != 0 && end > m.timetable_end_ns) {
           g.lag_ns = end - m.timetable_end_ns;
+          g.lag_seen_ns = end;
           g.lag_shift_us = m.shift_us;
+        } else if (m.timetable_end_ns != 0) {
+          g.lag_ns = 0;  // a later launch ended on time: an older lag is gone
         }
       } else {
         limiter::observe_launch(g.estimate, ns);
@@ -341,13 +352,18 @@ Verdict hold(GateDevice& g, board::Device& b, Priority self, std::uint64_t now) 
 
 // Tells the level how much later than its timetable a booked launch of ours
 // ended (board::correct: the timetable moves by as much, once per lag).
+// A lag seen more than kLagFreshNs ago is dropped: the launches queued
+// behind that one have run since (a process that books again only minutes
+// later must not move a busy timetable by what the device did then).
+constexpr std::uint64_t kLagFreshNs = 20'000'000;
 void publish_lag(GateDevice& g, board::Device& b) noexcept {
   g.markers.lock.lock();
-  const std::uint64_t lag = g.lag_ns;
+  const std::uint64_t lag = g.lag_ns, seen = g.lag_seen_ns;
   const std::uint32_t shift = g.lag_shift_us;
   g.lag_ns = 0;
   g.markers.lock.unlock();
-  if (lag >= limiter::kLeaseLagFixNs) board::correct(b, shift, lag);
+  const std::uint64_t now = mono_ns();
+  if (lag >= limiter::kLeaseLagFixNs && (seen >= now || now - seen <= kLagFreshNs)) board::correct(b, shift, lag);
 }
 
 // The level's timetable counts launches by estimates, never by what the
@@ -517,11 +533,9 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
       may_hand = false;
       continue;
     }
-    if (!c.token_taken && limiter::lag_moved_ns(c.lag_shift_us, shift) != 0 &&
-        c.busy_until_ns <= start + limiter::lag_moved_ns(c.lag_shift_us, shift)) {
-      // The device ran behind the timetable and it moved (correct_lease):
-      // its slot moved with it, still its turn.
-      start += limiter::lag_moved_ns(c.lag_shift_us, shift);
+    // The device ran behind the timetable and it moved (correct_lease): its
+    // slot moved with it, still its turn (limiter::follow_correction).
+    if (!c.token_taken && limiter::follow_correction(&start, now, c.lag_shift_us, shift, c.busy_until_ns)) {
       shift = c.lag_shift_us;
       continue;
     }

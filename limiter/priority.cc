@@ -230,6 +230,16 @@ bool correct_lease(shm::PriorityLease& rec, std::uint32_t shift_at_claim, std::u
   return true;
 }
 
+bool follow_correction(std::uint64_t* start_ns, std::uint64_t now_ns, std::uint32_t now_us, std::uint32_t then_us,
+                       std::uint64_t busy_until_ns) noexcept {
+  const std::uint64_t moved = lag_moved_ns(now_us, then_us);
+  if (moved == 0 || moved > kLeaseMaxAheadNs) return false;
+  const std::uint64_t start = *start_ns + moved;
+  if (start > now_ns + kLeaseMaxAheadNs || busy_until_ns > start) return false;
+  *start_ns = start;
+  return true;
+}
+
 std::uint64_t handoff_at(std::uint64_t launched_until_ns, std::uint64_t now_ns, std::uint64_t allow_ns) noexcept {
   const bool believed = launched_until_ns > now_ns && launched_until_ns - now_ns <= kLeaseMaxAheadNs;
   if (!believed || launched_until_ns - now_ns <= allow_ns) return now_ns;

@@ -180,6 +180,15 @@ bool correct_lease(shm::PriorityLease& rec, std::uint32_t shift_at_claim, std::u
 constexpr std::uint64_t lag_moved_ns(std::uint32_t now_us, std::uint32_t then_us) noexcept {
   return static_cast<std::uint64_t>(static_cast<std::uint32_t>(now_us - then_us)) * 1000;
 }
+// A booking whose claim found the timetable moved by corrections since it
+// booked (lag_shift_us `then_us` → `now_us`) and the level busy until
+// busy_until_ns: when its slot, moved by as much, is still its turn, *start
+// moves and true. Only by what corrections can move: a word that went back
+// or jumped (read from another level's lease after a change of priority, or
+// written by a neighbour), or a slot moved more than kLeaseMaxAheadNs ahead
+// of now, is not followed (false: the caller books again; never a long sleep).
+bool follow_correction(std::uint64_t* start_ns, std::uint64_t now_ns, std::uint32_t now_us, std::uint32_t then_us,
+                       std::uint64_t busy_until_ns) noexcept;
 // When a booking woken by the handoff (a launch of its level went: the
 // lease's wake word moved) claims: allow_ns before the level's launched work
 // should end (the device's pace, not its own slot's), now when that is

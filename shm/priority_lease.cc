@@ -32,13 +32,13 @@ void fail(Error* err, const char* path, const char* what, int error) noexcept {
 
 std::uint64_t own_user_byte() noexcept { return kLeaseUserBase + static_cast<std::uint64_t>(getpid()); }
 
-// <board>/<level> and <uuid>.lease; false when too long.
+// <board>/<level> and <uuid> + kLeaseSuffix; false when too long.
 bool lease_path(const char* board, Priority level, const char* uuid_text, char (&dir)[kBoardPathMax],
                 char (&name)[kBoardNameMax]) noexcept {
   platform::Text d(dir, sizeof dir);
   d.str(board).ch('/').str(level_directory(level));
   platform::Text n(name, sizeof name);
-  n.str(uuid_text).str(".lease");
+  n.str(uuid_text).str(kLeaseSuffix);
   return !d.truncated() && !n.truncated();
 }
 

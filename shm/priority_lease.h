@@ -25,7 +25,14 @@
 namespace gpuslice::shm {
 
 inline constexpr std::uint64_t kLeaseMagic = 0x3153414c49525047ull;  // "GPRILAS1" little-endian
-inline constexpr std::uint32_t kLeaseAbiVersion = 1;
+inline constexpr std::uint32_t kLeaseAbiVersion = 2;
+// The file's name after the GPU's uuid. Version 2 (lag_shift_us: bookings
+// follow the corrections of the timetable) has a file of its own: a version-1
+// process never moves its booking with a correction, so beside version-2
+// processes it would lose its turn at almost every correction. During an
+// upgrade the two versions keep a budget each (two launches of the level may
+// be queued where one was).
+inline constexpr const char* kLeaseSuffix = ".v2.lease";
 // The booking lock's byte (past the record: nothing is written there).
 inline constexpr std::uint64_t kLeaseLockByte = 1ull << 20;
 // The users' presence locks: this + pid.

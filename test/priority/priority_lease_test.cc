@@ -259,6 +259,27 @@ TEST(PriorityLease, ALaunchThatEndedLateMovesTheTimetableOnce) {
   EXPECT_EQ(limiter::lag_moved_ns(rec.lag_shift_us, 0xfffffffeu), 61'000u) << "across the wrap";
 }
 
+// A booking follows a moved timetable only by what corrections can move: a
+// shift word that went back (another level's lease read after a change of
+// priority, or a neighbour's write) reads as ~2^32 µs moved and once slept
+// the booking for ~71 minutes (review of be173de).
+TEST(PriorityLease, ABookingFollowsOnlyWhatCorrectionsCanMove) {
+  const std::uint64_t now = 10'000'000'000;
+  std::uint64_t start = now + 1'000'000;
+  EXPECT_TRUE(limiter::follow_correction(&start, now, 107, 7, now + 1'050'000));
+  EXPECT_EQ(start, now + 1'100'000) << "moved by the 100 us corrected";
+  EXPECT_FALSE(limiter::follow_correction(&start, now, 107, 107, now)) << "nothing moved";
+  EXPECT_FALSE(limiter::follow_correction(&start, now, 106, 107, now)) << "the word went back";
+  EXPECT_EQ(start, now + 1'100'000);
+  EXPECT_FALSE(limiter::follow_correction(&start, now, 107 + 1'000'001, 107, now)) << "more than a correction moves";
+  EXPECT_FALSE(limiter::follow_correction(&start, now, 107 + 999'999, 107, now)) << "a slot beyond a second ahead";
+  EXPECT_FALSE(limiter::follow_correction(&start, now, 207, 107, now + 1'300'000)) << "the level is busy past it";
+  EXPECT_EQ(start, now + 1'100'000);
+  std::uint64_t wrapped = now;
+  EXPECT_TRUE(limiter::follow_correction(&wrapped, now, 5, 0xfffffffbu, now)) << "across the wrap";
+  EXPECT_EQ(wrapped, now + 10'000);
+}
+
 TEST(PriorityLease, SlotsInThePastAndWordsTooFarAheadStartNow) {
   const std::uint64_t now = 10'000'000'000;
   EXPECT_EQ(limiter::book_slot(now - 1, now, 100).start_ns, now);
@@ -349,7 +370,7 @@ TEST(PriorityLease, AKilledHolderReleasesTheBudgetAndAStoppedOneIsNotWaitedFor) 
 TEST(PriorityLease, ALinkInItsPlaceIsRefused) {
   Board b;
   mkdir((b.dir + "/low").c_str(), 01777);
-  ASSERT_EQ(symlink("/etc/passwd", (b.dir + "/low/" + kUuid + ".lease").c_str()), 0);
+  ASSERT_EQ(symlink("/etc/passwd", (b.dir + "/low/" + kUuid + shm::kLeaseSuffix).c_str()), 0);
   shm::Error err{};
   EXPECT_LT(shm::open_lease(b.dir.c_str(), Priority::low, kUuid, &err), 0);
   EXPECT_NE(std::string(err.message).find("lease"), std::string::npos) << err.message;
