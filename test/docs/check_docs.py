@@ -188,6 +188,8 @@ BUDGET = {
     "docs/memory.md": 600,
     # Every install path (Kubernetes, CDI, podman, bare metal, HAMi migration).
     "docs/deploy.md": 600,
+    # Priority: the board, the launch path, the many tenants' timetable, threats.
+    "docs/priority.md": 420,
 }
 DATED_HEADING = [
     (re.compile(r"\b20\d\d-\d\d-\d\d\b"), "a date"),
