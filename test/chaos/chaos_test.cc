@@ -358,6 +358,39 @@ TEST(ChaosMonitor, ReportsARefusalWhileTheContainerHasRoom) {
   EXPECT_NE(report.find("fresh agent_extra_bytes 0)"), std::string::npos) << report;
 }
 
+// A refusal report names the processes whose slot counts more than the device
+// holds for them, and each writes its last operations and its holdings to the
+// report (issue 32, seed 1,175,727: another process counted 30 MiB it did not
+// hold, and the report printed only the refusing process's, which held
+// nothing). A (refusal_overlap, under gpuslice, its sampler off) holds 8 MiB
+// and counts 24 MiB more; a torture worker fills the 64 MiB container until
+// refused with room.
+TEST(ChaosMonitor, ARefusalReportHasTheProcessesCountingMoreThanTheyHoldWriteTheirOperations) {
+  Sandbox box;
+  create_region(box);
+  const Env env = monitored(box, true);
+  const pid_t a = spawn({REFUSAL_OVERLAP, "overcount-held", "24", "15000"},
+                        merge(env, {{"FAKECUDA_MONITOR_INTERVAL_MS", "0"}}), box.path("a.out"));
+  for (int i = 0; i < 2000 && read_text(box.path("a.out")).find("ready=1") == std::string::npos; ++i) usleep(5000);
+  Result w = run({CHAOS_TORTURE, "--worker", "0", "--seed", "1", "--threads", "1", "--ops", "4", "--classes", "fill",
+                  "--quota", std::to_string(64u << 20)},
+                 env, 60000);
+  Result ra = wait(a, box.path("a.out"));
+  ASSERT_EQ(ra.exit_code, 0) << ra.describe();
+  const std::string report = read_text(box.path("violations"));
+  ASSERT_NE(report.find("VIOLATION (refusal)"), std::string::npos) << w.describe() << report;
+  const std::string pid = value(ra, "overcount-held", "pid");
+  const std::size_t line = report.find("  processes counting more than the device holds for them");
+  ASSERT_NE(line, std::string::npos) << report;
+  EXPECT_NE(report.find(" pid " + pid + " ", line), std::string::npos) << report;
+  EXPECT_EQ(value(ra, "overcount-held", "dumped"), "1") << ra.describe() << report;
+  const std::size_t dump = report.find("fakecuda-monitor: holder pid " + pid + " (named by the report of pid ");
+  ASSERT_NE(dump, std::string::npos) << report;
+  EXPECT_NE(report.find("charge dev0 8388608 bytes (in alloc_common)", dump), std::string::npos) << report;
+  EXPECT_NE(report.find("its holdings:\n    ", dump), std::string::npos) << report;
+  EXPECT_NE(report.find(" size 8388608 held 8388608 dev0", dump), std::string::npos) << report;
+}
+
 TEST(ChaosMonitor, ARefusalExplainedByTheAgentsFreshFigureIsNoViolation) {
   Sandbox box;
   std::string report, out;

@@ -165,7 +165,7 @@ bool answer_dump_request() {
   if (g_shared == nullptr || g_slot < 0) return false;
   const std::uint32_t asker = g_shared->dump_asked[g_slot].exchange(0, std::memory_order_acq_rel);
   if (asker == 0) return false;
-  static char text[12288];  // the sampler's thread only
+  static char text[20480];  // the sampler's thread only
   int used = std::snprintf(text, sizeof(text),
                            "fakecuda-monitor: holder pid %d (named by the report of pid %u), its last %d operations, "
                            "oldest first:\n",
@@ -173,6 +173,15 @@ bool answer_dump_request() {
   if (used < 0) return false;
   fakecuda_recent_operations(text + used, sizeof(text) - static_cast<std::size_t>(used), kHolderOps);
   used = static_cast<int>(std::strlen(text));
+  // What the device holds for it now, object by object (a refusal's report
+  // names a process counting more than that: the object it is of).
+  const int m = std::snprintf(text + used, sizeof(text) - static_cast<std::size_t>(used),
+                              "  holder pid %d, its holdings:\n", static_cast<int>(getpid()));
+  if (m > 0 && static_cast<std::size_t>(used + m) < sizeof(text)) {
+    used += m;
+    fakecuda_holdings(text + used, sizeof(text) - static_cast<std::size_t>(used));
+    used = static_cast<int>(std::strlen(text));
+  }
   const int fd = open(g_config.report, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return false;
   const bool written = write(fd, text, static_cast<std::size_t>(used)) == used;
@@ -295,6 +304,35 @@ int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, i
     if (after >= 0) used = after;
   }
   return used;
+}
+
+int append_overcounters(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev) {
+  if (g_slot < 0 || used < 0 || static_cast<std::size_t>(used) >= len || region_dev < 0) return used;
+  char named[1024] = "";
+  int named_len = 0;
+  const int high = fakecuda_slots_high_locked();
+  for (int i = 0; i < high; ++i) {
+    fakecuda_slot_info slot{};
+    if (!member_alive(i, dev, &slot)) continue;
+    std::uint64_t word = 0;
+    const long long counted = slot_counted(static_cast<std::uint32_t>(i), slot.pid, region_dev, &word);
+    if (counted < 0 || static_cast<std::uint64_t>(counted) <= slot.held_bytes) continue;
+    const int k =
+        std::snprintf(named + named_len, sizeof(named) - static_cast<std::size_t>(named_len),
+                      " pid %u %llu bytes (counted %lld, held %llu%s);", slot.pid,
+                      static_cast<unsigned long long>(static_cast<std::uint64_t>(counted) - slot.held_bytes), counted,
+                      static_cast<unsigned long long>(slot.held_bytes), i == g_slot ? ", this process" : "");
+    if (k > 0 && static_cast<std::size_t>(named_len + k) < sizeof(named)) named_len += k;
+    // Its own last operations and holdings (another process's ring): its sampler writes them.
+    if (i != g_slot) g_shared->dump_asked[i].store(static_cast<std::uint32_t>(getpid()), std::memory_order_release);
+  }
+  const int m = std::snprintf(text + used, len - used,
+                              "  processes counting more than the device holds for them (a live slot's resident "
+                              "count less what it holds; each other one writes its last operations and holdings "
+                              "here):%s\n",
+                              named_len > 0 ? named : " none");
+  const int next = append(len, used, m);
+  return next < 0 ? used : next;
 }
 
 }  // namespace gpuslice::chaos::internal

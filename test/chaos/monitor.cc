@@ -356,6 +356,7 @@ void report(const char* invariant, const char* detail, std::uint32_t dev, int re
     if (m > 0 && static_cast<std::size_t>(used + m) < sizeof(text)) used += m;
   }
   used = append_processes(text, sizeof(text), used, dev, region_dev);
+  if (std::strcmp(invariant, "refusal") == 0) used = append_overcounters(text, sizeof(text), used, dev, region_dev);
   // What the device holds for this process, object by object, and (at a
   // checkpoint, its threads parked) what the program holds: the object a
   // count above the device's is of (issue 32's open shapes).

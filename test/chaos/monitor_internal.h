@@ -221,8 +221,13 @@ extern std::atomic<void (*)()> g_check_between_reads;
 // check counted with no live gpuslice slot, or holding more than their
 // slot counts and their excuses. Returns the new length. State lock held.
 int append_processes(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev);
+// A refusal's report (holders.cc): the live processes of the container whose
+// slot counts more than the device holds for them, by how much; each other
+// one is asked to write its last operations and holdings to the report
+// file. Returns the new length. State lock held.
+int append_overcounters(char* text, std::size_t len, int used, std::uint32_t dev, int region_dev);
 // A process's sampler: its last operations appended to the report file when
-// a report named it as a holder (holders.cc). True when it wrote them.
+// a report named it as a holder (holders.cc), and its holdings. True when it wrote them.
 bool answer_dump_request();
 // calls.cc: a process attached (its excuses start at 0); a grant to the
 // calling thread (inside its call in flight: excused until the call ends);

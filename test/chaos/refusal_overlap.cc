@@ -38,6 +38,12 @@
 //   refusal_overlap undercount-used MIB [WAIT_MS]   the same with its slot
 //     untouched: the device's sum alone (used_bytes) counts MIB MiB less (as
 //     bytes out of used_bytes before leaving a slot); prints the same line.
+//   refusal_overlap overcount-held MIB WAIT_MS   (run under gpuslice) 8 MiB
+//     allocated; its slot (and the device's sum) then counts MIB MiB more than
+//     it holds (as an over-count of the library's) until another process's
+//     refusal report named it and it wrote its operations and holdings there
+//     (WAIT_MS at most), restored after; prints "overcount-held ready=1 pid=P"
+//     once counted, then "overcount-held pid=P dumped=D"
 //   refusal_overlap overcount ADD_KIB POOLS   (run under gpuslice) 1 MiB
 //     allocated and freed (its lease spare), a checkpoint; POOLS said
 //     (monitor_pools) and ADD_KIB KiB added to its slot's committed_bytes,
@@ -360,6 +366,33 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(fakecuda_process_used_bytes(0, 0)), total_b - free_b,
                 gpuslice::chaos::monitor_checkpoint());
     return 0;
+  }
+  if (std::strcmp(argv[1], "overcount-held") == 0) {
+    if (argc != 4) return 2;
+    gpuslice::Region* r = map_region();
+    CUdeviceptr p = 0;
+    if (r == nullptr || cuMemAlloc(&p, 8u << 20) != CUDA_SUCCESS) return 1;
+    gpuslice::Slot* own = nullptr;
+    for (gpuslice::Slot& slot : r->slots) {
+      if (slot.state.load() == gpuslice::kSlotLive && slot.pid.load() == static_cast<std::uint32_t>(getpid()))
+        own = &slot;
+    }
+    if (own == nullptr) return 1;
+    // Counted, not held: MIB MiB more in the slot and the device's sum.
+    const std::uint64_t add = std::strtoull(argv[2], nullptr, 10) << 20;
+    own->committed_bytes[0].fetch_add(add);
+    r->devices[0].used_bytes.fetch_add(add);
+    std::printf("overcount-held ready=1 pid=%d\n", static_cast<int>(getpid()));
+    std::fflush(stdout);
+    bool dumped = false;
+    for (unsigned long waited = 0; waited < std::strtoul(argv[3], nullptr, 10) && !dumped; waited += 5) {
+      usleep(5 * 1000);
+      dumped = gpuslice::chaos::internal::answer_dump_request();
+    }
+    own->committed_bytes[0].fetch_sub(add);
+    r->devices[0].used_bytes.fetch_sub(add);
+    std::printf("overcount-held pid=%d dumped=%d\n", static_cast<int>(getpid()), dumped ? 1 : 0);
+    return cuMemFree(p) == CUDA_SUCCESS ? 0 : 1;
   }
   if (std::strcmp(argv[1], "undercount") == 0 || std::strcmp(argv[1], "undercount-used") == 0) {
     if (argc != 3 && argc != 4) return 2;
