@@ -131,6 +131,15 @@ gpuslice::Region* map_region() {
   close(fd);
   return mapped == MAP_FAILED ? nullptr : static_cast<gpuslice::Region*>(mapped);
 }
+// This process's live slot in r (the last that names it), or nullptr.
+gpuslice::Slot* own_slot(gpuslice::Region* r) {
+  gpuslice::Slot* own = nullptr;
+  for (gpuslice::Slot& slot : r->slots) {
+    if (slot.state.load() == gpuslice::kSlotLive && slot.pid.load() == static_cast<std::uint32_t>(getpid()))
+      own = &slot;
+  }
+  return own;
+}
 // A cycle of the agent: its heartbeat, then the device's extra.
 void agent_cycle(gpuslice::Region* r, std::uint64_t extra) {
   r->header.agent_heartbeat_ns.store(fakecuda_now_ns());
@@ -372,11 +381,7 @@ int main(int argc, char** argv) {
     gpuslice::Region* r = map_region();
     CUdeviceptr p = 0;
     if (r == nullptr || cuMemAlloc(&p, 8u << 20) != CUDA_SUCCESS) return 1;
-    gpuslice::Slot* own = nullptr;
-    for (gpuslice::Slot& slot : r->slots) {
-      if (slot.state.load() == gpuslice::kSlotLive && slot.pid.load() == static_cast<std::uint32_t>(getpid()))
-        own = &slot;
-    }
+    gpuslice::Slot* own = own_slot(r);
     if (own == nullptr) return 1;
     // Counted, not held: MIB MiB more in the slot and the device's sum.
     const std::uint64_t add = std::strtoull(argv[2], nullptr, 10) << 20;
@@ -400,11 +405,7 @@ int main(int argc, char** argv) {
     gpuslice::Region* r = map_region();
     CUdeviceptr p = 0;
     if (r == nullptr || cuMemAlloc(&p, 8u << 20) != CUDA_SUCCESS) return 1;
-    gpuslice::Slot* own = nullptr;
-    for (gpuslice::Slot& slot : r->slots) {
-      if (slot.state.load() == gpuslice::kSlotLive && slot.pid.load() == static_cast<std::uint32_t>(getpid()))
-        own = &slot;
-    }
+    gpuslice::Slot* own = own_slot(r);
     if (own == nullptr) return 1;
     // The slot counts what the process holds less MIB MiB (its spare lease out too).
     const std::uint64_t counted = own->committed_bytes[0].load();
@@ -432,11 +433,7 @@ int main(int argc, char** argv) {
     gpuslice::Region* r = map_region();
     CUdeviceptr small = 0;
     if (r == nullptr || cuMemAlloc(&small, 1u << 20) != CUDA_SUCCESS || cuMemFree(small) != CUDA_SUCCESS) return 1;
-    gpuslice::Slot* own = nullptr;
-    for (gpuslice::Slot& slot : r->slots) {
-      if (slot.state.load() == gpuslice::kSlotLive && slot.pid.load() == static_cast<std::uint32_t>(getpid()))
-        own = &slot;
-    }
+    gpuslice::Slot* own = own_slot(r);
     if (own == nullptr) return 1;
     const std::uint64_t spare = gpuslice::limiter::lease_spare(own->lease[0].word.load());
     const std::uint64_t slack = own->committed_bytes[0].load() - fakecuda_process_used_bytes(0, 0);
