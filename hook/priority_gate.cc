@@ -172,6 +172,17 @@ bool retire_oldest(GateDevice& g, bool wait) noexcept {
   return true;
 }
 
+// markers.lock held. Retires the markers that completed, oldest first.
+void retire_done(GateDevice& g) noexcept {
+  while (!g.markers.empty() && retire_oldest(g, false)) {}
+}
+
+// markers.lock held. Retires every marker, waiting for each (the driver's
+// blocking wait): nothing of this process's is left on the device.
+void retire_all(GateDevice& g) noexcept {
+  while (!g.markers.empty()) retire_oldest(g, true);
+}
+
 // Records a marker in front of this launch (it completes when everything
 // queued before on the stream has run) and learns launch costs from completed
 // markers. False when no marker could be recorded.
@@ -183,7 +194,7 @@ bool record_marker(GateDevice& g, CUstream s, bool ptsz, bool leased) noexcept {
     g.markers.lock.unlock();
     return false;
   }
-  while (!g.markers.empty() && retire_oldest(g, false)) {}
+  retire_done(g);
   const std::uint64_t now = mono_ns();
   if (g.markers.pending() < kRing - 1) {
     Marker& m = g.markers.next();
@@ -283,7 +294,7 @@ void note_launch(GateDevice& g, board::Device& b, Priority self, bool marked) no
   g.horizon.store(horizon, std::memory_order_relaxed);
   // When this launch starts running: now if nothing of ours is queued, at
   // the predicted end of the one queued (bound_wait's lead), else unknown.
-  while (!g.markers.empty() && retire_oldest(g, false)) {}
+  retire_done(g);
   const unsigned pending = g.markers.pending();
   // Queued behind earlier work of ours now, as it goes (not when its marker
   // was recorded: bound_wait may have slept since): only then does the next
@@ -383,7 +394,7 @@ void publish_lag(GateDevice& g, board::Device& b) noexcept {
 constexpr std::uint64_t kLagLookers = 16;
 void learn_lag(GateDevice& g, board::Device& b, std::uint64_t at, std::uint64_t ahead) noexcept {
   g.markers.lock.lock();
-  while (!g.markers.empty() && retire_oldest(g, false)) {}
+  retire_done(g);
   const std::uint64_t end = g.lease_end_ns;
   const bool due = ++g.lag_launches >= ahead / kLagLookers;
   const bool look = due && !g.markers.empty() && end != 0 && end + limiter::kLeaseLeadNs < at;
@@ -393,7 +404,7 @@ void learn_lag(GateDevice& g, board::Device& b, std::uint64_t at, std::uint64_t 
   const std::uint64_t now = mono_ns(), when = end + limiter::kLeaseLagFixNs / 2;
   if (when > now) sleep_ns(when - now);
   g.markers.lock.lock();
-  while (!g.markers.empty()) retire_oldest(g, true);
+  retire_all(g);
   g.markers.lock.unlock();
   publish_lag(g, b);
 }
@@ -488,9 +499,9 @@ bool lease_wait(GateDevice& g, board::Device& b, int ordinal, Priority self, boo
     // a second launch of the level: this one waits for its own (the
     // driver's blocking wait), then claims.
     g.markers.lock.lock();
-    while (!g.markers.empty() && retire_oldest(g, false)) {}
+    retire_done(g);
     const bool behind = !g.markers.empty();
-    while (!g.markers.empty()) retire_oldest(g, true);
+    retire_all(g);
     g.markers.lock.unlock();
     publish_lag(g, b);
     if (behind) {
