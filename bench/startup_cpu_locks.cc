@@ -28,8 +28,9 @@
 //   pidfd_total_us          pidfd_open, poll (readable once it exited), close
 //                           each: tells a zombie, not a reused pid (-1: no
 //                           pidfd_open, Linux < 5.3)
-//   stat_read_total_us      open, read, close of /proc/<pid>/stat each (what
-//                           shm::judge_liveness reads for a slot not held)
+//   stat_read_total_us      platform::procfs::read_stat each (the read and
+//                           parse of /proc/<pid>/stat that shm::judge_liveness
+//                           makes for a slot not held)
 //   own_file_probes_us      open, F_OFD_GETLK, close of a file of each
 //                           holder's own, holding one lock (the walk is one
 //                           lock long: a lock file per slot)
@@ -47,6 +48,8 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "platform/procfs.h"
 
 namespace {
 
@@ -156,17 +159,6 @@ int pidfd_alive(pid_t pid) {
   return ready == 0 ? 1 : 0;
 }
 
-bool stat_read(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[512];
-  const ssize_t got = read(fd, buf, sizeof buf);
-  close(fd);
-  return got > 0;
-}
-
 // The other means of judging the N holders of `path` (the comment above).
 struct OtherMeans {
   double kill_total = -1, pidfd_total = -1, stat_total = -1, own_file_total = -1;
@@ -179,7 +171,10 @@ bool other_means(const std::string& path, int n, OtherMeans* out) {
     out->kill_total = each_holder(holders, &right, [](std::size_t, pid_t pid) { return kill(pid, 0) == 0; });
     if (pidfd_alive(holders[0]) >= 0)
       out->pidfd_total = each_holder(holders, &right, [](std::size_t, pid_t pid) { return pidfd_alive(pid) == 1; });
-    out->stat_total = each_holder(holders, &right, [](std::size_t, pid_t pid) { return stat_read(pid); });
+    out->stat_total = each_holder(holders, &right, [](std::size_t, pid_t pid) {
+      gpuslice::platform::procfs::Stat st{};
+      return gpuslice::platform::procfs::read_stat(static_cast<std::uint32_t>(pid), &st) == 0;
+    });
   }
   stop_holders(&holders);
   // A file of each holder's own, one lock on it.
