@@ -285,8 +285,7 @@ int main(int argc, char** argv) {
   usleep(300'000);
   std::vector<double> device_us, host_us;
   // Per burst, for the breakdown line: when it began, the device's queue
-  // then (the ideal profile's busy_until; the realistic one's is its
-  // simulated now: 0 there).
+  // then (fakecuda_pending_ns: the work still owed, on either profile).
   std::vector<std::uint64_t> began_ns, queued_ns, cpu_wait_ns, launched_ns;
   std::uint64_t start = 0, end = 0;
   for (int i = 0; i < bursts; ++i) {
